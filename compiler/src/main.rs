@@ -1,0 +1,131 @@
+//! `dsc`: compile model.toml to a plan; dump IR; inspect and run plans.
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use dsc_compiler::{compile, write, STAGES};
+use dsc_runtime::cli;
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "dsc", version, about = "Ahead-of-time compiler and runtime for LLM inference")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum DumpFormat {
+    Text,
+    Dot,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compile a model.toml into a plan (no GPU needed)
+    Compile {
+        model: PathBuf,
+        /// output plan (default: <model name>.plan); not written when only dumping
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// print one stage's IR to stdout instead of writing a plan (graph, optimized, plan)
+        #[arg(long)]
+        dump_ir: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        dump_format: DumpFormat,
+        /// write every stage's dump (text and DOT) into this folder, and the plan too
+        #[arg(long)]
+        dump_dir: Option<PathBuf>,
+    },
+    /// Print a stage's IR for a model.toml (same as `compile --dump-ir`)
+    DumpIr {
+        model: PathBuf,
+        #[arg(long, default_value = "graph")]
+        stage: String,
+        #[arg(long, value_enum, default_value = "text")]
+        format: DumpFormat,
+    },
+    /// Generate text from a plan
+    Run(cli::RunArgs),
+    /// Print what a plan holds
+    Inspect(cli::InspectArgs),
+}
+
+fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyhow::Result<String> {
+    let g = match stage {
+        "graph" => &c.model.graph,
+        "optimized" => &c.graph,
+        "plan" => {
+            if fmt == DumpFormat::Dot {
+                bail!("stage `plan` has no DOT form");
+            }
+            let mut h = dsc_compiler::plan_header(c)?;
+            h.graph = "<see --dump-ir=optimized>".into();
+            if let Some(t) = h.tokenizer.as_mut() {
+                t.json = format!("<{} bytes of tokenizer.json>", t.json.len());
+            }
+            return Ok(serde_json::to_string_pretty(&h)? + "\n");
+        }
+        other => bail!("unknown stage `{other}`; stages: {}", STAGES.join(", ")),
+    };
+    Ok(match fmt {
+        DumpFormat::Text => dsc_ir::text::print(g),
+        DumpFormat::Dot => dsc_ir::dot::to_dot(g),
+    })
+}
+
+fn summary(c: &dsc_compiler::Compiled) -> String {
+    let h = c.graph.op_histogram();
+    let per_layer = c.model.dims.layers.max(1);
+    let compute: usize = h.iter().filter(|(k, _)| !matches!(**k, "input" | "weight" | "state")).map(|(_, v)| v).sum();
+    let passes: Vec<String> = c.reports.iter().map(|r| format!("{}: {}", r.pass, r.note)).collect();
+    format!(
+        "{}: {} layers, {} nodes ({} ops, ~{} per layer), weights {:.1} MB; passes: {}",
+        c.model.config.toml.model.name,
+        c.model.dims.layers,
+        c.graph.node_count(),
+        compute,
+        compute / per_layer,
+        c.model.weights.total_bytes() as f64 / 1e6,
+        passes.join("; ")
+    )
+}
+
+fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let c = compile(model)?;
+    if let Some(stage) = dump_ir {
+        print!("{}", stage_text(&c, &stage, fmt)?);
+        if output.is_none() && dump_dir.is_none() {
+            eprintln!("{}", summary(&c));
+            return Ok(());
+        }
+    }
+    if let Some(dir) = &dump_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for s in STAGES {
+            std::fs::write(dir.join(format!("{s}.txt")), stage_text(&c, s, DumpFormat::Text)?)?;
+            if *s != "plan" {
+                std::fs::write(dir.join(format!("{s}.dot")), stage_text(&c, s, DumpFormat::Dot)?)?;
+            }
+        }
+    }
+    let out = output.unwrap_or_else(|| PathBuf::from(format!("{}.plan", c.model.config.toml.model.name)));
+    write(&c, &out)?;
+    eprintln!("{}", summary(&c));
+    eprintln!("wrote {} ({:.1} MB) in {:.2} s", out.display(), std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as f64 / 1e6, t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    match Cli::parse().cmd {
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir } => do_compile(&model, output, dump_ir, dump_format, dump_dir),
+        Cmd::DumpIr { model, stage, format } => {
+            let c = compile(&model)?;
+            print!("{}", stage_text(&c, &stage, format)?);
+            Ok(())
+        }
+        Cmd::Run(a) => cli::run(&a),
+        Cmd::Inspect(a) => cli::inspect(&a),
+    }
+}

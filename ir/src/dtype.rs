@@ -1,0 +1,115 @@
+//! Element types. Plain types have a fixed byte size per element; packed types (int4 and the
+//! GGUF block formats) store a block of elements with its own scale(s) in a fixed number of bytes.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    /// FP8 e4m3 (finite-only, max 448), as in the OCP FP8 spec and Hopper's tensor cores.
+    F8E4M3,
+    /// FP8 e5m2 (IEEE-like, max 57344).
+    F8E5M2,
+    I8,
+    I32,
+    /// Two signed 4-bit values per byte, low nibble first. Scales live in a separate tensor.
+    I4,
+    /// GGUF Q8_0: blocks of 32, f16 scale d + 32 x i8; x = d * q.
+    Q8_0,
+    /// GGUF Q4_0: blocks of 32, f16 scale d + 16 bytes of nibbles; x = d * (q - 8).
+    Q4_0,
+    /// GGUF Q4_1: blocks of 32, f16 scale d, f16 min m + 16 bytes of nibbles; x = d * q + m.
+    Q4_1,
+}
+
+impl DType {
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::F8E5M2,
+        DType::I8,
+        DType::I32,
+        DType::I4,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
+            DType::I8 => "i8",
+            DType::I32 => "i32",
+            DType::I4 => "i4",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+        }
+    }
+
+    /// (elements per block, bytes per block). Plain types are blocks of one element
+    /// (int4 is a block of two elements in one byte).
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            DType::F32 | DType::I32 => (1, 4),
+            DType::F16 | DType::BF16 => (1, 2),
+            DType::F8E4M3 | DType::F8E5M2 | DType::I8 => (1, 1),
+            DType::I4 => (2, 1),
+            DType::Q8_0 => (32, 34),
+            DType::Q4_0 => (32, 18),
+            DType::Q4_1 => (32, 20),
+        }
+    }
+
+    /// True for formats whose scales are stored inside the data (GGUF blocks) or that pack
+    /// several elements per byte.
+    pub fn is_packed(self) -> bool {
+        self.block().0 > 1
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I8 | DType::I32 | DType::I4)
+    }
+
+    /// Bytes needed for `n` elements, or None when `n` is not a whole number of blocks.
+    pub fn bytes_for(self, n: usize) -> Option<usize> {
+        let (be, bb) = self.block();
+        if n % be != 0 {
+            return None;
+        }
+        (n / be).checked_mul(bb)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = DType::ALL.iter().map(|d| d.name()).collect();
+                format!("unknown dtype `{s}` (expected one of {})", names.join(", "))
+            })
+    }
+}

@@ -1,0 +1,586 @@
+//! The CPU reference executor: interprets any graph in f32, one op at a time, in topological
+//! order. Integer tensors (token ids, positions, indices) are carried as exact f32 values
+//! (inputs are checked to be below 2^24). Simple and obviously correct first: it is the
+//! oracle for passes and kernels. Matmuls go through `matrixmultiply`'s sgemm so that a real
+//! model runs in seconds.
+
+use crate::op::{BinaryOp, RopeStyle, UnaryOp};
+use crate::{quant, DType, Dim, Graph, IrError, NodeId, Op, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// A dense f32 tensor, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Tensor { shape, data }
+    }
+    pub fn zeros(shape: Vec<usize>) -> Self {
+        let n = shape.iter().product();
+        Tensor { shape, data: vec![0.0; n] }
+    }
+    pub fn from_i32(shape: Vec<usize>, v: &[i32]) -> Self {
+        Tensor::new(shape, v.iter().map(|&x| x as f32).collect())
+    }
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+    /// Last-axis length and number of rows.
+    fn rows(&self) -> (usize, usize) {
+        let d = *self.shape.last().unwrap_or(&1);
+        (if d == 0 { 0 } else { self.data.len() / d }, d)
+    }
+}
+
+/// Where the executor gets weight bytes: (dtype, shape, raw little-endian bytes).
+pub trait WeightSource {
+    fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])>;
+}
+
+impl WeightSource for HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
+    fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
+        self.get(name).map(|(d, s, b)| (*d, s.clone(), b.as_slice()))
+    }
+}
+
+enum Val {
+    T(Arc<Tensor>),
+    /// a state pool, updated in place
+    State(String),
+}
+
+pub struct Executor<'g> {
+    graph: &'g Graph,
+    order: Vec<NodeId>,
+    weights: HashMap<NodeId, Arc<Tensor>>,
+    states: HashMap<String, Tensor>,
+    fixed: BTreeMap<String, usize>,
+}
+
+fn xerr(g: &Graph, id: NodeId, msg: impl Into<String>) -> IrError {
+    let n = g.node(id);
+    IrError::Exec { node: n.name.clone(), op: n.op.name(), msg: msg.into() }
+}
+
+impl<'g> Executor<'g> {
+    /// Prepare to run `graph`: widen every weight to f32 (checking its dtype and shape against
+    /// the graph) and allocate zeroed state pools. `fixed` binds the symbols that state
+    /// shapes use (e.g. `NB`, the KV blocks in the pool).
+    pub fn new(graph: &'g Graph, weights: &dyn WeightSource, fixed: BTreeMap<String, usize>) -> Result<Self> {
+        graph.verify()?;
+        let order = graph.topo_order()?;
+        let mut w = HashMap::new();
+        for id in graph.leaves(&Op::Weight) {
+            let n = graph.node(id);
+            let (dtype, shape, bytes) = weights.weight(&n.name).ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: "not found in the weight source".into() })?;
+            let want = n.ty.shape.iter().map(|d| d.as_const()).collect::<Option<Vec<_>>>().ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: format!("weight type {} must have constant dims", n.ty) })?;
+            if dtype != n.ty.dtype || shape != want {
+                return Err(IrError::Weight { name: n.name.clone(), msg: format!("source has {dtype}{shape:?}, graph expects {}", n.ty) });
+            }
+            let numel = want.iter().product();
+            let data = quant::decode(dtype, bytes, numel).ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: format!("{} bytes do not hold {numel} {dtype} elements", bytes.len()) })?;
+            w.insert(id, Arc::new(Tensor::new(want, data)));
+        }
+        let mut states = HashMap::new();
+        for id in graph.leaves(&Op::State) {
+            let n = graph.node(id);
+            let shape = n.ty.eval_shape(&fixed).ok_or_else(|| xerr(graph, id, format!("state shape {} needs every symbol bound at creation (bound: {fixed:?})", n.ty)))?;
+            states.insert(n.name.clone(), Tensor::zeros(shape));
+        }
+        Ok(Executor { graph, order, weights: w, states, fixed })
+    }
+
+    pub fn state(&self, name: &str) -> Option<&Tensor> {
+        self.states.get(name)
+    }
+
+    /// Zero every state pool (a fresh KV cache).
+    pub fn reset_states(&mut self) {
+        for t in self.states.values_mut() {
+            t.data.iter_mut().for_each(|x| *x = 0.0);
+        }
+    }
+
+    /// Run one step. Every graph input must be given; returns the graph's named outputs.
+    pub fn run(&mut self, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        let g = self.graph;
+        let mut bind = self.fixed.clone();
+        for id in g.leaves(&Op::Input) {
+            let n = g.node(id);
+            let t = inputs.get(&n.name).ok_or_else(|| IrError::Input { name: n.name.clone(), msg: "missing".into() })?;
+            if t.shape.len() != n.ty.rank() {
+                return Err(IrError::Input { name: n.name.clone(), msg: format!("rank {} given, {} expected", t.shape.len(), n.ty) });
+            }
+            for (d, &v) in n.ty.shape.iter().zip(&t.shape) {
+                match d {
+                    Dim::Const(c) if *c != v => return Err(IrError::Input { name: n.name.clone(), msg: format!("shape {:?} given, {} expected", t.shape, n.ty) }),
+                    Dim::Sym(s) => match bind.get(s) {
+                        Some(&b) if b != v => return Err(IrError::Input { name: n.name.clone(), msg: format!("symbol {s} is {b} elsewhere but {v} here") }),
+                        _ => {
+                            bind.insert(s.clone(), v);
+                        }
+                    },
+                    _ => {}
+                }
+            }
+            if n.ty.dtype.is_int() && t.data.iter().any(|x| x.fract() != 0.0 || x.abs() >= 16_777_216.0) {
+                return Err(IrError::Input { name: n.name.clone(), msg: "integer input holds a non-integer or a value beyond 2^24".into() });
+            }
+        }
+        let mut vals: HashMap<NodeId, Val> = HashMap::with_capacity(self.order.len());
+        // free intermediates after their last use
+        let mut uses: HashMap<NodeId, usize> = self.order.iter().map(|&id| (id, g.users(id).len())).collect();
+        for (_, o) in &g.outputs {
+            *uses.get_mut(o).expect("output node exists") += 1;
+        }
+        for &id in &self.order {
+            let n = g.node(id);
+            let ops = g.operands(id);
+            let val = match &n.op {
+                Op::Input => Val::T(Arc::new(inputs[&n.name].clone())),
+                Op::Weight => Val::T(self.weights[&id].clone()),
+                Op::State => Val::State(n.name.clone()),
+                Op::CacheWrite => {
+                    let name = match &vals[&ops[0]] {
+                        Val::State(s) => s.clone(),
+                        Val::T(_) => return Err(xerr(g, id, "cache operand is not a state")),
+                    };
+                    let x = tensor(&vals, ops[1], g, id)?;
+                    let slots = tensor(&vals, ops[2], g, id)?;
+                    let cache = self.states.get_mut(&name).expect("state allocated");
+                    let row = cache.shape[2] * cache.shape[3];
+                    let nslots = cache.shape[0] * cache.shape[1];
+                    for (t, &s) in slots.data.iter().enumerate() {
+                        if s < 0.0 || s as usize >= nslots {
+                            return Err(xerr(g, id, format!("slot {s} out of range 0..{nslots}")));
+                        }
+                        let s = s as usize;
+                        cache.data[s * row..(s + 1) * row].copy_from_slice(&x.data[t * row..(t + 1) * row]);
+                    }
+                    Val::State(name)
+                }
+                Op::PagedAttention { scale } => {
+                    let st = |v: NodeId| -> Result<&Tensor> {
+                        match &vals[&v] {
+                            Val::State(s) => Ok(&self.states[s]),
+                            Val::T(t) => Ok(t.as_ref()),
+                        }
+                    };
+                    let out = paged_attention(
+                        tensor(&vals, ops[0], g, id)?,
+                        st(ops[1])?,
+                        st(ops[2])?,
+                        tensor(&vals, ops[3], g, id)?,
+                        tensor(&vals, ops[4], g, id)?,
+                        tensor(&vals, ops[5], g, id)?,
+                        *scale,
+                    )
+                    .map_err(|m| xerr(g, id, m))?;
+                    Val::T(Arc::new(out))
+                }
+                op => {
+                    let args: Vec<&Tensor> = ops.iter().map(|&o| tensor(&vals, o, g, id)).collect::<Result<_>>()?;
+                    let want = n.ty.eval_shape(&bind);
+                    Val::T(Arc::new(eval(op, &args, n.ty.dtype, want.as_deref()).map_err(|m| xerr(g, id, m))?))
+                }
+            };
+            if let Val::T(t) = &val {
+                if let Some(want) = n.ty.eval_shape(&bind) {
+                    if want != t.shape {
+                        return Err(xerr(g, id, format!("computed shape {:?} but the graph declares {} = {want:?}", t.shape, n.ty)));
+                    }
+                } else {
+                    // bind symbols first seen in a computed shape
+                    for (d, &v) in n.ty.shape.iter().zip(&t.shape) {
+                        if let Dim::Sym(s) = d {
+                            bind.entry(s.clone()).or_insert(v);
+                        }
+                    }
+                }
+            }
+            vals.insert(id, val);
+            for o in ops {
+                let u = uses.get_mut(&o).expect("operand counted");
+                *u -= 1;
+                if *u == 0 {
+                    vals.remove(&o);
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (name, id) in &g.outputs {
+            let t = match &vals[id] {
+                Val::T(t) => t.as_ref().clone(),
+                Val::State(s) => self.states[s].clone(),
+            };
+            out.insert(name.clone(), t);
+        }
+        Ok(out)
+    }
+}
+
+fn tensor<'a>(vals: &'a HashMap<NodeId, Val>, o: NodeId, g: &Graph, at: NodeId) -> Result<&'a Tensor> {
+    match vals.get(&o) {
+        Some(Val::T(t)) => Ok(t),
+        Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache_write and paged_attention take those", g.node(o).name))),
+        None => Err(xerr(g, at, format!("operand `{}` was not computed", g.node(o).name))),
+    }
+}
+
+fn unary(u: UnaryOp, x: f32) -> f32 {
+    match u {
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Recip => 1.0 / x,
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::Gelu => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh()),
+        UnaryOp::GeluErf => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+    }
+}
+
+/// erf to f32 precision (Abramowitz–Stegun 7.1.26 is too coarse; this is the
+/// W. J. Cody rational form used by many libms, evaluated in f64).
+fn erf(x: f32) -> f32 {
+    let x = x as f64;
+    let t = 1.0 / (1.0 + 0.5 * x.abs());
+    let y = 1.0
+        - t * (-x * x - 1.265_512_23
+            + t * (1.000_023_68 + t * (0.374_091_96 + t * (0.096_784_18 + t * (-0.186_288_06 + t * (0.278_868_07 + t * (-1.135_203_98 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    (if x >= 0.0 { y } else { -y }) as f32
+}
+
+fn binary(b: BinaryOp, x: f32, y: f32) -> f32 {
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Result<Tensor, String> {
+    Ok(match op {
+        Op::Gather => {
+            let (table, idx) = (a[0], a[1]);
+            let rows = table.shape[0];
+            let w: usize = table.shape[1..].iter().product();
+            let mut data = Vec::with_capacity(idx.numel() * w);
+            for &i in &idx.data {
+                if i < 0.0 || i as usize >= rows {
+                    return Err(format!("index {i} out of range 0..{rows}"));
+                }
+                let i = i as usize;
+                data.extend_from_slice(&table.data[i * w..(i + 1) * w]);
+            }
+            let mut shape = idx.shape.clone();
+            shape.extend_from_slice(&table.shape[1..]);
+            Tensor::new(shape, data)
+        }
+        Op::MatMul { transpose_b } => {
+            let (x, b) = (a[0], a[1]);
+            let k = *x.shape.last().expect("rank >= 2");
+            let m = x.numel() / k.max(1);
+            let (n, rsb, csb) = if *transpose_b { (b.shape[0], 1isize, k as isize) } else { (b.shape[1], b.shape[1] as isize, 1isize) };
+            let mut c = vec![0f32; m * n];
+            if let Some(bias) = a.get(2) {
+                for row in c.chunks_exact_mut(n) {
+                    row.copy_from_slice(&bias.data);
+                }
+            }
+            let beta = if a.len() > 2 { 1.0 } else { 0.0 };
+            if m > 0 && n > 0 && k > 0 {
+                // SAFETY: the pointers cover m*k, k*n (with the given strides) and m*n floats,
+                // which the shape checks in `infer` guarantee.
+                unsafe {
+                    matrixmultiply::sgemm(m, k, n, 1.0, x.data.as_ptr(), k as isize, 1, b.data.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1);
+                }
+            }
+            let mut shape = x.shape[..x.shape.len() - 1].to_vec();
+            shape.push(n);
+            Tensor::new(shape, c)
+        }
+        Op::Unary(u) => Tensor::new(a[0].shape.clone(), a[0].data.iter().map(|&x| unary(*u, x)).collect()),
+        Op::Binary(bop) => {
+            let (x, y) = (a[0], a[1]);
+            if x.shape == y.shape {
+                Tensor::new(x.shape.clone(), x.data.iter().zip(&y.data).map(|(&p, &q)| binary(*bop, p, q)).collect())
+            } else {
+                let r = x.shape.len().max(y.shape.len());
+                let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat_n(1, r - s.len()).chain(s.iter().copied()).collect() };
+                let (xs, ys) = (pad(&x.shape), pad(&y.shape));
+                let shape: Vec<usize> = xs.iter().zip(&ys).map(|(&p, &q)| p.max(q)).collect();
+                let (sx, sy, so) = (strides(&xs), strides(&ys), strides(&shape));
+                let n: usize = shape.iter().product();
+                let mut data = Vec::with_capacity(n);
+                for i in 0..n {
+                    let (mut ix, mut iy) = (0, 0);
+                    for d in 0..r {
+                        let c = (i / so[d]) % shape[d];
+                        if xs[d] != 1 {
+                            ix += c * sx[d];
+                        }
+                        if ys[d] != 1 {
+                            iy += c * sy[d];
+                        }
+                    }
+                    data.push(binary(*bop, x.data[ix], y.data[iy]));
+                }
+                Tensor::new(shape, data)
+            }
+        }
+        Op::RmsNorm { eps } => {
+            let (x, w) = (a[0], a[1]);
+            let (_, d) = x.rows();
+            let mut out = Vec::with_capacity(x.numel());
+            for row in x.data.chunks_exact(d) {
+                let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let r = 1.0 / (ms + eps).sqrt();
+                out.extend(row.iter().zip(&w.data).map(|(v, w)| v * r * w));
+            }
+            Tensor::new(x.shape.clone(), out)
+        }
+        Op::LayerNorm { eps } => {
+            let (x, w, b) = (a[0], a[1], a[2]);
+            let (_, d) = x.rows();
+            let mut out = Vec::with_capacity(x.numel());
+            for row in x.data.chunks_exact(d) {
+                let mean = row.iter().sum::<f32>() / d as f32;
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+                let r = 1.0 / (var + eps).sqrt();
+                out.extend(row.iter().zip(&w.data).zip(&b.data).map(|((v, w), b)| (v - mean) * r * w + b));
+            }
+            Tensor::new(x.shape.clone(), out)
+        }
+        Op::Rope { theta, style, rotary_dim } => {
+            let (x, pos) = (a[0], a[1]);
+            let (t, h, d) = (x.shape[0], x.shape[1], x.shape[2]);
+            let half = rotary_dim / 2;
+            let inv: Vec<f64> = (0..half).map(|i| 1.0 / (*theta as f64).powf((2 * i) as f64 / *rotary_dim as f64)).collect();
+            let mut out = x.data.clone();
+            for ti in 0..t {
+                let p = pos.data[ti] as f64;
+                let cs: Vec<(f32, f32)> = inv.iter().map(|f| {
+                    let ang = (p * f) as f32;
+                    (ang.cos(), ang.sin())
+                }).collect();
+                for hi in 0..h {
+                    let base = (ti * h + hi) * d;
+                    for (i, &(c, s)) in cs.iter().enumerate() {
+                        let (i0, i1) = match style {
+                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                            RopeStyle::Half => (i, i + half),
+                        };
+                        let (x0, x1) = (x.data[base + i0], x.data[base + i1]);
+                        out[base + i0] = x0 * c - x1 * s;
+                        out[base + i1] = x0 * s + x1 * c;
+                    }
+                }
+            }
+            Tensor::new(x.shape.clone(), out)
+        }
+        Op::Softmax => {
+            let x = a[0];
+            let (_, d) = x.rows();
+            let mut out = Vec::with_capacity(x.numel());
+            for row in x.data.chunks_exact(d.max(1)) {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
+                let s: f32 = e.iter().sum();
+                out.extend(e.iter().map(|v| v / s));
+            }
+            Tensor::new(x.shape.clone(), out)
+        }
+        Op::TopK { k } => {
+            let x = a[0];
+            let (_, d) = x.rows();
+            let mut out = Vec::new();
+            for row in x.data.chunks_exact(d.max(1)) {
+                let mut idx: Vec<usize> = (0..d).collect();
+                idx.sort_by(|&i, &j| row[j].total_cmp(&row[i]).then(i.cmp(&j)));
+                out.extend(idx[..*k].iter().map(|&i| i as f32));
+            }
+            let mut shape = x.shape.clone();
+            *shape.last_mut().expect("rank >= 1") = *k;
+            Tensor::new(shape, out)
+        }
+        Op::TakeAlong => {
+            let (x, idx) = (a[0], a[1]);
+            let (_, n) = x.rows();
+            let (_, k) = idx.rows();
+            let mut out = Vec::with_capacity(idx.numel());
+            for (r, irow) in idx.data.chunks_exact(k.max(1)).enumerate() {
+                for &i in irow {
+                    if i < 0.0 || i as usize >= n {
+                        return Err(format!("index {i} out of range 0..{n}"));
+                    }
+                    out.push(x.data[r * n + i as usize]);
+                }
+            }
+            Tensor::new(idx.shape.clone(), out)
+        }
+        Op::Concat { axis } => {
+            let outer: usize = a[0].shape[..*axis].iter().product();
+            let mut shape = a[0].shape.clone();
+            shape[*axis] = a.iter().map(|t| t.shape[*axis]).sum();
+            let mut data = Vec::with_capacity(shape.iter().product());
+            for o in 0..outer {
+                for t in a {
+                    let inner: usize = t.shape[*axis..].iter().product();
+                    data.extend_from_slice(&t.data[o * inner..(o + 1) * inner]);
+                }
+            }
+            Tensor::new(shape, data)
+        }
+        Op::Slice { axis, start, len } => {
+            let x = a[0];
+            let outer: usize = x.shape[..*axis].iter().product();
+            let inner: usize = x.shape[axis + 1..].iter().product();
+            let d = x.shape[*axis];
+            let mut data = Vec::with_capacity(outer * len * inner);
+            for o in 0..outer {
+                let base = o * d * inner;
+                data.extend_from_slice(&x.data[base + start * inner..base + (start + len) * inner]);
+            }
+            let mut shape = x.shape.clone();
+            shape[*axis] = *len;
+            Tensor::new(shape, data)
+        }
+        Op::Reshape => {
+            let x = a[0];
+            let shape = declared.ok_or("reshape target has unbound symbols")?.to_vec();
+            if shape.iter().product::<usize>() != x.numel() {
+                return Err(format!("cannot reshape {:?} to {shape:?}", x.shape));
+            }
+            Tensor::new(shape, x.data.clone())
+        }
+        Op::Transpose { perm } => {
+            let x = a[0];
+            let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+            let (si, so) = (strides(&x.shape), strides(&shape));
+            let n = x.numel();
+            let mut data = vec![0f32; n];
+            for (o, slot) in data.iter_mut().enumerate() {
+                let mut src = 0;
+                for (d, &p) in perm.iter().enumerate() {
+                    src += ((o / so[d]) % shape[d]) * si[p];
+                }
+                *slot = x.data[src];
+            }
+            Tensor::new(shape, data)
+        }
+        Op::Quantize => {
+            let x = a[0];
+            let scale = a.get(1);
+            let data = x
+                .data
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let s = scale.map(|s| s.data[i % s.numel()]).unwrap_or(1.0);
+                    quant::round_to(dtype, v / s)
+                })
+                .collect();
+            if dtype.is_packed() && dtype != DType::I4 {
+                // block formats: the f32 value of the quantized blocks
+                let enc = quant::encode(dtype, &x.data).ok_or(format!("{} elements are not whole {dtype} blocks", x.numel()))?;
+                return Ok(Tensor::new(x.shape.clone(), quant::decode(dtype, &enc, x.numel()).expect("encoded length matches")));
+            }
+            Tensor::new(x.shape.clone(), data)
+        }
+        Op::Dequantize => {
+            let x = a[0];
+            match a.get(1) {
+                Some(s) => Tensor::new(x.shape.clone(), x.data.iter().enumerate().map(|(i, &v)| v * s.data[i % s.numel()]).collect()),
+                None => x.clone(),
+            }
+        }
+        Op::Cast => Tensor::new(a[0].shape.clone(), a[0].data.iter().map(|&v| quant::round_to(dtype, v)).collect()),
+        Op::Argmax => {
+            let x = a[0];
+            let (_, d) = x.rows();
+            let data = x
+                .data
+                .chunks_exact(d.max(1))
+                .map(|row| row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0 as f32)
+                .collect();
+            Tensor::new(x.shape[..x.shape.len() - 1].to_vec(), data)
+        }
+        Op::Input | Op::Weight | Op::State | Op::CacheWrite | Op::PagedAttention { .. } => unreachable!("handled by the caller"),
+    })
+}
+
+fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Tensor, table: &Tensor, scale: f32) -> Result<Tensor, String> {
+    let (t, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
+    let (nb, bs, kvh) = (kc.shape[0], kc.shape[1], kc.shape[2]);
+    let (s, mb) = (table.shape[0], table.shape[1]);
+    let rep = h / kvh;
+    let mut out = vec![0f32; t * h * d];
+    let mut scores = Vec::new();
+    for ti in 0..t {
+        let p = pos.data[ti];
+        let sq = seq.data[ti];
+        if p < 0.0 || sq < 0.0 || sq as usize >= s {
+            return Err(format!("token {ti}: position {p} / sequence {sq} out of range (S = {s})"));
+        }
+        let (p, sq) = (p as usize, sq as usize);
+        let ctx = p + 1;
+        if ctx.div_ceil(bs) > mb {
+            return Err(format!("token {ti}: position {p} needs {} blocks but the table has {mb}", ctx.div_ceil(bs)));
+        }
+        let rows: Vec<usize> = (0..ctx)
+            .map(|j| {
+                let b = table.data[sq * mb + j / bs];
+                if b < 0.0 || b as usize >= nb {
+                    Err(format!("block table entry {b} out of range 0..{nb}"))
+                } else {
+                    Ok(b as usize * bs + j % bs)
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        for hi in 0..h {
+            let kh = hi / rep;
+            let qv = &q.data[(ti * h + hi) * d..(ti * h + hi + 1) * d];
+            scores.clear();
+            for &r in &rows {
+                let kv = &kc.data[(r * kvh + kh) * d..(r * kvh + kh + 1) * d];
+                scores.push(qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale);
+            }
+            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - m).exp();
+                sum += *sc;
+            }
+            let o = &mut out[(ti * h + hi) * d..(ti * h + hi + 1) * d];
+            for (&r, &w) in rows.iter().zip(scores.iter()) {
+                let vv = &vc.data[(r * kvh + kh) * d..(r * kvh + kh + 1) * d];
+                for (oi, vi) in o.iter_mut().zip(vv) {
+                    *oi += w / sum * vi;
+                }
+            }
+        }
+    }
+    Ok(Tensor::new(q.shape.clone(), out))
+}

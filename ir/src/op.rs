@@ -1,0 +1,574 @@
+//! The op table. Every op has: a text name, typed attributes, a shape/dtype rule
+//! ([`infer`]), and a CPU reference implementation in `exec.rs`.
+//!
+//! The set is small and orthogonal: the Llama family needs gather, matmul, elementwise,
+//! rms_norm, rope, cache_write and paged_attention; DeepSeek MoE adds top_k + take_along for
+//! routing; quantize/dequantize/cast cover the precision modes.
+
+use crate::{DType, Dim, TensorType};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Sqrt,
+    Rsqrt,
+    Recip,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// x * sigmoid(x)
+    Silu,
+    /// GELU, tanh approximation (GPT-2)
+    Gelu,
+    /// GELU with the exact erf (BERT)
+    GeluErf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+}
+
+/// How RoPE pairs the elements of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// (x[2i], x[2i+1]): GGUF llama Q/K weights, GPT-J, DeepSeek's MLA rope part.
+    Interleaved,
+    /// (x[i], x[i + d/2]): HF `rotate_half` (Llama/Qwen checkpoints), GPT-NeoX.
+    Half,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A step input (token ids, positions, block tables...). Its name is the node's name.
+    Input,
+    /// A model parameter; its name is the checkpoint's tensor name.
+    Weight,
+    /// Persistent device state that outlives a step (the KV cache pools).
+    State,
+    /// Rows of a table: (table[V, ...], idx[...]) -> [..., table.shape[1..]]
+    Gather,
+    /// (a[..., M, K], b[K, N] | b[N, K] when transpose_b, bias?[N]) -> [..., M, N].
+    /// `b` may be stored in any dtype (packed types make a weight-only-quantized matmul).
+    MatMul { transpose_b: bool },
+    Unary(UnaryOp),
+    /// numpy-style broadcast over trailing dims
+    Binary(BinaryOp),
+    /// (x[..., D], w[D]) -> x / sqrt(mean(x^2) + eps) * w
+    RmsNorm { eps: f32 },
+    /// (x[..., D], w[D], b[D])
+    LayerNorm { eps: f32 },
+    /// (x[T, H, D], pos[T]) -> rotated; the first `rotary_dim` elements of each head rotate.
+    Rope { theta: f32, style: RopeStyle, rotary_dim: usize },
+    /// along the last axis
+    Softmax,
+    /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T]) -> cache with row slot[t] = x[t]
+    /// (slot = block * BS + offset). Updates the state in place.
+    CacheWrite,
+    /// (q[T, H, D], k_cache[NB, BS, KVH, D], v_cache, pos[T], seq[T], block_table[S, MB]) ->
+    /// [T, H, D]: token t attends causally to cache positions 0..=pos[t] of sequence seq[t],
+    /// whose position j lives in block block_table[seq[t], j / BS], row j % BS. GQA: head h
+    /// reads KV head h / (H / KVH).
+    PagedAttention { scale: f32 },
+    /// indices (i32) of the k largest values along the last axis, largest first
+    TopK { k: usize },
+    /// (x[..., N], idx[..., K]) -> x gathered along the last axis
+    TakeAlong,
+    Concat { axis: usize },
+    Slice { axis: usize, start: usize, len: usize },
+    /// to the node's declared shape (same element count)
+    Reshape,
+    Transpose { perm: Vec<usize> },
+    /// (x, scale?) -> node dtype. Float targets round; int targets compute round(x / scale)
+    /// with saturation; block formats carry their own scales and take none.
+    Quantize,
+    /// (x, scale?) -> node's float dtype: x * scale (block formats: their own scales)
+    Dequantize,
+    /// to the node's declared dtype
+    Cast,
+    /// index (i32) of the largest value along the last axis
+    Argmax,
+}
+
+/// An attribute value as it appears in the text format.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    Int(i64),
+    Float(f32),
+    Bool(bool),
+    Ident(String),
+    Ints(Vec<i64>),
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Weight => "weight",
+            Op::State => "state",
+            Op::Gather => "gather",
+            Op::MatMul { .. } => "matmul",
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => "neg",
+                UnaryOp::Exp => "exp",
+                UnaryOp::Sqrt => "sqrt",
+                UnaryOp::Rsqrt => "rsqrt",
+                UnaryOp::Recip => "recip",
+                UnaryOp::Tanh => "tanh",
+                UnaryOp::Sigmoid => "sigmoid",
+                UnaryOp::Relu => "relu",
+                UnaryOp::Silu => "silu",
+                UnaryOp::Gelu => "gelu",
+                UnaryOp::GeluErf => "gelu_erf",
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "add",
+                BinaryOp::Sub => "sub",
+                BinaryOp::Mul => "mul",
+                BinaryOp::Div => "div",
+                BinaryOp::Max => "max",
+                BinaryOp::Min => "min",
+            },
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Rope { .. } => "rope",
+            Op::Softmax => "softmax",
+            Op::CacheWrite => "cache_write",
+            Op::PagedAttention { .. } => "paged_attention",
+            Op::TopK { .. } => "top_k",
+            Op::TakeAlong => "take_along",
+            Op::Concat { .. } => "concat",
+            Op::Slice { .. } => "slice",
+            Op::Reshape => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Quantize => "quantize",
+            Op::Dequantize => "dequantize",
+            Op::Cast => "cast",
+            Op::Argmax => "argmax",
+        }
+    }
+
+    /// Leaves hold no operands and name external data.
+    pub fn is_leaf(&self) -> bool {
+        matches!(self, Op::Input | Op::Weight | Op::State)
+    }
+
+    /// Attributes in a fixed order, for the printer.
+    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        match self {
+            Op::MatMul { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
+            Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
+            Op::Rope { theta, style, rotary_dim } => vec![
+                ("theta", Attr::Float(*theta)),
+                (
+                    "style",
+                    Attr::Ident(match style {
+                        RopeStyle::Interleaved => "interleaved".into(),
+                        RopeStyle::Half => "half".into(),
+                    }),
+                ),
+                ("rotary_dim", Attr::Int(*rotary_dim as i64)),
+            ],
+            Op::PagedAttention { scale } => vec![("scale", Attr::Float(*scale))],
+            Op::TopK { k } => vec![("k", Attr::Int(*k as i64))],
+            Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
+            Op::Slice { axis, start, len } => vec![
+                ("axis", Attr::Int(*axis as i64)),
+                ("start", Attr::Int(*start as i64)),
+                ("len", Attr::Int(*len as i64)),
+            ],
+            Op::Transpose { perm } => vec![("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))],
+            _ => vec![],
+        }
+    }
+
+    /// Rebuild an op from its text name and attributes (the parser's half of the table).
+    pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
+        let get = |k: &str| -> Result<&Attr, String> {
+            attrs.iter().find(|(n, _)| n == k).map(|(_, v)| v).ok_or_else(|| format!("op `{name}` needs attribute `{k}`"))
+        };
+        let float = |k: &str| -> Result<f32, String> {
+            match get(k)? {
+                Attr::Float(f) => Ok(*f),
+                Attr::Int(i) => Ok(*i as f32),
+                other => Err(format!("attribute `{k}` of `{name}` must be a number, got {other:?}")),
+            }
+        };
+        let uint = |k: &str| -> Result<usize, String> {
+            match get(k)? {
+                Attr::Int(i) if *i >= 0 => Ok(*i as usize),
+                other => Err(format!("attribute `{k}` of `{name}` must be a non-negative integer, got {other:?}")),
+            }
+        };
+        let expected: &[&str] = match name {
+            "matmul" => &["transpose_b"],
+            "rms_norm" | "layer_norm" => &["eps"],
+            "rope" => &["theta", "style", "rotary_dim"],
+            "paged_attention" => &["scale"],
+            "top_k" => &["k"],
+            "concat" => &["axis"],
+            "slice" => &["axis", "start", "len"],
+            "transpose" => &["perm"],
+            _ => &[],
+        };
+        if let Some((k, _)) = attrs.iter().find(|(k, _)| !expected.contains(&k.as_str())) {
+            return Err(format!("op `{name}` has no attribute `{k}`"));
+        }
+        use BinaryOp as B;
+        use UnaryOp as U;
+        Ok(match name {
+            "input" => Op::Input,
+            "weight" => Op::Weight,
+            "state" => Op::State,
+            "gather" => Op::Gather,
+            "matmul" => Op::MatMul {
+                transpose_b: match get("transpose_b")? {
+                    Attr::Bool(b) => *b,
+                    other => return Err(format!("attribute `transpose_b` must be true/false, got {other:?}")),
+                },
+            },
+            "neg" => Op::Unary(U::Neg),
+            "exp" => Op::Unary(U::Exp),
+            "sqrt" => Op::Unary(U::Sqrt),
+            "rsqrt" => Op::Unary(U::Rsqrt),
+            "recip" => Op::Unary(U::Recip),
+            "tanh" => Op::Unary(U::Tanh),
+            "sigmoid" => Op::Unary(U::Sigmoid),
+            "relu" => Op::Unary(U::Relu),
+            "silu" => Op::Unary(U::Silu),
+            "gelu" => Op::Unary(U::Gelu),
+            "gelu_erf" => Op::Unary(U::GeluErf),
+            "add" => Op::Binary(B::Add),
+            "sub" => Op::Binary(B::Sub),
+            "mul" => Op::Binary(B::Mul),
+            "div" => Op::Binary(B::Div),
+            "max" => Op::Binary(B::Max),
+            "min" => Op::Binary(B::Min),
+            "rms_norm" => Op::RmsNorm { eps: float("eps")? },
+            "layer_norm" => Op::LayerNorm { eps: float("eps")? },
+            "rope" => Op::Rope {
+                theta: float("theta")?,
+                style: match get("style")? {
+                    Attr::Ident(s) if s == "interleaved" => RopeStyle::Interleaved,
+                    Attr::Ident(s) if s == "half" => RopeStyle::Half,
+                    other => return Err(format!("rope style must be interleaved or half, got {other:?}")),
+                },
+                rotary_dim: uint("rotary_dim")?,
+            },
+            "softmax" => Op::Softmax,
+            "cache_write" => Op::CacheWrite,
+            "paged_attention" => Op::PagedAttention { scale: float("scale")? },
+            "top_k" => Op::TopK { k: uint("k")? },
+            "take_along" => Op::TakeAlong,
+            "concat" => Op::Concat { axis: uint("axis")? },
+            "slice" => Op::Slice { axis: uint("axis")?, start: uint("start")?, len: uint("len")? },
+            "reshape" => Op::Reshape,
+            "transpose" => Op::Transpose {
+                perm: match get("perm")? {
+                    Attr::Ints(v) if v.iter().all(|&p| p >= 0) => v.iter().map(|&p| p as usize).collect(),
+                    other => return Err(format!("attribute `perm` must be a list of axes, got {other:?}")),
+                },
+            },
+            "quantize" => Op::Quantize,
+            "dequantize" => Op::Dequantize,
+            "cast" => Op::Cast,
+            "argmax" => Op::Argmax,
+            other => return Err(format!("unknown op `{other}`")),
+        })
+    }
+
+    /// (min, max) operand count.
+    pub fn arity(&self) -> (usize, usize) {
+        match self {
+            Op::Input | Op::Weight | Op::State => (0, 0),
+            Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax => (1, 1),
+            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => (2, 2),
+            Op::MatMul { .. } => (2, 3),
+            Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
+            Op::PagedAttention { .. } => (6, 6),
+            Op::Concat { .. } => (1, usize::MAX),
+            Op::Quantize | Op::Dequantize => (1, 2),
+        }
+    }
+}
+
+fn same(a: &Dim, b: &Dim) -> bool {
+    a == b
+}
+
+fn float_act(t: &TensorType, what: &str) -> Result<(), String> {
+    if matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        Ok(())
+    } else {
+        Err(format!("{what} must be f32/f16/bf16, got {}", t.dtype))
+    }
+}
+
+fn index(t: &TensorType, what: &str) -> Result<(), String> {
+    if t.dtype == DType::I32 {
+        Ok(())
+    } else {
+        Err(format!("{what} must be i32, got {t}"))
+    }
+}
+
+fn rank(t: &TensorType, r: usize, what: &str) -> Result<(), String> {
+    if t.rank() == r {
+        Ok(())
+    } else {
+        Err(format!("{what} must have rank {r}, got {t}"))
+    }
+}
+
+fn dims_eq(a: &Dim, b: &Dim, what: &str) -> Result<(), String> {
+    if same(a, b) {
+        Ok(())
+    } else {
+        Err(format!("{what}: {a} != {b}"))
+    }
+}
+
+/// Product of the constant dims and the sorted list of symbols: equal for two shapes that
+/// have the same element count under every binding.
+fn numel_key(shape: &[Dim]) -> (usize, Vec<String>) {
+    let mut c = 1usize;
+    let mut syms = vec![];
+    for d in shape {
+        match d {
+            Dim::Const(v) => c = c.saturating_mul(*v),
+            Dim::Sym(s) => syms.push(s.clone()),
+        }
+    }
+    syms.sort();
+    (c, syms)
+}
+
+/// Shape and dtype rule. `declared` is the node's own type: leaves, reshape, cast, quantize
+/// and dequantize take their result type from it; ops that may widen a packed operand take
+/// their dtype from it.
+pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<TensorType, String> {
+    let (lo, hi) = op.arity();
+    if args.len() < lo || args.len() > hi {
+        return Err(if lo == hi {
+            format!("takes {lo} operand(s), got {}", args.len())
+        } else {
+            format!("takes {lo}..{} operands, got {}", hi.min(64), args.len())
+        });
+    }
+    match op {
+        Op::Input | Op::Weight | Op::State => Ok(declared.clone()),
+        Op::Gather => {
+            let (table, idx) = (args[0], args[1]);
+            index(idx, "gather index")?;
+            if table.rank() < 1 {
+                return Err(format!("gather table must have rank >= 1, got {table}"));
+            }
+            let mut shape = idx.shape.clone();
+            shape.extend_from_slice(&table.shape[1..]);
+            let dtype = if matches!(table.dtype, DType::F32 | DType::F16 | DType::BF16) { table.dtype } else { declared.dtype };
+            let t = TensorType::new(dtype, shape);
+            float_act(&t, "gather result")?;
+            Ok(t)
+        }
+        Op::MatMul { transpose_b } => {
+            let (a, b) = (args[0], args[1]);
+            float_act(a, "matmul lhs")?;
+            if a.rank() < 2 {
+                return Err(format!("matmul lhs must have rank >= 2, got {a}"));
+            }
+            rank(b, 2, "matmul rhs")?;
+            let k = &a.shape[a.rank() - 1];
+            let (bk, n) = if *transpose_b { (&b.shape[1], &b.shape[0]) } else { (&b.shape[0], &b.shape[1]) };
+            dims_eq(k, bk, "matmul contraction dims differ")?;
+            if let Some(bias) = args.get(2) {
+                rank(bias, 1, "matmul bias")?;
+                dims_eq(&bias.shape[0], n, "matmul bias length")?;
+            }
+            let mut shape = a.shape[..a.rank() - 1].to_vec();
+            shape.push(n.clone());
+            Ok(TensorType::new(a.dtype, shape))
+        }
+        Op::Unary(_) | Op::Softmax => {
+            float_act(args[0], "operand")?;
+            Ok(args[0].clone())
+        }
+        Op::Binary(_) => {
+            let (a, b) = (args[0], args[1]);
+            if a.dtype != b.dtype {
+                return Err(format!("operand dtypes differ: {a} vs {b}"));
+            }
+            let r = a.rank().max(b.rank());
+            let mut shape = vec![];
+            for i in 0..r {
+                let da = if i + a.rank() >= r { Some(&a.shape[i + a.rank() - r]) } else { None };
+                let db = if i + b.rank() >= r { Some(&b.shape[i + b.rank() - r]) } else { None };
+                shape.push(match (da, db) {
+                    (Some(x), None) | (None, Some(x)) => x.clone(),
+                    (Some(x), Some(y)) if x == y => x.clone(),
+                    (Some(Dim::Const(1)), Some(y)) => y.clone(),
+                    (Some(x), Some(Dim::Const(1))) => x.clone(),
+                    (Some(x), Some(y)) => return Err(format!("cannot broadcast {a} with {b} (dims {x} and {y})")),
+                    (None, None) => unreachable!("i < max rank"),
+                });
+            }
+            Ok(TensorType::new(a.dtype, shape))
+        }
+        Op::RmsNorm { .. } | Op::LayerNorm { .. } => {
+            let x = args[0];
+            float_act(x, "norm input")?;
+            let d = x.shape.last().ok_or("norm input must have rank >= 1")?;
+            for w in &args[1..] {
+                rank(w, 1, "norm weight")?;
+                dims_eq(&w.shape[0], d, "norm weight length")?;
+            }
+            Ok(x.clone())
+        }
+        Op::Rope { rotary_dim, .. } => {
+            let (x, pos) = (args[0], args[1]);
+            float_act(x, "rope input")?;
+            rank(x, 3, "rope input [T, H, D]")?;
+            index(pos, "rope positions")?;
+            rank(pos, 1, "rope positions")?;
+            dims_eq(&x.shape[0], &pos.shape[0], "rope tokens vs positions")?;
+            if let Some(d) = x.shape[2].as_const() {
+                if *rotary_dim > d || rotary_dim % 2 != 0 || *rotary_dim == 0 {
+                    return Err(format!("rotary_dim {rotary_dim} must be even and in 2..={d}"));
+                }
+            }
+            Ok(x.clone())
+        }
+        Op::CacheWrite => {
+            let (cache, x, slot) = (args[0], args[1], args[2]);
+            rank(cache, 4, "cache [NB, BS, KVH, D]")?;
+            rank(x, 3, "cache_write value [T, KVH, D]")?;
+            index(slot, "cache slots")?;
+            rank(slot, 1, "cache slots")?;
+            dims_eq(&x.shape[0], &slot.shape[0], "values vs slots")?;
+            dims_eq(&cache.shape[2], &x.shape[1], "KV heads")?;
+            dims_eq(&cache.shape[3], &x.shape[2], "head dim")?;
+            Ok(cache.clone())
+        }
+        Op::PagedAttention { .. } => {
+            let (q, kc, vc, pos, seq, table) = (args[0], args[1], args[2], args[3], args[4], args[5]);
+            float_act(q, "attention query")?;
+            rank(q, 3, "attention query [T, H, D]")?;
+            rank(kc, 4, "k cache [NB, BS, KVH, D]")?;
+            if kc != vc {
+                return Err(format!("k and v caches differ: {kc} vs {vc}"));
+            }
+            dims_eq(&kc.shape[3], &q.shape[2], "head dim of q vs cache")?;
+            if let (Some(h), Some(kvh)) = (q.shape[1].as_const(), kc.shape[2].as_const()) {
+                if kvh == 0 || h % kvh != 0 {
+                    return Err(format!("query heads {h} not a multiple of KV heads {kvh}"));
+                }
+            }
+            for (t, what) in [(pos, "positions"), (seq, "sequence index")] {
+                index(t, what)?;
+                rank(t, 1, what)?;
+                dims_eq(&t.shape[0], &q.shape[0], what)?;
+            }
+            index(table, "block table")?;
+            rank(table, 2, "block table [S, MB]")?;
+            Ok(q.clone())
+        }
+        Op::TopK { k } => {
+            let x = args[0];
+            let n = x.shape.last().ok_or("top_k input must have rank >= 1")?;
+            if let Some(n) = n.as_const() {
+                if *k == 0 || *k > n {
+                    return Err(format!("k = {k} must be in 1..={n}"));
+                }
+            }
+            let mut shape = x.shape.clone();
+            *shape.last_mut().expect("rank >= 1") = Dim::Const(*k);
+            Ok(TensorType::new(DType::I32, shape))
+        }
+        Op::TakeAlong => {
+            let (x, idx) = (args[0], args[1]);
+            index(idx, "take_along index")?;
+            if x.rank() != idx.rank() || x.rank() == 0 {
+                return Err(format!("take_along needs equal ranks >= 1: {x} vs {idx}"));
+            }
+            for i in 0..x.rank() - 1 {
+                dims_eq(&x.shape[i], &idx.shape[i], "take_along leading dims")?;
+            }
+            Ok(TensorType::new(x.dtype, idx.shape.clone()))
+        }
+        Op::Concat { axis } => {
+            let first = args[0];
+            if *axis >= first.rank() {
+                return Err(format!("axis {axis} out of range for {first}"));
+            }
+            let mut total = 0usize;
+            for a in args {
+                if a.dtype != first.dtype || a.rank() != first.rank() {
+                    return Err(format!("concat operands differ: {first} vs {a}"));
+                }
+                for i in 0..a.rank() {
+                    if i != *axis {
+                        dims_eq(&a.shape[i], &first.shape[i], "concat non-axis dims")?;
+                    }
+                }
+                total += a.shape[*axis].as_const().ok_or_else(|| format!("concat axis must be constant, got {a}"))?;
+            }
+            let mut shape = first.shape.clone();
+            shape[*axis] = Dim::Const(total);
+            Ok(TensorType::new(first.dtype, shape))
+        }
+        Op::Slice { axis, start, len } => {
+            let x = args[0];
+            let d = x.shape.get(*axis).ok_or_else(|| format!("axis {axis} out of range for {x}"))?;
+            let d = d.as_const().ok_or_else(|| format!("slice axis must be constant, got {x}"))?;
+            if start + len > d || *len == 0 {
+                return Err(format!("slice {start}..{} out of 0..{d}", start + len));
+            }
+            let mut shape = x.shape.clone();
+            shape[*axis] = Dim::Const(*len);
+            Ok(TensorType::new(x.dtype, shape))
+        }
+        Op::Reshape => {
+            let x = args[0];
+            if numel_key(&x.shape) != numel_key(&declared.shape) {
+                return Err(format!("reshape from {x} to {declared} changes the element count"));
+            }
+            if x.dtype != declared.dtype {
+                return Err(format!("reshape cannot change dtype ({x} to {declared})"));
+            }
+            Ok(declared.clone())
+        }
+        Op::Transpose { perm } => {
+            let x = args[0];
+            let mut seen = vec![false; x.rank()];
+            if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
+                return Err(format!("perm {perm:?} is not a permutation of the axes of {x}"));
+            }
+            Ok(TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p].clone())))
+        }
+        Op::Quantize | Op::Dequantize | Op::Cast => {
+            let x = args[0];
+            if x.shape != declared.shape {
+                return Err(format!("{} keeps the shape: {x} vs declared {declared}", op.name()));
+            }
+            if matches!(op, Op::Dequantize) {
+                float_act(declared, "dequantize result")?;
+            }
+            if let Some(s) = args.get(1) {
+                float_act(s, "scale")?;
+            }
+            Ok(declared.clone())
+        }
+        Op::Argmax => {
+            let x = args[0];
+            if x.rank() == 0 {
+                return Err("argmax input must have rank >= 1".into());
+            }
+            Ok(TensorType::new(DType::I32, x.shape[..x.rank() - 1].to_vec()))
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! `model.toml`: what to compile. Unknown fields and missing required fields are errors
+//! that name the field (serde's `deny_unknown_fields`; the toml crate adds line and column).
+//!
+//! ```toml
+//! [model]
+//! name = "smollm2-135m-instruct"   # plan and API model name
+//! architecture = "llama"           # llama family: Llama 2/3, SmolLM2, Qwen2 (attention biases)
+//!
+//! [weights]
+//! format = "gguf"                  # gguf | safetensors | seeded
+//! path = "../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # relative to this file
+//! sha256 = "b179c952..."           # optional; checked when given
+//! # seeded only: seed = 0, dtype = "bf16" (weights generated from the seed, for benchmarks)
+//!
+//! [dims]            # required for seeded weights; otherwise optional and checked against
+//! hidden = 576      # the checkpoint's own config
+//! ...
+//!
+//! [limits]
+//! max_seq_len = 2048    # longest sequence (prompt + generated) the plan serves
+//! kv_block_size = 16    # tokens per KV-cache block
+//! max_batch = 32        # sequences per step
+//!
+//! [precision]
+//! activations = "f32"   # f32 | bf16 | f16
+//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3
+//! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1
+//!
+//! [tokenizer]           # optional: default is the GGUF metadata or tokenizer.json next to the weights
+//! path = "tokenizer.json"
+//! chat_template = "..." # overrides the checkpoint's template
+//! ```
+
+use crate::error::{ModelError, Result};
+use dsc_ir::DType;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelToml {
+    pub model: ModelSection,
+    pub weights: WeightsSection,
+    #[serde(default)]
+    pub dims: Option<Dims>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub precision: Precision,
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerSection>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub name: String,
+    pub architecture: Architecture,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    Llama,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    Gguf,
+    Safetensors,
+    Seeded,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsSection {
+    pub format: WeightFormat,
+    /// GGUF file, or a safetensors file / HF directory; relative to model.toml
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub dtype: Option<String>,
+}
+
+/// Architecture dimensions (llama family).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Dims {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub rope_theta: f32,
+    pub norm_eps: f32,
+    #[serde(default)]
+    pub tie_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub max_position: Option<usize>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default = "d_max_seq")]
+    pub max_seq_len: usize,
+    #[serde(default = "d_block")]
+    pub kv_block_size: usize,
+    #[serde(default = "d_batch")]
+    pub max_batch: usize,
+}
+fn d_max_seq() -> usize {
+    2048
+}
+fn d_block() -> usize {
+    16
+}
+fn d_batch() -> usize {
+    32
+}
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_seq_len: d_max_seq(), kv_block_size: d_block(), max_batch: d_batch() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Precision {
+    #[serde(default = "d_f32")]
+    pub activations: String,
+    #[serde(default = "d_f32")]
+    pub kv_cache: String,
+    #[serde(default = "d_stored")]
+    pub weights: String,
+}
+fn d_f32() -> String {
+    "f32".into()
+}
+fn d_stored() -> String {
+    "stored".into()
+}
+impl Default for Precision {
+    fn default() -> Self {
+        Precision { activations: d_f32(), kv_cache: d_f32(), weights: d_stored() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSection {
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub chat_template: Option<String>,
+}
+
+/// A parsed model.toml with its location (relative paths resolve against its folder).
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub path: PathBuf,
+    pub toml: ModelToml,
+    pub activations: DType,
+    pub kv_cache: DType,
+    /// None = keep the stored dtype
+    pub weights: Option<DType>,
+}
+
+impl ModelConfig {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(crate::error::io(path))?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        let cerr = |msg: String| ModelError::Config { path: path.to_path_buf(), msg };
+        let toml: ModelToml = toml::from_str(text).map_err(|e| cerr(e.to_string().trim_end().to_string()))?;
+        let dt = |field: &str, v: &str, allowed: &[DType]| -> Result<DType> {
+            let d: DType = v.parse().map_err(|e: String| cerr(format!("field `{field}`: {e}")))?;
+            if !allowed.contains(&d) {
+                let names: Vec<_> = allowed.iter().map(|d| d.name()).collect();
+                return Err(cerr(format!("field `{field}`: `{v}` is not allowed here (one of {})", names.join(", "))));
+            }
+            Ok(d)
+        };
+        use DType::*;
+        let activations = dt("precision.activations", &toml.precision.activations, &[F32, BF16, F16])?;
+        let kv_cache = dt("precision.kv_cache", &toml.precision.kv_cache, &[F32, BF16, F16, F8E4M3])?;
+        let weights = match toml.precision.weights.as_str() {
+            "stored" => None,
+            w => Some(dt("precision.weights", w, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?),
+        };
+        let l = &toml.limits;
+        if l.kv_block_size == 0 || !l.kv_block_size.is_power_of_two() {
+            return Err(cerr(format!("field `limits.kv_block_size`: {} must be a power of two", l.kv_block_size)));
+        }
+        if l.max_seq_len == 0 || l.max_batch == 0 {
+            return Err(cerr("fields `limits.max_seq_len` and `limits.max_batch` must be positive".into()));
+        }
+        match toml.weights.format {
+            WeightFormat::Seeded => {
+                if toml.dims.is_none() {
+                    return Err(cerr("seeded weights need a [dims] table".into()));
+                }
+                if toml.weights.path.is_some() {
+                    return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
+                }
+                if let Some(d) = &toml.weights.dtype {
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?;
+                }
+            }
+            _ => {
+                if toml.weights.path.is_none() {
+                    return Err(cerr("missing field `weights.path`".into()));
+                }
+                if toml.weights.seed.is_some() || toml.weights.dtype.is_some() {
+                    return Err(cerr("fields `weights.seed` / `weights.dtype` are only for format = \"seeded\"".into()));
+                }
+            }
+        }
+        if let Some(d) = &toml.dims {
+            if d.heads == 0 || d.kv_heads == 0 || d.heads % d.kv_heads != 0 {
+                return Err(cerr(format!("field `dims.heads` ({}) must be a positive multiple of `dims.kv_heads` ({})", d.heads, d.kv_heads)));
+            }
+            if d.hidden == 0 || d.layers == 0 || d.head_dim == 0 || d.head_dim % 2 != 0 || d.ffn == 0 || d.vocab == 0 {
+                return Err(cerr("fields under [dims] must be positive (head_dim even)".into()));
+            }
+        }
+        Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, weights })
+    }
+
+    /// A path from model.toml, resolved against the file's folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.path.parent().unwrap_or(Path::new(".")).join(p)
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Model front ends: `model.toml` ([`config`]), checkpoint importers ([`gguf`], [`hf`]),
+//! tokenizers ([`tokenizer`]) and architecture builders ([`llama`]). [`load`] turns a
+//! model.toml into a verified graph, its weights and its tokenizer.
+
+pub mod config;
+mod error;
+pub mod gguf;
+pub mod hf;
+pub mod llama;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Dims, ModelConfig};
+pub use error::{ModelError, Result};
+pub use tokenizer::TokenizerInfo;
+pub use weights::{WeightSet, WeightTensor};
+
+use config::{Architecture, WeightFormat};
+use dsc_ir::{quant, DType, Graph};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use weights::Bytes;
+
+/// A model ready for the compiler: verified graph, weights by checkpoint name, tokenizer.
+pub struct LoadedModel {
+    pub config: ModelConfig,
+    pub dims: Dims,
+    pub graph: Graph,
+    pub weights: WeightSet,
+    pub tokenizer: Option<TokenizerInfo>,
+    /// where the weights came from (for the plan's metadata)
+    pub weights_path: Option<PathBuf>,
+}
+
+fn check_dims(path: &Path, given: &Dims, found: &Dims) -> Result<()> {
+    let mut diffs = vec![];
+    macro_rules! cmp {
+        ($($f:ident),*) => { $( if given.$f != found.$f { diffs.push(format!("dims.{} = {:?} but the checkpoint has {:?}", stringify!($f), given.$f, found.$f)); } )* };
+    }
+    cmp!(hidden, layers, heads, kv_heads, head_dim, ffn, vocab, tie_embeddings, attention_bias);
+    if (given.rope_theta - found.rope_theta).abs() > 1e-3 * found.rope_theta.abs() {
+        diffs.push(format!("dims.rope_theta = {} but the checkpoint has {}", given.rope_theta, found.rope_theta));
+    }
+    if (given.norm_eps - found.norm_eps).abs() > 1e-3 * found.norm_eps.abs() {
+        diffs.push(format!("dims.norm_eps = {} but the checkpoint has {}", given.norm_eps, found.norm_eps));
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(ModelError::Config { path: path.into(), msg: diffs.join("; ") })
+    }
+}
+
+fn dims_from_gguf(g: &gguf::GgufFile) -> Result<Dims> {
+    let arch = g.str("general.architecture")?;
+    if arch != "llama" && arch != "qwen2" {
+        return Err(ModelError::Format { path: g.path.clone(), msg: format!("GGUF architecture `{arch}` is not supported by the llama builder (llama, qwen2)") });
+    }
+    let k = |s: &str| format!("{arch}.{s}");
+    let hidden = g.u64(&k("embedding_length"))? as usize;
+    let heads = g.u64(&k("attention.head_count"))? as usize;
+    if heads == 0 {
+        return Err(ModelError::Format { path: g.path.clone(), msg: format!("{} is 0", k("attention.head_count")) });
+    }
+    let vocab = match g.u64(&k("vocab_size")) {
+        Ok(v) => v as usize,
+        Err(_) => g.tensors.get("token_embd.weight").map(|t| t.shape[0]).ok_or_else(|| ModelError::MissingTensor { path: g.path.clone(), tensor: "token_embd.weight".into(), arch: "llama".into() })?,
+    };
+    Ok(Dims {
+        hidden,
+        layers: g.u64(&k("block_count"))? as usize,
+        heads,
+        kv_heads: g.u64(&k("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+        head_dim: g.u64(&k("attention.key_length")).map(|v| v as usize).unwrap_or(hidden / heads),
+        ffn: g.u64(&k("feed_forward_length"))? as usize,
+        vocab,
+        rope_theta: g.f64(&k("rope.freq_base")).unwrap_or(10000.0) as f32,
+        norm_eps: g.f64(&k("attention.layer_norm_rms_epsilon"))? as f32,
+        tie_embeddings: !g.tensors.contains_key("output.weight"),
+        attention_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
+        max_position: g.u64(&k("context_length")).ok().map(|v| v as usize),
+    })
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(error::io(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(error::io(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// Convert matrices (rank-2 weights) to `to`, keeping vectors (norms, biases) as they are.
+fn convert_weights(ws: &mut WeightSet, to: DType, path: &Path) -> Result<()> {
+    for (name, t) in ws.tensors.iter_mut() {
+        if t.shape.len() != 2 || t.dtype == to {
+            continue;
+        }
+        let n: usize = t.shape.iter().product();
+        let vals = quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: "stored bytes do not match its shape".into() })?;
+        let enc = quant::encode(to, &vals).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: format!("{n} elements are not whole {to} blocks") })?;
+        t.dtype = to;
+        t.bytes = Bytes::Owned(Arc::new(enc));
+    }
+    Ok(())
+}
+
+fn seeded_weights(dims: &Dims, seed: u64, dtype: DType, naming: llama::Naming) -> Result<WeightSet> {
+    let mut ws = WeightSet::default();
+    let mut add = |name: String, shape: Vec<usize>| {
+        let n: usize = shape.iter().product();
+        let vector = shape.len() == 1;
+        let fan_in = *shape.last().unwrap_or(&1) as f32;
+        let vals = weights::seeded_values(seed, &name, n, 1.0 / fan_in.sqrt(), vector && name.contains("norm"));
+        let dt = if vector { DType::F32 } else { dtype };
+        let enc = quant::encode(dt, &vals).ok_or_else(|| ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") })?;
+        ws.insert(name, WeightTensor { dtype: dt, shape, bytes: Bytes::Owned(Arc::new(enc)) });
+        Ok::<_, ModelError>(())
+    };
+    let (h, kvh, hd, hid) = (dims.heads, dims.kv_heads, dims.head_dim, dims.hidden);
+    add(naming.embed().into(), vec![dims.vocab, hid])?;
+    for i in 0..dims.layers {
+        let m = |w: &str| format!("{}.weight", naming.layer(i, w));
+        add(m("attn_norm"), vec![hid])?;
+        add(m("attn_q"), vec![h * hd, hid])?;
+        add(m("attn_k"), vec![kvh * hd, hid])?;
+        add(m("attn_v"), vec![kvh * hd, hid])?;
+        if dims.attention_bias {
+            for w in ["attn_q", "attn_k", "attn_v"] {
+                let out = if w == "attn_q" { h * hd } else { kvh * hd };
+                add(format!("{}.bias", naming.layer(i, w)), vec![out])?;
+            }
+        }
+        add(m("attn_output"), vec![hid, h * hd])?;
+        add(m("ffn_norm"), vec![hid])?;
+        add(m("ffn_gate"), vec![dims.ffn, hid])?;
+        add(m("ffn_up"), vec![dims.ffn, hid])?;
+        add(m("ffn_down"), vec![hid, dims.ffn])?;
+    }
+    add(naming.final_norm().into(), vec![hid])?;
+    if !dims.tie_embeddings {
+        add(naming.lm_head().into(), vec![dims.vocab, hid])?;
+    }
+    Ok(ws)
+}
+
+/// Load a model.toml: read and check the config, import weights and tokenizer, build and
+/// verify the graph.
+pub fn load(model_toml: &Path) -> Result<LoadedModel> {
+    let config = ModelConfig::load(model_toml)?;
+    let t = &config.toml;
+    let Architecture::Llama = t.model.architecture;
+    let (dims, mut weights, tokenizer, naming, weights_path) = match t.weights.format {
+        WeightFormat::Gguf => {
+            let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+            if !path.exists() {
+                return Err(ModelError::Io { path: path.clone(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file not found (scripts/fetch-model.sh fetches the default model)") });
+            }
+            if let Some(want) = &t.weights.sha256 {
+                let got = sha256_file(&path)?;
+                if &got != want {
+                    return Err(ModelError::Format { path: path.clone(), msg: format!("sha256 is {got}, model.toml expects {want}") });
+                }
+            }
+            let g = gguf::GgufFile::open(&path)?;
+            let dims = dims_from_gguf(&g)?;
+            let mut ws = WeightSet::default();
+            for info in g.tensors.values() {
+                ws.insert(info.name.clone(), WeightTensor { dtype: info.dtype, shape: info.shape.clone(), bytes: Bytes::Mapped { map: g.map.clone(), offset: info.offset, len: info.nbytes } });
+            }
+            let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
+                Some(p) => tokenizer::from_json_file(&config.resolve(p))?,
+                None => tokenizer::from_gguf(&g)?,
+            };
+            (dims, ws, Some(tok), llama::Naming::Gguf, Some(path))
+        }
+        WeightFormat::Safetensors => {
+            let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+            let files = hf::safetensors_files(&path)?;
+            let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+            let cfg = dir.join("config.json");
+            let dims = if cfg.exists() {
+                hf::dims_from_config(&cfg)?
+            } else {
+                t.dims.clone().ok_or_else(|| ModelError::Config { path: config.path.clone(), msg: format!("no config.json beside the weights ({}) and no [dims] table", cfg.display()) })?
+            };
+            let ws = hf::load_safetensors(&files)?;
+            let tok_path = t.tokenizer.as_ref().and_then(|s| s.path.as_ref()).map(|p| config.resolve(p)).unwrap_or_else(|| dir.join("tokenizer.json"));
+            let tok = if tok_path.exists() { Some(tokenizer::from_json_file(&tok_path)?) } else { None };
+            (dims, ws, tok, llama::Naming::Hf, Some(path))
+        }
+        WeightFormat::Seeded => {
+            let dims = t.dims.clone().expect("checked by ModelConfig");
+            let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| ModelError::Config { path: config.path.clone(), msg: e })?;
+            let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
+                Some(p) => Some(tokenizer::from_json_file(&config.resolve(p))?),
+                None => None,
+            };
+            let ws = seeded_weights(&dims, t.weights.seed.unwrap_or(0), dtype, llama::Naming::Hf)?;
+            (dims, ws, tok, llama::Naming::Hf, None)
+        }
+    };
+    if let Some(given) = &t.dims {
+        check_dims(&config.path, given, &dims)?;
+    }
+    if let Some(to) = config.weights {
+        convert_weights(&mut weights, to, weights_path.as_deref().unwrap_or(Path::new("<seeded>")))?;
+    }
+    let mut tokenizer = tokenizer;
+    if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
+        tok.chat_template = Some(tpl);
+    }
+    let opts = llama::BuildOptions {
+        name: t.model.name.clone(),
+        dims: dims.clone(),
+        naming,
+        activations: config.activations,
+        kv_cache: config.kv_cache,
+        kv_block_size: t.limits.kv_block_size,
+        weights_path: weights_path.clone().unwrap_or_else(|| "<seeded>".into()),
+    };
+    let graph = llama::build(&opts, &weights)?;
+    Ok(LoadedModel { config, dims, graph, weights, tokenizer, weights_path })
+}

@@ -1,0 +1,129 @@
+//! Tokenizers: read `tokenizer.json`, or rebuild one from GGUF metadata (byte-level BPE
+//! models, `tokenizer.ggml.model = "gpt2"`). Either way the result is an HF `tokenizer.json`
+//! string: the plan stores it and the runtime loads it with the `tokenizers` crate.
+
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::str::FromStr;
+
+/// What the runtime needs to tokenize, detokenize and apply the chat template.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct TokenizerInfo {
+    /// HF tokenizer.json
+    pub json: String,
+    pub bos_id: Option<u32>,
+    pub eos_ids: Vec<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn byte_level(use_regex: bool) -> Value {
+    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
+}
+
+fn split(pattern: &str) -> Value {
+    json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false})
+}
+
+/// The pre-tokenizer llama.cpp uses for each `tokenizer.ggml.pre` value (the same as the
+/// model's HF tokenizer.json).
+fn pre_tokenizer(pre: &str) -> Option<Value> {
+    Some(match pre {
+        "default" | "gpt2" | "gpt-2" => byte_level(true),
+        "smollm" | "starcoder" => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        "llama-bpe" | "llama3" | "smaug-bpe" => json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]}),
+        "qwen2" | "deepseek-r1-qwen" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
+        _ => return None,
+    })
+}
+
+pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
+    let terr = |msg: String| ModelError::Tokenizer { path: g.path.clone(), msg };
+    let model = g.str("tokenizer.ggml.model").map_err(|e| terr(e.to_string()))?;
+    if model != "gpt2" {
+        return Err(terr(format!(
+            "GGUF tokenizer model `{model}` is not supported (byte-level BPE `gpt2` is); set [tokenizer] path to the model's tokenizer.json"
+        )));
+    }
+    let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+    let pre_tok = pre_tokenizer(pre).ok_or_else(|| terr(format!("GGUF pre-tokenizer `{pre}` is not supported; set [tokenizer] path to the model's tokenizer.json")))?;
+    let tokens = g.str_array("tokenizer.ggml.tokens").map_err(|e| terr(e.to_string()))?;
+    let merges = g.str_array("tokenizer.ggml.merges").map_err(|e| terr(e.to_string()))?;
+    let types = g.u64_array("tokenizer.ggml.token_type").ok();
+    let mut vocab = serde_json::Map::new();
+    let mut added = vec![];
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.insert(t.to_string(), json!(i));
+        // 3 = control, 4 = user-defined: matched as whole tokens before BPE
+        if let Some(ty) = types.as_ref().and_then(|v| v.get(i)) {
+            if *ty == 3 || *ty == 4 {
+                added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": *ty == 3}));
+            }
+        }
+    }
+    let tok = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tok,
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges,
+        }
+    });
+    let json = serde_json::to_string(&tok).map_err(|e| terr(e.to_string()))?;
+    check_loads(&json, &g.path)?;
+    let id = |k: &str| g.get(k).and_then(|v| v.as_u64()).map(|v| v as u32);
+    let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+    if let Some(e) = id("tokenizer.ggml.eot_token_id") {
+        if !eos_ids.contains(&e) {
+            eos_ids.push(e);
+        }
+    }
+    Ok(TokenizerInfo {
+        json,
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_ids,
+        add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        chat_template: g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(String::from),
+    })
+}
+
+/// Load an HF `tokenizer.json`, with ids and the chat template from the
+/// `tokenizer_config.json` beside it when present.
+pub fn from_json_file(path: &Path) -> Result<TokenizerInfo> {
+    let json = std::fs::read_to_string(path).map_err(crate::error::io(path))?;
+    check_loads(&json, path)?;
+    let tk = tokenizers::Tokenizer::from_str(&json).map_err(|e| ModelError::Tokenizer { path: path.into(), msg: e.to_string() })?;
+    let cfg_path = path.with_file_name("tokenizer_config.json");
+    let cfg: Value = match std::fs::read_to_string(&cfg_path) {
+        Ok(s) => serde_json::from_str(&s).map_err(|e| ModelError::Tokenizer { path: cfg_path.clone(), msg: e.to_string() })?,
+        Err(_) => Value::Null,
+    };
+    let tok_id = |key: &str| -> Option<u32> {
+        let v = &cfg[key];
+        let s = v.as_str().or_else(|| v["content"].as_str())?;
+        tk.token_to_id(s)
+    };
+    Ok(TokenizerInfo {
+        json,
+        bos_id: tok_id("bos_token"),
+        eos_ids: tok_id("eos_token").into_iter().collect(),
+        add_bos: cfg["add_bos_token"].as_bool().unwrap_or(false),
+        chat_template: cfg["chat_template"].as_str().map(String::from),
+    })
+}
+
+fn check_loads(json: &str, path: &Path) -> Result<()> {
+    tokenizers::Tokenizer::from_str(json).map(|_| ()).map_err(|e| ModelError::Tokenizer { path: path.into(), msg: format!("does not load: {e}") })
+}

@@ -1,0 +1,42 @@
+//! Graph passes. Each pass is pure: a graph in, a graph out, typed errors, no device access.
+//! The driver ([`run_pipeline`]) runs the verifier after every pass.
+
+mod dce;
+
+pub use dce::Dce;
+use dsc_ir::{Graph, IrError};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum PassError {
+    #[error("pass `{pass}`: {source}")]
+    Ir { pass: &'static str, source: IrError },
+}
+
+/// What a pass did, for the compile summary and the dumps.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PassReport {
+    pub pass: &'static str,
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    pub note: String,
+}
+
+pub trait Pass {
+    fn name(&self) -> &'static str;
+    fn run(&self, g: Graph) -> Result<(Graph, String), PassError>;
+}
+
+/// Run `passes` in order, verifying after each.
+pub fn run_pipeline(mut g: Graph, passes: &[&dyn Pass]) -> Result<(Graph, Vec<PassReport>), PassError> {
+    let mut reports = vec![];
+    for p in passes {
+        let before = g.node_count();
+        let (ng, note) = p.run(g)?;
+        ng.verify().map_err(|source| PassError::Ir { pass: p.name(), source })?;
+        tracing::debug!(target: "dsc::passes", pass = p.name(), before, after = ng.node_count(), "{note}");
+        reports.push(PassReport { pass: p.name(), nodes_before: before, nodes_after: ng.node_count(), note });
+        g = ng;
+    }
+    Ok((g, reports))
+}

@@ -1,0 +1,129 @@
+//! Execution backends and the per-sequence session on top of them.
+//!
+//! A [`Backend`] runs one step of the plan's graph on a [`StepBatch`] — the continuous-batching
+//! form (tokens of several sequences, prefill and decode mixed, each with its KV slots and
+//! block table). [`Session`] drives one sequence through a backend: feed tokens, get logits.
+
+use crate::error::{Result, RuntimeError};
+use crate::plan::Plan;
+use dsc_ir::{Executor, Graph, Tensor};
+use std::collections::BTreeMap;
+
+/// One step's inputs. `block_table` is `num_seqs x max_blocks`, row-major.
+#[derive(Clone, Debug, Default)]
+pub struct StepBatch {
+    pub tokens: Vec<i32>,
+    pub positions: Vec<i32>,
+    pub seq_ids: Vec<i32>,
+    pub slots: Vec<i32>,
+    pub block_table: Vec<i32>,
+    pub num_seqs: usize,
+    pub max_blocks: usize,
+    /// tokens whose logits are returned, in this order
+    pub logit_rows: Vec<i32>,
+}
+
+pub trait Backend {
+    /// Run one step; returns one logits row per entry of `logit_rows`.
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>>;
+    /// KV blocks in the pool and tokens per block.
+    fn kv_geometry(&self) -> (usize, usize);
+    /// Forget all cached KV.
+    fn reset(&mut self);
+}
+
+/// The CPU reference backend: the IR executor over the plan's graph and weights.
+pub struct CpuBackend<'p> {
+    exec: Executor<'p>,
+    blocks: usize,
+    block_size: usize,
+}
+
+impl<'p> CpuBackend<'p> {
+    /// `kv_tokens`: KV-cache capacity in tokens (rounded up to whole blocks).
+    pub fn new(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize) -> Result<Self> {
+        let block_size = plan.header.model.kv_block_size;
+        let blocks = kv_tokens.div_ceil(block_size).max(1);
+        let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
+        let exec = Executor::new(graph, plan, fixed)?;
+        Ok(CpuBackend { exec, blocks, block_size })
+    }
+}
+
+fn ints(v: &[i32]) -> Tensor {
+    Tensor::from_i32(vec![v.len()], v)
+}
+
+impl Backend for CpuBackend<'_> {
+    fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        let inputs = BTreeMap::from([
+            ("tokens".to_string(), ints(&b.tokens)),
+            ("positions".to_string(), ints(&b.positions)),
+            ("seq_ids".to_string(), ints(&b.seq_ids)),
+            ("slots".to_string(), ints(&b.slots)),
+            ("block_table".to_string(), Tensor::from_i32(vec![b.num_seqs, b.max_blocks], &b.block_table)),
+            ("logit_rows".to_string(), ints(&b.logit_rows)),
+        ]);
+        let out = self.exec.run(&inputs)?;
+        let logits = out.get("logits").ok_or_else(|| RuntimeError::Request("the plan's graph has no `logits` output".into()))?;
+        let v = *logits.shape.last().unwrap_or(&0);
+        Ok(logits.data.chunks_exact(v.max(1)).map(|r| r.to_vec()).collect())
+    }
+
+    fn kv_geometry(&self) -> (usize, usize) {
+        (self.blocks, self.block_size)
+    }
+
+    fn reset(&mut self) {
+        self.exec.reset_states();
+    }
+}
+
+/// One sequence on a backend it has to itself: blocks 0, 1, 2, ... in order.
+pub struct Session<'b, B: Backend> {
+    backend: &'b mut B,
+    len: usize,
+}
+
+impl<'b, B: Backend> Session<'b, B> {
+    pub fn new(backend: &'b mut B) -> Self {
+        backend.reset();
+        Session { backend, len: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Append `ids` to the sequence in one step; returns the logits after every fed token
+    /// when `all_logits`, else only after the last.
+    pub fn feed(&mut self, ids: &[u32], all_logits: bool) -> Result<Vec<Vec<f32>>> {
+        if ids.is_empty() {
+            return Err(RuntimeError::Request("no tokens to feed".into()));
+        }
+        let (blocks, bs) = self.backend.kv_geometry();
+        let end = self.len + ids.len();
+        if end > blocks * bs {
+            return Err(RuntimeError::Request(format!("sequence of {end} tokens exceeds the KV cache ({} tokens)", blocks * bs)));
+        }
+        let mb = end.div_ceil(bs);
+        let n = ids.len();
+        let batch = StepBatch {
+            tokens: ids.iter().map(|&t| t as i32).collect(),
+            positions: (self.len..end).map(|p| p as i32).collect(),
+            seq_ids: vec![0; n],
+            slots: (self.len..end).map(|p| p as i32).collect(),
+            block_table: (0..mb as i32).collect(),
+            num_seqs: 1,
+            max_blocks: mb,
+            logit_rows: if all_logits { (0..n as i32).collect() } else { vec![n as i32 - 1] },
+        };
+        let out = self.backend.step(&batch)?;
+        self.len = end;
+        Ok(out)
+    }
+}

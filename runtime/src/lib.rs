@@ -1,0 +1,17 @@
+//! dsc's runtime: loads a plan and runs it. Never links LLVM or MLIR: the `dsc-runtime`
+//! binary is the part shipped to GPU servers.
+//!
+//! - [`plan`]: the plan file format (writer and checked reader).
+//! - [`engine`]: backends (the CPU reference backend today) and per-sequence sessions.
+//! - [`sampler`], [`generate`], [`tokenizer`]: turning logits into text.
+//! - [`cli`]: the `run` and `inspect` commands, shared by `dsc` and `dsc-runtime`.
+
+pub mod cli;
+pub mod engine;
+mod error;
+pub mod generate;
+pub mod plan;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use error::{Result, RuntimeError};

@@ -1,0 +1,225 @@
+//! The plan file: the one contract between compiler and runtime.
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic "DSCPLAN\0"
+//! 8       4     format version (u32 LE)            -- PLAN_FORMAT_VERSION
+//! 12      4     flags (u32 LE, 0)
+//! 16      8     header length (u64 LE)
+//! 24      8     blob offset (u64 LE, 4096-aligned)
+//! 32      8     blob length (u64 LE)
+//! 40      32    sha256 of the header
+//! 72      32    sha256 of the blob
+//! 104     ..    header: pretty JSON (PlanHeader), human-readable
+//! blob    ..    weights, each 64-byte aligned, at the offsets the header lists
+//! ```
+//! Every length and checksum is checked on load; a truncated or corrupt plan, a wrong magic or
+//! version is an error naming the file and what is wrong.
+
+use crate::error::{Result, RuntimeError};
+use dsc_ir::{DType, WeightSource};
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const PLAN_MAGIC: &[u8; 8] = b"DSCPLAN\0";
+pub const PLAN_FORMAT_VERSION: u32 = 1;
+const PREFIX: usize = 104;
+const BLOB_ALIGN: usize = 4096;
+const TENSOR_ALIGN: usize = 64;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PlanHeader {
+    pub format_version: u32,
+    pub created_by: String,
+    pub model: ModelMeta,
+    /// What the plan can run on: "cpu" (the reference executor) and, once kernels are in
+    /// the plan, GPU targets such as "sm_90a".
+    pub targets: Vec<String>,
+    /// The verified graph in the IR text format.
+    pub graph: String,
+    pub tokenizer: Option<PlanTokenizer>,
+    pub weights: PlanWeights,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelMeta {
+    pub name: String,
+    pub architecture: String,
+    /// architecture dims as given by the model front end (hidden, layers, heads, ...)
+    pub dims: serde_json::Value,
+    pub max_seq_len: usize,
+    pub kv_block_size: usize,
+    pub max_batch: usize,
+    pub activations: String,
+    pub kv_cache: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PlanTokenizer {
+    /// HF tokenizer.json
+    pub json: String,
+    pub bos_id: Option<u32>,
+    pub eos_ids: Vec<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PlanWeights {
+    /// where the weights came from: the checkpoint path and its sha256, or "seeded"
+    pub source: String,
+    pub source_sha256: Option<String>,
+    pub total_bytes: u64,
+    pub tensors: Vec<WeightEntry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WeightEntry {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// byte offset within the blob
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// Write a plan: `weights` yields (name, dtype, shape, bytes) in the order to store them.
+pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIterator<Item = (String, DType, Vec<usize>, &'a [u8])>) -> Result<()> {
+    let ioe = |source| RuntimeError::Io { path: path.to_path_buf(), source };
+    let items: Vec<_> = weights.into_iter().collect();
+    let mut entries = vec![];
+    let mut off = 0u64;
+    for (name, dtype, shape, bytes) in &items {
+        off = off.div_ceil(TENSOR_ALIGN as u64) * TENSOR_ALIGN as u64;
+        entries.push(WeightEntry { name: name.clone(), dtype: dtype.to_string(), shape: shape.clone(), offset: off, nbytes: bytes.len() as u64 });
+        off += bytes.len() as u64;
+    }
+    let blob_len = off;
+    header.weights.tensors = entries.clone();
+    header.weights.total_bytes = items.iter().map(|i| i.3.len() as u64).sum();
+    let hjson = serde_json::to_vec_pretty(&header).map_err(|e| RuntimeError::Plan { path: path.into(), msg: e.to_string() })?;
+    let blob_offset = (PREFIX + hjson.len()).div_ceil(BLOB_ALIGN) * BLOB_ALIGN;
+    // hash the blob as it will be laid out (zero padding between tensors)
+    let mut bh = Sha256::new();
+    let mut pos = 0u64;
+    let zeros = [0u8; TENSOR_ALIGN];
+    for ((_, _, _, bytes), e) in items.iter().zip(&entries) {
+        bh.update(&zeros[..(e.offset - pos) as usize]);
+        bh.update(bytes);
+        pos = e.offset + e.nbytes;
+    }
+    let tmp = path.with_extension("plan.part");
+    let f = std::fs::File::create(&tmp).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
+    let mut w = std::io::BufWriter::new(f);
+    let mut prefix = Vec::with_capacity(PREFIX);
+    prefix.extend_from_slice(PLAN_MAGIC);
+    prefix.extend(PLAN_FORMAT_VERSION.to_le_bytes());
+    prefix.extend(0u32.to_le_bytes());
+    prefix.extend((hjson.len() as u64).to_le_bytes());
+    prefix.extend((blob_offset as u64).to_le_bytes());
+    prefix.extend(blob_len.to_le_bytes());
+    prefix.extend(Sha256::digest(&hjson));
+    prefix.extend(bh.finalize());
+    w.write_all(&prefix).map_err(ioe)?;
+    w.write_all(&hjson).map_err(ioe)?;
+    w.write_all(&vec![0u8; blob_offset - PREFIX - hjson.len()]).map_err(ioe)?;
+    let mut pos = 0u64;
+    for ((_, _, _, bytes), e) in items.iter().zip(&entries) {
+        w.write_all(&zeros[..(e.offset - pos) as usize]).map_err(ioe)?;
+        w.write_all(bytes).map_err(ioe)?;
+        pos = e.offset + e.nbytes;
+    }
+    w.flush().map_err(ioe)?;
+    drop(w);
+    // write-then-rename: a crash never leaves a half-written plan under the real name
+    std::fs::rename(&tmp, path).map_err(ioe)?;
+    Ok(())
+}
+
+/// A loaded plan: header plus the memory-mapped weight blob.
+pub struct Plan {
+    pub path: PathBuf,
+    pub header: PlanHeader,
+    map: Mmap,
+    blob_offset: usize,
+    blob_len: usize,
+    index: std::collections::HashMap<String, usize>,
+}
+
+impl Plan {
+    pub fn open(path: &Path) -> Result<Plan> {
+        Self::open_opts(path, true)
+    }
+
+    /// `verify_blob = false` skips hashing the weights (the header is always checked).
+    pub fn open_opts(path: &Path, verify_blob: bool) -> Result<Plan> {
+        let perr = |msg: String| RuntimeError::Plan { path: path.to_path_buf(), msg };
+        let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+        // SAFETY: read-only mapping; the plan is not modified while loaded.
+        let map = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+        if map.len() < PREFIX {
+            return Err(perr(format!("truncated: {} bytes, shorter than the {PREFIX}-byte prefix", map.len())));
+        }
+        if &map[..8] != PLAN_MAGIC {
+            return Err(perr("not a dsc plan (bad magic)".into()));
+        }
+        let u32at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
+        let u64at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
+        let version = u32at(8);
+        if version != PLAN_FORMAT_VERSION {
+            return Err(perr(format!("plan format version {version}; this runtime reads version {PLAN_FORMAT_VERSION} (recompile the plan with a matching dsc)")));
+        }
+        let hlen = u64at(16) as usize;
+        let blob_offset = u64at(24) as usize;
+        let blob_len = u64at(32) as usize;
+        if PREFIX.checked_add(hlen).is_none_or(|e| e > map.len()) || blob_offset.checked_add(blob_len).is_none_or(|e| e > map.len()) || blob_offset < PREFIX + hlen {
+            return Err(perr(format!("truncated or corrupt: header {hlen} B, blob {blob_len} B at {blob_offset}, file {} B", map.len())));
+        }
+        let hbytes = &map[PREFIX..PREFIX + hlen];
+        if Sha256::digest(hbytes).as_slice() != &map[40..72] {
+            return Err(perr("header checksum mismatch: the plan is corrupt".into()));
+        }
+        if verify_blob && Sha256::digest(&map[blob_offset..blob_offset + blob_len]).as_slice() != &map[72..104] {
+            return Err(perr("weights checksum mismatch: the plan is corrupt".into()));
+        }
+        let header: PlanHeader = serde_json::from_slice(hbytes).map_err(|e| perr(format!("header: {e}")))?;
+        let mut index = std::collections::HashMap::new();
+        for (i, e) in header.weights.tensors.iter().enumerate() {
+            let dt: DType = e.dtype.parse().map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
+            let numel: usize = e.shape.iter().product();
+            if dt.bytes_for(numel) != Some(e.nbytes as usize) || e.offset.checked_add(e.nbytes).is_none_or(|end| end as usize > blob_len) {
+                return Err(perr(format!("weight `{}`: {} bytes at {} do not fit its {}{:?} or the blob", e.name, e.nbytes, e.offset, e.dtype, e.shape)));
+            }
+            index.insert(e.name.clone(), i);
+        }
+        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index })
+    }
+
+    pub fn graph(&self) -> Result<dsc_ir::Graph> {
+        dsc_ir::text::parse(&self.header.graph).map_err(|e| RuntimeError::Plan { path: self.path.clone(), msg: format!("graph: {e}") })
+    }
+
+    pub fn weight_bytes(&self, e: &WeightEntry) -> &[u8] {
+        let s = self.blob_offset + e.offset as usize;
+        &self.map[s..s + e.nbytes as usize]
+    }
+
+    pub fn blob_len(&self) -> usize {
+        self.blob_len
+    }
+}
+
+impl WeightSource for Plan {
+    fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
+        let e = &self.header.weights.tensors[*self.index.get(name)?];
+        Some((e.dtype.parse().ok()?, e.shape.clone(), self.weight_bytes(e)))
+    }
+}
