@@ -135,7 +135,13 @@ impl<'g> Executor<'g> {
         }
         let mut vals: HashMap<NodeId, Val> = HashMap::with_capacity(self.order.len());
         // free intermediates after their last use
-        let mut uses: HashMap<NodeId, usize> = self.order.iter().map(|&id| (id, g.users(id).len())).collect();
+        // one count per operand edge (a node may use the same value twice)
+        let mut uses: HashMap<NodeId, usize> = self.order.iter().map(|&id| (id, 0)).collect();
+        for &id in &self.order {
+            for o in g.operands(id) {
+                *uses.get_mut(&o).expect("operand is a node") += 1;
+            }
+        }
         for (_, o) in &g.outputs {
             *uses.get_mut(o).expect("output node exists") += 1;
         }

@@ -52,7 +52,8 @@ pub enum Op {
     Weight,
     /// Persistent device state that outlives a step (the KV cache pools).
     State,
-    /// Rows of a table: (table[V, ...], idx[...]) -> [..., table.shape[1..]]
+    /// Rows of a table: (table[V, ...], idx[...]) -> [..., table.shape[1..]], in the node's
+    /// float dtype (a packed table is dequantized).
     Gather,
     /// (a[..., M, K], b[K, N] | b[N, K] when transpose_b, bias?[N]) -> [..., M, N].
     /// `b` may be stored in any dtype (packed types make a weight-only-quantized matmul).
@@ -371,8 +372,8 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             }
             let mut shape = idx.shape.clone();
             shape.extend_from_slice(&table.shape[1..]);
-            let dtype = if matches!(table.dtype, DType::F32 | DType::F16 | DType::BF16) { table.dtype } else { declared.dtype };
-            let t = TensorType::new(dtype, shape);
+            // the rows are widened/narrowed to the node's dtype (packed tables dequantize)
+            let t = TensorType::new(declared.dtype, shape);
             float_act(&t, "gather result")?;
             Ok(t)
         }

@@ -177,10 +177,14 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
                 ws.insert(info.name.clone(), WeightTensor { dtype: info.dtype, shape: info.shape.clone(), bytes: Bytes::Mapped { map: g.map.clone(), offset: info.offset, len: info.nbytes } });
             }
             let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
-                Some(p) => tokenizer::from_json_file(&config.resolve(p))?,
-                None => tokenizer::from_gguf(&g)?,
+                Some(p) => Some(tokenizer::from_json_file(&config.resolve(p))?),
+                None if g.get("tokenizer.ggml.model").is_some() => Some(tokenizer::from_gguf(&g)?),
+                None => {
+                    tracing::warn!(target: "dsc::models", "{}: no tokenizer in the GGUF metadata; the plan will take token ids only", path.display());
+                    None
+                }
             };
-            (dims, ws, Some(tok), llama::Naming::Gguf, Some(path))
+            (dims, ws, tok, llama::Naming::Gguf, Some(path))
         }
         WeightFormat::Safetensors => {
             let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));

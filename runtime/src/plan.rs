@@ -165,11 +165,11 @@ impl Plan {
         let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
         // SAFETY: read-only mapping; the plan is not modified while loaded.
         let map = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+        if map.get(..8).is_some_and(|m| m != PLAN_MAGIC) || (map.len() < 8 && !PLAN_MAGIC.starts_with(&map)) {
+            return Err(perr("not a dsc plan (bad magic)".into()));
+        }
         if map.len() < PREFIX {
             return Err(perr(format!("truncated: {} bytes, shorter than the {PREFIX}-byte prefix", map.len())));
-        }
-        if &map[..8] != PLAN_MAGIC {
-            return Err(perr("not a dsc plan (bad magic)".into()));
         }
         let u32at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
         let u64at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));

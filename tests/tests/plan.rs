@@ -1,0 +1,88 @@
+//! The plan file: round trip, and clear errors for truncated, corrupt, foreign and
+//! wrong-version plans.
+
+use dsc_runtime::plan::{Plan, PLAN_FORMAT_VERSION};
+use dsc_tests::*;
+use std::path::{Path, PathBuf};
+
+fn tiny_plan(dir: &Path) -> PathBuf {
+    write_tiny_hf(&dir.join("hf"), &tiny_llama_hf(4));
+    let c = dsc_compiler::compile(&model_toml(dir, "safetensors", "hf")).unwrap();
+    let out = dir.join("tiny.plan");
+    dsc_compiler::write(&c, &out).unwrap();
+    out
+}
+
+fn open_err(p: &Path) -> String {
+    match Plan::open(p) {
+        Ok(_) => panic!("{} opened but should not", p.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn plan_round_trips_graph_and_weights() {
+    let d = tempfile::tempdir().unwrap();
+    let p = tiny_plan(d.path());
+    let c = dsc_compiler::compile(&d.path().join("model.toml")).unwrap();
+    let plan = Plan::open(&p).unwrap();
+    assert_eq!(plan.header.format_version, PLAN_FORMAT_VERSION);
+    assert_eq!(plan.header.graph, dsc_ir::text::print(&c.graph));
+    assert_eq!(dsc_ir::text::print(&plan.graph().unwrap()), plan.header.graph);
+    assert_eq!(plan.header.weights.tensors.len(), c.model.weights.tensors.len());
+    for e in &plan.header.weights.tensors {
+        assert_eq!(plan.weight_bytes(e), c.model.weights.get(&e.name).unwrap().bytes.as_slice(), "weight {}", e.name);
+        assert_eq!(e.offset % 64, 0);
+    }
+    // the header is readable JSON that names the checkpoint's tensors
+    let raw = std::fs::read(&p).unwrap();
+    let text = String::from_utf8_lossy(&raw[..4096.min(raw.len())]);
+    assert!(text.contains("\"format_version\": 1"));
+}
+
+#[test]
+fn truncated_plan() {
+    let d = tempfile::tempdir().unwrap();
+    let p = tiny_plan(d.path());
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 1000]).unwrap();
+    let e = open_err(&p);
+    assert!(e.contains("tiny.plan") && e.contains("truncated"), "{e}");
+    std::fs::write(&p, &bytes[..50]).unwrap();
+    assert!(open_err(&p).contains("truncated"));
+}
+
+#[test]
+fn corrupt_plan() {
+    let d = tempfile::tempdir().unwrap();
+    let p = tiny_plan(d.path());
+    let good = std::fs::read(&p).unwrap();
+    let mut b = good.clone();
+    let n = b.len();
+    b[n - 10] ^= 0x55;
+    std::fs::write(&p, &b).unwrap();
+    assert!(open_err(&p).contains("weights checksum mismatch"));
+    let mut b = good.clone();
+    b[200] ^= 0x01;
+    std::fs::write(&p, &b).unwrap();
+    assert!(open_err(&p).contains("header checksum mismatch"));
+    std::fs::write(&p, b"GGUF and other things that are not a plan at all, long enough for the prefix; padding padding padding").unwrap();
+    assert!(open_err(&p).contains("not a dsc plan"));
+    let mut b = good;
+    b[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let e = open_err(&p);
+    assert!(e.contains("plan format version 99") && e.contains(&format!("reads version {PLAN_FORMAT_VERSION}")), "{e}");
+    assert!(open_err(&d.path().join("missing.plan")).contains("missing.plan"));
+}
+
+#[test]
+fn default_model_graph_text_round_trips() {
+    let c = dsc_compiler::compile(&default_model()).unwrap();
+    let text = dsc_ir::text::print(&c.graph);
+    let back = dsc_ir::text::parse(&text).unwrap();
+    assert_eq!(dsc_ir::text::print(&back), text);
+    // names come from the checkpoint
+    assert!(text.contains("%blk.29.ffn_down.weight = weight : q4_1[576, 1536]"));
+    assert!(text.contains("%blk.0.attn_q = matmul(%blk.0.attn_norm, %blk.0.attn_q.weight) {transpose_b = true} : f32[T, 576]"));
+}
