@@ -1,1 +1,52 @@
+//! Kernel generation: MLIR (melior) → LLVM IR → PTX (inkwell's NVPTX backend).
+//!
+//! [`kernels`] emits each kernel as MLIR text with upstream dialects; [`pipeline`] runs the
+//! MLIR passes, translates to LLVM IR and emits PTX per [`GpuTarget`]; [`compile_kernels`]
+//! does both for a set of specs and keeps every stage's text for the dumps.
 
+pub mod kernels;
+pub mod pipeline;
+
+pub use kernels::{KernelSpec, Launch};
+pub use pipeline::GpuTarget;
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CodegenError {
+    #[error("kernel `{kernel}`: {msg}")]
+    Unsupported { kernel: String, msg: String },
+    #[error("MLIR {stage}: {msg}\n--- MLIR ---\n{mlir}")]
+    Mlir { stage: &'static str, msg: String, mlir: String },
+    #[error("LLVM: {0}")]
+    Llvm(String),
+}
+
+/// One compiled module: the kernels' specs and every stage's text.
+#[derive(Clone, Debug)]
+pub struct CompiledModule {
+    pub kernels: Vec<(String, KernelSpec)>,
+    pub mlir: String,
+    pub lowered: String,
+    pub llvm: String,
+    pub ptx: BTreeMap<GpuTarget, String>,
+}
+
+/// Generate, lower and emit PTX for `specs` (deduplicated: the kernel cache).
+pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
+    let mut seen = BTreeMap::new();
+    for s in specs {
+        seen.entry(s.symbol()).or_insert_with(|| s.clone());
+    }
+    let mut funcs = vec![];
+    for (name, s) in &seen {
+        funcs.push(kernels::emit(s).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
+    }
+    let mlir = kernels::module(&funcs);
+    let (lowered, llvm) = pipeline::mlir_to_llvm_ir(&mlir)?;
+    let mut ptx = BTreeMap::new();
+    for &t in targets {
+        ptx.insert(t, pipeline::llvm_ir_to_ptx(&llvm, t)?);
+    }
+    Ok(CompiledModule { kernels: seen.into_iter().collect(), mlir, lowered, llvm, ptx })
+}

@@ -4,6 +4,8 @@
 //! each) → `plan`. Later stages (`egraph`, `fused`, `mlir`, `llvm`, `ptx`) arrive with the
 //! optimizer and code generator.
 
+pub mod gpu_bundle;
+
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport};

@@ -44,6 +44,14 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "text")]
         format: DumpFormat,
     },
+    /// Write a kernel-check bundle: every generated kernel as PTX, random inputs, and the CPU
+    /// reference executor's outputs (run it with `dsc-runtime gpu-check DIR`)
+    GpuBundle {
+        #[arg(long, default_value = ".gpu/check")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Generate text from a plan
     Run(cli::RunArgs),
     /// Print what a plan holds
@@ -123,6 +131,11 @@ fn main() -> anyhow::Result<()> {
         Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;
             print!("{}", stage_text(&c, &stage, format)?);
+            Ok(())
+        }
+        Cmd::GpuBundle { dir, seed } => {
+            let n = dsc_compiler::gpu_bundle::write_bundle(&dir, seed)?;
+            eprintln!("wrote {n} kernel checks to {}", dir.display());
             Ok(())
         }
         Cmd::Run(a) => cli::run(&a),

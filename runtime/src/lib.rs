@@ -10,6 +10,7 @@ pub mod cli;
 pub mod engine;
 mod error;
 pub mod generate;
+pub mod gpu_check;
 pub mod plan;
 pub mod sampler;
 pub mod tokenizer;

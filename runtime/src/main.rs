@@ -16,6 +16,16 @@ enum Cmd {
     Run(cli::RunArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
+    /// Run a kernel-check bundle (from `dsc gpu-bundle`) on GPU 0 and compare with the CPU
+    /// reference outputs it carries
+    GpuCheck {
+        bundle: std::path::PathBuf,
+        #[arg(long, default_value = "sm_90a")]
+        target: String,
+        /// write the results as JSON here
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -23,5 +33,19 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(a) => cli::run(&a),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::GpuCheck { bundle, target, json } => {
+            let r = dsc_runtime::gpu_check::run(&bundle, &target)?;
+            println!("{:<28} {:<22} {:>9} {:>10} {:>6} {:>9}  result", "case", "kernel", "elements", "rel err", "tol", "us");
+            for c in &r {
+                println!("{:<28} {:<22} {:>9} {:>10.2e} {:>6.0e} {:>9.1}  {}", c.name, c.kernel, c.elements, c.rel_err, c.tol, c.median_us, if c.pass { "ok" } else { "FAIL" });
+            }
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
+            }
+            let failed = r.iter().filter(|c| !c.pass).count();
+            println!("{} passed, {} failed", r.len() - failed, failed);
+            anyhow::ensure!(failed == 0, "{failed} kernel checks failed");
+            Ok(())
+        }
     }
 }

@@ -1,0 +1,118 @@
+//! Run generated kernels on the GPU against expected outputs from the CPU reference executor.
+//!
+//! A bundle is a folder with `bundle.json` ([`Bundle`]), the PTX it names, and `data.bin`
+//! (little-endian f32 arrays at the offsets the cases give). For each case the runtime uploads
+//! the inputs, fills the output with NaN (poison), launches, and compares:
+//! ‖out − expected‖ / ‖expected‖ ≤ tol, and every element written (no NaN left).
+
+use anyhow::{bail, Context};
+use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Array {
+    pub offset: usize,
+    pub len: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Case {
+    pub name: String,
+    pub kernel: String,
+    pub grid: u32,
+    pub block: u32,
+    pub inputs: Vec<Array>,
+    pub scalars: Vec<i64>,
+    pub expected: Array,
+    pub tol: f32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Bundle {
+    /// target → PTX file name
+    pub ptx: std::collections::BTreeMap<String, String>,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseResult {
+    pub name: String,
+    pub kernel: String,
+    pub elements: usize,
+    pub rel_err: f64,
+    pub unwritten: usize,
+    pub tol: f32,
+    pub pass: bool,
+    pub median_us: f64,
+}
+
+fn slice<'a>(data: &'a [f32], a: &Array) -> anyhow::Result<&'a [f32]> {
+    data.get(a.offset..a.offset + a.len).context("array outside data.bin")
+}
+
+pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
+    let bundle: Bundle = serde_json::from_str(&std::fs::read_to_string(dir.join("bundle.json")).context("bundle.json")?)?;
+    let bytes = std::fs::read(dir.join("data.bin")).context("data.bin")?;
+    let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let ptx_file = bundle.ptx.get(target).with_context(|| format!("no PTX for target {target} in the bundle"))?;
+    let ptx = std::fs::read_to_string(dir.join(ptx_file))?;
+    let ctx = CudaContext::new(0).context("CUDA device 0")?;
+    let stream = ctx.default_stream();
+    let module = ctx.load_module(Ptx::from_src(ptx)).context("loading the PTX module")?;
+    let mut results = vec![];
+    for c in &bundle.cases {
+        let f = module.load_function(&c.kernel).with_context(|| format!("kernel {}", c.kernel))?;
+        let ins = c.inputs.iter().map(|a| Ok(stream.clone_htod(slice(&data, a)?)?)).collect::<anyhow::Result<Vec<_>>>()?;
+        let want = slice(&data, &c.expected)?;
+        let mut out = stream.clone_htod(&vec![f32::NAN; want.len()])?;
+        let cfg = LaunchConfig { grid_dim: (c.grid, 1, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: 0 };
+        let launch = |out: &mut cudarc::driver::CudaSlice<f32>| -> anyhow::Result<()> {
+            let mut b = stream.launch_builder(&f);
+            for i in &ins {
+                b.arg(i);
+            }
+            b.arg(out);
+            for s in &c.scalars {
+                b.arg(s);
+            }
+            // SAFETY: argument order and types follow the kernel's calling convention
+            // (pointers in operand order, the output, then i64 scalars), and the buffers hold
+            // the element counts the scalars describe.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        };
+        launch(&mut out)?;
+        stream.synchronize()?;
+        let got = stream.clone_dtoh(&out)?;
+        let unwritten = got.iter().filter(|v| v.is_nan()).count();
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(want) {
+            num += ((g - w) as f64).powi(2);
+            den += (*w as f64).powi(2);
+        }
+        let rel = (num / den.max(1e-30)).sqrt();
+        // timing: CUDA events around repeated launches after warm-up, median of 20
+        let mut times = vec![];
+        for _ in 0..3 {
+            launch(&mut out)?;
+        }
+        for _ in 0..20 {
+            let e0 = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let e1 = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            e0.record(&stream)?;
+            launch(&mut out)?;
+            e1.record(&stream)?;
+            e1.synchronize()?;
+            times.push(e0.elapsed_ms(&e1)? as f64 * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        let pass = unwritten == 0 && rel.is_finite() && rel <= c.tol as f64;
+        results.push(CaseResult { name: c.name.clone(), kernel: c.kernel.clone(), elements: want.len(), rel_err: rel, unwritten, tol: c.tol, pass, median_us: times[times.len() / 2] });
+    }
+    if results.is_empty() {
+        bail!("the bundle has no cases");
+    }
+    Ok(results)
+}

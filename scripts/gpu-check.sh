@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# GPU check, run ON the GPU machine from the repo root, with .gpu/ carried (built by
+# scripts/gpu-prepare.sh): runs every generated kernel against the CPU reference outputs
+# in the bundle and writes the results under $OUT (or .gpu/out).
+set -uo pipefail
+out=${OUT:-.gpu/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+.gpu/dsc-runtime gpu-check .gpu/check --target sm_90a --json "$out/kernels-sm_90a.json" 2>&1 | tee "$out/kernels.log"
+status=${PIPESTATUS[0]}
+# the SASS of the generated module, to see what the hardware runs
+if command -v cuobjdump >/dev/null && command -v ptxas >/dev/null; then
+  ptxas -arch=sm_90a .gpu/check/kernels.sm_90a.ptx -o /tmp/k.cubin && cuobjdump --dump-sass /tmp/k.cubin > "$out/kernels.sass" 2>&1
+  grep -c "MUFU" "$out/kernels.sass" | sed 's/^/MUFU instructions in SASS: /'
+fi
+exit $status
