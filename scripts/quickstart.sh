@@ -3,6 +3,7 @@
 # build dsc, compile the model to a plan, inspect it, and generate text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/setup.sh
 ./scripts/fetch-model.sh
 cargo build --release -p dsc-compiler
 mkdir -p .cache/plans
