@@ -4,7 +4,7 @@
 //! Calling convention: global pointers (`!llvm.ptr<1>`) for tensors, in operand order, then
 //! the output, then i64 scalars. [`Launch`] says how the runtime sizes the grid.
 
-use dsc_ir::{BinaryOp, UnaryOp};
+use dsc_ir::{BinaryOp, DType, UnaryOp};
 use std::fmt::Write;
 
 /// How to size a launch from the runtime's element/row counts.
@@ -14,6 +14,8 @@ pub enum Launch {
     PerElement { threads: u32 },
     /// one warp per row, `rows_per_block` warps per block; scalar param `rows`
     WarpPerRow { rows_per_block: u32 },
+    /// matmul: one warp per output element; grid (ceil(N / warps), M)
+    WarpPerOutput { warps_per_block: u32 },
 }
 
 /// A kernel to generate.
@@ -25,6 +27,20 @@ pub enum KernelSpec {
     Binary(BinaryOpKey),
     /// y = x / sqrt(mean(x^2) + eps) * w over rows of `d`, f32
     RmsNorm { d: usize, eps_bits: u32 },
+    /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias[N]), W stored as `wdtype`
+    /// (f32/f16/bf16/q8_0/q4_0/q4_1); params x, w, [bias], y, N
+    MatMul { k: usize, n: usize, wdtype: DType, bias: bool },
+    /// y[T, D] (f32) = table[idx[t], :] dequantized; params table, idx (i32), y, T*D
+    Gather { d: usize, dtype: DType },
+    /// rotary embedding of x[T, H, D] at pos[T] (i32), out of place; params x, pos, y, T*H*D/2
+    Rope { h: usize, d: usize, theta_bits: u32, interleaved: bool },
+    /// cache[slot[t], :] = x[t, :] for rows of `row` floats, in place; params x, slots (i32),
+    /// cache, T*row
+    CacheWrite { row: usize },
+    /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one warp
+    /// per (token, head) with an online softmax; params q, k_cache, v_cache, pos, seq, table,
+    /// out, T*H, MB
+    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,12 +55,22 @@ impl KernelSpec {
             KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
             KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
             KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
+            KernelSpec::MatMul { k, n, wdtype, bias } => format!("matmul_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
+            KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
+            KernelSpec::Rope { h, d, theta_bits, interleaved } => {
+                format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            }
+            KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
+            KernelSpec::PagedAttention { h, kvh, d, bs, .. } => format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
         }
     }
     pub fn launch(&self) -> Launch {
         match self {
             KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
+            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::PagedAttention { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         }
     }
 }
@@ -94,6 +120,65 @@ impl Body {
     fn store(&mut self, val: &str, ptr: &str, idx: &str) {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
         self.line(&format!("llvm.store {val}, {p} : f32, !llvm.ptr<1>"));
+    }
+    fn ci64(&mut self, v: i64) -> String {
+        self.op(&format!("arith.constant {v} : i64"))
+    }
+    /// load a scalar of MLIR type `ty` at element index `idx` (i64) of `ptr`
+    fn load_t(&mut self, ptr: &str, idx: &str, ty: &str) -> String {
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, {ty}"));
+        self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> {ty}"))
+    }
+    /// i32 element as i64
+    fn load_i32_as_i64(&mut self, ptr: &str, idx: &str) -> String {
+        let v = self.load_t(ptr, idx, "i32");
+        self.op(&format!("arith.extsi {v} : i32 to i64"))
+    }
+    /// f16 stored at byte offset `off` of `ptr`, widened to f32
+    fn f16_at_byte(&mut self, ptr: &str, off: &str) -> String {
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let h = self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> i16"));
+        let f = self.op(&format!("arith.bitcast {h} : i16 to f16"));
+        self.op(&format!("arith.extf {f} : f16 to f32"))
+    }
+    /// byte at byte offset `off` (i64), as i32 (unsigned)
+    fn u8_at_byte(&mut self, ptr: &str, off: &str) -> String {
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let b = self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> i8"));
+        self.op(&format!("arith.extui {b} : i8 to i32"))
+    }
+    /// element `idx` of a plain-float buffer of `dtype`, as f32
+    fn plain_as_f32(&mut self, ptr: &str, idx: &str, dtype: DType) -> Result<String, String> {
+        Ok(match dtype {
+            DType::F32 => self.load(ptr, idx),
+            DType::F16 => {
+                let h = self.load_t(ptr, idx, "i16");
+                let f = self.op(&format!("arith.bitcast {h} : i16 to f16"));
+                self.op(&format!("arith.extf {f} : f16 to f32"))
+            }
+            DType::BF16 => {
+                let h = self.load_t(ptr, idx, "i16");
+                let w = self.op(&format!("arith.extui {h} : i16 to i32"));
+                let c = self.op("arith.constant 16 : i32");
+                let sh = self.op(&format!("arith.shli {w}, {c} : i32"));
+                self.op(&format!("arith.bitcast {sh} : i32 to f32"))
+            }
+            other => return Err(format!("{other} is not a plain float type")),
+        })
+    }
+    fn warp_sum(&mut self, x: &str) -> String {
+        let w32 = self.op("arith.constant 32 : i32");
+        let mut total = x.to_string();
+        for off in [16, 8, 4, 2, 1] {
+            let o = self.op(&format!("arith.constant {off} : i32"));
+            let (sh, valid) = (self.v(), self.v());
+            self.line(&format!("{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
+            total = self.op(&format!("arith.addf {total}, {sh} : f32"));
+        }
+        total
+    }
+    fn idx64(&mut self, i: &str) -> String {
+        self.op(&format!("arith.index_cast {i} : index to i64"))
     }
     /// global thread index as i64
     fn gid(&mut self) -> String {
@@ -150,7 +235,7 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
 pub fn emit(spec: &KernelSpec) -> Result<String, String> {
     let name = spec.symbol();
     let mut b = Body { s: String::new(), n: 0 };
-    let params = match spec {
+    let params: String = match spec {
         KernelSpec::Unary(u) => {
             let i = b.gid();
             let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
@@ -159,7 +244,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let y = unary_expr(&mut b, u.0, &x)?;
             b.store(&y, "%y", &i);
             b.line("}");
-            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64"
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::Binary(op) => {
             let i = b.gid();
@@ -179,7 +264,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let z = b.op(&format!("{f} {x}, {y} : f32"));
             b.store(&z, "%y", &i);
             b.line("}");
-            "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64"
+            "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()
         }
         KernelSpec::RmsNorm { d, eps_bits } => {
             let eps = f32::from_bits(*eps_bits);
@@ -208,14 +293,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let a2 = b.op(&format!("arith.addf {a}, {sq} : f32"));
             b.line(&format!("scf.yield {a2} : f32"));
             b.line("}");
-            let w32 = b.op("arith.constant 32 : i32");
-            let mut total = acc;
-            for off in [16, 8, 4, 2, 1] {
-                let o = b.op(&format!("arith.constant {off} : i32"));
-                let (sh, _valid) = (b.v(), b.v());
-                b.line(&format!("{sh}, {_valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
-                total = b.op(&format!("arith.addf {total}, {sh} : f32"));
-            }
+            let total = b.warp_sum(&acc);
             let df = b.cf32(*d as f32);
             let mean = b.op(&format!("arith.divf {total}, {df} : f32"));
             let e = b.cf32(eps);
@@ -235,7 +313,355 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.store(&y, "%y", &idx);
             b.line("}");
             b.line("}");
-            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64"
+            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+
+        KernelSpec::MatMul { k, n: _, wdtype, bias } => {
+            if k % 32 != 0 {
+                return Err(format!("matmul needs K a multiple of 32, got {k}"));
+            }
+            let nblk = k / 32;
+            let Launch::WarpPerOutput { warps_per_block } = spec.launch() else { unreachable!() };
+            let t = b.op("gpu.thread_id x");
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let c32 = b.op("arith.constant 32 : index");
+            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
+            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+            let wpb = b.op(&format!("arith.constant {warps_per_block} : index"));
+            let n0 = b.op(&format!("arith.muli {bx}, {wpb} : index"));
+            let col = b.op(&format!("arith.addi {n0}, {warp} : index"));
+            let col64 = b.idx64(&col);
+            let row64 = b.idx64(&by);
+            let ok = b.op(&format!("arith.cmpi slt, {col64}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let nb = b.op(&format!("arith.constant {nblk} : index"));
+            let zero = b.cf32(0.0);
+            let acc = b.v();
+            let (blk, a) = (b.v(), b.v());
+            b.line(&format!("{acc} = scf.for {blk} = {lane} to {nb} step {c32} iter_args({a} = {zero}) -> (f32) {{"));
+            let blk64 = b.idx64(&blk);
+            let kk = b.ci64(*k as i64);
+            let c32l = b.ci64(32);
+            let xrow = b.op(&format!("arith.muli {row64}, {kk} : i64"));
+            let xoff = b.op(&format!("arith.muli {blk64}, {c32l} : i64"));
+            let xbase = b.op(&format!("arith.addi {xrow}, {xoff} : i64"));
+            let xs: Vec<String> = (0..32)
+                .map(|e| {
+                    let ce = b.ci64(e);
+                    let i = b.op(&format!("arith.addi {xbase}, {ce} : i64"));
+                    b.load("%x", &i)
+                })
+                .collect();
+            let nblk64 = b.ci64(nblk as i64);
+            let wrow = b.op(&format!("arith.muli {col64}, {nblk64} : i64"));
+            let gblk = b.op(&format!("arith.addi {wrow}, {blk64} : i64"));
+            let part = match wdtype {
+                DType::F32 | DType::F16 | DType::BF16 => {
+                    let wbase = b.op(&format!("arith.muli {gblk}, {c32l} : i64"));
+                    let mut s = zero.clone();
+                    for (e, x) in xs.iter().enumerate() {
+                        let ce = b.ci64(e as i64);
+                        let i = b.op(&format!("arith.addi {wbase}, {ce} : i64"));
+                        let w = b.plain_as_f32("%w", &i, *wdtype)?;
+                        s = b.op(&format!("llvm.intr.fma({w}, {x}, {s}) : (f32, f32, f32) -> f32"));
+                    }
+                    s
+                }
+                DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                    let bytes = wdtype.block().1 as i64;
+                    let cb = b.ci64(bytes);
+                    let base = b.op(&format!("arith.muli {gblk}, {cb} : i64"));
+                    let d = b.f16_at_byte("%w", &base);
+                    let qoff = match wdtype { DType::Q4_1 => 4, _ => 2 };
+                    // q[e] as f32, e in 0..32
+                    let mut q = vec![String::new(); 32];
+                    for j in 0..(if *wdtype == DType::Q8_0 { 32 } else { 16 }) {
+                        let cj = b.ci64(qoff + j as i64);
+                        let off = b.op(&format!("arith.addi {base}, {cj} : i64"));
+                        let byte = b.u8_at_byte("%w", &off);
+                        if *wdtype == DType::Q8_0 {
+                            let t8 = b.op(&format!("arith.trunci {byte} : i32 to i8"));
+                            q[j] = b.op(&format!("arith.sitofp {t8} : i8 to f32"));
+                        } else {
+                            let m15 = b.op("arith.constant 15 : i32");
+                            let c4 = b.op("arith.constant 4 : i32");
+                            let lo = b.op(&format!("arith.andi {byte}, {m15} : i32"));
+                            let hi = b.op(&format!("arith.shrui {byte}, {c4} : i32"));
+                            q[j] = b.op(&format!("arith.uitofp {lo} : i32 to f32"));
+                            q[j + 16] = b.op(&format!("arith.uitofp {hi} : i32 to f32"));
+                        }
+                    }
+                    let mut sq = zero.clone();
+                    let mut sx = zero.clone();
+                    for (qe, x) in q.iter().zip(&xs) {
+                        sq = b.op(&format!("llvm.intr.fma({qe}, {x}, {sq}) : (f32, f32, f32) -> f32"));
+                        if *wdtype != DType::Q8_0 {
+                            sx = b.op(&format!("arith.addf {sx}, {x} : f32"));
+                        }
+                    }
+                    let dq = b.op(&format!("arith.mulf {d}, {sq} : f32"));
+                    match wdtype {
+                        DType::Q8_0 => dq,
+                        DType::Q4_0 => {
+                            // d * sum((q - 8) x) = d * (sum q x - 8 sum x)
+                            let c8 = b.cf32(8.0);
+                            let e8 = b.op(&format!("arith.mulf {sx}, {c8} : f32"));
+                            let de = b.op(&format!("arith.mulf {d}, {e8} : f32"));
+                            b.op(&format!("arith.subf {dq}, {de} : f32"))
+                        }
+                        _ => {
+                            let c2 = b.ci64(2);
+                            let moff = b.op(&format!("arith.addi {base}, {c2} : i64"));
+                            let m = b.f16_at_byte("%w", &moff);
+                            b.op(&format!("llvm.intr.fma({m}, {sx}, {dq}) : (f32, f32, f32) -> f32"))
+                        }
+                    }
+                }
+                other => return Err(format!("matmul weights in {other} are not lowered yet")),
+            };
+            let a2 = b.op(&format!("arith.addf {a}, {part} : f32"));
+            b.line(&format!("scf.yield {a2} : f32"));
+            b.line("}");
+            let total = b.warp_sum(&acc);
+            let c0 = b.op("arith.constant 0 : index");
+            let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+            b.line(&format!("scf.if {first} {{"));
+            let val = if *bias {
+                let bv = b.load("%bias", &col64);
+                b.op(&format!("arith.addf {total}, {bv} : f32"))
+            } else {
+                total
+            };
+            let yrow = b.op(&format!("arith.muli {row64}, %n : i64"));
+            let yi = b.op(&format!("arith.addi {yrow}, {col64} : i64"));
+            b.store(&val, "%y", &yi);
+            b.line("}");
+            b.line("}");
+            if *bias { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into() } else { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into() }
+        }
+        KernelSpec::Gather { d, dtype } => {
+            let i = b.gid();
+            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let dd = b.ci64(*d as i64);
+            let t = b.op(&format!("arith.divui {i}, {dd} : i64"));
+            let j = b.op(&format!("arith.remui {i}, {dd} : i64"));
+            let row = b.load_i32_as_i64("%idx", &t);
+            let rbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
+            let e = b.op(&format!("arith.addi {rbase}, {j} : i64"));
+            let v = match dtype {
+                DType::F32 | DType::F16 | DType::BF16 => b.plain_as_f32("%table", &e, *dtype)?,
+                DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                    if d % 32 != 0 {
+                        return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
+                    }
+                    let c32 = b.ci64(32);
+                    let blk = b.op(&format!("arith.divui {e}, {c32} : i64"));
+                    let jj = b.op(&format!("arith.remui {e}, {c32} : i64"));
+                    let cb = b.ci64(dtype.block().1 as i64);
+                    let base = b.op(&format!("arith.muli {blk}, {cb} : i64"));
+                    let dsc = b.f16_at_byte("%table", &base);
+                    if *dtype == DType::Q8_0 {
+                        let c2 = b.ci64(2);
+                        let o = b.op(&format!("arith.addi {base}, {c2} : i64"));
+                        let o = b.op(&format!("arith.addi {o}, {jj} : i64"));
+                        let byte = b.u8_at_byte("%table", &o);
+                        let t8 = b.op(&format!("arith.trunci {byte} : i32 to i8"));
+                        let q = b.op(&format!("arith.sitofp {t8} : i8 to f32"));
+                        b.op(&format!("arith.mulf {dsc}, {q} : f32"))
+                    } else {
+                        let c16 = b.ci64(16);
+                        let qo = b.ci64(if *dtype == DType::Q4_1 { 4 } else { 2 });
+                        let jm = b.op(&format!("arith.remui {jj}, {c16} : i64"));
+                        let o = b.op(&format!("arith.addi {base}, {qo} : i64"));
+                        let o = b.op(&format!("arith.addi {o}, {jm} : i64"));
+                        let byte = b.u8_at_byte("%table", &o);
+                        let hi_half = b.op(&format!("arith.cmpi uge, {jj}, {c16} : i64"));
+                        let c4 = b.op("arith.constant 4 : i32");
+                        let c0 = b.op("arith.constant 0 : i32");
+                        let sh = b.op(&format!("arith.select {hi_half}, {c4}, {c0} : i32"));
+                        let shifted = b.op(&format!("arith.shrui {byte}, {sh} : i32"));
+                        let m15 = b.op("arith.constant 15 : i32");
+                        let nib = b.op(&format!("arith.andi {shifted}, {m15} : i32"));
+                        let q = b.op(&format!("arith.uitofp {nib} : i32 to f32"));
+                        if *dtype == DType::Q4_1 {
+                            let c2 = b.ci64(2);
+                            let mo = b.op(&format!("arith.addi {base}, {c2} : i64"));
+                            let m = b.f16_at_byte("%table", &mo);
+                            b.op(&format!("llvm.intr.fma({dsc}, {q}, {m}) : (f32, f32, f32) -> f32"))
+                        } else {
+                            let c8 = b.cf32(8.0);
+                            let q8 = b.op(&format!("arith.subf {q}, {c8} : f32"));
+                            b.op(&format!("arith.mulf {dsc}, {q8} : f32"))
+                        }
+                    }
+                }
+                other => return Err(format!("gather from {other} is not lowered yet")),
+            };
+            b.store(&v, "%y", &i);
+            b.line("}");
+            "%table: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::Rope { h, d, theta_bits, interleaved } => {
+            let half = d / 2;
+            let i = b.gid();
+            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let ch = b.ci64(half as i64);
+            let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
+            let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
+            let hh = b.ci64(*h as i64);
+            let t = b.op(&format!("arith.divui {th}, {hh} : i64"));
+            let p = b.load_i32_as_i64("%pos", &t);
+            let pf = b.op(&format!("arith.sitofp {p} : i64 to f32"));
+            let pairf = b.op(&format!("arith.uitofp {pair} : i64 to f32"));
+            // inv_freq = theta^(-2 pair / d) = exp2(-(2 pair / d) log2 theta)
+            let k = b.cf32(-2.0 * f32::from_bits(*theta_bits).log2() / *d as f32);
+            let ex = b.op(&format!("arith.mulf {pairf}, {k} : f32"));
+            let inv = b.asm1("ex2.approx.ftz.f32", &ex);
+            let ang = b.op(&format!("arith.mulf {pf}, {inv} : f32"));
+            // range-reduce to [-pi, pi] for the approx sin/cos
+            let r2pi = b.cf32(1.0 / (2.0 * std::f32::consts::PI));
+            let q = b.op(&format!("arith.mulf {ang}, {r2pi} : f32"));
+            let qr = b.asm1("cvt.rni.f32.f32", &q);
+            let m2pi = b.cf32(-2.0 * std::f32::consts::PI);
+            let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
+            let c = b.asm1("cos.approx.ftz.f32", &red);
+            let sn = b.asm1("sin.approx.ftz.f32", &red);
+            let dd = b.ci64(*d as i64);
+            let base = b.op(&format!("arith.muli {th}, {dd} : i64"));
+            let (i0, i1) = if *interleaved {
+                let c2 = b.ci64(2);
+                let p2 = b.op(&format!("arith.muli {pair}, {c2} : i64"));
+                let a0 = b.op(&format!("arith.addi {base}, {p2} : i64"));
+                let c1 = b.ci64(1);
+                let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
+                (a0, a1)
+            } else {
+                let a0 = b.op(&format!("arith.addi {base}, {pair} : i64"));
+                let a1 = b.op(&format!("arith.addi {a0}, {ch} : i64"));
+                (a0, a1)
+            };
+            let x0 = b.load("%x", &i0);
+            let x1 = b.load("%x", &i1);
+            // y0 = x0 c - x1 s, y1 = x1 c + x0 s
+            let x1s = b.op(&format!("arith.mulf {x1}, {sn} : f32"));
+            let nx1s = b.op(&format!("arith.negf {x1s} : f32"));
+            let y0 = b.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
+            let x0s = b.op(&format!("arith.mulf {x0}, {sn} : f32"));
+            let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
+            b.store(&y0, "%y", &i0);
+            b.store(&y1, "%y", &i1);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::CacheWrite { row } => {
+            let i = b.gid();
+            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let r = b.ci64(*row as i64);
+            let t = b.op(&format!("arith.divui {i}, {r} : i64"));
+            let j = b.op(&format!("arith.remui {i}, {r} : i64"));
+            let slot = b.load_i32_as_i64("%slots", &t);
+            let sb = b.op(&format!("arith.muli {slot}, {r} : i64"));
+            let dst = b.op(&format!("arith.addi {sb}, {j} : i64"));
+            let x = b.load("%x", &i);
+            b.store(&x, "%cache", &dst);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits } => {
+            if d % 32 != 0 || *kvh == 0 || h % kvh != 0 {
+                return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
+            }
+            let per = d / 32;
+            let rep = h / kvh;
+            let gi = b.gid();
+            let c32 = b.ci64(32);
+            let gw = b.op(&format!("arith.divui {gi}, {c32} : i64"));
+            let lane = b.op(&format!("arith.remui {gi}, {c32} : i64"));
+            let ok = b.op(&format!("arith.cmpi slt, {gw}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let hh = b.ci64(*h as i64);
+            let t = b.op(&format!("arith.divui {gw}, {hh} : i64"));
+            let hi = b.op(&format!("arith.remui {gw}, {hh} : i64"));
+            let crep = b.ci64(rep as i64);
+            let kh = b.op(&format!("arith.divui {hi}, {crep} : i64"));
+            let p = b.load_i32_as_i64("%pos", &t);
+            let sq = b.load_i32_as_i64("%seq", &t);
+            let dd = b.ci64(*d as i64);
+            let qbase = b.op(&format!("arith.muli {gw}, {dd} : i64"));
+            let scale = b.cf32(f32::from_bits(*scale_bits));
+            let mut qv = vec![];
+            for e in 0..per {
+                let ce = b.ci64(32 * e as i64);
+                let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
+                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                let q = b.load("%q", &o);
+                qv.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
+            }
+            let c1 = b.ci64(1);
+            let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
+            let ctxi = b.op(&format!("arith.index_cast {ctx} : i64 to index"));
+            let zi = b.op("arith.constant 0 : index");
+            let onei = b.op("arith.constant 1 : index");
+            let ninf = b.op("arith.constant 0xFF800000 : f32");
+            let zero = b.cf32(0.0);
+            let res = b.v();
+            let j = b.v();
+            let (m, l) = (b.v(), b.v());
+            let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
+            let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
+            let tys = vec!["f32"; per + 2].join(", ");
+            b.line(&format!("{res}:{} = scf.for {j} = {zi} to {ctxi} step {onei} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
+            let j64 = b.idx64(&j);
+            let cbs = b.ci64(*bs as i64);
+            let bj = b.op(&format!("arith.divui {j64}, {cbs} : i64"));
+            let oj = b.op(&format!("arith.remui {j64}, {cbs} : i64"));
+            let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
+            let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
+            let blk = b.load_i32_as_i64("%table", &ti);
+            let rb = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
+            let row = b.op(&format!("arith.addi {rb}, {oj} : i64"));
+            let ckvh = b.ci64(*kvh as i64);
+            let rk = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
+            let rk = b.op(&format!("arith.addi {rk}, {kh} : i64"));
+            let kbase = b.op(&format!("arith.muli {rk}, {dd} : i64"));
+            let mut offs = vec![];
+            let mut dot = zero.clone();
+            for (e, qe) in qv.iter().enumerate() {
+                let ce = b.ci64(32 * e as i64);
+                let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
+                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                let k = b.load("%kc", &o);
+                dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
+                offs.push(o);
+            }
+            let s = b.warp_sum(&dot);
+            let mn = b.op(&format!("arith.maximumf {m}, {s} : f32"));
+            let d1 = b.op(&format!("arith.subf {m}, {mn} : f32"));
+            let corr = b.exp(&d1);
+            let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
+            let pe = b.exp(&d2);
+            let l2 = b.op(&format!("llvm.intr.fma({l}, {corr}, {pe}) : (f32, f32, f32) -> f32"));
+            let mut outs = vec![mn.clone(), l2];
+            for (a, o) in accs.iter().zip(&offs) {
+                let v = b.load("%vc", o);
+                let pv = b.op(&format!("arith.mulf {pe}, {v} : f32"));
+                outs.push(b.op(&format!("llvm.intr.fma({a}, {corr}, {pv}) : (f32, f32, f32) -> f32")));
+            }
+            b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
+            b.line("}");
+            for e in 0..per {
+                let ce = b.ci64(32 * e as i64);
+                let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
+                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                let y = b.op(&format!("arith.divf {res}#{}, {res}#1 : f32", e + 2));
+                b.store(&y, "%out", &o);
+            }
+            b.line("}");
+            "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into()
         }
     };
     Ok(format!("    gpu.func @{name}({params}) kernel {{\n{}        gpu.return\n    }}\n", b.s))

@@ -3,7 +3,7 @@
 
 use dsc_codegen::kernels::{BinaryOpKey, UnaryOpKey};
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
-use dsc_ir::{BinaryOp, UnaryOp};
+use dsc_ir::{BinaryOp, DType, UnaryOp};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -27,6 +27,16 @@ pub fn all_specs() -> Vec<KernelSpec> {
         .collect();
     v.extend([BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min].into_iter().map(|b| KernelSpec::Binary(BinaryOpKey(b))));
     v.push(KernelSpec::RmsNorm { d: 576, eps_bits: 1e-5f32.to_bits() });
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        v.push(KernelSpec::MatMul { k: 576, n: 1536, wdtype, bias: false });
+        v.push(KernelSpec::Gather { d: 576, dtype: wdtype });
+    }
+    v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
+    v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
+    v.push(KernelSpec::CacheWrite { row: 192 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v
 }
 

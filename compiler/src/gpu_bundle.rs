@@ -10,11 +10,25 @@ use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-struct Data(Vec<f32>);
+struct Data(Vec<u8>);
 impl Data {
     fn push(&mut self, v: &[f32]) -> Array {
-        let a = Array { offset: self.0.len(), len: v.len() };
+        let a = Array { offset: self.0.len(), len: v.len(), dtype: "f32".into() };
+        self.0.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        a
+    }
+    fn push_i32(&mut self, v: &[i32]) -> Array {
+        let a = Array { offset: self.0.len(), len: v.len(), dtype: "i32".into() };
+        self.0.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        a
+    }
+    fn push_u8(&mut self, v: &[u8]) -> Array {
+        let a = Array { offset: self.0.len(), len: v.len(), dtype: "u8".into() };
         self.0.extend_from_slice(v);
+        // keep every array 16-byte aligned
+        while self.0.len() % 16 != 0 {
+            self.0.push(0);
+        }
         a
     }
 }
@@ -33,6 +47,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
     match launch {
         Launch::PerElement { threads } => ((n as u32).div_ceil(*threads), *threads),
         Launch::WarpPerRow { rows_per_block } => ((n as u32).div_ceil(*rows_per_block), 32 * rows_per_block),
+        Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
     }
 }
 
@@ -58,7 +73,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let (g, b) = grid(&spec.launch(), n);
         // approx instructions (ex2/tanh/rsqrt .approx) are good to ~1e-6 relative per element
         let tol = if matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Sqrt | UnaryOp::Recip) { 1e-6 } else { 1e-4 };
-        cases.push(Case { name: format!("{name} n={n}"), kernel: spec.symbol(), grid: g, block: b, inputs: vec![data.push(&x)], scalars: vec![n as i64], expected: data.push(&want), tol });
+        cases.push(Case { name: format!("{name} n={n}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x)], scalars: vec![n as i64], expected: data.push(&want), init: None, tol });
         specs.push(spec);
     }
     for bop in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min] {
@@ -77,10 +92,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 name: format!("{name} {rows}x{cols}{}", if bcast { " bcast" } else { "" }),
                 kernel: spec.symbol(),
                 grid: g,
+                grid_y: 1,
                 block: b,
                 inputs: vec![data.push(&a), data.push(&bv)],
                 scalars: vec![(rows * cols) as i64, bl as i64],
                 expected: data.push(&want),
+                init: None,
                 tol: 1e-6,
             });
         }
@@ -95,7 +112,143 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let src = format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %y = rms_norm(%x, %w) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![rows, d], x.clone()))], &ws)?;
         let (g, b) = grid(&spec.launch(), rows);
-        cases.push(Case { name: format!("rms_norm {rows}x{d}"), kernel: spec.symbol(), grid: g, block: b, inputs: vec![data.push(&x), data.push(&w)], scalars: vec![rows as i64], expected: data.push(&want), tol: 1e-5 });
+        cases.push(Case { name: format!("rms_norm {rows}x{d}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x), data.push(&w)], scalars: vec![rows as i64], expected: data.push(&want), init: None, tol: 1e-5 });
+        specs.push(spec);
+    }
+
+    // matmul: x[M, K] @ W[N, K]^T for every weight dtype, decode (M = 1) and prefill-like M
+    let (k, n) = (576usize, 1536usize);
+    let wf = rand_vec(n * k, -0.1, 0.1);
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+        let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+        let warr = data.push_u8(&wb);
+        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false };
+        for m in [1usize, 7] {
+            let x = rand_vec(m * k, -1.0, 1.0);
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+            let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+            let (g, b) = grid(&spec.launch(), n);
+            cases.push(Case { name: format!("matmul {m}x{k}x{n} {wdtype}"), kernel: spec.symbol(), grid: g, grid_y: m as u32, block: b, inputs: vec![data.push(&x), warr.clone()], scalars: vec![n as i64], expected: data.push(&want), init: None, tol: 1e-5 });
+        }
+        specs.push(spec);
+    }
+    {
+        let (k, n, m) = (576usize, 192usize, 5usize);
+        let w = rand_vec(n * k, -0.1, 0.1);
+        let wb = dsc_ir::quant::encode(DType::BF16, &w).context("encode")?;
+        let bias = rand_vec(n, -1.0, 1.0);
+        let ws: Weights = HashMap::from([
+            ("w".to_string(), (DType::BF16, vec![n, k], wb.clone())),
+            ("bias".to_string(), (DType::F32, vec![n], bias.iter().flat_map(|v| v.to_le_bytes()).collect())),
+        ]);
+        let x = rand_vec(m * k, -1.0, 1.0);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : bf16[{n}, {k}]\n  %bias = weight : f32[{n}]\n  %y = matmul(%x, %w, %bias) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+        let spec = KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: true };
+        let (g, b) = grid(&spec.launch(), n);
+        cases.push(Case { name: format!("matmul+bias {m}x{k}x{n} bf16"), kernel: spec.symbol(), grid: g, grid_y: m as u32, block: b, inputs: vec![data.push(&x), data.push_u8(&wb), data.push(&bias)], scalars: vec![n as i64], expected: data.push(&want), init: None, tol: 1e-5 });
+        specs.push(spec);
+    }
+    // gather (embedding) from plain and packed tables
+    let (v, d, t) = (1000usize, 576usize, 13usize);
+    let table = rand_vec(v * d, -1.0, 1.0);
+    let idx: Vec<i32> = (0..t).map(|i| if i == 0 { 0 } else if i == 1 { v as i32 - 1 } else { (rand_vec(1, 0.0, v as f32)[0] as i32).min(v as i32 - 1) }).collect();
+    for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        let tb = dsc_ir::quant::encode(dtype, &table).context("encode")?;
+        let ws: Weights = HashMap::from([("table".to_string(), (dtype, vec![v, d], tb.clone()))]);
+        let src = format!("graph \"k\" {{\n  %idx = input : i32[{t}]\n  %table = weight : {dtype}[{v}, {d}]\n  %y = gather(%table, %idx) : f32[{t}, {d}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("idx", Tensor::from_i32(vec![t], &idx))], &ws)?;
+        let spec = KernelSpec::Gather { d, dtype };
+        let (g, b) = grid(&spec.launch(), t * d);
+        cases.push(Case { name: format!("gather {t}x{d} {dtype}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push_u8(&tb), data.push_i32(&idx)], scalars: vec![(t * d) as i64], expected: data.push(&want), init: None, tol: 1e-6 });
+        specs.push(spec);
+    }
+    // rope, both pairings, positions up to ~2000
+    for (h, interleaved) in [(9usize, true), (3, false)] {
+        let (t, d, theta) = (11usize, 64usize, 100000f32);
+        let x = rand_vec(t * h * d, -1.0, 1.0);
+        let pos: Vec<i32> = (0..t).map(|i| if i == 0 { 0 } else { rand_vec(1, 0.0, 2000.0)[0] as i32 }).collect();
+        let style = if interleaved { "interleaved" } else { "half" };
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {h}, {d}]\n  %p = input : i32[{t}]\n  %y = rope(%x, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : f32[{t}, {h}, {d}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("x", Tensor::new(vec![t, h, d], x.clone())), ("p", Tensor::from_i32(vec![t], &pos))], &none)?;
+        let spec = KernelSpec::Rope { h, d, theta_bits: theta.to_bits(), interleaved };
+        let (g, b) = grid(&spec.launch(), t * h * d / 2);
+        cases.push(Case { name: format!("rope {t}x{h}x{d} {style}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x), data.push_i32(&pos)], scalars: vec![(t * h * d / 2) as i64], expected: data.push(&want), init: None, tol: 1e-4 });
+        specs.push(spec);
+    }
+    // cache_write into a randomly filled pool, and paged attention over scattered blocks
+    {
+        let (nb, bs, kvh, d) = (8usize, 4usize, 3usize, 64usize);
+        let row = kvh * d;
+        let slots = [13i32, 2, 30, 7, 21];
+        let t = slots.len();
+        let x = rand_vec(t * row, -1.0, 1.0);
+        let init = rand_vec(nb * bs * row, -1.0, 1.0);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = cache_write(%c, %x, %s) : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
+        let g = text::parse(&src)?;
+        let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
+        ex.state_mut("c").context("state c")?.data.copy_from_slice(&init);
+        let want = ex.run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![t, kvh, d], x.clone())), ("s".to_string(), Tensor::from_i32(vec![t], &slots))]))?.remove("c").context("output")?.data;
+        let spec = KernelSpec::CacheWrite { row };
+        let (gr, b) = grid(&spec.launch(), t * row);
+        let init_arr = data.push(&init);
+        cases.push(Case { name: format!("cache_write {t} rows of {row}"), kernel: spec.symbol(), grid: gr, grid_y: 1, block: b, inputs: vec![data.push(&x), data.push_i32(&slots)], scalars: vec![(t * row) as i64], expected: data.push(&want), init: Some(init_arr), tol: 0.0 });
+        specs.push(spec);
+    }
+    for (h, kvh, d, bs, nb, seqs) in [(9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]), (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)])] {
+        // seqs: (first query position, length); every sequence's queries are its positions first..len
+        let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
+        let mut table = vec![];
+        let mut free: Vec<i32> = (0..nb as i32).rev().collect();
+        for s in &seqs {
+            for j in 0..mb {
+                table.push(if j < s.1.div_ceil(bs) { free.pop().context("blocks")? } else { -1 });
+            }
+            free.reverse();
+        }
+        let (mut pos, mut seq) = (vec![], vec![]);
+        for (si, s) in seqs.iter().enumerate() {
+            for p in s.0..s.1 {
+                pos.push(p as i32);
+                seq.push(si as i32);
+            }
+        }
+        let t = pos.len();
+        let q = rand_vec(t * h * d, -1.0, 1.0);
+        let kc = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
+        let vc = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
+        let scale = 1.0 / (d as f32).sqrt();
+        let ns = seqs.len();
+        let src = format!("graph \"k\" {{\n  %q = input : f32[{t}, {h}, {d}]\n  %pos = input : i32[{t}]\n  %seq = input : i32[{t}]\n  %table = input : i32[{ns}, {mb}]\n  %kc = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %vc = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {{scale = {scale:?}}} : f32[{t}, {h}, {d}]\n  output o = %o\n}}\n");
+        let g = text::parse(&src)?;
+        let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
+        ex.state_mut("kc").context("kc")?.data.copy_from_slice(&kc);
+        ex.state_mut("vc").context("vc")?.data.copy_from_slice(&vc);
+        let want = ex
+            .run(&BTreeMap::from([
+                ("q".to_string(), Tensor::new(vec![t, h, d], q.clone())),
+                ("pos".to_string(), Tensor::from_i32(vec![t], &pos)),
+                ("seq".to_string(), Tensor::from_i32(vec![t], &seq)),
+                ("table".to_string(), Tensor::from_i32(vec![ns, mb], &table)),
+            ]))?
+            .remove("o")
+            .context("output")?
+            .data;
+        let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
+        let (gr, b) = grid(&spec.launch(), t * h);
+        cases.push(Case {
+            name: format!("paged_attn T{t} H{h}/{kvh} D{d}"),
+            kernel: spec.symbol(),
+            grid: gr,
+            grid_y: 1,
+            block: b,
+            inputs: vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)],
+            scalars: vec![(t * h) as i64, mb as i64],
+            expected: data.push(&want),
+            init: None,
+            tol: 1e-4,
+        });
         specs.push(spec);
     }
     let m = compile_kernels(&specs, &GpuTarget::ALL)?;
@@ -107,8 +260,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
     std::fs::write(dir.join("kernels.mlir"), &m.mlir)?;
     std::fs::write(dir.join("kernels.ll"), &m.llvm)?;
-    let bytes: Vec<u8> = data.0.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(dir.join("data.bin"), bytes)?;
+    std::fs::write(dir.join("data.bin"), &data.0)?;
     let n = cases.len();
     std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases })?)?;
     Ok(n)

@@ -100,6 +100,11 @@ impl<'g> Executor<'g> {
         self.states.get(name)
     }
 
+    /// A state pool, to fill or inspect (tests seed KV caches with random contents).
+    pub fn state_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.states.get_mut(name)
+    }
+
     /// Zero every state pool (a fresh KV cache).
     pub fn reset_states(&mut self) {
         for t in self.states.values_mut() {

@@ -1,7 +1,8 @@
 //! Run generated kernels on the GPU against expected outputs from the CPU reference executor.
 //!
 //! A bundle is a folder with `bundle.json` ([`Bundle`]), the PTX it names, and `data.bin`
-//! (little-endian f32 arrays at the offsets the cases give). For each case the runtime uploads
+//! (little-endian arrays — f32, i32, or raw bytes for packed weights — at the byte offsets
+//! the cases give). For each case the runtime uploads
 //! the inputs, fills the output with NaN (poison), launches, and compares:
 //! ‖out − expected‖ / ‖expected‖ ≤ tol, and every element written (no NaN left).
 
@@ -13,8 +14,12 @@ use std::path::Path;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Array {
+    /// byte offset in data.bin
     pub offset: usize,
+    /// elements
     pub len: usize,
+    /// "f32", "i32" or "u8"
+    pub dtype: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -22,11 +27,20 @@ pub struct Case {
     pub name: String,
     pub kernel: String,
     pub grid: u32,
+    #[serde(default = "one")]
+    pub grid_y: u32,
     pub block: u32,
     pub inputs: Vec<Array>,
     pub scalars: Vec<i64>,
     pub expected: Array,
+    /// initial output contents (an in-place kernel's buffer); NaN poison when absent
+    #[serde(default)]
+    pub init: Option<Array>,
     pub tol: f32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -48,14 +62,28 @@ pub struct CaseResult {
     pub median_us: f64,
 }
 
-fn slice<'a>(data: &'a [f32], a: &Array) -> anyhow::Result<&'a [f32]> {
-    data.get(a.offset..a.offset + a.len).context("array outside data.bin")
+fn bytes_of<'a>(data: &'a [u8], a: &Array) -> anyhow::Result<&'a [u8]> {
+    let w = match a.dtype.as_str() {
+        "f32" | "i32" => 4,
+        "u8" => 1,
+        other => bail!("unknown array dtype {other}"),
+    };
+    data.get(a.offset..a.offset + a.len * w).context("array outside data.bin")
+}
+
+fn f32s(data: &[u8], a: &Array) -> anyhow::Result<Vec<f32>> {
+    anyhow::ensure!(a.dtype == "f32", "expected an f32 array");
+    Ok(bytes_of(data, a)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Upload an array as raw bytes (the kernel reinterprets them).
+fn upload(stream: &std::sync::Arc<cudarc::driver::CudaStream>, data: &[u8], a: &Array) -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
+    Ok(stream.clone_htod(bytes_of(data, a)?)?)
 }
 
 pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
     let bundle: Bundle = serde_json::from_str(&std::fs::read_to_string(dir.join("bundle.json")).context("bundle.json")?)?;
-    let bytes = std::fs::read(dir.join("data.bin")).context("data.bin")?;
-    let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let data = std::fs::read(dir.join("data.bin")).context("data.bin")?;
     let ptx_file = bundle.ptx.get(target).with_context(|| format!("no PTX for target {target} in the bundle"))?;
     let ptx = std::fs::read_to_string(dir.join(ptx_file))?;
     let ctx = CudaContext::new(0).context("CUDA device 0")?;
@@ -64,10 +92,14 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
     let mut results = vec![];
     for c in &bundle.cases {
         let f = module.load_function(&c.kernel).with_context(|| format!("kernel {}", c.kernel))?;
-        let ins = c.inputs.iter().map(|a| Ok(stream.clone_htod(slice(&data, a)?)?)).collect::<anyhow::Result<Vec<_>>>()?;
-        let want = slice(&data, &c.expected)?;
-        let mut out = stream.clone_htod(&vec![f32::NAN; want.len()])?;
-        let cfg = LaunchConfig { grid_dim: (c.grid, 1, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: 0 };
+        let ins = c.inputs.iter().map(|a| upload(&stream, &data, a)).collect::<anyhow::Result<Vec<_>>>()?;
+        let want = f32s(&data, &c.expected)?;
+        let init = match &c.init {
+            Some(a) => f32s(&data, a)?,
+            None => vec![f32::NAN; want.len()],
+        };
+        let mut out = stream.clone_htod(&init)?;
+        let cfg = LaunchConfig { grid_dim: (c.grid, c.grid_y, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: 0 };
         let launch = |out: &mut cudarc::driver::CudaSlice<f32>| -> anyhow::Result<()> {
             let mut b = stream.launch_builder(&f);
             for i in &ins {
@@ -88,7 +120,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         let got = stream.clone_dtoh(&out)?;
         let unwritten = got.iter().filter(|v| v.is_nan()).count();
         let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(want) {
+        for (g, w) in got.iter().zip(&want) {
             num += ((g - w) as f64).powi(2);
             den += (*w as f64).powi(2);
         }
