@@ -5,6 +5,7 @@
 //! does both for a set of specs and keeps every stage's text for the dumps.
 
 pub mod kernels;
+pub mod lower;
 pub mod pipeline;
 
 pub use kernels::{KernelSpec, Launch};

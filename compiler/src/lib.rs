@@ -1,31 +1,85 @@
 //! The compile pipeline, readable in one function: [`compile`].
 //!
 //! Stages, in order: `graph` (built from model.toml and verified) → passes (verified after
-//! each) → `plan`. Later stages (`egraph`, `fused`, `mlir`, `llvm`, `ptx`) arrive with the
-//! optimizer and code generator.
+//! each; `optimized`) → kernels (`mlir`: generated and lowered MLIR, `llvm`, `ptx`) → `plan`.
+//! The e-graph stages (`egraph`, `fused`) arrive with the optimizer.
 
 pub mod gpu_bundle;
 
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport};
-use dsc_runtime::plan::{write_plan, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, PLAN_FORMAT_VERSION};
+use dsc_runtime::plan::{write_plan, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, PLAN_FORMAT_VERSION};
 use std::path::Path;
 
 /// The stages `--dump-ir` knows today.
-pub const STAGES: &[&str] = &["graph", "optimized", "plan"];
+pub const STAGES: &[&str] = &["graph", "optimized", "mlir", "llvm", "ptx", "plan"];
 
 pub struct Compiled {
     pub model: LoadedModel,
     pub graph: dsc_ir::Graph,
     pub reports: Vec<PassReport>,
+    /// the GPU program, or why there is none
+    pub gpu: Option<GpuProgram>,
+    pub gpu_skipped: Option<String>,
+    /// the kernels' MLIR, lowered MLIR, LLVM IR (the dump stages)
+    pub kernels: Option<dsc_codegen::CompiledModule>,
 }
 
 /// model.toml → verified, optimized graph (+ weights and tokenizer).
 pub fn compile(model_toml: &Path) -> anyhow::Result<Compiled> {
     let model = dsc_models::load(model_toml)?;
     let (graph, reports) = run_pipeline(model.graph.clone(), &[&Dce])?;
-    Ok(Compiled { model, graph, reports })
+    let (gpu, gpu_skipped, kernels) = match lower_gpu(&graph) {
+        Ok((p, m)) => (Some(p), None, Some(m)),
+        Err(e) => {
+            tracing::warn!(target: "dsc::codegen", "no GPU program: {e}");
+            (None, Some(e.to_string()), None)
+        }
+    };
+    Ok(Compiled { model, graph, reports, gpu, gpu_skipped, kernels })
+}
+
+fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
+    use dsc_codegen::lower::Scalar as S;
+    match s {
+        S::Const(v) => Scalar::Const(*v),
+        S::Numel(n) => Scalar::Numel(n.clone()),
+        S::Rows(n) => Scalar::Rows(n.clone()),
+        S::Dim(n, i) => Scalar::Dim(n.clone(), *i),
+        S::HalfNumel(n) => Scalar::HalfNumel(n.clone()),
+    }
+}
+
+/// Lower the graph to kernels and a launch schedule, and emit PTX for every target.
+pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
+    let steps = dsc_codegen::lower::lower(graph)?;
+    let specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
+    let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
+    let steps = steps
+        .iter()
+        .map(|s| {
+            let (launch, block) = match s.kernel.as_ref().map(|k| k.launch()) {
+                Some(dsc_codegen::Launch::PerElement { threads }) => ("per_element", threads),
+                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block),
+                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block),
+                None => ("none", 0),
+            };
+            GpuStep {
+                node: s.node.clone(),
+                kernel: s.kernel.as_ref().map(|k| k.symbol()),
+                args: s.args.clone(),
+                scalars: s.scalars.iter().map(scalar).collect(),
+                launch: launch.to_string(),
+                block,
+                work: scalar(&s.work),
+                grid_y: scalar(&s.grid_y),
+                alias_of: s.alias_of.clone(),
+            }
+        })
+        .collect();
+    let ptx = module.ptx.iter().map(|(t, p)| (t.name().to_string(), p.clone())).collect();
+    Ok((GpuProgram { ptx, steps }, module))
 }
 
 pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
@@ -45,7 +99,7 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
             activations: m.config.activations.to_string(),
             kv_cache: m.config.kv_cache.to_string(),
         },
-        targets: vec!["cpu".into()],
+        targets: std::iter::once("cpu".to_string()).chain(c.gpu.iter().flat_map(|g| g.ptx.keys().cloned())).collect(),
         graph: dsc_ir::text::print(&c.graph),
         tokenizer: m.tokenizer.as_ref().map(|t| PlanTokenizer {
             json: t.json.clone(),
@@ -60,6 +114,7 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
             total_bytes: 0,
             tensors: vec![],
         },
+        gpu: c.gpu.clone(),
     })
 }
 

@@ -68,10 +68,28 @@ fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyho
             }
             let mut h = dsc_compiler::plan_header(c)?;
             h.graph = "<see --dump-ir=optimized>".into();
+            if let Some(g) = h.gpu.as_mut() {
+                for p in g.ptx.values_mut() {
+                    *p = format!("<{} bytes of PTX: see --dump-ir=ptx>", p.len());
+                }
+            }
             if let Some(t) = h.tokenizer.as_mut() {
                 t.json = format!("<{} bytes of tokenizer.json>", t.json.len());
             }
             return Ok(serde_json::to_string_pretty(&h)? + "\n");
+        }
+        "mlir" | "llvm" | "ptx" => {
+            if fmt == DumpFormat::Dot {
+                bail!("stage `{stage}` has no DOT form");
+            }
+            let Some(k) = &c.kernels else {
+                return Ok(format!("// no GPU program: {}\n", c.gpu_skipped.as_deref().unwrap_or("?")));
+            };
+            return Ok(match stage {
+                "mlir" => format!("// generated\n{}\n// after the pass pipeline ({})\n{}\n", k.mlir, dsc_codegen::pipeline::PASS_PIPELINE, k.lowered),
+                "llvm" => k.llvm.clone(),
+                _ => k.ptx.iter().map(|(t, p)| format!("// ===== {} =====\n{p}", t.name())).collect(),
+            });
         }
         other => bail!("unknown stage `{other}`; stages: {}", STAGES.join(", ")),
     };
@@ -86,8 +104,16 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     let per_layer = c.model.dims.layers.max(1);
     let compute: usize = h.iter().filter(|(k, _)| !matches!(**k, "input" | "weight" | "state")).map(|(_, v)| v).sum();
     let passes: Vec<String> = c.reports.iter().map(|r| format!("{}: {}", r.pass, r.note)).collect();
+    let gpu = match &c.gpu {
+        Some(g) => {
+            let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
+            let kernels: std::collections::BTreeSet<_> = g.steps.iter().filter_map(|s| s.kernel.as_ref()).collect();
+            format!("GPU: {} distinct kernels, {launches} launches per step ({} per layer)", kernels.len(), launches / per_layer)
+        }
+        None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),
+    };
     format!(
-        "{}: {} layers, {} nodes ({} ops, ~{} per layer), weights {:.1} MB; passes: {}",
+        "{}: {} layers, {} nodes ({} ops, ~{} per layer), weights {:.1} MB; passes: {}; {gpu}",
         c.model.config.toml.model.name,
         c.model.dims.layers,
         c.graph.node_count(),
@@ -112,7 +138,7 @@ fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fm
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for s in STAGES {
             std::fs::write(dir.join(format!("{s}.txt")), stage_text(&c, s, DumpFormat::Text)?)?;
-            if *s != "plan" {
+            if matches!(*s, "graph" | "optimized") {
                 std::fs::write(dir.join(format!("{s}.dot")), stage_text(&c, s, DumpFormat::Dot)?)?;
             }
         }

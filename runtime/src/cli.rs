@@ -14,6 +14,8 @@ use std::path::PathBuf;
 pub enum BackendKind {
     /// the CPU reference executor (f32)
     Cpu,
+    /// the plan's generated kernels on CUDA device 0
+    Gpu,
 }
 
 #[derive(Debug, Args)]
@@ -73,15 +75,21 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
         stop_ids: tok.as_ref().map(|t| t.info.eos_ids.clone()).unwrap_or_default(),
     };
-    let BackendKind::Cpu = a.backend;
-    let mut backend = CpuBackend::new(&graph, &plan, prompt_ids.len() + a.max_tokens)?;
+    let kv = prompt_ids.len() + a.max_tokens;
+    match a.backend {
+        BackendKind::Cpu => generate_and_print(&mut CpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
+        BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
+    }
+}
+
+fn generate_and_print<B: crate::engine::Backend>(backend: &mut B, a: &RunArgs, tok: Option<&Tokenizer>, prompt_ids: &[u32], opts: &GenerateOptions) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
     let mut out = std::io::stdout().lock();
     let mut printed = String::new();
     let mut ids = vec![];
-    let gen = generate(&mut backend, &prompt_ids, &opts, |t| {
+    let gen = generate(backend, prompt_ids, opts, |t| {
         ids.push(t);
-        if let Some(tok) = &tok {
+        if let Some(tok) = tok {
             if let Ok(text) = tok.decode(&ids, true) {
                 if text.len() > printed.len() && text.starts_with(&printed) {
                     let _ = write!(out, "{}", &text[printed.len()..]);
@@ -129,6 +137,15 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     let d: Vec<String> = by_dtype.iter().map(|(k, (n, b))| format!("{k}: {n} tensors, {:.1} MB", *b as f64 / 1e6)).collect();
     println!("weights: {} tensors, {:.1} MB embedded ({})", h.weights.tensors.len(), h.weights.total_bytes as f64 / 1e6, d.join("; "));
     println!("  source: {}{}", h.weights.source, h.weights.source_sha256.as_ref().map(|s| format!(" (sha256 {s})")).unwrap_or_default());
+    match &h.gpu {
+        Some(g) => {
+            let kernels: std::collections::BTreeSet<_> = g.steps.iter().filter_map(|s| s.kernel.as_ref()).collect();
+            let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
+            let sizes: Vec<String> = g.ptx.iter().map(|(t, p)| format!("{t} {:.1} KB", p.len() as f64 / 1e3)).collect();
+            println!("gpu: {} kernels, {launches} launches per step, PTX {}", kernels.len(), sizes.join(", "));
+        }
+        None => println!("gpu: none (CPU backend only)"),
+    }
     match &h.tokenizer {
         Some(t) => println!("tokenizer: embedded, bos {:?}, eos {:?}, chat template {}", t.bos_id, t.eos_ids, if t.chat_template.is_some() { "yes" } else { "no" }),
         None => println!("tokenizer: none"),

@@ -13,6 +13,8 @@ pub enum RuntimeError {
     Template(String),
     #[error("request: {0}")]
     Request(String),
+    #[error("GPU: {0}")]
+    Gpu(String),
     #[error(transparent)]
     Ir(#[from] dsc_ir::IrError),
 }

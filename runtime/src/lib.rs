@@ -10,6 +10,8 @@ pub mod cli;
 pub mod engine;
 mod error;
 pub mod generate;
+pub mod gpu;
+pub mod gpu_e2e;
 pub mod gpu_check;
 pub mod plan;
 pub mod sampler;

@@ -18,6 +18,14 @@ enum Cmd {
     Inspect(cli::InspectArgs),
     /// Run a kernel-check bundle (from `dsc gpu-bundle`) on GPU 0 and compare with the CPU
     /// reference outputs it carries
+    /// Run a model plan on the GPU beside the CPU executor along the reference continuations
+    /// (../shared/reference/*-numpy-*.json) and report agreement
+    GpuE2e {
+        plan: std::path::PathBuf,
+        reference: std::path::PathBuf,
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     GpuCheck {
         bundle: std::path::PathBuf,
         #[arg(long, default_value = "sm_90a")]
@@ -33,6 +41,21 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(a) => cli::run(&a),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::GpuE2e { plan, reference, json } => {
+            let r = dsc_runtime::gpu_e2e::run(&plan, &reference)?;
+            println!("{:<8} {:>5} {:>10} {:>10} {:>9} {:>12} {:>8} {:>10}  result", "prompt", "pos", "max relL2", "mean", "argmax≠", "greedy agree", "margin", "ms/token");
+            for p in &r {
+                let agree = p.first_difference.map(|i| format!("{i} of {}", p.reference_ids.len())).unwrap_or_else(|| format!("all {}", p.reference_ids.len()));
+                println!("{:<8} {:>5} {:>10.2e} {:>10.2e} {:>4}/{:<4} {:>12} {:>8} {:>10.2}  {}", p.name, p.positions, p.max_rel_l2, p.mean_rel_l2, p.argmax_mismatches, p.argmax_checked, agree, p.reference_margin_there.map(|m| format!("{m:.3}")).unwrap_or("-".into()), p.gpu_decode_ms_per_token, if p.pass { "ok" } else { "FAIL" });
+            }
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
+            }
+            let failed = r.iter().filter(|p| !p.pass).count();
+            println!("{} passed, {} failed", r.len() - failed, failed);
+            anyhow::ensure!(failed == 0, "{failed} prompts failed the GPU check");
+            Ok(())
+        }
         Cmd::GpuCheck { bundle, target, json } => {
             let r = dsc_runtime::gpu_check::run(&bundle, &target)?;
             println!("{:<28} {:<22} {:>9} {:>10} {:>6} {:>9}  result", "case", "kernel", "elements", "rel err", "tol", "us");

@@ -25,7 +25,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const PLAN_MAGIC: &[u8; 8] = b"DSCPLAN\0";
-pub const PLAN_FORMAT_VERSION: u32 = 1;
+pub const PLAN_FORMAT_VERSION: u32 = 2;
 const PREFIX: usize = 104;
 const BLOB_ALIGN: usize = 4096;
 const TENSOR_ALIGN: usize = 64;
@@ -43,6 +43,50 @@ pub struct PlanHeader {
     pub graph: String,
     pub tokenizer: Option<PlanTokenizer>,
     pub weights: PlanWeights,
+    /// The GPU program: PTX per target and the launch schedule. Absent when some op of the
+    /// graph has no GPU lowering yet (the plan then runs on the CPU backend only).
+    pub gpu: Option<GpuProgram>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProgram {
+    /// target ("sm_90a", "sm_80") → PTX module text
+    pub ptx: std::collections::BTreeMap<String, String>,
+    /// one entry per compute node, in execution order
+    pub steps: Vec<GpuStep>,
+}
+
+/// An integer the runtime evaluates once a step binds the graph's symbols.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Scalar {
+    Const(i64),
+    Numel(String),
+    Rows(String),
+    Dim(String, usize),
+    HalfNumel(String),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuStep {
+    /// the graph node this step computes
+    pub node: String,
+    /// kernel symbol in the PTX module; None for pure aliases
+    pub kernel: Option<String>,
+    /// node buffers passed to the kernel, then `scalars` as i64
+    pub args: Vec<String>,
+    pub scalars: Vec<Scalar>,
+    /// "per_element", "warp_per_row" or "warp_per_output"
+    pub launch: String,
+    /// threads (per_element) or warps (the others) per block
+    pub block: u32,
+    /// units of work the grid's x dimension covers; grid y
+    pub work: Scalar,
+    pub grid_y: Scalar,
+    /// the node's buffer is this node's buffer
+    pub alias_of: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -1,0 +1,144 @@
+//! Graph → launch schedule: one kernel launch (or a buffer alias) per compute node, in
+//! topological order, with the kernel specs to generate. Scalars and grid sizes are
+//! expressions over node shapes, evaluated by the runtime once a step binds its symbols.
+
+use crate::kernels::{BinaryOpKey, KernelSpec, UnaryOpKey};
+use crate::CodegenError;
+use dsc_ir::{DType, Graph, Op, RopeStyle};
+
+/// A runtime-evaluated integer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scalar {
+    Const(i64),
+    /// element count of a node
+    Numel(String),
+    /// element count / last dim
+    Rows(String),
+    /// one dim of a node
+    Dim(String, usize),
+    /// element count / 2 (rope works on pairs)
+    HalfNumel(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub node: String,
+    /// kernel symbol; None when the node only aliases another buffer
+    pub kernel: Option<KernelSpec>,
+    /// buffers passed to the kernel: operands then the output
+    pub args: Vec<String>,
+    pub scalars: Vec<Scalar>,
+    /// grid: x covers `work` units of the kernel's launch shape, y = `grid_y`
+    pub work: Scalar,
+    pub grid_y: Scalar,
+    /// the node's buffer is this node's buffer (reshape, same-dtype cast, cache_write)
+    pub alias_of: Option<String>,
+}
+
+fn err(node: &str, msg: impl Into<String>) -> CodegenError {
+    CodegenError::Unsupported { kernel: node.to_string(), msg: msg.into() }
+}
+
+/// Lower every compute node of `g`. Leaves (inputs, weights, states) get no step.
+pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
+    let order = g.topo_order().map_err(|e| err(&g.name, e.to_string()))?;
+    let mut steps = vec![];
+    for id in order {
+        let n = g.node(id);
+        if n.op.is_leaf() {
+            continue;
+        }
+        let ops: Vec<&dsc_ir::Node> = g.operands(id).into_iter().map(|o| g.node(o)).collect();
+        let names: Vec<String> = ops.iter().map(|o| o.name.clone()).collect();
+        let name = n.name.clone();
+        if n.ty.dtype != DType::F32 && !matches!(n.op, Op::TopK { .. } | Op::Argmax) {
+            return Err(err(&name, format!("GPU kernels take f32 activations today; node is {}", n.ty)));
+        }
+        let mut args = names.clone();
+        args.push(name.clone());
+        let one = Scalar::Const(1);
+        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None };
+        let alias = |of: &str| Step { node: name.clone(), kernel: None, args: vec![], scalars: vec![], work: Scalar::Const(0), grid_y: Scalar::Const(1), alias_of: Some(of.to_string()) };
+        steps.push(match &n.op {
+            Op::Reshape => alias(&names[0]),
+            Op::Cast if ops[0].ty.dtype == n.ty.dtype => alias(&names[0]),
+            Op::Unary(u) => step(KernelSpec::Unary(UnaryOpKey(*u)), args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one),
+            Op::Binary(b) => {
+                if ops[0].ty.shape != n.ty.shape {
+                    return Err(err(&name, "binary ops broadcast only their second operand on the GPU"));
+                }
+                if ops[1].ty.shape.len() > n.ty.shape.len() || n.ty.shape[n.ty.shape.len() - ops[1].ty.shape.len()..] != ops[1].ty.shape[..] {
+                    return Err(err(&name, format!("the second operand {} must match the trailing dims of {}", ops[1].ty, n.ty)));
+                }
+                step(KernelSpec::Binary(BinaryOpKey(*b)), args, vec![Scalar::Numel(name.clone()), Scalar::Numel(names[1].clone())], Scalar::Numel(name.clone()), one)
+            }
+            Op::RmsNorm { eps } => {
+                let d = n.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "rms_norm needs a constant last dim"))?;
+                if ops[1].ty.dtype != DType::F32 {
+                    return Err(err(&name, "rms_norm weight must be f32"));
+                }
+                step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
+            }
+            Op::MatMul { transpose_b } => {
+                if !transpose_b {
+                    return Err(err(&name, "matmul needs W in [N, K] layout (transpose_b = true)"));
+                }
+                let w = &ops[1].ty;
+                let (nn, k) = match (w.shape[0].as_const(), w.shape[1].as_const()) {
+                    (Some(a), Some(b)) => (a, b),
+                    _ => return Err(err(&name, "matmul weights need constant dims")),
+                };
+                if ops.len() > 2 && ops[2].ty.dtype != DType::F32 {
+                    return Err(err(&name, "matmul bias must be f32"));
+                }
+                step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias: ops.len() > 2 }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()))
+            }
+            Op::Gather => {
+                let d: usize = ops[0].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "gather rows need constant dims"))?;
+                step(KernelSpec::Gather { d, dtype: ops[0].ty.dtype }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
+            }
+            Op::Rope { theta, style, rotary_dim } => {
+                let (h, d) = match (n.ty.shape[1].as_const(), n.ty.shape[2].as_const()) {
+                    (Some(h), Some(d)) => (h, d),
+                    _ => return Err(err(&name, "rope needs constant heads and head dim")),
+                };
+                if *rotary_dim != d {
+                    return Err(err(&name, "partial rotary dims are not lowered yet"));
+                }
+                let spec = KernelSpec::Rope { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved };
+                step(spec, args, vec![Scalar::HalfNumel(name.clone())], Scalar::HalfNumel(name.clone()), one)
+            }
+            Op::CacheWrite => {
+                if ops[0].ty.dtype != DType::F32 {
+                    return Err(err(&name, "KV caches are f32 on the GPU today"));
+                }
+                let row: usize = ops[1].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "cache rows need constant dims"))?;
+                // kernel(x, slots, cache): writes into the pool the node aliases
+                Step {
+                    node: name.clone(),
+                    kernel: Some(KernelSpec::CacheWrite { row }),
+                    args: vec![names[1].clone(), names[2].clone(), names[0].clone()],
+                    scalars: vec![Scalar::Numel(names[1].clone())],
+                    work: Scalar::Numel(names[1].clone()),
+                    grid_y: one,
+                    alias_of: Some(names[0].clone()),
+                }
+            }
+            Op::PagedAttention { scale } => {
+                let c = |t: &dsc_ir::TensorType, i: usize| t.shape[i].as_const();
+                let (h, d) = (c(&ops[0].ty, 1), c(&ops[0].ty, 2));
+                let (bs, kvh) = (c(&ops[1].ty, 1), c(&ops[1].ty, 2));
+                let (Some(h), Some(d), Some(bs), Some(kvh)) = (h, d, bs, kvh) else {
+                    return Err(err(&name, "paged attention needs constant heads, head dim and block size"));
+                };
+                if ops[1].ty.dtype != DType::F32 {
+                    return Err(err(&name, "KV caches are f32 on the GPU today"));
+                }
+                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
+                step(spec, args, vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)], Scalar::Rows(name.clone()), one)
+            }
+            other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
+        });
+    }
+    Ok(steps)
+}

@@ -1,0 +1,180 @@
+//! The GPU backend: runs a plan's launch schedule with cudarc (the driver API, loaded at run
+//! time). Weights are uploaded once as raw bytes (packed formats stay packed); the KV pools
+//! are allocated once; each step allocates its activations, uploads its inputs, launches
+//! every kernel of the schedule in order and reads back the logits.
+
+use crate::engine::{Backend, StepBatch};
+use crate::error::{Result, RuntimeError};
+use crate::plan::{GpuProgram, Plan, Scalar};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use dsc_ir::{Graph, Op};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+fn gerr(msg: impl Into<String>) -> RuntimeError {
+    RuntimeError::Gpu(msg.into())
+}
+
+fn cu<T>(r: std::result::Result<T, cudarc::driver::DriverError>, what: &str) -> Result<T> {
+    r.map_err(|e| gerr(format!("{what}: {e:?}")))
+}
+
+pub struct GpuBackend<'p> {
+    graph: &'p Graph,
+    prog: &'p GpuProgram,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    /// weights and KV pools by node name
+    resident: HashMap<String, CudaSlice<u8>>,
+    blocks: usize,
+    block_size: usize,
+    pub target: String,
+}
+
+/// The PTX target for the device: sm_90a on Hopper, sm_80 on Ampere and Ada.
+pub fn target_for(major: i32, minor: i32) -> Option<&'static str> {
+    match (major, minor) {
+        (9, 0) => Some("sm_90a"),
+        (8, _) | (9, _) => Some("sm_80"),
+        _ => None,
+    }
+}
+
+impl<'p> GpuBackend<'p> {
+    pub fn new(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize) -> Result<Self> {
+        let prog = plan.header.gpu.as_ref().ok_or_else(|| gerr("this plan has no GPU program (compile it with a GPU lowering for every op)"))?;
+        let ctx = cu(CudaContext::new(0), "opening CUDA device 0")?;
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let major = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), "device attribute")?;
+        let minor = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR), "device attribute")?;
+        let target = target_for(major, minor).ok_or_else(|| gerr(format!("GPU compute capability {major}.{minor} has no target in dsc (sm_80+)")))?;
+        let ptx = prog.ptx.get(target).ok_or_else(|| gerr(format!("the plan has no PTX for {target} (it has {:?})", prog.ptx.keys().collect::<Vec<_>>())))?;
+        let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
+        let mut funcs = HashMap::new();
+        for s in &prog.steps {
+            if let Some(k) = &s.kernel {
+                if !funcs.contains_key(k) {
+                    funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
+                }
+            }
+        }
+        let stream = ctx.default_stream();
+        let mut resident = HashMap::new();
+        for id in graph.leaves(&Op::Weight) {
+            let n = graph.node(id);
+            let e = plan.header.weights.tensors.iter().find(|e| e.name == n.name).ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
+            resident.insert(n.name.clone(), cu(stream.clone_htod(plan.weight_bytes(e)), &format!("uploading {}", n.name))?);
+        }
+        let block_size = plan.header.model.kv_block_size;
+        let blocks = kv_tokens.div_ceil(block_size).max(1);
+        let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
+        for id in graph.leaves(&Op::State) {
+            let n = graph.node(id);
+            let numel: usize = n.ty.eval_shape(&fixed).ok_or_else(|| gerr(format!("state {} has unbound dims", n.name)))?.iter().product();
+            resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(numel * 4), &format!("allocating {}", n.name))?);
+        }
+        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, block_size, target: target.to_string() })
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        cu(self.stream.synchronize(), "synchronize")
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Backend for GpuBackend<'_> {
+    fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        let g = self.graph;
+        let bind = BTreeMap::from([
+            ("T".to_string(), b.tokens.len()),
+            ("S".to_string(), b.num_seqs),
+            ("MB".to_string(), b.max_blocks),
+            ("R".to_string(), b.logit_rows.len()),
+            ("NB".to_string(), self.blocks),
+        ]);
+        let shape_of = |name: &str| -> Result<Vec<usize>> {
+            let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
+            g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
+        };
+        let eval = |s: &Scalar| -> Result<i64> {
+            Ok(match s {
+                Scalar::Const(v) => *v,
+                Scalar::Numel(n) => shape_of(n)?.iter().product::<usize>() as i64,
+                Scalar::Rows(n) => {
+                    let sh = shape_of(n)?;
+                    (sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1)) as i64
+                }
+                Scalar::Dim(n, i) => *shape_of(n)?.get(*i).ok_or_else(|| gerr(format!("node {n} has no dim {i}")))? as i64,
+                Scalar::HalfNumel(n) => (shape_of(n)?.iter().product::<usize>() / 2) as i64,
+            })
+        };
+        let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
+        let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &b.block_table), ("logit_rows", &b.logit_rows)];
+        for (name, v) in inputs {
+            if g.by_name(name).is_some() {
+                bufs.insert(name.to_string(), cu(self.stream.clone_htod(&i32_bytes(v)), "uploading inputs")?);
+            }
+        }
+        let mut alias: HashMap<String, String> = HashMap::new();
+        for s in &self.prog.steps {
+            if let Some(of) = &s.alias_of {
+                let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
+                alias.insert(s.node.clone(), root);
+            } else {
+                let numel: usize = shape_of(&s.node)?.iter().product();
+                bufs.insert(s.node.clone(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating activations")?);
+            }
+            let Some(k) = &s.kernel else { continue };
+            let f = &self.funcs[k];
+            let scalars: Vec<i64> = s.scalars.iter().map(&eval).collect::<Result<_>>()?;
+            let work = eval(&s.work)? as u32;
+            let gy = eval(&s.grid_y)? as u32;
+            if work == 0 || gy == 0 {
+                continue;
+            }
+            let (grid, block) = match s.launch.as_str() {
+                "per_element" => (work.div_ceil(s.block), s.block),
+                "warp_per_row" | "warp_per_output" => (work.div_ceil(s.block), 32 * s.block),
+                other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
+            };
+            let mut lb = self.stream.launch_builder(f);
+            for a in &s.args {
+                let key = alias.get(a).unwrap_or(a);
+                let buf = bufs.get(key).or_else(|| self.resident.get(key)).ok_or_else(|| gerr(format!("step {}: no buffer for {a}", s.node)))?;
+                lb.arg(buf);
+            }
+            for v in &scalars {
+                lb.arg(v);
+            }
+            let cfg = LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: the schedule was generated with the kernels: argument order, types and
+            // buffer sizes (from the node types under this step's binding) match.
+            unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {k} for {}: {e:?}", s.node)))?;
+        }
+        let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
+        let out_name = &g.node(*out).name;
+        let key = alias.get(out_name).unwrap_or(out_name);
+        let bytes = cu(self.stream.clone_dtoh(&bufs[key]), "reading logits")?;
+        let v = *shape_of(out_name)?.last().unwrap_or(&1);
+        let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(data.chunks_exact(v.max(1)).map(|r| r.to_vec()).collect())
+    }
+
+    fn kv_geometry(&self) -> (usize, usize) {
+        (self.blocks, self.block_size)
+    }
+
+    fn reset(&mut self) {
+        // stale KV rows are never read: attention only reads positions a sequence has written
+    }
+}
