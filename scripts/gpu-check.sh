@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, run ON the GPU machine from the repo root, with .gpu/ carried (built by
 # scripts/gpu-prepare.sh): runs every generated kernel against the CPU reference outputs
-# in the bundle and writes the results under $OUT (or .gpu/out).
+# in the bundle, then 128 decode steps of the Llama-3-8B-shape plan; results under $OUT.
 set -uo pipefail
 out=${OUT:-.gpu/out}
 mkdir -p "$out"
@@ -12,5 +12,11 @@ status=${PIPESTATUS[0]}
 if command -v cuobjdump >/dev/null && command -v ptxas >/dev/null; then
   ptxas -arch=sm_90a .gpu/check/kernels.sm_90a.ptx -o /tmp/k.cubin && cuobjdump --dump-sass /tmp/k.cubin > "$out/kernels.sass" 2>&1
   grep -c "MUFU" "$out/kernels.sass" | sed 's/^/MUFU instructions in SASS: /'
+fi
+# the Llama-3-8B-shape plan (seeded weights, generated on the device): 128 decode steps,
+# the first 2 checked against the CPU executor
+if [ -f .gpu/llama3-8b.plan ]; then
+  .gpu/dsc-runtime gpu-decode .gpu/llama3-8b.plan --prompt-len 16 --steps 128 --cpu-check-steps 2 --json "$out/llama3-8b-decode.json" 2>&1 | tee "$out/llama3-8b.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit $status

@@ -7,4 +7,5 @@ cargo build --release -p dsc-compiler -p dsc-runtime
 mkdir -p .gpu
 cp target/release/dsc-runtime .gpu/
 ./target/release/dsc gpu-bundle --dir .gpu/check
+./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/llama3-8b.plan
 du -sh .gpu

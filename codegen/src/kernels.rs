@@ -41,6 +41,9 @@ pub enum KernelSpec {
     /// per (token, head) with an online softmax; params q, k_cache, v_cache, pos, seq, table,
     /// out, T*H, MB
     PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
+    /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
+    /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
+    SeededInit { dtype: DType },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +65,7 @@ impl KernelSpec {
             }
             KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
             KernelSpec::PagedAttention { h, kvh, d, bs, .. } => format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
+            KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -69,7 +73,7 @@ impl KernelSpec {
             KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
-            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         }
     }
@@ -439,6 +443,66 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             if *bias { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into() } else { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into() }
+        }
+        KernelSpec::SeededInit { dtype } => {
+            let i = b.gid();
+            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            // splitmix64(base + i)
+            let mut z = b.op(&format!("arith.addi %base, {i} : i64"));
+            let k0 = b.ci64(0x9E37_79B9_7F4A_7C15u64 as i64);
+            z = b.op(&format!("arith.addi {z}, {k0} : i64"));
+            for (sh, mul) in [(30u32, 0xBF58_476D_1CE4_E5B9u64), (27, 0x94D0_49BB_1331_11EB)] {
+                let c = b.ci64(sh as i64);
+                let t = b.op(&format!("arith.shrui {z}, {c} : i64"));
+                let x = b.op(&format!("arith.xori {z}, {t} : i64"));
+                let m = b.ci64(mul as i64);
+                z = b.op(&format!("arith.muli {x}, {m} : i64"));
+            }
+            let c31 = b.ci64(31);
+            let t = b.op(&format!("arith.shrui {z}, {c31} : i64"));
+            let r = b.op(&format!("arith.xori {z}, {t} : i64"));
+            let c40 = b.ci64(40);
+            let top = b.op(&format!("arith.shrui {r}, {c40} : i64"));
+            let uf = b.op(&format!("arith.uitofp {top} : i64 to f32"));
+            let inv = b.cf32(1.0 / (1u64 << 24) as f32);
+            let u = b.op(&format!("arith.mulf {uf}, {inv} : f32"));
+            let two = b.cf32(2.0);
+            let one = b.cf32(1.0);
+            let u2 = b.op(&format!("arith.mulf {u}, {two} : f32"));
+            let u3 = b.op(&format!("arith.subf {u2}, {one} : f32"));
+            let sb = b.op("arith.trunci %scale : i64 to i32");
+            let sc = b.op(&format!("arith.bitcast {sb} : i32 to f32"));
+            let v = b.op(&format!("arith.mulf {u3}, {sc} : f32"));
+            let c0 = b.ci64(0);
+            let is1 = b.op(&format!("arith.cmpi ne, %ones, {c0} : i64"));
+            let v = b.op(&format!("arith.select {is1}, {one}, {v} : f32"));
+            match dtype {
+                DType::F32 => b.store(&v, "%y", &i),
+                DType::BF16 => {
+                    // round to nearest even on the dropped 16 bits (no NaNs arise here)
+                    let bits = b.op(&format!("arith.bitcast {v} : f32 to i32"));
+                    let c16 = b.op("arith.constant 16 : i32");
+                    let c1 = b.op("arith.constant 1 : i32");
+                    let bias = b.op("arith.constant 32767 : i32");
+                    let lsb = b.op(&format!("arith.shrui {bits}, {c16} : i32"));
+                    let lsb = b.op(&format!("arith.andi {lsb}, {c1} : i32"));
+                    let r1 = b.op(&format!("arith.addi {bits}, {bias} : i32"));
+                    let r2 = b.op(&format!("arith.addi {r1}, {lsb} : i32"));
+                    let hi = b.op(&format!("arith.shrui {r2}, {c16} : i32"));
+                    let h = b.op(&format!("arith.trunci {hi} : i32 to i16"));
+                    let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+                    b.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
+                }
+                DType::F16 => {
+                    let h = b.op(&format!("arith.truncf {v} : f32 to f16"));
+                    let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16"));
+                    b.line(&format!("llvm.store {h}, {p} : f16, !llvm.ptr<1>"));
+                }
+                other => return Err(format!("seeded weights in {other} are not generated on the GPU")),
+            }
+            b.line("}");
+            "%y: !llvm.ptr<1>, %n: i64, %base: i64, %scale: i64, %ones: i64".into()
         }
         KernelSpec::Gather { d, dtype } => {
             let i = b.gid();

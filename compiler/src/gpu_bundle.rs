@@ -251,6 +251,30 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
+    // seeded weights generated on the device, bit-exact against the host generator
+    for (dtype, ones) in [(DType::F32, false), (DType::BF16, false), (DType::F16, false), (DType::F32, true)] {
+        let (n, seed, name, scale) = (100_002usize, 7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
+        let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, ones)).context("encode")?;
+        let as_f32: Vec<f32> = host.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let spec = KernelSpec::SeededInit { dtype };
+        let (g, b) = grid(&spec.launch(), n);
+        let base = dsc_ir::seeded::base(seed, name) as i64;
+        cases.push(Case {
+            name: format!("seeded_init {n} {dtype}{}", if ones { " ones" } else { "" }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![],
+            scalars: vec![n as i64, base, scale.to_bits() as i64, ones as i64],
+            expected: data.push(&as_f32),
+            init: None,
+            tol: 0.0,
+        });
+        if !ones {
+            specs.push(spec);
+        }
+    }
     let m = compile_kernels(&specs, &GpuTarget::ALL)?;
     let mut ptx = BTreeMap::new();
     for (t, text) in &m.ptx {

@@ -9,7 +9,7 @@ pub mod gpu_bundle;
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport};
-use dsc_runtime::plan::{write_plan, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, PLAN_FORMAT_VERSION};
+use dsc_runtime::plan::{write_plan, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, WeightData, PLAN_FORMAT_VERSION};
 use std::path::Path;
 
 /// The stages `--dump-ir` knows today.
@@ -54,7 +54,9 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
 /// Lower the graph to kernels and a launch schedule, and emit PTX for every target.
 pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
     let steps = dsc_codegen::lower::lower(graph)?;
-    let specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
+    let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
+    // generators for seeded weights (benchmark plans generate their weights on the device)
+    specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps = steps
         .iter()
@@ -127,7 +129,11 @@ pub fn write(c: &Compiled, out: &Path) -> anyhow::Result<()> {
         let n = c.graph.node(id);
         if matches!(n.op, dsc_ir::Op::Weight) {
             let w = c.model.weights.get(&n.name).with_context(|| format!("weight `{}` vanished", n.name))?;
-            items.push((n.name.clone(), w.dtype, w.shape.clone(), w.bytes.as_slice()));
+            let data = match w.bytes.seeded() {
+                Some(s) => WeightData::Seeded(SeededWeight { seed: s.seed, scale: s.scale, ones: s.ones }),
+                None => WeightData::Bytes(w.bytes.as_slice()),
+            };
+            items.push((n.name.clone(), w.dtype, w.shape.clone(), data));
         }
     }
     write_plan(out, header, items)?;

@@ -17,6 +17,7 @@ pub mod exec;
 mod graph;
 pub mod op;
 pub mod quant;
+pub mod seeded;
 mod shape;
 pub mod text;
 

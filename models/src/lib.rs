@@ -104,6 +104,9 @@ fn convert_weights(ws: &mut WeightSet, to: DType, path: &Path) -> Result<()> {
         if t.shape.len() != 2 || t.dtype == to {
             continue;
         }
+        if t.bytes.seeded().is_some() {
+            return Err(ModelError::Config { path: path.into(), msg: format!("seeded weights are generated in weights.dtype; set that instead of precision.weights (tensor `{name}`)") });
+        }
         let n: usize = t.shape.iter().product();
         let vals = quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: "stored bytes do not match its shape".into() })?;
         let enc = quant::encode(to, &vals).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: format!("{n} elements are not whole {to} blocks") })?;
@@ -119,10 +122,13 @@ fn seeded_weights(dims: &Dims, seed: u64, dtype: DType, naming: llama::Naming) -
         let n: usize = shape.iter().product();
         let vector = shape.len() == 1;
         let fan_in = *shape.last().unwrap_or(&1) as f32;
-        let vals = weights::seeded_values(seed, &name, n, 1.0 / fan_in.sqrt(), vector && name.contains("norm"));
         let dt = if vector { DType::F32 } else { dtype };
-        let enc = quant::encode(dt, &vals).ok_or_else(|| ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") })?;
-        ws.insert(name, WeightTensor { dtype: dt, shape, bytes: Bytes::Owned(Arc::new(enc)) });
+        if dt.bytes_for(n).is_none() {
+            return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") });
+        }
+        let spec = weights::SeededSpec { seed, scale: 1.0 / fan_in.sqrt(), ones: vector && name.contains("norm") };
+        let bytes = Bytes::Seeded { spec, name: name.clone(), dtype: dt, numel: n, cache: Default::default() };
+        ws.insert(name, WeightTensor { dtype: dt, shape, bytes });
         Ok::<_, ModelError>(())
     };
     let (h, kvh, hd, hid) = (dims.heads, dims.kv_heads, dims.head_dim, dims.hidden);

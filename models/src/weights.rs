@@ -4,12 +4,22 @@
 use dsc_ir::{DType, WeightSource};
 use memmap2::Mmap;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// How a seeded tensor is generated (`dsc_ir::seeded`), in its stored dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeededSpec {
+    pub seed: u64,
+    pub scale: f32,
+    pub ones: bool,
+}
 
 #[derive(Clone)]
 pub enum Bytes {
     Mapped { map: Arc<Mmap>, offset: usize, len: usize },
     Owned(Arc<Vec<u8>>),
+    /// generated on first use (on the CPU); the GPU runtime generates it on the device
+    Seeded { spec: SeededSpec, name: String, dtype: DType, numel: usize, cache: Arc<OnceLock<Vec<u8>>> },
 }
 
 impl Bytes {
@@ -17,6 +27,26 @@ impl Bytes {
         match self {
             Bytes::Mapped { map, offset, len } => &map[*offset..offset + len],
             Bytes::Owned(v) => v,
+            Bytes::Seeded { spec, name, dtype, numel, cache } => cache.get_or_init(|| {
+                let v = dsc_ir::seeded::values(spec.seed, name, *numel, spec.scale, spec.ones);
+                dsc_ir::quant::encode(*dtype, &v).unwrap_or_default()
+            }),
+        }
+    }
+
+    pub fn seeded(&self) -> Option<&SeededSpec> {
+        match self {
+            Bytes::Seeded { spec, .. } => Some(spec),
+            _ => None,
+        }
+    }
+
+    /// Stored size without generating anything.
+    pub fn len(&self, dtype: DType, numel: usize) -> usize {
+        match self {
+            Bytes::Mapped { len, .. } => *len,
+            Bytes::Owned(v) => v.len(),
+            Bytes::Seeded { .. } => dtype.bytes_for(numel).unwrap_or(0),
         }
     }
 }
@@ -42,7 +72,7 @@ impl WeightSet {
         self.tensors.get(name)
     }
     pub fn total_bytes(&self) -> usize {
-        self.tensors.values().map(|t| t.bytes.as_slice().len()).sum()
+        self.tensors.values().map(|t| t.bytes.len(t.dtype, t.shape.iter().product())).sum()
     }
 }
 
@@ -52,31 +82,7 @@ impl WeightSource for WeightSet {
     }
 }
 
-/// splitmix64: the counter-based generator behind seeded weights. Element `i` of a tensor
-/// is a function of (seed, tensor name, i) alone, so any device can regenerate it.
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// FNV-1a of a tensor name, mixed into the seed.
-pub fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3))
-}
-
-/// Seeded values: uniform in [-scale, scale) (or exactly `1.0` when `ones`, for norm weights).
+/// Seeded values (see `dsc_ir::seeded`).
 pub fn seeded_values(seed: u64, name: &str, numel: usize, scale: f32, ones: bool) -> Vec<f32> {
-    if ones {
-        return vec![1.0; numel];
-    }
-    let base = splitmix64(seed ^ name_hash(name));
-    (0..numel as u64)
-        .map(|i| {
-            let r = splitmix64(base.wrapping_add(i));
-            let u = (r >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-            (2.0 * u - 1.0) * scale
-        })
-        .collect()
+    dsc_ir::seeded::values(seed, name, numel, scale, ones)
 }

@@ -66,7 +66,27 @@ impl<'p> GpuBackend<'p> {
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
             let e = plan.header.weights.tensors.iter().find(|e| e.name == n.name).ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
-            resident.insert(n.name.clone(), cu(stream.clone_htod(plan.weight_bytes(e)), &format!("uploading {}", n.name))?);
+            let buf = match &e.seeded {
+                None => cu(stream.clone_htod(plan.weight_bytes(e)), &format!("uploading {}", n.name))?,
+                Some(sw) => {
+                    // generate on the device
+                    let k = format!("seeded_init_{}", e.dtype);
+                    let f = cu(module.load_function(&k), &format!("kernel {k}"))?;
+                    let buf = cu(stream.alloc_zeros::<u8>(e.nbytes as usize), &format!("allocating {}", n.name))?;
+                    let numel: i64 = e.shape.iter().product::<usize>() as i64;
+                    let base = dsc_ir::seeded::base(sw.seed, &e.name) as i64;
+                    let scale = sw.scale.to_bits() as i64;
+                    let ones = sw.ones as i64;
+                    let mut lb = stream.launch_builder(&f);
+                    lb.arg(&buf).arg(&numel).arg(&base).arg(&scale).arg(&ones);
+                    let cfg = LaunchConfig { grid_dim: ((numel as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                    // SAFETY: seeded_init_<dtype>(y, n, base, scale, ones) writes n elements of
+                    // the entry's dtype into `buf`, which holds exactly nbytes.
+                    unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("generating {}: {e:?}", n.name)))?;
+                    buf
+                }
+            };
+            resident.insert(n.name.clone(), buf);
         }
         let block_size = plan.header.model.kv_block_size;
         let blocks = kv_tokens.div_ceil(block_size).max(1);

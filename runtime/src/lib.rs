@@ -11,6 +11,7 @@ pub mod engine;
 mod error;
 pub mod generate;
 pub mod gpu;
+pub mod gpu_decode;
 pub mod gpu_e2e;
 pub mod gpu_check;
 pub mod plan;

@@ -26,6 +26,19 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Greedy-decode a plan on the GPU for N steps from a seeded prompt, timing each step;
+    /// check the first steps against the CPU executor
+    GpuDecode {
+        plan: std::path::PathBuf,
+        #[arg(long, default_value_t = 16)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 128)]
+        steps: usize,
+        #[arg(long, default_value_t = 0)]
+        cpu_check_steps: usize,
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     GpuCheck {
         bundle: std::path::PathBuf,
         #[arg(long, default_value = "sm_90a")]
@@ -54,6 +67,19 @@ fn main() -> anyhow::Result<()> {
             let failed = r.iter().filter(|p| !p.pass).count();
             println!("{} passed, {} failed", r.len() - failed, failed);
             anyhow::ensure!(failed == 0, "{failed} prompts failed the GPU check");
+            Ok(())
+        }
+        Cmd::GpuDecode { plan, prompt_len, steps, cpu_check_steps, json } => {
+            let r = dsc_runtime::gpu_decode::run(&plan, prompt_len, steps, cpu_check_steps)?;
+            println!("{}: prompt {} tokens, prefill {:.1} ms; {} decode steps: median {:.2} ms ({:.1} tok/s), p90 {:.2} ms; logits finite: {}", r.model, r.prompt_len, r.prefill_ms, r.steps, r.decode_ms_median, r.tokens_per_s, r.decode_ms_p90, r.all_logits_finite);
+            for (i, (e, a)) in r.cpu_rel_l2.iter().zip(&r.cpu_argmax_equal).enumerate() {
+                println!("  position {i}: GPU vs CPU relative L2 {e:.2e}, argmax equal {a}");
+            }
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
+            }
+            anyhow::ensure!(r.all_logits_finite, "non-finite logits");
+            anyhow::ensure!(r.cpu_rel_l2.iter().all(|e| *e <= 2e-2), "GPU logits differ from the CPU executor");
             Ok(())
         }
         Cmd::GpuCheck { bundle, target, json } => {

@@ -130,25 +130,58 @@ pub struct WeightEntry {
     pub name: String,
     pub dtype: String,
     pub shape: Vec<usize>,
-    /// byte offset within the blob
+    /// byte offset within the blob (0 and unused for seeded tensors)
     pub offset: u64,
+    /// stored size in bytes (for seeded tensors: the size once generated)
     pub nbytes: u64,
+    /// generated from a seed where it is used instead of stored (`dsc_ir::seeded`)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeded: Option<SeededWeight>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SeededWeight {
+    pub seed: u64,
+    pub scale: f32,
+    pub ones: bool,
+}
+
+/// What the writer stores for one weight.
+pub enum WeightData<'a> {
+    Bytes(&'a [u8]),
+    Seeded(SeededWeight),
 }
 
 /// Write a plan: `weights` yields (name, dtype, shape, bytes) in the order to store them.
-pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIterator<Item = (String, DType, Vec<usize>, &'a [u8])>) -> Result<()> {
+pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIterator<Item = (String, DType, Vec<usize>, WeightData<'a>)>) -> Result<()> {
     let ioe = |source| RuntimeError::Io { path: path.to_path_buf(), source };
-    let items: Vec<_> = weights.into_iter().collect();
+    let all: Vec<_> = weights.into_iter().collect();
     let mut entries = vec![];
+    let mut items = vec![];
     let mut off = 0u64;
-    for (name, dtype, shape, bytes) in &items {
-        off = off.div_ceil(TENSOR_ALIGN as u64) * TENSOR_ALIGN as u64;
-        entries.push(WeightEntry { name: name.clone(), dtype: dtype.to_string(), shape: shape.clone(), offset: off, nbytes: bytes.len() as u64 });
-        off += bytes.len() as u64;
+    let mut total = 0u64;
+    for (name, dtype, shape, data) in all {
+        let numel: usize = shape.iter().product();
+        match data {
+            WeightData::Bytes(bytes) => {
+                off = off.div_ceil(TENSOR_ALIGN as u64) * TENSOR_ALIGN as u64;
+                entries.push(WeightEntry { name: name.clone(), dtype: dtype.to_string(), shape: shape.clone(), offset: off, nbytes: bytes.len() as u64, seeded: None });
+                off += bytes.len() as u64;
+                total += bytes.len() as u64;
+                items.push((name, dtype, shape, bytes));
+            }
+            WeightData::Seeded(sw) => {
+                let nbytes = dtype.bytes_for(numel).ok_or_else(|| RuntimeError::Plan { path: path.into(), msg: format!("seeded weight `{name}`: {numel} elements are not whole {dtype} blocks") })? as u64;
+                total += nbytes;
+                entries.push(WeightEntry { name, dtype: dtype.to_string(), shape, offset: 0, nbytes, seeded: Some(sw) });
+            }
+        }
     }
     let blob_len = off;
+    header.weights.total_bytes = total;
     header.weights.tensors = entries.clone();
-    header.weights.total_bytes = items.iter().map(|i| i.3.len() as u64).sum();
+    let entries: Vec<WeightEntry> = entries.into_iter().filter(|e| e.seeded.is_none()).collect();
     let hjson = serde_json::to_vec_pretty(&header).map_err(|e| RuntimeError::Plan { path: path.into(), msg: e.to_string() })?;
     let blob_offset = (PREFIX + hjson.len()).div_ceil(BLOB_ALIGN) * BLOB_ALIGN;
     // hash the blob as it will be laid out (zero padding between tensors)
@@ -196,6 +229,8 @@ pub struct Plan {
     blob_offset: usize,
     blob_len: usize,
     index: std::collections::HashMap<String, usize>,
+    /// seeded tensors generated on the CPU on first use
+    generated: std::collections::HashMap<String, std::sync::OnceLock<Vec<u8>>>,
 }
 
 impl Plan {
@@ -239,19 +274,29 @@ impl Plan {
         for (i, e) in header.weights.tensors.iter().enumerate() {
             let dt: DType = e.dtype.parse().map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
             let numel: usize = e.shape.iter().product();
-            if dt.bytes_for(numel) != Some(e.nbytes as usize) || e.offset.checked_add(e.nbytes).is_none_or(|end| end as usize > blob_len) {
+            if dt.bytes_for(numel) != Some(e.nbytes as usize) || (e.seeded.is_none() && e.offset.checked_add(e.nbytes).is_none_or(|end| end as usize > blob_len)) {
                 return Err(perr(format!("weight `{}`: {} bytes at {} do not fit its {}{:?} or the blob", e.name, e.nbytes, e.offset, e.dtype, e.shape)));
             }
             index.insert(e.name.clone(), i);
         }
-        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index })
+        let generated = header.weights.tensors.iter().filter(|e| e.seeded.is_some()).map(|e| (e.name.clone(), std::sync::OnceLock::new())).collect();
+        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated })
     }
 
     pub fn graph(&self) -> Result<dsc_ir::Graph> {
         dsc_ir::text::parse(&self.header.graph).map_err(|e| RuntimeError::Plan { path: self.path.clone(), msg: format!("graph: {e}") })
     }
 
+    /// A weight's bytes; seeded weights are generated (once) on the CPU.
     pub fn weight_bytes(&self, e: &WeightEntry) -> &[u8] {
+        if let Some(sw) = &e.seeded {
+            let cell = &self.generated[&e.name];
+            return cell.get_or_init(|| {
+                let numel: usize = e.shape.iter().product();
+                let v = dsc_ir::seeded::values(sw.seed, &e.name, numel, sw.scale, sw.ones);
+                e.dtype.parse::<DType>().ok().and_then(|d| dsc_ir::quant::encode(d, &v)).unwrap_or_default()
+            });
+        }
         let s = self.blob_offset + e.offset as usize;
         &self.map[s..s + e.nbytes as usize]
     }

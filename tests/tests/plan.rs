@@ -37,7 +37,7 @@ fn plan_round_trips_graph_and_weights() {
     // the header is readable JSON that names the checkpoint's tensors
     let raw = std::fs::read(&p).unwrap();
     let text = String::from_utf8_lossy(&raw[..4096.min(raw.len())]);
-    assert!(text.contains("\"format_version\": 1"));
+    assert!(text.contains(&format!("\"format_version\": {PLAN_FORMAT_VERSION}")));
 }
 
 #[test]
