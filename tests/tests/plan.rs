@@ -86,3 +86,40 @@ fn default_model_graph_text_round_trips() {
     assert!(text.contains("%blk.29.ffn_down.weight = weight : q4_1[576, 1536]"));
     assert!(text.contains("%blk.0.attn_q = matmul(%blk.0.attn_norm, %blk.0.attn_q.weight) {transpose_b = true} : f32[T, 576]"));
 }
+
+#[test]
+fn seeded_plans_store_no_weight_bytes_and_regenerate_them_identically() {
+    let d = tempfile::tempdir().unwrap();
+    let toml = d.path().join("m.toml");
+    std::fs::write(
+        &toml,
+        "[model]\nname = \"s\"\narchitecture = \"llama\"\n[weights]\nformat = \"seeded\"\nseed = 3\ndtype = \"bf16\"\n[dims]\nhidden = 64\nlayers = 2\nheads = 2\nkv_heads = 1\nhead_dim = 32\nffn = 96\nvocab = 50\nrope_theta = 10000.0\nnorm_eps = 1e-5\n[limits]\nkv_block_size = 4\n",
+    )
+    .unwrap();
+    let c = dsc_compiler::compile(&toml).unwrap();
+    assert!(c.gpu.is_some(), "every op of the seeded llama lowers: {:?}", c.gpu_skipped);
+    let out = d.path().join("s.plan");
+    dsc_compiler::write(&c, &out).unwrap();
+    let plan = Plan::open(&out).unwrap();
+    assert_eq!(plan.blob_len(), 0, "seeded weights are not stored");
+    assert!(std::fs::metadata(&out).unwrap().len() < 200_000);
+    for e in &plan.header.weights.tensors {
+        assert!(e.seeded.is_some());
+        assert_eq!(plan.weight_bytes(e), c.model.weights.get(&e.name).unwrap().bytes.as_slice(), "{}", e.name);
+    }
+    // norms are exactly one, matrices are uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in))
+    let norm = plan.header.weights.tensors.iter().find(|e| e.name.ends_with("input_layernorm.weight")).unwrap();
+    assert!(plan.weight_bytes(norm).chunks_exact(4).all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) == 1.0));
+}
+
+#[test]
+fn models_without_a_gpu_lowering_still_compile_for_the_cpu() {
+    // head_dim 16 is below the attention kernel's warp width: no GPU program, a clear reason
+    let d = tempfile::tempdir().unwrap();
+    let p = tiny_plan(d.path());
+    let plan = Plan::open(&p).unwrap();
+    assert!(plan.header.gpu.is_none());
+    assert_eq!(plan.header.targets, vec!["cpu".to_string()]);
+    let c = dsc_compiler::compile(&d.path().join("model.toml")).unwrap();
+    assert!(c.gpu_skipped.as_deref().unwrap().contains("paged attention needs D a multiple of 32"), "{:?}", c.gpu_skipped);
+}
