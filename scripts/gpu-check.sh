@@ -11,7 +11,8 @@ status=${PIPESTATUS[0]}
 # the SASS of the generated module, to see what the hardware runs
 if command -v cuobjdump >/dev/null && command -v ptxas >/dev/null; then
   ptxas -arch=sm_90a .gpu/check/kernels.sm_90a.ptx -o /tmp/k.cubin && cuobjdump --dump-sass /tmp/k.cubin > "$out/kernels.sass" 2>&1
-  grep -c "MUFU" "$out/kernels.sass" | sed 's/^/MUFU instructions in SASS: /'
+  echo "SASS: $(grep -c MUFU "$out/kernels.sass") MUFU, $(grep -c HMMA "$out/kernels.sass") HMMA (tensor-core) instructions"
+  grep -B2 -m3 HMMA "$out/kernels.sass" | head -8
 fi
 # the Llama-3-8B-shape plan (seeded weights, generated on the device): 128 decode steps,
 # the first 2 checked against the CPU executor

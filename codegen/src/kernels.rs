@@ -16,6 +16,9 @@ pub enum Launch {
     WarpPerRow { rows_per_block: u32 },
     /// matmul: one warp per output element; grid (ceil(N / warps), M)
     WarpPerOutput { warps_per_block: u32 },
+    /// tensor-core matmul: one warp per 16x8 output tile; grid (ceil(N / (8 warps)),
+    /// ceil(M / 16))
+    WarpPerTile { warps_per_block: u32 },
 }
 
 /// A kernel to generate.
@@ -41,6 +44,10 @@ pub enum KernelSpec {
     /// per (token, head) with an online softmax; params q, k_cache, v_cache, pos, seq, table,
     /// out, T*H, MB
     PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
+    /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
+    /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
+    /// in registers, f32 accumulation; params x, w, [bias], y, M, N
+    MatMulMma { k: usize, n: usize, wdtype: DType, bias: bool },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -66,6 +73,7 @@ impl KernelSpec {
             KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
             KernelSpec::PagedAttention { h, kvh, d, bs, .. } => format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
+            KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -73,6 +81,7 @@ impl KernelSpec {
             KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
+            KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
             KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         }
@@ -183,6 +192,61 @@ impl Body {
     }
     fn idx64(&mut self, i: &str) -> String {
         self.op(&format!("arith.index_cast {i} : index to i64"))
+    }
+    /// one element of a weight row-major buffer of `dtype` (plain or GGUF blocks), as f32;
+    /// `e` is the flat element index (rows a multiple of 32 for block formats)
+    fn weight_elem(&mut self, ptr: &str, e: &str, dtype: DType) -> Result<String, String> {
+        Ok(match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => self.plain_as_f32(ptr, e, dtype)?,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                let c32 = self.ci64(32);
+                let blk = self.op(&format!("arith.divui {e}, {c32} : i64"));
+                let jj = self.op(&format!("arith.remui {e}, {c32} : i64"));
+                let cb = self.ci64(dtype.block().1 as i64);
+                let base = self.op(&format!("arith.muli {blk}, {cb} : i64"));
+                let d = self.f16_at_byte(ptr, &base);
+                if dtype == DType::Q8_0 {
+                    let c2 = self.ci64(2);
+                    let o = self.op(&format!("arith.addi {base}, {c2} : i64"));
+                    let o = self.op(&format!("arith.addi {o}, {jj} : i64"));
+                    let byte = self.u8_at_byte(ptr, &o);
+                    let t8 = self.op(&format!("arith.trunci {byte} : i32 to i8"));
+                    let q = self.op(&format!("arith.sitofp {t8} : i8 to f32"));
+                    self.op(&format!("arith.mulf {d}, {q} : f32"))
+                } else {
+                    let c16 = self.ci64(16);
+                    let qo = self.ci64(if dtype == DType::Q4_1 { 4 } else { 2 });
+                    let jm = self.op(&format!("arith.remui {jj}, {c16} : i64"));
+                    let o = self.op(&format!("arith.addi {base}, {qo} : i64"));
+                    let o = self.op(&format!("arith.addi {o}, {jm} : i64"));
+                    let byte = self.u8_at_byte(ptr, &o);
+                    let hi_half = self.op(&format!("arith.cmpi uge, {jj}, {c16} : i64"));
+                    let c4 = self.op("arith.constant 4 : i32");
+                    let c0 = self.op("arith.constant 0 : i32");
+                    let sh = self.op(&format!("arith.select {hi_half}, {c4}, {c0} : i32"));
+                    let shifted = self.op(&format!("arith.shrui {byte}, {sh} : i32"));
+                    let m15 = self.op("arith.constant 15 : i32");
+                    let nib = self.op(&format!("arith.andi {shifted}, {m15} : i32"));
+                    let q = self.op(&format!("arith.uitofp {nib} : i32 to f32"));
+                    if dtype == DType::Q4_1 {
+                        let c2 = self.ci64(2);
+                        let mo = self.op(&format!("arith.addi {base}, {c2} : i64"));
+                        let m = self.f16_at_byte(ptr, &mo);
+                        self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
+                    } else {
+                        let c8 = self.cf32(8.0);
+                        let q8 = self.op(&format!("arith.subf {q}, {c8} : f32"));
+                        self.op(&format!("arith.mulf {d}, {q8} : f32"))
+                    }
+                }
+            }
+            other => return Err(format!("{other} weights are not lowered yet")),
+        })
+    }
+    /// two f32 packed as bf16x2 (or f16x2): `lo` in the low half
+    fn pack2(&mut self, lo: &str, hi: &str, f16: bool) -> String {
+        let ins = if f16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
+        self.op(&format!("llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"))
     }
     /// global thread index as i64
     fn gid(&mut self) -> String {
@@ -503,6 +567,115 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             }
             b.line("}");
             "%y: !llvm.ptr<1>, %n: i64, %base: i64, %scale: i64, %ones: i64".into()
+        }
+        KernelSpec::MatMulMma { k, n: _, wdtype, bias } => {
+            if k % 16 != 0 {
+                return Err(format!("the tensor-core matmul needs K a multiple of 16, got {k}"));
+            }
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
+            }
+            let f16 = *wdtype == DType::F16;
+            let Launch::WarpPerTile { warps_per_block } = spec.launch() else { unreachable!() };
+            let t = b.op("gpu.thread_id x");
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let c32 = b.op("arith.constant 32 : index");
+            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
+            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+            let lane = b.idx64(&lane);
+            let warp = b.idx64(&warp);
+            let bx = b.idx64(&bx);
+            let by = b.idx64(&by);
+            let c4 = b.ci64(4);
+            let c2 = b.ci64(2);
+            let c8 = b.ci64(8);
+            let c16 = b.ci64(16);
+            let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
+            let tig = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+            let wpb = b.ci64(warps_per_block as i64);
+            let tile = b.op(&format!("arith.muli {bx}, {wpb} : i64"));
+            let tile = b.op(&format!("arith.addi {tile}, {warp} : i64"));
+            let n0 = b.op(&format!("arith.muli {tile}, {c8} : i64"));
+            let m0 = b.op(&format!("arith.muli {by}, {c16} : i64"));
+            let ok = b.op(&format!("arith.cmpi slt, {n0}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let kk = b.ci64(*k as i64);
+            // A rows this lane loads: m0 + g and m0 + g + 8 (clamped; masked rows read row 0)
+            let ra = b.op(&format!("arith.addi {m0}, {g} : i64"));
+            let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+            let c0 = b.ci64(0);
+            let va = b.op(&format!("arith.cmpi slt, {ra}, %m : i64"));
+            let vb = b.op(&format!("arith.cmpi slt, {rb}, %m : i64"));
+            let ra_s = b.op(&format!("arith.select {va}, {ra}, {c0} : i64"));
+            let rb_s = b.op(&format!("arith.select {vb}, {rb}, {c0} : i64"));
+            let xa = b.op(&format!("arith.muli {ra_s}, {kk} : i64"));
+            let xb = b.op(&format!("arith.muli {rb_s}, {kk} : i64"));
+            // B column (W row) this lane loads: n0 + g
+            let wn = b.op(&format!("arith.addi {n0}, {g} : i64"));
+            let wrow = b.op(&format!("arith.muli {wn}, {kk} : i64"));
+            let tig2 = b.op(&format!("arith.muli {tig}, {c2} : i64"));
+            let zero = b.cf32(0.0);
+            let c1 = b.ci64(1);
+            let ki = b.op(&format!("arith.constant {k} : index"));
+            let zi = b.op("arith.constant 0 : index");
+            let si = b.op("arith.constant 16 : index");
+            let res = b.v();
+            let kv = b.v();
+            let accs: Vec<String> = (0..4).map(|_| b.v()).collect();
+            b.line(&format!("{res}:4 = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> (f32, f32, f32, f32) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+            let k0 = b.idx64(&kv);
+            let kc = b.op(&format!("arith.addi {k0}, {tig2} : i64"));
+            let kc8 = b.op(&format!("arith.addi {kc}, {c8} : i64"));
+            // A fragment: (ra, kc..kc+1), (rb, kc..), (ra, kc+8..), (rb, kc+8..)
+            let mut areg = vec![];
+            for (xr, valid, col) in [(&xa, &va, &kc), (&xb, &vb, &kc), (&xa, &va, &kc8), (&xb, &vb, &kc8)] {
+                let i0 = b.op(&format!("arith.addi {xr}, {col} : i64"));
+                let i1 = b.op(&format!("arith.addi {i0}, {c1} : i64"));
+                let x0 = b.load("%x", &i0);
+                let x1 = b.load("%x", &i1);
+                let x0 = b.op(&format!("arith.select {valid}, {x0}, {zero} : f32"));
+                let x1 = b.op(&format!("arith.select {valid}, {x1}, {zero} : f32"));
+                areg.push(b.pack2(&x0, &x1, f16));
+            }
+            // B fragment: W[wn, kc..kc+1], W[wn, kc+8..kc+9]
+            let mut breg = vec![];
+            for col in [&kc, &kc8] {
+                let e0 = b.op(&format!("arith.addi {wrow}, {col} : i64"));
+                let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
+                let w0 = b.weight_elem("%w", &e0, *wdtype)?;
+                let w1 = b.weight_elem("%w", &e1, *wdtype)?;
+                breg.push(b.pack2(&w0, &w1, f16));
+            }
+            let ty = if f16 { "f16" } else { "bf16" };
+            let st = "!llvm.struct<(f32, f32, f32, f32)>";
+            let r = b.op(&format!(
+                "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {}, {}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
+                areg[0], areg[1], areg[2], areg[3], breg[0], breg[1], accs[0], accs[1], accs[2], accs[3]
+            ));
+            let outs: Vec<String> = (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            b.line(&format!("scf.yield {} : f32, f32, f32, f32", outs.join(", ")));
+            b.line("}");
+            // D: (ra, n0 + tig*2 + {0,1}) = res#0,1; (rb, ...) = res#2,3
+            let nc = b.op(&format!("arith.addi {n0}, {tig2} : i64"));
+            for (i, (row, valid)) in [(0usize, (&ra, &va)), (1, (&ra, &va)), (2, (&rb, &vb)), (3, (&rb, &vb))] {
+                let col = if i % 2 == 0 { nc.clone() } else { b.op(&format!("arith.addi {nc}, {c1} : i64")) };
+                let colok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+                let both = b.op(&format!("arith.andi {valid}, {colok} : i1"));
+                b.line(&format!("scf.if {both} {{"));
+                let v = if *bias {
+                    let bv = b.load("%bias", &col);
+                    b.op(&format!("arith.addf {res}#{i}, {bv} : f32"))
+                } else {
+                    format!("{res}#{i}")
+                };
+                let yr = b.op(&format!("arith.muli {row}, %n : i64"));
+                let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
+                b.store(&v, "%y", &yi);
+                b.line("}");
+            }
+            b.line("}");
+            if *bias { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into() } else { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into() }
         }
         KernelSpec::Gather { d, dtype } => {
             let i = b.gid();

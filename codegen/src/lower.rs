@@ -33,6 +33,18 @@ pub struct Step {
     pub grid_y: Scalar,
     /// the node's buffer is this node's buffer (reshape, same-dtype cast, cache_write)
     pub alias_of: Option<String>,
+    /// a kernel for large steps, used when the output has at least `min_rows` rows (the
+    /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
+    pub large: Option<Large>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Large {
+    pub min_rows: i64,
+    pub kernel: KernelSpec,
+    pub scalars: Vec<Scalar>,
+    pub work: Scalar,
+    pub grid_y: Scalar,
 }
 
 fn err(node: &str, msg: impl Into<String>) -> CodegenError {
@@ -57,8 +69,8 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         let mut args = names.clone();
         args.push(name.clone());
         let one = Scalar::Const(1);
-        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None };
-        let alias = |of: &str| Step { node: name.clone(), kernel: None, args: vec![], scalars: vec![], work: Scalar::Const(0), grid_y: Scalar::Const(1), alias_of: Some(of.to_string()) };
+        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None, large: None };
+        let alias = |of: &str| Step { node: name.clone(), kernel: None, args: vec![], scalars: vec![], work: Scalar::Const(0), grid_y: Scalar::Const(1), alias_of: Some(of.to_string()), large: None };
         steps.push(match &n.op {
             Op::Reshape => alias(&names[0]),
             Op::Cast if ops[0].ty.dtype == n.ty.dtype => alias(&names[0]),
@@ -91,7 +103,18 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 if ops.len() > 2 && ops[2].ty.dtype != DType::F32 {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
-                step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias: ops.len() > 2 }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()))
+                let bias = ops.len() > 2;
+                let mut st = step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()));
+                if k % 16 == 0 {
+                    st.large = Some(Large {
+                        min_rows: 16,
+                        kernel: KernelSpec::MatMulMma { k, n: nn, wdtype: w.dtype, bias },
+                        scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
+                        work: Scalar::Const(nn.div_ceil(8) as i64),
+                        grid_y: Scalar::Rows(name.clone()),
+                    });
+                }
+                st
             }
             Op::Gather => {
                 let d: usize = ops[0].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "gather rows need constant dims"))?;
@@ -122,6 +145,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     work: Scalar::Numel(names[1].clone()),
                     grid_y: one,
                     alias_of: Some(names[0].clone()),
+                    large: None,
                 }
             }
             Op::PagedAttention { scale } => {

@@ -32,6 +32,10 @@ pub fn all_specs() -> Vec<KernelSpec> {
         v.push(KernelSpec::Gather { d: 576, dtype: wdtype });
     }
     v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        v.push(KernelSpec::MatMulMma { k: 576, n: 1536, wdtype, bias: false });
+    }
+    v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
@@ -57,8 +61,9 @@ fn every_kernel_passes_ptxas_for_every_target() {
         assert!(out.status.success(), "ptxas rejected the {} PTX:\n{log}\nrepro: ptxas -arch={} {}", t.name(), t.name(), f.display());
         assert!(!log.contains("spill stores") || log.contains("0 bytes spill stores"), "spills: {log}");
     }
-    // the rms_norm kernel reduces with warp shuffles
+    // the rms_norm kernel reduces with warp shuffles; the large-M matmul uses the tensor cores
     assert!(m.ptx[&GpuTarget::Sm90a].contains("shfl.sync.bfly"));
+    assert!(m.ptx[&GpuTarget::Sm80].contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
 }
 
 #[test]

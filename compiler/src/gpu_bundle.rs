@@ -48,6 +48,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
         Launch::PerElement { threads } => ((n as u32).div_ceil(*threads), *threads),
         Launch::WarpPerRow { rows_per_block } => ((n as u32).div_ceil(*rows_per_block), 32 * rows_per_block),
         Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
+        Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
     }
 }
 
@@ -130,6 +131,16 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
             let (g, b) = grid(&spec.launch(), n);
             cases.push(Case { name: format!("matmul {m}x{k}x{n} {wdtype}"), kernel: spec.symbol(), grid: g, grid_y: m as u32, block: b, inputs: vec![data.push(&x), warr.clone()], scalars: vec![n as i64], expected: data.push(&want), init: None, tol: 1e-5 });
+        }
+        specs.push(spec);
+        // tensor cores (mma.sync, bf16/f16 operands, f32 accumulation): bf16-level tolerance
+        let spec = KernelSpec::MatMulMma { k, n, wdtype, bias: false };
+        for m in [16usize, 37] {
+            let x = rand_vec(m * k, -1.0, 1.0);
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+            let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+            let (g, b) = grid(&spec.launch(), n);
+            cases.push(Case { name: format!("mma {m}x{k}x{n} {wdtype}"), kernel: spec.symbol(), grid: g, grid_y: m.div_ceil(16) as u32, block: b, inputs: vec![data.push(&x), warr.clone()], scalars: vec![m as i64, n as i64], expected: data.push(&want), init: None, tol: 1e-2 });
         }
         specs.push(spec);
     }

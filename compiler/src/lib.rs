@@ -9,7 +9,7 @@ pub mod gpu_bundle;
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport};
-use dsc_runtime::plan::{write_plan, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, WeightData, PLAN_FORMAT_VERSION};
+use dsc_runtime::plan::{write_plan, GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, WeightData, PLAN_FORMAT_VERSION};
 use std::path::Path;
 
 /// The stages `--dump-ir` knows today.
@@ -55,18 +55,25 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
 pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
     let steps = dsc_codegen::lower::lower(graph)?;
     let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
+    specs.extend(steps.iter().filter_map(|s| s.large.as_ref().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps = steps
         .iter()
         .map(|s| {
-            let (launch, block) = match s.kernel.as_ref().map(|k| k.launch()) {
+            let shape = |l: Option<dsc_codegen::Launch>| match l {
                 Some(dsc_codegen::Launch::PerElement { threads }) => ("per_element", threads),
                 Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block),
                 Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block),
+                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block),
                 None => ("none", 0),
             };
+            let (launch, block) = shape(s.kernel.as_ref().map(|k| k.launch()));
+            let large = s.large.as_ref().map(|l| {
+                let (launch, block) = shape(Some(l.kernel.launch()));
+                GpuLarge { min_rows: l.min_rows, kernel: l.kernel.symbol(), scalars: l.scalars.iter().map(scalar).collect(), launch: launch.to_string(), block, work: scalar(&l.work), grid_y: scalar(&l.grid_y) }
+            });
             GpuStep {
                 node: s.node.clone(),
                 kernel: s.kernel.as_ref().map(|k| k.symbol()),
@@ -77,6 +84,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 work: scalar(&s.work),
                 grid_y: scalar(&s.grid_y),
                 alias_of: s.alias_of.clone(),
+                large,
             }
         })
         .collect();

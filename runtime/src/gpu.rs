@@ -54,11 +54,9 @@ impl<'p> GpuBackend<'p> {
         let ptx = prog.ptx.get(target).ok_or_else(|| gerr(format!("the plan has no PTX for {target} (it has {:?})", prog.ptx.keys().collect::<Vec<_>>())))?;
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
         let mut funcs = HashMap::new();
-        for s in &prog.steps {
-            if let Some(k) = &s.kernel {
-                if !funcs.contains_key(k) {
-                    funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
-                }
+        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))) {
+            if !funcs.contains_key(k) {
+                funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
         }
         let stream = ctx.default_stream();
@@ -154,17 +152,23 @@ impl Backend for GpuBackend<'_> {
                 let numel: usize = shape_of(&s.node)?.iter().product();
                 bufs.insert(s.node.clone(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating activations")?);
             }
-            let Some(k) = &s.kernel else { continue };
+            let Some(k0) = &s.kernel else { continue };
+            let rows = eval(&Scalar::Rows(s.node.clone()))?;
+            let (k, scal, work, grid_y, launch, block) = match &s.large {
+                Some(l) if rows >= l.min_rows => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block),
+                _ => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block),
+            };
             let f = &self.funcs[k];
-            let scalars: Vec<i64> = s.scalars.iter().map(&eval).collect::<Result<_>>()?;
-            let work = eval(&s.work)? as u32;
-            let gy = eval(&s.grid_y)? as u32;
+            let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
+            let work = eval(work)? as u32;
+            let gy = eval(grid_y)? as u32;
             if work == 0 || gy == 0 {
                 continue;
             }
-            let (grid, block) = match s.launch.as_str() {
-                "per_element" => (work.div_ceil(s.block), s.block),
-                "warp_per_row" | "warp_per_output" => (work.div_ceil(s.block), 32 * s.block),
+            let (grid, gy, block) = match launch {
+                "per_element" => (work.div_ceil(block), gy, block),
+                "warp_per_row" | "warp_per_output" => (work.div_ceil(block), gy, 32 * block),
+                "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
                 other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };
             let mut lb = self.stream.launch_builder(f);

@@ -87,6 +87,22 @@ pub struct GpuStep {
     pub grid_y: Scalar,
     /// the node's buffer is this node's buffer
     pub alias_of: Option<String>,
+    /// the kernel to use instead when the output has at least `min_rows` rows
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub large: Option<GpuLarge>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuLarge {
+    pub min_rows: i64,
+    pub kernel: String,
+    pub scalars: Vec<Scalar>,
+    /// "warp_per_tile": grid x = ceil(work / block), grid y = ceil(grid_y / 16)
+    pub launch: String,
+    pub block: u32,
+    pub work: Scalar,
+    pub grid_y: Scalar,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
