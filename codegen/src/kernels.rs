@@ -248,6 +248,13 @@ impl Body {
         let ins = if f16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
         self.op(&format!("llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"))
     }
+    /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
+    fn open_guarded_gid(&mut self) -> String {
+        let i = self.gid();
+        let ok = self.op(&format!("arith.cmpi slt, {i}, %n : i64"));
+        self.line(&format!("scf.if {ok} {{"));
+        i
+    }
     /// global thread index as i64
     fn gid(&mut self) -> String {
         let b = self.op("gpu.block_id x");
@@ -305,9 +312,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
     let mut b = Body { s: String::new(), n: 0 };
     let params: String = match spec {
         KernelSpec::Unary(u) => {
-            let i = b.gid();
-            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let i = b.open_guarded_gid();
             let x = b.load("%x", &i);
             let y = unary_expr(&mut b, u.0, &x)?;
             b.store(&y, "%y", &i);
@@ -315,9 +320,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::Binary(op) => {
-            let i = b.gid();
-            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let i = b.open_guarded_gid();
             let j = b.op(&format!("arith.remui {i}, %nb : i64"));
             let x = b.load("%a", &i);
             let y = b.load("%b", &j);
@@ -509,9 +512,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             if *bias { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into() } else { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into() }
         }
         KernelSpec::SeededInit { dtype } => {
-            let i = b.gid();
-            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let i = b.open_guarded_gid();
             // splitmix64(base + i)
             let mut z = b.op(&format!("arith.addi %base, {i} : i64"));
             let k0 = b.ci64(0x9E37_79B9_7F4A_7C15u64 as i64);
@@ -678,73 +679,24 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             if *bias { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into() } else { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into() }
         }
         KernelSpec::Gather { d, dtype } => {
-            let i = b.gid();
-            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let i = b.open_guarded_gid();
             let dd = b.ci64(*d as i64);
             let t = b.op(&format!("arith.divui {i}, {dd} : i64"));
             let j = b.op(&format!("arith.remui {i}, {dd} : i64"));
             let row = b.load_i32_as_i64("%idx", &t);
             let rbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
             let e = b.op(&format!("arith.addi {rbase}, {j} : i64"));
-            let v = match dtype {
-                DType::F32 | DType::F16 | DType::BF16 => b.plain_as_f32("%table", &e, *dtype)?,
-                DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-                    if d % 32 != 0 {
-                        return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
-                    }
-                    let c32 = b.ci64(32);
-                    let blk = b.op(&format!("arith.divui {e}, {c32} : i64"));
-                    let jj = b.op(&format!("arith.remui {e}, {c32} : i64"));
-                    let cb = b.ci64(dtype.block().1 as i64);
-                    let base = b.op(&format!("arith.muli {blk}, {cb} : i64"));
-                    let dsc = b.f16_at_byte("%table", &base);
-                    if *dtype == DType::Q8_0 {
-                        let c2 = b.ci64(2);
-                        let o = b.op(&format!("arith.addi {base}, {c2} : i64"));
-                        let o = b.op(&format!("arith.addi {o}, {jj} : i64"));
-                        let byte = b.u8_at_byte("%table", &o);
-                        let t8 = b.op(&format!("arith.trunci {byte} : i32 to i8"));
-                        let q = b.op(&format!("arith.sitofp {t8} : i8 to f32"));
-                        b.op(&format!("arith.mulf {dsc}, {q} : f32"))
-                    } else {
-                        let c16 = b.ci64(16);
-                        let qo = b.ci64(if *dtype == DType::Q4_1 { 4 } else { 2 });
-                        let jm = b.op(&format!("arith.remui {jj}, {c16} : i64"));
-                        let o = b.op(&format!("arith.addi {base}, {qo} : i64"));
-                        let o = b.op(&format!("arith.addi {o}, {jm} : i64"));
-                        let byte = b.u8_at_byte("%table", &o);
-                        let hi_half = b.op(&format!("arith.cmpi uge, {jj}, {c16} : i64"));
-                        let c4 = b.op("arith.constant 4 : i32");
-                        let c0 = b.op("arith.constant 0 : i32");
-                        let sh = b.op(&format!("arith.select {hi_half}, {c4}, {c0} : i32"));
-                        let shifted = b.op(&format!("arith.shrui {byte}, {sh} : i32"));
-                        let m15 = b.op("arith.constant 15 : i32");
-                        let nib = b.op(&format!("arith.andi {shifted}, {m15} : i32"));
-                        let q = b.op(&format!("arith.uitofp {nib} : i32 to f32"));
-                        if *dtype == DType::Q4_1 {
-                            let c2 = b.ci64(2);
-                            let mo = b.op(&format!("arith.addi {base}, {c2} : i64"));
-                            let m = b.f16_at_byte("%table", &mo);
-                            b.op(&format!("llvm.intr.fma({dsc}, {q}, {m}) : (f32, f32, f32) -> f32"))
-                        } else {
-                            let c8 = b.cf32(8.0);
-                            let q8 = b.op(&format!("arith.subf {q}, {c8} : f32"));
-                            b.op(&format!("arith.mulf {dsc}, {q8} : f32"))
-                        }
-                    }
-                }
-                other => return Err(format!("gather from {other} is not lowered yet")),
-            };
+            if dtype.is_packed() && d % 32 != 0 {
+                return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
+            }
+            let v = b.weight_elem("%table", &e, *dtype)?;
             b.store(&v, "%y", &i);
             b.line("}");
             "%table: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::Rope { h, d, theta_bits, interleaved } => {
             let half = d / 2;
-            let i = b.gid();
-            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let i = b.open_guarded_gid();
             let ch = b.ci64(half as i64);
             let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
             let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
@@ -794,9 +746,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::CacheWrite { row } => {
-            let i = b.gid();
-            let ok = b.op(&format!("arith.cmpi slt, {i}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let i = b.open_guarded_gid();
             let r = b.ci64(*row as i64);
             let t = b.op(&format!("arith.divui {i}, {r} : i64"));
             let j = b.op(&format!("arith.remui {i}, {r} : i64"));

@@ -4,6 +4,7 @@
 
 use crate::engine::{CpuBackend, Session};
 use crate::gpu::GpuBackend;
+use crate::gpu_e2e::rel_l2;
 use crate::plan::Plan;
 use crate::sampler::argmax;
 use anyhow::Context;
@@ -24,12 +25,6 @@ pub struct DecodeReport {
     /// relative L2 of GPU vs CPU logits at the checked positions
     pub cpu_rel_l2: Vec<f64>,
     pub cpu_argmax_equal: Vec<bool>,
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
 }
 
 pub fn run(plan_path: &Path, prompt_len: usize, steps: usize, cpu_steps: usize) -> anyhow::Result<DecodeReport> {

@@ -48,7 +48,8 @@ fn logits_along<B: Backend>(b: &mut B, prompt: &[u32], forced: &[u32]) -> anyhow
     Ok(out)
 }
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+/// ‖a − b‖ / ‖b‖ in f64.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()

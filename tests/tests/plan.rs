@@ -102,7 +102,6 @@ fn seeded_plans_store_no_weight_bytes_and_regenerate_them_identically() {
     dsc_compiler::write(&c, &out).unwrap();
     let plan = Plan::open(&out).unwrap();
     assert_eq!(plan.blob_len(), 0, "seeded weights are not stored");
-    assert!(std::fs::metadata(&out).unwrap().len() < 200_000);
     for e in &plan.header.weights.tensors {
         assert!(e.seeded.is_some());
         assert_eq!(plan.weight_bytes(e), c.model.weights.get(&e.name).unwrap().bytes.as_slice(), "{}", e.name);
