@@ -10,4 +10,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 .gpu/p2/dsc-runtime gpu-e2e ~/cache/smol.plan .gpu/p2/smollm2-q4_1-numpy-public.json --json "$out/e2e.json" 2>&1 | tee "$out/e2e.log"
 st=${PIPESTATUS[0]}
 .gpu/p2/dsc-runtime run ~/cache/smol.plan --backend gpu --chat --prompt "What is the capital of France?" --max-tokens 32 2>&1 | tee "$out/run.log"
+# decode speed with and without CUDA graphs
+.gpu/p2/dsc-runtime gpu-decode ~/cache/smol.plan --prompt-len 16 --steps 128 --json "$out/smol-decode-graphs.json" 2>&1 | tee -a "$out/decode.log"
+DSC_NO_CUDA_GRAPHS=1 .gpu/p2/dsc-runtime gpu-decode ~/cache/smol.plan --prompt-len 16 --steps 128 --json "$out/smol-decode-nographs.json" 2>&1 | tee -a "$out/decode.log"
 exit $st

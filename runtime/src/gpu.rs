@@ -1,7 +1,9 @@
 //! The GPU backend: runs a plan's launch schedule with cudarc (the driver API, loaded at run
-//! time). Weights are uploaded once as raw bytes (packed formats stay packed); the KV pools
-//! are allocated once; each step allocates its activations, uploads its inputs, launches
-//! every kernel of the schedule in order and reads back the logits.
+//! time). Weights are uploaded once as raw bytes (packed formats stay packed; seeded ones are
+//! generated on the device); the KV pools are allocated once. Each step shape (T, S, R) gets a
+//! bucket: its inputs and activations allocated once, its launches resolved once, and from
+//! its second run on a CUDA graph that replays them (steps of up to 64 tokens; longer
+//! prefill steps run eagerly on a transient bucket).
 
 use crate::engine::{Backend, StepBatch};
 use crate::error::{Result, RuntimeError};
@@ -32,6 +34,9 @@ pub struct GpuBackend<'p> {
     blocks: usize,
     block_size: usize,
     pub target: String,
+    buckets: HashMap<(usize, usize, usize), Bucket>,
+    /// replay decode-sized steps as CUDA graphs (captured on a bucket's second run)
+    pub use_graphs: bool,
 }
 
 /// The PTX target for the device: sm_90a on Hopper, sm_80 on Ampere and Ada.
@@ -59,7 +64,12 @@ impl<'p> GpuBackend<'p> {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
         }
-        let stream = ctx.default_stream();
+        // one stream for everything, so cudarc's per-buffer event tracking is not needed (and
+        // would get in the way of graph capture); a created stream, since the legacy default
+        // stream cannot be captured
+        // SAFETY: all work of this backend is ordered on `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = cu(ctx.new_stream(), "creating a stream")?;
         let mut resident = HashMap::new();
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
@@ -94,7 +104,7 @@ impl<'p> GpuBackend<'p> {
             let numel: usize = n.ty.eval_shape(&fixed).ok_or_else(|| gerr(format!("state {} has unbound dims", n.name)))?.iter().product();
             resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(numel * 4), &format!("allocating {}", n.name))?);
         }
-        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, block_size, target: target.to_string() })
+        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, block_size, target: target.to_string(), buckets: HashMap::new(), use_graphs: std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() })
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -110,16 +120,36 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-impl Backend for GpuBackend<'_> {
-    fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+const INPUTS: [&str; 6] = ["tokens", "positions", "seq_ids", "slots", "block_table", "logit_rows"];
+
+/// One resolved kernel launch of a step.
+struct Launch {
+    kernel: String,
+    /// buffer keys (after alias resolution)
+    args: Vec<String>,
+    scalars: Vec<i64>,
+    cfg: LaunchConfig,
+}
+
+/// Everything one step shape (T, S, R) needs, allocated once: the inputs, every activation,
+/// the resolved launches, and (after the first run) the CUDA graph that replays them.
+struct Bucket {
+    bufs: HashMap<String, CudaSlice<u8>>,
+    launches: Vec<Launch>,
+    logits: String,
+    vocab: usize,
+    graph: Option<cudarc::driver::CudaGraph>,
+    runs: usize,
+}
+
+/// Steps of at most this many tokens keep their bucket (and CUDA graph) for reuse; longer
+/// (prefill) steps get a transient one.
+const CACHED_MAX_TOKENS: usize = 64;
+
+impl GpuBackend<'_> {
+    fn prepare(&self, t: usize, s_: usize, r: usize) -> Result<Bucket> {
         let g = self.graph;
-        let bind = BTreeMap::from([
-            ("T".to_string(), b.tokens.len()),
-            ("S".to_string(), b.num_seqs),
-            ("MB".to_string(), b.max_blocks),
-            ("R".to_string(), b.logit_rows.len()),
-            ("NB".to_string(), self.blocks),
-        ]);
+        let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.blocks), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
         let shape_of = |name: &str| -> Result<Vec<usize>> {
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
@@ -137,13 +167,14 @@ impl Backend for GpuBackend<'_> {
             })
         };
         let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
-        let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &b.block_table), ("logit_rows", &b.logit_rows)];
-        for (name, v) in inputs {
+        for name in INPUTS {
             if g.by_name(name).is_some() {
-                bufs.insert(name.to_string(), cu(self.stream.clone_htod(&i32_bytes(v)), "uploading inputs")?);
+                let numel: usize = shape_of(name)?.iter().product();
+                bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating inputs")?);
             }
         }
         let mut alias: HashMap<String, String> = HashMap::new();
+        let mut launches = vec![];
         for s in &self.prog.steps {
             if let Some(of) = &s.alias_of {
                 let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
@@ -158,7 +189,6 @@ impl Backend for GpuBackend<'_> {
                 Some(l) if rows >= l.min_rows => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block),
                 _ => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block),
             };
-            let f = &self.funcs[k];
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;
             let gy = eval(grid_y)? as u32;
@@ -171,27 +201,85 @@ impl Backend for GpuBackend<'_> {
                 "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
                 other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };
-            let mut lb = self.stream.launch_builder(f);
-            for a in &s.args {
-                let key = alias.get(a).unwrap_or(a);
-                let buf = bufs.get(key).or_else(|| self.resident.get(key)).ok_or_else(|| gerr(format!("step {}: no buffer for {a}", s.node)))?;
-                lb.arg(buf);
+            let args = s.args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
+            for a in &args {
+                if !bufs.contains_key(a) && !self.resident.contains_key(a) {
+                    return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
+                }
             }
-            for v in &scalars {
-                lb.arg(v);
-            }
-            let cfg = LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: the schedule was generated with the kernels: argument order, types and
-            // buffer sizes (from the node types under this step's binding) match.
-            unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {k} for {}: {e:?}", s.node)))?;
+            launches.push(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 } });
         }
         let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
-        let out_name = &g.node(*out).name;
-        let key = alias.get(out_name).unwrap_or(out_name);
-        let bytes = cu(self.stream.clone_dtoh(&bufs[key]), "reading logits")?;
-        let v = *shape_of(out_name)?.last().unwrap_or(&1);
+        let out_name = g.node(*out).name.clone();
+        let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
+        let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
+        Ok(Bucket { bufs, launches, logits, vocab, graph: None, runs: 0 })
+    }
+
+    fn launch_all(&self, bucket: &Bucket) -> Result<()> {
+        for l in &bucket.launches {
+            let mut lb = self.stream.launch_builder(&self.funcs[&l.kernel]);
+            for a in &l.args {
+                lb.arg(bucket.bufs.get(a).or_else(|| self.resident.get(a)).expect("checked in prepare"));
+            }
+            for v in &l.scalars {
+                lb.arg(v);
+            }
+            // SAFETY: the schedule was generated with the kernels: argument order, types and
+            // buffer sizes (from the node types under this bucket's binding) match.
+            unsafe { lb.launch(l.cfg) }.map_err(|e| gerr(format!("launching {}: {e:?}", l.kernel)))?;
+        }
+        Ok(())
+    }
+
+    fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
+        // block tables are padded to the pool's width, so MB (and the graph) is fixed
+        let mut table = vec![0i32; b.num_seqs * self.blocks];
+        for sq in 0..b.num_seqs {
+            let n = b.max_blocks.min(self.blocks);
+            table[sq * self.blocks..sq * self.blocks + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
+        }
+        let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
+        for (name, v) in inputs {
+            if let Some(dst) = bucket.bufs.get_mut(name) {
+                cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
+            }
+        }
+        if use_graph && bucket.graph.is_none() && bucket.runs > 0 {
+            cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
+            let launched = self.launch_all(bucket);
+            let graph = cu(self.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH), "end capture")?;
+            launched?;
+            bucket.graph = graph;
+        }
+        match &bucket.graph {
+            Some(gr) if use_graph => cu(gr.launch(), "graph launch")?,
+            _ => self.launch_all(bucket)?,
+        }
+        bucket.runs += 1;
+        let bytes = cu(self.stream.clone_dtoh(&bucket.bufs[&bucket.logits]), "reading logits")?;
         let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok(data.chunks_exact(v.max(1)).map(|r| r.to_vec()).collect())
+        Ok(data.chunks_exact(bucket.vocab.max(1)).map(|r| r.to_vec()).collect())
+    }
+}
+
+impl Backend for GpuBackend<'_> {
+    fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        if b.max_blocks > self.blocks {
+            return Err(gerr(format!("block table of {} blocks per sequence exceeds the pool ({})", b.max_blocks, self.blocks)));
+        }
+        let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len());
+        if key.0 > CACHED_MAX_TOKENS {
+            let mut bucket = self.prepare(key.0, key.1, key.2)?;
+            return self.run_bucket(&mut bucket, b, false);
+        }
+        let mut bucket = match self.buckets.remove(&key) {
+            Some(bk) => bk,
+            None => self.prepare(key.0, key.1, key.2)?,
+        };
+        let out = self.run_bucket(&mut bucket, b, self.use_graphs);
+        self.buckets.insert(key, bucket);
+        out
     }
 
     fn kv_geometry(&self) -> (usize, usize) {
