@@ -59,7 +59,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
-    let steps = steps
+    let steps: Vec<GpuStep> = steps
         .iter()
         .map(|s| {
             let shape = |l: Option<dsc_codegen::Launch>| match l {
@@ -89,7 +89,43 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         })
         .collect();
     let ptx = module.ptx.iter().map(|(t, p)| (t.name().to_string(), p.clone())).collect();
-    Ok((GpuProgram { ptx, steps }, module))
+    let buffers = lifetimes(graph, &steps);
+    Ok((GpuProgram { ptx, steps, buffers }, module))
+}
+
+/// Liveness of every activation buffer over the schedule (aliases resolved to their root;
+/// graph outputs live to the end).
+fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan::BufferLife> {
+    use std::collections::HashMap;
+    let mut root: HashMap<&str, &str> = HashMap::new();
+    let mut life: Vec<dsc_runtime::plan::BufferLife> = vec![];
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, s) in steps.iter().enumerate() {
+        match &s.alias_of {
+            Some(of) => {
+                let r = root.get(of.as_str()).copied().unwrap_or(of.as_str());
+                root.insert(s.node.as_str(), r);
+            }
+            None => {
+                index.insert(s.node.as_str(), life.len());
+                life.push(dsc_runtime::plan::BufferLife { node: s.node.clone(), first: i, last: i });
+            }
+        }
+        for a in s.args.iter().chain(s.alias_of.iter()) {
+            let r = root.get(a.as_str()).copied().unwrap_or(a.as_str());
+            if let Some(&j) = index.get(r) {
+                life[j].last = life[j].last.max(i);
+            }
+        }
+    }
+    for (_, id) in &graph.outputs {
+        let n = graph.node(*id).name.as_str();
+        let r = root.get(n).copied().unwrap_or(n);
+        if let Some(&j) = index.get(r) {
+            life[j].last = steps.len();
+        }
+    }
+    life
 }
 
 pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {

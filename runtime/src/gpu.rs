@@ -134,7 +134,12 @@ struct Launch {
 /// Everything one step shape (T, S, R) needs, allocated once: the inputs, every activation,
 /// the resolved launches, and (after the first run) the CUDA graph that replays them.
 struct Bucket {
+    /// step inputs (token ids, positions, ...)
     bufs: HashMap<String, CudaSlice<u8>>,
+    /// every activation, placed by the plan's memory plan
+    arena: CudaSlice<u8>,
+    /// node → (offset, bytes) in the arena
+    placed: HashMap<String, (usize, usize)>,
     launches: Vec<Launch>,
     logits: String,
     vocab: usize,
@@ -173,15 +178,18 @@ impl GpuBackend<'_> {
                 bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating inputs")?);
             }
         }
+        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * 4)).collect::<Result<_>>()?;
+        let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
+        let arena = cu(self.stream.alloc_zeros::<u8>(total.max(256)), "allocating the activation arena")?;
+        let placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         for s in &self.prog.steps {
             if let Some(of) = &s.alias_of {
                 let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
                 alias.insert(s.node.clone(), root);
-            } else {
-                let numel: usize = shape_of(&s.node)?.iter().product();
-                bufs.insert(s.node.clone(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating activations")?);
+            } else if !placed.contains_key(&s.node) {
+                return Err(gerr(format!("node {} has no place in the memory plan", s.node)));
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
@@ -203,7 +211,7 @@ impl GpuBackend<'_> {
             };
             let args = s.args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
             for a in &args {
-                if !bufs.contains_key(a) && !self.resident.contains_key(a) {
+                if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
                 }
             }
@@ -213,14 +221,22 @@ impl GpuBackend<'_> {
         let out_name = g.node(*out).name.clone();
         let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
-        Ok(Bucket { bufs, launches, logits, vocab, graph: None, runs: 0 })
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0 })
     }
 
     fn launch_all(&self, bucket: &Bucket) -> Result<()> {
         for l in &bucket.launches {
             let mut lb = self.stream.launch_builder(&self.funcs[&l.kernel]);
+            let views: Vec<_> = l.args.iter().filter_map(|a| bucket.placed.get(a).map(|&(o, n)| (a, bucket.arena.slice(o..o + n.max(1))))).collect();
             for a in &l.args {
-                lb.arg(bucket.bufs.get(a).or_else(|| self.resident.get(a)).expect("checked in prepare"));
+                match views.iter().find(|(n, _)| *n == a) {
+                    Some((_, v)) => {
+                        lb.arg(v);
+                    }
+                    None => {
+                        lb.arg(bucket.bufs.get(a).or_else(|| self.resident.get(a)).expect("checked in prepare"));
+                    }
+                }
             }
             for v in &l.scalars {
                 lb.arg(v);
@@ -257,7 +273,8 @@ impl GpuBackend<'_> {
             _ => self.launch_all(bucket)?,
         }
         bucket.runs += 1;
-        let bytes = cu(self.stream.clone_dtoh(&bucket.bufs[&bucket.logits]), "reading logits")?;
+        let (o, n) = bucket.placed[&bucket.logits];
+        let bytes = cu(self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)), "reading logits")?;
         let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         Ok(data.chunks_exact(bucket.vocab.max(1)).map(|r| r.to_vec()).collect())
     }

@@ -55,6 +55,46 @@ pub struct GpuProgram {
     pub ptx: std::collections::BTreeMap<String, String>,
     /// one entry per compute node, in execution order
     pub steps: Vec<GpuStep>,
+    /// the memory plan: every activation buffer with the steps that define it and last use
+    /// it (aliases folded in). The runtime places buffers whose lifetimes do not overlap at
+    /// the same arena offsets once a step shape fixes their sizes.
+    pub buffers: Vec<BufferLife>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BufferLife {
+    pub node: String,
+    pub first: usize,
+    pub last: usize,
+}
+
+/// Arena placement: offsets (256-byte aligned) for buffers given their sizes and lifetimes,
+/// first-fit in order of definition; a buffer is free after the step of its last use, so no
+/// kernel ever writes into a buffer it also reads. Returns (offsets, arena size).
+pub fn place_buffers(lives: &[BufferLife], sizes: &[usize]) -> (Vec<usize>, usize) {
+    let align = |x: usize| x.div_ceil(256) * 256;
+    let mut order: Vec<usize> = (0..lives.len()).collect();
+    order.sort_by_key(|&i| (lives[i].first, i));
+    let mut offsets = vec![0; lives.len()];
+    let mut live: Vec<usize> = vec![]; // indices, kept sorted by offset
+    let mut total = 0;
+    for i in order {
+        live.retain(|&j| lives[j].last >= lives[i].first);
+        live.sort_by_key(|&j| offsets[j]);
+        let size = align(sizes[i].max(1));
+        let mut at = 0;
+        for &j in &live {
+            if offsets[j] >= at + size {
+                break;
+            }
+            at = at.max(offsets[j] + align(sizes[j].max(1)));
+        }
+        offsets[i] = at;
+        total = total.max(at + size);
+        live.push(i);
+    }
+    (offsets, total)
 }
 
 /// An integer the runtime evaluates once a step binds the graph's symbols.
@@ -326,5 +366,44 @@ impl WeightSource for Plan {
     fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
         let e = &self.header.weights.tensors[*self.index.get(name)?];
         Some((e.dtype.parse().ok()?, e.shape.clone(), self.weight_bytes(e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn placement_never_overlaps_live_buffers_and_reuses_dead_ones() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for _ in 0..200 {
+            let n = rng.random_range(1..40);
+            let lives: Vec<BufferLife> = (0..n)
+                .map(|i| {
+                    let first = rng.random_range(0..30);
+                    BufferLife { node: format!("b{i}"), first, last: first + rng.random_range(0..6) }
+                })
+                .collect();
+            let sizes: Vec<usize> = (0..n).map(|_| rng.random_range(1..5000)).collect();
+            let (off, total) = place_buffers(&lives, &sizes);
+            for i in 0..n {
+                assert!(off[i] % 256 == 0 && off[i] + sizes[i] <= total);
+                for j in 0..i {
+                    let overlap_t = lives[i].first <= lives[j].last && lives[j].first <= lives[i].last;
+                    let overlap_m = off[i] < off[j] + sizes[j] && off[j] < off[i] + sizes[i];
+                    assert!(!(overlap_t && overlap_m), "buffers {i} and {j} are live together and share bytes");
+                }
+            }
+            assert!(total <= sizes.iter().map(|s| s.div_ceil(256) * 256).sum::<usize>());
+        }
+        // a chain a -> b -> c: c can take a's place
+        let lives = vec![
+            BufferLife { node: "a".into(), first: 0, last: 1 },
+            BufferLife { node: "b".into(), first: 1, last: 2 },
+            BufferLife { node: "c".into(), first: 2, last: 3 },
+        ];
+        let (off, total) = place_buffers(&lives, &[1024, 1024, 1024]);
+        assert_eq!((off[0], off[2], total), (0, 0, 2048));
     }
 }
