@@ -9,7 +9,8 @@ pub mod gpu_bundle;
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport};
-use dsc_runtime::plan::{write_plan, GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, WeightData, PLAN_FORMAT_VERSION};
+use dsc_runtime::plan::{write_plan, GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION};
+use sha2::Digest;
 use std::path::Path;
 
 /// The stages `--dump-ir` knows today.
@@ -159,26 +160,49 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
             source_sha256,
             total_bytes: 0,
             tensors: vec![],
+            files: vec![],
         },
         gpu: c.gpu.clone(),
     })
 }
 
-/// Write the plan: the graph, and every weight the graph uses, in graph order.
+/// Write the plan: the graph, and every weight the graph uses, in graph order: embedded, or
+/// with `reference`, read at load time from the checkpoint files (kept by path, size and
+/// sha256); seeded weights are never stored.
 pub fn write(c: &Compiled, out: &Path) -> anyhow::Result<()> {
-    let header = plan_header(c)?;
+    write_with(c, out, false)
+}
+
+pub fn write_with(c: &Compiled, out: &Path, reference: bool) -> anyhow::Result<()> {
+    let mut header = plan_header(c)?;
     let order = c.graph.topo_order()?;
     let mut items = vec![];
+    let mut files: Vec<std::path::PathBuf> = vec![];
     for id in order {
         let n = c.graph.node(id);
         if matches!(n.op, dsc_ir::Op::Weight) {
             let w = c.model.weights.get(&n.name).with_context(|| format!("weight `{}` vanished", n.name))?;
-            let data = match w.bytes.seeded() {
-                Some(s) => WeightData::Seeded(SeededWeight { seed: s.seed, scale: s.scale, ones: s.ones }),
-                None => WeightData::Bytes(w.bytes.as_slice()),
+            let data = match (&w.bytes, w.bytes.seeded()) {
+                (_, Some(s)) => WeightData::Seeded(SeededWeight { seed: s.seed, scale: s.scale, ones: s.ones }),
+                (dsc_models::weights::Bytes::Mapped { file, offset, len, .. }, None) if reference => {
+                    let path = std::fs::canonicalize(file.as_ref()).with_context(|| file.display().to_string())?;
+                    let i = match files.iter().position(|f| *f == path) {
+                        Some(i) => i,
+                        None => {
+                            files.push(path);
+                            files.len() - 1
+                        }
+                    };
+                    WeightData::Referenced(i, *offset as u64, *len as u64)
+                }
+                _ => WeightData::Bytes(w.bytes.as_slice()),
             };
             items.push((n.name.clone(), w.dtype, w.shape.clone(), data));
         }
+    }
+    for f in &files {
+        let bytes = std::fs::read(f).with_context(|| f.display().to_string())?;
+        header.weights.files.push(SourceFile { path: f.display().to_string(), len: bytes.len() as u64, sha256: format!("{:x}", sha2::Sha256::digest(&bytes)) });
     }
     write_plan(out, header, items)?;
     Ok(())

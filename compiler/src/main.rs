@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use dsc_compiler::{compile, write, STAGES};
+use dsc_compiler::{compile, STAGES};
 use dsc_runtime::cli;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +35,9 @@ enum Cmd {
         /// write every stage's dump (text and DOT) into this folder, and the plan too
         #[arg(long)]
         dump_dir: Option<PathBuf>,
+        /// reference checkpoint weights by path + sha256 instead of embedding them
+        #[arg(long)]
+        reference_weights: bool,
     },
     /// Print a stage's IR for a model.toml (same as `compile --dump-ir`)
     DumpIr {
@@ -124,7 +127,7 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     )
 }
 
-fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>) -> anyhow::Result<()> {
+fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>, reference: bool) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let c = compile(model)?;
     if let Some(stage) = dump_ir {
@@ -144,7 +147,7 @@ fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fm
         }
     }
     let out = output.unwrap_or_else(|| PathBuf::from(format!("{}.plan", c.model.config.toml.model.name)));
-    write(&c, &out)?;
+    dsc_compiler::write_with(&c, &out, reference)?;
     eprintln!("{}", summary(&c));
     eprintln!("wrote {} ({:.1} MB) in {:.2} s", out.display(), std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as f64 / 1e6, t0.elapsed().as_secs_f64());
     Ok(())
@@ -153,7 +156,7 @@ fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fm
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir } => do_compile(&model, output, dump_ir, dump_format, dump_dir),
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights } => do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights),
         Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;
             print!("{}", stage_text(&c, &stage, format)?);

@@ -58,6 +58,7 @@ pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
         let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io(f))?);
         let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Format { path: f.clone(), msg: format!("not a valid safetensors file: {e}") })?;
         let base = map.as_ptr() as usize;
+        let file_path = Arc::new(f.clone());
         let mut names = st.names();
         names.sort();
         for name in names {
@@ -65,7 +66,7 @@ pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
             let dtype = st_dtype(v.dtype()).ok_or_else(|| ModelError::Tensor { path: f.clone(), tensor: name.to_string(), msg: format!("unsupported dtype {:?}", v.dtype()) })?;
             let data = v.data();
             let offset = data.as_ptr() as usize - base;
-            set.insert(name.to_string(), WeightTensor { dtype, shape: v.shape().to_vec(), bytes: Bytes::Mapped { map: map.clone(), offset, len: data.len() } });
+            set.insert(name.to_string(), WeightTensor { dtype, shape: v.shape().to_vec(), bytes: Bytes::Mapped { map: map.clone(), file: file_path.clone(), offset, len: data.len() } });
         }
     }
     Ok(set)

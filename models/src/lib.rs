@@ -179,8 +179,9 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
             let g = gguf::GgufFile::open(&path)?;
             let dims = dims_from_gguf(&g)?;
             let mut ws = WeightSet::default();
+            let file = Arc::new(path.clone());
             for info in g.tensors.values() {
-                ws.insert(info.name.clone(), WeightTensor { dtype: info.dtype, shape: info.shape.clone(), bytes: Bytes::Mapped { map: g.map.clone(), offset: info.offset, len: info.nbytes } });
+                ws.insert(info.name.clone(), WeightTensor { dtype: info.dtype, shape: info.shape.clone(), bytes: Bytes::Mapped { map: g.map.clone(), file: file.clone(), offset: info.offset, len: info.nbytes } });
             }
             let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
                 Some(p) => Some(tokenizer::from_json_file(&config.resolve(p))?),

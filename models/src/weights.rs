@@ -16,7 +16,8 @@ pub struct SeededSpec {
 
 #[derive(Clone)]
 pub enum Bytes {
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    /// a range of a checkpoint file (kept so a plan can reference it instead of copying it)
+    Mapped { map: Arc<Mmap>, file: Arc<std::path::PathBuf>, offset: usize, len: usize },
     Owned(Arc<Vec<u8>>),
     /// generated on first use (on the CPU); the GPU runtime generates it on the device
     Seeded { spec: SeededSpec, name: String, dtype: DType, numel: usize, cache: Arc<OnceLock<Vec<u8>>> },
@@ -25,7 +26,7 @@ pub enum Bytes {
 impl Bytes {
     pub fn as_slice(&self) -> &[u8] {
         match self {
-            Bytes::Mapped { map, offset, len } => &map[*offset..offset + len],
+            Bytes::Mapped { map, offset, len, .. } => &map[*offset..offset + len],
             Bytes::Owned(v) => v,
             Bytes::Seeded { spec, name, dtype, numel, cache } => cache.get_or_init(|| {
                 let v = dsc_ir::seeded::values(spec.seed, name, *numel, spec.scale, spec.ones);

@@ -136,7 +136,8 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     }
     let d: Vec<String> = by_dtype.iter().map(|(k, (n, b))| format!("{k}: {n} tensors, {:.1} MB", *b as f64 / 1e6)).collect();
     let seeded: u64 = h.weights.tensors.iter().filter(|t| t.seeded.is_some()).map(|t| t.nbytes).sum();
-    let how = if seeded == 0 { "embedded".to_string() } else if seeded == h.weights.total_bytes { "generated from a seed where used".to_string() } else { format!("{:.1} MB of them seeded", seeded as f64 / 1e6) };
+    let referenced: u64 = h.weights.tensors.iter().filter(|t| t.file.is_some()).map(|t| t.nbytes).sum();
+    let how = if referenced > 0 { format!("{:.1} MB read from {} checkpoint file(s): {}", referenced as f64 / 1e6, h.weights.files.len(), h.weights.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>().join(", ")) } else if seeded == 0 { "embedded".to_string() } else if seeded == h.weights.total_bytes { "generated from a seed where used".to_string() } else { format!("{:.1} MB of them seeded", seeded as f64 / 1e6) };
     println!("weights: {} tensors, {:.1} MB, {how} ({})", h.weights.tensors.len(), h.weights.total_bytes as f64 / 1e6, d.join("; "));
     println!("  source: {}{}", h.weights.source, h.weights.source_sha256.as_ref().map(|s| format!(" (sha256 {s})")).unwrap_or_default());
     match &h.gpu {

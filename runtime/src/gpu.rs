@@ -71,9 +71,14 @@ impl<'p> GpuBackend<'p> {
         unsafe { ctx.disable_event_tracking() };
         let stream = cu(ctx.new_stream(), "creating a stream")?;
         let mut resident = HashMap::new();
+        // progress on a terminal, silent when piped (indicatif hides itself there)
+        let progress = indicatif::ProgressBar::new(plan.header.weights.total_bytes).with_style(
+            indicatif::ProgressStyle::with_template("uploading weights {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
             let e = plan.header.weights.tensors.iter().find(|e| e.name == n.name).ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
+            progress.inc(e.nbytes);
             let buf = match &e.seeded {
                 None => cu(stream.clone_htod(plan.weight_bytes(e)), &format!("uploading {}", n.name))?,
                 Some(sw) => {
@@ -96,6 +101,7 @@ impl<'p> GpuBackend<'p> {
             };
             resident.insert(n.name.clone(), buf);
         }
+        progress.finish_and_clear();
         let block_size = plan.header.model.kv_block_size;
         let blocks = kv_tokens.div_ceil(block_size).max(1);
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);

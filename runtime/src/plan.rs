@@ -178,6 +178,19 @@ pub struct PlanWeights {
     pub source_sha256: Option<String>,
     pub total_bytes: u64,
     pub tensors: Vec<WeightEntry>,
+    /// checkpoint files that referenced weights are read from (`WeightEntry::file`)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<SourceFile>,
+}
+
+/// A checkpoint file a plan reads weights from instead of embedding them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceFile {
+    /// absolute path at compile time; at load also looked up beside the plan by file name
+    pub path: String,
+    pub len: u64,
+    pub sha256: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -193,6 +206,9 @@ pub struct WeightEntry {
     /// generated from a seed where it is used instead of stored (`dsc_ir::seeded`)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seeded: Option<SeededWeight>,
+    /// read from `weights.files[file]` at `offset` instead of the blob
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -207,6 +223,8 @@ pub struct SeededWeight {
 pub enum WeightData<'a> {
     Bytes(&'a [u8]),
     Seeded(SeededWeight),
+    /// a range of a checkpoint file: (index into `PlanWeights::files`, offset, length)
+    Referenced(usize, u64, u64),
 }
 
 /// Write a plan: `weights` yields (name, dtype, shape, bytes) in the order to store them.
@@ -222,7 +240,7 @@ pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIte
         match data {
             WeightData::Bytes(bytes) => {
                 off = off.div_ceil(TENSOR_ALIGN as u64) * TENSOR_ALIGN as u64;
-                entries.push(WeightEntry { name: name.clone(), dtype: dtype.to_string(), shape: shape.clone(), offset: off, nbytes: bytes.len() as u64, seeded: None });
+                entries.push(WeightEntry { name: name.clone(), dtype: dtype.to_string(), shape: shape.clone(), offset: off, nbytes: bytes.len() as u64, seeded: None, file: None });
                 off += bytes.len() as u64;
                 total += bytes.len() as u64;
                 items.push((name, dtype, shape, bytes));
@@ -230,14 +248,18 @@ pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIte
             WeightData::Seeded(sw) => {
                 let nbytes = dtype.bytes_for(numel).ok_or_else(|| RuntimeError::Plan { path: path.into(), msg: format!("seeded weight `{name}`: {numel} elements are not whole {dtype} blocks") })? as u64;
                 total += nbytes;
-                entries.push(WeightEntry { name, dtype: dtype.to_string(), shape, offset: 0, nbytes, seeded: Some(sw) });
+                entries.push(WeightEntry { name, dtype: dtype.to_string(), shape, offset: 0, nbytes, seeded: Some(sw), file: None });
+            }
+            WeightData::Referenced(file, offset, nbytes) => {
+                total += nbytes;
+                entries.push(WeightEntry { name, dtype: dtype.to_string(), shape, offset, nbytes, seeded: None, file: Some(file) });
             }
         }
     }
     let blob_len = off;
     header.weights.total_bytes = total;
     header.weights.tensors = entries.clone();
-    let entries: Vec<WeightEntry> = entries.into_iter().filter(|e| e.seeded.is_none()).collect();
+    let entries: Vec<WeightEntry> = entries.into_iter().filter(|e| e.seeded.is_none() && e.file.is_none()).collect();
     let hjson = serde_json::to_vec_pretty(&header).map_err(|e| RuntimeError::Plan { path: path.into(), msg: e.to_string() })?;
     let blob_offset = (PREFIX + hjson.len()).div_ceil(BLOB_ALIGN) * BLOB_ALIGN;
     // hash the blob as it will be laid out (zero padding between tensors)
@@ -287,6 +309,8 @@ pub struct Plan {
     index: std::collections::HashMap<String, usize>,
     /// seeded tensors generated on the CPU on first use
     generated: std::collections::HashMap<String, std::sync::OnceLock<Vec<u8>>>,
+    /// mapped checkpoint files of referenced weights
+    sources: Vec<Mmap>,
 }
 
 impl Plan {
@@ -330,13 +354,36 @@ impl Plan {
         for (i, e) in header.weights.tensors.iter().enumerate() {
             let dt: DType = e.dtype.parse().map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
             let numel: usize = e.shape.iter().product();
-            if dt.bytes_for(numel) != Some(e.nbytes as usize) || (e.seeded.is_none() && e.offset.checked_add(e.nbytes).is_none_or(|end| end as usize > blob_len)) {
+            let limit = match e.file {
+                Some(f) => header.weights.files.get(f).map(|s| s.len).ok_or_else(|| perr(format!("weight `{}` names source file {f}, which the plan does not list", e.name)))? as usize,
+                None => blob_len,
+            };
+            if dt.bytes_for(numel) != Some(e.nbytes as usize) || (e.seeded.is_none() && e.offset.checked_add(e.nbytes).is_none_or(|end| end as usize > limit)) {
                 return Err(perr(format!("weight `{}`: {} bytes at {} do not fit its {}{:?} or the blob", e.name, e.nbytes, e.offset, e.dtype, e.shape)));
             }
             index.insert(e.name.clone(), i);
         }
         let generated = header.weights.tensors.iter().filter(|e| e.seeded.is_some()).map(|e| (e.name.clone(), std::sync::OnceLock::new())).collect();
-        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated })
+        let mut sources = vec![];
+        for sf in &header.weights.files {
+            let p = Path::new(&sf.path);
+            let beside = path.parent().map(|d| d.join(p.file_name().unwrap_or_default()));
+            let found = if p.exists() { p.to_path_buf() } else { beside.filter(|b| b.exists()).ok_or_else(|| perr(format!("referenced weights file {} is missing (also looked beside the plan)", sf.path)))? };
+            let f = std::fs::File::open(&found).map_err(|source| RuntimeError::Io { path: found.clone(), source })?;
+            // SAFETY: read-only mapping of a checkpoint we do not modify.
+            let m = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: found.clone(), source })?;
+            if m.len() as u64 != sf.len {
+                return Err(perr(format!("referenced weights file {} has {} bytes, the plan expects {}", found.display(), m.len(), sf.len)));
+            }
+            if verify_blob {
+                let got = format!("{:x}", Sha256::digest(&m[..]));
+                if got != sf.sha256 {
+                    return Err(perr(format!("referenced weights file {} has sha256 {got}, the plan expects {}", found.display(), sf.sha256)));
+                }
+            }
+            sources.push(m);
+        }
+        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated, sources })
     }
 
     pub fn graph(&self) -> Result<dsc_ir::Graph> {
@@ -352,6 +399,9 @@ impl Plan {
                 let v = dsc_ir::seeded::values(sw.seed, &e.name, numel, sw.scale, sw.ones);
                 e.dtype.parse::<DType>().ok().and_then(|d| dsc_ir::quant::encode(d, &v)).unwrap_or_default()
             });
+        }
+        if let Some(f) = e.file {
+            return &self.sources[f][e.offset as usize..(e.offset + e.nbytes) as usize];
         }
         let s = self.blob_offset + e.offset as usize;
         &self.map[s..s + e.nbytes as usize]

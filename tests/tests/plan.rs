@@ -122,3 +122,34 @@ fn models_without_a_gpu_lowering_still_compile_for_the_cpu() {
     let c = dsc_compiler::compile(&d.path().join("model.toml")).unwrap();
     assert!(c.gpu_skipped.as_deref().unwrap().contains("paged attention needs D a multiple of 32"), "{:?}", c.gpu_skipped);
 }
+
+#[test]
+fn referenced_weights_load_like_embedded_ones_and_are_checked() {
+    let d = tempfile::tempdir().unwrap();
+    let t = tiny_gguf_tensors(&tiny_llama_hf(8), dsc_ir::DType::Q8_0);
+    write_tiny_gguf(&d.path().join("m.gguf"), &tiny_gguf_metadata(), &t);
+    let c = dsc_compiler::compile(&model_toml(d.path(), "gguf", "m.gguf")).unwrap();
+    let (emb, refd) = (d.path().join("e.plan"), d.path().join("r.plan"));
+    dsc_compiler::write(&c, &emb).unwrap();
+    dsc_compiler::write_with(&c, &refd, true).unwrap();
+    assert!(std::fs::metadata(&refd).unwrap().len() < std::fs::metadata(&emb).unwrap().len());
+    let (pe, pr) = (Plan::open(&emb).unwrap(), Plan::open(&refd).unwrap());
+    assert_eq!(pr.blob_len(), 0);
+    assert_eq!(pr.header.weights.files.len(), 1);
+    for (a, b) in pe.header.weights.tensors.iter().zip(&pr.header.weights.tensors) {
+        assert_eq!(a.name, b.name);
+        assert_eq!(pe.weight_bytes(a), pr.weight_bytes(b), "{}", a.name);
+    }
+    drop(pr);
+    // the checkpoint changes under the plan: a clear error naming it
+    let g = d.path().join("m.gguf");
+    let mut bytes = std::fs::read(&g).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 1;
+    std::fs::write(&g, &bytes).unwrap();
+    let e = open_err(&refd);
+    assert!(e.contains("m.gguf") && e.contains("sha256"), "{e}");
+    std::fs::remove_file(&g).unwrap();
+    let e = open_err(&refd);
+    assert!(e.contains("m.gguf") && e.contains("missing"), "{e}");
+}
