@@ -142,6 +142,17 @@ impl Body {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, {ty}"));
         self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> {ty}"))
     }
+    /// `n` scalars of MLIR type `ty` from one aligned vector load at byte offset `off`
+    fn load_vec(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> Vec<String> {
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let v = self.op(&format!("llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr<1> -> vector<{n}x{ty}>"));
+        (0..n)
+            .map(|i| {
+                let c = self.op(&format!("arith.constant {i} : i32"));
+                self.op(&format!("llvm.extractelement {v}[{c} : i32] : vector<{n}x{ty}>"))
+            })
+            .collect()
+    }
     /// i32 element as i64
     fn load_i32_as_i64(&mut self, ptr: &str, idx: &str) -> String {
         let v = self.load_t(ptr, idx, "i32");
@@ -417,24 +428,51 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let xrow = b.op(&format!("arith.muli {row64}, {kk} : i64"));
             let xoff = b.op(&format!("arith.muli {blk64}, {c32l} : i64"));
             let xbase = b.op(&format!("arith.addi {xrow}, {xoff} : i64"));
-            let xs: Vec<String> = (0..32)
-                .map(|e| {
-                    let ce = b.ci64(e);
-                    let i = b.op(&format!("arith.addi {xbase}, {ce} : i64"));
-                    b.load("%x", &i)
-                })
-                .collect();
+            // 32 activations as 8 16-byte loads (rows are 128-byte aligned: K % 32 == 0)
+            let c4l = b.ci64(4);
+            let xbyte = b.op(&format!("arith.muli {xbase}, {c4l} : i64"));
+            let mut xs = vec![];
+            for q in 0..8 {
+                let o = b.ci64(16 * q);
+                let off = b.op(&format!("arith.addi {xbyte}, {o} : i64"));
+                xs.extend(b.load_vec("%x", &off, 4, "f32", 16));
+            }
             let nblk64 = b.ci64(nblk as i64);
             let wrow = b.op(&format!("arith.muli {col64}, {nblk64} : i64"));
             let gblk = b.op(&format!("arith.addi {wrow}, {blk64} : i64"));
             let part = match wdtype {
                 DType::F32 | DType::F16 | DType::BF16 => {
-                    let wbase = b.op(&format!("arith.muli {gblk}, {c32l} : i64"));
+                    // the block's 32 weights in 16-byte loads (blocks are 64/128-byte aligned)
+                    let esz = wdtype.block().1 as i64;
+                    let cb = b.ci64(32 * esz);
+                    let wbyte = b.op(&format!("arith.muli {gblk}, {cb} : i64"));
+                    let mut ws = vec![];
+                    for q in 0..(32 * esz / 16) {
+                        let o = b.ci64(16 * q);
+                        let off = b.op(&format!("arith.addi {wbyte}, {o} : i64"));
+                        if *wdtype == DType::F32 {
+                            ws.extend(b.load_vec("%w", &off, 4, "f32", 16));
+                        } else {
+                            for word in b.load_vec("%w", &off, 4, "i32", 16) {
+                                let c16 = b.op("arith.constant 16 : i32");
+                                let lo16 = b.op(&format!("arith.trunci {word} : i32 to i16"));
+                                let hi = b.op(&format!("arith.shrui {word}, {c16} : i32"));
+                                let hi16 = b.op(&format!("arith.trunci {hi} : i32 to i16"));
+                                for h in [lo16, hi16] {
+                                    ws.push(if *wdtype == DType::BF16 {
+                                        let w32 = b.op(&format!("arith.extui {h} : i16 to i32"));
+                                        let sh = b.op(&format!("arith.shli {w32}, {c16} : i32"));
+                                        b.op(&format!("arith.bitcast {sh} : i32 to f32"))
+                                    } else {
+                                        let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
+                                        b.op(&format!("arith.extf {f} : f16 to f32"))
+                                    });
+                                }
+                            }
+                        }
+                    }
                     let mut s = zero.clone();
-                    for (e, x) in xs.iter().enumerate() {
-                        let ce = b.ci64(e as i64);
-                        let i = b.op(&format!("arith.addi {wbase}, {ce} : i64"));
-                        let w = b.plain_as_f32("%w", &i, *wdtype)?;
+                    for (w, x) in ws.iter().zip(&xs) {
                         s = b.op(&format!("llvm.intr.fma({w}, {x}, {s}) : (f32, f32, f32) -> f32"));
                     }
                     s
@@ -447,10 +485,29 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     let qoff = match wdtype { DType::Q4_1 => 4, _ => 2 };
                     // q[e] as f32, e in 0..32
                     let mut q = vec![String::new(); 32];
-                    for j in 0..(if *wdtype == DType::Q8_0 { 32 } else { 16 }) {
-                        let cj = b.ci64(qoff + j as i64);
-                        let off = b.op(&format!("arith.addi {base}, {cj} : i64"));
-                        let byte = b.u8_at_byte("%w", &off);
+                    // the quant bytes: 4 aligned i32 loads for Q4_1 (20-byte blocks), else bytes
+                    let mut bytes = vec![];
+                    if *wdtype == DType::Q4_1 {
+                        for wq in 0..4 {
+                            let cj = b.ci64(qoff + 4 * wq);
+                            let off = b.op(&format!("arith.addi {base}, {cj} : i64"));
+                            let p = b.op(&format!("llvm.getelementptr %w[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                            let word = b.op(&format!("llvm.load {p} {{alignment = 4 : i64}} : !llvm.ptr<1> -> i32"));
+                            for by in 0..4 {
+                                let sh = b.op(&format!("arith.constant {} : i32", 8 * by));
+                                let v = b.op(&format!("arith.shrui {word}, {sh} : i32"));
+                                let m = b.op("arith.constant 255 : i32");
+                                bytes.push(b.op(&format!("arith.andi {v}, {m} : i32")));
+                            }
+                        }
+                    } else {
+                        for j in 0..(if *wdtype == DType::Q8_0 { 32 } else { 16 }) {
+                            let cj = b.ci64(qoff + j as i64);
+                            let off = b.op(&format!("arith.addi {base}, {cj} : i64"));
+                            bytes.push(b.u8_at_byte("%w", &off));
+                        }
+                    }
+                    for (j, byte) in bytes.into_iter().enumerate() {
                         if *wdtype == DType::Q8_0 {
                             let t8 = b.op(&format!("arith.trunci {byte} : i32 to i8"));
                             q[j] = b.op(&format!("arith.sitofp {t8} : i8 to f32"));
