@@ -6,7 +6,8 @@ use crate::kernels::{BinaryOpKey, KernelSpec, UnaryOpKey};
 use crate::CodegenError;
 use dsc_ir::{DType, Graph, Op, RopeStyle};
 
-/// A runtime-evaluated integer.
+/// A runtime-evaluated integer. Mirrors `dsc_runtime::plan::Scalar` (codegen and the runtime
+/// do not depend on each other; the compiler converts when it writes the plan).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scalar {
     Const(i64),
