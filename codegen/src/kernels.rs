@@ -16,6 +16,8 @@ pub enum Launch {
     WarpPerRow { rows_per_block: u32 },
     /// matmul: one warp per output element; grid (ceil(N / warps), M)
     WarpPerOutput { warps_per_block: u32 },
+    /// one block of `warps` warps per row; scalar param `rows`
+    BlockPerRow { warps: u32 },
     /// tensor-core matmul: one warp per 16x8 output tile; grid (ceil(N / (8 warps)),
     /// ceil(M / 16))
     WarpPerTile { warps_per_block: u32 },
@@ -83,7 +85,7 @@ impl KernelSpec {
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
             KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::PagedAttention { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::PagedAttention { .. } => Launch::BlockPerRow { warps: 4 },
         }
     }
 }
@@ -92,6 +94,8 @@ impl KernelSpec {
 struct Body {
     s: String,
     n: usize,
+    /// a `workgroup(...)` attribution (shared memory) for the gpu.func
+    workgroup: Option<String>,
 }
 
 impl Body {
@@ -320,7 +324,7 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
 /// The MLIR text of one kernel (a `gpu.func`), or why it cannot be generated.
 pub fn emit(spec: &KernelSpec) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0 };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None };
     let params: String = match spec {
         KernelSpec::Unary(u) => {
             let i = b.open_guarded_gid();
@@ -821,10 +825,18 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             }
             let per = d / 32;
             let rep = h / kvh;
-            let gi = b.gid();
-            let c32 = b.ci64(32);
-            let gw = b.op(&format!("arith.divui {gi}, {c32} : i64"));
-            let lane = b.op(&format!("arith.remui {gi}, {c32} : i64"));
+            // one block per (token, head); its WARPS warps split the context (split-KV) and
+            // combine their partial softmax states through shared memory
+            const WARPS: usize = 4;
+            let stride = d + 2;
+            b.workgroup = Some(format!("%sm : memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride));
+            let bid = b.op("gpu.block_id x");
+            let gw = b.idx64(&bid);
+            let tid = b.op("gpu.thread_id x");
+            let c32i = b.op("arith.constant 32 : index");
+            let lane_i = b.op(&format!("arith.remui {tid}, {c32i} : index"));
+            let warp_i = b.op(&format!("arith.divui {tid}, {c32i} : index"));
+            let lane = b.idx64(&lane_i);
             let ok = b.op(&format!("arith.cmpi slt, {gw}, %n : i64"));
             b.line(&format!("scf.if {ok} {{"));
             let hh = b.ci64(*h as i64);
@@ -848,8 +860,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let c1 = b.ci64(1);
             let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
             let ctxi = b.op(&format!("arith.index_cast {ctx} : i64 to index"));
-            let zi = b.op("arith.constant 0 : index");
-            let onei = b.op("arith.constant 1 : index");
+            let wstep = b.op(&format!("arith.constant {WARPS} : index"));
             let ninf = b.op("arith.constant 0xFF800000 : f32");
             let zero = b.cf32(0.0);
             let res = b.v();
@@ -858,7 +869,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
             let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
             let tys = vec!["f32"; per + 2].join(", ");
-            b.line(&format!("{res}:{} = scf.for {j} = {zi} to {ctxi} step {onei} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
+            b.line(&format!("{res}:{} = scf.for {j} = {warp_i} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
             let j64 = b.idx64(&j);
             let cbs = b.ci64(*bs as i64);
             let bj = b.op(&format!("arith.divui {j64}, {cbs} : i64"));
@@ -897,18 +908,67 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             }
             b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
             b.line("}");
+            // partial states to shared memory: [w*stride] = m, [+1] = l, [+2+lane+32e] = acc
+            let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride);
+            let cst = b.op(&format!("arith.constant {stride} : index"));
+            let wb = b.op(&format!("arith.muli {warp_i}, {cst} : index"));
+            let c1i = b.op("arith.constant 1 : index");
+            let c2i = b.op("arith.constant 2 : index");
+            let wb1 = b.op(&format!("arith.addi {wb}, {c1i} : index"));
+            let wb2 = b.op(&format!("arith.addi {wb}, {c2i} : index"));
+            let wbl = b.op(&format!("arith.addi {wb2}, {lane_i} : index"));
+            b.line(&format!("memref.store {res}#0, %sm[{wb}] : {smt}"));
+            b.line(&format!("memref.store {res}#1, %sm[{wb1}] : {smt}"));
             for e in 0..per {
+                let ce = b.op(&format!("arith.constant {} : index", 32 * e));
+                let i = b.op(&format!("arith.addi {wbl}, {ce} : index"));
+                b.line(&format!("memref.store {res}#{}, %sm[{i}] : {smt}", e + 2));
+            }
+            b.line("gpu.barrier");
+            let c0i = b.op("arith.constant 0 : index");
+            let first = b.op(&format!("arith.cmpi eq, {warp_i}, {c0i} : index"));
+            b.line(&format!("scf.if {first} {{"));
+            let ms: Vec<String> = (0..WARPS)
+                .map(|w| {
+                    let i = b.op(&format!("arith.constant {} : index", w * stride));
+                    b.op(&format!("memref.load %sm[{i}] : {smt}"))
+                })
+                .collect();
+            let mut mx = ms[0].clone();
+            for m_w in &ms[1..] {
+                mx = b.op(&format!("arith.maximumf {mx}, {m_w} : f32"));
+            }
+            let mut lsum = zero.clone();
+            let mut wts = vec![];
+            for (w, m_w) in ms.iter().enumerate() {
+                let dm = b.op(&format!("arith.subf {m_w}, {mx} : f32"));
+                let f = b.exp(&dm);
+                let i = b.op(&format!("arith.constant {} : index", w * stride + 1));
+                let l_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+                lsum = b.op(&format!("llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"));
+                wts.push(f);
+            }
+            for e in 0..per {
+                let mut acc = zero.clone();
+                for (w, f) in wts.iter().enumerate() {
+                    let base = b.op(&format!("arith.constant {} : index", w * stride + 2 + 32 * e));
+                    let i = b.op(&format!("arith.addi {base}, {lane_i} : index"));
+                    let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+                    acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
+                }
                 let ce = b.ci64(32 * e as i64);
                 let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
                 let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                let y = b.op(&format!("arith.divf {res}#{}, {res}#1 : f32", e + 2));
+                let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
                 b.store(&y, "%out", &o);
             }
+            b.line("}");
             b.line("}");
             "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into()
         }
     };
-    Ok(format!("    gpu.func @{name}({params}) kernel {{\n{}        gpu.return\n    }}\n", b.s))
+    let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
+    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{}        gpu.return\n    }}\n", b.s))
 }
 
 /// Wrap kernels in the module the pass pipeline expects.

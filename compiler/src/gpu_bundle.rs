@@ -48,6 +48,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
         Launch::PerElement { threads } => ((n as u32).div_ceil(*threads), *threads),
         Launch::WarpPerRow { rows_per_block } => ((n as u32).div_ceil(*rows_per_block), 32 * rows_per_block),
         Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
+        Launch::BlockPerRow { warps } => (n as u32, 32 * warps),
         Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
     }
 }
@@ -207,7 +208,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         cases.push(Case { name: format!("cache_write {t} rows of {row}"), kernel: spec.symbol(), grid: gr, grid_y: 1, block: b, inputs: vec![data.push(&x), data.push_i32(&slots)], scalars: vec![(t * row) as i64], expected: data.push(&want), init: Some(init_arr), tol: 0.0 });
         specs.push(spec);
     }
-    for (h, kvh, d, bs, nb, seqs) in [(9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]), (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)])] {
+    for (h, kvh, d, bs, nb, seqs) in [(9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]), (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]), (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)])] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
         let mut table = vec![];

@@ -68,6 +68,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block),
                 Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block),
                 Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block),
+                Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps),
                 None => ("none", 0),
             };
             let (launch, block) = shape(s.kernel.as_ref().map(|k| k.launch()));

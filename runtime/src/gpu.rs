@@ -213,6 +213,7 @@ impl GpuBackend<'_> {
                 "per_element" => (work.div_ceil(block), gy, block),
                 "warp_per_row" | "warp_per_output" => (work.div_ceil(block), gy, 32 * block),
                 "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
+                "block_per_row" => (work, gy, 32 * block),
                 other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };
             let args = s.args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
