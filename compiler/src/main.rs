@@ -110,7 +110,7 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     let gpu = match &c.gpu {
         Some(g) => {
             let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
-            let kernels: std::collections::BTreeSet<_> = g.steps.iter().filter_map(|s| s.kernel.as_ref()).collect();
+            let kernels: std::collections::BTreeSet<_> = g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))).collect();
             format!("GPU: {} distinct kernels, {launches} launches per step ({} per layer)", kernels.len(), launches / per_layer)
         }
         None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),

@@ -142,10 +142,10 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     println!("  source: {}{}", h.weights.source, h.weights.source_sha256.as_ref().map(|s| format!(" (sha256 {s})")).unwrap_or_default());
     match &h.gpu {
         Some(g) => {
-            let kernels: std::collections::BTreeSet<_> = g.steps.iter().filter_map(|s| s.kernel.as_ref()).collect();
+            let kernels: std::collections::BTreeSet<_> = g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))).collect();
             let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
             let sizes: Vec<String> = g.ptx.iter().map(|(t, p)| format!("{t} {:.1} KB", p.len() as f64 / 1e3)).collect();
-            println!("gpu: {} kernels, {launches} launches per step, PTX {}", kernels.len(), sizes.join(", "));
+            println!("gpu: {} kernels, {launches} launches per step, {} buffers in the memory plan, PTX {}", kernels.len(), g.buffers.len(), sizes.join(", "));
         }
         None => println!("gpu: none (CPU backend only)"),
     }
