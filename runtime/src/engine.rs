@@ -23,6 +23,31 @@ pub struct StepBatch {
     pub logit_rows: Vec<i32>,
 }
 
+impl StepBatch {
+    /// Check the arrays agree with each other (a malformed batch is an error, not a panic).
+    pub fn validate(&self) -> Result<()> {
+        let t = self.tokens.len();
+        if t == 0 || self.positions.len() != t || self.seq_ids.len() != t || self.slots.len() != t {
+            return Err(RuntimeError::Request(format!(
+                "step batch: tokens ({t}), positions ({}), seq_ids ({}) and slots ({}) must have one entry per token",
+                self.positions.len(),
+                self.seq_ids.len(),
+                self.slots.len()
+            )));
+        }
+        if self.block_table.len() != self.num_seqs * self.max_blocks {
+            return Err(RuntimeError::Request(format!("step batch: block table has {} entries, expected {} x {}", self.block_table.len(), self.num_seqs, self.max_blocks)));
+        }
+        if self.seq_ids.iter().any(|&s| s < 0 || s as usize >= self.num_seqs) {
+            return Err(RuntimeError::Request("step batch: a seq_id is outside the block table".into()));
+        }
+        if self.logit_rows.iter().any(|&r| r < 0 || r as usize >= t) {
+            return Err(RuntimeError::Request("step batch: a logit row is outside the step's tokens".into()));
+        }
+        Ok(())
+    }
+}
+
 pub trait Backend {
     /// Run one step; returns one logits row per entry of `logit_rows`.
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>>;
@@ -56,6 +81,7 @@ fn ints(v: &[i32]) -> Tensor {
 
 impl Backend for CpuBackend<'_> {
     fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        b.validate()?;
         let inputs = BTreeMap::from([
             ("tokens".to_string(), ints(&b.tokens)),
             ("positions".to_string(), ints(&b.positions)),

@@ -280,7 +280,7 @@ impl GpuBackend<'_> {
             _ => self.launch_all(bucket)?,
         }
         bucket.runs += 1;
-        let (o, n) = bucket.placed[&bucket.logits];
+        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
         let bytes = cu(self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)), "reading logits")?;
         let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         Ok(data.chunks_exact(bucket.vocab.max(1)).map(|r| r.to_vec()).collect())
@@ -289,6 +289,7 @@ impl GpuBackend<'_> {
 
 impl Backend for GpuBackend<'_> {
     fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        b.validate()?;
         if b.max_blocks > self.blocks {
             return Err(gerr(format!("block table of {} blocks per sequence exceeds the pool ({})", b.max_blocks, self.blocks)));
         }

@@ -153,3 +153,23 @@ fn referenced_weights_load_like_embedded_ones_and_are_checked() {
     let e = open_err(&refd);
     assert!(e.contains("m.gguf") && e.contains("missing"), "{e}");
 }
+
+#[test]
+fn malformed_step_batches_are_errors() {
+    use dsc_runtime::engine::{Backend, CpuBackend, StepBatch};
+    let d = tempfile::tempdir().unwrap();
+    let plan = Plan::open(&tiny_plan(d.path())).unwrap();
+    let graph = plan.graph().unwrap();
+    let mut cpu = CpuBackend::new(&graph, &plan, 16).unwrap();
+    let good = StepBatch { tokens: vec![1, 2], positions: vec![0, 1], seq_ids: vec![0, 0], slots: vec![0, 1], block_table: vec![0], num_seqs: 1, max_blocks: 1, logit_rows: vec![1] };
+    assert_eq!(cpu.step(&good).unwrap().len(), 1);
+    for (bad, what) in [
+        (StepBatch { positions: vec![0], ..good.clone() }, "one entry per token"),
+        (StepBatch { block_table: vec![], ..good.clone() }, "block table"),
+        (StepBatch { seq_ids: vec![0, 3], ..good.clone() }, "seq_id"),
+        (StepBatch { logit_rows: vec![5], ..good.clone() }, "logit row"),
+    ] {
+        let e = cpu.step(&bad).unwrap_err().to_string();
+        assert!(e.contains(what), "{e}");
+    }
+}
