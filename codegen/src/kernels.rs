@@ -194,6 +194,12 @@ impl Body {
             other => return Err(format!("{other} is not a plain float type")),
         })
     }
+    /// (a + b) + (c + d)
+    fn sum4(&mut self, v: &[String]) -> String {
+        let a = self.op(&format!("arith.addf {}, {} : f32", v[0], v[1]));
+        let c = self.op(&format!("arith.addf {}, {} : f32", v[2], v[3]));
+        self.op(&format!("arith.addf {a}, {c} : f32"))
+    }
     fn warp_sum(&mut self, x: &str) -> String {
         let w32 = self.op("arith.constant 32 : i32");
         let mut total = x.to_string();
@@ -475,11 +481,12 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                             }
                         }
                     }
-                    let mut s = zero.clone();
-                    for (w, x) in ws.iter().zip(&xs) {
-                        s = b.op(&format!("llvm.intr.fma({w}, {x}, {s}) : (f32, f32, f32) -> f32"));
+                    // 4 independent accumulators: a 32-long FMA chain would be latency-bound
+                    let mut acc4 = vec![zero.clone(); 4];
+                    for (e, (w, x)) in ws.iter().zip(&xs).enumerate() {
+                        acc4[e % 4] = b.op(&format!("llvm.intr.fma({w}, {x}, {}) : (f32, f32, f32) -> f32", acc4[e % 4]));
                     }
-                    s
+                    b.sum4(&acc4)
                 }
                 DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
                     let bytes = wdtype.block().1 as i64;
@@ -524,14 +531,16 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                             q[j + 16] = b.op(&format!("arith.uitofp {hi} : i32 to f32"));
                         }
                     }
-                    let mut sq = zero.clone();
-                    let mut sx = zero.clone();
-                    for (qe, x) in q.iter().zip(&xs) {
-                        sq = b.op(&format!("llvm.intr.fma({qe}, {x}, {sq}) : (f32, f32, f32) -> f32"));
+                    let mut sq4 = vec![zero.clone(); 4];
+                    let mut sx4 = vec![zero.clone(); 4];
+                    for (e, (qe, x)) in q.iter().zip(&xs).enumerate() {
+                        sq4[e % 4] = b.op(&format!("llvm.intr.fma({qe}, {x}, {}) : (f32, f32, f32) -> f32", sq4[e % 4]));
                         if *wdtype != DType::Q8_0 {
-                            sx = b.op(&format!("arith.addf {sx}, {x} : f32"));
+                            sx4[e % 4] = b.op(&format!("arith.addf {}, {x} : f32", sx4[e % 4]));
                         }
                     }
+                    let sq = b.sum4(&sq4);
+                    let sx = if *wdtype != DType::Q8_0 { b.sum4(&sx4) } else { zero.clone() };
                     let dq = b.op(&format!("arith.mulf {d}, {sq} : f32"));
                     match wdtype {
                         DType::Q8_0 => dq,
