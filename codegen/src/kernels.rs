@@ -42,9 +42,9 @@ pub enum KernelSpec {
     /// cache[slot[t], :] = x[t, :] for rows of `row` floats, in place; params x, slots (i32),
     /// cache, T*row
     CacheWrite { row: usize },
-    /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one warp
-    /// per (token, head) with an online softmax; params q, k_cache, v_cache, pos, seq, table,
-    /// out, T*H, MB
+    /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
+    /// per (token, head) whose 4 warps split the keys (online softmax each, combined in shared
+    /// memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
     PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16

@@ -118,7 +118,7 @@ pub struct GpuStep {
     /// node buffers passed to the kernel, then `scalars` as i64
     pub args: Vec<String>,
     pub scalars: Vec<Scalar>,
-    /// "per_element", "warp_per_row" or "warp_per_output"
+    /// "per_element", "warp_per_row", "warp_per_output" or "block_per_row"
     pub launch: String,
     /// threads (per_element) or warps (the others) per block
     pub block: u32,
