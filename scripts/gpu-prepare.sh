@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# Build what the GPU machine needs into .gpu/ (git-ignored): the runtime-only binary and the
-# kernel-check bundle (PTX from our codegen + inputs + CPU reference outputs).
+# Build what the GPU machine needs into .gpu/ (git-ignored), for three `run` calls:
+#   1. carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/llama3-8b.plan"]: bash scripts/gpu-check.sh
+#      (every generated kernel vs the CPU executor's outputs; Llama-3-8B-shape decode)
+#   2. carry [".gpu/p1"]: mkdir -p ~/cache && mv .gpu/p1/smol.plan.part.aa ~/cache/
+#   3. right after (the machine stays warm 30 s), carry [".gpu/p2"]: bash scripts/gpu-e2e.sh
+#      (SmolLM2 plan, split in two because one call carries at most 64 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p dsc-compiler -p dsc-runtime
-mkdir -p .gpu
+mkdir -p .gpu .cache
 cp target/release/dsc-runtime .gpu/
 ./target/release/dsc gpu-bundle --dir .gpu/check
 ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/llama3-8b.plan
-du -sh .gpu
+./target/release/dsc compile models/smollm2-135m.toml -o .cache/smol.plan
+rm -rf .gpu/p1 .gpu/p2 && mkdir -p .gpu/p1 .gpu/p2
+split -b 48M .cache/smol.plan .cache/smol.plan.part.
+mv .cache/smol.plan.part.aa .gpu/p1/smol.plan.part.aa
+mv .cache/smol.plan.part.ab .gpu/p2/smol.plan.part.ab
+cp target/release/dsc-runtime .gpu/p2/
+cp ../shared/reference/smollm2-q4_1-numpy-public.json .gpu/p2/
+sha256sum .cache/smol.plan | cut -d' ' -f1 > .gpu/p2/plan.sha256
+du -sh .gpu/check .gpu/p1 .gpu/p2
