@@ -50,6 +50,16 @@ pub enum KernelSpec {
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
     MatMulMma { k: usize, n: usize, wdtype: DType, bias: bool },
+    /// softmax over rows of `d` (warp per row); params x, y, rows
+    Softmax { d: usize },
+    /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
+    LayerNorm { d: usize, eps_bits: u32 },
+    /// index (i32) of the row maximum (first on ties), rows of `d`; params x, y, rows
+    Argmax { d: usize },
+    /// y = x[.., start..start+len, inner..] along an axis of size `d`; params x, y, n
+    Slice { inner: usize, d: usize, start: usize, len: usize },
+    /// y[r, j] = x[r, idx[r, j]] for rows of `n_in` and `k` picks; params x, idx, y, n
+    TakeAlong { n_in: usize, k: usize },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -75,6 +85,11 @@ impl KernelSpec {
             KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
             KernelSpec::PagedAttention { h, kvh, d, bs, .. } => format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
+            KernelSpec::Softmax { d } => format!("softmax_d{d}"),
+            KernelSpec::LayerNorm { d, .. } => format!("layer_norm_d{d}"),
+            KernelSpec::Argmax { d } => format!("argmax_d{d}"),
+            KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
+            KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
             KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
         }
     }
@@ -84,6 +99,8 @@ impl KernelSpec {
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
+            KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { .. } => Launch::BlockPerRow { warps: 4 },
         }
@@ -193,6 +210,51 @@ impl Body {
             }
             other => return Err(format!("{other} is not a plain float type")),
         })
+    }
+    /// warp-per-row prologue: opens `scf.if row < %rows`; returns (lane, row base, d, 32) as
+    /// index values
+    fn open_row(&mut self, d: usize, rows_per_block: u32) -> (String, String, String, String) {
+        let t = self.op("gpu.thread_id x");
+        let blk = self.op("gpu.block_id x");
+        let c32 = self.op("arith.constant 32 : index");
+        let lane = self.op(&format!("arith.remui {t}, {c32} : index"));
+        let warp = self.op(&format!("arith.divui {t}, {c32} : index"));
+        let rpb = self.op(&format!("arith.constant {rows_per_block} : index"));
+        let r0 = self.op(&format!("arith.muli {blk}, {rpb} : index"));
+        let row = self.op(&format!("arith.addi {r0}, {warp} : index"));
+        let rowi = self.op(&format!("arith.index_cast {row} : index to i64"));
+        let ok = self.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+        self.line(&format!("scf.if {ok} {{"));
+        let dd = self.op(&format!("arith.constant {d} : index"));
+        let base = self.op(&format!("arith.muli {row}, {dd} : index"));
+        (lane, base, dd, c32)
+    }
+    /// sum over the row: scf.for lane..d step 32 of f(x[base+i]) then a warp reduction
+    fn row_reduce(&mut self, lane: &str, base: &str, dd: &str, c32: &str, f: &dyn Fn(&mut Body, &str) -> String, max: bool) -> String {
+        let init = if max { self.op("arith.constant 0xFF800000 : f32") } else { self.cf32(0.0) };
+        let acc = self.v();
+        let (iv, a) = (self.v(), self.v());
+        self.line(&format!("{acc} = scf.for {iv} = {lane} to {dd} step {c32} iter_args({a} = {init}) -> (f32) {{"));
+        let idx = self.op(&format!("arith.addi {base}, {iv} : index"));
+        let idx = self.op(&format!("arith.index_cast {idx} : index to i64"));
+        let x = self.load("%x", &idx);
+        let v = f(self, &x);
+        let a2 = if max { self.op(&format!("arith.maximumf {a}, {v} : f32")) } else { self.op(&format!("arith.addf {a}, {v} : f32")) };
+        self.line(&format!("scf.yield {a2} : f32"));
+        self.line("}");
+        if max {
+            let w32 = self.op("arith.constant 32 : i32");
+            let mut total = acc;
+            for off in [16, 8, 4, 2, 1] {
+                let o = self.op(&format!("arith.constant {off} : i32"));
+                let (sh, valid) = (self.v(), self.v());
+                self.line(&format!("{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
+                total = self.op(&format!("arith.maximumf {total}, {sh} : f32"));
+            }
+            total
+        } else {
+            self.warp_sum(&acc)
+        }
     }
     /// (a + b) + (c + d)
     fn sum4(&mut self, v: &[String]) -> String {
@@ -323,7 +385,38 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
             let hx = b.op(&format!("arith.mulf {x}, {half} : f32"));
             b.op(&format!("arith.mulf {hx}, {w} : f32"))
         }
-        UnaryOp::GeluErf => return Err("gelu_erf has no GPU lowering yet".into()),
+        UnaryOp::GeluErf => {
+            // 0.5 x (1 + erf(x / sqrt 2)); erf by the rational form the CPU executor uses
+            let r2 = b.cf32(std::f32::consts::FRAC_1_SQRT_2);
+            let z = b.op(&format!("arith.mulf {x}, {r2} : f32"));
+            let nz = b.op(&format!("arith.negf {z} : f32"));
+            let az = b.op(&format!("arith.maximumf {z}, {nz} : f32"));
+            let half = b.cf32(0.5);
+            let one = b.cf32(1.0);
+            let hz = b.op(&format!("arith.mulf {az}, {half} : f32"));
+            let den = b.op(&format!("arith.addf {one}, {hz} : f32"));
+            let t = b.op(&format!("arith.divf {one}, {den} : f32"));
+            let coef = [0.170_872_77f32, -0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_68];
+            let mut p = b.cf32(coef[0]);
+            for c in &coef[1..] {
+                let cc = b.cf32(*c);
+                p = b.op(&format!("llvm.intr.fma({p}, {t}, {cc}) : (f32, f32, f32) -> f32"));
+            }
+            let c0 = b.cf32(-1.265_512_23);
+            let pt = b.op(&format!("llvm.intr.fma({p}, {t}, {c0}) : (f32, f32, f32) -> f32"));
+            let z2 = b.op(&format!("arith.mulf {az}, {az} : f32"));
+            let e_in = b.op(&format!("arith.subf {pt}, {z2} : f32"));
+            let e = b.exp(&e_in);
+            let te = b.op(&format!("arith.mulf {t}, {e} : f32"));
+            let y = b.op(&format!("arith.subf {one}, {te} : f32"));
+            let neg = b.op(&format!("arith.negf {y} : f32"));
+            let zero = b.cf32(0.0);
+            let pos = b.op(&format!("arith.cmpf oge, {z}, {zero} : f32"));
+            let erf = b.op(&format!("arith.select {pos}, {y}, {neg} : f32"));
+            let w = b.op(&format!("arith.addf {one}, {erf} : f32"));
+            let hx = b.op(&format!("arith.mulf {x}, {half} : f32"));
+            b.op(&format!("arith.mulf {hx}, {w} : f32"))
+        }
     })
 }
 
@@ -747,6 +840,134 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             }
             b.line("}");
             if *bias { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into() } else { "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into() }
+        }
+        KernelSpec::Softmax { d } => {
+            let (lane, base, dd, c32) = b.open_row(*d, 4);
+            let m = b.row_reduce(&lane, &base, &dd, &c32, &|_, x| x.to_string(), true);
+            let mm = m.clone();
+            let sum = b.row_reduce(&lane, &base, &dd, &c32, &move |b, x| {
+                let t = b.op(&format!("arith.subf {x}, {mm} : f32"));
+                b.exp(&t)
+            }, false);
+            let iv = b.v();
+            b.line(&format!("scf.for {iv} = {lane} to {dd} step {c32} {{"));
+            let idx = b.op(&format!("arith.addi {base}, {iv} : index"));
+            let idx = b.op(&format!("arith.index_cast {idx} : index to i64"));
+            let x = b.load("%x", &idx);
+            let t = b.op(&format!("arith.subf {x}, {m} : f32"));
+            let e = b.exp(&t);
+            let y = b.op(&format!("arith.divf {e}, {sum} : f32"));
+            b.store(&y, "%y", &idx);
+            b.line("}");
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::LayerNorm { d, eps_bits } => {
+            let (lane, base, dd, c32) = b.open_row(*d, 4);
+            let df = b.cf32(*d as f32);
+            let s1 = b.row_reduce(&lane, &base, &dd, &c32, &|_, x| x.to_string(), false);
+            let mean = b.op(&format!("arith.divf {s1}, {df} : f32"));
+            let mm = mean.clone();
+            let s2 = b.row_reduce(&lane, &base, &dd, &c32, &move |b, x| {
+                let t = b.op(&format!("arith.subf {x}, {mm} : f32"));
+                b.op(&format!("arith.mulf {t}, {t} : f32"))
+            }, false);
+            let var = b.op(&format!("arith.divf {s2}, {df} : f32"));
+            let e = b.cf32(f32::from_bits(*eps_bits));
+            let ve = b.op(&format!("arith.addf {var}, {e} : f32"));
+            let sd = b.asm1("sqrt.rn.f32", &ve);
+            let one = b.cf32(1.0);
+            let inv = b.op(&format!("arith.divf {one}, {sd} : f32"));
+            let iv = b.v();
+            b.line(&format!("scf.for {iv} = {lane} to {dd} step {c32} {{"));
+            let idx = b.op(&format!("arith.addi {base}, {iv} : index"));
+            let idx = b.op(&format!("arith.index_cast {idx} : index to i64"));
+            let wi = b.op(&format!("arith.index_cast {iv} : index to i64"));
+            let x = b.load("%x", &idx);
+            let w = b.load("%w", &wi);
+            let bb = b.load("%b", &wi);
+            let xc = b.op(&format!("arith.subf {x}, {mean} : f32"));
+            let xn = b.op(&format!("arith.mulf {xc}, {inv} : f32"));
+            let y = b.op(&format!("llvm.intr.fma({xn}, {w}, {bb}) : (f32, f32, f32) -> f32"));
+            b.store(&y, "%y", &idx);
+            b.line("}");
+            b.line("}");
+            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::Argmax { d } => {
+            let (lane, base, dd, c32) = b.open_row(*d, 4);
+            let ninf = b.op("arith.constant 0xFF800000 : f32");
+            let big = b.op("arith.constant 2147483647 : i32");
+            let res = b.v();
+            let (iv, bv, bi) = (b.v(), b.v(), b.v());
+            b.line(&format!("{res}:2 = scf.for {iv} = {lane} to {dd} step {c32} iter_args({bv} = {ninf}, {bi} = {big}) -> (f32, i32) {{"));
+            let idx = b.op(&format!("arith.addi {base}, {iv} : index"));
+            let idx = b.op(&format!("arith.index_cast {idx} : index to i64"));
+            let x = b.load("%x", &idx);
+            let i32v = b.op(&format!("arith.index_cast {iv} : index to i32"));
+            let gt = b.op(&format!("arith.cmpf ogt, {x}, {bv} : f32"));
+            let nv = b.op(&format!("arith.select {gt}, {x}, {bv} : f32"));
+            let ni = b.op(&format!("arith.select {gt}, {i32v}, {bi} : i32"));
+            b.line(&format!("scf.yield {nv}, {ni} : f32, i32"));
+            b.line("}");
+            let w32 = b.op("arith.constant 32 : i32");
+            let (mut v, mut i) = (format!("{res}#0"), format!("{res}#1"));
+            for off in [16, 8, 4, 2, 1] {
+                let o = b.op(&format!("arith.constant {off} : i32"));
+                let (sv, p1, si, p2) = (b.v(), b.v(), b.v(), b.v());
+                b.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
+                b.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
+                let gt = b.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
+                let eq = b.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
+                let lt = b.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
+                let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
+                let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+                v = b.op(&format!("arith.select {take}, {sv}, {v} : f32"));
+                i = b.op(&format!("arith.select {take}, {si}, {i} : i32"));
+            }
+            let c0 = b.op("arith.constant 0 : index");
+            let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+            b.line(&format!("scf.if {first} {{"));
+            let row = b.op(&format!("arith.divui {base}, {dd} : index"));
+            let row = b.op(&format!("arith.index_cast {row} : index to i64"));
+            let p = b.op(&format!("llvm.getelementptr %y[{row}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+            b.line(&format!("llvm.store {i}, {p} : i32, !llvm.ptr<1>"));
+            b.line("}");
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::Slice { inner, d, start, len } => {
+            let o = b.open_guarded_gid();
+            let ci = b.ci64(*inner as i64);
+            let cl = b.ci64(*len as i64);
+            let cd = b.ci64(*d as i64);
+            let cs = b.ci64(*start as i64);
+            let inn = b.op(&format!("arith.remui {o}, {ci} : i64"));
+            let t = b.op(&format!("arith.divui {o}, {ci} : i64"));
+            let ax = b.op(&format!("arith.remui {t}, {cl} : i64"));
+            let outer = b.op(&format!("arith.divui {t}, {cl} : i64"));
+            let r = b.op(&format!("arith.muli {outer}, {cd} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cs} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {ax} : i64"));
+            let r = b.op(&format!("arith.muli {r}, {ci} : i64"));
+            let src = b.op(&format!("arith.addi {r}, {inn} : i64"));
+            let x = b.load("%x", &src);
+            b.store(&x, "%y", &o);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::TakeAlong { n_in, k } => {
+            let o = b.open_guarded_gid();
+            let ck = b.ci64(*k as i64);
+            let cn = b.ci64(*n_in as i64);
+            let r = b.op(&format!("arith.divui {o}, {ck} : i64"));
+            let j = b.load_i32_as_i64("%idx", &o);
+            let rb = b.op(&format!("arith.muli {r}, {cn} : i64"));
+            let src = b.op(&format!("arith.addi {rb}, {j} : i64"));
+            let x = b.load("%x", &src);
+            b.store(&x, "%y", &o);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::Gather { d, dtype } => {
             let i = b.open_guarded_gid();

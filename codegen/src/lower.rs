@@ -162,6 +162,35 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
                 step(spec, args, vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)], Scalar::Rows(name.clone()), one)
             }
+            Op::Softmax | Op::Argmax => {
+                let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "needs a constant last dim"))?;
+                if ops[0].ty.dtype != DType::F32 {
+                    return Err(err(&name, "GPU kernels take f32 activations today"));
+                }
+                let spec = if matches!(n.op, Op::Softmax) { KernelSpec::Softmax { d } } else { KernelSpec::Argmax { d } };
+                step(spec, args, vec![Scalar::Rows(names[0].clone())], Scalar::Rows(names[0].clone()), one)
+            }
+            Op::LayerNorm { eps } => {
+                let d = n.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "layer_norm needs a constant last dim"))?;
+                if ops[1].ty.dtype != DType::F32 || ops[2].ty.dtype != DType::F32 {
+                    return Err(err(&name, "layer_norm weight and bias must be f32"));
+                }
+                step(KernelSpec::LayerNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
+            }
+            Op::Slice { axis, start, len } => {
+                let x = &ops[0].ty;
+                let inner: Option<usize> = x.shape[axis + 1..].iter().map(|d| d.as_const()).product();
+                let (Some(inner), Some(d)) = (inner, x.shape[*axis].as_const()) else {
+                    return Err(err(&name, "slice needs constant dims from the axis inward"));
+                };
+                step(KernelSpec::Slice { inner, d, start: *start, len: *len }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
+            }
+            Op::TakeAlong => {
+                let (Some(n_in), Some(k)) = (ops[0].ty.shape.last().and_then(|d| d.as_const()), n.ty.shape.last().and_then(|d| d.as_const())) else {
+                    return Err(err(&name, "take_along needs constant last dims"));
+                };
+                step(KernelSpec::TakeAlong { n_in, k }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
+            }
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         });
     }

@@ -21,7 +21,7 @@ fn ptxas() -> PathBuf {
 }
 
 pub fn all_specs() -> Vec<KernelSpec> {
-    let mut v: Vec<KernelSpec> = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu]
+    let mut v: Vec<KernelSpec> = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf]
         .into_iter()
         .map(|u| KernelSpec::Unary(UnaryOpKey(u)))
         .collect();
@@ -39,6 +39,11 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
+    v.push(KernelSpec::Softmax { d: 1000 });
+    v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits() });
+    v.push(KernelSpec::Argmax { d: 49152 });
+    v.push(KernelSpec::Slice { inner: 64, d: 12, start: 3, len: 4 });
+    v.push(KernelSpec::TakeAlong { n_in: 64, k: 6 });
     v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v
@@ -68,6 +73,6 @@ fn every_kernel_passes_ptxas_for_every_target() {
 
 #[test]
 fn unsupported_ops_are_named() {
-    let e = compile_kernels(&[KernelSpec::Unary(UnaryOpKey(UnaryOp::GeluErf))], &[GpuTarget::Sm90a]).unwrap_err().to_string();
-    assert!(e.contains("unary_gelu_erf_f32") && e.contains("no GPU lowering"), "{e}");
+    let e = compile_kernels(&[KernelSpec::MatMul { k: 64, n: 8, wdtype: DType::I8, bias: false }], &[GpuTarget::Sm90a]).unwrap_err().to_string();
+    assert!(e.contains("matmul_k64_n8_i8") && e.contains("not lowered"), "{e}");
 }

@@ -62,7 +62,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     let mut specs = vec![];
     let none = Weights::new();
     let n = 100_003usize; // not a multiple of the block: exercises the bounds check
-    let unary = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu];
+    let unary = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf];
     for u in unary {
         let spec = KernelSpec::Unary(UnaryOpKey(u));
         let (lo, hi) = match u {
@@ -286,6 +286,57 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         if !ones {
             specs.push(spec);
         }
+    }
+    // row ops and index ops
+    {
+        let (rows, d) = (37usize, 1000usize);
+        let x = rand_vec(rows * d, -6.0, 6.0);
+        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = softmax(%x) : f32[{rows}, {d}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
+        let spec = KernelSpec::Softmax { d };
+        let (g, b) = grid(&spec.launch(), rows);
+        cases.push(Case { name: format!("softmax {rows}x{d}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x)], scalars: vec![rows as i64], expected: data.push(&want), init: None, tol: 1e-5 });
+        specs.push(spec);
+    }
+    {
+        let (rows, d, eps) = (19usize, 768usize, 1e-5f32);
+        let x = rand_vec(rows * d, -3.0, 5.0);
+        let w = rand_vec(d, 0.5, 1.5);
+        let bias = rand_vec(d, -0.5, 0.5);
+        let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::F32, vec![d], f(&w))), ("b".to_string(), (DType::F32, vec![d], f(&bias)))]);
+        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %b = weight : f32[{d}]\n  %y = layer_norm(%x, %w, %b) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &ws)?;
+        let spec = KernelSpec::LayerNorm { d, eps_bits: eps.to_bits() };
+        let (g, b) = grid(&spec.launch(), rows);
+        cases.push(Case { name: format!("layer_norm {rows}x{d}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x), data.push(&w), data.push(&bias)], scalars: vec![rows as i64], expected: data.push(&want), init: None, tol: 1e-5 });
+        specs.push(spec);
+    }
+    {
+        let (rows, d) = (5usize, 49152usize);
+        let mut x = rand_vec(rows * d, -10.0, 10.0);
+        x[3 * d + 7] = 50.0; // a tie at the top: the first index wins
+        x[3 * d + 900] = 50.0;
+        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = argmax(%x) : i32[{rows}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
+        // the kernel writes i32: compare bit patterns (small ints are f32 denormals, never NaN)
+        let bits: Vec<f32> = want.iter().map(|&v| f32::from_bits(v as i32 as u32)).collect();
+        let spec = KernelSpec::Argmax { d };
+        let (g, b) = grid(&spec.launch(), rows);
+        cases.push(Case { name: format!("argmax {rows}x{d}"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x)], scalars: vec![rows as i64], expected: data.push(&bits), init: None, tol: 0.0 });
+        specs.push(spec);
+    }
+    {
+        let x = rand_vec(7 * 12 * 64, -1.0, 1.0);
+        let want = reference("graph \"k\" {\n  %x = input : f32[7, 12, 64]\n  %y = slice(%x) {axis = 1, start = 3, len = 4} : f32[7, 4, 64]\n  output y = %y\n}\n", vec![("x", Tensor::new(vec![7, 12, 64], x.clone()))], &none)?;
+        let spec = KernelSpec::Slice { inner: 64, d: 12, start: 3, len: 4 };
+        let (g, b) = grid(&spec.launch(), want.len());
+        cases.push(Case { name: "slice 7x12x64 [3..7]".into(), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x)], scalars: vec![want.len() as i64], expected: data.push(&want), init: None, tol: 0.0 });
+        specs.push(spec);
+        let xs = rand_vec(9 * 64, -1.0, 1.0);
+        let idx: Vec<i32> = rand_vec(9 * 6, 0.0, 64.0).into_iter().map(|v| (v as i32).min(63)).collect();
+        let want = reference("graph \"k\" {\n  %x = input : f32[9, 64]\n  %i = input : i32[9, 6]\n  %y = take_along(%x, %i) : f32[9, 6]\n  output y = %y\n}\n", vec![("x", Tensor::new(vec![9, 64], xs.clone())), ("i", Tensor::from_i32(vec![9, 6], &idx))], &none)?;
+        let spec = KernelSpec::TakeAlong { n_in: 64, k: 6 };
+        let (g, b) = grid(&spec.launch(), want.len());
+        cases.push(Case { name: "take_along 9x64 k6".into(), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&xs), data.push_i32(&idx)], scalars: vec![want.len() as i64], expected: data.push(&want), init: None, tol: 0.0 });
+        specs.push(spec);
     }
     let m = compile_kernels(&specs, &GpuTarget::ALL)?;
     let mut ptx = BTreeMap::new();
