@@ -60,6 +60,14 @@ pub enum KernelSpec {
     Slice { inner: usize, d: usize, start: usize, len: usize },
     /// y[r, j] = x[r, idx[r, j]] for rows of `n_in` and `k` picks; params x, idx, y, n
     TakeAlong { n_in: usize, k: usize },
+    /// indices (i32) of the k largest values per row of `d`, largest first, ties by lower
+    /// index (warp per row, k selection passes); params x, y, rows
+    TopK { d: usize, k: usize },
+    /// y = x with its axes permuted (rank <= 4); params x, y, n, then the input's dims
+    Transpose { perm: Vec<usize> },
+    /// y = concat(x_0 .. x_{m-1}) along an axis: sizes along the axis, elements per axis step
+    /// (`inner`); params x_0.., y, n
+    Concat { sizes: Vec<usize>, inner: usize },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -90,6 +98,9 @@ impl KernelSpec {
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
             KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
             KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
+            KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
+            KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
+            KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
         }
     }
@@ -100,7 +111,8 @@ impl KernelSpec {
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { .. } => Launch::BlockPerRow { warps: 4 },
         }
@@ -968,6 +980,133 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.store(&x, "%y", &o);
             b.line("}");
             "%x: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::TopK { d, k } => {
+            let (lane, base, dd, c32) = b.open_row(*d, 4);
+            let row = b.op(&format!("arith.divui {base}, {dd} : index"));
+            let row = b.op(&format!("arith.index_cast {row} : index to i64"));
+            let ck = b.ci64(*k as i64);
+            let obase = b.op(&format!("arith.muli {row}, {ck} : i64"));
+            // pass p finds the largest (value desc, index asc) element after the previous pick
+            let mut pv = b.op("arith.constant 0x7F800000 : f32"); // +inf
+            let mut pi = b.op("arith.constant -1 : i32");
+            let w32 = b.op("arith.constant 32 : i32");
+            for p in 0..*k {
+                let ninf = b.op("arith.constant 0xFF800000 : f32");
+                let big = b.op("arith.constant 2147483647 : i32");
+                let res = b.v();
+                let (iv, bv, bi) = (b.v(), b.v(), b.v());
+                b.line(&format!("{res}:2 = scf.for {iv} = {lane} to {dd} step {c32} iter_args({bv} = {ninf}, {bi} = {big}) -> (f32, i32) {{"));
+                let idx = b.op(&format!("arith.addi {base}, {iv} : index"));
+                let idx = b.op(&format!("arith.index_cast {idx} : index to i64"));
+                let x = b.load("%x", &idx);
+                let xi = b.op(&format!("arith.index_cast {iv} : index to i32"));
+                // eligible: (x < pv) or (x == pv and xi > pi)
+                let lt = b.op(&format!("arith.cmpf olt, {x}, {pv} : f32"));
+                let eqv = b.op(&format!("arith.cmpf oeq, {x}, {pv} : f32"));
+                let gti = b.op(&format!("arith.cmpi sgt, {xi}, {pi} : i32"));
+                let after = b.op(&format!("arith.andi {eqv}, {gti} : i1"));
+                let elig = b.op(&format!("arith.ori {lt}, {after} : i1"));
+                // better: x > bv, or x == bv and xi < bi
+                let gt = b.op(&format!("arith.cmpf ogt, {x}, {bv} : f32"));
+                let eqb = b.op(&format!("arith.cmpf oeq, {x}, {bv} : f32"));
+                let lti = b.op(&format!("arith.cmpi slt, {xi}, {bi} : i32"));
+                let tie = b.op(&format!("arith.andi {eqb}, {lti} : i1"));
+                let better = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+                let take = b.op(&format!("arith.andi {elig}, {better} : i1"));
+                let nv = b.op(&format!("arith.select {take}, {x}, {bv} : f32"));
+                let ni = b.op(&format!("arith.select {take}, {xi}, {bi} : i32"));
+                b.line(&format!("scf.yield {nv}, {ni} : f32, i32"));
+                b.line("}");
+                let (mut v, mut i) = (format!("{res}#0"), format!("{res}#1"));
+                for off in [16, 8, 4, 2, 1] {
+                    let o = b.op(&format!("arith.constant {off} : i32"));
+                    let (sv, p1, si, p2) = (b.v(), b.v(), b.v(), b.v());
+                    b.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
+                    b.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
+                    let gt = b.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
+                    let eq = b.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
+                    let lt = b.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
+                    let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
+                    let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+                    v = b.op(&format!("arith.select {take}, {sv}, {v} : f32"));
+                    i = b.op(&format!("arith.select {take}, {si}, {i} : i32"));
+                }
+                let c0 = b.op("arith.constant 0 : index");
+                let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+                b.line(&format!("scf.if {first} {{"));
+                let cp = b.ci64(p as i64);
+                let oi = b.op(&format!("arith.addi {obase}, {cp} : i64"));
+                let ptr = b.op(&format!("llvm.getelementptr %y[{oi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+                b.line(&format!("llvm.store {i}, {ptr} : i32, !llvm.ptr<1>"));
+                b.line("}");
+                pv = v;
+                pi = i;
+            }
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::Transpose { perm } => {
+            let r = perm.len();
+            if r == 0 || r > 4 {
+                return Err(format!("transpose of rank {r} is not lowered (1..=4)"));
+            }
+            let o = b.open_guarded_gid();
+            // input dims %d0..; output coordinate j runs over input axis perm[j]
+            let ind: Vec<String> = (0..r).map(|i| format!("%d{i}")).collect();
+            let mut rem = o.clone();
+            let mut coord = vec![String::new(); r];
+            for j in (0..r).rev() {
+                let dim = &ind[perm[j]];
+                coord[perm[j]] = b.op(&format!("arith.remui {rem}, {dim} : i64"));
+                rem = b.op(&format!("arith.divui {rem}, {dim} : i64"));
+            }
+            let mut src = coord[0].clone();
+            for i in 1..r {
+                let m = b.op(&format!("arith.muli {src}, {} : i64", ind[i]));
+                src = b.op(&format!("arith.addi {m}, {} : i64", coord[i]));
+            }
+            let x = b.load("%x", &src);
+            b.store(&x, "%y", &o);
+            b.line("}");
+            let dims: Vec<String> = (0..r).map(|i| format!("%d{i}: i64")).collect();
+            format!("%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, {}", dims.join(", "))
+        }
+        KernelSpec::Concat { sizes, inner } => {
+            let total: usize = sizes.iter().sum();
+            let o = b.open_guarded_gid();
+            let ci = b.ci64(*inner as i64);
+            let ct = b.ci64(total as i64);
+            let inn = b.op(&format!("arith.remui {o}, {ci} : i64"));
+            let t = b.op(&format!("arith.divui {o}, {ci} : i64"));
+            let a = b.op(&format!("arith.remui {t}, {ct} : i64"));
+            let outer = b.op(&format!("arith.divui {t}, {ct} : i64"));
+            // pick the operand by the axis coordinate; each branch loads from its own input
+            let mut val = b.cf32(0.0);
+            let mut start = 0usize;
+            for (m, &sz) in sizes.iter().enumerate() {
+                let lo = b.ci64(start as i64);
+                let hi = b.ci64((start + sz) as i64);
+                let ge = b.op(&format!("arith.cmpi uge, {a}, {lo} : i64"));
+                let lt = b.op(&format!("arith.cmpi ult, {a}, {hi} : i64"));
+                let inr = b.op(&format!("arith.andi {ge}, {lt} : i1"));
+                let la = b.op(&format!("arith.subi {a}, {lo} : i64"));
+                let csz = b.ci64(sz as i64);
+                let r0 = b.op(&format!("arith.muli {outer}, {csz} : i64"));
+                let r1 = b.op(&format!("arith.addi {r0}, {la} : i64"));
+                let r2 = b.op(&format!("arith.muli {r1}, {ci} : i64"));
+                let src = b.op(&format!("arith.addi {r2}, {inn} : i64"));
+                // clamp the index for lanes of other operands so the load stays in bounds
+                let z = b.ci64(0);
+                let safe = b.op(&format!("arith.select {inr}, {src}, {z} : i64"));
+                let x = b.load(&format!("%x{m}"), &safe);
+                val = b.op(&format!("arith.select {inr}, {x}, {val} : f32"));
+                start += sz;
+            }
+            b.store(&val, "%y", &o);
+            b.line("}");
+            let xs: Vec<String> = (0..sizes.len()).map(|m| format!("%x{m}: !llvm.ptr<1>")).collect();
+            format!("{}, %y: !llvm.ptr<1>, %n: i64", xs.join(", "))
         }
         KernelSpec::Gather { d, dtype } => {
             let i = b.open_guarded_gid();

@@ -191,6 +191,29 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 };
                 step(KernelSpec::TakeAlong { n_in, k }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
+            Op::TopK { k } => {
+                let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "top_k needs a constant last dim"))?;
+                if ops[0].ty.dtype != DType::F32 {
+                    return Err(err(&name, "GPU kernels take f32 activations today"));
+                }
+                step(KernelSpec::TopK { d, k: *k }, args, vec![Scalar::Rows(names[0].clone())], Scalar::Rows(names[0].clone()), one)
+            }
+            Op::Transpose { perm } => {
+                if perm.len() > 4 {
+                    return Err(err(&name, "transpose of rank > 4 is not lowered"));
+                }
+                let mut sc = vec![Scalar::Numel(name.clone())];
+                sc.extend((0..perm.len()).map(|i| Scalar::Dim(names[0].clone(), i)));
+                step(KernelSpec::Transpose { perm: perm.clone() }, args, sc, Scalar::Numel(name.clone()), one)
+            }
+            Op::Concat { axis } => {
+                let sizes: Option<Vec<usize>> = ops.iter().map(|o| o.ty.shape[*axis].as_const()).collect();
+                let inner: Option<usize> = n.ty.shape[axis + 1..].iter().map(|d| d.as_const()).product();
+                let (Some(sizes), Some(inner)) = (sizes, inner) else {
+                    return Err(err(&name, "concat needs constant dims from the axis inward"));
+                };
+                step(KernelSpec::Concat { sizes, inner }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
+            }
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         });
     }

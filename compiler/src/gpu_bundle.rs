@@ -338,6 +338,29 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         cases.push(Case { name: "take_along 9x64 k6".into(), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&xs), data.push_i32(&idx)], scalars: vec![want.len() as i64], expected: data.push(&want), init: None, tol: 0.0 });
         specs.push(spec);
     }
+    {
+        // top_k with ties: values on a coarse grid so equal values are common
+        let (rows, d, k) = (11usize, 64usize, 6usize);
+        let x: Vec<f32> = rand_vec(rows * d, 0.0, 8.0).into_iter().map(|v| v.floor()).collect();
+        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = top_k(%x) {{k = {k}}} : i32[{rows}, {k}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
+        let bits: Vec<f32> = want.iter().map(|&v| f32::from_bits(v as i32 as u32)).collect();
+        let spec = KernelSpec::TopK { d, k };
+        let (g, b) = grid(&spec.launch(), rows);
+        cases.push(Case { name: format!("top_k {rows}x{d} k{k} ties"), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x)], scalars: vec![rows as i64], expected: data.push(&bits), init: None, tol: 0.0 });
+        specs.push(spec);
+        let x = rand_vec(5 * 3 * 16, -1.0, 1.0);
+        let want = reference("graph \"k\" {\n  %x = input : f32[5, 3, 16]\n  %y = transpose(%x) {perm = [1, 0, 2]} : f32[3, 5, 16]\n  output y = %y\n}\n", vec![("x", Tensor::new(vec![5, 3, 16], x.clone()))], &none)?;
+        let spec = KernelSpec::Transpose { perm: vec![1, 0, 2] };
+        let (g, b) = grid(&spec.launch(), want.len());
+        cases.push(Case { name: "transpose 5x3x16 [1,0,2]".into(), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&x)], scalars: vec![want.len() as i64, 5, 3, 16], expected: data.push(&want), init: None, tol: 0.0 });
+        specs.push(spec);
+        let (a, c) = (rand_vec(4 * 3 * 16, -1.0, 1.0), rand_vec(4 * 5 * 16, -1.0, 1.0));
+        let want = reference("graph \"k\" {\n  %a = input : f32[4, 3, 16]\n  %c = input : f32[4, 5, 16]\n  %y = concat(%a, %c) {axis = 1} : f32[4, 8, 16]\n  output y = %y\n}\n", vec![("a", Tensor::new(vec![4, 3, 16], a.clone())), ("c", Tensor::new(vec![4, 5, 16], c.clone()))], &none)?;
+        let spec = KernelSpec::Concat { sizes: vec![3, 5], inner: 16 };
+        let (g, b) = grid(&spec.launch(), want.len());
+        cases.push(Case { name: "concat 4x(3+5)x16".into(), kernel: spec.symbol(), grid: g, grid_y: 1, block: b, inputs: vec![data.push(&a), data.push(&c)], scalars: vec![want.len() as i64], expected: data.push(&want), init: None, tol: 0.0 });
+        specs.push(spec);
+    }
     let m = compile_kernels(&specs, &GpuTarget::ALL)?;
     let mut ptx = BTreeMap::new();
     for (t, text) in &m.ptx {
