@@ -254,19 +254,7 @@ impl Body {
         let a2 = if max { self.op(&format!("arith.maximumf {a}, {v} : f32")) } else { self.op(&format!("arith.addf {a}, {v} : f32")) };
         self.line(&format!("scf.yield {a2} : f32"));
         self.line("}");
-        if max {
-            let w32 = self.op("arith.constant 32 : i32");
-            let mut total = acc;
-            for off in [16, 8, 4, 2, 1] {
-                let o = self.op(&format!("arith.constant {off} : i32"));
-                let (sh, valid) = (self.v(), self.v());
-                self.line(&format!("{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
-                total = self.op(&format!("arith.maximumf {total}, {sh} : f32"));
-            }
-            total
-        } else {
-            self.warp_sum(&acc)
-        }
+        self.warp_reduce(&acc, if max { "arith.maximumf" } else { "arith.addf" })
     }
     /// (a + b) + (c + d)
     fn sum4(&mut self, v: &[String]) -> String {
@@ -275,15 +263,39 @@ impl Body {
         self.op(&format!("arith.addf {a}, {c} : f32"))
     }
     fn warp_sum(&mut self, x: &str) -> String {
+        self.warp_reduce(x, "arith.addf")
+    }
+    /// butterfly reduction over the warp with `combine` (arith.addf / arith.maximumf); every
+    /// lane gets the result
+    fn warp_reduce(&mut self, x: &str, combine: &str) -> String {
         let w32 = self.op("arith.constant 32 : i32");
         let mut total = x.to_string();
         for off in [16, 8, 4, 2, 1] {
             let o = self.op(&format!("arith.constant {off} : i32"));
             let (sh, valid) = (self.v(), self.v());
             self.line(&format!("{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
-            total = self.op(&format!("arith.addf {total}, {sh} : f32"));
+            total = self.op(&format!("{combine} {total}, {sh} : f32"));
         }
         total
+    }
+    /// warp-wide (max value, its index), the lower index winning ties; every lane gets it
+    fn warp_argmax(&mut self, v: &str, i: &str) -> (String, String) {
+        let w32 = self.op("arith.constant 32 : i32");
+        let (mut v, mut i) = (v.to_string(), i.to_string());
+        for off in [16, 8, 4, 2, 1] {
+            let o = self.op(&format!("arith.constant {off} : i32"));
+            let (sv, p1, si, p2) = (self.v(), self.v(), self.v(), self.v());
+            self.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
+            self.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
+            let gt = self.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
+            let eq = self.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
+            let lt = self.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
+            let tie = self.op(&format!("arith.andi {eq}, {lt} : i1"));
+            let take = self.op(&format!("arith.ori {gt}, {tie} : i1"));
+            v = self.op(&format!("arith.select {take}, {sv}, {v} : f32"));
+            i = self.op(&format!("arith.select {take}, {si}, {i} : i32"));
+        }
+        (v, i)
     }
     fn idx64(&mut self, i: &str) -> String {
         self.op(&format!("arith.index_cast {i} : index to i64"))
@@ -922,21 +934,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let ni = b.op(&format!("arith.select {gt}, {i32v}, {bi} : i32"));
             b.line(&format!("scf.yield {nv}, {ni} : f32, i32"));
             b.line("}");
-            let w32 = b.op("arith.constant 32 : i32");
-            let (mut v, mut i) = (format!("{res}#0"), format!("{res}#1"));
-            for off in [16, 8, 4, 2, 1] {
-                let o = b.op(&format!("arith.constant {off} : i32"));
-                let (sv, p1, si, p2) = (b.v(), b.v(), b.v(), b.v());
-                b.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
-                b.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
-                let gt = b.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
-                let eq = b.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
-                let lt = b.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
-                let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
-                let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
-                v = b.op(&format!("arith.select {take}, {sv}, {v} : f32"));
-                i = b.op(&format!("arith.select {take}, {si}, {i} : i32"));
-            }
+            let (_, i) = b.warp_argmax(&format!("{res}#0"), &format!("{res}#1"));
             let c0 = b.op("arith.constant 0 : index");
             let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
             b.line(&format!("scf.if {first} {{"));
@@ -990,7 +988,6 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             // pass p finds the largest (value desc, index asc) element after the previous pick
             let mut pv = b.op("arith.constant 0x7F800000 : f32"); // +inf
             let mut pi = b.op("arith.constant -1 : i32");
-            let w32 = b.op("arith.constant 32 : i32");
             for p in 0..*k {
                 let ninf = b.op("arith.constant 0xFF800000 : f32");
                 let big = b.op("arith.constant 2147483647 : i32");
@@ -1018,20 +1015,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 let ni = b.op(&format!("arith.select {take}, {xi}, {bi} : i32"));
                 b.line(&format!("scf.yield {nv}, {ni} : f32, i32"));
                 b.line("}");
-                let (mut v, mut i) = (format!("{res}#0"), format!("{res}#1"));
-                for off in [16, 8, 4, 2, 1] {
-                    let o = b.op(&format!("arith.constant {off} : i32"));
-                    let (sv, p1, si, p2) = (b.v(), b.v(), b.v(), b.v());
-                    b.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
-                    b.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
-                    let gt = b.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
-                    let eq = b.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
-                    let lt = b.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
-                    let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
-                    let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
-                    v = b.op(&format!("arith.select {take}, {sv}, {v} : f32"));
-                    i = b.op(&format!("arith.select {take}, {si}, {i} : i32"));
-                }
+                let (v, i) = b.warp_argmax(&format!("{res}#0"), &format!("{res}#1"));
                 let c0 = b.op("arith.constant 0 : index");
                 let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
                 b.line(&format!("scf.if {first} {{"));

@@ -77,7 +77,7 @@ impl<'p> GpuBackend<'p> {
         );
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
-            let e = plan.header.weights.tensors.iter().find(|e| e.name == n.name).ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
+            let e = plan.entry(&n.name).ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
             progress.inc(e.nbytes);
             let buf = match &e.seeded {
                 None => cu(stream.clone_htod(plan.weight_bytes(e)), &format!("uploading {}", n.name))?,

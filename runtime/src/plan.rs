@@ -386,6 +386,11 @@ impl Plan {
         Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated, sources })
     }
 
+    /// A weight's entry by name.
+    pub fn entry(&self, name: &str) -> Option<&WeightEntry> {
+        self.index.get(name).map(|&i| &self.header.weights.tensors[i])
+    }
+
     pub fn graph(&self) -> Result<dsc_ir::Graph> {
         dsc_ir::text::parse(&self.header.graph).map_err(|e| RuntimeError::Plan { path: self.path.clone(), msg: format!("graph: {e}") })
     }
@@ -414,7 +419,7 @@ impl Plan {
 
 impl WeightSource for Plan {
     fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
-        let e = &self.header.weights.tensors[*self.index.get(name)?];
+        let e = self.entry(name)?;
         Some((e.dtype.parse().ok()?, e.shape.clone(), self.weight_bytes(e)))
     }
 }
