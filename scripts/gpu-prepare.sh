@@ -5,6 +5,8 @@
 #   2. carry [".gpu/p1"]: mkdir -p ~/cache && mv .gpu/p1/smol.plan.part.aa ~/cache/
 #   3. right after (the machine stays warm 30 s), carry [".gpu/p2"]: bash scripts/gpu-e2e.sh
 #      (SmolLM2 plan, split in two because one call carries at most 64 MiB)
+# Tensor parallelism (kind nvidia-h200-x2): also builds .gpu/tp/ (Llama-3-8B shape whole, tp=1,
+# tp=2); carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/tp"]: bash scripts/gpu-tp.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p dsc-compiler -p dsc-runtime
@@ -12,6 +14,9 @@ mkdir -p .gpu .cache
 cp target/release/dsc-runtime .gpu/
 ./target/release/dsc gpu-bundle --dir .gpu/check
 ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/llama3-8b.plan
+mkdir -p .gpu/tp
+cp .gpu/llama3-8b.plan .gpu/tp/llama3-8b.plan
+for n in 1 2; do ./target/release/dsc compile models/llama3-8b-seeded.toml --tp $n -o .gpu/tp/llama3-8b-tp$n.plan; done
 ./target/release/dsc compile models/smollm2-135m.toml -o .cache/smol.plan
 rm -rf .gpu/p1 .gpu/p2 && mkdir -p .gpu/p1 .gpu/p2
 split -b 48M .cache/smol.plan .cache/smol.plan.part.

@@ -40,7 +40,12 @@ pub fn to_dot(g: &Graph) -> String {
         }
     }
     for (name, id) in &g.outputs {
-        let _ = writeln!(s, "  \"out:{0}\" [label=\"{0}\", shape=doublecircle];\n  n{1} -> \"out:{0}\";", esc(name), id.index());
+        let _ = writeln!(
+            s,
+            "  \"out:{0}\" [label=\"{0}\", shape=doublecircle];\n  n{1} -> \"out:{0}\";",
+            esc(name),
+            id.index()
+        );
     }
     s.push_str("}\n");
     s

@@ -19,11 +19,12 @@ pub mod op;
 pub mod quant;
 pub mod seeded;
 mod shape;
+pub mod shard;
 pub mod text;
 
 pub use dtype::DType;
 pub use error::{IrError, Result};
-pub use exec::{Executor, Tensor, WeightSource};
+pub use exec::{Collective, Executor, RankHandle, SingleRank, Tensor, ThreadGroup, WeightSource};
 pub use graph::{Graph, Node, NodeId};
 pub use op::{BinaryOp, Op, RopeStyle, UnaryOp};
 pub use shape::{Dim, TensorType};

@@ -57,16 +57,26 @@ pub enum Op {
     Gather,
     /// (a[..., M, K], b[K, N] | b[N, K] when transpose_b, bias?[N]) -> [..., M, N].
     /// `b` may be stored in any dtype (packed types make a weight-only-quantized matmul).
-    MatMul { transpose_b: bool },
+    MatMul {
+        transpose_b: bool,
+    },
     Unary(UnaryOp),
     /// numpy-style broadcast over trailing dims
     Binary(BinaryOp),
     /// (x[..., D], w[D]) -> x / sqrt(mean(x^2) + eps) * w
-    RmsNorm { eps: f32 },
+    RmsNorm {
+        eps: f32,
+    },
     /// (x[..., D], w[D], b[D])
-    LayerNorm { eps: f32 },
+    LayerNorm {
+        eps: f32,
+    },
     /// (x[T, H, D], pos[T]) -> rotated; the first `rotary_dim` elements of each head rotate.
-    Rope { theta: f32, style: RopeStyle, rotary_dim: usize },
+    Rope {
+        theta: f32,
+        style: RopeStyle,
+        rotary_dim: usize,
+    },
     /// along the last axis
     Softmax,
     /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T]) -> cache with row slot[t] = x[t]
@@ -76,16 +86,28 @@ pub enum Op {
     /// [T, H, D]: token t attends causally to cache positions 0..=pos[t] of sequence seq[t],
     /// whose position j lives in block block_table[seq[t], j / BS], row j % BS. GQA: head h
     /// reads KV head h / (H / KVH).
-    PagedAttention { scale: f32 },
+    PagedAttention {
+        scale: f32,
+    },
     /// indices (i32) of the k largest values along the last axis, largest first
-    TopK { k: usize },
+    TopK {
+        k: usize,
+    },
     /// (x[..., N], idx[..., K]) -> x gathered along the last axis
     TakeAlong,
-    Concat { axis: usize },
-    Slice { axis: usize, start: usize, len: usize },
+    Concat {
+        axis: usize,
+    },
+    Slice {
+        axis: usize,
+        start: usize,
+        len: usize,
+    },
     /// to the node's declared shape (same element count)
     Reshape,
-    Transpose { perm: Vec<usize> },
+    Transpose {
+        perm: Vec<usize>,
+    },
     /// (x, scale?) -> node dtype. Float targets round; int targets compute round(x / scale)
     /// with saturation; block formats carry their own scales and take none.
     Quantize,
@@ -95,6 +117,9 @@ pub enum Op {
     Cast,
     /// index (i32) of the largest value along the last axis
     Argmax,
+    /// Sum of this tensor over every rank of the tensor-parallel group (identity at world
+    /// size 1). Inserted by the partitioner after row-parallel matmuls.
+    AllReduce,
 }
 
 /// An attribute value as it appears in the text format.
@@ -152,6 +177,7 @@ impl Op {
             Op::Dequantize => "dequantize",
             Op::Cast => "cast",
             Op::Argmax => "argmax",
+            Op::AllReduce => "all_reduce",
         }
     }
 
@@ -165,7 +191,11 @@ impl Op {
         match self {
             Op::MatMul { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
             Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
-            Op::Rope { theta, style, rotary_dim } => vec![
+            Op::Rope {
+                theta,
+                style,
+                rotary_dim,
+            } => vec![
                 ("theta", Attr::Float(*theta)),
                 (
                     "style",
@@ -184,7 +214,9 @@ impl Op {
                 ("start", Attr::Int(*start as i64)),
                 ("len", Attr::Int(*len as i64)),
             ],
-            Op::Transpose { perm } => vec![("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))],
+            Op::Transpose { perm } => {
+                vec![("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))]
+            }
             _ => vec![],
         }
     }
@@ -192,19 +224,27 @@ impl Op {
     /// Rebuild an op from its text name and attributes (the parser's half of the table).
     pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
         let get = |k: &str| -> Result<&Attr, String> {
-            attrs.iter().find(|(n, _)| n == k).map(|(_, v)| v).ok_or_else(|| format!("op `{name}` needs attribute `{k}`"))
+            attrs
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v)
+                .ok_or_else(|| format!("op `{name}` needs attribute `{k}`"))
         };
         let float = |k: &str| -> Result<f32, String> {
             match get(k)? {
                 Attr::Float(f) => Ok(*f),
                 Attr::Int(i) => Ok(*i as f32),
-                other => Err(format!("attribute `{k}` of `{name}` must be a number, got {other:?}")),
+                other => Err(format!(
+                    "attribute `{k}` of `{name}` must be a number, got {other:?}"
+                )),
             }
         };
         let uint = |k: &str| -> Result<usize, String> {
             match get(k)? {
                 Attr::Int(i) if *i >= 0 => Ok(*i as usize),
-                other => Err(format!("attribute `{k}` of `{name}` must be a non-negative integer, got {other:?}")),
+                other => Err(format!(
+                    "attribute `{k}` of `{name}` must be a non-negative integer, got {other:?}"
+                )),
             }
         };
         let expected: &[&str] = match name {
@@ -231,7 +271,11 @@ impl Op {
             "matmul" => Op::MatMul {
                 transpose_b: match get("transpose_b")? {
                     Attr::Bool(b) => *b,
-                    other => return Err(format!("attribute `transpose_b` must be true/false, got {other:?}")),
+                    other => {
+                        return Err(format!(
+                            "attribute `transpose_b` must be true/false, got {other:?}"
+                        ))
+                    }
                 },
             },
             "neg" => Op::Unary(U::Neg),
@@ -258,28 +302,47 @@ impl Op {
                 style: match get("style")? {
                     Attr::Ident(s) if s == "interleaved" => RopeStyle::Interleaved,
                     Attr::Ident(s) if s == "half" => RopeStyle::Half,
-                    other => return Err(format!("rope style must be interleaved or half, got {other:?}")),
+                    other => {
+                        return Err(format!(
+                            "rope style must be interleaved or half, got {other:?}"
+                        ))
+                    }
                 },
                 rotary_dim: uint("rotary_dim")?,
             },
             "softmax" => Op::Softmax,
             "cache_write" => Op::CacheWrite,
-            "paged_attention" => Op::PagedAttention { scale: float("scale")? },
+            "paged_attention" => Op::PagedAttention {
+                scale: float("scale")?,
+            },
             "top_k" => Op::TopK { k: uint("k")? },
             "take_along" => Op::TakeAlong,
-            "concat" => Op::Concat { axis: uint("axis")? },
-            "slice" => Op::Slice { axis: uint("axis")?, start: uint("start")?, len: uint("len")? },
+            "concat" => Op::Concat {
+                axis: uint("axis")?,
+            },
+            "slice" => Op::Slice {
+                axis: uint("axis")?,
+                start: uint("start")?,
+                len: uint("len")?,
+            },
             "reshape" => Op::Reshape,
             "transpose" => Op::Transpose {
                 perm: match get("perm")? {
-                    Attr::Ints(v) if v.iter().all(|&p| p >= 0) => v.iter().map(|&p| p as usize).collect(),
-                    other => return Err(format!("attribute `perm` must be a list of axes, got {other:?}")),
+                    Attr::Ints(v) if v.iter().all(|&p| p >= 0) => {
+                        v.iter().map(|&p| p as usize).collect()
+                    }
+                    other => {
+                        return Err(format!(
+                            "attribute `perm` must be a list of axes, got {other:?}"
+                        ))
+                    }
                 },
             },
             "quantize" => Op::Quantize,
             "dequantize" => Op::Dequantize,
             "cast" => Op::Cast,
             "argmax" => Op::Argmax,
+            "all_reduce" => Op::AllReduce,
             other => return Err(format!("unknown op `{other}`")),
         })
     }
@@ -288,8 +351,18 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input | Op::Weight | Op::State => (0, 0),
-            Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax => (1, 1),
-            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => (2, 2),
+            Op::Unary(_)
+            | Op::Softmax
+            | Op::TopK { .. }
+            | Op::Slice { .. }
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Cast
+            | Op::Argmax
+            | Op::AllReduce => (1, 1),
+            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => {
+                (2, 2)
+            }
             Op::MatMul { .. } => (2, 3),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
             Op::PagedAttention { .. } => (6, 6),
@@ -385,7 +458,11 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             }
             rank(b, 2, "matmul rhs")?;
             let k = &a.shape[a.rank() - 1];
-            let (bk, n) = if *transpose_b { (&b.shape[1], &b.shape[0]) } else { (&b.shape[0], &b.shape[1]) };
+            let (bk, n) = if *transpose_b {
+                (&b.shape[1], &b.shape[0])
+            } else {
+                (&b.shape[0], &b.shape[1])
+            };
             dims_eq(k, bk, "matmul contraction dims differ")?;
             if let Some(bias) = args.get(2) {
                 rank(bias, 1, "matmul bias")?;
@@ -407,14 +484,24 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             let r = a.rank().max(b.rank());
             let mut shape = vec![];
             for i in 0..r {
-                let da = if i + a.rank() >= r { Some(&a.shape[i + a.rank() - r]) } else { None };
-                let db = if i + b.rank() >= r { Some(&b.shape[i + b.rank() - r]) } else { None };
+                let da = if i + a.rank() >= r {
+                    Some(&a.shape[i + a.rank() - r])
+                } else {
+                    None
+                };
+                let db = if i + b.rank() >= r {
+                    Some(&b.shape[i + b.rank() - r])
+                } else {
+                    None
+                };
                 shape.push(match (da, db) {
                     (Some(x), None) | (None, Some(x)) => x.clone(),
                     (Some(x), Some(y)) if x == y => x.clone(),
                     (Some(Dim::Const(1)), Some(y)) => y.clone(),
                     (Some(x), Some(Dim::Const(1))) => x.clone(),
-                    (Some(x), Some(y)) => return Err(format!("cannot broadcast {a} with {b} (dims {x} and {y})")),
+                    (Some(x), Some(y)) => {
+                        return Err(format!("cannot broadcast {a} with {b} (dims {x} and {y})"))
+                    }
                     (None, None) => unreachable!("i < max rank"),
                 });
             }
@@ -439,7 +526,9 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             dims_eq(&x.shape[0], &pos.shape[0], "rope tokens vs positions")?;
             if let Some(d) = x.shape[2].as_const() {
                 if *rotary_dim > d || rotary_dim % 2 != 0 || *rotary_dim == 0 {
-                    return Err(format!("rotary_dim {rotary_dim} must be even and in 2..={d}"));
+                    return Err(format!(
+                        "rotary_dim {rotary_dim} must be even and in 2..={d}"
+                    ));
                 }
             }
             Ok(x.clone())
@@ -456,7 +545,8 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             Ok(cache.clone())
         }
         Op::PagedAttention { .. } => {
-            let (q, kc, vc, pos, seq, table) = (args[0], args[1], args[2], args[3], args[4], args[5]);
+            let (q, kc, vc, pos, seq, table) =
+                (args[0], args[1], args[2], args[3], args[4], args[5]);
             float_act(q, "attention query")?;
             rank(q, 3, "attention query [T, H, D]")?;
             rank(kc, 4, "k cache [NB, BS, KVH, D]")?;
@@ -516,7 +606,9 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
                         dims_eq(&a.shape[i], &first.shape[i], "concat non-axis dims")?;
                     }
                 }
-                total += a.shape[*axis].as_const().ok_or_else(|| format!("concat axis must be constant, got {a}"))?;
+                total += a.shape[*axis]
+                    .as_const()
+                    .ok_or_else(|| format!("concat axis must be constant, got {a}"))?;
             }
             let mut shape = first.shape.clone();
             shape[*axis] = Dim::Const(total);
@@ -524,8 +616,13 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         }
         Op::Slice { axis, start, len } => {
             let x = args[0];
-            let d = x.shape.get(*axis).ok_or_else(|| format!("axis {axis} out of range for {x}"))?;
-            let d = d.as_const().ok_or_else(|| format!("slice axis must be constant, got {x}"))?;
+            let d = x
+                .shape
+                .get(*axis)
+                .ok_or_else(|| format!("axis {axis} out of range for {x}"))?;
+            let d = d
+                .as_const()
+                .ok_or_else(|| format!("slice axis must be constant, got {x}"))?;
             if start + len > d || *len == 0 {
                 return Err(format!("slice {start}..{} out of 0..{d}", start + len));
             }
@@ -536,7 +633,9 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         Op::Reshape => {
             let x = args[0];
             if numel_key(&x.shape) != numel_key(&declared.shape) {
-                return Err(format!("reshape from {x} to {declared} changes the element count"));
+                return Err(format!(
+                    "reshape from {x} to {declared} changes the element count"
+                ));
             }
             if x.dtype != declared.dtype {
                 return Err(format!("reshape cannot change dtype ({x} to {declared})"));
@@ -546,15 +645,27 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         Op::Transpose { perm } => {
             let x = args[0];
             let mut seen = vec![false; x.rank()];
-            if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
-                return Err(format!("perm {perm:?} is not a permutation of the axes of {x}"));
+            if perm.len() != x.rank()
+                || perm
+                    .iter()
+                    .any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(format!(
+                    "perm {perm:?} is not a permutation of the axes of {x}"
+                ));
             }
-            Ok(TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p].clone())))
+            Ok(TensorType::new(
+                x.dtype,
+                perm.iter().map(|&p| x.shape[p].clone()),
+            ))
         }
         Op::Quantize | Op::Dequantize | Op::Cast => {
             let x = args[0];
             if x.shape != declared.shape {
-                return Err(format!("{} keeps the shape: {x} vs declared {declared}", op.name()));
+                return Err(format!(
+                    "{} keeps the shape: {x} vs declared {declared}",
+                    op.name()
+                ));
             }
             if matches!(op, Op::Dequantize) {
                 float_act(declared, "dequantize result")?;
@@ -569,7 +680,14 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             if x.rank() == 0 {
                 return Err("argmax input must have rank >= 1".into());
             }
-            Ok(TensorType::new(DType::I32, x.shape[..x.rank() - 1].to_vec()))
+            Ok(TensorType::new(
+                DType::I32,
+                x.shape[..x.rank() - 1].to_vec(),
+            ))
+        }
+        Op::AllReduce => {
+            float_act(args[0], "all_reduce operand")?;
+            Ok(args[0].clone())
         }
     }
 }

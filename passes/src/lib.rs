@@ -2,10 +2,12 @@
 //! The driver ([`run_pipeline`]) runs the verifier after every pass.
 
 mod dce;
+mod tp;
 
 pub use dce::Dce;
 use dsc_ir::{Graph, IrError};
 use thiserror::Error;
+pub use tp::TensorParallel;
 
 #[derive(Debug, Error)]
 pub enum PassError {
@@ -28,14 +30,25 @@ pub trait Pass {
 }
 
 /// Run `passes` in order, verifying after each.
-pub fn run_pipeline(mut g: Graph, passes: &[&dyn Pass]) -> Result<(Graph, Vec<PassReport>), PassError> {
+pub fn run_pipeline(
+    mut g: Graph,
+    passes: &[&dyn Pass],
+) -> Result<(Graph, Vec<PassReport>), PassError> {
     let mut reports = vec![];
     for p in passes {
         let before = g.node_count();
         let (ng, note) = p.run(g)?;
-        ng.verify().map_err(|source| PassError::Ir { pass: p.name(), source })?;
+        ng.verify().map_err(|source| PassError::Ir {
+            pass: p.name(),
+            source,
+        })?;
         tracing::debug!(target: "dsc::passes", pass = p.name(), before, after = ng.node_count(), "{note}");
-        reports.push(PassReport { pass: p.name(), nodes_before: before, nodes_after: ng.node_count(), note });
+        reports.push(PassReport {
+            pass: p.name(),
+            nodes_before: before,
+            nodes_after: ng.node_count(),
+            note,
+        });
         g = ng;
     }
     Ok((g, reports))

@@ -35,7 +35,12 @@ pub fn top2_margin(logits: &[f32]) -> f32 {
     a - b
 }
 
-pub fn generate<B: Backend>(backend: &mut B, prompt: &[u32], opts: &GenerateOptions, mut on_token: impl FnMut(u32)) -> Result<Generation> {
+pub fn generate<B: Backend>(
+    backend: &mut B,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation> {
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let mut s = Session::new(backend);
     let mut logits = s.feed(prompt, false)?.pop().expect("one logits row");
@@ -52,5 +57,9 @@ pub fn generate<B: Backend>(backend: &mut B, prompt: &[u32], opts: &GenerateOpti
         }
         logits = s.feed(&[t], false)?.pop().expect("one logits row");
     }
-    Ok(Generation { ids, margins, first_logits })
+    Ok(Generation {
+        ids,
+        margins,
+        first_logits,
+    })
 }

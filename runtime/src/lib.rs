@@ -11,11 +11,13 @@ pub mod engine;
 mod error;
 pub mod generate;
 pub mod gpu;
+pub mod gpu_check;
 pub mod gpu_decode;
 pub mod gpu_e2e;
-pub mod gpu_check;
+pub mod gpu_tp;
 pub mod plan;
 pub mod sampler;
 pub mod tokenizer;
+pub mod tp;
 
 pub use error::{Result, RuntimeError};
