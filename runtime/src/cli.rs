@@ -99,6 +99,28 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             .unwrap_or_default(),
     };
     let kv = prompt_ids.len() + a.max_tokens;
+    if plan.header.tensor_parallel > 1 {
+        // one thread per rank; this thread drives generation through rank 0
+        let go = |r: &mut crate::tp::Ranks| {
+            generate_and_print(r, a, tok.as_ref(), &prompt_ids, &opts)
+                .map_err(|e| crate::RuntimeError::Request(format!("{e:#}")))
+        };
+        return Ok(match a.backend {
+            BackendKind::Cpu => crate::tp::cpu(&graph, &plan, kv, go)?,
+            // DSC_TP_LOCAL=1: every rank on GPU 0 (a check of the partition on one GPU)
+            BackendKind::Gpu => crate::tp::gpu(
+                &graph,
+                &plan,
+                kv,
+                if std::env::var_os("DSC_TP_LOCAL").is_some() {
+                    crate::tp::GpuMode::Local
+                } else {
+                    crate::tp::GpuMode::Nccl
+                },
+                go,
+            )?,
+        });
+    }
     match a.backend {
         BackendKind::Cpu => generate_and_print(
             &mut CpuBackend::new(&graph, &plan, kv)?,
@@ -117,7 +139,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
 }
 
-fn generate_and_print<B: crate::engine::Backend>(
+fn generate_and_print<B: crate::engine::Backend + ?Sized>(
     backend: &mut B,
     a: &RunArgs,
     tok: Option<&Tokenizer>,

@@ -35,7 +35,7 @@ pub fn top2_margin(logits: &[f32]) -> f32 {
     a - b
 }
 
-pub fn generate<B: Backend>(
+pub fn generate<B: Backend + ?Sized>(
     backend: &mut B,
     prompt: &[u32],
     opts: &GenerateOptions,
