@@ -34,43 +34,22 @@ pub enum KernelSpec {
     RmsNorm { d: usize, eps_bits: u32 },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias[N]), W stored as `wdtype`
     /// (f32/f16/bf16/q8_0/q4_0/q4_1); params x, w, [bias], y, N
-    MatMul {
-        k: usize,
-        n: usize,
-        wdtype: DType,
-        bias: bool,
-    },
+    MatMul { k: usize, n: usize, wdtype: DType, bias: bool },
     /// y[T, D] (f32) = table[idx[t], :] dequantized; params table, idx (i32), y, T*D
     Gather { d: usize, dtype: DType },
     /// rotary embedding of x[T, H, D] at pos[T] (i32), out of place; params x, pos, y, T*H*D/2
-    Rope {
-        h: usize,
-        d: usize,
-        theta_bits: u32,
-        interleaved: bool,
-    },
+    Rope { h: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// cache[slot[t], :] = x[t, :] for rows of `row` floats, in place; params x, slots (i32),
     /// cache, T*row
     CacheWrite { row: usize },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
     /// per (token, head) whose 4 warps split the keys (online softmax each, combined in shared
     /// memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
-    PagedAttention {
-        h: usize,
-        kvh: usize,
-        d: usize,
-        bs: usize,
-        scale_bits: u32,
-    },
+    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
-    MatMulMma {
-        k: usize,
-        n: usize,
-        wdtype: DType,
-        bias: bool,
-    },
+    MatMulMma { k: usize, n: usize, wdtype: DType, bias: bool },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -78,12 +57,7 @@ pub enum KernelSpec {
     /// index (i32) of the row maximum (first on ties), rows of `d`; params x, y, rows
     Argmax { d: usize },
     /// y = x[.., start..start+len, inner..] along an axis of size `d`; params x, y, n
-    Slice {
-        inner: usize,
-        d: usize,
-        start: usize,
-        len: usize,
-    },
+    Slice { inner: usize, d: usize, start: usize, len: usize },
     /// y[r, j] = x[r, idx[r, j]] for rows of `n_in` and `k` picks; params x, idx, y, n
     TakeAlong { n_in: usize, k: usize },
     /// indices (i32) of the k largest values per row of `d`, largest first, ties by lower
@@ -111,22 +85,10 @@ impl KernelSpec {
             KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
             KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
             KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
-            KernelSpec::MatMul { k, n, wdtype, bias } => format!(
-                "matmul_k{k}_n{n}_{wdtype}{}",
-                if *bias { "_bias" } else { "" }
-            ),
+            KernelSpec::MatMul { k, n, wdtype, bias } => format!("matmul_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
             KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
-            KernelSpec::Rope {
-                h,
-                d,
-                theta_bits,
-                interleaved,
-            } => {
-                format!(
-                    "rope_h{h}_d{d}_theta{}_{}",
-                    f32::from_bits(*theta_bits) as u64,
-                    if *interleaved { "interleaved" } else { "half" }
-                )
+            KernelSpec::Rope { h, d, theta_bits, interleaved } => {
+                format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
             KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
             KernelSpec::PagedAttention { h, kvh, d, bs, .. } => {
@@ -136,33 +98,12 @@ impl KernelSpec {
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
             KernelSpec::LayerNorm { d, .. } => format!("layer_norm_d{d}"),
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
-            KernelSpec::Slice {
-                inner,
-                d,
-                start,
-                len,
-            } => format!("slice_i{inner}_d{d}_{start}_{len}"),
+            KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
             KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
             KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
-            KernelSpec::Transpose { perm } => format!(
-                "transpose_{}",
-                perm.iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join("")
-            ),
-            KernelSpec::Concat { sizes, inner } => format!(
-                "concat_{}_i{inner}",
-                sizes
-                    .iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join("_")
-            ),
-            KernelSpec::MatMulMma { k, n, wdtype, bias } => format!(
-                "matmul_mma_k{k}_n{n}_{wdtype}{}",
-                if *bias { "_bias" } else { "" }
-            ),
+            KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
+            KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -171,18 +112,10 @@ impl KernelSpec {
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
-            KernelSpec::Softmax { .. }
-            | KernelSpec::LayerNorm { .. }
-            | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Slice { .. }
-            | KernelSpec::TakeAlong { .. }
-            | KernelSpec::Transpose { .. }
-            | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Gather { .. }
-            | KernelSpec::Rope { .. }
-            | KernelSpec::CacheWrite { .. }
-            | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { .. } => Launch::BlockPerRow { warps: 4 },
         }
     }
@@ -214,9 +147,7 @@ impl Body {
         self.op(&format!("arith.constant 0x{:08X} : f32", x.to_bits()))
     }
     fn asm1(&mut self, ins: &str, x: &str) -> String {
-        self.op(&format!(
-            "llvm.inline_asm \"{ins} $0, $1;\", \"=f,f\" {x} : (f32) -> f32"
-        ))
+        self.op(&format!("llvm.inline_asm \"{ins} $0, $1;\", \"=f,f\" {x} : (f32) -> f32"))
     }
     fn exp(&mut self, x: &str) -> String {
         let l2e = self.cf32(std::f32::consts::LOG2_E);
@@ -231,15 +162,11 @@ impl Body {
         self.op(&format!("arith.divf {one}, {d} : f32"))
     }
     fn load(&mut self, ptr: &str, idx: &str) -> String {
-        let p = self.op(&format!(
-            "llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"
-        ));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
         self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> f32"))
     }
     fn store(&mut self, val: &str, ptr: &str, idx: &str) {
-        let p = self.op(&format!(
-            "llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"
-        ));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
         self.line(&format!("llvm.store {val}, {p} : f32, !llvm.ptr<1>"));
     }
     fn ci64(&mut self, v: i64) -> String {
@@ -247,25 +174,17 @@ impl Body {
     }
     /// load a scalar of MLIR type `ty` at element index `idx` (i64) of `ptr`
     fn load_t(&mut self, ptr: &str, idx: &str, ty: &str) -> String {
-        let p = self.op(&format!(
-            "llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, {ty}"
-        ));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, {ty}"));
         self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> {ty}"))
     }
     /// `n` scalars of MLIR type `ty` from one aligned vector load at byte offset `off`
     fn load_vec(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> Vec<String> {
-        let p = self.op(&format!(
-            "llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"
-        ));
-        let v = self.op(&format!(
-            "llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr<1> -> vector<{n}x{ty}>"
-        ));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let v = self.op(&format!("llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr<1> -> vector<{n}x{ty}>"));
         (0..n)
             .map(|i| {
                 let c = self.op(&format!("arith.constant {i} : i32"));
-                self.op(&format!(
-                    "llvm.extractelement {v}[{c} : i32] : vector<{n}x{ty}>"
-                ))
+                self.op(&format!("llvm.extractelement {v}[{c} : i32] : vector<{n}x{ty}>"))
             })
             .collect()
     }
@@ -276,18 +195,14 @@ impl Body {
     }
     /// f16 stored at byte offset `off` of `ptr`, widened to f32
     fn f16_at_byte(&mut self, ptr: &str, off: &str) -> String {
-        let p = self.op(&format!(
-            "llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"
-        ));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
         let h = self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> i16"));
         let f = self.op(&format!("arith.bitcast {h} : i16 to f16"));
         self.op(&format!("arith.extf {f} : f16 to f32"))
     }
     /// byte at byte offset `off` (i64), as i32 (unsigned)
     fn u8_at_byte(&mut self, ptr: &str, off: &str) -> String {
-        let p = self.op(&format!(
-            "llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"
-        ));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
         let b = self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> i8"));
         self.op(&format!("arith.extui {b} : i8 to i32"))
     }
@@ -329,34 +244,16 @@ impl Body {
         (lane, base, dd, c32)
     }
     /// sum over the row: scf.for lane..d step 32 of f(x[base+i]) then a warp reduction
-    fn row_reduce(
-        &mut self,
-        lane: &str,
-        base: &str,
-        dd: &str,
-        c32: &str,
-        f: &dyn Fn(&mut Body, &str) -> String,
-        max: bool,
-    ) -> String {
-        let init = if max {
-            self.op("arith.constant 0xFF800000 : f32")
-        } else {
-            self.cf32(0.0)
-        };
+    fn row_reduce(&mut self, lane: &str, base: &str, dd: &str, c32: &str, f: &dyn Fn(&mut Body, &str) -> String, max: bool) -> String {
+        let init = if max { self.op("arith.constant 0xFF800000 : f32") } else { self.cf32(0.0) };
         let acc = self.v();
         let (iv, a) = (self.v(), self.v());
-        self.line(&format!(
-            "{acc} = scf.for {iv} = {lane} to {dd} step {c32} iter_args({a} = {init}) -> (f32) {{"
-        ));
+        self.line(&format!("{acc} = scf.for {iv} = {lane} to {dd} step {c32} iter_args({a} = {init}) -> (f32) {{"));
         let idx = self.op(&format!("arith.addi {base}, {iv} : index"));
         let idx = self.op(&format!("arith.index_cast {idx} : index to i64"));
         let x = self.load("%x", &idx);
         let v = f(self, &x);
-        let a2 = if max {
-            self.op(&format!("arith.maximumf {a}, {v} : f32"))
-        } else {
-            self.op(&format!("arith.addf {a}, {v} : f32"))
-        };
+        let a2 = if max { self.op(&format!("arith.maximumf {a}, {v} : f32")) } else { self.op(&format!("arith.addf {a}, {v} : f32")) };
         self.line(&format!("scf.yield {a2} : f32"));
         self.line("}");
         self.warp_reduce(&acc, if max { "arith.maximumf" } else { "arith.addf" })
@@ -378,9 +275,7 @@ impl Body {
         for off in [16, 8, 4, 2, 1] {
             let o = self.op(&format!("arith.constant {off} : i32"));
             let (sh, valid) = (self.v(), self.v());
-            self.line(&format!(
-                "{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"
-            ));
+            self.line(&format!("{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
             total = self.op(&format!("{combine} {total}, {sh} : f32"));
         }
         total
@@ -392,12 +287,8 @@ impl Body {
         for off in [16, 8, 4, 2, 1] {
             let o = self.op(&format!("arith.constant {off} : i32"));
             let (sv, p1, si, p2) = (self.v(), self.v(), self.v(), self.v());
-            self.line(&format!(
-                "{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"
-            ));
-            self.line(&format!(
-                "{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"
-            ));
+            self.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
+            self.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
             let gt = self.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
             let eq = self.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
             let lt = self.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
@@ -450,9 +341,7 @@ impl Body {
                         let c2 = self.ci64(2);
                         let mo = self.op(&format!("arith.addi {base}, {c2} : i64"));
                         let m = self.f16_at_byte(ptr, &mo);
-                        self.op(&format!(
-                            "llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"
-                        ))
+                        self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
                     } else {
                         let c8 = self.cf32(8.0);
                         let q8 = self.op(&format!("arith.subf {q}, {c8} : f32"));
@@ -465,14 +354,8 @@ impl Body {
     }
     /// two f32 packed as bf16x2 (or f16x2): `lo` in the low half
     fn pack2(&mut self, lo: &str, hi: &str, f16: bool) -> String {
-        let ins = if f16 {
-            "cvt.rn.f16x2.f32"
-        } else {
-            "cvt.rn.bf16x2.f32"
-        };
-        self.op(&format!(
-            "llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"
-        ))
+        let ins = if f16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
+        self.op(&format!("llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"))
     }
     /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
     fn open_guarded_gid(&mut self) -> String {
@@ -539,28 +422,14 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
             let hz = b.op(&format!("arith.mulf {az}, {half} : f32"));
             let den = b.op(&format!("arith.addf {one}, {hz} : f32"));
             let t = b.op(&format!("arith.divf {one}, {den} : f32"));
-            let coef = [
-                0.170_872_77f32,
-                -0.822_152_23,
-                1.488_515_87,
-                -1.135_203_98,
-                0.278_868_07,
-                -0.186_288_06,
-                0.096_784_18,
-                0.374_091_96,
-                1.000_023_68,
-            ];
+            let coef = [0.170_872_77f32, -0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_68];
             let mut p = b.cf32(coef[0]);
             for c in &coef[1..] {
                 let cc = b.cf32(*c);
-                p = b.op(&format!(
-                    "llvm.intr.fma({p}, {t}, {cc}) : (f32, f32, f32) -> f32"
-                ));
+                p = b.op(&format!("llvm.intr.fma({p}, {t}, {cc}) : (f32, f32, f32) -> f32"));
             }
             let c0 = b.cf32(-1.265_512_23);
-            let pt = b.op(&format!(
-                "llvm.intr.fma({p}, {t}, {c0}) : (f32, f32, f32) -> f32"
-            ));
+            let pt = b.op(&format!("llvm.intr.fma({p}, {t}, {c0}) : (f32, f32, f32) -> f32"));
             let z2 = b.op(&format!("arith.mulf {az}, {az} : f32"));
             let e_in = b.op(&format!("arith.subf {pt}, {z2} : f32"));
             let e = b.exp(&e_in);
@@ -580,11 +449,7 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
 /// The MLIR text of one kernel (a `gpu.func`), or why it cannot be generated.
 pub fn emit(spec: &KernelSpec) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body {
-        s: String::new(),
-        n: 0,
-        workgroup: None,
-    };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None };
     let params: String = match spec {
         KernelSpec::Unary(u) => {
             let i = b.open_guarded_gid();
@@ -619,9 +484,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let c32 = b.op("arith.constant 32 : index");
             let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
             let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
-            let Launch::WarpPerRow { rows_per_block } = spec.launch() else {
-                unreachable!()
-            };
+            let Launch::WarpPerRow { rows_per_block } = spec.launch() else { unreachable!() };
             let rpb = b.op(&format!("arith.constant {rows_per_block} : index"));
             let r0 = b.op(&format!("arith.muli {blk}, {rpb} : index"));
             let row = b.op(&format!("arith.addi {r0}, {warp} : index"));
@@ -664,19 +527,12 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
 
-        KernelSpec::MatMul {
-            k,
-            n: _,
-            wdtype,
-            bias,
-        } => {
+        KernelSpec::MatMul { k, n: _, wdtype, bias } => {
             if k % 32 != 0 {
                 return Err(format!("matmul needs K a multiple of 32, got {k}"));
             }
             let nblk = k / 32;
-            let Launch::WarpPerOutput { warps_per_block } = spec.launch() else {
-                unreachable!()
-            };
+            let Launch::WarpPerOutput { warps_per_block } = spec.launch() else { unreachable!() };
             let t = b.op("gpu.thread_id x");
             let bx = b.op("gpu.block_id x");
             let by = b.op("gpu.block_id y");
@@ -747,10 +603,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     // 4 independent accumulators: a 32-long FMA chain would be latency-bound
                     let mut acc4 = vec![zero.clone(); 4];
                     for (e, (w, x)) in ws.iter().zip(&xs).enumerate() {
-                        acc4[e % 4] = b.op(&format!(
-                            "llvm.intr.fma({w}, {x}, {}) : (f32, f32, f32) -> f32",
-                            acc4[e % 4]
-                        ));
+                        acc4[e % 4] = b.op(&format!("llvm.intr.fma({w}, {x}, {}) : (f32, f32, f32) -> f32", acc4[e % 4]));
                     }
                     b.sum4(&acc4)
                 }
@@ -772,9 +625,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                             let cj = b.ci64(qoff + 4 * wq);
                             let off = b.op(&format!("arith.addi {base}, {cj} : i64"));
                             let p = b.op(&format!("llvm.getelementptr %w[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-                            let word = b.op(&format!(
-                                "llvm.load {p} {{alignment = 4 : i64}} : !llvm.ptr<1> -> i32"
-                            ));
+                            let word = b.op(&format!("llvm.load {p} {{alignment = 4 : i64}} : !llvm.ptr<1> -> i32"));
                             for by in 0..4 {
                                 let sh = b.op(&format!("arith.constant {} : i32", 8 * by));
                                 let v = b.op(&format!("arith.shrui {word}, {sh} : i32"));
@@ -805,20 +656,13 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     let mut sq4 = vec![zero.clone(); 4];
                     let mut sx4 = vec![zero.clone(); 4];
                     for (e, (qe, x)) in q.iter().zip(&xs).enumerate() {
-                        sq4[e % 4] = b.op(&format!(
-                            "llvm.intr.fma({qe}, {x}, {}) : (f32, f32, f32) -> f32",
-                            sq4[e % 4]
-                        ));
+                        sq4[e % 4] = b.op(&format!("llvm.intr.fma({qe}, {x}, {}) : (f32, f32, f32) -> f32", sq4[e % 4]));
                         if *wdtype != DType::Q8_0 {
                             sx4[e % 4] = b.op(&format!("arith.addf {}, {x} : f32", sx4[e % 4]));
                         }
                     }
                     let sq = b.sum4(&sq4);
-                    let sx = if *wdtype != DType::Q8_0 {
-                        b.sum4(&sx4)
-                    } else {
-                        zero.clone()
-                    };
+                    let sx = if *wdtype != DType::Q8_0 { b.sum4(&sx4) } else { zero.clone() };
                     let dq = b.op(&format!("arith.mulf {d}, {sq} : f32"));
                     match wdtype {
                         DType::Q8_0 => dq,
@@ -833,9 +677,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                             let c2 = b.ci64(2);
                             let moff = b.op(&format!("arith.addi {base}, {c2} : i64"));
                             let m = b.f16_at_byte("%w", &moff);
-                            b.op(&format!(
-                                "llvm.intr.fma({m}, {sx}, {dq}) : (f32, f32, f32) -> f32"
-                            ))
+                            b.op(&format!("llvm.intr.fma({m}, {sx}, {dq}) : (f32, f32, f32) -> f32"))
                         }
                     }
                 }
@@ -860,8 +702,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             if *bias {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64"
-                    .into()
+                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
             } else {
                 "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
             }
@@ -882,10 +723,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let mut z = b.op(&format!("arith.addi %base, {j} : i64"));
             let k0 = b.ci64(0x9E37_79B9_7F4A_7C15u64 as i64);
             z = b.op(&format!("arith.addi {z}, {k0} : i64"));
-            for (sh, mul) in [
-                (30u32, 0xBF58_476D_1CE4_E5B9u64),
-                (27, 0x94D0_49BB_1331_11EB),
-            ] {
+            for (sh, mul) in [(30u32, 0xBF58_476D_1CE4_E5B9u64), (27, 0x94D0_49BB_1331_11EB)] {
                 let c = b.ci64(sh as i64);
                 let t = b.op(&format!("arith.shrui {z}, {c} : i64"));
                 let x = b.op(&format!("arith.xori {z}, {t} : i64"));
@@ -924,48 +762,28 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     let r2 = b.op(&format!("arith.addi {r1}, {lsb} : i32"));
                     let hi = b.op(&format!("arith.shrui {r2}, {c16} : i32"));
                     let h = b.op(&format!("arith.trunci {hi} : i32 to i16"));
-                    let p = b.op(&format!(
-                        "llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"
-                    ));
+                    let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
                     b.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
                 }
                 DType::F16 => {
                     let h = b.op(&format!("arith.truncf {v} : f32 to f16"));
-                    let p = b.op(&format!(
-                        "llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16"
-                    ));
+                    let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16"));
                     b.line(&format!("llvm.store {h}, {p} : f16, !llvm.ptr<1>"));
                 }
-                other => {
-                    return Err(format!(
-                        "seeded weights in {other} are not generated on the GPU"
-                    ))
-                }
+                other => return Err(format!("seeded weights in {other} are not generated on the GPU")),
             }
             b.line("}");
             "%y: !llvm.ptr<1>, %n: i64, %base: i64, %scale: i64, %ones: i64, %len: i64, %stride: i64, %col0: i64".into()
         }
-        KernelSpec::MatMulMma {
-            k,
-            n: _,
-            wdtype,
-            bias,
-        } => {
+        KernelSpec::MatMulMma { k, n: _, wdtype, bias } => {
             if k % 16 != 0 {
-                return Err(format!(
-                    "the tensor-core matmul needs K a multiple of 16, got {k}"
-                ));
+                return Err(format!("the tensor-core matmul needs K a multiple of 16, got {k}"));
             }
-            if !matches!(
-                wdtype,
-                DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1
-            ) {
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
                 return Err(format!("matmul weights in {wdtype} are not lowered yet"));
             }
             let f16 = *wdtype == DType::F16;
-            let Launch::WarpPerTile { warps_per_block } = spec.launch() else {
-                unreachable!()
-            };
+            let Launch::WarpPerTile { warps_per_block } = spec.launch() else { unreachable!() };
             let t = b.op("gpu.thread_id x");
             let bx = b.op("gpu.block_id x");
             let by = b.op("gpu.block_id y");
@@ -1018,12 +836,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let kc8 = b.op(&format!("arith.addi {kc}, {c8} : i64"));
             // A fragment: (ra, kc..kc+1), (rb, kc..), (ra, kc+8..), (rb, kc+8..)
             let mut areg = vec![];
-            for (xr, valid, col) in [
-                (&xa, &va, &kc),
-                (&xb, &vb, &kc),
-                (&xa, &va, &kc8),
-                (&xb, &vb, &kc8),
-            ] {
+            for (xr, valid, col) in [(&xa, &va, &kc), (&xb, &vb, &kc), (&xa, &va, &kc8), (&xb, &vb, &kc8)] {
                 let i0 = b.op(&format!("arith.addi {xr}, {col} : i64"));
                 let i1 = b.op(&format!("arith.addi {i0}, {c1} : i64"));
                 let x0 = b.load("%x", &i0);
@@ -1047,27 +860,13 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {}, {}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
                 areg[0], areg[1], areg[2], areg[3], breg[0], breg[1], accs[0], accs[1], accs[2], accs[3]
             ));
-            let outs: Vec<String> = (0..4)
-                .map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
-                .collect();
-            b.line(&format!(
-                "scf.yield {} : f32, f32, f32, f32",
-                outs.join(", ")
-            ));
+            let outs: Vec<String> = (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            b.line(&format!("scf.yield {} : f32, f32, f32, f32", outs.join(", ")));
             b.line("}");
             // D: (ra, n0 + tig*2 + {0,1}) = res#0,1; (rb, ...) = res#2,3
             let nc = b.op(&format!("arith.addi {n0}, {tig2} : i64"));
-            for (i, (row, valid)) in [
-                (0usize, (&ra, &va)),
-                (1, (&ra, &va)),
-                (2, (&rb, &vb)),
-                (3, (&rb, &vb)),
-            ] {
-                let col = if i % 2 == 0 {
-                    nc.clone()
-                } else {
-                    b.op(&format!("arith.addi {nc}, {c1} : i64"))
-                };
+            for (i, (row, valid)) in [(0usize, (&ra, &va)), (1, (&ra, &va)), (2, (&rb, &vb)), (3, (&rb, &vb))] {
+                let col = if i % 2 == 0 { nc.clone() } else { b.op(&format!("arith.addi {nc}, {c1} : i64")) };
                 let colok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
                 let both = b.op(&format!("arith.andi {valid}, {colok} : i1"));
                 b.line(&format!("scf.if {both} {{"));
@@ -1150,14 +949,11 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let bb = b.load("%b", &wi);
             let xc = b.op(&format!("arith.subf {x}, {mean} : f32"));
             let xn = b.op(&format!("arith.mulf {xc}, {inv} : f32"));
-            let y = b.op(&format!(
-                "llvm.intr.fma({xn}, {w}, {bb}) : (f32, f32, f32) -> f32"
-            ));
+            let y = b.op(&format!("llvm.intr.fma({xn}, {w}, {bb}) : (f32, f32, f32) -> f32"));
             b.store(&y, "%y", &idx);
             b.line("}");
             b.line("}");
-            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64"
-                .into()
+            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
         KernelSpec::Argmax { d } => {
             let (lane, base, dd, c32) = b.open_row(*d, 4);
@@ -1181,20 +977,13 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.line(&format!("scf.if {first} {{"));
             let row = b.op(&format!("arith.divui {base}, {dd} : index"));
             let row = b.op(&format!("arith.index_cast {row} : index to i64"));
-            let p = b.op(&format!(
-                "llvm.getelementptr %y[{row}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"
-            ));
+            let p = b.op(&format!("llvm.getelementptr %y[{row}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
             b.line(&format!("llvm.store {i}, {p} : i32, !llvm.ptr<1>"));
             b.line("}");
             b.line("}");
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
-        KernelSpec::Slice {
-            inner,
-            d,
-            start,
-            len,
-        } => {
+        KernelSpec::Slice { inner, d, start, len } => {
             let o = b.open_guarded_gid();
             let ci = b.ci64(*inner as i64);
             let cl = b.ci64(*len as i64);
@@ -1269,9 +1058,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 b.line(&format!("scf.if {first} {{"));
                 let cp = b.ci64(p as i64);
                 let oi = b.op(&format!("arith.addi {obase}, {cp} : i64"));
-                let ptr = b.op(&format!(
-                    "llvm.getelementptr %y[{oi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"
-                ));
+                let ptr = b.op(&format!("llvm.getelementptr %y[{oi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
                 b.line(&format!("llvm.store {i}, {ptr} : i32, !llvm.ptr<1>"));
                 b.line("}");
                 pv = v;
@@ -1304,10 +1091,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.store(&x, "%y", &o);
             b.line("}");
             let dims: Vec<String> = (0..r).map(|i| format!("%d{i}: i64")).collect();
-            format!(
-                "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, {}",
-                dims.join(", ")
-            )
+            format!("%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, {}", dims.join(", "))
         }
         KernelSpec::Concat { sizes, inner } => {
             let total: usize = sizes.iter().sum();
@@ -1342,9 +1126,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             }
             b.store(&val, "%y", &o);
             b.line("}");
-            let xs: Vec<String> = (0..sizes.len())
-                .map(|m| format!("%x{m}: !llvm.ptr<1>"))
-                .collect();
+            let xs: Vec<String> = (0..sizes.len()).map(|m| format!("%x{m}: !llvm.ptr<1>")).collect();
             format!("{}, %y: !llvm.ptr<1>, %n: i64", xs.join(", "))
         }
         KernelSpec::Gather { d, dtype } => {
@@ -1356,21 +1138,14 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let rbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
             let e = b.op(&format!("arith.addi {rbase}, {j} : i64"));
             if dtype.is_packed() && d % 32 != 0 {
-                return Err(format!(
-                    "gather from {dtype} needs D a multiple of 32, got {d}"
-                ));
+                return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
             }
             let v = b.weight_elem("%table", &e, *dtype)?;
             b.store(&v, "%y", &i);
             b.line("}");
             "%table: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::Rope {
-            h,
-            d,
-            theta_bits,
-            interleaved,
-        } => {
+        KernelSpec::Rope { h, d, theta_bits, interleaved } => {
             let half = d / 2;
             let i = b.open_guarded_gid();
             let ch = b.ci64(half as i64);
@@ -1391,9 +1166,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let q = b.op(&format!("arith.mulf {ang}, {r2pi} : f32"));
             let qr = b.asm1("cvt.rni.f32.f32", &q);
             let m2pi = b.cf32(-2.0 * std::f32::consts::PI);
-            let red = b.op(&format!(
-                "llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"
-            ));
+            let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
             let c = b.asm1("cos.approx.ftz.f32", &red);
             let sn = b.asm1("sin.approx.ftz.f32", &red);
             let dd = b.ci64(*d as i64);
@@ -1415,13 +1188,9 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             // y0 = x0 c - x1 s, y1 = x1 c + x0 s
             let x1s = b.op(&format!("arith.mulf {x1}, {sn} : f32"));
             let nx1s = b.op(&format!("arith.negf {x1s} : f32"));
-            let y0 = b.op(&format!(
-                "llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"
-            ));
+            let y0 = b.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
             let x0s = b.op(&format!("arith.mulf {x0}, {sn} : f32"));
-            let y1 = b.op(&format!(
-                "llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"
-            ));
+            let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
             b.store(&y0, "%y", &i0);
             b.store(&y1, "%y", &i1);
             b.line("}");
@@ -1440,13 +1209,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention {
-            h,
-            kvh,
-            d,
-            bs,
-            scale_bits,
-        } => {
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits } => {
             if d % 32 != 0 || *kvh == 0 || h % kvh != 0 {
                 return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
             }
@@ -1456,10 +1219,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             // combine their partial softmax states through shared memory
             const WARPS: usize = 4;
             let stride = d + 2;
-            b.workgroup = Some(format!(
-                "%sm : memref<{}xf32, #gpu.address_space<workgroup>>",
-                WARPS * stride
-            ));
+            b.workgroup = Some(format!("%sm : memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride));
             let bid = b.op("gpu.block_id x");
             let gw = b.idx64(&bid);
             let tid = b.op("gpu.thread_id x");
@@ -1497,10 +1257,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let j = b.v();
             let (m, l) = (b.v(), b.v());
             let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
-            let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}"))
-                .chain(std::iter::once(format!("{l} = {zero}")))
-                .chain(accs.iter().map(|a| format!("{a} = {zero}")))
-                .collect();
+            let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
             let tys = vec!["f32"; per + 2].join(", ");
             b.line(&format!("{res}:{} = scf.for {j} = {warp_i} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
             let j64 = b.idx64(&j);
@@ -1523,9 +1280,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
                 let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
                 let k = b.load("%kc", &o);
-                dot = b.op(&format!(
-                    "llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"
-                ));
+                dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
                 offs.push(o);
             }
             let s = b.warp_sum(&dot);
@@ -1534,24 +1289,17 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let corr = b.exp(&d1);
             let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
             let pe = b.exp(&d2);
-            let l2 = b.op(&format!(
-                "llvm.intr.fma({l}, {corr}, {pe}) : (f32, f32, f32) -> f32"
-            ));
+            let l2 = b.op(&format!("llvm.intr.fma({l}, {corr}, {pe}) : (f32, f32, f32) -> f32"));
             let mut outs = vec![mn.clone(), l2];
             for (a, o) in accs.iter().zip(&offs) {
                 let v = b.load("%vc", o);
                 let pv = b.op(&format!("arith.mulf {pe}, {v} : f32"));
-                outs.push(b.op(&format!(
-                    "llvm.intr.fma({a}, {corr}, {pv}) : (f32, f32, f32) -> f32"
-                )));
+                outs.push(b.op(&format!("llvm.intr.fma({a}, {corr}, {pv}) : (f32, f32, f32) -> f32")));
             }
             b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
             b.line("}");
             // partial states to shared memory: [w*stride] = m, [+1] = l, [+2+lane+32e] = acc
-            let smt = format!(
-                "memref<{}xf32, #gpu.address_space<workgroup>>",
-                WARPS * stride
-            );
+            let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride);
             let cst = b.op(&format!("arith.constant {stride} : index"));
             let wb = b.op(&format!("arith.muli {warp_i}, {cst} : index"));
             let c1i = b.op("arith.constant 1 : index");
@@ -1587,23 +1335,16 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 let f = b.exp(&dm);
                 let i = b.op(&format!("arith.constant {} : index", w * stride + 1));
                 let l_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
-                lsum = b.op(&format!(
-                    "llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"
-                ));
+                lsum = b.op(&format!("llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"));
                 wts.push(f);
             }
             for e in 0..per {
                 let mut acc = zero.clone();
                 for (w, f) in wts.iter().enumerate() {
-                    let base = b.op(&format!(
-                        "arith.constant {} : index",
-                        w * stride + 2 + 32 * e
-                    ));
+                    let base = b.op(&format!("arith.constant {} : index", w * stride + 2 + 32 * e));
                     let i = b.op(&format!("arith.addi {base}, {lane_i} : index"));
                     let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
-                    acc = b.op(&format!(
-                        "llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"
-                    ));
+                    acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
                 }
                 let ce = b.ci64(32 * e as i64);
                 let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
@@ -1616,21 +1357,11 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into()
         }
     };
-    let wg = b
-        .workgroup
-        .as_ref()
-        .map(|w| format!(" workgroup({w})"))
-        .unwrap_or_default();
-    Ok(format!(
-        "    gpu.func @{name}({params}){wg} kernel {{\n{}        gpu.return\n    }}\n",
-        b.s
-    ))
+    let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
+    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{}        gpu.return\n    }}\n", b.s))
 }
 
 /// Wrap kernels in the module the pass pipeline expects.
 pub fn module(funcs: &[String]) -> String {
-    format!(
-        "module attributes {{gpu.container_module}} {{\n  gpu.module @kernels {{\n{}  }}\n}}\n",
-        funcs.concat()
-    )
+    format!("module attributes {{gpu.container_module}} {{\n  gpu.module @kernels {{\n{}  }}\n}}\n", funcs.concat())
 }

@@ -18,11 +18,7 @@ pub enum CodegenError {
     #[error("kernel `{kernel}`: {msg}")]
     Unsupported { kernel: String, msg: String },
     #[error("MLIR {stage}: {msg}\n--- MLIR ---\n{mlir}")]
-    Mlir {
-        stage: &'static str,
-        msg: String,
-        mlir: String,
-    },
+    Mlir { stage: &'static str, msg: String, mlir: String },
     #[error("LLVM: {0}")]
     Llvm(String),
 }
@@ -38,20 +34,14 @@ pub struct CompiledModule {
 }
 
 /// Generate, lower and emit PTX for `specs` (deduplicated: the kernel cache).
-pub fn compile_kernels(
-    specs: &[KernelSpec],
-    targets: &[GpuTarget],
-) -> Result<CompiledModule, CodegenError> {
+pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
     let mut seen = BTreeMap::new();
     for s in specs {
         seen.entry(s.symbol()).or_insert_with(|| s.clone());
     }
     let mut funcs = vec![];
     for (name, s) in &seen {
-        funcs.push(kernels::emit(s).map_err(|msg| CodegenError::Unsupported {
-            kernel: name.clone(),
-            msg,
-        })?);
+        funcs.push(kernels::emit(s).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
     }
     let mlir = kernels::module(&funcs);
     let (lowered, llvm) = pipeline::mlir_to_llvm_ir(&mlir)?;
@@ -59,11 +49,5 @@ pub fn compile_kernels(
     for &t in targets {
         ptx.insert(t, pipeline::llvm_ir_to_ptx(&llvm, t)?);
     }
-    Ok(CompiledModule {
-        kernels: seen.into_iter().collect(),
-        mlir,
-        lowered,
-        llvm,
-        ptx,
-    })
+    Ok(CompiledModule { kernels: seen.into_iter().collect(), mlir, lowered, llvm, ptx })
 }

@@ -52,10 +52,7 @@ pub struct Large {
 }
 
 fn err(node: &str, msg: impl Into<String>) -> CodegenError {
-    CodegenError::Unsupported {
-        kernel: node.to_string(),
-        msg: msg.into(),
-    }
+    CodegenError::Unsupported { kernel: node.to_string(), msg: msg.into() }
 }
 
 /// Lower every compute node of `g`. Leaves (inputs, weights, states) get no step.
@@ -71,25 +68,12 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         let names: Vec<String> = ops.iter().map(|o| o.name.clone()).collect();
         let name = n.name.clone();
         if n.ty.dtype != DType::F32 && !matches!(n.op, Op::TopK { .. } | Op::Argmax) {
-            return Err(err(
-                &name,
-                format!("GPU kernels take f32 activations today; node is {}", n.ty),
-            ));
+            return Err(err(&name, format!("GPU kernels take f32 activations today; node is {}", n.ty)));
         }
         let mut args = names.clone();
         args.push(name.clone());
         let one = Scalar::Const(1);
-        let step = |kernel, args, scalars, work, grid_y| Step {
-            node: name.clone(),
-            kernel: Some(kernel),
-            args,
-            scalars,
-            work,
-            grid_y,
-            alias_of: None,
-            large: None,
-            collective: None,
-        };
+        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None, large: None, collective: None };
         let alias = |of: &str| Step {
             node: name.clone(),
             kernel: None,
@@ -103,70 +87,28 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         };
         steps.push(match &n.op {
             Op::Reshape => alias(&names[0]),
-            Op::AllReduce => Step {
-                collective: Some("all_reduce_sum".into()),
-                ..alias(&names[0])
-            },
+            Op::AllReduce => Step { collective: Some("all_reduce_sum".into()), ..alias(&names[0]) },
             Op::Cast if ops[0].ty.dtype == n.ty.dtype => alias(&names[0]),
-            Op::Unary(u) => step(
-                KernelSpec::Unary(UnaryOpKey(*u)),
-                args,
-                vec![Scalar::Numel(name.clone())],
-                Scalar::Numel(name.clone()),
-                one,
-            ),
+            Op::Unary(u) => step(KernelSpec::Unary(UnaryOpKey(*u)), args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one),
             Op::Binary(b) => {
                 if ops[0].ty.shape != n.ty.shape {
-                    return Err(err(
-                        &name,
-                        "binary ops broadcast only their second operand on the GPU",
-                    ));
+                    return Err(err(&name, "binary ops broadcast only their second operand on the GPU"));
                 }
-                if ops[1].ty.shape.len() > n.ty.shape.len()
-                    || n.ty.shape[n.ty.shape.len() - ops[1].ty.shape.len()..] != ops[1].ty.shape[..]
-                {
-                    return Err(err(
-                        &name,
-                        format!(
-                            "the second operand {} must match the trailing dims of {}",
-                            ops[1].ty, n.ty
-                        ),
-                    ));
+                if ops[1].ty.shape.len() > n.ty.shape.len() || n.ty.shape[n.ty.shape.len() - ops[1].ty.shape.len()..] != ops[1].ty.shape[..] {
+                    return Err(err(&name, format!("the second operand {} must match the trailing dims of {}", ops[1].ty, n.ty)));
                 }
-                step(
-                    KernelSpec::Binary(BinaryOpKey(*b)),
-                    args,
-                    vec![Scalar::Numel(name.clone()), Scalar::Numel(names[1].clone())],
-                    Scalar::Numel(name.clone()),
-                    one,
-                )
+                step(KernelSpec::Binary(BinaryOpKey(*b)), args, vec![Scalar::Numel(name.clone()), Scalar::Numel(names[1].clone())], Scalar::Numel(name.clone()), one)
             }
             Op::RmsNorm { eps } => {
-                let d =
-                    n.ty.shape
-                        .last()
-                        .and_then(|d| d.as_const())
-                        .ok_or_else(|| err(&name, "rms_norm needs a constant last dim"))?;
+                let d = n.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "rms_norm needs a constant last dim"))?;
                 if ops[1].ty.dtype != DType::F32 {
                     return Err(err(&name, "rms_norm weight must be f32"));
                 }
-                step(
-                    KernelSpec::RmsNorm {
-                        d,
-                        eps_bits: eps.to_bits(),
-                    },
-                    args,
-                    vec![Scalar::Rows(name.clone())],
-                    Scalar::Rows(name.clone()),
-                    one,
-                )
+                step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
             }
             Op::MatMul { transpose_b } => {
                 if !transpose_b {
-                    return Err(err(
-                        &name,
-                        "matmul needs W in [N, K] layout (transpose_b = true)",
-                    ));
+                    return Err(err(&name, "matmul needs W in [N, K] layout (transpose_b = true)"));
                 }
                 let w = &ops[1].ty;
                 let (nn, k) = match (w.shape[0].as_const(), w.shape[1].as_const()) {
@@ -177,27 +119,11 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
                 let bias = ops.len() > 2;
-                let mut st = step(
-                    KernelSpec::MatMul {
-                        k,
-                        n: nn,
-                        wdtype: w.dtype,
-                        bias,
-                    },
-                    args,
-                    vec![Scalar::Const(nn as i64)],
-                    Scalar::Const(nn as i64),
-                    Scalar::Rows(name.clone()),
-                );
+                let mut st = step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()));
                 if k % 16 == 0 {
                     st.large = Some(Large {
                         min_rows: 16,
-                        kernel: KernelSpec::MatMulMma {
-                            k,
-                            n: nn,
-                            wdtype: w.dtype,
-                            bias,
-                        },
+                        kernel: KernelSpec::MatMulMma { k, n: nn, wdtype: w.dtype, bias },
                         scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
                         work: Scalar::Const(nn.div_ceil(8) as i64),
                         grid_y: Scalar::Rows(name.clone()),
@@ -206,27 +132,10 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 st
             }
             Op::Gather => {
-                let d: usize = ops[0].ty.shape[1..]
-                    .iter()
-                    .map(|x| x.as_const())
-                    .product::<Option<usize>>()
-                    .ok_or_else(|| err(&name, "gather rows need constant dims"))?;
-                step(
-                    KernelSpec::Gather {
-                        d,
-                        dtype: ops[0].ty.dtype,
-                    },
-                    args,
-                    vec![Scalar::Numel(name.clone())],
-                    Scalar::Numel(name.clone()),
-                    one,
-                )
+                let d: usize = ops[0].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "gather rows need constant dims"))?;
+                step(KernelSpec::Gather { d, dtype: ops[0].ty.dtype }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
-            Op::Rope {
-                theta,
-                style,
-                rotary_dim,
-            } => {
+            Op::Rope { theta, style, rotary_dim } => {
                 let (h, d) = match (n.ty.shape[1].as_const(), n.ty.shape[2].as_const()) {
                     (Some(h), Some(d)) => (h, d),
                     _ => return Err(err(&name, "rope needs constant heads and head dim")),
@@ -234,29 +143,14 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 if *rotary_dim != d {
                     return Err(err(&name, "partial rotary dims are not lowered yet"));
                 }
-                let spec = KernelSpec::Rope {
-                    h,
-                    d,
-                    theta_bits: theta.to_bits(),
-                    interleaved: *style == RopeStyle::Interleaved,
-                };
-                step(
-                    spec,
-                    args,
-                    vec![Scalar::HalfNumel(name.clone())],
-                    Scalar::HalfNumel(name.clone()),
-                    one,
-                )
+                let spec = KernelSpec::Rope { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved };
+                step(spec, args, vec![Scalar::HalfNumel(name.clone())], Scalar::HalfNumel(name.clone()), one)
             }
             Op::CacheWrite => {
                 if ops[0].ty.dtype != DType::F32 {
                     return Err(err(&name, "KV caches are f32 on the GPU today"));
                 }
-                let row: usize = ops[1].ty.shape[1..]
-                    .iter()
-                    .map(|x| x.as_const())
-                    .product::<Option<usize>>()
-                    .ok_or_else(|| err(&name, "cache rows need constant dims"))?;
+                let row: usize = ops[1].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "cache rows need constant dims"))?;
                 // kernel(x, slots, cache): writes into the pool the node aliases
                 Step {
                     node: name.clone(),
@@ -275,124 +169,49 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 let (h, d) = (c(&ops[0].ty, 1), c(&ops[0].ty, 2));
                 let (bs, kvh) = (c(&ops[1].ty, 1), c(&ops[1].ty, 2));
                 let (Some(h), Some(d), Some(bs), Some(kvh)) = (h, d, bs, kvh) else {
-                    return Err(err(
-                        &name,
-                        "paged attention needs constant heads, head dim and block size",
-                    ));
+                    return Err(err(&name, "paged attention needs constant heads, head dim and block size"));
                 };
                 if ops[1].ty.dtype != DType::F32 {
                     return Err(err(&name, "KV caches are f32 on the GPU today"));
                 }
-                let spec = KernelSpec::PagedAttention {
-                    h,
-                    kvh,
-                    d,
-                    bs,
-                    scale_bits: scale.to_bits(),
-                };
-                step(
-                    spec,
-                    args,
-                    vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)],
-                    Scalar::Rows(name.clone()),
-                    one,
-                )
+                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
+                step(spec, args, vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)], Scalar::Rows(name.clone()), one)
             }
             Op::Softmax | Op::Argmax => {
-                let d = ops[0]
-                    .ty
-                    .shape
-                    .last()
-                    .and_then(|d| d.as_const())
-                    .ok_or_else(|| err(&name, "needs a constant last dim"))?;
+                let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "needs a constant last dim"))?;
                 if ops[0].ty.dtype != DType::F32 {
                     return Err(err(&name, "GPU kernels take f32 activations today"));
                 }
-                let spec = if matches!(n.op, Op::Softmax) {
-                    KernelSpec::Softmax { d }
-                } else {
-                    KernelSpec::Argmax { d }
-                };
-                step(
-                    spec,
-                    args,
-                    vec![Scalar::Rows(names[0].clone())],
-                    Scalar::Rows(names[0].clone()),
-                    one,
-                )
+                let spec = if matches!(n.op, Op::Softmax) { KernelSpec::Softmax { d } } else { KernelSpec::Argmax { d } };
+                step(spec, args, vec![Scalar::Rows(names[0].clone())], Scalar::Rows(names[0].clone()), one)
             }
             Op::LayerNorm { eps } => {
-                let d =
-                    n.ty.shape
-                        .last()
-                        .and_then(|d| d.as_const())
-                        .ok_or_else(|| err(&name, "layer_norm needs a constant last dim"))?;
+                let d = n.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "layer_norm needs a constant last dim"))?;
                 if ops[1].ty.dtype != DType::F32 || ops[2].ty.dtype != DType::F32 {
                     return Err(err(&name, "layer_norm weight and bias must be f32"));
                 }
-                step(
-                    KernelSpec::LayerNorm {
-                        d,
-                        eps_bits: eps.to_bits(),
-                    },
-                    args,
-                    vec![Scalar::Rows(name.clone())],
-                    Scalar::Rows(name.clone()),
-                    one,
-                )
+                step(KernelSpec::LayerNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
             }
             Op::Slice { axis, start, len } => {
                 let x = &ops[0].ty;
-                let inner: Option<usize> =
-                    x.shape[axis + 1..].iter().map(|d| d.as_const()).product();
+                let inner: Option<usize> = x.shape[axis + 1..].iter().map(|d| d.as_const()).product();
                 let (Some(inner), Some(d)) = (inner, x.shape[*axis].as_const()) else {
                     return Err(err(&name, "slice needs constant dims from the axis inward"));
                 };
-                step(
-                    KernelSpec::Slice {
-                        inner,
-                        d,
-                        start: *start,
-                        len: *len,
-                    },
-                    args,
-                    vec![Scalar::Numel(name.clone())],
-                    Scalar::Numel(name.clone()),
-                    one,
-                )
+                step(KernelSpec::Slice { inner, d, start: *start, len: *len }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
             Op::TakeAlong => {
-                let (Some(n_in), Some(k)) = (
-                    ops[0].ty.shape.last().and_then(|d| d.as_const()),
-                    n.ty.shape.last().and_then(|d| d.as_const()),
-                ) else {
+                let (Some(n_in), Some(k)) = (ops[0].ty.shape.last().and_then(|d| d.as_const()), n.ty.shape.last().and_then(|d| d.as_const())) else {
                     return Err(err(&name, "take_along needs constant last dims"));
                 };
-                step(
-                    KernelSpec::TakeAlong { n_in, k },
-                    args,
-                    vec![Scalar::Numel(name.clone())],
-                    Scalar::Numel(name.clone()),
-                    one,
-                )
+                step(KernelSpec::TakeAlong { n_in, k }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
             Op::TopK { k } => {
-                let d = ops[0]
-                    .ty
-                    .shape
-                    .last()
-                    .and_then(|d| d.as_const())
-                    .ok_or_else(|| err(&name, "top_k needs a constant last dim"))?;
+                let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "top_k needs a constant last dim"))?;
                 if ops[0].ty.dtype != DType::F32 {
                     return Err(err(&name, "GPU kernels take f32 activations today"));
                 }
-                step(
-                    KernelSpec::TopK { d, k: *k },
-                    args,
-                    vec![Scalar::Rows(names[0].clone())],
-                    Scalar::Rows(names[0].clone()),
-                    one,
-                )
+                step(KernelSpec::TopK { d, k: *k }, args, vec![Scalar::Rows(names[0].clone())], Scalar::Rows(names[0].clone()), one)
             }
             Op::Transpose { perm } => {
                 if perm.len() > 4 {
@@ -400,41 +219,17 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 }
                 let mut sc = vec![Scalar::Numel(name.clone())];
                 sc.extend((0..perm.len()).map(|i| Scalar::Dim(names[0].clone(), i)));
-                step(
-                    KernelSpec::Transpose { perm: perm.clone() },
-                    args,
-                    sc,
-                    Scalar::Numel(name.clone()),
-                    one,
-                )
+                step(KernelSpec::Transpose { perm: perm.clone() }, args, sc, Scalar::Numel(name.clone()), one)
             }
             Op::Concat { axis } => {
-                let sizes: Option<Vec<usize>> =
-                    ops.iter().map(|o| o.ty.shape[*axis].as_const()).collect();
-                let inner: Option<usize> = n.ty.shape[axis + 1..]
-                    .iter()
-                    .map(|d| d.as_const())
-                    .product();
+                let sizes: Option<Vec<usize>> = ops.iter().map(|o| o.ty.shape[*axis].as_const()).collect();
+                let inner: Option<usize> = n.ty.shape[axis + 1..].iter().map(|d| d.as_const()).product();
                 let (Some(sizes), Some(inner)) = (sizes, inner) else {
-                    return Err(err(
-                        &name,
-                        "concat needs constant dims from the axis inward",
-                    ));
+                    return Err(err(&name, "concat needs constant dims from the axis inward"));
                 };
-                step(
-                    KernelSpec::Concat { sizes, inner },
-                    args,
-                    vec![Scalar::Numel(name.clone())],
-                    Scalar::Numel(name.clone()),
-                    one,
-                )
+                step(KernelSpec::Concat { sizes, inner }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
-            other => {
-                return Err(err(
-                    &name,
-                    format!("op `{}` has no GPU lowering yet", other.name()),
-                ))
-            }
+            other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         });
     }
     Ok(steps)

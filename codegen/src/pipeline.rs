@@ -9,9 +9,7 @@
 use crate::CodegenError;
 use inkwell::context::Context as LlvmContext;
 use inkwell::memory_buffer::MemoryBuffer;
-use inkwell::targets::{
-    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetTriple,
-};
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetTriple};
 use inkwell::OptimizationLevel;
 use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
@@ -58,50 +56,24 @@ fn mlir_context() -> Context {
 /// Then translate to LLVM IR text (the `llvm` stage).
 pub fn mlir_to_llvm_ir(mlir: &str) -> Result<(String, String), CodegenError> {
     let ctx = mlir_context();
-    let mut module = Module::parse(&ctx, mlir).ok_or_else(|| CodegenError::Mlir {
-        stage: "parse",
-        msg: "the generated MLIR does not parse".into(),
-        mlir: mlir.to_string(),
-    })?;
+    let mut module = Module::parse(&ctx, mlir).ok_or_else(|| CodegenError::Mlir { stage: "parse", msg: "the generated MLIR does not parse".into(), mlir: mlir.to_string() })?;
     if !module.as_operation().verify() {
-        return Err(CodegenError::Mlir {
-            stage: "verify",
-            msg: "the generated MLIR does not verify".into(),
-            mlir: mlir.to_string(),
-        });
+        return Err(CodegenError::Mlir { stage: "verify", msg: "the generated MLIR does not verify".into(), mlir: mlir.to_string() });
     }
     let pm = PassManager::new(&ctx);
-    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), PASS_PIPELINE).map_err(
-        |e| CodegenError::Mlir {
-            stage: "pipeline",
-            msg: e.to_string(),
-            mlir: mlir.to_string(),
-        },
-    )?;
-    pm.run(&mut module).map_err(|e| CodegenError::Mlir {
-        stage: "passes",
-        msg: e.to_string(),
-        mlir: mlir.to_string(),
-    })?;
+    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), PASS_PIPELINE).map_err(|e| CodegenError::Mlir { stage: "pipeline", msg: e.to_string(), mlir: mlir.to_string() })?;
+    pm.run(&mut module).map_err(|e| CodegenError::Mlir { stage: "passes", msg: e.to_string(), mlir: mlir.to_string() })?;
     let lowered = module.as_operation().to_string();
     // the gpu.module is the first op of the top-level module's body
     let body = module.body();
-    let gpu_mod = body.first_operation().ok_or_else(|| CodegenError::Mlir {
-        stage: "translate",
-        msg: "empty module".into(),
-        mlir: lowered.clone(),
-    })?;
+    let gpu_mod = body.first_operation().ok_or_else(|| CodegenError::Mlir { stage: "translate", msg: "empty module".into(), mlir: lowered.clone() })?;
     let llvm = LlvmContext::create();
     // SAFETY: both handles are live for the call; the returned LLVM module belongs to `llvm`,
     // and we print it and dispose of it before `llvm` is dropped.
     let text = unsafe {
         let m = mlir_sys::mlirTranslateModuleToLLVMIR(gpu_mod.to_raw(), llvm.raw() as *mut _);
         if m.is_null() {
-            return Err(CodegenError::Mlir {
-                stage: "translate",
-                msg: "translation to LLVM IR failed".into(),
-                mlir: lowered,
-            });
+            return Err(CodegenError::Mlir { stage: "translate", msg: "translation to LLVM IR failed".into(), mlir: lowered });
         }
         let m = m as inkwell::llvm_sys::prelude::LLVMModuleRef;
         let s = inkwell::llvm_sys::core::LLVMPrintModuleToString(m);
@@ -120,36 +92,15 @@ pub fn llvm_ir_to_ptx(ir: &str, target: GpuTarget) -> Result<String, CodegenErro
     INIT.call_once(|| LlvmTarget::initialize_nvptx(&InitializationConfig::default()));
     let ctx = LlvmContext::create();
     let buf = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "kernels");
-    let module = ctx
-        .create_module_from_ir(buf)
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let module = ctx.create_module_from_ir(buf).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     module.set_triple(&triple);
     let t = LlvmTarget::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let tm = t
-        .create_target_machine(
-            &triple,
-            target.name(),
-            "+ptx80",
-            OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::Default,
-        )
-        .ok_or_else(|| {
-            CodegenError::Llvm(format!("no NVPTX target machine for {}", target.name()))
-        })?;
+        .create_target_machine(&triple, target.name(), "+ptx80", OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+        .ok_or_else(|| CodegenError::Llvm(format!("no NVPTX target machine for {}", target.name())))?;
     module.set_data_layout(&tm.get_target_data().get_data_layout());
-    module
-        .run_passes(
-            "default<O3>",
-            &tm,
-            inkwell::passes::PassBuilderOptions::create(),
-        )
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let buf = tm
-        .write_to_memory_buffer(&module, FileType::Assembly)
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(String::from_utf8_lossy(buf.as_slice())
-        .trim_end_matches('\0')
-        .to_string())
+    module.run_passes("default<O3>", &tm, inkwell::passes::PassBuilderOptions::create()).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let buf = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string())
 }

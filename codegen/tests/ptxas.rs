@@ -11,145 +11,42 @@ fn ptxas() -> PathBuf {
     if let Some(p) = std::env::var_os("DSC_PTXAS") {
         return p.into();
     }
-    let out = Command::new("python3")
-        .args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"])
-        .output()
-        .expect("python3 runs");
+    let out = Command::new("python3").args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"]).output().expect("python3 runs");
     let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        p.exists(),
-        "ptxas not found: `pip install nvidia-cuda-nvcc==13.0.88` (or set DSC_PTXAS)"
-    );
+    assert!(p.exists(), "ptxas not found: `pip install nvidia-cuda-nvcc==13.0.88` (or set DSC_PTXAS)");
     p
 }
 
 pub fn all_specs() -> Vec<KernelSpec> {
-    let mut v: Vec<KernelSpec> = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Recip,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Silu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluErf,
-    ]
-    .into_iter()
-    .map(|u| KernelSpec::Unary(UnaryOpKey(u)))
-    .collect();
-    v.extend(
-        [
-            BinaryOp::Add,
-            BinaryOp::Sub,
-            BinaryOp::Mul,
-            BinaryOp::Div,
-            BinaryOp::Max,
-            BinaryOp::Min,
-        ]
-        .into_iter()
-        .map(|b| KernelSpec::Binary(BinaryOpKey(b))),
-    );
-    v.push(KernelSpec::RmsNorm {
-        d: 576,
-        eps_bits: 1e-5f32.to_bits(),
-    });
-    for wdtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
-        v.push(KernelSpec::MatMul {
-            k: 576,
-            n: 1536,
-            wdtype,
-            bias: false,
-        });
-        v.push(KernelSpec::Gather {
-            d: 576,
-            dtype: wdtype,
-        });
+    let mut v: Vec<KernelSpec> =
+        [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf]
+            .into_iter()
+            .map(|u| KernelSpec::Unary(UnaryOpKey(u)))
+            .collect();
+    v.extend([BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min].into_iter().map(|b| KernelSpec::Binary(BinaryOpKey(b))));
+    v.push(KernelSpec::RmsNorm { d: 576, eps_bits: 1e-5f32.to_bits() });
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        v.push(KernelSpec::MatMul { k: 576, n: 1536, wdtype, bias: false });
+        v.push(KernelSpec::Gather { d: 576, dtype: wdtype });
     }
-    v.push(KernelSpec::MatMul {
-        k: 576,
-        n: 192,
-        wdtype: DType::BF16,
-        bias: true,
-    });
-    for wdtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
-        v.push(KernelSpec::MatMulMma {
-            k: 576,
-            n: 1536,
-            wdtype,
-            bias: false,
-        });
+    v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        v.push(KernelSpec::MatMulMma { k: 576, n: 1536, wdtype, bias: false });
     }
-    v.push(KernelSpec::MatMulMma {
-        k: 576,
-        n: 192,
-        wdtype: DType::BF16,
-        bias: true,
-    });
-    v.push(KernelSpec::Rope {
-        h: 9,
-        d: 64,
-        theta_bits: 100000f32.to_bits(),
-        interleaved: true,
-    });
-    v.push(KernelSpec::Rope {
-        h: 3,
-        d: 64,
-        theta_bits: 100000f32.to_bits(),
-        interleaved: false,
-    });
+    v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
+    v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
     v.push(KernelSpec::Softmax { d: 1000 });
-    v.push(KernelSpec::LayerNorm {
-        d: 768,
-        eps_bits: 1e-5f32.to_bits(),
-    });
+    v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits() });
     v.push(KernelSpec::Argmax { d: 49152 });
-    v.push(KernelSpec::Slice {
-        inner: 64,
-        d: 12,
-        start: 3,
-        len: 4,
-    });
+    v.push(KernelSpec::Slice { inner: 64, d: 12, start: 3, len: 4 });
     v.push(KernelSpec::TakeAlong { n_in: 64, k: 6 });
     v.push(KernelSpec::TopK { d: 64, k: 6 });
-    v.push(KernelSpec::Transpose {
-        perm: vec![1, 0, 2],
-    });
-    v.push(KernelSpec::Concat {
-        sizes: vec![3, 5],
-        inner: 16,
-    });
-    v.push(KernelSpec::PagedAttention {
-        h: 9,
-        kvh: 3,
-        d: 64,
-        bs: 16,
-        scale_bits: 0.125f32.to_bits(),
-    });
-    v.push(KernelSpec::PagedAttention {
-        h: 32,
-        kvh: 8,
-        d: 128,
-        bs: 16,
-        scale_bits: 0.088f32.to_bits(),
-    });
+    v.push(KernelSpec::Transpose { perm: vec![1, 0, 2] });
+    v.push(KernelSpec::Concat { sizes: vec![3, 5], inner: 16 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v
 }
 
@@ -159,41 +56,16 @@ fn every_kernel_passes_ptxas_for_every_target() {
     assert_eq!(m.kernels.len(), all_specs().len());
     let dir = tempfile::tempdir().unwrap();
     for (t, ptx) in &m.ptx {
-        assert!(
-            ptx.contains(&format!(".target {}", t.name())) && ptx.contains(".version 8.0"),
-            "{ptx:.300}"
-        );
+        assert!(ptx.contains(&format!(".target {}", t.name())) && ptx.contains(".version 8.0"), "{ptx:.300}");
         for (name, _) in &m.kernels {
-            assert!(
-                ptx.contains(&format!(".entry {name}(")),
-                "{name} missing from the {} PTX",
-                t.name()
-            );
+            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from the {} PTX", t.name());
         }
         let f = dir.path().join(format!("{}.ptx", t.name()));
         std::fs::write(&f, ptx).unwrap();
-        let out = Command::new(ptxas())
-            .args([
-                &format!("-arch={}", t.name()),
-                "-v",
-                f.to_str().unwrap(),
-                "-o",
-                "/dev/null",
-            ])
-            .output()
-            .unwrap();
+        let out = Command::new(ptxas()).args([&format!("-arch={}", t.name()), "-v", f.to_str().unwrap(), "-o", "/dev/null"]).output().unwrap();
         let log = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "ptxas rejected the {} PTX:\n{log}\nrepro: ptxas -arch={} {}",
-            t.name(),
-            t.name(),
-            f.display()
-        );
-        assert!(
-            !log.contains("spill stores") || log.contains("0 bytes spill stores"),
-            "spills: {log}"
-        );
+        assert!(out.status.success(), "ptxas rejected the {} PTX:\n{log}\nrepro: ptxas -arch={} {}", t.name(), t.name(), f.display());
+        assert!(!log.contains("spill stores") || log.contains("0 bytes spill stores"), "spills: {log}");
     }
     // the rms_norm kernel reduces with warp shuffles; the large-M matmul uses the tensor cores
     assert!(m.ptx[&GpuTarget::Sm90a].contains("shfl.sync.bfly"));
@@ -202,19 +74,6 @@ fn every_kernel_passes_ptxas_for_every_target() {
 
 #[test]
 fn unsupported_ops_are_named() {
-    let e = compile_kernels(
-        &[KernelSpec::MatMul {
-            k: 64,
-            n: 8,
-            wdtype: DType::I8,
-            bias: false,
-        }],
-        &[GpuTarget::Sm90a],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        e.contains("matmul_k64_n8_i8") && e.contains("not lowered"),
-        "{e}"
-    );
+    let e = compile_kernels(&[KernelSpec::MatMul { k: 64, n: 8, wdtype: DType::I8, bias: false }], &[GpuTarget::Sm90a]).unwrap_err().to_string();
+    assert!(e.contains("matmul_k64_n8_i8") && e.contains("not lowered"), "{e}");
 }

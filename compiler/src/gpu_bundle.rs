@@ -13,29 +13,17 @@ use std::path::Path;
 struct Data(Vec<u8>);
 impl Data {
     fn push(&mut self, v: &[f32]) -> Array {
-        let a = Array {
-            offset: self.0.len(),
-            len: v.len(),
-            dtype: "f32".into(),
-        };
+        let a = Array { offset: self.0.len(), len: v.len(), dtype: "f32".into() };
         self.0.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         a
     }
     fn push_i32(&mut self, v: &[i32]) -> Array {
-        let a = Array {
-            offset: self.0.len(),
-            len: v.len(),
-            dtype: "i32".into(),
-        };
+        let a = Array { offset: self.0.len(), len: v.len(), dtype: "i32".into() };
         self.0.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         a
     }
     fn push_u8(&mut self, v: &[u8]) -> Array {
-        let a = Array {
-            offset: self.0.len(),
-            len: v.len(),
-            dtype: "u8".into(),
-        };
+        let a = Array { offset: self.0.len(), len: v.len(), dtype: "u8".into() };
         self.0.extend_from_slice(v);
         // keep every array 16-byte aligned
         while self.0.len() % 16 != 0 {
@@ -48,63 +36,33 @@ impl Data {
 type Weights = HashMap<String, (DType, Vec<usize>, Vec<u8>)>;
 
 /// Evaluate `src` (a one-op graph) on the CPU reference executor.
-fn reference(
-    src: &str,
-    inputs: Vec<(&str, Tensor)>,
-    weights: &Weights,
-) -> anyhow::Result<Vec<f32>> {
+fn reference(src: &str, inputs: Vec<(&str, Tensor)>, weights: &Weights) -> anyhow::Result<Vec<f32>> {
     let g = text::parse(src)?;
     let mut ex = Executor::new(&g, weights, BTreeMap::new())?;
-    let out = ex.run(
-        &inputs
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-    )?;
+    let out = ex.run(&inputs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())?;
     Ok(out.into_values().next().context("one output")?.data)
 }
 
 fn grid(launch: &Launch, n: usize) -> (u32, u32) {
     match launch {
         Launch::PerElement { threads } => ((n as u32).div_ceil(*threads), *threads),
-        Launch::WarpPerRow { rows_per_block } => {
-            ((n as u32).div_ceil(*rows_per_block), 32 * rows_per_block)
-        }
-        Launch::WarpPerOutput { warps_per_block } => {
-            ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block)
-        }
+        Launch::WarpPerRow { rows_per_block } => ((n as u32).div_ceil(*rows_per_block), 32 * rows_per_block),
+        Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
         Launch::BlockPerRow { warps } => (n as u32, 32 * warps),
-        Launch::WarpPerTile { warps_per_block } => (
-            (n as u32).div_ceil(8).div_ceil(*warps_per_block),
-            32 * warps_per_block,
-        ),
+        Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
     }
 }
 
 pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     std::fs::create_dir_all(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut rand_vec = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(lo..hi)).collect()
-    };
+    let mut rand_vec = |n: usize, lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(lo..hi)).collect() };
     let mut data = Data(vec![]);
     let mut cases = vec![];
     let mut specs = vec![];
     let none = Weights::new();
     let n = 100_003usize; // not a multiple of the block: exercises the bounds check
-    let unary = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Recip,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Silu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluErf,
-    ];
+    let unary = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf];
     for u in unary {
         let spec = KernelSpec::Unary(UnaryOpKey(u));
         let (lo, hi) = match u {
@@ -116,14 +74,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[N]\n  %y = {name}(%x) : f32[N]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![n], x.clone()))], &none)?;
         let (g, b) = grid(&spec.launch(), n);
         // approx instructions (ex2/tanh/rsqrt .approx) are good to ~1e-6 relative per element
-        let tol = if matches!(
-            u,
-            UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Sqrt | UnaryOp::Recip
-        ) {
-            1e-6
-        } else {
-            1e-4
-        };
+        let tol = if matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Sqrt | UnaryOp::Recip) { 1e-6 } else { 1e-4 };
         cases.push(Case {
             name: format!("{name} n={n}"),
             kernel: spec.symbol(),
@@ -138,40 +89,17 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
-    for bop in [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Max,
-        BinaryOp::Min,
-    ] {
+    for bop in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min] {
         let spec = KernelSpec::Binary(BinaryOpKey(bop));
         let name = dsc_ir::Op::Binary(bop).name();
         for (rows, cols, bcast) in [(129usize, 576usize, false), (129, 576, true)] {
             let a = rand_vec(rows * cols, -3.0, 3.0);
             let bl = if bcast { cols } else { rows * cols };
-            let bv: Vec<f32> = rand_vec(bl, 0.5, 2.0)
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| if i % 2 == 0 { v } else { -v })
-                .collect();
-            let bshape = if bcast {
-                format!("[{cols}]")
-            } else {
-                format!("[{rows}, {cols}]")
-            };
+            let bv: Vec<f32> = rand_vec(bl, 0.5, 2.0).into_iter().enumerate().map(|(i, v)| if i % 2 == 0 { v } else { -v }).collect();
+            let bshape = if bcast { format!("[{cols}]") } else { format!("[{rows}, {cols}]") };
             let src = format!("graph \"k\" {{\n  %a = input : f32[{rows}, {cols}]\n  %b = input : f32{bshape}\n  %y = {name}(%a, %b) : f32[{rows}, {cols}]\n  output y = %y\n}}\n");
-            let bt = if bcast {
-                Tensor::new(vec![cols], bv.clone())
-            } else {
-                Tensor::new(vec![rows, cols], bv.clone())
-            };
-            let want = reference(
-                &src,
-                vec![("a", Tensor::new(vec![rows, cols], a.clone())), ("b", bt)],
-                &none,
-            )?;
+            let bt = if bcast { Tensor::new(vec![cols], bv.clone()) } else { Tensor::new(vec![rows, cols], bv.clone()) };
+            let want = reference(&src, vec![("a", Tensor::new(vec![rows, cols], a.clone())), ("b", bt)], &none)?;
             let (g, b) = grid(&spec.launch(), rows * cols);
             cases.push(Case {
                 name: format!("{name} {rows}x{cols}{}", if bcast { " bcast" } else { "" }),
@@ -190,26 +118,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
     for (rows, d) in [(77usize, 576usize), (5, 4096)] {
         let eps = 1e-5f32;
-        let spec = KernelSpec::RmsNorm {
-            d,
-            eps_bits: eps.to_bits(),
-        };
+        let spec = KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() };
         let x = rand_vec(rows * d, -2.0, 2.0);
         let w = rand_vec(d, 0.5, 1.5);
-        let ws: Weights = HashMap::from([(
-            "w".to_string(),
-            (
-                DType::F32,
-                vec![d],
-                w.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            ),
-        )]);
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::F32, vec![d], w.iter().flat_map(|v| v.to_le_bytes()).collect()))]);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %y = rms_norm(%x, %w) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n");
-        let want = reference(
-            &src,
-            vec![("x", Tensor::new(vec![rows, d], x.clone()))],
-            &ws,
-        )?;
+        let want = reference(&src, vec![("x", Tensor::new(vec![rows, d], x.clone()))], &ws)?;
         let (g, b) = grid(&spec.launch(), rows);
         cases.push(Case {
             name: format!("rms_norm {rows}x{d}"),
@@ -229,23 +143,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     // matmul: x[M, K] @ W[N, K]^T for every weight dtype, decode (M = 1) and prefill-like M
     let (k, n) = (576usize, 1536usize);
     let wf = rand_vec(n * k, -0.1, 0.1);
-    for wdtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
         let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
         let warr = data.push_u8(&wb);
-        let spec = KernelSpec::MatMul {
-            k,
-            n,
-            wdtype,
-            bias: false,
-        };
+        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false };
         for m in [1usize, 7] {
             let x = rand_vec(m * k, -1.0, 1.0);
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
@@ -266,12 +168,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
         specs.push(spec);
         // tensor cores (mma.sync, bf16/f16 operands, f32 accumulation): bf16-level tolerance
-        let spec = KernelSpec::MatMulMma {
-            k,
-            n,
-            wdtype,
-            bias: false,
-        };
+        let spec = KernelSpec::MatMulMma { k, n, wdtype, bias: false };
         for m in [16usize, 37] {
             let x = rand_vec(m * k, -1.0, 1.0);
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
@@ -297,26 +194,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let w = rand_vec(n * k, -0.1, 0.1);
         let wb = dsc_ir::quant::encode(DType::BF16, &w).context("encode")?;
         let bias = rand_vec(n, -1.0, 1.0);
-        let ws: Weights = HashMap::from([
-            ("w".to_string(), (DType::BF16, vec![n, k], wb.clone())),
-            (
-                "bias".to_string(),
-                (
-                    DType::F32,
-                    vec![n],
-                    bias.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                ),
-            ),
-        ]);
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::BF16, vec![n, k], wb.clone())), ("bias".to_string(), (DType::F32, vec![n], bias.iter().flat_map(|v| v.to_le_bytes()).collect()))]);
         let x = rand_vec(m * k, -1.0, 1.0);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : bf16[{n}, {k}]\n  %bias = weight : f32[{n}]\n  %y = matmul(%x, %w, %bias) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::MatMul {
-            k,
-            n,
-            wdtype: DType::BF16,
-            bias: true,
-        };
+        let spec = KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: true };
         let (g, b) = grid(&spec.launch(), n);
         cases.push(Case {
             name: format!("matmul+bias {m}x{k}x{n} bf16"),
@@ -346,13 +228,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             }
         })
         .collect();
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
+    for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         let tb = dsc_ir::quant::encode(dtype, &table).context("encode")?;
         let ws: Weights = HashMap::from([("table".to_string(), (dtype, vec![v, d], tb.clone()))]);
         let src = format!("graph \"k\" {{\n  %idx = input : i32[{t}]\n  %table = weight : {dtype}[{v}, {d}]\n  %y = gather(%table, %idx) : f32[{t}, {d}]\n  output y = %y\n}}\n");
@@ -377,31 +253,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     for (h, interleaved) in [(9usize, true), (3, false)] {
         let (t, d, theta) = (11usize, 64usize, 100000f32);
         let x = rand_vec(t * h * d, -1.0, 1.0);
-        let pos: Vec<i32> = (0..t)
-            .map(|i| {
-                if i == 0 {
-                    0
-                } else {
-                    rand_vec(1, 0.0, 2000.0)[0] as i32
-                }
-            })
-            .collect();
+        let pos: Vec<i32> = (0..t).map(|i| if i == 0 { 0 } else { rand_vec(1, 0.0, 2000.0)[0] as i32 }).collect();
         let style = if interleaved { "interleaved" } else { "half" };
         let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {h}, {d}]\n  %p = input : i32[{t}]\n  %y = rope(%x, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : f32[{t}, {h}, {d}]\n  output y = %y\n}}\n");
-        let want = reference(
-            &src,
-            vec![
-                ("x", Tensor::new(vec![t, h, d], x.clone())),
-                ("p", Tensor::from_i32(vec![t], &pos)),
-            ],
-            &none,
-        )?;
-        let spec = KernelSpec::Rope {
-            h,
-            d,
-            theta_bits: theta.to_bits(),
-            interleaved,
-        };
+        let want = reference(&src, vec![("x", Tensor::new(vec![t, h, d], x.clone())), ("p", Tensor::from_i32(vec![t], &pos))], &none)?;
+        let spec = KernelSpec::Rope { h, d, theta_bits: theta.to_bits(), interleaved };
         let (g, b) = grid(&spec.launch(), t * h * d / 2);
         cases.push(Case {
             name: format!("rope {t}x{h}x{d} {style}"),
@@ -428,18 +284,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = cache_write(%c, %x, %s) : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
         let g = text::parse(&src)?;
         let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
-        ex.state_mut("c")
-            .context("state c")?
-            .data
-            .copy_from_slice(&init);
-        let want = ex
-            .run(&BTreeMap::from([
-                ("x".to_string(), Tensor::new(vec![t, kvh, d], x.clone())),
-                ("s".to_string(), Tensor::from_i32(vec![t], &slots)),
-            ]))?
-            .remove("c")
-            .context("output")?
-            .data;
+        ex.state_mut("c").context("state c")?.data.copy_from_slice(&init);
+        let want = ex.run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![t, kvh, d], x.clone())), ("s".to_string(), Tensor::from_i32(vec![t], &slots))]))?.remove("c").context("output")?.data;
         let spec = KernelSpec::CacheWrite { row };
         let (gr, b) = grid(&spec.launch(), t * row);
         let init_arr = data.push(&init);
@@ -457,29 +303,16 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
-    for (h, kvh, d, bs, nb, seqs) in [
-        (
-            9usize,
-            3usize,
-            64usize,
-            4usize,
-            12usize,
-            vec![(0usize, 11usize), (0, 6)],
-        ),
-        (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]),
-        (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)]),
-    ] {
+    for (h, kvh, d, bs, nb, seqs) in
+        [(9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]), (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]), (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)])]
+    {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
         let mut table = vec![];
         let mut free: Vec<i32> = (0..nb as i32).rev().collect();
         for s in &seqs {
             for j in 0..mb {
-                table.push(if j < s.1.div_ceil(bs) {
-                    free.pop().context("blocks")?
-                } else {
-                    -1
-                });
+                table.push(if j < s.1.div_ceil(bs) { free.pop().context("blocks")? } else { -1 });
             }
             free.reverse();
         }
@@ -511,13 +344,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             .remove("o")
             .context("output")?
             .data;
-        let spec = KernelSpec::PagedAttention {
-            h,
-            kvh,
-            d,
-            bs,
-            scale_bits: scale.to_bits(),
-        };
+        let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
         let (gr, b) = grid(&spec.launch(), t * h);
         cases.push(Case {
             name: format!("paged_attn T{t} H{h}/{kvh} D{d}"),
@@ -525,14 +352,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             grid: gr,
             grid_y: 1,
             block: b,
-            inputs: vec![
-                data.push(&q),
-                data.push(&kc),
-                data.push(&vc),
-                data.push_i32(&pos),
-                data.push_i32(&seq),
-                data.push_i32(&table),
-            ],
+            inputs: vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)],
             scalars: vec![(t * h) as i64, mb as i64],
             expected: data.push(&want),
             init: None,
@@ -541,20 +361,10 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         specs.push(spec);
     }
     // seeded weights generated on the device, bit-exact against the host generator
-    for (dtype, ones) in [
-        (DType::F32, false),
-        (DType::BF16, false),
-        (DType::F16, false),
-        (DType::F32, true),
-    ] {
+    for (dtype, ones) in [(DType::F32, false), (DType::BF16, false), (DType::F16, false), (DType::F32, true)] {
         let (n, seed, name, scale) = (100_002usize, 7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
-        let host =
-            dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, ones))
-                .context("encode")?;
-        let as_f32: Vec<f32> = host
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, ones)).context("encode")?;
+        let as_f32: Vec<f32> = host.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let spec = KernelSpec::SeededInit { dtype };
         let (g, b) = grid(&spec.launch(), n);
         let base = dsc_ir::seeded::base(seed, name) as i64;
@@ -565,15 +375,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             grid_y: 1,
             block: b,
             inputs: vec![],
-            scalars: vec![
-                n as i64,
-                base,
-                scale.to_bits() as i64,
-                ones as i64,
-                n as i64,
-                0,
-                0,
-            ],
+            scalars: vec![n as i64, base, scale.to_bits() as i64, ones as i64, n as i64, 0, 0],
             expected: data.push(&as_f32),
             init: None,
             tol: 0.0,
@@ -584,47 +386,23 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
     // a tensor-parallel shard of a seeded weight: rank 1 of 2 of the columns of [rows, cols]
     {
-        let (rows, cols, seed, name, scale) = (
-            301usize,
-            512usize,
-            7u64,
-            "blk.0.ffn_down.weight",
-            1.0f32 / 64.0,
-        );
+        let (rows, cols, seed, name, scale) = (301usize, 512usize, 7u64, "blk.0.ffn_down.weight", 1.0f32 / 64.0);
         let full = dsc_ir::seeded::values(seed, name, rows * cols, scale, false);
-        let s = dsc_ir::shard::Shard {
-            axis: 1,
-            start: cols / 2,
-            len: cols / 2,
-        };
-        let want: Vec<f32> = (0..rows)
-            .flat_map(|r| full[r * cols + s.start..r * cols + s.start + s.len].to_vec())
-            .collect();
+        let s = dsc_ir::shard::Shard { axis: 1, start: cols / 2, len: cols / 2 };
+        let want: Vec<f32> = (0..rows).flat_map(|r| full[r * cols + s.start..r * cols + s.start + s.len].to_vec()).collect();
         let (row0, len, stride, col0) = dsc_ir::shard::seeded_layout(&[rows, cols], s);
         let spec = KernelSpec::SeededInit { dtype: DType::F32 };
         let n = want.len();
         let (g, b) = grid(&spec.launch(), n);
         let base = dsc_ir::seeded::base(seed, name).wrapping_add(row0) as i64;
         cases.push(Case {
-            name: format!(
-                "seeded_init shard [{rows}, {cols}] columns {}..{}",
-                s.start,
-                s.start + s.len
-            ),
+            name: format!("seeded_init shard [{rows}, {cols}] columns {}..{}", s.start, s.start + s.len),
             kernel: spec.symbol(),
             grid: g,
             grid_y: 1,
             block: b,
             inputs: vec![],
-            scalars: vec![
-                n as i64,
-                base,
-                scale.to_bits() as i64,
-                0,
-                len as i64,
-                stride as i64,
-                col0 as i64,
-            ],
+            scalars: vec![n as i64, base, scale.to_bits() as i64, 0, len as i64, stride as i64, col0 as i64],
             expected: data.push(&want),
             init: None,
             tol: 0.0,
@@ -634,7 +412,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     {
         let (rows, d) = (37usize, 1000usize);
         let x = rand_vec(rows * d, -6.0, 6.0);
-        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = softmax(%x) : f32[{rows}, {d}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
+        let want = reference(
+            &format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = softmax(%x) : f32[{rows}, {d}]\n  output y = %y\n}}\n"),
+            vec![("x", Tensor::new(vec![rows, d], x.clone()))],
+            &none,
+        )?;
         let spec = KernelSpec::Softmax { d };
         let (g, b) = grid(&spec.launch(), rows);
         cases.push(Case {
@@ -657,15 +439,9 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let w = rand_vec(d, 0.5, 1.5);
         let bias = rand_vec(d, -0.5, 0.5);
         let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let ws: Weights = HashMap::from([
-            ("w".to_string(), (DType::F32, vec![d], f(&w))),
-            ("b".to_string(), (DType::F32, vec![d], f(&bias))),
-        ]);
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::F32, vec![d], f(&w))), ("b".to_string(), (DType::F32, vec![d], f(&bias)))]);
         let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %b = weight : f32[{d}]\n  %y = layer_norm(%x, %w, %b) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &ws)?;
-        let spec = KernelSpec::LayerNorm {
-            d,
-            eps_bits: eps.to_bits(),
-        };
+        let spec = KernelSpec::LayerNorm { d, eps_bits: eps.to_bits() };
         let (g, b) = grid(&spec.launch(), rows);
         cases.push(Case {
             name: format!("layer_norm {rows}x{d}"),
@@ -686,12 +462,10 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let mut x = rand_vec(rows * d, -10.0, 10.0);
         x[3 * d + 7] = 50.0; // a tie at the top: the first index wins
         x[3 * d + 900] = 50.0;
-        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = argmax(%x) : i32[{rows}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
+        let want =
+            reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = argmax(%x) : i32[{rows}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
         // the kernel writes i32: compare bit patterns (small ints are f32 denormals, never NaN)
-        let bits: Vec<f32> = want
-            .iter()
-            .map(|&v| f32::from_bits(v as i32 as u32))
-            .collect();
+        let bits: Vec<f32> = want.iter().map(|&v| f32::from_bits(v as i32 as u32)).collect();
         let spec = KernelSpec::Argmax { d };
         let (g, b) = grid(&spec.launch(), rows);
         cases.push(Case {
@@ -710,13 +484,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
     {
         let x = rand_vec(7 * 12 * 64, -1.0, 1.0);
-        let want = reference("graph \"k\" {\n  %x = input : f32[7, 12, 64]\n  %y = slice(%x) {axis = 1, start = 3, len = 4} : f32[7, 4, 64]\n  output y = %y\n}\n", vec![("x", Tensor::new(vec![7, 12, 64], x.clone()))], &none)?;
-        let spec = KernelSpec::Slice {
-            inner: 64,
-            d: 12,
-            start: 3,
-            len: 4,
-        };
+        let want = reference(
+            "graph \"k\" {\n  %x = input : f32[7, 12, 64]\n  %y = slice(%x) {axis = 1, start = 3, len = 4} : f32[7, 4, 64]\n  output y = %y\n}\n",
+            vec![("x", Tensor::new(vec![7, 12, 64], x.clone()))],
+            &none,
+        )?;
+        let spec = KernelSpec::Slice { inner: 64, d: 12, start: 3, len: 4 };
         let (g, b) = grid(&spec.launch(), want.len());
         cases.push(Case {
             name: "slice 7x12x64 [3..7]".into(),
@@ -732,11 +505,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
         let xs = rand_vec(9 * 64, -1.0, 1.0);
-        let idx: Vec<i32> = rand_vec(9 * 6, 0.0, 64.0)
-            .into_iter()
-            .map(|v| (v as i32).min(63))
-            .collect();
-        let want = reference("graph \"k\" {\n  %x = input : f32[9, 64]\n  %i = input : i32[9, 6]\n  %y = take_along(%x, %i) : f32[9, 6]\n  output y = %y\n}\n", vec![("x", Tensor::new(vec![9, 64], xs.clone())), ("i", Tensor::from_i32(vec![9, 6], &idx))], &none)?;
+        let idx: Vec<i32> = rand_vec(9 * 6, 0.0, 64.0).into_iter().map(|v| (v as i32).min(63)).collect();
+        let want = reference(
+            "graph \"k\" {\n  %x = input : f32[9, 64]\n  %i = input : i32[9, 6]\n  %y = take_along(%x, %i) : f32[9, 6]\n  output y = %y\n}\n",
+            vec![("x", Tensor::new(vec![9, 64], xs.clone())), ("i", Tensor::from_i32(vec![9, 6], &idx))],
+            &none,
+        )?;
         let spec = KernelSpec::TakeAlong { n_in: 64, k: 6 };
         let (g, b) = grid(&spec.launch(), want.len());
         cases.push(Case {
@@ -756,15 +530,13 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     {
         // top_k with ties: values on a coarse grid so equal values are common
         let (rows, d, k) = (11usize, 64usize, 6usize);
-        let x: Vec<f32> = rand_vec(rows * d, 0.0, 8.0)
-            .into_iter()
-            .map(|v| v.floor())
-            .collect();
-        let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = top_k(%x) {{k = {k}}} : i32[{rows}, {k}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
-        let bits: Vec<f32> = want
-            .iter()
-            .map(|&v| f32::from_bits(v as i32 as u32))
-            .collect();
+        let x: Vec<f32> = rand_vec(rows * d, 0.0, 8.0).into_iter().map(|v| v.floor()).collect();
+        let want = reference(
+            &format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = top_k(%x) {{k = {k}}} : i32[{rows}, {k}]\n  output y = %y\n}}\n"),
+            vec![("x", Tensor::new(vec![rows, d], x.clone()))],
+            &none,
+        )?;
+        let bits: Vec<f32> = want.iter().map(|&v| f32::from_bits(v as i32 as u32)).collect();
         let spec = KernelSpec::TopK { d, k };
         let (g, b) = grid(&spec.launch(), rows);
         cases.push(Case {
@@ -781,10 +553,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
         let x = rand_vec(5 * 3 * 16, -1.0, 1.0);
-        let want = reference("graph \"k\" {\n  %x = input : f32[5, 3, 16]\n  %y = transpose(%x) {perm = [1, 0, 2]} : f32[3, 5, 16]\n  output y = %y\n}\n", vec![("x", Tensor::new(vec![5, 3, 16], x.clone()))], &none)?;
-        let spec = KernelSpec::Transpose {
-            perm: vec![1, 0, 2],
-        };
+        let want = reference(
+            "graph \"k\" {\n  %x = input : f32[5, 3, 16]\n  %y = transpose(%x) {perm = [1, 0, 2]} : f32[3, 5, 16]\n  output y = %y\n}\n",
+            vec![("x", Tensor::new(vec![5, 3, 16], x.clone()))],
+            &none,
+        )?;
+        let spec = KernelSpec::Transpose { perm: vec![1, 0, 2] };
         let (g, b) = grid(&spec.launch(), want.len());
         cases.push(Case {
             name: "transpose 5x3x16 [1,0,2]".into(),
@@ -799,15 +573,13 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             tol: 0.0,
         });
         specs.push(spec);
-        let (a, c) = (
-            rand_vec(4 * 3 * 16, -1.0, 1.0),
-            rand_vec(4 * 5 * 16, -1.0, 1.0),
-        );
-        let want = reference("graph \"k\" {\n  %a = input : f32[4, 3, 16]\n  %c = input : f32[4, 5, 16]\n  %y = concat(%a, %c) {axis = 1} : f32[4, 8, 16]\n  output y = %y\n}\n", vec![("a", Tensor::new(vec![4, 3, 16], a.clone())), ("c", Tensor::new(vec![4, 5, 16], c.clone()))], &none)?;
-        let spec = KernelSpec::Concat {
-            sizes: vec![3, 5],
-            inner: 16,
-        };
+        let (a, c) = (rand_vec(4 * 3 * 16, -1.0, 1.0), rand_vec(4 * 5 * 16, -1.0, 1.0));
+        let want = reference(
+            "graph \"k\" {\n  %a = input : f32[4, 3, 16]\n  %c = input : f32[4, 5, 16]\n  %y = concat(%a, %c) {axis = 1} : f32[4, 8, 16]\n  output y = %y\n}\n",
+            vec![("a", Tensor::new(vec![4, 3, 16], a.clone())), ("c", Tensor::new(vec![4, 5, 16], c.clone()))],
+            &none,
+        )?;
+        let spec = KernelSpec::Concat { sizes: vec![3, 5], inner: 16 };
         let (g, b) = grid(&spec.launch(), want.len());
         cases.push(Case {
             name: "concat 4x(3+5)x16".into(),
@@ -834,9 +606,6 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     std::fs::write(dir.join("kernels.ll"), &m.llvm)?;
     std::fs::write(dir.join("data.bin"), &data.0)?;
     let n = cases.len();
-    std::fs::write(
-        dir.join("bundle.json"),
-        serde_json::to_string_pretty(&Bundle { ptx, cases })?,
-    )?;
+    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases })?)?;
     Ok(n)
 }

@@ -9,10 +9,7 @@ pub mod gpu_bundle;
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport, TensorParallel};
-use dsc_runtime::plan::{
-    write_plan, GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights,
-    Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION,
-};
+use dsc_runtime::plan::{write_plan, GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION};
 use sha2::Digest;
 use std::path::Path;
 
@@ -59,15 +56,7 @@ pub fn compile_with(model_toml: &Path, tp: Option<usize>) -> anyhow::Result<Comp
             (None, Some(e.to_string()), None)
         }
     };
-    Ok(Compiled {
-        model,
-        graph,
-        reports,
-        gpu,
-        gpu_skipped,
-        kernels,
-        tensor_parallel,
-    })
+    Ok(Compiled { model, graph, reports, gpu, gpu_skipped, kernels, tensor_parallel })
 }
 
 fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
@@ -82,37 +71,21 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
 }
 
 /// Lower the graph to kernels and a launch schedule, and emit PTX for every target.
-pub fn lower_gpu(
-    graph: &dsc_ir::Graph,
-) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
+pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
     let steps = dsc_codegen::lower::lower(graph)?;
-    let mut specs: Vec<dsc_codegen::KernelSpec> =
-        steps.iter().filter_map(|s| s.kernel.clone()).collect();
-    specs.extend(
-        steps
-            .iter()
-            .filter_map(|s| s.large.as_ref().map(|l| l.kernel.clone())),
-    );
+    let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
+    specs.extend(steps.iter().filter_map(|s| s.large.as_ref().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
-    specs.extend(
-        [dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16]
-            .map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }),
-    );
+    specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps: Vec<GpuStep> = steps
         .iter()
         .map(|s| {
             let shape = |l: Option<dsc_codegen::Launch>| match l {
                 Some(dsc_codegen::Launch::PerElement { threads }) => ("per_element", threads),
-                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => {
-                    ("warp_per_row", rows_per_block)
-                }
-                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => {
-                    ("warp_per_output", warps_per_block)
-                }
-                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => {
-                    ("warp_per_tile", warps_per_block)
-                }
+                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block),
+                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block),
+                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block),
                 Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps),
                 None => ("none", 0),
             };
@@ -144,20 +117,9 @@ pub fn lower_gpu(
             }
         })
         .collect();
-    let ptx = module
-        .ptx
-        .iter()
-        .map(|(t, p)| (t.name().to_string(), p.clone()))
-        .collect();
+    let ptx = module.ptx.iter().map(|(t, p)| (t.name().to_string(), p.clone())).collect();
     let buffers = lifetimes(graph, &steps);
-    Ok((
-        GpuProgram {
-            ptx,
-            steps,
-            buffers,
-        },
-        module,
-    ))
+    Ok((GpuProgram { ptx, steps, buffers }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;
@@ -175,11 +137,7 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
             }
             None => {
                 index.insert(s.node.as_str(), life.len());
-                life.push(dsc_runtime::plan::BufferLife {
-                    node: s.node.clone(),
-                    first: i,
-                    last: i,
-                });
+                life.push(dsc_runtime::plan::BufferLife { node: s.node.clone(), first: i, last: i });
             }
         }
         for a in s.args.iter().chain(s.alias_of.iter()) {
@@ -216,23 +174,11 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
             activations: m.config.activations.to_string(),
             kv_cache: m.config.kv_cache.to_string(),
         },
-        targets: std::iter::once("cpu".to_string())
-            .chain(c.gpu.iter().flat_map(|g| g.ptx.keys().cloned()))
-            .collect(),
+        targets: std::iter::once("cpu".to_string()).chain(c.gpu.iter().flat_map(|g| g.ptx.keys().cloned())).collect(),
         graph: dsc_ir::text::print(&c.graph),
-        tokenizer: m.tokenizer.as_ref().map(|t| PlanTokenizer {
-            json: t.json.clone(),
-            bos_id: t.bos_id,
-            eos_ids: t.eos_ids.clone(),
-            add_bos: t.add_bos,
-            chat_template: t.chat_template.clone(),
-        }),
+        tokenizer: m.tokenizer.as_ref().map(|t| PlanTokenizer { json: t.json.clone(), bos_id: t.bos_id, eos_ids: t.eos_ids.clone(), add_bos: t.add_bos, chat_template: t.chat_template.clone() }),
         weights: PlanWeights {
-            source: m
-                .weights_path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| format!("seeded (seed {})", t.weights.seed.unwrap_or(0))),
+            source: m.weights_path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| format!("seeded (seed {})", t.weights.seed.unwrap_or(0))),
             source_sha256,
             total_bytes: 0,
             tensors: vec![],
@@ -258,25 +204,11 @@ pub fn write_with(c: &Compiled, out: &Path, reference: bool) -> anyhow::Result<(
     for id in order {
         let n = c.graph.node(id);
         if matches!(n.op, dsc_ir::Op::Weight) {
-            let w = c
-                .model
-                .weights
-                .get(&n.name)
-                .with_context(|| format!("weight `{}` vanished", n.name))?;
+            let w = c.model.weights.get(&n.name).with_context(|| format!("weight `{}` vanished", n.name))?;
             let data = match (&w.bytes, w.bytes.seeded()) {
-                (_, Some(s)) => WeightData::Seeded(SeededWeight {
-                    seed: s.seed,
-                    scale: s.scale,
-                    ones: s.ones,
-                }),
-                (
-                    dsc_models::weights::Bytes::Mapped {
-                        file, offset, len, ..
-                    },
-                    None,
-                ) if reference => {
-                    let path = std::fs::canonicalize(file.as_ref())
-                        .with_context(|| file.display().to_string())?;
+                (_, Some(s)) => WeightData::Seeded(SeededWeight { seed: s.seed, scale: s.scale, ones: s.ones }),
+                (dsc_models::weights::Bytes::Mapped { file, offset, len, .. }, None) if reference => {
+                    let path = std::fs::canonicalize(file.as_ref()).with_context(|| file.display().to_string())?;
                     let i = match files.iter().position(|f| *f == path) {
                         Some(i) => i,
                         None => {
@@ -293,11 +225,7 @@ pub fn write_with(c: &Compiled, out: &Path, reference: bool) -> anyhow::Result<(
     }
     for f in &files {
         let bytes = std::fs::read(f).with_context(|| f.display().to_string())?;
-        header.weights.files.push(SourceFile {
-            path: f.display().to_string(),
-            len: bytes.len() as u64,
-            sha256: format!("{:x}", sha2::Sha256::digest(&bytes)),
-        });
+        header.weights.files.push(SourceFile { path: f.display().to_string(), len: bytes.len() as u64, sha256: format!("{:x}", sha2::Sha256::digest(&bytes)) });
     }
     write_plan(out, header, items)?;
     Ok(())

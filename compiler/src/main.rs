@@ -7,11 +7,7 @@ use dsc_runtime::cli;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(
-    name = "dsc",
-    version,
-    about = "Ahead-of-time compiler and runtime for LLM inference"
-)]
+#[command(name = "dsc", version, about = "Ahead-of-time compiler and runtime for LLM inference")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -93,24 +89,12 @@ fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyho
                 bail!("stage `{stage}` has no DOT form");
             }
             let Some(k) = &c.kernels else {
-                return Ok(format!(
-                    "// no GPU program: {}\n",
-                    c.gpu_skipped.as_deref().unwrap_or("?")
-                ));
+                return Ok(format!("// no GPU program: {}\n", c.gpu_skipped.as_deref().unwrap_or("?")));
             };
             return Ok(match stage {
-                "mlir" => format!(
-                    "// generated\n{}\n// after the pass pipeline ({})\n{}\n",
-                    k.mlir,
-                    dsc_codegen::pipeline::PASS_PIPELINE,
-                    k.lowered
-                ),
+                "mlir" => format!("// generated\n{}\n// after the pass pipeline ({})\n{}\n", k.mlir, dsc_codegen::pipeline::PASS_PIPELINE, k.lowered),
                 "llvm" => k.llvm.clone(),
-                _ => k
-                    .ptx
-                    .iter()
-                    .map(|(t, p)| format!("// ===== {} =====\n{p}", t.name()))
-                    .collect(),
+                _ => k.ptx.iter().map(|(t, p)| format!("// ===== {} =====\n{p}", t.name())).collect(),
             });
         }
         other => bail!("unknown stage `{other}`; stages: {}", STAGES.join(", ")),
@@ -124,29 +108,13 @@ fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyho
 fn summary(c: &dsc_compiler::Compiled) -> String {
     let h = c.graph.op_histogram();
     let per_layer = c.model.dims.layers.max(1);
-    let compute: usize = h
-        .iter()
-        .filter(|(k, _)| !matches!(**k, "input" | "weight" | "state"))
-        .map(|(_, v)| v)
-        .sum();
-    let passes: Vec<String> = c
-        .reports
-        .iter()
-        .map(|r| format!("{}: {}", r.pass, r.note))
-        .collect();
+    let compute: usize = h.iter().filter(|(k, _)| !matches!(**k, "input" | "weight" | "state")).map(|(_, v)| v).sum();
+    let passes: Vec<String> = c.reports.iter().map(|r| format!("{}: {}", r.pass, r.note)).collect();
     let gpu = match &c.gpu {
         Some(g) => {
             let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
-            let kernels: std::collections::BTreeSet<_> = g
-                .steps
-                .iter()
-                .flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)))
-                .collect();
-            format!(
-                "GPU: {} distinct kernels, {launches} launches per step ({} per layer)",
-                kernels.len(),
-                launches / per_layer
-            )
+            let kernels: std::collections::BTreeSet<_> = g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))).collect();
+            format!("GPU: {} distinct kernels, {launches} launches per step ({} per layer)", kernels.len(), launches / per_layer)
         }
         None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),
     };
@@ -162,15 +130,7 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     )
 }
 
-fn do_compile(
-    model: &Path,
-    output: Option<PathBuf>,
-    dump_ir: Option<String>,
-    fmt: DumpFormat,
-    dump_dir: Option<PathBuf>,
-    reference: bool,
-    tp: Option<usize>,
-) -> anyhow::Result<()> {
+fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>, reference: bool, tp: Option<usize>) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let c = dsc_compiler::compile_with(model, tp)?;
     if let Some(stage) = dump_ir {
@@ -183,59 +143,24 @@ fn do_compile(
     if let Some(dir) = &dump_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for s in STAGES {
-            std::fs::write(
-                dir.join(format!("{s}.txt")),
-                stage_text(&c, s, DumpFormat::Text)?,
-            )?;
+            std::fs::write(dir.join(format!("{s}.txt")), stage_text(&c, s, DumpFormat::Text)?)?;
             if matches!(*s, "graph" | "optimized") {
-                std::fs::write(
-                    dir.join(format!("{s}.dot")),
-                    stage_text(&c, s, DumpFormat::Dot)?,
-                )?;
+                std::fs::write(dir.join(format!("{s}.dot")), stage_text(&c, s, DumpFormat::Dot)?)?;
             }
         }
     }
-    let out =
-        output.unwrap_or_else(|| PathBuf::from(format!("{}.plan", c.model.config.toml.model.name)));
+    let out = output.unwrap_or_else(|| PathBuf::from(format!("{}.plan", c.model.config.toml.model.name)));
     dsc_compiler::write_with(&c, &out, reference)?;
     eprintln!("{}", summary(&c));
-    eprintln!(
-        "wrote {} ({:.1} MB) in {:.2} s",
-        out.display(),
-        std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
-        t0.elapsed().as_secs_f64()
-    );
+    eprintln!("wrote {} ({:.1} MB) in {:.2} s", out.display(), std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as f64 / 1e6, t0.elapsed().as_secs_f64());
     Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
-        Cmd::Compile {
-            model,
-            output,
-            dump_ir,
-            dump_format,
-            dump_dir,
-            reference_weights,
-            tp,
-        } => do_compile(
-            &model,
-            output,
-            dump_ir,
-            dump_format,
-            dump_dir,
-            reference_weights,
-            tp,
-        ),
-        Cmd::DumpIr {
-            model,
-            stage,
-            format,
-        } => {
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp } => do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp),
+        Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;
             print!("{}", stage_text(&c, &stage, format)?);
             Ok(())

@@ -5,51 +5,22 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 fn dsc(args: &[&str]) -> (bool, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_dsc"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let o = Command::new(env!("CARGO_BIN_EXE_dsc")).args(args).current_dir(root()).output().unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 fn compiled_plan(dir: &std::path::Path) -> String {
-    assert!(
-        root()
-            .join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-            .exists(),
-        "run scripts/fetch-model.sh first"
-    );
+    assert!(root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf").exists(), "run scripts/fetch-model.sh first");
     let plan = dir.join("smol.plan");
     let dumps = dir.join("dumps");
-    let (ok, _, err) = dsc(&[
-        "compile",
-        "models/smollm2-135m.toml",
-        "-o",
-        plan.to_str().unwrap(),
-        "--dump-dir",
-        dumps.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = dsc(&["compile", "models/smollm2-135m.toml", "-o", plan.to_str().unwrap(), "--dump-dir", dumps.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(err.contains("30 layers") && err.contains("wrote"), "{err}");
-    for f in [
-        "graph.txt",
-        "graph.dot",
-        "optimized.txt",
-        "optimized.dot",
-        "plan.txt",
-    ] {
+    for f in ["graph.txt", "graph.dot", "optimized.txt", "optimized.dot", "plan.txt"] {
         assert!(dumps.join(f).exists(), "dump {f} missing");
     }
     plan.to_str().unwrap().to_string()
@@ -61,48 +32,16 @@ fn compile_inspect_and_run() {
     let plan = compiled_plan(d.path());
     let (ok, out, err) = dsc(&["inspect", &plan]);
     assert!(ok, "{err}");
-    assert!(
-        out.contains("smollm2-135m-instruct")
-            && out.contains("q4_1: 210 tensors")
-            && out.contains("chat template yes"),
-        "{out}"
-    );
+    assert!(out.contains("smollm2-135m-instruct") && out.contains("q4_1: 210 tensors") && out.contains("chat template yes"), "{out}");
 
     // greedy: the f32 reference's continuation of "The capital of France is"
-    let (ok, out, err) = dsc(&[
-        "run",
-        &plan,
-        "--prompt",
-        "The capital of France is",
-        "--max-tokens",
-        "8",
-        "--print-ids",
-    ]);
+    let (ok, out, err) = dsc(&["run", &plan, "--prompt", "The capital of France is", "--max-tokens", "8", "--print-ids"]);
     assert!(ok, "{err}");
     assert!(out.starts_with(" Paris."), "{out}");
-    assert!(
-        out.contains("ids: [7042, 30, 198, 198, 504, 2988, 314, 42]"),
-        "{out}"
-    );
+    assert!(out.contains("ids: [7042, 30, 198, 198, 504, 2988, 314, 42]"), "{out}");
 
     // sampling: a seed reproduces, another seed (very likely) differs
-    let args = |seed: &'static str| {
-        vec![
-            "run",
-            &plan,
-            "--prompt",
-            "Once upon a time",
-            "--max-tokens",
-            "12",
-            "--temperature",
-            "0.9",
-            "--top-p",
-            "0.95",
-            "--seed",
-            seed,
-            "--print-ids",
-        ]
-    };
+    let args = |seed: &'static str| vec!["run", &plan, "--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "0.9", "--top-p", "0.95", "--seed", seed, "--print-ids"];
     let a = dsc(&args("1"));
     let b = dsc(&args("1"));
     let c = dsc(&args("2"));
@@ -111,15 +50,7 @@ fn compile_inspect_and_run() {
     assert_ne!(a.1, c.1);
 
     // chat template applied
-    let (ok, out, err) = dsc(&[
-        "run",
-        &plan,
-        "--prompt",
-        "What is 2+2?",
-        "--chat",
-        "--max-tokens",
-        "16",
-    ]);
+    let (ok, out, err) = dsc(&["run", &plan, "--prompt", "What is 2+2?", "--chat", "--max-tokens", "16"]);
     assert!(ok, "{err}");
     assert!(out.contains('4'), "chat answer: {out}");
 }
@@ -129,14 +60,7 @@ fn dump_ir_prints_stages() {
     let (ok, out, err) = dsc(&["compile", "models/smollm2-135m.toml", "--dump-ir", "graph"]);
     assert!(ok, "{err}");
     assert!(out.starts_with("graph \"smollm2-135m-instruct\" {"));
-    let (ok, out, _) = dsc(&[
-        "dump-ir",
-        "models/smollm2-135m.toml",
-        "--stage",
-        "optimized",
-        "--format",
-        "dot",
-    ]);
+    let (ok, out, _) = dsc(&["dump-ir", "models/smollm2-135m.toml", "--stage", "optimized", "--format", "dot"]);
     assert!(ok && out.starts_with("digraph"));
     let (ok, _, err) = dsc(&["dump-ir", "models/smollm2-135m.toml", "--stage", "nonsense"]);
     assert!(!ok && err.contains("unknown stage `nonsense`"), "{err}");
@@ -153,13 +77,6 @@ fn failures_are_clear() {
     std::fs::write(&plan, b"not a plan").unwrap();
     let (ok, _, err) = dsc(&["inspect", plan.to_str().unwrap()]);
     assert!(!ok && err.contains("not a dsc plan"), "{err}");
-    let (ok, _, err) = dsc(&[
-        "run",
-        plan.to_str().unwrap(),
-        "--prompt",
-        "hi",
-        "--temperature",
-        "-1",
-    ]);
+    let (ok, _, err) = dsc(&["run", plan.to_str().unwrap(), "--prompt", "hi", "--temperature", "-1"]);
     assert!(!ok && !err.contains("panicked"), "{err}");
 }

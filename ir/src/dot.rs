@@ -20,14 +20,7 @@ pub fn to_dot(g: &Graph) -> String {
             crate::Op::State => ("cylinder", "lightpink"),
             _ => ("box", "white"),
         };
-        let _ = writeln!(
-            s,
-            "  n{} [label=\"{}\\n{} : {}\", shape={shape}, style=filled, fillcolor={color}];",
-            id.index(),
-            esc(&n.name),
-            n.op.name(),
-            esc(&n.ty.to_string())
-        );
+        let _ = writeln!(s, "  n{} [label=\"{}\\n{} : {}\", shape={shape}, style=filled, fillcolor={color}];", id.index(), esc(&n.name), n.op.name(), esc(&n.ty.to_string()));
     }
     for id in &order {
         let ops = g.operands(*id);
@@ -40,12 +33,7 @@ pub fn to_dot(g: &Graph) -> String {
         }
     }
     for (name, id) in &g.outputs {
-        let _ = writeln!(
-            s,
-            "  \"out:{0}\" [label=\"{0}\", shape=doublecircle];\n  n{1} -> \"out:{0}\";",
-            esc(name),
-            id.index()
-        );
+        let _ = writeln!(s, "  \"out:{0}\" [label=\"{0}\", shape=doublecircle];\n  n{1} -> \"out:{0}\";", esc(name), id.index());
     }
     s.push_str("}\n");
     s

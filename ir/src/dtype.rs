@@ -26,19 +26,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 11] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F8E4M3,
-        DType::F8E5M2,
-        DType::I8,
-        DType::I32,
-        DType::I4,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ];
+    pub const ALL: [DType; 11] = [DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F8E5M2, DType::I8, DType::I32, DType::I4, DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -77,10 +65,7 @@ impl DType {
     }
 
     pub fn is_float(self) -> bool {
-        matches!(
-            self,
-            DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2
-        )
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2)
     }
 
     pub fn is_int(self) -> bool {
@@ -106,13 +91,9 @@ impl fmt::Display for DType {
 impl FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        DType::ALL
-            .iter()
-            .copied()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = DType::ALL.iter().map(|d| d.name()).collect();
-                format!("unknown dtype `{s}` (expected one of {})", names.join(", "))
-            })
+        DType::ALL.iter().copied().find(|d| d.name() == s).ok_or_else(|| {
+            let names: Vec<_> = DType::ALL.iter().map(|d| d.name()).collect();
+            format!("unknown dtype `{s}` (expected one of {})", names.join(", "))
+        })
     }
 }

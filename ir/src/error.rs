@@ -4,11 +4,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum IrError {
     #[error("node `{node}` ({op}): {msg}")]
-    Verify {
-        node: String,
-        op: &'static str,
-        msg: String,
-    },
+    Verify { node: String, op: &'static str, msg: String },
     #[error("duplicate node name `{0}`")]
     DuplicateName(String),
     #[error("unknown node `{0}`")]
@@ -18,11 +14,7 @@ pub enum IrError {
     #[error("line {line}: {msg}")]
     Parse { line: usize, msg: String },
     #[error("executing node `{node}` ({op}): {msg}")]
-    Exec {
-        node: String,
-        op: &'static str,
-        msg: String,
-    },
+    Exec { node: String, op: &'static str, msg: String },
     #[error("input `{name}`: {msg}")]
     Input { name: String, msg: String },
     #[error("weight `{name}`: {msg}")]

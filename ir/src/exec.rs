@@ -23,10 +23,7 @@ impl Tensor {
     }
     pub fn zeros(shape: Vec<usize>) -> Self {
         let n = shape.iter().product();
-        Tensor {
-            shape,
-            data: vec![0.0; n],
-        }
+        Tensor { shape, data: vec![0.0; n] }
     }
     pub fn from_i32(shape: Vec<usize>, v: &[i32]) -> Self {
         Tensor::new(shape, v.iter().map(|&x| x as f32).collect())
@@ -48,8 +45,7 @@ pub trait WeightSource {
 
 impl WeightSource for HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
     fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
-        self.get(name)
-            .map(|(d, s, b)| (*d, s.clone(), b.as_slice()))
+        self.get(name).map(|(d, s, b)| (*d, s.clone(), b.as_slice()))
     }
 }
 
@@ -99,22 +95,11 @@ pub struct RankHandle {
 
 impl ThreadGroup {
     pub fn new(world: usize) -> Arc<Self> {
-        Arc::new(ThreadGroup {
-            world,
-            barrier: std::sync::Barrier::new(world),
-            slots: std::sync::Mutex::new(vec![None; world]),
-        })
+        Arc::new(ThreadGroup { world, barrier: std::sync::Barrier::new(world), slots: std::sync::Mutex::new(vec![None; world]) })
     }
     pub fn handle(self: &Arc<Self>, rank: usize) -> Arc<RankHandle> {
-        debug_assert!(
-            rank < self.world,
-            "rank {rank} of a group of {}",
-            self.world
-        );
-        Arc::new(RankHandle {
-            group: self.clone(),
-            rank,
-        })
+        debug_assert!(rank < self.world, "rank {rank} of a group of {}", self.world);
+        Arc::new(RankHandle { group: self.clone(), rank })
     }
 }
 
@@ -127,14 +112,9 @@ impl Collective for RankHandle {
             let slots = g.slots.lock().map_err(|_| "a rank panicked")?;
             let mut acc = vec![0f32; x.numel()];
             for (r, s) in slots.iter().enumerate() {
-                let s = s
-                    .as_ref()
-                    .ok_or_else(|| format!("rank {r} gave no tensor"))?;
+                let s = s.as_ref().ok_or_else(|| format!("rank {r} gave no tensor"))?;
                 if s.shape != x.shape {
-                    return Err(format!(
-                        "rank {r} reduces shape {:?}, rank {} shape {:?}",
-                        s.shape, self.rank, x.shape
-                    ));
+                    return Err(format!("rank {r} reduces shape {:?}, rank {} shape {:?}", s.shape, self.rank, x.shape));
                 }
                 acc.iter_mut().zip(&s.data).for_each(|(a, b)| *a += b);
             }
@@ -143,11 +123,7 @@ impl Collective for RankHandle {
         // nobody refills the slots before every rank has read them
         g.barrier.wait();
         if self.rank == 0 {
-            g.slots
-                .lock()
-                .map_err(|_| "a rank panicked")?
-                .iter_mut()
-                .for_each(|s| *s = None);
+            g.slots.lock().map_err(|_| "a rank panicked")?.iter_mut().for_each(|s| *s = None);
         }
         g.barrier.wait();
         Ok(sum)
@@ -156,76 +132,40 @@ impl Collective for RankHandle {
 
 fn xerr(g: &Graph, id: NodeId, msg: impl Into<String>) -> IrError {
     let n = g.node(id);
-    IrError::Exec {
-        node: n.name.clone(),
-        op: n.op.name(),
-        msg: msg.into(),
-    }
+    IrError::Exec { node: n.name.clone(), op: n.op.name(), msg: msg.into() }
 }
 
 impl<'g> Executor<'g> {
     /// Prepare to run `graph`: widen every weight to f32 (checking its dtype and shape against
     /// the graph) and allocate zeroed state pools. `fixed` binds the symbols that state
     /// shapes use (e.g. `NB`, the KV blocks in the pool).
-    pub fn new(
-        graph: &'g Graph,
-        weights: &dyn WeightSource,
-        fixed: BTreeMap<String, usize>,
-    ) -> Result<Self> {
+    pub fn new(graph: &'g Graph, weights: &dyn WeightSource, fixed: BTreeMap<String, usize>) -> Result<Self> {
         graph.verify()?;
         let order = graph.topo_order()?;
         let mut w = HashMap::new();
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
-            let (dtype, shape, bytes) = weights.weight(&n.name).ok_or_else(|| IrError::Weight {
-                name: n.name.clone(),
-                msg: "not found in the weight source".into(),
-            })?;
+            let (dtype, shape, bytes) = weights.weight(&n.name).ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: "not found in the weight source".into() })?;
             let want =
                 n.ty.shape
                     .iter()
                     .map(|d| d.as_const())
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| IrError::Weight {
-                        name: n.name.clone(),
-                        msg: format!("weight type {} must have constant dims", n.ty),
-                    })?;
+                    .ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: format!("weight type {} must have constant dims", n.ty) })?;
             if dtype != n.ty.dtype || shape != want {
-                return Err(IrError::Weight {
-                    name: n.name.clone(),
-                    msg: format!("source has {dtype}{shape:?}, graph expects {}", n.ty),
-                });
+                return Err(IrError::Weight { name: n.name.clone(), msg: format!("source has {dtype}{shape:?}, graph expects {}", n.ty) });
             }
             let numel = want.iter().product();
-            let data = quant::decode(dtype, bytes, numel).ok_or_else(|| IrError::Weight {
-                name: n.name.clone(),
-                msg: format!("{} bytes do not hold {numel} {dtype} elements", bytes.len()),
-            })?;
+            let data = quant::decode(dtype, bytes, numel).ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: format!("{} bytes do not hold {numel} {dtype} elements", bytes.len()) })?;
             w.insert(id, Arc::new(Tensor::new(want, data)));
         }
         let mut states = HashMap::new();
         for id in graph.leaves(&Op::State) {
             let n = graph.node(id);
-            let shape = n.ty.eval_shape(&fixed).ok_or_else(|| {
-                xerr(
-                    graph,
-                    id,
-                    format!(
-                        "state shape {} needs every symbol bound at creation (bound: {fixed:?})",
-                        n.ty
-                    ),
-                )
-            })?;
+            let shape = n.ty.eval_shape(&fixed).ok_or_else(|| xerr(graph, id, format!("state shape {} needs every symbol bound at creation (bound: {fixed:?})", n.ty)))?;
             states.insert(n.name.clone(), Tensor::zeros(shape));
         }
-        Ok(Executor {
-            graph,
-            order,
-            weights: w,
-            states,
-            fixed,
-            collective: Arc::new(SingleRank),
-        })
+        Ok(Executor { graph, order, weights: w, states, fixed, collective: Arc::new(SingleRank) })
     }
 
     /// Run as one rank of a tensor-parallel group (see [`Collective`]).
@@ -256,31 +196,15 @@ impl<'g> Executor<'g> {
         let mut bind = self.fixed.clone();
         for id in g.leaves(&Op::Input) {
             let n = g.node(id);
-            let t = inputs.get(&n.name).ok_or_else(|| IrError::Input {
-                name: n.name.clone(),
-                msg: "missing".into(),
-            })?;
+            let t = inputs.get(&n.name).ok_or_else(|| IrError::Input { name: n.name.clone(), msg: "missing".into() })?;
             if t.shape.len() != n.ty.rank() {
-                return Err(IrError::Input {
-                    name: n.name.clone(),
-                    msg: format!("rank {} given, {} expected", t.shape.len(), n.ty),
-                });
+                return Err(IrError::Input { name: n.name.clone(), msg: format!("rank {} given, {} expected", t.shape.len(), n.ty) });
             }
             for (d, &v) in n.ty.shape.iter().zip(&t.shape) {
                 match d {
-                    Dim::Const(c) if *c != v => {
-                        return Err(IrError::Input {
-                            name: n.name.clone(),
-                            msg: format!("shape {:?} given, {} expected", t.shape, n.ty),
-                        })
-                    }
+                    Dim::Const(c) if *c != v => return Err(IrError::Input { name: n.name.clone(), msg: format!("shape {:?} given, {} expected", t.shape, n.ty) }),
                     Dim::Sym(s) => match bind.get(s) {
-                        Some(&b) if b != v => {
-                            return Err(IrError::Input {
-                                name: n.name.clone(),
-                                msg: format!("symbol {s} is {b} elsewhere but {v} here"),
-                            })
-                        }
+                        Some(&b) if b != v => return Err(IrError::Input { name: n.name.clone(), msg: format!("symbol {s} is {b} elsewhere but {v} here") }),
                         _ => {
                             bind.insert(s.clone(), v);
                         }
@@ -288,15 +212,8 @@ impl<'g> Executor<'g> {
                     _ => {}
                 }
             }
-            if n.ty.dtype.is_int()
-                && t.data
-                    .iter()
-                    .any(|x| x.fract() != 0.0 || x.abs() >= 16_777_216.0)
-            {
-                return Err(IrError::Input {
-                    name: n.name.clone(),
-                    msg: "integer input holds a non-integer or a value beyond 2^24".into(),
-                });
+            if n.ty.dtype.is_int() && t.data.iter().any(|x| x.fract() != 0.0 || x.abs() >= 16_777_216.0) {
+                return Err(IrError::Input { name: n.name.clone(), msg: "integer input holds a non-integer or a value beyond 2^24".into() });
             }
         }
         let mut vals: HashMap<NodeId, Val> = HashMap::with_capacity(self.order.len());
@@ -333,16 +250,13 @@ impl<'g> Executor<'g> {
                             return Err(xerr(g, id, format!("slot {s} out of range 0..{nslots}")));
                         }
                         let s = s as usize;
-                        cache.data[s * row..(s + 1) * row]
-                            .copy_from_slice(&x.data[t * row..(t + 1) * row]);
+                        cache.data[s * row..(s + 1) * row].copy_from_slice(&x.data[t * row..(t + 1) * row]);
                     }
                     Val::State(name)
                 }
                 Op::AllReduce => {
                     let x = tensor(&vals, ops[0], g, id)?;
-                    Val::T(Arc::new(
-                        self.collective.all_reduce(x).map_err(|m| xerr(g, id, m))?,
-                    ))
+                    Val::T(Arc::new(self.collective.all_reduce(x).map_err(|m| xerr(g, id, m))?))
                 }
                 Op::PagedAttention { scale } => {
                     let st = |v: NodeId| -> Result<&Tensor> {
@@ -351,40 +265,21 @@ impl<'g> Executor<'g> {
                             Val::T(t) => Ok(t.as_ref()),
                         }
                     };
-                    let out = paged_attention(
-                        tensor(&vals, ops[0], g, id)?,
-                        st(ops[1])?,
-                        st(ops[2])?,
-                        tensor(&vals, ops[3], g, id)?,
-                        tensor(&vals, ops[4], g, id)?,
-                        tensor(&vals, ops[5], g, id)?,
-                        *scale,
-                    )
-                    .map_err(|m| xerr(g, id, m))?;
+                    let out =
+                        paged_attention(tensor(&vals, ops[0], g, id)?, st(ops[1])?, st(ops[2])?, tensor(&vals, ops[3], g, id)?, tensor(&vals, ops[4], g, id)?, tensor(&vals, ops[5], g, id)?, *scale)
+                            .map_err(|m| xerr(g, id, m))?;
                     Val::T(Arc::new(out))
                 }
                 op => {
-                    let args: Vec<&Tensor> = ops
-                        .iter()
-                        .map(|&o| tensor(&vals, o, g, id))
-                        .collect::<Result<_>>()?;
+                    let args: Vec<&Tensor> = ops.iter().map(|&o| tensor(&vals, o, g, id)).collect::<Result<_>>()?;
                     let want = n.ty.eval_shape(&bind);
-                    Val::T(Arc::new(
-                        eval(op, &args, n.ty.dtype, want.as_deref()).map_err(|m| xerr(g, id, m))?,
-                    ))
+                    Val::T(Arc::new(eval(op, &args, n.ty.dtype, want.as_deref()).map_err(|m| xerr(g, id, m))?))
                 }
             };
             if let Val::T(t) = &val {
                 if let Some(want) = n.ty.eval_shape(&bind) {
                     if want != t.shape {
-                        return Err(xerr(
-                            g,
-                            id,
-                            format!(
-                                "computed shape {:?} but the graph declares {} = {want:?}",
-                                t.shape, n.ty
-                            ),
-                        ));
+                        return Err(xerr(g, id, format!("computed shape {:?} but the graph declares {} = {want:?}", t.shape, n.ty)));
                     }
                 } else {
                     // bind symbols first seen in a computed shape
@@ -416,27 +311,11 @@ impl<'g> Executor<'g> {
     }
 }
 
-fn tensor<'a>(
-    vals: &'a HashMap<NodeId, Val>,
-    o: NodeId,
-    g: &Graph,
-    at: NodeId,
-) -> Result<&'a Tensor> {
+fn tensor<'a>(vals: &'a HashMap<NodeId, Val>, o: NodeId, g: &Graph, at: NodeId) -> Result<&'a Tensor> {
     match vals.get(&o) {
         Some(Val::T(t)) => Ok(t),
-        Some(Val::State(_)) => Err(xerr(
-            g,
-            at,
-            format!(
-                "operand `{}` is a state pool; only cache_write and paged_attention take those",
-                g.node(o).name
-            ),
-        )),
-        None => Err(xerr(
-            g,
-            at,
-            format!("operand `{}` was not computed", g.node(o).name),
-        )),
+        Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache_write and paged_attention take those", g.node(o).name))),
+        None => Err(xerr(g, at, format!("operand `{}` was not computed", g.node(o).name))),
     }
 }
 
@@ -464,13 +343,7 @@ fn erf(x: f32) -> f32 {
     let y = 1.0
         - t * (-x * x - 1.265_512_23
             + t * (1.000_023_68
-                + t * (0.374_091_96
-                    + t * (0.096_784_18
-                        + t * (-0.186_288_06
-                            + t * (0.278_868_07
-                                + t * (-1.135_203_98
-                                    + t * (1.488_515_87
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+                + t * (0.374_091_96 + t * (0.096_784_18 + t * (-0.186_288_06 + t * (0.278_868_07 + t * (-1.135_203_98 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
             .exp();
     (if x >= 0.0 { y } else { -y }) as f32
 }
@@ -494,12 +367,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-fn eval(
-    op: &Op,
-    a: &[&Tensor],
-    dtype: DType,
-    declared: Option<&[usize]>,
-) -> Result<Tensor, String> {
+fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Result<Tensor, String> {
     Ok(match op {
         Op::Gather => {
             let (table, idx) = (a[0], a[1]);
@@ -521,11 +389,7 @@ fn eval(
             let (x, b) = (a[0], a[1]);
             let k = *x.shape.last().expect("rank >= 2");
             let m = x.numel() / k.max(1);
-            let (n, rsb, csb) = if *transpose_b {
-                (b.shape[0], 1isize, k as isize)
-            } else {
-                (b.shape[1], b.shape[1] as isize, 1isize)
-            };
+            let (n, rsb, csb) = if *transpose_b { (b.shape[0], 1isize, k as isize) } else { (b.shape[1], b.shape[1] as isize, 1isize) };
             let mut c = vec![0f32; m * n];
             if let Some(bias) = a.get(2) {
                 for row in c.chunks_exact_mut(n) {
@@ -537,50 +401,21 @@ fn eval(
                 // SAFETY: the pointers cover m*k, k*n (with the given strides) and m*n floats,
                 // which the shape checks in `infer` guarantee.
                 unsafe {
-                    matrixmultiply::sgemm(
-                        m,
-                        k,
-                        n,
-                        1.0,
-                        x.data.as_ptr(),
-                        k as isize,
-                        1,
-                        b.data.as_ptr(),
-                        rsb,
-                        csb,
-                        beta,
-                        c.as_mut_ptr(),
-                        n as isize,
-                        1,
-                    );
+                    matrixmultiply::sgemm(m, k, n, 1.0, x.data.as_ptr(), k as isize, 1, b.data.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1);
                 }
             }
             let mut shape = x.shape[..x.shape.len() - 1].to_vec();
             shape.push(n);
             Tensor::new(shape, c)
         }
-        Op::Unary(u) => Tensor::new(
-            a[0].shape.clone(),
-            a[0].data.iter().map(|&x| unary(*u, x)).collect(),
-        ),
+        Op::Unary(u) => Tensor::new(a[0].shape.clone(), a[0].data.iter().map(|&x| unary(*u, x)).collect()),
         Op::Binary(bop) => {
             let (x, y) = (a[0], a[1]);
             if x.shape == y.shape {
-                Tensor::new(
-                    x.shape.clone(),
-                    x.data
-                        .iter()
-                        .zip(&y.data)
-                        .map(|(&p, &q)| binary(*bop, p, q))
-                        .collect(),
-                )
+                Tensor::new(x.shape.clone(), x.data.iter().zip(&y.data).map(|(&p, &q)| binary(*bop, p, q)).collect())
             } else {
                 let r = x.shape.len().max(y.shape.len());
-                let pad = |s: &[usize]| -> Vec<usize> {
-                    std::iter::repeat_n(1, r - s.len())
-                        .chain(s.iter().copied())
-                        .collect()
-                };
+                let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat_n(1, r - s.len()).chain(s.iter().copied()).collect() };
                 let (xs, ys) = (pad(&x.shape), pad(&y.shape));
                 let shape: Vec<usize> = xs.iter().zip(&ys).map(|(&p, &q)| p.max(q)).collect();
                 let (sx, sy, so) = (strides(&xs), strides(&ys), strides(&shape));
@@ -621,26 +456,15 @@ fn eval(
                 let mean = row.iter().sum::<f32>() / d as f32;
                 let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
                 let r = 1.0 / (var + eps).sqrt();
-                out.extend(
-                    row.iter()
-                        .zip(&w.data)
-                        .zip(&b.data)
-                        .map(|((v, w), b)| (v - mean) * r * w + b),
-                );
+                out.extend(row.iter().zip(&w.data).zip(&b.data).map(|((v, w), b)| (v - mean) * r * w + b));
             }
             Tensor::new(x.shape.clone(), out)
         }
-        Op::Rope {
-            theta,
-            style,
-            rotary_dim,
-        } => {
+        Op::Rope { theta, style, rotary_dim } => {
             let (x, pos) = (a[0], a[1]);
             let (t, h, d) = (x.shape[0], x.shape[1], x.shape[2]);
             let half = rotary_dim / 2;
-            let inv: Vec<f64> = (0..half)
-                .map(|i| 1.0 / (*theta as f64).powf((2 * i) as f64 / *rotary_dim as f64))
-                .collect();
+            let inv: Vec<f64> = (0..half).map(|i| 1.0 / (*theta as f64).powf((2 * i) as f64 / *rotary_dim as f64)).collect();
             let mut out = x.data.clone();
             for ti in 0..t {
                 let p = pos.data[ti] as f64;
@@ -735,9 +559,7 @@ fn eval(
         }
         Op::Reshape => {
             let x = a[0];
-            let shape = declared
-                .ok_or("reshape target has unbound symbols")?
-                .to_vec();
+            let shape = declared.ok_or("reshape target has unbound symbols")?.to_vec();
             if shape.iter().product::<usize>() != x.numel() {
                 return Err(format!("cannot reshape {:?} to {shape:?}", x.shape));
             }
@@ -772,77 +594,30 @@ fn eval(
                 .collect();
             if dtype.is_packed() && dtype != DType::I4 {
                 // block formats: the f32 value of the quantized blocks
-                let enc = quant::encode(dtype, &x.data).ok_or(format!(
-                    "{} elements are not whole {dtype} blocks",
-                    x.numel()
-                ))?;
-                return Ok(Tensor::new(
-                    x.shape.clone(),
-                    quant::decode(dtype, &enc, x.numel()).expect("encoded length matches"),
-                ));
+                let enc = quant::encode(dtype, &x.data).ok_or(format!("{} elements are not whole {dtype} blocks", x.numel()))?;
+                return Ok(Tensor::new(x.shape.clone(), quant::decode(dtype, &enc, x.numel()).expect("encoded length matches")));
             }
             Tensor::new(x.shape.clone(), data)
         }
         Op::Dequantize => {
             let x = a[0];
             match a.get(1) {
-                Some(s) => Tensor::new(
-                    x.shape.clone(),
-                    x.data
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &v)| v * s.data[i % s.numel()])
-                        .collect(),
-                ),
+                Some(s) => Tensor::new(x.shape.clone(), x.data.iter().enumerate().map(|(i, &v)| v * s.data[i % s.numel()]).collect()),
                 None => x.clone(),
             }
         }
-        Op::Cast => Tensor::new(
-            a[0].shape.clone(),
-            a[0].data
-                .iter()
-                .map(|&v| quant::round_to(dtype, v))
-                .collect(),
-        ),
+        Op::Cast => Tensor::new(a[0].shape.clone(), a[0].data.iter().map(|&v| quant::round_to(dtype, v)).collect()),
         Op::Argmax => {
             let x = a[0];
             let (_, d) = x.rows();
-            let data = x
-                .data
-                .chunks_exact(d.max(1))
-                .map(|row| {
-                    row.iter()
-                        .enumerate()
-                        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-                            if v > bv {
-                                (i, v)
-                            } else {
-                                (bi, bv)
-                            }
-                        })
-                        .0 as f32
-                })
-                .collect();
+            let data = x.data.chunks_exact(d.max(1)).map(|row| row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0 as f32).collect();
             Tensor::new(x.shape[..x.shape.len() - 1].to_vec(), data)
         }
-        Op::Input
-        | Op::Weight
-        | Op::State
-        | Op::CacheWrite
-        | Op::PagedAttention { .. }
-        | Op::AllReduce => unreachable!("handled by the caller"),
+        Op::Input | Op::Weight | Op::State | Op::CacheWrite | Op::PagedAttention { .. } | Op::AllReduce => unreachable!("handled by the caller"),
     })
 }
 
-fn paged_attention(
-    q: &Tensor,
-    kc: &Tensor,
-    vc: &Tensor,
-    pos: &Tensor,
-    seq: &Tensor,
-    table: &Tensor,
-    scale: f32,
-) -> Result<Tensor, String> {
+fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Tensor, table: &Tensor, scale: f32) -> Result<Tensor, String> {
     let (t, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
     let (nb, bs, kvh) = (kc.shape[0], kc.shape[1], kc.shape[2]);
     let (s, mb) = (table.shape[0], table.shape[1]);
@@ -853,17 +628,12 @@ fn paged_attention(
         let p = pos.data[ti];
         let sq = seq.data[ti];
         if p < 0.0 || sq < 0.0 || sq as usize >= s {
-            return Err(format!(
-                "token {ti}: position {p} / sequence {sq} out of range (S = {s})"
-            ));
+            return Err(format!("token {ti}: position {p} / sequence {sq} out of range (S = {s})"));
         }
         let (p, sq) = (p as usize, sq as usize);
         let ctx = p + 1;
         if ctx.div_ceil(bs) > mb {
-            return Err(format!(
-                "token {ti}: position {p} needs {} blocks but the table has {mb}",
-                ctx.div_ceil(bs)
-            ));
+            return Err(format!("token {ti}: position {p} needs {} blocks but the table has {mb}", ctx.div_ceil(bs)));
         }
         let rows: Vec<usize> = (0..ctx)
             .map(|j| {

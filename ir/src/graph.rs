@@ -30,59 +30,29 @@ pub struct Graph {
 
 impl Graph {
     pub fn new(name: impl Into<String>) -> Self {
-        Graph {
-            name: name.into(),
-            ..Default::default()
-        }
+        Graph { name: name.into(), ..Default::default() }
     }
 
     /// Add a node whose type is inferred from its operands. `declared` supplies the type
     /// for leaves and the result dtype/shape for reshape, cast, quantize and dequantize; for
     /// other ops it may be `None`.
-    pub fn add(
-        &mut self,
-        name: impl Into<String>,
-        op: Op,
-        operands: &[NodeId],
-        declared: Option<TensorType>,
-    ) -> Result<NodeId> {
+    pub fn add(&mut self, name: impl Into<String>, op: Op, operands: &[NodeId], declared: Option<TensorType>) -> Result<NodeId> {
         let name = name.into();
         if self.names.contains_key(&name) {
             return Err(IrError::DuplicateName(name));
         }
         for &o in operands {
             if !self.g.contains_node(o) {
-                return Err(IrError::Verify {
-                    node: name,
-                    op: op.name(),
-                    msg: format!("operand {} does not exist", o.index()),
-                });
+                return Err(IrError::Verify { node: name, op: op.name(), msg: format!("operand {} does not exist", o.index()) });
             }
         }
         let arg_tys: Vec<&TensorType> = operands.iter().map(|&o| &self.g[o].ty).collect();
-        let hint = declared.clone().unwrap_or_else(|| {
-            arg_tys
-                .first()
-                .map(|t| (*t).clone())
-                .unwrap_or_else(|| TensorType::new(crate::DType::F32, []))
-        });
+        let hint = declared.clone().unwrap_or_else(|| arg_tys.first().map(|t| (*t).clone()).unwrap_or_else(|| TensorType::new(crate::DType::F32, [])));
         if op.is_leaf() && declared.is_none() {
-            return Err(IrError::Verify {
-                node: name,
-                op: op.name(),
-                msg: "leaves need a declared type".into(),
-            });
+            return Err(IrError::Verify { node: name, op: op.name(), msg: "leaves need a declared type".into() });
         }
-        let ty = infer(&op, &arg_tys, &hint).map_err(|msg| IrError::Verify {
-            node: name.clone(),
-            op: op.name(),
-            msg,
-        })?;
-        let id = self.g.add_node(Node {
-            name: name.clone(),
-            op,
-            ty,
-        });
+        let ty = infer(&op, &arg_tys, &hint).map_err(|msg| IrError::Verify { node: name.clone(), op: op.name(), msg })?;
+        let id = self.g.add_node(Node { name: name.clone(), op, ty });
         for (i, &o) in operands.iter().enumerate() {
             self.g.add_edge(o, id, i as u32);
         }
@@ -112,11 +82,7 @@ impl Graph {
 
     /// Operands in position order.
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
-        let mut es: Vec<(u32, NodeId)> = self
-            .g
-            .edges_directed(id, Direction::Incoming)
-            .map(|e| (*e.weight(), e.source()))
-            .collect();
+        let mut es: Vec<(u32, NodeId)> = self.g.edges_directed(id, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
         es.sort_unstable();
         es.into_iter().map(|(_, s)| s).collect()
     }
@@ -131,11 +97,7 @@ impl Graph {
 
     /// Replace every use of `old` (operands and outputs) by `new`.
     pub fn replace_uses(&mut self, old: NodeId, new: NodeId) {
-        let edges: Vec<_> = self
-            .g
-            .edges_directed(old, Direction::Outgoing)
-            .map(|e| (e.id(), e.target(), *e.weight()))
-            .collect();
+        let edges: Vec<_> = self.g.edges_directed(old, Direction::Outgoing).map(|e| (e.id(), e.target(), *e.weight())).collect();
         for (e, tgt, pos) in edges {
             self.g.remove_edge(e);
             self.g.add_edge(new, tgt, pos);
@@ -156,16 +118,8 @@ impl Graph {
     /// Topological order; among ready nodes the oldest (lowest index) goes first, so the
     /// order is stable and follows the builder's order.
     pub fn topo_order(&self) -> Result<Vec<NodeId>> {
-        let mut indeg: HashMap<NodeId, usize> = self
-            .g
-            .node_indices()
-            .map(|n| (n, self.g.edges_directed(n, Direction::Incoming).count()))
-            .collect();
-        let mut ready: BinaryHeap<std::cmp::Reverse<NodeId>> = indeg
-            .iter()
-            .filter(|(_, &d)| d == 0)
-            .map(|(&n, _)| std::cmp::Reverse(n))
-            .collect();
+        let mut indeg: HashMap<NodeId, usize> = self.g.node_indices().map(|n| (n, self.g.edges_directed(n, Direction::Incoming).count())).collect();
+        let mut ready: BinaryHeap<std::cmp::Reverse<NodeId>> = indeg.iter().filter(|(_, &d)| d == 0).map(|(&n, _)| std::cmp::Reverse(n)).collect();
         let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(n);
@@ -178,12 +132,7 @@ impl Graph {
             }
         }
         if order.len() != self.g.node_count() {
-            let stuck = indeg
-                .iter()
-                .filter(|(_, &d)| d > 0)
-                .map(|(n, _)| *n)
-                .min()
-                .expect("some node is stuck");
+            let stuck = indeg.iter().filter(|(_, &d)| d > 0).map(|(n, _)| *n).min().expect("some node is stuck");
             return Err(IrError::Cycle(self.g[stuck].name.clone()));
         }
         Ok(order)
@@ -200,44 +149,21 @@ impl Graph {
                 let _ = prev;
                 return Err(IrError::DuplicateName(n.name.clone()));
             }
-            let mut pos: Vec<u32> = self
-                .g
-                .edges_directed(id, Direction::Incoming)
-                .map(|e| *e.weight())
-                .collect();
+            let mut pos: Vec<u32> = self.g.edges_directed(id, Direction::Incoming).map(|e| *e.weight()).collect();
             pos.sort_unstable();
             if pos.iter().enumerate().any(|(i, &p)| p as usize != i) {
-                return Err(IrError::Verify {
-                    node: n.name.clone(),
-                    op: n.op.name(),
-                    msg: format!("operand positions {pos:?} are not 0..{}", pos.len()),
-                });
+                return Err(IrError::Verify { node: n.name.clone(), op: n.op.name(), msg: format!("operand positions {pos:?} are not 0..{}", pos.len()) });
             }
             let ops = self.operands(id);
             let tys: Vec<&TensorType> = ops.iter().map(|&o| &self.g[o].ty).collect();
-            let ty = infer(&n.op, &tys, &n.ty).map_err(|msg| IrError::Verify {
-                node: n.name.clone(),
-                op: n.op.name(),
-                msg,
-            })?;
+            let ty = infer(&n.op, &tys, &n.ty).map_err(|msg| IrError::Verify { node: n.name.clone(), op: n.op.name(), msg })?;
             if ty != n.ty {
-                return Err(IrError::Verify {
-                    node: n.name.clone(),
-                    op: n.op.name(),
-                    msg: format!("declared type {} but operands give {ty}", n.ty),
-                });
+                return Err(IrError::Verify { node: n.name.clone(), op: n.op.name(), msg: format!("declared type {} but operands give {ty}", n.ty) });
             }
             if matches!(n.op, crate::Op::CacheWrite) {
                 let cache = &self.g[ops[0]];
                 if !matches!(cache.op, crate::Op::State | crate::Op::CacheWrite) {
-                    return Err(IrError::Verify {
-                        node: n.name.clone(),
-                        op: n.op.name(),
-                        msg: format!(
-                            "cache operand `{}` must be a state or a cache_write",
-                            cache.name
-                        ),
-                    });
+                    return Err(IrError::Verify { node: n.name.clone(), op: n.op.name(), msg: format!("cache operand `{}` must be a state or a cache_write", cache.name) });
                 }
             }
         }
@@ -255,10 +181,7 @@ impl Graph {
 
     /// Leaves of one kind (input / weight / state), in index order.
     pub fn leaves(&self, kind: &Op) -> Vec<NodeId> {
-        self.g
-            .node_indices()
-            .filter(|&n| &self.g[n].op == kind)
-            .collect()
+        self.g.node_indices().filter(|&n| &self.g[n].op == kind).collect()
     }
 
     /// Symbols used anywhere in the graph, sorted.

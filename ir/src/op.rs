@@ -191,11 +191,7 @@ impl Op {
         match self {
             Op::MatMul { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
             Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
-            Op::Rope {
-                theta,
-                style,
-                rotary_dim,
-            } => vec![
+            Op::Rope { theta, style, rotary_dim } => vec![
                 ("theta", Attr::Float(*theta)),
                 (
                     "style",
@@ -209,11 +205,7 @@ impl Op {
             Op::PagedAttention { scale } => vec![("scale", Attr::Float(*scale))],
             Op::TopK { k } => vec![("k", Attr::Int(*k as i64))],
             Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
-            Op::Slice { axis, start, len } => vec![
-                ("axis", Attr::Int(*axis as i64)),
-                ("start", Attr::Int(*start as i64)),
-                ("len", Attr::Int(*len as i64)),
-            ],
+            Op::Slice { axis, start, len } => vec![("axis", Attr::Int(*axis as i64)), ("start", Attr::Int(*start as i64)), ("len", Attr::Int(*len as i64))],
             Op::Transpose { perm } => {
                 vec![("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))]
             }
@@ -223,28 +215,18 @@ impl Op {
 
     /// Rebuild an op from its text name and attributes (the parser's half of the table).
     pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
-        let get = |k: &str| -> Result<&Attr, String> {
-            attrs
-                .iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v)
-                .ok_or_else(|| format!("op `{name}` needs attribute `{k}`"))
-        };
+        let get = |k: &str| -> Result<&Attr, String> { attrs.iter().find(|(n, _)| n == k).map(|(_, v)| v).ok_or_else(|| format!("op `{name}` needs attribute `{k}`")) };
         let float = |k: &str| -> Result<f32, String> {
             match get(k)? {
                 Attr::Float(f) => Ok(*f),
                 Attr::Int(i) => Ok(*i as f32),
-                other => Err(format!(
-                    "attribute `{k}` of `{name}` must be a number, got {other:?}"
-                )),
+                other => Err(format!("attribute `{k}` of `{name}` must be a number, got {other:?}")),
             }
         };
         let uint = |k: &str| -> Result<usize, String> {
             match get(k)? {
                 Attr::Int(i) if *i >= 0 => Ok(*i as usize),
-                other => Err(format!(
-                    "attribute `{k}` of `{name}` must be a non-negative integer, got {other:?}"
-                )),
+                other => Err(format!("attribute `{k}` of `{name}` must be a non-negative integer, got {other:?}")),
             }
         };
         let expected: &[&str] = match name {
@@ -271,11 +253,7 @@ impl Op {
             "matmul" => Op::MatMul {
                 transpose_b: match get("transpose_b")? {
                     Attr::Bool(b) => *b,
-                    other => {
-                        return Err(format!(
-                            "attribute `transpose_b` must be true/false, got {other:?}"
-                        ))
-                    }
+                    other => return Err(format!("attribute `transpose_b` must be true/false, got {other:?}")),
                 },
             },
             "neg" => Op::Unary(U::Neg),
@@ -302,40 +280,22 @@ impl Op {
                 style: match get("style")? {
                     Attr::Ident(s) if s == "interleaved" => RopeStyle::Interleaved,
                     Attr::Ident(s) if s == "half" => RopeStyle::Half,
-                    other => {
-                        return Err(format!(
-                            "rope style must be interleaved or half, got {other:?}"
-                        ))
-                    }
+                    other => return Err(format!("rope style must be interleaved or half, got {other:?}")),
                 },
                 rotary_dim: uint("rotary_dim")?,
             },
             "softmax" => Op::Softmax,
             "cache_write" => Op::CacheWrite,
-            "paged_attention" => Op::PagedAttention {
-                scale: float("scale")?,
-            },
+            "paged_attention" => Op::PagedAttention { scale: float("scale")? },
             "top_k" => Op::TopK { k: uint("k")? },
             "take_along" => Op::TakeAlong,
-            "concat" => Op::Concat {
-                axis: uint("axis")?,
-            },
-            "slice" => Op::Slice {
-                axis: uint("axis")?,
-                start: uint("start")?,
-                len: uint("len")?,
-            },
+            "concat" => Op::Concat { axis: uint("axis")? },
+            "slice" => Op::Slice { axis: uint("axis")?, start: uint("start")?, len: uint("len")? },
             "reshape" => Op::Reshape,
             "transpose" => Op::Transpose {
                 perm: match get("perm")? {
-                    Attr::Ints(v) if v.iter().all(|&p| p >= 0) => {
-                        v.iter().map(|&p| p as usize).collect()
-                    }
-                    other => {
-                        return Err(format!(
-                            "attribute `perm` must be a list of axes, got {other:?}"
-                        ))
-                    }
+                    Attr::Ints(v) if v.iter().all(|&p| p >= 0) => v.iter().map(|&p| p as usize).collect(),
+                    other => return Err(format!("attribute `perm` must be a list of axes, got {other:?}")),
                 },
             },
             "quantize" => Op::Quantize,
@@ -351,18 +311,8 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input | Op::Weight | Op::State => (0, 0),
-            Op::Unary(_)
-            | Op::Softmax
-            | Op::TopK { .. }
-            | Op::Slice { .. }
-            | Op::Reshape
-            | Op::Transpose { .. }
-            | Op::Cast
-            | Op::Argmax
-            | Op::AllReduce => (1, 1),
-            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => {
-                (2, 2)
-            }
+            Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce => (1, 1),
+            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => (2, 2),
             Op::MatMul { .. } => (2, 3),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
             Op::PagedAttention { .. } => (6, 6),
@@ -429,11 +379,7 @@ fn numel_key(shape: &[Dim]) -> (usize, Vec<String>) {
 pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<TensorType, String> {
     let (lo, hi) = op.arity();
     if args.len() < lo || args.len() > hi {
-        return Err(if lo == hi {
-            format!("takes {lo} operand(s), got {}", args.len())
-        } else {
-            format!("takes {lo}..{} operands, got {}", hi.min(64), args.len())
-        });
+        return Err(if lo == hi { format!("takes {lo} operand(s), got {}", args.len()) } else { format!("takes {lo}..{} operands, got {}", hi.min(64), args.len()) });
     }
     match op {
         Op::Input | Op::Weight | Op::State => Ok(declared.clone()),
@@ -458,11 +404,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             }
             rank(b, 2, "matmul rhs")?;
             let k = &a.shape[a.rank() - 1];
-            let (bk, n) = if *transpose_b {
-                (&b.shape[1], &b.shape[0])
-            } else {
-                (&b.shape[0], &b.shape[1])
-            };
+            let (bk, n) = if *transpose_b { (&b.shape[1], &b.shape[0]) } else { (&b.shape[0], &b.shape[1]) };
             dims_eq(k, bk, "matmul contraction dims differ")?;
             if let Some(bias) = args.get(2) {
                 rank(bias, 1, "matmul bias")?;
@@ -484,24 +426,14 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             let r = a.rank().max(b.rank());
             let mut shape = vec![];
             for i in 0..r {
-                let da = if i + a.rank() >= r {
-                    Some(&a.shape[i + a.rank() - r])
-                } else {
-                    None
-                };
-                let db = if i + b.rank() >= r {
-                    Some(&b.shape[i + b.rank() - r])
-                } else {
-                    None
-                };
+                let da = if i + a.rank() >= r { Some(&a.shape[i + a.rank() - r]) } else { None };
+                let db = if i + b.rank() >= r { Some(&b.shape[i + b.rank() - r]) } else { None };
                 shape.push(match (da, db) {
                     (Some(x), None) | (None, Some(x)) => x.clone(),
                     (Some(x), Some(y)) if x == y => x.clone(),
                     (Some(Dim::Const(1)), Some(y)) => y.clone(),
                     (Some(x), Some(Dim::Const(1))) => x.clone(),
-                    (Some(x), Some(y)) => {
-                        return Err(format!("cannot broadcast {a} with {b} (dims {x} and {y})"))
-                    }
+                    (Some(x), Some(y)) => return Err(format!("cannot broadcast {a} with {b} (dims {x} and {y})")),
                     (None, None) => unreachable!("i < max rank"),
                 });
             }
@@ -526,9 +458,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             dims_eq(&x.shape[0], &pos.shape[0], "rope tokens vs positions")?;
             if let Some(d) = x.shape[2].as_const() {
                 if *rotary_dim > d || rotary_dim % 2 != 0 || *rotary_dim == 0 {
-                    return Err(format!(
-                        "rotary_dim {rotary_dim} must be even and in 2..={d}"
-                    ));
+                    return Err(format!("rotary_dim {rotary_dim} must be even and in 2..={d}"));
                 }
             }
             Ok(x.clone())
@@ -545,8 +475,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             Ok(cache.clone())
         }
         Op::PagedAttention { .. } => {
-            let (q, kc, vc, pos, seq, table) =
-                (args[0], args[1], args[2], args[3], args[4], args[5]);
+            let (q, kc, vc, pos, seq, table) = (args[0], args[1], args[2], args[3], args[4], args[5]);
             float_act(q, "attention query")?;
             rank(q, 3, "attention query [T, H, D]")?;
             rank(kc, 4, "k cache [NB, BS, KVH, D]")?;
@@ -606,9 +535,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
                         dims_eq(&a.shape[i], &first.shape[i], "concat non-axis dims")?;
                     }
                 }
-                total += a.shape[*axis]
-                    .as_const()
-                    .ok_or_else(|| format!("concat axis must be constant, got {a}"))?;
+                total += a.shape[*axis].as_const().ok_or_else(|| format!("concat axis must be constant, got {a}"))?;
             }
             let mut shape = first.shape.clone();
             shape[*axis] = Dim::Const(total);
@@ -616,13 +543,8 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         }
         Op::Slice { axis, start, len } => {
             let x = args[0];
-            let d = x
-                .shape
-                .get(*axis)
-                .ok_or_else(|| format!("axis {axis} out of range for {x}"))?;
-            let d = d
-                .as_const()
-                .ok_or_else(|| format!("slice axis must be constant, got {x}"))?;
+            let d = x.shape.get(*axis).ok_or_else(|| format!("axis {axis} out of range for {x}"))?;
+            let d = d.as_const().ok_or_else(|| format!("slice axis must be constant, got {x}"))?;
             if start + len > d || *len == 0 {
                 return Err(format!("slice {start}..{} out of 0..{d}", start + len));
             }
@@ -633,9 +555,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         Op::Reshape => {
             let x = args[0];
             if numel_key(&x.shape) != numel_key(&declared.shape) {
-                return Err(format!(
-                    "reshape from {x} to {declared} changes the element count"
-                ));
+                return Err(format!("reshape from {x} to {declared} changes the element count"));
             }
             if x.dtype != declared.dtype {
                 return Err(format!("reshape cannot change dtype ({x} to {declared})"));
@@ -645,27 +565,15 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         Op::Transpose { perm } => {
             let x = args[0];
             let mut seen = vec![false; x.rank()];
-            if perm.len() != x.rank()
-                || perm
-                    .iter()
-                    .any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
-            {
-                return Err(format!(
-                    "perm {perm:?} is not a permutation of the axes of {x}"
-                ));
+            if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
+                return Err(format!("perm {perm:?} is not a permutation of the axes of {x}"));
             }
-            Ok(TensorType::new(
-                x.dtype,
-                perm.iter().map(|&p| x.shape[p].clone()),
-            ))
+            Ok(TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p].clone())))
         }
         Op::Quantize | Op::Dequantize | Op::Cast => {
             let x = args[0];
             if x.shape != declared.shape {
-                return Err(format!(
-                    "{} keeps the shape: {x} vs declared {declared}",
-                    op.name()
-                ));
+                return Err(format!("{} keeps the shape: {x} vs declared {declared}", op.name()));
             }
             if matches!(op, Op::Dequantize) {
                 float_act(declared, "dequantize result")?;
@@ -680,10 +588,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             if x.rank() == 0 {
                 return Err("argmax input must have rank >= 1".into());
             }
-            Ok(TensorType::new(
-                DType::I32,
-                x.shape[..x.rank() - 1].to_vec(),
-            ))
+            Ok(TensorType::new(DType::I32, x.shape[..x.rank() - 1].to_vec()))
         }
         Op::AllReduce => {
             float_act(args[0], "all_reduce operand")?;

@@ -14,29 +14,13 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
     }
     let mut out = Vec::with_capacity(n);
     match dtype {
-        DType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
-        DType::F16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-        ),
-        DType::BF16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-        ),
+        DType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        DType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        DType::BF16 => out.extend(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())),
         DType::F8E4M3 => out.extend(bytes.iter().map(|&b| f8e4m3_to_f32(b))),
         DType::F8E5M2 => out.extend(bytes.iter().map(|&b| f8e5m2_to_f32(b))),
         DType::I8 => out.extend(bytes.iter().map(|&b| b as i8 as f32)),
-        DType::I32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32),
-        ),
+        DType::I32 => out.extend(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)),
         DType::I4 => {
             for &b in bytes {
                 out.push(((b << 4) as i8 >> 4) as f32);
@@ -77,21 +61,12 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(dtype.bytes_for(x.len())?);
     match dtype {
         DType::F32 => x.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        DType::F16 => x
-            .iter()
-            .for_each(|v| out.extend(f16::from_f32(*v).to_le_bytes())),
-        DType::BF16 => x
-            .iter()
-            .for_each(|v| out.extend(bf16::from_f32(*v).to_le_bytes())),
+        DType::F16 => x.iter().for_each(|v| out.extend(f16::from_f32(*v).to_le_bytes())),
+        DType::BF16 => x.iter().for_each(|v| out.extend(bf16::from_f32(*v).to_le_bytes())),
         DType::F8E4M3 => out.extend(x.iter().map(|&v| f32_to_f8e4m3(v))),
         DType::F8E5M2 => out.extend(x.iter().map(|&v| f32_to_f8e5m2(v))),
-        DType::I8 => out.extend(
-            x.iter()
-                .map(|&v| v.round_ties_even().clamp(-128.0, 127.0) as i8 as u8),
-        ),
-        DType::I32 => x
-            .iter()
-            .for_each(|v| out.extend((v.round_ties_even() as i32).to_le_bytes())),
+        DType::I8 => out.extend(x.iter().map(|&v| v.round_ties_even().clamp(-128.0, 127.0) as i8 as u8)),
+        DType::I32 => x.iter().for_each(|v| out.extend((v.round_ties_even() as i32).to_le_bytes())),
         DType::I4 => {
             let q = |v: f32| (v.round_ties_even().clamp(-8.0, 7.0) as i8 as u8) & 0xF;
             out.extend(x.chunks_exact(2).map(|p| q(p[0]) | (q(p[1]) << 4)));
@@ -107,9 +82,7 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
         }
         DType::Q4_0 => {
             for blk in x.chunks_exact(32) {
-                let max = blk
-                    .iter()
-                    .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let max = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend(f16::from_f32(d).to_le_bytes());
@@ -242,9 +215,7 @@ mod tests {
 
     #[test]
     fn block_formats_roundtrip_within_their_step() {
-        let x: Vec<f32> = (0..64)
-            .map(|i| ((i * 37 % 64) as f32 - 31.5) / 7.0)
-            .collect();
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 31.5) / 7.0).collect();
         for (dt, tol) in [(DType::Q8_0, 0.05), (DType::Q4_0, 0.6), (DType::Q4_1, 0.3)] {
             let enc = encode(dt, &x).unwrap();
             assert_eq!(enc.len(), dt.bytes_for(64).unwrap());
@@ -261,9 +232,6 @@ mod tests {
     fn int4_packs_low_nibble_first() {
         let enc = encode(DType::I4, &[-8.0, 7.0, 1.0, -1.0]).unwrap();
         assert_eq!(enc, vec![0x78, 0xF1]);
-        assert_eq!(
-            decode(DType::I4, &enc, 4).unwrap(),
-            vec![-8.0, 7.0, 1.0, -1.0]
-        );
+        assert_eq!(decode(DType::I4, &enc, 4).unwrap(), vec![-8.0, 7.0, 1.0, -1.0]);
     }
 }

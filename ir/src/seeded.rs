@@ -15,9 +15,7 @@ pub fn splitmix64(mut z: u64) -> u64 {
 
 /// FNV-1a (64-bit) of a tensor name.
 pub fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
-    })
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3))
 }
 
 /// The per-tensor stream start.

@@ -60,29 +60,21 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(dtype: DType, shape: impl IntoIterator<Item = Dim>) -> Self {
-        TensorType {
-            dtype,
-            shape: shape.into_iter().collect(),
-        }
+        TensorType { dtype, shape: shape.into_iter().collect() }
     }
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
     /// Element count when every dim is constant.
     pub fn const_numel(&self) -> Option<usize> {
-        self.shape
-            .iter()
-            .try_fold(1usize, |acc, d| acc.checked_mul(d.as_const()?))
+        self.shape.iter().try_fold(1usize, |acc, d| acc.checked_mul(d.as_const()?))
     }
     /// Concrete shape under a symbol binding.
     pub fn eval_shape(&self, binding: &BTreeMap<String, usize>) -> Option<Vec<usize>> {
         self.shape.iter().map(|d| d.eval(binding)).collect()
     }
     pub fn with_dtype(&self, dtype: DType) -> Self {
-        TensorType {
-            dtype,
-            shape: self.shape.clone(),
-        }
+        TensorType { dtype, shape: self.shape.clone() }
     }
 }
 

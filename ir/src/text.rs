@@ -28,13 +28,7 @@ fn fmt_attr(a: &Attr) -> String {
         }
         Attr::Bool(b) => b.to_string(),
         Attr::Ident(s) => s.clone(),
-        Attr::Ints(v) => format!(
-            "[{}]",
-            v.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        Attr::Ints(v) => format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
     }
 }
 
@@ -51,18 +45,12 @@ pub fn print(g: &Graph) -> String {
         let _ = write!(s, "  %{} = {}", n.name, n.op.name());
         let ops = g.operands(id);
         if !n.op.is_leaf() {
-            let args: Vec<String> = ops
-                .iter()
-                .map(|&o| format!("%{}", g.node(o).name))
-                .collect();
+            let args: Vec<String> = ops.iter().map(|&o| format!("%{}", g.node(o).name)).collect();
             let _ = write!(s, "({})", args.join(", "));
         }
         let attrs = n.op.attrs();
         if !attrs.is_empty() {
-            let a: Vec<String> = attrs
-                .iter()
-                .map(|(k, v)| format!("{k} = {}", fmt_attr(v)))
-                .collect();
+            let a: Vec<String> = attrs.iter().map(|(k, v)| format!("{k} = {}", fmt_attr(v))).collect();
             let _ = write!(s, " {{{}}}", a.join(", "));
         }
         let _ = writeln!(s, " : {}", n.ty);
@@ -82,10 +70,7 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn err<T>(&self, msg: impl Into<String>) -> Result<T> {
-        Err(IrError::Parse {
-            line: self.line,
-            msg: format!("{} (at column {})", msg.into(), self.pos + 1),
-        })
+        Err(IrError::Parse { line: self.line, msg: format!("{} (at column {})", msg.into(), self.pos + 1) })
     }
     fn ws(&mut self) {
         while let Some(c) = self.s[self.pos..].chars().next() {
@@ -112,10 +97,7 @@ impl<'a> Cursor<'a> {
         if self.eat(c) {
             Ok(())
         } else {
-            let got = self
-                .peek()
-                .map(|c| format!("`{c}`"))
-                .unwrap_or_else(|| "end of line".into());
+            let got = self.peek().map(|c| format!("`{c}`")).unwrap_or_else(|| "end of line".into());
             self.err(format!("expected `{c}`, found {got}"))
         }
     }
@@ -149,13 +131,7 @@ fn parse_type(c: &mut Cursor) -> Result<TensorType> {
             let w = c.word()?;
             shape.push(match w.parse::<usize>() {
                 Ok(v) => Dim::Const(v),
-                Err(_)
-                    if w.chars()
-                        .next()
-                        .is_some_and(|ch| ch.is_ascii_alphabetic() || ch == '_') =>
-                {
-                    Dim::Sym(w.to_string())
-                }
+                Err(_) if w.chars().next().is_some_and(|ch| ch.is_ascii_alphabetic() || ch == '_') => Dim::Sym(w.to_string()),
                 Err(_) => return c.err(format!("bad dimension `{w}`")),
             });
             if c.eat(']') {
@@ -173,10 +149,7 @@ fn parse_attr(c: &mut Cursor) -> Result<Attr> {
         if !c.eat(']') {
             loop {
                 let w = c.word()?;
-                v.push(
-                    w.parse::<i64>()
-                        .or_else(|_| c.err(format!("expected an integer, found `{w}`")))?,
-                );
+                v.push(w.parse::<i64>().or_else(|_| c.err(format!("expected an integer, found `{w}`")))?);
                 if c.eat(']') {
                     break;
                 }
@@ -203,42 +176,25 @@ fn parse_attr(c: &mut Cursor) -> Result<Attr> {
 
 /// Parse the text format. The result is verified.
 pub fn parse(text: &str) -> Result<Graph> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l))
-        .filter(|(_, l)| {
-            let t = l.trim();
-            !t.is_empty() && !t.starts_with(';')
-        });
-    let (hl, header) = lines.next().ok_or(IrError::Parse {
-        line: 1,
-        msg: "empty input: expected `graph \"name\" {`".into(),
-    })?;
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with(';')
+    });
+    let (hl, header) = lines.next().ok_or(IrError::Parse { line: 1, msg: "empty input: expected `graph \"name\" {`".into() })?;
     let header = header.trim();
     let name = header
         .strip_prefix("graph ")
         .and_then(|r| r.strip_suffix('{'))
         .map(str::trim)
         .and_then(|q| q.strip_prefix('"').and_then(|q| q.strip_suffix('"')))
-        .ok_or(IrError::Parse {
-            line: hl,
-            msg: format!("expected `graph \"name\" {{`, found `{header}`"),
-        })?;
+        .ok_or(IrError::Parse { line: hl, msg: format!("expected `graph \"name\" {{`, found `{header}`") })?;
     let mut g = Graph::new(name.replace("\\\"", "\""));
     let mut closed = false;
     for (ln, line) in lines {
         if closed {
-            return Err(IrError::Parse {
-                line: ln,
-                msg: "text after the closing `}`".into(),
-            });
+            return Err(IrError::Parse { line: ln, msg: "text after the closing `}`".into() });
         }
-        let mut c = Cursor {
-            s: line,
-            pos: 0,
-            line: ln,
-        };
+        let mut c = Cursor { s: line, pos: 0, line: ln };
         if c.eat('}') {
             if !c.at_end() {
                 return c.err("unexpected text after `}`");
@@ -255,10 +211,7 @@ pub fn parse(text: &str) -> Result<Graph> {
             c.expect('=')?;
             c.expect('%')?;
             let v = c.word()?;
-            let id = g.by_name(v).ok_or(IrError::Parse {
-                line: ln,
-                msg: format!("output refers to unknown value `%{v}`"),
-            })?;
+            let id = g.by_name(v).ok_or(IrError::Parse { line: ln, msg: format!("output refers to unknown value `%{v}`") })?;
             g.set_output(oname, id);
             if !c.at_end() {
                 return c.err("unexpected text after output");
@@ -275,10 +228,7 @@ pub fn parse(text: &str) -> Result<Graph> {
                 loop {
                     c.expect('%')?;
                     let a = c.word()?;
-                    args.push(g.by_name(a).ok_or(IrError::Parse {
-                        line: ln,
-                        msg: format!("use of undefined value `%{a}`"),
-                    })?);
+                    args.push(g.by_name(a).ok_or(IrError::Parse { line: ln, msg: format!("use of undefined value `%{a}`") })?);
                     if c.eat(')') {
                         break;
                     }
@@ -306,24 +256,13 @@ pub fn parse(text: &str) -> Result<Graph> {
             return c.err("unexpected text after the type");
         }
         let op = Op::from_parts(&opname, &attrs).map_err(|msg| IrError::Parse { line: ln, msg })?;
-        let id = g
-            .add(nname, op, &args, Some(ty.clone()))
-            .map_err(|e| IrError::Parse {
-                line: ln,
-                msg: e.to_string(),
-            })?;
+        let id = g.add(nname, op, &args, Some(ty.clone())).map_err(|e| IrError::Parse { line: ln, msg: e.to_string() })?;
         if g.node(id).ty != ty {
-            return Err(IrError::Parse {
-                line: ln,
-                msg: format!("declared type {ty} but operands give {}", g.node(id).ty),
-            });
+            return Err(IrError::Parse { line: ln, msg: format!("declared type {ty} but operands give {}", g.node(id).ty) });
         }
     }
     if !closed {
-        return Err(IrError::Parse {
-            line: text.lines().count(),
-            msg: "missing closing `}`".into(),
-        });
+        return Err(IrError::Parse { line: text.lines().count(), msg: "missing closing `}`".into() });
     }
     g.verify()?;
     Ok(g)

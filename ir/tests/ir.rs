@@ -63,11 +63,7 @@ fn text_round_trips_every_op() {
     let again = text::parse(&text::print(&g)).unwrap();
     assert_eq!(text::print(&again), ALL_OPS);
     let dot = dot::to_dot(&g);
-    assert!(
-        dot.starts_with("digraph \"all-ops\"")
-            && dot.contains("paged_attention")
-            && dot.contains("\"out:last\"")
-    );
+    assert!(dot.starts_with("digraph \"all-ops\"") && dot.contains("paged_attention") && dot.contains("\"out:last\""));
 }
 
 fn parse_err(src: &str) -> String {
@@ -80,23 +76,12 @@ fn parse_err(src: &str) -> String {
 #[test]
 fn parse_errors_name_the_line_and_problem() {
     let e = parse_err("graph \"g\" {\n  %x = input : f32[4]\n  %y = exp(%z) : f32[4]\n}\n");
-    assert!(
-        e.contains("line 3") && e.contains("undefined value `%z`"),
-        "{e}"
-    );
+    assert!(e.contains("line 3") && e.contains("undefined value `%z`"), "{e}");
     let e = parse_err("graph \"g\" {\n  %x = input : f32[4]\n  %y = frobnicate(%x) : f32[4]\n}\n");
-    assert!(
-        e.contains("line 3") && e.contains("unknown op `frobnicate`"),
-        "{e}"
-    );
+    assert!(e.contains("line 3") && e.contains("unknown op `frobnicate`"), "{e}");
     let e = parse_err("graph \"g\" {\n  %x = input : f33[4]\n}\n");
-    assert!(
-        e.contains("line 2") && e.contains("unknown dtype `f33`"),
-        "{e}"
-    );
-    let e = parse_err(
-        "graph \"g\" {\n  %x = input : f32[4, 8]\n  %y = rms_norm(%x, %x) : f32[4, 8]\n}\n",
-    );
+    assert!(e.contains("line 2") && e.contains("unknown dtype `f33`"), "{e}");
+    let e = parse_err("graph \"g\" {\n  %x = input : f32[4, 8]\n  %y = rms_norm(%x, %x) : f32[4, 8]\n}\n");
     assert!(e.contains("needs attribute `eps`"), "{e}");
     let e = parse_err("graph \"g\" {\n  %x = input : f32[4]\n");
     assert!(e.contains("missing closing"), "{e}");
@@ -113,25 +98,15 @@ fn verifier_rejects_wrong_declared_types_and_shapes() {
     let e = parse_err("graph \"g\" {\n  %x = input : f32[T, 8]\n  %y = exp(%x) : f32[T, 9]\n}\n");
     assert!(e.contains("declared type f32[T, 9]"), "{e}");
     // reshape that changes the element count under symbols
-    let e =
-        parse_err("graph \"g\" {\n  %x = input : f32[T, 8]\n  %y = reshape(%x) : f32[S, 8]\n}\n");
+    let e = parse_err("graph \"g\" {\n  %x = input : f32[T, 8]\n  %y = reshape(%x) : f32[S, 8]\n}\n");
     assert!(e.contains("changes the element count"), "{e}");
     // GQA heads must divide
     let e = parse_err("graph \"g\" {\n  %q = input : f32[T, 5, 8]\n  %p = input : i32[T]\n  %t = input : i32[S, MB]\n  %kc = state : f32[NB, 4, 2, 8]\n  %a = paged_attention(%q, %kc, %kc, %p, %p, %t) {scale = 1.0} : f32[T, 5, 8]\n}\n");
     assert!(e.contains("not a multiple of KV heads"), "{e}");
 }
 
-fn weights(
-    spec: &[(&str, DType, Vec<usize>, Vec<f32>)],
-) -> HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
-    spec.iter()
-        .map(|(n, d, s, v)| {
-            (
-                n.to_string(),
-                (*d, s.clone(), quant::encode(*d, v).unwrap()),
-            )
-        })
-        .collect()
+fn weights(spec: &[(&str, DType, Vec<usize>, Vec<f32>)]) -> HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
+    spec.iter().map(|(n, d, s, v)| (n.to_string(), (*d, s.clone(), quant::encode(*d, v).unwrap()))).collect()
 }
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -163,11 +138,7 @@ fn paged_attention_matches_dense_causal_attention() {
     let lens = [5usize, 3];
     let table = [[6, 1, 3], [0, 4, -1]];
     let t = 8;
-    let (q, k, v) = (
-        rand_vec(t * 32, 1),
-        rand_vec(t * 16, 2),
-        rand_vec(t * 16, 3),
-    );
+    let (q, k, v) = (rand_vec(t * 32, 1), rand_vec(t * 16, 2), rand_vec(t * 16, 3));
     let mut pos = vec![];
     let mut seq = vec![];
     let mut slots = vec![];
@@ -178,12 +149,7 @@ fn paged_attention_matches_dense_causal_attention() {
             slots.push(table[s][p / 2] * 2 + (p % 2) as i32);
         }
     }
-    let mut ex = Executor::new(
-        &g,
-        &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(),
-        BTreeMap::from([("NB".into(), 8)]),
-    )
-    .unwrap();
+    let mut ex = Executor::new(&g, &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(), BTreeMap::from([("NB".into(), 8)])).unwrap();
     let inputs = BTreeMap::from([
         ("q".to_string(), Tensor::new(vec![t, 4, 8], q.clone())),
         ("k".to_string(), Tensor::new(vec![t, 2, 8], k.clone())),
@@ -191,10 +157,7 @@ fn paged_attention_matches_dense_causal_attention() {
         ("pos".to_string(), Tensor::from_i32(vec![t], &pos)),
         ("seq".to_string(), Tensor::from_i32(vec![t], &seq)),
         ("slots".to_string(), Tensor::from_i32(vec![t], &slots)),
-        (
-            "table".to_string(),
-            Tensor::from_i32(vec![2, 3], &table.concat()),
-        ),
+        ("table".to_string(), Tensor::from_i32(vec![2, 3], &table.concat())),
     ]);
     let out = ex.run(&inputs).unwrap().remove("o").unwrap();
     // dense reference
@@ -204,28 +167,14 @@ fn paged_attention_matches_dense_causal_attention() {
             for h in 0..4 {
                 let kh = h / 2;
                 let qi = &q[((start + i) * 4 + h) * 8..][..8];
-                let sc: Vec<f32> = (0..=i)
-                    .map(|j| {
-                        qi.iter()
-                            .zip(&k[((start + j) * 2 + kh) * 8..][..8])
-                            .map(|(a, b)| a * b)
-                            .sum::<f32>()
-                            * 0.5
-                    })
-                    .collect();
+                let sc: Vec<f32> = (0..=i).map(|j| qi.iter().zip(&k[((start + j) * 2 + kh) * 8..][..8]).map(|(a, b)| a * b).sum::<f32>() * 0.5).collect();
                 let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
                 let z: f32 = e.iter().sum();
                 for dd in 0..8 {
-                    let want: f32 = (0..=i)
-                        .map(|j| e[j] / z * v[((start + j) * 2 + kh) * 8 + dd])
-                        .sum();
+                    let want: f32 = (0..=i).map(|j| e[j] / z * v[((start + j) * 2 + kh) * 8 + dd]).sum();
                     let got = out.data[((start + i) * 4 + h) * 8 + dd];
-                    assert!(
-                        (want - got).abs() < 1e-5,
-                        "token {} head {h} dim {dd}: {got} vs {want}",
-                        start + i
-                    );
+                    assert!((want - got).abs() < 1e-5, "token {} head {h} dim {dd}: {got} vs {want}", start + i);
                 }
             }
         }
@@ -233,10 +182,7 @@ fn paged_attention_matches_dense_causal_attention() {
     }
     // a position past the block table is an error, not a panic
     let mut bad = inputs.clone();
-    bad.insert(
-        "pos".into(),
-        Tensor::from_i32(vec![t], &[0, 1, 2, 3, 9, 0, 1, 2]),
-    );
+    bad.insert("pos".into(), Tensor::from_i32(vec![t], &[0, 1, 2, 3, 9, 0, 1, 2]));
     let e = ex.run(&bad).unwrap_err().to_string();
     assert!(e.contains("paged_attention") || e.contains("needs"), "{e}");
 }
@@ -245,40 +191,20 @@ fn paged_attention_matches_dense_causal_attention() {
 fn rope_rotates_pairs_and_keeps_norms() {
     let src = "graph \"r\" {\n  %x = input : f32[T, 1, 4]\n  %p = input : i32[T]\n  %i = rope(%x, %p) {theta = 10000.0, style = interleaved, rotary_dim = 4} : f32[T, 1, 4]\n  %h = rope(%x, %p) {theta = 10000.0, style = half, rotary_dim = 4} : f32[T, 1, 4]\n  output i = %i\n  output h = %h\n}\n";
     let g = text::parse(src).unwrap();
-    let mut ex = Executor::new(
-        &g,
-        &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(),
-        BTreeMap::new(),
-    )
-    .unwrap();
+    let mut ex = Executor::new(&g, &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(), BTreeMap::new()).unwrap();
     let x = vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0];
-    let out = ex
-        .run(&BTreeMap::from([
-            ("x".into(), Tensor::new(vec![2, 1, 4], x)),
-            ("p".into(), Tensor::from_i32(vec![2], &[0, 1])),
-        ]))
-        .unwrap();
+    let out = ex.run(&BTreeMap::from([("x".into(), Tensor::new(vec![2, 1, 4], x)), ("p".into(), Tensor::from_i32(vec![2], &[0, 1]))])).unwrap();
     // position 0: identity
     assert_eq!(&out["i"].data[..4], &[1.0, 2.0, 3.0, 4.0]);
     // position 1, interleaved: pair (x0, x1) rotated by 1 rad, pair (x2, x3) by 1e-2 rad
     let (c, s) = (1f32.cos(), 1f32.sin());
     let (c2, s2) = (0.01f32.cos(), 0.01f32.sin());
-    let want = [
-        1.0 * c - 2.0 * s,
-        1.0 * s + 2.0 * c,
-        3.0 * c2 - 4.0 * s2,
-        3.0 * s2 + 4.0 * c2,
-    ];
+    let want = [1.0 * c - 2.0 * s, 1.0 * s + 2.0 * c, 3.0 * c2 - 4.0 * s2, 3.0 * s2 + 4.0 * c2];
     for (a, b) in out["i"].data[4..].iter().zip(want) {
         assert!((a - b).abs() < 1e-6);
     }
     // half style pairs (x0, x2) and (x1, x3)
-    let want = [
-        1.0 * c - 3.0 * s,
-        2.0 * c2 - 4.0 * s2,
-        1.0 * s + 3.0 * c,
-        2.0 * s2 + 4.0 * c2,
-    ];
+    let want = [1.0 * c - 3.0 * s, 2.0 * c2 - 4.0 * s2, 1.0 * s + 3.0 * c, 2.0 * s2 + 4.0 * c2];
     for (a, b) in out["h"].data[4..].iter().zip(want) {
         assert!((a - b).abs() < 1e-6);
     }
@@ -292,13 +218,7 @@ fn matmul_with_packed_weights_equals_dequantized_f32() {
     let ws = weights(&[("w", DType::Q4_1, vec![16, 64], wv.clone())]);
     let deq = quant::decode(DType::Q4_1, &ws["w"].2, 16 * 64).unwrap();
     let x = rand_vec(3 * 64, 4);
-    let out = Executor::new(&g, &ws, BTreeMap::new())
-        .unwrap()
-        .run(&BTreeMap::from([(
-            "x".into(),
-            Tensor::new(vec![3, 64], x.clone()),
-        )]))
-        .unwrap();
+    let out = Executor::new(&g, &ws, BTreeMap::new()).unwrap().run(&BTreeMap::from([("x".into(), Tensor::new(vec![3, 64], x.clone()))])).unwrap();
     for r in 0..3 {
         for n in 0..16 {
             let want: f32 = (0..64).map(|k| x[r * 64 + k] * deq[n * 64 + k]).sum();
@@ -307,10 +227,7 @@ fn matmul_with_packed_weights_equals_dequantized_f32() {
     }
     // a weight whose stored dtype disagrees with the graph is an error naming it
     let bad = weights(&[("w", DType::Q8_0, vec![16, 64], wv)]);
-    let e = Executor::new(&g, &bad, BTreeMap::new())
-        .err()
-        .expect("dtype mismatch")
-        .to_string();
+    let e = Executor::new(&g, &bad, BTreeMap::new()).err().expect("dtype mismatch").to_string();
     assert!(e.contains("weight `w`") && e.contains("q8_0"), "{e}");
 }
 
@@ -321,29 +238,15 @@ fn executor_rejects_bad_inputs_without_panicking() {
     let mut ex = Executor::new(&g, &ws, BTreeMap::new()).unwrap();
     let e = ex.run(&BTreeMap::new()).unwrap_err().to_string();
     assert!(e.contains("input `t`: missing"), "{e}");
-    let e = ex
-        .run(&BTreeMap::from([(
-            "t".into(),
-            Tensor::from_i32(vec![2], &[1, 7]),
-        )]))
-        .unwrap_err()
-        .to_string();
+    let e = ex.run(&BTreeMap::from([("t".into(), Tensor::from_i32(vec![2], &[1, 7]))])).unwrap_err().to_string();
     assert!(e.contains("index 7 out of range 0..4"), "{e}");
-    let e = ex
-        .run(&BTreeMap::from([(
-            "t".into(),
-            Tensor::new(vec![1], vec![0.5]),
-        )]))
-        .unwrap_err()
-        .to_string();
+    let e = ex.run(&BTreeMap::from([("t".into(), Tensor::new(vec![1], vec![0.5]))])).unwrap_err().to_string();
     assert!(e.contains("non-integer"), "{e}");
 }
 
 // Random elementwise graphs: printing and parsing preserves the graph and its values.
 fn unary_name(i: u8) -> &'static str {
-    [
-        "neg", "exp", "tanh", "sigmoid", "relu", "silu", "gelu", "gelu_erf",
-    ][i as usize % 8]
+    ["neg", "exp", "tanh", "sigmoid", "relu", "silu", "gelu", "gelu_erf"][i as usize % 8]
 }
 fn binary_name(i: u8) -> &'static str {
     ["add", "sub", "mul", "max", "min"][i as usize % 5]

@@ -142,11 +142,7 @@ fn d_batch() -> usize {
 }
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_seq_len: d_max_seq(),
-            kv_block_size: d_block(),
-            max_batch: d_batch(),
-        }
+        Limits { max_seq_len: d_max_seq(), kv_block_size: d_block(), max_batch: d_batch() }
     }
 }
 
@@ -168,11 +164,7 @@ fn d_stored() -> String {
 }
 impl Default for Precision {
     fn default() -> Self {
-        Precision {
-            activations: d_f32(),
-            kv_cache: d_f32(),
-            weights: d_stored(),
-        }
+        Precision { activations: d_f32(), kv_cache: d_f32(), weights: d_stored() }
     }
 }
 
@@ -203,55 +195,29 @@ impl ModelConfig {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
-        let cerr = |msg: String| ModelError::Config {
-            path: path.to_path_buf(),
-            msg,
-        };
-        let toml: ModelToml =
-            toml::from_str(text).map_err(|e| cerr(e.to_string().trim_end().to_string()))?;
+        let cerr = |msg: String| ModelError::Config { path: path.to_path_buf(), msg };
+        let toml: ModelToml = toml::from_str(text).map_err(|e| cerr(e.to_string().trim_end().to_string()))?;
         let dt = |field: &str, v: &str, allowed: &[DType]| -> Result<DType> {
-            let d: DType = v
-                .parse()
-                .map_err(|e: String| cerr(format!("field `{field}`: {e}")))?;
+            let d: DType = v.parse().map_err(|e: String| cerr(format!("field `{field}`: {e}")))?;
             if !allowed.contains(&d) {
                 let names: Vec<_> = allowed.iter().map(|d| d.name()).collect();
-                return Err(cerr(format!(
-                    "field `{field}`: `{v}` is not allowed here (one of {})",
-                    names.join(", ")
-                )));
+                return Err(cerr(format!("field `{field}`: `{v}` is not allowed here (one of {})", names.join(", "))));
             }
             Ok(d)
         };
         use DType::*;
-        let activations = dt(
-            "precision.activations",
-            &toml.precision.activations,
-            &[F32, BF16, F16],
-        )?;
-        let kv_cache = dt(
-            "precision.kv_cache",
-            &toml.precision.kv_cache,
-            &[F32, BF16, F16, F8E4M3],
-        )?;
+        let activations = dt("precision.activations", &toml.precision.activations, &[F32, BF16, F16])?;
+        let kv_cache = dt("precision.kv_cache", &toml.precision.kv_cache, &[F32, BF16, F16, F8E4M3])?;
         let weights = match toml.precision.weights.as_str() {
             "stored" => None,
-            w => Some(dt(
-                "precision.weights",
-                w,
-                &[F32, BF16, F16, Q8_0, Q4_0, Q4_1],
-            )?),
+            w => Some(dt("precision.weights", w, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?),
         };
         let l = &toml.limits;
         if l.kv_block_size == 0 || !l.kv_block_size.is_power_of_two() {
-            return Err(cerr(format!(
-                "field `limits.kv_block_size`: {} must be a power of two",
-                l.kv_block_size
-            )));
+            return Err(cerr(format!("field `limits.kv_block_size`: {} must be a power of two", l.kv_block_size)));
         }
         if l.max_seq_len == 0 || l.max_batch == 0 {
-            return Err(cerr(
-                "fields `limits.max_seq_len` and `limits.max_batch` must be positive".into(),
-            ));
+            return Err(cerr("fields `limits.max_seq_len` and `limits.max_batch` must be positive".into()));
         }
         match toml.weights.format {
             WeightFormat::Seeded => {
@@ -259,9 +225,7 @@ impl ModelConfig {
                     return Err(cerr("seeded weights need a [dims] table".into()));
                 }
                 if toml.weights.path.is_some() {
-                    return Err(cerr(
-                        "field `weights.path` is not used with format = \"seeded\"".into(),
-                    ));
+                    return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
                     dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?;
@@ -272,47 +236,24 @@ impl ModelConfig {
                     return Err(cerr("missing field `weights.path`".into()));
                 }
                 if toml.weights.seed.is_some() || toml.weights.dtype.is_some() {
-                    return Err(cerr(
-                        "fields `weights.seed` / `weights.dtype` are only for format = \"seeded\""
-                            .into(),
-                    ));
+                    return Err(cerr("fields `weights.seed` / `weights.dtype` are only for format = \"seeded\"".into()));
                 }
             }
         }
         if let Some(p) = &toml.parallel {
             if p.tp == 0 || p.tp > 64 {
-                return Err(cerr(format!(
-                    "field `parallel.tp`: {} ranks (1..=64)",
-                    p.tp
-                )));
+                return Err(cerr(format!("field `parallel.tp`: {} ranks (1..=64)", p.tp)));
             }
         }
         if let Some(d) = &toml.dims {
             if d.heads == 0 || d.kv_heads == 0 || d.heads % d.kv_heads != 0 {
-                return Err(cerr(format!(
-                    "field `dims.heads` ({}) must be a positive multiple of `dims.kv_heads` ({})",
-                    d.heads, d.kv_heads
-                )));
+                return Err(cerr(format!("field `dims.heads` ({}) must be a positive multiple of `dims.kv_heads` ({})", d.heads, d.kv_heads)));
             }
-            if d.hidden == 0
-                || d.layers == 0
-                || d.head_dim == 0
-                || d.head_dim % 2 != 0
-                || d.ffn == 0
-                || d.vocab == 0
-            {
-                return Err(cerr(
-                    "fields under [dims] must be positive (head_dim even)".into(),
-                ));
+            if d.hidden == 0 || d.layers == 0 || d.head_dim == 0 || d.head_dim % 2 != 0 || d.ffn == 0 || d.vocab == 0 {
+                return Err(cerr("fields under [dims] must be positive (head_dim even)".into()));
             }
         }
-        Ok(ModelConfig {
-            path: path.to_path_buf(),
-            toml,
-            activations,
-            kv_cache,
-            weights,
-        })
+        Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, weights })
     }
 
     /// A path from model.toml, resolved against the file's folder.

@@ -5,26 +5,15 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ModelError {
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {msg}")]
     Config { path: PathBuf, msg: String },
     #[error("{path}: {msg}")]
     Format { path: PathBuf, msg: String },
     #[error("{path}: tensor `{tensor}`: {msg}")]
-    Tensor {
-        path: PathBuf,
-        tensor: String,
-        msg: String,
-    },
+    Tensor { path: PathBuf, tensor: String, msg: String },
     #[error("{path}: tensor `{tensor}` not found (the {arch} builder needs it)")]
-    MissingTensor {
-        path: PathBuf,
-        tensor: String,
-        arch: String,
-    },
+    MissingTensor { path: PathBuf, tensor: String, arch: String },
     #[error("tokenizer ({path}): {msg}")]
     Tokenizer { path: PathBuf, msg: String },
     #[error("building the graph: {0}")]
@@ -34,8 +23,5 @@ pub enum ModelError {
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
-    move |source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| ModelError::Io { path: path.to_path_buf(), source }
 }

@@ -123,10 +123,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err<T>(&self, msg: impl Into<String>) -> Result<T> {
-        Err(ModelError::Format {
-            path: self.path.to_path_buf(),
-            msg: format!("{} (at byte {})", msg.into(), self.pos),
-        })
+        Err(ModelError::Format { path: self.path.to_path_buf(), msg: format!("{} (at byte {})", msg.into(), self.pos) })
     }
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         match self.pos.checked_add(n) {
@@ -135,28 +132,19 @@ impl<'a> Reader<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            _ => self.err(format!(
-                "file truncated while reading {what} ({n} bytes needed, {} left)",
-                self.b.len().saturating_sub(self.pos)
-            )),
+            _ => self.err(format!("file truncated while reading {what} ({n} bytes needed, {} left)", self.b.len().saturating_sub(self.pos))),
         }
     }
     fn u32(&mut self, what: &str) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4, what)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
     }
     fn u64(&mut self, what: &str) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8, what)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
     }
     fn string(&mut self, what: &str) -> Result<String> {
         let n = self.u64(what)?;
         if n > (self.b.len() - self.pos) as u64 {
-            return self.err(format!(
-                "{what}: string length {n} runs past the end of the file"
-            ));
+            return self.err(format!("{what}: string length {n} runs past the end of the file"));
         }
         let s = self.take(n as usize, what)?;
         String::from_utf8(s.to_vec()).or_else(|_| self.err(format!("{what}: string is not UTF-8")))
@@ -180,9 +168,7 @@ impl<'a> Reader<'a> {
                 let ety = self.u32(key)?;
                 let n = self.u64(key)?;
                 if n > (self.b.len() - self.pos) as u64 {
-                    return self.err(format!(
-                        "metadata `{key}`: array length {n} runs past the end of the file"
-                    ));
+                    return self.err(format!("metadata `{key}`: array length {n} runs past the end of the file"));
                 }
                 let mut v = Vec::with_capacity(n as usize);
                 for _ in 0..n {
@@ -204,16 +190,10 @@ impl GgufFile {
         // SAFETY: the file is opened read-only; we never hand out references that outlive the
         // map, and a concurrent writer would be a user error that at worst changes values.
         let map = unsafe { Mmap::map(&f) }.map_err(io(path))?;
-        let mut r = Reader {
-            b: &map,
-            pos: 0,
-            path,
-        };
+        let mut r = Reader { b: &map, pos: 0, path };
         let magic = r.take(4, "magic")?;
         if magic != b"GGUF" {
-            return r.err(format!(
-                "not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"
-            ));
+            return r.err(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"));
         }
         let version = r.u32("version")?;
         if !(2..=3).contains(&version) {
@@ -232,13 +212,7 @@ impl GgufFile {
             metadata.insert(key, v);
         }
         let align = match metadata.get("general.alignment") {
-            Some(v) => v
-                .as_u64()
-                .filter(|a| a.is_power_of_two())
-                .ok_or(ModelError::Format {
-                    path: path.into(),
-                    msg: "general.alignment must be a power of two".into(),
-                })? as usize,
+            Some(v) => v.as_u64().filter(|a| a.is_power_of_two()).ok_or(ModelError::Format { path: path.into(), msg: "general.alignment must be a power of two".into() })? as usize,
             None => 32,
         };
         let mut infos = vec![];
@@ -260,51 +234,21 @@ impl GgufFile {
         let mut tensors = BTreeMap::new();
         let mut order = vec![];
         for (name, ne, ty, off) in infos {
-            let terr = |msg: String| ModelError::Tensor {
-                path: path.to_path_buf(),
-                tensor: name.clone(),
-                msg,
-            };
+            let terr = |msg: String| ModelError::Tensor { path: path.to_path_buf(), tensor: name.clone(), msg };
             let dtype = ggml_type(ty).map_err(terr)?;
-            let numel = ne
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
-            let nbytes = dtype
-                .bytes_for(numel)
-                .ok_or_else(|| terr(format!("{numel} elements are not whole {dtype} blocks")))?;
-            let offset = data_start
-                .checked_add(off)
-                .ok_or_else(|| terr("offset overflows".into()))?;
+            let numel = ne.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
+            let nbytes = dtype.bytes_for(numel).ok_or_else(|| terr(format!("{numel} elements are not whole {dtype} blocks")))?;
+            let offset = data_start.checked_add(off).ok_or_else(|| terr("offset overflows".into()))?;
             if offset.checked_add(nbytes).is_none_or(|end| end > map.len()) {
                 return Err(terr(format!("data at bytes {offset}..{} lies past the end of the file ({} bytes): the file is truncated", offset + nbytes, map.len())));
             }
             let shape: Vec<usize> = ne.iter().rev().copied().collect();
             order.push(name.clone());
-            if tensors
-                .insert(
-                    name.clone(),
-                    TensorInfo {
-                        name: name.clone(),
-                        shape,
-                        dtype,
-                        offset,
-                        nbytes,
-                    },
-                )
-                .is_some()
-            {
+            if tensors.insert(name.clone(), TensorInfo { name: name.clone(), shape, dtype, offset, nbytes }).is_some() {
                 return Err(terr("appears twice".into()));
             }
         }
-        Ok(GgufFile {
-            path: path.to_path_buf(),
-            version,
-            metadata,
-            tensors,
-            order,
-            map: Arc::new(map),
-        })
+        Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, order, map: Arc::new(map) })
     }
 
     pub fn bytes(&self, t: &TensorInfo) -> &[u8] {
@@ -316,53 +260,34 @@ impl GgufFile {
     }
 
     fn missing(&self, key: &str) -> ModelError {
-        ModelError::Format {
-            path: self.path.clone(),
-            msg: format!("metadata key `{key}` is missing or has the wrong type"),
-        }
+        ModelError::Format { path: self.path.clone(), msg: format!("metadata key `{key}` is missing or has the wrong type") }
     }
 
     pub fn u64(&self, key: &str) -> Result<u64> {
-        self.get(key)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| self.missing(key))
+        self.get(key).and_then(Value::as_u64).ok_or_else(|| self.missing(key))
     }
     pub fn f64(&self, key: &str) -> Result<f64> {
-        self.get(key)
-            .and_then(Value::as_f64)
-            .ok_or_else(|| self.missing(key))
+        self.get(key).and_then(Value::as_f64).ok_or_else(|| self.missing(key))
     }
     pub fn str(&self, key: &str) -> Result<&str> {
-        self.get(key)
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.missing(key))
+        self.get(key).and_then(Value::as_str).ok_or_else(|| self.missing(key))
     }
     pub fn str_array(&self, key: &str) -> Result<Vec<&str>> {
         match self.get(key) {
-            Some(Value::Array(v)) => v
-                .iter()
-                .map(|x| x.as_str().ok_or_else(|| self.missing(key)))
-                .collect(),
+            Some(Value::Array(v)) => v.iter().map(|x| x.as_str().ok_or_else(|| self.missing(key))).collect(),
             _ => Err(self.missing(key)),
         }
     }
     pub fn u64_array(&self, key: &str) -> Result<Vec<u64>> {
         match self.get(key) {
-            Some(Value::Array(v)) => v
-                .iter()
-                .map(|x| x.as_u64().ok_or_else(|| self.missing(key)))
-                .collect(),
+            Some(Value::Array(v)) => v.iter().map(|x| x.as_u64().ok_or_else(|| self.missing(key))).collect(),
             _ => Err(self.missing(key)),
         }
     }
 }
 
 /// Write a minimal GGUF v3 file (used by tests to make small and broken models).
-pub fn write_gguf(
-    path: &Path,
-    metadata: &[(&str, Value)],
-    tensors: &[(&str, DType, Vec<usize>, Vec<u8>)],
-) -> std::io::Result<()> {
+pub fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, DType, Vec<usize>, Vec<u8>)]) -> std::io::Result<()> {
     fn wstr(o: &mut Vec<u8>, s: &str) {
         o.extend((s.len() as u64).to_le_bytes());
         o.extend(s.as_bytes());

@@ -31,27 +31,14 @@ pub fn safetensors_files(path: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![path.to_path_buf()]);
     }
     if !path.exists() {
-        return Err(ModelError::Io {
-            path: path.into(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "weights not found"),
-        });
+        return Err(ModelError::Io { path: path.into(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "weights not found") });
     }
     let index = path.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(io(&index))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Format {
-            path: index.clone(),
-            msg: e.to_string(),
-        })?;
-        let map = v["weight_map"].as_object().ok_or(ModelError::Format {
-            path: index.clone(),
-            msg: "no `weight_map` object".into(),
-        })?;
-        let mut files: Vec<PathBuf> = map
-            .values()
-            .filter_map(|f| f.as_str())
-            .map(|f| path.join(f))
-            .collect();
+        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Format { path: index.clone(), msg: e.to_string() })?;
+        let map = v["weight_map"].as_object().ok_or(ModelError::Format { path: index.clone(), msg: "no `weight_map` object".into() })?;
+        let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| path.join(f)).collect();
         files.sort();
         files.dedup();
         return Ok(files);
@@ -60,13 +47,7 @@ pub fn safetensors_files(path: &Path) -> Result<Vec<PathBuf>> {
     if single.exists() {
         return Ok(vec![single]);
     }
-    Err(ModelError::Io {
-        path: path.into(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no model.safetensors or model.safetensors.index.json in this folder",
-        ),
-    })
+    Err(ModelError::Io { path: path.into(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json in this folder") })
 }
 
 pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
@@ -75,40 +56,17 @@ pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
         let file = std::fs::File::open(f).map_err(io(f))?;
         // SAFETY: read-only map of a file we do not modify.
         let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io(f))?);
-        let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Format {
-            path: f.clone(),
-            msg: format!("not a valid safetensors file: {e}"),
-        })?;
+        let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Format { path: f.clone(), msg: format!("not a valid safetensors file: {e}") })?;
         let base = map.as_ptr() as usize;
         let file_path = Arc::new(f.clone());
         let mut names = st.names();
         names.sort();
         for name in names {
-            let v = st.tensor(name).map_err(|e| ModelError::Tensor {
-                path: f.clone(),
-                tensor: name.to_string(),
-                msg: e.to_string(),
-            })?;
-            let dtype = st_dtype(v.dtype()).ok_or_else(|| ModelError::Tensor {
-                path: f.clone(),
-                tensor: name.to_string(),
-                msg: format!("unsupported dtype {:?}", v.dtype()),
-            })?;
+            let v = st.tensor(name).map_err(|e| ModelError::Tensor { path: f.clone(), tensor: name.to_string(), msg: e.to_string() })?;
+            let dtype = st_dtype(v.dtype()).ok_or_else(|| ModelError::Tensor { path: f.clone(), tensor: name.to_string(), msg: format!("unsupported dtype {:?}", v.dtype()) })?;
             let data = v.data();
             let offset = data.as_ptr() as usize - base;
-            set.insert(
-                name.to_string(),
-                WeightTensor {
-                    dtype,
-                    shape: v.shape().to_vec(),
-                    bytes: Bytes::Mapped {
-                        map: map.clone(),
-                        file: file_path.clone(),
-                        offset,
-                        len: data.len(),
-                    },
-                },
-            );
+            set.insert(name.to_string(), WeightTensor { dtype, shape: v.shape().to_vec(), bytes: Bytes::Mapped { map: map.clone(), file: file_path.clone(), offset, len: data.len() } });
         }
     }
     Ok(set)
@@ -117,37 +75,20 @@ pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
 /// Llama-family dims from an HF `config.json`.
 pub fn dims_from_config(path: &Path) -> Result<Dims> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Format {
-        path: path.into(),
-        msg: e.to_string(),
-    })?;
-    let need = |k: &str| -> Result<u64> {
-        v[k].as_u64().ok_or(ModelError::Format {
-            path: path.into(),
-            msg: format!("field `{k}` is missing or not an integer"),
-        })
-    };
+    let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Format { path: path.into(), msg: e.to_string() })?;
+    let need = |k: &str| -> Result<u64> { v[k].as_u64().ok_or(ModelError::Format { path: path.into(), msg: format!("field `{k}` is missing or not an integer") }) };
     let hidden = need("hidden_size")? as usize;
     let heads = need("num_attention_heads")? as usize;
     if heads == 0 {
-        return Err(ModelError::Format {
-            path: path.into(),
-            msg: "field `num_attention_heads` is 0".into(),
-        });
+        return Err(ModelError::Format { path: path.into(), msg: "field `num_attention_heads` is 0".into() });
     }
     let mt = v["model_type"].as_str().unwrap_or("llama");
     Ok(Dims {
         hidden,
         layers: need("num_hidden_layers")? as usize,
         heads,
-        kv_heads: v["num_key_value_heads"]
-            .as_u64()
-            .map(|x| x as usize)
-            .unwrap_or(heads),
-        head_dim: v["head_dim"]
-            .as_u64()
-            .map(|x| x as usize)
-            .unwrap_or(hidden / heads),
+        kv_heads: v["num_key_value_heads"].as_u64().map(|x| x as usize).unwrap_or(heads),
+        head_dim: v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden / heads),
         ffn: need("intermediate_size")? as usize,
         vocab: need("vocab_size")? as usize,
         rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0) as f32,

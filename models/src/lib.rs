@@ -38,82 +38,41 @@ fn check_dims(path: &Path, given: &Dims, found: &Dims) -> Result<()> {
     macro_rules! cmp {
         ($($f:ident),*) => { $( if given.$f != found.$f { diffs.push(format!("dims.{} = {:?} but the checkpoint has {:?}", stringify!($f), given.$f, found.$f)); } )* };
     }
-    cmp!(
-        hidden,
-        layers,
-        heads,
-        kv_heads,
-        head_dim,
-        ffn,
-        vocab,
-        tie_embeddings,
-        attention_bias
-    );
+    cmp!(hidden, layers, heads, kv_heads, head_dim, ffn, vocab, tie_embeddings, attention_bias);
     if (given.rope_theta - found.rope_theta).abs() > 1e-3 * found.rope_theta.abs() {
-        diffs.push(format!(
-            "dims.rope_theta = {} but the checkpoint has {}",
-            given.rope_theta, found.rope_theta
-        ));
+        diffs.push(format!("dims.rope_theta = {} but the checkpoint has {}", given.rope_theta, found.rope_theta));
     }
     if (given.norm_eps - found.norm_eps).abs() > 1e-3 * found.norm_eps.abs() {
-        diffs.push(format!(
-            "dims.norm_eps = {} but the checkpoint has {}",
-            given.norm_eps, found.norm_eps
-        ));
+        diffs.push(format!("dims.norm_eps = {} but the checkpoint has {}", given.norm_eps, found.norm_eps));
     }
     if diffs.is_empty() {
         Ok(())
     } else {
-        Err(ModelError::Config {
-            path: path.into(),
-            msg: diffs.join("; "),
-        })
+        Err(ModelError::Config { path: path.into(), msg: diffs.join("; ") })
     }
 }
 
 fn dims_from_gguf(g: &gguf::GgufFile) -> Result<Dims> {
     let arch = g.str("general.architecture")?;
     if arch != "llama" && arch != "qwen2" {
-        return Err(ModelError::Format {
-            path: g.path.clone(),
-            msg: format!(
-                "GGUF architecture `{arch}` is not supported by the llama builder (llama, qwen2)"
-            ),
-        });
+        return Err(ModelError::Format { path: g.path.clone(), msg: format!("GGUF architecture `{arch}` is not supported by the llama builder (llama, qwen2)") });
     }
     let k = |s: &str| format!("{arch}.{s}");
     let hidden = g.u64(&k("embedding_length"))? as usize;
     let heads = g.u64(&k("attention.head_count"))? as usize;
     if heads == 0 {
-        return Err(ModelError::Format {
-            path: g.path.clone(),
-            msg: format!("{} is 0", k("attention.head_count")),
-        });
+        return Err(ModelError::Format { path: g.path.clone(), msg: format!("{} is 0", k("attention.head_count")) });
     }
     let vocab = match g.u64(&k("vocab_size")) {
         Ok(v) => v as usize,
-        Err(_) => g
-            .tensors
-            .get("token_embd.weight")
-            .map(|t| t.shape[0])
-            .ok_or_else(|| ModelError::MissingTensor {
-                path: g.path.clone(),
-                tensor: "token_embd.weight".into(),
-                arch: "llama".into(),
-            })?,
+        Err(_) => g.tensors.get("token_embd.weight").map(|t| t.shape[0]).ok_or_else(|| ModelError::MissingTensor { path: g.path.clone(), tensor: "token_embd.weight".into(), arch: "llama".into() })?,
     };
     Ok(Dims {
         hidden,
         layers: g.u64(&k("block_count"))? as usize,
         heads,
-        kv_heads: g
-            .u64(&k("attention.head_count_kv"))
-            .map(|v| v as usize)
-            .unwrap_or(heads),
-        head_dim: g
-            .u64(&k("attention.key_length"))
-            .map(|v| v as usize)
-            .unwrap_or(hidden / heads),
+        kv_heads: g.u64(&k("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+        head_dim: g.u64(&k("attention.key_length")).map(|v| v as usize).unwrap_or(hidden / heads),
         ffn: g.u64(&k("feed_forward_length"))? as usize,
         vocab,
         rope_theta: g.f64(&k("rope.freq_base")).unwrap_or(10000.0) as f32,
@@ -149,29 +108,15 @@ fn convert_weights(ws: &mut WeightSet, to: DType, path: &Path) -> Result<()> {
             return Err(ModelError::Config { path: path.into(), msg: format!("seeded weights are generated in weights.dtype; set that instead of precision.weights (tensor `{name}`)") });
         }
         let n: usize = t.shape.iter().product();
-        let vals =
-            quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| ModelError::Tensor {
-                path: path.into(),
-                tensor: name.clone(),
-                msg: "stored bytes do not match its shape".into(),
-            })?;
-        let enc = quant::encode(to, &vals).ok_or_else(|| ModelError::Tensor {
-            path: path.into(),
-            tensor: name.clone(),
-            msg: format!("{n} elements are not whole {to} blocks"),
-        })?;
+        let vals = quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: "stored bytes do not match its shape".into() })?;
+        let enc = quant::encode(to, &vals).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: format!("{n} elements are not whole {to} blocks") })?;
         t.dtype = to;
         t.bytes = Bytes::Owned(Arc::new(enc));
     }
     Ok(())
 }
 
-fn seeded_weights(
-    dims: &Dims,
-    seed: u64,
-    dtype: DType,
-    naming: llama::Naming,
-) -> Result<WeightSet> {
+fn seeded_weights(dims: &Dims, seed: u64, dtype: DType, naming: llama::Naming) -> Result<WeightSet> {
     let mut ws = WeightSet::default();
     let mut add = |name: String, shape: Vec<usize>| {
         let n: usize = shape.iter().product();
@@ -179,32 +124,11 @@ fn seeded_weights(
         let fan_in = *shape.last().unwrap_or(&1) as f32;
         let dt = if vector { DType::F32 } else { dtype };
         if dt.bytes_for(n).is_none() {
-            return Err(ModelError::Tensor {
-                path: "<seeded>".into(),
-                tensor: name.clone(),
-                msg: format!("{n} elements are not whole {dt} blocks"),
-            });
+            return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") });
         }
-        let spec = weights::SeededSpec {
-            seed,
-            scale: 1.0 / fan_in.sqrt(),
-            ones: vector && name.contains("norm"),
-        };
-        let bytes = Bytes::Seeded {
-            spec,
-            name: name.clone(),
-            dtype: dt,
-            numel: n,
-            cache: Default::default(),
-        };
-        ws.insert(
-            name,
-            WeightTensor {
-                dtype: dt,
-                shape,
-                bytes,
-            },
-        );
+        let spec = weights::SeededSpec { seed, scale: 1.0 / fan_in.sqrt(), ones: vector && name.contains("norm") };
+        let bytes = Bytes::Seeded { spec, name: name.clone(), dtype: dt, numel: n, cache: Default::default() };
+        ws.insert(name, WeightTensor { dtype: dt, shape, bytes });
         Ok::<_, ModelError>(())
     };
     let (h, kvh, hd, hid) = (dims.heads, dims.kv_heads, dims.head_dim, dims.hidden);
@@ -246,19 +170,13 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
             if !path.exists() {
                 return Err(ModelError::Io {
                     path: path.clone(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "weight file not found (scripts/fetch-model.sh fetches the default model)",
-                    ),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file not found (scripts/fetch-model.sh fetches the default model)"),
                 });
             }
             if let Some(want) = &t.weights.sha256 {
                 let got = sha256_file(&path)?;
                 if &got != want {
-                    return Err(ModelError::Format {
-                        path: path.clone(),
-                        msg: format!("sha256 is {got}, model.toml expects {want}"),
-                    });
+                    return Err(ModelError::Format { path: path.clone(), msg: format!("sha256 is {got}, model.toml expects {want}") });
                 }
             }
             let g = gguf::GgufFile::open(&path)?;
@@ -268,16 +186,7 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
             for info in g.tensors.values() {
                 ws.insert(
                     info.name.clone(),
-                    WeightTensor {
-                        dtype: info.dtype,
-                        shape: info.shape.clone(),
-                        bytes: Bytes::Mapped {
-                            map: g.map.clone(),
-                            file: file.clone(),
-                            offset: info.offset,
-                            len: info.nbytes,
-                        },
-                    },
+                    WeightTensor { dtype: info.dtype, shape: info.shape.clone(), bytes: Bytes::Mapped { map: g.map.clone(), file: file.clone(), offset: info.offset, len: info.nbytes } },
                 );
             }
             let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
@@ -293,49 +202,21 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         WeightFormat::Safetensors => {
             let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
             let files = hf::safetensors_files(&path)?;
-            let dir = if path.is_dir() {
-                path.clone()
-            } else {
-                path.parent().unwrap_or(Path::new(".")).to_path_buf()
-            };
+            let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
             let cfg = dir.join("config.json");
             let dims = if cfg.exists() {
                 hf::dims_from_config(&cfg)?
             } else {
-                t.dims.clone().ok_or_else(|| ModelError::Config {
-                    path: config.path.clone(),
-                    msg: format!(
-                        "no config.json beside the weights ({}) and no [dims] table",
-                        cfg.display()
-                    ),
-                })?
+                t.dims.clone().ok_or_else(|| ModelError::Config { path: config.path.clone(), msg: format!("no config.json beside the weights ({}) and no [dims] table", cfg.display()) })?
             };
             let ws = hf::load_safetensors(&files)?;
-            let tok_path = t
-                .tokenizer
-                .as_ref()
-                .and_then(|s| s.path.as_ref())
-                .map(|p| config.resolve(p))
-                .unwrap_or_else(|| dir.join("tokenizer.json"));
-            let tok = if tok_path.exists() {
-                Some(tokenizer::from_json_file(&tok_path)?)
-            } else {
-                None
-            };
+            let tok_path = t.tokenizer.as_ref().and_then(|s| s.path.as_ref()).map(|p| config.resolve(p)).unwrap_or_else(|| dir.join("tokenizer.json"));
+            let tok = if tok_path.exists() { Some(tokenizer::from_json_file(&tok_path)?) } else { None };
             (dims, ws, tok, llama::Naming::Hf, Some(path))
         }
         WeightFormat::Seeded => {
             let dims = t.dims.clone().expect("checked by ModelConfig");
-            let dtype: DType = t
-                .weights
-                .dtype
-                .as_deref()
-                .unwrap_or("bf16")
-                .parse()
-                .map_err(|e: String| ModelError::Config {
-                    path: config.path.clone(),
-                    msg: e,
-                })?;
+            let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| ModelError::Config { path: config.path.clone(), msg: e })?;
             let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
                 Some(p) => Some(tokenizer::from_json_file(&config.resolve(p))?),
                 None => None,
@@ -348,17 +229,10 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         check_dims(&config.path, given, &dims)?;
     }
     if let Some(to) = config.weights {
-        convert_weights(
-            &mut weights,
-            to,
-            weights_path.as_deref().unwrap_or(Path::new("<seeded>")),
-        )?;
+        convert_weights(&mut weights, to, weights_path.as_deref().unwrap_or(Path::new("<seeded>")))?;
     }
     let mut tokenizer = tokenizer;
-    if let (Some(tok), Some(tpl)) = (
-        tokenizer.as_mut(),
-        t.tokenizer.as_ref().and_then(|s| s.chat_template.clone()),
-    ) {
+    if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }
     let opts = llama::BuildOptions {
@@ -371,12 +245,5 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         weights_path: weights_path.clone().unwrap_or_else(|| "<seeded>".into()),
     };
     let graph = llama::build(&opts, &weights)?;
-    Ok(LoadedModel {
-        config,
-        dims,
-        graph,
-        weights,
-        tokenizer,
-        weights_path,
-    })
+    Ok(LoadedModel { config, dims, graph, weights, tokenizer, weights_path })
 }

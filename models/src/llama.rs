@@ -93,11 +93,7 @@ struct B<'a> {
 
 impl B<'_> {
     fn terr(&self, tensor: &str, msg: String) -> ModelError {
-        ModelError::Tensor {
-            path: self.o.weights_path.clone(),
-            tensor: tensor.into(),
-            msg,
-        }
+        ModelError::Tensor { path: self.o.weights_path.clone(), tensor: tensor.into(), msg }
     }
 
     /// Declare a weight, checking it exists with the expected shape and a usable dtype.
@@ -105,48 +101,15 @@ impl B<'_> {
         if let Some(id) = self.g.by_name(name) {
             return Ok(id);
         }
-        let t = self.w.get(name).ok_or_else(|| ModelError::MissingTensor {
-            path: self.o.weights_path.clone(),
-            tensor: name.into(),
-            arch: "llama".into(),
-        })?;
+        let t = self.w.get(name).ok_or_else(|| ModelError::MissingTensor { path: self.o.weights_path.clone(), tensor: name.into(), arch: "llama".into() })?;
         if t.shape != shape {
-            return Err(self.terr(
-                name,
-                format!(
-                    "shape {:?}, expected {shape:?} from the model's dims",
-                    t.shape
-                ),
-            ));
+            return Err(self.terr(name, format!("shape {:?}, expected {shape:?} from the model's dims", t.shape)));
         }
-        let ok = if matrix {
-            !matches!(t.dtype, DType::I8 | DType::I32 | DType::I4)
-        } else {
-            matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16)
-        };
+        let ok = if matrix { !matches!(t.dtype, DType::I8 | DType::I32 | DType::I4) } else { matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) };
         if !ok {
-            return Err(self.terr(
-                name,
-                format!(
-                    "dtype {} cannot be used for a {}",
-                    t.dtype,
-                    if matrix {
-                        "weight matrix"
-                    } else {
-                        "norm weight or bias"
-                    }
-                ),
-            ));
+            return Err(self.terr(name, format!("dtype {} cannot be used for a {}", t.dtype, if matrix { "weight matrix" } else { "norm weight or bias" })));
         }
-        Ok(self.g.add(
-            name,
-            Op::Weight,
-            &[],
-            Some(TensorType::new(
-                t.dtype,
-                shape.iter().map(|&d| Dim::Const(d)),
-            )),
-        )?)
+        Ok(self.g.add(name, Op::Weight, &[], Some(TensorType::new(t.dtype, shape.iter().map(|&d| Dim::Const(d)))))?)
     }
 
     fn add(&mut self, name: impl Into<String>, op: Op, args: &[NodeId]) -> Result<NodeId> {
@@ -158,14 +121,7 @@ impl B<'_> {
     }
 
     /// x @ W^T (+ bias): the checkpoint's [out, in] layout.
-    fn linear(
-        &mut self,
-        module: &str,
-        x: NodeId,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> Result<NodeId> {
+    fn linear(&mut self, module: &str, x: NodeId, out: usize, inp: usize, bias: bool) -> Result<NodeId> {
         let w = self.weight(&format!("{module}.weight"), &[out, inp], true)?;
         let mut args = vec![x, w];
         if bias {
@@ -178,152 +134,61 @@ impl B<'_> {
 pub fn build(opts: &BuildOptions, weights: &WeightSet) -> Result<Graph> {
     let d = &opts.dims;
     let n = opts.naming;
-    let mut b = B {
-        g: Graph::new(opts.name.clone()),
-        w: weights,
-        o: opts,
-    };
+    let mut b = B { g: Graph::new(opts.name.clone()), w: weights, o: opts };
     let (h, kvh, hd, hid) = (d.heads, d.kv_heads, d.head_dim, d.hidden);
     let i32t = |s: Vec<Dim>| Some(TensorType::new(DType::I32, s));
     let tokens = b.g.add("tokens", Op::Input, &[], i32t(shape!["T"]))?;
     let positions = b.g.add("positions", Op::Input, &[], i32t(shape!["T"]))?;
     let seq_ids = b.g.add("seq_ids", Op::Input, &[], i32t(shape!["T"]))?;
     let slots = b.g.add("slots", Op::Input, &[], i32t(shape!["T"]))?;
-    let table =
-        b.g.add("block_table", Op::Input, &[], i32t(shape!["S", "MB"]))?;
+    let table = b.g.add("block_table", Op::Input, &[], i32t(shape!["S", "MB"]))?;
     let logit_rows = b.g.add("logit_rows", Op::Input, &[], i32t(shape!["R"]))?;
 
     let embed = b.weight(n.embed(), &[d.vocab, hid], true)?;
-    let mut x = b.g.add(
-        "embed",
-        Op::Gather,
-        &[embed, tokens],
-        Some(b.act(shape!["T", hid])),
-    )?;
+    let mut x = b.g.add("embed", Op::Gather, &[embed, tokens], Some(b.act(shape!["T", hid])))?;
     let cache_ty = TensorType::new(opts.kv_cache, shape!["NB", opts.kv_block_size, kvh, hd]);
-    let rope = Op::Rope {
-        theta: d.rope_theta,
-        style: n.rope_style(),
-        rotary_dim: hd,
-    };
+    let rope = Op::Rope { theta: d.rope_theta, style: n.rope_style(), rotary_dim: hd };
     for i in 0..d.layers {
         let m = |w: &str| n.layer(i, w);
         let norm_w = b.weight(&format!("{}.weight", m("attn_norm")), &[hid], false)?;
-        let hn = b.add(
-            m("attn_norm"),
-            Op::RmsNorm { eps: d.norm_eps },
-            &[x, norm_w],
-        )?;
+        let hn = b.add(m("attn_norm"), Op::RmsNorm { eps: d.norm_eps }, &[x, norm_w])?;
         let q = b.linear(&m("attn_q"), hn, h * hd, hid, d.attention_bias)?;
         let k = b.linear(&m("attn_k"), hn, kvh * hd, hid, d.attention_bias)?;
         let v = b.linear(&m("attn_v"), hn, kvh * hd, hid, d.attention_bias)?;
-        let q = b.g.add(
-            format!("{}.heads", m("attn_q")),
-            Op::Reshape,
-            &[q],
-            Some(b.act(shape!["T", h, hd])),
-        )?;
-        let k = b.g.add(
-            format!("{}.heads", m("attn_k")),
-            Op::Reshape,
-            &[k],
-            Some(b.act(shape!["T", kvh, hd])),
-        )?;
-        let v = b.g.add(
-            format!("{}.heads", m("attn_v")),
-            Op::Reshape,
-            &[v],
-            Some(b.act(shape!["T", kvh, hd])),
-        )?;
-        let q = b.add(
-            format!("{}.rope", m("attn_q")),
-            rope.clone(),
-            &[q, positions],
-        )?;
-        let k = b.add(
-            format!("{}.rope", m("attn_k")),
-            rope.clone(),
-            &[k, positions],
-        )?;
-        let (kc_name, vc_name) = (
-            format!("{}.k_cache", n.layer(i, "attn")),
-            format!("{}.v_cache", n.layer(i, "attn")),
-        );
-        let kc =
-            b.g.add(kc_name.clone(), Op::State, &[], Some(cache_ty.clone()))?;
-        let vc =
-            b.g.add(vc_name.clone(), Op::State, &[], Some(cache_ty.clone()))?;
+        let q = b.g.add(format!("{}.heads", m("attn_q")), Op::Reshape, &[q], Some(b.act(shape!["T", h, hd])))?;
+        let k = b.g.add(format!("{}.heads", m("attn_k")), Op::Reshape, &[k], Some(b.act(shape!["T", kvh, hd])))?;
+        let v = b.g.add(format!("{}.heads", m("attn_v")), Op::Reshape, &[v], Some(b.act(shape!["T", kvh, hd])))?;
+        let q = b.add(format!("{}.rope", m("attn_q")), rope.clone(), &[q, positions])?;
+        let k = b.add(format!("{}.rope", m("attn_k")), rope.clone(), &[k, positions])?;
+        let (kc_name, vc_name) = (format!("{}.k_cache", n.layer(i, "attn")), format!("{}.v_cache", n.layer(i, "attn")));
+        let kc = b.g.add(kc_name.clone(), Op::State, &[], Some(cache_ty.clone()))?;
+        let vc = b.g.add(vc_name.clone(), Op::State, &[], Some(cache_ty.clone()))?;
         let (k, v) = if opts.kv_cache != opts.activations {
-            let kt = b.g.add(
-                format!("{kc_name}.cast"),
-                Op::Cast,
-                &[k],
-                Some(TensorType::new(opts.kv_cache, shape!["T", kvh, hd])),
-            )?;
-            let vt = b.g.add(
-                format!("{vc_name}.cast"),
-                Op::Cast,
-                &[v],
-                Some(TensorType::new(opts.kv_cache, shape!["T", kvh, hd])),
-            )?;
+            let kt = b.g.add(format!("{kc_name}.cast"), Op::Cast, &[k], Some(TensorType::new(opts.kv_cache, shape!["T", kvh, hd])))?;
+            let vt = b.g.add(format!("{vc_name}.cast"), Op::Cast, &[v], Some(TensorType::new(opts.kv_cache, shape!["T", kvh, hd])))?;
             (kt, vt)
         } else {
             (k, v)
         };
         let kc = b.add(format!("{kc_name}.write"), Op::CacheWrite, &[kc, k, slots])?;
         let vc = b.add(format!("{vc_name}.write"), Op::CacheWrite, &[vc, v, slots])?;
-        let attn = b.add(
-            format!("{}.attention", n.layer(i, "attn")),
-            Op::PagedAttention {
-                scale: 1.0 / (hd as f32).sqrt(),
-            },
-            &[q, kc, vc, positions, seq_ids, table],
-        )?;
-        let attn = b.g.add(
-            format!("{}.flat", n.layer(i, "attn")),
-            Op::Reshape,
-            &[attn],
-            Some(b.act(shape!["T", h * hd])),
-        )?;
+        let attn = b.add(format!("{}.attention", n.layer(i, "attn")), Op::PagedAttention { scale: 1.0 / (hd as f32).sqrt() }, &[q, kc, vc, positions, seq_ids, table])?;
+        let attn = b.g.add(format!("{}.flat", n.layer(i, "attn")), Op::Reshape, &[attn], Some(b.act(shape!["T", h * hd])))?;
         let o = b.linear(&m("attn_output"), attn, hid, h * hd, false)?;
-        x = b.add(
-            format!("{}.residual", m("attn_output")),
-            Op::Binary(BinaryOp::Add),
-            &[x, o],
-        )?;
+        x = b.add(format!("{}.residual", m("attn_output")), Op::Binary(BinaryOp::Add), &[x, o])?;
         let norm_w = b.weight(&format!("{}.weight", m("ffn_norm")), &[hid], false)?;
         let hn = b.add(m("ffn_norm"), Op::RmsNorm { eps: d.norm_eps }, &[x, norm_w])?;
         let gate = b.linear(&m("ffn_gate"), hn, d.ffn, hid, false)?;
         let up = b.linear(&m("ffn_up"), hn, d.ffn, hid, false)?;
-        let gate = b.add(
-            format!("{}.silu", m("ffn_gate")),
-            Op::Unary(UnaryOp::Silu),
-            &[gate],
-        )?;
-        let act = b.add(
-            format!("{}.swiglu", m("ffn_up")),
-            Op::Binary(BinaryOp::Mul),
-            &[gate, up],
-        )?;
+        let gate = b.add(format!("{}.silu", m("ffn_gate")), Op::Unary(UnaryOp::Silu), &[gate])?;
+        let act = b.add(format!("{}.swiglu", m("ffn_up")), Op::Binary(BinaryOp::Mul), &[gate, up])?;
         let down = b.linear(&m("ffn_down"), act, hid, d.ffn, false)?;
-        x = b.add(
-            format!("{}.residual", m("ffn_down")),
-            Op::Binary(BinaryOp::Add),
-            &[x, down],
-        )?;
+        x = b.add(format!("{}.residual", m("ffn_down")), Op::Binary(BinaryOp::Add), &[x, down])?;
     }
     let last = b.add("logit_hidden", Op::Gather, &[x, logit_rows])?;
     let fw = b.weight(n.final_norm(), &[hid], false)?;
-    let last = b.add(
-        n.final_norm().trim_end_matches(".weight"),
-        Op::RmsNorm { eps: d.norm_eps },
-        &[last, fw],
-    )?;
-    let head = if d.tie_embeddings {
-        embed
-    } else {
-        b.weight(n.lm_head(), &[d.vocab, hid], true)?
-    };
+    let last = b.add(n.final_norm().trim_end_matches(".weight"), Op::RmsNorm { eps: d.norm_eps }, &[last, fw])?;
+    let head = if d.tie_embeddings { embed } else { b.weight(n.lm_head(), &[d.vocab, hid], true)? };
     let logits = b.add("logits", Op::MatMul { transpose_b: true }, &[last, head])?;
     b.g.set_output("logits", logits);
     b.g.verify()?;

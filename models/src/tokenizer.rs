@@ -49,29 +49,15 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
 }
 
 pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
-    let terr = |msg: String| ModelError::Tokenizer {
-        path: g.path.clone(),
-        msg,
-    };
-    let model = g
-        .str("tokenizer.ggml.model")
-        .map_err(|e| terr(e.to_string()))?;
+    let terr = |msg: String| ModelError::Tokenizer { path: g.path.clone(), msg };
+    let model = g.str("tokenizer.ggml.model").map_err(|e| terr(e.to_string()))?;
     if model != "gpt2" {
-        return Err(terr(format!(
-            "GGUF tokenizer model `{model}` is not supported (byte-level BPE `gpt2` is); set [tokenizer] path to the model's tokenizer.json"
-        )));
+        return Err(terr(format!("GGUF tokenizer model `{model}` is not supported (byte-level BPE `gpt2` is); set [tokenizer] path to the model's tokenizer.json")));
     }
-    let pre = g
-        .get("tokenizer.ggml.pre")
-        .and_then(|v| v.as_str())
-        .unwrap_or("default");
+    let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
     let pre_tok = pre_tokenizer(pre).ok_or_else(|| terr(format!("GGUF pre-tokenizer `{pre}` is not supported; set [tokenizer] path to the model's tokenizer.json")))?;
-    let tokens = g
-        .str_array("tokenizer.ggml.tokens")
-        .map_err(|e| terr(e.to_string()))?;
-    let merges = g
-        .str_array("tokenizer.ggml.merges")
-        .map_err(|e| terr(e.to_string()))?;
+    let tokens = g.str_array("tokenizer.ggml.tokens").map_err(|e| terr(e.to_string()))?;
+    let merges = g.str_array("tokenizer.ggml.merges").map_err(|e| terr(e.to_string()))?;
     let types = g.u64_array("tokenizer.ggml.token_type").ok();
     let mut vocab = serde_json::Map::new();
     let mut added = vec![];
@@ -112,14 +98,8 @@ pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
         json,
         bos_id: id("tokenizer.ggml.bos_token_id"),
         eos_ids,
-        add_bos: g
-            .get("tokenizer.ggml.add_bos_token")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false),
-        chat_template: g
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.as_str())
-            .map(String::from),
+        add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        chat_template: g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(String::from),
     })
 }
 
@@ -128,16 +108,10 @@ pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
 pub fn from_json_file(path: &Path) -> Result<TokenizerInfo> {
     let json = std::fs::read_to_string(path).map_err(crate::error::io(path))?;
     check_loads(&json, path)?;
-    let tk = tokenizers::Tokenizer::from_str(&json).map_err(|e| ModelError::Tokenizer {
-        path: path.into(),
-        msg: e.to_string(),
-    })?;
+    let tk = tokenizers::Tokenizer::from_str(&json).map_err(|e| ModelError::Tokenizer { path: path.into(), msg: e.to_string() })?;
     let cfg_path = path.with_file_name("tokenizer_config.json");
     let cfg: Value = match std::fs::read_to_string(&cfg_path) {
-        Ok(s) => serde_json::from_str(&s).map_err(|e| ModelError::Tokenizer {
-            path: cfg_path.clone(),
-            msg: e.to_string(),
-        })?,
+        Ok(s) => serde_json::from_str(&s).map_err(|e| ModelError::Tokenizer { path: cfg_path.clone(), msg: e.to_string() })?,
         Err(_) => Value::Null,
     };
     let tok_id = |key: &str| -> Option<u32> {
@@ -155,10 +129,5 @@ pub fn from_json_file(path: &Path) -> Result<TokenizerInfo> {
 }
 
 fn check_loads(json: &str, path: &Path) -> Result<()> {
-    tokenizers::Tokenizer::from_str(json)
-        .map(|_| ())
-        .map_err(|e| ModelError::Tokenizer {
-            path: path.into(),
-            msg: format!("does not load: {e}"),
-        })
+    tokenizers::Tokenizer::from_str(json).map(|_| ()).map_err(|e| ModelError::Tokenizer { path: path.into(), msg: format!("does not load: {e}") })
 }

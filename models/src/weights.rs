@@ -37,17 +37,9 @@ pub enum Bytes {
 impl Bytes {
     pub fn as_slice(&self) -> &[u8] {
         match self {
-            Bytes::Mapped {
-                map, offset, len, ..
-            } => &map[*offset..offset + len],
+            Bytes::Mapped { map, offset, len, .. } => &map[*offset..offset + len],
             Bytes::Owned(v) => v,
-            Bytes::Seeded {
-                spec,
-                name,
-                dtype,
-                numel,
-                cache,
-            } => cache.get_or_init(|| {
+            Bytes::Seeded { spec, name, dtype, numel, cache } => cache.get_or_init(|| {
                 let v = dsc_ir::seeded::values(spec.seed, name, *numel, spec.scale, spec.ones);
                 dsc_ir::quant::encode(*dtype, &v).unwrap_or_default()
             }),
@@ -92,18 +84,13 @@ impl WeightSet {
         self.tensors.get(name)
     }
     pub fn total_bytes(&self) -> usize {
-        self.tensors
-            .values()
-            .map(|t| t.bytes.len(t.dtype, t.shape.iter().product()))
-            .sum()
+        self.tensors.values().map(|t| t.bytes.len(t.dtype, t.shape.iter().product())).sum()
     }
 }
 
 impl WeightSource for WeightSet {
     fn weight(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
-        self.tensors
-            .get(name)
-            .map(|t| (t.dtype, t.shape.clone(), t.bytes.as_slice()))
+        self.tensors.get(name).map(|t| (t.dtype, t.shape.clone(), t.bytes.as_slice()))
     }
 }
 

@@ -15,20 +15,14 @@ impl Pass for Dce {
     fn run(&self, mut g: Graph) -> Result<(Graph, String), PassError> {
         let mut live = HashSet::new();
         let mut stack: Vec<_> = g.outputs.iter().map(|(_, id)| *id).collect();
-        stack.extend(
-            g.node_ids()
-                .filter(|&n| matches!(g.node(n).op, Op::CacheWrite)),
-        );
+        stack.extend(g.node_ids().filter(|&n| matches!(g.node(n).op, Op::CacheWrite)));
         while let Some(n) = stack.pop() {
             if live.insert(n) {
                 stack.extend(g.operands(n));
             }
         }
         // graph inputs stay: they are the step's calling convention
-        let dead: Vec<_> = g
-            .node_ids()
-            .filter(|n| !live.contains(n) && !matches!(g.node(*n).op, Op::Input))
-            .collect();
+        let dead: Vec<_> = g.node_ids().filter(|n| !live.contains(n) && !matches!(g.node(*n).op, Op::Input)).collect();
         for &n in &dead {
             g.remove(n);
         }
@@ -59,26 +53,11 @@ mod tests {
         assert_eq!(note, "removed 2 dead nodes");
         assert!(g2.by_name("unused").is_none() && g2.by_name("unused2").is_none());
         g2.verify().unwrap();
-        let w: HashMap<String, (DType, Vec<usize>, Vec<u8>)> = HashMap::from([(
-            "w".to_string(),
-            (
-                DType::F32,
-                vec![4, 4],
-                (0..16)
-                    .flat_map(|i| ((i as f32) * 0.1 - 0.7).to_le_bytes())
-                    .collect(),
-            ),
-        )]);
+        let w: HashMap<String, (DType, Vec<usize>, Vec<u8>)> = HashMap::from([("w".to_string(), (DType::F32, vec![4, 4], (0..16).flat_map(|i| ((i as f32) * 0.1 - 0.7).to_le_bytes()).collect()))]);
         let x = Tensor::new(vec![3, 4], (0..12).map(|i| (i as f32).sin()).collect());
         let inputs = BTreeMap::from([("x".to_string(), x)]);
-        let a = Executor::new(&g, &w, BTreeMap::new())
-            .unwrap()
-            .run(&inputs)
-            .unwrap();
-        let b = Executor::new(&g2, &w, BTreeMap::new())
-            .unwrap()
-            .run(&inputs)
-            .unwrap();
+        let a = Executor::new(&g, &w, BTreeMap::new()).unwrap().run(&inputs).unwrap();
+        let b = Executor::new(&g2, &w, BTreeMap::new()).unwrap().run(&inputs).unwrap();
         assert_eq!(a, b);
     }
 

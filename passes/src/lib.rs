@@ -30,25 +30,14 @@ pub trait Pass {
 }
 
 /// Run `passes` in order, verifying after each.
-pub fn run_pipeline(
-    mut g: Graph,
-    passes: &[&dyn Pass],
-) -> Result<(Graph, Vec<PassReport>), PassError> {
+pub fn run_pipeline(mut g: Graph, passes: &[&dyn Pass]) -> Result<(Graph, Vec<PassReport>), PassError> {
     let mut reports = vec![];
     for p in passes {
         let before = g.node_count();
         let (ng, note) = p.run(g)?;
-        ng.verify().map_err(|source| PassError::Ir {
-            pass: p.name(),
-            source,
-        })?;
+        ng.verify().map_err(|source| PassError::Ir { pass: p.name(), source })?;
         tracing::debug!(target: "dsc::passes", pass = p.name(), before, after = ng.node_count(), "{note}");
-        reports.push(PassReport {
-            pass: p.name(),
-            nodes_before: before,
-            nodes_after: ng.node_count(),
-            note,
-        });
+        reports.push(PassReport { pass: p.name(), nodes_before: before, nodes_after: ng.node_count(), note });
         g = ng;
     }
     Ok((g, reports))

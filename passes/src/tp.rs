@@ -61,10 +61,7 @@ impl Grow<'_> {
     fn weight_of(&self, mm: NodeId, i: usize) -> Result<NodeId, String> {
         let w = *self.g.operands(mm).get(i).ok_or("missing operand")?;
         if !matches!(self.g.node(w).op, Op::Weight) || self.g.users(w).len() != 1 {
-            return Err(format!(
-                "`{}` is not a weight used by this matmul alone",
-                self.g.node(w).name
-            ));
+            return Err(format!("`{}` is not a weight used by this matmul alone", self.g.node(w).name));
         }
         Ok(w)
     }
@@ -78,15 +75,11 @@ impl Grow<'_> {
             let node = g.node(n);
             if let Some(&a) = r.split.get(&n) {
                 if a != ax {
-                    return Err(format!(
-                        "`{}` would be split on axes {a} and {ax}",
-                        node.name
-                    ));
+                    return Err(format!("`{}` would be split on axes {a} and {ax}", node.name));
                 }
                 continue;
             }
-            self.divisible(&node.ty, ax)
-                .map_err(|m| format!("`{}`: {m}", node.name))?;
+            self.divisible(&node.ty, ax).map_err(|m| format!("`{}`: {m}", node.name))?;
             if self.outputs.contains(&n) {
                 return Err(format!("`{}` is a graph output", node.name));
             }
@@ -97,10 +90,7 @@ impl Grow<'_> {
                 Op::MatMul { transpose_b: true } if ax == node.ty.rank() - 1 => {
                     // column-parallel: input replicated, weight rows (and bias) split
                     if r.split.contains_key(&ops[0]) {
-                        return Err(format!(
-                            "`{}` would be both row- and column-parallel",
-                            node.name
-                        ));
+                        return Err(format!("`{}` would be both row- and column-parallel", node.name));
                     }
                     let w = self.weight_of(n, 1)?;
                     r.weights.insert(w, 0);
@@ -113,19 +103,12 @@ impl Grow<'_> {
                 Op::Binary(_) => {
                     for &o in &ops {
                         if g.node(o).ty.shape != node.ty.shape {
-                            return Err(format!(
-                                "`{}` broadcasts an operand across the split",
-                                node.name
-                            ));
+                            return Err(format!("`{}` broadcasts an operand across the split", node.name));
                         }
                         queue.push_back((o, ax));
                     }
                 }
-                Op::Reshape => queue.push_back((
-                    ops[0],
-                    reshape_axis(&node.ty, &g.node(ops[0]).ty, ax)
-                        .ok_or_else(|| format!("reshape `{}` moves the split axis", node.name))?,
-                )),
+                Op::Reshape => queue.push_back((ops[0], reshape_axis(&node.ty, &g.node(ops[0]).ty, ax).ok_or_else(|| format!("reshape `{}` moves the split axis", node.name))?)),
                 Op::State if ax + 2 == node.ty.rank() => {}
                 Op::CacheWrite if ax + 2 == node.ty.rank() => {
                     queue.push_back((ops[0], ax));
@@ -136,66 +119,36 @@ impl Grow<'_> {
                     queue.push_back((ops[1], 2));
                     queue.push_back((ops[2], 2));
                 }
-                other => {
-                    return Err(format!(
-                        "`{}` ({}) cannot be split on axis {ax}",
-                        node.name,
-                        other.name()
-                    ))
-                }
+                other => return Err(format!("`{}` ({}) cannot be split on axis {ax}", node.name, other.name())),
             }
             // forward: every user of a split tensor is split too, or closes the region
             for u in g.users(n) {
                 let un = g.node(u);
-                let pos: Vec<usize> = g
-                    .operands(u)
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &o)| o == n)
-                    .map(|(i, _)| i)
-                    .collect();
+                let pos: Vec<usize> = g.operands(u).iter().enumerate().filter(|(_, &o)| o == n).map(|(i, _)| i).collect();
                 match (&un.op, pos.as_slice()) {
                     (Op::MatMul { transpose_b: true }, [0]) if ax == node.ty.rank() - 1 => {
                         // row-parallel: weight columns split, partial sums all-reduced
                         if g.operands(u).len() > 2 {
-                            return Err(format!(
-                                "row-parallel `{}` has a bias (it would be added {} times)",
-                                un.name, self.world
-                            ));
+                            return Err(format!("row-parallel `{}` has a bias (it would be added {} times)", un.name, self.world));
                         }
                         let w = self.weight_of(u, 1)?;
                         let wt = &g.node(w).ty;
-                        self.divisible(wt, 1)
-                            .map_err(|m| format!("`{}`: {m}", un.name))?;
+                        self.divisible(wt, 1).map_err(|m| format!("`{}`: {m}", un.name))?;
                         let k = const_dim(wt, 1).unwrap_or(0) / self.world;
                         if wt.dtype.bytes_for(k).is_none() {
-                            return Err(format!(
-                                "`{}`: {k} columns per rank cut {} blocks",
-                                un.name, wt.dtype
-                            ));
+                            return Err(format!("`{}`: {k} columns per rank cut {} blocks", un.name, wt.dtype));
                         }
                         r.weights.insert(w, 1);
                         r.row.insert(u);
                     }
                     (Op::Unary(_) | Op::Cast | Op::Binary(_), _) => queue.push_back((u, ax)),
                     (Op::Rope { .. }, [0]) => queue.push_back((u, ax)),
-                    (Op::Reshape, _) => queue.push_back((
-                        u,
-                        reshape_axis(&node.ty, &un.ty, ax)
-                            .ok_or_else(|| format!("reshape `{}` moves the split axis", un.name))?,
-                    )),
+                    (Op::Reshape, _) => queue.push_back((u, reshape_axis(&node.ty, &un.ty, ax).ok_or_else(|| format!("reshape `{}` moves the split axis", un.name))?)),
                     (Op::CacheWrite, [0]) => queue.push_back((u, ax)),
                     (Op::CacheWrite, [1]) => queue.push_back((u, ax + 1)),
                     (Op::PagedAttention { .. }, [0]) => queue.push_back((u, ax)),
                     (Op::PagedAttention { .. }, [1] | [2]) => queue.push_back((u, ax - 1)),
-                    _ => {
-                        return Err(format!(
-                            "`{}` ({}) uses split `{}`",
-                            un.name,
-                            un.op.name(),
-                            node.name
-                        ))
-                    }
+                    _ => return Err(format!("`{}` ({}) uses split `{}`", un.name, un.op.name(), node.name)),
                 }
             }
         }
@@ -210,12 +163,7 @@ fn reshape_axis(from: &TensorType, to: &TensorType, ax: usize) -> Option<usize> 
     if ax >= to.rank() || from.shape[..ax] != to.shape[..ax] {
         return None;
     }
-    let inner = |t: &TensorType| {
-        t.shape[ax..]
-            .iter()
-            .map(Dim::as_const)
-            .product::<Option<usize>>()
-    };
+    let inner = |t: &TensorType| t.shape[ax..].iter().map(Dim::as_const).product::<Option<usize>>();
     match (inner(from), inner(to)) {
         (Some(a), Some(b)) if a == b => Some(ax),
         _ => None,
@@ -236,47 +184,26 @@ impl Pass for TensorParallel {
     }
 
     fn run(&self, g: Graph) -> Result<(Graph, String), PassError> {
-        let ir = |source: IrError| PassError::Ir {
-            pass: "tensor_parallel",
-            source,
-        };
+        let ir = |source: IrError| PassError::Ir { pass: "tensor_parallel", source };
         if self.world == 0 {
-            return Err(ir(IrError::Verify {
-                node: g.name.clone(),
-                op: "graph",
-                msg: "tensor-parallel world size must be at least 1".into(),
-            }));
+            return Err(ir(IrError::Verify { node: g.name.clone(), op: "graph", msg: "tensor-parallel world size must be at least 1".into() }));
         }
         let order = g.topo_order().map_err(ir)?;
-        let grow = Grow {
-            g: &g,
-            world: self.world,
-            outputs: g.outputs.iter().map(|(_, id)| *id).collect(),
-        };
+        let grow = Grow { g: &g, world: self.world, outputs: g.outputs.iter().map(|(_, id)| *id).collect() };
         let mut done = Region::default();
         let mut regions = 0;
         let mut refused: Vec<String> = vec![];
         for &id in &order {
             let n = g.node(id);
-            if !matches!(n.op, Op::MatMul { transpose_b: true })
-                || done.split.contains_key(&id)
-                || done.row.contains(&id)
-            {
+            if !matches!(n.op, Op::MatMul { transpose_b: true }) || done.split.contains_key(&id) || done.row.contains(&id) {
                 continue;
             }
             match grow.region(id) {
                 Ok(r) if r.row.is_empty() => {
-                    refused.push(format!(
-                        "`{}`: no row-parallel matmul closes its region",
-                        n.name
-                    ));
+                    refused.push(format!("`{}`: no row-parallel matmul closes its region", n.name));
                 }
                 Ok(r) => {
-                    if r.split
-                        .keys()
-                        .chain(&r.row)
-                        .any(|k| done.split.contains_key(k) || done.row.contains(k))
-                    {
+                    if r.split.keys().chain(&r.row).any(|k| done.split.contains_key(k) || done.row.contains(k)) {
                         continue;
                     }
                     regions += 1;
@@ -299,31 +226,14 @@ impl Pass for TensorParallel {
                 (Some(&ax), _) | (None, Some(&ax)) => local(&n.ty, ax, self.world),
                 _ => n.ty.clone(),
             };
-            let new = out
-                .add(n.name.clone(), n.op.clone(), &ops, Some(ty))
-                .map_err(ir)?;
-            let new = if done.row.contains(&id) {
-                out.add(
-                    format!("{}.all_reduce", n.name),
-                    Op::AllReduce,
-                    &[new],
-                    None,
-                )
-                .map_err(ir)?
-            } else {
-                new
-            };
+            let new = out.add(n.name.clone(), n.op.clone(), &ops, Some(ty)).map_err(ir)?;
+            let new = if done.row.contains(&id) { out.add(format!("{}.all_reduce", n.name), Op::AllReduce, &[new], None).map_err(ir)? } else { new };
             map.insert(id, new);
         }
         for (name, id) in &g.outputs {
             out.set_output(name.clone(), map[id]);
         }
-        let mut note = format!(
-            "world {}: {regions} split regions, {} sharded weights, {} all_reduce",
-            self.world,
-            done.weights.len(),
-            done.row.len()
-        );
+        let mut note = format!("world {}: {regions} split regions, {} sharded weights, {} all_reduce", self.world, done.weights.len(), done.row.len());
         // a model that does not split says why (the first refusal, in graph order)
         if regions == 0 {
             if let Some(why) = refused.first() {
@@ -392,28 +302,14 @@ mod tests {
             .map(|id| {
                 let n = g.node(id);
                 let shape: Vec<usize> = n.ty.shape.iter().map(|d| d.as_const().unwrap()).collect();
-                let v: Vec<f32> = (0..shape.iter().product::<usize>())
-                    .map(|_| rng.random_range(-0.5..0.5))
-                    .collect();
-                (
-                    n.name.clone(),
-                    (
-                        DType::F32,
-                        shape,
-                        dsc_ir::quant::encode(DType::F32, &v).unwrap(),
-                    ),
-                )
+                let v: Vec<f32> = (0..shape.iter().product::<usize>()).map(|_| rng.random_range(-0.5..0.5)).collect();
+                (n.name.clone(), (DType::F32, shape, dsc_ir::quant::encode(DType::F32, &v).unwrap()))
             })
             .collect()
     }
 
     /// Rank `rank`'s weights: each full tensor cut to the shape the rank's graph declares.
-    fn rank_weights(
-        full: &HashMap<String, (DType, Vec<usize>, Vec<u8>)>,
-        g: &Graph,
-        rank: usize,
-        world: usize,
-    ) -> HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
+    fn rank_weights(full: &HashMap<String, (DType, Vec<usize>, Vec<u8>)>, g: &Graph, rank: usize, world: usize) -> HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
         g.leaves(&Op::Weight)
             .into_iter()
             .map(|id| {
@@ -448,78 +344,34 @@ mod tests {
         let full = weights(&g, &mut rng);
         let fixed = BTreeMap::from([("NB".to_string(), 2)]);
         let inp = inputs(&mut rng, 7);
-        let want = Executor::new(&g, &full, fixed.clone())
-            .unwrap()
-            .run(&inp)
-            .unwrap()["logits"]
-            .clone();
+        let want = Executor::new(&g, &full, fixed.clone()).unwrap().run(&inp).unwrap()["logits"].clone();
         for world in [1usize, 2] {
             let (p, note) = TensorParallel { world }.run(g.clone()).unwrap();
             p.verify().unwrap();
-            assert!(
-                note.contains("2 split regions") && note.contains("2 all_reduce"),
-                "{note}"
-            );
+            assert!(note.contains("2 split regions") && note.contains("2 all_reduce"), "{note}");
             let printed = text::print(&p);
-            assert!(
-                printed.contains(&format!("%wq = weight : f32[{}, 16]", 16 / world)),
-                "{printed}"
-            );
-            assert!(
-                printed.contains(&format!("%wd = weight : f32[16, {}]", 32 / world)),
-                "{printed}"
-            );
-            assert!(
-                printed.contains(&format!("%kc = state : f32[NB, 4, {}, 4]", 2 / world)),
-                "{printed}"
-            );
-            assert!(
-                printed.contains("%emb = weight : f32[50, 16]"),
-                "the tied embedding stays whole"
-            );
+            assert!(printed.contains(&format!("%wq = weight : f32[{}, 16]", 16 / world)), "{printed}");
+            assert!(printed.contains(&format!("%wd = weight : f32[16, {}]", 32 / world)), "{printed}");
+            assert!(printed.contains(&format!("%kc = state : f32[NB, 4, {}, 4]", 2 / world)), "{printed}");
+            assert!(printed.contains("%emb = weight : f32[50, 16]"), "the tied embedding stays whole");
             let group = ThreadGroup::new(world);
             let outs: Vec<Tensor> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..world)
                     .map(|r| {
-                        let (p, w, fixed, inp, c) = (
-                            &p,
-                            rank_weights(&full, &p, r, world),
-                            fixed.clone(),
-                            &inp,
-                            group.handle(r),
-                        );
-                        s.spawn(move || {
-                            Executor::new(p, &w, fixed)
-                                .unwrap()
-                                .with_collective(c)
-                                .run(inp)
-                                .unwrap()["logits"]
-                                .clone()
-                        })
+                        let (p, w, fixed, inp, c) = (&p, rank_weights(&full, &p, r, world), fixed.clone(), &inp, group.handle(r));
+                        s.spawn(move || Executor::new(p, &w, fixed).unwrap().with_collective(c).run(inp).unwrap()["logits"].clone())
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
             for o in &outs {
-                let err = o
-                    .data
-                    .iter()
-                    .zip(&want.data)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+                let err = o.data.iter().zip(&want.data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 if world == 1 {
-                    assert_eq!(
-                        o.data, want.data,
-                        "world 1 is the unpartitioned graph exactly"
-                    );
+                    assert_eq!(o.data, want.data, "world 1 is the unpartitioned graph exactly");
                 }
                 assert!(err < 1e-4, "world {world}: max |diff| {err}");
             }
-            assert_eq!(
-                outs[0].data,
-                outs[world - 1].data,
-                "every rank ends with the same logits"
-            );
+            assert_eq!(outs[0].data, outs[world - 1].data, "every rank ends with the same logits");
         }
     }
 
@@ -528,14 +380,7 @@ mod tests {
         let g = text::parse(SRC).unwrap();
         // 3 ranks: 4 heads and 2 KV heads do not divide; 32 ffn columns do not either
         let (p, note) = TensorParallel { world: 3 }.run(g.clone()).unwrap();
-        assert!(
-            note.contains("0 split regions") && note.contains("not divisible by 3"),
-            "{note}"
-        );
-        assert_eq!(
-            text::print(&p),
-            text::print(&g),
-            "nothing split, nothing changed"
-        );
+        assert!(note.contains("0 split regions") && note.contains("not divisible by 3"), "{note}");
+        assert_eq!(text::print(&p), text::print(&g), "nothing split, nothing changed");
     }
 }

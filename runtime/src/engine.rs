@@ -37,26 +37,13 @@ impl StepBatch {
             )));
         }
         if self.block_table.len() != self.num_seqs * self.max_blocks {
-            return Err(RuntimeError::Request(format!(
-                "step batch: block table has {} entries, expected {} x {}",
-                self.block_table.len(),
-                self.num_seqs,
-                self.max_blocks
-            )));
+            return Err(RuntimeError::Request(format!("step batch: block table has {} entries, expected {} x {}", self.block_table.len(), self.num_seqs, self.max_blocks)));
         }
-        if self
-            .seq_ids
-            .iter()
-            .any(|&s| s < 0 || s as usize >= self.num_seqs)
-        {
-            return Err(RuntimeError::Request(
-                "step batch: a seq_id is outside the block table".into(),
-            ));
+        if self.seq_ids.iter().any(|&s| s < 0 || s as usize >= self.num_seqs) {
+            return Err(RuntimeError::Request("step batch: a seq_id is outside the block table".into()));
         }
         if self.logit_rows.iter().any(|&r| r < 0 || r as usize >= t) {
-            return Err(RuntimeError::Request(
-                "step batch: a logit row is outside the step's tokens".into(),
-            ));
+            return Err(RuntimeError::Request("step batch: a logit row is outside the step's tokens".into()));
         }
         Ok(())
     }
@@ -86,27 +73,12 @@ impl<'p> CpuBackend<'p> {
 
     /// Rank `rank` of a tensor-parallel group of `world` (the plan's graph is partitioned;
     /// this rank holds its slices of the weights and meets the others through `collective`).
-    pub fn new_rank(
-        graph: &'p Graph,
-        plan: &'p Plan,
-        kv_tokens: usize,
-        rank: usize,
-        world: usize,
-        collective: Arc<dyn Collective>,
-    ) -> Result<Self> {
+    pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, rank: usize, world: usize, collective: Arc<dyn Collective>) -> Result<Self> {
         let block_size = plan.header.model.kv_block_size;
         let blocks = kv_tokens.div_ceil(block_size).max(1);
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
-        let exec = if world == 1 {
-            Executor::new(graph, plan, fixed)?
-        } else {
-            Executor::new(graph, &plan.rank_weights(graph, rank, world)?, fixed)?
-        };
-        Ok(CpuBackend {
-            exec: exec.with_collective(collective),
-            blocks,
-            block_size,
-        })
+        let exec = if world == 1 { Executor::new(graph, plan, fixed)? } else { Executor::new(graph, &plan.rank_weights(graph, rank, world)?, fixed)? };
+        Ok(CpuBackend { exec: exec.with_collective(collective), blocks, block_size })
     }
 }
 
@@ -122,22 +94,13 @@ impl Backend for CpuBackend<'_> {
             ("positions".to_string(), ints(&b.positions)),
             ("seq_ids".to_string(), ints(&b.seq_ids)),
             ("slots".to_string(), ints(&b.slots)),
-            (
-                "block_table".to_string(),
-                Tensor::from_i32(vec![b.num_seqs, b.max_blocks], &b.block_table),
-            ),
+            ("block_table".to_string(), Tensor::from_i32(vec![b.num_seqs, b.max_blocks], &b.block_table)),
             ("logit_rows".to_string(), ints(&b.logit_rows)),
         ]);
         let out = self.exec.run(&inputs)?;
-        let logits = out.get("logits").ok_or_else(|| {
-            RuntimeError::Request("the plan's graph has no `logits` output".into())
-        })?;
+        let logits = out.get("logits").ok_or_else(|| RuntimeError::Request("the plan's graph has no `logits` output".into()))?;
         let v = *logits.shape.last().unwrap_or(&0);
-        Ok(logits
-            .data
-            .chunks_exact(v.max(1))
-            .map(|r| r.to_vec())
-            .collect())
+        Ok(logits.data.chunks_exact(v.max(1)).map(|r| r.to_vec()).collect())
     }
 
     fn kv_geometry(&self) -> (usize, usize) {
@@ -178,10 +141,7 @@ impl<'b, B: Backend + ?Sized> Session<'b, B> {
         let (blocks, bs) = self.backend.kv_geometry();
         let end = self.len + ids.len();
         if end > blocks * bs {
-            return Err(RuntimeError::Request(format!(
-                "sequence of {end} tokens exceeds the KV cache ({} tokens)",
-                blocks * bs
-            )));
+            return Err(RuntimeError::Request(format!("sequence of {end} tokens exceeds the KV cache ({} tokens)", blocks * bs)));
         }
         let mb = end.div_ceil(bs);
         let n = ids.len();
@@ -193,11 +153,7 @@ impl<'b, B: Backend + ?Sized> Session<'b, B> {
             block_table: (0..mb as i32).collect(),
             num_seqs: 1,
             max_blocks: mb,
-            logit_rows: if all_logits {
-                (0..n as i32).collect()
-            } else {
-                vec![n as i32 - 1]
-            },
+            logit_rows: if all_logits { (0..n as i32).collect() } else { vec![n as i32 - 1] },
         };
         let out = self.backend.step(&batch)?;
         self.len = end;

@@ -35,12 +35,7 @@ pub fn top2_margin(logits: &[f32]) -> f32 {
     a - b
 }
 
-pub fn generate<B: Backend + ?Sized>(
-    backend: &mut B,
-    prompt: &[u32],
-    opts: &GenerateOptions,
-    mut on_token: impl FnMut(u32),
-) -> Result<Generation> {
+pub fn generate<B: Backend + ?Sized>(backend: &mut B, prompt: &[u32], opts: &GenerateOptions, mut on_token: impl FnMut(u32)) -> Result<Generation> {
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let mut s = Session::new(backend);
     let mut logits = s.feed(prompt, false)?.pop().expect("one logits row");
@@ -57,9 +52,5 @@ pub fn generate<B: Backend + ?Sized>(
         }
         logits = s.feed(&[t], false)?.pop().expect("one logits row");
     }
-    Ok(Generation {
-        ids,
-        margins,
-        first_logits,
-    })
+    Ok(Generation { ids, margins, first_logits })
 }

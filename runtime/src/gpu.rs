@@ -8,9 +8,7 @@
 use crate::engine::{Backend, StepBatch};
 use crate::error::{Result, RuntimeError};
 use crate::plan::{GpuProgram, Plan, Scalar};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use dsc_ir::{Graph, Op};
 use std::collections::{BTreeMap, HashMap};
@@ -71,70 +69,24 @@ pub fn target_for(major: i32, minor: i32) -> Option<&'static str> {
 
 impl<'p> GpuBackend<'p> {
     pub fn new(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize) -> Result<Self> {
-        Self::new_rank(
-            graph,
-            plan,
-            kv_tokens,
-            RankSpec {
-                device: 0,
-                rank: 0,
-                world: 1,
-            },
-            |_| Ok(GpuCollective::Single),
-        )
+        Self::new_rank(graph, plan, kv_tokens, RankSpec { device: 0, rank: 0, world: 1 }, |_| Ok(GpuCollective::Single))
     }
 
     /// One rank of a tensor-parallel group: its slices of the weights on GPU `spec.device`;
     /// `collective` is made once this rank's stream exists (NCCL communicators bind to it).
-    pub fn new_rank(
-        graph: &'p Graph,
-        plan: &'p Plan,
-        kv_tokens: usize,
-        spec: RankSpec,
-        collective: impl FnOnce(&Arc<CudaStream>) -> Result<GpuCollective>,
-    ) -> Result<Self> {
-        let prog = plan.header.gpu.as_ref().ok_or_else(|| {
-            gerr("this plan has no GPU program (compile it with a GPU lowering for every op)")
-        })?;
-        let ctx = cu(
-            CudaContext::new(spec.device),
-            &format!("opening CUDA device {}", spec.device),
-        )?;
+    pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, spec: RankSpec, collective: impl FnOnce(&Arc<CudaStream>) -> Result<GpuCollective>) -> Result<Self> {
+        let prog = plan.header.gpu.as_ref().ok_or_else(|| gerr("this plan has no GPU program (compile it with a GPU lowering for every op)"))?;
+        let ctx = cu(CudaContext::new(spec.device), &format!("opening CUDA device {}", spec.device))?;
         use cudarc::driver::sys::CUdevice_attribute as A;
-        let major = cu(
-            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-            "device attribute",
-        )?;
-        let minor = cu(
-            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
-            "device attribute",
-        )?;
-        let target = target_for(major, minor).ok_or_else(|| {
-            gerr(format!(
-                "GPU compute capability {major}.{minor} has no target in dsc (sm_80+)"
-            ))
-        })?;
-        let ptx = prog.ptx.get(target).ok_or_else(|| {
-            gerr(format!(
-                "the plan has no PTX for {target} (it has {:?})",
-                prog.ptx.keys().collect::<Vec<_>>()
-            ))
-        })?;
-        let module = cu(
-            ctx.load_module(Ptx::from_src(ptx.clone())),
-            "loading the plan's PTX",
-        )?;
+        let major = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), "device attribute")?;
+        let minor = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR), "device attribute")?;
+        let target = target_for(major, minor).ok_or_else(|| gerr(format!("GPU compute capability {major}.{minor} has no target in dsc (sm_80+)")))?;
+        let ptx = prog.ptx.get(target).ok_or_else(|| gerr(format!("the plan has no PTX for {target} (it has {:?})", prog.ptx.keys().collect::<Vec<_>>())))?;
+        let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
         let mut funcs = HashMap::new();
-        for k in prog
-            .steps
-            .iter()
-            .flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)))
-        {
+        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))) {
             if !funcs.contains_key(k) {
-                funcs.insert(
-                    k.clone(),
-                    cu(module.load_function(k), &format!("kernel {k}"))?,
-                );
+                funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
         }
         // one stream for everything, so cudarc's per-buffer event tracking is not needed (and
@@ -147,30 +99,21 @@ impl<'p> GpuBackend<'p> {
         let mut resident = HashMap::new();
         // progress on a terminal, silent when piped (indicatif hides itself there)
         let progress = indicatif::ProgressBar::new(plan.header.weights.total_bytes).with_style(
-            indicatif::ProgressStyle::with_template("uploading weights {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template("uploading weights {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
-            let e = plan
-                .entry(&n.name)
-                .ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
+            let e = plan.entry(&n.name).ok_or_else(|| gerr(format!("weight `{}` is not in the plan", n.name)))?;
             progress.inc(e.nbytes);
-            let local: Vec<usize> =
-                n.ty.shape
-                    .iter()
-                    .map(|d| d.as_const().unwrap_or(0))
-                    .collect();
+            let local: Vec<usize> = n.ty.shape.iter().map(|d| d.as_const().unwrap_or(0)).collect();
             let shard = plan.shard_for(e, &local, spec.rank, spec.world)?;
             let buf = match &e.seeded {
                 None => match shard {
-                    None => cu(
-                        stream.clone_htod(plan.weight_bytes(e)),
-                        &format!("uploading {}", n.name),
-                    )?,
+                    None => cu(stream.clone_htod(plan.weight_bytes(e)), &format!("uploading {}", n.name))?,
                     Some(s) => {
                         let d: dsc_ir::DType = e.dtype.parse().map_err(gerr)?;
-                        let part = dsc_ir::shard::slice_bytes(d, &e.shape, s, plan.weight_bytes(e))
-                            .map_err(|m| gerr(format!("weight `{}`: {m}", n.name)))?;
+                        let part = dsc_ir::shard::slice_bytes(d, &e.shape, s, plan.weight_bytes(e)).map_err(|m| gerr(format!("weight `{}`: {m}", n.name)))?;
                         cu(stream.clone_htod(&part), &format!("uploading {}", n.name))?
                     }
                 },
@@ -180,13 +123,8 @@ impl<'p> GpuBackend<'p> {
                     let f = cu(module.load_function(&k), &format!("kernel {k}"))?;
                     let numel: i64 = local.iter().product::<usize>() as i64;
                     let d: dsc_ir::DType = e.dtype.parse().map_err(gerr)?;
-                    let nbytes = d.bytes_for(numel as usize).ok_or_else(|| {
-                        gerr(format!("weight `{}`: {numel} {d} elements", n.name))
-                    })?;
-                    let buf = cu(
-                        stream.alloc_zeros::<u8>(nbytes),
-                        &format!("allocating {}", n.name),
-                    )?;
+                    let nbytes = d.bytes_for(numel as usize).ok_or_else(|| gerr(format!("weight `{}`: {numel} {d} elements", n.name)))?;
+                    let buf = cu(stream.alloc_zeros::<u8>(nbytes), &format!("allocating {}", n.name))?;
                     let (row0, len, stride, col0) = match shard {
                         Some(s) => dsc_ir::shard::seeded_layout(&e.shape, s),
                         None => (0, numel as u64, 0, 0),
@@ -196,23 +134,11 @@ impl<'p> GpuBackend<'p> {
                     let ones = sw.ones as i64;
                     let (len, stride, col0) = (len as i64, stride as i64, col0 as i64);
                     let mut lb = stream.launch_builder(&f);
-                    lb.arg(&buf)
-                        .arg(&numel)
-                        .arg(&base)
-                        .arg(&scale)
-                        .arg(&ones)
-                        .arg(&len)
-                        .arg(&stride)
-                        .arg(&col0);
-                    let cfg = LaunchConfig {
-                        grid_dim: ((numel as u32).div_ceil(256), 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
+                    lb.arg(&buf).arg(&numel).arg(&base).arg(&scale).arg(&ones).arg(&len).arg(&stride).arg(&col0);
+                    let cfg = LaunchConfig { grid_dim: ((numel as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
                     // SAFETY: seeded_init_<dtype>(y, n, base, scale, ones) writes n elements of
                     // the entry's dtype into `buf`, which holds exactly nbytes.
-                    unsafe { lb.launch(cfg) }
-                        .map_err(|e| gerr(format!("generating {}: {e:?}", n.name)))?;
+                    unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("generating {}: {e:?}", n.name)))?;
                     buf
                 }
             };
@@ -224,37 +150,12 @@ impl<'p> GpuBackend<'p> {
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
         for id in graph.leaves(&Op::State) {
             let n = graph.node(id);
-            let numel: usize =
-                n.ty.eval_shape(&fixed)
-                    .ok_or_else(|| gerr(format!("state {} has unbound dims", n.name)))?
-                    .iter()
-                    .product();
-            resident.insert(
-                n.name.clone(),
-                cu(
-                    stream.alloc_zeros::<u8>(numel * 4),
-                    &format!("allocating {}", n.name),
-                )?,
-            );
+            let numel: usize = n.ty.eval_shape(&fixed).ok_or_else(|| gerr(format!("state {} has unbound dims", n.name)))?.iter().product();
+            resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(numel * 4), &format!("allocating {}", n.name))?);
         }
         // host-side reductions cannot be captured
-        let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none()
-            && !matches!(collective, GpuCollective::Local(_));
-        Ok(GpuBackend {
-            graph,
-            prog,
-            ctx,
-            stream,
-            _module: module,
-            funcs,
-            resident,
-            blocks,
-            block_size,
-            target: target.to_string(),
-            buckets: HashMap::new(),
-            use_graphs,
-            collective,
-        })
+        let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_));
+        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, block_size, target: target.to_string(), buckets: HashMap::new(), use_graphs, collective })
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -270,14 +171,7 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-const INPUTS: [&str; 6] = [
-    "tokens",
-    "positions",
-    "seq_ids",
-    "slots",
-    "block_table",
-    "logit_rows",
-];
+const INPUTS: [&str; 6] = ["tokens", "positions", "seq_ids", "slots", "block_table", "logit_rows"];
 
 /// One resolved action of a step: a kernel launch or an all-reduce of an arena buffer.
 enum Action {
@@ -318,21 +212,10 @@ const CACHED_MAX_TOKENS: usize = 64;
 impl GpuBackend<'_> {
     fn prepare(&self, t: usize, s_: usize, r: usize) -> Result<Bucket> {
         let g = self.graph;
-        let bind = BTreeMap::from([
-            ("T".to_string(), t),
-            ("S".to_string(), s_),
-            ("MB".to_string(), self.blocks),
-            ("R".to_string(), r),
-            ("NB".to_string(), self.blocks),
-        ]);
+        let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.blocks), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
         let shape_of = |name: &str| -> Result<Vec<usize>> {
-            let id = g
-                .by_name(name)
-                .ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
-            g.node(id)
-                .ty
-                .eval_shape(&bind)
-                .ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
+            let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
+            g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
         };
         let eval = |s: &Scalar| -> Result<i64> {
             Ok(match s {
@@ -342,10 +225,7 @@ impl GpuBackend<'_> {
                     let sh = shape_of(n)?;
                     (sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1)) as i64
                 }
-                Scalar::Dim(n, i) => *shape_of(n)?
-                    .get(*i)
-                    .ok_or_else(|| gerr(format!("node {n} has no dim {i}")))?
-                    as i64,
+                Scalar::Dim(n, i) => *shape_of(n)?.get(*i).ok_or_else(|| gerr(format!("node {n} has no dim {i}")))? as i64,
                 Scalar::HalfNumel(n) => (shape_of(n)?.iter().product::<usize>() / 2) as i64,
             })
         };
@@ -353,33 +233,13 @@ impl GpuBackend<'_> {
         for name in INPUTS {
             if g.by_name(name).is_some() {
                 let numel: usize = shape_of(name)?.iter().product();
-                bufs.insert(
-                    name.to_string(),
-                    cu(
-                        self.stream.alloc_zeros::<u8>(numel.max(1) * 4),
-                        "allocating inputs",
-                    )?,
-                );
+                bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating inputs")?);
             }
         }
-        let sizes: Vec<usize> = self
-            .prog
-            .buffers
-            .iter()
-            .map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * 4))
-            .collect::<Result<_>>()?;
+        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * 4)).collect::<Result<_>>()?;
         let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
-        let arena = cu(
-            self.stream.alloc_zeros::<u8>(total.max(256)),
-            "allocating the activation arena",
-        )?;
-        let placed: HashMap<String, (usize, usize)> = self
-            .prog
-            .buffers
-            .iter()
-            .zip(offsets.iter().zip(&sizes))
-            .map(|(b, (&o, &n))| (b.node.clone(), (o, n)))
-            .collect();
+        let arena = cu(self.stream.alloc_zeros::<u8>(total.max(256)), "allocating the activation arena")?;
+        let placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         for s in &self.prog.steps {
@@ -387,44 +247,19 @@ impl GpuBackend<'_> {
                 let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
                 alias.insert(s.node.clone(), root);
             } else if !placed.contains_key(&s.node) {
-                return Err(gerr(format!(
-                    "node {} has no place in the memory plan",
-                    s.node
-                )));
+                return Err(gerr(format!("node {} has no place in the memory plan", s.node)));
             }
             if s.collective.is_some() {
-                let root = alias
-                    .get(&s.node)
-                    .cloned()
-                    .unwrap_or_else(|| s.node.clone());
-                let &(o, n) = placed.get(&root).ok_or_else(|| {
-                    gerr(format!(
-                        "all_reduce {}: {root} is not an activation buffer",
-                        s.node
-                    ))
-                })?;
+                let root = alias.get(&s.node).cloned().unwrap_or_else(|| s.node.clone());
+                let &(o, n) = placed.get(&root).ok_or_else(|| gerr(format!("all_reduce {}: {root} is not an activation buffer", s.node)))?;
                 launches.push(Action::AllReduce(o, n));
                 continue;
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
             let (k, scal, work, grid_y, launch, block) = match &s.large {
-                Some(l) if rows >= l.min_rows => (
-                    &l.kernel,
-                    &l.scalars,
-                    &l.work,
-                    &l.grid_y,
-                    l.launch.as_str(),
-                    l.block,
-                ),
-                _ => (
-                    k0,
-                    &s.scalars,
-                    &s.work,
-                    &s.grid_y,
-                    s.launch.as_str(),
-                    s.block,
-                ),
+                Some(l) if rows >= l.min_rows => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block),
+                _ => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block),
             };
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;
@@ -437,55 +272,21 @@ impl GpuBackend<'_> {
                 "warp_per_row" | "warp_per_output" => (work.div_ceil(block), gy, 32 * block),
                 "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
                 "block_per_row" => (work, gy, 32 * block),
-                other => {
-                    return Err(gerr(format!(
-                        "step {}: unknown launch kind {other}",
-                        s.node
-                    )))
-                }
+                other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };
-            let args = s
-                .args
-                .iter()
-                .map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone()))
-                .collect::<Vec<_>>();
+            let args = s.args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
             for a in &args {
-                if !bufs.contains_key(a)
-                    && !placed.contains_key(a)
-                    && !self.resident.contains_key(a)
-                {
+                if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
                 }
             }
-            launches.push(Action::Launch(Launch {
-                kernel: k.clone(),
-                args,
-                scalars,
-                cfg: LaunchConfig {
-                    grid_dim: (grid, gy, 1),
-                    block_dim: (block, 1, 1),
-                    shared_mem_bytes: 0,
-                },
-            }));
+            launches.push(Action::Launch(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 } }));
         }
-        let (_, out) = g
-            .outputs
-            .iter()
-            .find(|(n, _)| n == "logits")
-            .ok_or_else(|| gerr("the graph has no `logits` output"))?;
+        let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
         let out_name = g.node(*out).name.clone();
         let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
-        Ok(Bucket {
-            bufs,
-            arena,
-            placed,
-            launches,
-            logits,
-            vocab,
-            graph: None,
-            runs: 0,
-        })
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0 })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -494,33 +295,16 @@ impl GpuBackend<'_> {
             GpuCollective::Nccl(comm) => {
                 let mut view = arena.slice_mut(off..off + n);
                 // SAFETY: the buffer holds n / 4 f32 values (activations are f32)
-                let mut f = unsafe { view.transmute_mut::<f32>(n / 4) }
-                    .ok_or_else(|| gerr("all_reduce buffer too small"))?;
-                comm.all_reduce_in_place(&mut f, &cudarc::nccl::ReduceOp::Sum)
-                    .map(|_| ())
-                    .map_err(|e| gerr(format!("NCCL all_reduce: {e:?}")))
+                let mut f = unsafe { view.transmute_mut::<f32>(n / 4) }.ok_or_else(|| gerr("all_reduce buffer too small"))?;
+                comm.all_reduce_in_place(&mut f, &cudarc::nccl::ReduceOp::Sum).map(|_| ()).map_err(|e| gerr(format!("NCCL all_reduce: {e:?}")))
             }
             GpuCollective::Local(c) => {
-                let bytes = cu(
-                    self.stream.clone_dtoh(&arena.slice(off..off + n)),
-                    "all_reduce: reading",
-                )?;
-                let x = dsc_ir::Tensor::new(
-                    vec![n / 4],
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                );
-                let sum = c
-                    .all_reduce(&x)
-                    .map_err(|m| gerr(format!("all_reduce: {m}")))?;
+                let bytes = cu(self.stream.clone_dtoh(&arena.slice(off..off + n)), "all_reduce: reading")?;
+                let x = dsc_ir::Tensor::new(vec![n / 4], bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+                let sum = c.all_reduce(&x).map_err(|m| gerr(format!("all_reduce: {m}")))?;
                 let out: Vec<u8> = sum.data.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let mut dst = arena.slice_mut(off..off + n);
-                cu(
-                    self.stream.memcpy_htod(&out, &mut dst),
-                    "all_reduce: writing",
-                )?;
+                cu(self.stream.memcpy_htod(&out, &mut dst), "all_reduce: writing")?;
                 cu(self.stream.synchronize(), "all_reduce")
             }
         }
@@ -536,29 +320,14 @@ impl GpuBackend<'_> {
                 }
             };
             let mut lb = self.stream.launch_builder(&self.funcs[&l.kernel]);
-            let views: Vec<_> = l
-                .args
-                .iter()
-                .filter_map(|a| {
-                    bucket
-                        .placed
-                        .get(a)
-                        .map(|&(o, n)| (a, bucket.arena.slice(o..o + n.max(1))))
-                })
-                .collect();
+            let views: Vec<_> = l.args.iter().filter_map(|a| bucket.placed.get(a).map(|&(o, n)| (a, bucket.arena.slice(o..o + n.max(1))))).collect();
             for a in &l.args {
                 match views.iter().find(|(n, _)| *n == a) {
                     Some((_, v)) => {
                         lb.arg(v);
                     }
                     None => {
-                        lb.arg(
-                            bucket
-                                .bufs
-                                .get(a)
-                                .or_else(|| self.resident.get(a))
-                                .expect("checked in prepare"),
-                        );
+                        lb.arg(bucket.bufs.get(a).or_else(|| self.resident.get(a)).expect("checked in prepare"));
                     }
                 }
             }
@@ -567,48 +336,26 @@ impl GpuBackend<'_> {
             }
             // SAFETY: the schedule was generated with the kernels: argument order, types and
             // buffer sizes (from the node types under this bucket's binding) match.
-            unsafe { lb.launch(l.cfg) }
-                .map_err(|e| gerr(format!("launching {}: {e:?}", l.kernel)))?;
+            unsafe { lb.launch(l.cfg) }.map_err(|e| gerr(format!("launching {}: {e:?}", l.kernel)))?;
         }
         Ok(())
     }
 
-    fn run_bucket(
-        &self,
-        bucket: &mut Bucket,
-        b: &StepBatch,
-        use_graph: bool,
-    ) -> Result<Vec<Vec<f32>>> {
+    fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
         // block tables are padded to the pool's width, so MB (and the graph) is fixed
         let mut table = vec![0i32; b.num_seqs * self.blocks];
         for sq in 0..b.num_seqs {
             let n = b.max_blocks.min(self.blocks);
-            table[sq * self.blocks..sq * self.blocks + n]
-                .copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
+            table[sq * self.blocks..sq * self.blocks + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
         }
-        let inputs: [(&str, &[i32]); 6] = [
-            ("tokens", &b.tokens),
-            ("positions", &b.positions),
-            ("seq_ids", &b.seq_ids),
-            ("slots", &b.slots),
-            ("block_table", &table),
-            ("logit_rows", &b.logit_rows),
-        ];
+        let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
         for (name, v) in inputs {
             if let Some(dst) = bucket.bufs.get_mut(name) {
-                cu(
-                    self.stream.memcpy_htod(&i32_bytes(v), dst),
-                    "uploading inputs",
-                )?;
+                cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
             }
         }
         if use_graph && bucket.graph.is_none() && bucket.runs > 0 {
-            cu(
-                self.stream.begin_capture(
-                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                ),
-                "begin capture",
-            )?;
+            cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
             let launched = self.launch_all(bucket);
             let graph = cu(self.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH), "end capture")?;
             launched?;
@@ -619,22 +366,10 @@ impl GpuBackend<'_> {
             _ => self.launch_all(bucket)?,
         }
         bucket.runs += 1;
-        let (o, n) = *bucket
-            .placed
-            .get(&bucket.logits)
-            .ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
-        let bytes = cu(
-            self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)),
-            "reading logits",
-        )?;
-        let data: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        Ok(data
-            .chunks_exact(bucket.vocab.max(1))
-            .map(|r| r.to_vec())
-            .collect())
+        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
+        let bytes = cu(self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)), "reading logits")?;
+        let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(data.chunks_exact(bucket.vocab.max(1)).map(|r| r.to_vec()).collect())
     }
 }
 
@@ -642,10 +377,7 @@ impl Backend for GpuBackend<'_> {
     fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
         b.validate()?;
         if b.max_blocks > self.blocks {
-            return Err(gerr(format!(
-                "block table of {} blocks per sequence exceeds the pool ({})",
-                b.max_blocks, self.blocks
-            )));
+            return Err(gerr(format!("block table of {} blocks per sequence exceeds the pool ({})", b.max_blocks, self.blocks)));
         }
         let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len());
         if key.0 > CACHED_MAX_TOKENS {

@@ -68,63 +68,38 @@ fn bytes_of<'a>(data: &'a [u8], a: &Array) -> anyhow::Result<&'a [u8]> {
         "u8" => 1,
         other => bail!("unknown array dtype {other}"),
     };
-    data.get(a.offset..a.offset + a.len * w)
-        .context("array outside data.bin")
+    data.get(a.offset..a.offset + a.len * w).context("array outside data.bin")
 }
 
 fn f32s(data: &[u8], a: &Array) -> anyhow::Result<Vec<f32>> {
     anyhow::ensure!(a.dtype == "f32", "expected an f32 array");
-    Ok(bytes_of(data, a)?
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(bytes_of(data, a)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 /// Upload an array as raw bytes (the kernel reinterprets them).
-fn upload(
-    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    data: &[u8],
-    a: &Array,
-) -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
+fn upload(stream: &std::sync::Arc<cudarc::driver::CudaStream>, data: &[u8], a: &Array) -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
     Ok(stream.clone_htod(bytes_of(data, a)?)?)
 }
 
 pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
-    let bundle: Bundle = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("bundle.json")).context("bundle.json")?,
-    )?;
+    let bundle: Bundle = serde_json::from_str(&std::fs::read_to_string(dir.join("bundle.json")).context("bundle.json")?)?;
     let data = std::fs::read(dir.join("data.bin")).context("data.bin")?;
-    let ptx_file = bundle
-        .ptx
-        .get(target)
-        .with_context(|| format!("no PTX for target {target} in the bundle"))?;
+    let ptx_file = bundle.ptx.get(target).with_context(|| format!("no PTX for target {target} in the bundle"))?;
     let ptx = std::fs::read_to_string(dir.join(ptx_file))?;
     let ctx = CudaContext::new(0).context("CUDA device 0")?;
     let stream = ctx.default_stream();
-    let module = ctx
-        .load_module(Ptx::from_src(ptx))
-        .context("loading the PTX module")?;
+    let module = ctx.load_module(Ptx::from_src(ptx)).context("loading the PTX module")?;
     let mut results = vec![];
     for c in &bundle.cases {
-        let f = module
-            .load_function(&c.kernel)
-            .with_context(|| format!("kernel {}", c.kernel))?;
-        let ins = c
-            .inputs
-            .iter()
-            .map(|a| upload(&stream, &data, a))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let f = module.load_function(&c.kernel).with_context(|| format!("kernel {}", c.kernel))?;
+        let ins = c.inputs.iter().map(|a| upload(&stream, &data, a)).collect::<anyhow::Result<Vec<_>>>()?;
         let want = f32s(&data, &c.expected)?;
         let init = match &c.init {
             Some(a) => f32s(&data, a)?,
             None => vec![f32::NAN; want.len()],
         };
         let mut out = stream.clone_htod(&init)?;
-        let cfg = LaunchConfig {
-            grid_dim: (c.grid, c.grid_y, 1),
-            block_dim: (c.block, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (c.grid, c.grid_y, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: 0 };
         let launch = |out: &mut cudarc::driver::CudaSlice<f32>| -> anyhow::Result<()> {
             let mut b = stream.launch_builder(&f);
             for i in &ins {
@@ -166,16 +141,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         }
         times.sort_by(f64::total_cmp);
         let pass = unwritten == 0 && rel.is_finite() && rel <= c.tol as f64;
-        results.push(CaseResult {
-            name: c.name.clone(),
-            kernel: c.kernel.clone(),
-            elements: want.len(),
-            rel_err: rel,
-            unwritten,
-            tol: c.tol,
-            pass,
-            median_us: times[times.len() / 2],
-        });
+        results.push(CaseResult { name: c.name.clone(), kernel: c.kernel.clone(), elements: want.len(), rel_err: rel, unwritten, tol: c.tol, pass, median_us: times[times.len() / 2] });
     }
     if results.is_empty() {
         bail!("the bundle has no cases");

@@ -39,11 +39,7 @@ pub struct PromptReport {
     pub pass: bool,
 }
 
-fn logits_along<B: Backend>(
-    b: &mut B,
-    prompt: &[u32],
-    forced: &[u32],
-) -> anyhow::Result<Vec<Vec<f32>>> {
+fn logits_along<B: Backend>(b: &mut B, prompt: &[u32], forced: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
     let mut s = Session::new(b);
     let mut out = vec![s.feed(prompt, false)?.pop().context("logits")?];
     for &t in &forced[..forced.len().saturating_sub(1)] {
@@ -62,17 +58,10 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 pub fn run(plan_path: &Path, reference: &Path) -> anyhow::Result<Vec<PromptReport>> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
-    let refs: Vec<RefPrompt> = serde_json::from_str(
-        &std::fs::read_to_string(reference).with_context(|| reference.display().to_string())?,
-    )?;
+    let refs: Vec<RefPrompt> = serde_json::from_str(&std::fs::read_to_string(reference).with_context(|| reference.display().to_string())?)?;
     let mut cpu = CpuBackend::new(&graph, &plan, 512)?;
     let mut gpu = GpuBackend::new(&graph, &plan, 512)?;
-    let eos = plan
-        .header
-        .tokenizer
-        .as_ref()
-        .map(|t| t.eos_ids.clone())
-        .unwrap_or_default();
+    let eos = plan.header.tokenizer.as_ref().map(|t| t.eos_ids.clone()).unwrap_or_default();
     let mut reports = vec![];
     for r in &refs {
         let c = logits_along(&mut cpu, &r.prompt_ids, &r.greedy_ids)?;
@@ -86,26 +75,13 @@ pub fn run(plan_path: &Path, reference: &Path) -> anyhow::Result<Vec<PromptRepor
                 mismatches += (argmax(a) != argmax(b)) as usize;
             }
         }
-        let opts = GenerateOptions {
-            max_tokens: r.greedy_ids.len(),
-            sampling: SamplingParams::default(),
-            stop_ids: eos.clone(),
-        };
+        let opts = GenerateOptions { max_tokens: r.greedy_ids.len(), sampling: SamplingParams::default(), stop_ids: eos.clone() };
         gpu.synchronize()?;
         let t0 = std::time::Instant::now();
         let gen = generate(&mut gpu, &r.prompt_ids, &opts, |_| {})?;
         gpu.synchronize()?;
         let ms = t0.elapsed().as_secs_f64() * 1e3 / gen.ids.len().max(1) as f64;
-        let first = gen
-            .ids
-            .iter()
-            .zip(&r.greedy_ids)
-            .position(|(a, b)| a != b)
-            .or(if gen.ids.len() != r.greedy_ids.len() {
-                Some(gen.ids.len().min(r.greedy_ids.len()))
-            } else {
-                None
-            });
+        let first = gen.ids.iter().zip(&r.greedy_ids).position(|(a, b)| a != b).or(if gen.ids.len() != r.greedy_ids.len() { Some(gen.ids.len().min(r.greedy_ids.len())) } else { None });
         let max = errs.iter().copied().fold(0.0, f64::max);
         reports.push(PromptReport {
             name: r.name.clone(),

@@ -47,12 +47,7 @@ fn margin(v: &[f32]) -> f32 {
     a - b
 }
 
-fn decode(
-    b: &mut dyn Backend,
-    prompt: &[u32],
-    forced: Option<&[u32]>,
-    steps: usize,
-) -> anyhow::Result<(Vec<Vec<f32>>, Vec<u32>, f64, Vec<f64>)> {
+fn decode(b: &mut dyn Backend, prompt: &[u32], forced: Option<&[u32]>, steps: usize) -> anyhow::Result<(Vec<Vec<f32>>, Vec<u32>, f64, Vec<f64>)> {
     let mut s = Session::new(b);
     let t0 = std::time::Instant::now();
     let mut logits = s.feed(prompt, false)?.pop().context("logits")?;
@@ -77,27 +72,15 @@ fn decode(
 fn stats(times: &[f64]) -> (f64, f64) {
     let mut t = times.to_vec();
     t.sort_by(f64::total_cmp);
-    (
-        t.get(t.len() / 2).copied().unwrap_or(0.0),
-        t.get(t.len() * 9 / 10).copied().unwrap_or(0.0),
-    )
+    (t.get(t.len() / 2).copied().unwrap_or(0.0), t.get(t.len() * 9 / 10).copied().unwrap_or(0.0))
 }
 
 /// `base`: the whole-model plan; `others`: (plan, mode) pairs to compare with it.
-pub fn run(
-    base: &Path,
-    others: &[(PathBuf, GpuMode)],
-    prompt_len: usize,
-    steps: usize,
-) -> anyhow::Result<Vec<TpRun>> {
+pub fn run(base: &Path, others: &[(PathBuf, GpuMode)], prompt_len: usize, steps: usize) -> anyhow::Result<Vec<TpRun>> {
     let plan = Plan::open(base)?;
     let graph = plan.graph()?;
-    let vocab = plan.header.model.dims["vocab"]
-        .as_u64()
-        .context("dims.vocab")?;
-    let prompt: Vec<u32> = (0..prompt_len as u64)
-        .map(|i| (dsc_ir::seeded::splitmix64(i ^ 0x5eed) % vocab) as u32)
-        .collect();
+    let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
+    let prompt: Vec<u32> = (0..prompt_len as u64).map(|i| (dsc_ir::seeded::splitmix64(i ^ 0x5eed) % vocab) as u32).collect();
     let kv = prompt_len + steps + 1;
     let (want, toks, prefill, times) = {
         let mut g = GpuBackend::new(&graph, &plan, kv)?;
@@ -124,32 +107,14 @@ pub fn run(
     drop(plan);
     for (path, mode) in others {
         let plan = Plan::open(path)?;
-        anyhow::ensure!(
-            plan.header.model.dims == dims,
-            "{} is another model than {}",
-            path.display(),
-            base.display()
-        );
+        anyhow::ensure!(plan.header.model.dims == dims, "{} is another model than {}", path.display(), base.display());
         let graph = plan.graph()?;
-        eprintln!(
-            "{}: tensor_parallel {} ({mode:?})",
-            path.display(),
-            plan.header.tensor_parallel
-        );
-        let (got, _, prefill, times) = tp::gpu(&graph, &plan, kv, *mode, |ranks| {
-            decode(ranks, &prompt, Some(&toks), steps)
-                .map_err(|e| crate::RuntimeError::Gpu(e.to_string()))
-        })?;
+        eprintln!("{}: tensor_parallel {} ({mode:?})", path.display(), plan.header.tensor_parallel);
+        let (got, _, prefill, times) = tp::gpu(&graph, &plan, kv, *mode, |ranks| decode(ranks, &prompt, Some(&toks), steps).map_err(|e| crate::RuntimeError::Gpu(e.to_string())))?;
         let (med, p90) = stats(&times);
         let rels: Vec<f64> = want.iter().zip(&got).map(|(a, b)| rel_l2(b, a)).collect();
         let rel = rels.iter().copied().fold(0f64, f64::max);
-        let mismatches: Vec<(usize, f32)> = want
-            .iter()
-            .zip(&got)
-            .enumerate()
-            .filter(|(_, (a, b))| argmax(a) != argmax(b))
-            .map(|(i, (a, _))| (i, margin(a)))
-            .collect();
+        let mismatches: Vec<(usize, f32)> = want.iter().zip(&got).enumerate().filter(|(_, (a, b))| argmax(a) != argmax(b)).map(|(i, (a, _))| (i, margin(a))).collect();
         let mism = mismatches.len();
         runs.push(TpRun {
             plan: path.display().to_string(),

@@ -4,11 +4,7 @@ use clap::{Parser, Subcommand};
 use dsc_runtime::cli;
 
 #[derive(Parser)]
-#[command(
-    name = "dsc-runtime",
-    version,
-    about = "Run compiled dsc plans (runtime only; compile with `dsc compile`)"
-)]
+#[command(name = "dsc-runtime", version, about = "Run compiled dsc plans (runtime only; compile with `dsc compile`)")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -71,35 +67,15 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
         Cmd::Run(a) => cli::run(&a),
         Cmd::Inspect(a) => cli::inspect(&a),
-        Cmd::GpuE2e {
-            plan,
-            reference,
-            json,
-        } => {
+        Cmd::GpuE2e { plan, reference, json } => {
             let r = dsc_runtime::gpu_e2e::run(&plan, &reference)?;
-            println!(
-                "{:<8} {:>5} {:>10} {:>10} {:>9} {:>12} {:>8} {:>10}  result",
-                "prompt",
-                "pos",
-                "max relL2",
-                "mean",
-                "argmax≠",
-                "greedy agree",
-                "margin",
-                "ms/token"
-            );
+            println!("{:<8} {:>5} {:>10} {:>10} {:>9} {:>12} {:>8} {:>10}  result", "prompt", "pos", "max relL2", "mean", "argmax≠", "greedy agree", "margin", "ms/token");
             for p in &r {
-                let agree = p
-                    .first_difference
-                    .map(|i| format!("{i} of {}", p.reference_ids.len()))
-                    .unwrap_or_else(|| format!("all {}", p.reference_ids.len()));
+                let agree = p.first_difference.map(|i| format!("{i} of {}", p.reference_ids.len())).unwrap_or_else(|| format!("all {}", p.reference_ids.len()));
                 println!(
                     "{:<8} {:>5} {:>10.2e} {:>10.2e} {:>4}/{:<4} {:>12} {:>8} {:>10.2}  {}",
                     p.name,
@@ -109,9 +85,7 @@ fn main() -> anyhow::Result<()> {
                     p.argmax_mismatches,
                     p.argmax_checked,
                     agree,
-                    p.reference_margin_there
-                        .map(|m| format!("{m:.3}"))
-                        .unwrap_or("-".into()),
+                    p.reference_margin_there.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
                     p.gpu_decode_ms_per_token,
                     if p.pass { "ok" } else { "FAIL" }
                 );
@@ -124,15 +98,12 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(failed == 0, "{failed} prompts failed the GPU check");
             Ok(())
         }
-        Cmd::GpuDecode {
-            plan,
-            prompt_len,
-            steps,
-            cpu_check_steps,
-            json,
-        } => {
+        Cmd::GpuDecode { plan, prompt_len, steps, cpu_check_steps, json } => {
             let r = dsc_runtime::gpu_decode::run(&plan, prompt_len, steps, cpu_check_steps)?;
-            println!("{}: prompt {} tokens, prefill {:.1} ms; {} decode steps: median {:.2} ms ({:.1} tok/s), p90 {:.2} ms; logits finite: {}", r.model, r.prompt_len, r.prefill_ms, r.steps, r.decode_ms_median, r.tokens_per_s, r.decode_ms_p90, r.all_logits_finite);
+            println!(
+                "{}: prompt {} tokens, prefill {:.1} ms; {} decode steps: median {:.2} ms ({:.1} tok/s), p90 {:.2} ms; logits finite: {}",
+                r.model, r.prompt_len, r.prefill_ms, r.steps, r.decode_ms_median, r.tokens_per_s, r.decode_ms_p90, r.all_logits_finite
+            );
             for (i, (e, a)) in r.cpu_rel_l2.iter().zip(&r.cpu_argmax_equal).enumerate() {
                 println!("  position {i}: GPU vs CPU relative L2 {e:.2e}, argmax equal {a}");
             }
@@ -140,102 +111,41 @@ fn main() -> anyhow::Result<()> {
                 std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
             }
             anyhow::ensure!(r.all_logits_finite, "non-finite logits");
-            anyhow::ensure!(
-                r.cpu_rel_l2.iter().all(|e| *e <= 2e-2),
-                "GPU logits differ from the CPU executor"
-            );
+            anyhow::ensure!(r.cpu_rel_l2.iter().all(|e| *e <= 2e-2), "GPU logits differ from the CPU executor");
             Ok(())
         }
-        Cmd::GpuTp {
-            base,
-            nccl,
-            local,
-            prompt_len,
-            steps,
-            json,
-        } => {
+        Cmd::GpuTp { base, nccl, local, prompt_len, steps, json } => {
             use dsc_runtime::tp::GpuMode;
-            let others: Vec<_> = local
-                .into_iter()
-                .map(|p| (p, GpuMode::Local))
-                .chain(nccl.into_iter().map(|p| (p, GpuMode::Nccl)))
-                .collect();
+            let others: Vec<_> = local.into_iter().map(|p| (p, GpuMode::Local)).chain(nccl.into_iter().map(|p| (p, GpuMode::Nccl))).collect();
             let r = dsc_runtime::gpu_tp::run(&base, &others, prompt_len, steps)?;
-            println!(
-                "{:<36} {:>3} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8}",
-                "plan", "tp", "mode", "ms/token", "tok/s", "max relL2", "argmax≠", "bitwise"
-            );
+            println!("{:<36} {:>3} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8}", "plan", "tp", "mode", "ms/token", "tok/s", "max relL2", "argmax≠", "bitwise");
             for x in &r {
                 println!(
                     "{:<36} {:>3} {:>7} {:>10.3} {:>9.1} {:>10.2e} {:>4}/{:<4} {:>8}",
-                    x.plan,
-                    x.tensor_parallel,
-                    x.mode,
-                    x.decode_ms_median,
-                    x.tokens_per_s,
-                    x.max_rel_l2,
-                    x.argmax_mismatches,
-                    x.positions,
-                    x.bitwise_equal
+                    x.plan, x.tensor_parallel, x.mode, x.decode_ms_median, x.tokens_per_s, x.max_rel_l2, x.argmax_mismatches, x.positions, x.bitwise_equal
                 );
             }
             if let Some(j) = json {
                 std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
             }
             for x in r.iter().filter(|x| !x.mismatches.is_empty()) {
-                println!(
-                    "  {} ({}): argmax differs at (position, whole-model top-2 margin) {:?}",
-                    x.plan, x.mode, x.mismatches
-                );
+                println!("  {} ({}): argmax differs at (position, whole-model top-2 margin) {:?}", x.plan, x.mode, x.mismatches);
             }
             if let Some(x) = r.get(1) {
-                let show: Vec<String> = x
-                    .rel_l2
-                    .iter()
-                    .take(8)
-                    .map(|e| format!("{e:.1e}"))
-                    .collect();
-                println!(
-                    "  relative L2 along the sequence ({}, {}): {} ...",
-                    x.plan,
-                    x.mode,
-                    show.join(" ")
-                );
+                let show: Vec<String> = x.rel_l2.iter().take(8).map(|e| format!("{e:.1e}")).collect();
+                println!("  relative L2 along the sequence ({}, {}): {} ...", x.plan, x.mode, show.join(" "));
             }
             // the same bounds as GPU vs CPU (issue 3): partial sums in another order, and the
             // tensor-core prefill rounds activations to bf16; near-ties may flip
-            let bad: Vec<_> = r
-                .iter()
-                .filter(|x| x.max_rel_l2 > 2e-2 || x.mismatches.iter().any(|&(_, m)| m > 0.25))
-                .map(|x| x.plan.clone())
-                .collect();
-            anyhow::ensure!(
-                bad.is_empty(),
-                "tensor-parallel plans disagree with the whole model: {bad:?}"
-            );
+            let bad: Vec<_> = r.iter().filter(|x| x.max_rel_l2 > 2e-2 || x.mismatches.iter().any(|&(_, m)| m > 0.25)).map(|x| x.plan.clone()).collect();
+            anyhow::ensure!(bad.is_empty(), "tensor-parallel plans disagree with the whole model: {bad:?}");
             Ok(())
         }
-        Cmd::GpuCheck {
-            bundle,
-            target,
-            json,
-        } => {
+        Cmd::GpuCheck { bundle, target, json } => {
             let r = dsc_runtime::gpu_check::run(&bundle, &target)?;
-            println!(
-                "{:<28} {:<22} {:>9} {:>10} {:>6} {:>9}  result",
-                "case", "kernel", "elements", "rel err", "tol", "us"
-            );
+            println!("{:<28} {:<22} {:>9} {:>10} {:>6} {:>9}  result", "case", "kernel", "elements", "rel err", "tol", "us");
             for c in &r {
-                println!(
-                    "{:<28} {:<22} {:>9} {:>10.2e} {:>6.0e} {:>9.1}  {}",
-                    c.name,
-                    c.kernel,
-                    c.elements,
-                    c.rel_err,
-                    c.tol,
-                    c.median_us,
-                    if c.pass { "ok" } else { "FAIL" }
-                );
+                println!("{:<28} {:<22} {:>9} {:>10.2e} {:>6.0e} {:>9.1}  {}", c.name, c.kernel, c.elements, c.rel_err, c.tol, c.median_us, if c.pass { "ok" } else { "FAIL" });
             }
             if let Some(j) = json {
                 std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;

@@ -240,15 +240,8 @@ pub enum WeightData<'a> {
 }
 
 /// Write a plan: `weights` yields (name, dtype, shape, bytes) in the order to store them.
-pub fn write_plan<'a>(
-    path: &Path,
-    mut header: PlanHeader,
-    weights: impl IntoIterator<Item = (String, DType, Vec<usize>, WeightData<'a>)>,
-) -> Result<()> {
-    let ioe = |source| RuntimeError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIterator<Item = (String, DType, Vec<usize>, WeightData<'a>)>) -> Result<()> {
+    let ioe = |source| RuntimeError::Io { path: path.to_path_buf(), source };
     let all: Vec<_> = weights.into_iter().collect();
     let mut entries = vec![];
     let mut items = vec![];
@@ -259,62 +252,28 @@ pub fn write_plan<'a>(
         match data {
             WeightData::Bytes(bytes) => {
                 off = off.div_ceil(TENSOR_ALIGN as u64) * TENSOR_ALIGN as u64;
-                entries.push(WeightEntry {
-                    name: name.clone(),
-                    dtype: dtype.to_string(),
-                    shape: shape.clone(),
-                    offset: off,
-                    nbytes: bytes.len() as u64,
-                    seeded: None,
-                    file: None,
-                });
+                entries.push(WeightEntry { name: name.clone(), dtype: dtype.to_string(), shape: shape.clone(), offset: off, nbytes: bytes.len() as u64, seeded: None, file: None });
                 off += bytes.len() as u64;
                 total += bytes.len() as u64;
                 items.push((name, dtype, shape, bytes));
             }
             WeightData::Seeded(sw) => {
-                let nbytes = dtype.bytes_for(numel).ok_or_else(|| RuntimeError::Plan {
-                    path: path.into(),
-                    msg: format!(
-                        "seeded weight `{name}`: {numel} elements are not whole {dtype} blocks"
-                    ),
-                })? as u64;
+                let nbytes =
+                    dtype.bytes_for(numel).ok_or_else(|| RuntimeError::Plan { path: path.into(), msg: format!("seeded weight `{name}`: {numel} elements are not whole {dtype} blocks") })? as u64;
                 total += nbytes;
-                entries.push(WeightEntry {
-                    name,
-                    dtype: dtype.to_string(),
-                    shape,
-                    offset: 0,
-                    nbytes,
-                    seeded: Some(sw),
-                    file: None,
-                });
+                entries.push(WeightEntry { name, dtype: dtype.to_string(), shape, offset: 0, nbytes, seeded: Some(sw), file: None });
             }
             WeightData::Referenced(file, offset, nbytes) => {
                 total += nbytes;
-                entries.push(WeightEntry {
-                    name,
-                    dtype: dtype.to_string(),
-                    shape,
-                    offset,
-                    nbytes,
-                    seeded: None,
-                    file: Some(file),
-                });
+                entries.push(WeightEntry { name, dtype: dtype.to_string(), shape, offset, nbytes, seeded: None, file: Some(file) });
             }
         }
     }
     let blob_len = off;
     header.weights.total_bytes = total;
     header.weights.tensors = entries.clone();
-    let entries: Vec<WeightEntry> = entries
-        .into_iter()
-        .filter(|e| e.seeded.is_none() && e.file.is_none())
-        .collect();
-    let hjson = serde_json::to_vec_pretty(&header).map_err(|e| RuntimeError::Plan {
-        path: path.into(),
-        msg: e.to_string(),
-    })?;
+    let entries: Vec<WeightEntry> = entries.into_iter().filter(|e| e.seeded.is_none() && e.file.is_none()).collect();
+    let hjson = serde_json::to_vec_pretty(&header).map_err(|e| RuntimeError::Plan { path: path.into(), msg: e.to_string() })?;
     let blob_offset = (PREFIX + hjson.len()).div_ceil(BLOB_ALIGN) * BLOB_ALIGN;
     // hash the blob as it will be laid out (zero padding between tensors)
     let mut bh = Sha256::new();
@@ -326,10 +285,7 @@ pub fn write_plan<'a>(
         pos = e.offset + e.nbytes;
     }
     let tmp = path.with_extension("plan.part");
-    let f = std::fs::File::create(&tmp).map_err(|source| RuntimeError::Io {
-        path: tmp.clone(),
-        source,
-    })?;
+    let f = std::fs::File::create(&tmp).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
     let mut w = std::io::BufWriter::new(f);
     let mut prefix = Vec::with_capacity(PREFIX);
     prefix.extend_from_slice(PLAN_MAGIC);
@@ -342,12 +298,10 @@ pub fn write_plan<'a>(
     prefix.extend(bh.finalize());
     w.write_all(&prefix).map_err(ioe)?;
     w.write_all(&hjson).map_err(ioe)?;
-    w.write_all(&vec![0u8; blob_offset - PREFIX - hjson.len()])
-        .map_err(ioe)?;
+    w.write_all(&vec![0u8; blob_offset - PREFIX - hjson.len()]).map_err(ioe)?;
     let mut pos = 0u64;
     for ((_, _, _, bytes), e) in items.iter().zip(&entries) {
-        w.write_all(&zeros[..(e.offset - pos) as usize])
-            .map_err(ioe)?;
+        w.write_all(&zeros[..(e.offset - pos) as usize]).map_err(ioe)?;
         w.write_all(bytes).map_err(ioe)?;
         pos = e.offset + e.nbytes;
     }
@@ -379,29 +333,15 @@ impl Plan {
 
     /// `verify_blob = false` skips hashing the weights (the header is always checked).
     pub fn open_opts(path: &Path, verify_blob: bool) -> Result<Plan> {
-        let perr = |msg: String| RuntimeError::Plan {
-            path: path.to_path_buf(),
-            msg,
-        };
-        let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let perr = |msg: String| RuntimeError::Plan { path: path.to_path_buf(), msg };
+        let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
         // SAFETY: read-only mapping; the plan is not modified while loaded.
-        let map = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        if map.get(..8).is_some_and(|m| m != PLAN_MAGIC)
-            || (map.len() < 8 && !PLAN_MAGIC.starts_with(&map))
-        {
+        let map = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+        if map.get(..8).is_some_and(|m| m != PLAN_MAGIC) || (map.len() < 8 && !PLAN_MAGIC.starts_with(&map)) {
             return Err(perr("not a dsc plan (bad magic)".into()));
         }
         if map.len() < PREFIX {
-            return Err(perr(format!(
-                "truncated: {} bytes, shorter than the {PREFIX}-byte prefix",
-                map.len()
-            )));
+            return Err(perr(format!("truncated: {} bytes, shorter than the {PREFIX}-byte prefix", map.len())));
         }
         let u32at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
         let u64at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
@@ -412,132 +352,64 @@ impl Plan {
         let hlen = u64at(16) as usize;
         let blob_offset = u64at(24) as usize;
         let blob_len = u64at(32) as usize;
-        if PREFIX.checked_add(hlen).is_none_or(|e| e > map.len())
-            || blob_offset
-                .checked_add(blob_len)
-                .is_none_or(|e| e > map.len())
-            || blob_offset < PREFIX + hlen
-        {
+        if PREFIX.checked_add(hlen).is_none_or(|e| e > map.len()) || blob_offset.checked_add(blob_len).is_none_or(|e| e > map.len()) || blob_offset < PREFIX + hlen {
             return Err(perr(format!("truncated or corrupt: header {hlen} B, blob {blob_len} B at {blob_offset}, file {} B", map.len())));
         }
         let hbytes = &map[PREFIX..PREFIX + hlen];
         if Sha256::digest(hbytes).as_slice() != &map[40..72] {
             return Err(perr("header checksum mismatch: the plan is corrupt".into()));
         }
-        if verify_blob
-            && Sha256::digest(&map[blob_offset..blob_offset + blob_len]).as_slice() != &map[72..104]
-        {
-            return Err(perr(
-                "weights checksum mismatch: the plan is corrupt".into(),
-            ));
+        if verify_blob && Sha256::digest(&map[blob_offset..blob_offset + blob_len]).as_slice() != &map[72..104] {
+            return Err(perr("weights checksum mismatch: the plan is corrupt".into()));
         }
-        let header: PlanHeader =
-            serde_json::from_slice(hbytes).map_err(|e| perr(format!("header: {e}")))?;
+        let header: PlanHeader = serde_json::from_slice(hbytes).map_err(|e| perr(format!("header: {e}")))?;
         let mut index = std::collections::HashMap::new();
         for (i, e) in header.weights.tensors.iter().enumerate() {
-            let dt: DType = e
-                .dtype
-                .parse()
-                .map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
+            let dt: DType = e.dtype.parse().map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
             let numel: usize = e.shape.iter().product();
             let limit = match e.file {
-                Some(f) => header.weights.files.get(f).map(|s| s.len).ok_or_else(|| {
-                    perr(format!(
-                        "weight `{}` names source file {f}, which the plan does not list",
-                        e.name
-                    ))
-                })? as usize,
+                Some(f) => header.weights.files.get(f).map(|s| s.len).ok_or_else(|| perr(format!("weight `{}` names source file {f}, which the plan does not list", e.name)))? as usize,
                 None => blob_len,
             };
-            if dt.bytes_for(numel) != Some(e.nbytes as usize)
-                || (e.seeded.is_none()
-                    && e.offset
-                        .checked_add(e.nbytes)
-                        .is_none_or(|end| end as usize > limit))
-            {
-                return Err(perr(format!(
-                    "weight `{}`: {} bytes at {} do not fit its {}{:?} or the blob",
-                    e.name, e.nbytes, e.offset, e.dtype, e.shape
-                )));
+            if dt.bytes_for(numel) != Some(e.nbytes as usize) || (e.seeded.is_none() && e.offset.checked_add(e.nbytes).is_none_or(|end| end as usize > limit)) {
+                return Err(perr(format!("weight `{}`: {} bytes at {} do not fit its {}{:?} or the blob", e.name, e.nbytes, e.offset, e.dtype, e.shape)));
             }
             index.insert(e.name.clone(), i);
         }
-        let generated = header
-            .weights
-            .tensors
-            .iter()
-            .filter(|e| e.seeded.is_some())
-            .map(|e| (e.name.clone(), std::sync::OnceLock::new()))
-            .collect();
+        let generated = header.weights.tensors.iter().filter(|e| e.seeded.is_some()).map(|e| (e.name.clone(), std::sync::OnceLock::new())).collect();
         let mut sources = vec![];
         for sf in &header.weights.files {
             let p = Path::new(&sf.path);
-            let beside = path
-                .parent()
-                .map(|d| d.join(p.file_name().unwrap_or_default()));
+            let beside = path.parent().map(|d| d.join(p.file_name().unwrap_or_default()));
             let found = if p.exists() {
                 p.to_path_buf()
             } else {
-                beside.filter(|b| b.exists()).ok_or_else(|| {
-                    perr(format!(
-                        "referenced weights file {} is missing (also looked beside the plan)",
-                        sf.path
-                    ))
-                })?
+                beside.filter(|b| b.exists()).ok_or_else(|| perr(format!("referenced weights file {} is missing (also looked beside the plan)", sf.path)))?
             };
-            let f = std::fs::File::open(&found).map_err(|source| RuntimeError::Io {
-                path: found.clone(),
-                source,
-            })?;
+            let f = std::fs::File::open(&found).map_err(|source| RuntimeError::Io { path: found.clone(), source })?;
             // SAFETY: read-only mapping of a checkpoint we do not modify.
-            let m = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io {
-                path: found.clone(),
-                source,
-            })?;
+            let m = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: found.clone(), source })?;
             if m.len() as u64 != sf.len {
-                return Err(perr(format!(
-                    "referenced weights file {} has {} bytes, the plan expects {}",
-                    found.display(),
-                    m.len(),
-                    sf.len
-                )));
+                return Err(perr(format!("referenced weights file {} has {} bytes, the plan expects {}", found.display(), m.len(), sf.len)));
             }
             if verify_blob {
                 let got = format!("{:x}", Sha256::digest(&m[..]));
                 if got != sf.sha256 {
-                    return Err(perr(format!(
-                        "referenced weights file {} has sha256 {got}, the plan expects {}",
-                        found.display(),
-                        sf.sha256
-                    )));
+                    return Err(perr(format!("referenced weights file {} has sha256 {got}, the plan expects {}", found.display(), sf.sha256)));
                 }
             }
             sources.push(m);
         }
-        Ok(Plan {
-            path: path.to_path_buf(),
-            header,
-            map,
-            blob_offset,
-            blob_len,
-            index,
-            generated,
-            sources,
-        })
+        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated, sources })
     }
 
     /// A weight's entry by name.
     pub fn entry(&self, name: &str) -> Option<&WeightEntry> {
-        self.index
-            .get(name)
-            .map(|&i| &self.header.weights.tensors[i])
+        self.index.get(name).map(|&i| &self.header.weights.tensors[i])
     }
 
     pub fn graph(&self) -> Result<dsc_ir::Graph> {
-        dsc_ir::text::parse(&self.header.graph).map_err(|e| RuntimeError::Plan {
-            path: self.path.clone(),
-            msg: format!("graph: {e}"),
-        })
+        dsc_ir::text::parse(&self.header.graph).map_err(|e| RuntimeError::Plan { path: self.path.clone(), msg: format!("graph: {e}") })
     }
 
     /// A weight's bytes; seeded weights are generated (once) on the CPU.
@@ -547,11 +419,7 @@ impl Plan {
             return cell.get_or_init(|| {
                 let numel: usize = e.shape.iter().product();
                 let v = dsc_ir::seeded::values(sw.seed, &e.name, numel, sw.scale, sw.ones);
-                e.dtype
-                    .parse::<DType>()
-                    .ok()
-                    .and_then(|d| dsc_ir::quant::encode(d, &v))
-                    .unwrap_or_default()
+                e.dtype.parse::<DType>().ok().and_then(|d| dsc_ir::quant::encode(d, &v)).unwrap_or_default()
             });
         }
         if let Some(f) = e.file {
@@ -576,48 +444,20 @@ pub struct RankWeights<'p> {
 impl Plan {
     /// Which slice of weight `e` rank `rank` of `world` holds when the graph declares
     /// `local` for it (None: the whole tensor).
-    pub fn shard_for(
-        &self,
-        e: &WeightEntry,
-        local: &[usize],
-        rank: usize,
-        world: usize,
-    ) -> Result<Option<dsc_ir::shard::Shard>> {
-        dsc_ir::shard::shard_of(&e.shape, local, rank, world).map_err(|m| RuntimeError::Plan {
-            path: self.path.clone(),
-            msg: format!("weight `{}`: {m}", e.name),
-        })
+    pub fn shard_for(&self, e: &WeightEntry, local: &[usize], rank: usize, world: usize) -> Result<Option<dsc_ir::shard::Shard>> {
+        dsc_ir::shard::shard_of(&e.shape, local, rank, world).map_err(|m| RuntimeError::Plan { path: self.path.clone(), msg: format!("weight `{}`: {m}", e.name) })
     }
 
     /// Rank `rank`'s weights for `graph` (the plan's partitioned graph).
-    pub fn rank_weights(
-        &self,
-        graph: &dsc_ir::Graph,
-        rank: usize,
-        world: usize,
-    ) -> Result<RankWeights<'_>> {
+    pub fn rank_weights(&self, graph: &dsc_ir::Graph, rank: usize, world: usize) -> Result<RankWeights<'_>> {
         let mut cut = HashMap::new();
         for id in graph.leaves(&dsc_ir::Op::Weight) {
             let n = graph.node(id);
-            let e = self.entry(&n.name).ok_or_else(|| RuntimeError::Plan {
-                path: self.path.clone(),
-                msg: format!("weight `{}` is not in the plan", n.name),
-            })?;
-            let local: Vec<usize> =
-                n.ty.shape
-                    .iter()
-                    .map(|d| d.as_const().unwrap_or(0))
-                    .collect();
+            let e = self.entry(&n.name).ok_or_else(|| RuntimeError::Plan { path: self.path.clone(), msg: format!("weight `{}` is not in the plan", n.name) })?;
+            let local: Vec<usize> = n.ty.shape.iter().map(|d| d.as_const().unwrap_or(0)).collect();
             if let Some(s) = self.shard_for(e, &local, rank, world)? {
-                let d: DType = e.dtype.parse().map_err(|m: String| RuntimeError::Plan {
-                    path: self.path.clone(),
-                    msg: m,
-                })?;
-                let bytes = dsc_ir::shard::slice_bytes(d, &e.shape, s, self.weight_bytes(e))
-                    .map_err(|m| RuntimeError::Plan {
-                        path: self.path.clone(),
-                        msg: format!("weight `{}`: {m}", e.name),
-                    })?;
+                let d: DType = e.dtype.parse().map_err(|m: String| RuntimeError::Plan { path: self.path.clone(), msg: m })?;
+                let bytes = dsc_ir::shard::slice_bytes(d, &e.shape, s, self.weight_bytes(e)).map_err(|m| RuntimeError::Plan { path: self.path.clone(), msg: format!("weight `{}`: {m}", e.name) })?;
                 cut.insert(n.name.clone(), (d, local, bytes));
             }
         }
@@ -654,11 +494,7 @@ mod tests {
             let lives: Vec<BufferLife> = (0..n)
                 .map(|i| {
                     let first = rng.random_range(0..30);
-                    BufferLife {
-                        node: format!("b{i}"),
-                        first,
-                        last: first + rng.random_range(0..6),
-                    }
+                    BufferLife { node: format!("b{i}"), first, last: first + rng.random_range(0..6) }
                 })
                 .collect();
             let sizes: Vec<usize> = (0..n).map(|_| rng.random_range(1..5000)).collect();
@@ -666,35 +502,15 @@ mod tests {
             for i in 0..n {
                 assert!(off[i] % 256 == 0 && off[i] + sizes[i] <= total);
                 for j in 0..i {
-                    let overlap_t =
-                        lives[i].first <= lives[j].last && lives[j].first <= lives[i].last;
+                    let overlap_t = lives[i].first <= lives[j].last && lives[j].first <= lives[i].last;
                     let overlap_m = off[i] < off[j] + sizes[j] && off[j] < off[i] + sizes[i];
-                    assert!(
-                        !(overlap_t && overlap_m),
-                        "buffers {i} and {j} are live together and share bytes"
-                    );
+                    assert!(!(overlap_t && overlap_m), "buffers {i} and {j} are live together and share bytes");
                 }
             }
             assert!(total <= sizes.iter().map(|s| s.div_ceil(256) * 256).sum::<usize>());
         }
         // a chain a -> b -> c: c can take a's place
-        let lives = vec![
-            BufferLife {
-                node: "a".into(),
-                first: 0,
-                last: 1,
-            },
-            BufferLife {
-                node: "b".into(),
-                first: 1,
-                last: 2,
-            },
-            BufferLife {
-                node: "c".into(),
-                first: 2,
-                last: 3,
-            },
-        ];
+        let lives = vec![BufferLife { node: "a".into(), first: 0, last: 1 }, BufferLife { node: "b".into(), first: 1, last: 2 }, BufferLife { node: "c".into(), first: 2, last: 3 }];
         let (off, total) = place_buffers(&lives, &[1024, 1024, 1024]);
         assert_eq!((off[0], off[2], total), (0, 0, 2048));
     }

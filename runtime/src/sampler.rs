@@ -18,28 +18,17 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-        }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
     }
 }
 
 impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(RuntimeError::Request(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            )));
+            return Err(RuntimeError::Request(format!("temperature must be >= 0, got {}", self.temperature)));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(RuntimeError::Request(format!(
-                "top_p must be in (0, 1], got {}",
-                self.top_p
-            )));
+            return Err(RuntimeError::Request(format!("top_p must be in (0, 1], got {}", self.top_p)));
         }
         Ok(())
     }
@@ -79,10 +68,7 @@ impl Sampler {
             idx.truncate(p.top_k);
         }
         let m = logits[idx[0]];
-        let mut probs: Vec<f32> = idx
-            .iter()
-            .map(|&i| ((logits[i] - m) / p.temperature).exp())
-            .collect();
+        let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i] - m) / p.temperature).exp()).collect();
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= sum);
         if p.top_p < 1.0 {
@@ -118,29 +104,15 @@ mod tests {
     #[test]
     fn greedy_picks_the_max_and_top_k_1_is_greedy() {
         let logits = [0.1, 3.0, -1.0, 2.9];
-        assert_eq!(
-            Sampler::new(SamplingParams::default())
-                .unwrap()
-                .sample(&logits),
-            1
-        );
-        let p = SamplingParams {
-            temperature: 5.0,
-            top_k: 1,
-            ..Default::default()
-        };
+        assert_eq!(Sampler::new(SamplingParams::default()).unwrap().sample(&logits), 1);
+        let p = SamplingParams { temperature: 5.0, top_k: 1, ..Default::default() };
         assert_eq!(Sampler::new(p).unwrap().sample(&logits), 1);
     }
 
     #[test]
     fn seed_reproduces_and_top_p_restricts() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
-        let p = SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 0.9,
-            seed: 7,
-        };
+        let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.9, seed: 7 };
         let a: Vec<u32> = {
             let mut s = Sampler::new(p.clone()).unwrap();
             (0..100).map(|_| s.sample(&logits)).collect()
@@ -153,32 +125,15 @@ mod tests {
         let distinct: std::collections::BTreeSet<_> = a.iter().collect();
         assert!(distinct.len() > 3, "sampling should vary: {distinct:?}");
         // a tiny top_p keeps only the argmax
-        let p = SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1e-6,
-            seed: 1,
-        };
+        let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1e-6, seed: 1 };
         let mut s = Sampler::new(p).unwrap();
         assert!((0..20).all(|_| s.sample(&logits) == argmax(&logits) as u32));
     }
 
     #[test]
     fn bad_values_are_rejected() {
-        assert!(Sampler::new(SamplingParams {
-            temperature: -1.0,
-            ..Default::default()
-        })
-        .is_err());
-        assert!(Sampler::new(SamplingParams {
-            top_p: 0.0,
-            ..Default::default()
-        })
-        .is_err());
-        assert!(Sampler::new(SamplingParams {
-            temperature: f32::NAN,
-            ..Default::default()
-        })
-        .is_err());
+        assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams { top_p: 0.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams { temperature: f32::NAN, ..Default::default() }).is_err());
     }
 }

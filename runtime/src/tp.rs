@@ -32,14 +32,11 @@ impl Backend for Ranks {
         batch.validate()?;
         let b = Arc::new(batch.clone());
         for tx in &self.txs {
-            tx.send(Msg::Step(b.clone()))
-                .map_err(|_| RuntimeError::Gpu("a rank thread has exited".into()))?;
+            tx.send(Msg::Step(b.clone())).map_err(|_| RuntimeError::Gpu("a rank thread has exited".into()))?;
         }
         let mut first = None;
         for (r, rx) in self.rxs.iter().enumerate() {
-            let out = rx
-                .recv()
-                .map_err(|_| RuntimeError::Gpu(format!("rank {r} exited during a step")))?;
+            let out = rx.recv().map_err(|_| RuntimeError::Gpu(format!("rank {r} exited during a step")))?;
             let out = out.map_err(|e| RuntimeError::Gpu(format!("rank {r}: {e}")))?;
             if r == 0 {
                 first = Some(out);
@@ -61,11 +58,7 @@ impl Backend for Ranks {
 
 /// Run `f` with a backend made of `world` rank threads; `make(rank)` builds each rank's
 /// backend on its own thread (CUDA contexts and NCCL communicators are per thread).
-pub fn with_ranks<B, R>(
-    world: usize,
-    make: impl Fn(usize) -> Result<B> + Sync,
-    f: impl FnOnce(&mut Ranks) -> Result<R>,
-) -> Result<R>
+pub fn with_ranks<B, R>(world: usize, make: impl Fn(usize) -> Result<B> + Sync, f: impl FnOnce(&mut Ranks) -> Result<R>) -> Result<R>
 where
     B: Backend,
 {
@@ -108,21 +101,11 @@ where
         for _ in 0..world {
             match ready_rx.recv() {
                 Ok((_, Ok(g))) => geometry = Some(g),
-                Ok((r, Err(e))) => {
-                    failed = Some(RuntimeError::Gpu(format!("starting rank {r}: {e}")))
-                }
-                Err(_) => {
-                    failed = Some(RuntimeError::Gpu(
-                        "a rank thread died while starting".into(),
-                    ))
-                }
+                Ok((r, Err(e))) => failed = Some(RuntimeError::Gpu(format!("starting rank {r}: {e}"))),
+                Err(_) => failed = Some(RuntimeError::Gpu("a rank thread died while starting".into())),
             }
         }
-        let mut ranks = Ranks {
-            txs,
-            rxs,
-            geometry: geometry.unwrap_or((0, 0)),
-        };
+        let mut ranks = Ranks { txs, rxs, geometry: geometry.unwrap_or((0, 0)) };
         let out = match failed {
             Some(e) => Err(e),
             None => f(&mut ranks),
@@ -134,19 +117,10 @@ where
 }
 
 /// Every rank on the CPU backend (threads meeting at a barrier to sum).
-pub fn cpu<R>(
-    graph: &Graph,
-    plan: &Plan,
-    kv_tokens: usize,
-    f: impl FnOnce(&mut Ranks) -> Result<R>,
-) -> Result<R> {
+pub fn cpu<R>(graph: &Graph, plan: &Plan, kv_tokens: usize, f: impl FnOnce(&mut Ranks) -> Result<R>) -> Result<R> {
     let world = plan.header.tensor_parallel;
     let group = ThreadGroup::new(world);
-    with_ranks(
-        world,
-        |r| CpuBackend::new_rank(graph, plan, kv_tokens, r, world, group.handle(r)),
-        f,
-    )
+    with_ranks(world, |r| CpuBackend::new_rank(graph, plan, kv_tokens, r, world, group.handle(r)), f)
 }
 
 /// How GPU ranks meet.
@@ -159,13 +133,7 @@ pub enum GpuMode {
 }
 
 /// Every rank on a GPU.
-pub fn gpu<R>(
-    graph: &Graph,
-    plan: &Plan,
-    kv_tokens: usize,
-    mode: GpuMode,
-    f: impl FnOnce(&mut Ranks) -> Result<R>,
-) -> Result<R> {
+pub fn gpu<R>(graph: &Graph, plan: &Plan, kv_tokens: usize, mode: GpuMode, f: impl FnOnce(&mut Ranks) -> Result<R>) -> Result<R> {
     let world = plan.header.tensor_parallel;
     let group = ThreadGroup::new(world);
     let id = if mode == GpuMode::Nccl && world > 1 {
@@ -175,14 +143,9 @@ pub fn gpu<R>(
         }
         // NVLink multicast (NVLS) can take a shared host's GPUs down; keep it off
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            return Err(RuntimeError::Gpu(
-                "set NCCL_NVLS_ENABLE=0 before running tensor-parallel plans on this host".into(),
-            ));
+            return Err(RuntimeError::Gpu("set NCCL_NVLS_ENABLE=0 before running tensor-parallel plans on this host".into()));
         }
-        Some(
-            cudarc::nccl::Id::new()
-                .map_err(|e| RuntimeError::Gpu(format!("NCCL unique id: {e:?}")))?,
-        )
+        Some(cudarc::nccl::Id::new().map_err(|e| RuntimeError::Gpu(format!("NCCL unique id: {e:?}")))?)
     } else {
         None
     };
@@ -190,38 +153,19 @@ pub fn gpu<R>(
         world,
         |rank| {
             let device = if mode == GpuMode::Nccl { rank } else { 0 };
-            GpuBackend::new_rank(
-                graph,
-                plan,
-                kv_tokens,
-                RankSpec {
-                    device,
-                    rank,
-                    world,
-                },
-                |stream| {
-                    Ok(match (mode, world, id) {
-                        (_, 1, _) => GpuCollective::Single,
-                        (GpuMode::Local, _, _) => GpuCollective::Local(group.handle(rank)),
-                        (GpuMode::Nccl, _, Some(id)) => {
-                            stream.context().bind_to_thread().map_err(|e| {
-                                RuntimeError::Gpu(format!("binding GPU {device}: {e:?}"))
-                            })?;
-                            GpuCollective::Nccl(
-                                cudarc::nccl::Comm::from_rank(stream.clone(), rank, world, id)
-                                    .map_err(|e| {
-                                        RuntimeError::Gpu(format!(
-                                            "NCCL communicator for rank {rank}: {e:?}"
-                                        ))
-                                    })?,
-                            )
-                        }
-                        (GpuMode::Nccl, _, None) => {
-                            unreachable!("an id is made for NCCL groups above")
-                        }
-                    })
-                },
-            )
+            GpuBackend::new_rank(graph, plan, kv_tokens, RankSpec { device, rank, world }, |stream| {
+                Ok(match (mode, world, id) {
+                    (_, 1, _) => GpuCollective::Single,
+                    (GpuMode::Local, _, _) => GpuCollective::Local(group.handle(rank)),
+                    (GpuMode::Nccl, _, Some(id)) => {
+                        stream.context().bind_to_thread().map_err(|e| RuntimeError::Gpu(format!("binding GPU {device}: {e:?}")))?;
+                        GpuCollective::Nccl(cudarc::nccl::Comm::from_rank(stream.clone(), rank, world, id).map_err(|e| RuntimeError::Gpu(format!("NCCL communicator for rank {rank}: {e:?}")))?)
+                    }
+                    (GpuMode::Nccl, _, None) => {
+                        unreachable!("an id is made for NCCL groups above")
+                    }
+                })
+            })
         },
         f,
     )
@@ -245,16 +189,7 @@ mod tests {
 
     #[test]
     fn every_rank_steps_and_rank_zero_answers() {
-        let b = StepBatch {
-            tokens: vec![1, 2, 3],
-            positions: vec![0, 1, 2],
-            seq_ids: vec![0; 3],
-            slots: vec![0, 1, 2],
-            block_table: vec![0],
-            num_seqs: 1,
-            max_blocks: 1,
-            logit_rows: vec![2],
-        };
+        let b = StepBatch { tokens: vec![1, 2, 3], positions: vec![0, 1, 2], seq_ids: vec![0; 3], slots: vec![0, 1, 2], block_table: vec![0], num_seqs: 1, max_blocks: 1, logit_rows: vec![2] };
         let out = with_ranks(
             3,
             |r| Ok(Echo(r)),

@@ -4,28 +4,19 @@ use std::path::PathBuf;
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
 /// The reference data folder: `$DSC_REFERENCE_DIR`, else `../shared/reference` beside the
 /// repository (where the workplace and CI put it).
 pub fn reference_dir() -> PathBuf {
-    std::env::var_os("DSC_REFERENCE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("../shared/reference"))
+    std::env::var_os("DSC_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/reference"))
 }
 
 /// The default model's model.toml; panics with the fix when the weights are not fetched.
 pub fn default_model() -> PathBuf {
     let gguf = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        gguf.exists(),
-        "{} is missing: run scripts/fetch-model.sh",
-        gguf.display()
-    );
+    assert!(gguf.exists(), "{} is missing: run scripts/fetch-model.sh", gguf.display());
     root().join("models/smollm2-135m.toml")
 }
 
@@ -41,17 +32,7 @@ pub fn tiny_llama_hf(seed: u64) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let mut add = |name: String, shape: Vec<usize>| {
         let n = shape.iter().product();
         let norm = shape.len() == 1;
-        let mut v = dsc_models::weights::seeded_values(
-            seed,
-            &name,
-            n,
-            if norm {
-                0.2
-            } else {
-                1.0 / (*shape.last().unwrap() as f32).sqrt()
-            },
-            false,
-        );
+        let mut v = dsc_models::weights::seeded_values(seed, &name, n, if norm { 0.2 } else { 1.0 / (*shape.last().unwrap() as f32).sqrt() }, false);
         if norm {
             v.iter_mut().for_each(|x| *x += 1.0);
         }
@@ -83,21 +64,9 @@ pub const TINY_CONFIG_JSON: &str = r#"{"model_type": "llama", "hidden_size": 64,
 pub fn write_tiny_hf(dir: &Path, weights: &[(String, Vec<usize>, Vec<f32>)]) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), TINY_CONFIG_JSON).unwrap();
-    let bytes: Vec<Vec<u8>> = weights
-        .iter()
-        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = weights
-        .iter()
-        .zip(&bytes)
-        .map(|((n, s, _), b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let bytes: Vec<Vec<u8>> = weights.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        weights.iter().zip(&bytes).map(|((n, s, _), b)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
 }
 
@@ -119,10 +88,7 @@ pub fn permute_qk(v: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f32>
 
 /// GGUF tensors (name, dtype, shape, bytes) for the tiny model, renamed and permuted as
 /// llama.cpp's converter does; `dtype` for matrices.
-pub fn tiny_gguf_tensors(
-    weights: &[(String, Vec<usize>, Vec<f32>)],
-    dtype: DType,
-) -> Vec<(String, DType, Vec<usize>, Vec<u8>)> {
+pub fn tiny_gguf_tensors(weights: &[(String, Vec<usize>, Vec<f32>)], dtype: DType) -> Vec<(String, DType, Vec<usize>, Vec<u8>)> {
     weights
         .iter()
         .map(|(n, s, v)| {
@@ -168,20 +134,17 @@ pub fn tiny_gguf_metadata() -> Vec<(&'static str, Value)> {
 }
 
 /// Write a GGUF file from (name, dtype, shape, bytes) tensors.
-pub fn write_tiny_gguf(
-    path: &Path,
-    meta: &[(&str, Value)],
-    tensors: &[(String, DType, Vec<usize>, Vec<u8>)],
-) {
-    let t: Vec<(&str, DType, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
-        .collect();
+pub fn write_tiny_gguf(path: &Path, meta: &[(&str, Value)], tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) {
+    let t: Vec<(&str, DType, Vec<usize>, Vec<u8>)> = tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect();
     write_gguf(path, meta, &t).unwrap();
 }
 
 pub fn model_toml(dir: &Path, format: &str, weights: &str) -> std::path::PathBuf {
     let p = dir.join("model.toml");
-    std::fs::write(&p, format!("[model]\nname = \"tiny\"\narchitecture = \"llama\"\n\n[weights]\nformat = \"{format}\"\npath = \"{weights}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n")).unwrap();
+    std::fs::write(
+        &p,
+        format!("[model]\nname = \"tiny\"\narchitecture = \"llama\"\n\n[weights]\nformat = \"{format}\"\npath = \"{weights}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n"),
+    )
+    .unwrap();
     p
 }

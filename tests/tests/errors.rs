@@ -45,17 +45,9 @@ fn malformed_model_toml() {
 fn incomplete_model_toml_names_the_missing_field() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("m.toml");
-    std::fs::write(
-        &p,
-        "[model]\narchitecture = \"llama\"\n[weights]\nformat = \"gguf\"\npath = \"x.gguf\"\n",
-    )
-    .unwrap();
+    std::fs::write(&p, "[model]\narchitecture = \"llama\"\n[weights]\nformat = \"gguf\"\npath = \"x.gguf\"\n").unwrap();
     assert_has(&err_of(&p), &["m.toml", "missing field `name`"]);
-    std::fs::write(
-        &p,
-        "[model]\nname = \"x\"\narchitecture = \"llama\"\n[weights]\nformat = \"gguf\"\n",
-    )
-    .unwrap();
+    std::fs::write(&p, "[model]\nname = \"x\"\narchitecture = \"llama\"\n[weights]\nformat = \"gguf\"\n").unwrap();
     assert_has(&err_of(&p), &["m.toml", "weights.path"]);
 }
 
@@ -76,14 +68,8 @@ fn unknown_fields_and_bad_values_are_named() {
 #[test]
 fn missing_weight_file() {
     let d = tempfile::tempdir().unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "nope.gguf")),
-        &["nope.gguf", "not found"],
-    );
-    assert_has(
-        &err_of(&model_toml(d.path(), "safetensors", "nope")),
-        &["nope", "not found"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "nope.gguf")), &["nope.gguf", "not found"]);
+    assert_has(&err_of(&model_toml(d.path(), "safetensors", "nope")), &["nope", "not found"]);
 }
 
 #[test]
@@ -92,43 +78,28 @@ fn missing_tensor() {
     let mut t = good_gguf(d.path());
     t.retain(|(n, ..)| n != "blk.1.ffn_up.weight");
     write_tiny_gguf(&d.path().join("m.gguf"), &tiny_gguf_metadata(), &t);
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["m.gguf", "blk.1.ffn_up.weight", "not found"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "blk.1.ffn_up.weight", "not found"]);
 }
 
 #[test]
 fn wrong_tensor_shape() {
     let d = tempfile::tempdir().unwrap();
     let mut t = good_gguf(d.path());
-    let e = t
-        .iter_mut()
-        .find(|(n, ..)| n == "blk.0.attn_k.weight")
-        .unwrap();
+    let e = t.iter_mut().find(|(n, ..)| n == "blk.0.attn_k.weight").unwrap();
     e.2 = vec![64, 32]; // [32, 64] in the checkpoint's order is expected
     write_tiny_gguf(&d.path().join("m.gguf"), &tiny_gguf_metadata(), &t);
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["blk.0.attn_k.weight", "shape [64, 32]", "expected [32, 64]"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["blk.0.attn_k.weight", "shape [64, 32]", "expected [32, 64]"]);
 }
 
 #[test]
 fn wrong_tensor_dtype() {
     let d = tempfile::tempdir().unwrap();
     let mut t = good_gguf(d.path());
-    let e = t
-        .iter_mut()
-        .find(|(n, ..)| n == "blk.0.attn_norm.weight")
-        .unwrap();
+    let e = t.iter_mut().find(|(n, ..)| n == "blk.0.attn_norm.weight").unwrap();
     e.1 = DType::Q8_0;
     e.3 = dsc_ir::quant::encode(DType::Q8_0, &[1.0; 64]).unwrap();
     write_tiny_gguf(&d.path().join("m.gguf"), &tiny_gguf_metadata(), &t);
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["blk.0.attn_norm.weight", "dtype q8_0"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["blk.0.attn_norm.weight", "dtype q8_0"]);
 }
 
 #[test]
@@ -139,22 +110,13 @@ fn truncated_gguf() {
     let bytes = std::fs::read(&p).unwrap();
     // cut into the tensor data: the last tensor runs past the end
     std::fs::write(&p, &bytes[..bytes.len() - 100]).unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["m.gguf", "truncated"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "truncated"]);
     // cut inside the metadata
     std::fs::write(&p, &bytes[..60]).unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["m.gguf", "truncated"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "truncated"]);
     // not a GGUF at all
     std::fs::write(&p, b"hello world, this is not a model").unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["m.gguf", "not a GGUF file"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "not a GGUF file"]);
 }
 
 #[test]
@@ -168,20 +130,10 @@ fn unsupported_gguf_type() {
     let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     let nd = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
     let ty_at = at + 4 + 8 * nd;
-    assert_eq!(
-        u32::from_le_bytes(bytes[ty_at..ty_at + 4].try_into().unwrap()),
-        8,
-        "Q8_0 before the edit"
-    );
+    assert_eq!(u32::from_le_bytes(bytes[ty_at..ty_at + 4].try_into().unwrap()), 8, "Q8_0 before the edit");
     bytes[ty_at..ty_at + 4].copy_from_slice(&12u32.to_le_bytes());
     std::fs::write(&p, &bytes).unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &[
-            "blk.0.ffn_up.weight",
-            "unsupported GGUF tensor type 12 (Q4_K)",
-        ],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["blk.0.ffn_up.weight", "unsupported GGUF tensor type 12 (Q4_K)"]);
     let _ = t;
 }
 
@@ -193,30 +145,18 @@ fn truncated_safetensors() {
     let p = hf.join("model.safetensors");
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 64]).unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "safetensors", "hf")),
-        &["model.safetensors", "not a valid safetensors file"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "safetensors", "hf")), &["model.safetensors", "not a valid safetensors file"]);
     std::fs::write(&p, &bytes[..5]).unwrap();
-    assert_has(
-        &err_of(&model_toml(d.path(), "safetensors", "hf")),
-        &["model.safetensors", "not a valid safetensors file"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "safetensors", "hf")), &["model.safetensors", "not a valid safetensors file"]);
 }
 
 #[test]
 fn gguf_metadata_errors_name_the_key() {
     let d = tempfile::tempdir().unwrap();
     let t = tiny_gguf_tensors(&tiny_llama_hf(1), DType::F16);
-    let meta: Vec<(&str, Value)> = tiny_gguf_metadata()
-        .into_iter()
-        .filter(|(k, _)| *k != "llama.attention.layer_norm_rms_epsilon")
-        .collect();
+    let meta: Vec<(&str, Value)> = tiny_gguf_metadata().into_iter().filter(|(k, _)| *k != "llama.attention.layer_norm_rms_epsilon").collect();
     write_tiny_gguf(&d.path().join("m.gguf"), &meta, &t);
-    assert_has(
-        &err_of(&model_toml(d.path(), "gguf", "m.gguf")),
-        &["m.gguf", "llama.attention.layer_norm_rms_epsilon"],
-    );
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "llama.attention.layer_norm_rms_epsilon"]);
 }
 
 #[test]

@@ -10,24 +10,14 @@ use std::collections::BTreeMap;
 
 const PROMPT: [i32; 7] = [3, 17, 42, 8, 79, 0, 23];
 
-fn inputs(
-    tokens: &[i32],
-    positions: &[i32],
-    seq: &[i32],
-    slots: &[i32],
-    table: (&[i32], usize, usize),
-    rows: &[i32],
-) -> BTreeMap<String, Tensor> {
+fn inputs(tokens: &[i32], positions: &[i32], seq: &[i32], slots: &[i32], table: (&[i32], usize, usize), rows: &[i32]) -> BTreeMap<String, Tensor> {
     let t = |v: &[i32]| Tensor::from_i32(vec![v.len()], v);
     BTreeMap::from([
         ("tokens".into(), t(tokens)),
         ("positions".into(), t(positions)),
         ("seq_ids".into(), t(seq)),
         ("slots".into(), t(slots)),
-        (
-            "block_table".into(),
-            Tensor::from_i32(vec![table.1, table.2], table.0),
-        ),
+        ("block_table".into(), Tensor::from_i32(vec![table.1, table.2], table.0)),
         ("logit_rows".into(), t(rows)),
     ])
 }
@@ -38,17 +28,7 @@ fn prefill_logits(m: &dsc_models::LoadedModel) -> Tensor {
     let n = PROMPT.len() as i32;
     let pos: Vec<i32> = (0..n).collect();
     let table: Vec<i32> = (0..2).collect();
-    ex.run(&inputs(
-        &PROMPT,
-        &pos,
-        &vec![0; n as usize],
-        &pos,
-        (&table, 1, 2),
-        &pos,
-    ))
-    .unwrap()
-    .remove("logits")
-    .unwrap()
+    ex.run(&inputs(&PROMPT, &pos, &vec![0; n as usize], &pos, (&table, 1, 2), &pos)).unwrap().remove("logits").unwrap()
 }
 
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
@@ -65,26 +45,14 @@ fn safetensors_and_gguf_of_the_same_weights_agree() {
     let hf = dsc_models::load(&model_toml(d.path(), "safetensors", "hf")).unwrap();
     let reference = prefill_logits(&hf);
     assert_eq!(reference.shape, vec![7, 80]);
-    for (dtype, tol) in [
-        (DType::F32, 1e-5),
-        (DType::F16, 2e-3),
-        (DType::BF16, 2e-2),
-        (DType::Q8_0, 3e-2),
-    ] {
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 2e-2), (DType::Q8_0, 3e-2)] {
         let sub = d.path().join(dtype.name());
         std::fs::create_dir_all(&sub).unwrap();
-        write_tiny_gguf(
-            &sub.join("m.gguf"),
-            &tiny_gguf_metadata(),
-            &tiny_gguf_tensors(&w, dtype),
-        );
+        write_tiny_gguf(&sub.join("m.gguf"), &tiny_gguf_metadata(), &tiny_gguf_tensors(&w, dtype));
         let gg = dsc_models::load(&model_toml(&sub, "gguf", "m.gguf")).unwrap();
         let got = prefill_logits(&gg);
         let e = rel_err(&got.data, &reference.data);
-        assert!(
-            e < tol,
-            "{dtype} GGUF vs safetensors: relative error {e} > {tol}"
-        );
+        assert!(e < tol, "{dtype} GGUF vs safetensors: relative error {e} > {tol}");
     }
 }
 
@@ -98,30 +66,12 @@ fn sharded_safetensors_load_like_one_file() {
     let (a, b) = w.split_at(w.len() / 2);
     write_tiny_hf(&sharded.join("a"), a);
     write_tiny_hf(&sharded.join("b"), b);
-    std::fs::rename(
-        sharded.join("a/model.safetensors"),
-        sharded.join("model-00001-of-00002.safetensors"),
-    )
-    .unwrap();
-    std::fs::rename(
-        sharded.join("b/model.safetensors"),
-        sharded.join("model-00002-of-00002.safetensors"),
-    )
-    .unwrap();
+    std::fs::rename(sharded.join("a/model.safetensors"), sharded.join("model-00001-of-00002.safetensors")).unwrap();
+    std::fs::rename(sharded.join("b/model.safetensors"), sharded.join("model-00002-of-00002.safetensors")).unwrap();
     std::fs::write(sharded.join("config.json"), TINY_CONFIG_JSON).unwrap();
-    let map: serde_json::Map<String, serde_json::Value> = a
-        .iter()
-        .map(|(n, ..)| (n.clone(), "model-00001-of-00002.safetensors".into()))
-        .chain(
-            b.iter()
-                .map(|(n, ..)| (n.clone(), "model-00002-of-00002.safetensors".into())),
-        )
-        .collect();
-    std::fs::write(
-        sharded.join("model.safetensors.index.json"),
-        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
-    )
-    .unwrap();
+    let map: serde_json::Map<String, serde_json::Value> =
+        a.iter().map(|(n, ..)| (n.clone(), "model-00001-of-00002.safetensors".into())).chain(b.iter().map(|(n, ..)| (n.clone(), "model-00002-of-00002.safetensors".into()))).collect();
+    std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
     let m1 = dsc_models::load(&model_toml(&one, "safetensors", ".")).unwrap();
     let m2 = dsc_models::load(&model_toml(&sharded, "safetensors", ".")).unwrap();
     assert_eq!(prefill_logits(&m1), prefill_logits(&m2));
@@ -140,23 +90,9 @@ fn prefill_decode_and_batching_agree() {
     let table = [5, 2];
     for (p, &tok) in PROMPT.iter().enumerate() {
         let slot = table[p / 4] * 4 + (p % 4) as i32;
-        let out = ex
-            .run(&inputs(
-                &[tok],
-                &[p as i32],
-                &[0],
-                &[slot],
-                (&table, 1, 2),
-                &[0],
-            ))
-            .unwrap()
-            .remove("logits")
-            .unwrap();
+        let out = ex.run(&inputs(&[tok], &[p as i32], &[0], &[slot], (&table, 1, 2), &[0])).unwrap().remove("logits").unwrap();
         let e = rel_err(&out.data, &full.data[p * v..(p + 1) * v]);
-        assert!(
-            e < 1e-5,
-            "position {p}: decode vs prefill relative error {e}"
-        );
+        assert!(e < 1e-5, "position {p}: decode vs prefill relative error {e}");
     }
 
     // two sequences in one step: seq 0 = PROMPT (blocks 1, 3), seq 1 = reversed PROMPT (blocks 6, 0)
@@ -167,42 +103,16 @@ fn prefill_decode_and_batching_agree() {
     let mut tokens = PROMPT.to_vec();
     tokens.extend(&rev);
     let positions: Vec<i32> = (0..n as i32).chain(0..n as i32).collect();
-    let seq: Vec<i32> = std::iter::repeat_n(0, n)
-        .chain(std::iter::repeat_n(1, n))
-        .collect();
-    let slots: Vec<i32> = (0..2 * n)
-        .map(|i| table[(i / n) * 2 + (i % n) / 4] * 4 + ((i % n) % 4) as i32)
-        .collect();
+    let seq: Vec<i32> = std::iter::repeat_n(0, n).chain(std::iter::repeat_n(1, n)).collect();
+    let slots: Vec<i32> = (0..2 * n).map(|i| table[(i / n) * 2 + (i % n) / 4] * 4 + ((i % n) % 4) as i32).collect();
     let rows = [n as i32 - 1, 2 * n as i32 - 1];
-    let out = ex
-        .run(&inputs(
-            &tokens,
-            &positions,
-            &seq,
-            &slots,
-            (&table, 2, 2),
-            &rows,
-        ))
-        .unwrap()
-        .remove("logits")
-        .unwrap();
+    let out = ex.run(&inputs(&tokens, &positions, &seq, &slots, (&table, 2, 2), &rows)).unwrap().remove("logits").unwrap();
     let e = rel_err(&out.data[..v], &full.data[(n - 1) * v..n * v]);
     assert!(e < 1e-5, "batched sequence 0 vs alone: relative error {e}");
     // sequence 1 alone
     let mut ex1 = Executor::new(&m.graph, &m.weights, BTreeMap::from([("NB".into(), 8)])).unwrap();
     let pos: Vec<i32> = (0..n as i32).collect();
-    let alone = ex1
-        .run(&inputs(
-            &rev,
-            &pos,
-            &vec![0; n],
-            &pos,
-            (&[0, 1], 1, 2),
-            &[n as i32 - 1],
-        ))
-        .unwrap()
-        .remove("logits")
-        .unwrap();
+    let alone = ex1.run(&inputs(&rev, &pos, &vec![0; n], &pos, (&[0, 1], 1, 2), &[n as i32 - 1])).unwrap().remove("logits").unwrap();
     let e = rel_err(&out.data[v..], &alone.data);
     assert!(e < 1e-5, "batched sequence 1 vs alone: relative error {e}");
 }

@@ -28,21 +28,10 @@ fn plan_round_trips_graph_and_weights() {
     let plan = Plan::open(&p).unwrap();
     assert_eq!(plan.header.format_version, PLAN_FORMAT_VERSION);
     assert_eq!(plan.header.graph, dsc_ir::text::print(&c.graph));
-    assert_eq!(
-        dsc_ir::text::print(&plan.graph().unwrap()),
-        plan.header.graph
-    );
-    assert_eq!(
-        plan.header.weights.tensors.len(),
-        c.model.weights.tensors.len()
-    );
+    assert_eq!(dsc_ir::text::print(&plan.graph().unwrap()), plan.header.graph);
+    assert_eq!(plan.header.weights.tensors.len(), c.model.weights.tensors.len());
     for e in &plan.header.weights.tensors {
-        assert_eq!(
-            plan.weight_bytes(e),
-            c.model.weights.get(&e.name).unwrap().bytes.as_slice(),
-            "weight {}",
-            e.name
-        );
+        assert_eq!(plan.weight_bytes(e), c.model.weights.get(&e.name).unwrap().bytes.as_slice(), "weight {}", e.name);
         assert_eq!(e.offset % 64, 0);
     }
     // the header is readable JSON that names the checkpoint's tensors
@@ -83,11 +72,7 @@ fn corrupt_plan() {
     b[8..12].copy_from_slice(&99u32.to_le_bytes());
     std::fs::write(&p, &b).unwrap();
     let e = open_err(&p);
-    assert!(
-        e.contains("plan format version 99")
-            && e.contains(&format!("reads version {PLAN_FORMAT_VERSION}")),
-        "{e}"
-    );
+    assert!(e.contains("plan format version 99") && e.contains(&format!("reads version {PLAN_FORMAT_VERSION}")), "{e}");
     assert!(open_err(&d.path().join("missing.plan")).contains("missing.plan"));
 }
 
@@ -112,36 +97,18 @@ fn seeded_plans_store_no_weight_bytes_and_regenerate_them_identically() {
     )
     .unwrap();
     let c = dsc_compiler::compile(&toml).unwrap();
-    assert!(
-        c.gpu.is_some(),
-        "every op of the seeded llama lowers: {:?}",
-        c.gpu_skipped
-    );
+    assert!(c.gpu.is_some(), "every op of the seeded llama lowers: {:?}", c.gpu_skipped);
     let out = d.path().join("s.plan");
     dsc_compiler::write(&c, &out).unwrap();
     let plan = Plan::open(&out).unwrap();
     assert_eq!(plan.blob_len(), 0, "seeded weights are not stored");
     for e in &plan.header.weights.tensors {
         assert!(e.seeded.is_some());
-        assert_eq!(
-            plan.weight_bytes(e),
-            c.model.weights.get(&e.name).unwrap().bytes.as_slice(),
-            "{}",
-            e.name
-        );
+        assert_eq!(plan.weight_bytes(e), c.model.weights.get(&e.name).unwrap().bytes.as_slice(), "{}", e.name);
     }
     // norms are exactly one, matrices are uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in))
-    let norm = plan
-        .header
-        .weights
-        .tensors
-        .iter()
-        .find(|e| e.name.ends_with("input_layernorm.weight"))
-        .unwrap();
-    assert!(plan
-        .weight_bytes(norm)
-        .chunks_exact(4)
-        .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) == 1.0));
+    let norm = plan.header.weights.tensors.iter().find(|e| e.name.ends_with("input_layernorm.weight")).unwrap();
+    assert!(plan.weight_bytes(norm).chunks_exact(4).all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) == 1.0));
 }
 
 #[test]
@@ -153,14 +120,7 @@ fn models_without_a_gpu_lowering_still_compile_for_the_cpu() {
     assert!(plan.header.gpu.is_none());
     assert_eq!(plan.header.targets, vec!["cpu".to_string()]);
     let c = dsc_compiler::compile(&d.path().join("model.toml")).unwrap();
-    assert!(
-        c.gpu_skipped
-            .as_deref()
-            .unwrap()
-            .contains("paged attention needs D a multiple of 32"),
-        "{:?}",
-        c.gpu_skipped
-    );
+    assert!(c.gpu_skipped.as_deref().unwrap().contains("paged attention needs D a multiple of 32"), "{:?}", c.gpu_skipped);
 }
 
 #[test]
@@ -176,13 +136,7 @@ fn referenced_weights_load_like_embedded_ones_and_are_checked() {
     let (pe, pr) = (Plan::open(&emb).unwrap(), Plan::open(&refd).unwrap());
     assert_eq!(pr.blob_len(), 0);
     assert_eq!(pr.header.weights.files.len(), 1);
-    for (a, b) in pe
-        .header
-        .weights
-        .tensors
-        .iter()
-        .zip(&pr.header.weights.tensors)
-    {
+    for (a, b) in pe.header.weights.tensors.iter().zip(&pr.header.weights.tensors) {
         assert_eq!(a.name, b.name);
         assert_eq!(pe.weight_bytes(a), pr.weight_bytes(b), "{}", a.name);
     }
@@ -207,46 +161,13 @@ fn malformed_step_batches_are_errors() {
     let plan = Plan::open(&tiny_plan(d.path())).unwrap();
     let graph = plan.graph().unwrap();
     let mut cpu = CpuBackend::new(&graph, &plan, 16).unwrap();
-    let good = StepBatch {
-        tokens: vec![1, 2],
-        positions: vec![0, 1],
-        seq_ids: vec![0, 0],
-        slots: vec![0, 1],
-        block_table: vec![0],
-        num_seqs: 1,
-        max_blocks: 1,
-        logit_rows: vec![1],
-    };
+    let good = StepBatch { tokens: vec![1, 2], positions: vec![0, 1], seq_ids: vec![0, 0], slots: vec![0, 1], block_table: vec![0], num_seqs: 1, max_blocks: 1, logit_rows: vec![1] };
     assert_eq!(cpu.step(&good).unwrap().len(), 1);
     for (bad, what) in [
-        (
-            StepBatch {
-                positions: vec![0],
-                ..good.clone()
-            },
-            "one entry per token",
-        ),
-        (
-            StepBatch {
-                block_table: vec![],
-                ..good.clone()
-            },
-            "block table",
-        ),
-        (
-            StepBatch {
-                seq_ids: vec![0, 3],
-                ..good.clone()
-            },
-            "seq_id",
-        ),
-        (
-            StepBatch {
-                logit_rows: vec![5],
-                ..good.clone()
-            },
-            "logit row",
-        ),
+        (StepBatch { positions: vec![0], ..good.clone() }, "one entry per token"),
+        (StepBatch { block_table: vec![], ..good.clone() }, "block table"),
+        (StepBatch { seq_ids: vec![0, 3], ..good.clone() }, "seq_id"),
+        (StepBatch { logit_rows: vec![5], ..good.clone() }, "logit row"),
     ] {
         let e = cpu.step(&bad).unwrap_err().to_string();
         assert!(e.contains(what), "{e}");

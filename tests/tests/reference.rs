@@ -52,33 +52,19 @@ fn runs() -> &'static Vec<Run> {
         dsc_compiler::write(&c, &plan_path).expect("write plan");
         let plan = Plan::open(&plan_path).expect("open plan");
         let graph = plan.graph().expect("plan graph");
-        let tok =
-            Tokenizer::new(plan.header.tokenizer.as_ref().expect("tokenizer in plan")).unwrap();
+        let tok = Tokenizer::new(plan.header.tokenizer.as_ref().expect("tokenizer in plan")).unwrap();
         let texts: Vec<PromptText> = load("prompts-public.json");
         let refs: Vec<RefPrompt> = load("smollm2-q4_1-numpy-public.json");
         let mut backend = CpuBackend::new(&graph, &plan, 512).unwrap();
         texts
             .iter()
             .map(|t| {
-                let r = refs
-                    .iter()
-                    .find(|r| r.name == t.name)
-                    .expect("reference for every prompt");
+                let r = refs.iter().find(|r| r.name == t.name).expect("reference for every prompt");
                 let prompt_ids = tok.encode(&t.text).unwrap();
-                let opts = GenerateOptions {
-                    max_tokens: r.greedy_ids.len(),
-                    sampling: SamplingParams::default(),
-                    stop_ids: tok.info.eos_ids.clone(),
-                };
+                let opts = GenerateOptions { max_tokens: r.greedy_ids.len(), sampling: SamplingParams::default(), stop_ids: tok.info.eos_ids.clone() };
                 // run on the reference ids so one tokenizer slip does not hide the model's result
                 let g = generate(&mut backend, &r.prompt_ids, &opts, |_| {}).unwrap();
-                Run {
-                    name: t.name.clone(),
-                    prompt_ids,
-                    first_logits: g.first_logits,
-                    greedy: g.ids,
-                    margins: g.margins,
-                }
+                Run { name: t.name.clone(), prompt_ids, first_logits: g.first_logits, greedy: g.ids, margins: g.margins }
             })
             .collect()
     })
@@ -95,11 +81,7 @@ fn tokenizer_reproduces_reference_prompt_ids() {
     let refs: Vec<RefPrompt> = load("smollm2-q4_1-numpy-public.json");
     for run in runs() {
         let r = refs.iter().find(|r| r.name == run.name).unwrap();
-        assert_eq!(
-            run.prompt_ids, r.prompt_ids,
-            "prompt `{}`: token ids differ",
-            run.name
-        );
+        assert_eq!(run.prompt_ids, r.prompt_ids, "prompt `{}`: token ids differ", run.name);
     }
 }
 
@@ -111,27 +93,11 @@ fn first_token_top5_matches_numpy_reference() {
         let ours = top_k(&run.first_logits, 6);
         for (i, &(id, logit)) in r.top5_first.iter().enumerate() {
             let got = run.first_logits[id as usize];
-            assert!(
-                (got - logit).abs() <= 1e-2,
-                "prompt `{}`: logit of token {id} is {got}, reference {logit}",
-                run.name
-            );
-            let gap_before = if i == 0 {
-                f32::INFINITY
-            } else {
-                r.top5_first[i - 1].1 - logit
-            };
-            let gap_after = if i + 1 < r.top5_first.len() {
-                logit - r.top5_first[i + 1].1
-            } else {
-                logit - ours[5].1
-            };
+            assert!((got - logit).abs() <= 1e-2, "prompt `{}`: logit of token {id} is {got}, reference {logit}", run.name);
+            let gap_before = if i == 0 { f32::INFINITY } else { r.top5_first[i - 1].1 - logit };
+            let gap_after = if i + 1 < r.top5_first.len() { logit - r.top5_first[i + 1].1 } else { logit - ours[5].1 };
             if gap_before > 1e-2 && gap_after > 1e-2 {
-                assert_eq!(
-                    ours[i].0, id,
-                    "prompt `{}`: rank {i} is token {} ({}), reference {id} ({logit})",
-                    run.name, ours[i].0, ours[i].1
-                );
+                assert_eq!(ours[i].0, id, "prompt `{}`: rank {i} is token {} ({}), reference {id} ({logit})", run.name, ours[i].0, ours[i].1);
             }
         }
     }
@@ -142,60 +108,25 @@ fn greedy_continuations_match_numpy_reference() {
     let refs: Vec<RefPrompt> = load("smollm2-q4_1-numpy-public.json");
     for run in runs() {
         let r = refs.iter().find(|r| r.name == run.name).unwrap();
-        assert_eq!(
-            run.greedy, r.greedy_ids,
-            "prompt `{}`: greedy continuation differs (margins {:?})",
-            run.name, run.margins
-        );
+        assert_eq!(run.greedy, r.greedy_ids, "prompt `{}`: greedy continuation differs (margins {:?})", run.name, run.margins);
     }
 }
 
 #[test]
 fn agreement_with_llamacpp_is_reported() {
     let lc: Vec<RefPrompt> = load("smollm2-q4_1-llamacpp-public.json");
-    println!(
-        "{:<8} {:>9} {:>14} {:>16}",
-        "prompt", "top1 same", "max |dlogit|", "greedy agree"
-    );
+    println!("{:<8} {:>9} {:>14} {:>16}", "prompt", "top1 same", "max |dlogit|", "greedy agree");
     let mut top1_same = 0;
     for run in runs() {
         let r = lc.iter().find(|r| r.name == run.name).unwrap();
-        assert_eq!(
-            run.prompt_ids, r.prompt_ids,
-            "prompt `{}`: llama.cpp tokenized differently",
-            run.name
-        );
+        assert_eq!(run.prompt_ids, r.prompt_ids, "prompt `{}`: llama.cpp tokenized differently", run.name);
         let ours = top_k(&run.first_logits, 1)[0].0;
-        let max_d = r
-            .top5_first
-            .iter()
-            .map(|&(id, l)| (run.first_logits[id as usize] - l).abs())
-            .fold(0f32, f32::max);
-        let agree = run
-            .greedy
-            .iter()
-            .zip(&r.greedy_ids)
-            .take_while(|(a, b)| a == b)
-            .count();
-        println!(
-            "{:<8} {:>9} {:>14.4} {:>10} of {:>2}",
-            run.name,
-            ours == r.top5_first[0].0,
-            max_d,
-            agree,
-            r.greedy_ids.len()
-        );
+        let max_d = r.top5_first.iter().map(|&(id, l)| (run.first_logits[id as usize] - l).abs()).fold(0f32, f32::max);
+        let agree = run.greedy.iter().zip(&r.greedy_ids).take_while(|(a, b)| a == b).count();
+        println!("{:<8} {:>9} {:>14.4} {:>10} of {:>2}", run.name, ours == r.top5_first[0].0, max_d, agree, r.greedy_ids.len());
         top1_same += (ours == r.top5_first[0].0) as usize;
         // llama.cpp's 8-bit activations move logits by a few tenths at most on this model
-        assert!(
-            max_d < 0.5,
-            "prompt `{}`: llama.cpp's top-5 logits differ from ours by {max_d}",
-            run.name
-        );
+        assert!(max_d < 0.5, "prompt `{}`: llama.cpp's top-5 logits differ from ours by {max_d}", run.name);
     }
-    assert_eq!(
-        top1_same,
-        runs().len(),
-        "first-token top-1 should agree with llama.cpp on every prompt"
-    );
+    assert_eq!(top1_same, runs().len(), "first-token top-1 should agree with llama.cpp on every prompt");
 }
