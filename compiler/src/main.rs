@@ -62,6 +62,8 @@ enum Cmd {
     Run(cli::RunArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
+    /// Serve a plan over an OpenAI-compatible HTTP API
+    Serve(cli::ServeArgs),
 }
 
 fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyhow::Result<String> {
@@ -172,5 +174,6 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Run(a) => cli::run(&a),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::Serve(a) => cli::serve(&a),
     }
 }

@@ -183,6 +183,13 @@ impl<'g> Executor<'g> {
         self.states.get_mut(name)
     }
 
+    /// Names of the state pools, sorted.
+    pub fn state_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.states.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     /// Zero every state pool (a fresh KV cache).
     pub fn reset_states(&mut self) {
         for t in self.states.values_mut() {

@@ -72,7 +72,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
-        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..Default::default() },
         stop_ids: tok.as_ref().map(|t| t.info.eos_ids.clone()).unwrap_or_default(),
     };
     let kv = prompt_ids.len() + a.max_tokens;
@@ -174,4 +174,150 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
         print!("{}", h.graph);
     }
     Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// the compiled plan
+    pub plan: PathBuf,
+    #[arg(long, value_enum, default_value = "gpu")]
+    pub backend: BackendKind,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// require `Authorization: Bearer <key>` (also read from DSC_API_KEY)
+    #[arg(long, env = "DSC_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// the model name clients use (default: the plan's)
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// cap on the KV pool in tokens (default: GPU: sized from free memory; CPU: max_batch x max_seq_len, at most 65536)
+    #[arg(long)]
+    pub kv_tokens: Option<usize>,
+    /// share of free GPU memory the KV pool may take
+    #[arg(long, default_value_t = 0.8)]
+    pub gpu_memory_fraction: f64,
+    /// tokens per engine step (prefill chunks + decodes)
+    #[arg(long, default_value_t = 512)]
+    pub max_step_tokens: usize,
+    /// sequences per step (default: the plan's max_batch)
+    #[arg(long)]
+    pub max_seqs: Option<usize>,
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    #[arg(long, default_value_t = 8)]
+    pub max_n: usize,
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// token-bucket limit on admitted prompt tokens of a class: CLASS=TOKENS_PER_S[:BURST],
+    /// e.g. low=2000:8000 (repeatable)
+    #[arg(long)]
+    pub rate: Vec<String>,
+    /// a request waiting longer than this is admitted before any other (seconds)
+    #[arg(long, default_value_t = 10.0)]
+    pub starvation_secs: f64,
+    /// a request still queued after this long ends with finish reason `timeout` (seconds)
+    #[arg(long, default_value_t = 600.0)]
+    pub queue_timeout_secs: f64,
+}
+
+fn parse_rates(rates: &[String]) -> anyhow::Result<[Option<(f64, f64)>; 3]> {
+    let mut out = [None, None, None];
+    for r in rates {
+        let (class, spec) = r.split_once('=').with_context(|| format!("--rate {r}: expected CLASS=TOKENS_PER_S[:BURST]"))?;
+        let p = crate::scheduler::Priority::parse(class).with_context(|| format!("--rate {r}: class must be high, normal or low"))?;
+        let (rate, burst) = match spec.split_once(':') {
+            Some((a, b)) => (a.parse::<f64>()?, b.parse::<f64>()?),
+            None => {
+                let a = spec.parse::<f64>()?;
+                (a, a)
+            }
+        };
+        if !(rate > 0.0 && burst > 0.0) {
+            bail!("--rate {r}: rate and burst must be positive");
+        }
+        out[p as usize] = Some((rate, burst));
+    }
+    Ok(out)
+}
+
+/// `serve`: the OpenAI-compatible server (see `server.rs`).
+pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
+    // read the header here for validation and limits; the engine thread opens its own copy
+    let plan = Plan::open(&a.plan)?;
+    if plan.header.tensor_parallel > 1 {
+        bail!("serving tensor-parallel plans is not wired yet (`dsc run` runs them); compile without --tp to serve");
+    }
+    let m = &plan.header.model;
+    let tok = plan.header.tokenizer.as_ref().map(Tokenizer::new).transpose()?.map(std::sync::Arc::new);
+    let max_seqs = a.max_seqs.unwrap_or(m.max_batch).max(1);
+    let kv_tokens = match (a.backend, a.kv_tokens) {
+        (BackendKind::Cpu, k) => k.unwrap_or((m.max_batch * m.max_seq_len).min(65536)),
+        (BackendKind::Gpu, k) => {
+            let per_token = kv_bytes_per_token(&plan)?;
+            let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| anyhow::anyhow!("opening CUDA device 0: {e:?}"))?;
+            let (free, _) = cudarc::driver::result::mem_get_info().map_err(|e| anyhow::anyhow!("reading free GPU memory: {e:?}"))?;
+            drop(ctx);
+            // weights are not resident yet: leave them (and activations) their room
+            let budget = (free as f64 * a.gpu_memory_fraction) as usize;
+            let avail = budget.saturating_sub(plan.header.weights.total_bytes as usize + (1 << 30));
+            let fit = avail / per_token.max(1);
+            let t = k.map_or(fit, |k| k.min(fit));
+            eprintln!("KV pool: {t} tokens ({:.1} GB of {:.1} GB free)", (t * per_token) as f64 / 1e9, free as f64 / 1e9);
+            t
+        }
+    };
+    anyhow::ensure!(kv_tokens >= m.kv_block_size, "the KV pool would hold no block ({kv_tokens} tokens)");
+    let cfg = crate::scheduler::SchedulerConfig {
+        max_step_tokens: a.max_step_tokens.max(1),
+        max_seqs,
+        max_seq_len: m.max_seq_len,
+        prefix_caching: !a.no_prefix_caching,
+        rate: parse_rates(&a.rate)?,
+        starvation: std::time::Duration::from_secs_f64(a.starvation_secs),
+        queue_timeout: std::time::Duration::from_secs_f64(a.queue_timeout_secs),
+    };
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let (path, backend) = (a.plan.clone(), a.backend);
+    let (engine, join) = crate::scheduler::spawn(
+        move || -> crate::Result<Box<dyn crate::engine::Backend>> {
+            // the engine thread owns the plan for the life of the process
+            let plan: &'static Plan = Box::leak(Box::new(Plan::open(&path)?));
+            let graph: &'static dsc_ir::Graph = Box::leak(Box::new(plan.graph()?));
+            Ok(match backend {
+                BackendKind::Cpu => Box::new(CpuBackend::new(graph, plan, kv_tokens)?),
+                BackendKind::Gpu => Box::new(crate::gpu::GpuBackend::new(graph, plan, kv_tokens)?),
+            })
+        },
+        cfg,
+        tok.clone(),
+        metrics,
+    )?;
+    let scfg = crate::server::ServerConfig {
+        model_name: a.served_model_name.clone().unwrap_or_else(|| m.name.clone()),
+        api_key: a.api_key.clone(),
+        max_body_bytes: a.max_body_bytes,
+        max_seq_len: m.max_seq_len,
+        default_max_tokens: 16,
+        max_n: a.max_n,
+    };
+    let state = crate::server::AppState::new(scfg, engine, tok);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let addr = format!("{}:{}", a.host, a.port);
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
+        eprintln!("dsc serve: {} on http://{} ({:?} backend, KV pool {kv_tokens} tokens)", state.cfg.model_name, listener.local_addr()?, a.backend);
+        crate::server::serve(state, listener).await?;
+        anyhow::Ok(())
+    })?;
+    join.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    eprintln!("dsc serve: stopped");
+    Ok(())
+}
+
+/// KV bytes per token over every layer's pools (f32 rows on the GPU today).
+fn kv_bytes_per_token(plan: &Plan) -> anyhow::Result<usize> {
+    let g = plan.graph()?;
+    Ok(g.leaves(&dsc_ir::Op::State).iter().map(|&id| g.node(id).ty.shape.iter().skip(2).filter_map(|d| d.as_const()).product::<usize>() * 4).sum())
 }

@@ -56,6 +56,24 @@ pub trait Backend {
     fn kv_geometry(&self) -> (usize, usize);
     /// Forget all cached KV.
     fn reset(&mut self);
+    /// Copy whole KV blocks (every layer's K and V pool): (src, dst) pairs, in order
+    /// (copy-on-write of blocks shared by forked sequences).
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
+}
+
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        (**self).step(batch)
+    }
+    fn kv_geometry(&self) -> (usize, usize) {
+        (**self).kv_geometry()
+    }
+    fn reset(&mut self) {
+        (**self).reset()
+    }
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        (**self).copy_blocks(pairs)
+    }
 }
 
 /// The CPU reference backend: the IR executor over the plan's graph and weights.
@@ -109,6 +127,21 @@ impl Backend for CpuBackend<'_> {
 
     fn reset(&mut self) {
         self.exec.reset_states();
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        for name in self.exec.state_names() {
+            let t = self.exec.state_mut(&name).expect("listed state");
+            let per_block: usize = t.shape[1..].iter().product();
+            for &(src, dst) in pairs {
+                let (src, dst) = (src as usize * per_block, dst as usize * per_block);
+                if src.max(dst) + per_block > t.data.len() {
+                    return Err(RuntimeError::Request(format!("block copy outside the KV pool `{name}`")));
+                }
+                t.data.copy_within(src..src + per_block, dst);
+            }
+        }
+        Ok(())
     }
 }
 

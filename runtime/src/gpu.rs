@@ -400,4 +400,25 @@ impl Backend for GpuBackend<'_> {
     fn reset(&mut self) {
         // stale KV rows are never read: attention only reads positions a sequence has written
     }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        use cudarc::driver::DevicePtr;
+        let g = self.graph;
+        for id in g.leaves(&Op::State) {
+            let n = g.node(id);
+            let buf = &self.resident[&n.name];
+            let per_block = buf.len() / self.blocks;
+            let (base, _sync) = buf.device_ptr(&self.stream);
+            for &(src, dst) in pairs {
+                if (src.max(dst) as usize) >= self.blocks {
+                    return Err(gerr(format!("block copy {src} -> {dst} outside the pool of {}", self.blocks)));
+                }
+                // SAFETY: both ranges lie inside the pool (checked above) and do not overlap
+                // (distinct blocks); ordered on this backend's stream like every launch.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(base + (dst as usize * per_block) as u64, base + (src as usize * per_block) as u64, per_block, self.stream.cu_stream()) }
+                    .map_err(|e| gerr(format!("copying KV block: {e:?}")))?;
+            }
+        }
+        Ok(())
+    }
 }

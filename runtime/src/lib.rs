@@ -15,8 +15,13 @@ pub mod gpu_check;
 pub mod gpu_decode;
 pub mod gpu_e2e;
 pub mod gpu_tp;
+pub mod kv;
+pub mod metrics;
+pub mod nvml;
 pub mod plan;
 pub mod sampler;
+pub mod scheduler;
+pub mod server;
 pub mod tokenizer;
 pub mod tp;
 

@@ -16,6 +16,8 @@ enum Cmd {
     Run(cli::RunArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
+    /// Serve a plan over an OpenAI-compatible HTTP API
+    Serve(cli::ServeArgs),
     /// Run a kernel-check bundle (from `dsc gpu-bundle`) on GPU 0 and compare with the CPU
     /// reference outputs it carries
     /// Run a model plan on the GPU beside the CPU executor along the reference continuations
@@ -71,6 +73,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(a) => cli::run(&a),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::Serve(a) => cli::serve(&a),
         Cmd::GpuE2e { plan, reference, json } => {
             let r = dsc_runtime::gpu_e2e::run(&plan, &reference)?;
             println!("{:<8} {:>5} {:>10} {:>10} {:>9} {:>12} {:>8} {:>10}  result", "prompt", "pos", "max relL2", "mean", "argmax≠", "greedy agree", "margin", "ms/token");

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 enum Msg {
     Step(Arc<StepBatch>),
+    Copy(Arc<Vec<(u32, u32)>>),
     Reset,
 }
 
@@ -54,6 +55,17 @@ impl Backend for Ranks {
             let _ = tx.send(Msg::Reset);
         }
     }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        let p = Arc::new(pairs.to_vec());
+        for tx in &self.txs {
+            tx.send(Msg::Copy(p.clone())).map_err(|_| RuntimeError::Gpu("a rank thread has exited".into()))?;
+        }
+        for (r, rx) in self.rxs.iter().enumerate() {
+            rx.recv().map_err(|_| RuntimeError::Gpu(format!("rank {r} exited")))?.map_err(|e| RuntimeError::Gpu(format!("rank {r}: {e}")))?;
+        }
+        Ok(())
+    }
 }
 
 /// Run `f` with a backend made of `world` rank threads; `make(rank)` builds each rank's
@@ -87,6 +99,11 @@ where
                     match m {
                         Msg::Step(batch) => {
                             if otx.send(b.step(&batch)).is_err() {
+                                return;
+                            }
+                        }
+                        Msg::Copy(pairs) => {
+                            if otx.send(b.copy_blocks(&pairs).map(|_| vec![])).is_err() {
                                 return;
                             }
                         }
@@ -185,6 +202,9 @@ mod tests {
             (4, 16)
         }
         fn reset(&mut self) {}
+        fn copy_blocks(&mut self, _: &[(u32, u32)]) -> Result<()> {
+            Ok(())
+        }
     }
 
     #[test]

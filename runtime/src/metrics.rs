@@ -1,0 +1,126 @@
+//! Serving metrics in the Prometheus text format (prometheus-client). The engine and the HTTP
+//! server update them; `/metrics` encodes the registry.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PriorityLabel {
+    pub priority: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BlockState {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabel {
+    pub gpu: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub queue_time: Histogram,
+    pub prompt_tokens: Counter,
+    pub generation_tokens: Counter,
+    pub prefix_hit_tokens: Counter,
+    pub requests: Family<Reason, Counter>,
+    pub errors: Family<Reason, Counter>,
+    pub preemptions: Counter,
+    pub steps: Counter,
+    pub queue_depth: Family<PriorityLabel, Gauge>,
+    pub running: Gauge,
+    pub kv_blocks: Family<BlockState, Gauge>,
+    pub prefix_hit_ratio: Gauge<f64, AtomicU64>,
+    pub tokens_per_second: Gauge<f64, AtomicU64>,
+    pub gpu_utilization: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    pub gpu_memory_used: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    pub gpu_temperature: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    pub gpu_ecc_errors: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("dsc");
+        let lat = || Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let m = Metrics {
+            ttft: lat(),
+            itl: lat(),
+            e2e: lat(),
+            queue_time: lat(),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            prefix_hit_tokens: Counter::default(),
+            requests: Family::default(),
+            errors: Family::default(),
+            preemptions: Counter::default(),
+            steps: Counter::default(),
+            queue_depth: Family::default(),
+            running: Gauge::default(),
+            kv_blocks: Family::default(),
+            prefix_hit_ratio: Gauge::default(),
+            tokens_per_second: Gauge::default(),
+            gpu_utilization: Family::default(),
+            gpu_memory_used: Family::default(),
+            gpu_temperature: Family::default(),
+            gpu_ecc_errors: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register("time_to_first_token_seconds", "Time from arrival to the first generated token", m.ttft.clone());
+        r.register("inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence", m.itl.clone());
+        r.register("e2e_request_latency_seconds", "Time from arrival to the last token", m.e2e.clone());
+        r.register("queue_time_seconds", "Time a request waited before its first step", m.queue_time.clone());
+        r.register("prompt_tokens", "Prompt tokens admitted", m.prompt_tokens.clone());
+        r.register("generation_tokens", "Tokens generated", m.generation_tokens.clone());
+        r.register("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", m.prefix_hit_tokens.clone());
+        r.register("requests", "Finished sequences by finish reason (stop, length, cancelled, timeout, error)", m.requests.clone());
+        r.register("errors", "Rejected HTTP requests by kind", m.errors.clone());
+        r.register("preemptions", "Sequences preempted (blocks freed, recomputed later)", m.preemptions.clone());
+        r.register("engine_steps", "Engine steps run", m.steps.clone());
+        r.register("queue_depth", "Sequences waiting, by priority class", m.queue_depth.clone());
+        r.register("running_sequences", "Sequences in the running batch", m.running.clone());
+        r.register("kv_blocks", "KV-cache blocks by state (used, cached, free)", m.kv_blocks.clone());
+        r.register("prefix_cache_hit_ratio", "Prompt tokens found in the prefix cache / looked up", m.prefix_hit_ratio.clone());
+        r.register("generation_tokens_per_second", "Generated tokens per second over the last second", m.tokens_per_second.clone());
+        r.register("gpu_utilization_percent", "GPU utilization (NVML)", m.gpu_utilization.clone());
+        r.register("gpu_memory_used_bytes", "GPU memory used (NVML)", m.gpu_memory_used.clone());
+        r.register("gpu_temperature_celsius", "GPU temperature (NVML)", m.gpu_temperature.clone());
+        r.register("gpu_ecc_uncorrected_errors", "Uncorrected ECC errors, volatile (NVML)", m.gpu_ecc_errors.clone());
+        Metrics { registry: r, ..m }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        // writing into a String cannot fail
+        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
+        s
+    }
+
+    pub fn finished(&self, reason: &str) {
+        self.requests.get_or_create(&Reason { reason: reason.into() }).inc();
+    }
+
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&Reason { reason: kind.into() }).inc();
+    }
+}

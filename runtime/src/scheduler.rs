@@ -1,0 +1,701 @@
+//! The serving engine: continuous (in-flight) batching over one backend.
+//!
+//! Every step the scheduler builds one [`StepBatch`] from
+//! 1. the running sequences: one token each in decode, or the next chunk of a prompt
+//!    (chunked prefill under the per-step token budget);
+//! 2. new sequences admitted from the waiting queues: priority classes in order, each class
+//!    behind a token-bucket limiter (the DeepSeek serving articles' way of keeping
+//!    high-priority tail latency under load); a sequence that has waited longer than the
+//!    starvation bound is admitted first whatever its class, so nothing starves.
+//! When KV blocks run out, the lowest-priority, most recently arrived running sequence is
+//! preempted: its blocks are freed and it goes back to the head of its queue, to be recomputed
+//! (its prefix usually comes back from the prefix cache). Clients that disconnect are dropped
+//! at the next step and their blocks freed; requests past their queue timeout or deadline end
+//! with finish reason `timeout`.
+//!
+//! The engine owns the backend and runs on its own thread ([`spawn`]); requests arrive on a
+//! channel and results leave on each request's own channel, token by token.
+
+use crate::engine::{Backend, StepBatch};
+use crate::error::{Result, RuntimeError};
+use crate::kv::{BlockManager, KvStats, SeqBlocks};
+use crate::metrics::{BlockState, Metrics, PriorityLabel};
+use crate::sampler::{logprobs, Sampler, SamplingParams};
+use crate::tokenizer::Tokenizer;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    High = 0,
+    Normal = 1,
+    Low = 2,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Priority> {
+        match s {
+            "high" => Some(Priority::High),
+            "normal" => Some(Priority::Normal),
+            "low" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// tokens per step (prefill chunks + decodes)
+    pub max_step_tokens: usize,
+    /// sequences per step (the plan's max_batch)
+    pub max_seqs: usize,
+    /// tokens a sequence may reach (prompt + generated), the plan's max_seq_len
+    pub max_seq_len: usize,
+    pub prefix_caching: bool,
+    /// admitted prompt tokens per second per class (None = unlimited) and burst size
+    pub rate: [Option<(f64, f64)>; 3],
+    /// a sequence waiting longer than this is admitted before any other
+    pub starvation: Duration,
+    /// a request still waiting after this long ends with `timeout`
+    pub queue_timeout: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_step_tokens: 512,
+            max_seqs: 32,
+            max_seq_len: 2048,
+            prefix_caching: true,
+            rate: [None, None, None],
+            starvation: Duration::from_secs(10),
+            queue_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a client asks for (already tokenized and validated).
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    /// generation stops after any of these ids (EOS ids and the client's stop tokens)
+    pub stop_ids: Vec<u32>,
+    /// generation stops where the text contains one of these (not included in the output)
+    pub stop_strings: Vec<String>,
+    /// top alternatives to report with each token's log-probability (None = no logprobs)
+    pub logprobs: Option<usize>,
+    /// independent completions of the prompt (share its KV blocks; copy-on-write)
+    pub n: usize,
+    pub priority: Priority,
+    pub deadline: Option<Instant>,
+    pub events: UnboundedSender<Event>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token {
+        choice: usize,
+        id: u32,
+        /// new text since the previous event (may be empty while a multi-byte character or a
+        /// possible stop string is pending)
+        text: String,
+        logprob: Option<(f32, Vec<(u32, f32)>)>,
+    },
+    Done {
+        choice: usize,
+        /// stop, length, timeout, error
+        reason: String,
+        /// text held back at the end (released once no stop string can match)
+        text: String,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+    },
+    Error(String),
+}
+
+enum Command {
+    Submit(GenRequest),
+    Shutdown,
+}
+
+struct ReqInfo {
+    events: UnboundedSender<Event>,
+    sampling: SamplingParams,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    stop_strings: Vec<String>,
+    logprobs: Option<usize>,
+    priority: Priority,
+    arrival: Instant,
+    deadline: Option<Instant>,
+    prompt_len: usize,
+}
+
+struct Seq {
+    req: Arc<ReqInfo>,
+    choice: usize,
+    /// prompt + generated
+    tokens: Vec<u32>,
+    /// tokens whose KV is written
+    computed: usize,
+    blocks: SeqBlocks,
+    sampler: Sampler,
+    /// children to fork once the prompt is done (n > 1)
+    forks: usize,
+    /// text sent so far
+    sent: String,
+    cached: usize,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// arrival in its queue (for starvation), reset on preemption
+    queued: Instant,
+}
+
+impl Seq {
+    fn generated(&self) -> &[u32] {
+        &self.tokens[self.req.prompt_len..]
+    }
+}
+
+struct Bucket {
+    tokens: f64,
+    rate: f64,
+    burst: f64,
+    at: Instant,
+}
+
+pub struct Engine<B: Backend + ?Sized> {
+    backend: Box<B>,
+    bm: BlockManager,
+    cfg: SchedulerConfig,
+    tok: Option<Arc<Tokenizer>>,
+    metrics: Arc<Metrics>,
+    seqs: HashMap<u64, Seq>,
+    next_id: u64,
+    waiting: [VecDeque<u64>; 3],
+    running: Vec<u64>,
+    buckets: [Option<Bucket>; 3],
+    pool_blocks: usize,
+    gen_window: VecDeque<(Instant, usize)>,
+}
+
+impl<B: Backend + ?Sized> Engine<B> {
+    pub fn new(backend: Box<B>, cfg: SchedulerConfig, tok: Option<Arc<Tokenizer>>, metrics: Arc<Metrics>) -> Self {
+        let (blocks, bs) = backend.kv_geometry();
+        let now = Instant::now();
+        let buckets = cfg.rate.map(|r| r.map(|(rate, burst)| Bucket { tokens: burst, rate, burst, at: now }));
+        Engine {
+            backend,
+            bm: BlockManager::new(blocks, bs, cfg.prefix_caching),
+            cfg,
+            tok,
+            metrics,
+            seqs: HashMap::new(),
+            next_id: 0,
+            waiting: Default::default(),
+            running: vec![],
+            buckets,
+            pool_blocks: blocks,
+            gen_window: VecDeque::new(),
+        }
+    }
+
+    pub fn kv_stats(&self) -> KvStats {
+        self.bm.stats()
+    }
+
+    pub fn idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.iter().all(|w| w.is_empty())
+    }
+
+    /// Queue a request; errors (reported on its channel) when it can never run.
+    pub fn submit(&mut self, r: GenRequest) {
+        let fail = |m: String| {
+            let _ = r.events.send(Event::Error(m));
+        };
+        if r.prompt.is_empty() {
+            return fail("the prompt is empty".into());
+        }
+        if r.prompt.len() + r.max_tokens > self.cfg.max_seq_len {
+            return fail(format!("prompt ({}) + max_tokens ({}) exceeds the context ({} tokens)", r.prompt.len(), r.max_tokens, self.cfg.max_seq_len));
+        }
+        let bs = self.bm.block_size();
+        if (r.prompt.len() + r.max_tokens).div_ceil(bs) > self.pool_blocks {
+            return fail(format!("the request needs more KV blocks than the pool holds ({})", self.pool_blocks));
+        }
+        let sampler = match Sampler::new(r.sampling.clone()) {
+            Ok(s) => s,
+            Err(e) => return fail(e.to_string()),
+        };
+        let now = Instant::now();
+        let info = Arc::new(ReqInfo {
+            events: r.events,
+            sampling: r.sampling,
+            max_tokens: r.max_tokens,
+            stop_ids: r.stop_ids,
+            stop_strings: r.stop_strings,
+            logprobs: r.logprobs,
+            priority: r.priority,
+            arrival: now,
+            deadline: r.deadline,
+            prompt_len: r.prompt.len(),
+        });
+        self.metrics.prompt_tokens.inc_by(r.prompt.len() as u64);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(
+            id,
+            Seq {
+                req: info,
+                choice: 0,
+                tokens: r.prompt,
+                computed: 0,
+                blocks: SeqBlocks::default(),
+                sampler,
+                forks: r.n.max(1) - 1,
+                sent: String::new(),
+                cached: 0,
+                first_token: None,
+                last_token: None,
+                queued: now,
+            },
+        );
+        self.waiting[r.priority as usize].push_back(id);
+    }
+
+    fn finish(&mut self, id: u64, reason: &str, tail: String) {
+        if let Some(s) = self.seqs.remove(&id) {
+            self.running.retain(|&r| r != id);
+            for w in &mut self.waiting {
+                w.retain(|&r| r != id);
+            }
+            let _ = s.req.events.send(Event::Done {
+                choice: s.choice,
+                reason: reason.into(),
+                text: tail,
+                prompt_tokens: s.req.prompt_len,
+                completion_tokens: s.generated().len(),
+                cached_tokens: s.cached,
+            });
+            self.bm.release(s.blocks);
+            self.metrics.finished(reason);
+            self.update_gauges();
+            if reason != "cancelled" {
+                self.metrics.e2e.observe(s.req.arrival.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// Drop cancelled requests (client gone) and end those past their timeouts.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let ids: Vec<u64> = self.seqs.keys().copied().collect();
+        for id in ids {
+            let s = &self.seqs[&id];
+            let waiting = !self.running.contains(&id);
+            if s.req.events.is_closed() {
+                self.finish(id, "cancelled", String::new());
+            } else if s.req.deadline.is_some_and(|d| now >= d) || (waiting && s.first_token.is_none() && now.duration_since(s.req.arrival) > self.cfg.queue_timeout) {
+                self.finish(id, "timeout", String::new());
+            }
+        }
+    }
+
+    fn refill(&mut self) {
+        let now = Instant::now();
+        for b in self.buckets.iter_mut().flatten() {
+            b.tokens = (b.tokens + b.rate * now.duration_since(b.at).as_secs_f64()).min(b.burst);
+            b.at = now;
+        }
+    }
+
+    /// Preempt running sequence `v`: free its blocks, back to the head of its queue (it
+    /// is recomputed when admitted again).
+    fn preempt(&mut self, v: u64) {
+        self.running.retain(|&r| r != v);
+        let s = self.seqs.get_mut(&v).expect("running sequence");
+        let blocks = std::mem::take(&mut s.blocks);
+        s.computed = 0;
+        s.queued = Instant::now();
+        let p = s.req.priority as usize;
+        self.bm.release(blocks);
+        self.waiting[p].push_front(v);
+        self.metrics.preemptions.inc();
+    }
+
+    fn rank(&self, id: u64) -> (Priority, Instant) {
+        let s = &self.seqs[&id];
+        (s.req.priority, s.req.arrival)
+    }
+
+    /// Pick the next waiting sequence to admit: one past the starvation bound first, then by
+    /// class, skipping classes whose token bucket is empty.
+    fn next_waiting(&self) -> Option<(usize, u64)> {
+        let now = Instant::now();
+        let starving = (0..3)
+            .filter_map(|c| self.waiting[c].front().map(|&id| (c, id)))
+            .filter(|(_, id)| now.duration_since(self.seqs[id].queued) > self.cfg.starvation)
+            .min_by_key(|(_, id)| self.seqs[id].queued);
+        if starving.is_some() {
+            return starving;
+        }
+        (0..3).find_map(|c| {
+            let id = *self.waiting[c].front()?;
+            match &self.buckets[c] {
+                Some(b) if b.tokens <= 0.0 => None,
+                _ => Some((c, id)),
+            }
+        })
+    }
+
+    /// One scheduling step and its backend step. Returns false when there was nothing to do.
+    pub fn step(&mut self) -> Result<bool> {
+        self.expire();
+        self.refill();
+        let mut budget = self.cfg.max_step_tokens;
+        let mut sched: Vec<(u64, usize)> = vec![];
+        let mut copies = vec![];
+        // 1. running sequences, highest priority first (decodes are one token each)
+        let mut order = self.running.clone();
+        order.sort_by_key(|r| (self.seqs[r].req.priority, self.seqs[r].req.arrival));
+        for id in order {
+            if budget == 0 || !self.running.contains(&id) {
+                continue;
+            }
+            let s = &self.seqs[&id];
+            let n = (s.tokens.len() - s.computed).min(budget);
+            loop {
+                let s = self.seqs.get_mut(&id).expect("running");
+                match self.bm.grow(&mut s.blocks, s.computed, s.computed + n) {
+                    Ok(c) => {
+                        copies.extend(c);
+                        sched.push((id, n));
+                        budget -= n;
+                        break;
+                    }
+                    Err(_) => {
+                        // free blocks from the least important other sequence not yet in this
+                        // step; if that one matters more than this one, this one yields
+                        let victim = self.running.iter().copied().filter(|&r| r != id && !sched.iter().any(|x| x.0 == r)).max_by_key(|&r| self.rank(r));
+                        match victim {
+                            Some(v) if self.rank(v) > self.rank(id) => self.preempt(v),
+                            _ => {
+                                self.preempt(id);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // 2. admissions
+        while budget > 0 && self.running.len() < self.cfg.max_seqs {
+            let Some((c, id)) = self.next_waiting() else { break };
+            let s = self.seqs.get_mut(&id).expect("waiting sequence");
+            if s.blocks.blocks.is_empty() && s.computed == 0 {
+                let (b, hit) = self.bm.start(&s.tokens);
+                s.blocks = b;
+                s.computed = hit;
+                if s.first_token.is_none() {
+                    s.cached = hit;
+                    self.metrics.prefix_hit_tokens.inc_by(hit as u64);
+                }
+            }
+            let n = (s.tokens.len() - s.computed).min(budget);
+            match self.bm.grow(&mut s.blocks, s.computed, s.computed + n) {
+                Ok(c2) => {
+                    copies.extend(c2);
+                    self.waiting[c].pop_front();
+                    if s.first_token.is_none() && s.computed == s.cached {
+                        self.metrics.queue_time.observe(s.req.arrival.elapsed().as_secs_f64());
+                    }
+                    if let Some(b) = &mut self.buckets[c] {
+                        b.tokens -= n as f64;
+                    }
+                    self.running.push(id);
+                    sched.push((id, n));
+                    budget -= n;
+                }
+                Err(_) => {
+                    // hand the prefix blocks back; wait for running sequences to finish
+                    let b = std::mem::take(&mut s.blocks);
+                    s.computed = 0;
+                    self.bm.release(b);
+                    break;
+                }
+            }
+        }
+        self.update_gauges();
+        if sched.is_empty() {
+            return Ok(false);
+        }
+        if !copies.is_empty() {
+            self.backend.copy_blocks(&copies)?;
+        }
+        // 3. the batch
+        let bs = self.bm.block_size();
+        let mb = sched.iter().map(|(id, _)| self.seqs[id].blocks.blocks.len()).max().unwrap_or(1).max(1);
+        let mut b = StepBatch { num_seqs: sched.len(), max_blocks: mb, ..Default::default() };
+        let mut wants = vec![];
+        for (row, &(id, n)) in sched.iter().enumerate() {
+            let s = &self.seqs[&id];
+            for p in s.computed..s.computed + n {
+                b.tokens.push(s.tokens[p] as i32);
+                b.positions.push(p as i32);
+                b.seq_ids.push(row as i32);
+                b.slots.push((s.blocks.blocks[p / bs] as usize * bs + p % bs) as i32);
+            }
+            let mut t: Vec<i32> = s.blocks.blocks.iter().map(|&x| x as i32).collect();
+            t.resize(mb, 0);
+            b.block_table.extend(t);
+            if s.computed + n == s.tokens.len() {
+                b.logit_rows.push(b.tokens.len() as i32 - 1);
+                wants.push(id);
+            }
+        }
+        let logits = if b.logit_rows.is_empty() {
+            // a step of prompt chunks only: run it, no logits needed but the graph wants one row
+            b.logit_rows.push(0);
+            self.backend.step(&b)?;
+            vec![]
+        } else {
+            self.backend.step(&b)?
+        };
+        self.metrics.steps.inc();
+        for &(id, n) in &sched {
+            let s = self.seqs.get_mut(&id).expect("scheduled");
+            s.computed += n;
+            self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+        }
+        for (id, row) in wants.into_iter().zip(logits) {
+            self.sample(id, &row);
+        }
+        self.update_gauges();
+        Ok(true)
+    }
+
+    fn sample(&mut self, id: u64, logits: &[f32]) {
+        // n > 1: fork the children off the finished prompt (shared blocks), each samples
+        let forks = std::mem::take(&mut self.seqs.get_mut(&id).expect("seq").forks);
+        let mut ids = vec![id];
+        for k in 1..=forks {
+            let s = &self.seqs[&id];
+            let blocks = self.bm.fork(&s.blocks);
+            let mut p = s.req.sampling.clone();
+            p.seed = p.seed.wrapping_add(k as u64);
+            let child = Seq {
+                req: s.req.clone(),
+                choice: k,
+                tokens: s.tokens.clone(),
+                computed: s.computed,
+                blocks,
+                sampler: Sampler::new(p).expect("validated"),
+                forks: 0,
+                sent: String::new(),
+                cached: s.cached,
+                first_token: None,
+                last_token: None,
+                queued: s.queued,
+            };
+            let cid = self.next_id;
+            self.next_id += 1;
+            self.seqs.insert(cid, child);
+            self.running.push(cid);
+            ids.push(cid);
+        }
+        for id in ids {
+            self.emit(id, logits);
+        }
+    }
+
+    fn emit(&mut self, id: u64, logits: &[f32]) {
+        let now = Instant::now();
+        let s = self.seqs.get_mut(&id).expect("seq");
+        let t = s.sampler.sample_with(logits, &s.tokens[..s.req.prompt_len], &s.tokens[s.req.prompt_len..]);
+        s.tokens.push(t);
+        match s.last_token {
+            None => self.metrics.ttft.observe(now.duration_since(s.req.arrival).as_secs_f64()),
+            Some(prev) => self.metrics.itl.observe(now.duration_since(prev).as_secs_f64()),
+        }
+        s.first_token.get_or_insert(now);
+        s.last_token = Some(now);
+        self.metrics.generation_tokens.inc();
+        self.gen_window.push_back((now, 1));
+        let lp = s.req.logprobs.map(|top| logprobs(logits, t, top));
+        let stop_id = s.req.stop_ids.contains(&t);
+        let done_len = s.generated().len() >= s.req.max_tokens || s.tokens.len() >= self.cfg.max_seq_len;
+        // text: decode everything generated (minus a stop token), hold back what may still
+        // become a stop string or is an incomplete character
+        let gen: Vec<u32> = s.generated().iter().copied().filter(|x| !s.req.stop_ids.contains(x)).collect();
+        let text = self.tok.as_ref().and_then(|tk| tk.decode(&gen, true).ok()).unwrap_or_default();
+        let mut stop_at = None;
+        for st in &s.req.stop_strings {
+            if let Some(i) = text.find(st.as_str()) {
+                stop_at = Some(stop_at.map_or(i, |j: usize| j.min(i)));
+            }
+        }
+        let visible = match stop_at {
+            Some(i) => &text[..i],
+            None => &text[..],
+        };
+        let finished = stop_id || done_len || stop_at.is_some();
+        let mut safe = visible.len();
+        if !finished {
+            // hold back a trailing replacement char and any suffix that starts a stop string
+            if visible.ends_with('\u{FFFD}') {
+                safe = visible.len() - '\u{FFFD}'.len_utf8();
+            }
+            for st in &s.req.stop_strings {
+                for k in (1..st.len()).rev() {
+                    if st.is_char_boundary(k) && visible[..safe].ends_with(&st[..k]) {
+                        safe = safe.min(visible.len() - k);
+                        break;
+                    }
+                }
+            }
+        }
+        let delta = if visible.starts_with(&s.sent) && safe >= s.sent.len() { visible[s.sent.len()..safe].to_string() } else { String::new() };
+        s.sent.push_str(&delta);
+        let choice = s.choice;
+        let _ = s.req.events.send(Event::Token { choice, id: t, text: delta, logprob: lp });
+        if finished {
+            let tail = if visible.starts_with(&s.sent) { visible[s.sent.len()..].to_string() } else { String::new() };
+            let reason = if stop_id || stop_at.is_some() { "stop" } else { "length" };
+            self.finish(id, reason, tail);
+        }
+    }
+
+    fn update_gauges(&mut self) {
+        let m = &self.metrics;
+        for p in Priority::ALL {
+            m.queue_depth.get_or_create(&PriorityLabel { priority: p.name().into() }).set(self.waiting[p as usize].len() as i64);
+        }
+        m.running.set(self.running.len() as i64);
+        let st = self.bm.stats();
+        for (k, v) in [("used", st.used_blocks), ("cached", st.cached_blocks), ("free", st.free_blocks)] {
+            m.kv_blocks.get_or_create(&BlockState { state: k.into() }).set(v as i64);
+        }
+        if st.prefix_query_tokens > 0 {
+            m.prefix_hit_ratio.set(st.prefix_hit_tokens as f64 / st.prefix_query_tokens as f64);
+        }
+        let now = Instant::now();
+        while self.gen_window.front().is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(1)) {
+            self.gen_window.pop_front();
+        }
+        m.tokens_per_second.set(self.gen_window.iter().map(|x| x.1).sum::<usize>() as f64);
+    }
+
+    /// Run every queued request to completion (tests and batch jobs).
+    pub fn run_to_idle(&mut self) -> Result<()> {
+        while !self.idle() {
+            self.step()?;
+        }
+        self.update_gauges();
+        Ok(())
+    }
+}
+
+/// The handle the server keeps: submit requests, stop the engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: std::sync::mpsc::Sender<Command>,
+    pub metrics: Arc<Metrics>,
+    alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EngineHandle {
+    pub fn submit(&self, r: GenRequest) -> Result<()> {
+        self.tx.send(Command::Submit(r)).map_err(|_| RuntimeError::Request("the engine has stopped".into()))
+    }
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+    pub fn alive(&self) -> bool {
+        self.alive.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Start the engine on its own thread. `make` builds the backend there (GPU contexts are per
+/// thread). The thread ends after `shutdown` once every accepted request has finished.
+pub fn spawn<B: Backend + 'static>(
+    make: impl FnOnce() -> Result<B> + Send + 'static,
+    cfg: SchedulerConfig,
+    tok: Option<Arc<Tokenizer>>,
+    metrics: Arc<Metrics>,
+) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::channel::<Command>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+    let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (m2, a2) = (metrics.clone(), alive.clone());
+    let join = std::thread::Builder::new()
+        .name("dsc-engine".into())
+        .spawn(move || {
+            let backend = match make() {
+                Ok(b) => {
+                    let _ = ready_tx.send(Ok(()));
+                    b
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    a2.store(false, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+            };
+            let mut e = Engine::new(Box::new(backend), cfg, tok, m2);
+            let mut stopping = false;
+            loop {
+                // take everything that arrived; block only when there is nothing to run
+                loop {
+                    let cmd = if e.idle() && !stopping {
+                        match rx.recv() {
+                            Ok(c) => c,
+                            Err(_) => return,
+                        }
+                    } else {
+                        match rx.try_recv() {
+                            Ok(c) => c,
+                            Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                                stopping = true;
+                                break;
+                            }
+                        }
+                    };
+                    match cmd {
+                        Command::Submit(r) => e.submit(r),
+                        Command::Shutdown => stopping = true,
+                    }
+                }
+                if stopping && e.idle() {
+                    break;
+                }
+                if let Err(err) = e.step() {
+                    // a backend failure ends every request in flight with the error
+                    tracing::error!(target: "dsc::engine", "step failed: {err}");
+                    let ids: Vec<u64> = e.seqs.keys().copied().collect();
+                    for id in ids {
+                        if let Some(s) = e.seqs.get(&id) {
+                            let _ = s.req.events.send(Event::Error(format!("engine step failed: {err}")));
+                        }
+                        e.finish(id, "error", String::new());
+                    }
+                }
+            }
+            a2.store(false, std::sync::atomic::Ordering::SeqCst);
+        })
+        .map_err(|e| RuntimeError::Request(format!("starting the engine thread: {e}")))?;
+    ready_rx.recv().map_err(|_| RuntimeError::Request("the engine thread died while starting".into()))??;
+    Ok((EngineHandle { tx, metrics, alive }, join))
+}

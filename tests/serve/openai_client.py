@@ -1,0 +1,108 @@
+"""The official `openai` client against `dsc serve`: completions, chat, streaming, logprobs,
+n > 1, stop strings, and OpenAI-style 4xx errors for bad requests (the server keeps serving).
+
+usage: python3 openai_client.py BASE_URL MODEL API_KEY
+"""
+import json
+import sys
+import urllib.error
+import urllib.request
+
+import openai
+
+base, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    checks += 1
+
+
+# models
+ids = [m.id for m in client.models.list().data]
+check(ids == [model], f"models list {ids}")
+
+# completion, greedy, deterministic
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+check(c.object == "text_completion" and len(c.choices) == 1, "completion shape")
+check("Paris" in c.choices[0].text, f"completion text {c.choices[0].text!r}")
+check(c.usage.completion_tokens == 8 and c.choices[0].finish_reason == "length", f"usage {c.usage}")
+c2 = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+check(c2.choices[0].text == c.choices[0].text, "greedy is deterministic")
+
+# streaming completion reassembles to the same text
+parts = []
+for ev in client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True):
+    parts.append(ev.choices[0].text)
+check("".join(parts) == c.choices[0].text, f"stream {''.join(parts)!r} vs {c.choices[0].text!r}")
+
+# chat, and chat streaming
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=24, temperature=0)
+text = r.choices[0].message.content
+check(r.object == "chat.completion" and r.choices[0].message.role == "assistant" and "4" in text, f"chat {text!r}")
+check(r.choices[0].finish_reason in ("stop", "length"), "chat finish reason")
+chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}))
+streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+check(streamed == text, f"chat stream {streamed!r} vs {text!r}")
+check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, "stream usage chunk")
+
+# logprobs, n > 1 with a seed, stop strings
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
+lp = r.choices[0].logprobs.content
+check(len(lp) == 5 and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in lp), "chat logprobs")
+check(all(abs(t.logprob - t.top_logprobs[0].logprob) < 1e-4 for t in lp), "greedy token is the top logprob")
+c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=0.9, n=3, seed=7)
+check(len(c.choices) == 3 and sorted(ch.index for ch in c.choices) == [0, 1, 2], "n = 3")
+c_again = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=0.9, n=3, seed=7)
+check([ch.text for ch in c.choices] == [ch.text for ch in c_again.choices], "a seed reproduces sampling")
+base_text = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0).choices[0].text
+stop_at = base_text.strip().split(",")[1] if "," in base_text else None
+if stop_at:
+    s = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop_at.strip()])
+    check(s.choices[0].finish_reason == "stop" and stop_at.strip() not in s.choices[0].text, f"stop string {stop_at!r}: {s.choices[0].text!r}")
+
+# bad requests: OpenAI-style errors, right status codes
+def status_of(fn):
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        return e.status_code, e.body
+    return 200, None
+
+
+code, body = status_of(lambda: client.completions.create(model="no-such-model", prompt="hi", max_tokens=2))
+check(code == 404 and body["code"] == "model_not_found", f"unknown model -> {code} {body}")
+code, body = status_of(lambda: client.completions.create(model=model, prompt="hi " * 3000, max_tokens=2))
+check(code == 400 and body["code"] == "context_length_exceeded", f"long prompt -> {code} {body}")
+code, _ = status_of(lambda: client.completions.create(model=model, prompt="hi", max_tokens=10**7))
+check(code == 400, "max_tokens too large")
+code, _ = status_of(lambda: client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=5))
+check(code == 400, "temperature out of range")
+code, _ = status_of(lambda: client.completions.create(model=model, prompt="hi", max_tokens=2, top_p=0))
+check(code == 400, "top_p = 0")
+code, _ = status_of(lambda: openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).completions.create(model=model, prompt="hi", max_tokens=2))
+check(code == 401, "wrong API key")
+def raw(path, data=None):
+    req = urllib.request.Request(base + path, data=data, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+code, text = raw("/v1/completions", b"{not json")
+check(code == 400 and json.loads(text)["error"]["type"] == "invalid_request_error", f"malformed JSON -> {code} {text}")
+code, _ = raw("/v1/completions", b"x" * (2 << 20))
+check(code == 413, f"oversized body -> {code}")
+# still serving
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0)
+check(c.choices[0].finish_reason == "length", "serves after the bad requests")
+check(raw("/health")[0] == 200 and raw("/ready")[0] == 200, "health and ready")
+metrics = raw("/metrics")[1]
+check("dsc_time_to_first_token_seconds_bucket" in metrics and 'dsc_errors_total{reason="model_not_found"}' in metrics, "metrics")
+print(f"openai client: {checks} checks passed")
