@@ -5,6 +5,9 @@
 #   2. carry [".gpu/p1"]: mkdir -p ~/cache && mv .gpu/p1/smol.plan.part.aa ~/cache/
 #   3. right after (the machine stays warm 30 s), carry [".gpu/p2"]: bash scripts/gpu-e2e.sh
 #      (SmolLM2 plan, split in two because one call carries at most 64 MiB)
+# Serving: also builds .gpu/serve/ (SmolLM2 shape and Llama-3-8B shape, seeded weights with
+# SmolLM2's tokenizer, + the load script); carry [".gpu/dsc-runtime", ".gpu/serve"]:
+# bash scripts/gpu-serve.sh
 # Tensor parallelism (kind nvidia-h200-x2): also builds .gpu/tp/ (Llama-3-8B shape whole, tp=1,
 # tp=2); carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/tp"]: bash scripts/gpu-tp.sh
 set -euo pipefail
@@ -17,6 +20,13 @@ cp target/release/dsc-runtime .gpu/
 mkdir -p .gpu/tp
 cp .gpu/llama3-8b.plan .gpu/tp/llama3-8b.plan
 for n in 1 2; do ./target/release/dsc compile models/llama3-8b-seeded.toml --tp $n -o .gpu/tp/llama3-8b-tp$n.plan; done
+rm -rf .gpu/serve && mkdir -p .gpu/serve
+./target/release/dsc compile models/smollm2-shape-seeded.toml -o .gpu/serve/smollm2-shape.plan
+# the 8B shape with SmolLM2's tokenizer (its vocabulary fits in 128256)
+sed "s/^name = .*/name = \"llama3-8b-seeded\"/" models/llama3-8b-seeded.toml > .cache/llama3-8b-serve.toml
+printf '\n[tokenizer]\ngguf = "%s"\n' "$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" >> .cache/llama3-8b-serve.toml
+./target/release/dsc compile .cache/llama3-8b-serve.toml -o .gpu/serve/llama3-8b.plan
+cp tests/serve/load.py .gpu/serve/
 ./target/release/dsc compile models/smollm2-135m.toml -o .cache/smol.plan
 rm -rf .gpu/p1 .gpu/p2 && mkdir -p .gpu/p1 .gpu/p2
 split -b 48M .cache/smol.plan .cache/smol.plan.part.

@@ -106,6 +106,6 @@ fn sixty_four_concurrent_streams_match_solo_runs() {
     let s = serve(&plan, &["--kv-tokens", "1600", "--max-step-tokens", "256"]);
     let json = d.path().join("load.json");
     let out = python("load.py", &[&s.base, "tiny-seeded", "test-key", "--clients", "64", "--max-tokens", "24", "--json", json.to_str().unwrap()]);
-    assert!(out.contains("64 concurrent streams complete"), "{out}");
+    assert!(out.contains("64 concurrent streams complete, 64 equal to solo runs"), "{out}");
     stop(s);
 }

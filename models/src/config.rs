@@ -31,6 +31,7 @@
 //!
 //! [tokenizer]           # optional: default is the GGUF metadata or tokenizer.json next to the weights
 //! path = "tokenizer.json"
+//! # gguf = "../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # or: from a GGUF's metadata
 //! chat_template = "..." # overrides the checkpoint's template
 //! ```
 
@@ -173,6 +174,10 @@ impl Default for Precision {
 pub struct TokenizerSection {
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// take the tokenizer from this GGUF file's metadata (e.g. a seeded benchmark model with a
+    /// real model's vocabulary)
+    #[serde(default)]
+    pub gguf: Option<PathBuf>,
     #[serde(default)]
     pub chat_template: Option<String>,
 }

@@ -20,6 +20,7 @@ use dsc_ir::{quant, DType, Graph};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::str::FromStr;
 use weights::Bytes;
 
 /// A model ready for the compiler: verified graph, weights by checkpoint name, tokenizer.
@@ -217,10 +218,18 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         WeightFormat::Seeded => {
             let dims = t.dims.clone().expect("checked by ModelConfig");
             let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| ModelError::Config { path: config.path.clone(), msg: e })?;
-            let tok = match t.tokenizer.as_ref().and_then(|s| s.path.as_ref()) {
-                Some(p) => Some(tokenizer::from_json_file(&config.resolve(p))?),
-                None => None,
+            let sec = t.tokenizer.as_ref();
+            let tok = match (sec.and_then(|s| s.path.as_ref()), sec.and_then(|s| s.gguf.as_ref())) {
+                (Some(p), _) => Some(tokenizer::from_json_file(&config.resolve(p))?),
+                (None, Some(g)) => Some(tokenizer::from_gguf(&gguf::GgufFile::open(&config.resolve(g))?)?),
+                (None, None) => None,
             };
+            if let Some(tk) = &tok {
+                let n = tokenizers::Tokenizer::from_str(&tk.json).map(|x| x.get_vocab_size(true)).unwrap_or(0);
+                if n > dims.vocab {
+                    return Err(ModelError::Config { path: config.path.clone(), msg: format!("the tokenizer has {n} tokens but dims.vocab is {}", dims.vocab) });
+                }
+            }
             let ws = seeded_weights(&dims, t.weights.seed.unwrap_or(0), dtype, llama::Naming::Hf)?;
             (dims, ws, tok, llama::Naming::Hf, None)
         }

@@ -32,6 +32,8 @@ pub struct GpuBackend<'p> {
     /// weights and KV pools by node name
     resident: HashMap<String, CudaSlice<u8>>,
     blocks: usize,
+    /// MB: block-table columns every step is padded to
+    table_width: usize,
     block_size: usize,
     pub target: String,
     buckets: HashMap<(usize, usize, usize), Bucket>,
@@ -155,7 +157,10 @@ impl<'p> GpuBackend<'p> {
         }
         // host-side reductions cannot be captured
         let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_));
-        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, block_size, target: target.to_string(), buckets: HashMap::new(), use_graphs, collective })
+        // block tables are padded to the most blocks one sequence can have (a fixed MB keeps
+        // one CUDA graph per step shape), not to the pool
+        let table_width = blocks.min(plan.header.model.max_seq_len.div_ceil(block_size)).max(1);
+        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, table_width, block_size, target: target.to_string(), buckets: HashMap::new(), use_graphs, collective })
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -212,7 +217,7 @@ const CACHED_MAX_TOKENS: usize = 64;
 impl GpuBackend<'_> {
     fn prepare(&self, t: usize, s_: usize, r: usize) -> Result<Bucket> {
         let g = self.graph;
-        let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.blocks), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
+        let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.table_width), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
         let shape_of = |name: &str| -> Result<Vec<usize>> {
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
@@ -342,11 +347,12 @@ impl GpuBackend<'_> {
     }
 
     fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
-        // block tables are padded to the pool's width, so MB (and the graph) is fixed
-        let mut table = vec![0i32; b.num_seqs * self.blocks];
+        // block tables are padded to a fixed width, so MB (and the graph) is fixed
+        let w = self.table_width;
+        let mut table = vec![0i32; b.num_seqs * w];
         for sq in 0..b.num_seqs {
-            let n = b.max_blocks.min(self.blocks);
-            table[sq * self.blocks..sq * self.blocks + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
+            let n = b.max_blocks.min(w);
+            table[sq * w..sq * w + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
         }
         let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
         for (name, v) in inputs {
@@ -376,8 +382,8 @@ impl GpuBackend<'_> {
 impl Backend for GpuBackend<'_> {
     fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
         b.validate()?;
-        if b.max_blocks > self.blocks {
-            return Err(gerr(format!("block table of {} blocks per sequence exceeds the pool ({})", b.max_blocks, self.blocks)));
+        if b.max_blocks > self.table_width {
+            return Err(gerr(format!("block table of {} blocks per sequence exceeds the plan's longest sequence ({} blocks)", b.max_blocks, self.table_width)));
         }
         let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len());
         if key.0 > CACHED_MAX_TOKENS {

@@ -106,6 +106,13 @@ impl Metrics {
         r.register("gpu_memory_used_bytes", "GPU memory used (NVML)", m.gpu_memory_used.clone());
         r.register("gpu_temperature_celsius", "GPU temperature (NVML)", m.gpu_temperature.clone());
         r.register("gpu_ecc_uncorrected_errors", "Uncorrected ECC errors, volatile (NVML)", m.gpu_ecc_errors.clone());
+        // series that exist from the start (dashboards and autoscalers see zeros, not gaps)
+        for p in ["high", "normal", "low"] {
+            let _ = m.queue_depth.get_or_create(&PriorityLabel { priority: p.into() });
+        }
+        for st in ["used", "cached", "free"] {
+            let _ = m.kv_blocks.get_or_create(&BlockState { state: st.into() });
+        }
         Metrics { registry: r, ..m }
     }
 

@@ -18,6 +18,7 @@ ap.add_argument("key")
 ap.add_argument("--clients", type=int, default=64)
 ap.add_argument("--max-tokens", type=int, default=24)
 ap.add_argument("--json")
+ap.add_argument("--allow-mismatch", action="store_true", help="report, do not fail on, outputs that differ from the solo run (GPU: batched steps take the bf16 tensor-core path, solo decode the f32 GEMV, so near-ties may flip)")
 a = ap.parse_args()
 host, port = a.base.split("//")[1].split(":")
 port = int(port)
@@ -77,7 +78,9 @@ async def main():
     t0 = time.perf_counter()
     res = await asyncio.gather(*(ttft_probe(i) for i in range(a.clients)))
     wall = time.perf_counter() - t0
-    bad = [r["i"] for r in res if not r["done"] or r["reason"] != "length" or r["text"] != want[r["i"]]]
+    incomplete = [r["i"] for r in res if not r["done"] or r["reason"] != "length"]
+    differ = [r["i"] for r in res if r["text"] != want[r["i"]]]
+    bad = sorted(set(incomplete + ([] if a.allow_mismatch else differ)))
     metrics = urllib.request.urlopen(a.base + "/metrics").read().decode()
     used = [l for l in metrics.splitlines() if l.startswith('dsc_kv_blocks{state="used"}')]
     running = [l for l in metrics.splitlines() if l.startswith("dsc_running_sequences")]
@@ -88,7 +91,8 @@ async def main():
         "generated_tokens_per_s": a.clients * a.max_tokens / wall,
         "ttft_s": {"p50": pct([r["ttft"] for r in res if r["ttft"]], 50), "p90": pct([r["ttft"] for r in res if r["ttft"]], 90), "p99": pct([r["ttft"] for r in res if r["ttft"]], 99)},
         "e2e_s": {"p50": pct([r["e2e"] for r in res], 50), "p90": pct([r["e2e"] for r in res], 90), "p99": pct([r["e2e"] for r in res], 99)},
-        "complete_and_equal_to_solo": a.clients - len(bad),
+        "complete": a.clients - len(incomplete),
+        "equal_to_solo": a.clients - len(differ),
         "kv_used_after": used,
         "running_after": running,
     }
@@ -103,7 +107,7 @@ async def main():
         raise SystemExit(f"FAILED: {len(bad)} of {a.clients} responses incomplete or different from the solo run")
     if used != ['dsc_kv_blocks{state="used"} 0'] or running != ["dsc_running_sequences 0"]:
         raise SystemExit(f"FAILED: KV pool not empty after the load: {used} {running}")
-    print(f"load: {a.clients} concurrent streams complete, equal to solo runs, KV pool empty")
+    print(f"load: {a.clients} concurrent streams complete, {a.clients - len(differ)} equal to solo runs, KV pool empty")
 
 
 asyncio.run(main())
