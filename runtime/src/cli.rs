@@ -246,9 +246,7 @@ fn parse_rates(rates: &[String]) -> anyhow::Result<[Option<(f64, f64)>; 3]> {
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     // read the header here for validation and limits; the engine thread opens its own copy
     let plan = Plan::open(&a.plan)?;
-    if plan.header.tensor_parallel > 1 {
-        bail!("serving tensor-parallel plans is not wired yet (`dsc run` runs them); compile without --tp to serve");
-    }
+    let tp = plan.header.tensor_parallel;
     let m = &plan.header.model;
     let tok = plan.header.tokenizer.as_ref().map(Tokenizer::new).transpose()?.map(std::sync::Arc::new);
     let max_seqs = a.max_seqs.unwrap_or(m.max_batch).max(1);
@@ -281,14 +279,16 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     let (path, backend) = (a.plan.clone(), a.backend);
     let (engine, join) = crate::scheduler::spawn(
-        move || -> crate::Result<Box<dyn crate::engine::Backend>> {
-            // the engine thread owns the plan for the life of the process
-            let plan: &'static Plan = Box::leak(Box::new(Plan::open(&path)?));
-            let graph: &'static dsc_ir::Graph = Box::leak(Box::new(plan.graph()?));
-            Ok(match backend {
-                BackendKind::Cpu => Box::new(CpuBackend::new(graph, plan, kv_tokens)?),
-                BackendKind::Gpu => Box::new(crate::gpu::GpuBackend::new(graph, plan, kv_tokens)?),
-            })
+        move |lp: crate::scheduler::EngineLoop| -> crate::Result<()> {
+            let plan = Plan::open(&path)?;
+            let graph = plan.graph()?;
+            // tensor-parallel plans: one thread per rank, the scheduler stays on this one
+            match (backend, tp > 1) {
+                (BackendKind::Cpu, false) => lp.run(CpuBackend::new(&graph, &plan, kv_tokens)?),
+                (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens)?),
+                (BackendKind::Cpu, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
+                (BackendKind::Gpu, true) => crate::tp::gpu(&graph, &plan, kv_tokens, if std::env::var_os("DSC_TP_LOCAL").is_some() { crate::tp::GpuMode::Local } else { crate::tp::GpuMode::Nccl }, |r| lp.run(r)),
+            }
         },
         cfg,
         tok.clone(),

@@ -76,6 +76,21 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
 }
 
+impl<B: Backend + ?Sized> Backend for &mut B {
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        (**self).step(batch)
+    }
+    fn kv_geometry(&self) -> (usize, usize) {
+        (**self).kv_geometry()
+    }
+    fn reset(&mut self) {
+        (**self).reset()
+    }
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        (**self).copy_blocks(pairs)
+    }
+}
+
 /// The CPU reference backend: the IR executor over the plan's graph and weights.
 pub struct CpuBackend<'p> {
     exec: Executor<'p>,

@@ -627,71 +627,80 @@ impl EngineHandle {
     }
 }
 
-/// Start the engine on its own thread. `make` builds the backend there (GPU contexts are per
-/// thread). The thread ends after `shutdown` once every accepted request has finished.
-pub fn spawn<B: Backend + 'static>(
-    make: impl FnOnce() -> Result<B> + Send + 'static,
+/// The engine's loop, handed to the code that builds the backend: call [`EngineLoop::run`]
+/// with it (that code may keep the backend inside a scope, e.g. tensor-parallel rank threads).
+pub struct EngineLoop {
+    rx: std::sync::mpsc::Receiver<Command>,
+    ready: std::sync::mpsc::Sender<Result<()>>,
     cfg: SchedulerConfig,
     tok: Option<Arc<Tokenizer>>,
     metrics: Arc<Metrics>,
-) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+}
+
+impl EngineLoop {
+    /// Serve requests on `backend` until shutdown and every accepted request has finished.
+    pub fn run<B: Backend>(self, backend: B) -> Result<()> {
+        let _ = self.ready.send(Ok(()));
+        let rx = self.rx;
+        let mut e = Engine::new(Box::new(backend), self.cfg, self.tok, self.metrics);
+        let mut stopping = false;
+        loop {
+            // take everything that arrived; block only when there is nothing to run
+            loop {
+                let cmd = if e.idle() && !stopping {
+                    match rx.recv() {
+                        Ok(c) => c,
+                        Err(_) => return Ok(()),
+                    }
+                } else {
+                    match rx.try_recv() {
+                        Ok(c) => c,
+                        Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                            stopping = true;
+                            break;
+                        }
+                    }
+                };
+                match cmd {
+                    Command::Submit(r) => e.submit(r),
+                    Command::Shutdown => stopping = true,
+                }
+            }
+            if stopping && e.idle() {
+                return Ok(());
+            }
+            if let Err(err) = e.step() {
+                // a backend failure ends every request in flight with the error
+                tracing::error!(target: "dsc::engine", "step failed: {err}");
+                let ids: Vec<u64> = e.seqs.keys().copied().collect();
+                for id in ids {
+                    if let Some(s) = e.seqs.get(&id) {
+                        let _ = s.req.events.send(Event::Error(format!("engine step failed: {err}")));
+                    }
+                    e.finish(id, "error", String::new());
+                }
+            }
+        }
+    }
+}
+
+/// Start the engine on its own thread. `start` builds the backend there (GPU contexts are per
+/// thread) and hands it to the loop; the thread ends after `shutdown` once every accepted
+/// request has finished.
+pub fn spawn(start: impl FnOnce(EngineLoop) -> Result<()> + Send + 'static, cfg: SchedulerConfig, tok: Option<Arc<Tokenizer>>, metrics: Arc<Metrics>) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel::<Command>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let (m2, a2) = (metrics.clone(), alive.clone());
+    let a2 = alive.clone();
+    let lp = EngineLoop { rx, ready: ready_tx.clone(), cfg, tok, metrics: metrics.clone() };
     let join = std::thread::Builder::new()
         .name("dsc-engine".into())
         .spawn(move || {
-            let backend = match make() {
-                Ok(b) => {
-                    let _ = ready_tx.send(Ok(()));
-                    b
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    a2.store(false, std::sync::atomic::Ordering::SeqCst);
-                    return;
-                }
-            };
-            let mut e = Engine::new(Box::new(backend), cfg, tok, m2);
-            let mut stopping = false;
-            loop {
-                // take everything that arrived; block only when there is nothing to run
-                loop {
-                    let cmd = if e.idle() && !stopping {
-                        match rx.recv() {
-                            Ok(c) => c,
-                            Err(_) => return,
-                        }
-                    } else {
-                        match rx.try_recv() {
-                            Ok(c) => c,
-                            Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                                stopping = true;
-                                break;
-                            }
-                        }
-                    };
-                    match cmd {
-                        Command::Submit(r) => e.submit(r),
-                        Command::Shutdown => stopping = true,
-                    }
-                }
-                if stopping && e.idle() {
-                    break;
-                }
-                if let Err(err) = e.step() {
-                    // a backend failure ends every request in flight with the error
-                    tracing::error!(target: "dsc::engine", "step failed: {err}");
-                    let ids: Vec<u64> = e.seqs.keys().copied().collect();
-                    for id in ids {
-                        if let Some(s) = e.seqs.get(&id) {
-                            let _ = s.req.events.send(Event::Error(format!("engine step failed: {err}")));
-                        }
-                        e.finish(id, "error", String::new());
-                    }
-                }
+            if let Err(e) = start(lp) {
+                tracing::error!(target: "dsc::engine", "{e}");
+                // reaches the caller if the backend never started
+                let _ = ready_tx.send(Err(e));
             }
             a2.store(false, std::sync::atomic::Ordering::SeqCst);
         })

@@ -65,6 +65,19 @@ if stop_at:
     s = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop_at.strip()])
     check(s.choices[0].finish_reason == "stop" and stop_at.strip() not in s.choices[0].text, f"stop string {stop_at!r}: {s.choices[0].text!r}")
 
+# a client that disconnects mid-stream is cancelled and its KV blocks freed
+import time
+
+stream = client.completions.create(model=model, prompt="Tell me a long story about a dragon.", max_tokens=400, temperature=0, stream=True, extra_body={"ignore_eos": True})
+next(iter(stream))
+stream.close()
+for _ in range(100):
+    m = urllib.request.urlopen(base + "/metrics").read().decode()
+    if 'dsc_requests_total{reason="cancelled"} 1' in m and "dsc_running_sequences 0" in m:
+        break
+    time.sleep(0.1)
+check('dsc_requests_total{reason="cancelled"} 1' in m and 'dsc_kv_blocks{state="used"} 0' in m, "disconnect cancels and frees blocks: " + "\n".join(l for l in m.splitlines() if l.startswith(("dsc_requests", "dsc_running", "dsc_kv"))))
+
 # bad requests: OpenAI-style errors, right status codes
 def status_of(fn):
     try:
