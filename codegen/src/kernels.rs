@@ -21,6 +21,16 @@ pub enum Launch {
     /// tensor-core matmul: one warp per 16x8 output tile; grid (ceil(N / (8 warps)),
     /// ceil(M / 16))
     WarpPerTile { warps_per_block: u32 },
+    /// Hopper matmul: one warpgroup (128 threads) per 64x64 output tile; grid (ceil(N / 64),
+    /// ceil(M / 64))
+    WarpgroupPerTile,
+}
+
+impl KernelSpec {
+    /// Kernels only sm_90a can run (they go into that target's PTX alone).
+    pub fn hopper_only(&self) -> bool {
+        matches!(self, KernelSpec::MatMulWgmma { .. })
+    }
 }
 
 /// A kernel to generate.
@@ -50,6 +60,12 @@ pub enum KernelSpec {
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
     MatMulMma { k: usize, n: usize, wdtype: DType, bias: bool },
+    /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) with Hopper warpgroup MMA (sm_90a only):
+    /// one warpgroup per 64x64 output tile, `wgmma.mma_async m64n64k16` on bf16 (f16 for f16
+    /// weights) tiles staged in shared memory in the no-swizzle core-matrix layout (x rounded,
+    /// packed weights dequantized on the way in), f32 accumulation in registers. Every weight
+    /// is read once per 64 rows of x. params x, w, [bias], y, M, N
+    MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -104,6 +120,7 @@ impl KernelSpec {
             KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
             KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
+            KernelSpec::MatMulWgmma { k, n, wdtype, bias } => format!("matmul_wgmma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -112,6 +129,7 @@ impl KernelSpec {
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
+            KernelSpec::MatMulWgmma { .. } => Launch::WarpgroupPerTile,
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -882,6 +900,171 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 b.line("}");
             }
             b.line("}");
+            if *bias {
+                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
+            } else {
+                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
+            }
+        }
+        KernelSpec::MatMulWgmma { k, n: _, wdtype, bias } => {
+            if k % 64 != 0 {
+                return Err(format!("the wgmma matmul needs K a multiple of 64, got {k}"));
+            }
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
+            }
+            let f16 = *wdtype == DType::F16;
+            let ty = if f16 { "f16" } else { "bf16" };
+            // shared memory: A tile [64 rows x 64 k] then B tile [64 n x 64 k], 16-bit elements
+            // packed in pairs along k (i32), in 8x8 core matrices of 128 bytes: core matrix
+            // (row / 8, k / 8) at ((row / 8) * 8 + k / 8) * 128 bytes, row r % 8 at 16 * (r % 8)
+            b.workgroup = Some("%sm : memref<4096xi32, #gpu.address_space<workgroup>>".into());
+            let t = b.op("gpu.thread_id x");
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let t = b.idx64(&t);
+            let bx = b.idx64(&bx);
+            let by = b.idx64(&by);
+            let c64 = b.ci64(64);
+            let n0 = b.op(&format!("arith.muli {bx}, {c64} : i64"));
+            let m0 = b.op(&format!("arith.muli {by}, {c64} : i64"));
+            let kk = b.ci64(*k as i64);
+            let zero = b.cf32(0.0);
+            let c0 = b.ci64(0);
+            let c1 = b.ci64(1);
+            let c2 = b.ci64(2);
+            let c4 = b.ci64(4);
+            let c8 = b.ci64(8);
+            let c32 = b.ci64(32);
+            // the tile's shared-memory address for the descriptors
+            let base = b.op("memref.extract_aligned_pointer_as_index %sm : memref<4096xi32, #gpu.address_space<workgroup>> -> index");
+            let base = b.idx64(&base);
+            // descriptor = (addr >> 4) | (LBO 128 >> 4) << 16 | (SBO 1024 >> 4) << 32, no swizzle
+            let fixed = b.ci64(((128u64 >> 4) << 16 | (1024u64 >> 4) << 32) as i64);
+            let mk = |b: &mut Body, off: i64| -> String {
+                let o = b.ci64(off);
+                let a = b.op(&format!("arith.addi {base}, {o} : i64"));
+                let mask = b.ci64(0x3FFFF);
+                let a = b.op(&format!("arith.andi {a}, {mask} : i64"));
+                let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
+                b.op(&format!("arith.ori {a}, {fixed} : i64"))
+            };
+            let da: Vec<String> = (0..4).map(|s| mk(&mut b, 256 * s)).collect();
+            let db: Vec<String> = (0..4).map(|s| mk(&mut b, 8192 + 256 * s)).collect();
+            let ki = b.op(&format!("arith.constant {k} : index"));
+            let zi = b.op("arith.constant 0 : index");
+            let si = b.op("arith.constant 64 : index");
+            let res = b.v();
+            let kv = b.v();
+            let accs: Vec<String> = (0..32).map(|_| b.v()).collect();
+            let f32s = vec!["f32"; 32].join(", ");
+            b.line(&format!("{res}:32 = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+            let k0 = b.idx64(&kv);
+            // stage: 2048 pairs of A and 2048 of B, 16 + 16 per thread
+            for (is_b, off) in [(false, 0i64), (true, 2048)] {
+                for i in 0..16i64 {
+                    let ci = b.ci64(128 * i);
+                    let p = b.op(&format!("arith.addi {t}, {ci} : i64"));
+                    let row = b.op(&format!("arith.divui {p}, {c32} : i64"));
+                    let kp = b.op(&format!("arith.remui {p}, {c32} : i64"));
+                    let kl = b.op(&format!("arith.muli {kp}, {c2} : i64"));
+                    let kg = b.op(&format!("arith.addi {k0}, {kl} : i64"));
+                    let (r0, lim) = if is_b { (&n0, "%n") } else { (&m0, "%m") };
+                    let gr = b.op(&format!("arith.addi {r0}, {row} : i64"));
+                    let valid = b.op(&format!("arith.cmpi slt, {gr}, {lim} : i64"));
+                    let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
+                    let rbase = b.op(&format!("arith.muli {grs}, {kk} : i64"));
+                    let e0 = b.op(&format!("arith.addi {rbase}, {kg} : i64"));
+                    let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
+                    let packed = if is_b && matches!(wdtype, DType::BF16 | DType::F16) {
+                        // the pair is already two 16-bit values, side by side
+                        let bo = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+                        let pp = b.op(&format!("llvm.getelementptr %w[{bo}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                        b.op(&format!("llvm.load {pp} : !llvm.ptr<1> -> i32"))
+                    } else {
+                        let (v0, v1) = if is_b { (b.weight_elem("%w", &e0, *wdtype)?, b.weight_elem("%w", &e1, *wdtype)?) } else { (b.load("%x", &e0), b.load("%x", &e1)) };
+                        b.pack2(&v0, &v1, f16)
+                    };
+                    let zi32 = b.op("arith.constant 0 : i32");
+                    let packed = b.op(&format!("arith.select {valid}, {packed}, {zi32} : i32"));
+                    // smem index (i32): ((row/8)*8 + kl/8) * 32 + (row%8) * 4 + (kl%8)/2
+                    let rg = b.op(&format!("arith.divui {row}, {c8} : i64"));
+                    let rr = b.op(&format!("arith.remui {row}, {c8} : i64"));
+                    let kc = b.op(&format!("arith.divui {kl}, {c8} : i64"));
+                    let kr = b.op(&format!("arith.remui {kl}, {c8} : i64"));
+                    let cm = b.op(&format!("arith.muli {rg}, {c8} : i64"));
+                    let cm = b.op(&format!("arith.addi {cm}, {kc} : i64"));
+                    let cm = b.op(&format!("arith.muli {cm}, {c32} : i64"));
+                    let ri = b.op(&format!("arith.muli {rr}, {c4} : i64"));
+                    let kh = b.op(&format!("arith.divui {kr}, {c2} : i64"));
+                    let si64 = b.op(&format!("arith.addi {cm}, {ri} : i64"));
+                    let si64 = b.op(&format!("arith.addi {si64}, {kh} : i64"));
+                    let offc = b.ci64(off);
+                    let si64 = b.op(&format!("arith.addi {si64}, {offc} : i64"));
+                    let sidx = b.op(&format!("arith.index_cast {si64} : i64 to index"));
+                    b.line(&format!("memref.store {packed}, %sm[{sidx}] : memref<4096xi32, #gpu.address_space<workgroup>>"));
+                }
+            }
+            b.line("gpu.barrier");
+            // generic-proxy stores must be visible to the async proxy wgmma reads through
+            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
+            b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+            let st = format!("!llvm.struct<({f32s})>");
+            let mut cur: Vec<String> = accs.clone();
+            for s in 0..4 {
+                let outs: Vec<String> = (0..32).map(|i| format!("${i}")).collect();
+                let cons = format!("{},l,l,{}", vec!["=f"; 32].join(","), (0..32).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+                let r = b.op(&format!(
+                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n64k16.f32.{ty}.{ty} {{{}}}, $32, $33, 1, 1, 1, 0, 0;\", \"{cons}\" {}, {}, {} : (i64, i64, {f32s}) -> {st}",
+                    outs.join(","),
+                    da[s],
+                    db[s],
+                    cur.join(", ")
+                ));
+                cur = (0..32).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            }
+            b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+            // wait, passing the accumulators through so nothing reads them early
+            let cons = format!("{},{}", vec!["=f"; 32].join(","), (0..32).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {st}", cur.join(", ")));
+            let done: Vec<String> = (0..32).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            b.line("gpu.barrier");
+            b.line(&format!("scf.yield {} : {f32s}", done.join(", ")));
+            b.line("}");
+            // D fragment: warp w rows 16w + g (+8), columns 8j + 2 (lane % 4) (+1)
+            let warp = b.op(&format!("arith.divui {t}, {c32} : i64"));
+            let lane = b.op(&format!("arith.remui {t}, {c32} : i64"));
+            let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
+            let tq = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+            let c16 = b.ci64(16);
+            let wr = b.op(&format!("arith.muli {warp}, {c16} : i64"));
+            let ra = b.op(&format!("arith.addi {m0}, {wr} : i64"));
+            let ra = b.op(&format!("arith.addi {ra}, {g} : i64"));
+            let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+            let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+            let nc = b.op(&format!("arith.addi {n0}, {tq2} : i64"));
+            for j in 0..8i64 {
+                let cj = b.ci64(8 * j);
+                let col0 = b.op(&format!("arith.addi {nc}, {cj} : i64"));
+                for (q, row) in [(0usize, &ra), (1, &ra), (2, &rb), (3, &rb)] {
+                    let col = if q % 2 == 0 { col0.clone() } else { b.op(&format!("arith.addi {col0}, {c1} : i64")) };
+                    let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+                    let cok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+                    let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
+                    b.line(&format!("scf.if {both} {{"));
+                    let i = 4 * j as usize + q;
+                    let v = if *bias {
+                        let bv = b.load("%bias", &col);
+                        b.op(&format!("arith.addf {res}#{i}, {bv} : f32"))
+                    } else {
+                        format!("{res}#{i}")
+                    };
+                    let yr = b.op(&format!("arith.muli {row}, %n : i64"));
+                    let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
+                    b.store(&v, "%y", &yi);
+                    b.line("}");
+                }
+            }
             if *bias {
                 "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
             } else {

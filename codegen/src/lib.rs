@@ -33,21 +33,33 @@ pub struct CompiledModule {
     pub ptx: BTreeMap<GpuTarget, String>,
 }
 
-/// Generate, lower and emit PTX for `specs` (deduplicated: the kernel cache).
+/// Generate, lower and emit PTX for `specs` (deduplicated: the kernel cache). Kernels only
+/// sm_90a runs (`KernelSpec::hopper_only`) go into that target's module alone; the dumps show
+/// the module with every kernel.
 pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
     let mut seen = BTreeMap::new();
     for s in specs {
         seen.entry(s.symbol()).or_insert_with(|| s.clone());
     }
     let mut funcs = vec![];
+    let mut common = vec![];
     for (name, s) in &seen {
-        funcs.push(kernels::emit(s).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
+        let f = kernels::emit(s).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?;
+        if !s.hopper_only() {
+            common.push(f.clone());
+        }
+        funcs.push(f);
     }
     let mlir = kernels::module(&funcs);
     let (lowered, llvm) = pipeline::mlir_to_llvm_ir(&mlir)?;
+    let common_llvm = if common.len() == funcs.len() { None } else { Some(pipeline::mlir_to_llvm_ir(&kernels::module(&common))?.1) };
     let mut ptx = BTreeMap::new();
     for &t in targets {
-        ptx.insert(t, pipeline::llvm_ir_to_ptx(&llvm, t)?);
+        let ir = match (&common_llvm, t) {
+            (Some(c), t) if t != GpuTarget::Sm90a => c,
+            _ => &llvm,
+        };
+        ptx.insert(t, pipeline::llvm_ir_to_ptx(ir, t)?);
     }
     Ok(CompiledModule { kernels: seen.into_iter().collect(), mlir, lowered, llvm, ptx })
 }

@@ -37,6 +37,8 @@ pub struct Step {
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
+    /// on sm_90a, used instead of `large` (the wgmma matmul)
+    pub hopper: Option<Large>,
     /// a collective over the tensor-parallel group, done in place on the aliased buffer
     /// ("all_reduce_sum"); the runtime issues it (NCCL, or local copies when simulating)
     pub collective: Option<String>,
@@ -73,7 +75,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         let mut args = names.clone();
         args.push(name.clone());
         let one = Scalar::Const(1);
-        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None, large: None, collective: None };
+        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None, large: None, hopper: None, collective: None };
         let alias = |of: &str| Step {
             node: name.clone(),
             kernel: None,
@@ -83,6 +85,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             grid_y: Scalar::Const(1),
             alias_of: Some(of.to_string()),
             large: None,
+            hopper: None,
             collective: None,
         };
         steps.push(match &n.op {
@@ -129,6 +132,15 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                         grid_y: Scalar::Rows(name.clone()),
                     });
                 }
+                if k % 64 == 0 {
+                    st.hopper = Some(Large {
+                        min_rows: 16,
+                        kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias },
+                        scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
+                        work: Scalar::Const(nn.div_ceil(64) as i64),
+                        grid_y: Scalar::Rows(name.clone()),
+                    });
+                }
                 st
             }
             Op::Gather => {
@@ -161,6 +173,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     grid_y: one,
                     alias_of: Some(names[0].clone()),
                     large: None,
+                    hopper: None,
                     collective: None,
                 }
             }

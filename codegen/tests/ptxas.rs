@@ -34,6 +34,10 @@ pub fn all_specs() -> Vec<KernelSpec> {
         v.push(KernelSpec::MatMulMma { k: 576, n: 1536, wdtype, bias: false });
     }
     v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        v.push(KernelSpec::MatMulWgmma { k: 576, n: 1536, wdtype, bias: false });
+    }
+    v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
@@ -57,8 +61,9 @@ fn every_kernel_passes_ptxas_for_every_target() {
     let dir = tempfile::tempdir().unwrap();
     for (t, ptx) in &m.ptx {
         assert!(ptx.contains(&format!(".target {}", t.name())) && ptx.contains(".version 8.0"), "{ptx:.300}");
-        for (name, _) in &m.kernels {
-            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing from the {} PTX", t.name());
+        for (name, spec) in &m.kernels {
+            let here = *t == GpuTarget::Sm90a || !spec.hopper_only();
+            assert_eq!(ptx.contains(&format!(".entry {name}(")), here, "{name} in the {} PTX: expected {here}", t.name());
         }
         let f = dir.path().join(format!("{}.ptx", t.name()));
         std::fs::write(&f, ptx).unwrap();
@@ -70,6 +75,9 @@ fn every_kernel_passes_ptxas_for_every_target() {
     // the rms_norm kernel reduces with warp shuffles; the large-M matmul uses the tensor cores
     assert!(m.ptx[&GpuTarget::Sm90a].contains("shfl.sync.bfly"));
     assert!(m.ptx[&GpuTarget::Sm80].contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+    // Hopper: warpgroup MMA from shared-memory descriptors, on sm_90a only
+    assert!(m.ptx[&GpuTarget::Sm90a].contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"));
+    assert!(!m.ptx[&GpuTarget::Sm80].contains("wgmma"));
 }
 
 #[test]

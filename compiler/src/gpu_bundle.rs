@@ -50,6 +50,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
         Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
         Launch::BlockPerRow { warps } => (n as u32, 32 * warps),
         Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
+        Launch::WarpgroupPerTile => ((n as u32).div_ceil(64), 128),
     }
 }
 
@@ -188,6 +189,33 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             });
         }
         specs.push(spec);
+        // Hopper warpgroup MMA (sm_90a only), K a multiple of 64
+        if k % 64 == 0 {
+            let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false };
+            // a partial tile everywhere, a full one and a one-row-group tile for two formats (the
+            // bundle must stay under the 64 MiB a device call carries)
+            let ms: &[usize] = if matches!(wdtype, DType::BF16 | DType::Q4_1) { &[16, 64, 77] } else { &[77] };
+            for &m in ms {
+                let x = rand_vec(m * k, -1.0, 1.0);
+                let src =
+                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+                let (g, b) = grid(&spec.launch(), n);
+                cases.push(Case {
+                    name: format!("wgmma {m}x{k}x{n} {wdtype}"),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y: m.div_ceil(64) as u32,
+                    block: b,
+                    inputs: vec![data.push(&x), warr.clone()],
+                    scalars: vec![m as i64, n as i64],
+                    expected: data.push(&want),
+                    init: None,
+                    tol: 1e-2,
+                });
+            }
+            specs.push(spec);
+        }
     }
     {
         let (k, n, m) = (576usize, 192usize, 5usize);

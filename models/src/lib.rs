@@ -19,8 +19,8 @@ use config::{Architecture, WeightFormat};
 use dsc_ir::{quant, DType, Graph};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::str::FromStr;
+use std::sync::Arc;
 use weights::Bytes;
 
 /// A model ready for the compiler: verified graph, weights by checkpoint name, tokenizer.

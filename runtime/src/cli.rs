@@ -287,7 +287,9 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
                 (BackendKind::Cpu, false) => lp.run(CpuBackend::new(&graph, &plan, kv_tokens)?),
                 (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens)?),
                 (BackendKind::Cpu, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
-                (BackendKind::Gpu, true) => crate::tp::gpu(&graph, &plan, kv_tokens, if std::env::var_os("DSC_TP_LOCAL").is_some() { crate::tp::GpuMode::Local } else { crate::tp::GpuMode::Nccl }, |r| lp.run(r)),
+                (BackendKind::Gpu, true) => {
+                    crate::tp::gpu(&graph, &plan, kv_tokens, if std::env::var_os("DSC_TP_LOCAL").is_some() { crate::tp::GpuMode::Local } else { crate::tp::GpuMode::Nccl }, |r| lp.run(r))
+                }
             }
         },
         cfg,

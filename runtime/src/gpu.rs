@@ -39,6 +39,8 @@ pub struct GpuBackend<'p> {
     buckets: HashMap<(usize, usize, usize), Bucket>,
     /// replay decode-sized steps as CUDA graphs (captured on a bucket's second run)
     pub use_graphs: bool,
+    /// DSC_NO_WGMMA=1: take the mma.sync matmul on sm_90a too (for comparisons)
+    pub no_wgmma: bool,
     collective: GpuCollective,
 }
 
@@ -86,7 +88,8 @@ impl<'p> GpuBackend<'p> {
         let ptx = prog.ptx.get(target).ok_or_else(|| gerr(format!("the plan has no PTX for {target} (it has {:?})", prog.ptx.keys().collect::<Vec<_>>())))?;
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
         let mut funcs = HashMap::new();
-        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))) {
+        let hopper = target == "sm_90a";
+        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.as_ref().filter(|_| hopper).map(|l| &l.kernel))) {
             if !funcs.contains_key(k) {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
@@ -160,7 +163,23 @@ impl<'p> GpuBackend<'p> {
         // block tables are padded to the most blocks one sequence can have (a fixed MB keeps
         // one CUDA graph per step shape), not to the pool
         let table_width = blocks.min(plan.header.model.max_seq_len.div_ceil(block_size)).max(1);
-        Ok(GpuBackend { graph, prog, ctx, stream, _module: module, funcs, resident, blocks, table_width, block_size, target: target.to_string(), buckets: HashMap::new(), use_graphs, collective })
+        Ok(GpuBackend {
+            graph,
+            prog,
+            ctx,
+            stream,
+            _module: module,
+            funcs,
+            resident,
+            blocks,
+            table_width,
+            block_size,
+            target: target.to_string(),
+            buckets: HashMap::new(),
+            use_graphs,
+            no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
+            collective,
+        })
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -262,7 +281,11 @@ impl GpuBackend<'_> {
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
-            let (k, scal, work, grid_y, launch, block) = match &s.large {
+            let big = match (&s.hopper, &s.large) {
+                (Some(h), _) if self.target == "sm_90a" && !self.no_wgmma => Some(h),
+                (_, l) => l.as_ref(),
+            };
+            let (k, scal, work, grid_y, launch, block) = match big {
                 Some(l) if rows >= l.min_rows => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block),
                 _ => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block),
             };
@@ -276,6 +299,7 @@ impl GpuBackend<'_> {
                 "per_element" => (work.div_ceil(block), gy, block),
                 "warp_per_row" | "warp_per_output" => (work.div_ceil(block), gy, 32 * block),
                 "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
+                "warpgroup_per_tile" => (work, gy.div_ceil(64), 128),
                 "block_per_row" => (work, gy, 32 * block),
                 other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };

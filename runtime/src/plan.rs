@@ -139,6 +139,9 @@ pub struct GpuStep {
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
+    /// on sm_90a, the kernel to use instead of `large` (Hopper warpgroup MMA)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hopper: Option<GpuLarge>,
     /// a collective over the tensor-parallel group on the (aliased) buffer: "all_reduce_sum"
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collective: Option<String>,
@@ -150,7 +153,8 @@ pub struct GpuLarge {
     pub min_rows: i64,
     pub kernel: String,
     pub scalars: Vec<Scalar>,
-    /// "warp_per_tile": grid x = ceil(work / block), grid y = ceil(grid_y / 16)
+    /// "warp_per_tile": grid x = ceil(work / block), grid y = ceil(grid_y / 16);
+    /// "warpgroup_per_tile": grid x = work, grid y = ceil(grid_y / 64), 128 threads
     pub launch: String,
     pub block: u32,
     pub work: Scalar,

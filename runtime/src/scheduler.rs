@@ -688,7 +688,12 @@ impl EngineLoop {
 /// Start the engine on its own thread. `start` builds the backend there (GPU contexts are per
 /// thread) and hands it to the loop; the thread ends after `shutdown` once every accepted
 /// request has finished.
-pub fn spawn(start: impl FnOnce(EngineLoop) -> Result<()> + Send + 'static, cfg: SchedulerConfig, tok: Option<Arc<Tokenizer>>, metrics: Arc<Metrics>) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+pub fn spawn(
+    start: impl FnOnce(EngineLoop) -> Result<()> + Send + 'static,
+    cfg: SchedulerConfig,
+    tok: Option<Arc<Tokenizer>>,
+    metrics: Arc<Metrics>,
+) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel::<Command>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
