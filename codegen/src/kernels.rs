@@ -960,14 +960,15 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let f32s = vec!["f32"; 32].join(", ");
             b.line(&format!("{res}:32 = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
             let k0 = b.idx64(&kv);
-            // stage: 2048 pairs of A and 2048 of B, 16 + 16 per thread
-            for (is_b, off) in [(false, 0i64), (true, 2048)] {
-                for i in 0..16i64 {
+            // stage: each thread moves 4 core-matrix rows (8 k-values, 16 bytes in shared
+            // memory) of A and 4 of B; 8 consecutive threads cover one 64-wide row (coalesced)
+            for (is_b, off) in [(false, 0i64), (true, 8192)] {
+                for i in 0..4i64 {
                     let ci = b.ci64(128 * i);
-                    let p = b.op(&format!("arith.addi {t}, {ci} : i64"));
-                    let row = b.op(&format!("arith.divui {p}, {c32} : i64"));
-                    let kp = b.op(&format!("arith.remui {p}, {c32} : i64"));
-                    let kl = b.op(&format!("arith.muli {kp}, {c2} : i64"));
+                    let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+                    let row = b.op(&format!("arith.divui {u}, {c8} : i64"));
+                    let kc = b.op(&format!("arith.remui {u}, {c8} : i64"));
+                    let kl = b.op(&format!("arith.muli {kc}, {c8} : i64"));
                     let kg = b.op(&format!("arith.addi {k0}, {kl} : i64"));
                     let (r0, lim) = if is_b { (&n0, "%n") } else { (&m0, "%m") };
                     let gr = b.op(&format!("arith.addi {r0}, {row} : i64"));
@@ -975,34 +976,51 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
                     let rbase = b.op(&format!("arith.muli {grs}, {kk} : i64"));
                     let e0 = b.op(&format!("arith.addi {rbase}, {kg} : i64"));
-                    let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
-                    let packed = if is_b && matches!(wdtype, DType::BF16 | DType::F16) {
-                        // the pair is already two 16-bit values, side by side
+                    let packed: Vec<String> = if is_b && matches!(wdtype, DType::BF16 | DType::F16) {
+                        // eight 16-bit weights in one 16-byte load, already in pairs
                         let bo = b.op(&format!("arith.muli {e0}, {c2} : i64"));
-                        let pp = b.op(&format!("llvm.getelementptr %w[{bo}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-                        b.op(&format!("llvm.load {pp} : !llvm.ptr<1> -> i32"))
+                        b.load_vec("%w", &bo, 4, "i32", 16)
                     } else {
-                        let (v0, v1) = if is_b { (b.weight_elem("%w", &e0, *wdtype)?, b.weight_elem("%w", &e1, *wdtype)?) } else { (b.load("%x", &e0), b.load("%x", &e1)) };
-                        b.pack2(&v0, &v1, f16)
+                        let vals: Vec<String> = if is_b {
+                            let mut v = vec![];
+                            for j in 0..8 {
+                                let cj = b.ci64(j);
+                                let e = b.op(&format!("arith.addi {e0}, {cj} : i64"));
+                                v.push(b.weight_elem("%w", &e, *wdtype)?);
+                            }
+                            v
+                        } else {
+                            let bo = b.op(&format!("arith.muli {e0}, {c4} : i64"));
+                            let c16b = b.ci64(16);
+                            let bo2 = b.op(&format!("arith.addi {bo}, {c16b} : i64"));
+                            let mut v = b.load_vec("%x", &bo, 4, "f32", 16);
+                            v.extend(b.load_vec("%x", &bo2, 4, "f32", 16));
+                            v
+                        };
+                        (0..4).map(|j| b.pack2(&vals[2 * j], &vals[2 * j + 1], f16)).collect()
                     };
                     let zi32 = b.op("arith.constant 0 : i32");
-                    let packed = b.op(&format!("arith.select {valid}, {packed}, {zi32} : i32"));
-                    // smem index (i32): ((row/8)*8 + kl/8) * 32 + (row%8) * 4 + (kl%8)/2
+                    let mut vec_v = b.op("llvm.mlir.undef : vector<4xi32>");
+                    for (j, p) in packed.iter().enumerate() {
+                        let pj = b.op(&format!("arith.select {valid}, {p}, {zi32} : i32"));
+                        let cj = b.op(&format!("arith.constant {j} : i32"));
+                        vec_v = b.op(&format!("llvm.insertelement {pj}, {vec_v}[{cj} : i32] : vector<4xi32>"));
+                    }
+                    // byte offset: ((row/8)*8 + kc) * 128 + (row%8) * 16
                     let rg = b.op(&format!("arith.divui {row}, {c8} : i64"));
                     let rr = b.op(&format!("arith.remui {row}, {c8} : i64"));
-                    let kc = b.op(&format!("arith.divui {kl}, {c8} : i64"));
-                    let kr = b.op(&format!("arith.remui {kl}, {c8} : i64"));
                     let cm = b.op(&format!("arith.muli {rg}, {c8} : i64"));
                     let cm = b.op(&format!("arith.addi {cm}, {kc} : i64"));
-                    let cm = b.op(&format!("arith.muli {cm}, {c32} : i64"));
-                    let ri = b.op(&format!("arith.muli {rr}, {c4} : i64"));
-                    let kh = b.op(&format!("arith.divui {kr}, {c2} : i64"));
-                    let si64 = b.op(&format!("arith.addi {cm}, {ri} : i64"));
-                    let si64 = b.op(&format!("arith.addi {si64}, {kh} : i64"));
+                    let c128b = b.ci64(128);
+                    let cm = b.op(&format!("arith.muli {cm}, {c128b} : i64"));
+                    let c16b = b.ci64(16);
+                    let ri = b.op(&format!("arith.muli {rr}, {c16b} : i64"));
+                    let so = b.op(&format!("arith.addi {cm}, {ri} : i64"));
                     let offc = b.ci64(off);
-                    let si64 = b.op(&format!("arith.addi {si64}, {offc} : i64"));
-                    let sidx = b.op(&format!("arith.index_cast {si64} : i64 to index"));
-                    b.line(&format!("memref.store {packed}, %sm[{sidx}] : memref<4096xi32, #gpu.address_space<workgroup>>"));
+                    let so = b.op(&format!("arith.addi {so}, {offc} : i64"));
+                    let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+                    let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+                    b.line(&format!("llvm.store {vec_v}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
                 }
             }
             b.line("gpu.barrier");
