@@ -8,6 +8,7 @@
 # Serving: also builds .gpu/serve/ (SmolLM2 shape and Llama-3-8B shape, seeded weights with
 # SmolLM2's tokenizer, + the load script); carry [".gpu/dsc-runtime", ".gpu/serve"]:
 # bash scripts/gpu-serve.sh
+# Performance (issue 6): carry [".gpu/dsc-runtime", ".gpu/bench"]: bash bench/run.sh
 # Tensor parallelism (kind nvidia-h200-x2): also builds .gpu/tp/ (Llama-3-8B shape whole, tp=1,
 # tp=2); carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/tp"]: bash scripts/gpu-tp.sh
 set -euo pipefail
@@ -27,6 +28,11 @@ sed "s/^name = .*/name = \"llama3-8b-seeded\"/" models/llama3-8b-seeded.toml > .
 printf '\n[tokenizer]\ngguf = "%s"\n' "$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" >> .cache/llama3-8b-serve.toml
 ./target/release/dsc compile .cache/llama3-8b-serve.toml -o .gpu/serve/llama3-8b.plan
 cp tests/serve/load.py .gpu/serve/
+# the performance harness (bench/run.sh): bench plans, the PyTorch peer scripts, the chart
+rm -rf .gpu/bench && mkdir -p .gpu/bench
+cp .gpu/llama3-8b.plan .gpu/bench/llama3-8b.plan
+cp .gpu/serve/smollm2-shape.plan .gpu/bench/smollm2-135m.plan
+cp ../shared/bench/torch_kernels.py ../shared/bench/torch_compiled.py bench/chart.py .gpu/bench/
 ./target/release/dsc compile models/smollm2-135m.toml -o .cache/smol.plan
 rm -rf .gpu/p1 .gpu/p2 && mkdir -p .gpu/p1 .gpu/p2
 split -b 48M .cache/smol.plan .cache/smol.plan.part.

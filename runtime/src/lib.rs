@@ -6,6 +6,7 @@
 //! - [`sampler`], [`generate`], [`tokenizer`]: turning logits into text.
 //! - [`cli`]: the `run` and `inspect` commands, shared by `dsc` and `dsc-runtime`.
 
+pub mod bench;
 pub mod cli;
 pub mod engine;
 mod error;

@@ -58,6 +58,21 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Benchmark a plan on GPU 0: decode tokens/s at each batch size (through the serving
+    /// engine) and prefill tokens/s at each length; JSON for bench/run.sh
+    Bench {
+        plan: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+        batches: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+        prefill: Vec<usize>,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     GpuCheck {
         bundle: std::path::PathBuf,
         #[arg(long, default_value = "sm_90a")]
@@ -142,6 +157,20 @@ fn main() -> anyhow::Result<()> {
             // tensor-core prefill rounds activations to bf16; near-ties may flip
             let bad: Vec<_> = r.iter().filter(|x| x.max_rel_l2 > 2e-2 || x.mismatches.iter().any(|&(_, m)| m > 0.25)).map(|x| x.plan.clone()).collect();
             anyhow::ensure!(bad.is_empty(), "tensor-parallel plans disagree with the whole model: {bad:?}");
+            Ok(())
+        }
+        Cmd::Bench { plan, batches, prefill, prompt_len, new_tokens, json } => {
+            let d = dsc_runtime::bench::decode(&plan, &batches, prompt_len, new_tokens)?;
+            let p = dsc_runtime::bench::prefill(&plan, &prefill)?;
+            for x in &d {
+                println!("{} decode batch {:>4}: {:>9.1} tok/s  {:>8.2} ms/step", x.model, x.batch, x.decode_tokens_per_s, x.ms_per_step);
+            }
+            for x in &p {
+                println!("{} prefill {:>5} tokens: {:>9.1} tok/s  {:>8.1} ms", x.model, x.tokens, x.tokens_per_s, x.ms);
+            }
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&serde_json::json!({"decode": d, "prefill": p}))?)?;
+            }
             Ok(())
         }
         Cmd::GpuCheck { bundle, target, json } => {

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The performance harness (issue 6). Run ON the H200 from the repo root with .gpu/ carried:
+#   here:  bash scripts/gpu-prepare.sh      (builds .gpu/dsc-runtime and .gpu/bench/)
+#   there: carry [".gpu/dsc-runtime", ".gpu/bench"]: bash bench/run.sh
+# Measures dsc (decode tokens/s at batch 1/8/32/128 through the serving engine, prefill at
+# 512/4096 tokens) on the Llama-3-8B and SmolLM2-135M shapes (bf16 seeded weights), the
+# kernel-level PyTorch peers (cuBLAS GEMM, SDPA, GEMV: ../shared/bench/torch_kernels.py),
+# and with PEERS=1 also the end-to-end peers (gpt-fast style torch.compile and HF static cache:
+# ../shared/bench/torch_compiled.py, ~10 min); then writes $OUT/perf.json and $OUT/perf.png
+# (dsc vs peers vs roofline). Without PEERS=1 the end-to-end peer numbers are the ones
+# ../shared/docs/GPU.md records for this H200 (marked so in the JSON).
+set -uo pipefail
+out=${OUT:-.gpu/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$out/gpu.txt"
+# (SmolLM2's context is 2048 tokens: its long prefill is 2048)
+for spec in llama3-8b:512,4096 smollm2-135m:512,2048; do
+  m=${spec%%:*}
+  .gpu/dsc-runtime bench .gpu/bench/$m.plan --batches 1,8,32,128 --prefill "${spec#*:}" --json "$out/dsc-$m.json" 2>&1 | tee "$out/dsc-$m.log" | grep -v "^decode\|^prefill"
+done
+python3 .gpu/bench/torch_kernels.py > "$out/torch_kernels.log" 2>&1; tail -3 "$out/torch_kernels.log"
+if [ "${PEERS:-0}" = 1 ]; then
+  python3 .gpu/bench/torch_compiled.py 2>&1 | tee "$out/torch_compiled.log" | tail -8
+fi
+python3 .gpu/bench/chart.py "$out"
