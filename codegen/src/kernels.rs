@@ -21,9 +21,9 @@ pub enum Launch {
     /// tensor-core matmul: one warp per 16x8 output tile; grid (ceil(N / (8 warps)),
     /// ceil(M / 16))
     WarpPerTile { warps_per_block: u32 },
-    /// Hopper matmul: one warpgroup (128 threads) per 64x64 output tile; grid (ceil(N / 64),
-    /// ceil(M / 64))
-    WarpgroupPerTile,
+    /// Hopper matmul: one warpgroup (128 threads) per 64 x n_tile output tile; grid
+    /// (ceil(N / n_tile), ceil(M / 64))
+    WarpgroupPerTile { n_tile: u32 },
 }
 
 impl KernelSpec {
@@ -64,8 +64,10 @@ pub enum KernelSpec {
     /// one warpgroup per 64x64 output tile, `wgmma.mma_async m64n64k16` on bf16 (f16 for f16
     /// weights) tiles staged in shared memory in the no-swizzle core-matrix layout (x rounded,
     /// packed weights dequantized on the way in), f32 accumulation in registers. Every weight
-    /// is read once per 64 rows of x. params x, w, [bias], y, M, N
-    MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool },
+    /// is read once per 64 rows of x. `n_tile` (16 or 64) output columns per warpgroup: 16
+    /// gives 4x the blocks (small M: batched decode), 64 reuses each x tile 4x (prefill).
+    /// params x, w, [bias], y, M, N
+    MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool, n_tile: usize },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -120,7 +122,7 @@ impl KernelSpec {
             KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
             KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
-            KernelSpec::MatMulWgmma { k, n, wdtype, bias } => format!("matmul_wgmma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
+            KernelSpec::MatMulWgmma { k, n, wdtype, bias, n_tile } => format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -129,7 +131,7 @@ impl KernelSpec {
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
-            KernelSpec::MatMulWgmma { .. } => Launch::WarpgroupPerTile,
+            KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -906,7 +908,12 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
             }
         }
-        KernelSpec::MatMulWgmma { k, n: _, wdtype, bias } => {
+        KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, n_tile } => {
+            let nt = *n_tile;
+            if nt != 16 && nt != 64 {
+                return Err(format!("wgmma n_tile must be 16 or 64, got {nt}"));
+            }
+            let nacc = nt / 2;
             if k % 64 != 0 {
                 return Err(format!("the wgmma matmul needs K a multiple of 64, got {k}"));
             }
@@ -926,7 +933,8 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let bx = b.idx64(&bx);
             let by = b.idx64(&by);
             let c64 = b.ci64(64);
-            let n0 = b.op(&format!("arith.muli {bx}, {c64} : i64"));
+            let cnt = b.ci64(nt as i64);
+            let n0 = b.op(&format!("arith.muli {bx}, {cnt} : i64"));
             let m0 = b.op(&format!("arith.muli {by}, {c64} : i64"));
             let kk = b.ci64(*k as i64);
             let zero = b.cf32(0.0);
@@ -956,14 +964,16 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let si = b.op("arith.constant 64 : index");
             let res = b.v();
             let kv = b.v();
-            let accs: Vec<String> = (0..32).map(|_| b.v()).collect();
-            let f32s = vec!["f32"; 32].join(", ");
-            b.line(&format!("{res}:32 = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+            let accs: Vec<String> = (0..nacc).map(|_| b.v()).collect();
+            let f32s = vec!["f32"; nacc].join(", ");
+            b.line(&format!("{res}:{nacc} = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
             let k0 = b.idx64(&kv);
             // stage: each thread moves 4 core-matrix rows (8 k-values, 16 bytes in shared
             // memory) of A and 4 of B; 8 consecutive threads cover one 64-wide row (coalesced)
             for (is_b, off) in [(false, 0i64), (true, 8192)] {
-                for i in 0..4i64 {
+                // A: 64 rows x 8 chunks = 512 units; B: n_tile rows x 8 chunks
+                let units = if is_b { nt as i64 * 8 } else { 512 };
+                for i in 0..units / 128 {
                     let ci = b.ci64(128 * i);
                     let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
                     let row = b.op(&format!("arith.divui {u}, {c8} : i64"));
@@ -1030,22 +1040,23 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let st = format!("!llvm.struct<({f32s})>");
             let mut cur: Vec<String> = accs.clone();
             for s in 0..4 {
-                let outs: Vec<String> = (0..32).map(|i| format!("${i}")).collect();
-                let cons = format!("{},l,l,{}", vec!["=f"; 32].join(","), (0..32).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+                let outs: Vec<String> = (0..nacc).map(|i| format!("${i}")).collect();
+                let cons = format!("{},l,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
                 let r = b.op(&format!(
-                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n64k16.f32.{ty}.{ty} {{{}}}, $32, $33, 1, 1, 1, 0, 0;\", \"{cons}\" {}, {}, {} : (i64, i64, {f32s}) -> {st}",
+                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.{ty}.{ty} {{{}}}, ${nacc}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {}, {}, {} : (i64, i64, {f32s}) -> {st}",
                     outs.join(","),
+                    nacc + 1,
                     da[s],
                     db[s],
                     cur.join(", ")
                 ));
-                cur = (0..32).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+                cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
             }
             b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
             // wait, passing the accumulators through so nothing reads them early
-            let cons = format!("{},{}", vec!["=f"; 32].join(","), (0..32).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let cons = format!("{},{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
             let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {st}", cur.join(", ")));
-            let done: Vec<String> = (0..32).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            let done: Vec<String> = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
             b.line("gpu.barrier");
             b.line(&format!("scf.yield {} : {f32s}", done.join(", ")));
             b.line("}");
@@ -1061,7 +1072,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
             let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
             let nc = b.op(&format!("arith.addi {n0}, {tq2} : i64"));
-            for j in 0..8i64 {
+            for j in 0..(nt / 8) as i64 {
                 let cj = b.ci64(8 * j);
                 let col0 = b.op(&format!("arith.addi {nc}, {cj} : i64"));
                 for (q, row) in [(0usize, &ra), (1, &ra), (2, &rb), (3, &rb)] {

@@ -37,8 +37,10 @@ pub struct Step {
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
-    /// on sm_90a, used instead of `large` (the wgmma matmul)
+    /// on sm_90a, used instead of `large` (the wgmma matmul, 64-column tiles)
     pub hopper: Option<Large>,
+    /// on sm_90a for fewer rows than `hopper` takes (16-column tiles: more blocks)
+    pub hopper_small: Option<Large>,
     /// a collective over the tensor-parallel group, done in place on the aliased buffer
     /// ("all_reduce_sum"); the runtime issues it (NCCL, or local copies when simulating)
     pub collective: Option<String>,
@@ -75,7 +77,19 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         let mut args = names.clone();
         args.push(name.clone());
         let one = Scalar::Const(1);
-        let step = |kernel, args, scalars, work, grid_y| Step { node: name.clone(), kernel: Some(kernel), args, scalars, work, grid_y, alias_of: None, large: None, hopper: None, collective: None };
+        let step = |kernel, args, scalars, work, grid_y| Step {
+            node: name.clone(),
+            kernel: Some(kernel),
+            args,
+            scalars,
+            work,
+            grid_y,
+            alias_of: None,
+            large: None,
+            hopper: None,
+            hopper_small: None,
+            collective: None,
+        };
         let alias = |of: &str| Step {
             node: name.clone(),
             kernel: None,
@@ -86,6 +100,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             alias_of: Some(of.to_string()),
             large: None,
             hopper: None,
+            hopper_small: None,
             collective: None,
         };
         steps.push(match &n.op {
@@ -133,13 +148,17 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     });
                 }
                 if k % 64 == 0 {
-                    st.hopper = Some(Large {
-                        min_rows: 16,
-                        kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias },
+                    // Hopper: 64-column tiles from 128 rows (prefill), 16-column tiles for
+                    // 2..127 rows (batched decode: weights read once, 4x the blocks)
+                    let wg = |n_tile: usize, min_rows: i64| Large {
+                        min_rows,
+                        kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias, n_tile },
                         scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
-                        work: Scalar::Const(nn.div_ceil(64) as i64),
+                        work: Scalar::Const(nn.div_ceil(n_tile) as i64),
                         grid_y: Scalar::Rows(name.clone()),
-                    });
+                    };
+                    st.hopper = Some(wg(64, 128));
+                    st.hopper_small = Some(wg(16, 2));
                 }
                 st
             }
@@ -174,6 +193,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     alias_of: Some(names[0].clone()),
                     large: None,
                     hopper: None,
+                    hopper_small: None,
                     collective: None,
                 }
             }

@@ -35,9 +35,11 @@ pub fn all_specs() -> Vec<KernelSpec> {
     }
     v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-        v.push(KernelSpec::MatMulWgmma { k: 576, n: 1536, wdtype, bias: false });
+        for n_tile in [16, 64] {
+            v.push(KernelSpec::MatMulWgmma { k: 576, n: 1536, wdtype, bias: false, n_tile });
+        }
     }
-    v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, n_tile: 16 });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
@@ -77,6 +79,7 @@ fn every_kernel_passes_ptxas_for_every_target() {
     assert!(m.ptx[&GpuTarget::Sm80].contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
     // Hopper: warpgroup MMA from shared-memory descriptors, on sm_90a only
     assert!(m.ptx[&GpuTarget::Sm90a].contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"));
+    assert!(m.ptx[&GpuTarget::Sm90a].contains("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"));
     assert!(!m.ptx[&GpuTarget::Sm80].contains("wgmma"));
 }
 

@@ -50,7 +50,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
         Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
         Launch::BlockPerRow { warps } => (n as u32, 32 * warps),
         Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
-        Launch::WarpgroupPerTile => ((n as u32).div_ceil(64), 128),
+        Launch::WarpgroupPerTile { n_tile } => ((n as u32).div_ceil(*n_tile), 128),
     }
 }
 
@@ -191,18 +191,19 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         specs.push(spec);
         // Hopper warpgroup MMA (sm_90a only), K a multiple of 64
         if k % 64 == 0 {
-            let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false };
-            // a partial tile everywhere, a full one and a one-row-group tile for two formats (the
-            // bundle must stay under the 64 MiB a device call carries)
-            let ms: &[usize] = if matches!(wdtype, DType::BF16 | DType::Q4_1) { &[16, 64, 77] } else { &[77] };
-            for &m in ms {
+            // a partial tile everywhere, a full one and small M for two formats, both tile widths
+            // (the bundle must stay under the 64 MiB a device call carries)
+            let cases_m: Vec<(usize, usize)> = if matches!(wdtype, DType::BF16 | DType::Q4_1) { vec![(64, 16), (64, 77), (16, 2), (16, 64), (16, 77)] } else { vec![(64, 77), (16, 5)] };
+            for (n_tile, m) in cases_m {
+                let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, n_tile };
                 let x = rand_vec(m * k, -1.0, 1.0);
                 let src =
                     format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
                 let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
                 let (g, b) = grid(&spec.launch(), n);
+                specs.push(spec.clone());
                 cases.push(Case {
-                    name: format!("wgmma {m}x{k}x{n} {wdtype}"),
+                    name: format!("wgmma{n_tile} {m}x{k}x{n} {wdtype}"),
                     kernel: spec.symbol(),
                     grid: g,
                     grid_y: m.div_ceil(64) as u32,
@@ -214,7 +215,6 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     tol: 1e-2,
                 });
             }
-            specs.push(spec);
         }
     }
     {

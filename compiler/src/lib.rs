@@ -76,6 +76,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
     specs.extend(steps.iter().filter_map(|s| s.large.as_ref().map(|l| l.kernel.clone())));
     specs.extend(steps.iter().filter_map(|s| s.hopper.as_ref().map(|l| l.kernel.clone())));
+    specs.extend(steps.iter().filter_map(|s| s.hopper_small.as_ref().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
@@ -87,7 +88,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block),
                 Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block),
                 Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block),
-                Some(dsc_codegen::Launch::WarpgroupPerTile) => ("warpgroup_per_tile", 4),
+                Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => ("warpgroup_per_tile", 4),
                 Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps),
                 None => ("none", 0),
             };
@@ -106,6 +107,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
             };
             let large = s.large.as_ref().map(big);
             let hopper = s.hopper.as_ref().map(big);
+            let hopper_small = s.hopper_small.as_ref().map(big);
             GpuStep {
                 node: s.node.clone(),
                 kernel: s.kernel.as_ref().map(|k| k.symbol()),
@@ -118,6 +120,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 alias_of: s.alias_of.clone(),
                 large,
                 hopper,
+                hopper_small,
                 collective: s.collective.clone(),
             }
         })

@@ -58,7 +58,18 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
             let mut rxs = vec![];
             for s in 0..b {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                e.submit(GenRequest { prompt: prompt(vocab, (round * 1000 + s) as u64 + warm as u64 * 500, prompt_len), sampling: SamplingParams::default(), max_tokens: n_new, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events: tx });
+                e.submit(GenRequest {
+                    prompt: prompt(vocab, (round * 1000 + s) as u64 + warm as u64 * 500, prompt_len),
+                    sampling: SamplingParams::default(),
+                    max_tokens: n_new,
+                    stop_ids: vec![],
+                    stop_strings: vec![],
+                    logprobs: None,
+                    n: 1,
+                    priority: Priority::Normal,
+                    deadline: None,
+                    events: tx,
+                });
                 rxs.push(rx);
             }
             let t0 = Instant::now();
@@ -85,7 +96,15 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
                 let fa = first_all.context("no tokens")?;
                 let dt = end.duration_since(fa).as_secs_f64();
                 let toks = b * (n_new - 1);
-                out.push(DecodeResult { model: plan.header.model.name.clone(), batch: b, prompt: prompt_len, new_tokens: n_new, decode_tokens_per_s: toks as f64 / dt, ms_per_step: dt * 1e3 / steps_after.max(1) as f64, total_s: end.duration_since(t0).as_secs_f64() });
+                out.push(DecodeResult {
+                    model: plan.header.model.name.clone(),
+                    batch: b,
+                    prompt: prompt_len,
+                    new_tokens: n_new,
+                    decode_tokens_per_s: toks as f64 / dt,
+                    ms_per_step: dt * 1e3 / steps_after.max(1) as f64,
+                    total_s: end.duration_since(t0).as_secs_f64(),
+                });
                 eprintln!("decode b{b}: {:.1} tok/s, {:.2} ms/step", toks as f64 / dt, dt * 1e3 / steps_after.max(1) as f64);
             }
         }

@@ -89,7 +89,7 @@ impl<'p> GpuBackend<'p> {
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
         let mut funcs = HashMap::new();
         let hopper = target == "sm_90a";
-        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.as_ref().filter(|_| hopper).map(|l| &l.kernel))) {
+        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel))) {
             if !funcs.contains_key(k) {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
@@ -281,9 +281,11 @@ impl GpuBackend<'_> {
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
-            let big = match (&s.hopper, &s.large) {
-                (Some(h), _) if self.target == "sm_90a" && !self.no_wgmma => Some(h),
-                (_, l) => l.as_ref(),
+            let hopper = self.target == "sm_90a" && !self.no_wgmma;
+            let big = match (&s.hopper, &s.hopper_small, &s.large) {
+                (Some(h), _, _) if hopper && rows >= h.min_rows => Some(h),
+                (_, Some(h), _) if hopper => Some(h),
+                (_, _, l) => l.as_ref(),
             };
             let (k, scal, work, grid_y, launch, block) = match big {
                 Some(l) if rows >= l.min_rows => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block),

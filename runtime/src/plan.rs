@@ -142,6 +142,9 @@ pub struct GpuStep {
     /// on sm_90a, the kernel to use instead of `large` (Hopper warpgroup MMA)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopper: Option<GpuLarge>,
+    /// on sm_90a, for steps with fewer rows than `hopper.min_rows` (narrower tiles)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hopper_small: Option<GpuLarge>,
     /// a collective over the tensor-parallel group on the (aliased) buffer: "all_reduce_sum"
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collective: Option<String>,
