@@ -128,6 +128,9 @@ impl KernelSpec {
     pub fn launch(&self) -> Launch {
         match self {
             KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
+            // a block of 8 warps per row with 16-byte loads (a warp per row leaves a 4096-wide
+            // row as 128 dependent load iterations: 55 us instead of a few)
+            KernelSpec::RmsNorm { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
@@ -496,6 +499,81 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.store(&z, "%y", &i);
             b.line("}");
             "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()
+        }
+        KernelSpec::RmsNorm { d, eps_bits } if d % 4 == 0 => {
+            let eps = f32::from_bits(*eps_bits);
+            let Launch::BlockPerRow { warps } = spec.launch() else { unreachable!() };
+            let nt = 32 * warps as usize;
+            b.workgroup = Some(format!("%red : memref<{warps}xf32, #gpu.address_space<workgroup>>"));
+            let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
+            let t = b.op("gpu.thread_id x");
+            let row = b.op("gpu.block_id x");
+            let rowi = b.idx64(&row);
+            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let c4 = b.op("arith.constant 4 : index");
+            let t4 = b.op(&format!("arith.muli {t}, {c4} : index"));
+            let dd = b.op(&format!("arith.constant {d} : index"));
+            let step = b.op(&format!("arith.constant {} : index", 4 * nt));
+            let dd64 = b.ci64(*d as i64);
+            let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
+            let zero = b.cf32(0.0);
+            let c4b = b.ci64(4);
+            // sum of squares: 4 floats per thread per iteration
+            let acc = b.v();
+            let (iv, a) = (b.v(), b.v());
+            b.line(&format!("{acc} = scf.for {iv} = {t4} to {dd} step {step} iter_args({a} = {zero}) -> (f32) {{"));
+            let i = b.idx64(&iv);
+            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
+            let xs = b.load_vec("%x", &bo, 4, "f32", 16);
+            let sq: Vec<String> = xs.iter().map(|x| b.op(&format!("arith.mulf {x}, {x} : f32"))).collect();
+            let s4 = b.sum4(&sq);
+            let a2 = b.op(&format!("arith.addf {a}, {s4} : f32"));
+            b.line(&format!("scf.yield {a2} : f32"));
+            b.line("}");
+            let part = b.warp_sum(&acc);
+            // one partial per warp through shared memory
+            let c32 = b.op("arith.constant 32 : index");
+            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
+            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+            let zi = b.op("arith.constant 0 : index");
+            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {zi} : index"));
+            b.line(&format!("scf.if {l0} {{"));
+            b.line(&format!("memref.store {part}, %red[{warp}] : {smt}"));
+            b.line("}");
+            b.line("gpu.barrier");
+            let mut total = zero.clone();
+            for w in 0..warps {
+                let wi = b.op(&format!("arith.constant {w} : index"));
+                let v = b.op(&format!("memref.load %red[{wi}] : {smt}"));
+                total = b.op(&format!("arith.addf {total}, {v} : f32"));
+            }
+            let df = b.cf32(*d as f32);
+            let mean = b.op(&format!("arith.divf {total}, {df} : f32"));
+            let ec = b.cf32(eps);
+            let me = b.op(&format!("arith.addf {mean}, {ec} : f32"));
+            let sd = b.asm1("sqrt.rn.f32", &me);
+            let one = b.cf32(1.0);
+            let inv = b.op(&format!("arith.divf {one}, {sd} : f32"));
+            let iv2 = b.v();
+            b.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
+            let i = b.idx64(&iv2);
+            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
+            let wo = b.op(&format!("arith.muli {i}, {c4b} : i64"));
+            let xs = b.load_vec("%x", &bo, 4, "f32", 16);
+            let ws = b.load_vec("%w", &wo, 4, "f32", 16);
+            for j in 0..4 {
+                let xn = b.op(&format!("arith.mulf {}, {inv} : f32", xs[j]));
+                let y = b.op(&format!("arith.mulf {xn}, {} : f32", ws[j]));
+                let cj = b.ci64(j as i64);
+                let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
+                b.store(&y, "%y", &yi);
+            }
+            b.line("}");
+            b.line("}");
+            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
         KernelSpec::RmsNorm { d, eps_bits } => {
             let eps = f32::from_bits(*eps_bits);
@@ -1000,12 +1078,20 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                             }
                             v
                         } else {
+                            // rows past M are not loaded at all (batched decode has few rows)
                             let bo = b.op(&format!("arith.muli {e0}, {c4} : i64"));
                             let c16b = b.ci64(16);
                             let bo2 = b.op(&format!("arith.addi {bo}, {c16b} : i64"));
+                            let r = b.v();
+                            let f8 = vec!["f32"; 8].join(", ");
+                            b.line(&format!("{r}:8 = scf.if {valid} -> ({f8}) {{"));
                             let mut v = b.load_vec("%x", &bo, 4, "f32", 16);
                             v.extend(b.load_vec("%x", &bo2, 4, "f32", 16));
-                            v
+                            b.line(&format!("scf.yield {} : {f8}", v.join(", ")));
+                            b.line("} else {");
+                            b.line(&format!("scf.yield {} : {f8}", vec![zero.as_str(); 8].join(", ")));
+                            b.line("}");
+                            (0..8).map(|j| format!("{r}#{j}")).collect()
                         };
                         (0..4).map(|j| b.pack2(&vals[2 * j], &vals[2 * j + 1], f16)).collect()
                     };

@@ -26,6 +26,9 @@ pub struct DecodeResult {
     pub decode_tokens_per_s: f64,
     pub ms_per_step: f64,
     pub total_s: f64,
+    /// DSC_PROFILE=1: (kernel, launches per step, µs per step), largest first
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profile: Vec<(String, f64, f64)>,
 }
 
 #[derive(Serialize)]
@@ -49,6 +52,7 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
     // every sequence's blocks, plus slack
     let kv = maxb * (prompt_len + new + bs) + 4 * bs;
     let backend = GpuBackend::new(&graph, &plan, kv)?;
+    let profiling = std::env::var_os("DSC_PROFILE").is_some();
     let cfg = SchedulerConfig { max_step_tokens: (maxb * prompt_len).max(maxb), max_seqs: maxb, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, ..Default::default() };
     let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
     let mut out = vec![];
@@ -73,6 +77,7 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
                 rxs.push(rx);
             }
             let t0 = Instant::now();
+            e.backend().take_profile();
             let mut first_all: Option<Instant> = None;
             let mut steps_after = 0usize;
             while !e.idle() {
@@ -82,6 +87,7 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
                 } else if rxs.iter_mut().all(|r| !r.is_empty()) {
                     // every sequence has its first token: prefill is over
                     first_all = Some(Instant::now());
+                    e.backend().take_profile();
                 }
             }
             let end = Instant::now();
@@ -93,6 +99,16 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
                 }
             }
             if !warm {
+                // the profile covers the decode steps (reset when prefill ended)
+                let prof: Vec<(String, f64, f64)> = if profiling {
+                    let steps = steps_after.max(1) as f64;
+                    e.backend().take_profile().into_iter().take(12).map(|(k, n, us)| (k, n as f64 / steps, us / steps)).collect()
+                } else {
+                    vec![]
+                };
+                for (k, n, us) in &prof {
+                    eprintln!("  {us:>10.1} us/step {n:>6.1} launches/step  {k}");
+                }
                 let fa = first_all.context("no tokens")?;
                 let dt = end.duration_since(fa).as_secs_f64();
                 let toks = b * (n_new - 1);
@@ -104,6 +120,7 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
                     decode_tokens_per_s: toks as f64 / dt,
                     ms_per_step: dt * 1e3 / steps_after.max(1) as f64,
                     total_s: end.duration_since(t0).as_secs_f64(),
+                    profile: prof,
                 });
                 eprintln!("decode b{b}: {:.1} tok/s, {:.2} ms/step", toks as f64 / dt, dt * 1e3 / steps_after.max(1) as f64);
             }

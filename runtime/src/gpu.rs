@@ -42,6 +42,8 @@ pub struct GpuBackend<'p> {
     /// DSC_NO_WGMMA=1: take the mma.sync matmul on sm_90a too (for comparisons)
     pub no_wgmma: bool,
     collective: GpuCollective,
+    /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
+    profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
 }
 
 /// How this backend's `all_reduce` steps meet the other tensor-parallel ranks.
@@ -159,7 +161,8 @@ impl<'p> GpuBackend<'p> {
             resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(numel * 4), &format!("allocating {}", n.name))?);
         }
         // host-side reductions cannot be captured
-        let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_));
+        let profile = std::env::var_os("DSC_PROFILE").map(|_| std::cell::RefCell::new(BTreeMap::new()));
+        let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_)) && profile.is_none();
         // block tables are padded to the most blocks one sequence can have (a fixed MB keeps
         // one CUDA graph per step shape), not to the pool
         let table_width = blocks.min(plan.header.model.max_seq_len.div_ceil(block_size)).max(1);
@@ -179,6 +182,7 @@ impl<'p> GpuBackend<'p> {
             use_graphs,
             no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
             collective,
+            profile,
         })
     }
 
@@ -341,7 +345,17 @@ impl GpuBackend<'_> {
         }
     }
 
+    /// Per-kernel launch counts and total µs since the last call (DSC_PROFILE=1), largest first.
+    pub fn take_profile(&self) -> Vec<(String, usize, f64)> {
+        let Some(p) = &self.profile else { return vec![] };
+        let mut v: Vec<(String, usize, f64)> = std::mem::take(&mut *p.borrow_mut()).into_iter().map(|(k, (n, t))| (k, n, t)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
+    }
+
     fn launch_all(&self, bucket: &mut Bucket) -> Result<()> {
+        let mut marks: Vec<(String, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)> = vec![];
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         for a in &bucket.launches {
             let l = match a {
                 Action::Launch(l) => l,
@@ -365,9 +379,26 @@ impl GpuBackend<'_> {
             for v in &l.scalars {
                 lb.arg(v);
             }
+            let start = match &self.profile {
+                Some(_) => Some(cu(self.stream.record_event(timing), "profile event")?),
+                None => None,
+            };
             // SAFETY: the schedule was generated with the kernels: argument order, types and
             // buffer sizes (from the node types under this bucket's binding) match.
             unsafe { lb.launch(l.cfg) }.map_err(|e| gerr(format!("launching {}: {e:?}", l.kernel)))?;
+            if let Some(s0) = start {
+                marks.push((l.kernel.clone(), s0, cu(self.stream.record_event(timing), "profile event")?));
+            }
+        }
+        if let Some(p) = &self.profile {
+            cu(self.stream.synchronize(), "profile")?;
+            let mut p = p.borrow_mut();
+            for (k, a, b) in marks {
+                let ms = cu(a.elapsed_ms(&b), "profile elapsed")? as f64;
+                let e = p.entry(k).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += ms * 1e3;
+            }
         }
         Ok(())
     }

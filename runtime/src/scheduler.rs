@@ -212,6 +212,10 @@ impl<B: Backend + ?Sized> Engine<B> {
         }
     }
 
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     pub fn kv_stats(&self) -> KvStats {
         self.bm.stats()
     }
