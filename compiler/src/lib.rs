@@ -79,6 +79,9 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     specs.extend(steps.iter().filter_map(|s| s.hopper_small.as_ref().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
+    // greedy decoding picks tokens on the device: an argmax over the logits rows
+    let argmax = graph.outputs.iter().find(|(n, _)| n == "logits").and_then(|(_, id)| graph.node(*id).ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });
+    specs.extend(argmax.clone());
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps: Vec<GpuStep> = steps
         .iter()
@@ -127,7 +130,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         .collect();
     let ptx = module.ptx.iter().map(|(t, p)| (t.name().to_string(), p.clone())).collect();
     let buffers = lifetimes(graph, &steps);
-    Ok((GpuProgram { ptx, steps, buffers }, module))
+    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()) }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;

@@ -59,6 +59,11 @@ pub trait Backend {
     /// Copy whole KV blocks (every layer's K and V pool): (src, dst) pairs, in order
     /// (copy-on-write of blocks shared by forked sequences).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
+    /// Run one step and return the argmax token of each logits row (lowest id on ties).
+    /// Backends that can pick on the device override it to skip copying the logits back.
+    fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>> {
+        Ok(self.step(batch)?.iter().map(|r| crate::sampler::argmax(r) as u32).collect())
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -74,6 +79,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
         (**self).copy_blocks(pairs)
     }
+    fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>> {
+        (**self).step_greedy(batch)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for &mut B {
@@ -88,6 +96,9 @@ impl<B: Backend + ?Sized> Backend for &mut B {
     }
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
         (**self).copy_blocks(pairs)
+    }
+    fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>> {
+        (**self).step_greedy(batch)
     }
 }
 

@@ -91,7 +91,11 @@ impl<'p> GpuBackend<'p> {
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
         let mut funcs = HashMap::new();
         let hopper = target == "sm_90a";
-        for k in prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel))) {
+        for k in prog
+            .argmax
+            .iter()
+            .chain(prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel))))
+        {
             if !funcs.contains_key(k) {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
@@ -231,6 +235,8 @@ struct Bucket {
     vocab: usize,
     graph: Option<cudarc::driver::CudaGraph>,
     runs: usize,
+    /// token ids of a greedy step (device argmax)
+    ids: Option<CudaSlice<u8>>,
 }
 
 /// Steps of at most this many tokens keep their bucket (and CUDA graph) for reuse; longer
@@ -321,7 +327,7 @@ impl GpuBackend<'_> {
         let out_name = g.node(*out).name.clone();
         let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
-        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0 })
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -404,6 +410,41 @@ impl GpuBackend<'_> {
     }
 
     fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
+        self.run_launches(bucket, b, use_graph)?;
+        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
+        let bytes = cu(self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)), "reading logits")?;
+        let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(data.chunks_exact(bucket.vocab.max(1)).map(|r| r.to_vec()).collect())
+    }
+
+    /// The step, then the argmax of each logits row on the device; only the ids come back.
+    fn run_bucket_greedy(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<u32>> {
+        // the argmax kernel is a warp per row: for a handful of rows, copying the logits back
+        // and scanning them on the host is faster (8B: 1.3 ms vs ~0.3 ms at one row)
+        let Some(k) = self.prog.argmax.as_ref().filter(|_| b.logit_rows.len() >= 8) else {
+            return Ok(self.run_bucket(bucket, b, use_graph)?.iter().map(|r| crate::sampler::argmax(r) as u32).collect());
+        };
+        self.run_launches(bucket, b, use_graph)?;
+        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
+        let rows = n / 4 / bucket.vocab.max(1);
+        if bucket.ids.as_ref().is_none_or(|x| x.len() < rows * 4) {
+            bucket.ids = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(1) * 4), "allocating token ids")?);
+        }
+        let ids = bucket.ids.as_mut().expect("allocated above");
+        let logits = bucket.arena.slice(o..o + n);
+        let rows64 = rows as i64;
+        let mut lb = self.stream.launch_builder(&self.funcs[k]);
+        lb.arg(&logits).arg(&*ids).arg(&rows64);
+        let cfg = LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argmax_d<V>(x, y, rows): rows rows of V f32 in `logits`, one i32 per row into
+        // `ids` (allocated for at least `rows`); warp per row, 4 rows per block.
+        unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {k}: {e:?}")))?;
+        let bytes = cu(self.stream.clone_dtoh(&ids.slice(0..rows * 4)), "reading token ids")?;
+        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect())
+    }
+
+    /// Upload the step's inputs and run its launches (as a CUDA graph once captured).
+    fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<()> {
         // block tables are padded to a fixed width, so MB (and the graph) is fixed
         let w = self.table_width;
         let mut table = vec![0i32; b.num_seqs * w];
@@ -429,15 +470,13 @@ impl GpuBackend<'_> {
             _ => self.launch_all(bucket)?,
         }
         bucket.runs += 1;
-        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
-        let bytes = cu(self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)), "reading logits")?;
-        let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok(data.chunks_exact(bucket.vocab.max(1)).map(|r| r.to_vec()).collect())
+        Ok(())
     }
 }
 
-impl Backend for GpuBackend<'_> {
-    fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+impl GpuBackend<'_> {
+    /// Find (or make) the step shape's bucket and run `f` on it; long steps get a transient one.
+    fn with_bucket<R>(&mut self, b: &StepBatch, f: impl FnOnce(&Self, &mut Bucket, bool) -> Result<R>) -> Result<R> {
         b.validate()?;
         if b.max_blocks > self.table_width {
             return Err(gerr(format!("block table of {} blocks per sequence exceeds the plan's longest sequence ({} blocks)", b.max_blocks, self.table_width)));
@@ -445,15 +484,25 @@ impl Backend for GpuBackend<'_> {
         let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len());
         if key.0 > CACHED_MAX_TOKENS {
             let mut bucket = self.prepare(key.0, key.1, key.2)?;
-            return self.run_bucket(&mut bucket, b, false);
+            return f(self, &mut bucket, false);
         }
         let mut bucket = match self.buckets.remove(&key) {
             Some(bk) => bk,
             None => self.prepare(key.0, key.1, key.2)?,
         };
-        let out = self.run_bucket(&mut bucket, b, self.use_graphs);
+        let out = f(self, &mut bucket, self.use_graphs);
         self.buckets.insert(key, bucket);
         out
+    }
+}
+
+impl Backend for GpuBackend<'_> {
+    fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        self.with_bucket(b, |g, bucket, graphs| g.run_bucket(bucket, b, graphs))
+    }
+
+    fn step_greedy(&mut self, b: &StepBatch) -> Result<Vec<u32>> {
+        self.with_bucket(b, |g, bucket, graphs| g.run_bucket_greedy(bucket, b, graphs))
     }
 
     fn kv_geometry(&self) -> (usize, usize) {

@@ -68,6 +68,10 @@ pub struct GpuProgram {
     /// it (aliases folded in). The runtime places buffers whose lifetimes do not overlap at
     /// the same arena offsets once a step shape fixes their sizes.
     pub buffers: Vec<BufferLife>,
+    /// kernel that takes the argmax of each logits row on the device (greedy decoding copies
+    /// back token ids instead of logits); params logits, ids (i32), rows
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argmax: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -167,6 +167,19 @@ impl Seq {
     fn generated(&self) -> &[u32] {
         &self.tokens[self.req.prompt_len..]
     }
+
+    /// The next token is the argmax of the raw logits (nothing else needs them).
+    fn greedy_only(&self) -> bool {
+        let p = &self.req.sampling;
+        (p.temperature == 0.0 || p.top_k == 1) && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && self.req.logprobs.is_none()
+    }
+}
+
+/// How a sequence's next token is chosen: sampled from its logits row, or already chosen.
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    Logits(&'a [f32]),
+    Token(u32),
 }
 
 struct Bucket {
@@ -469,13 +482,18 @@ impl<B: Backend + ?Sized> Engine<B> {
                 wants.push(id);
             }
         }
-        let logits = if b.logit_rows.is_empty() {
+        // plain greedy rows (no penalties, no logprobs) are decided on the device: only the
+        // token ids come back instead of the logits
+        let greedy = wants.iter().all(|id| self.seqs[id].greedy_only());
+        let (logits, tokens) = if b.logit_rows.is_empty() {
             // a step of prompt chunks only: run it, no logits needed but the graph wants one row
             b.logit_rows.push(0);
-            self.backend.step(&b)?;
-            vec![]
+            self.backend.step_greedy(&b)?;
+            (vec![], vec![])
+        } else if greedy {
+            (vec![], self.backend.step_greedy(&b)?)
         } else {
-            self.backend.step(&b)?
+            (self.backend.step(&b)?, vec![])
         };
         self.metrics.steps.inc();
         for &(id, n) in &sched {
@@ -483,14 +501,20 @@ impl<B: Backend + ?Sized> Engine<B> {
             s.computed += n;
             self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
         }
-        for (id, row) in wants.into_iter().zip(logits) {
-            self.sample(id, &row);
+        if greedy {
+            for (id, t) in wants.into_iter().zip(tokens) {
+                self.sample(id, Pick::Token(t));
+            }
+        } else {
+            for (id, row) in wants.into_iter().zip(logits) {
+                self.sample(id, Pick::Logits(&row));
+            }
         }
         self.update_gauges();
         Ok(true)
     }
 
-    fn sample(&mut self, id: u64, logits: &[f32]) {
+    fn sample(&mut self, id: u64, logits: Pick) {
         // n > 1: fork the children off the finished prompt (shared blocks), each samples
         let forks = std::mem::take(&mut self.seqs.get_mut(&id).expect("seq").forks);
         let mut ids = vec![id];
@@ -524,10 +548,13 @@ impl<B: Backend + ?Sized> Engine<B> {
         }
     }
 
-    fn emit(&mut self, id: u64, logits: &[f32]) {
+    fn emit(&mut self, id: u64, pick: Pick) {
         let now = Instant::now();
         let s = self.seqs.get_mut(&id).expect("seq");
-        let t = s.sampler.sample_with(logits, &s.tokens[..s.req.prompt_len], &s.tokens[s.req.prompt_len..]);
+        let (t, logits) = match pick {
+            Pick::Logits(l) => (s.sampler.sample_with(l, &s.tokens[..s.req.prompt_len], &s.tokens[s.req.prompt_len..]), Some(l)),
+            Pick::Token(t) => (t, None),
+        };
         s.tokens.push(t);
         match s.last_token {
             None => self.metrics.ttft.observe(now.duration_since(s.req.arrival).as_secs_f64()),
@@ -537,7 +564,10 @@ impl<B: Backend + ?Sized> Engine<B> {
         s.last_token = Some(now);
         self.metrics.generation_tokens.inc();
         self.gen_window.push_back((now, 1));
-        let lp = s.req.logprobs.map(|top| logprobs(logits, t, top));
+        let lp = match (s.req.logprobs, logits) {
+            (Some(top), Some(l)) => Some(logprobs(l, t, top)),
+            _ => None,
+        };
         let stop_id = s.req.stop_ids.contains(&t);
         let done_len = s.generated().len() >= s.req.max_tokens || s.tokens.len() >= self.cfg.max_seq_len;
         // text: decode everything generated (minus a stop token), hold back what may still
