@@ -30,6 +30,9 @@ pub fn all_specs() -> Vec<KernelSpec> {
         v.push(KernelSpec::Gather { d: 576, dtype: wdtype });
     }
     v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    // the 8B shape's GEMVs
+    v.push(KernelSpec::MatMul { k: 4096, n: 14336, wdtype: DType::BF16, bias: false });
+    v.push(KernelSpec::MatMul { k: 14336, n: 4096, wdtype: DType::Q4_1, bias: false });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         v.push(KernelSpec::MatMulMma { k: 576, n: 1536, wdtype, bias: false });
     }

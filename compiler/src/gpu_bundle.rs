@@ -193,7 +193,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         if k % 64 == 0 {
             // a partial tile everywhere, a full one and small M for two formats, both tile widths
             // (the bundle must stay under the 64 MiB a device call carries)
-            let cases_m: Vec<(usize, usize)> = if matches!(wdtype, DType::BF16 | DType::Q4_1) { vec![(64, 16), (64, 77), (16, 2), (16, 64), (16, 77)] } else { vec![(64, 77), (16, 5)] };
+            let cases_m: Vec<(usize, usize)> = if matches!(wdtype, DType::BF16 | DType::Q4_1) { vec![(64, 16), (64, 77), (16, 2), (16, 64)] } else { vec![(64, 77), (16, 5)] };
             for (n_tile, m) in cases_m {
                 let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, n_tile };
                 let x = rand_vec(m * k, -1.0, 1.0);
@@ -216,6 +216,31 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 });
             }
         }
+    }
+    // a longer K (the 8B shape's GEMVs have K = 4096 and 14336)
+    for wdtype in [DType::BF16, DType::Q4_1] {
+        let (k, n, m) = (2048usize, 96usize, 3usize);
+        let wf = rand_vec(n * k, -0.1, 0.1);
+        let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+        let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+        let x = rand_vec(m * k, -1.0, 1.0);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false };
+        let (g, b) = grid(&spec.launch(), n);
+        cases.push(Case {
+            name: format!("matmul {m}x{k}x{n} {wdtype}"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: m as u32,
+            block: b,
+            inputs: vec![data.push(&x), data.push_u8(&wb)],
+            scalars: vec![n as i64],
+            expected: data.push(&want),
+            init: None,
+            tol: 1e-5,
+        });
+        specs.push(spec);
     }
     {
         let (k, n, m) = (576usize, 192usize, 5usize);
