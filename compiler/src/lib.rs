@@ -4,6 +4,7 @@
 //! each; `optimized`) → kernels (`mlir`: generated and lowered MLIR, `llvm`, `ptx`) → `plan`.
 //! The e-graph stages (`egraph`, `fused`) arrive with the optimizer.
 
+pub mod cost;
 pub mod gpu_bundle;
 
 use anyhow::Context;

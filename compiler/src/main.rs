@@ -58,6 +58,19 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Print the cost model of one step per kernel class: launches, bytes, FLOPs and the H200
+    /// roofline time (bytes at 4.62 TB/s or FLOPs at the tensor-core rate, + 2.5 us a launch)
+    Cost {
+        model: PathBuf,
+        /// tokens in the step (1 = decode)
+        #[arg(long, default_value_t = 1)]
+        tokens: usize,
+        /// cached positions each token attends to
+        #[arg(long, default_value_t = 1024)]
+        context: usize,
+        #[arg(long)]
+        tp: Option<usize>,
+    },
     /// Generate text from a plan
     Run(cli::RunArgs),
     /// Print what a plan holds
@@ -120,6 +133,10 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
         }
         None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),
     };
+    // the cost model's view of one decode token at a 1024-token context
+    let costs = dsc_compiler::cost::step_cost(&c.graph, 1, 1024);
+    let t = dsc_compiler::cost::total(&costs);
+    let gpu = format!("{gpu}; cost model, decode token at context 1024: {:.1} MB moved, {:.2} GFLOP, roofline {:.2} ms", t.bytes / 1e6, t.flops / 1e9, t.roofline_s(false) * 1e3);
     format!(
         "{}: {} layers, {} nodes ({} ops, ~{} per layer), weights {:.1} MB; passes: {}; {gpu}",
         c.model.config.toml.model.name,
@@ -170,6 +187,17 @@ fn main() -> anyhow::Result<()> {
         Cmd::GpuBundle { dir, seed } => {
             let n = dsc_compiler::gpu_bundle::write_bundle(&dir, seed)?;
             eprintln!("wrote {n} kernel checks to {}", dir.display());
+            Ok(())
+        }
+        Cmd::Cost { model, tokens, context, tp } => {
+            let c = dsc_compiler::compile_with(&model, tp)?;
+            let costs = dsc_compiler::cost::step_cost(&c.graph, tokens, context);
+            println!("{:<34} {:>8} {:>12} {:>12} {:>12}", "kernel class", "launches", "MB", "GFLOP", "roofline us");
+            for (k, m) in &costs {
+                println!("{k:<34} {:>8} {:>12.2} {:>12.3} {:>12.1}", m.launches, m.bytes / 1e6, m.flops / 1e9, m.roofline_s(tokens > 1) * 1e6);
+            }
+            let t = dsc_compiler::cost::total(&costs);
+            println!("{:<34} {:>8} {:>12.2} {:>12.3} {:>12.1}", "total", t.launches, t.bytes / 1e6, t.flops / 1e9, t.roofline_s(tokens > 1) * 1e6);
             Ok(())
         }
         Cmd::Run(a) => cli::run(&a),

@@ -1,0 +1,113 @@
+//! The H200 cost model: bytes moved and FLOPs of every kernel of one step, and the time the
+//! hardware needs for them at best (bytes at 4.62 TB/s — a plain streaming read measured on
+//! this H200 — or FLOPs at the tensor-core rate, whichever is longer, plus a per-launch cost).
+//! The optimizer's extraction (issue 4) and the per-kernel roofline table in docs/perf.md use
+//! it. Activations are counted in their graph dtype (f32 today), weights in their stored dtype;
+//! attention reads `context` cached positions per token.
+
+use dsc_ir::{DType, Graph, Op};
+use std::collections::BTreeMap;
+
+/// H200 numbers (../shared/docs/GPU.md).
+pub const BYTES_PER_S: f64 = 4.62e12;
+pub const TENSOR_FLOPS: f64 = 800e12;
+pub const CUDA_FLOPS: f64 = 60e12;
+/// a dependent kernel in a CUDA graph costs at least this much (launch + ramp + drain)
+pub const LAUNCH_S: f64 = 2.5e-6;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelCost {
+    pub launches: usize,
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+impl KernelCost {
+    /// Best-case time: the larger of memory and compute time, plus launch costs.
+    pub fn roofline_s(&self, tensor_cores: bool) -> f64 {
+        let f = if tensor_cores { TENSOR_FLOPS } else { CUDA_FLOPS };
+        (self.bytes / BYTES_PER_S).max(self.flops / f) + self.launches as f64 * LAUNCH_S
+    }
+}
+
+fn nbytes(d: DType, n: usize) -> f64 {
+    d.bytes_for(n).map(|b| b as f64).unwrap_or(n as f64 * 4.0)
+}
+
+/// Cost of one step of `tokens` tokens (one sequence, `context` positions cached), grouped by
+/// kernel class (op name + weight shape for matmuls), in graph order of first appearance.
+pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, KernelCost)> {
+    let bind = BTreeMap::from([("T".to_string(), tokens), ("S".to_string(), 1), ("R".to_string(), 1), ("MB".to_string(), context.div_ceil(16)), ("NB".to_string(), context.div_ceil(16))]);
+    let numel = |id| g.node(id).ty.eval_shape(&bind).map(|s| s.iter().product::<usize>()).unwrap_or(0);
+    let mut out: Vec<(String, KernelCost)> = vec![];
+    let Ok(order) = g.topo_order() else { return out };
+    for id in order {
+        let n = g.node(id);
+        if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) {
+            continue;
+        }
+        let ops = g.operands(id);
+        let out_b = nbytes(n.ty.dtype, numel(id));
+        let (key, bytes, flops) = match &n.op {
+            Op::MatMul { .. } => {
+                let w = g.node(ops[1]);
+                let s: Vec<usize> = w.ty.shape.iter().filter_map(|d| d.as_const()).collect();
+                let (nn, k) = (s[0], s[1]);
+                let m = numel(id) / nn.max(1);
+                (format!("matmul {k}x{nn} {}", w.ty.dtype), nbytes(w.ty.dtype, nn * k) + (m * k) as f64 * 4.0 + out_b, 2.0 * (m * nn * k) as f64)
+            }
+            Op::PagedAttention { .. } => {
+                let kc = g.node(ops[1]);
+                let row: usize = kc.ty.shape[2..].iter().filter_map(|d| d.as_const()).product();
+                let q = numel(ops[0]) as f64;
+                // K and V rows of every cached position, per token
+                (n.op.name().to_string(), 2.0 * (tokens * context * row) as f64 * 4.0 + q * 4.0 + out_b, 4.0 * q * context as f64)
+            }
+            Op::CacheWrite => (n.op.name().to_string(), 2.0 * numel(ops[1]) as f64 * 4.0, 0.0),
+            Op::Gather => (n.op.name().to_string(), 2.0 * out_b, 0.0),
+            op => {
+                let inb: f64 = ops.iter().map(|&o| nbytes(g.node(o).ty.dtype, numel(o))).sum();
+                (op.name().to_string(), inb + out_b, numel(id) as f64 * 2.0)
+            }
+        };
+        match out.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, c)) => {
+                c.launches += 1;
+                c.bytes += bytes;
+                c.flops += flops;
+            }
+            None => out.push((key, KernelCost { launches: 1, bytes, flops })),
+        }
+    }
+    out
+}
+
+/// Totals over the classes.
+pub fn total(costs: &[(String, KernelCost)]) -> KernelCost {
+    costs.iter().fold(KernelCost::default(), |a, (_, c)| KernelCost { launches: a.launches + c.launches, bytes: a.bytes + c.bytes, flops: a.flops + c.flops })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_step_is_its_weight_bytes() {
+        let g = dsc_ir::text::parse(
+            "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %w = weight : bf16[1024, 4096]\n  %y = matmul(%x, %w) {transpose_b = true} : f32[T, 1024]\n  %z = silu(%y) : f32[T, 1024]\n  output z = %z\n}\n",
+        )
+        .unwrap();
+        let c = step_cost(&g, 1, 1);
+        assert_eq!(c.len(), 2);
+        let (k, m) = &c[0];
+        assert_eq!(k, "matmul 4096x1024 bf16");
+        // weights dominate: 8 MiB of bf16, plus 16 KiB in and 4 KiB out
+        assert_eq!(m.bytes, (1024 * 4096 * 2 + 4096 * 4 + 1024 * 4) as f64);
+        assert_eq!(m.flops, 2.0 * 1024.0 * 4096.0);
+        let t = total(&c);
+        assert_eq!(t.launches, 2);
+        // memory-bound: 8.4 MB at 4.62 TB/s ~ 1.8 us, plus two launches
+        let s = t.roofline_s(false);
+        assert!(s > 1.8e-6 + 2.0 * LAUNCH_S && s < 2.0e-6 + 2.0 * LAUNCH_S, "{s}");
+    }
+}
