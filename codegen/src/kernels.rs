@@ -487,15 +487,23 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let j = b.op(&format!("arith.remui {i}, %nb : i64"));
             let x = b.load("%a", &i);
             let y = b.load("%b", &j);
-            let f = match op.0 {
-                BinaryOp::Add => "arith.addf",
-                BinaryOp::Sub => "arith.subf",
-                BinaryOp::Mul => "arith.mulf",
-                BinaryOp::Div => "arith.divf",
-                BinaryOp::Max => "arith.maximumf",
-                BinaryOp::Min => "arith.minimumf",
+            let z = match op.0 {
+                BinaryOp::SiluMul => {
+                    let s = unary_expr(&mut b, UnaryOp::Silu, &x)?;
+                    b.op(&format!("arith.mulf {s}, {y} : f32"))
+                }
+                other => {
+                    let f = match other {
+                        BinaryOp::Add => "arith.addf",
+                        BinaryOp::Sub => "arith.subf",
+                        BinaryOp::Mul => "arith.mulf",
+                        BinaryOp::Div => "arith.divf",
+                        BinaryOp::Max => "arith.maximumf",
+                        _ => "arith.minimumf",
+                    };
+                    b.op(&format!("{f} {x}, {y} : f32"))
+                }
             };
-            let z = b.op(&format!("{f} {x}, {y} : f32"));
             b.store(&z, "%y", &i);
             b.line("}");
             "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()

@@ -23,7 +23,7 @@ pub fn all_specs() -> Vec<KernelSpec> {
             .into_iter()
             .map(|u| KernelSpec::Unary(UnaryOpKey(u)))
             .collect();
-    v.extend([BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min].into_iter().map(|b| KernelSpec::Binary(BinaryOpKey(b))));
+    v.extend([BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::SiluMul].into_iter().map(|b| KernelSpec::Binary(BinaryOpKey(b))));
     v.push(KernelSpec::RmsNorm { d: 576, eps_bits: 1e-5f32.to_bits() });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         v.push(KernelSpec::MatMul { k: 576, n: 1536, wdtype, bias: false });

@@ -90,7 +90,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
-    for bop in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min] {
+    for bop in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::SiluMul] {
         let spec = KernelSpec::Binary(BinaryOpKey(bop));
         let name = dsc_ir::Op::Binary(bop).name();
         for (rows, cols, bcast) in [(129usize, 576usize, false), (129, 576, true)] {

@@ -35,16 +35,31 @@ pub fn compile(model_toml: &Path) -> anyhow::Result<Compiled> {
     compile_with(model_toml, None)
 }
 
+/// Also run the equality-saturation optimizer (`dsc compile --optimize`). Off by default until
+/// every fused kernel it produces has been checked on the H200 (the silu_mul kernel has not
+/// yet).
+pub fn compile_opts(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
+    compile_inner(model_toml, tp, optimize)
+}
+
 /// `tp`: tensor-parallel ranks, overriding model.toml's `[parallel] tp`; with neither the
 /// graph is not partitioned.
 pub fn compile_with(model_toml: &Path, tp: Option<usize>) -> anyhow::Result<Compiled> {
+    compile_inner(model_toml, tp, false)
+}
+
+fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
     let model = dsc_models::load(model_toml)?;
     let world = tp.or(model.config.toml.parallel.as_ref().map(|p| p.tp));
     if world == Some(0) {
         anyhow::bail!("--tp must be at least 1");
     }
     let tpp = world.map(|world| TensorParallel { world });
+    let opt = dsc_passes::Optimize::default();
     let mut passes: Vec<&dyn dsc_passes::Pass> = vec![&Dce];
+    if optimize {
+        passes.push(&opt);
+    }
     if let Some(p) = &tpp {
         passes.push(p);
     }

@@ -41,6 +41,9 @@ enum Cmd {
         /// tensor-parallel ranks (overrides model.toml's [parallel] tp)
         #[arg(long)]
         tp: Option<usize>,
+        /// run the equality-saturation optimizer (fusions; not yet checked on the GPU)
+        #[arg(long)]
+        optimize: bool,
     },
     /// Print a stage's IR for a model.toml (same as `compile --dump-ir`)
     DumpIr {
@@ -149,9 +152,9 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     )
 }
 
-fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>, reference: bool, tp: Option<usize>) -> anyhow::Result<()> {
+fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>, reference: bool, tp: Option<usize>, optimize: bool) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let c = dsc_compiler::compile_with(model, tp)?;
+    let c = dsc_compiler::compile_opts(model, tp, optimize)?;
     if let Some(stage) = dump_ir {
         print!("{}", stage_text(&c, &stage, fmt)?);
         if output.is_none() && dump_dir.is_none() {
@@ -178,7 +181,7 @@ fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fm
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp } => do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp),
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, optimize } => do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, optimize),
         Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;
             print!("{}", stage_text(&c, &stage, format)?);

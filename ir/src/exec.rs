@@ -363,6 +363,7 @@ fn binary(b: BinaryOp, x: f32, y: f32) -> f32 {
         BinaryOp::Div => x / y,
         BinaryOp::Max => x.max(y),
         BinaryOp::Min => x.min(y),
+        BinaryOp::SiluMul => x / (1.0 + (-x).exp()) * y,
     }
 }
 

@@ -33,6 +33,8 @@ pub enum BinaryOp {
     Div,
     Max,
     Min,
+    /// silu(a) * b: SwiGLU's gate (a fusion of silu and mul)
+    SiluMul,
 }
 
 /// How RoPE pairs the elements of a head.
@@ -160,6 +162,7 @@ impl Op {
                 BinaryOp::Div => "div",
                 BinaryOp::Max => "max",
                 BinaryOp::Min => "min",
+                BinaryOp::SiluMul => "silu_mul",
             },
             Op::RmsNorm { .. } => "rms_norm",
             Op::LayerNorm { .. } => "layer_norm",
@@ -273,6 +276,7 @@ impl Op {
             "div" => Op::Binary(B::Div),
             "max" => Op::Binary(B::Max),
             "min" => Op::Binary(B::Min),
+            "silu_mul" => Op::Binary(B::SiluMul),
             "rms_norm" => Op::RmsNorm { eps: float("eps")? },
             "layer_norm" => Op::LayerNorm { eps: float("eps")? },
             "rope" => Op::Rope {

@@ -2,10 +2,12 @@
 //! The driver ([`run_pipeline`]) runs the verifier after every pass.
 
 mod dce;
+mod egraph;
 mod tp;
 
 pub use dce::Dce;
 use dsc_ir::{Graph, IrError};
+pub use egraph::{Limits, Optimize};
 use thiserror::Error;
 pub use tp::TensorParallel;
 

@@ -1,0 +1,454 @@
+//! The optimizer: equality saturation over the graph with egg (Willsey et al., "egg: Fast and
+//! Extensible Equality Saturation", POPL 2021).
+//!
+//! The graph goes into an e-graph (one e-node per op, typed: the op, its attributes and its
+//! result type are the e-node's key, so only type-preserving rewrites can union classes);
+//! rewrite rules add equivalent forms until nothing new appears or a limit is hit; extraction
+//! picks, per class, the form the cost model (bytes moved at the H200's bandwidth plus a cost
+//! per kernel launch, `cost.rs` in the compiler) finds cheapest; the graph is rebuilt from it,
+//! keeping every surviving node's checkpoint-derived name.
+//!
+//! Rules are Rust functions over e-nodes, in families (each with the identity it uses):
+//! - algebra: `reshape(reshape(x)) = reshape(x)`; `cast(x) = x` when the dtype is unchanged.
+//! - fusion: `mul(silu(a), b) = silu_mul(a, b)` (SwiGLU's gate in one kernel).
+//! No rule is commutative or associative over an unbounded set (no blow-up), so the e-graph
+//! saturates. More fusions (norm into a matmul prologue, residual add as an epilogue, QKV and
+//! gate/up merges, rope + cache write) come with their kernels.
+
+use crate::{Pass, PassError};
+use dsc_ir::{BinaryOp, Graph, IrError, NodeId, Op, TensorType, UnaryOp};
+use egg::{EGraph, Id, Language};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// An e-node: `key` indexes the pass's table of (op, result type, leaf name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct INode {
+    key: u32,
+    children: Vec<Id>,
+}
+
+impl Language for INode {
+    type Discriminant = u32;
+    fn discriminant(&self) -> u32 {
+        self.key
+    }
+    fn matches(&self, other: &Self) -> bool {
+        self.key == other.key && self.children.len() == other.children.len()
+    }
+    fn children(&self) -> &[Id] {
+        &self.children
+    }
+    fn children_mut(&mut self) -> &mut [Id] {
+        &mut self.children
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    op: Op,
+    ty: TensorType,
+    /// leaves (inputs, weights, states) are distinct by name
+    leaf: Option<String>,
+}
+
+#[derive(Default)]
+struct Table {
+    entries: Vec<Entry>,
+    index: HashMap<String, u32>,
+}
+
+impl Table {
+    fn key(&mut self, op: &Op, ty: &TensorType, leaf: Option<&str>) -> u32 {
+        let text = format!("{}{:?}:{}:{}", op.name(), op.attrs(), ty, leaf.unwrap_or(""));
+        if let Some(&k) = self.index.get(&text) {
+            return k;
+        }
+        let k = self.entries.len() as u32;
+        self.entries.push(Entry { op: op.clone(), ty: ty.clone(), leaf: leaf.map(String::from) });
+        self.index.insert(text, k);
+        k
+    }
+}
+
+/// Limits on saturation; the stop reason and the e-graph's size are reported.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub iterations: usize,
+    pub nodes: usize,
+    pub time: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { iterations: 16, nodes: 200_000, time: Duration::from_secs(10) }
+    }
+}
+
+/// Equality saturation + cost-model extraction.
+#[derive(Default)]
+pub struct Optimize {
+    pub limits: Limits,
+}
+
+/// What one rule wants added to a class: a new e-node (op, type, children).
+struct Add {
+    class: Id,
+    op: Op,
+    ty: TensorType,
+    children: Vec<Id>,
+    rule: &'static str,
+}
+
+type Eg = EGraph<INode, ()>;
+
+/// Every rule's matches over the whole e-graph.
+fn search(eg: &Eg, t: &Table) -> Vec<Add> {
+    let mut out = vec![];
+    let entry = |n: &INode| &t.entries[n.key as usize];
+    for class in eg.classes() {
+        for n in &class.nodes {
+            let e = entry(n);
+            match &e.op {
+                // algebra: reshape(reshape(x)) = reshape(x) to the outer shape
+                Op::Reshape => {
+                    for inner in &eg[n.children[0]].nodes {
+                        if matches!(entry(inner).op, Op::Reshape) {
+                            out.push(Add { class: class.id, op: Op::Reshape, ty: e.ty.clone(), children: vec![inner.children[0]], rule: "reshape-reshape" });
+                        }
+                    }
+                }
+                // algebra: cast to the dtype it already has is the identity
+                Op::Cast => {
+                    let src = &eg[n.children[0]];
+                    if src.nodes.iter().any(|m| entry(m).ty == e.ty) {
+                        out.push(Add { class: class.id, op: Op::Reshape, ty: e.ty.clone(), children: vec![n.children[0]], rule: "cast-same-dtype" });
+                    }
+                }
+                // fusion: mul(silu(a), b) = silu_mul(a, b) (SwiGLU), same shapes only
+                Op::Binary(BinaryOp::Mul) => {
+                    for (gate, other) in [(0usize, 1usize), (1, 0)] {
+                        for s in &eg[n.children[gate]].nodes {
+                            if matches!(entry(s).op, Op::Unary(UnaryOp::Silu)) {
+                                let a = s.children[0];
+                                let shape_ok = eg[a].nodes.iter().any(|m| entry(m).ty == e.ty) && eg[n.children[other]].nodes.iter().any(|m| entry(m).ty == e.ty);
+                                if shape_ok {
+                                    out.push(Add { class: class.id, op: Op::Binary(BinaryOp::SiluMul), ty: e.ty.clone(), children: vec![a, n.children[other]], rule: "silu-mul" });
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Cost of one e-node in bytes-equivalent (bandwidth bytes plus a launch as the bytes the
+/// H200 streams in 2.5 us): reshapes and casts in place are free.
+fn node_cost(t: &Table, n: &INode, child_elems: &[usize]) -> f64 {
+    let e = &t.entries[n.key as usize];
+    const LAUNCH_BYTES: f64 = 2.5e-6 * 4.62e12;
+    let elems = |ty: &TensorType| ty.shape.iter().map(|d| d.as_const().unwrap_or(64)).product::<usize>() as f64;
+    match &e.op {
+        Op::Input | Op::Weight | Op::State | Op::Reshape => 0.0,
+        _ => LAUNCH_BYTES + 4.0 * (elems(&e.ty) + child_elems.iter().sum::<usize>() as f64),
+    }
+}
+
+impl Pass for Optimize {
+    fn name(&self) -> &'static str {
+        "optimize"
+    }
+
+    fn run(&self, g: Graph) -> Result<(Graph, String), PassError> {
+        let ir = |source: IrError| PassError::Ir { pass: "optimize", source };
+        let order = g.topo_order().map_err(ir)?;
+        let mut t = Table::default();
+        let mut eg: Eg = EGraph::default();
+        let mut class_of: HashMap<NodeId, Id> = HashMap::new();
+        for &id in &order {
+            let n = g.node(id);
+            let key = t.key(&n.op, &n.ty, n.op.is_leaf().then_some(n.name.as_str()));
+            let children = g.operands(id).iter().map(|o| class_of[o]).collect();
+            let c = eg.add(INode { key, children });
+            class_of.insert(id, c);
+        }
+        let before = eg.total_number_of_nodes();
+        // saturate
+        let start = Instant::now();
+        let mut applied: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let mut iterations = 0;
+        let stop = loop {
+            if iterations >= self.limits.iterations {
+                break "iteration limit";
+            }
+            if eg.total_number_of_nodes() > self.limits.nodes {
+                break "node limit";
+            }
+            if start.elapsed() > self.limits.time {
+                break "time limit";
+            }
+            iterations += 1;
+            let adds = search(&eg, &t);
+            let mut changed = false;
+            for a in adds {
+                let key = t.key(&a.op, &a.ty, None);
+                let id = eg.add(INode { key, children: a.children });
+                if eg.union(a.class, id) {
+                    changed = true;
+                    *applied.entry(a.rule).or_default() += 1;
+                }
+            }
+            eg.rebuild();
+            if !changed {
+                break "saturated";
+            }
+        };
+        // extract. Summing children's costs per tree would count shared values once per use
+        // (exponentially many in a residual network), so the cost of a choice is the DAG's:
+        // the own cost of every class reachable from the roots, each once. Start from any
+        // extractable node per class, then switch classes to alternatives while that lowers
+        // the DAG cost (a local search; fine while rules offer few alternatives per class).
+        // inputs first (they keep their order), then the outputs and the cache writes (effects)
+        let mut roots: Vec<Id> = order.iter().filter(|&&id| matches!(g.node(id).op, Op::Input)).map(|id| eg.find(class_of[id])).collect();
+        roots.extend(g.outputs.iter().map(|(_, id)| eg.find(class_of[id])));
+        roots.extend(order.iter().filter(|&&id| matches!(g.node(id).op, Op::CacheWrite)).map(|id| eg.find(class_of[id])));
+        let elems_of = |c: Id| -> usize { eg[c].nodes.first().map(|n| t.entries[n.key as usize].ty.shape.iter().map(|d| d.as_const().unwrap_or(64)).product::<usize>()).unwrap_or(0) };
+        let own = |n: &INode| -> f64 { node_cost(&t, n, &n.children.iter().map(|&c| elems_of(eg.find(c))).collect::<Vec<_>>()) };
+        let mut choice: HashMap<Id, INode> = HashMap::new();
+        loop {
+            let mut progress = false;
+            for class in eg.classes() {
+                if choice.contains_key(&class.id) {
+                    continue;
+                }
+                if let Some(n) = class.nodes.iter().find(|n| n.children.iter().all(|c| choice.contains_key(&eg.find(*c)))) {
+                    choice.insert(class.id, n.clone());
+                    progress = true;
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        // DAG cost of a choice, or None when it is cyclic or incomplete
+        let dag_cost = |choice: &HashMap<Id, INode>| -> Option<f64> {
+            let mut state: HashMap<Id, u8> = HashMap::new(); // 1 = on stack, 2 = done
+            let mut total = 0.0;
+            let mut stack: Vec<(Id, bool)> = roots.iter().map(|&r| (r, false)).collect();
+            while let Some((c, exit)) = stack.pop() {
+                if exit {
+                    state.insert(c, 2);
+                    continue;
+                }
+                match state.get(&c) {
+                    Some(2) => continue,
+                    Some(_) => return None,
+                    None => {}
+                }
+                let n = choice.get(&c)?;
+                state.insert(c, 1);
+                total += own(n);
+                stack.push((c, true));
+                for &k in &n.children {
+                    let k = eg.find(k);
+                    match state.get(&k) {
+                        Some(2) => {}
+                        Some(_) => return None,
+                        None => stack.push((k, false)),
+                    }
+                }
+            }
+            Some(total)
+        };
+        let mut current = dag_cost(&choice).ok_or_else(|| ir(IrError::Verify { node: g.name.clone(), op: "optimize", msg: "no acyclic extraction".into() }))?;
+        for _ in 0..4 {
+            let mut improved = false;
+            for class in eg.classes() {
+                if class.nodes.len() < 2 {
+                    continue;
+                }
+                for n in &class.nodes {
+                    if choice.get(&class.id) == Some(n) {
+                        continue;
+                    }
+                    let old = choice.insert(class.id, n.clone());
+                    match dag_cost(&choice) {
+                        Some(c) if c < current - 1.0 => {
+                            current = c;
+                            improved = true;
+                        }
+                        _ => {
+                            if let Some(o) = old {
+                                choice.insert(class.id, o);
+                            }
+                        }
+                    }
+                }
+            }
+            if !improved {
+                break;
+            }
+        }
+        let best: HashMap<Id, (f64, INode)> = choice.into_iter().map(|(k, n)| (k, (0.0, n))).collect();
+        // each class keeps the name of its first original node (after unions)
+        let mut names: HashMap<Id, String> = HashMap::new();
+        for &id in &order {
+            names.entry(eg.find(class_of[&id])).or_insert_with(|| g.node(id).name.clone());
+        }
+        // rebuild the graph from the roots: outputs and cache writes (effects)
+        let mut out = Graph::new(g.name.clone());
+        let mut built: HashMap<Id, NodeId> = HashMap::new();
+        let mut used: HashMap<String, usize> = HashMap::new();
+        // outputs, cache writes (effects) and inputs (the calling convention) are the roots
+        for r in roots {
+            build(&eg, &t, &best, &names, r, &mut out, &mut built, &mut used).map_err(ir)?;
+        }
+        for (name, id) in &g.outputs {
+            out.set_output(name.clone(), built[&eg.find(class_of[id])]);
+        }
+        let launches = |g: &Graph| g.node_ids().filter(|&n| !g.node(n).op.is_leaf() && !matches!(g.node(n).op, Op::Reshape | Op::AllReduce)).count();
+        let rules: Vec<String> = applied.iter().map(|(r, n)| format!("{r} x{n}")).collect();
+        let note = format!(
+            "{iterations} iterations, stop: {stop}, e-graph {} e-nodes ({before} before saturation) in {} classes, rewrites: [{}], kernels {} -> {}, {:.0} ms",
+            eg.total_number_of_nodes(),
+            eg.number_of_classes(),
+            rules.join(", "),
+            launches(&g),
+            launches(&out),
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        Ok((out, note))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    eg: &Eg,
+    t: &Table,
+    best: &HashMap<Id, (f64, INode)>,
+    names: &HashMap<Id, String>,
+    class: Id,
+    out: &mut Graph,
+    built: &mut HashMap<Id, NodeId>,
+    used: &mut HashMap<String, usize>,
+) -> Result<NodeId, IrError> {
+    let class = eg.find(class);
+    if let Some(&n) = built.get(&class) {
+        return Ok(n);
+    }
+    let (_, node) = best.get(&class).ok_or_else(|| IrError::Verify { node: names.get(&class).cloned().unwrap_or_default(), op: "optimize", msg: "no extractable form".into() })?;
+    let mut kids = vec![];
+    for &c in &node.children {
+        kids.push(build(eg, t, best, names, c, out, built, used)?);
+    }
+    let e = &t.entries[node.key as usize];
+    // the class's original name; a second use of a name (a class split by extraction) is
+    // suffixed
+    let base = e.leaf.clone().or_else(|| names.get(&class).cloned()).unwrap_or_else(|| format!("{}.{}", e.op.name(), class));
+    let k = used.entry(base.clone()).or_default();
+    let name = if *k == 0 { base } else { format!("{base}.{k}") };
+    *k += 1;
+    let id = out.add(name, e.op.clone(), &kids, Some(e.ty.clone()))?;
+    built.insert(class, id);
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsc_ir::{text, DType, Executor, Tensor};
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeMap;
+
+    fn run_both(src: &str, inputs: &[(&str, Vec<usize>)]) -> (Graph, String) {
+        let g = text::parse(src).unwrap();
+        let (o, note) = Optimize::default().run(g.clone()).unwrap();
+        o.verify().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let weights: HashMap<String, (DType, Vec<usize>, Vec<u8>)> = g
+            .leaves(&Op::Weight)
+            .into_iter()
+            .map(|id| {
+                let n = g.node(id);
+                let s: Vec<usize> = n.ty.shape.iter().map(|d| d.as_const().unwrap()).collect();
+                let v: Vec<f32> = (0..s.iter().product::<usize>()).map(|_| rng.random_range(-1.0..1.0)).collect();
+                (n.name.clone(), (DType::F32, s, dsc_ir::quant::encode(DType::F32, &v).unwrap()))
+            })
+            .collect();
+        for _ in 0..3 {
+            let ins: BTreeMap<String, Tensor> =
+                inputs.iter().map(|(n, s)| (n.to_string(), Tensor::new(s.clone(), (0..s.iter().product::<usize>()).map(|_| rng.random_range(-3.0..3.0)).collect()))).collect();
+            let a = Executor::new(&g, &weights, BTreeMap::new()).unwrap().run(&ins).unwrap();
+            let b = Executor::new(&o, &weights, BTreeMap::new()).unwrap().run(&ins).unwrap();
+            for (k, x) in &a {
+                let y = &b[k];
+                let err = x.data.iter().zip(&y.data).map(|(p, q)| (p - q).abs() / (1.0 + p.abs())).fold(0f32, f32::max);
+                assert!(err < 1e-5, "output {k}: {err}\n{}", text::print(&o));
+            }
+        }
+        (o, note)
+    }
+
+    #[test]
+    fn silu_mul_fuses_and_keeps_semantics() {
+        let src = "graph \"t\" {\n  %x = input : f32[4, 8]\n  %wg = weight : f32[16, 8]\n  %wu = weight : f32[16, 8]\n  %g = matmul(%x, %wg) {transpose_b = true} : f32[4, 16]\n  %u = matmul(%x, %wu) {transpose_b = true} : f32[4, 16]\n  %s = silu(%g) : f32[4, 16]\n  %m = mul(%s, %u) : f32[4, 16]\n  output y = %m\n}\n";
+        let (o, note) = run_both(src, &[("x", vec![4, 8])]);
+        let p = text::print(&o);
+        assert!(p.contains("%m = silu_mul(%g, %u) : f32[4, 16]") && !p.contains("silu(%g)"), "{p}");
+        assert!(note.contains("stop: saturated") && note.contains("silu-mul x1") && note.contains("kernels 4 -> 3"), "{note}");
+    }
+
+    #[test]
+    fn silu_on_the_right_fuses_but_a_shared_silu_stays() {
+        let src = "graph \"t\" {\n  %a = input : f32[3, 5]\n  %b = input : f32[3, 5]\n  %s = silu(%a) : f32[3, 5]\n  %m = mul(%b, %s) : f32[3, 5]\n  output y = %m\n}\n";
+        let (o, _) = run_both(src, &[("a", vec![3, 5]), ("b", vec![3, 5])]);
+        assert!(text::print(&o).contains("%m = silu_mul(%a, %b)"), "{}", text::print(&o));
+        // the silu is used twice: fusing one use would still launch it, so nothing is gained
+        // and extraction keeps the original (the cost is the DAG's, not a tree's)
+        let src =
+            "graph \"t\" {\n  %a = input : f32[3, 5]\n  %b = input : f32[3, 5]\n  %s = silu(%a) : f32[3, 5]\n  %m = mul(%b, %s) : f32[3, 5]\n  %n = add(%m, %s) : f32[3, 5]\n  output y = %n\n}\n";
+        let (o, note) = run_both(src, &[("a", vec![3, 5]), ("b", vec![3, 5])]);
+        let p = text::print(&o);
+        assert!(p.starts_with("graph \"t\" {\n  %a = input : f32[3, 5]\n  %b = input"), "inputs keep their order: {p}");
+        assert!(note.contains("kernels 3 -> 3"), "{note}");
+    }
+
+    #[test]
+    fn reshape_chains_and_same_dtype_casts_fold() {
+        let src = "graph \"t\" {\n  %x = input : f32[2, 12]\n  %r1 = reshape(%x) : f32[2, 3, 4]\n  %r2 = reshape(%r1) : f32[6, 4]\n  %c = cast(%r2) : f32[6, 4]\n  %e = exp(%c) : f32[6, 4]\n  output y = %e\n}\n";
+        let (o, note) = run_both(src, &[("x", vec![2, 12])]);
+        let p = text::print(&o);
+        assert!(!p.contains("cast") && p.matches("reshape").count() == 1, "{p}");
+        assert!(note.contains("reshape-reshape") && note.contains("cast-same-dtype"), "{note}");
+    }
+
+    #[test]
+    fn the_llama_graph_fuses_every_swiglu_and_keeps_its_names() {
+        // the tiny llama of the partitioning tests, one layer, via the text format
+        let src = r#"graph "mini" {
+  %tokens = input : i32[T]
+  %emb = weight : f32[50, 16]
+  %x = gather(%emb, %tokens) : f32[T, 16]
+  %wg = weight : f32[32, 16]
+  %wu = weight : f32[32, 16]
+  %wd = weight : f32[16, 32]
+  %blk.0.ffn_gate = matmul(%x, %wg) {transpose_b = true} : f32[T, 32]
+  %blk.0.ffn_up = matmul(%x, %wu) {transpose_b = true} : f32[T, 32]
+  %blk.0.ffn_gate.silu = silu(%blk.0.ffn_gate) : f32[T, 32]
+  %blk.0.ffn_up.swiglu = mul(%blk.0.ffn_gate.silu, %blk.0.ffn_up) : f32[T, 32]
+  %blk.0.ffn_down = matmul(%blk.0.ffn_up.swiglu, %wd) {transpose_b = true} : f32[T, 16]
+  %y = add(%x, %blk.0.ffn_down) : f32[T, 16]
+  output y = %y
+}
+"#;
+        let g = text::parse(src).unwrap();
+        let (o, note) = Optimize::default().run(g).unwrap();
+        let p = text::print(&o);
+        assert!(p.contains("%blk.0.ffn_up.swiglu = silu_mul(%blk.0.ffn_gate, %blk.0.ffn_up)"), "{p}");
+        assert!(note.contains("kernels 7 -> 6"), "{note}");
+    }
+}

@@ -1,0 +1,49 @@
+//! The optimizer on whole models: the optimized plan computes what the unoptimized one does
+//! (CPU executor, a prompt and a few decode steps), with fewer kernels.
+
+use dsc_runtime::engine::{CpuBackend, Session};
+use dsc_runtime::plan::Plan;
+use dsc_tests::*;
+use std::path::Path;
+
+fn logits(c: &dsc_compiler::Compiled, dir: &Path, name: &str, prompt: &[u32]) -> Vec<Vec<f32>> {
+    let p = dir.join(name);
+    dsc_compiler::write(c, &p).unwrap();
+    let plan = Plan::open(&p).unwrap();
+    let g = plan.graph().unwrap();
+    let mut b = CpuBackend::new(&g, &plan, 64).unwrap();
+    let mut s = Session::new(&mut b);
+    let mut out = s.feed(prompt, true).unwrap();
+    for t in [7u32, 11, 13] {
+        out.extend(s.feed(&[t], false).unwrap());
+    }
+    out
+}
+
+fn launches(c: &dsc_compiler::Compiled) -> usize {
+    c.gpu.as_ref().map(|g| g.steps.iter().filter(|s| s.kernel.is_some()).count()).unwrap_or(0)
+}
+
+#[test]
+fn optimized_models_compute_the_same_logits_with_fewer_kernels() {
+    let d = tempfile::tempdir().unwrap();
+    write_tiny_hf(&d.path().join("hf"), &tiny_llama_hf(5));
+    let tiny = model_toml(d.path(), "safetensors", "hf");
+    for (toml, prompt) in [(tiny, vec![1u32, 2, 3, 4, 5, 6]), (default_model(), vec![1u32, 504, 3458, 282, 4649, 314])] {
+        let base = dsc_compiler::compile_opts(&toml, None, false).unwrap();
+        let opt = dsc_compiler::compile_opts(&toml, None, true).unwrap();
+        let note = &opt.reports.iter().find(|r| r.pass == "optimize").unwrap().note;
+        assert!(note.contains("stop: saturated") && note.contains("silu-mul"), "{note}");
+        let layers = opt.model.dims.layers;
+        let k = note.split("kernels ").nth(1).unwrap();
+        let (before, after): (usize, usize) = (k.split(" -> ").next().unwrap().parse().unwrap(), k.split(" -> ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap());
+        assert_eq!(before - after, layers, "one kernel saved per layer (SwiGLU): {note}");
+        if base.gpu.is_some() {
+            assert_eq!(launches(&base) - launches(&opt), layers, "launches per step: {note}");
+        }
+        let a = logits(&base, d.path(), "base.plan", &prompt);
+        let b = logits(&opt, d.path(), "opt.plan", &prompt);
+        let err = a.iter().zip(&b).map(|(x, y)| dsc_runtime::gpu_e2e::rel_l2(y, x)).fold(0.0, f64::max);
+        assert!(err < 1e-5, "{}: optimized vs base relative L2 {err}", toml.display());
+    }
+}
