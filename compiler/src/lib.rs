@@ -15,7 +15,7 @@ use sha2::Digest;
 use std::path::Path;
 
 /// The stages `--dump-ir` knows today.
-pub const STAGES: &[&str] = &["graph", "optimized", "mlir", "llvm", "ptx", "plan"];
+pub const STAGES: &[&str] = &["graph", "egraph", "optimized", "mlir", "llvm", "ptx", "plan"];
 
 pub struct Compiled {
     pub model: LoadedModel,

@@ -85,7 +85,13 @@ enum Cmd {
 fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyhow::Result<String> {
     let g = match stage {
         "graph" => &c.model.graph,
-        "optimized" => &c.graph,
+        "optimized" | "fused" => &c.graph,
+        "egraph" => {
+            if fmt == DumpFormat::Dot {
+                bail!("stage `egraph` has no DOT form");
+            }
+            return Ok(c.reports.iter().find_map(|r| r.dump.clone()).unwrap_or_else(|| "// no e-graph: compile with --optimize\n".into()));
+        }
         "plan" => {
             if fmt == DumpFormat::Dot {
                 bail!("stage `plan` has no DOT form");

@@ -24,11 +24,17 @@ pub struct PassReport {
     pub nodes_before: usize,
     pub nodes_after: usize,
     pub note: String,
+    /// a readable dump of the pass's own structure (the optimizer's e-graph), when it has one
+    pub dump: Option<String>,
 }
 
 pub trait Pass {
     fn name(&self) -> &'static str;
     fn run(&self, g: Graph) -> Result<(Graph, String), PassError>;
+    /// what `run` left to show (`--dump-ir=egraph`), if anything
+    fn dump(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Run `passes` in order, verifying after each.
@@ -39,7 +45,7 @@ pub fn run_pipeline(mut g: Graph, passes: &[&dyn Pass]) -> Result<(Graph, Vec<Pa
         let (ng, note) = p.run(g)?;
         ng.verify().map_err(|source| PassError::Ir { pass: p.name(), source })?;
         tracing::debug!(target: "dsc::passes", pass = p.name(), before, after = ng.node_count(), "{note}");
-        reports.push(PassReport { pass: p.name(), nodes_before: before, nodes_after: ng.node_count(), note });
+        reports.push(PassReport { pass: p.name(), nodes_before: before, nodes_after: ng.node_count(), note, dump: p.dump() });
         g = ng;
     }
     Ok((g, reports))
