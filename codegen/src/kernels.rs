@@ -43,8 +43,9 @@ pub enum KernelSpec {
     /// y = x / sqrt(mean(x^2) + eps) * w over rows of `d`, f32
     RmsNorm { d: usize, eps_bits: u32 },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias[N]), W stored as `wdtype`
-    /// (f32/f16/bf16/q8_0/q4_0/q4_1); params x, w, [bias], y, N
-    MatMul { k: usize, n: usize, wdtype: DType, bias: bool },
+    /// (f32/f16/bf16/q8_0/q4_0/q4_1) (+ res[M, N]: the residual add as the epilogue);
+    /// params x, w, [bias], [res], y, N
+    MatMul { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// y[T, D] (f32) = table[idx[t], :] dequantized; params table, idx (i32), y, T*D
     Gather { d: usize, dtype: DType },
     /// rotary embedding of x[T, H, D] at pos[T] (i32), out of place; params x, pos, y, T*H*D/2
@@ -59,7 +60,7 @@ pub enum KernelSpec {
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
-    MatMulMma { k: usize, n: usize, wdtype: DType, bias: bool },
+    MatMulMma { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) with Hopper warpgroup MMA (sm_90a only):
     /// one warpgroup per 64x64 output tile, `wgmma.mma_async m64n64k16` on bf16 (f16 for f16
     /// weights) tiles staged in shared memory in the no-swizzle core-matrix layout (x rounded,
@@ -67,7 +68,7 @@ pub enum KernelSpec {
     /// is read once per 64 rows of x. `n_tile` (16 or 64) output columns per warpgroup: 16
     /// gives 4x the blocks (small M: batched decode), 64 reuses each x tile 4x (prefill).
     /// params x, w, [bias], y, M, N
-    MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool, n_tile: usize },
+    MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, n_tile: usize },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -103,7 +104,7 @@ impl KernelSpec {
             KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
             KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
             KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
-            KernelSpec::MatMul { k, n, wdtype, bias } => format!("matmul_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
+            KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
             KernelSpec::Rope { h, d, theta_bits, interleaved } => {
                 format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -121,8 +122,10 @@ impl KernelSpec {
             KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
             KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
             KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
-            KernelSpec::MatMulMma { k, n, wdtype, bias } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
-            KernelSpec::MatMulWgmma { k, n, wdtype, bias, n_tile } => format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}", if *bias { "_bias" } else { "" }),
+            KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
+                format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
+            }
         }
     }
     pub fn launch(&self) -> Launch {
@@ -633,7 +636,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
 
-        KernelSpec::MatMul { k, n: _, wdtype, bias } => {
+        KernelSpec::MatMul { k, n: _, wdtype, bias, residual } => {
             if k % 32 != 0 {
                 return Err(format!("matmul needs K a multiple of 32, got {k}"));
             }
@@ -804,14 +807,16 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             };
             let yrow = b.op(&format!("arith.muli {row64}, %n : i64"));
             let yi = b.op(&format!("arith.addi {yrow}, {col64} : i64"));
+            let val = if *residual {
+                let r = b.load("%res", &yi);
+                b.op(&format!("arith.addf {val}, {r} : f32"))
+            } else {
+                val
+            };
             b.store(&val, "%y", &yi);
             b.line("}");
             b.line("}");
-            if *bias {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
-            } else {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
-            }
+            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %n: i64", if *bias { "%bias: !llvm.ptr<1>, " } else { "" }, if *residual { "%res: !llvm.ptr<1>, " } else { "" })
         }
         KernelSpec::SeededInit { dtype } => {
             let i = b.open_guarded_gid();
@@ -881,7 +886,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%y: !llvm.ptr<1>, %n: i64, %base: i64, %scale: i64, %ones: i64, %len: i64, %stride: i64, %col0: i64".into()
         }
-        KernelSpec::MatMulMma { k, n: _, wdtype, bias } => {
+        KernelSpec::MatMulMma { k, n: _, wdtype, bias, residual } => {
             if k % 16 != 0 {
                 return Err(format!("the tensor-core matmul needs K a multiple of 16, got {k}"));
             }
@@ -984,17 +989,19 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 };
                 let yr = b.op(&format!("arith.muli {row}, %n : i64"));
                 let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
+                let v = if *residual {
+                    let r = b.load("%res", &yi);
+                    b.op(&format!("arith.addf {v}, {r} : f32"))
+                } else {
+                    v
+                };
                 b.store(&v, "%y", &yi);
                 b.line("}");
             }
             b.line("}");
-            if *bias {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
-            } else {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
-            }
+            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %m: i64, %n: i64", if *bias { "%bias: !llvm.ptr<1>, " } else { "" }, if *residual { "%res: !llvm.ptr<1>, " } else { "" })
         }
-        KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, n_tile } => {
+        KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, residual, n_tile } => {
             let nt = *n_tile;
             if nt != 16 && nt != 64 {
                 return Err(format!("wgmma n_tile must be 16 or 64, got {nt}"));
@@ -1184,15 +1191,17 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     };
                     let yr = b.op(&format!("arith.muli {row}, %n : i64"));
                     let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
+                    let v = if *residual {
+                        let r = b.load("%res", &yi);
+                        b.op(&format!("arith.addf {v}, {r} : f32"))
+                    } else {
+                        v
+                    };
                     b.store(&v, "%y", &yi);
                     b.line("}");
                 }
             }
-            if *bias {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
-            } else {
-                "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into()
-            }
+            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %m: i64, %n: i64", if *bias { "%bias: !llvm.ptr<1>, " } else { "" }, if *residual { "%res: !llvm.ptr<1>, " } else { "" })
         }
         KernelSpec::Softmax { d } => {
             let (lane, base, dd, c32) = b.open_row(*d, 4);

@@ -124,7 +124,10 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 }
                 step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
             }
-            Op::MatMul { transpose_b } => {
+            Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => {
+                // matmul_add: the last operand is the residual, added in the epilogue
+                let residual = matches!(n.op, Op::MatMulAdd { .. });
+                let ops: Vec<&dsc_ir::Node> = if residual { ops[..ops.len() - 1].to_vec() } else { ops.clone() };
                 if !transpose_b {
                     return Err(err(&name, "matmul needs W in [N, K] layout (transpose_b = true)"));
                 }
@@ -137,11 +140,11 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
                 let bias = ops.len() > 2;
-                let mut st = step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()));
+                let mut st = step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias, residual }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()));
                 if k % 16 == 0 {
                     st.large = Some(Large {
                         min_rows: 16,
-                        kernel: KernelSpec::MatMulMma { k, n: nn, wdtype: w.dtype, bias },
+                        kernel: KernelSpec::MatMulMma { k, n: nn, wdtype: w.dtype, bias, residual },
                         scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
                         work: Scalar::Const(nn.div_ceil(8) as i64),
                         grid_y: Scalar::Rows(name.clone()),
@@ -152,7 +155,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     // 2..127 rows (batched decode: weights read once, 4x the blocks)
                     let wg = |n_tile: usize, min_rows: i64| Large {
                         min_rows,
-                        kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias, n_tile },
+                        kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias, residual, n_tile },
                         scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
                         work: Scalar::Const(nn.div_ceil(n_tile) as i64),
                         grid_y: Scalar::Rows(name.clone()),

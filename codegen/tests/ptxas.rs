@@ -26,23 +26,27 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.extend([BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::SiluMul].into_iter().map(|b| KernelSpec::Binary(BinaryOpKey(b))));
     v.push(KernelSpec::RmsNorm { d: 576, eps_bits: 1e-5f32.to_bits() });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-        v.push(KernelSpec::MatMul { k: 576, n: 1536, wdtype, bias: false });
+        v.push(KernelSpec::MatMul { k: 576, n: 1536, wdtype, bias: false, residual: false });
         v.push(KernelSpec::Gather { d: 576, dtype: wdtype });
     }
-    v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false });
     // the 8B shape's GEMVs
-    v.push(KernelSpec::MatMul { k: 4096, n: 14336, wdtype: DType::BF16, bias: false });
-    v.push(KernelSpec::MatMul { k: 14336, n: 4096, wdtype: DType::Q4_1, bias: false });
+    v.push(KernelSpec::MatMul { k: 4096, n: 14336, wdtype: DType::BF16, bias: false, residual: false });
+    v.push(KernelSpec::MatMul { k: 14336, n: 4096, wdtype: DType::Q4_1, bias: false, residual: false });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-        v.push(KernelSpec::MatMulMma { k: 576, n: 1536, wdtype, bias: false });
+        v.push(KernelSpec::MatMulMma { k: 576, n: 1536, wdtype, bias: false, residual: false });
     }
-    v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true });
+    v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false });
+    // the residual add as the epilogue
+    v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: true });
+    v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::Q4_1, bias: false, residual: true });
+    v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: true, n_tile: 64 });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         for n_tile in [16, 64] {
-            v.push(KernelSpec::MatMulWgmma { k: 576, n: 1536, wdtype, bias: false, n_tile });
+            v.push(KernelSpec::MatMulWgmma { k: 576, n: 1536, wdtype, bias: false, residual: false, n_tile });
         }
     }
-    v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, n_tile: 16 });
+    v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false, n_tile: 16 });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
@@ -88,6 +92,6 @@ fn every_kernel_passes_ptxas_for_every_target() {
 
 #[test]
 fn unsupported_ops_are_named() {
-    let e = compile_kernels(&[KernelSpec::MatMul { k: 64, n: 8, wdtype: DType::I8, bias: false }], &[GpuTarget::Sm90a]).unwrap_err().to_string();
+    let e = compile_kernels(&[KernelSpec::MatMul { k: 64, n: 8, wdtype: DType::I8, bias: false, residual: false }], &[GpuTarget::Sm90a]).unwrap_err().to_string();
     assert!(e.contains("matmul_k64_n8_i8") && e.contains("not lowered"), "{e}");
 }

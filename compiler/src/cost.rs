@@ -49,12 +49,13 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
         let ops = g.operands(id);
         let out_b = nbytes(n.ty.dtype, numel(id));
         let (key, bytes, flops) = match &n.op {
-            Op::MatMul { .. } => {
+            Op::MatMul { .. } | Op::MatMulAdd { .. } => {
                 let w = g.node(ops[1]);
                 let s: Vec<usize> = w.ty.shape.iter().filter_map(|d| d.as_const()).collect();
                 let (nn, k) = (s[0], s[1]);
                 let m = numel(id) / nn.max(1);
-                (format!("matmul {k}x{nn} {}", w.ty.dtype), nbytes(w.ty.dtype, nn * k) + (m * k) as f64 * 4.0 + out_b, 2.0 * (m * nn * k) as f64)
+                let (tag, res) = if matches!(n.op, Op::MatMulAdd { .. }) { ("+residual", out_b) } else { ("", 0.0) };
+                (format!("matmul {k}x{nn} {}{tag}", w.ty.dtype), nbytes(w.ty.dtype, nn * k) + (m * k) as f64 * 4.0 + out_b + res, 2.0 * (m * nn * k) as f64)
             }
             Op::PagedAttention { .. } => {
                 let kc = g.node(ops[1]);

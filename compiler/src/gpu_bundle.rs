@@ -148,7 +148,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
         let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
         let warr = data.push_u8(&wb);
-        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false };
+        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false, residual: false };
         for m in [1usize, 7] {
             let x = rand_vec(m * k, -1.0, 1.0);
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
@@ -169,7 +169,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
         specs.push(spec);
         // tensor cores (mma.sync, bf16/f16 operands, f32 accumulation): bf16-level tolerance
-        let spec = KernelSpec::MatMulMma { k, n, wdtype, bias: false };
+        let spec = KernelSpec::MatMulMma { k, n, wdtype, bias: false, residual: false };
         for m in [16usize, 37] {
             let x = rand_vec(m * k, -1.0, 1.0);
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
@@ -195,7 +195,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             // (the bundle must stay under the 64 MiB a device call carries)
             let cases_m: Vec<(usize, usize)> = if matches!(wdtype, DType::BF16 | DType::Q4_1) { vec![(64, 16), (64, 77), (16, 2), (16, 64)] } else { vec![(64, 77), (16, 5)] };
             for (n_tile, m) in cases_m {
-                let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, n_tile };
+                let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, residual: false, n_tile };
                 let x = rand_vec(m * k, -1.0, 1.0);
                 let src =
                     format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
@@ -226,7 +226,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let x = rand_vec(m * k, -1.0, 1.0);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false };
+        let spec = KernelSpec::MatMul { k, n, wdtype, bias: false, residual: false };
         let (g, b) = grid(&spec.launch(), n);
         cases.push(Case {
             name: format!("matmul {m}x{k}x{n} {wdtype}"),
@@ -251,7 +251,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let x = rand_vec(m * k, -1.0, 1.0);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : bf16[{n}, {k}]\n  %bias = weight : f32[{n}]\n  %y = matmul(%x, %w, %bias) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: true };
+        let spec = KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: true, residual: false };
         let (g, b) = grid(&spec.launch(), n);
         cases.push(Case {
             name: format!("matmul+bias {m}x{k}x{n} bf16"),
@@ -266,6 +266,39 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             tol: 1e-5,
         });
         specs.push(spec);
+    }
+    // the residual add as the matmul epilogue (matmul_add): GEMV, mma.sync and wgmma16
+    {
+        let (k, n) = (576usize, 192usize);
+        let w = rand_vec(n * k, -0.1, 0.1);
+        let wb = dsc_ir::quant::encode(DType::BF16, &w).context("encode")?;
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::BF16, vec![n, k], wb.clone()))]);
+        let warr = data.push_u8(&wb);
+        for (kind, m) in [("gemv", 3usize), ("mma", 16), ("wgmma16", 5)] {
+            let x = rand_vec(m * k, -1.0, 1.0);
+            let r = rand_vec(m * n, -1.0, 1.0);
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : bf16[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+            let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))], &ws)?;
+            let (spec, grid_y, scalars, tol) = match kind {
+                "gemv" => (KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: false, residual: true }, m as u32, vec![n as i64], 1e-5),
+                "mma" => (KernelSpec::MatMulMma { k, n, wdtype: DType::BF16, bias: false, residual: true }, m.div_ceil(16) as u32, vec![m as i64, n as i64], 1e-2),
+                _ => (KernelSpec::MatMulWgmma { k, n, wdtype: DType::BF16, bias: false, residual: true, n_tile: 16 }, m.div_ceil(64) as u32, vec![m as i64, n as i64], 1e-2),
+            };
+            let (g, b) = grid(&spec.launch(), n);
+            cases.push(Case {
+                name: format!("matmul_add {kind} {m}x{k}x{n} bf16"),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y,
+                block: b,
+                inputs: vec![data.push(&x), warr.clone(), data.push(&r)],
+                scalars,
+                expected: data.push(&want),
+                init: None,
+                tol,
+            });
+            specs.push(spec);
+        }
     }
     // gather (embedding) from plain and packed tables
     let (v, d, t) = (1000usize, 576usize, 13usize);

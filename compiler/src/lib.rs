@@ -56,12 +56,14 @@ fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow
     }
     let tpp = world.map(|world| TensorParallel { world });
     let opt = dsc_passes::Optimize::default();
+    // partition before fusing: a row-parallel matmul's residual add must follow its
+    // all_reduce, so it must not become the matmul's epilogue
     let mut passes: Vec<&dyn dsc_passes::Pass> = vec![&Dce];
-    if optimize {
-        passes.push(&opt);
-    }
     if let Some(p) = &tpp {
         passes.push(p);
+    }
+    if optimize {
+        passes.push(&opt);
     }
     let (graph, reports) = run_pipeline(model.graph.clone(), &passes)?;
     let tensor_parallel = world.unwrap_or(1);

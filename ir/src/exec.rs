@@ -416,6 +416,12 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             shape.push(n);
             Tensor::new(shape, c)
         }
+        Op::MatMulAdd { transpose_b } => {
+            let (mm, r) = a.split_at(a.len() - 1);
+            let mut y = eval(&Op::MatMul { transpose_b: *transpose_b }, mm, dtype, declared)?;
+            y.data.iter_mut().zip(&r[0].data).for_each(|(p, q)| *p += q);
+            y
+        }
         Op::Unary(u) => Tensor::new(a[0].shape.clone(), a[0].data.iter().map(|&x| unary(*u, x)).collect()),
         Op::Binary(bop) => {
             let (x, y) = (a[0], a[1]);

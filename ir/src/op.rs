@@ -119,6 +119,11 @@ pub enum Op {
     Cast,
     /// index (i32) of the largest value along the last axis
     Argmax,
+    /// (x, W, bias?, r) -> matmul(x, W, bias?) + r: a matmul with the residual add as its
+    /// epilogue (a fusion; r has the result's type)
+    MatMulAdd {
+        transpose_b: bool,
+    },
     /// Sum of this tensor over every rank of the tensor-parallel group (identity at world
     /// size 1). Inserted by the partitioner after row-parallel matmuls.
     AllReduce,
@@ -181,6 +186,7 @@ impl Op {
             Op::Cast => "cast",
             Op::Argmax => "argmax",
             Op::AllReduce => "all_reduce",
+            Op::MatMulAdd { .. } => "matmul_add",
         }
     }
 
@@ -192,7 +198,7 @@ impl Op {
     /// Attributes in a fixed order, for the printer.
     pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
         match self {
-            Op::MatMul { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
+            Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
             Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
             Op::Rope { theta, style, rotary_dim } => vec![
                 ("theta", Attr::Float(*theta)),
@@ -233,7 +239,7 @@ impl Op {
             }
         };
         let expected: &[&str] = match name {
-            "matmul" => &["transpose_b"],
+            "matmul" | "matmul_add" => &["transpose_b"],
             "rms_norm" | "layer_norm" => &["eps"],
             "rope" => &["theta", "style", "rotary_dim"],
             "paged_attention" => &["scale"],
@@ -307,6 +313,12 @@ impl Op {
             "cast" => Op::Cast,
             "argmax" => Op::Argmax,
             "all_reduce" => Op::AllReduce,
+            "matmul_add" => Op::MatMulAdd {
+                transpose_b: match get("transpose_b")? {
+                    Attr::Bool(b) => *b,
+                    other => return Err(format!("attribute `transpose_b` must be true/false, got {other:?}")),
+                },
+            },
             other => return Err(format!("unknown op `{other}`")),
         })
     }
@@ -318,6 +330,7 @@ impl Op {
             Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce => (1, 1),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => (2, 2),
             Op::MatMul { .. } => (2, 3),
+            Op::MatMulAdd { .. } => (3, 4),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
             Op::PagedAttention { .. } => (6, 6),
             Op::Concat { .. } => (1, usize::MAX),
@@ -597,6 +610,14 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         Op::AllReduce => {
             float_act(args[0], "all_reduce operand")?;
             Ok(args[0].clone())
+        }
+        Op::MatMulAdd { transpose_b } => {
+            let (mm, r) = args.split_at(args.len() - 1);
+            let t = infer(&Op::MatMul { transpose_b: *transpose_b }, mm, declared)?;
+            if r[0].shape != t.shape || r[0].dtype != t.dtype {
+                return Err(format!("matmul_add residual {} must have the result's type {t}", r[0]));
+            }
+            Ok(t)
         }
     }
 }

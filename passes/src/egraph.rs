@@ -10,7 +10,8 @@
 //!
 //! Rules are Rust functions over e-nodes, in families (each with the identity it uses):
 //! - algebra: `reshape(reshape(x)) = reshape(x)`; `cast(x) = x` when the dtype is unchanged.
-//! - fusion: `mul(silu(a), b) = silu_mul(a, b)` (SwiGLU's gate in one kernel).
+//! - fusion: `mul(silu(a), b) = silu_mul(a, b)` (SwiGLU's gate in one kernel);
+//!   `add(r, matmul(x, W)) = matmul_add(x, W, r)` (the residual add as the matmul epilogue).
 //! No rule is commutative or associative over an unbounded set (no blow-up), so the e-graph
 //! saturates. More fusions (norm into a matmul prologue, residual add as an epilogue, QKV and
 //! gate/up merges, rope + cache write) come with their kernels.
@@ -125,6 +126,19 @@ fn search(eg: &Eg, t: &Table) -> Vec<Add> {
                     let src = &eg[n.children[0]];
                     if src.nodes.iter().any(|m| entry(m).ty == e.ty) {
                         out.push(Add { class: class.id, op: Op::Reshape, ty: e.ty.clone(), children: vec![n.children[0]], rule: "cast-same-dtype" });
+                    }
+                }
+                // fusion: add(r, matmul(x, W, bias?)) = matmul_add(x, W, bias?, r): the residual
+                // add as the matmul's epilogue (same result type only)
+                Op::Binary(BinaryOp::Add) => {
+                    for (mm, other) in [(0usize, 1usize), (1, 0)] {
+                        for m in &eg[n.children[mm]].nodes {
+                            if matches!(entry(m).op, Op::MatMul { transpose_b: true }) && entry(m).ty == e.ty && eg[n.children[other]].nodes.iter().any(|o| entry(o).ty == e.ty) {
+                                let mut children = m.children.clone();
+                                children.push(n.children[other]);
+                                out.push(Add { class: class.id, op: Op::MatMulAdd { transpose_b: true }, ty: e.ty.clone(), children, rule: "matmul-add" });
+                            }
+                        }
                     }
                 }
                 // fusion: mul(silu(a), b) = silu_mul(a, b) (SwiGLU), same shapes only
@@ -396,6 +410,8 @@ mod tests {
         let g = text::parse(src).unwrap();
         let (o, note) = Optimize::default().run(g.clone()).unwrap();
         o.verify().unwrap();
+        // fused ops round-trip through the text format (plans store the graph as text)
+        assert_eq!(text::print(&text::parse(&text::print(&o)).unwrap()), text::print(&o));
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let weights: HashMap<String, (DType, Vec<usize>, Vec<u8>)> = g
             .leaves(&Op::Weight)
@@ -446,6 +462,15 @@ mod tests {
     }
 
     #[test]
+    fn residual_add_becomes_the_matmul_epilogue() {
+        let src = "graph \"t\" {\n  %x = input : f32[3, 8]\n  %w = weight : f32[8, 8]\n  %b = weight : f32[8]\n  %m = matmul(%x, %w, %b) {transpose_b = true} : f32[3, 8]\n  %y = add(%x, %m) : f32[3, 8]\n  %m2 = matmul(%y, %w) {transpose_b = true} : f32[3, 8]\n  %z = add(%m2, %y) : f32[3, 8]\n  output z = %z\n}\n";
+        let (o, note) = run_both(src, &[("x", vec![3, 8])]);
+        let p = text::print(&o);
+        assert!(p.contains("%y = matmul_add(%x, %w, %b, %x)") && p.contains("%z = matmul_add(%y, %w, %y)"), "{p}");
+        assert!(note.contains("matmul-add x2") && note.contains("kernels 4 -> 2"), "{note}");
+    }
+
+    #[test]
     fn reshape_chains_and_same_dtype_casts_fold() {
         let src = "graph \"t\" {\n  %x = input : f32[2, 12]\n  %r1 = reshape(%x) : f32[2, 3, 4]\n  %r2 = reshape(%r1) : f32[6, 4]\n  %c = cast(%r2) : f32[6, 4]\n  %e = exp(%c) : f32[6, 4]\n  output y = %e\n}\n";
         let (o, note) = run_both(src, &[("x", vec![2, 12])]);
@@ -477,7 +502,8 @@ mod tests {
         let (o, note) = Optimize::default().run(g).unwrap();
         let p = text::print(&o);
         assert!(p.contains("%blk.0.ffn_up.swiglu = silu_mul(%blk.0.ffn_gate, %blk.0.ffn_up)"), "{p}");
-        assert!(note.contains("kernels 7 -> 6"), "{note}");
+        assert!(p.contains("%y = matmul_add(%blk.0.ffn_up.swiglu, %wd, %x) {transpose_b = true} : f32[T, 16]"), "{p}");
+        assert!(note.contains("kernels 7 -> 5"), "{note}");
     }
 }
 
