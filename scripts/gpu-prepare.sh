@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build what the GPU machine needs into .gpu/ (git-ignored), for three `run` calls:
-#   1. carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/llama3-8b.plan"]: bash scripts/gpu-check.sh
-#      (every generated kernel vs the CPU executor's outputs; Llama-3-8B-shape decode)
+#   1. carry [".gpu/check", ".gpu/dsc-runtime"]: bash scripts/gpu-check.sh
+#      (every generated kernel vs the CPU executor's outputs); then carry
+#      [".gpu/dsc-runtime", ".gpu/llama3-8b.plan"]: bash scripts/gpu-check.sh (8B decode, prefill)
 #   2. carry [".gpu/p1"]: mkdir -p ~/cache && mv .gpu/p1/smol.plan.part.aa ~/cache/
 #   3. right after (the machine stays warm 30 s), carry [".gpu/p2"]: bash scripts/gpu-e2e.sh
 #      (SmolLM2 plan, split in two because one call carries at most 64 MiB)
