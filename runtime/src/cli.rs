@@ -227,10 +227,11 @@ fn parse_rates(rates: &[String]) -> anyhow::Result<[Option<(f64, f64)>; 3]> {
     for r in rates {
         let (class, spec) = r.split_once('=').with_context(|| format!("--rate {r}: expected CLASS=TOKENS_PER_S[:BURST]"))?;
         let p = crate::scheduler::Priority::parse(class).with_context(|| format!("--rate {r}: class must be high, normal or low"))?;
+        let num = |x: &str| x.parse::<f64>().with_context(|| format!("--rate {r}: `{x}` is not a number"));
         let (rate, burst) = match spec.split_once(':') {
-            Some((a, b)) => (a.parse::<f64>()?, b.parse::<f64>()?),
+            Some((a, b)) => (num(a)?, num(b)?),
             None => {
-                let a = spec.parse::<f64>()?;
+                let a = num(spec)?;
                 (a, a)
             }
         };
@@ -322,4 +323,19 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
 fn kv_bytes_per_token(plan: &Plan) -> anyhow::Result<usize> {
     let g = plan.graph()?;
     Ok(g.leaves(&dsc_ir::Op::State).iter().map(|&id| g.node(id).ty.shape.iter().skip(2).filter_map(|d| d.as_const()).product::<usize>() * 4).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limits_parse_and_bad_ones_are_named() {
+        let r = parse_rates(&["low=2000:8000".into(), "high=500".into()]).unwrap();
+        assert_eq!(r, [Some((500.0, 500.0)), None, Some((2000.0, 8000.0))]);
+        for bad in ["low", "urgent=10", "low=-1", "low=abc", "normal=5:0"] {
+            let e = parse_rates(&[bad.to_string()]).unwrap_err().to_string();
+            assert!(e.contains(&format!("--rate {bad}")), "{bad}: {e}");
+        }
+    }
 }
