@@ -383,6 +383,25 @@ impl Body {
         let ins = if f16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
         self.op(&format!("llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"))
     }
+    /// The matmul epilogue: y[row, col] = v (+ bias[col]) (+ res[row, col]), row-major with
+    /// `%n` columns; shared by the GEMV and the tensor-core kernels.
+    fn matmul_store(&mut self, v: &str, row: &str, col: &str, bias: bool, residual: bool) {
+        let v = if bias {
+            let bv = self.load("%bias", col);
+            self.op(&format!("arith.addf {v}, {bv} : f32"))
+        } else {
+            v.to_string()
+        };
+        let yr = self.op(&format!("arith.muli {row}, %n : i64"));
+        let yi = self.op(&format!("arith.addi {yr}, {col} : i64"));
+        let v = if residual {
+            let r = self.load("%res", &yi);
+            self.op(&format!("arith.addf {v}, {r} : f32"))
+        } else {
+            v
+        };
+        self.store(&v, "%y", &yi);
+    }
     /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
     fn open_guarded_gid(&mut self) -> String {
         let i = self.gid();
@@ -399,6 +418,16 @@ impl Body {
         let i = self.op(&format!("arith.addi {m}, {t} : index"));
         self.op(&format!("arith.index_cast {i} : index to i64"))
     }
+}
+
+/// Parameters of the matmul kernels: x, w, [bias], [res], y, then [M] and N.
+fn matmul_params(bias: bool, residual: bool, with_m: bool) -> String {
+    format!(
+        "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, {}%n: i64",
+        if bias { "%bias: !llvm.ptr<1>, " } else { "" },
+        if residual { "%res: !llvm.ptr<1>, " } else { "" },
+        if with_m { "%m: i64, " } else { "" }
+    )
 }
 
 fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
@@ -799,24 +828,10 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let c0 = b.op("arith.constant 0 : index");
             let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
             b.line(&format!("scf.if {first} {{"));
-            let val = if *bias {
-                let bv = b.load("%bias", &col64);
-                b.op(&format!("arith.addf {total}, {bv} : f32"))
-            } else {
-                total
-            };
-            let yrow = b.op(&format!("arith.muli {row64}, %n : i64"));
-            let yi = b.op(&format!("arith.addi {yrow}, {col64} : i64"));
-            let val = if *residual {
-                let r = b.load("%res", &yi);
-                b.op(&format!("arith.addf {val}, {r} : f32"))
-            } else {
-                val
-            };
-            b.store(&val, "%y", &yi);
+            b.matmul_store(&total, &row64, &col64, *bias, *residual);
             b.line("}");
             b.line("}");
-            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %n: i64", if *bias { "%bias: !llvm.ptr<1>, " } else { "" }, if *residual { "%res: !llvm.ptr<1>, " } else { "" })
+            matmul_params(*bias, *residual, false)
         }
         KernelSpec::SeededInit { dtype } => {
             let i = b.open_guarded_gid();
@@ -981,25 +996,11 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                 let colok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
                 let both = b.op(&format!("arith.andi {valid}, {colok} : i1"));
                 b.line(&format!("scf.if {both} {{"));
-                let v = if *bias {
-                    let bv = b.load("%bias", &col);
-                    b.op(&format!("arith.addf {res}#{i}, {bv} : f32"))
-                } else {
-                    format!("{res}#{i}")
-                };
-                let yr = b.op(&format!("arith.muli {row}, %n : i64"));
-                let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
-                let v = if *residual {
-                    let r = b.load("%res", &yi);
-                    b.op(&format!("arith.addf {v}, {r} : f32"))
-                } else {
-                    v
-                };
-                b.store(&v, "%y", &yi);
+                b.matmul_store(&format!("{res}#{i}"), row, &col, *bias, *residual);
                 b.line("}");
             }
             b.line("}");
-            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %m: i64, %n: i64", if *bias { "%bias: !llvm.ptr<1>, " } else { "" }, if *residual { "%res: !llvm.ptr<1>, " } else { "" })
+            matmul_params(*bias, *residual, true)
         }
         KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, residual, n_tile } => {
             let nt = *n_tile;
@@ -1183,25 +1184,11 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
                     let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
                     b.line(&format!("scf.if {both} {{"));
                     let i = 4 * j as usize + q;
-                    let v = if *bias {
-                        let bv = b.load("%bias", &col);
-                        b.op(&format!("arith.addf {res}#{i}, {bv} : f32"))
-                    } else {
-                        format!("{res}#{i}")
-                    };
-                    let yr = b.op(&format!("arith.muli {row}, %n : i64"));
-                    let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
-                    let v = if *residual {
-                        let r = b.load("%res", &yi);
-                        b.op(&format!("arith.addf {v}, {r} : f32"))
-                    } else {
-                        v
-                    };
-                    b.store(&v, "%y", &yi);
+                    b.matmul_store(&format!("{res}#{i}"), row, &col, *bias, *residual);
                     b.line("}");
                 }
             }
-            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %m: i64, %n: i64", if *bias { "%bias: !llvm.ptr<1>, " } else { "" }, if *residual { "%res: !llvm.ptr<1>, " } else { "" })
+            matmul_params(*bias, *residual, true)
         }
         KernelSpec::Softmax { d } => {
             let (lane, base, dd, c32) = b.open_row(*d, 4);

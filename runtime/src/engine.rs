@@ -66,24 +66,6 @@ pub trait Backend {
     }
 }
 
-impl<B: Backend + ?Sized> Backend for Box<B> {
-    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
-        (**self).step(batch)
-    }
-    fn kv_geometry(&self) -> (usize, usize) {
-        (**self).kv_geometry()
-    }
-    fn reset(&mut self) {
-        (**self).reset()
-    }
-    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
-        (**self).copy_blocks(pairs)
-    }
-    fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>> {
-        (**self).step_greedy(batch)
-    }
-}
-
 impl<B: Backend + ?Sized> Backend for &mut B {
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
         (**self).step(batch)

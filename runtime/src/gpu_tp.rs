@@ -33,20 +33,6 @@ pub struct TpRun {
     pub mismatches: Vec<(usize, f32)>,
 }
 
-/// Top-1 minus top-2 logit.
-fn margin(v: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in v {
-        if x > a {
-            b = a;
-            a = x;
-        } else if x > b {
-            b = x;
-        }
-    }
-    a - b
-}
-
 fn decode(b: &mut dyn Backend, prompt: &[u32], forced: Option<&[u32]>, steps: usize) -> anyhow::Result<(Vec<Vec<f32>>, Vec<u32>, f64, Vec<f64>)> {
     let mut s = Session::new(b);
     let t0 = std::time::Instant::now();
@@ -114,7 +100,7 @@ pub fn run(base: &Path, others: &[(PathBuf, GpuMode)], prompt_len: usize, steps:
         let (med, p90) = stats(&times);
         let rels: Vec<f64> = want.iter().zip(&got).map(|(a, b)| rel_l2(b, a)).collect();
         let rel = rels.iter().copied().fold(0f64, f64::max);
-        let mismatches: Vec<(usize, f32)> = want.iter().zip(&got).enumerate().filter(|(_, (a, b))| argmax(a) != argmax(b)).map(|(i, (a, _))| (i, margin(a))).collect();
+        let mismatches: Vec<(usize, f32)> = want.iter().zip(&got).enumerate().filter(|(_, (a, b))| argmax(a) != argmax(b)).map(|(i, (a, _))| (i, crate::generate::top2_margin(a))).collect();
         let mism = mismatches.len();
         runs.push(TpRun {
             plan: path.display().to_string(),
