@@ -308,7 +308,6 @@ impl<B: Backend + ?Sized> Engine<B> {
             });
             self.bm.release(s.blocks);
             self.metrics.finished(reason);
-            self.update_gauges();
             if reason != "cancelled" {
                 self.metrics.e2e.observe(s.req.arrival.elapsed().as_secs_f64());
             }
@@ -714,6 +713,7 @@ impl EngineLoop {
                     }
                     e.finish(id, "error", String::new());
                 }
+                e.update_gauges();
             }
         }
     }
