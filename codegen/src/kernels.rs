@@ -24,6 +24,60 @@ pub enum Launch {
     /// Hopper matmul: one warpgroup (128 threads) per 64 x n_tile output tile; grid
     /// (ceil(N / n_tile), ceil(M / 64))
     WarpgroupPerTile { n_tile: u32 },
+    /// decode GEMV: `outputs` outputs of `rows` rows per block of `warps` warps that split K;
+    /// grid (ceil(N / outputs), ceil(M / rows))
+    OutputsPerBlock { outputs: u32, rows: u32, warps: u32 },
+}
+
+/// Warps per block of the plain-float GEMV (the runtime launches 32 x this many threads for
+/// `outputs_per_block` steps).
+pub const GEMV_WARPS: usize = 4;
+
+/// (warps per block, K steps unrolled) of the tensor-core batched GEMV.
+pub fn gemv_mma_tiling() -> (usize, usize) {
+    if let Ok(v) = std::env::var("DSC_GEMV_MMA_TILING") {
+        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        if p.len() == 2 && (1..=32).contains(&p[0]) && p[1] >= 1 {
+            return (p[0], p[1]);
+        }
+    }
+    // measured on the H200 (8B shape, b8/b32/b64 tok/s): (4,2) 795/1967/2998, (8,2)
+    // 923/2357/2793, (4,4) 943/2092/2892, (8,4) 1034/2591/3019, (16,1) 993/2632/3044
+    (8, 4)
+}
+
+/// The plain-float GEMV's tiling for a [N, K] weight: (outputs per block, chunk rounds
+/// unrolled per loop iteration). Several outputs per block reuse each activation load; the
+/// unroll keeps several 16-byte loads per lane in flight.
+pub fn gemv_tiling(_k: usize, _n: usize, rows: usize) -> (usize, usize) {
+    let var = if rows == 1 { "DSC_GEMV_TILING" } else { "DSC_GEMV_FEW_TILING" };
+    if let Ok(v) = std::env::var(var) {
+        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
+            return (p[0], p[1]);
+        }
+    }
+    if rows == 1 {
+        (4, 4)
+    } else {
+        (8, 1)
+    }
+}
+
+/// Activation rows per block of the batched-decode GEMV (`MatMulFew`) on the CUDA cores
+/// (f32 weights).
+pub const GEMV_FEW_ROWS: usize = 8;
+/// Activation rows per block of the tensor-core batched GEMV (`MatMulFew`, bf16/f16 weights):
+/// four 8-column B tiles of `mma.m16n8k16`, 16 outputs per block.
+pub const GEMV_MMA_ROWS: usize = 32;
+
+/// Activation rows per block `MatMulFew` uses for weights of `wdtype`.
+pub fn few_rows(wdtype: DType) -> usize {
+    if matches!(wdtype, DType::BF16 | DType::F16) {
+        GEMV_MMA_ROWS
+    } else {
+        GEMV_FEW_ROWS
+    }
 }
 
 impl KernelSpec {
@@ -43,8 +97,10 @@ pub enum KernelSpec {
     /// y = x / sqrt(mean(x^2) + eps) * w over rows of `d`, f32
     RmsNorm { d: usize, eps_bits: u32 },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias[N]), W stored as `wdtype`
-    /// (f32/f16/bf16/q8_0/q4_0/q4_1) (+ res[M, N]: the residual add as the epilogue);
-    /// params x, w, [bias], [res], y, N
+    /// (f32/f16/bf16/q8_0/q4_0/q4_1) (+ res[M, N]: the residual add as the epilogue): the
+    /// decode GEMV, one x row per block row. Plain floats: [`emit_gemv`]'s coalesced
+    /// split-K blocks (`OutputsPerBlock`); block-quantized: a warp per output, a lane per
+    /// 32-element block. params x, w, [bias], [res], y, N
     MatMul { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// y[T, D] (f32) = table[idx[t], :] dequantized; params table, idx (i32), y, T*D
     Gather { d: usize, dtype: DType },
@@ -69,6 +125,10 @@ pub enum KernelSpec {
     /// gives 4x the blocks (small M: batched decode), 64 reuses each x tile 4x (prefill).
     /// params x, w, [bias], y, M, N
     MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, n_tile: usize },
+    /// the batched-decode GEMV: as `MatMul` for f32/f16/bf16 weights, `rows` activation rows
+    /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
+    /// params x, w, [bias], [res], y, M, N
+    MatMulFew { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, rows: usize },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -122,6 +182,7 @@ impl KernelSpec {
             KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
             KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
             KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => format!("matmul_few{rows}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
                 format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
@@ -135,6 +196,11 @@ impl KernelSpec {
             // row as 128 dependent load iterations: 55 us instead of a few)
             KernelSpec::RmsNorm { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::MatMul { k, n, wdtype, .. } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) => {
+                Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 }
+            }
+            KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => Launch::OutputsPerBlock { outputs: 16, rows: *rows as u32, warps: gemv_mma_tiling().0 as u32 },
+            KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
             KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
@@ -378,8 +444,21 @@ impl Body {
             other => return Err(format!("{other} weights are not lowered yet")),
         })
     }
-    /// two f32 packed as bf16x2 (or f16x2): `lo` in the low half
+    /// two f32 packed as bf16x2 (or f16x2, saturating to the largest finite f16 rather than
+    /// overflowing to inf): `lo` in the low half
     fn pack2(&mut self, lo: &str, hi: &str, f16: bool) -> String {
+        let (lo, hi) = if f16 {
+            // (cvt's .satfinite needs PTX 8.1; LLVM emits an older ISA version)
+            let big = self.cf32(65504.0);
+            let nbig = self.cf32(-65504.0);
+            let mut sat = |v: &str| {
+                let a = self.op(&format!("arith.minimumf {v}, {big} : f32"));
+                self.op(&format!("arith.maximumf {a}, {nbig} : f32"))
+            };
+            (sat(lo), sat(hi))
+        } else {
+            (lo.to_string(), hi.to_string())
+        };
         let ins = if f16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
         self.op(&format!("llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"))
     }
@@ -418,6 +497,463 @@ impl Body {
         let i = self.op(&format!("arith.addi {m}, {t} : index"));
         self.op(&format!("arith.index_cast {i} : index to i64"))
     }
+}
+
+/// The decode GEMV for plain-float weights: y[row, col] = x[row, :] . W[col, :] for `R`
+/// consecutive cols and `mr` consecutive rows per block (grid (ceil(N / R), ceil(M / mr))),
+/// the block's warps splitting K.
+///
+/// Each warp reads a 512-byte chunk of a weight row per instruction (lane l: bytes 16l..16l+16,
+/// fully coalesced) and the matching activations of its `mr` rows once for all R weight rows;
+/// warp w takes chunks w, w + W, w + 2W, ..., `unroll` chunks per loop iteration with every load
+/// issued before the FMAs. Each weight byte is read once per block for `mr` activation rows
+/// (the batched-decode variant, `mr` > 1, takes M as a parameter). A lane's partial sums are
+/// reduced over the warp, then across warps in shared memory, and threads 0..R*mr run the
+/// epilogue. Rows past N (and past M) are clamped for loading and not stored. The earlier
+/// warp-per-output kernel had lanes 64 bytes apart in every load and ran at ~1.5 TB/s on the
+/// H200: L1-wavefront bound (see docs/perf.md).
+fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, mr: usize) -> Result<(), String> {
+    if k % 32 != 0 {
+        return Err(format!("matmul needs K a multiple of 32, got {k}"));
+    }
+    let (r, unroll) = gemv_tiling(k, n, mr);
+    let nw = GEMV_WARPS;
+    if r * mr > 32 * nw {
+        return Err(format!("GEMV tiling {r} outputs x {mr} rows exceeds the block's {} threads", 32 * nw));
+    }
+    let esz = wdtype.block().1;
+    let e = 16 / esz; // elements per 16-byte unit
+    let units = k / e;
+    let (chunks, full) = (units.div_ceil(32), units / 32);
+    let rounds = chunks.div_ceil(nw);
+    let jloop = (full / nw) / unroll * unroll;
+    let per = r * mr; // partial sums per lane: [row i][output j] at i * r + j
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per);
+    b.workgroup = Some(format!("%red : {smt}"));
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let c32 = b.op("arith.constant 32 : index");
+    let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
+    let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+    let (t64, bx64, by64, lane64, warp64) = (b.idx64(&t), b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let cr = b.ci64(r as i64);
+    let col0 = b.op(&format!("arith.muli {bx64}, {cr} : i64"));
+    let cmr = b.ci64(mr as i64);
+    let row0 = b.op(&format!("arith.muli {by64}, {cmr} : i64"));
+    let one = b.ci64(1);
+    let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
+    let rowbytes = b.ci64((k * esz) as i64);
+    let wbase: Vec<String> = (0..r)
+        .map(|j| {
+            let cj = b.ci64(j as i64);
+            let c = b.op(&format!("arith.addi {col0}, {cj} : i64"));
+            let c = b.op(&format!("arith.minsi {c}, {nlast} : i64"));
+            b.op(&format!("arith.muli {c}, {rowbytes} : i64"))
+        })
+        .collect();
+    let xrow = b.ci64((k * 4) as i64);
+    let xbase: Vec<String> = (0..mr)
+        .map(|i| {
+            let row = if mr == 1 {
+                row0.clone()
+            } else {
+                let ci = b.ci64(i as i64);
+                let rw = b.op(&format!("arith.addi {row0}, {ci} : i64"));
+                let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
+                b.op(&format!("arith.minsi {rw}, {mlast} : i64"))
+            };
+            b.op(&format!("arith.muli {row}, {xrow} : i64"))
+        })
+        .collect();
+    let c32l = b.ci64(32);
+    let wl = b.op(&format!("arith.muli {warp64}, {c32l} : i64"));
+    let u0 = b.op(&format!("arith.addi {wl}, {lane64} : i64"));
+    let zero = b.cf32(0.0);
+    let tys = vec!["f32"; per].join(", ");
+    // the FMAs of the 16-byte units `us` (i64 unit indices) into `acc`
+    let units_fma = |b: &mut Body, us: &[String], acc: &[String]| -> Vec<String> {
+        let mut loaded = vec![];
+        for u in us {
+            let xb = b.ci64((e * 4) as i64);
+            let xo = b.op(&format!("arith.muli {u}, {xb} : i64"));
+            let xs: Vec<Vec<String>> = xbase
+                .iter()
+                .map(|base| {
+                    let xo = b.op(&format!("arith.addi {base}, {xo} : i64"));
+                    let mut xs = vec![];
+                    for q in 0..(e * 4 / 16) {
+                        let o = b.ci64(16 * q as i64);
+                        let off = b.op(&format!("arith.addi {xo}, {o} : i64"));
+                        xs.extend(b.load_vec("%x", &off, 4, "f32", 16));
+                    }
+                    xs
+                })
+                .collect();
+            let c16 = b.ci64(16);
+            let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
+            let ws: Vec<Vec<String>> = wbase
+                .iter()
+                .map(|base| {
+                    let off = b.op(&format!("arith.addi {base}, {wo} : i64"));
+                    b.load_vec("%w", &off, 4, if wdtype == DType::F32 { "f32" } else { "i32" }, 16)
+                })
+                .collect();
+            loaded.push((xs, ws));
+        }
+        let mut acc = acc.to_vec();
+        for (xs, ws) in loaded {
+            for (j, words) in ws.iter().enumerate() {
+                let mut wf = vec![];
+                for word in words {
+                    match wdtype {
+                        DType::F32 => wf.push(word.clone()),
+                        DType::BF16 => {
+                            // bf16 pair -> f32: low half shifted up, high half masked
+                            let c16 = b.op("arith.constant 16 : i32");
+                            let lo = b.op(&format!("arith.shli {word}, {c16} : i32"));
+                            let m = b.op("arith.constant -65536 : i32");
+                            let hi = b.op(&format!("arith.andi {word}, {m} : i32"));
+                            for h in [lo, hi] {
+                                wf.push(b.op(&format!("arith.bitcast {h} : i32 to f32")));
+                            }
+                        }
+                        _ => {
+                            let c16 = b.op("arith.constant 16 : i32");
+                            let lo = b.op(&format!("arith.trunci {word} : i32 to i16"));
+                            let hi = b.op(&format!("arith.shrui {word}, {c16} : i32"));
+                            let hi = b.op(&format!("arith.trunci {hi} : i32 to i16"));
+                            for h in [lo, hi] {
+                                let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
+                                wf.push(b.op(&format!("arith.extf {f} : f16 to f32")));
+                            }
+                        }
+                    }
+                }
+                for (i, xr) in xs.iter().enumerate() {
+                    let a = i * r + j;
+                    for (w, x) in wf.iter().zip(xr) {
+                        acc[a] = b.op(&format!("llvm.intr.fma({w}, {x}, {}) : (f32, f32, f32) -> f32", acc[a]));
+                    }
+                }
+            }
+        }
+        acc
+    };
+    let stride = (nw * 32) as i64; // units between a warp's consecutive chunks
+    let mut acc = vec![zero.clone(); per];
+    if jloop > 0 {
+        let res = b.v();
+        let j = b.v();
+        let args: Vec<String> = (0..per).map(|_| b.v()).collect();
+        let lo = b.op("arith.constant 0 : index");
+        let hi = b.op(&format!("arith.constant {jloop} : index"));
+        let st = b.op(&format!("arith.constant {unroll} : index"));
+        let inits: Vec<String> = args.iter().map(|a| format!("{a} = {zero}")).collect();
+        b.line(&format!("{res}:{per} = scf.for {j} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", inits.join(", ")));
+        let j64 = b.idx64(&j);
+        let cs = b.ci64(stride);
+        let jo = b.op(&format!("arith.muli {j64}, {cs} : i64"));
+        let ub = b.op(&format!("arith.addi {u0}, {jo} : i64"));
+        let us: Vec<String> = (0..unroll)
+            .map(|q| {
+                let c = b.ci64(q as i64 * stride);
+                b.op(&format!("arith.addi {ub}, {c} : i64"))
+            })
+            .collect();
+        let out = units_fma(b, &us, &args);
+        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
+        b.line("}");
+        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+    }
+    // the remaining rounds one chunk at a time, guarded (a partial chunk, idle warps)
+    for jr in jloop..rounds {
+        let c = b.ci64(jr as i64 * stride);
+        let u = b.op(&format!("arith.addi {u0}, {c} : i64"));
+        let cu = b.ci64(units as i64);
+        let ok = b.op(&format!("arith.cmpi slt, {u}, {cu} : i64"));
+        let res = b.v();
+        b.line(&format!("{res}:{per} = scf.if {ok} -> ({tys}) {{"));
+        let out = units_fma(b, &[u], &acc);
+        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
+        b.line("} else {");
+        b.line(&format!("scf.yield {} : {tys}", acc.join(", ")));
+        b.line("}");
+        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+    }
+    let sums: Vec<String> = acc.iter().map(|a| b.warp_sum(a)).collect();
+    let c0 = b.op("arith.constant 0 : index");
+    let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {first} {{"));
+    let cper = b.op(&format!("arith.constant {per} : index"));
+    let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
+    for (a, s) in sums.iter().enumerate() {
+        let ca = b.op(&format!("arith.constant {a} : index"));
+        let at = b.op(&format!("arith.addi {wb}, {ca} : index"));
+        b.line(&format!("memref.store {s}, %red[{at}] : {smt}"));
+    }
+    b.line("}");
+    b.line("gpu.barrier");
+    // thread t < r * mr finishes (row t / r, output t % r)
+    let cper64 = b.ci64(per as i64);
+    let mine = b.op(&format!("arith.cmpi slt, {t64}, {cper64} : i64"));
+    b.line(&format!("scf.if {mine} {{"));
+    let ti = b.op(&format!("arith.divui {t64}, {cr} : i64"));
+    let tj = b.op(&format!("arith.remui {t64}, {cr} : i64"));
+    let col = b.op(&format!("arith.addi {col0}, {tj} : i64"));
+    let row = b.op(&format!("arith.addi {row0}, {ti} : i64"));
+    let mut inside = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+    if mr > 1 {
+        let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+        inside = b.op(&format!("arith.andi {inside}, {rok} : i1"));
+    }
+    b.line(&format!("scf.if {inside} {{"));
+    let mut total = String::new();
+    for w in 0..nw {
+        let cw = b.op(&format!("arith.constant {} : index", w * per));
+        let at = b.op(&format!("arith.addi {cw}, {t} : index"));
+        let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+        total = if w == 0 { v } else { b.op(&format!("arith.addf {total}, {v} : f32")) };
+    }
+    b.matmul_store(&total, &row, &col, bias, residual);
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
+/// The batched-decode matmul on the tensor cores for bf16/f16 weights ("swap AB"): y^T = W x^T
+/// with `mma.sync m16n8k16`, W as the 16-row A operand and up to 32 activation rows as four
+/// 8-column B tiles. One block of [`gemv_mma_tiling`] warps per 16 outputs and 32 rows (grid
+/// (ceil(N / 16), ceil(M / 32))); the warps split K in 32-wide steps (warp w: steps w, w + W,
+/// ...), two steps per loop iteration with their loads issued first.
+///
+/// Because a dot product does not care in which order K is walked, the operands are laid out
+/// so every lane does plain 16-byte loads: lane (g = lane / 4, t = lane % 4) loads elements
+/// 8t..8t+8 of a step from W rows g and g + 8 (rows 64 bytes apart per 4 lanes: full sectors)
+/// and from activation row g of each live B tile, and the fragment's logical k = 2t + e and
+/// 2t + 8 + e map to physical 8t + e and 8t + 2 + e (first MMA) and 8t + 4 + e, 8t + 6 + e (second).
+/// B tiles past M are skipped (a warp-uniform branch); partial sums meet in shared memory and
+/// warp 0 runs the epilogue.
+fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool) -> Result<(), String> {
+    if k % 32 != 0 {
+        return Err(format!("matmul needs K a multiple of 32, got {k}"));
+    }
+    let f16 = match wdtype {
+        DType::BF16 => false,
+        DType::F16 => true,
+        other => return Err(format!("the tensor-core batched GEMV takes bf16/f16 weights, not {other}")),
+    };
+    let (nw, unroll) = gemv_mma_tiling();
+    let nt = GEMV_MMA_ROWS / 8; // B tiles
+    let steps = k / 32;
+    let rounds = steps.div_ceil(nw);
+    let jloop = (steps / nw) / unroll * unroll;
+    let per = 4 * nt;
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
+    b.workgroup = Some(format!("%red : {smt}"));
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let c32 = b.op("arith.constant 32 : index");
+    let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
+    let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let c4 = b.ci64(4);
+    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let c16 = b.ci64(16);
+    let col0 = b.op(&format!("arith.muli {bx64}, {c16} : i64"));
+    let cmt = b.ci64(GEMV_MMA_ROWS as i64);
+    let row0 = b.op(&format!("arith.muli {by64}, {cmt} : i64"));
+    let one = b.ci64(1);
+    let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
+    let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
+    // byte offset of this lane's 8 elements within a step: 8t elements
+    let c8 = b.ci64(8);
+    let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
+    let wrowbytes = b.ci64((k * 2) as i64);
+    let wbase: Vec<String> = [0i64, 8]
+        .iter()
+        .map(|&d| {
+            let cd = b.ci64(d);
+            let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
+            let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
+            let o = b.op(&format!("arith.muli {r}, {wrowbytes} : i64"));
+            let c2 = b.ci64(2);
+            let eb = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+            b.op(&format!("arith.addi {o}, {eb} : i64"))
+        })
+        .collect();
+    let xrowbytes = b.ci64((k * 4) as i64);
+    let mut xbase = vec![];
+    let mut live = vec![];
+    for j in 0..nt {
+        let cj = b.ci64(8 * j as i64);
+        let r0j = b.op(&format!("arith.addi {row0}, {cj} : i64"));
+        live.push(b.op(&format!("arith.cmpi slt, {r0j}, %m : i64")));
+        let r = b.op(&format!("arith.addi {r0j}, {g} : i64"));
+        let r = b.op(&format!("arith.minsi {r}, {mlast} : i64"));
+        let o = b.op(&format!("arith.muli {r}, {xrowbytes} : i64"));
+        let eb = b.op(&format!("arith.muli {e0}, {c4} : i64"));
+        xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
+    }
+    let zero = b.cf32(0.0);
+    let tys = vec!["f32"; per].join(", ");
+    let ty = if f16 { "f16" } else { "bf16" };
+    let st = "!llvm.struct<(f32, f32, f32, f32)>";
+    // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4])
+    let steps_mma = |b: &mut Body, ss: &[String], acc: &[String]| -> Vec<String> {
+        let mut ws = vec![];
+        for s in ss {
+            let cb = b.ci64(64);
+            let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
+            let pair: Vec<Vec<String>> = wbase
+                .iter()
+                .map(|base| {
+                    let off = b.op(&format!("arith.addi {base}, {so} : i64"));
+                    b.load_vec("%w", &off, 4, "i32", 16)
+                })
+                .collect();
+            ws.push(pair);
+        }
+        let mut out = acc.to_vec();
+        for j in 0..nt {
+            let cur: Vec<String> = out[4 * j..4 * j + 4].to_vec();
+            let res = if j > 0 {
+                let res = b.v();
+                b.line(&format!("{res}:4 = scf.if {} -> (f32, f32, f32, f32) {{", live[j]));
+                Some(res)
+            } else {
+                None
+            };
+            let mut xs = vec![];
+            for s in ss {
+                let cb = b.ci64(128);
+                let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
+                let off = b.op(&format!("arith.addi {}, {so} : i64", xbase[j]));
+                let mut v = b.load_vec("%x", &off, 4, "f32", 16);
+                let c16b = b.ci64(16);
+                let off2 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
+                v.extend(b.load_vec("%x", &off2, 4, "f32", 16));
+                xs.push(v);
+            }
+            let mut c = cur.clone();
+            for (si, x) in xs.iter().enumerate() {
+                let w = &ws[si];
+                for half in 0..2 {
+                    let a = [&w[0][2 * half], &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
+                    let b0 = b.pack2(&x[4 * half], &x[4 * half + 1], f16);
+                    let b1 = b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16);
+                    let r = b.op(&format!(
+                        "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
+                        a[0], a[1], a[2], a[3], c[0], c[1], c[2], c[3]
+                    ));
+                    c = (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+                }
+            }
+            match res {
+                Some(res) => {
+                    b.line(&format!("scf.yield {} : f32, f32, f32, f32", c.join(", ")));
+                    b.line("} else {");
+                    b.line(&format!("scf.yield {} : f32, f32, f32, f32", cur.join(", ")));
+                    b.line("}");
+                    for i in 0..4 {
+                        out[4 * j + i] = format!("{res}#{i}");
+                    }
+                }
+                None => out[4 * j..4 * j + 4].clone_from_slice(&c),
+            }
+        }
+        out
+    };
+    let cnw = b.ci64(nw as i64);
+    let mut acc = vec![zero.clone(); per];
+    if jloop > 0 {
+        let res = b.v();
+        let j = b.v();
+        let args: Vec<String> = (0..per).map(|_| b.v()).collect();
+        let lo = b.op("arith.constant 0 : index");
+        let hi = b.op(&format!("arith.constant {jloop} : index"));
+        let stp = b.op(&format!("arith.constant {unroll} : index"));
+        let inits: Vec<String> = args.iter().map(|a| format!("{a} = {zero}")).collect();
+        b.line(&format!("{res}:{per} = scf.for {j} = {lo} to {hi} step {stp} iter_args({}) -> ({tys}) {{", inits.join(", ")));
+        let j64 = b.idx64(&j);
+        let ss: Vec<String> = (0..unroll)
+            .map(|q| {
+                let cq = b.ci64(q as i64);
+                let jq = b.op(&format!("arith.addi {j64}, {cq} : i64"));
+                let m = b.op(&format!("arith.muli {jq}, {cnw} : i64"));
+                b.op(&format!("arith.addi {m}, {warp64} : i64"))
+            })
+            .collect();
+        let out = steps_mma(b, &ss, &args);
+        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
+        b.line("}");
+        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+    }
+    for jr in jloop..rounds {
+        let c = b.ci64((jr * nw) as i64);
+        let s = b.op(&format!("arith.addi {c}, {warp64} : i64"));
+        let cs = b.ci64(steps as i64);
+        let ok = b.op(&format!("arith.cmpi slt, {s}, {cs} : i64"));
+        let res = b.v();
+        b.line(&format!("{res}:{per} = scf.if {ok} -> ({tys}) {{"));
+        let out = steps_mma(b, &[s], &acc);
+        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
+        b.line("} else {");
+        b.line(&format!("scf.yield {} : {tys}", acc.join(", ")));
+        b.line("}");
+        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+    }
+    // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
+    let cper = b.op(&format!("arith.constant {} : index", per * 32));
+    let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
+    for (a, v) in acc.iter().enumerate() {
+        let ca = b.op(&format!("arith.constant {} : index", a * 32));
+        let at = b.op(&format!("arith.addi {wb}, {ca} : index"));
+        let at = b.op(&format!("arith.addi {at}, {lane} : index"));
+        b.line(&format!("memref.store {v}, %red[{at}] : {smt}"));
+    }
+    b.line("gpu.barrier");
+    let c0 = b.op("arith.constant 0 : index");
+    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+    b.line(&format!("scf.if {w0} {{"));
+    // D fragment of tile j: value i at output col0 + g (+ 8 for i >= 2), row 8j + 2t + i % 2
+    let c2 = b.ci64(2);
+    let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    for a in 0..per {
+        let (j, i) = (a / 4, a % 4);
+        let mut total = acc[a].clone();
+        for w in 1..nw {
+            let ca = b.op(&format!("arith.constant {} : index", (w * per + a) * 32));
+            let at = b.op(&format!("arith.addi {ca}, {lane} : index"));
+            let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+            total = b.op(&format!("arith.addf {total}, {v} : f32"));
+        }
+        let co = b.ci64(if i >= 2 { 8 } else { 0 });
+        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+        let cr = b.ci64((8 * j + i % 2) as i64);
+        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
+        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
+        b.line(&format!("scf.if {ok} {{"));
+        b.matmul_store(&total, &row, &col, bias, residual);
+        b.line("}");
+    }
+    b.line("}");
+    Ok(())
+}
+
+/// Whether the tensor-core matmuls take `wdtype` weights (and the activations) as f16 rather
+/// than bf16 operands: f16 and the block-quantized formats (whose dequantized values are
+/// f16-scaled; f16's 11-bit significand keeps GPU prefill logits ~4x closer to the CPU's than
+/// bf16 did: SmolLM2 Q4_1 'story' 2.5e-2 -> see bench/results/gpu-check-smollm2-*.json).
+pub fn tensor_core_f16(wdtype: DType) -> bool {
+    !matches!(wdtype, DType::BF16 | DType::F32)
 }
 
 /// Parameters of the matmul kernels: x, w, [bias], [res], y, then [M] and N.
@@ -665,6 +1201,24 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
 
+        KernelSpec::MatMul { k, n, wdtype, bias, residual } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) => {
+            emit_gemv(&mut b, *k, *n, *wdtype, *bias, *residual, 1)?;
+            matmul_params(*bias, *residual, false)
+        }
+        KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => {
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
+                return Err(format!("the batched GEMV takes f32/f16/bf16 weights, not {wdtype}"));
+            }
+            if *rows != few_rows(*wdtype) {
+                return Err(format!("the batched GEMV for {wdtype} takes {} rows per block, not {rows}", few_rows(*wdtype)));
+            }
+            if *wdtype == DType::F32 {
+                emit_gemv(&mut b, *k, *n, *wdtype, *bias, *residual, *rows)?;
+            } else {
+                emit_gemv_mma(&mut b, *k, *wdtype, *bias, *residual)?;
+            }
+            matmul_params(*bias, *residual, true)
+        }
         KernelSpec::MatMul { k, n: _, wdtype, bias, residual } => {
             if k % 32 != 0 {
                 return Err(format!("matmul needs K a multiple of 32, got {k}"));
@@ -708,43 +1262,6 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             let wrow = b.op(&format!("arith.muli {col64}, {nblk64} : i64"));
             let gblk = b.op(&format!("arith.addi {wrow}, {blk64} : i64"));
             let part = match wdtype {
-                DType::F32 | DType::F16 | DType::BF16 => {
-                    // the block's 32 weights in 16-byte loads (blocks are 64/128-byte aligned)
-                    let esz = wdtype.block().1 as i64;
-                    let cb = b.ci64(32 * esz);
-                    let wbyte = b.op(&format!("arith.muli {gblk}, {cb} : i64"));
-                    let mut ws = vec![];
-                    for q in 0..(32 * esz / 16) {
-                        let o = b.ci64(16 * q);
-                        let off = b.op(&format!("arith.addi {wbyte}, {o} : i64"));
-                        if *wdtype == DType::F32 {
-                            ws.extend(b.load_vec("%w", &off, 4, "f32", 16));
-                        } else {
-                            for word in b.load_vec("%w", &off, 4, "i32", 16) {
-                                let c16 = b.op("arith.constant 16 : i32");
-                                let lo16 = b.op(&format!("arith.trunci {word} : i32 to i16"));
-                                let hi = b.op(&format!("arith.shrui {word}, {c16} : i32"));
-                                let hi16 = b.op(&format!("arith.trunci {hi} : i32 to i16"));
-                                for h in [lo16, hi16] {
-                                    ws.push(if *wdtype == DType::BF16 {
-                                        let w32 = b.op(&format!("arith.extui {h} : i16 to i32"));
-                                        let sh = b.op(&format!("arith.shli {w32}, {c16} : i32"));
-                                        b.op(&format!("arith.bitcast {sh} : i32 to f32"))
-                                    } else {
-                                        let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
-                                        b.op(&format!("arith.extf {f} : f16 to f32"))
-                                    });
-                                }
-                            }
-                        }
-                    }
-                    // 4 independent accumulators: a 32-long FMA chain would be latency-bound
-                    let mut acc4 = vec![zero.clone(); 4];
-                    for (e, (w, x)) in ws.iter().zip(&xs).enumerate() {
-                        acc4[e % 4] = b.op(&format!("llvm.intr.fma({w}, {x}, {}) : (f32, f32, f32) -> f32", acc4[e % 4]));
-                    }
-                    b.sum4(&acc4)
-                }
                 DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
                     let bytes = wdtype.block().1 as i64;
                     let cb = b.ci64(bytes);
@@ -908,7 +1425,9 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
                 return Err(format!("matmul weights in {wdtype} are not lowered yet"));
             }
-            let f16 = *wdtype == DType::F16;
+            // f16 operands for f16 and block-quantized weights (their f16 scales dequantize
+            // exactly enough in f16; 4x finer than bf16), bf16 for bf16 and f32 weights
+            let f16 = tensor_core_f16(*wdtype);
             let Launch::WarpPerTile { warps_per_block } = spec.launch() else { unreachable!() };
             let t = b.op("gpu.thread_id x");
             let bx = b.op("gpu.block_id x");
@@ -1014,7 +1533,9 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
             if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
                 return Err(format!("matmul weights in {wdtype} are not lowered yet"));
             }
-            let f16 = *wdtype == DType::F16;
+            // f16 operands for f16 and block-quantized weights (their f16 scales dequantize
+            // exactly enough in f16; 4x finer than bf16), bf16 for bf16 and f32 weights
+            let f16 = tensor_core_f16(*wdtype);
             let ty = if f16 { "f16" } else { "bf16" };
             // shared memory: A tile [64 rows x 64 k] then B tile [64 n x 64 k], 16-bit elements
             // packed in pairs along k (i32), in 8x8 core matrices of 128 bytes: core matrix

@@ -41,6 +41,9 @@ pub struct Step {
     pub hopper: Option<Large>,
     /// on sm_90a for fewer rows than `hopper` takes (16-column tiles: more blocks)
     pub hopper_small: Option<Large>,
+    /// on any target, for `min_rows..=max_rows` rows, before all of the above: the batched
+    /// decode GEMV (each weight read once per 8 rows)
+    pub few: Option<Large>,
     /// a collective over the tensor-parallel group, done in place on the aliased buffer
     /// ("all_reduce_sum"); the runtime issues it (NCCL, or local copies when simulating)
     pub collective: Option<String>,
@@ -49,10 +52,17 @@ pub struct Step {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Large {
     pub min_rows: i64,
+    /// used only up to this many rows (none: no bound)
+    pub max_rows: Option<i64>,
     pub kernel: KernelSpec,
     pub scalars: Vec<Scalar>,
     pub work: Scalar,
     pub grid_y: Scalar,
+}
+
+/// The most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX overrides, for sweeps).
+fn few_max_rows() -> i64 {
+    std::env::var("DSC_GEMV_FEW_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
 }
 
 fn err(node: &str, msg: impl Into<String>) -> CodegenError {
@@ -88,6 +98,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             large: None,
             hopper: None,
             hopper_small: None,
+            few: None,
             collective: None,
         };
         let alias = |of: &str| Step {
@@ -101,6 +112,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             large: None,
             hopper: None,
             hopper_small: None,
+            few: None,
             collective: None,
         };
         steps.push(match &n.op {
@@ -144,6 +156,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 if k % 16 == 0 {
                     st.large = Some(Large {
                         min_rows: 16,
+                        max_rows: None,
                         kernel: KernelSpec::MatMulMma { k, n: nn, wdtype: w.dtype, bias, residual },
                         scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
                         work: Scalar::Const(nn.div_ceil(8) as i64),
@@ -155,6 +168,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     // 2..127 rows (batched decode: weights read once, 4x the blocks)
                     let wg = |n_tile: usize, min_rows: i64| Large {
                         min_rows,
+                        max_rows: None,
                         kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias, residual, n_tile },
                         scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
                         work: Scalar::Const(nn.div_ceil(n_tile) as i64),
@@ -162,6 +176,20 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     };
                     st.hopper = Some(wg(64, 128));
                     st.hopper_small = Some(wg(16, 2));
+                }
+                if matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16) {
+                    // 2..=few_max rows (batched decode): a GEMV-shaped kernel reading each weight
+                    // once per 8 (f32) or 32 (bf16/f16, tensor cores) rows beats the tiled
+                    // tensor-core kernels there (bench/results, docs/perf.md)
+                    let rows = crate::kernels::few_rows(w.dtype);
+                    st.few = Some(Large {
+                        min_rows: 2,
+                        max_rows: Some(few_max_rows()),
+                        kernel: KernelSpec::MatMulFew { k, n: nn, wdtype: w.dtype, bias, residual, rows },
+                        scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
+                        work: Scalar::Const(nn as i64),
+                        grid_y: Scalar::Rows(name.clone()),
+                    });
                 }
                 st
             }
@@ -197,6 +225,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     large: None,
                     hopper: None,
                     hopper_small: None,
+                    few: None,
                     collective: None,
                 }
             }

@@ -39,6 +39,11 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false });
     // the residual add as the epilogue
     v.push(KernelSpec::MatMul { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: true });
+    // the batched-decode GEMV: every plain weight format, the 8B shape, bias + residual
+    for wdtype in [DType::F32, DType::F16, DType::BF16] {
+        v.push(KernelSpec::MatMulFew { k: 576, n: 1536, wdtype, bias: false, residual: false, rows: dsc_codegen::kernels::few_rows(wdtype) });
+    }
+    v.push(KernelSpec::MatMulFew { k: 14336, n: 4096, wdtype: DType::BF16, bias: true, residual: true, rows: 32 });
     v.push(KernelSpec::MatMulMma { k: 576, n: 192, wdtype: DType::Q4_1, bias: false, residual: true });
     v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: true, n_tile: 64 });
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {

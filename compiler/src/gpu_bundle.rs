@@ -51,6 +51,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
         Launch::BlockPerRow { warps } => (n as u32, 32 * warps),
         Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
         Launch::WarpgroupPerTile { n_tile } => ((n as u32).div_ceil(*n_tile), 128),
+        Launch::OutputsPerBlock { outputs, warps, .. } => ((n as u32).div_ceil(*outputs), 32 * warps),
     }
 }
 
@@ -62,7 +63,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     let mut cases = vec![];
     let mut specs = vec![];
     let none = Weights::new();
-    let n = 100_003usize; // not a multiple of the block: exercises the bounds check
+    let n = 20_011usize; // not a multiple of the block: exercises the bounds check
     let unary = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Recip, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluErf];
     for u in unary {
         let spec = KernelSpec::Unary(UnaryOpKey(u));
@@ -93,7 +94,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     for bop in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::SiluMul] {
         let spec = KernelSpec::Binary(BinaryOpKey(bop));
         let name = dsc_ir::Op::Binary(bop).name();
-        for (rows, cols, bcast) in [(129usize, 576usize, false), (129, 576, true)] {
+        for (rows, cols, bcast) in [(33usize, 576usize, false), (33, 576, true)] {
             let a = rand_vec(rows * cols, -3.0, 3.0);
             let bl = if bcast { cols } else { rows * cols };
             let bv: Vec<f32> = rand_vec(bl, 0.5, 2.0).into_iter().enumerate().map(|(i, v)| if i % 2 == 0 { v } else { -v }).collect();
@@ -168,6 +169,33 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             });
         }
         specs.push(spec);
+        // the batched-decode GEMV (8 activation rows per block): a partial second row block
+        if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
+            let rows = dsc_codegen::kernels::few_rows(wdtype);
+            let spec = KernelSpec::MatMulFew { k, n, wdtype, bias: false, residual: false, rows };
+            // bf16/f16 run on the tensor cores (activations rounded): bf16-level tolerance
+            let tol = if wdtype == DType::F32 { 1e-5 } else { 1e-2 };
+            for m in [2usize, 13, 37] {
+                let x = rand_vec(m * k, -1.0, 1.0);
+                let src =
+                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+                let (g, b) = grid(&spec.launch(), n);
+                cases.push(Case {
+                    name: format!("gemv_few {m}x{k}x{n} {wdtype}"),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y: m.div_ceil(rows) as u32,
+                    block: b,
+                    inputs: vec![data.push(&x), warr.clone()],
+                    scalars: vec![m as i64, n as i64],
+                    expected: data.push(&want),
+                    init: None,
+                    tol,
+                });
+            }
+            specs.push(spec);
+        }
         // tensor cores (mma.sync, bf16/f16 operands, f32 accumulation): bf16-level tolerance
         let spec = KernelSpec::MatMulMma { k, n, wdtype, bias: false, residual: false };
         for m in [16usize, 37] {
@@ -219,7 +247,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
     // a longer K (the 8B shape's GEMVs have K = 4096 and 14336)
     for wdtype in [DType::BF16, DType::Q4_1] {
-        let (k, n, m) = (2048usize, 96usize, 3usize);
+        let (k, n, m) = (2048usize, 99usize, 3usize);
         let wf = rand_vec(n * k, -0.1, 0.1);
         let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
         let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
@@ -228,19 +256,38 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
         let spec = KernelSpec::MatMul { k, n, wdtype, bias: false, residual: false };
         let (g, b) = grid(&spec.launch(), n);
+        let (xa, wa, ya) = (data.push(&x), data.push_u8(&wb), data.push(&want));
         cases.push(Case {
             name: format!("matmul {m}x{k}x{n} {wdtype}"),
             kernel: spec.symbol(),
             grid: g,
             grid_y: m as u32,
             block: b,
-            inputs: vec![data.push(&x), data.push_u8(&wb)],
+            inputs: vec![xa.clone(), wa.clone()],
             scalars: vec![n as i64],
-            expected: data.push(&want),
+            expected: ya.clone(),
             init: None,
             tol: 1e-5,
         });
         specs.push(spec);
+        if wdtype == DType::BF16 {
+            // N = 99: a partial block of outputs in the batched GEMV too
+            let spec = KernelSpec::MatMulFew { k, n, wdtype, bias: false, residual: false, rows: dsc_codegen::kernels::few_rows(wdtype) };
+            let (g, b) = grid(&spec.launch(), n);
+            cases.push(Case {
+                name: format!("gemv_few {m}x{k}x{n} {wdtype}"),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: 1,
+                block: b,
+                inputs: vec![xa, wa],
+                scalars: vec![m as i64, n as i64],
+                expected: ya,
+                init: None,
+                tol: 1e-2,
+            });
+            specs.push(spec);
+        }
     }
     {
         let (k, n, m) = (576usize, 192usize, 5usize);
@@ -251,21 +298,28 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let x = rand_vec(m * k, -1.0, 1.0);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : bf16[{n}, {k}]\n  %bias = weight : f32[{n}]\n  %y = matmul(%x, %w, %bias) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: true, residual: false };
-        let (g, b) = grid(&spec.launch(), n);
-        cases.push(Case {
-            name: format!("matmul+bias {m}x{k}x{n} bf16"),
-            kernel: spec.symbol(),
-            grid: g,
-            grid_y: m as u32,
-            block: b,
-            inputs: vec![data.push(&x), data.push_u8(&wb), data.push(&bias)],
-            scalars: vec![n as i64],
-            expected: data.push(&want),
-            init: None,
-            tol: 1e-5,
-        });
-        specs.push(spec);
+        let (xa, wa, ba, ya) = (data.push(&x), data.push_u8(&wb), data.push(&bias), data.push(&want));
+        for few in [false, true] {
+            let spec = if few {
+                KernelSpec::MatMulFew { k, n, wdtype: DType::BF16, bias: true, residual: false, rows: 32 }
+            } else {
+                KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: true, residual: false }
+            };
+            let (g, b) = grid(&spec.launch(), n);
+            cases.push(Case {
+                name: format!("{}+bias {m}x{k}x{n} bf16", if few { "gemv_few" } else { "matmul" }),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: if few { m.div_ceil(32) as u32 } else { m as u32 },
+                block: b,
+                inputs: vec![xa.clone(), wa.clone(), ba.clone()],
+                scalars: if few { vec![m as i64, n as i64] } else { vec![n as i64] },
+                expected: ya.clone(),
+                init: None,
+                tol: if few { 1e-2 } else { 1e-5 },
+            });
+            specs.push(spec);
+        }
     }
     // the residual add as the matmul epilogue (matmul_add): GEMV, mma.sync and wgmma16
     {
@@ -274,13 +328,14 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let wb = dsc_ir::quant::encode(DType::BF16, &w).context("encode")?;
         let ws: Weights = HashMap::from([("w".to_string(), (DType::BF16, vec![n, k], wb.clone()))]);
         let warr = data.push_u8(&wb);
-        for (kind, m) in [("gemv", 3usize), ("mma", 16), ("wgmma16", 5)] {
+        for (kind, m) in [("gemv", 3usize), ("few", 11), ("mma", 16), ("wgmma16", 5)] {
             let x = rand_vec(m * k, -1.0, 1.0);
             let r = rand_vec(m * n, -1.0, 1.0);
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : bf16[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
             let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))], &ws)?;
             let (spec, grid_y, scalars, tol) = match kind {
                 "gemv" => (KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: false, residual: true }, m as u32, vec![n as i64], 1e-5),
+                "few" => (KernelSpec::MatMulFew { k, n, wdtype: DType::BF16, bias: false, residual: true, rows: 32 }, m.div_ceil(32) as u32, vec![m as i64, n as i64], 1e-2),
                 "mma" => (KernelSpec::MatMulMma { k, n, wdtype: DType::BF16, bias: false, residual: true }, m.div_ceil(16) as u32, vec![m as i64, n as i64], 1e-2),
                 _ => (KernelSpec::MatMulWgmma { k, n, wdtype: DType::BF16, bias: false, residual: true, n_tile: 16 }, m.div_ceil(64) as u32, vec![m as i64, n as i64], 1e-2),
             };

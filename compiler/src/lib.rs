@@ -35,17 +35,16 @@ pub fn compile(model_toml: &Path) -> anyhow::Result<Compiled> {
     compile_with(model_toml, None)
 }
 
-/// Also run the equality-saturation optimizer (`dsc compile --optimize`). Off by default until
-/// every fused kernel it produces has been checked on the H200 (the silu_mul kernel has not
-/// yet).
+/// `optimize`: run the equality-saturation optimizer (on by default; `dsc compile
+/// --no-optimize` turns it off for A/B comparisons).
 pub fn compile_opts(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
     compile_inner(model_toml, tp, optimize)
 }
 
 /// `tp`: tensor-parallel ranks, overriding model.toml's `[parallel] tp`; with neither the
-/// graph is not partitioned.
+/// graph is not partitioned. The optimizer runs.
 pub fn compile_with(model_toml: &Path, tp: Option<usize>) -> anyhow::Result<Compiled> {
-    compile_inner(model_toml, tp, false)
+    compile_inner(model_toml, tp, true)
 }
 
 fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
@@ -95,6 +94,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     specs.extend(steps.iter().filter_map(|s| s.large.as_ref().map(|l| l.kernel.clone())));
     specs.extend(steps.iter().filter_map(|s| s.hopper.as_ref().map(|l| l.kernel.clone())));
     specs.extend(steps.iter().filter_map(|s| s.hopper_small.as_ref().map(|l| l.kernel.clone())));
+    specs.extend(steps.iter().filter_map(|s| s.few.as_ref().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     // greedy decoding picks tokens on the device: an argmax over the logits rows
@@ -111,13 +111,21 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block),
                 Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => ("warpgroup_per_tile", 4),
                 Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps),
+                Some(dsc_codegen::Launch::OutputsPerBlock { outputs, .. }) => ("outputs_per_block", outputs),
                 None => ("none", 0),
             };
             let (launch, block) = shape(s.kernel.as_ref().map(|k| k.launch()));
             let big = |l: &dsc_codegen::lower::Large| {
                 let (launch, block) = shape(Some(l.kernel.launch()));
+                let (rows_per_block, threads) = match l.kernel.launch() {
+                    dsc_codegen::Launch::OutputsPerBlock { rows, warps, .. } => (rows, Some(32 * warps)),
+                    _ => (1, None),
+                };
                 GpuLarge {
                     min_rows: l.min_rows,
+                    max_rows: l.max_rows,
+                    rows_per_block,
+                    threads,
                     kernel: l.kernel.symbol(),
                     scalars: l.scalars.iter().map(scalar).collect(),
                     launch: launch.to_string(),
@@ -129,6 +137,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
             let large = s.large.as_ref().map(big);
             let hopper = s.hopper.as_ref().map(big);
             let hopper_small = s.hopper_small.as_ref().map(big);
+            let few = s.few.as_ref().map(big);
             GpuStep {
                 node: s.node.clone(),
                 kernel: s.kernel.as_ref().map(|k| k.symbol()),
@@ -142,6 +151,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 large,
                 hopper,
                 hopper_small,
+                few,
                 collective: s.collective.clone(),
             }
         })

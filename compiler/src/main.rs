@@ -41,8 +41,11 @@ enum Cmd {
         /// tensor-parallel ranks (overrides model.toml's [parallel] tp)
         #[arg(long)]
         tp: Option<usize>,
-        /// run the equality-saturation optimizer (fusions; not yet checked on the GPU)
+        /// skip the equality-saturation optimizer (fusions), e.g. to compare with and without
         #[arg(long)]
+        no_optimize: bool,
+        /// the optimizer runs by default; accepted so older scripts keep working
+        #[arg(long, hide = true)]
         optimize: bool,
     },
     /// Print a stage's IR for a model.toml (same as `compile --dump-ir`)
@@ -90,7 +93,7 @@ fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyho
             if fmt == DumpFormat::Dot {
                 bail!("stage `egraph` has no DOT form");
             }
-            return Ok(c.reports.iter().find_map(|r| r.dump.clone()).unwrap_or_else(|| "// no e-graph: compile with --optimize\n".into()));
+            return Ok(c.reports.iter().find_map(|r| r.dump.clone()).unwrap_or_else(|| "// no e-graph: the optimizer did not run (--no-optimize)\n".into()));
         }
         "plan" => {
             if fmt == DumpFormat::Dot {
@@ -187,7 +190,9 @@ fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fm
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, optimize } => do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, optimize),
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _ } => {
+            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize)
+        }
         Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;
             print!("{}", stage_text(&c, &stage, format)?);

@@ -41,6 +41,8 @@ pub struct GpuBackend<'p> {
     pub use_graphs: bool,
     /// DSC_NO_WGMMA=1: take the mma.sync matmul on sm_90a too (for comparisons)
     pub no_wgmma: bool,
+    /// DSC_NO_FEW: skip the batched-decode GEMV (for A/B runs)
+    pub no_few: bool,
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
@@ -91,11 +93,9 @@ impl<'p> GpuBackend<'p> {
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
         let mut funcs = HashMap::new();
         let hopper = target == "sm_90a";
-        for k in prog
-            .argmax
-            .iter()
-            .chain(prog.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel))))
-        {
+        for k in prog.argmax.iter().chain(prog.steps.iter().flat_map(|s| {
+            s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel)).chain(s.few.iter().map(|l| &l.kernel))
+        })) {
             if !funcs.contains_key(k) {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
@@ -185,6 +185,7 @@ impl<'p> GpuBackend<'p> {
             buckets: HashMap::new(),
             use_graphs,
             no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
+            no_few: std::env::var_os("DSC_NO_FEW").is_some(),
             collective,
             profile,
         })
@@ -292,14 +293,9 @@ impl GpuBackend<'_> {
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
-            let big = match (&s.hopper, &s.hopper_small, &s.large) {
-                (Some(h), _, _) if hopper && rows >= h.min_rows => Some(h),
-                (_, Some(h), _) if hopper => Some(h),
-                (_, _, l) => l.as_ref(),
-            };
-            let (k, scal, work, grid_y, launch, block) = match big {
-                Some(l) if rows >= l.min_rows => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block),
-                _ => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block),
+            let (k, scal, work, grid_y, launch, block, rpb, threads) = match s.alternative(rows, hopper, !self.no_few) {
+                Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128)),
+                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, 128),
             };
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;
@@ -313,6 +309,8 @@ impl GpuBackend<'_> {
                 "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
                 "warpgroup_per_tile" => (work, gy.div_ceil(64), 128),
                 "block_per_row" => (work, gy, 32 * block),
+                // the decode GEMVs: `block` outputs per block of `threads` (default 4 warps)
+                "outputs_per_block" => (work.div_ceil(block), gy.div_ceil(rpb.max(1)), threads),
                 other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };
             let args = s.args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();

@@ -131,9 +131,10 @@ pub struct GpuStep {
     /// node buffers passed to the kernel, then `scalars` as i64
     pub args: Vec<String>,
     pub scalars: Vec<Scalar>,
-    /// "per_element", "warp_per_row", "warp_per_output" or "block_per_row"
+    /// "per_element", "warp_per_row", "warp_per_output", "block_per_row" or
+    /// "outputs_per_block" (grid x = ceil(work / block), 128 threads)
     pub launch: String,
-    /// threads (per_element) or warps (the others) per block
+    /// threads (per_element), outputs (outputs_per_block) or warps (the others) per block
     pub block: u32,
     /// units of work the grid's x dimension covers; grid y
     pub work: Scalar,
@@ -149,15 +150,52 @@ pub struct GpuStep {
     /// on sm_90a, for steps with fewer rows than `hopper.min_rows` (narrower tiles)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopper_small: Option<GpuLarge>,
+    /// on any target, for `few.min_rows..=few.max_rows` rows, ahead of the others (the
+    /// batched-decode GEMV)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub few: Option<GpuLarge>,
     /// a collective over the tensor-parallel group on the (aliased) buffer: "all_reduce_sum"
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collective: Option<String>,
+}
+
+impl GpuStep {
+    /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: the
+    /// batched GEMV (`few`) within its row range, else on sm_90a (`hopper`) the wgmma kernels
+    /// (`hopper` from its min_rows, else `hopper_small`), else `large` from its min_rows.
+    /// `few`: whether the batched GEMV may be used (DSC_NO_FEW turns it off).
+    pub fn alternative(&self, rows: i64, hopper: bool, few: bool) -> Option<&GpuLarge> {
+        let fits = |l: &GpuLarge| rows >= l.min_rows && l.max_rows.is_none_or(|m| rows <= m);
+        let pick = match (&self.few, &self.hopper, &self.hopper_small, &self.large) {
+            (Some(f), ..) if few && fits(f) => Some(f),
+            (_, Some(h), _, _) if hopper && rows >= h.min_rows => Some(h),
+            (_, _, Some(h), _) if hopper => Some(h),
+            (.., l) => l.as_ref(),
+        };
+        pick.filter(|l| fits(l))
+    }
+}
+
+fn one_u32() -> u32 {
+    1
+}
+fn is_one_u32(v: &u32) -> bool {
+    *v == 1
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GpuLarge {
     pub min_rows: i64,
+    /// used only up to this many rows (none: no upper bound)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<i64>,
+    /// activation rows per block ("outputs_per_block": grid y = ceil(grid_y / this))
+    #[serde(default = "one_u32", skip_serializing_if = "is_one_u32")]
+    pub rows_per_block: u32,
+    /// threads per block ("outputs_per_block"; default 128)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
     pub kernel: String,
     pub scalars: Vec<Scalar>,
     /// "warp_per_tile": grid x = ceil(work / block), grid y = ceil(grid_y / 16);
@@ -496,6 +534,52 @@ impl WeightSource for Plan {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn each_row_count_gets_the_kernel_meant_for_it() {
+        let alt = |kernel: &str, min_rows: i64, max_rows: Option<i64>| GpuLarge {
+            min_rows,
+            max_rows,
+            rows_per_block: 1,
+            threads: None,
+            kernel: kernel.into(),
+            scalars: vec![],
+            launch: "outputs_per_block".into(),
+            block: 1,
+            work: Scalar::Const(1),
+            grid_y: Scalar::Const(1),
+        };
+        let step = GpuStep {
+            node: "y".into(),
+            kernel: Some("gemv".into()),
+            args: vec![],
+            scalars: vec![],
+            launch: "outputs_per_block".into(),
+            block: 4,
+            work: Scalar::Const(1),
+            grid_y: Scalar::Const(1),
+            alias_of: None,
+            large: Some(alt("mma", 16, None)),
+            hopper: Some(alt("wgmma64", 128, None)),
+            hopper_small: Some(alt("wgmma16", 2, None)),
+            few: Some(alt("few", 2, Some(128))),
+            collective: None,
+        };
+        let pick = |rows, hopper, few| step.alternative(rows, hopper, few).map(|l| l.kernel.as_str());
+        // one row: the GEMV everywhere
+        assert_eq!(pick(1, true, true), None);
+        assert_eq!(pick(1, false, true), None);
+        // batched decode: the batched GEMV on any target, up to its max
+        assert_eq!(pick(2, true, true), Some("few"));
+        assert_eq!(pick(128, false, true), Some("few"));
+        // past it: wgmma64 on Hopper, mma.sync elsewhere
+        assert_eq!(pick(129, true, true), Some("wgmma64"));
+        assert_eq!(pick(129, false, true), Some("mma"));
+        // without the batched GEMV: wgmma16 below wgmma64's rows, mma.sync from 16, else GEMV
+        assert_eq!(pick(8, true, false), Some("wgmma16"));
+        assert_eq!(pick(8, false, false), None);
+        assert_eq!(pick(16, false, false), Some("mma"));
+    }
 
     #[test]
     fn placement_never_overlaps_live_buffers_and_reuses_dead_ones() {

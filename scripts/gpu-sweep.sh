@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Decode/prefill sweep over a folder of plans, run ON the H200 with .gpu/dsc-runtime and
+# .gpu/sweep/ carried (e.g. plans compiled with different GEMV tilings,
+# DSC_GEMV_TILING=R,U, or with and without --optimize). Checks the first plan's first decode
+# steps against the CPU executor, then benches every plan; DSC_PROFILE=1 on the first plan
+# gives its per-kernel table. Results under $OUT (or .gpu/out); a table printed last.
+set -uo pipefail
+out=${OUT:-.gpu/out}
+mkdir -p "$out"
+dir=${1:-.gpu/sweep}
+batches=${BATCHES:-1,8,32}
+first=$(ls "$dir"/*.plan | head -1)
+.gpu/dsc-runtime gpu-decode "$first" --prompt-len 16 --steps 32 --cpu-check-steps 2 --json "$out/check.json" 2>&1 | tail -4
+# (the device returns only a few files: everything goes into $out/runs/, summarised in
+# $out/sweep.json, and the per-run logs into $out/sweep.log)
+mkdir -p /tmp/sweep-runs
+for p in "$dir"/*.plan; do
+  n=$(basename "$p" .plan)
+  echo "== $n" >> "$out/sweep.log"
+  .gpu/dsc-runtime bench "$p" --batches "$batches" --prefill 512 --new-tokens 64 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED (see sweep.log)"
+done
+DSC_PROFILE=1 .gpu/dsc-runtime bench "$first" --batches ${PROFILE_BATCH:-1} --prefill 16 --new-tokens 32 --json "/tmp/sweep-runs/profile.json" >> "$out/sweep.log" 2>&1
+python3 - "$out" <<'PY'
+import json, sys, glob, os
+out = sys.argv[1]
+runs = {os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob("/tmp/sweep-runs/*.json"))}
+json.dump(runs, open(f"{out}/sweep.json", "w"), indent=1)
+prof = runs["profile"]["decode"][0]["profile"]
+print("profile (first plan): kernel, launches/step, us/step")
+for k, n, us in prof[:14]:
+    print(f"  {k:<40} {n:>5.0f} {us:>9.1f}")
+for name, j in runs.items():
+    if name == "profile":
+        continue
+    d = "  ".join(f"b{x['batch']} {x['decode_tokens_per_s']:.0f} tok/s ({x['ms_per_step']:.2f} ms)" for x in j["decode"])
+    p = "  ".join(f"prefill {x['tokens']} {x['tokens_per_s']:.0f} tok/s" for x in j["prefill"])
+    print(f"{name:<14} {d}  {p}")
+PY
