@@ -19,6 +19,12 @@ for p in "$dir"/*.plan; do
   echo "== $n" >> "$out/sweep.log"
   .gpu/dsc-runtime bench "$p" --batches "$batches" --prefill 512 --new-tokens 64 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED (see sweep.log)"
 done
+# AB_ENV="VAR=value": the first plan once more with that runtime environment (as <plan>+env)
+if [ -n "${AB_ENV:-}" ]; then
+  n=$(basename "$first" .plan)+env
+  echo "== $n ($AB_ENV)" >> "$out/sweep.log"
+  env $AB_ENV .gpu/dsc-runtime bench "$first" --batches "$batches" --prefill 512 --new-tokens 64 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED"
+fi
 DSC_PROFILE=1 .gpu/dsc-runtime bench "$first" --batches ${PROFILE_BATCH:-1} --prefill 16 --new-tokens 32 --json "/tmp/sweep-runs/profile.json" >> "$out/sweep.log" 2>&1
 python3 - "$out" <<'PY'
 import json, sys, glob, os
