@@ -1039,6 +1039,14 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
 
 /// The MLIR text of one kernel (a `gpu.func`), or why it cannot be generated.
 pub fn emit(spec: &KernelSpec) -> Result<String, String> {
+    emit_for(spec, false)
+}
+
+/// As [`emit`]; with `pdl` (sm_90a) the kernel starts with `griddepcontrol.launch_dependents`
+/// (the next kernel in the stream may launch now) and `griddepcontrol.wait` (this kernel waits
+/// for the previous one to finish and its writes to be visible): launched with programmatic
+/// stream serialization, a kernel's launch and block start-up overlap its predecessor.
+pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
     let mut b = Body { s: String::new(), n: 0, workgroup: None };
     let params: String = match spec {
@@ -2181,7 +2189,12 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
         }
     };
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
-    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{}        gpu.return\n    }}\n", b.s))
+    let prologue = if pdl {
+        "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
+    } else {
+        ""
+    };
+    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
 }
 
 /// Wrap kernels in the module the pass pipeline expects.

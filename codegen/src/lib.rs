@@ -41,18 +41,21 @@ pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<Co
     for s in specs {
         seen.entry(s.symbol()).or_insert_with(|| s.clone());
     }
+    // sm_90a: every kernel, with the programmatic-dependent-launch prologue; other targets:
+    // the kernels they can run, without it
     let mut funcs = vec![];
     let mut common = vec![];
     for (name, s) in &seen {
-        let f = kernels::emit(s).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?;
+        let unsupported = |msg| CodegenError::Unsupported { kernel: name.clone(), msg };
+        funcs.push(kernels::emit_for(s, true).map_err(unsupported)?);
         if !s.hopper_only() {
-            common.push(f.clone());
+            common.push(kernels::emit_for(s, false).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
         }
-        funcs.push(f);
     }
     let mlir = kernels::module(&funcs);
     let (lowered, llvm) = pipeline::mlir_to_llvm_ir(&mlir)?;
-    let common_llvm = if common.len() == funcs.len() { None } else { Some(pipeline::mlir_to_llvm_ir(&kernels::module(&common))?.1) };
+    let others = targets.iter().any(|&t| t != GpuTarget::Sm90a);
+    let common_llvm = if others { Some(pipeline::mlir_to_llvm_ir(&kernels::module(&common))?.1) } else { None };
     let mut ptx = BTreeMap::new();
     for &t in targets {
         let ir = match (&common_llvm, t) {

@@ -43,6 +43,9 @@ pub struct GpuBackend<'p> {
     pub no_wgmma: bool,
     /// DSC_NO_FEW: skip the batched-decode GEMV (for A/B runs)
     pub no_few: bool,
+    /// launch with programmatic stream serialization (sm_90a, whose kernels start with
+    /// griddepcontrol; DSC_NO_PDL=1 turns it off)
+    pub pdl: bool,
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
@@ -186,6 +189,7 @@ impl<'p> GpuBackend<'p> {
             use_graphs,
             no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
             no_few: std::env::var_os("DSC_NO_FEW").is_some(),
+            pdl: target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none(),
             collective,
             profile,
         })
@@ -238,6 +242,8 @@ struct Bucket {
     runs: usize,
     /// token ids of a greedy step (device argmax)
     ids: Option<CudaSlice<u8>>,
+    /// launch with programmatic dependent launch (decode-sized steps on sm_90a)
+    pdl: bool,
 }
 
 /// Steps of at most this many tokens keep their bucket (and CUDA graph) for reuse; longer
@@ -325,7 +331,10 @@ impl GpuBackend<'_> {
         let out_name = g.node(*out).name.clone();
         let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
-        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None })
+        // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
+        // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
+        let pdl = self.pdl && t <= CACHED_MAX_TOKENS;
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -368,6 +377,17 @@ impl GpuBackend<'_> {
                     continue;
                 }
             };
+            let start = match &self.profile {
+                Some(_) => Some(cu(self.stream.record_event(timing), "profile event")?),
+                None => None,
+            };
+            if bucket.pdl {
+                self.launch_pdl(bucket, l)?;
+                if let Some(s0) = start {
+                    marks.push((l.kernel.clone(), s0, cu(self.stream.record_event(timing), "profile event")?));
+                }
+                continue;
+            }
             let mut lb = self.stream.launch_builder(&self.funcs[&l.kernel]);
             let views: Vec<_> = l.args.iter().filter_map(|a| bucket.placed.get(a).map(|&(o, n)| (a, bucket.arena.slice(o..o + n.max(1))))).collect();
             for a in &l.args {
@@ -383,10 +403,6 @@ impl GpuBackend<'_> {
             for v in &l.scalars {
                 lb.arg(v);
             }
-            let start = match &self.profile {
-                Some(_) => Some(cu(self.stream.record_event(timing), "profile event")?),
-                None => None,
-            };
             // SAFETY: the schedule was generated with the kernels: argument order, types and
             // buffer sizes (from the node types under this bucket's binding) match.
             unsafe { lb.launch(l.cfg) }.map_err(|e| gerr(format!("launching {}: {e:?}", l.kernel)))?;
@@ -405,6 +421,57 @@ impl GpuBackend<'_> {
             }
         }
         Ok(())
+    }
+
+    /// One launch with programmatic stream serialization (cuLaunchKernelEx): the kernel may
+    /// launch before its predecessor in the stream finishes; its `griddepcontrol.wait` (every
+    /// sm_90a kernel starts with it) holds it until then.
+    fn launch_pdl(&self, bucket: &Bucket, l: &Launch) -> Result<()> {
+        use cudarc::driver::{sys, DevicePtr};
+        let mut ptrs: Vec<u64> = Vec::with_capacity(l.args.len());
+        let mut guards = vec![];
+        let (arena, g) = bucket.arena.device_ptr(&self.stream);
+        guards.push(g);
+        for a in &l.args {
+            let p = match bucket.placed.get(a) {
+                // an activation: its offset in the arena (in bounds: placed by the memory plan)
+                Some(&(o, _)) => arena + o as u64,
+                None => {
+                    let (p, g) = bucket.bufs.get(a).or_else(|| self.resident.get(a)).ok_or_else(|| gerr(format!("launching {}: no buffer {a}", l.kernel)))?.device_ptr(&self.stream);
+                    guards.push(g);
+                    p
+                }
+            };
+            ptrs.push(p);
+        }
+        let mut scalars = l.scalars.clone();
+        let mut params: Vec<*mut std::ffi::c_void> =
+            ptrs.iter_mut().map(|p| p as *mut u64 as *mut std::ffi::c_void).chain(scalars.iter_mut().map(|s| s as *mut i64 as *mut std::ffi::c_void)).collect();
+        // SAFETY: a zeroed attribute value is valid; we set the one field the id selects
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value };
+        let (gx, gy, gz) = l.cfg.grid_dim;
+        let (bx, by, bz) = l.cfg.block_dim;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: gz,
+            blockDimX: bx,
+            blockDimY: by,
+            blockDimZ: bz,
+            sharedMemBytes: l.cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let f = self.funcs.get(&l.kernel).ok_or_else(|| gerr(format!("kernel {} is not in the plan's module", l.kernel)))?;
+        cu(self.ctx.bind_to_thread(), "binding the context")?;
+        // SAFETY: the schedule was generated with the kernels (argument order, types, buffer
+        // sizes); `params` points at values that outlive the call, which copies them
+        let r = unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) };
+        drop(guards);
+        cu(r.result(), &format!("launching {}", l.kernel))
     }
 
     fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
