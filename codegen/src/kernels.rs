@@ -109,6 +109,10 @@ pub enum KernelSpec {
     /// cache[slot[t], :] = x[t, :] for rows of `row` floats, in place; params x, slots (i32),
     /// cache, T*row
     CacheWrite { row: usize },
+    /// cache[slot[t], :] = rope(x, pos)[t, :] (x[T, H, D]): `Rope` writing straight into the
+    /// KV pool (the optimizer's rope-cache-write fusion); params x, pos (i32), slots (i32),
+    /// cache, T*H*D/2
+    RopeCacheWrite { h: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
     /// per (token, head) whose 4 warps split the keys (online softmax each, combined in shared
     /// memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
@@ -170,6 +174,9 @@ impl KernelSpec {
                 format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
             KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
+            KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
+                format!("rope_cache_write_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            }
             KernelSpec::PagedAttention { h, kvh, d, bs, .. } => {
                 format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}")
             }
@@ -207,7 +214,9 @@ impl KernelSpec {
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => {
+                Launch::PerElement { threads: 256 }
+            }
             KernelSpec::PagedAttention { .. } => Launch::BlockPerRow { warps: 4 },
         }
     }
@@ -1976,7 +1985,8 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
             b.line("}");
             "%table: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::Rope { h, d, theta_bits, interleaved } => {
+        KernelSpec::Rope { h, d, theta_bits, interleaved } | KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
+            let to_cache = matches!(spec, KernelSpec::RopeCacheWrite { .. });
             let half = d / 2;
             let i = b.open_guarded_gid();
             let ch = b.ci64(half as i64);
@@ -2022,10 +2032,25 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
             let y0 = b.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
             let x0s = b.op(&format!("arith.mulf {x0}, {sn} : f32"));
             let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
-            b.store(&y0, "%y", &i0);
-            b.store(&y1, "%y", &i1);
-            b.line("}");
-            "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+            if to_cache {
+                // token t's row of h*d values goes to the pool row slot[t]
+                let row = b.ci64((h * d) as i64);
+                let slot = b.load_i32_as_i64("%slots", &t);
+                let tb = b.op(&format!("arith.muli {t}, {row} : i64"));
+                let sb = b.op(&format!("arith.muli {slot}, {row} : i64"));
+                for (y, i) in [(&y0, &i0), (&y1, &i1)] {
+                    let o = b.op(&format!("arith.subi {i}, {tb} : i64"));
+                    let dst = b.op(&format!("arith.addi {sb}, {o} : i64"));
+                    b.store(y, "%cache", &dst);
+                }
+                b.line("}");
+                "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
+            } else {
+                b.store(&y0, "%y", &i0);
+                b.store(&y1, "%y", &i1);
+                b.line("}");
+                "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+            }
         }
         KernelSpec::CacheWrite { row } => {
             let i = b.open_guarded_gid();

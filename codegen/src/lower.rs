@@ -229,6 +229,34 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     collective: None,
                 }
             }
+            Op::RopeCacheWrite { theta, style, rotary_dim } => {
+                // operands (cache, x, slots, pos); kernel(x, pos, slots, cache) writes into the
+                // pool the node aliases
+                let (h, d) = match (ops[1].ty.shape[1].as_const(), ops[1].ty.shape[2].as_const()) {
+                    (Some(h), Some(d)) => (h, d),
+                    _ => return Err(err(&name, "rope needs constant heads and head dim")),
+                };
+                if *rotary_dim != d {
+                    return Err(err(&name, "partial rotary dims are not lowered yet"));
+                }
+                if ops[0].ty.dtype != DType::F32 || ops[1].ty.dtype != DType::F32 {
+                    return Err(err(&name, "KV caches are f32 on the GPU today"));
+                }
+                Step {
+                    node: name.clone(),
+                    kernel: Some(KernelSpec::RopeCacheWrite { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved }),
+                    args: vec![names[1].clone(), names[3].clone(), names[2].clone(), names[0].clone()],
+                    scalars: vec![Scalar::HalfNumel(names[1].clone())],
+                    work: Scalar::HalfNumel(names[1].clone()),
+                    grid_y: one,
+                    alias_of: Some(names[0].clone()),
+                    large: None,
+                    hopper: None,
+                    hopper_small: None,
+                    few: None,
+                    collective: None,
+                }
+            }
             Op::PagedAttention { scale } => {
                 let c = |t: &dsc_ir::TensorType, i: usize| t.shape[i].as_const();
                 let (h, d) = (c(&ops[0].ty, 1), c(&ops[0].ty, 2));

@@ -54,6 +54,7 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false, n_tile: 16 });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
+    v.push(KernelSpec::RopeCacheWrite { h: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::CacheWrite { row: 192 });
     v.push(KernelSpec::Softmax { d: 1000 });
     v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits() });

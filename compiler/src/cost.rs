@@ -65,6 +65,8 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
                 (n.op.name().to_string(), 2.0 * (tokens * context * row) as f64 * 4.0 + q * 4.0 + out_b, 4.0 * q * context as f64)
             }
             Op::CacheWrite => (n.op.name().to_string(), 2.0 * numel(ops[1]) as f64 * 4.0, 0.0),
+            // x in, rows out, positions and slots
+            Op::RopeCacheWrite { .. } => (n.op.name().to_string(), 2.0 * numel(ops[1]) as f64 * 4.0 + 8.0 * numel(ops[2]) as f64, numel(ops[1]) as f64 * 3.0),
             Op::Gather => (n.op.name().to_string(), 2.0 * out_b, 0.0),
             op => {
                 let inb: f64 = ops.iter().map(|&o| nbytes(g.node(o).ty.dtype, numel(o))).sum();

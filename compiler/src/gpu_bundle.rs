@@ -439,10 +439,38 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             inputs: vec![data.push(&x), data.push_i32(&slots)],
             scalars: vec![(t * row) as i64],
             expected: data.push(&want),
-            init: Some(init_arr),
+            init: Some(init_arr.clone()),
             tol: 0.0,
         });
         specs.push(spec);
+        // the optimizer's rope-cache-write fusion: the same rows, rotated on the way in
+        for interleaved in [false, true] {
+            let pos = [1999i32, 0, 17, 300, 5];
+            let style = if interleaved { "interleaved" } else { "half" };
+            let theta = 500000.0f32;
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %p = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = rope_cache_write(%c, %x, %s, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
+            let g = text::parse(&src)?;
+            let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
+            ex.state_mut("c").context("state c")?.data.copy_from_slice(&init);
+            let ins =
+                BTreeMap::from([("x".to_string(), Tensor::new(vec![t, kvh, d], x.clone())), ("s".to_string(), Tensor::from_i32(vec![t], &slots)), ("p".to_string(), Tensor::from_i32(vec![t], &pos))]);
+            let want = ex.run(&ins)?.remove("c").context("output")?.data;
+            let spec = KernelSpec::RopeCacheWrite { h: kvh, d, theta_bits: theta.to_bits(), interleaved };
+            let (gr, b) = grid(&spec.launch(), t * row / 2);
+            cases.push(Case {
+                name: format!("rope_cache_write {t} rows of {kvh}x{d} {style}"),
+                kernel: spec.symbol(),
+                grid: gr,
+                grid_y: 1,
+                block: b,
+                inputs: vec![data.push(&x), data.push_i32(&pos), data.push_i32(&slots)],
+                scalars: vec![(t * row / 2) as i64],
+                expected: data.push(&want),
+                init: Some(init_arr.clone()),
+                tol: 1e-4,
+            });
+            specs.push(spec);
+        }
     }
     for (h, kvh, d, bs, nb, seqs) in
         [(9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]), (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]), (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)])]

@@ -38,23 +38,32 @@ pub fn compile(model_toml: &Path) -> anyhow::Result<Compiled> {
 /// `optimize`: run the equality-saturation optimizer (on by default; `dsc compile
 /// --no-optimize` turns it off for A/B comparisons).
 pub fn compile_opts(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
-    compile_inner(model_toml, tp, optimize)
+    compile_inner(model_toml, tp, optimize, &[])
+}
+
+/// As [`compile_opts`], turning optimizer rules on or off by name (`dsc compile --rule
+/// NAME=on|off`; rules whose kernels are not yet checked on the GPU start off).
+pub fn compile_rules(model_toml: &Path, tp: Option<usize>, optimize: bool, rules: &[(String, bool)]) -> anyhow::Result<Compiled> {
+    compile_inner(model_toml, tp, optimize, rules)
 }
 
 /// `tp`: tensor-parallel ranks, overriding model.toml's `[parallel] tp`; with neither the
 /// graph is not partitioned. The optimizer runs.
 pub fn compile_with(model_toml: &Path, tp: Option<usize>) -> anyhow::Result<Compiled> {
-    compile_inner(model_toml, tp, true)
+    compile_inner(model_toml, tp, true, &[])
 }
 
-fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
+fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool, rules: &[(String, bool)]) -> anyhow::Result<Compiled> {
     let model = dsc_models::load(model_toml)?;
     let world = tp.or(model.config.toml.parallel.as_ref().map(|p| p.tp));
     if world == Some(0) {
         anyhow::bail!("--tp must be at least 1");
     }
     let tpp = world.map(|world| TensorParallel { world });
-    let opt = dsc_passes::Optimize::default();
+    let mut opt = dsc_passes::Optimize::default();
+    for (name, on) in rules {
+        opt.set_rule(name, *on).map_err(|m| anyhow::anyhow!("--rule: {m}"))?;
+    }
     // partition before fusing: a row-parallel matmul's residual add must follow its
     // all_reduce, so it must not become the matmul's epilogue
     let mut passes: Vec<&dyn dsc_passes::Pass> = vec![&Dce];

@@ -47,6 +47,10 @@ enum Cmd {
         /// the optimizer runs by default; accepted so older scripts keep working
         #[arg(long, hide = true)]
         optimize: bool,
+        /// turn an optimizer rule on or off: NAME=on|off (repeatable; rules whose kernels are
+        /// not yet checked on the GPU, e.g. rope-cache-write, start off)
+        #[arg(long = "rule", value_name = "NAME=on|off")]
+        rules: Vec<String>,
     },
     /// Print a stage's IR for a model.toml (same as `compile --dump-ir`)
     DumpIr {
@@ -161,9 +165,20 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     )
 }
 
-fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fmt: DumpFormat, dump_dir: Option<PathBuf>, reference: bool, tp: Option<usize>, optimize: bool) -> anyhow::Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn do_compile(
+    model: &Path,
+    output: Option<PathBuf>,
+    dump_ir: Option<String>,
+    fmt: DumpFormat,
+    dump_dir: Option<PathBuf>,
+    reference: bool,
+    tp: Option<usize>,
+    optimize: bool,
+    rules: &[(String, bool)],
+) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let c = dsc_compiler::compile_opts(model, tp, optimize)?;
+    let c = dsc_compiler::compile_rules(model, tp, optimize, rules)?;
     if let Some(stage) = dump_ir {
         print!("{}", stage_text(&c, &stage, fmt)?);
         if output.is_none() && dump_dir.is_none() {
@@ -190,8 +205,16 @@ fn do_compile(model: &Path, output: Option<PathBuf>, dump_ir: Option<String>, fm
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _ } => {
-            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize)
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _, rules } => {
+            let rules = rules
+                .iter()
+                .map(|r| match r.split_once('=') {
+                    Some((n, "on")) => Ok((n.to_string(), true)),
+                    Some((n, "off")) => Ok((n.to_string(), false)),
+                    _ => Err(anyhow::anyhow!("--rule {r}: expected NAME=on or NAME=off")),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules)
         }
         Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;

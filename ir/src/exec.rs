@@ -242,12 +242,22 @@ impl<'g> Executor<'g> {
                 Op::Input => Val::T(Arc::new(inputs[&n.name].clone())),
                 Op::Weight => Val::T(self.weights[&id].clone()),
                 Op::State => Val::State(n.name.clone()),
-                Op::CacheWrite => {
+                Op::CacheWrite | Op::RopeCacheWrite { .. } => {
                     let name = match &vals[&ops[0]] {
                         Val::State(s) => s.clone(),
                         Val::T(_) => return Err(xerr(g, id, "cache operand is not a state")),
                     };
                     let x = tensor(&vals, ops[1], g, id)?;
+                    // rope_cache_write: the rows written are rope(x, pos)
+                    let roped;
+                    let x = match &n.op {
+                        &Op::RopeCacheWrite { theta, style, rotary_dim } => {
+                            let pos = tensor(&vals, ops[3], g, id)?;
+                            roped = eval(&Op::Rope { theta, style, rotary_dim }, &[x, pos], DType::F32, None).map_err(|m| xerr(g, id, m))?;
+                            &roped
+                        }
+                        _ => x,
+                    };
                     let slots = tensor(&vals, ops[2], g, id)?;
                     let cache = self.states.get_mut(&name).expect("state allocated");
                     let row = cache.shape[2] * cache.shape[3];
@@ -321,7 +331,7 @@ impl<'g> Executor<'g> {
 fn tensor<'a>(vals: &'a HashMap<NodeId, Val>, o: NodeId, g: &Graph, at: NodeId) -> Result<&'a Tensor> {
     match vals.get(&o) {
         Some(Val::T(t)) => Ok(t),
-        Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache_write and paged_attention take those", g.node(o).name))),
+        Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache writes and paged_attention take those", g.node(o).name))),
         None => Err(xerr(g, at, format!("operand `{}` was not computed", g.node(o).name))),
     }
 }
@@ -627,7 +637,7 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             let data = x.data.chunks_exact(d.max(1)).map(|row| row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0 as f32).collect();
             Tensor::new(x.shape[..x.shape.len() - 1].to_vec(), data)
         }
-        Op::Input | Op::Weight | Op::State | Op::CacheWrite | Op::PagedAttention { .. } | Op::AllReduce => unreachable!("handled by the caller"),
+        Op::Input | Op::Weight | Op::State | Op::CacheWrite | Op::RopeCacheWrite { .. } | Op::PagedAttention { .. } | Op::AllReduce => unreachable!("handled by the caller"),
     })
 }
 

@@ -160,10 +160,10 @@ impl Graph {
             if ty != n.ty {
                 return Err(IrError::Verify { node: n.name.clone(), op: n.op.name(), msg: format!("declared type {} but operands give {ty}", n.ty) });
             }
-            if matches!(n.op, crate::Op::CacheWrite) {
+            if n.op.writes_state() {
                 let cache = &self.g[ops[0]];
-                if !matches!(cache.op, crate::Op::State | crate::Op::CacheWrite) {
-                    return Err(IrError::Verify { node: n.name.clone(), op: n.op.name(), msg: format!("cache operand `{}` must be a state or a cache_write", cache.name) });
+                if !matches!(cache.op, crate::Op::State) && !cache.op.writes_state() {
+                    return Err(IrError::Verify { node: n.name.clone(), op: n.op.name(), msg: format!("cache operand `{}` must be a state or a cache write", cache.name) });
                 }
             }
         }

@@ -84,6 +84,14 @@ pub enum Op {
     /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T]) -> cache with row slot[t] = x[t]
     /// (slot = block * BS + offset). Updates the state in place.
     CacheWrite,
+    /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T], pos[T]) -> cache with row slot[t] =
+    /// rope(x, pos)[t]: `cache_write(cache, rope(x, pos), slot)` in one kernel (the optimizer's
+    /// rope-cache-write fusion). Updates the state in place.
+    RopeCacheWrite {
+        theta: f32,
+        style: RopeStyle,
+        rotary_dim: usize,
+    },
     /// (q[T, H, D], k_cache[NB, BS, KVH, D], v_cache, pos[T], seq[T], block_table[S, MB]) ->
     /// [T, H, D]: token t attends causally to cache positions 0..=pos[t] of sequence seq[t],
     /// whose position j lives in block block_table[seq[t], j / BS], row j % BS. GQA: head h
@@ -174,6 +182,7 @@ impl Op {
             Op::Rope { .. } => "rope",
             Op::Softmax => "softmax",
             Op::CacheWrite => "cache_write",
+            Op::RopeCacheWrite { .. } => "rope_cache_write",
             Op::PagedAttention { .. } => "paged_attention",
             Op::TopK { .. } => "top_k",
             Op::TakeAlong => "take_along",
@@ -200,7 +209,7 @@ impl Op {
         match self {
             Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
             Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
-            Op::Rope { theta, style, rotary_dim } => vec![
+            Op::Rope { theta, style, rotary_dim } | Op::RopeCacheWrite { theta, style, rotary_dim } => vec![
                 ("theta", Attr::Float(*theta)),
                 (
                     "style",
@@ -241,7 +250,7 @@ impl Op {
         let expected: &[&str] = match name {
             "matmul" | "matmul_add" => &["transpose_b"],
             "rms_norm" | "layer_norm" => &["eps"],
-            "rope" => &["theta", "style", "rotary_dim"],
+            "rope" | "rope_cache_write" => &["theta", "style", "rotary_dim"],
             "paged_attention" => &["scale"],
             "top_k" => &["k"],
             "concat" => &["axis"],
@@ -285,15 +294,19 @@ impl Op {
             "silu_mul" => Op::Binary(B::SiluMul),
             "rms_norm" => Op::RmsNorm { eps: float("eps")? },
             "layer_norm" => Op::LayerNorm { eps: float("eps")? },
-            "rope" => Op::Rope {
-                theta: float("theta")?,
-                style: match get("style")? {
+            "rope" | "rope_cache_write" => {
+                let (theta, rotary_dim) = (float("theta")?, uint("rotary_dim")?);
+                let style = match get("style")? {
                     Attr::Ident(s) if s == "interleaved" => RopeStyle::Interleaved,
                     Attr::Ident(s) if s == "half" => RopeStyle::Half,
                     other => return Err(format!("rope style must be interleaved or half, got {other:?}")),
-                },
-                rotary_dim: uint("rotary_dim")?,
-            },
+                };
+                if name == "rope" {
+                    Op::Rope { theta, style, rotary_dim }
+                } else {
+                    Op::RopeCacheWrite { theta, style, rotary_dim }
+                }
+            }
             "softmax" => Op::Softmax,
             "cache_write" => Op::CacheWrite,
             "paged_attention" => Op::PagedAttention { scale: float("scale")? },
@@ -323,6 +336,12 @@ impl Op {
         })
     }
 
+    /// Ops that update a state (a KV pool) in place: effects that DCE keeps and whose first
+    /// operand must be a state or another such op.
+    pub fn writes_state(&self) -> bool {
+        matches!(self, Op::CacheWrite | Op::RopeCacheWrite { .. })
+    }
+
     /// (min, max) operand count.
     pub fn arity(&self) -> (usize, usize) {
         match self {
@@ -332,6 +351,7 @@ impl Op {
             Op::MatMul { .. } => (2, 3),
             Op::MatMulAdd { .. } => (3, 4),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
+            Op::RopeCacheWrite { .. } => (4, 4),
             Op::PagedAttention { .. } => (6, 6),
             Op::Concat { .. } => (1, usize::MAX),
             Op::Quantize | Op::Dequantize => (1, 2),
@@ -490,6 +510,11 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             dims_eq(&cache.shape[2], &x.shape[1], "KV heads")?;
             dims_eq(&cache.shape[3], &x.shape[2], "head dim")?;
             Ok(cache.clone())
+        }
+        Op::RopeCacheWrite { rotary_dim, style, theta } => {
+            // the two ops it fuses, checked in turn
+            let roped = infer(&Op::Rope { theta: *theta, style: *style, rotary_dim: *rotary_dim }, &[args[1], args[3]], args[1])?;
+            infer(&Op::CacheWrite, &[args[0], &roped, args[2]], declared)
         }
         Op::PagedAttention { .. } => {
             let (q, kc, vc, pos, seq, table) = (args[0], args[1], args[2], args[3], args[4], args[5]);

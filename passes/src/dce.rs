@@ -15,7 +15,7 @@ impl Pass for Dce {
     fn run(&self, mut g: Graph) -> Result<(Graph, String), PassError> {
         let mut live = HashSet::new();
         let mut stack: Vec<_> = g.outputs.iter().map(|(_, id)| *id).collect();
-        stack.extend(g.node_ids().filter(|&n| matches!(g.node(n).op, Op::CacheWrite)));
+        stack.extend(g.node_ids().filter(|&n| g.node(n).op.writes_state()));
         while let Some(n) = stack.pop() {
             if live.insert(n) {
                 stack.extend(g.operands(n));

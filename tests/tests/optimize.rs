@@ -46,5 +46,16 @@ fn optimized_models_compute_the_same_logits_with_fewer_kernels() {
         let b = logits(&opt, d.path(), "opt.plan", &prompt);
         let err = a.iter().zip(&b).map(|(x, y)| dsc_runtime::gpu_e2e::rel_l2(y, x)).fold(0.0, f64::max);
         assert!(err < 1e-5, "{}: optimized vs base relative L2 {err}", toml.display());
+        // with the (not yet GPU-checked, so off by default) rope-cache-write rule too: the K
+        // rope goes into its cache write, one kernel fewer per layer, same logits
+        let all = dsc_compiler::compile_rules(&toml, None, true, &[("rope-cache-write".into(), true)]).unwrap();
+        let note = &all.reports.iter().find(|r| r.pass == "optimize").unwrap().note;
+        assert!(note.contains(&format!("rope-cache-write x{layers}")), "{note}");
+        if base.gpu.is_some() {
+            assert_eq!(launches(&base) - launches(&all), 4 * layers, "launches per step: {note}");
+        }
+        let c = logits(&all, d.path(), "all.plan", &prompt);
+        let err = a.iter().zip(&c).map(|(x, y)| dsc_runtime::gpu_e2e::rel_l2(y, x)).fold(0.0, f64::max);
+        assert!(err < 1e-5, "{}: with rope-cache-write vs base relative L2 {err}", toml.display());
     }
 }
