@@ -156,6 +156,9 @@ struct Seq {
     forks: usize,
     /// text sent so far
     sent: String,
+    /// the generated text so far (stop tokens excluded), built incrementally
+    text: String,
+    detok: crate::tokenizer::Detokenizer,
     cached: usize,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
@@ -283,6 +286,8 @@ impl<B: Backend + ?Sized> Engine<B> {
                 sampler,
                 forks: r.n.max(1) - 1,
                 sent: String::new(),
+                text: String::new(),
+                detok: Default::default(),
                 cached: 0,
                 first_token: None,
                 last_token: None,
@@ -531,6 +536,8 @@ impl<B: Backend + ?Sized> Engine<B> {
                 sampler: Sampler::new(p).expect("validated"),
                 forks: 0,
                 sent: String::new(),
+                text: String::new(),
+                detok: Default::default(),
                 cached: s.cached,
                 first_token: None,
                 last_token: None,
@@ -569,13 +576,27 @@ impl<B: Backend + ?Sized> Engine<B> {
         };
         let stop_id = s.req.stop_ids.contains(&t);
         let done_len = s.generated().len() >= s.req.max_tokens || s.tokens.len() >= self.cfg.max_seq_len;
-        // text: decode everything generated (minus a stop token), hold back what may still
-        // become a stop string or is an incomplete character
-        let gen: Vec<u32> = s.generated().iter().copied().filter(|x| !s.req.stop_ids.contains(x)).collect();
-        let text = self.tok.as_ref().and_then(|tk| tk.decode(&gen, true).ok()).unwrap_or_default();
+        // text: the generated text grows by what the new token adds (incremental
+        // detokenization: a short window, not the whole generation, is decoded per token);
+        // hold back what may still become a stop string or is an incomplete character
+        let old_len = s.text.len();
+        if let Some(tk) = &self.tok {
+            let gen = &s.tokens[s.req.prompt_len..];
+            // a stop token ends the stream and is not text
+            let gen = if stop_id { &gen[..gen.len() - 1] } else { gen };
+            let piece = if stop_id || done_len { s.detok.step(tk, gen) + &s.detok.flush(tk, gen) } else { s.detok.step(tk, gen) };
+            s.text.push_str(&piece);
+        }
+        let text = &s.text;
+        // a stop string not found before can only end in the new piece
         let mut stop_at = None;
         for st in &s.req.stop_strings {
-            if let Some(i) = text.find(st.as_str()) {
+            let mut from = old_len.saturating_sub(st.len());
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            if let Some(i) = text[from..].find(st.as_str()) {
+                let i = from + i;
                 stop_at = Some(stop_at.map_or(i, |j: usize| j.min(i)));
             }
         }

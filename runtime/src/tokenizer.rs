@@ -4,6 +4,50 @@ use crate::error::{Result, RuntimeError};
 use crate::plan::PlanTokenizer;
 use std::str::FromStr;
 
+/// Incremental detokenization of a growing token sequence (the prefix/read-offset scheme of
+/// vLLM and TGI): each step decodes only a short window — the tokens from `prefix` on, against
+/// the same window up to `read` — so a stream costs O(window) per token instead of re-decoding
+/// everything generated (O(n) per token, O(n²) per stream). Decoding from a token boundary a
+/// few tokens back keeps what tokenizers do at the start of a text (a dropped leading space)
+/// out of the delta, and a window ending in an incomplete UTF-8 character (U+FFFD) waits for
+/// the next token. The concatenated deltas plus [`Detokenizer::flush`] equal the full decode
+/// (tested on the SmolLM2 tokenizer over real text and random ids).
+#[derive(Clone, Debug, Default)]
+pub struct Detokenizer {
+    prefix: usize,
+    read: usize,
+}
+
+impl Detokenizer {
+    /// The text the newest ids add (`ids`: every id so far; the new ones at the end). Empty
+    /// while the window ends inside a character.
+    pub fn step(&mut self, tk: &Tokenizer, ids: &[u32]) -> String {
+        let before = tk.decode_or_empty(&ids[self.prefix..self.read]);
+        let now = tk.decode_or_empty(&ids[self.prefix..]);
+        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) && now.starts_with(&before) {
+            self.prefix = self.read;
+            self.read = ids.len();
+            now[before.len()..].to_string()
+        } else {
+            String::new()
+        }
+    }
+
+    /// What is still held back at the end of the stream (an incomplete character decodes as
+    /// U+FFFD, as the full decode would).
+    pub fn flush(&mut self, tk: &Tokenizer, ids: &[u32]) -> String {
+        let before = tk.decode_or_empty(&ids[self.prefix..self.read]);
+        let now = tk.decode_or_empty(&ids[self.prefix..]);
+        self.prefix = ids.len();
+        self.read = ids.len();
+        if now.len() > before.len() && now.is_char_boundary(before.len()) && now.starts_with(&before) {
+            now[before.len()..].to_string()
+        } else {
+            String::new()
+        }
+    }
+}
+
 pub struct Tokenizer {
     tk: tokenizers::Tokenizer,
     pub info: PlanTokenizer,
@@ -31,6 +75,12 @@ impl Tokenizer {
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.tk.decode(ids, skip_special).map_err(|e| RuntimeError::Tokenizer(e.to_string()))
+    }
+
+    /// Decode, or nothing when the ids do not decode (a partial text is better than none for
+    /// a stream already under way).
+    fn decode_or_empty(&self, ids: &[u32]) -> String {
+        self.decode(ids, true).unwrap_or_default()
     }
 
     pub fn vocab_size(&self) -> usize {
