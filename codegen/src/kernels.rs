@@ -490,6 +490,65 @@ impl Body {
         };
         self.store(&v, "%y", &yi);
     }
+    /// The split-K loop of the GEMV kernels over `rounds` rounds whose item index is `base +
+    /// round * stride` (i64): rounds `0..jloop` in an `scf.for`, `unroll` per iteration (the
+    /// body gets their indices and the accumulators and returns the new ones), the rest one at
+    /// a time under `index < limit`. Returns the `per` f32 accumulators.
+    #[allow(clippy::too_many_arguments)]
+    fn split_k_rounds(
+        &mut self,
+        per: usize,
+        jloop: usize,
+        rounds: usize,
+        unroll: usize,
+        base: &str,
+        stride: i64,
+        limit: i64,
+        body: &dyn Fn(&mut Body, &[String], &[String]) -> Vec<String>,
+    ) -> Vec<String> {
+        let zero = self.cf32(0.0);
+        let tys = vec!["f32"; per].join(", ");
+        let mut acc = vec![zero.clone(); per];
+        if jloop > 0 {
+            let res = self.v();
+            let j = self.v();
+            let args: Vec<String> = (0..per).map(|_| self.v()).collect();
+            let lo = self.op("arith.constant 0 : index");
+            let hi = self.op(&format!("arith.constant {jloop} : index"));
+            let st = self.op(&format!("arith.constant {unroll} : index"));
+            let inits: Vec<String> = args.iter().map(|a| format!("{a} = {zero}")).collect();
+            self.line(&format!("{res}:{per} = scf.for {j} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", inits.join(", ")));
+            let j64 = self.idx64(&j);
+            let cs = self.ci64(stride);
+            let jo = self.op(&format!("arith.muli {j64}, {cs} : i64"));
+            let ub = self.op(&format!("arith.addi {base}, {jo} : i64"));
+            let idx: Vec<String> = (0..unroll)
+                .map(|q| {
+                    let c = self.ci64(q as i64 * stride);
+                    self.op(&format!("arith.addi {ub}, {c} : i64"))
+                })
+                .collect();
+            let out = body(self, &idx, &args);
+            self.line(&format!("scf.yield {} : {tys}", out.join(", ")));
+            self.line("}");
+            acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+        }
+        for jr in jloop..rounds {
+            let c = self.ci64(jr as i64 * stride);
+            let u = self.op(&format!("arith.addi {base}, {c} : i64"));
+            let cu = self.ci64(limit);
+            let ok = self.op(&format!("arith.cmpi slt, {u}, {cu} : i64"));
+            let res = self.v();
+            self.line(&format!("{res}:{per} = scf.if {ok} -> ({tys}) {{"));
+            let out = body(self, &[u], &acc);
+            self.line(&format!("scf.yield {} : {tys}", out.join(", ")));
+            self.line("} else {");
+            self.line(&format!("scf.yield {} : {tys}", acc.join(", ")));
+            self.line("}");
+            acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+        }
+        acc
+    }
     /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
     fn open_guarded_gid(&mut self) -> String {
         let i = self.gid();
@@ -578,8 +637,6 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let c32l = b.ci64(32);
     let wl = b.op(&format!("arith.muli {warp64}, {c32l} : i64"));
     let u0 = b.op(&format!("arith.addi {wl}, {lane64} : i64"));
-    let zero = b.cf32(0.0);
-    let tys = vec!["f32"; per].join(", ");
     // the FMAs of the 16-byte units `us` (i64 unit indices) into `acc`
     let units_fma = |b: &mut Body, us: &[String], acc: &[String]| -> Vec<String> {
         let mut loaded = vec![];
@@ -649,47 +706,10 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
         }
         acc
     };
-    let stride = (nw * 32) as i64; // units between a warp's consecutive chunks
-    let mut acc = vec![zero.clone(); per];
-    if jloop > 0 {
-        let res = b.v();
-        let j = b.v();
-        let args: Vec<String> = (0..per).map(|_| b.v()).collect();
-        let lo = b.op("arith.constant 0 : index");
-        let hi = b.op(&format!("arith.constant {jloop} : index"));
-        let st = b.op(&format!("arith.constant {unroll} : index"));
-        let inits: Vec<String> = args.iter().map(|a| format!("{a} = {zero}")).collect();
-        b.line(&format!("{res}:{per} = scf.for {j} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", inits.join(", ")));
-        let j64 = b.idx64(&j);
-        let cs = b.ci64(stride);
-        let jo = b.op(&format!("arith.muli {j64}, {cs} : i64"));
-        let ub = b.op(&format!("arith.addi {u0}, {jo} : i64"));
-        let us: Vec<String> = (0..unroll)
-            .map(|q| {
-                let c = b.ci64(q as i64 * stride);
-                b.op(&format!("arith.addi {ub}, {c} : i64"))
-            })
-            .collect();
-        let out = units_fma(b, &us, &args);
-        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
-        b.line("}");
-        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
-    }
-    // the remaining rounds one chunk at a time, guarded (a partial chunk, idle warps)
-    for jr in jloop..rounds {
-        let c = b.ci64(jr as i64 * stride);
-        let u = b.op(&format!("arith.addi {u0}, {c} : i64"));
-        let cu = b.ci64(units as i64);
-        let ok = b.op(&format!("arith.cmpi slt, {u}, {cu} : i64"));
-        let res = b.v();
-        b.line(&format!("{res}:{per} = scf.if {ok} -> ({tys}) {{"));
-        let out = units_fma(b, &[u], &acc);
-        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
-        b.line("} else {");
-        b.line(&format!("scf.yield {} : {tys}", acc.join(", ")));
-        b.line("}");
-        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
-    }
+    // units between a warp's consecutive chunks; the last rounds are guarded (a partial
+    // chunk, idle warps)
+    let stride = (nw * 32) as i64;
+    let acc = b.split_k_rounds(per, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma);
     let sums: Vec<String> = acc.iter().map(|a| b.warp_sum(a)).collect();
     let c0 = b.op("arith.constant 0 : index");
     let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
@@ -807,8 +827,6 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         let eb = b.op(&format!("arith.muli {e0}, {c4} : i64"));
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
-    let zero = b.cf32(0.0);
-    let tys = vec!["f32"; per].join(", ");
     let ty = if f16 { "f16" } else { "bf16" };
     let st = "!llvm.struct<(f32, f32, f32, f32)>";
     // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4])
@@ -876,45 +894,8 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         }
         out
     };
-    let cnw = b.ci64(nw as i64);
-    let mut acc = vec![zero.clone(); per];
-    if jloop > 0 {
-        let res = b.v();
-        let j = b.v();
-        let args: Vec<String> = (0..per).map(|_| b.v()).collect();
-        let lo = b.op("arith.constant 0 : index");
-        let hi = b.op(&format!("arith.constant {jloop} : index"));
-        let stp = b.op(&format!("arith.constant {unroll} : index"));
-        let inits: Vec<String> = args.iter().map(|a| format!("{a} = {zero}")).collect();
-        b.line(&format!("{res}:{per} = scf.for {j} = {lo} to {hi} step {stp} iter_args({}) -> ({tys}) {{", inits.join(", ")));
-        let j64 = b.idx64(&j);
-        let ss: Vec<String> = (0..unroll)
-            .map(|q| {
-                let cq = b.ci64(q as i64);
-                let jq = b.op(&format!("arith.addi {j64}, {cq} : i64"));
-                let m = b.op(&format!("arith.muli {jq}, {cnw} : i64"));
-                b.op(&format!("arith.addi {m}, {warp64} : i64"))
-            })
-            .collect();
-        let out = steps_mma(b, &ss, &args);
-        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
-        b.line("}");
-        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
-    }
-    for jr in jloop..rounds {
-        let c = b.ci64((jr * nw) as i64);
-        let s = b.op(&format!("arith.addi {c}, {warp64} : i64"));
-        let cs = b.ci64(steps as i64);
-        let ok = b.op(&format!("arith.cmpi slt, {s}, {cs} : i64"));
-        let res = b.v();
-        b.line(&format!("{res}:{per} = scf.if {ok} -> ({tys}) {{"));
-        let out = steps_mma(b, &[s], &acc);
-        b.line(&format!("scf.yield {} : {tys}", out.join(", ")));
-        b.line("} else {");
-        b.line(&format!("scf.yield {} : {tys}", acc.join(", ")));
-        b.line("}");
-        acc = (0..per).map(|i| format!("{res}#{i}")).collect();
-    }
+    // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
+    let acc = b.split_k_rounds(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &steps_mma);
     // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
     let cper = b.op(&format!("arith.constant {} : index", per * 32));
     let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
