@@ -33,6 +33,8 @@ fn compile_inspect_and_run() {
     let (ok, out, err) = dsc(&["inspect", &plan]);
     assert!(ok, "{err}");
     assert!(out.contains("smollm2-135m-instruct") && out.contains("q4_1: 210 tensors") && out.contains("chat template yes"), "{out}");
+    // which matmul kernel runs at which row count (Q4_1 weights: no batched-decode GEMV)
+    assert!(out.contains("matmul alternatives to the decode GEMV: hopper (wgmma, sm_90a; >= 128 rows)") && !out.contains("few ("), "{out}");
 
     // greedy: the f32 reference's continuation of "The capital of France is"
     let (ok, out, err) = dsc(&["run", &plan, "--prompt", "The capital of France is", "--max-tokens", "8", "--print-ids"]);

@@ -159,10 +159,32 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     println!("  source: {}{}", h.weights.source, h.weights.source_sha256.as_ref().map(|s| format!(" (sha256 {s})")).unwrap_or_default());
     match &h.gpu {
         Some(g) => {
-            let kernels: std::collections::BTreeSet<_> = g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))).collect();
+            let kernels: std::collections::BTreeSet<&String> =
+                g.steps.iter().flat_map(|s| s.kernel.iter().chain([&s.few, &s.hopper, &s.hopper_small, &s.large].into_iter().flatten().map(|l| &l.kernel))).collect();
             let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
             let sizes: Vec<String> = g.ptx.iter().map(|(t, p)| format!("{t} {:.1} KB", p.len() as f64 / 1e3)).collect();
             println!("gpu: {} kernels, {launches} launches per step, {} buffers in the memory plan, PTX {}", kernels.len(), g.buffers.len(), sizes.join(", "));
+            // which kernel a matmul step runs, by its row count (GpuStep::alternative)
+            let range = |l: &crate::plan::GpuLarge| match l.max_rows {
+                Some(m) => format!("{}..={m} rows", l.min_rows),
+                None => format!(">= {} rows", l.min_rows),
+            };
+            let mut by_role: Vec<String> = vec![];
+            for (role, pick) in [("few", 0usize), ("hopper", 1), ("hopper_small", 2), ("large", 3)] {
+                let ls: Vec<&crate::plan::GpuLarge> = g.steps.iter().filter_map(|s| [&s.few, &s.hopper, &s.hopper_small, &s.large][pick].as_ref()).collect();
+                if let Some(l) = ls.first() {
+                    let what = match role {
+                        "few" => "batched-decode GEMV, any target",
+                        "hopper" => "wgmma, sm_90a",
+                        "hopper_small" => "wgmma 16-column tiles, sm_90a, below hopper's rows",
+                        _ => "mma.sync",
+                    };
+                    by_role.push(format!("{role} ({what}; {}) on {} steps", range(l), ls.len()));
+                }
+            }
+            if !by_role.is_empty() {
+                println!("  matmul alternatives to the decode GEMV: {}", by_role.join("; "));
+            }
         }
         None => println!("gpu: none (CPU backend only)"),
     }
