@@ -154,3 +154,100 @@ pub fn prefill(plan_path: &Path, lens: &[usize]) -> anyhow::Result<Vec<PrefillRe
     }
     Ok(out)
 }
+
+#[derive(Serialize)]
+pub struct GemmResult {
+    pub kernel: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub us: f64,
+    pub tflop_s: f64,
+}
+
+/// GEMM throughput of the plan's own tensor-core matmul kernels (wgmma on sm_90a, else
+/// mma.sync), one per distinct weight shape without a bias/residual epilogue, at `m` rows:
+/// x [m, K] f32 and W [N, K] (the weight's dtype) generated on the device by the plan's
+/// seeded_init kernels (nothing this size is carried to the GPU machine); median of 10 timed
+/// launches after 3 warm-ups, CUDA events. 2·m·N·K FLOP per launch.
+pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
+    use cudarc::driver::{sys::CUdevice_attribute as A, CudaContext, LaunchConfig, PushKernelArg};
+    let plan = Plan::open(plan_path)?;
+    let graph = plan.graph()?;
+    let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
+    let ctx = CudaContext::new(0).map_err(|e| anyhow::anyhow!("opening GPU 0: {e:?}"))?;
+    let cc = |a| ctx.attribute(a).map_err(|e| anyhow::anyhow!("device attribute: {e:?}"));
+    let target = crate::gpu::target_for(cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?).context("GPU not supported (sm_80+)")?;
+    let ptx = prog.ptx.get(target).with_context(|| format!("the plan has no PTX for {target}"))?;
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.clone())).map_err(|e| anyhow::anyhow!("loading the PTX: {e:?}"))?;
+    let stream = ctx.default_stream();
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |e: cudarc::driver::DriverError| anyhow::anyhow!("{what}: {e:?}")
+    };
+    // a buffer of `numel` elements of `dtype` filled on the device (seeded_init_<dtype>)
+    let random = |dtype: &str, numel: usize, seed: i64| -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
+        let d: dsc_ir::DType = dtype.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        let buf = stream.alloc_zeros::<u8>(d.bytes_for(numel).context("size")?).map_err(err("allocating"))?;
+        let f = module.load_function(&format!("seeded_init_{dtype}")).map_err(err("seeded_init"))?;
+        let (n, scale, ones, len, stride, col0) = (numel as i64, 0.05f32.to_bits() as i64, 0i64, numel as i64, 0i64, 0i64);
+        let mut lb = stream.launch_builder(&f);
+        lb.arg(&buf).arg(&n).arg(&seed).arg(&scale).arg(&ones).arg(&len).arg(&stride).arg(&col0);
+        // SAFETY: seeded_init writes `numel` elements of `dtype` into `buf`, sized for them
+        unsafe { lb.launch(LaunchConfig { grid_dim: ((numel as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(err("seeded_init"))?;
+        Ok(buf)
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = vec![];
+    for s in &prog.steps {
+        let alt = if target == "sm_90a" { s.hopper.as_ref() } else { s.large.as_ref() };
+        let Some(l) = alt else { continue };
+        if l.kernel.ends_with("_bias") || l.kernel.ends_with("_res") || !seen.insert(l.kernel.clone()) {
+            continue;
+        }
+        let node = graph.by_name(&s.node).with_context(|| format!("step {} has no graph node", s.node))?;
+        let w = graph.node(graph.operands(node)[1]);
+        let (n, k) = (w.ty.shape[0].as_const().context("weight dims")?, w.ty.shape[1].as_const().context("weight dims")?);
+        let f = module.load_function(&l.kernel).map_err(err(&l.kernel))?;
+        for &m in ms {
+            let x = random("f32", m * k, 11)?;
+            let wb = random(&w.ty.dtype.to_string(), n * k, 12)?;
+            let y = stream.alloc_zeros::<u8>(m * n * 4).map_err(err("allocating y"))?;
+            let (mm, nn) = (m as i64, n as i64);
+            // the plan's Large: work = ceil(N / n_tile) (wgmma) or ceil(N / 8) (mma.sync)
+            let work = match &l.work {
+                crate::plan::Scalar::Const(v) => *v as u32,
+                other => anyhow::bail!("{}: unexpected work {other:?}", l.kernel),
+            };
+            let cfg = match l.launch.as_str() {
+                "warpgroup_per_tile" => LaunchConfig { grid_dim: (work, (m as u32).div_ceil(64), 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
+                "warp_per_tile" => LaunchConfig { grid_dim: (work.div_ceil(l.block), (m as u32).div_ceil(16), 1), block_dim: (32 * l.block, 1, 1), shared_mem_bytes: 0 },
+                other => anyhow::bail!("{}: launch {other} is not a tensor-core tile launch", l.kernel),
+            };
+            let launch = || -> anyhow::Result<()> {
+                let mut lb = stream.launch_builder(&f);
+                lb.arg(&x).arg(&wb).arg(&y).arg(&mm).arg(&nn);
+                // SAFETY: matmul_{wgmma,mma}(x, w, y, M, N) with x [M, K] f32, w [N, K], y [M, N] f32
+                unsafe { lb.launch(cfg) }.map_err(err(&l.kernel))?;
+                Ok(())
+            };
+            for _ in 0..3 {
+                launch()?;
+            }
+            let mut times = vec![];
+            for _ in 0..10 {
+                let a = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err("event"))?;
+                launch()?;
+                let b = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err("event"))?;
+                b.synchronize().map_err(err("sync"))?;
+                times.push(a.elapsed_ms(&b).map_err(err("elapsed"))? as f64 * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            let us = times[times.len() / 2];
+            let tflop_s = 2.0 * (m * n * k) as f64 / (us * 1e-6) / 1e12;
+            eprintln!("{:<40} {m:>6} x {n:>6} x {k:>6}: {us:>10.1} us {tflop_s:>8.1} TFLOP/s", l.kernel);
+            out.push(GemmResult { kernel: l.kernel.clone(), m, n, k, us, tflop_s });
+        }
+    }
+    Ok(out)
+}

@@ -73,6 +73,15 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// GEMM TFLOP/s of the plan's tensor-core matmul kernels at prefill sizes (inputs
+    /// generated on the device), one per weight shape
+    BenchGemm {
+        plan: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+        m: Vec<usize>,
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     GpuCheck {
         bundle: std::path::PathBuf,
         #[arg(long, default_value = "sm_90a")]
@@ -170,6 +179,16 @@ fn main() -> anyhow::Result<()> {
             }
             if let Some(j) = json {
                 std::fs::write(&j, serde_json::to_string_pretty(&serde_json::json!({"decode": d, "prefill": p}))?)?;
+            }
+            Ok(())
+        }
+        Cmd::BenchGemm { plan, m, json } => {
+            let r = dsc_runtime::bench::gemm(&plan, &m)?;
+            for x in &r {
+                println!("{:<40} {:>6} x {:>6} x {:>6}: {:>10.1} us {:>8.1} TFLOP/s", x.kernel, x.m, x.n, x.k, x.us, x.tflop_s);
+            }
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
             }
             Ok(())
         }
