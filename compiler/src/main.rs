@@ -27,7 +27,7 @@ enum Cmd {
         /// output plan (default: <model name>.plan); not written when only dumping
         #[arg(short, long)]
         output: Option<PathBuf>,
-        /// print one stage's IR to stdout instead of writing a plan (graph, optimized, plan)
+        /// print one stage's IR to stdout instead of writing a plan: graph, egraph, optimized (= fused), mlir, llvm, ptx, plan
         #[arg(long)]
         dump_ir: Option<String>,
         #[arg(long, value_enum, default_value = "text")]
