@@ -567,6 +567,15 @@ impl Body {
     }
 }
 
+/// The split-K schedule of the GEMV kernels: `items` (16-byte units or 32-wide K steps) in
+/// chunks of `chunk` (a warp's lanes take one item each), warp w of `nw` taking chunks w,
+/// w + nw, ... in rounds. Returns (the rounds every warp runs unguarded — whole chunks only,
+/// a multiple of `unroll` —, all rounds); rounds past the first are guarded by item < items.
+pub fn split_k_schedule(items: usize, chunk: usize, nw: usize, unroll: usize) -> (usize, usize) {
+    let (chunks, full) = (items.div_ceil(chunk), items / chunk);
+    ((full / nw) / unroll * unroll, chunks.div_ceil(nw))
+}
+
 /// The decode GEMV for plain-float weights: y[row, col] = x[row, :] . W[col, :] for `R`
 /// consecutive cols and `mr` consecutive rows per block (grid (ceil(N / R), ceil(M / mr))),
 /// the block's warps splitting K.
@@ -592,9 +601,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let esz = wdtype.block().1;
     let e = 16 / esz; // elements per 16-byte unit
     let units = k / e;
-    let (chunks, full) = (units.div_ceil(32), units / 32);
-    let rounds = chunks.div_ceil(nw);
-    let jloop = (full / nw) / unroll * unroll;
+    let (jloop, rounds) = split_k_schedule(units, 32, nw, unroll);
     let per = r * mr; // partial sums per lane: [row i][output j] at i * r + j
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per);
     b.workgroup = Some(format!("%red : {smt}"));
@@ -775,8 +782,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     let (nw, unroll) = gemv_mma_tiling();
     let nt = GEMV_MMA_ROWS / 8; // B tiles
     let steps = k / 32;
-    let rounds = steps.div_ceil(nw);
-    let jloop = (steps / nw) / unroll * unroll;
+    let (jloop, rounds) = split_k_schedule(steps, 1, nw, unroll);
     let per = 4 * nt;
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
     b.workgroup = Some(format!("%red : {smt}"));
@@ -2206,4 +2212,36 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
 /// Wrap kernels in the module the pass pipeline expects.
 pub fn module(funcs: &[String]) -> String {
     format!("module attributes {{gpu.container_module}} {{\n  gpu.module @kernels {{\n{}  }}\n}}\n", funcs.concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Walking the schedule as the kernels do (unguarded rounds, then rounds guarded by
+        /// item < items) reads every item exactly once and nothing past the end, for any K.
+        #[test]
+        fn split_k_schedule_covers_every_item_once(items in 1usize..6000, wide in any::<bool>(), nw in 1usize..17, unroll in 1usize..9) {
+            let chunk = if wide { 32 } else { 1 };
+            let (jloop, rounds) = split_k_schedule(items, chunk, nw, unroll);
+            prop_assert!(jloop <= rounds && jloop % unroll == 0);
+            let mut seen = vec![0u8; items];
+            for w in 0..nw {
+                for r in 0..rounds {
+                    for lane in 0..chunk {
+                        let item = (w + nw * r) * chunk + lane;
+                        if r < jloop {
+                            prop_assert!(item < items, "unguarded round {r} reads item {item} of {items}");
+                        } else if item >= items {
+                            continue;
+                        }
+                        seen[item] += 1;
+                    }
+                }
+            }
+            prop_assert!(seen.iter().all(|&c| c == 1));
+        }
+    }
 }
