@@ -203,9 +203,7 @@ impl KernelSpec {
             // row as 128 dependent load iterations: 55 us instead of a few)
             KernelSpec::RmsNorm { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::MatMul { k, n, wdtype, .. } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) => {
-                Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 }
-            }
+            KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => Launch::OutputsPerBlock { outputs: 16, rows: *rows as u32, warps: gemv_mma_tiling().0 as u32 },
             KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
@@ -221,6 +219,10 @@ impl KernelSpec {
         }
     }
 }
+
+/// The body of a split-K round loop: (indices of the rounds it covers, accumulators) → the
+/// new accumulators.
+type RoundBody<'a> = dyn Fn(&mut Body, &[String], &[String]) -> Vec<String> + 'a;
 
 /// SSA name generator and body buffer.
 struct Body {
@@ -495,17 +497,7 @@ impl Body {
     /// body gets their indices and the accumulators and returns the new ones), the rest one at
     /// a time under `index < limit`. Returns the `per` f32 accumulators.
     #[allow(clippy::too_many_arguments)]
-    fn split_k_rounds(
-        &mut self,
-        per: usize,
-        jloop: usize,
-        rounds: usize,
-        unroll: usize,
-        base: &str,
-        stride: i64,
-        limit: i64,
-        body: &dyn Fn(&mut Body, &[String], &[String]) -> Vec<String>,
-    ) -> Vec<String> {
+    fn split_k_rounds(&mut self, per: usize, jloop: usize, rounds: usize, unroll: usize, base: &str, stride: i64, limit: i64, body: &RoundBody) -> Vec<String> {
         let zero = self.cf32(0.0);
         let tys = vec!["f32"; per].join(", ");
         let mut acc = vec![zero.clone(); per];
@@ -590,7 +582,7 @@ pub fn split_k_schedule(items: usize, chunk: usize, nw: usize, unroll: usize) ->
 /// warp-per-output kernel had lanes 64 bytes apart in every load and ran at ~1.5 TB/s on the
 /// H200: L1-wavefront bound (see docs/perf.md).
 fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, mr: usize) -> Result<(), String> {
-    if k % 32 != 0 {
+    if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
     let (r, unroll) = gemv_tiling(k, n, mr);
@@ -771,7 +763,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
 /// B tiles past M are skipped (a warp-uniform branch); partial sums meet in shared memory and
 /// warp 0 runs the epilogue.
 fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool) -> Result<(), String> {
-    if k % 32 != 0 {
+    if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
     let f16 = match wdtype {
@@ -918,9 +910,9 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     // D fragment of tile j: value i at output col0 + g (+ 8 for i >= 2), row 8j + 2t + i % 2
     let c2 = b.ci64(2);
     let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-    for a in 0..per {
+    for (a, part) in acc.iter().enumerate() {
         let (j, i) = (a / 4, a % 4);
-        let mut total = acc[a].clone();
+        let mut total = part.clone();
         for w in 1..nw {
             let ca = b.op(&format!("arith.constant {} : index", (w * per + a) * 32));
             let at = b.op(&format!("arith.addi {ca}, {lane} : index"));
