@@ -114,9 +114,9 @@ pub enum KernelSpec {
     /// cache, T*H*D/2
     RopeCacheWrite { h: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
-    /// per (token, head) whose 4 warps split the keys (online softmax each, combined in shared
-    /// memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
-    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
+    /// per (token, head) whose `warps` warps split the keys (online softmax each, combined in
+    /// shared memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
+    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
@@ -177,8 +177,9 @@ impl KernelSpec {
             KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
                 format!("rope_cache_write_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
-            KernelSpec::PagedAttention { h, kvh, d, bs, .. } => {
-                format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}")
+            KernelSpec::PagedAttention { h, kvh, d, bs, warps, .. } => {
+                // (4 warps, the default, keeps the original name)
+                format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}", if *warps == 4 { String::new() } else { format!("_w{warps}") })
             }
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
@@ -215,7 +216,7 @@ impl KernelSpec {
             KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => {
                 Launch::PerElement { threads: 256 }
             }
-            KernelSpec::PagedAttention { .. } => Launch::BlockPerRow { warps: 4 },
+            KernelSpec::PagedAttention { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
         }
     }
 }
@@ -2044,15 +2045,19 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits } => {
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps } => {
             if d % 32 != 0 || *kvh == 0 || h % kvh != 0 {
                 return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
             }
+            if !(1..=32).contains(warps) {
+                return Err(format!("paged attention takes 1..=32 warps per block, not {warps}"));
+            }
             let per = d / 32;
             let rep = h / kvh;
-            // one block per (token, head); its WARPS warps split the context (split-KV) and
-            // combine their partial softmax states through shared memory
-            const WARPS: usize = 4;
+            // one block per (token, head); its warps split the context (split-KV) and combine
+            // their partial softmax states through shared memory
+            #[allow(non_snake_case)]
+            let WARPS: usize = *warps;
             let stride = d + 2;
             b.workgroup = Some(format!("%sm : memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride));
             let bid = b.op("gpu.block_id x");

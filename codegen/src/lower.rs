@@ -60,6 +60,12 @@ pub struct Large {
     pub grid_y: Scalar,
 }
 
+/// Warps per block of the decode attention kernel (DSC_ATTN_WARPS overrides, 1..=32, for
+/// sweeps; 4 is what has been measured on the H200 so far).
+fn attention_warps() -> usize {
+    std::env::var("DSC_ATTN_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(4)
+}
+
 /// The most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX overrides, for sweeps).
 fn few_max_rows() -> i64 {
     std::env::var("DSC_GEMV_FEW_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
@@ -267,7 +273,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 if ops[1].ty.dtype != DType::F32 {
                     return Err(err(&name, "KV caches are f32 on the GPU today"));
                 }
-                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
+                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps() };
                 step(spec, args, vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)], Scalar::Rows(name.clone()), one)
             }
             Op::Softmax | Op::Argmax => {

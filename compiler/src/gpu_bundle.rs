@@ -513,21 +513,26 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             .remove("o")
             .context("output")?
             .data;
-        let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
-        let (gr, b) = grid(&spec.launch(), t * h);
-        cases.push(Case {
-            name: format!("paged_attn T{t} H{h}/{kvh} D{d}"),
-            kernel: spec.symbol(),
-            grid: gr,
-            grid_y: 1,
-            block: b,
-            inputs: vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)],
-            scalars: vec![(t * h) as i64, mb as i64],
-            expected: data.push(&want),
-            init: None,
-            tol: 1e-4,
-        });
-        specs.push(spec);
+        let inputs = vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
+        let expected = data.push(&want);
+        // 4 warps per block (the default) and 16 (DSC_ATTN_WARPS sweeps), on the same data
+        for warps in [4usize, 16] {
+            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps };
+            let (gr, b) = grid(&spec.launch(), t * h);
+            cases.push(Case {
+                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{}", if warps == 4 { String::new() } else { format!(" {warps} warps") }),
+                kernel: spec.symbol(),
+                grid: gr,
+                grid_y: 1,
+                block: b,
+                inputs: inputs.clone(),
+                scalars: vec![(t * h) as i64, mb as i64],
+                expected: expected.clone(),
+                init: None,
+                tol: 1e-4,
+            });
+            specs.push(spec);
+        }
     }
     // seeded weights generated on the device, bit-exact against the host generator
     for (dtype, ones) in [(DType::F32, false), (DType::BF16, false), (DType::F16, false), (DType::F32, true)] {
