@@ -12,7 +12,15 @@ fn pass(spec: &str) -> Box<dyn Pass> {
     let mut it = spec.split_whitespace();
     match (it.next(), it.next()) {
         (Some("dce"), _) => Box::new(Dce),
-        (Some("optimize"), _) => Box::new(Optimize::default()),
+        // `optimize [rule=on|off ...]`
+        (Some("optimize"), first) => {
+            let mut o = Optimize::default();
+            for r in first.into_iter().chain(it) {
+                let (name, on) = r.split_once('=').expect("rule=on|off");
+                o.set_rule(name, on == "on").expect("known rule");
+            }
+            Box::new(o)
+        }
         (Some("tensor_parallel"), Some(w)) => Box::new(TensorParallel { world: w.parse().expect("world size") }),
         _ => panic!("unknown pass `{spec}`"),
     }
