@@ -640,5 +640,65 @@ mod props {
             let after: usize = k.split(" -> ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
             prop_assert!(after <= before, "{note}");
         }
+
+        /// rope-cache-write on random variations: either rope style, the rotated rows also
+        /// used elsewhere (then fusing would not save the rope kernel), two writes chained into
+        /// one pool, random positions and slots: the pool and the outputs match the unfused
+        /// graph, and kernels never increase.
+        #[test]
+        fn rope_cache_write_keeps_pools_and_outputs(half in any::<bool>(), shared in any::<bool>(), chained in any::<bool>(), pos in proptest::collection::vec(0u32..5000, 2), slot0 in 0u32..8, seed in 0u64..1000) {
+            let style = if half { "half" } else { "interleaved" };
+            let rope = |x: &str, v: &str| format!("  %{v} = rope(%{x}, %p) {{theta = 10000.0, style = {style}, rotary_dim = 6}} : f32[2, 1, 6]");
+            let mut lines = vec![
+                "  %a = input : f32[2, 6]".to_string(),
+                "  %p = input : i32[2]".into(),
+                "  %s = input : i32[2]".into(),
+                "  %c = state : f32[4, 2, 1, 6]".into(),
+                "  %x = reshape(%a) : f32[2, 1, 6]".into(),
+                rope("x", "r"),
+                "  %w = cache_write(%c, %r, %s) : f32[4, 2, 1, 6]".into(),
+            ];
+            let mut last = "w";
+            if chained {
+                lines.push("  %x2 = neg(%x) : f32[2, 1, 6]".into());
+                lines.push(rope("x2", "r2"));
+                lines.push("  %w2 = cache_write(%w, %r2, %s2) : f32[4, 2, 1, 6]".into());
+                lines.insert(3, "  %s2 = input : i32[2]".into());
+                last = "w2";
+            }
+            let mut outs = format!("  output c = %{last}\n");
+            if shared {
+                lines.push("  %y = neg(%r) : f32[2, 1, 6]".into());
+                outs.push_str("  output y = %y\n");
+            }
+            let src = format!("graph \"p\" {{\n{}\n{outs}}}\n", lines.join("\n"));
+            let g = text::parse(&src).unwrap();
+            let mut opt = Optimize::default();
+            opt.set_rule("rope-cache-write", true).unwrap();
+            let (o, note) = opt.run(g.clone()).unwrap();
+            o.verify().map_err(|e| TestCaseError::fail(format!("{e}\n{src}")))?;
+            prop_assert!(note.contains("rope-cache-write"), "{note}");
+            let mut s = seed;
+            let mut rnd = || { s = dsc_ir::seeded::splitmix64(s); ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0 };
+            let slots = [slot0 as f32, ((slot0 + 3) % 8) as f32];
+            let mut ins: BTreeMap<String, Tensor> = BTreeMap::new();
+            ins.insert("a".into(), Tensor::new(vec![2, 6], (0..12).map(|_| rnd()).collect()));
+            ins.insert("p".into(), Tensor::new(vec![2], pos.iter().map(|&v| v as f32).collect()));
+            ins.insert("s".into(), Tensor::new(vec![2], slots.to_vec()));
+            ins.insert("s2".into(), Tensor::new(vec![2], vec![slots[1], slots[0]]));
+            if !chained {
+                ins.remove("s2");
+            }
+            let none = HashMap::new();
+            let x = Executor::new(&g, &none, BTreeMap::new()).unwrap().run(&ins).unwrap();
+            let y = Executor::new(&o, &none, BTreeMap::new()).unwrap().run(&ins).unwrap();
+            for (k, t) in &x {
+                prop_assert_eq!(&t.data, &y[k].data, "{}\n{}", src, text::print(&o));
+            }
+            let k = note.split("kernels ").nth(1).unwrap();
+            let before: usize = k.split(" -> ").next().unwrap().parse().unwrap();
+            let after: usize = k.split(" -> ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+            prop_assert!(after <= before, "{note}");
+        }
     }
 }
