@@ -363,6 +363,16 @@ impl Body {
         self.warp_reduce(&acc, if max { "arith.maximumf" } else { "arith.addf" })
     }
     /// (a + b) + (c + d)
+    /// 1 / sqrt(sum_sq / d + eps): RMSNorm's scale from a row's sum of squares
+    fn inv_rms(&mut self, sum_sq: &str, d: usize, eps: f32) -> String {
+        let df = self.cf32(d as f32);
+        let mean = self.op(&format!("arith.divf {sum_sq}, {df} : f32"));
+        let ec = self.cf32(eps);
+        let me = self.op(&format!("arith.addf {mean}, {ec} : f32"));
+        let sd = self.asm1("sqrt.rn.f32", &me);
+        let one = self.cf32(1.0);
+        self.op(&format!("arith.divf {one}, {sd} : f32"))
+    }
     fn sum4(&mut self, v: &[String]) -> String {
         let a = self.op(&format!("arith.addf {}, {} : f32", v[0], v[1]));
         let c = self.op(&format!("arith.addf {}, {} : f32", v[2], v[3]));
@@ -1122,13 +1132,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
                 let v = b.op(&format!("memref.load %red[{wi}] : {smt}"));
                 total = b.op(&format!("arith.addf {total}, {v} : f32"));
             }
-            let df = b.cf32(*d as f32);
-            let mean = b.op(&format!("arith.divf {total}, {df} : f32"));
-            let ec = b.cf32(eps);
-            let me = b.op(&format!("arith.addf {mean}, {ec} : f32"));
-            let sd = b.asm1("sqrt.rn.f32", &me);
-            let one = b.cf32(1.0);
-            let inv = b.op(&format!("arith.divf {one}, {sd} : f32"));
+            let inv = b.inv_rms(&total, *d, eps);
             let iv2 = b.v();
             b.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
             let i = b.idx64(&iv2);
@@ -1176,13 +1180,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
             b.line(&format!("scf.yield {a2} : f32"));
             b.line("}");
             let total = b.warp_sum(&acc);
-            let df = b.cf32(*d as f32);
-            let mean = b.op(&format!("arith.divf {total}, {df} : f32"));
-            let e = b.cf32(eps);
-            let me = b.op(&format!("arith.addf {mean}, {e} : f32"));
-            let sd = b.asm1("sqrt.rn.f32", &me);
-            let one = b.cf32(1.0);
-            let inv = b.op(&format!("arith.divf {one}, {sd} : f32"));
+            let inv = b.inv_rms(&total, *d, eps);
             let iv2 = b.v();
             b.line(&format!("scf.for {iv2} = {lane} to {dd} step {c32} {{"));
             let idx = b.op(&format!("arith.addi {base}, {iv2} : index"));

@@ -71,6 +71,17 @@ fn few_max_rows() -> i64 {
     std::env::var("DSC_GEMV_FEW_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
 }
 
+/// (heads, head dim) of a RoPE input x[T, H, D], which the kernels rotate whole.
+fn rope_dims(name: &str, x: &dsc_ir::TensorType, rotary_dim: usize) -> Result<(usize, usize), CodegenError> {
+    let (Some(h), Some(d)) = (x.shape[1].as_const(), x.shape[2].as_const()) else {
+        return Err(err(name, "rope needs constant heads and head dim"));
+    };
+    if rotary_dim != d {
+        return Err(err(name, "partial rotary dims are not lowered yet"));
+    }
+    Ok((h, d))
+}
+
 fn err(node: &str, msg: impl Into<String>) -> CodegenError {
     CodegenError::Unsupported { kernel: node.to_string(), msg: msg.into() }
 }
@@ -204,13 +215,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 step(KernelSpec::Gather { d, dtype: ops[0].ty.dtype }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
             Op::Rope { theta, style, rotary_dim } => {
-                let (h, d) = match (n.ty.shape[1].as_const(), n.ty.shape[2].as_const()) {
-                    (Some(h), Some(d)) => (h, d),
-                    _ => return Err(err(&name, "rope needs constant heads and head dim")),
-                };
-                if *rotary_dim != d {
-                    return Err(err(&name, "partial rotary dims are not lowered yet"));
-                }
+                let (h, d) = rope_dims(&name, &n.ty, *rotary_dim)?;
                 let spec = KernelSpec::Rope { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved };
                 step(spec, args, vec![Scalar::HalfNumel(name.clone())], Scalar::HalfNumel(name.clone()), one)
             }
@@ -220,48 +225,19 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 }
                 let row: usize = ops[1].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "cache rows need constant dims"))?;
                 // kernel(x, slots, cache): writes into the pool the node aliases
-                Step {
-                    node: name.clone(),
-                    kernel: Some(KernelSpec::CacheWrite { row }),
-                    args: vec![names[1].clone(), names[2].clone(), names[0].clone()],
-                    scalars: vec![Scalar::Numel(names[1].clone())],
-                    work: Scalar::Numel(names[1].clone()),
-                    grid_y: one,
-                    alias_of: Some(names[0].clone()),
-                    large: None,
-                    hopper: None,
-                    hopper_small: None,
-                    few: None,
-                    collective: None,
-                }
+                let n = Scalar::Numel(names[1].clone());
+                Step { alias_of: Some(names[0].clone()), ..step(KernelSpec::CacheWrite { row }, vec![names[1].clone(), names[2].clone(), names[0].clone()], vec![n.clone()], n, one) }
             }
             Op::RopeCacheWrite { theta, style, rotary_dim } => {
                 // operands (cache, x, slots, pos); kernel(x, pos, slots, cache) writes into the
                 // pool the node aliases
-                let (h, d) = match (ops[1].ty.shape[1].as_const(), ops[1].ty.shape[2].as_const()) {
-                    (Some(h), Some(d)) => (h, d),
-                    _ => return Err(err(&name, "rope needs constant heads and head dim")),
-                };
-                if *rotary_dim != d {
-                    return Err(err(&name, "partial rotary dims are not lowered yet"));
-                }
+                let (h, d) = rope_dims(&name, &ops[1].ty, *rotary_dim)?;
                 if ops[0].ty.dtype != DType::F32 || ops[1].ty.dtype != DType::F32 {
                     return Err(err(&name, "KV caches are f32 on the GPU today"));
                 }
-                Step {
-                    node: name.clone(),
-                    kernel: Some(KernelSpec::RopeCacheWrite { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved }),
-                    args: vec![names[1].clone(), names[3].clone(), names[2].clone(), names[0].clone()],
-                    scalars: vec![Scalar::HalfNumel(names[1].clone())],
-                    work: Scalar::HalfNumel(names[1].clone()),
-                    grid_y: one,
-                    alias_of: Some(names[0].clone()),
-                    large: None,
-                    hopper: None,
-                    hopper_small: None,
-                    few: None,
-                    collective: None,
-                }
+                let spec = KernelSpec::RopeCacheWrite { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved };
+                let n = Scalar::HalfNumel(names[1].clone());
+                Step { alias_of: Some(names[0].clone()), ..step(spec, vec![names[1].clone(), names[3].clone(), names[2].clone(), names[0].clone()], vec![n.clone()], n, one) }
             }
             Op::PagedAttention { scale } => {
                 let c = |t: &dsc_ir::TensorType, i: usize| t.shape[i].as_const();

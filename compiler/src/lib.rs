@@ -113,23 +113,20 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     let steps: Vec<GpuStep> = steps
         .iter()
         .map(|s| {
+            // (launch kind, block, activation rows per block, threads when the kind needs them)
             let shape = |l: Option<dsc_codegen::Launch>| match l {
-                Some(dsc_codegen::Launch::PerElement { threads }) => ("per_element", threads),
-                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block),
-                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block),
-                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block),
-                Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => ("warpgroup_per_tile", 4),
-                Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps),
-                Some(dsc_codegen::Launch::OutputsPerBlock { outputs, .. }) => ("outputs_per_block", outputs),
-                None => ("none", 0),
+                Some(dsc_codegen::Launch::PerElement { threads }) => ("per_element", threads, 1, None),
+                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block, 1, None),
+                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block, 1, None),
+                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block, 1, None),
+                Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => ("warpgroup_per_tile", 4, 1, None),
+                Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps, 1, None),
+                Some(dsc_codegen::Launch::OutputsPerBlock { outputs, rows, warps }) => ("outputs_per_block", outputs, rows, Some(32 * warps)),
+                None => ("none", 0, 1, None),
             };
-            let (launch, block) = shape(s.kernel.as_ref().map(|k| k.launch()));
+            let (launch, block, _, threads) = shape(s.kernel.as_ref().map(|k| k.launch()));
             let big = |l: &dsc_codegen::lower::Large| {
-                let (launch, block) = shape(Some(l.kernel.launch()));
-                let (rows_per_block, threads) = match l.kernel.launch() {
-                    dsc_codegen::Launch::OutputsPerBlock { rows, warps, .. } => (rows, Some(32 * warps)),
-                    _ => (1, None),
-                };
+                let (launch, block, rows_per_block, threads) = shape(Some(l.kernel.launch()));
                 GpuLarge {
                     min_rows: l.min_rows,
                     max_rows: l.max_rows,
@@ -154,6 +151,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 scalars: s.scalars.iter().map(scalar).collect(),
                 launch: launch.to_string(),
                 block,
+                threads,
                 work: scalar(&s.work),
                 grid_y: scalar(&s.grid_y),
                 alias_of: s.alias_of.clone(),

@@ -301,7 +301,7 @@ impl GpuBackend<'_> {
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
             let (k, scal, work, grid_y, launch, block, rpb, threads) = match s.alternative(rows, hopper, !self.no_few) {
                 Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128)),
-                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, 128),
+                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128)),
             };
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;

@@ -136,6 +136,9 @@ pub struct GpuStep {
     pub launch: String,
     /// threads (per_element), outputs (outputs_per_block) or warps (the others) per block
     pub block: u32,
+    /// threads per block of an "outputs_per_block" kernel (default 128)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
     /// units of work the grid's x dimension covers; grid y
     pub work: Scalar,
     pub grid_y: Scalar,
@@ -556,6 +559,7 @@ mod tests {
             scalars: vec![],
             launch: "outputs_per_block".into(),
             block: 4,
+            threads: Some(128),
             work: Scalar::Const(1),
             grid_y: Scalar::Const(1),
             alias_of: None,

@@ -584,7 +584,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             let gen = &s.tokens[s.req.prompt_len..];
             // a stop token ends the stream and is not text
             let gen = if stop_id { &gen[..gen.len() - 1] } else { gen };
-            let piece = if stop_id || done_len { s.detok.step(tk, gen) + &s.detok.flush(tk, gen) } else { s.detok.step(tk, gen) };
+            let piece = if stop_id || done_len { s.detok.flush(tk, gen) } else { s.detok.step(tk, gen) };
             s.text.push_str(&piece);
         }
         let text = &s.text;

@@ -22,25 +22,29 @@ impl Detokenizer {
     /// The text the newest ids add (`ids`: every id so far; the new ones at the end). Empty
     /// while the window ends inside a character.
     pub fn step(&mut self, tk: &Tokenizer, ids: &[u32]) -> String {
-        let before = tk.decode_or_empty(&ids[self.prefix..self.read]);
-        let now = tk.decode_or_empty(&ids[self.prefix..]);
-        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) && now.starts_with(&before) {
-            self.prefix = self.read;
-            self.read = ids.len();
-            now[before.len()..].to_string()
-        } else {
-            String::new()
-        }
+        self.advance(tk, ids, false)
     }
 
-    /// What is still held back at the end of the stream (an incomplete character decodes as
-    /// U+FFFD, as the full decode would).
+    /// The text the newest ids add, and whatever was still held back: the end of the stream
+    /// (an incomplete character decodes as U+FFFD, as the full decode would).
     pub fn flush(&mut self, tk: &Tokenizer, ids: &[u32]) -> String {
+        self.advance(tk, ids, true)
+    }
+
+    fn advance(&mut self, tk: &Tokenizer, ids: &[u32], last: bool) -> String {
         let before = tk.decode_or_empty(&ids[self.prefix..self.read]);
         let now = tk.decode_or_empty(&ids[self.prefix..]);
-        self.prefix = ids.len();
-        self.read = ids.len();
-        if now.len() > before.len() && now.is_char_boundary(before.len()) && now.starts_with(&before) {
+        let grew = now.len() > before.len() && now.is_char_boundary(before.len()) && now.starts_with(&before);
+        if last {
+            self.prefix = ids.len();
+            self.read = ids.len();
+        } else if grew && !now.ends_with('\u{FFFD}') {
+            self.prefix = self.read;
+            self.read = ids.len();
+        } else {
+            return String::new();
+        }
+        if grew {
             now[before.len()..].to_string()
         } else {
             String::new()
