@@ -12,8 +12,8 @@
 # Performance (issue 6): carry [".gpu/dsc-runtime", ".gpu/bench"]: bash bench/run.sh
 # Tensor parallelism (kind nvidia-h200-x2): also builds .gpu/tp/ (Llama-3-8B shape whole, tp=1,
 # tp=2); carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/tp"]: bash scripts/gpu-tp.sh
-# A/B sweep (.gpu/sweep/: the default plans, the same with the optimizer rules that are not yet
-# GPU-checked turned on, and with 16-warp decode attention): first the kernel check (carry
+# A/B sweep (.gpu/sweep/: the default plans and the same with the newest optimizer rule off,
+# SWEEP_RULE=name, default merge-matmuls): first the kernel check (carry
 # [".gpu/check", ".gpu/dsc-runtime"]: bash scripts/gpu-check.sh), then at once (warm machine)
 # carry [".gpu/sweep", ".gpu/dsc-runtime"]: BATCHES=1,8,32 bash scripts/gpu-sweep.sh
 set -euo pipefail
@@ -39,10 +39,10 @@ cp .gpu/llama3-8b.plan .gpu/bench/llama3-8b.plan
 rm -rf .gpu/sweep && mkdir -p .gpu/sweep
 cp .gpu/llama3-8b.plan .gpu/sweep/0-8b.plan
 cp .gpu/serve/smollm2-shape.plan .gpu/sweep/smol.plan
-./target/release/dsc compile models/llama3-8b-seeded.toml --rule rope-cache-write=on -o .gpu/sweep/8b-rope-cache-write.plan
-./target/release/dsc compile models/smollm2-shape-seeded.toml --rule rope-cache-write=on -o .gpu/sweep/smol-rope-cache-write.plan
-DSC_ATTN_WARPS=16 ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/sweep/8b-attn16.plan
-DSC_ATTN_WARPS=16 ./target/release/dsc compile models/smollm2-shape-seeded.toml -o .gpu/sweep/smol-attn16.plan
+# A/B: the newest optimizer rule off (SWEEP_RULE, default merge-matmuls)
+rule=${SWEEP_RULE:-merge-matmuls}
+./target/release/dsc compile models/llama3-8b-seeded.toml --rule $rule=off -o .gpu/sweep/8b-no-$rule.plan
+./target/release/dsc compile models/smollm2-shape-seeded.toml --rule $rule=off -o .gpu/sweep/smol-no-$rule.plan
 cp .gpu/serve/smollm2-shape.plan .gpu/bench/smollm2-135m.plan
 cp ../shared/bench/torch_kernels.py ../shared/bench/torch_compiled.py bench/chart.py .gpu/bench/
 ./target/release/dsc compile models/smollm2-135m.toml -o .cache/smol.plan

@@ -83,7 +83,10 @@ pub fn few_rows(wdtype: DType) -> usize {
 impl KernelSpec {
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
-        matches!(self, KernelSpec::MatMulWgmma { .. })
+        match self {
+            KernelSpec::MatMulParts { inner, .. } => inner.hopper_only(),
+            other => matches!(other, KernelSpec::MatMulWgmma { .. }),
+        }
     }
 }
 
@@ -151,6 +154,12 @@ pub enum KernelSpec {
     /// y = concat(x_0 .. x_{m-1}) along an axis: sizes along the axis, elements per axis step
     /// (`inner`); params x_0.., y, n
     Concat { sizes: Vec<usize>, inner: usize },
+    /// merged matmuls (`Op::MatMulCat`): `inner`, a plain matmul kernel over N = sum(parts)
+    /// columns, with one weight per part and the output part-major (part i: [M, N_i] at element
+    /// M * (N_0 + .. + N_{i-1}), so each part is a contiguous tensor its users read in place);
+    /// every block falls in one part ([`parts_fit`]). params x, w_0.., y, inner's scalars (N
+    /// first), M
+    MatMulParts { inner: Box<KernelSpec>, parts: Vec<usize> },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -179,9 +188,10 @@ impl KernelSpec {
             }
             KernelSpec::PagedAttention { h, kvh, d, bs, warps, .. } => {
                 // (4 warps, the default, keeps the original name)
-                format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}", if *warps == 4 { String::new() } else { format!("_w{warps}") })
+                format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}", if *warps == 16 { String::new() } else { format!("_w{warps}") })
             }
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
+            KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
             KernelSpec::LayerNorm { d, .. } => format!("layer_norm_d{d}"),
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
@@ -217,6 +227,7 @@ impl KernelSpec {
                 Launch::PerElement { threads: 256 }
             }
             KernelSpec::PagedAttention { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
+            KernelSpec::MatMulParts { inner, .. } => inner.launch(),
         }
     }
 }
@@ -231,6 +242,8 @@ struct Body {
     n: usize,
     /// a `workgroup(...)` attribution (shared memory) for the gpu.func
     workgroup: Option<String>,
+    /// what `gpu.block_id x` stands for (a merged matmul's block index within its part)
+    block_x: Option<String>,
 }
 
 impl Body {
@@ -239,6 +252,11 @@ impl Body {
         format!("%v{}", self.n)
     }
     fn op(&mut self, rhs: &str) -> String {
+        if rhs == "gpu.block_id x" {
+            if let Some(bx) = &self.block_x {
+                return bx.clone();
+            }
+        }
         let v = self.v();
         let _ = writeln!(self.s, "        {v} = {rhs}");
         v
@@ -1047,12 +1065,103 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None };
-    let params: String = match spec {
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None };
+    let params = emit_into(&mut b, spec)?;
+    let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
+    let prologue = if pdl {
+        "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
+    } else {
+        ""
+    };
+    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
+}
+
+/// Output columns one block of a matmul kernel launched as `launch` covers.
+fn columns_per_block(launch: &Launch) -> Option<usize> {
+    match launch {
+        Launch::OutputsPerBlock { outputs, .. } => Some(*outputs as usize),
+        Launch::WarpPerOutput { warps_per_block } => Some(*warps_per_block as usize),
+        Launch::WarpPerTile { warps_per_block } => Some(8 * *warps_per_block as usize),
+        Launch::WarpgroupPerTile { n_tile } => Some(*n_tile as usize),
+        _ => None,
+    }
+}
+
+/// Whether `inner` can run as a merged matmul of `parts` output columns (see
+/// `KernelSpec::MatMulParts`): a plain matmul kernel (no bias or residual) whose blocks each
+/// fall inside one part.
+pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
+    let (n, bias, residual) = match inner {
+        KernelSpec::MatMul { n, bias, residual, .. }
+        | KernelSpec::MatMulFew { n, bias, residual, .. }
+        | KernelSpec::MatMulMma { n, bias, residual, .. }
+        | KernelSpec::MatMulWgmma { n, bias, residual, .. } => (*n, *bias, *residual),
+        other => return Err(format!("{} is not a matmul kernel", other.symbol())),
+    };
+    if bias || residual {
+        return Err("merged matmuls take no bias or residual".into());
+    }
+    if parts.len() < 2 || parts.iter().sum::<usize>() != n {
+        return Err(format!("parts {parts:?} must be two or more and sum to N = {n}"));
+    }
+    let cols = columns_per_block(&inner.launch()).ok_or("unknown matmul launch")?;
+    if let Some(p) = parts.iter().find(|p| *p % cols != 0) {
+        return Err(format!("part of {p} columns is not a multiple of the {cols} columns a block of {} covers", inner.symbol()));
+    }
+    Ok(())
+}
+
+/// A merged matmul (`KernelSpec::MatMulParts`): a prologue maps the block to its part — its
+/// weight pointer becomes `%w`, its column count `%n`, its output (part-major: part i holds
+/// [M, N_i] at element M * (N_0 + .. + N_{i-1})) `%y` — and the block index within the part
+/// stands in for `gpu.block_id x`; then the plain kernel's body runs unchanged.
+fn emit_parts(b: &mut Body, inner: &KernelSpec, parts: &[usize]) -> Result<String, String> {
+    parts_fit(inner, parts)?;
+    let cols = columns_per_block(&inner.launch()).expect("checked");
+    let bx = b.op("gpu.block_id x");
+    let bx = b.idx64(&bx);
+    let (mut w, mut n, mut boff, mut yoff) = ("%w0".to_string(), b.ci64(parts[0] as i64), b.ci64(0), b.ci64(0));
+    let mut start = 0usize;
+    for (i, &p) in parts.iter().enumerate().skip(1) {
+        start += parts[i - 1];
+        let last = i + 1 == parts.len();
+        let first = b.ci64((start / cols) as i64);
+        let here = b.op(&format!("arith.cmpi sge, {bx}, {first} : i64"));
+        // the last select of each chain defines the name the kernel body uses
+        let wsel = format!("llvm.select {here}, %w{i}, {w} : i1, !llvm.ptr<1>");
+        let np = b.ci64(p as i64);
+        let nsel = format!("arith.select {here}, {np}, {n} : i64");
+        if last {
+            b.line(&format!("%w = {wsel}"));
+            b.line(&format!("%n = {nsel}"));
+        } else {
+            w = b.op(&wsel);
+            n = b.op(&nsel);
+        }
+        boff = b.op(&format!("arith.select {here}, {first}, {boff} : i64"));
+        let off = b.ci64(start as i64);
+        yoff = b.op(&format!("arith.select {here}, {off}, {yoff} : i64"));
+    }
+    let local = b.op(&format!("arith.subi {bx}, {boff} : i64"));
+    b.block_x = Some(b.op(&format!("arith.index_cast {local} : i64 to index")));
+    let c4 = b.ci64(4);
+    let rows = b.op(&format!("arith.muli {yoff}, %prows : i64"));
+    let bytes = b.op(&format!("arith.muli {rows}, {c4} : i64"));
+    b.line(&format!("%y = llvm.getelementptr %yall[{bytes}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    let params = emit_into(b, inner)?;
+    let ws: Vec<String> = (0..parts.len()).map(|i| format!("%w{i}: !llvm.ptr<1>")).collect();
+    let params = params.replacen("%w: !llvm.ptr<1>", &ws.join(", "), 1).replacen("%y: !llvm.ptr<1>", "%yall: !llvm.ptr<1>", 1).replacen("%n: i64", "%nall: i64, %prows: i64", 1);
+    Ok(params)
+}
+
+/// The kernel's body into `b`; returns its parameter list.
+fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    Ok(match spec {
+        KernelSpec::MatMulParts { inner, parts } => emit_parts(b, inner, parts)?,
         KernelSpec::Unary(u) => {
             let i = b.open_guarded_gid();
             let x = b.load("%x", &i);
-            let y = unary_expr(&mut b, u.0, &x)?;
+            let y = unary_expr(b, u.0, &x)?;
             b.store(&y, "%y", &i);
             b.line("}");
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
@@ -1064,7 +1173,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
             let y = b.load("%b", &j);
             let z = match op.0 {
                 BinaryOp::SiluMul => {
-                    let s = unary_expr(&mut b, UnaryOp::Silu, &x)?;
+                    let s = unary_expr(b, UnaryOp::Silu, &x)?;
                     b.op(&format!("arith.mulf {s}, {y} : f32"))
                 }
                 other => {
@@ -1197,7 +1306,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         }
 
         KernelSpec::MatMul { k, n, wdtype, bias, residual } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) => {
-            emit_gemv(&mut b, *k, *n, *wdtype, *bias, *residual, 1)?;
+            emit_gemv(b, *k, *n, *wdtype, *bias, *residual, 1)?;
             matmul_params(*bias, *residual, false)
         }
         KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => {
@@ -1208,9 +1317,9 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
                 return Err(format!("the batched GEMV for {wdtype} takes {} rows per block, not {rows}", few_rows(*wdtype)));
             }
             if *wdtype == DType::F32 {
-                emit_gemv(&mut b, *k, *n, *wdtype, *bias, *residual, *rows)?;
+                emit_gemv(b, *k, *n, *wdtype, *bias, *residual, *rows)?;
             } else {
-                emit_gemv_mma(&mut b, *k, *wdtype, *bias, *residual)?;
+                emit_gemv_mma(b, *k, *wdtype, *bias, *residual)?;
             }
             matmul_params(*bias, *residual, true)
         }
@@ -1567,8 +1676,8 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
                 let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
                 b.op(&format!("arith.ori {a}, {fixed} : i64"))
             };
-            let da: Vec<String> = (0..4).map(|s| mk(&mut b, 256 * s)).collect();
-            let db: Vec<String> = (0..4).map(|s| mk(&mut b, 8192 + 256 * s)).collect();
+            let da: Vec<String> = (0..4).map(|s| mk(b, 256 * s)).collect();
+            let db: Vec<String> = (0..4).map(|s| mk(b, 8192 + 256 * s)).collect();
             let ki = b.op(&format!("arith.constant {k} : index"));
             let zi = b.op("arith.constant 0 : index");
             let si = b.op("arith.constant 64 : index");
@@ -2194,14 +2303,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
             b.line("}");
             "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into()
         }
-    };
-    let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
-    let prologue = if pdl {
-        "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
-    } else {
-        ""
-    };
-    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
+    })
 }
 
 /// Wrap kernels in the module the pass pipeline expects.

@@ -17,6 +17,8 @@ pub enum Scalar {
     Rows(String),
     /// one dim of a node
     Dim(String, usize),
+    /// rows of a node (element count / last dim) times a constant
+    RowsTimes(String, i64),
     /// element count / 2 (rope works on pairs)
     HalfNumel(String),
 }
@@ -34,6 +36,8 @@ pub struct Step {
     pub grid_y: Scalar,
     /// the node's buffer is this node's buffer (reshape, same-dtype cast, cache_write)
     pub alias_of: Option<String>,
+    /// ... starting this many elements in (a part of a merged matmul's output)
+    pub alias_offset: Option<Scalar>,
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
@@ -61,9 +65,10 @@ pub struct Large {
 }
 
 /// Warps per block of the decode attention kernel (DSC_ATTN_WARPS overrides, 1..=32, for
-/// sweeps; 4 is what has been measured on the H200 so far).
+/// sweeps). 16 measured fastest on the H200 (8B b1 194 -> 213 tok/s, SmolLM2 b1 830 -> 1081 vs 4:
+/// bench/results/attn16-rope-cache-write-2026-11-29.json).
 fn attention_warps() -> usize {
-    std::env::var("DSC_ATTN_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(4)
+    std::env::var("DSC_ATTN_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(16)
 }
 
 /// The most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX overrides, for sweeps).
@@ -101,6 +106,9 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         if n.ty.dtype != DType::F32 && !matches!(n.op, Op::TopK { .. } | Op::Argmax) {
             return Err(err(&name, format!("GPU kernels take f32 activations today; node is {}", n.ty)));
         }
+        if ops.iter().any(|o| matches!(o.op, Op::MatMulCat)) && !matches!(n.op, Op::Slice { .. }) {
+            return Err(err(&name, "a merged matmul (matmul_cat) is read only through slices of its parts"));
+        }
         let mut args = names.clone();
         args.push(name.clone());
         let one = Scalar::Const(1);
@@ -112,6 +120,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             work,
             grid_y,
             alias_of: None,
+            alias_offset: None,
             large: None,
             hopper: None,
             hopper_small: None,
@@ -126,6 +135,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             work: Scalar::Const(0),
             grid_y: Scalar::Const(1),
             alias_of: Some(of.to_string()),
+            alias_offset: None,
             large: None,
             hopper: None,
             hopper_small: None,
@@ -160,55 +170,61 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 if !transpose_b {
                     return Err(err(&name, "matmul needs W in [N, K] layout (transpose_b = true)"));
                 }
-                let w = &ops[1].ty;
-                let (nn, k) = match (w.shape[0].as_const(), w.shape[1].as_const()) {
-                    (Some(a), Some(b)) => (a, b),
-                    _ => return Err(err(&name, "matmul weights need constant dims")),
-                };
                 if ops.len() > 2 && ops[2].ty.dtype != DType::F32 {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
-                let bias = ops.len() > 2;
-                let mut st = step(KernelSpec::MatMul { k, n: nn, wdtype: w.dtype, bias, residual }, args, vec![Scalar::Const(nn as i64)], Scalar::Const(nn as i64), Scalar::Rows(name.clone()));
-                if k % 16 == 0 {
-                    st.large = Some(Large {
-                        min_rows: 16,
-                        max_rows: None,
-                        kernel: KernelSpec::MatMulMma { k, n: nn, wdtype: w.dtype, bias, residual },
-                        scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
-                        work: Scalar::Const(nn.div_ceil(8) as i64),
-                        grid_y: Scalar::Rows(name.clone()),
-                    });
+                let (nn, k) = weight_dims(&name, &ops[1].ty)?;
+                matmul_step(
+                    step(KernelSpec::MatMul { k: 0, n: 0, wdtype: DType::F32, bias: false, residual: false }, args, vec![], Scalar::Const(0), one),
+                    &name,
+                    k,
+                    nn,
+                    ops[1].ty.dtype,
+                    ops.len() > 2,
+                    residual,
+                    None,
+                )?
+            }
+            Op::MatMulCat => {
+                // merged matmuls: one kernel per alternative over all the weights, the output
+                // part-major (each part a contiguous [M, N_i]; its slices are views)
+                let mut parts = vec![];
+                for w in &ops[1..] {
+                    let (nn, k) = weight_dims(&name, &w.ty)?;
+                    if k != weight_dims(&name, &ops[1].ty)?.1 || w.ty.dtype != ops[1].ty.dtype {
+                        return Err(err(&name, "matmul_cat weights differ in K or dtype"));
+                    }
+                    parts.push(nn);
                 }
-                if k % 64 == 0 {
-                    // Hopper: 64-column tiles from 128 rows (prefill), 16-column tiles for
-                    // 2..127 rows (batched decode: weights read once, 4x the blocks)
-                    let wg = |n_tile: usize, min_rows: i64| Large {
-                        min_rows,
-                        max_rows: None,
-                        kernel: KernelSpec::MatMulWgmma { k, n: nn, wdtype: w.dtype, bias, residual, n_tile },
-                        scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
-                        work: Scalar::Const(nn.div_ceil(n_tile) as i64),
-                        grid_y: Scalar::Rows(name.clone()),
-                    };
-                    st.hopper = Some(wg(64, 128));
-                    st.hopper_small = Some(wg(16, 2));
+                let (_, k) = weight_dims(&name, &ops[1].ty)?;
+                let total = parts.iter().sum();
+                matmul_step(
+                    step(KernelSpec::MatMul { k: 0, n: 0, wdtype: DType::F32, bias: false, residual: false }, args, vec![], Scalar::Const(0), one),
+                    &name,
+                    k,
+                    total,
+                    ops[1].ty.dtype,
+                    false,
+                    false,
+                    Some(&parts),
+                )?
+            }
+            Op::Slice { axis, start, len } if matches!(ops[0].op, Op::MatMulCat) => {
+                // a part of a merged matmul: a view at M * (columns before it)
+                let cat = g.operands(id)[0];
+                let parts: Vec<usize> = g.operands(cat)[1..].iter().map(|&w| g.node(w).ty.shape[0].as_const().unwrap_or(0)).collect();
+                let before: Vec<usize> = parts
+                    .iter()
+                    .scan(0, |acc, p| {
+                        let s = *acc;
+                        *acc += p;
+                        Some(s)
+                    })
+                    .collect();
+                if *axis + 1 != n.ty.rank() || !before.iter().zip(&parts).any(|(b, p)| b == start && p == len) {
+                    return Err(err(&name, format!("a merged matmul's output is read only as whole parts {parts:?} along its last axis")));
                 }
-                if matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16) {
-                    // 2..=few_max rows (batched decode): a GEMV-shaped kernel reading each weight
-                    // once per 8 (f32) or 32 (bf16/f16, tensor cores) rows beats the tiled
-                    // tensor-core kernels there (bench/results, docs/perf.md)
-                    let rows = crate::kernels::few_rows(w.dtype);
-                    st.few = Some(Large {
-                        min_rows: 2,
-                        max_rows: Some(few_max_rows()),
-                        kernel: KernelSpec::MatMulFew { k, n: nn, wdtype: w.dtype, bias, residual, rows },
-                        scalars: vec![Scalar::Rows(name.clone()), Scalar::Const(nn as i64)],
-                        work: Scalar::Const(nn as i64),
-                        grid_y: Scalar::Rows(name.clone()),
-                    });
-                }
-                st
+                Step { alias_offset: Some(Scalar::RowsTimes(names[0].clone(), *start as i64)), ..alias(&names[0]) }
             }
             Op::Gather => {
                 let d: usize = ops[0].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "gather rows need constant dims"))?;
@@ -308,4 +324,54 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
         });
     }
     Ok(steps)
+}
+
+/// (N, K) of a matmul weight in [N, K] layout.
+fn weight_dims(name: &str, w: &dsc_ir::TensorType) -> Result<(usize, usize), CodegenError> {
+    match (w.shape[0].as_const(), w.shape.get(1).and_then(|d| d.as_const())) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(err(name, "matmul weights need constant dims")),
+    }
+}
+
+/// A matmul step and its alternatives by row count (decode GEMV by default; batched-decode
+/// GEMV, mma.sync, wgmma): `base` carries the node and its buffers. With `parts` (merged
+/// matmuls) every kernel is wrapped as `MatMulParts` and takes the rows as a last scalar; an
+/// alternative whose blocks would straddle two parts is left out.
+#[allow(clippy::too_many_arguments)]
+fn matmul_step(base: Step, name: &str, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>) -> Result<Step, CodegenError> {
+    let rows = Scalar::Rows(name.to_string());
+    let wrap = |spec: KernelSpec, mut scalars: Vec<Scalar>| -> Option<(KernelSpec, Vec<Scalar>)> {
+        match parts {
+            None => Some((spec, scalars)),
+            Some(p) => {
+                crate::kernels::parts_fit(&spec, p).ok()?;
+                scalars.push(rows.clone());
+                Some((KernelSpec::MatMulParts { inner: Box::new(spec), parts: p.to_vec() }, scalars))
+            }
+        }
+    };
+    let (kernel, scalars) = wrap(KernelSpec::MatMul { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
+        .ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
+    let mut st = Step { kernel: Some(kernel), scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..base };
+    let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>, work: usize| {
+        wrap(spec, vec![rows.clone(), Scalar::Const(nn as i64)]).map(|(kernel, scalars)| Large { min_rows, max_rows, kernel, scalars, work: Scalar::Const(work as i64), grid_y: rows.clone() })
+    };
+    if k % 16 == 0 {
+        st.large = large(KernelSpec::MatMulMma { k, n: nn, wdtype, bias, residual }, 16, None, nn.div_ceil(8));
+    }
+    if k % 64 == 0 {
+        // Hopper: 64-column tiles from 128 rows (prefill), 16-column tiles for 2..127 rows
+        // (batched decode: weights read once, 4x the blocks)
+        st.hopper = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64));
+        st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None, nn.div_ceil(16));
+    }
+    if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
+        // 2..=few_max rows (batched decode): a GEMV-shaped kernel reading each weight once per
+        // 8 (f32) or 32 (bf16/f16, tensor cores) rows beats the tiled tensor-core kernels there
+        // (bench/results, docs/perf.md)
+        let rows_per_block = crate::kernels::few_rows(wdtype);
+        st.few = large(KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block }, 2, Some(few_max_rows()), nn);
+    }
+    Ok(st)
 }

@@ -43,7 +43,7 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
     let Ok(order) = g.topo_order() else { return out };
     for id in order {
         let n = g.node(id);
-        if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) {
+        if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
             continue;
         }
         let ops = g.operands(id);
@@ -56,6 +56,15 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
                 let m = numel(id) / nn.max(1);
                 let (tag, res) = if matches!(n.op, Op::MatMulAdd { .. }) { ("+residual", out_b) } else { ("", 0.0) };
                 (format!("matmul {k}x{nn} {}{tag}", w.ty.dtype), nbytes(w.ty.dtype, nn * k) + (m * k) as f64 * 4.0 + out_b + res, 2.0 * (m * nn * k) as f64)
+            }
+            Op::MatMulCat => {
+                let ws: Vec<&dsc_ir::Node> = ops[1..].iter().map(|&w| g.node(w)).collect();
+                let k = ws[0].ty.shape[1].as_const().unwrap_or(0);
+                let nn: usize = ws.iter().map(|w| w.ty.shape[0].as_const().unwrap_or(0)).sum();
+                let m = numel(id) / nn.max(1);
+                let wb: f64 = ws.iter().map(|w| nbytes(w.ty.dtype, w.ty.shape[0].as_const().unwrap_or(0) * k)).sum();
+                let parts: Vec<String> = ws.iter().map(|w| w.ty.shape[0].as_const().unwrap_or(0).to_string()).collect();
+                (format!("matmul {k}x({}) {} merged", parts.join("+"), ws[0].ty.dtype), wb + (m * k) as f64 * 4.0 + out_b, 2.0 * (m * nn * k) as f64)
             }
             Op::PagedAttention { .. } => {
                 let kc = g.node(ops[1]);

@@ -355,6 +355,59 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             specs.push(spec);
         }
     }
+    // merged matmuls (matmul_cat: Q/K/V-like parts of one input), output part-major, in every
+    // kernel family: decode GEMV, batched GEMV, mma.sync, wgmma 16/64; a packed format's GEMV
+    {
+        let (k, parts) = (576usize, [128usize, 64, 192]);
+        let total: usize = parts.iter().sum();
+        for wdtype in [DType::BF16, DType::Q4_1] {
+            let ws_f: Vec<Vec<f32>> = parts.iter().map(|&p| rand_vec(p * k, -0.1, 0.1)).collect();
+            let enc: Vec<Vec<u8>> = ws_f.iter().map(|w| dsc_ir::quant::encode(wdtype, w)).collect::<Option<_>>().context("encode")?;
+            let ws: Weights = parts.iter().zip(&enc).enumerate().map(|(i, (&p, b))| (format!("w{i}"), (wdtype, vec![p, k], b.clone()))).collect();
+            let warrs: Vec<Array> = enc.iter().map(|b| data.push_u8(b)).collect();
+            let kinds: &[(&str, usize)] = if wdtype == DType::BF16 { &[("gemv", 1), ("few", 11), ("mma", 37), ("wgmma16", 5), ("wgmma64", 77)] } else { &[("gemv", 2), ("mma", 16)] };
+            for &(kind, m) in kinds {
+                let x = rand_vec(m * k, -1.0, 1.0);
+                let decl: String = parts.iter().enumerate().map(|(i, p)| format!("  %w{i} = weight : {wdtype}[{p}, {k}]\n")).collect();
+                let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1, %w2) : f32[{m}, {total}]\n  output y = %y\n}}\n");
+                let rowmajor = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+                // part-major: part i is [m, N_i] after the parts before it
+                let mut want = vec![];
+                let mut off = 0;
+                for &p in &parts {
+                    for r in 0..m {
+                        want.extend_from_slice(&rowmajor[r * total + off..r * total + off + p]);
+                    }
+                    off += p;
+                }
+                let (inner, grid_y, mut scalars, tol) = match kind {
+                    "gemv" => (KernelSpec::MatMul { k, n: total, wdtype, bias: false, residual: false }, m as u32, vec![total as i64], if wdtype == DType::BF16 { 1e-5 } else { 1e-4 }),
+                    "few" => (KernelSpec::MatMulFew { k, n: total, wdtype, bias: false, residual: false, rows: 32 }, m.div_ceil(32) as u32, vec![m as i64, total as i64], 1e-2),
+                    "mma" => (KernelSpec::MatMulMma { k, n: total, wdtype, bias: false, residual: false }, m.div_ceil(16) as u32, vec![m as i64, total as i64], 1e-2),
+                    "wgmma16" => (KernelSpec::MatMulWgmma { k, n: total, wdtype, bias: false, residual: false, n_tile: 16 }, m.div_ceil(64) as u32, vec![m as i64, total as i64], 1e-2),
+                    _ => (KernelSpec::MatMulWgmma { k, n: total, wdtype, bias: false, residual: false, n_tile: 64 }, m.div_ceil(64) as u32, vec![m as i64, total as i64], 1e-2),
+                };
+                scalars.push(m as i64);
+                let spec = KernelSpec::MatMulParts { inner: Box::new(inner), parts: parts.to_vec() };
+                let (g, b) = grid(&spec.launch(), total);
+                let mut inputs = vec![data.push(&x)];
+                inputs.extend(warrs.iter().cloned());
+                cases.push(Case {
+                    name: format!("matmul_cat {kind} {m}x{k}x({}) {wdtype}", parts.map(|p| p.to_string()).join("+")),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y,
+                    block: b,
+                    inputs,
+                    scalars,
+                    expected: data.push(&want),
+                    init: None,
+                    tol,
+                });
+                specs.push(spec);
+            }
+        }
+    }
     // gather (embedding) from plain and packed tables
     let (v, d, t) = (1000usize, 576usize, 13usize);
     let table = rand_vec(v * d, -1.0, 1.0);
@@ -515,12 +568,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             .data;
         let inputs = vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
         let expected = data.push(&want);
-        // 4 warps per block (the default) and 16 (DSC_ATTN_WARPS sweeps), on the same data
+        // 16 warps per block (the default) and 4 (the old default, DSC_ATTN_WARPS sweeps), on the same data
         for warps in [4usize, 16] {
             let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps };
             let (gr, b) = grid(&spec.launch(), t * h);
             cases.push(Case {
-                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{}", if warps == 4 { String::new() } else { format!(" {warps} warps") }),
+                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{}", if warps == 16 { String::new() } else { format!(" {warps} warps") }),
                 kernel: spec.symbol(),
                 grid: gr,
                 grid_y: 1,

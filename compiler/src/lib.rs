@@ -93,6 +93,7 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
         S::Rows(n) => Scalar::Rows(n.clone()),
         S::Dim(n, i) => Scalar::Dim(n.clone(), *i),
         S::HalfNumel(n) => Scalar::HalfNumel(n.clone()),
+        S::RowsTimes(n, c) => Scalar::RowsTimes(n.clone(), *c),
     }
 }
 
@@ -155,6 +156,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 work: scalar(&s.work),
                 grid_y: scalar(&s.grid_y),
                 alias_of: s.alias_of.clone(),
+                alias_offset: s.alias_offset.as_ref().map(scalar),
                 large,
                 hopper,
                 hopper_small,

@@ -426,6 +426,21 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             shape.push(n);
             Tensor::new(shape, c)
         }
+        Op::MatMulCat => {
+            let parts: Vec<Tensor> = a[1..].iter().map(|w| eval(&Op::MatMul { transpose_b: true }, &[a[0], w], dtype, declared)).collect::<Result<_, _>>()?;
+            let total: usize = parts.iter().map(|p| *p.shape.last().expect("rank >= 2")).sum();
+            let rows = parts[0].numel() / parts[0].shape.last().copied().unwrap_or(1).max(1);
+            let mut data = Vec::with_capacity(rows * total);
+            for r in 0..rows {
+                for p in &parts {
+                    let n = *p.shape.last().expect("rank >= 2");
+                    data.extend_from_slice(&p.data[r * n..(r + 1) * n]);
+                }
+            }
+            let mut shape = parts[0].shape.clone();
+            *shape.last_mut().expect("rank >= 2") = total;
+            Tensor::new(shape, data)
+        }
         Op::MatMulAdd { transpose_b } => {
             let (mm, r) = a.split_at(a.len() - 1);
             let mut y = eval(&Op::MatMul { transpose_b: *transpose_b }, mm, dtype, declared)?;

@@ -132,6 +132,10 @@ pub enum Op {
     MatMulAdd {
         transpose_b: bool,
     },
+    /// (x, W_0, .., W_{p-1}) -> concat(x @ W_0^T, .., x @ W_{p-1}^T) along the last axis
+    /// (weights in [N_i, K] layout): matmuls of one input merged into one kernel (the
+    /// optimizer's Q/K/V and gate/up merges; its users read the parts with `slice`)
+    MatMulCat,
     /// Sum of this tensor over every rank of the tensor-parallel group (identity at world
     /// size 1). Inserted by the partitioner after row-parallel matmuls.
     AllReduce,
@@ -196,6 +200,7 @@ impl Op {
             Op::Argmax => "argmax",
             Op::AllReduce => "all_reduce",
             Op::MatMulAdd { .. } => "matmul_add",
+            Op::MatMulCat => "matmul_cat",
         }
     }
 
@@ -326,6 +331,7 @@ impl Op {
             "cast" => Op::Cast,
             "argmax" => Op::Argmax,
             "all_reduce" => Op::AllReduce,
+            "matmul_cat" => Op::MatMulCat,
             "matmul_add" => Op::MatMulAdd {
                 transpose_b: match get("transpose_b")? {
                     Attr::Bool(b) => *b,
@@ -354,6 +360,7 @@ impl Op {
             Op::RopeCacheWrite { .. } => (4, 4),
             Op::PagedAttention { .. } => (6, 6),
             Op::Concat { .. } => (1, usize::MAX),
+            Op::MatMulCat => (3, usize::MAX),
             Op::Quantize | Op::Dequantize => (1, 2),
         }
     }
@@ -635,6 +642,20 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         Op::AllReduce => {
             float_act(args[0], "all_reduce operand")?;
             Ok(args[0].clone())
+        }
+        Op::MatMulCat => {
+            let mut total = 0usize;
+            let mut shape = vec![];
+            for (i, w) in args[1..].iter().enumerate() {
+                if w.dtype != args[1].dtype {
+                    return Err(format!("matmul_cat weights differ in dtype: {} vs {w}", args[1]));
+                }
+                let t = infer(&Op::MatMul { transpose_b: true }, &[args[0], w], declared).map_err(|e| format!("weight {i}: {e}"))?;
+                total += t.shape.last().and_then(|d| d.as_const()).ok_or_else(|| format!("matmul_cat weight {i} needs constant dims, got {w}"))?;
+                shape = t.shape;
+            }
+            *shape.last_mut().expect("rank >= 2") = Dim::Const(total);
+            Ok(TensorType::new(args[0].dtype, shape))
         }
         Op::MatMulAdd { transpose_b } => {
             let (mm, r) = args.split_at(args.len() - 1);

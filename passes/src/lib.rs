@@ -7,7 +7,7 @@ mod tp;
 
 pub use dce::Dce;
 use dsc_ir::{Graph, IrError};
-pub use egraph::{Limits, Optimize, RULES, UNVERIFIED_RULES};
+pub use egraph::{is_part_view, Limits, Optimize, RULES, UNVERIFIED_RULES};
 use thiserror::Error;
 pub use tp::TensorParallel;
 

@@ -268,6 +268,10 @@ impl GpuBackend<'_> {
                 }
                 Scalar::Dim(n, i) => *shape_of(n)?.get(*i).ok_or_else(|| gerr(format!("node {n} has no dim {i}")))? as i64,
                 Scalar::HalfNumel(n) => (shape_of(n)?.iter().product::<usize>() / 2) as i64,
+                Scalar::RowsTimes(n, c) => {
+                    let sh = shape_of(n)?;
+                    (sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1)) as i64 * c
+                }
             })
         };
         let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
@@ -280,11 +284,21 @@ impl GpuBackend<'_> {
         let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * 4)).collect::<Result<_>>()?;
         let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
         let arena = cu(self.stream.alloc_zeros::<u8>(total.max(256)), "allocating the activation arena")?;
-        let placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
+        let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         for s in &self.prog.steps {
-            if let Some(of) = &s.alias_of {
+            if let (Some(of), Some(off)) = (&s.alias_of, &s.alias_offset) {
+                // a view into its root's buffer (a part of a merged matmul's output)
+                let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
+                let &(o, n) = placed.get(&root).ok_or_else(|| gerr(format!("view {}: {root} is not an activation buffer", s.node)))?;
+                let at = eval(off)? as usize * 4;
+                let bytes = shape_of(&s.node)?.iter().product::<usize>() * 4;
+                if at + bytes > n {
+                    return Err(gerr(format!("view {} ({bytes} bytes at {at}) lies outside {root} ({n} bytes)", s.node)));
+                }
+                placed.insert(s.node.clone(), (o + at, bytes));
+            } else if let Some(of) = &s.alias_of {
                 let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
                 alias.insert(s.node.clone(), root);
             } else if !placed.contains_key(&s.node) {

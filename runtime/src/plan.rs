@@ -119,6 +119,8 @@ pub enum Scalar {
     Rows(String),
     Dim(String, usize),
     HalfNumel(String),
+    /// rows (element count / last dim) of a node times a constant
+    RowsTimes(String, i64),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -144,6 +146,9 @@ pub struct GpuStep {
     pub grid_y: Scalar,
     /// the node's buffer is this node's buffer
     pub alias_of: Option<String>,
+    /// ... from this many f32 elements in (a part of a merged matmul's output: a view)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias_offset: Option<Scalar>,
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
@@ -563,6 +568,7 @@ mod tests {
             work: Scalar::Const(1),
             grid_y: Scalar::Const(1),
             alias_of: None,
+            alias_offset: None,
             large: Some(alt("mma", 16, None)),
             hopper: Some(alt("wgmma64", 128, None)),
             hopper_small: Some(alt("wgmma16", 2, None)),
