@@ -12,8 +12,8 @@
 # Performance (issue 6): carry [".gpu/dsc-runtime", ".gpu/bench"]: bash bench/run.sh
 # Tensor parallelism (kind nvidia-h200-x2): also builds .gpu/tp/ (Llama-3-8B shape whole, tp=1,
 # tp=2); carry [".gpu/check", ".gpu/dsc-runtime", ".gpu/tp"]: bash scripts/gpu-tp.sh
-# A/B sweep (.gpu/sweep/: the default plans and the same with the newest optimizer rule off,
-# SWEEP_RULE=name, default merge-matmuls): first the kernel check (carry
+# A/B sweep (.gpu/sweep/: the default plans, and the same with an optimizer rule off,
+# SWEEP_RULE=name, or compiled under SWEEP_ENV="VAR=value"): first the kernel check (carry
 # [".gpu/check", ".gpu/dsc-runtime"]: bash scripts/gpu-check.sh), then at once (warm machine)
 # carry [".gpu/sweep", ".gpu/dsc-runtime"]: BATCHES=1,8,32 bash scripts/gpu-sweep.sh
 set -euo pipefail
@@ -39,10 +39,16 @@ cp .gpu/llama3-8b.plan .gpu/bench/llama3-8b.plan
 rm -rf .gpu/sweep && mkdir -p .gpu/sweep
 cp .gpu/llama3-8b.plan .gpu/sweep/0-8b.plan
 cp .gpu/serve/smollm2-shape.plan .gpu/sweep/smol.plan
-# A/B: the newest optimizer rule off (SWEEP_RULE, default merge-matmuls)
-rule=${SWEEP_RULE:-merge-matmuls}
-./target/release/dsc compile models/llama3-8b-seeded.toml --rule $rule=off -o .gpu/sweep/8b-no-$rule.plan
-./target/release/dsc compile models/smollm2-shape-seeded.toml --rule $rule=off -o .gpu/sweep/smol-no-$rule.plan
+# A/B: SWEEP_RULE=name compiles the plans once more with that optimizer rule off;
+# SWEEP_ENV="VAR=value" once more under that compile-time environment (codegen knobs)
+if [ -n "${SWEEP_RULE:-}" ]; then
+  ./target/release/dsc compile models/llama3-8b-seeded.toml --rule $SWEEP_RULE=off -o .gpu/sweep/8b-no-$SWEEP_RULE.plan
+  ./target/release/dsc compile models/smollm2-shape-seeded.toml --rule $SWEEP_RULE=off -o .gpu/sweep/smol-no-$SWEEP_RULE.plan
+fi
+if [ -n "${SWEEP_ENV:-}" ]; then
+  env $SWEEP_ENV ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/sweep/8b-env.plan
+  env $SWEEP_ENV ./target/release/dsc compile models/smollm2-shape-seeded.toml -o .gpu/sweep/smol-env.plan
+fi
 cp .gpu/serve/smollm2-shape.plan .gpu/bench/smollm2-135m.plan
 cp ../shared/bench/torch_kernels.py ../shared/bench/torch_compiled.py bench/chart.py .gpu/bench/
 ./target/release/dsc compile models/smollm2-135m.toml -o .cache/smol.plan

@@ -64,6 +64,22 @@ pub fn gemv_tiling(_k: usize, _n: usize, rows: usize) -> (usize, usize) {
     }
 }
 
+/// Decode GEMVs over at most this many weight bytes prefetch their rows into L2 before
+/// `griddepcontrol.wait` (see `emit_gemv`).
+pub const GEMV_PREFETCH_MAX_BYTES: usize = 16 << 20;
+
+/// RMSNorm rows that one block covers in a single pass, 16 bytes per thread per piece kept in
+/// registers: (warps, pieces per thread), the most warps (up to 32) whose threads split the
+/// row's 16-byte pieces evenly, at most 4 pieces each (d = 4096: 32 warps x 1; 8192: 32 x 2).
+/// None: the looping kernel (e.g. d = 576, whose 144 pieces no multiple of 32 divides).
+pub fn rms_norm_regs(d: usize) -> Option<(usize, usize)> {
+    if d % 4 != 0 {
+        return None;
+    }
+    let pieces = d / 4;
+    (1..=32usize).rev().find(|w| pieces % (32 * w) == 0 && pieces / (32 * w) <= 4).map(|w| (w, pieces / (32 * w)))
+}
+
 /// Activation rows per block of the batched-decode GEMV (`MatMulFew`) on the CUDA cores
 /// (f32 weights).
 pub const GEMV_FEW_ROWS: usize = 8;
@@ -212,6 +228,7 @@ impl KernelSpec {
             KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
             // a block of 8 warps per row with 16-byte loads (a warp per row leaves a 4096-wide
             // row as 128 dependent load iterations: 55 us instead of a few)
+            KernelSpec::RmsNorm { d, .. } if rms_norm_regs(*d).is_some() => Launch::BlockPerRow { warps: rms_norm_regs(*d).expect("checked").0 as u32 },
             KernelSpec::RmsNorm { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
@@ -244,6 +261,10 @@ struct Body {
     workgroup: Option<String>,
     /// what `gpu.block_id x` stands for (a merged matmul's block index within its part)
     block_x: Option<String>,
+    /// sm_90a with programmatic dependent launch: the kernel must `griddepcontrol.wait` before
+    /// reading what the previous kernel wrote (at its start unless the body did: `waited`)
+    pdl: bool,
+    waited: bool,
 }
 
 impl Body {
@@ -648,6 +669,23 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
             b.op(&format!("arith.muli {c}, {rowbytes} : i64"))
         })
         .collect();
+    if b.pdl && mr == 1 && n * k * esz <= GEMV_PREFETCH_MAX_BYTES && std::env::var("DSC_NO_GEMV_PREFETCH").is_err() {
+        // the weights do not depend on the previous kernel: while it finishes, thread j
+        // prefetches this block's weight row j into L2 (one bulk prefetch), then waits.
+        // Measured (bench/results/gemv-prefetch-*.json): SmolLM2 decode b1 +14%, but the 8B
+        // shape's 33-235 MB GEMVs 15% slower (down_proj 31 -> 44 us), hence the size limit
+        let rb = b.op(&format!("arith.constant {} : i32", k * esz));
+        for (j, wb) in wbase.iter().enumerate() {
+            let cj = b.ci64(j as i64);
+            let me = b.op(&format!("arith.cmpi eq, {t64}, {cj} : i64"));
+            b.line(&format!("scf.if {me} {{"));
+            let p = b.op(&format!("llvm.getelementptr %w[{wb}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.bulk.prefetch.L2.global [$0], $1;\", \"l,r\" {p}, {rb} : (!llvm.ptr<1>, i32) -> ()"));
+            b.line("}");
+        }
+        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        b.waited = true;
+    }
     let xrow = b.ci64((k * 4) as i64);
     let xbase: Vec<String> = (0..mr)
         .map(|i| {
@@ -1065,13 +1103,15 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
-    let prologue = if pdl {
-        "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
-    } else {
-        ""
+    let prologue = match (pdl, b.waited) {
+        (true, false) => {
+            "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
+        }
+        (true, true) => "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n",
+        _ => "",
     };
     Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
 }
@@ -1191,6 +1231,81 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.store(&z, "%y", &i);
             b.line("}");
             "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()
+        }
+        KernelSpec::RmsNorm { d, eps_bits } if rms_norm_regs(*d).is_some() => {
+            // one pass: every thread loads its 16-byte pieces once and keeps them in registers
+            let (warps, per) = rms_norm_regs(*d).expect("checked");
+            let eps = f32::from_bits(*eps_bits);
+            let nt = 32 * warps;
+            let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
+            b.workgroup = Some(format!("%red : {smt}"));
+            let t = b.op("gpu.thread_id x");
+            let row = b.op("gpu.block_id x");
+            let rowi = b.idx64(&row);
+            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let t64 = b.idx64(&t);
+            let dd64 = b.ci64(*d as i64);
+            let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
+            let c4 = b.ci64(4);
+            let t4 = b.op(&format!("arith.muli {t64}, {c4} : i64"));
+            // piece j of thread t: elements 4 (t + j nt) .. + 4
+            let idx: Vec<String> = (0..per)
+                .map(|j| {
+                    let o = b.ci64((4 * j * nt) as i64);
+                    b.op(&format!("arith.addi {t4}, {o} : i64"))
+                })
+                .collect();
+            let xs: Vec<Vec<String>> = idx
+                .iter()
+                .map(|i| {
+                    let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+                    let bo = b.op(&format!("arith.muli {e}, {c4} : i64"));
+                    b.load_vec("%x", &bo, 4, "f32", 16)
+                })
+                .collect();
+            let ws: Vec<Vec<String>> = idx
+                .iter()
+                .map(|i| {
+                    let wo = b.op(&format!("arith.muli {i}, {c4} : i64"));
+                    b.load_vec("%w", &wo, 4, "f32", 16)
+                })
+                .collect();
+            let mut acc = b.cf32(0.0);
+            for x in &xs {
+                let sq: Vec<String> = x.iter().map(|v| b.op(&format!("arith.mulf {v}, {v} : f32"))).collect();
+                let s4 = b.sum4(&sq);
+                acc = b.op(&format!("arith.addf {acc}, {s4} : f32"));
+            }
+            let part = b.warp_sum(&acc);
+            let c32 = b.op("arith.constant 32 : index");
+            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
+            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+            let zi = b.op("arith.constant 0 : index");
+            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {zi} : index"));
+            b.line(&format!("scf.if {l0} {{"));
+            b.line(&format!("memref.store {part}, %red[{warp}] : {smt}"));
+            b.line("}");
+            b.line("gpu.barrier");
+            let mut total = b.cf32(0.0);
+            for w in 0..warps {
+                let wi = b.op(&format!("arith.constant {w} : index"));
+                let v = b.op(&format!("memref.load %red[{wi}] : {smt}"));
+                total = b.op(&format!("arith.addf {total}, {v} : f32"));
+            }
+            let inv = b.inv_rms(&total, *d, eps);
+            for (j, i) in idx.iter().enumerate() {
+                let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+                for q in 0..4 {
+                    let xn = b.op(&format!("arith.mulf {}, {inv} : f32", xs[j][q]));
+                    let y = b.op(&format!("arith.mulf {xn}, {} : f32", ws[j][q]));
+                    let cq = b.ci64(q as i64);
+                    let yi = b.op(&format!("arith.addi {e}, {cq} : i64"));
+                    b.store(&y, "%y", &yi);
+                }
+            }
+            b.line("}");
+            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
         KernelSpec::RmsNorm { d, eps_bits } if d % 4 == 0 => {
             let eps = f32::from_bits(*eps_bits);

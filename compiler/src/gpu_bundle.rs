@@ -118,7 +118,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
         specs.push(spec);
     }
-    for (rows, d) in [(77usize, 576usize), (5, 4096)] {
+    for (rows, d) in [(77usize, 576usize), (5, 4096), (3, 8192), (9, 2048)] {
         let eps = 1e-5f32;
         let spec = KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() };
         let x = rand_vec(rows * d, -2.0, 2.0);
