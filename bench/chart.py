@@ -37,7 +37,14 @@ for m, d in dsc.items():
     for x in d.get("prefill", []):
         rows.append({"model": m, "workload": f"prefill {x['tokens']}", "dsc_tok_s": round(x["tokens_per_s"], 1), "dsc_ms": round(x["ms"], 1),
                      "dsc_tflop_s_matmul": round(2 * weights[m] / 2 * x["tokens_per_s"] / 1e12, 1)})
-res = {"gpu": gpu, "rows": rows, "torch_kernels": tk, "torch_compiled": tc or "not re-run (PEERS=0): see peer_source"}
+# dsc's own tensor-core GEMMs (dsc-runtime bench-gemm) beside torch.matmul (cuBLAS)
+gemm = load("gemm.json")
+if isinstance(gemm, list):
+    for g in gemm:
+        key = f"gemm bf16 {g['m']}x{g['n']}x{g['k']} TFLOP/s"
+        g["cublas_tflop_s"] = tk.get(key)
+        g["of_cublas"] = round(g["tflop_s"] / tk[key], 3) if tk.get(key) else None
+res = {"gpu": gpu, "rows": rows, "dsc_gemm": gemm or "not measured", "torch_kernels": tk, "torch_compiled": tc or "not re-run (PEERS=0): see peer_source"}
 json.dump(res, open(os.path.join(out, "perf.json"), "w"), indent=1)
 for r in rows:
     print(r)

@@ -202,16 +202,28 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
     for s in &prog.steps {
         let alt = if target == "sm_90a" { s.hopper.as_ref() } else { s.large.as_ref() };
         let Some(l) = alt else { continue };
-        if l.kernel.ends_with("_bias") || l.kernel.ends_with("_res") || !seen.insert(l.kernel.clone()) {
+        if !seen.insert(l.kernel.clone()) {
             continue;
         }
         let node = graph.by_name(&s.node).with_context(|| format!("step {} has no graph node", s.node))?;
-        let w = graph.node(graph.operands(node)[1]);
-        let (n, k) = (w.ty.shape[0].as_const().context("weight dims")?, w.ty.shape[1].as_const().context("weight dims")?);
+        let ops = graph.operands(node);
+        // the weights (one, or a merged matmul's parts) and whether a residual comes after
+        // them; matmuls with a bias are left out
+        let (weights, residual) = match graph.node(node).op {
+            dsc_ir::Op::MatMul { .. } if ops.len() == 2 => (vec![ops[1]], false),
+            dsc_ir::Op::MatMulAdd { .. } if ops.len() == 3 => (vec![ops[1]], true),
+            dsc_ir::Op::MatMulCat => (ops[1..].to_vec(), false),
+            _ => continue,
+        };
+        let ws: Vec<&dsc_ir::Node> = weights.iter().map(|&w| graph.node(w)).collect();
+        let k = ws[0].ty.shape[1].as_const().context("weight dims")?;
+        let parts: Vec<usize> = ws.iter().map(|w| w.ty.shape[0].as_const().context("weight dims")).collect::<anyhow::Result<_>>()?;
+        let n: usize = parts.iter().sum();
         let f = module.load_function(&l.kernel).map_err(err(&l.kernel))?;
         for &m in ms {
             let x = random("f32", m * k, 11)?;
-            let wb = random(&w.ty.dtype.to_string(), n * k, 12)?;
+            let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| random(&ws[0].ty.dtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
+            let res = if residual { Some(random("f32", m * n, 20)?) } else { None };
             let y = stream.alloc_zeros::<u8>(m * n * 4).map_err(err("allocating y"))?;
             let (mm, nn) = (m as i64, n as i64);
             // the plan's Large: work = ceil(N / n_tile) (wgmma) or ceil(N / 8) (mma.sync)
@@ -226,8 +238,19 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             };
             let launch = || -> anyhow::Result<()> {
                 let mut lb = stream.launch_builder(&f);
-                lb.arg(&x).arg(&wb).arg(&y).arg(&mm).arg(&nn);
-                // SAFETY: matmul_{wgmma,mma}(x, w, y, M, N) with x [M, K] f32, w [N, K], y [M, N] f32
+                lb.arg(&x);
+                for wb in &wbs {
+                    lb.arg(wb);
+                }
+                if let Some(r) = &res {
+                    lb.arg(r);
+                }
+                lb.arg(&y).arg(&mm).arg(&nn);
+                if parts.len() > 1 {
+                    lb.arg(&mm);
+                }
+                // SAFETY: matmul_{wgmma,mma}(x, w.., [res], y, M, N, [M]) with x [M, K] f32,
+                // w_i [N_i, K], res and y [M, N] f32: the kernel's parameters (KernelSpec docs)
                 unsafe { lb.launch(cfg) }.map_err(err(&l.kernel))?;
                 Ok(())
             };
