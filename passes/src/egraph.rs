@@ -13,13 +13,17 @@
 //! - fusion: `mul(silu(a), b) = silu_mul(a, b)` (SwiGLU's gate in one kernel);
 //!   `add(r, matmul(x, W)) = matmul_add(x, W, r)` (the residual add as the matmul epilogue);
 //!   `cache_write(c, rope(x, p), s) = rope_cache_write(c, x, s, p)` (RoPE applied on the way
-//!   into the KV pool).
+//!   into the KV pool); merge-matmuls: `matmul(x, W_i) = slice_i(matmul_cat(x, W_0, ..))` for
+//!   every bias-free matmul of one x with weights of one dtype (Q/K/V, gate/up: one kernel
+//!   streams all the weights; the slices are views on the GPU).
 //!
 //! A rule whose kernels have not yet run on a GPU is listed in [`UNVERIFIED_RULES`] and is off
 //! unless enabled (`dsc compile --rule NAME=on`).
 //! No rule is commutative or associative over an unbounded set (no blow-up), so the e-graph
-//! saturates. More fusions (norm into a matmul prologue, residual add as an epilogue, QKV and
-//! gate/up merges, rope + cache write) come with their kernels.
+//! saturates. Extraction moves one class at a time, then in groups: an alternative over a
+//! value nothing uses yet (a matmul_cat) is tried together with every class that has an
+//! alternative over that same value (a single class could never pay for the shared kernel).
+//! Next fusions: the norm into a matmul prologue, a SwiGLU epilogue of the merged gate/up.
 
 use crate::{Pass, PassError};
 use dsc_ir::{BinaryOp, Graph, IrError, NodeId, Op, TensorType, UnaryOp};
@@ -432,49 +436,70 @@ impl Pass for Optimize {
         }
         // group moves: an alternative over a value nothing uses yet (merged matmuls) pays for
         // that value alone, so switch every class with an alternative over the same new value
-        // together (the Q, K and V classes to their slices of one matmul_cat)
-        let reachable = |choice: &HashMap<Id, INode>| -> std::collections::HashSet<Id> {
-            let mut seen = std::collections::HashSet::new();
-            let mut stack: Vec<Id> = roots.clone();
-            while let Some(c) = stack.pop() {
-                if seen.insert(c) {
-                    if let Some(n) = choice.get(&c) {
-                        stack.extend(n.children.iter().map(|&k| eg.find(k)));
-                    }
+        // together (the Q, K and V classes to their slices of one matmul_cat). Costed locally
+        // (linear in the graph): the group's new nodes plus the new values' own cost against
+        // the group's old nodes; values the old nodes alone used are not credited (a move can
+        // only look worse than it is). The whole choice is checked acyclic afterwards.
+        let mut live: std::collections::HashSet<Id> = std::collections::HashSet::new();
+        let mut stack: Vec<Id> = roots.clone();
+        while let Some(c) = stack.pop() {
+            if live.insert(c) {
+                if let Some(n) = choice.get(&c) {
+                    stack.extend(n.children.iter().map(|&k| eg.find(k)));
                 }
             }
-            seen
-        };
+        }
+        let mut users_of: HashMap<Id, Vec<(Id, INode)>> = HashMap::new();
         let mut classes: Vec<Id> = eg.classes().filter(|c| c.nodes.len() > 1).map(|c| c.id).collect();
         classes.sort();
         for &cid in &classes {
             for n in &eg[cid].nodes {
-                if choice.get(&cid) == Some(n) {
-                    continue;
-                }
-                let live = reachable(&choice);
-                let fresh: Vec<Id> = n.children.iter().map(|&k| eg.find(k)).filter(|k| !live.contains(k)).collect();
-                if fresh.is_empty() {
-                    continue;
-                }
-                let mut trial = choice.clone();
-                trial.insert(cid, n.clone());
-                for &other in &classes {
-                    if other == cid {
-                        continue;
-                    }
-                    if let Some(m) = eg[other].nodes.iter().find(|m| m.children.iter().any(|k| fresh.contains(&eg.find(*k)))) {
-                        trial.insert(other, m.clone());
-                    }
-                }
-                if let Some(c) = dag_cost(&trial) {
-                    if c < current - 1.0 {
-                        current = c;
-                        choice = trial;
-                    }
+                for &k in &n.children {
+                    users_of.entry(eg.find(k)).or_default().push((cid, n.clone()));
                 }
             }
         }
+        let before_groups = choice.clone();
+        let mut grouped = false;
+        for &cid in &classes {
+            if !live.contains(&cid) {
+                continue;
+            }
+            for n in &eg[cid].nodes {
+                if choice.get(&cid) == Some(n) {
+                    continue;
+                }
+                let fresh: Vec<Id> = n.children.iter().map(|&k| eg.find(k)).filter(|k| !live.contains(k)).collect();
+                // a new value whose own inputs are all computed already
+                if fresh.is_empty() || !fresh.iter().all(|f| choice.get(f).is_some_and(|m| m.children.iter().all(|k| live.contains(&eg.find(*k))))) {
+                    continue;
+                }
+                let mut moves: Vec<(Id, INode)> = vec![(cid, n.clone())];
+                for f in &fresh {
+                    for (other, m) in users_of.get(f).into_iter().flatten() {
+                        if live.contains(other) && !moves.iter().any(|(c, _)| c == other) && choice.get(other) != Some(m) {
+                            moves.push((*other, m.clone()));
+                        }
+                    }
+                }
+                let new_cost: f64 = moves.iter().map(|(_, m)| own(m)).sum::<f64>() + fresh.iter().map(|f| own(&choice[f])).sum::<f64>();
+                let old_cost: f64 = moves.iter().map(|(c, _)| own(&choice[c])).sum();
+                if new_cost < old_cost - 1.0 {
+                    for (c, m) in moves {
+                        choice.insert(c, m);
+                    }
+                    live.extend(fresh);
+                    grouped = true;
+                }
+            }
+        }
+        if grouped {
+            match dag_cost(&choice) {
+                Some(c) => current = c,
+                None => choice = before_groups,
+            }
+        }
+        let _ = current;
         let best: HashMap<Id, (f64, INode)> = choice.into_iter().map(|(k, n)| (k, (0.0, n))).collect();
         // each class keeps the name of its first original node (after unions)
         let mut names: HashMap<Id, String> = HashMap::new();
