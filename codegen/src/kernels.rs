@@ -100,7 +100,7 @@ impl KernelSpec {
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
-            KernelSpec::MatMulParts { inner, .. } => inner.hopper_only(),
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } => inner.hopper_only(),
             other => matches!(other, KernelSpec::MatMulWgmma { .. }),
         }
     }
@@ -176,6 +176,12 @@ pub enum KernelSpec {
     /// every block falls in one part ([`parts_fit`]). params x, w_0.., y, inner's scalars (N
     /// first), M
     MatMulParts { inner: Box<KernelSpec>, parts: Vec<usize> },
+    /// y = rms_norm(x, g) @ W^T with the norm in the decode GEMV's prologue (one x row per
+    /// block row): `inner` is a plain-float `MatMul` (or `MatMulParts` of one); every block
+    /// reads all of x anyway, so it accumulates sum(x^2) beside the dot products, multiplies x
+    /// by g on load and scales its outputs by 1/rms at the end. params x, g (f32 [K]), then
+    /// inner's from w on
+    NormMatMul { inner: Box<KernelSpec>, eps_bits: u32 },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -208,6 +214,7 @@ impl KernelSpec {
             }
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
             KernelSpec::LayerNorm { d, .. } => format!("layer_norm_d{d}"),
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
@@ -244,7 +251,7 @@ impl KernelSpec {
                 Launch::PerElement { threads: 256 }
             }
             KernelSpec::PagedAttention { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
-            KernelSpec::MatMulParts { inner, .. } => inner.launch(),
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } => inner.launch(),
         }
     }
 }
@@ -265,6 +272,9 @@ struct Body {
     /// reading what the previous kernel wrote (at its start unless the body did: `waited`)
     pdl: bool,
     waited: bool,
+    /// the decode GEMV normalizes its input on the way in (`KernelSpec::NormMatMul`): RMSNorm
+    /// epsilon
+    norm: Option<f32>,
 }
 
 impl Body {
@@ -644,8 +654,14 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let e = 16 / esz; // elements per 16-byte unit
     let units = k / e;
     let (jloop, rounds) = split_k_schedule(units, 32, nw, unroll);
+    let norm = if mr == 1 { b.norm } else { None };
+    if b.norm.is_some() && mr != 1 {
+        return Err("the norm prologue is for the one-row decode GEMV".into());
+    }
     let per = r * mr; // partial sums per lane: [row i][output j] at i * r + j
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per);
+                      // with the norm prologue one more: the sum of x^2 (slot `per`)
+    let slots = per + usize::from(norm.is_some());
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * slots);
     b.workgroup = Some(format!("%red : {smt}"));
     let t = b.op("gpu.thread_id x");
     let bx = b.op("gpu.block_id x");
@@ -722,6 +738,18 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
                     xs
                 })
                 .collect();
+            // the norm prologue: g for these elements (x's offsets without the row base)
+            let gs: Vec<String> = if norm.is_some() {
+                let mut gs = vec![];
+                for q in 0..(e * 4 / 16) {
+                    let o = b.ci64(16 * q as i64);
+                    let off = b.op(&format!("arith.addi {xo}, {o} : i64"));
+                    gs.extend(b.load_vec("%g", &off, 4, "f32", 16));
+                }
+                gs
+            } else {
+                vec![]
+            };
             let c16 = b.ci64(16);
             let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
             let ws: Vec<Vec<String>> = wbase
@@ -731,10 +759,19 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
                     b.load_vec("%w", &off, 4, if wdtype == DType::F32 { "f32" } else { "i32" }, 16)
                 })
                 .collect();
-            loaded.push((xs, ws));
+            loaded.push((xs, ws, gs));
         }
         let mut acc = acc.to_vec();
-        for (xs, ws) in loaded {
+        for (xs, ws, gs) in loaded {
+            // norm: sum x^2 of the raw x, then use x * g
+            let xs: Vec<Vec<String>> = if gs.is_empty() {
+                xs
+            } else {
+                for x in &xs[0] {
+                    acc[per] = b.op(&format!("llvm.intr.fma({x}, {x}, {}) : (f32, f32, f32) -> f32", acc[per]));
+                }
+                vec![xs[0].iter().zip(&gs).map(|(x, g)| b.op(&format!("arith.mulf {x}, {g} : f32"))).collect()]
+            };
             for (j, words) in ws.iter().enumerate() {
                 let mut wf = vec![];
                 for word in words {
@@ -775,12 +812,12 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     // units between a warp's consecutive chunks; the last rounds are guarded (a partial
     // chunk, idle warps)
     let stride = (nw * 32) as i64;
-    let acc = b.split_k_rounds(per, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma);
+    let acc = b.split_k_rounds(slots, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma);
     let sums: Vec<String> = acc.iter().map(|a| b.warp_sum(a)).collect();
     let c0 = b.op("arith.constant 0 : index");
     let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
     b.line(&format!("scf.if {first} {{"));
-    let cper = b.op(&format!("arith.constant {per} : index"));
+    let cper = b.op(&format!("arith.constant {slots} : index"));
     let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
     for (a, s) in sums.iter().enumerate() {
         let ca = b.op(&format!("arith.constant {a} : index"));
@@ -805,10 +842,20 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     b.line(&format!("scf.if {inside} {{"));
     let mut total = String::new();
     for w in 0..nw {
-        let cw = b.op(&format!("arith.constant {} : index", w * per));
+        let cw = b.op(&format!("arith.constant {} : index", w * slots));
         let at = b.op(&format!("arith.addi {cw}, {t} : index"));
         let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
         total = if w == 0 { v } else { b.op(&format!("arith.addf {total}, {v} : f32")) };
+    }
+    if let Some(eps) = norm {
+        let mut ss = b.cf32(0.0);
+        for w in 0..nw {
+            let at = b.op(&format!("arith.constant {} : index", w * slots + per));
+            let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+            ss = b.op(&format!("arith.addf {ss}, {v} : f32"));
+        }
+        let inv = b.inv_rms(&ss, k, eps);
+        total = b.op(&format!("arith.mulf {total}, {inv} : f32"));
     }
     b.matmul_store(&total, &row, &col, bias, residual);
     b.line("}");
@@ -1103,7 +1150,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -1198,6 +1245,18 @@ fn emit_parts(b: &mut Body, inner: &KernelSpec, parts: &[usize]) -> Result<Strin
 fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     Ok(match spec {
         KernelSpec::MatMulParts { inner, parts } => emit_parts(b, inner, parts)?,
+        KernelSpec::NormMatMul { inner, eps_bits } => {
+            let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16, bias: false, .. });
+            let ok = match inner.as_ref() {
+                KernelSpec::MatMulParts { inner: i, .. } => plain(i),
+                other => plain(other),
+            };
+            if !ok {
+                return Err(format!("the norm prologue needs a plain-float decode GEMV without bias, not {}", inner.symbol()));
+            }
+            b.norm = Some(f32::from_bits(*eps_bits));
+            emit_into(b, inner)?.replacen("%x: !llvm.ptr<1>, ", "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, ", 1)
+        }
         KernelSpec::Unary(u) => {
             let i = b.open_guarded_gid();
             let x = b.load("%x", &i);

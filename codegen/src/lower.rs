@@ -38,6 +38,9 @@ pub struct Step {
     pub alias_of: Option<String>,
     /// ... starting this many elements in (a part of a merged matmul's output)
     pub alias_offset: Option<Scalar>,
+    /// not launched for steps of fewer rows (an RMSNorm the decode GEMVs after it compute in
+    /// their prologue)
+    pub min_rows: Option<i64>,
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
@@ -58,6 +61,9 @@ pub struct Large {
     pub min_rows: i64,
     /// used only up to this many rows (none: no bound)
     pub max_rows: Option<i64>,
+    /// buffers when they differ from the step's (the step's default kernel reads the
+    /// un-normalized input when the norm is fused into it)
+    pub args: Option<Vec<String>>,
     pub kernel: KernelSpec,
     pub scalars: Vec<Scalar>,
     pub work: Scalar,
@@ -93,7 +99,15 @@ fn err(node: &str, msg: impl Into<String>) -> CodegenError {
 
 /// Lower every compute node of `g`. Leaves (inputs, weights, states) get no step.
 pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
+    lower_with(g, std::env::var("DSC_NORM_FUSION").is_ok_and(|v| v == "1"))
+}
+
+/// [`lower`], choosing whether RMSNorm is folded into the decode GEMVs after it (off by
+/// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
+/// DSC_NORM_FUSION=1 at compile time turns it on).
+pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
     let order = g.topo_order().map_err(|e| err(&g.name, e.to_string()))?;
+    let norms = if norm_fusion { fusable_norms(g) } else { Default::default() };
     let mut steps = vec![];
     for id in order {
         let n = g.node(id);
@@ -121,6 +135,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             grid_y,
             alias_of: None,
             alias_offset: None,
+            min_rows: None,
             large: None,
             hopper: None,
             hopper_small: None,
@@ -136,6 +151,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
             grid_y: Scalar::Const(1),
             alias_of: Some(of.to_string()),
             alias_offset: None,
+            min_rows: None,
             large: None,
             hopper: None,
             hopper_small: None,
@@ -161,7 +177,9 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 if ops[1].ty.dtype != DType::F32 {
                     return Err(err(&name, "rms_norm weight must be f32"));
                 }
-                step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
+                let st = step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one);
+                // one-row steps: the decode GEMVs reading it normalize in their prologue
+                Step { min_rows: norms.contains(&id).then_some(2), ..st }
             }
             Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => {
                 // matmul_add: the last operand is the residual, added in the epilogue
@@ -174,7 +192,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
-                matmul_step(
+                let st = matmul_step(
                     step(KernelSpec::MatMul { k: 0, n: 0, wdtype: DType::F32, bias: false, residual: false }, args, vec![], Scalar::Const(0), one),
                     &name,
                     k,
@@ -183,7 +201,8 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     ops.len() > 2,
                     residual,
                     None,
-                )?
+                )?;
+                fuse_norm(g, &norms, id, st)
             }
             Op::MatMulCat => {
                 // merged matmuls: one kernel per alternative over all the weights, the output
@@ -198,7 +217,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                 }
                 let (_, k) = weight_dims(&name, &ops[1].ty)?;
                 let total = parts.iter().sum();
-                matmul_step(
+                let st = matmul_step(
                     step(KernelSpec::MatMul { k: 0, n: 0, wdtype: DType::F32, bias: false, residual: false }, args, vec![], Scalar::Const(0), one),
                     &name,
                     k,
@@ -207,7 +226,8 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
                     false,
                     false,
                     Some(&parts),
-                )?
+                )?;
+                fuse_norm(g, &norms, id, st)
             }
             Op::Slice { axis, start, len } if matches!(ops[0].op, Op::MatMulCat) => {
                 // a part of a merged matmul: a view at M * (columns before it)
@@ -355,7 +375,15 @@ fn matmul_step(base: Step, name: &str, k: usize, nn: usize, wdtype: DType, bias:
         .ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
     let mut st = Step { kernel: Some(kernel), scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..base };
     let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>, work: usize| {
-        wrap(spec, vec![rows.clone(), Scalar::Const(nn as i64)]).map(|(kernel, scalars)| Large { min_rows, max_rows, kernel, scalars, work: Scalar::Const(work as i64), grid_y: rows.clone() })
+        wrap(spec, vec![rows.clone(), Scalar::Const(nn as i64)]).map(|(kernel, scalars)| Large {
+            min_rows,
+            max_rows,
+            args: None,
+            kernel,
+            scalars,
+            work: Scalar::Const(work as i64),
+            grid_y: rows.clone(),
+        })
     };
     if k % 16 == 0 {
         st.large = large(KernelSpec::MatMulMma { k, n: nn, wdtype, bias, residual }, 16, None, nn.div_ceil(8));
@@ -374,4 +402,103 @@ fn matmul_step(base: Step, name: &str, k: usize, nn: usize, wdtype: DType, bias:
         st.few = large(KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block }, 2, Some(few_max_rows()), nn);
     }
     Ok(st)
+}
+
+/// RMSNorm nodes whose every user is a matmul (or merged matmul) that takes it as x with
+/// plain-float weights and no bias: their decode GEMVs compute the norm in their prologue
+/// (`KernelSpec::NormMatMul`), so one-row steps skip the norm's own kernel.
+fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::NodeId> {
+    let mut out = std::collections::HashSet::new();
+    for id in g.node_ids() {
+        let n = g.node(id);
+        let Op::RmsNorm { .. } = n.op else { continue };
+        let ops = g.operands(id);
+        let d = n.ty.shape.last().and_then(|d| d.as_const());
+        if g.node(ops[1]).ty.dtype != DType::F32 || d.is_none_or(|d| d % 32 != 0) {
+            continue;
+        }
+        let plain = |w: dsc_ir::NodeId| matches!(g.node(w).ty.dtype, DType::F32 | DType::F16 | DType::BF16);
+        let users = g.users(id);
+        let ok = !users.is_empty()
+            && !g.outputs.iter().any(|(_, o)| *o == id)
+            && users.iter().all(|&u| {
+                let uo = g.operands(u);
+                uo[0] == id
+                    && !uo[1..].contains(&id)
+                    && match g.node(u).op {
+                        Op::MatMul { transpose_b: true } => uo.len() == 2 && plain(uo[1]),
+                        Op::MatMulCat => uo[1..].iter().all(|&w| plain(w)),
+                        _ => false,
+                    }
+            });
+        if ok {
+            out.insert(id);
+        }
+    }
+    out
+}
+
+/// A matmul step reading a fusable RMSNorm (see [`fusable_norms`]): its default kernel (the
+/// one-row decode GEMV) becomes `NormMatMul`, reading the norm's input and weight; the other
+/// kernels keep reading the norm's output.
+fn fuse_norm(g: &Graph, norms: &std::collections::HashSet<dsc_ir::NodeId>, id: dsc_ir::NodeId, mut st: Step) -> Step {
+    let x = g.operands(id)[0];
+    if !norms.contains(&x) {
+        return st;
+    }
+    let Op::RmsNorm { eps } = g.node(x).op else { return st };
+    let nops = g.operands(x);
+    let original = st.args.clone();
+    for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
+        l.args = Some(original.clone());
+    }
+    let mut args = vec![g.node(nops[0]).name.clone(), g.node(nops[1]).name.clone()];
+    args.extend(original[1..].iter().cloned());
+    st.args = args;
+    st.kernel = st.kernel.take().map(|k| KernelSpec::NormMatMul { inner: Box::new(k), eps_bits: eps.to_bits() });
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsc_ir::text;
+
+    fn graph(extra_user: bool, wdtype: &str) -> Graph {
+        let extra = if extra_user { "  %z = add(%xn, %x) : f32[T, 64]\n  output z = %z\n" } else { "" };
+        let src = format!(
+            "graph \"t\" {{\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %wq = weight : {wdtype}[32, 64]\n  %wk = weight : {wdtype}[32, 64]\n  %xn = rms_norm(%x, %g) {{eps = 1e-5}} : f32[T, 64]\n  %qk = matmul_cat(%xn, %wq, %wk) : f32[T, 64]\n  %q = slice(%qk) {{axis = 1, start = 0, len = 32}} : f32[T, 32]\n  %k = slice(%qk) {{axis = 1, start = 32, len = 32}} : f32[T, 32]\n  %y = mul(%q, %k) : f32[T, 32]\n  output y = %y\n{extra}}}\n"
+        );
+        text::parse(&src).unwrap()
+    }
+
+    #[test]
+    fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
+        let steps = lower_with(&graph(false, "bf16"), true).unwrap();
+        // off (the default): the norm runs as its own kernel
+        let plain = lower_with(&graph(false, "bf16"), false).unwrap();
+        assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        assert_eq!(by("xn").min_rows, Some(2));
+        let mm = by("qk");
+        assert!(matches!(mm.kernel, Some(KernelSpec::NormMatMul { .. })), "{:?}", mm.kernel);
+        assert_eq!(mm.args, ["x", "g", "wq", "wk", "qk"]);
+        // the batched and tensor-core kernels read the norm's output
+        for l in [&mm.large, &mm.few, &mm.hopper_small].into_iter().flatten() {
+            assert_eq!(l.args.as_deref(), Some(&["xn".to_string(), "wq".into(), "wk".into(), "qk".into()][..]));
+        }
+        // the parts are views at rows x offset
+        assert_eq!(by("k").alias_offset, Some(Scalar::RowsTimes("qk".into(), 32)));
+    }
+
+    #[test]
+    fn rms_norm_stays_when_something_else_reads_it_or_the_gemv_cannot_take_it() {
+        for (extra, dt) in [(true, "bf16"), (false, "q8_0")] {
+            let steps = lower_with(&graph(extra, dt), true).unwrap();
+            let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+            assert_eq!(by("xn").min_rows, None, "{dt}");
+            assert!(!matches!(by("qk").kernel, Some(KernelSpec::NormMatMul { .. })));
+            assert_eq!(by("qk").args[0], "xn");
+        }
+    }
 }

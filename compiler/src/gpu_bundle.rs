@@ -408,6 +408,55 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             }
         }
     }
+    // RMSNorm in the decode GEMV's prologue (NormMatMul): one weight, and merged parts
+    {
+        let (k, m, eps) = (576usize, 3usize, 1e-5f32);
+        let g = rand_vec(k, 0.5, 1.5);
+        let gb: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for parts in [vec![192usize], vec![128, 64, 192]] {
+            let total: usize = parts.iter().sum();
+            let enc: Vec<Vec<u8>> = parts.iter().map(|&p| dsc_ir::quant::encode(DType::BF16, &rand_vec(p * k, -0.1, 0.1))).collect::<Option<_>>().context("encode")?;
+            let mut ws: Weights = parts.iter().zip(&enc).enumerate().map(|(i, (&p, b))| (format!("w{i}"), (DType::BF16, vec![p, k], b.clone()))).collect();
+            ws.insert("g".into(), (DType::F32, vec![k], gb.clone()));
+            let x = rand_vec(m * k, -2.0, 2.0);
+            let decl: String = parts.iter().enumerate().map(|(i, p)| format!("  %w{i} = weight : bf16[{p}, {k}]\n")).collect();
+            let mm = if parts.len() == 1 {
+                format!("matmul(%xn, %w0) {{transpose_b = true}} : f32[{m}, {total}]")
+            } else {
+                format!("matmul_cat(%xn, {}) : f32[{m}, {total}]", (0..parts.len()).map(|i| format!("%w{i}")).collect::<Vec<_>>().join(", "))
+            };
+            let src =
+                format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n{decl}  %xn = rms_norm(%x, %g) {{eps = {eps:?}}} : f32[{m}, {k}]\n  %y = {mm}\n  output y = %y\n}}\n");
+            let rowmajor = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+            let mut want = vec![];
+            let mut off = 0;
+            for &p in &parts {
+                for r in 0..m {
+                    want.extend_from_slice(&rowmajor[r * total + off..r * total + off + p]);
+                }
+                off += p;
+            }
+            let gemv = KernelSpec::MatMul { k, n: total, wdtype: DType::BF16, bias: false, residual: false };
+            let (inner, scalars) = if parts.len() == 1 { (gemv, vec![total as i64]) } else { (KernelSpec::MatMulParts { inner: Box::new(gemv), parts: parts.clone() }, vec![total as i64, m as i64]) };
+            let spec = KernelSpec::NormMatMul { inner: Box::new(inner), eps_bits: eps.to_bits() };
+            let (gx, b) = grid(&spec.launch(), total);
+            let mut inputs = vec![data.push(&x), data.push(&g)];
+            inputs.extend(enc.iter().map(|e| data.push_u8(e)));
+            cases.push(Case {
+                name: format!("rms_norm+gemv {m}x{k}x({}) bf16", parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("+")),
+                kernel: spec.symbol(),
+                grid: gx,
+                grid_y: m as u32,
+                block: b,
+                inputs,
+                scalars,
+                expected: data.push(&want),
+                init: None,
+                tol: 1e-5,
+            });
+            specs.push(spec);
+        }
+    }
     // gather (embedding) from plain and packed tables
     let (v, d, t) = (1000usize, 576usize, 13usize);
     let table = rand_vec(v * d, -1.0, 1.0);

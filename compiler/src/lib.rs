@@ -131,6 +131,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 GpuLarge {
                     min_rows: l.min_rows,
                     max_rows: l.max_rows,
+                    args: l.args.clone(),
                     rows_per_block,
                     threads,
                     kernel: l.kernel.symbol(),
@@ -157,6 +158,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 grid_y: scalar(&s.grid_y),
                 alias_of: s.alias_of.clone(),
                 alias_offset: s.alias_offset.as_ref().map(scalar),
+                min_rows: s.min_rows,
                 large,
                 hopper,
                 hopper_small,
@@ -188,7 +190,9 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
                 life.push(dsc_runtime::plan::BufferLife { node: s.node.clone(), first: i, last: i });
             }
         }
-        for a in s.args.iter().chain(s.alias_of.iter()) {
+        // every kernel the step may launch: the alternatives can read other buffers
+        let alt_args = [&s.large, &s.hopper, &s.hopper_small, &s.few].into_iter().flatten().filter_map(|l| l.args.as_ref()).flatten();
+        for a in s.args.iter().chain(s.alias_of.iter()).chain(alt_args) {
             let r = root.get(a.as_str()).copied().unwrap_or(a.as_str());
             if let Some(&j) = index.get(r) {
                 life[j].last = life[j].last.max(i);

@@ -143,9 +143,9 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     let passes: Vec<String> = c.reports.iter().map(|r| format!("{}: {}", r.pass, r.note)).collect();
     let gpu = match &c.gpu {
         Some(g) => {
-            let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
+            let (one, more) = (g.launches(1), g.launches(i64::MAX));
             let kernels: std::collections::BTreeSet<_> = g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))).collect();
-            format!("GPU: {} distinct kernels, {launches} launches per step ({} per layer)", kernels.len(), launches / per_layer)
+            format!("GPU: {} distinct kernels, {one} launches per batch-1 decode step ({} per layer), {more} with more rows", kernels.len(), one / per_layer)
         }
         None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),
     };

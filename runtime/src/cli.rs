@@ -161,9 +161,15 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
         Some(g) => {
             let kernels: std::collections::BTreeSet<&String> =
                 g.steps.iter().flat_map(|s| s.kernel.iter().chain([&s.few, &s.hopper, &s.hopper_small, &s.large].into_iter().flatten().map(|l| &l.kernel))).collect();
-            let launches = g.steps.iter().filter(|s| s.kernel.is_some()).count();
             let sizes: Vec<String> = g.ptx.iter().map(|(t, p)| format!("{t} {:.1} KB", p.len() as f64 / 1e3)).collect();
-            println!("gpu: {} kernels, {launches} launches per step, {} buffers in the memory plan, PTX {}", kernels.len(), g.buffers.len(), sizes.join(", "));
+            println!(
+                "gpu: {} kernels, {} launches per batch-1 decode step ({} with more rows), {} buffers in the memory plan, PTX {}",
+                kernels.len(),
+                g.launches(1),
+                g.launches(i64::MAX),
+                g.buffers.len(),
+                sizes.join(", ")
+            );
             // which kernel a matmul step runs, by its row count (GpuStep::alternative)
             let range = |l: &crate::plan::GpuLarge| match l.max_rows {
                 Some(m) => format!("{}..={m} rows", l.min_rows),

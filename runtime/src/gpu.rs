@@ -312,10 +312,13 @@ impl GpuBackend<'_> {
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
+            if s.min_rows.is_some_and(|m| rows < m) {
+                continue;
+            }
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
-            let (k, scal, work, grid_y, launch, block, rpb, threads) = match s.alternative(rows, hopper, !self.no_few) {
-                Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128)),
-                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128)),
+            let (k, scal, work, grid_y, launch, block, rpb, threads, args) = match s.alternative(rows, hopper, !self.no_few) {
+                Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args)),
+                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args),
             };
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;
@@ -333,7 +336,7 @@ impl GpuBackend<'_> {
                 "outputs_per_block" => (work.div_ceil(block), gy.div_ceil(rpb.max(1)), threads),
                 other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
             };
-            let args = s.args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
+            let args = args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
             for a in &args {
                 if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));

@@ -74,6 +74,14 @@ pub struct GpuProgram {
     pub argmax: Option<String>,
 }
 
+impl GpuProgram {
+    /// Kernel launches of a step whose matmuls have `rows` rows (steps with a `min_rows` above
+    /// it are skipped: one-row steps fold RMSNorm into the GEMVs).
+    pub fn launches(&self, rows: i64) -> usize {
+        self.steps.iter().filter(|s| s.kernel.is_some() && s.min_rows.is_none_or(|m| rows >= m)).count()
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BufferLife {
@@ -149,6 +157,10 @@ pub struct GpuStep {
     /// ... from this many f32 elements in (a part of a merged matmul's output: a view)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias_offset: Option<Scalar>,
+    /// not launched in steps of fewer rows (an RMSNorm that one-row steps compute in the
+    /// prologue of the decode GEMVs reading it)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_rows: Option<i64>,
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
@@ -198,6 +210,9 @@ pub struct GpuLarge {
     /// used only up to this many rows (none: no upper bound)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rows: Option<i64>,
+    /// the buffers this kernel takes, when they differ from the step's `args`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
     /// activation rows per block ("outputs_per_block": grid y = ceil(grid_y / this))
     #[serde(default = "one_u32", skip_serializing_if = "is_one_u32")]
     pub rows_per_block: u32,
@@ -548,6 +563,7 @@ mod tests {
         let alt = |kernel: &str, min_rows: i64, max_rows: Option<i64>| GpuLarge {
             min_rows,
             max_rows,
+            args: None,
             rows_per_block: 1,
             threads: None,
             kernel: kernel.into(),
@@ -569,6 +585,7 @@ mod tests {
             grid_y: Scalar::Const(1),
             alias_of: None,
             alias_offset: None,
+            min_rows: None,
             large: Some(alt("mma", 16, None)),
             hopper: Some(alt("wgmma64", 128, None)),
             hopper_small: Some(alt("wgmma16", 2, None)),
