@@ -360,6 +360,17 @@ impl Pass for Optimize {
             node_cost(&t, n, &n.children.iter().map(|&c| elems_of(eg.find(c))).collect::<Vec<_>>())
         };
         let mut choice: HashMap<Id, INode> = HashMap::new();
+        // the original graph's classes in its topological order first (one pass: each has its
+        // original node's operands chosen before it), then the classes rewrites created
+        for &id in &order {
+            let c = eg.find(class_of[&id]);
+            if choice.contains_key(&c) {
+                continue;
+            }
+            if let Some(n) = eg[c].nodes.iter().find(|n| n.children.iter().all(|k| choice.contains_key(&eg.find(*k)))) {
+                choice.insert(c, n.clone());
+            }
+        }
         loop {
             let mut progress = false;
             for class in eg.classes() {
@@ -406,97 +417,177 @@ impl Pass for Optimize {
             Some(total)
         };
         let mut current = dag_cost(&choice).ok_or_else(|| ir(IrError::Verify { node: g.name.clone(), op: "optimize", msg: "no acyclic extraction".into() }))?;
-        for _ in 0..4 {
-            let mut improved = false;
-            for class in eg.classes() {
-                if class.nodes.len() < 2 {
-                    continue;
+        // single-class moves, costed locally: `rc` counts each class's uses by live classes
+        // (roots once more); switching a class from o to n adds what n newly makes live and
+        // removes what only o kept alive (linear in the graph overall, not one DAG walk per
+        // alternative). Rewrites only add nodes over their original's operands or deeper, so a
+        // move cannot close a cycle; the final DAG walk checks it anyway.
+        let count_uses = |choice: &HashMap<Id, INode>| -> HashMap<Id, i64> {
+            let mut rc: HashMap<Id, i64> = HashMap::new();
+            let mut stack: Vec<Id> = vec![];
+            for &r in &roots {
+                *rc.entry(r).or_default() += 1;
+                if rc[&r] == 1 {
+                    stack.push(r);
                 }
-                for n in &class.nodes {
-                    if choice.get(&class.id) == Some(n) {
+            }
+            while let Some(c) = stack.pop() {
+                if let Some(n) = choice.get(&c) {
+                    for &k in &n.children {
+                        let k = eg.find(k);
+                        let e = rc.entry(k).or_default();
+                        *e += 1;
+                        if *e == 1 {
+                            stack.push(k);
+                        }
+                    }
+                }
+            }
+            rc
+        };
+        for _round in 0..4 {
+            let mut moved = false;
+            let mut rc = count_uses(&choice);
+            // classes nothing live uses yet take their cheapest form, so a move that makes one
+            // live is costed with it (a Q projection that is otherwise computed inside a
+            // residual matmul_add comes back as a free slice of the merged matmul)
+            for c in eg.classes().filter(|c| c.nodes.len() > 1 && rc.get(&c.id).copied().unwrap_or(0) == 0) {
+                if let Some(n) = c.nodes.iter().filter(|n| n.children.iter().all(|k| choice.contains_key(&eg.find(*k)))).min_by(|a, b| own(a).total_cmp(&own(b))) {
+                    choice.insert(c.id, n.clone());
+                }
+            }
+            let start_choice = choice.clone();
+            let mut multi: Vec<Id> = eg.classes().filter(|c| c.nodes.len() > 1).map(|c| c.id).collect();
+            multi.sort();
+            for _ in 0..4 {
+                let mut improved = false;
+                for &cid in &multi {
+                    if rc.get(&cid).copied().unwrap_or(0) == 0 {
                         continue;
                     }
-                    let old = choice.insert(class.id, n.clone());
-                    match dag_cost(&choice) {
-                        Some(c) if c < current - 1.0 => {
-                            current = c;
-                            improved = true;
+                    for n in &eg[cid].nodes {
+                        let Some(o) = choice.get(&cid).cloned() else { continue };
+                        if &o == n || n.children.iter().any(|k| !choice.contains_key(&eg.find(*k))) {
+                            continue;
                         }
-                        _ => {
-                            if let Some(o) = old {
-                                choice.insert(class.id, o);
+                        let mut drc: HashMap<Id, i64> = HashMap::new();
+                        let mut delta = own(n) - own(&o);
+                        // what n makes live
+                        let mut stack: Vec<Id> = n.children.iter().map(|&k| eg.find(k)).collect();
+                        while let Some(k) = stack.pop() {
+                            let d = drc.entry(k).or_default();
+                            *d += 1;
+                            if rc.get(&k).copied().unwrap_or(0) + *d == 1 {
+                                let m = &choice[&k];
+                                delta += own(m);
+                                stack.extend(m.children.iter().map(|&j| eg.find(j)));
+                            }
+                        }
+                        // what only o kept alive
+                        let mut stack: Vec<Id> = o.children.iter().map(|&k| eg.find(k)).collect();
+                        while let Some(k) = stack.pop() {
+                            let d = drc.entry(k).or_default();
+                            *d -= 1;
+                            if rc.get(&k).copied().unwrap_or(0) + *d == 0 {
+                                if let Some(m) = choice.get(&k) {
+                                    delta -= own(m);
+                                    stack.extend(m.children.iter().map(|&j| eg.find(j)));
+                                }
+                            }
+                        }
+                        if delta < -1.0 {
+                            for (k, d) in drc {
+                                *rc.entry(k).or_default() += d;
+                            }
+                            choice.insert(cid, n.clone());
+                            current += delta;
+                            improved = true;
+                            moved = true;
+                        }
+                    }
+                }
+                if !improved {
+                    break;
+                }
+            }
+            match dag_cost(&choice) {
+                Some(c) => current = c,
+                None => {
+                    choice = start_choice;
+                    current = dag_cost(&choice).unwrap_or(current);
+                }
+            }
+            // group moves: an alternative over a value nothing uses yet (merged matmuls) pays for
+            // that value alone, so switch every class with an alternative over the same new value
+            // together (the Q, K and V classes to their slices of one matmul_cat). Costed locally
+            // (linear in the graph): the group's new nodes plus the new values' own cost against
+            // the group's old nodes; values the old nodes alone used are not credited (a move can
+            // only look worse than it is). The whole choice is checked acyclic afterwards.
+            let mut live: std::collections::HashSet<Id> = std::collections::HashSet::new();
+            let mut stack: Vec<Id> = roots.clone();
+            while let Some(c) = stack.pop() {
+                if live.insert(c) {
+                    if let Some(n) = choice.get(&c) {
+                        stack.extend(n.children.iter().map(|&k| eg.find(k)));
+                    }
+                }
+            }
+            let mut users_of: HashMap<Id, Vec<(Id, INode)>> = HashMap::new();
+            let mut classes: Vec<Id> = eg.classes().filter(|c| c.nodes.len() > 1).map(|c| c.id).collect();
+            classes.sort();
+            for &cid in &classes {
+                for n in &eg[cid].nodes {
+                    for &k in &n.children {
+                        users_of.entry(eg.find(k)).or_default().push((cid, n.clone()));
+                    }
+                }
+            }
+            let before_groups = choice.clone();
+            let mut grouped = false;
+            for &cid in &classes {
+                if !live.contains(&cid) {
+                    continue;
+                }
+                for n in &eg[cid].nodes {
+                    if choice.get(&cid) == Some(n) {
+                        continue;
+                    }
+                    let fresh: Vec<Id> = n.children.iter().map(|&k| eg.find(k)).filter(|k| !live.contains(k)).collect();
+                    // a new value whose own inputs are all computed already
+                    if fresh.is_empty() || !fresh.iter().all(|f| choice.get(f).is_some_and(|m| m.children.iter().all(|k| live.contains(&eg.find(*k))))) {
+                        continue;
+                    }
+                    let mut moves: Vec<(Id, INode)> = vec![(cid, n.clone())];
+                    for f in &fresh {
+                        for (other, m) in users_of.get(f).into_iter().flatten() {
+                            if live.contains(other) && !moves.iter().any(|(c, _)| c == other) && choice.get(other) != Some(m) {
+                                moves.push((*other, m.clone()));
                             }
                         }
                     }
-                }
-            }
-            if !improved {
-                break;
-            }
-        }
-        // group moves: an alternative over a value nothing uses yet (merged matmuls) pays for
-        // that value alone, so switch every class with an alternative over the same new value
-        // together (the Q, K and V classes to their slices of one matmul_cat). Costed locally
-        // (linear in the graph): the group's new nodes plus the new values' own cost against
-        // the group's old nodes; values the old nodes alone used are not credited (a move can
-        // only look worse than it is). The whole choice is checked acyclic afterwards.
-        let mut live: std::collections::HashSet<Id> = std::collections::HashSet::new();
-        let mut stack: Vec<Id> = roots.clone();
-        while let Some(c) = stack.pop() {
-            if live.insert(c) {
-                if let Some(n) = choice.get(&c) {
-                    stack.extend(n.children.iter().map(|&k| eg.find(k)));
-                }
-            }
-        }
-        let mut users_of: HashMap<Id, Vec<(Id, INode)>> = HashMap::new();
-        let mut classes: Vec<Id> = eg.classes().filter(|c| c.nodes.len() > 1).map(|c| c.id).collect();
-        classes.sort();
-        for &cid in &classes {
-            for n in &eg[cid].nodes {
-                for &k in &n.children {
-                    users_of.entry(eg.find(k)).or_default().push((cid, n.clone()));
-                }
-            }
-        }
-        let before_groups = choice.clone();
-        let mut grouped = false;
-        for &cid in &classes {
-            if !live.contains(&cid) {
-                continue;
-            }
-            for n in &eg[cid].nodes {
-                if choice.get(&cid) == Some(n) {
-                    continue;
-                }
-                let fresh: Vec<Id> = n.children.iter().map(|&k| eg.find(k)).filter(|k| !live.contains(k)).collect();
-                // a new value whose own inputs are all computed already
-                if fresh.is_empty() || !fresh.iter().all(|f| choice.get(f).is_some_and(|m| m.children.iter().all(|k| live.contains(&eg.find(*k))))) {
-                    continue;
-                }
-                let mut moves: Vec<(Id, INode)> = vec![(cid, n.clone())];
-                for f in &fresh {
-                    for (other, m) in users_of.get(f).into_iter().flatten() {
-                        if live.contains(other) && !moves.iter().any(|(c, _)| c == other) && choice.get(other) != Some(m) {
-                            moves.push((*other, m.clone()));
+                    let new_cost: f64 = moves.iter().map(|(_, m)| own(m)).sum::<f64>() + fresh.iter().map(|f| own(&choice[f])).sum::<f64>();
+                    let old_cost: f64 = moves.iter().map(|(c, _)| own(&choice[c])).sum();
+                    if new_cost < old_cost - 1.0 {
+                        for (c, m) in moves {
+                            choice.insert(c, m);
                         }
+                        live.extend(fresh);
+                        grouped = true;
                     }
-                }
-                let new_cost: f64 = moves.iter().map(|(_, m)| own(m)).sum::<f64>() + fresh.iter().map(|f| own(&choice[f])).sum::<f64>();
-                let old_cost: f64 = moves.iter().map(|(c, _)| own(&choice[c])).sum();
-                if new_cost < old_cost - 1.0 {
-                    for (c, m) in moves {
-                        choice.insert(c, m);
-                    }
-                    live.extend(fresh);
-                    grouped = true;
                 }
             }
-        }
-        if grouped {
-            match dag_cost(&choice) {
-                Some(c) => current = c,
-                None => choice = before_groups,
+            if grouped {
+                match dag_cost(&choice) {
+                    Some(c) => current = c,
+                    None => {
+                        choice = before_groups;
+                        grouped = false;
+                    }
+                }
+            }
+            // a group move can make single moves pay again (and the other way round)
+            if !moved && !grouped {
+                break;
             }
         }
         let _ = current;

@@ -84,7 +84,9 @@ fn default_model_graph_text_round_trips() {
     assert_eq!(dsc_ir::text::print(&back), text);
     // names come from the checkpoint
     assert!(text.contains("%blk.29.ffn_down.weight = weight : q4_1[576, 1536]"));
-    assert!(text.contains("%blk.0.attn_q = matmul(%blk.0.attn_norm, %blk.0.attn_q.weight) {transpose_b = true} : f32[T, 576]"));
+    // (Q, K and V merged by the optimizer: the Q projection is a slice of that matmul)
+    assert!(text.contains("%blk.0.attn_k+attn_q+attn_v = matmul_cat(%blk.0.attn_norm, %blk.0.attn_k.weight, %blk.0.attn_q.weight, %blk.0.attn_v.weight) : f32[T, 960]"), "{text:.3000}");
+    assert!(text.contains("%blk.0.attn_q = slice(%blk.0.attn_k+attn_q+attn_v) {axis = 1, start = 192, len = 576} : f32[T, 576]"));
 }
 
 #[test]
