@@ -132,6 +132,12 @@ pub enum KernelSpec {
     /// KV pool (the optimizer's rope-cache-write fusion); params x, pos (i32), slots (i32),
     /// cache, T*H*D/2
     RopeCacheWrite { h: usize, d: usize, theta_bits: u32, interleaved: bool },
+    /// the three users of a merged Q/K/V matmul in one kernel: q[T, H, D] rotated into y,
+    /// k[T, KVH, D] rotated into the K pool rows slots[t], v[T, KVH, D] copied into the V pool
+    /// (a lowering-level fusion of `rope`, `rope_cache_write` and `cache_write`); one thread
+    /// per (q or k) rotation pair or per pair of v elements; params xq, xk, xv, pos, slots,
+    /// k_cache, v_cache, y, then n (all items), nq (q pairs), nk (k pairs)
+    QkvRopeCache { h: usize, kvh: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
     /// per (token, head) whose `warps` warps split the keys (online softmax each, combined in
     /// shared memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
@@ -205,6 +211,9 @@ impl KernelSpec {
                 format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
             KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
+            KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved } => {
+                format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            }
             KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
                 format!("rope_cache_write_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
@@ -247,9 +256,12 @@ impl KernelSpec {
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Gather { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::SeededInit { .. } => {
-                Launch::PerElement { threads: 256 }
-            }
+            KernelSpec::Gather { .. }
+            | KernelSpec::Rope { .. }
+            | KernelSpec::RopeCacheWrite { .. }
+            | KernelSpec::CacheWrite { .. }
+            | KernelSpec::QkvRopeCache { .. }
+            | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
             KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } => inner.launch(),
         }
@@ -535,6 +547,66 @@ impl Body {
     }
     /// The matmul epilogue: y[row, col] = v (+ bias[col]) (+ res[row, col]), row-major with
     /// `%n` columns; shared by the GEMV and the tensor-core kernels.
+    /// RoPE of rotation pair `i` (i64) of x[T, h, d] at `ptr` (positions in `%pos`): returns
+    /// (token, element index of the pair's two values, their rotated values)
+    fn rope_pair(&mut self, i: &str, ptr: &str, h: usize, d: usize, theta_bits: u32, interleaved: bool) -> (String, String, String, String, String) {
+        let b = self;
+        let half = d / 2;
+        let ch = b.ci64(half as i64);
+        let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
+        let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
+        let hh = b.ci64(h as i64);
+        let t = b.op(&format!("arith.divui {th}, {hh} : i64"));
+        let p = b.load_i32_as_i64("%pos", &t);
+        let pf = b.op(&format!("arith.sitofp {p} : i64 to f32"));
+        let pairf = b.op(&format!("arith.uitofp {pair} : i64 to f32"));
+        // inv_freq = theta^(-2 pair / d) = exp2(-(2 pair / d) log2 theta)
+        let k = b.cf32(-2.0 * f32::from_bits(theta_bits).log2() / d as f32);
+        let ex = b.op(&format!("arith.mulf {pairf}, {k} : f32"));
+        let inv = b.asm1("ex2.approx.ftz.f32", &ex);
+        let ang = b.op(&format!("arith.mulf {pf}, {inv} : f32"));
+        // range-reduce to [-pi, pi] for the approx sin/cos
+        let r2pi = b.cf32(1.0 / (2.0 * std::f32::consts::PI));
+        let q = b.op(&format!("arith.mulf {ang}, {r2pi} : f32"));
+        let qr = b.asm1("cvt.rni.f32.f32", &q);
+        let m2pi = b.cf32(-2.0 * std::f32::consts::PI);
+        let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
+        let c = b.asm1("cos.approx.ftz.f32", &red);
+        let sn = b.asm1("sin.approx.ftz.f32", &red);
+        let dd = b.ci64(d as i64);
+        let base = b.op(&format!("arith.muli {th}, {dd} : i64"));
+        let (i0, i1) = if interleaved {
+            let c2 = b.ci64(2);
+            let p2 = b.op(&format!("arith.muli {pair}, {c2} : i64"));
+            let a0 = b.op(&format!("arith.addi {base}, {p2} : i64"));
+            let c1 = b.ci64(1);
+            let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
+            (a0, a1)
+        } else {
+            let a0 = b.op(&format!("arith.addi {base}, {pair} : i64"));
+            let a1 = b.op(&format!("arith.addi {a0}, {ch} : i64"));
+            (a0, a1)
+        };
+        let x0 = b.load(ptr, &i0);
+        let x1 = b.load(ptr, &i1);
+        // y0 = x0 c - x1 s, y1 = x1 c + x0 s
+        let x1s = b.op(&format!("arith.mulf {x1}, {sn} : f32"));
+        let nx1s = b.op(&format!("arith.negf {x1s} : f32"));
+        let y0 = b.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
+        let x0s = b.op(&format!("arith.mulf {x0}, {sn} : f32"));
+        let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
+        (t, i0, i1, y0, y1)
+    }
+    /// y at element index `i` of a [T, row] tensor (token t) into the pool row slots[t]
+    fn store_to_slot(&mut self, y: &str, i: &str, t: &str, row: usize, cache: &str) {
+        let r = self.ci64(row as i64);
+        let slot = self.load_i32_as_i64("%slots", t);
+        let tb = self.op(&format!("arith.muli {t}, {r} : i64"));
+        let sb = self.op(&format!("arith.muli {slot}, {r} : i64"));
+        let o = self.op(&format!("arith.subi {i}, {tb} : i64"));
+        let dst = self.op(&format!("arith.addi {sb}, {o} : i64"));
+        self.store(y, cache, &dst);
+    }
     fn matmul_store(&mut self, v: &str, row: &str, col: &str, bias: bool, residual: bool) {
         let v = if bias {
             let bv = self.load("%bias", col);
@@ -2248,51 +2320,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::Rope { h, d, theta_bits, interleaved } | KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
             let to_cache = matches!(spec, KernelSpec::RopeCacheWrite { .. });
-            let half = d / 2;
             let i = b.open_guarded_gid();
-            let ch = b.ci64(half as i64);
-            let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
-            let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
-            let hh = b.ci64(*h as i64);
-            let t = b.op(&format!("arith.divui {th}, {hh} : i64"));
-            let p = b.load_i32_as_i64("%pos", &t);
-            let pf = b.op(&format!("arith.sitofp {p} : i64 to f32"));
-            let pairf = b.op(&format!("arith.uitofp {pair} : i64 to f32"));
-            // inv_freq = theta^(-2 pair / d) = exp2(-(2 pair / d) log2 theta)
-            let k = b.cf32(-2.0 * f32::from_bits(*theta_bits).log2() / *d as f32);
-            let ex = b.op(&format!("arith.mulf {pairf}, {k} : f32"));
-            let inv = b.asm1("ex2.approx.ftz.f32", &ex);
-            let ang = b.op(&format!("arith.mulf {pf}, {inv} : f32"));
-            // range-reduce to [-pi, pi] for the approx sin/cos
-            let r2pi = b.cf32(1.0 / (2.0 * std::f32::consts::PI));
-            let q = b.op(&format!("arith.mulf {ang}, {r2pi} : f32"));
-            let qr = b.asm1("cvt.rni.f32.f32", &q);
-            let m2pi = b.cf32(-2.0 * std::f32::consts::PI);
-            let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
-            let c = b.asm1("cos.approx.ftz.f32", &red);
-            let sn = b.asm1("sin.approx.ftz.f32", &red);
-            let dd = b.ci64(*d as i64);
-            let base = b.op(&format!("arith.muli {th}, {dd} : i64"));
-            let (i0, i1) = if *interleaved {
-                let c2 = b.ci64(2);
-                let p2 = b.op(&format!("arith.muli {pair}, {c2} : i64"));
-                let a0 = b.op(&format!("arith.addi {base}, {p2} : i64"));
-                let c1 = b.ci64(1);
-                let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
-                (a0, a1)
-            } else {
-                let a0 = b.op(&format!("arith.addi {base}, {pair} : i64"));
-                let a1 = b.op(&format!("arith.addi {a0}, {ch} : i64"));
-                (a0, a1)
-            };
-            let x0 = b.load("%x", &i0);
-            let x1 = b.load("%x", &i1);
-            // y0 = x0 c - x1 s, y1 = x1 c + x0 s
-            let x1s = b.op(&format!("arith.mulf {x1}, {sn} : f32"));
-            let nx1s = b.op(&format!("arith.negf {x1s} : f32"));
-            let y0 = b.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
-            let x0s = b.op(&format!("arith.mulf {x0}, {sn} : f32"));
-            let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
+            let (t, i0, i1, y0, y1) = b.rope_pair(&i, "%x", *h, *d, *theta_bits, *interleaved);
             if to_cache {
                 // token t's row of h*d values goes to the pool row slot[t]
                 let row = b.ci64((h * d) as i64);
@@ -2312,6 +2341,42 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 b.line("}");
                 "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
             }
+        }
+        KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved } => {
+            if d % 2 != 0 {
+                return Err(format!("rope needs an even head dim, got {d}"));
+            }
+            let i = b.open_guarded_gid();
+            let isq = b.op(&format!("arith.cmpi slt, {i}, %nq : i64"));
+            b.line(&format!("scf.if {isq} {{"));
+            let (_, i0, i1, y0, y1) = b.rope_pair(&i, "%xq", *h, *d, *theta_bits, *interleaved);
+            b.store(&y0, "%y", &i0);
+            b.store(&y1, "%y", &i1);
+            b.line("} else {");
+            let j = b.op(&format!("arith.subi {i}, %nq : i64"));
+            let isk = b.op(&format!("arith.cmpi slt, {j}, %nk : i64"));
+            b.line(&format!("scf.if {isk} {{"));
+            let (t, i0, i1, y0, y1) = b.rope_pair(&j, "%xk", *kvh, *d, *theta_bits, *interleaved);
+            b.store_to_slot(&y0, &i0, &t, kvh * d, "%kc");
+            b.store_to_slot(&y1, &i1, &t, kvh * d, "%kc");
+            b.line("} else {");
+            // v: two consecutive elements per item
+            let v = b.op(&format!("arith.subi {j}, %nk : i64"));
+            let c2 = b.ci64(2);
+            let e0 = b.op(&format!("arith.muli {v}, {c2} : i64"));
+            let row = b.ci64((kvh * d) as i64);
+            let t = b.op(&format!("arith.divui {e0}, {row} : i64"));
+            let c1 = b.ci64(1);
+            let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
+            for e in [e0, e1] {
+                let x = b.load("%xv", &e);
+                b.store_to_slot(&x, &e, &t, kvh * d, "%vc");
+            }
+            b.line("}");
+            b.line("}");
+            b.line("}");
+            "%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nq: i64, %nk: i64"
+                .into()
         }
         KernelSpec::CacheWrite { row } => {
             let i = b.open_guarded_gid();

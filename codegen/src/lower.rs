@@ -343,6 +343,9 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         });
     }
+    if std::env::var("DSC_NO_QKV_ROPE_FUSION").is_err() {
+        fuse_qkv_rope_cache(g, &mut steps);
+    }
     Ok(steps)
 }
 
@@ -459,6 +462,78 @@ fn fuse_norm(g: &Graph, norms: &std::collections::HashSet<dsc_ir::NodeId>, id: d
     st
 }
 
+/// The users of a merged Q/K/V matmul — rope(q), rope_cache_write(k) into the K pool,
+/// cache_write(v) into the V pool — run as one kernel (`QkvRopeCache`), launched at the last
+/// of the three steps (so every buffer it writes is live by then and every input still is);
+/// the other two steps launch nothing (the rotated q keeps its buffer, the pools their
+/// aliases). A lowering-level fusion: the graph keeps the three ops. DSC_NO_QKV_ROPE_FUSION=1
+/// at compile time keeps three kernels (A/B runs).
+fn fuse_qkv_rope_cache(g: &Graph, steps: &mut [Step]) {
+    use dsc_ir::NodeId;
+    let at: std::collections::HashMap<String, usize> = steps.iter().enumerate().map(|(i, s)| (s.node.clone(), i)).collect();
+    // the one user of `id` through reshapes, and the reshape chain's last node
+    let through = |id: NodeId| -> Option<(NodeId, NodeId)> {
+        let mut cur = id;
+        loop {
+            let users = g.users(cur);
+            if users.len() != 1 || g.outputs.iter().any(|(_, o)| *o == cur) {
+                return None;
+            }
+            let u = users[0];
+            if matches!(g.node(u).op, Op::Reshape) {
+                cur = u;
+            } else {
+                return Some((cur, u));
+            }
+        }
+    };
+    for cat in g.node_ids().filter(|&n| matches!(g.node(n).op, Op::MatMulCat)) {
+        let slices = g.users(cat);
+        if slices.len() != 3 {
+            continue;
+        }
+        let (mut q, mut k, mut v) = (None, None, None);
+        for &s in &slices {
+            let Some((x, u)) = through(s) else { continue };
+            match g.node(u).op {
+                Op::Rope { .. } if g.operands(u)[0] == x => q = Some((x, u)),
+                Op::RopeCacheWrite { .. } if g.operands(u)[1] == x => k = Some((x, u)),
+                Op::CacheWrite if g.operands(u)[1] == x => v = Some((x, u)),
+                _ => {}
+            }
+        }
+        let (Some((xq, rq)), Some((xk, rk)), Some((xv, wv))) = (q, k, v) else { continue };
+        let (Op::Rope { theta, style, rotary_dim }, Op::RopeCacheWrite { theta: tk, style: sk, rotary_dim: dk }) = (&g.node(rq).op, &g.node(rk).op) else { continue };
+        let (qo, ko, vo) = (g.operands(rq), g.operands(rk), g.operands(wv));
+        // same positions for both ropes, same slots for both writes, one rotation
+        if qo[1] != ko[3] || ko[2] != vo[2] || theta != tk || style != sk || rotary_dim != dk {
+            continue;
+        }
+        let dims = |id: NodeId| -> Option<(usize, usize)> {
+            let t = &g.node(id).ty;
+            (t.rank() == 3).then_some((t.shape[1].as_const()?, t.shape[2].as_const()?))
+        };
+        let (Some((h, d)), Some((kvh, dk2)), Some((kvh2, dv))) = (dims(xq), dims(xk), dims(xv)) else { continue };
+        if d != dk2 || d != dv || kvh != kvh2 || *rotary_dim != d || d % 2 != 0 {
+            continue;
+        }
+        let name = |id: NodeId| g.node(id).name.clone();
+        let (Some(&iq), Some(&ik), Some(&iv)) = (at.get(&name(rq)), at.get(&name(rk)), at.get(&name(wv))) else { continue };
+        let host = iq.max(ik).max(iv);
+        let kc = steps[ik].args[3].clone();
+        let vc = steps[iv].args[2].clone();
+        for i in [iq, ik, iv] {
+            steps[i].kernel = None;
+        }
+        let h_ = &mut steps[host];
+        h_.kernel = Some(KernelSpec::QkvRopeCache { h, kvh, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved });
+        h_.args = vec![name(xq), name(xk), name(xv), name(qo[1]), name(ko[2]), kc, vc, name(rq)];
+        h_.scalars = vec![Scalar::HalfNumel(name(cat)), Scalar::HalfNumel(name(xq)), Scalar::HalfNumel(name(xk))];
+        h_.work = Scalar::HalfNumel(name(cat));
+        h_.grid_y = Scalar::Const(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,6 +564,29 @@ mod tests {
         }
         // the parts are views at rows x offset
         assert_eq!(by("k").alias_offset, Some(Scalar::RowsTimes("qk".into(), 32)));
+    }
+
+    #[test]
+    fn rope_q_rope_cache_k_and_cache_v_run_as_one_kernel_at_the_last_of_their_steps() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %kc = state : f32[4, 4, 2, 8]\n  %vc = state : f32[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : f32[4, 4, 2, 8]\n  output q = %qr\n  output k = %kw\n  output v = %vw\n}\n";
+        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let idx = |n: &str| steps.iter().position(|s| s.node == n).unwrap();
+        let host = idx("qr").max(idx("kw")).max(idx("vw"));
+        let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).collect();
+        assert_eq!(fused.len(), 1);
+        assert_eq!(fused[0].node, steps[host].node);
+        assert!(matches!(fused[0].kernel, Some(KernelSpec::QkvRopeCache { h: 4, kvh: 2, d: 8, interleaved: false, .. })));
+        assert_eq!(fused[0].args, ["qh", "kh", "vh", "pos", "slots", "kc", "vc", "qr"]);
+        for n in ["qr", "kw", "vw"] {
+            assert!(steps[idx(n)].kernel.is_none() || idx(n) == host, "{n}");
+        }
+        // the pools stay aliased, the rotated q keeps its own buffer
+        assert_eq!(steps[idx("kw")].alias_of.as_deref(), Some("kc"));
+        assert_eq!(steps[idx("qr")].alias_of, None);
+        // another reader of k's slice: no fusion
+        let other = src.replace("  output q = %qr\n", "  %k2 = neg(%k) : f32[T, 16]\n  output q = %qr\n  output k2 = %k2\n");
+        let steps = lower_with(&text::parse(&other).unwrap(), false).unwrap();
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))));
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![n as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol,
         });
         specs.push(spec);
@@ -113,6 +114,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: vec![(rows * cols) as i64, bl as i64],
                 expected: data.push(&want),
                 init: None,
+                written_inputs: vec![],
                 tol: 1e-6,
             });
         }
@@ -137,6 +139,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![rows as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -165,6 +168,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: vec![n as i64],
                 expected: data.push(&want),
                 init: None,
+                written_inputs: vec![],
                 tol: 1e-5,
             });
         }
@@ -191,6 +195,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     scalars: vec![m as i64, n as i64],
                     expected: data.push(&want),
                     init: None,
+                    written_inputs: vec![],
                     tol,
                 });
             }
@@ -213,6 +218,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: vec![m as i64, n as i64],
                 expected: data.push(&want),
                 init: None,
+                written_inputs: vec![],
                 tol: 1e-2,
             });
         }
@@ -240,6 +246,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     scalars: vec![m as i64, n as i64],
                     expected: data.push(&want),
                     init: None,
+                    written_inputs: vec![],
                     tol: 1e-2,
                 });
             }
@@ -267,6 +274,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![n as i64],
             expected: ya.clone(),
             init: None,
+            written_inputs: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -284,6 +292,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: vec![m as i64, n as i64],
                 expected: ya,
                 init: None,
+                written_inputs: vec![],
                 tol: 1e-2,
             });
             specs.push(spec);
@@ -316,6 +325,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: if few { vec![m as i64, n as i64] } else { vec![n as i64] },
                 expected: ya.clone(),
                 init: None,
+                written_inputs: vec![],
                 tol: if few { 1e-2 } else { 1e-5 },
             });
             specs.push(spec);
@@ -350,6 +360,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars,
                 expected: data.push(&want),
                 init: None,
+                written_inputs: vec![],
                 tol,
             });
             specs.push(spec);
@@ -402,6 +413,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     scalars,
                     expected: data.push(&want),
                     init: None,
+                    written_inputs: vec![],
                     tol,
                 });
                 specs.push(spec);
@@ -452,10 +464,59 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars,
                 expected: data.push(&want),
                 init: None,
+                written_inputs: vec![],
                 tol: 1e-5,
             });
             specs.push(spec);
         }
+    }
+    // the fused users of a merged Q/K/V matmul: rope(q) out of place, rope(k) into the K pool,
+    // v into the V pool (QkvRopeCache), both rope styles; the pools checked as written inputs
+    for interleaved in [false, true] {
+        let (t, h, kvh, d, nb, bs, theta) = (5usize, 4usize, 2usize, 16usize, 3usize, 4usize, 10000.0f32);
+        let style = if interleaved { "interleaved" } else { "half" };
+        let xq = rand_vec(t * h * d, -1.0, 1.0);
+        let xk = rand_vec(t * kvh * d, -1.0, 1.0);
+        let xv = rand_vec(t * kvh * d, -1.0, 1.0);
+        let pos: Vec<i32> = (0..t).map(|i| [0, 1, 77, 4095, 9][i]).collect();
+        let slots: Vec<i32> = (0..t).map(|i| [3, 0, 11, 7, 5][i]).collect();
+        let kc0 = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
+        let vc0 = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
+        let rope_src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {h}, {d}]\n  %p = input : i32[{t}]\n  %y = rope(%x, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : f32[{t}, {h}, {d}]\n  output y = %y\n}}\n");
+        let want_q = reference(&rope_src, vec![("x", Tensor::new(vec![t, h, d], xq.clone())), ("p", Tensor::from_i32(vec![t], &pos))], &Weights::new())?;
+        let cache = |x: &[f32], c0: &[f32], rope: bool| -> anyhow::Result<Vec<f32>> {
+            let op = if rope { format!("rope_cache_write(%c, %x, %s, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}}") } else { "cache_write(%c, %x, %s)".to_string() };
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %p = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = {op} : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
+            let g = text::parse(&src)?;
+            let none: Weights = HashMap::new();
+            let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
+            ex.state_mut("c").context("state c")?.data.copy_from_slice(c0);
+            let ins =
+                BTreeMap::from([("x".to_string(), Tensor::new(vec![t, kvh, d], x.to_vec())), ("s".to_string(), Tensor::from_i32(vec![t], &slots)), ("p".to_string(), Tensor::from_i32(vec![t], &pos))]);
+            Ok(ex.run(&ins)?.into_values().next().context("one output")?.data)
+        };
+        let want_k = cache(&xk, &kc0, true)?;
+        let want_v = cache(&xv, &vc0, false)?;
+        let spec = KernelSpec::QkvRopeCache { h, kvh, d, theta_bits: theta.to_bits(), interleaved };
+        let items = t * d / 2 * (h + 2 * kvh);
+        let (g, b) = grid(&spec.launch(), items);
+        let (kca, vca) = (data.push(&kc0), data.push(&vc0));
+        let (wk, wv) = (data.push(&want_k), data.push(&want_v));
+        cases.push(Case {
+            name: format!("qkv_rope_cache {t} tokens {h}/{kvh}x{d} {style}"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![data.push(&xq), data.push(&xk), data.push(&xv), data.push_i32(&pos), data.push_i32(&slots), kca, vca],
+            scalars: vec![items as i64, (t * h * d / 2) as i64, (t * kvh * d / 2) as i64],
+            expected: data.push(&want_q),
+            init: None,
+            written_inputs: vec![(5, wk), (6, wv)],
+            // the rope kernels' bound (approximate sin/cos after range reduction; pos 4095)
+            tol: 1e-4,
+        });
+        specs.push(spec);
     }
     // gather (embedding) from plain and packed tables
     let (v, d, t) = (1000usize, 576usize, 13usize);
@@ -488,6 +549,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![(t * d) as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 1e-6,
         });
         specs.push(spec);
@@ -512,6 +574,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![(t * h * d / 2) as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 1e-4,
         });
         specs.push(spec);
@@ -542,6 +605,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![(t * row) as i64],
             expected: data.push(&want),
             init: Some(init_arr.clone()),
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -569,6 +633,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: vec![(t * row / 2) as i64],
                 expected: data.push(&want),
                 init: Some(init_arr.clone()),
+                written_inputs: vec![],
                 tol: 1e-4,
             });
             specs.push(spec);
@@ -631,6 +696,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 scalars: vec![(t * h) as i64, mb as i64],
                 expected: expected.clone(),
                 init: None,
+                written_inputs: vec![],
                 tol: 1e-4,
             });
             specs.push(spec);
@@ -654,6 +720,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![n as i64, base, scale.to_bits() as i64, ones as i64, n as i64, 0, 0],
             expected: data.push(&as_f32),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         if !ones {
@@ -681,6 +748,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![n as i64, base, scale.to_bits() as i64, 0, len as i64, stride as i64, col0 as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
     }
@@ -705,6 +773,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![rows as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -729,6 +798,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![rows as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -754,6 +824,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![rows as i64],
             expected: data.push(&bits),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -777,6 +848,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![want.len() as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -799,6 +871,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![want.len() as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -825,6 +898,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![rows as i64],
             expected: data.push(&bits),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -846,6 +920,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![want.len() as i64, 5, 3, 16],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -867,6 +942,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             scalars: vec![want.len() as i64],
             expected: data.push(&want),
             init: None,
+            written_inputs: vec![],
             tol: 0.0,
         });
         specs.push(spec);

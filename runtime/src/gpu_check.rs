@@ -36,6 +36,10 @@ pub struct Case {
     /// initial output contents (an in-place kernel's buffer); NaN poison when absent
     #[serde(default)]
     pub init: Option<Array>,
+    /// inputs the kernel also writes (KV pools), by position in `inputs`, with their
+    /// expected contents after one launch (checked like the output)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub written_inputs: Vec<(usize, Array)>,
     pub tol: f32,
 }
 
@@ -119,12 +123,22 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         stream.synchronize()?;
         let got = stream.clone_dtoh(&out)?;
         let unwritten = got.iter().filter(|v| v.is_nan()).count();
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(&want) {
-            num += ((g - w) as f64).powi(2);
-            den += (*w as f64).powi(2);
+        let rel_of = |got: &[f32], want: &[f32]| {
+            let (mut num, mut den) = (0f64, 0f64);
+            for (g, w) in got.iter().zip(want) {
+                num += ((g - w) as f64).powi(2);
+                den += (*w as f64).powi(2);
+            }
+            (num / den.max(1e-30)).sqrt()
+        };
+        let mut rel = rel_of(&got, &want);
+        for (i, a) in &c.written_inputs {
+            let buf = ins.get(*i).with_context(|| format!("{}: written input {i} out of range", c.name))?;
+            let bytes = stream.clone_dtoh(buf)?;
+            let got: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let r = rel_of(&got, &f32s(&data, a)?);
+            rel = if r.is_nan() { r } else { rel.max(r) };
         }
-        let rel = (num / den.max(1e-30)).sqrt();
         // timing: CUDA events around repeated launches after warm-up, median of 20
         let mut times = vec![];
         for _ in 0..3 {
