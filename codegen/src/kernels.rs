@@ -597,6 +597,28 @@ impl Body {
         let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
         (t, i0, i1, y0, y1)
     }
+    /// Sum of `v` over a block of `warps` warps (`t`: the thread index): a warp sum, one
+    /// partial per warp through the shared `%red` (`smt`), a barrier, then every thread adds
+    /// the partials to `init`.
+    fn block_sum(&mut self, v: &str, t: &str, warps: usize, smt: &str, init: &str) -> String {
+        let part = self.warp_sum(v);
+        let c32 = self.op("arith.constant 32 : index");
+        let lane = self.op(&format!("arith.remui {t}, {c32} : index"));
+        let warp = self.op(&format!("arith.divui {t}, {c32} : index"));
+        let zi = self.op("arith.constant 0 : index");
+        let l0 = self.op(&format!("arith.cmpi eq, {lane}, {zi} : index"));
+        self.line(&format!("scf.if {l0} {{"));
+        self.line(&format!("memref.store {part}, %red[{warp}] : {smt}"));
+        self.line("}");
+        self.line("gpu.barrier");
+        let mut total = init.to_string();
+        for w in 0..warps {
+            let wi = self.op(&format!("arith.constant {w} : index"));
+            let v = self.op(&format!("memref.load %red[{wi}] : {smt}"));
+            total = self.op(&format!("arith.addf {total}, {v} : f32"));
+        }
+        total
+    }
     /// y at element index `i` of a [T, row] tensor (token t) into the pool row slots[t]
     fn store_to_slot(&mut self, y: &str, i: &str, t: &str, row: usize, cache: &str) {
         let r = self.ci64(row as i64);
@@ -1408,22 +1430,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 let s4 = b.sum4(&sq);
                 acc = b.op(&format!("arith.addf {acc}, {s4} : f32"));
             }
-            let part = b.warp_sum(&acc);
-            let c32 = b.op("arith.constant 32 : index");
-            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
-            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
-            let zi = b.op("arith.constant 0 : index");
-            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {zi} : index"));
-            b.line(&format!("scf.if {l0} {{"));
-            b.line(&format!("memref.store {part}, %red[{warp}] : {smt}"));
-            b.line("}");
-            b.line("gpu.barrier");
-            let mut total = b.cf32(0.0);
-            for w in 0..warps {
-                let wi = b.op(&format!("arith.constant {w} : index"));
-                let v = b.op(&format!("memref.load %red[{wi}] : {smt}"));
-                total = b.op(&format!("arith.addf {total}, {v} : f32"));
-            }
+            let zero = b.cf32(0.0);
+            let total = b.block_sum(&acc, &t, warps, &smt, &zero);
             let inv = b.inv_rms(&total, *d, eps);
             for (j, i) in idx.iter().enumerate() {
                 let e = b.op(&format!("arith.addi {base}, {i} : i64"));
@@ -1470,23 +1478,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let a2 = b.op(&format!("arith.addf {a}, {s4} : f32"));
             b.line(&format!("scf.yield {a2} : f32"));
             b.line("}");
-            let part = b.warp_sum(&acc);
-            // one partial per warp through shared memory
-            let c32 = b.op("arith.constant 32 : index");
-            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
-            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
-            let zi = b.op("arith.constant 0 : index");
-            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {zi} : index"));
-            b.line(&format!("scf.if {l0} {{"));
-            b.line(&format!("memref.store {part}, %red[{warp}] : {smt}"));
-            b.line("}");
-            b.line("gpu.barrier");
-            let mut total = zero.clone();
-            for w in 0..warps {
-                let wi = b.op(&format!("arith.constant {w} : index"));
-                let v = b.op(&format!("memref.load %red[{wi}] : {smt}"));
-                total = b.op(&format!("arith.addf {total}, {v} : f32"));
-            }
+            let total = b.block_sum(&acc, &t, warps as usize, &smt, &zero);
             let inv = b.inv_rms(&total, *d, eps);
             let iv2 = b.v();
             b.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));

@@ -43,6 +43,21 @@ fn reference(src: &str, inputs: Vec<(&str, Tensor)>, weights: &Weights) -> anyho
     Ok(out.into_values().next().context("one output")?.data)
 }
 
+/// A merged matmul's row-major [m, sum(parts)] result in the GPU's part-major layout: part i
+/// is a contiguous [m, N_i] after the parts before it.
+fn part_major(rowmajor: &[f32], m: usize, parts: &[usize]) -> Vec<f32> {
+    let total: usize = parts.iter().sum();
+    let mut out = Vec::with_capacity(rowmajor.len());
+    let mut off = 0;
+    for &p in parts {
+        for r in 0..m {
+            out.extend_from_slice(&rowmajor[r * total + off..r * total + off + p]);
+        }
+        off += p;
+    }
+    out
+}
+
 fn grid(launch: &Launch, n: usize) -> (u32, u32) {
     match launch {
         Launch::PerElement { threads } => ((n as u32).div_ceil(*threads), *threads),
@@ -382,15 +397,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 let decl: String = parts.iter().enumerate().map(|(i, p)| format!("  %w{i} = weight : {wdtype}[{p}, {k}]\n")).collect();
                 let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1, %w2) : f32[{m}, {total}]\n  output y = %y\n}}\n");
                 let rowmajor = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-                // part-major: part i is [m, N_i] after the parts before it
-                let mut want = vec![];
-                let mut off = 0;
-                for &p in &parts {
-                    for r in 0..m {
-                        want.extend_from_slice(&rowmajor[r * total + off..r * total + off + p]);
-                    }
-                    off += p;
-                }
+                let want = part_major(&rowmajor, m, &parts);
                 let (inner, grid_y, mut scalars, tol) = match kind {
                     "gemv" => (KernelSpec::MatMul { k, n: total, wdtype, bias: false, residual: false }, m as u32, vec![total as i64], if wdtype == DType::BF16 { 1e-5 } else { 1e-4 }),
                     "few" => (KernelSpec::MatMulFew { k, n: total, wdtype, bias: false, residual: false, rows: 32 }, m.div_ceil(32) as u32, vec![m as i64, total as i64], 1e-2),
@@ -440,14 +447,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let src =
                 format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n{decl}  %xn = rms_norm(%x, %g) {{eps = {eps:?}}} : f32[{m}, {k}]\n  %y = {mm}\n  output y = %y\n}}\n");
             let rowmajor = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-            let mut want = vec![];
-            let mut off = 0;
-            for &p in &parts {
-                for r in 0..m {
-                    want.extend_from_slice(&rowmajor[r * total + off..r * total + off + p]);
-                }
-                off += p;
-            }
+            let want = part_major(&rowmajor, m, &parts);
             let gemv = KernelSpec::MatMul { k, n: total, wdtype: DType::BF16, bias: false, residual: false };
             let (inner, scalars) = if parts.len() == 1 { (gemv, vec![total as i64]) } else { (KernelSpec::MatMulParts { inner: Box::new(gemv), parts: parts.clone() }, vec![total as i64, m as i64]) };
             let spec = KernelSpec::NormMatMul { inner: Box::new(inner), eps_bits: eps.to_bits() };
