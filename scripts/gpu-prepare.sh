@@ -21,7 +21,8 @@ cd "$(dirname "$0")/.."
 cargo build --release -p dsc-compiler -p dsc-runtime
 mkdir -p .gpu .cache
 cp target/release/dsc-runtime .gpu/
-./target/release/dsc gpu-bundle --dir .gpu/check
+# (under SWEEP_ENV, when set: a codegen knob's kernels are then what the check verifies)
+env ${SWEEP_ENV:-} ./target/release/dsc gpu-bundle --dir .gpu/check
 # the MLIR/LLVM dumps are for people, not the device (they would crowd the 64 MiB a call carries)
 mkdir -p .gpu/check-dumps && mv .gpu/check/kernels.ll .gpu/check/kernels.mlir .gpu/check-dumps/
 ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/llama3-8b.plan

@@ -35,15 +35,27 @@ pub const GEMV_WARPS: usize = 4;
 
 /// (warps per block, K steps unrolled) of the tensor-core batched GEMV.
 pub fn gemv_mma_tiling() -> (usize, usize) {
+    let (w, u, _) = gemv_mma_tiling3();
+    (w, u)
+}
+
+/// (warps per block, K steps unrolled, 16-row A tiles per block) of the tensor-core batched
+/// GEMV; DSC_GEMV_MMA_TILING=W,U[,A] overrides (A > 1: each block computes 16·A outputs and
+/// reuses every activation fragment for A tiles — A times less activation traffic from L2,
+/// A times fewer blocks; not yet measured on the H200, so A = 1 by default).
+pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
     if let Ok(v) = std::env::var("DSC_GEMV_MMA_TILING") {
         let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        if p.len() == 2 && (1..=32).contains(&p[0]) && p[1] >= 1 {
-            return (p[0], p[1]);
+        if (2..=3).contains(&p.len()) && (1..=32).contains(&p[0]) && p[1] >= 1 {
+            let a = p.get(2).copied().unwrap_or(1);
+            if (1..=8).contains(&a) {
+                return (p[0], p[1], a);
+            }
         }
     }
     // measured on the H200 (8B shape, b8/b32/b64 tok/s): (4,2) 795/1967/2998, (8,2)
     // 923/2357/2793, (4,4) 943/2092/2892, (8,4) 1034/2591/3019, (16,1) 993/2632/3044
-    (8, 4)
+    (8, 4, 1)
 }
 
 /// The plain-float GEMV's tiling for a [N, K] weight: (outputs per block, chunk rounds
@@ -248,7 +260,10 @@ impl KernelSpec {
             KernelSpec::RmsNorm { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => Launch::OutputsPerBlock { outputs: 16, rows: *rows as u32, warps: gemv_mma_tiling().0 as u32 },
+            KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
+                let (w, _, a) = gemv_mma_tiling3();
+                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
+            }
             KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
@@ -979,11 +994,15 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         DType::F16 => true,
         other => return Err(format!("the tensor-core batched GEMV takes bf16/f16 weights, not {other}")),
     };
-    let (nw, unroll) = gemv_mma_tiling();
+    let (nw, unroll, na) = gemv_mma_tiling3();
     let nt = GEMV_MMA_ROWS / 8; // B tiles
     let steps = k / 32;
     let (jloop, rounds) = split_k_schedule(steps, 1, nw, unroll);
-    let per = 4 * nt;
+    // accumulators per lane: [A tile a][B tile j][4] at a * 4 nt + 4 j + i
+    let per = 4 * nt * na;
+    if nw * per * 32 * 4 > 48 * 1024 {
+        return Err(format!("batched GEMV tiling: {nw} warps x {na} A tiles need {} KB of shared memory for the reduction (max 48)", nw * per * 32 * 4 / 1024));
+    }
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
     b.workgroup = Some(format!("%red : {smt}"));
     let t = b.op("gpu.thread_id x");
@@ -996,8 +1015,8 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     let c4 = b.ci64(4);
     let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
     let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
-    let c16 = b.ci64(16);
-    let col0 = b.op(&format!("arith.muli {bx64}, {c16} : i64"));
+    let cout = b.ci64(16 * na as i64);
+    let col0 = b.op(&format!("arith.muli {bx64}, {cout} : i64"));
     let cmt = b.ci64(GEMV_MMA_ROWS as i64);
     let row0 = b.op(&format!("arith.muli {by64}, {cmt} : i64"));
     let one = b.ci64(1);
@@ -1007,9 +1026,10 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     let c8 = b.ci64(8);
     let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
     let wrowbytes = b.ci64((k * 2) as i64);
-    let wbase: Vec<String> = [0i64, 8]
-        .iter()
-        .map(|&d| {
+    // A tile a's rows g and g + 8: wbase[2 a], wbase[2 a + 1]
+    let wbase: Vec<String> = (0..na)
+        .flat_map(|a| [16 * a as i64, 16 * a as i64 + 8])
+        .map(|d| {
             let cd = b.ci64(d);
             let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
             let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
@@ -1041,21 +1061,25 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         for s in ss {
             let cb = b.ci64(64);
             let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
-            let pair: Vec<Vec<String>> = wbase
+            // [A tile][row g, row g + 8][4 words]
+            let loads: Vec<Vec<String>> = wbase
                 .iter()
                 .map(|base| {
                     let off = b.op(&format!("arith.addi {base}, {so} : i64"));
                     b.load_vec("%w", &off, 4, "i32", 16)
                 })
                 .collect();
-            ws.push(pair);
+            ws.push(loads.chunks(2).map(|c| c.to_vec()).collect::<Vec<Vec<Vec<String>>>>());
         }
         let mut out = acc.to_vec();
         for j in 0..nt {
-            let cur: Vec<String> = out[4 * j..4 * j + 4].to_vec();
+            // this B tile's accumulators of every A tile
+            let idx: Vec<usize> = (0..na).flat_map(|a| (0..4).map(move |i| a * 4 * nt + 4 * j + i)).collect();
+            let cur: Vec<String> = idx.iter().map(|&i| out[i].clone()).collect();
+            let f32s = vec!["f32"; cur.len()].join(", ");
             let res = if j > 0 {
                 let res = b.v();
-                b.line(&format!("{res}:4 = scf.if {} -> (f32, f32, f32, f32) {{", live[j]));
+                b.line(&format!("{res}:{} = scf.if {} -> ({f32s}) {{", cur.len(), live[j]));
                 Some(res)
             } else {
                 None
@@ -1073,29 +1097,38 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
             }
             let mut c = cur.clone();
             for (si, x) in xs.iter().enumerate() {
-                let w = &ws[si];
                 for half in 0..2 {
-                    let a = [&w[0][2 * half], &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
+                    // the B fragment once, for every A tile
                     let b0 = b.pack2(&x[4 * half], &x[4 * half + 1], f16);
                     let b1 = b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16);
-                    let r = b.op(&format!(
-                        "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
-                        a[0], a[1], a[2], a[3], c[0], c[1], c[2], c[3]
-                    ));
-                    c = (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+                    for a in 0..na {
+                        let w = &ws[si][a];
+                        let av = [&w[0][2 * half], &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
+                        let r = b.op(&format!(
+                            "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
+                            av[0], av[1], av[2], av[3], c[4 * a], c[4 * a + 1], c[4 * a + 2], c[4 * a + 3]
+                        ));
+                        for i in 0..4 {
+                            c[4 * a + i] = b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"));
+                        }
+                    }
                 }
             }
             match res {
                 Some(res) => {
-                    b.line(&format!("scf.yield {} : f32, f32, f32, f32", c.join(", ")));
+                    b.line(&format!("scf.yield {} : {f32s}", c.join(", ")));
                     b.line("} else {");
-                    b.line(&format!("scf.yield {} : f32, f32, f32, f32", cur.join(", ")));
+                    b.line(&format!("scf.yield {} : {f32s}", cur.join(", ")));
                     b.line("}");
-                    for i in 0..4 {
-                        out[4 * j + i] = format!("{res}#{i}");
+                    for (q, &i) in idx.iter().enumerate() {
+                        out[i] = format!("{res}#{q}");
                     }
                 }
-                None => out[4 * j..4 * j + 4].clone_from_slice(&c),
+                None => {
+                    for (q, &i) in idx.iter().enumerate() {
+                        out[i] = c[q].clone();
+                    }
+                }
             }
         }
         out
@@ -1119,7 +1152,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     let c2 = b.ci64(2);
     let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
     for (a, part) in acc.iter().enumerate() {
-        let (j, i) = (a / 4, a % 4);
+        let (at, j, i) = (a / (4 * nt), (a / 4) % nt, a % 4);
         let mut total = part.clone();
         for w in 1..nw {
             let ca = b.op(&format!("arith.constant {} : index", (w * per + a) * 32));
@@ -1127,7 +1160,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
             let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
             total = b.op(&format!("arith.addf {total}, {v} : f32"));
         }
-        let co = b.ci64(if i >= 2 { 8 } else { 0 });
+        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
         let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
         let col = b.op(&format!("arith.addi {col}, {co} : i64"));
         let cr = b.ci64((8 * j + i % 2) as i64);

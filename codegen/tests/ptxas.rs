@@ -67,6 +67,23 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4 });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16 });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4 });
+    // merged matmuls in every family, the norm prologue, the fused Q/K/V rope + cache writes,
+    // one-pass RMSNorm
+    let parts = vec![1024usize, 4096, 1024];
+    for inner in [
+        KernelSpec::MatMul { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false },
+        KernelSpec::MatMul { k: 4096, n: 6144, wdtype: DType::Q4_1, bias: false, residual: false },
+        KernelSpec::MatMulFew { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, rows: 32 },
+        KernelSpec::MatMulMma { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false },
+        KernelSpec::MatMulWgmma { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, n_tile: 64 },
+        KernelSpec::MatMulWgmma { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, n_tile: 16 },
+    ] {
+        v.push(KernelSpec::MatMulParts { inner: Box::new(inner), parts: parts.clone() });
+    }
+    let gemv = KernelSpec::MatMul { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false };
+    v.push(KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(gemv), parts }), eps_bits: 1e-5f32.to_bits() });
+    v.push(KernelSpec::QkvRopeCache { h: 32, kvh: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false });
+    v.push(KernelSpec::RmsNorm { d: 4096, eps_bits: 1e-5f32.to_bits() });
     v
 }
 
