@@ -179,6 +179,7 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
     let mut root: HashMap<&str, &str> = HashMap::new();
     let mut life: Vec<dsc_runtime::plan::BufferLife> = vec![];
     let mut index: HashMap<&str, usize> = HashMap::new();
+    // every buffer's defining step, and the root of every alias
     for (i, s) in steps.iter().enumerate() {
         match &s.alias_of {
             Some(of) => {
@@ -190,11 +191,16 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
                 life.push(dsc_runtime::plan::BufferLife { node: s.node.clone(), first: i, last: i });
             }
         }
-        // every kernel the step may launch: the alternatives can read other buffers
+    }
+    // then every step that names a buffer, in any kernel it may launch (the alternatives can
+    // read other buffers), extends its life both ways: a fused kernel may write a buffer
+    // before the buffer's own (then kernel-less) step
+    for (i, s) in steps.iter().enumerate() {
         let alt_args = [&s.large, &s.hopper, &s.hopper_small, &s.few].into_iter().flatten().filter_map(|l| l.args.as_ref()).flatten();
         for a in s.args.iter().chain(s.alias_of.iter()).chain(alt_args) {
             let r = root.get(a.as_str()).copied().unwrap_or(a.as_str());
             if let Some(&j) = index.get(r) {
+                life[j].first = life[j].first.min(i);
                 life[j].last = life[j].last.max(i);
             }
         }
@@ -207,6 +213,48 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
         }
     }
     life
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(node: &str, args: &[&str], alias_of: Option<&str>) -> GpuStep {
+        GpuStep {
+            node: node.into(),
+            kernel: Some("k".into()),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            scalars: vec![],
+            launch: "per_element".into(),
+            block: 256,
+            threads: None,
+            work: Scalar::Const(1),
+            grid_y: Scalar::Const(1),
+            alias_of: alias_of.map(String::from),
+            alias_offset: None,
+            min_rows: None,
+            large: None,
+            hopper: None,
+            hopper_small: None,
+            few: None,
+            collective: None,
+        }
+    }
+
+    #[test]
+    fn a_buffer_written_before_its_own_step_lives_from_that_write() {
+        let g =
+            dsc_ir::text::parse("graph \"t\" {\n  %x = input : f32[4]\n  %a = neg(%x) : f32[4]\n  %v = reshape(%a) : f32[4]\n  %b = neg(%v) : f32[4]\n  %c = neg(%b) : f32[4]\n  output c = %c\n}\n")
+                .unwrap();
+        // step 1 (a kernel fused into `v`'s place) writes b early; b's own step launches nothing
+        let steps = vec![step("a", &["x", "a"], None), step("v", &["a", "b"], Some("a")), step("b", &[], None), step("c", &["b", "c"], None)];
+        let life = lifetimes(&g, &steps);
+        let of = |n: &str| life.iter().find(|l| l.node == n).map(|l| (l.first, l.last)).unwrap();
+        assert_eq!(of("b"), (1, 3));
+        // a is read through its alias at step 1, c lives to the end (an output)
+        assert_eq!(of("a"), (0, 1));
+        assert_eq!(of("c"), (3, 4));
+    }
 }
 
 pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
