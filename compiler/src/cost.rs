@@ -41,6 +41,9 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
     let numel = |id| g.node(id).ty.eval_shape(&bind).map(|s| s.iter().product::<usize>()).unwrap_or(0);
     let mut out: Vec<(String, KernelCost)> = vec![];
     let Ok(order) = g.topo_order() else { return out };
+    // the GPU schedule's lowering-level fusions: nodes whose step launches nothing (their work
+    // is in another node's kernel) and nodes whose step runs a fused kernel
+    let lowered: std::collections::HashMap<String, Option<dsc_codegen::KernelSpec>> = dsc_codegen::lower::lower(g).map(|st| st.into_iter().map(|s| (s.node, s.kernel)).collect()).unwrap_or_default();
     for id in order {
         let n = g.node(id);
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
@@ -82,13 +85,19 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
                 (op.name().to_string(), inb + out_b, numel(id) as f64 * 2.0)
             }
         };
+        // rope(q) + rope_cache_write(k) + cache_write(v) of one merged Q/K/V matmul: one kernel
+        let (key, launches) = match lowered.get(&n.name) {
+            Some(Some(dsc_codegen::KernelSpec::QkvRopeCache { .. })) => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 1),
+            Some(None) if matches!(n.op, Op::Rope { .. } | Op::RopeCacheWrite { .. } | Op::CacheWrite) => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 0),
+            _ => (key, 1),
+        };
         match out.iter_mut().find(|(k, _)| *k == key) {
             Some((_, c)) => {
-                c.launches += 1;
+                c.launches += launches;
                 c.bytes += bytes;
                 c.flops += flops;
             }
-            None => out.push((key, KernelCost { launches: 1, bytes, flops })),
+            None => out.push((key, KernelCost { launches, bytes, flops })),
         }
     }
     out
