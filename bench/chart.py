@@ -44,7 +44,14 @@ if isinstance(gemm, list):
         key = f"gemm bf16 {g['m']}x{g['n']}x{g['k']} TFLOP/s"
         g["cublas_tflop_s"] = tk.get(key)
         g["of_cublas"] = round(g["tflop_s"] / tk[key], 3) if tk.get(key) else None
-res = {"gpu": gpu, "rows": rows, "dsc_gemm": gemm or "not measured", "torch_kernels": tk, "torch_compiled": tc or "not re-run (PEERS=0): see peer_source"}
+# dsc's attention kernel alone (dsc-runtime bench-attention) beside torch SDPA (same FLOP count)
+attn = load("attention.json")
+if isinstance(attn, list):
+    for a in attn:
+        key = f"sdpa causal gqa32/8 T={a['tokens']} TFLOP/s"
+        a["sdpa_tflop_s"] = tk.get(key) if a["kind"] == "prefill" else None
+        a["of_sdpa"] = round(a["tflop_s"] / tk[key], 3) if a["kind"] == "prefill" and tk.get(key) else None
+res = {"gpu": gpu, "rows": rows, "dsc_gemm": gemm or "not measured", "dsc_attention": attn or "not measured", "torch_kernels": tk, "torch_compiled": tc or "not re-run (PEERS=0): see peer_source"}
 json.dump(res, open(os.path.join(out, "perf.json"), "w"), indent=1)
 for r in rows:
     print(r)

@@ -165,42 +165,78 @@ pub struct GemmResult {
     pub tflop_s: f64,
 }
 
+/// The plan's PTX loaded on GPU 0, for the kernel-level benchmarks: device-generated random
+/// inputs (the plan's seeded_init kernels: nothing large is carried to the GPU machine) and
+/// CUDA-event timing.
+struct DeviceBench {
+    module: std::sync::Arc<cudarc::driver::CudaModule>,
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    target: &'static str,
+}
+
+fn derr(what: &str) -> impl Fn(cudarc::driver::DriverError) -> anyhow::Error {
+    let what = what.to_string();
+    move |e| anyhow::anyhow!("{what}: {e:?}")
+}
+
+impl DeviceBench {
+    fn open(prog: &crate::plan::GpuProgram) -> anyhow::Result<Self> {
+        use cudarc::driver::{sys::CUdevice_attribute as A, CudaContext};
+        let ctx = CudaContext::new(0).map_err(|e| anyhow::anyhow!("opening GPU 0: {e:?}"))?;
+        let cc = |a| ctx.attribute(a).map_err(|e| anyhow::anyhow!("device attribute: {e:?}"));
+        let target = crate::gpu::target_for(cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?).context("GPU not supported (sm_80+)")?;
+        let ptx = prog.ptx.get(target).with_context(|| format!("the plan has no PTX for {target}"))?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.clone())).map_err(|e| anyhow::anyhow!("loading the PTX: {e:?}"))?;
+        Ok(DeviceBench { module, stream: ctx.default_stream(), target })
+    }
+
+    /// `numel` elements of `dtype` filled on the device (seeded_init_<dtype>, values ±0.05)
+    fn random(&self, dtype: &str, numel: usize, seed: i64) -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        let d: dsc_ir::DType = dtype.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        let buf = self.stream.alloc_zeros::<u8>(d.bytes_for(numel).context("size")?).map_err(derr("allocating"))?;
+        let f = self.module.load_function(&format!("seeded_init_{dtype}")).map_err(derr("seeded_init"))?;
+        let (n, scale, ones, len, stride, col0) = (numel as i64, 0.05f32.to_bits() as i64, 0i64, numel as i64, 0i64, 0i64);
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&buf).arg(&n).arg(&seed).arg(&scale).arg(&ones).arg(&len).arg(&stride).arg(&col0);
+        // SAFETY: seeded_init writes `numel` elements of `dtype` into `buf`, sized for them
+        unsafe { lb.launch(LaunchConfig { grid_dim: ((numel as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("seeded_init"))?;
+        Ok(buf)
+    }
+
+    /// Median µs of 10 launches after 3 warm-ups (CUDA events).
+    fn time(&self, launch: &dyn Fn() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+        let ev = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        for _ in 0..3 {
+            launch()?;
+        }
+        let mut times = vec![];
+        for _ in 0..10 {
+            let a = self.stream.record_event(ev).map_err(derr("event"))?;
+            launch()?;
+            let b = self.stream.record_event(ev).map_err(derr("event"))?;
+            b.synchronize().map_err(derr("sync"))?;
+            times.push(a.elapsed_ms(&b).map_err(derr("elapsed"))? as f64 * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+}
+
 /// GEMM throughput of the plan's own tensor-core matmul kernels (wgmma on sm_90a, else
-/// mma.sync), one per distinct weight shape without a bias/residual epilogue, at `m` rows:
-/// x [m, K] f32 and W [N, K] (the weight's dtype) generated on the device by the plan's
-/// seeded_init kernels (nothing this size is carried to the GPU machine); median of 10 timed
-/// launches after 3 warm-ups, CUDA events. 2·m·N·K FLOP per launch.
+/// mma.sync), one per distinct kernel (merged and residual matmuls included, biased ones
+/// not), at `m` rows: x [m, K] f32 and W [N, K] (the weight's dtype) generated on the device;
+/// median of 10 timed launches after 3 warm-ups, CUDA events. 2·m·N·K FLOP per launch.
 pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
-    use cudarc::driver::{sys::CUdevice_attribute as A, CudaContext, LaunchConfig, PushKernelArg};
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
-    let ctx = CudaContext::new(0).map_err(|e| anyhow::anyhow!("opening GPU 0: {e:?}"))?;
-    let cc = |a| ctx.attribute(a).map_err(|e| anyhow::anyhow!("device attribute: {e:?}"));
-    let target = crate::gpu::target_for(cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?).context("GPU not supported (sm_80+)")?;
-    let ptx = prog.ptx.get(target).with_context(|| format!("the plan has no PTX for {target}"))?;
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.clone())).map_err(|e| anyhow::anyhow!("loading the PTX: {e:?}"))?;
-    let stream = ctx.default_stream();
-    let err = |what: &str| {
-        let what = what.to_string();
-        move |e: cudarc::driver::DriverError| anyhow::anyhow!("{what}: {e:?}")
-    };
-    // a buffer of `numel` elements of `dtype` filled on the device (seeded_init_<dtype>)
-    let random = |dtype: &str, numel: usize, seed: i64| -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
-        let d: dsc_ir::DType = dtype.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-        let buf = stream.alloc_zeros::<u8>(d.bytes_for(numel).context("size")?).map_err(err("allocating"))?;
-        let f = module.load_function(&format!("seeded_init_{dtype}")).map_err(err("seeded_init"))?;
-        let (n, scale, ones, len, stride, col0) = (numel as i64, 0.05f32.to_bits() as i64, 0i64, numel as i64, 0i64, 0i64);
-        let mut lb = stream.launch_builder(&f);
-        lb.arg(&buf).arg(&n).arg(&seed).arg(&scale).arg(&ones).arg(&len).arg(&stride).arg(&col0);
-        // SAFETY: seeded_init writes `numel` elements of `dtype` into `buf`, sized for them
-        unsafe { lb.launch(LaunchConfig { grid_dim: ((numel as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(err("seeded_init"))?;
-        Ok(buf)
-    };
+    let dev = DeviceBench::open(prog)?;
     let mut seen = std::collections::BTreeSet::new();
     let mut out = vec![];
     for s in &prog.steps {
-        let alt = if target == "sm_90a" { s.hopper.as_ref() } else { s.large.as_ref() };
+        let alt = if dev.target == "sm_90a" { s.hopper.as_ref() } else { s.large.as_ref() };
         let Some(l) = alt else { continue };
         if !seen.insert(l.kernel.clone()) {
             continue;
@@ -219,12 +255,12 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
         let k = ws[0].ty.shape[1].as_const().context("weight dims")?;
         let parts: Vec<usize> = ws.iter().map(|w| w.ty.shape[0].as_const().context("weight dims")).collect::<anyhow::Result<_>>()?;
         let n: usize = parts.iter().sum();
-        let f = module.load_function(&l.kernel).map_err(err(&l.kernel))?;
+        let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
         for &m in ms {
-            let x = random("f32", m * k, 11)?;
-            let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| random(&ws[0].ty.dtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
-            let res = if residual { Some(random("f32", m * n, 20)?) } else { None };
-            let y = stream.alloc_zeros::<u8>(m * n * 4).map_err(err("allocating y"))?;
+            let x = dev.random("f32", m * k, 11)?;
+            let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&ws[0].ty.dtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
+            let res = if residual { Some(dev.random("f32", m * n, 20)?) } else { None };
+            let y = dev.stream.alloc_zeros::<u8>(m * n * 4).map_err(derr("allocating y"))?;
             let (mm, nn) = (m as i64, n as i64);
             // the plan's Large: work = ceil(N / n_tile) (wgmma) or ceil(N / 8) (mma.sync)
             let work = match &l.work {
@@ -237,7 +273,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 other => anyhow::bail!("{}: launch {other} is not a tensor-core tile launch", l.kernel),
             };
             let launch = || -> anyhow::Result<()> {
-                let mut lb = stream.launch_builder(&f);
+                let mut lb = dev.stream.launch_builder(&f);
                 lb.arg(&x);
                 for wb in &wbs {
                     lb.arg(wb);
@@ -251,26 +287,77 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 }
                 // SAFETY: matmul_{wgmma,mma}(x, w.., [res], y, M, N, [M]) with x [M, K] f32,
                 // w_i [N_i, K], res and y [M, N] f32: the kernel's parameters (KernelSpec docs)
-                unsafe { lb.launch(cfg) }.map_err(err(&l.kernel))?;
+                unsafe { lb.launch(cfg) }.map_err(derr(&l.kernel))?;
                 Ok(())
             };
-            for _ in 0..3 {
-                launch()?;
-            }
-            let mut times = vec![];
-            for _ in 0..10 {
-                let a = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err("event"))?;
-                launch()?;
-                let b = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err("event"))?;
-                b.synchronize().map_err(err("sync"))?;
-                times.push(a.elapsed_ms(&b).map_err(err("elapsed"))? as f64 * 1e3);
-            }
-            times.sort_by(f64::total_cmp);
-            let us = times[times.len() / 2];
+            let us = dev.time(&launch)?;
             let tflop_s = 2.0 * (m * n * k) as f64 / (us * 1e-6) / 1e12;
             eprintln!("{:<40} {m:>6} x {n:>6} x {k:>6}: {us:>10.1} us {tflop_s:>8.1} TFLOP/s", l.kernel);
             out.push(GemmResult { kernel: l.kernel.clone(), m, n, k, us, tflop_s });
         }
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+pub struct AttentionResult {
+    pub kernel: String,
+    /// "prefill" (T tokens of one sequence, causal) or "decode" (one token at `context`)
+    pub kind: String,
+    pub tokens: usize,
+    pub context: usize,
+    pub us: f64,
+    /// torch's count for causal SDPA (4·H·T²·D/2) for prefill, 4·H·context·D for decode
+    pub tflop_s: f64,
+    /// K/V bytes the kernel reads (every q head reads its KV head's rows) per second
+    pub kv_gb_s: f64,
+}
+
+/// The plan's paged attention kernel on its own: causal prefill of `prefill` tokens of one
+/// sequence (positions 0..T, K/V already in the pool), and one decode token at each of
+/// `contexts`; q and the pools random on the device, a block table of consecutive blocks.
+/// Beside torch's `scaled_dot_product_attention` (torch_kernels.py).
+pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> anyhow::Result<Vec<AttentionResult>> {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let plan = Plan::open(plan_path)?;
+    let graph = plan.graph()?;
+    let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
+    let step = prog.steps.iter().find(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention"))).context("the plan has no paged attention step")?;
+    let kernel = step.kernel.clone().expect("found by its kernel");
+    let node = graph.by_name(&step.node).with_context(|| format!("step {} has no graph node", step.node))?;
+    let ops = graph.operands(node);
+    let dim = |id: dsc_ir::NodeId, i: usize| graph.node(id).ty.shape[i].as_const().with_context(|| format!("{} needs constant dims", graph.node(id).name));
+    let (h, d, bs, kvh) = (dim(ops[0], 1)?, dim(ops[0], 2)?, dim(ops[1], 1)?, dim(ops[1], 2)?);
+    let dev = DeviceBench::open(prog)?;
+    let f = dev.module.load_function(&kernel).map_err(derr(&kernel))?;
+    let i32s = |v: Vec<i32>| -> anyhow::Result<cudarc::driver::CudaSlice<i32>> { dev.stream.clone_htod(&v).map_err(derr("upload")) };
+    let cases: Vec<(&str, usize, usize)> = prefill.iter().map(|&t| ("prefill", t, t)).chain(contexts.iter().map(|&c| ("decode", 1, c))).collect();
+    let mut out = vec![];
+    for (kind, t, ctx) in cases {
+        let mb = ctx.div_ceil(bs);
+        let q = dev.random("f32", t * h * d, 31)?;
+        let kc = dev.random("f32", mb * bs * kvh * d, 32)?;
+        let vc = dev.random("f32", mb * bs * kvh * d, 33)?;
+        let pos = i32s((0..t).map(|i| (ctx - t + i) as i32).collect())?;
+        let seq = i32s(vec![0; t])?;
+        let table = i32s((0..mb as i32).collect())?;
+        let y = dev.stream.alloc_zeros::<f32>(t * h * d).map_err(derr("allocating out"))?;
+        let (n, mbs) = ((t * h) as i64, mb as i64);
+        let cfg = LaunchConfig { grid_dim: ((t * h) as u32, 1, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 };
+        let launch = || -> anyhow::Result<()> {
+            let mut lb = dev.stream.launch_builder(&f);
+            lb.arg(&q).arg(&kc).arg(&vc).arg(&pos).arg(&seq).arg(&table).arg(&y).arg(&n).arg(&mbs);
+            // SAFETY: paged_attention(q [T,H,D], k/v pools [MB*BS, KVH, D], pos, seq, table
+            // [1, MB] (i32), out [T,H,D], T*H, MB): every position < MB*BS is in the table
+            unsafe { lb.launch(cfg) }.map_err(derr(&kernel))?;
+            Ok(())
+        };
+        let us = dev.time(&launch)?;
+        let (flops, kv_bytes) =
+            if kind == "prefill" { (4.0 * (h * t * t * d) as f64 / 2.0, (h * (t * (t + 1) / 2) * 2 * d * 4) as f64) } else { (4.0 * (h * ctx * d) as f64, (h * ctx * 2 * d * 4) as f64) };
+        let (tflop_s, kv_gb_s) = (flops / (us * 1e-6) / 1e12, kv_bytes / (us * 1e-6) / 1e9);
+        eprintln!("{kernel:<40} {kind:<8} T {t:>6} context {ctx:>6}: {us:>10.1} us {tflop_s:>8.2} TFLOP/s {kv_gb_s:>8.0} GB/s of K/V");
+        out.push(AttentionResult { kernel: kernel.clone(), kind: kind.to_string(), tokens: t, context: ctx, us, tflop_s, kv_gb_s });
     }
     Ok(out)
 }

@@ -82,6 +82,17 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// The plan's paged attention kernel alone: causal prefill of T tokens and one decode
+    /// token at each context length (inputs generated on the device)
+    BenchAttention {
+        plan: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+        prefill: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "1024,8192")]
+        decode_context: Vec<usize>,
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     GpuCheck {
         bundle: std::path::PathBuf,
         #[arg(long, default_value = "sm_90a")]
@@ -186,6 +197,16 @@ fn main() -> anyhow::Result<()> {
             let r = dsc_runtime::bench::gemm(&plan, &m)?;
             for x in &r {
                 println!("{:<40} {:>6} x {:>6} x {:>6}: {:>10.1} us {:>8.1} TFLOP/s", x.kernel, x.m, x.n, x.k, x.us, x.tflop_s);
+            }
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
+            }
+            Ok(())
+        }
+        Cmd::BenchAttention { plan, prefill, decode_context, json } => {
+            let r = dsc_runtime::bench::attention(&plan, &prefill, &decode_context)?;
+            for x in &r {
+                println!("{:<8} T {:>6} context {:>6}: {:>10.1} us {:>8.2} TFLOP/s {:>8.0} GB/s of K/V", x.kind, x.tokens, x.context, x.us, x.tflop_s, x.kv_gb_s);
             }
             if let Some(j) = json {
                 std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;
