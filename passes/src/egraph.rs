@@ -416,7 +416,7 @@ impl Pass for Optimize {
             }
             Some(total)
         };
-        let mut current = dag_cost(&choice).ok_or_else(|| ir(IrError::Verify { node: g.name.clone(), op: "optimize", msg: "no acyclic extraction".into() }))?;
+        dag_cost(&choice).ok_or_else(|| ir(IrError::Verify { node: g.name.clone(), op: "optimize", msg: "no acyclic extraction".into() }))?;
         // single-class moves, costed locally: `rc` counts each class's uses by live classes
         // (roots once more); switching a class from o to n adds what n newly makes live and
         // removes what only o kept alive (linear in the graph overall, not one DAG walk per
@@ -500,7 +500,6 @@ impl Pass for Optimize {
                                 *rc.entry(k).or_default() += d;
                             }
                             choice.insert(cid, n.clone());
-                            current += delta;
                             improved = true;
                             moved = true;
                         }
@@ -510,12 +509,9 @@ impl Pass for Optimize {
                     break;
                 }
             }
-            match dag_cost(&choice) {
-                Some(c) => current = c,
-                None => {
-                    choice = start_choice;
-                    current = dag_cost(&choice).unwrap_or(current);
-                }
+            // (a cycle cannot form, see above; if one did, this round's moves are dropped)
+            if dag_cost(&choice).is_none() {
+                choice = start_choice;
             }
             // group moves: an alternative over a value nothing uses yet (merged matmuls) pays for
             // that value alone, so switch every class with an alternative over the same new value
@@ -576,21 +572,15 @@ impl Pass for Optimize {
                     }
                 }
             }
-            if grouped {
-                match dag_cost(&choice) {
-                    Some(c) => current = c,
-                    None => {
-                        choice = before_groups;
-                        grouped = false;
-                    }
-                }
+            if grouped && dag_cost(&choice).is_none() {
+                choice = before_groups;
+                grouped = false;
             }
             // a group move can make single moves pay again (and the other way round)
             if !moved && !grouped {
                 break;
             }
         }
-        let _ = current;
         let best: HashMap<Id, (f64, INode)> = choice.into_iter().map(|(k, n)| (k, (0.0, n))).collect();
         // each class keeps the name of its first original node (after unions)
         let mut names: HashMap<Id, String> = HashMap::new();
