@@ -11,6 +11,10 @@ dir=${1:-.gpu/sweep}
 batches=${BATCHES:-1,8,32}
 first=$(ls "$dir"/*.plan | head -1)
 .gpu/dsc-runtime gpu-decode "$first" --prompt-len 16 --steps 32 --cpu-check-steps 2 --json "$out/check.json" 2>&1 | tail -4
+# a plan compiled under SWEEP_ENV (gpu-prepare.sh) is checked against the CPU too
+if [ -f "$dir/8b-env.plan" ]; then
+  echo "8b-env:"; .gpu/dsc-runtime gpu-decode "$dir/8b-env.plan" --prompt-len 16 --steps 8 --cpu-check-steps 2 2>&1 | tail -3
+fi
 # (the device returns only a few files: everything goes into $out/runs/, summarised in
 # $out/sweep.json, and the per-run logs into $out/sweep.log)
 mkdir -p /tmp/sweep-runs
