@@ -612,14 +612,19 @@ impl Body {
         let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
         (t, i0, i1, y0, y1)
     }
+    /// (lane, warp) of thread index `t` (index values)
+    fn lane_warp(&mut self, t: &str) -> (String, String) {
+        let c32 = self.op("arith.constant 32 : index");
+        let lane = self.op(&format!("arith.remui {t}, {c32} : index"));
+        let warp = self.op(&format!("arith.divui {t}, {c32} : index"));
+        (lane, warp)
+    }
     /// Sum of `v` over a block of `warps` warps (`t`: the thread index): a warp sum, one
     /// partial per warp through the shared `%red` (`smt`), a barrier, then every thread adds
     /// the partials to `init`.
     fn block_sum(&mut self, v: &str, t: &str, warps: usize, smt: &str, init: &str) -> String {
         let part = self.warp_sum(v);
-        let c32 = self.op("arith.constant 32 : index");
-        let lane = self.op(&format!("arith.remui {t}, {c32} : index"));
-        let warp = self.op(&format!("arith.divui {t}, {c32} : index"));
+        let (lane, warp) = self.lane_warp(&t);
         let zi = self.op("arith.constant 0 : index");
         let l0 = self.op(&format!("arith.cmpi eq, {lane}, {zi} : index"));
         self.line(&format!("scf.if {l0} {{"));
@@ -775,9 +780,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let t = b.op("gpu.thread_id x");
     let bx = b.op("gpu.block_id x");
     let by = b.op("gpu.block_id y");
-    let c32 = b.op("arith.constant 32 : index");
-    let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
-    let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+    let (lane, warp) = b.lane_warp(&t);
     let (t64, bx64, by64, lane64, warp64) = (b.idx64(&t), b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
     let cr = b.ci64(r as i64);
     let col0 = b.op(&format!("arith.muli {bx64}, {cr} : i64"));
@@ -834,31 +837,25 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
         for u in us {
             let xb = b.ci64((e * 4) as i64);
             let xo = b.op(&format!("arith.muli {u}, {xb} : i64"));
+            // the unit's e f32 values of `ptr` from byte offset `at`, 16 bytes at a time
+            let f32s = |b: &mut Body, ptr: &str, at: &str| -> Vec<String> {
+                let mut v = vec![];
+                for q in 0..(e * 4 / 16) {
+                    let o = b.ci64(16 * q as i64);
+                    let off = b.op(&format!("arith.addi {at}, {o} : i64"));
+                    v.extend(b.load_vec(ptr, &off, 4, "f32", 16));
+                }
+                v
+            };
             let xs: Vec<Vec<String>> = xbase
                 .iter()
                 .map(|base| {
                     let xo = b.op(&format!("arith.addi {base}, {xo} : i64"));
-                    let mut xs = vec![];
-                    for q in 0..(e * 4 / 16) {
-                        let o = b.ci64(16 * q as i64);
-                        let off = b.op(&format!("arith.addi {xo}, {o} : i64"));
-                        xs.extend(b.load_vec("%x", &off, 4, "f32", 16));
-                    }
-                    xs
+                    f32s(b, "%x", &xo)
                 })
                 .collect();
             // the norm prologue: g for these elements (x's offsets without the row base)
-            let gs: Vec<String> = if norm.is_some() {
-                let mut gs = vec![];
-                for q in 0..(e * 4 / 16) {
-                    let o = b.ci64(16 * q as i64);
-                    let off = b.op(&format!("arith.addi {xo}, {o} : i64"));
-                    gs.extend(b.load_vec("%g", &off, 4, "f32", 16));
-                }
-                gs
-            } else {
-                vec![]
-            };
+            let gs: Vec<String> = if norm.is_some() { f32s(b, "%g", &xo) } else { vec![] };
             let c16 = b.ci64(16);
             let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
             let ws: Vec<Vec<String>> = wbase
@@ -1008,9 +1005,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     let t = b.op("gpu.thread_id x");
     let bx = b.op("gpu.block_id x");
     let by = b.op("gpu.block_id y");
-    let c32 = b.op("arith.constant 32 : index");
-    let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
-    let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+    let (lane, warp) = b.lane_warp(&t);
     let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
     let c4 = b.ci64(4);
     let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
@@ -1807,9 +1802,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let t = b.op("gpu.thread_id x");
             let bx = b.op("gpu.block_id x");
             let by = b.op("gpu.block_id y");
-            let c32 = b.op("arith.constant 32 : index");
-            let lane = b.op(&format!("arith.remui {t}, {c32} : index"));
-            let warp = b.op(&format!("arith.divui {t}, {c32} : index"));
+            let (lane, warp) = b.lane_warp(&t);
             let lane = b.idx64(&lane);
             let warp = b.idx64(&warp);
             let bx = b.idx64(&bx);
@@ -2434,9 +2427,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let bid = b.op("gpu.block_id x");
             let gw = b.idx64(&bid);
             let tid = b.op("gpu.thread_id x");
-            let c32i = b.op("arith.constant 32 : index");
-            let lane_i = b.op(&format!("arith.remui {tid}, {c32i} : index"));
-            let warp_i = b.op(&format!("arith.divui {tid}, {c32i} : index"));
+            let (lane_i, warp_i) = b.lane_warp(&tid);
             let lane = b.idx64(&lane_i);
             let ok = b.op(&format!("arith.cmpi slt, {gw}, %n : i64"));
             b.line(&format!("scf.if {ok} {{"));

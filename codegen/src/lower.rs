@@ -56,6 +56,28 @@ pub struct Step {
     pub collective: Option<String>,
 }
 
+impl Step {
+    /// A step of `node` that launches nothing and aliases nothing yet (fields to fill in).
+    pub fn new(node: &str) -> Step {
+        Step {
+            node: node.to_string(),
+            kernel: None,
+            args: vec![],
+            scalars: vec![],
+            work: Scalar::Const(0),
+            grid_y: Scalar::Const(1),
+            alias_of: None,
+            alias_offset: None,
+            min_rows: None,
+            large: None,
+            hopper: None,
+            hopper_small: None,
+            few: None,
+            collective: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Large {
     pub min_rows: i64,
@@ -126,38 +148,8 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
         let mut args = names.clone();
         args.push(name.clone());
         let one = Scalar::Const(1);
-        let step = |kernel, args, scalars, work, grid_y| Step {
-            node: name.clone(),
-            kernel: Some(kernel),
-            args,
-            scalars,
-            work,
-            grid_y,
-            alias_of: None,
-            alias_offset: None,
-            min_rows: None,
-            large: None,
-            hopper: None,
-            hopper_small: None,
-            few: None,
-            collective: None,
-        };
-        let alias = |of: &str| Step {
-            node: name.clone(),
-            kernel: None,
-            args: vec![],
-            scalars: vec![],
-            work: Scalar::Const(0),
-            grid_y: Scalar::Const(1),
-            alias_of: Some(of.to_string()),
-            alias_offset: None,
-            min_rows: None,
-            large: None,
-            hopper: None,
-            hopper_small: None,
-            few: None,
-            collective: None,
-        };
+        let step = |kernel, args, scalars, work, grid_y| Step { kernel: Some(kernel), args, scalars, work, grid_y, ..Step::new(&name) };
+        let alias = |of: &str| Step { alias_of: Some(of.to_string()), ..Step::new(&name) };
         steps.push(match &n.op {
             Op::Reshape => alias(&names[0]),
             Op::AllReduce => Step { collective: Some("all_reduce_sum".into()), ..alias(&names[0]) },
@@ -192,41 +184,23 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                     return Err(err(&name, "matmul bias must be f32"));
                 }
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
-                let st = matmul_step(
-                    step(KernelSpec::MatMul { k: 0, n: 0, wdtype: DType::F32, bias: false, residual: false }, args, vec![], Scalar::Const(0), one),
-                    &name,
-                    k,
-                    nn,
-                    ops[1].ty.dtype,
-                    ops.len() > 2,
-                    residual,
-                    None,
-                )?;
+                let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None)?;
                 fuse_norm(g, &norms, id, st)
             }
             Op::MatMulCat => {
                 // merged matmuls: one kernel per alternative over all the weights, the output
                 // part-major (each part a contiguous [M, N_i]; its slices are views)
+                let (_, k) = weight_dims(&name, &ops[1].ty)?;
                 let mut parts = vec![];
                 for w in &ops[1..] {
-                    let (nn, k) = weight_dims(&name, &w.ty)?;
-                    if k != weight_dims(&name, &ops[1].ty)?.1 || w.ty.dtype != ops[1].ty.dtype {
+                    let (nn, kw) = weight_dims(&name, &w.ty)?;
+                    if kw != k || w.ty.dtype != ops[1].ty.dtype {
                         return Err(err(&name, "matmul_cat weights differ in K or dtype"));
                     }
                     parts.push(nn);
                 }
-                let (_, k) = weight_dims(&name, &ops[1].ty)?;
                 let total = parts.iter().sum();
-                let st = matmul_step(
-                    step(KernelSpec::MatMul { k: 0, n: 0, wdtype: DType::F32, bias: false, residual: false }, args, vec![], Scalar::Const(0), one),
-                    &name,
-                    k,
-                    total,
-                    ops[1].ty.dtype,
-                    false,
-                    false,
-                    Some(&parts),
-                )?;
+                let st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts))?;
                 fuse_norm(g, &norms, id, st)
             }
             Op::Slice { axis, start, len } if matches!(ops[0].op, Op::MatMulCat) => {
@@ -358,11 +332,11 @@ fn weight_dims(name: &str, w: &dsc_ir::TensorType) -> Result<(usize, usize), Cod
 }
 
 /// A matmul step and its alternatives by row count (decode GEMV by default; batched-decode
-/// GEMV, mma.sync, wgmma): `base` carries the node and its buffers. With `parts` (merged
+/// GEMV, mma.sync, wgmma) for node `name` on buffers `args`. With `parts` (merged
 /// matmuls) every kernel is wrapped as `MatMulParts` and takes the rows as a last scalar; an
 /// alternative whose blocks would straddle two parts is left out.
 #[allow(clippy::too_many_arguments)]
-fn matmul_step(base: Step, name: &str, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>) -> Result<Step, CodegenError> {
+fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>) -> Result<Step, CodegenError> {
     let rows = Scalar::Rows(name.to_string());
     let wrap = |spec: KernelSpec, mut scalars: Vec<Scalar>| -> Option<(KernelSpec, Vec<Scalar>)> {
         match parts {
@@ -376,7 +350,7 @@ fn matmul_step(base: Step, name: &str, k: usize, nn: usize, wdtype: DType, bias:
     };
     let (kernel, scalars) = wrap(KernelSpec::MatMul { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
         .ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
-    let mut st = Step { kernel: Some(kernel), scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..base };
+    let mut st = Step { kernel: Some(kernel), args, scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..Step::new(name) };
     let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>, work: usize| {
         wrap(spec, vec![rows.clone(), Scalar::Const(nn as i64)]).map(|(kernel, scalars)| Large {
             min_rows,

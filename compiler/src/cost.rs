@@ -36,14 +36,15 @@ fn nbytes(d: DType, n: usize) -> f64 {
 
 /// Cost of one step of `tokens` tokens (one sequence, `context` positions cached), grouped by
 /// kernel class (op name + weight shape for matmuls), in graph order of first appearance.
-pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, KernelCost)> {
+/// With the plan's GPU program, kernels fused by the lowering count as the one launch they are.
+pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens: usize, context: usize) -> Vec<(String, KernelCost)> {
     let bind = BTreeMap::from([("T".to_string(), tokens), ("S".to_string(), 1), ("R".to_string(), 1), ("MB".to_string(), context.div_ceil(16)), ("NB".to_string(), context.div_ceil(16))]);
     let numel = |id| g.node(id).ty.eval_shape(&bind).map(|s| s.iter().product::<usize>()).unwrap_or(0);
     let mut out: Vec<(String, KernelCost)> = vec![];
     let Ok(order) = g.topo_order() else { return out };
     // the GPU schedule's lowering-level fusions: nodes whose step launches nothing (their work
     // is in another node's kernel) and nodes whose step runs a fused kernel
-    let lowered: std::collections::HashMap<String, Option<dsc_codegen::KernelSpec>> = dsc_codegen::lower::lower(g).map(|st| st.into_iter().map(|s| (s.node, s.kernel)).collect()).unwrap_or_default();
+    let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
     for id in order {
         let n = g.node(id);
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
@@ -86,8 +87,8 @@ pub fn step_cost(g: &Graph, tokens: usize, context: usize) -> Vec<(String, Kerne
             }
         };
         // rope(q) + rope_cache_write(k) + cache_write(v) of one merged Q/K/V matmul: one kernel
-        let (key, launches) = match lowered.get(&n.name) {
-            Some(Some(dsc_codegen::KernelSpec::QkvRopeCache { .. })) => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 1),
+        let (key, launches) = match lowered.get(n.name.as_str()) {
+            Some(Some(k)) if k.starts_with("qkv_rope_cache") => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 1),
             Some(None) if matches!(n.op, Op::Rope { .. } | Op::RopeCacheWrite { .. } | Op::CacheWrite) => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 0),
             _ => (key, 1),
         };
@@ -118,7 +119,7 @@ mod tests {
             "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %w = weight : bf16[1024, 4096]\n  %y = matmul(%x, %w) {transpose_b = true} : f32[T, 1024]\n  %z = silu(%y) : f32[T, 1024]\n  output z = %z\n}\n",
         )
         .unwrap();
-        let c = step_cost(&g, 1, 1);
+        let c = step_cost(&g, None, 1, 1);
         assert_eq!(c.len(), 2);
         let (k, m) = &c[0];
         assert_eq!(k, "matmul 4096x1024 bf16");

@@ -43,6 +43,15 @@ fn reference(src: &str, inputs: Vec<(&str, Tensor)>, weights: &Weights) -> anyho
     Ok(out.into_values().next().context("one output")?.data)
 }
 
+/// Random weights w0, w1, .. of [N_i, K] for merged-matmul cases: their bytes in `wdtype`, the
+/// weight source for the CPU reference, and their declarations in the graph text.
+fn part_weights(parts: &[usize], k: usize, wdtype: DType, rand_vec: &mut dyn FnMut(usize, f32, f32) -> Vec<f32>) -> anyhow::Result<(Vec<Vec<u8>>, Weights, String)> {
+    let enc: Vec<Vec<u8>> = parts.iter().map(|&p| dsc_ir::quant::encode(wdtype, &rand_vec(p * k, -0.1, 0.1))).collect::<Option<_>>().context("encode")?;
+    let ws: Weights = parts.iter().zip(&enc).enumerate().map(|(i, (&p, b))| (format!("w{i}"), (wdtype, vec![p, k], b.clone()))).collect();
+    let decl = parts.iter().enumerate().map(|(i, p)| format!("  %w{i} = weight : {wdtype}[{p}, {k}]\n")).collect();
+    Ok((enc, ws, decl))
+}
+
 /// A merged matmul's row-major [m, sum(parts)] result in the GPU's part-major layout: part i
 /// is a contiguous [m, N_i] after the parts before it.
 fn part_major(rowmajor: &[f32], m: usize, parts: &[usize]) -> Vec<f32> {
@@ -387,14 +396,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let (k, parts) = (576usize, [128usize, 64, 192]);
         let total: usize = parts.iter().sum();
         for wdtype in [DType::BF16, DType::Q4_1] {
-            let ws_f: Vec<Vec<f32>> = parts.iter().map(|&p| rand_vec(p * k, -0.1, 0.1)).collect();
-            let enc: Vec<Vec<u8>> = ws_f.iter().map(|w| dsc_ir::quant::encode(wdtype, w)).collect::<Option<_>>().context("encode")?;
-            let ws: Weights = parts.iter().zip(&enc).enumerate().map(|(i, (&p, b))| (format!("w{i}"), (wdtype, vec![p, k], b.clone()))).collect();
+            let (enc, ws, decl) = part_weights(&parts, k, wdtype, &mut rand_vec)?;
             let warrs: Vec<Array> = enc.iter().map(|b| data.push_u8(b)).collect();
             let kinds: &[(&str, usize)] = if wdtype == DType::BF16 { &[("gemv", 1), ("few", 11), ("mma", 37), ("wgmma16", 5), ("wgmma64", 77)] } else { &[("gemv", 2), ("mma", 16)] };
             for &(kind, m) in kinds {
                 let x = rand_vec(m * k, -1.0, 1.0);
-                let decl: String = parts.iter().enumerate().map(|(i, p)| format!("  %w{i} = weight : {wdtype}[{p}, {k}]\n")).collect();
                 let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1, %w2) : f32[{m}, {total}]\n  output y = %y\n}}\n");
                 let rowmajor = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
                 let want = part_major(&rowmajor, m, &parts);
@@ -434,11 +440,9 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let gb: Vec<u8> = g.iter().flat_map(|v| v.to_le_bytes()).collect();
         for parts in [vec![192usize], vec![128, 64, 192]] {
             let total: usize = parts.iter().sum();
-            let enc: Vec<Vec<u8>> = parts.iter().map(|&p| dsc_ir::quant::encode(DType::BF16, &rand_vec(p * k, -0.1, 0.1))).collect::<Option<_>>().context("encode")?;
-            let mut ws: Weights = parts.iter().zip(&enc).enumerate().map(|(i, (&p, b))| (format!("w{i}"), (DType::BF16, vec![p, k], b.clone()))).collect();
+            let (enc, mut ws, decl) = part_weights(&parts, k, DType::BF16, &mut rand_vec)?;
             ws.insert("g".into(), (DType::F32, vec![k], gb.clone()));
             let x = rand_vec(m * k, -2.0, 2.0);
-            let decl: String = parts.iter().enumerate().map(|(i, p)| format!("  %w{i} = weight : bf16[{p}, {k}]\n")).collect();
             let mm = if parts.len() == 1 {
                 format!("matmul(%xn, %w0) {{transpose_b = true}} : f32[{m}, {total}]")
             } else {

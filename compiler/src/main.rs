@@ -150,7 +150,7 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
         None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),
     };
     // the cost model's view of one decode token at a 1024-token context
-    let costs = dsc_compiler::cost::step_cost(&c.graph, 1, 1024);
+    let costs = dsc_compiler::cost::step_cost(&c.graph, c.gpu.as_ref(), 1, 1024);
     let t = dsc_compiler::cost::total(&costs);
     let gpu = format!("{gpu}; cost model, decode token at context 1024: {:.1} MB moved, {:.2} GFLOP, roofline {:.2} ms", t.bytes / 1e6, t.flops / 1e9, t.roofline_s(false) * 1e3);
     format!(
@@ -228,7 +228,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Cost { model, tokens, context, tp } => {
             let c = dsc_compiler::compile_with(&model, tp)?;
-            let costs = dsc_compiler::cost::step_cost(&c.graph, tokens, context);
+            let costs = dsc_compiler::cost::step_cost(&c.graph, c.gpu.as_ref(), tokens, context);
             println!("{:<34} {:>8} {:>12} {:>12} {:>12}", "kernel class", "launches", "MB", "GFLOP", "roofline us");
             for (k, m) in &costs {
                 println!("{k:<34} {:>8} {:>12.2} {:>12.3} {:>12.1}", m.launches, m.bytes / 1e6, m.flops / 1e9, m.roofline_s(tokens > 1) * 1e6);

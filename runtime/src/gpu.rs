@@ -258,20 +258,18 @@ impl GpuBackend<'_> {
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
         };
+        let rows_of = |n: &str| -> Result<i64> {
+            let sh = shape_of(n)?;
+            Ok((sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1)) as i64)
+        };
         let eval = |s: &Scalar| -> Result<i64> {
             Ok(match s {
                 Scalar::Const(v) => *v,
                 Scalar::Numel(n) => shape_of(n)?.iter().product::<usize>() as i64,
-                Scalar::Rows(n) => {
-                    let sh = shape_of(n)?;
-                    (sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1)) as i64
-                }
+                Scalar::Rows(n) => rows_of(n)?,
                 Scalar::Dim(n, i) => *shape_of(n)?.get(*i).ok_or_else(|| gerr(format!("node {n} has no dim {i}")))? as i64,
                 Scalar::HalfNumel(n) => (shape_of(n)?.iter().product::<usize>() / 2) as i64,
-                Scalar::RowsTimes(n, c) => {
-                    let sh = shape_of(n)?;
-                    (sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1)) as i64 * c
-                }
+                Scalar::RowsTimes(n, c) => rows_of(n)? * c,
             })
         };
         let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
