@@ -27,6 +27,10 @@ pub enum Launch {
     /// decode GEMV: `outputs` outputs of `rows` rows per block of `warps` warps that split K;
     /// grid (ceil(N / outputs), ceil(M / rows))
     OutputsPerBlock { outputs: u32, rows: u32, warps: u32 },
+    /// tiled matmul with dynamic shared memory: a block of `threads` per `rows` x `outputs`
+    /// output tile; grid (ceil(N / outputs), ceil(M / rows)), `smem` bytes of dynamic shared
+    /// memory (the runtime raises the kernel's limit past 48 KB)
+    Tile { outputs: u32, rows: u32, threads: u32, smem: u32 },
 }
 
 /// Warps per block of the plain-float GEMV (the runtime launches 32 x this many threads for
@@ -113,7 +117,7 @@ impl KernelSpec {
     pub fn hopper_only(&self) -> bool {
         match self {
             KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } => inner.hopper_only(),
-            other => matches!(other, KernelSpec::MatMulWgmma { .. }),
+            other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
 }
@@ -166,6 +170,21 @@ pub enum KernelSpec {
     /// gives 4x the blocks (small M: batched decode), 64 reuses each x tile 4x (prefill).
     /// params x, w, [bias], y, M, N
     MatMulWgmma { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, n_tile: usize },
+    /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) (+ res), W bf16/f16, on Hopper warpgroup
+    /// MMA with a multistage `cp.async` pipeline (sm_90a only; prefill): a block of two
+    /// warpgroups per 128 x `bn` tile, `stages` K steps of 64 in flight in dynamic shared
+    /// memory (x as f32, W in the 128-byte-swizzled K-major layout wgmma reads through
+    /// descriptors); each warpgroup converts its 64 rows of x to bf16 (f16) fragments in
+    /// registers and runs `wgmma m64n{bn}k16` with A from registers. params x, w, [bias],
+    /// [res], y, M, N
+    /// With `overlap`, a K step's wgmmas still run while the next step's fragments load (one
+    /// wgmma group left in flight; copies then run `stages` - 2 steps ahead). With `a16`, x
+    /// comes in bf16 (f16 for f16 weights; a `ToHalf` step made it) and is copied into the same
+    /// swizzled layout as W: both operands from shared memory, half the x bytes.
+    MatMulPipe { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, bn: usize, stages: usize, overlap: bool, a16: bool },
+    /// y = x (f32) rounded to bf16 (`f16`: f16, saturating), 8 elements per thread; params x,
+    /// y, n (elements / 8)
+    ToHalf { f16: bool },
     /// the batched-decode GEMV: as `MatMul` for f32/f16/bf16 weights, `rows` activation rows
     /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
     /// params x, w, [bias], [res], y, M, N
@@ -249,6 +268,16 @@ impl KernelSpec {
             KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
                 format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
             }
+            KernelSpec::MatMulPipe { k, n, wdtype, bias, residual, bn, stages, overlap, a16 } => {
+                format!(
+                    "matmul_pipe{bn}s{stages}{}{}_k{k}_n{n}_{wdtype}{}{}",
+                    if *overlap { "o" } else { "" },
+                    if *a16 { "_a16" } else { "" },
+                    if *bias { "_bias" } else { "" },
+                    if *residual { "_res" } else { "" }
+                )
+            }
+            KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -268,6 +297,8 @@ impl KernelSpec {
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
             KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
+            KernelSpec::MatMulPipe { bn, stages, a16, .. } => Launch::Tile { outputs: *bn as u32, rows: PIPE_BM as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16) as u32 },
+            KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -1172,6 +1203,372 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     Ok(())
 }
 
+/// Rows of x per block of the pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]): two
+/// warpgroups of 64 rows.
+pub const PIPE_BM: usize = 128;
+
+/// Dynamic shared memory of a [`KernelSpec::MatMulPipe`] block: `stages` x (x tile 128 x 64
+/// f32, or 16-bit with `a16`, + W tile bn x 64 16-bit), plus 1 KB to align the tiles to the
+/// 1024 bytes the 128-byte swizzle repeats over.
+pub fn pipe_smem(bn: usize, stages: usize, a16: bool) -> usize {
+    stages * (PIPE_BM * 64 * if a16 { 2 } else { 4 } + bn * 64 * 2) + 1024
+}
+
+/// The prefill matmul's tiling: output columns per block, pipeline stages, overlap (a wgmma
+/// group left in flight), x in 16 bits (a cast step before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PipeTiling {
+    pub bn: usize,
+    pub stages: usize,
+    pub overlap: bool,
+    pub a16: bool,
+}
+
+impl PipeTiling {
+    fn fits(&self) -> bool {
+        matches!(self.bn, 64 | 128 | 256) && self.stages >= 2 + self.overlap as usize && pipe_smem(self.bn, self.stages, self.a16) <= 227 * 1024
+    }
+}
+
+/// The prefill matmul's tiling for N output columns: x in 16 bits, overlapped, 256-column tiles
+/// with 4 stages from N = 6144 (the 8B shape's q/k/v, gate/up, lm_head: 410-630 TFLOP/s),
+/// 128-column tiles with 6 stages below (N = 4096 at M = 512 gives 256-column tiles only 64
+/// blocks for 132 SMs); bench/results/gemm-pipe-2026-11-29.json. DSC_GEMM_PIPE=BN,S,O,A
+/// overrides (BN 64, 128 or 256; the stages must fit 227 KB of shared memory; O = 1: overlap,
+/// which needs 3+ stages; A = 1: x in 16 bits).
+pub fn pipe_tiling(n: usize) -> PipeTiling {
+    if let Ok(v) = std::env::var("DSC_GEMM_PIPE") {
+        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        if p.len() == 4 {
+            let t = PipeTiling { bn: p[0], stages: p[1], overlap: p[2] == 1, a16: p[3] == 1 };
+            if t.fits() {
+                return t;
+            }
+        }
+    }
+    if n >= 6144 {
+        PipeTiling { bn: 256, stages: 4, overlap: true, a16: true }
+    } else {
+        PipeTiling { bn: 128, stages: 6, overlap: true, a16: true }
+    }
+}
+
+/// The pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]).
+///
+/// Block: 256 threads = warpgroups 0 and 1, rows m0 + 64·wg .. of a 128 x bn tile. Shared
+/// memory holds `stages` K steps of 64, each an x tile (128 rows x 256 bytes of f32; the 16-byte
+/// chunk c of row r at chunk c ^ 2·(r % 8), so a warp's fragment loads hit every bank once)
+/// and a W tile (bn rows x 128 bytes of bf16/f16 in the 128-byte swizzle: chunk c of row r at
+/// c ^ (r % 8), 8-row groups 1024 bytes apart, as wgmma's K-major SW128 descriptor reads it).
+/// Every thread copies its share of both with `cp.async` (16 bytes; rows past M or N are
+/// zero-filled), one commit group per K step. Iteration kt waits for step kt's group, syncs
+/// the block, starts the copies of step kt + stages - 1 into the stage step kt - 1 used, then
+/// computes step kt: each warp loads its 16 rows' f32 fragments, converts them to bf16 pairs
+/// (the m16n8k16 A layout wgmma takes from registers), and issues 4 x `wgmma m64n{bn}k16`
+/// whose B descriptor advances 32 bytes per k16 inside the swizzle atom.
+#[allow(clippy::too_many_arguments)]
+fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, tiling: PipeTiling) -> Result<String, String> {
+    let PipeTiling { bn, stages, overlap, a16 } = tiling;
+    if overlap && stages < 3 {
+        return Err("the overlapped pipelined matmul needs 3 or more stages".into());
+    }
+    // K steps the copies run ahead: with a wgmma group in flight, the stage of step kt - 1
+    // may still be read while step kt computes
+    let ahead = if overlap { stages as i64 - 2 } else { stages as i64 - 1 };
+    if k % 64 != 0 {
+        return Err(format!("the pipelined wgmma matmul needs K a multiple of 64, got {k}"));
+    }
+    if !tiling.fits() {
+        return Err(format!("pipelined wgmma matmul: bn {bn} with {stages} stages does not fit"));
+    }
+    if !matches!(wdtype, DType::BF16 | DType::F16) {
+        return Err(format!("the pipelined wgmma matmul takes bf16/f16 weights, not {wdtype}"));
+    }
+    let f16 = wdtype == DType::F16;
+    let ty = if f16 { "f16" } else { "bf16" };
+    let a_bytes = (PIPE_BM * 64 * if a16 { 2 } else { 4 }) as i64;
+    let stage_bytes = a_bytes + (bn * 64 * 2) as i64;
+    let nk = (k / 64) as i64;
+    let nacc = bn / 2;
+    b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
+    let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
+    let base = b.idx64(&base);
+    let c1023 = b.ci64(1023);
+    let base = b.op(&format!("arith.addi {base}, {c1023} : i64"));
+    let cmask = b.ci64(!1023);
+    let base = b.op(&format!("arith.andi {base}, {cmask} : i64"));
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let t = b.idx64(&t);
+    let bx = b.idx64(&bx);
+    let by = b.idx64(&by);
+    let c = |b: &mut Body, v: i64| b.ci64(v);
+    let cbn = c(b, bn as i64);
+    let cbm = c(b, PIPE_BM as i64);
+    let n0 = b.op(&format!("arith.muli {bx}, {cbn} : i64"));
+    let m0 = b.op(&format!("arith.muli {by}, {cbm} : i64"));
+    let kk = c(b, k as i64);
+    let c0 = c(b, 0);
+    let c7 = c(b, 7);
+    let xint = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
+    let wint = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+    // the copy slots of this thread: (global byte address at K step 0, byte offset in a
+    // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
+    let mut slots: Vec<(String, String, String, i64)> = vec![];
+    // (x in 16 bits: the same 128-byte rows and swizzle as W)
+    let xs = if a16 { (false, PIPE_BM * 8, 8i64, 2i64) } else { (false, PIPE_BM * 16, 16, 4) };
+    for (is_w, units, chunks, elt) in [xs, (true, bn * 8, 8, 2)] {
+        for i in 0..units / 256 {
+            let ci = c(b, 256 * i as i64);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let cc = c(b, chunks);
+            let row = b.op(&format!("arith.divui {u}, {cc} : i64"));
+            let ch = b.op(&format!("arith.remui {u}, {cc} : i64"));
+            let (r0, lim, ptr) = if is_w { (&n0, "%n", &wint) } else { (&m0, "%m", &xint) };
+            let gr = b.op(&format!("arith.addi {r0}, {row} : i64"));
+            let valid = b.op(&format!("arith.cmpi slt, {gr}, {lim} : i64"));
+            let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
+            let re = b.op(&format!("arith.muli {grs}, {kk} : i64"));
+            let per = c(b, 16 / elt);
+            let ce = b.op(&format!("arith.muli {ch}, {per} : i64"));
+            let e = b.op(&format!("arith.addi {re}, {ce} : i64"));
+            let ceb = c(b, elt);
+            let eb = b.op(&format!("arith.muli {e}, {ceb} : i64"));
+            let g = b.op(&format!("arith.addi {ptr}, {eb} : i64"));
+            // swizzled position: x chunk c ^ 2(r % 8) in 256-byte rows; W c ^ (r % 8) in 128
+            let r8 = b.op(&format!("arith.andi {row}, {c7} : i64"));
+            let sw = if is_w || a16 {
+                r8
+            } else {
+                let one = c(b, 1);
+                b.op(&format!("arith.shli {r8}, {one} : i64"))
+            };
+            let pc = b.op(&format!("arith.xori {ch}, {sw} : i64"));
+            let c16 = c(b, 16);
+            let pcb = b.op(&format!("arith.muli {pc}, {c16} : i64"));
+            let rb = c(b, chunks * 16);
+            let ro = b.op(&format!("arith.muli {row}, {rb} : i64"));
+            let so = b.op(&format!("arith.addi {ro}, {pcb} : i64"));
+            let so = if is_w {
+                let ca = c(b, a_bytes);
+                b.op(&format!("arith.addi {so}, {ca} : i64"))
+            } else {
+                so
+            };
+            let s16 = b.op("arith.constant 16 : i32");
+            let s0 = b.op("arith.constant 0 : i32");
+            let sz = b.op(&format!("arith.select {valid}, {s16}, {s0} : i32"));
+            slots.push((g, so, sz, 64 * elt));
+        }
+    }
+    // issue the copies of K step `ks` (i64) into stage `st` (i64)
+    let issue = |b: &mut Body, ks: &str, st: &str| {
+        let csb = b.ci64(stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        for (g, so, sz, step) in &slots {
+            let cs = b.ci64(*step);
+            let ko = b.op(&format!("arith.muli {ks}, {cs} : i64"));
+            let ga = b.op(&format!("arith.addi {g}, {ko} : i64"));
+            let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
+            let sa = b.op(&format!("arith.trunci {sa} : i64 to i32"));
+            b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \"r,l,r\" {sa}, {ga}, {sz} : (i32, i64, i32) -> ()"));
+        }
+    };
+    let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
+    // prologue: K steps 0 .. ahead - 1
+    for s in 0..ahead {
+        let ks = b.ci64(s);
+        if s < nk {
+            issue(b, &ks, &ks);
+        }
+        b.line(commit);
+    }
+    // this warp's fragment rows (the same % 8 for both halves: g)
+    let c32 = c(b, 32);
+    let c4 = c(b, 4);
+    let warp = b.op(&format!("arith.divui {t}, {c32} : i64"));
+    let lane = b.op(&format!("arith.remui {t}, {c32} : i64"));
+    let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+    let c16 = c(b, 16);
+    let wr = b.op(&format!("arith.muli {warp}, {c16} : i64"));
+    let r0 = b.op(&format!("arith.addi {wr}, {g} : i64"));
+    let c8 = c(b, 8);
+    let r1 = b.op(&format!("arith.addi {r0}, {c8} : i64"));
+    let c256 = c(b, 256);
+    let rb0 = b.op(&format!("arith.muli {r0}, {c256} : i64"));
+    let rb1 = b.op(&format!("arith.muli {r1}, {c256} : i64"));
+    let c1 = c(b, 1);
+    let g2 = b.op(&format!("arith.shli {g}, {c1} : i64"));
+    let th = b.op(&format!("arith.shrui {tq}, {c1} : i64"));
+    let tl = b.op(&format!("arith.andi {tq}, {c1} : i64"));
+    let tlb = b.op(&format!("arith.muli {tl}, {c8} : i64"));
+    // (x in 16 bits) this warpgroup's rows of the x tile: 64 rows of 128 bytes per warpgroup
+    let c128t = c(b, 128);
+    let wg = b.op(&format!("arith.divui {t}, {c128t} : i64"));
+    let c8k = c(b, 8192);
+    let wg_off = b.op(&format!("arith.muli {wg}, {c8k} : i64"));
+    // byte offsets in a stage of this thread's 16 fragment pairs: [k16 step][a0..a3]
+    let mut frag_off = vec![];
+    for s in 0..4i64 {
+        for (rb, kh) in [(&rb0, 0i64), (&rb1, 0), (&rb0, 2), (&rb1, 2)] {
+            let cb = c(b, 4 * s + kh);
+            let ch = b.op(&format!("arith.addi {cb}, {th} : i64"));
+            let pc = b.op(&format!("arith.xori {ch}, {g2} : i64"));
+            let pcb = b.op(&format!("arith.muli {pc}, {c16} : i64"));
+            let o = b.op(&format!("arith.addi {rb}, {pcb} : i64"));
+            frag_off.push(b.op(&format!("arith.addi {o}, {tlb} : i64")));
+        }
+    }
+    let zero = b.cf32(0.0);
+    let f32s = vec!["f32"; nacc].join(", ");
+    let stt = format!("!llvm.struct<({f32s})>");
+    let cst = b.ci64(stages as i64);
+    let cnk = b.ci64(nk);
+    let cs1 = b.ci64(ahead);
+    let csb = b.ci64(stage_bytes);
+    let cab = b.ci64(a_bytes);
+    let mask = b.ci64(0x3FFFF);
+    let c4s = b.ci64(4);
+    let fixed = b.ci64(((1u64 << 16) | (64u64 << 32) | (1u64 << 62)) as i64);
+    // wait for all wgmma groups but `n`, the accumulators passing through so nothing reads
+    // them early
+    let wait = |b: &mut Body, n: usize, acc: &[String]| -> Vec<String> {
+        let cons = format!("{},{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned {n};\", \"{cons}\" {} : ({f32s}) -> {stt}", acc.join(", ")));
+        (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect()
+    };
+    // one K step `kt` (i64) on accumulators `acc`: returns the new accumulators
+    let step = |b: &mut Body, kt: &str, acc: &[String]| -> Vec<String> {
+        b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.wait_group {};\", \"\" : () -> ()", ahead - 1));
+        b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
+        b.line("gpu.barrier");
+        let kn = b.op(&format!("arith.addi {kt}, {cs1} : i64"));
+        let more = b.op(&format!("arith.cmpi slt, {kn}, {cnk} : i64"));
+        b.line(&format!("scf.if {more} {{"));
+        let stn = b.op(&format!("arith.remui {kn}, {cst} : i64"));
+        issue(b, &kn, &stn);
+        b.line("}");
+        b.line(commit);
+        let st = b.op(&format!("arith.remui {kt}, {cst} : i64"));
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        // this warp's fragments (warps 4..7, warpgroup 1, cover rows 64..127: r0 = 16w + g);
+        // with x in 16 bits, this warpgroup's x descriptor instead (rows 64·wg.., 8 KB apart)
+        let mut a = vec![];
+        if a16 {
+            let xo = b.op(&format!("arith.addi {sb}, {wg_off} : i64"));
+            let xm = b.op(&format!("arith.andi {xo}, {mask} : i64"));
+            let xm = b.op(&format!("arith.shrui {xm}, {c4s} : i64"));
+            a.push(b.op(&format!("arith.ori {xm}, {fixed} : i64")));
+        }
+        for o in frag_off.iter().filter(|_| !a16) {
+            let p = b.op(&format!("arith.addi {sb}, {o} : i64"));
+            let p = b.op(&format!("llvm.inttoptr {p} : i64 to !llvm.ptr<3>"));
+            let v = b.op(&format!("llvm.load {p} {{alignment = 8 : i64}} : !llvm.ptr<3> -> vector<2xf32>"));
+            let i0 = b.op("arith.constant 0 : i32");
+            let i1 = b.op("arith.constant 1 : i32");
+            let lo = b.op(&format!("llvm.extractelement {v}[{i0} : i32] : vector<2xf32>"));
+            let hi = b.op(&format!("llvm.extractelement {v}[{i1} : i32] : vector<2xf32>"));
+            a.push(b.pack2(&lo, &hi, f16));
+        }
+        // W descriptors: start (>> 4), LBO 1 (unused by swizzled K-major), SBO 1024 >> 4, SW128
+        let wb = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+        let wm = b.op(&format!("arith.andi {wb}, {mask} : i64"));
+        let wm = b.op(&format!("arith.shrui {wm}, {c4s} : i64"));
+        let wd = b.op(&format!("arith.ori {wm}, {fixed} : i64"));
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        let mut cur = acc.to_vec();
+        for s in 0..4usize {
+            let ds = b.ci64(2 * s as i64);
+            let d = b.op(&format!("arith.addi {wd}, {ds} : i64"));
+            let outs: Vec<String> = (0..nacc).map(|i| format!("${i}")).collect();
+            if a16 {
+                // both operands from shared memory, K-major (no transposes)
+                let xd = b.op(&format!("arith.addi {}, {ds} : i64", a[0]));
+                let cons = format!("{},l,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+                let r = b.op(&format!(
+                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, ${nacc}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {xd}, {d}, {} : (i64, i64, {f32s}) -> {stt}",
+                    outs.join(","),
+                    nacc + 1,
+                    cur.join(", ")
+                ));
+                cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+                continue;
+            }
+            let cons = format!("{},r,r,r,r,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let r = b.op(&format!(
+                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, 0;\", \"{cons}\" {}, {}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
+                outs.join(","),
+                nacc,
+                nacc + 1,
+                nacc + 2,
+                nacc + 3,
+                nacc + 4,
+                a[4 * s..4 * s + 4].join(", "),
+                d,
+                cur.join(", ")
+            ));
+            cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+        }
+        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+        wait(b, overlap as usize, &cur)
+    };
+    // the K loop; overlapped, two steps per iteration: their A fragments are distinct values
+    // (registers), and a step's fragments are written only after the wgmmas that read the
+    // previous ones (two steps back) were waited for. (With x from shared memory too: one
+    // step per iteration, a wgmma group in flight across the back edge, computed wrong on the
+    // H200 — bench/results/gemm-pipe-2026-11-29.json — so both unroll.)
+    let per = if overlap { 2 } else { 1 };
+    let ki = b.op(&format!("arith.constant {} : index", nk / per as i64 * per as i64));
+    let zi = b.op("arith.constant 0 : index");
+    let stepi = b.op(&format!("arith.constant {per} : index"));
+    let res = b.v();
+    let kv = b.v();
+    let accs: Vec<String> = (0..nacc).map(|_| b.v()).collect();
+    b.line(&format!("{res}:{nacc} = scf.for {kv} = {zi} to {ki} step {stepi} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+    let kt = b.idx64(&kv);
+    let mut acc = step(b, &kt, &accs);
+    if overlap {
+        let c1 = b.ci64(1);
+        let kt1 = b.op(&format!("arith.addi {kt}, {c1} : i64"));
+        acc = step(b, &kt1, &acc);
+    }
+    b.line(&format!("scf.yield {} : {f32s}", acc.join(", ")));
+    b.line("}");
+    let mut res: Vec<String> = (0..nacc).map(|i| format!("{res}#{i}")).collect();
+    if nk % per as i64 != 0 {
+        let last = b.ci64(nk - 1);
+        res = step(b, &last, &res);
+    }
+    if overlap {
+        res = wait(b, 0, &res);
+    }
+    b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
+    // D fragment: warp w (of 8) rows m0 + 16w + g (+8), columns 8j + 2 tq (+1)
+    let ra = b.op(&format!("arith.addi {m0}, {r0} : i64"));
+    let rbb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+    let c2 = b.ci64(2);
+    let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    let nc = b.op(&format!("arith.addi {n0}, {tq2} : i64"));
+    for j in 0..(bn / 8) as i64 {
+        let cj = b.ci64(8 * j);
+        let col0 = b.op(&format!("arith.addi {nc}, {cj} : i64"));
+        for (q, row) in [(0usize, &ra), (1, &ra), (2, &rbb), (3, &rbb)] {
+            let col = if q % 2 == 0 { col0.clone() } else { b.op(&format!("arith.addi {col0}, {c1} : i64")) };
+            let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+            let cok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+            let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
+            b.line(&format!("scf.if {both} {{"));
+            b.matmul_store(&res[4 * j as usize + q], row, &col, bias, residual);
+            b.line("}");
+        }
+    }
+    Ok(matmul_params(bias, residual, true))
+}
+
 /// Whether the tensor-core matmuls take `wdtype` weights (and the activations) as f16 rather
 /// than bf16 operands: f16 and the block-quantized formats (whose dequantized values are
 /// f16-scaled; f16's 11-bit significand keeps GPU prefill logits ~4x closer to the CPU's than
@@ -1292,6 +1689,7 @@ fn columns_per_block(launch: &Launch) -> Option<usize> {
         Launch::WarpPerOutput { warps_per_block } => Some(*warps_per_block as usize),
         Launch::WarpPerTile { warps_per_block } => Some(8 * *warps_per_block as usize),
         Launch::WarpgroupPerTile { n_tile } => Some(*n_tile as usize),
+        Launch::Tile { outputs, .. } => Some(*outputs as usize),
         _ => None,
     }
 }
@@ -1304,7 +1702,8 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
         KernelSpec::MatMul { n, bias, residual, .. }
         | KernelSpec::MatMulFew { n, bias, residual, .. }
         | KernelSpec::MatMulMma { n, bias, residual, .. }
-        | KernelSpec::MatMulWgmma { n, bias, residual, .. } => (*n, *bias, *residual),
+        | KernelSpec::MatMulWgmma { n, bias, residual, .. }
+        | KernelSpec::MatMulPipe { n, bias, residual, .. } => (*n, *bias, *residual),
         other => return Err(format!("{} is not a matmul kernel", other.symbol())),
     };
     if bias || residual {
@@ -1888,6 +2287,30 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             }
             b.line("}");
             matmul_params(*bias, *residual, true)
+        }
+        KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16 } => {
+            emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16 })?
+        }
+        KernelSpec::ToHalf { f16 } => {
+            // 8 elements per thread: two 16-byte loads, one 16-byte store
+            let i = b.open_guarded_gid();
+            let c32 = b.ci64(32);
+            let c16 = b.ci64(16);
+            let o = b.op(&format!("arith.muli {i}, {c32} : i64"));
+            let o2 = b.op(&format!("arith.addi {o}, {c16} : i64"));
+            let mut v = b.load_vec("%x", &o, 4, "f32", 16);
+            v.extend(b.load_vec("%x", &o2, 4, "f32", 16));
+            let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], *f16)).collect();
+            let mut vec_v = b.op("llvm.mlir.undef : vector<4xi32>");
+            for (j, p) in packed.iter().enumerate() {
+                let cj = b.op(&format!("arith.constant {j} : i32"));
+                vec_v = b.op(&format!("llvm.insertelement {p}, {vec_v}[{cj} : i32] : vector<4xi32>"));
+            }
+            let so = b.op(&format!("arith.muli {i}, {c16} : i64"));
+            let p = b.op(&format!("llvm.getelementptr %y[{so}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            b.line(&format!("llvm.store {vec_v}, {p} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<1>"));
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".to_string()
         }
         KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, residual, n_tile } => {
             let nt = *n_tile;

@@ -320,7 +320,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
     if std::env::var("DSC_NO_QKV_ROPE_FUSION").is_err() {
         fuse_qkv_rope_cache(g, &mut steps);
     }
-    Ok(steps)
+    Ok(insert_half_casts(steps))
 }
 
 /// (N, K) of a matmul weight in [N, K] layout.
@@ -368,7 +368,13 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
     if k % 64 == 0 {
         // Hopper: 64-column tiles from 128 rows (prefill), 16-column tiles for 2..127 rows
         // (batched decode: weights read once, 4x the blocks)
-        st.hopper = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64));
+        // (bf16/f16 weights: the pipelined kernel, 128 x bn tiles with cp.async stages, where
+        // merged parts fit its tiles)
+        let crate::kernels::PipeTiling { bn, stages, overlap, a16 } = crate::kernels::pipe_tiling(nn);
+        st.hopper = matches!(wdtype, DType::BF16 | DType::F16)
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16 }, 128, None, nn))
+            .flatten()
+            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64)));
         st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None, nn.div_ceil(16));
     }
     if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -379,6 +385,44 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         st.few = large(KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block }, 2, Some(few_max_rows()), nn);
     }
     Ok(st)
+}
+
+/// The pipelined matmuls that take x in 16 bits (`MatMulPipe { a16 }`) read it from a buffer
+/// `{x}@bf16` (`@f16`) that a `ToHalf` step writes just before the first of them (steps of
+/// 128+ rows only, like the matmuls: decode never runs it). The buffer is the graph node's
+/// shape in 16-bit elements (the runtime sizes `@` buffers from their base node).
+fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    let mut made = std::collections::HashSet::new();
+    for mut s in steps {
+        if let Some(h) = s.hopper.as_mut() {
+            let pipe = match &h.kernel {
+                KernelSpec::MatMulParts { inner, .. } => inner.as_ref(),
+                k => k,
+            };
+            if let KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } = pipe {
+                let f16 = *wdtype == DType::F16;
+                let x = s.args[0].clone();
+                let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
+                if made.insert(half.clone()) {
+                    let units = Scalar::RowsTimes(x.clone(), (*k / 8) as i64);
+                    out.push(Step {
+                        kernel: Some(KernelSpec::ToHalf { f16 }),
+                        args: vec![x.clone(), half.clone()],
+                        scalars: vec![units.clone()],
+                        work: units,
+                        min_rows: Some(h.min_rows),
+                        ..Step::new(&half)
+                    });
+                }
+                let mut args = s.args.clone();
+                args[0] = half;
+                h.args = Some(args);
+            }
+        }
+        out.push(s);
+    }
+    out
 }
 
 /// RMSNorm nodes whose every user is a matmul (or merged matmul) that takes it as x with
@@ -561,6 +605,30 @@ mod tests {
         let other = src.replace("  output q = %qr\n", "  %k2 = neg(%k) : f32[T, 16]\n  output q = %qr\n  output k2 = %k2\n");
         let steps = lower_with(&text::parse(&other).unwrap(), false).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))));
+    }
+
+    #[test]
+    fn prefill_matmuls_read_a_16_bit_copy_of_x_made_once_before_the_first_of_them() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %wc = weight : f32[128, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  %c = matmul(%x, %wc) {transpose_b = true} : f32[T, 128]\n  output a = %a\n  output b = %b\n  output c = %c\n}\n";
+        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let casts: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: false }))).map(|(i, _)| i).collect();
+        assert_eq!(casts.len(), 1, "one cast for the two bf16 matmuls");
+        let cast = &steps[casts[0]];
+        assert_eq!((cast.node.as_str(), cast.args.as_slice(), cast.min_rows), ("x@bf16", &["x".to_string(), "x@bf16".to_string()][..], Some(128)));
+        assert_eq!(cast.work, Scalar::RowsTimes("x".into(), 8));
+        let at = |n: &str| steps.iter().position(|s| s.node == n).unwrap();
+        assert!(casts[0] < at("a") && casts[0] < at("b"));
+        for n in ["a", "b"] {
+            let h = steps[at(n)].hopper.as_ref().unwrap();
+            assert!(matches!(h.kernel, KernelSpec::MatMulPipe { a16: true, .. }), "{n}: {:?}", h.kernel);
+            assert_eq!(h.args.as_ref().unwrap()[0], "x@bf16");
+            assert_eq!(h.min_rows, 128);
+            // decode and batched decode keep reading the f32 x
+            assert_eq!(steps[at(n)].args[0], "x");
+        }
+        // f32 weights: the wgmma kernel on the f32 x, no cast
+        let c = steps[at("c")].hopper.as_ref().unwrap();
+        assert!(matches!(c.kernel, KernelSpec::MatMulWgmma { .. }) && c.args.is_none());
     }
 
     #[test]

@@ -52,6 +52,20 @@ pub fn all_specs() -> Vec<KernelSpec> {
         }
     }
     v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false, n_tile: 16 });
+    // the pipelined prefill matmul: both default tilings (x in 16 bits), x in f32 with and
+    // without overlap, f16 weights, bias + residual, merged parts; and the cast before it
+    for (bn, stages, overlap, a16) in [(128, 6, true, true), (256, 4, true, true), (128, 4, true, false), (256, 3, false, false)] {
+        for wdtype in [DType::BF16, DType::F16] {
+            v.push(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype, bias: false, residual: true, bn, stages, overlap, a16 });
+        }
+        v.push(KernelSpec::MatMulPipe { k: 576, n: 1536, wdtype: DType::BF16, bias: true, residual: false, bn, stages, overlap, a16 });
+        v.push(KernelSpec::MatMulParts {
+            inner: Box::new(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16 }),
+            parts: vec![1024, 4096, 1024],
+        });
+    }
+    v.push(KernelSpec::ToHalf { f16: false });
+    v.push(KernelSpec::ToHalf { f16: true });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
     v.push(KernelSpec::RopeCacheWrite { h: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false });

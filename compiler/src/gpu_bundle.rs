@@ -76,6 +76,7 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
         Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
         Launch::WarpgroupPerTile { n_tile } => ((n as u32).div_ceil(*n_tile), 128),
         Launch::OutputsPerBlock { outputs, warps, .. } => ((n as u32).div_ceil(*outputs), 32 * warps),
+        Launch::Tile { outputs, threads, .. } => ((n as u32).div_ceil(*outputs), *threads),
     }
 }
 
@@ -432,6 +433,87 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 specs.push(spec);
             }
         }
+    }
+    // the pipelined prefill matmul (sm_90a): partial M and N tiles, more K steps than stages
+    // (the stage ring wraps; an odd count: the overlapped loop's tail step), both 16-bit
+    // weight formats, a residual, and merged parts; in the plans' tiling and the sweep's others
+    // (a16: x arrives in 16 bits, as the ToHalf step writes it; the reference rounds nothing,
+    // as the f32-x kernels round x on the way in)
+    use dsc_codegen::kernels::PipeTiling as T;
+    let tilings =
+        [dsc_codegen::kernels::pipe_tiling(4096), dsc_codegen::kernels::pipe_tiling(6144), T { bn: 128, stages: 4, overlap: false, a16: false }, T { bn: 256, stages: 3, overlap: true, a16: false }];
+    for (i, &T { bn, stages, overlap, a16 }) in tilings.iter().enumerate() {
+        if tilings[..i].contains(&tilings[i]) {
+            continue;
+        }
+        // (an odd number of K steps past the stage count)
+        let k = 64 * (stages + 1 + stages % 2);
+        for (wdtype, m, n, residual) in [(DType::BF16, 150usize, bn + 40, false), (DType::F16, 131, bn, true), (DType::BF16, 128, bn, true)] {
+            let wf = rand_vec(n * k, -0.1, 0.1);
+            let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+            let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+            let x = rand_vec(m * k, -1.0, 1.0);
+            let r = rand_vec(m * n, -1.0, 1.0);
+            let (src, inputs) = if residual {
+                (
+                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
+                    vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))],
+                )
+            } else {
+                (
+                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
+                    vec![("x", Tensor::new(vec![m, k], x.clone()))],
+                )
+            };
+            let want = reference(&src, inputs, &ws)?;
+            let spec = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual, bn, stages, overlap, a16 };
+            let (g, b) = grid(&spec.launch(), n);
+            let xa = if a16 { data.push_u8(&dsc_ir::quant::encode(wdtype, &x).context("encode")?) } else { data.push(&x) };
+            let mut ins = vec![xa, data.push_u8(&wb)];
+            if residual {
+                ins.push(data.push(&r));
+            }
+            cases.push(Case {
+                name: format!("matmul_pipe{bn}s{stages}{}{} {m}x{k}x{n} {wdtype}{}", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, if residual { " +res" } else { "" }),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: m.div_ceil(dsc_codegen::kernels::PIPE_BM) as u32,
+                block: b,
+                inputs: ins,
+                scalars: vec![m as i64, n as i64],
+                expected: data.push(&want),
+                init: None,
+                written_inputs: vec![],
+                tol: 1e-2,
+            });
+            specs.push(spec);
+        }
+        let parts = [bn, 2 * bn];
+        let total: usize = parts.iter().sum();
+        let (enc, ws, decl) = part_weights(&parts, k, DType::BF16, &mut rand_vec)?;
+        let m = 140usize;
+        let x = rand_vec(m * k, -1.0, 1.0);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1) : f32[{m}, {total}]\n  output y = %y\n}}\n");
+        let want = part_major(&reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?, m, &parts);
+        let spec =
+            KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPipe { k, n: total, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16 }), parts: parts.to_vec() };
+        let (g, b) = grid(&spec.launch(), total);
+        let mut inputs = vec![if a16 { data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?) } else { data.push(&x) }];
+        inputs.extend(enc.iter().map(|w| data.push_u8(w)));
+        cases.push(Case {
+            name: format!("matmul_cat pipe{bn}s{stages}{}{} {m}x{k}x({}+{}) bf16", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, parts[0], parts[1]),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: m.div_ceil(dsc_codegen::kernels::PIPE_BM) as u32,
+            block: b,
+            inputs,
+            scalars: vec![m as i64, total as i64, m as i64],
+            expected: data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tol: 1e-2,
+        });
+        specs.push(spec);
     }
     // RMSNorm in the decode GEMV's prologue (NormMatMul): one weight, and merged parts
     {
@@ -962,6 +1044,14 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     std::fs::write(dir.join("kernels.ll"), &m.llvm)?;
     std::fs::write(dir.join("data.bin"), &data.0)?;
     let n = cases.len();
-    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases })?)?;
+    // dynamic shared memory of the kernels that take it (the pipelined matmuls)
+    let smem = specs
+        .iter()
+        .filter_map(|s| match s.launch() {
+            Launch::Tile { smem, .. } => Some((s.symbol(), smem)),
+            _ => None,
+        })
+        .collect();
+    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases, smem })?)?;
     Ok(n)
 }

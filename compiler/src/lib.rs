@@ -123,6 +123,8 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => ("warpgroup_per_tile", 4, 1, None),
                 Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps, 1, None),
                 Some(dsc_codegen::Launch::OutputsPerBlock { outputs, rows, warps }) => ("outputs_per_block", outputs, rows, Some(32 * warps)),
+                // (the same grid; its dynamic shared memory goes into `smem`)
+                Some(dsc_codegen::Launch::Tile { outputs, rows, threads, .. }) => ("outputs_per_block", outputs, rows, Some(threads)),
                 None => ("none", 0, 1, None),
             };
             let (launch, block, _, threads) = shape(s.kernel.as_ref().map(|k| k.launch()));
@@ -134,6 +136,10 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                     args: l.args.clone(),
                     rows_per_block,
                     threads,
+                    smem: match l.kernel.launch() {
+                        dsc_codegen::Launch::Tile { smem, .. } => Some(smem),
+                        _ => None,
+                    },
                     kernel: l.kernel.symbol(),
                     scalars: l.scalars.iter().map(scalar).collect(),
                     launch: launch.to_string(),

@@ -256,8 +256,23 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
         let parts: Vec<usize> = ws.iter().map(|w| w.ty.shape[0].as_const().context("weight dims")).collect::<anyhow::Result<_>>()?;
         let n: usize = parts.iter().sum();
         let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
+        crate::gpu::allow_smem(&f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
         for &m in ms {
-            let x = dev.random("f32", m * k, 11)?;
+            // (x in 16 bits where the plan casts it first: the `{x}@bf16` buffer)
+            let x16 = l.args.as_ref().is_some_and(|a| a.first().is_some_and(|x| crate::gpu::half_base(x).is_some()));
+            let x = dev.random(
+                if x16 {
+                    if ws[0].ty.dtype == dsc_ir::DType::F16 {
+                        "f16"
+                    } else {
+                        "bf16"
+                    }
+                } else {
+                    "f32"
+                },
+                m * k,
+                11,
+            )?;
             let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&ws[0].ty.dtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
             let res = if residual { Some(dev.random("f32", m * n, 20)?) } else { None };
             let y = dev.stream.alloc_zeros::<u8>(m * n * 4).map_err(derr("allocating y"))?;
@@ -270,6 +285,10 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             let cfg = match l.launch.as_str() {
                 "warpgroup_per_tile" => LaunchConfig { grid_dim: (work, (m as u32).div_ceil(64), 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
                 "warp_per_tile" => LaunchConfig { grid_dim: (work.div_ceil(l.block), (m as u32).div_ceil(16), 1), block_dim: (32 * l.block, 1, 1), shared_mem_bytes: 0 },
+                // the pipelined tile matmul: `block` columns x `rows_per_block` rows per block
+                "outputs_per_block" => {
+                    LaunchConfig { grid_dim: (work.div_ceil(l.block), (m as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) }
+                }
                 other => anyhow::bail!("{}: launch {other} is not a tensor-core tile launch", l.kernel),
             };
             let launch = || -> anyhow::Result<()> {

@@ -103,6 +103,12 @@ impl<'p> GpuBackend<'p> {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
         }
+        // kernels with more than the default 48 KB of dynamic shared memory opt in
+        for l in prog.steps.iter().flat_map(|s| s.large.iter().chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper)).chain(s.few.iter())) {
+            if let (Some(bytes), Some(f)) = (l.smem, funcs.get(&l.kernel)) {
+                cu(allow_smem(f, bytes), &format!("kernel {}: {bytes} bytes of shared memory", l.kernel))?;
+            }
+        }
         // one stream for everything, so cudarc's per-buffer event tracking is not needed (and
         // would get in the way of graph capture); a created stream, since the legacy default
         // stream cannot be captured
@@ -254,7 +260,10 @@ impl GpuBackend<'_> {
     fn prepare(&self, t: usize, s_: usize, r: usize) -> Result<Bucket> {
         let g = self.graph;
         let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.table_width), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
+        // (`{node}@bf16`: a 16-bit copy of a node that a cast step writes for the prefill
+        // matmuls; its shape is the node's)
         let shape_of = |name: &str| -> Result<Vec<usize>> {
+            let name = half_base(name).unwrap_or(name);
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
         };
@@ -279,7 +288,7 @@ impl GpuBackend<'_> {
                 bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating inputs")?);
             }
         }
-        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * 4)).collect::<Result<_>>()?;
+        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * if half_base(&b.node).is_some() { 2 } else { 4 })).collect::<Result<_>>()?;
         let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
         let arena = cu(self.stream.alloc_zeros::<u8>(total.max(256)), "allocating the activation arena")?;
         let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
@@ -314,9 +323,9 @@ impl GpuBackend<'_> {
                 continue;
             }
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
-            let (k, scal, work, grid_y, launch, block, rpb, threads, args) = match s.alternative(rows, hopper, !self.no_few) {
-                Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args)),
-                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args),
+            let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem) = match s.alternative(rows, hopper, !self.no_few) {
+                Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0)),
+                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0),
             };
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;
@@ -340,7 +349,7 @@ impl GpuBackend<'_> {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
                 }
             }
-            launches.push(Action::Launch(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 } }));
+            launches.push(Action::Launch(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem } }));
         }
         let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
         let out_name = g.node(*out).name.clone();
@@ -613,4 +622,18 @@ impl Backend for GpuBackend<'_> {
         }
         Ok(())
     }
+}
+
+/// Let `f` use `bytes` of dynamic shared memory (past the default 48 KB a kernel may take
+/// without opting in).
+pub fn allow_smem(f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudarc::driver::DriverError> {
+    if bytes > 48 * 1024 {
+        f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)?;
+    }
+    Ok(())
+}
+
+/// The node a 16-bit copy buffer (`{node}@bf16` or `{node}@f16`) copies.
+pub fn half_base(name: &str) -> Option<&str> {
+    name.strip_suffix("@bf16").or_else(|| name.strip_suffix("@f16"))
 }

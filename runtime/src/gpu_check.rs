@@ -52,6 +52,9 @@ pub struct Bundle {
     /// target → PTX file name
     pub ptx: std::collections::BTreeMap<String, String>,
     pub cases: Vec<Case>,
+    /// bytes of dynamic shared memory, for the kernels that take it
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub smem: std::collections::BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -96,6 +99,8 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
     let mut results = vec![];
     for c in &bundle.cases {
         let f = module.load_function(&c.kernel).with_context(|| format!("kernel {}", c.kernel))?;
+        let smem = bundle.smem.get(&c.kernel).copied().unwrap_or(0);
+        crate::gpu::allow_smem(&f, smem).with_context(|| format!("kernel {}: {smem} bytes of shared memory", c.kernel))?;
         let ins = c.inputs.iter().map(|a| upload(&stream, &data, a)).collect::<anyhow::Result<Vec<_>>>()?;
         let want = f32s(&data, &c.expected)?;
         let init = match &c.init {
@@ -103,7 +108,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
             None => vec![f32::NAN; want.len()],
         };
         let mut out = stream.clone_htod(&init)?;
-        let cfg = LaunchConfig { grid_dim: (c.grid, c.grid_y, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (c.grid, c.grid_y, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: smem };
         let launch = |out: &mut cudarc::driver::CudaSlice<f32>| -> anyhow::Result<()> {
             let mut b = stream.launch_builder(&f);
             for i in &ins {

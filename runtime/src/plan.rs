@@ -219,6 +219,10 @@ pub struct GpuLarge {
     /// threads per block ("outputs_per_block"; default 128)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// bytes of dynamic shared memory per block (the pipelined tile matmuls; the runtime raises
+    /// the kernel's limit past the default 48 KB when it loads the plan)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smem: Option<u32>,
     pub kernel: String,
     pub scalars: Vec<Scalar>,
     /// "warp_per_tile": grid x = ceil(work / block), grid y = ceil(grid_y / 16);
@@ -566,6 +570,7 @@ mod tests {
             args: None,
             rows_per_block: 1,
             threads: None,
+            smem: None,
             kernel: kernel.into(),
             scalars: vec![],
             launch: "outputs_per_block".into(),
