@@ -185,6 +185,10 @@ pub enum KernelSpec {
     /// y = x (f32) rounded to bf16 (`f16`: f16, saturating), 8 elements per thread; params x,
     /// y, n (elements / 8)
     ToHalf { f16: bool },
+    /// `PagedAttention` for prefill (many query rows): FlashAttention-2 tiles on the tensor
+    /// cores ([`emit_flash_attention`]), a block per (64 tokens, head); params as
+    /// `PagedAttention` but `n` = T (tokens)
+    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
     /// the batched-decode GEMV: as `MatMul` for f32/f16/bf16 weights, `rows` activation rows
     /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
     /// params x, w, [bias], [res], y, M, N
@@ -278,6 +282,7 @@ impl KernelSpec {
                 )
             }
             KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
+            KernelSpec::FlashAttention { h, kvh, d, bs, .. } => format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -299,6 +304,8 @@ impl KernelSpec {
             KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
             KernelSpec::MatMulPipe { bn, stages, a16, .. } => Launch::Tile { outputs: *bn as u32, rows: PIPE_BM as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16) as u32 },
             KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
+            // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
+            KernelSpec::FlashAttention { d, .. } => Launch::Tile { outputs: 1, rows: FLASH_ROWS as u32, threads: 128, smem: flash_smem(*d) as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -1569,6 +1576,392 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     Ok(matmul_params(bias, residual, true))
 }
 
+/// Query rows (tokens) per block of the prefill attention ([`KernelSpec::FlashAttention`]).
+pub const FLASH_ROWS: usize = 64;
+/// Keys per step of the prefill attention's K/V loop.
+const FLASH_KEYS: usize = 64;
+
+/// Dynamic shared memory of a [`KernelSpec::FlashAttention`] block: the K tile (64 keys x d
+/// bf16, rows padded by 16 bytes) and V transposed (d rows x 64 keys bf16, padded by 16 bytes),
+/// so the mma fragment loads hit every bank once.
+pub fn flash_smem(d: usize) -> usize {
+    FLASH_KEYS * (2 * d + 16) + d * (2 * FLASH_KEYS + 16)
+}
+
+/// The prefill attention ([`KernelSpec::FlashAttention`]), FlashAttention-2 style on `mma.sync`
+/// m16n8k16 (bf16 operands, f32 accumulation; sm_80 and sm_90a).
+///
+/// Block = 4 warps = 64 query rows (tokens t0..t0+63) of one head; warp w owns rows 16w..+15
+/// and keeps its Q fragments (pre-scaled by scale·log2 e), its output accumulators and its
+/// rows' running max and sum in registers. The tile's rows are taken in runs of one sequence
+/// (a step mixes prefill chunks and decode tokens): for each run, the block walks that
+/// sequence's keys 0..=max position in steps of 64 — the block gathers them from the paged
+/// caches (f32) into shared memory as bf16, K row-major, V transposed — and each warp computes
+/// S = Q Kᵀ (16 x 64), masks keys past each row's position and rows outside the run, updates
+/// the online softmax (exp2), and accumulates P V with P packed from the S registers.
+fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32) -> Result<String, String> {
+    if d % 16 != 0 || d > 128 || kvh == 0 || h % kvh != 0 || bs == 0 {
+        return Err(format!("the prefill attention needs D a multiple of 16 up to 128 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
+    }
+    let ks = (2 * d + 16) as i64; // K row stride (bytes)
+    let vs = (2 * FLASH_KEYS + 16) as i64; // V-transposed row stride (bytes)
+    let v_at = (FLASH_KEYS as i64) * ks;
+    let nd8 = d / 8; // output column tiles
+    let nkc = d / 16; // k16 steps over the head dim
+    let nacc = nd8 * 4;
+    let c = |b: &mut Body, v: i64| b.ci64(v);
+    b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
+    let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
+    let base = b.idx64(&base);
+    let t = b.op("gpu.thread_id x");
+    let t = b.idx64(&t);
+    let hq = b.op("gpu.block_id x");
+    let hq = b.idx64(&hq);
+    let tile = b.op("gpu.block_id y");
+    let tile = b.idx64(&tile);
+    let c32 = c(b, 32);
+    let c4 = c(b, 4);
+    let c8 = c(b, 8);
+    let c16 = c(b, 16);
+    let c2 = c(b, 2);
+    let c1 = c(b, 1);
+    let c0 = c(b, 0);
+    let warp = b.op(&format!("arith.divui {t}, {c32} : i64"));
+    let lane = b.op(&format!("arith.remui {t}, {c32} : i64"));
+    let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+    let crows = c(b, FLASH_ROWS as i64);
+    let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
+    let crep = c(b, (h / kvh) as i64);
+    let kh = b.op(&format!("arith.divui {hq}, {crep} : i64"));
+    let ch = c(b, h as i64);
+    let cd = c(b, d as i64);
+    let ckvh = c(b, kvh as i64);
+    let cbs = c(b, bs as i64);
+    // rows in this tile, and this thread's two rows (a = g, b = g + 8 of its warp)
+    let left = b.op(&format!("arith.subi %n, {t0} : i64"));
+    let nrows = b.op(&format!("arith.minsi {left}, {crows} : i64"));
+    let w16 = b.op(&format!("arith.muli {warp}, {c16} : i64"));
+    let rel_a = b.op(&format!("arith.addi {w16}, {g} : i64"));
+    let rel_b = b.op(&format!("arith.addi {rel_a}, {c8} : i64"));
+    let mut rows = vec![];
+    for rel in [&rel_a, &rel_b] {
+        let row = b.op(&format!("arith.addi {t0}, {rel} : i64"));
+        let ok = b.op(&format!("arith.cmpi slt, {rel}, {nrows} : i64"));
+        let rc = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
+        let p = b.load_i32_as_i64("%pos", &rc);
+        rows.push((rel.clone(), rc, ok, p));
+    }
+    // Q fragments (m16n8k16 A layout), scaled so S is in log2 units
+    let scale = b.cf32(f32::from_bits(scale_bits) * std::f32::consts::LOG2_E);
+    let mut qf = vec![];
+    let qrow = |b: &mut Body, rc: &str| -> String {
+        let r = b.op(&format!("arith.muli {rc}, {ch} : i64"));
+        let r = b.op(&format!("arith.addi {r}, {hq} : i64"));
+        b.op(&format!("arith.muli {r}, {cd} : i64"))
+    };
+    let qa = qrow(b, &rows[0].1);
+    let qb = qrow(b, &rows[1].1);
+    let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    for kc in 0..nkc as i64 {
+        for (qbase, off) in [(&qa, 0i64), (&qb, 0), (&qa, 8), (&qb, 8)] {
+            let co = c(b, 16 * kc + off);
+            let e = b.op(&format!("arith.addi {qbase}, {co} : i64"));
+            let e = b.op(&format!("arith.addi {e}, {tq2} : i64"));
+            let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+            let v = b.load_vec("%q", &by, 2, "f32", 8);
+            let lo = b.op(&format!("arith.mulf {}, {scale} : f32", v[0]));
+            let hi = b.op(&format!("arith.mulf {}, {scale} : f32", v[1]));
+            qf.push(b.pack2(&lo, &hi, false));
+        }
+    }
+    let ninf = b.op("arith.constant 0xFF800000 : f32");
+    let zero = b.cf32(0.0);
+    let w32 = b.op("arith.constant 32 : i32");
+    let quad = |b: &mut Body, x: &str, combine: &str| -> String {
+        let mut v = x.to_string();
+        for off in [1, 2] {
+            let o = b.op(&format!("arith.constant {off} : i32"));
+            let (sh, valid) = (b.v(), b.v());
+            b.line(&format!("{sh}, {valid} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
+            v = b.op(&format!("{combine} {v}, {sh} : f32"));
+        }
+        v
+    };
+    let ex2 = |b: &mut Body, x: &str| b.asm1("ex2.approx.ftz.f32", x);
+    let st4 = "!llvm.struct<(f32, f32, f32, f32)>";
+    let mma = |b: &mut Body, a: &[String], b0: &str, b1: &str, acc: &[String]| -> Vec<String> {
+        let r = b.op(&format!(
+            "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st4}",
+            a[0], a[1], a[2], a[3], acc[0], acc[1], acc[2], acc[3]
+        ));
+        (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st4}"))).collect()
+    };
+    let lds = |b: &mut Body, off: &str| -> String {
+        let p = b.op(&format!("arith.addi {base}, {off} : i64"));
+        let p = b.op(&format!("llvm.inttoptr {p} : i64 to !llvm.ptr<3>"));
+        b.op(&format!("llvm.load {p} {{alignment = 4 : i64}} : !llvm.ptr<3> -> i32"))
+    };
+    // carried: output accumulators, (m, l) of rows a and b
+    let carried_tys = vec!["f32"; nacc + 4].join(", ");
+    let init: Vec<String> = (0..nacc).map(|_| zero.clone()).chain([ninf.clone(), zero.clone(), ninf.clone(), zero.clone()]).collect();
+    // runs of one sequence: r .. end
+    let runs = b.v();
+    let (r_in, r_body) = (b.v(), b.v());
+    let acc_in: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
+    let acc_body: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
+    b.line(&format!(
+        "{runs}:{} = scf.while ({r_in} = {c0}, {}) : (i64, {carried_tys}) -> (i64, {carried_tys}) {{",
+        nacc + 5,
+        acc_in.iter().zip(&init).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
+    ));
+    let more = b.op(&format!("arith.cmpi slt, {r_in}, {nrows} : i64"));
+    b.line(&format!("scf.condition({more}) {r_in}, {} : i64, {carried_tys}", acc_in.join(", ")));
+    b.line("} do {");
+    b.line(&format!("^bb0({r_body}: i64, {}):", acc_body.iter().map(|a| format!("{a}: f32")).collect::<Vec<_>>().join(", ")));
+    let tr = b.op(&format!("arith.addi {t0}, {r_body} : i64"));
+    let s = b.load_i32_as_i64("%seq", &tr);
+    // the run's end and largest position (uniform over the block)
+    let scan = b.v();
+    let (e_in, mp_in, e_b, mp_b) = (b.v(), b.v(), b.v(), b.v());
+    let cm1 = c(b, -1);
+    b.line(&format!("{scan}:2 = scf.while ({e_in} = {r_body}, {mp_in} = {cm1}) : (i64, i64) -> (i64, i64) {{"));
+    let inr = b.op(&format!("arith.cmpi slt, {e_in}, {nrows} : i64"));
+    let te = b.op(&format!("arith.addi {t0}, {e_in} : i64"));
+    let tec = b.op(&format!("arith.select {inr}, {te}, {t0} : i64"));
+    let se = b.load_i32_as_i64("%seq", &tec);
+    let same = b.op(&format!("arith.cmpi eq, {se}, {s} : i64"));
+    let go = b.op(&format!("arith.andi {inr}, {same} : i1"));
+    b.line(&format!("scf.condition({go}) {e_in}, {mp_in} : i64, i64"));
+    b.line("} do {");
+    b.line(&format!("^bb0({e_b}: i64, {mp_b}: i64):"));
+    let te = b.op(&format!("arith.addi {t0}, {e_b} : i64"));
+    let pe = b.load_i32_as_i64("%pos", &te);
+    let mp2 = b.op(&format!("arith.maxsi {mp_b}, {pe} : i64"));
+    let e2 = b.op(&format!("arith.addi {e_b}, {c1} : i64"));
+    b.line(&format!("scf.yield {e2}, {mp2} : i64, i64"));
+    b.line("}");
+    let (end, maxp) = (format!("{scan}#0"), format!("{scan}#1"));
+    // this thread's rows in the run
+    let mut inrun = vec![];
+    for (rel, _, ok, _) in &rows {
+        let ge = b.op(&format!("arith.cmpi sge, {rel}, {r_body} : i64"));
+        let lt = b.op(&format!("arith.cmpi slt, {rel}, {end} : i64"));
+        let x = b.op(&format!("arith.andi {ge}, {lt} : i1"));
+        inrun.push(b.op(&format!("arith.andi {x}, {ok} : i1")));
+    }
+    let ckeys = c(b, FLASH_KEYS as i64);
+    let span = b.op(&format!("arith.addi {maxp}, {ckeys} : i64"));
+    let ntiles = b.op(&format!("arith.divsi {span}, {ckeys} : i64"));
+    let ntiles = b.op(&format!("arith.index_cast {ntiles} : i64 to index"));
+    let zi = b.op("arith.constant 0 : index");
+    let onei = b.op("arith.constant 1 : index");
+    let srow = b.op(&format!("arith.muli {s}, %mb : i64"));
+    // the cache element of key j (i64): ((table[s, j / bs] * bs + j % bs) * kvh + kh) * d
+    let key_base = |b: &mut Body, j: &str| -> String {
+        let jc = b.op(&format!("arith.minsi {j}, {maxp} : i64"));
+        let bj = b.op(&format!("arith.divui {jc}, {cbs} : i64"));
+        let oj = b.op(&format!("arith.remui {jc}, {cbs} : i64"));
+        let ti = b.op(&format!("arith.addi {srow}, {bj} : i64"));
+        let blk = b.load_i32_as_i64("%table", &ti);
+        let row = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {oj} : i64"));
+        let row = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {kh} : i64"));
+        b.op(&format!("arith.muli {row}, {cd} : i64"))
+    };
+    let kv = b.v();
+    let tl = b.v();
+    let acc_t: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
+    b.line(&format!(
+        "{kv}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({carried_tys}) {{",
+        nacc + 4,
+        acc_t.iter().zip(&acc_body).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
+    ));
+    let tl64 = b.idx64(&tl);
+    let j0 = b.op(&format!("arith.muli {tl64}, {ckeys} : i64"));
+    // gather K (row-major) and V (transposed) of keys j0..j0+63 as bf16
+    let dq = (d / 4) as i64;
+    let cdq = c(b, dq);
+    for i in 0..(FLASH_KEYS as i64 * dq) / 128 {
+        let ci = c(b, 128 * i);
+        let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+        let kk = b.op(&format!("arith.divui {u}, {cdq} : i64"));
+        let ch4 = b.op(&format!("arith.remui {u}, {cdq} : i64"));
+        let j = b.op(&format!("arith.addi {j0}, {kk} : i64"));
+        let kb = key_base(b, &j);
+        let e = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
+        let e = b.op(&format!("arith.addi {kb}, {e} : i64"));
+        let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+        let v = b.load_vec("%kc", &by, 4, "f32", 16);
+        let p0 = b.pack2(&v[0], &v[1], false);
+        let p1 = b.pack2(&v[2], &v[3], false);
+        let cks = c(b, ks);
+        let so = b.op(&format!("arith.muli {kk}, {cks} : i64"));
+        let c8b = c(b, 8);
+        let co = b.op(&format!("arith.muli {ch4}, {c8b} : i64"));
+        let so = b.op(&format!("arith.addi {so}, {co} : i64"));
+        let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+        let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+        let undef = b.op("llvm.mlir.undef : vector<2xi32>");
+        let i0 = b.op("arith.constant 0 : i32");
+        let i1 = b.op("arith.constant 1 : i32");
+        let vv = b.op(&format!("llvm.insertelement {p0}, {undef}[{i0} : i32] : vector<2xi32>"));
+        let vv = b.op(&format!("llvm.insertelement {p1}, {vv}[{i1} : i32] : vector<2xi32>"));
+        b.line(&format!("llvm.store {vv}, {sp} {{alignment = 8 : i64}} : vector<2xi32>, !llvm.ptr<3>"));
+    }
+    let cpairs = c(b, (FLASH_KEYS / 2) as i64);
+    for i in 0..(FLASH_KEYS as i64 / 2 * dq) / 128 {
+        let ci = c(b, 128 * i);
+        let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+        let pk = b.op(&format!("arith.remui {u}, {cpairs} : i64"));
+        let ch4 = b.op(&format!("arith.divui {u}, {cpairs} : i64"));
+        let k2 = b.op(&format!("arith.muli {pk}, {c2} : i64"));
+        let mut vals = vec![];
+        for dk in 0..2 {
+            let cdk = c(b, dk);
+            let kk = b.op(&format!("arith.addi {k2}, {cdk} : i64"));
+            let j = b.op(&format!("arith.addi {j0}, {kk} : i64"));
+            let kb = key_base(b, &j);
+            let e = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
+            let e = b.op(&format!("arith.addi {kb}, {e} : i64"));
+            let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+            vals.push(b.load_vec("%vc", &by, 4, "f32", 16));
+        }
+        for q in 0..4i64 {
+            let w = b.pack2(&vals[0][q as usize], &vals[1][q as usize], false);
+            let dr = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
+            let cq = c(b, q);
+            let dr = b.op(&format!("arith.addi {dr}, {cq} : i64"));
+            let cvs = c(b, vs);
+            let so = b.op(&format!("arith.muli {dr}, {cvs} : i64"));
+            let po = b.op(&format!("arith.muli {pk}, {c4} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {po} : i64"));
+            let cva = c(b, v_at);
+            let so = b.op(&format!("arith.addi {so}, {cva} : i64"));
+            let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+            let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+            b.line(&format!("llvm.store {w}, {sp} {{alignment = 4 : i64}} : i32, !llvm.ptr<3>"));
+        }
+    }
+    b.line("gpu.barrier");
+    // S = Q K^T: 8 tiles of 8 keys
+    let cks = c(b, ks);
+    let gk = b.op(&format!("arith.muli {g}, {cks} : i64"));
+    let tq4 = b.op(&format!("arith.muli {tq}, {c4} : i64"));
+    let kfrag = b.op(&format!("arith.addi {gk}, {tq4} : i64"));
+    let mut sacc: Vec<Vec<String>> = vec![];
+    for n8 in 0..(FLASH_KEYS / 8) as i64 {
+        let mut acc = vec![zero.clone(); 4];
+        for kc in 0..nkc as i64 {
+            let o = c(b, 8 * n8 * ks + 32 * kc);
+            let off = b.op(&format!("arith.addi {kfrag}, {o} : i64"));
+            let b0 = lds(b, &off);
+            let c16b = c(b, 16);
+            let off1 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
+            let b1 = lds(b, &off1);
+            acc = mma(b, &qf[4 * kc as usize..4 * kc as usize + 4], &b0, &b1, &acc);
+        }
+        sacc.push(acc);
+    }
+    // mask: key j0 + 8 n8 + 2 tq (+1) for row a (c0, c1) and row b (c2, c3)
+    let jq = b.op(&format!("arith.addi {j0}, {tq2} : i64"));
+    let mut new_state = vec![];
+    let mut pvals: Vec<Vec<String>> = vec![vec![]; FLASH_KEYS / 8];
+    let mut alphas = vec![];
+    for (ri, (_, _, _, p)) in rows.iter().enumerate() {
+        let mut vals = vec![];
+        for (n8, sa) in sacc.iter().enumerate() {
+            for q in 0..2 {
+                let cj = c(b, 8 * n8 as i64 + q as i64);
+                let j = b.op(&format!("arith.addi {jq}, {cj} : i64"));
+                let le = b.op(&format!("arith.cmpi sle, {j}, {p} : i64"));
+                let ok = b.op(&format!("arith.andi {le}, {} : i1", inrun[ri]));
+                vals.push(b.op(&format!("arith.select {ok}, {}, {ninf} : f32", sa[2 * ri + q])));
+            }
+        }
+        let mut mx = vals[0].clone();
+        for v in &vals[1..] {
+            mx = b.op(&format!("arith.maximumf {mx}, {v} : f32"));
+        }
+        let mx = quad(b, &mx, "arith.maximumf");
+        let (m_old, l_old) = (&acc_t[nacc + 2 * ri], &acc_t[nacc + 2 * ri + 1]);
+        let m_new = b.op(&format!("arith.maximumf {m_old}, {mx} : f32"));
+        let none = b.op(&format!("arith.cmpf oeq, {m_new}, {ninf} : f32"));
+        let m_use = b.op(&format!("arith.select {none}, {zero}, {m_new} : f32"));
+        let dm = b.op(&format!("arith.subf {m_old}, {m_use} : f32"));
+        let alpha = ex2(b, &dm);
+        let mut sum = zero.clone();
+        for (k, v) in vals.iter().enumerate() {
+            let x = b.op(&format!("arith.subf {v}, {m_use} : f32"));
+            let pe = ex2(b, &x);
+            sum = b.op(&format!("arith.addf {sum}, {pe} : f32"));
+            pvals[k / 2].push(pe);
+        }
+        let l_new = b.op(&format!("llvm.intr.fma({l_old}, {alpha}, {sum}) : (f32, f32, f32) -> f32"));
+        new_state.push(m_new);
+        new_state.push(l_new);
+        alphas.push(alpha);
+    }
+    // pvals[n8] = [a q0, a q1, b q0, b q1]; P fragments per 16 keys: tiles 2kc and 2kc + 1
+    let mut pf = vec![];
+    for kc in 0..FLASH_KEYS / 16 {
+        let (x, y) = (&pvals[2 * kc], &pvals[2 * kc + 1]);
+        pf.push(vec![b.pack2(&x[0], &x[1], false), b.pack2(&x[2], &x[3], false), b.pack2(&y[0], &y[1], false), b.pack2(&y[2], &y[3], false)]);
+    }
+    // O = O * alpha + P V
+    let cvs = c(b, vs);
+    let gv = b.op(&format!("arith.muli {g}, {cvs} : i64"));
+    let vfrag = b.op(&format!("arith.addi {gv}, {tq4} : i64"));
+    let mut out_acc = vec![];
+    for n8 in 0..nd8 {
+        let mut acc: Vec<String> = (0..4).map(|q| b.op(&format!("arith.mulf {}, {} : f32", acc_t[4 * n8 + q], alphas[q / 2]))).collect();
+        for (kc, a) in pf.iter().enumerate() {
+            let o = c(b, v_at + 8 * n8 as i64 * vs + 32 * kc as i64);
+            let off = b.op(&format!("arith.addi {vfrag}, {o} : i64"));
+            let b0 = lds(b, &off);
+            let c16b = c(b, 16);
+            let off1 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
+            let b1 = lds(b, &off1);
+            acc = mma(b, a, &b0, &b1, &acc);
+        }
+        out_acc.extend(acc);
+    }
+    b.line("gpu.barrier");
+    out_acc.extend(new_state);
+    b.line(&format!("scf.yield {} : {carried_tys}", out_acc.join(", ")));
+    b.line("}");
+    let res: Vec<String> = (0..nacc + 4).map(|i| format!("{kv}#{i}")).collect();
+    b.line(&format!("scf.yield {end}, {} : i64, {carried_tys}", res.join(", ")));
+    b.line("}");
+    // normalize and store rows a and b
+    let fin: Vec<String> = (0..nacc + 4).map(|i| format!("{runs}#{}", i + 1)).collect();
+    let one = b.cf32(1.0);
+    for (ri, (_, rc, ok, _)) in rows.iter().enumerate() {
+        let l = quad(b, &fin[nacc + 2 * ri + 1], "arith.addf");
+        let inv = b.op(&format!("arith.divf {one}, {l} : f32"));
+        let ob = qrow(b, rc);
+        b.line(&format!("scf.if {ok} {{"));
+        for n8 in 0..nd8 {
+            let v0 = b.op(&format!("arith.mulf {}, {inv} : f32", fin[4 * n8 + 2 * ri]));
+            let v1 = b.op(&format!("arith.mulf {}, {inv} : f32", fin[4 * n8 + 2 * ri + 1]));
+            let co = c(b, 8 * n8 as i64);
+            let e = b.op(&format!("arith.addi {ob}, {co} : i64"));
+            let e = b.op(&format!("arith.addi {e}, {tq2} : i64"));
+            let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+            let p = b.op(&format!("llvm.getelementptr %out[{by}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            let undef = b.op("llvm.mlir.undef : vector<2xf32>");
+            let i0 = b.op("arith.constant 0 : i32");
+            let i1 = b.op("arith.constant 1 : i32");
+            let vv = b.op(&format!("llvm.insertelement {v0}, {undef}[{i0} : i32] : vector<2xf32>"));
+            let vv = b.op(&format!("llvm.insertelement {v1}, {vv}[{i1} : i32] : vector<2xf32>"));
+            b.line(&format!("llvm.store {vv}, {p} {{alignment = 8 : i64}} : vector<2xf32>, !llvm.ptr<1>"));
+        }
+        b.line("}");
+    }
+    Ok("%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into())
+}
+
 /// Whether the tensor-core matmuls take `wdtype` weights (and the activations) as f16 rather
 /// than bf16 operands: f16 and the block-quantized formats (whose dequantized values are
 /// f16-scaled; f16's 11-bit significand keeps GPU prefill logits ~4x closer to the CPU's than
@@ -2291,6 +2684,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16 } => {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16 })?
         }
+        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits)?,
         KernelSpec::ToHalf { f16 } => {
             // 8 elements per thread: two 16-byte loads, one 16-byte store
             let i = b.open_guarded_gid();

@@ -260,7 +260,20 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                     return Err(err(&name, "KV caches are f32 on the GPU today"));
                 }
                 let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps() };
-                step(spec, args, vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)], Scalar::Rows(name.clone()), one)
+                let mb = Scalar::Dim(names[5].clone(), 1);
+                let st = step(spec, args, vec![Scalar::Rows(name.clone()), mb.clone()], Scalar::Rows(name.clone()), one);
+                // prefill (more than 128 tokens: never a decode batch): FlashAttention tiles on
+                // the tensor cores, a block per (64 tokens, head). (Rows here are tokens x heads.)
+                let flash = (d % 16 == 0 && d <= 128 && std::env::var("DSC_NO_FLASH").is_err()).then(|| Large {
+                    min_rows: 129 * h as i64,
+                    max_rows: None,
+                    args: None,
+                    kernel: KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits() },
+                    scalars: vec![Scalar::Dim(name.clone(), 0), mb],
+                    work: Scalar::Const(h as i64),
+                    grid_y: Scalar::Dim(name.clone(), 0),
+                });
+                Step { large: flash, ..st }
             }
             Op::Softmax | Op::Argmax => {
                 let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "needs a constant last dim"))?;

@@ -725,9 +725,15 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             specs.push(spec);
         }
     }
-    for (h, kvh, d, bs, nb, seqs) in
-        [(9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]), (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]), (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)])]
-    {
+    // (the last two: the prefill kernel, FlashAttention, on tiles that mix a prefill chunk, a
+    // chunk after a cached prefix and decode tokens, and on a partial last tile)
+    for (h, kvh, d, bs, nb, seqs) in [
+        (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]),
+        (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]),
+        (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)]),
+        (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)]),
+        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)]),
+    ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
         let mut table = vec![];
@@ -768,6 +774,24 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             .data;
         let inputs = vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
         let expected = data.push(&want);
+        if t > 64 {
+            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
+            cases.push(Case {
+                name: format!("flash_attn T{t} H{h}/{kvh} D{d} {} sequences", seqs.len()),
+                kernel: spec.symbol(),
+                grid: h as u32,
+                grid_y: t.div_ceil(dsc_codegen::kernels::FLASH_ROWS) as u32,
+                block: 128,
+                inputs: inputs.clone(),
+                scalars: vec![t as i64, mb as i64],
+                expected: expected.clone(),
+                init: None,
+                written_inputs: vec![],
+                tol: 1e-2,
+            });
+            specs.push(spec);
+            continue;
+        }
         // 16 warps per block (the default) and 4 (the old default, DSC_ATTN_WARPS sweeps), on the same data
         for warps in [4usize, 16] {
             let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps };

@@ -349,6 +349,15 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let (h, d, bs, kvh) = (dim(ops[0], 1)?, dim(ops[0], 2)?, dim(ops[1], 1)?, dim(ops[1], 2)?);
     let dev = DeviceBench::open(prog)?;
     let f = dev.module.load_function(&kernel).map_err(derr(&kernel))?;
+    // the prefill kernel (FlashAttention tiles) where the plan has one: used from its rows on
+    let flash = match &step.large {
+        Some(l) => {
+            let ff = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
+            crate::gpu::allow_smem(&ff, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
+            Some((l, ff))
+        }
+        None => None,
+    };
     let i32s = |v: Vec<i32>| -> anyhow::Result<cudarc::driver::CudaSlice<i32>> { dev.stream.clone_htod(&v).map_err(derr("upload")) };
     let cases: Vec<(&str, usize, usize)> = prefill.iter().map(|&t| ("prefill", t, t)).chain(contexts.iter().map(|&c| ("decode", 1, c))).collect();
     let mut out = vec![];
@@ -361,10 +370,20 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         let seq = i32s(vec![0; t])?;
         let table = i32s((0..mb as i32).collect())?;
         let y = dev.stream.alloc_zeros::<f32>(t * h * d).map_err(derr("allocating out"))?;
-        let (n, mbs) = ((t * h) as i64, mb as i64);
-        let cfg = LaunchConfig { grid_dim: ((t * h) as u32, 1, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 };
+        let big = flash.as_ref().filter(|(l, _)| (t * h) as i64 >= l.min_rows);
+        let (kernel, f, n, cfg) = match big {
+            // (a block per head x 64 tokens; n = T)
+            Some((l, ff)) => (
+                l.kernel.clone(),
+                ff,
+                t as i64,
+                LaunchConfig { grid_dim: (h as u32, (t as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) },
+            ),
+            None => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, 1, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
+        };
+        let mbs = mb as i64;
         let launch = || -> anyhow::Result<()> {
-            let mut lb = dev.stream.launch_builder(&f);
+            let mut lb = dev.stream.launch_builder(f);
             lb.arg(&q).arg(&kc).arg(&vc).arg(&pos).arg(&seq).arg(&table).arg(&y).arg(&n).arg(&mbs);
             // SAFETY: paged_attention(q [T,H,D], k/v pools [MB*BS, KVH, D], pos, seq, table
             // [1, MB] (i32), out [T,H,D], T*H, MB): every position < MB*BS is in the table
