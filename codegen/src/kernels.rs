@@ -185,6 +185,11 @@ pub enum KernelSpec {
     /// y = x (f32) rounded to bf16 (`f16`: f16, saturating), 8 elements per thread; params x,
     /// y, n (elements / 8)
     ToHalf { f16: bool },
+    /// silu(x @ Wg^T) * (x @ Wu^T) for one x row (the decode GEMV of a merged gate/up matmul
+    /// with the SwiGLU as its epilogue: a lowering-level fusion of `matmul_cat` + `silu_mul`):
+    /// each block computes half its GEMV outputs from Wg and half from Wu, the same rows, and
+    /// writes their silu_mul; params x, wg, wu, y, F (the columns of y)
+    SwiGluGemv { k: usize, f: usize, wdtype: DType },
     /// `PagedAttention` for prefill (many query rows): FlashAttention-2 tiles on the tensor
     /// cores ([`emit_flash_attention`]), a block per (64 tokens, head); params as
     /// `PagedAttention` but `n` = T (tokens)
@@ -283,6 +288,7 @@ impl KernelSpec {
             }
             KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
             KernelSpec::FlashAttention { h, kvh, d, bs, .. } => format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
+            KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -304,6 +310,8 @@ impl KernelSpec {
             KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
             KernelSpec::MatMulPipe { bn, stages, a16, .. } => Launch::Tile { outputs: *bn as u32, rows: PIPE_BM as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16) as u32 },
             KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
+            // (half of a GEMV block's outputs: the other half are the up rows)
+            KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
             // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
             KernelSpec::FlashAttention { d, .. } => Launch::Tile { outputs: 1, rows: FLASH_ROWS as u32, threads: 128, smem: flash_smem(*d) as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -340,6 +348,9 @@ struct Body {
     /// the decode GEMV normalizes its input on the way in (`KernelSpec::NormMatMul`): RMSNorm
     /// epsilon
     norm: Option<f32>,
+    /// the decode GEMV is `KernelSpec::SwiGluGemv`: outputs 0..r/2 read `%w0` (gate), r/2..r
+    /// `%w1` (up) at the same rows, and the epilogue writes silu(gate) * up
+    swiglu: bool,
 }
 
 impl Body {
@@ -820,7 +831,24 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let by = b.op("gpu.block_id y");
     let (lane, warp) = b.lane_warp(&t);
     let (t64, bx64, by64, lane64, warp64) = (b.idx64(&t), b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
-    let cr = b.ci64(r as i64);
+    let swiglu = b.swiglu && mr == 1;
+    if b.swiglu && (mr != 1 || r % 2 != 0) {
+        return Err("the SwiGLU epilogue is for the one-row decode GEMV with an even tiling".into());
+    }
+    // (SwiGLU: output j of the block is gate row col0 + j for j < r/2, up row col0 + j - r/2)
+    let half = if swiglu { r / 2 } else { r };
+    let wptr: Vec<&str> = (0..r)
+        .map(|j| {
+            if !swiglu {
+                "%w"
+            } else if j < half {
+                "%w0"
+            } else {
+                "%w1"
+            }
+        })
+        .collect();
+    let cr = b.ci64(half as i64);
     let col0 = b.op(&format!("arith.muli {bx64}, {cr} : i64"));
     let cmr = b.ci64(mr as i64);
     let row0 = b.op(&format!("arith.muli {by64}, {cmr} : i64"));
@@ -829,7 +857,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let rowbytes = b.ci64((k * esz) as i64);
     let wbase: Vec<String> = (0..r)
         .map(|j| {
-            let cj = b.ci64(j as i64);
+            let cj = b.ci64((j % half) as i64);
             let c = b.op(&format!("arith.addi {col0}, {cj} : i64"));
             let c = b.op(&format!("arith.minsi {c}, {nlast} : i64"));
             b.op(&format!("arith.muli {c}, {rowbytes} : i64"))
@@ -845,7 +873,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
             let cj = b.ci64(j as i64);
             let me = b.op(&format!("arith.cmpi eq, {t64}, {cj} : i64"));
             b.line(&format!("scf.if {me} {{"));
-            let p = b.op(&format!("llvm.getelementptr %w[{wb}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            let p = b.op(&format!("llvm.getelementptr {}[{wb}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8", wptr[j]));
             b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.bulk.prefetch.L2.global [$0], $1;\", \"l,r\" {p}, {rb} : (!llvm.ptr<1>, i32) -> ()"));
             b.line("}");
         }
@@ -898,9 +926,10 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
             let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
             let ws: Vec<Vec<String>> = wbase
                 .iter()
-                .map(|base| {
+                .zip(&wptr)
+                .map(|(base, ptr)| {
                     let off = b.op(&format!("arith.addi {base}, {wo} : i64"));
-                    b.load_vec("%w", &off, 4, if wdtype == DType::F32 { "f32" } else { "i32" }, 16)
+                    b.load_vec(ptr, &off, 4, if wdtype == DType::F32 { "f32" } else { "i32" }, 16)
                 })
                 .collect();
             loaded.push((xs, ws, gs));
@@ -970,6 +999,33 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     }
     b.line("}");
     b.line("gpu.barrier");
+    if swiglu {
+        // thread t < r/2 finishes column col0 + t: silu(gate sum t) * (up sum t + r/2)
+        let ch64 = b.ci64(half as i64);
+        let mine = b.op(&format!("arith.cmpi slt, {t64}, {ch64} : i64"));
+        let col = b.op(&format!("arith.addi {col0}, {t64} : i64"));
+        let inside = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let go = b.op(&format!("arith.andi {mine}, {inside} : i1"));
+        b.line(&format!("scf.if {go} {{"));
+        let chi = b.op(&format!("arith.constant {half} : index"));
+        let tu = b.op(&format!("arith.addi {t}, {chi} : index"));
+        let mut sums = vec![];
+        for slot in [&t, &tu] {
+            let mut total = String::new();
+            for w in 0..nw {
+                let cw = b.op(&format!("arith.constant {} : index", w * slots));
+                let at = b.op(&format!("arith.addi {cw}, {slot} : index"));
+                let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+                total = if w == 0 { v } else { b.op(&format!("arith.addf {total}, {v} : f32")) };
+            }
+            sums.push(total);
+        }
+        let s = unary_expr(b, UnaryOp::Silu, &sums[0])?;
+        let y = b.op(&format!("arith.mulf {s}, {} : f32", sums[1]));
+        b.matmul_store(&y, &row0, &col, false, false);
+        b.line("}");
+        return Ok(());
+    }
     // thread t < r * mr finishes (row t / r, output t % r)
     let cper64 = b.ci64(per as i64);
     let mine = b.op(&format!("arith.cmpi slt, {t64}, {cper64} : i64"));
@@ -2062,7 +2118,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -2685,6 +2741,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16 })?
         }
         KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits)?,
+        KernelSpec::SwiGluGemv { k, f, wdtype } => {
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) || gemv_tiling(*k, 2 * *f, 1).0 % 2 != 0 {
+                return Err(format!("the SwiGLU GEMV takes plain-float weights and an even GEMV tiling, not {wdtype}"));
+            }
+            b.swiglu = true;
+            emit_gemv(b, *k, *f, *wdtype, false, false, 1)?;
+            "%x: !llvm.ptr<1>, %w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
         KernelSpec::ToHalf { f16 } => {
             // 8 elements per thread: two 16-byte loads, one 16-byte store
             let i = b.open_guarded_gid();

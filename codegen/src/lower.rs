@@ -333,6 +333,9 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
     if std::env::var("DSC_NO_QKV_ROPE_FUSION").is_err() {
         fuse_qkv_rope_cache(g, &mut steps);
     }
+    if std::env::var("DSC_NO_SWIGLU_FUSION").is_err() {
+        fuse_swiglu(g, &mut steps);
+    }
     Ok(insert_half_casts(steps))
 }
 
@@ -428,7 +431,9 @@ fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
                         ..Step::new(&half)
                     });
                 }
-                let mut args = s.args.clone();
+                // (the alternative's own args where it has them: a fused default kernel may
+                // write another buffer)
+                let mut args = h.args.clone().unwrap_or_else(|| s.args.clone());
                 args[0] = half;
                 h.args = Some(args);
             }
@@ -499,6 +504,56 @@ fn fuse_norm(g: &Graph, norms: &std::collections::HashSet<dsc_ir::NodeId>, id: d
 /// the other two steps launch nothing (the rotated q keeps its buffer, the pools their
 /// aliases). A lowering-level fusion: the graph keeps the three ops. DSC_NO_QKV_ROPE_FUSION=1
 /// at compile time keeps three kernels (A/B runs).
+/// The SwiGLU of a merged gate/up matmul in its decode GEMV's epilogue: where `silu_mul(a, b)`
+/// reads the two whole parts of a two-part `matmul_cat` (plain-float weights, equal widths,
+/// nothing else reading them), the cat's one-row kernel becomes `SwiGluGemv` writing the
+/// silu_mul's buffer, and the silu_mul step runs only for 2+ rows (the cat's alternatives keep
+/// writing the cat). The graph and the CPU oracle keep both ops. `DSC_NO_SWIGLU_FUSION=1` at
+/// compile time turns it off.
+fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
+    let at: std::collections::HashMap<String, usize> = steps.iter().enumerate().map(|(i, s)| (s.node.clone(), i)).collect();
+    for id in g.node_ids() {
+        let n = g.node(id);
+        if !matches!(n.op, Op::Binary(dsc_ir::BinaryOp::SiluMul)) {
+            continue;
+        }
+        let ops = g.operands(id);
+        let part = |s: dsc_ir::NodeId| -> Option<(dsc_ir::NodeId, usize, usize)> {
+            let Op::Slice { start, len, .. } = g.node(s).op else { return None };
+            let cat = g.operands(s)[0];
+            (matches!(g.node(cat).op, Op::MatMulCat) && g.users(s) == [id]).then_some((cat, start, len))
+        };
+        let (Some((cat, s0, f)), Some((cat1, s1, f1))) = (part(ops[0]), part(ops[1])) else { continue };
+        let ws = &g.operands(cat)[1..];
+        let wdt = g.node(ws[0]).ty.dtype;
+        if cat != cat1 || f != f1 || ws.len() != 2 || s0 == s1 || s0 % f != 0 || s1 % f != 0 || !matches!(wdt, DType::F32 | DType::F16 | DType::BF16) {
+            continue;
+        }
+        let Some(k) = g.node(ws[0]).ty.shape.get(1).and_then(|d| d.as_const()) else { continue };
+        let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
+        if crate::kernels::emit(&spec).is_err() {
+            continue;
+        }
+        let (Some(&ci), Some(&si)) = (at.get(&g.node(cat).name), at.get(&n.name)) else { continue };
+        // (only over the plain merged GEMV: not over the RMSNorm prologue)
+        if !matches!(&steps[ci].kernel, Some(KernelSpec::MatMulParts { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMul { .. })) {
+            continue;
+        }
+        let x = g.node(g.operands(cat)[0]).name.clone();
+        let (wg, wu) = (g.node(ws[s0 / f]).name.clone(), g.node(ws[s1 / f]).name.clone());
+        let st = &mut steps[ci];
+        let old = st.args.clone();
+        for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
+            l.args.get_or_insert_with(|| old.clone());
+        }
+        st.kernel = Some(spec);
+        st.args = vec![x, wg, wu, n.name.clone()];
+        st.scalars = vec![Scalar::Const(f as i64)];
+        st.work = Scalar::Const(f as i64);
+        steps[si].min_rows = Some(2);
+    }
+}
+
 fn fuse_qkv_rope_cache(g: &Graph, steps: &mut [Step]) {
     use dsc_ir::NodeId;
     let at: std::collections::HashMap<String, usize> = steps.iter().enumerate().map(|(i, s)| (s.node.clone(), i)).collect();
@@ -642,6 +697,28 @@ mod tests {
         // f32 weights: the wgmma kernel on the f32 x, no cast
         let c = steps[at("c")].hopper.as_ref().unwrap();
         assert!(matches!(c.kernel, KernelSpec::MatMulWgmma { .. }) && c.args.is_none());
+    }
+
+    #[test]
+    fn swiglu_runs_in_the_merged_gate_up_gemv_for_one_row() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wg = weight : bf16[128, 64]\n  %wu = weight : bf16[128, 64]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 256]\n  %g = slice(%gu) {axis = 1, start = 0, len = 128} : f32[T, 128]\n  %u = slice(%gu) {axis = 1, start = 128, len = 128} : f32[T, 128]\n  %h = silu_mul(%g, %u) : f32[T, 128]\n  output h = %h\n}\n";
+        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        let cat = by("gu");
+        assert_eq!(cat.kernel, Some(KernelSpec::SwiGluGemv { k: 64, f: 128, wdtype: DType::BF16 }));
+        assert_eq!(cat.args, ["x", "wg", "wu", "h"]);
+        // the alternatives keep computing the cat (the prefill one from the bf16 copy of x),
+        // and silu_mul runs after them
+        for l in [&cat.few, &cat.large, &cat.hopper_small].into_iter().flatten() {
+            assert_eq!(l.args.as_deref(), Some(&["x".to_string(), "wg".to_string(), "wu".to_string(), "gu".to_string()][..]));
+        }
+        let h = cat.hopper.as_ref().unwrap();
+        assert_eq!(h.args.as_deref(), Some(&["x@bf16".to_string(), "wg".to_string(), "wu".to_string(), "gu".to_string()][..]));
+        assert_eq!(by("h").min_rows, Some(2));
+        // the up part first: the gate weight is still the one silu reads
+        let swapped = src.replace("silu_mul(%g, %u)", "silu_mul(%u, %g)");
+        let steps = lower_with(&text::parse(&swapped).unwrap(), false).unwrap();
+        assert_eq!(steps.iter().find(|s| s.node == "gu").unwrap().args, ["x", "wu", "wg", "h"]);
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     }
     v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
+    v.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype: DType::BF16 });
+    v.push(KernelSpec::SwiGluGemv { k: 576, f: 1536, wdtype: DType::F16 });
     v.push(KernelSpec::ToHalf { f16: false });
     v.push(KernelSpec::ToHalf { f16: true });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });

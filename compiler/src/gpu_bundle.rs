@@ -440,8 +440,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     // (a16: x arrives in 16 bits, as the ToHalf step writes it; the reference rounds nothing,
     // as the f32-x kernels round x on the way in)
     use dsc_codegen::kernels::PipeTiling as T;
-    let tilings =
-        [dsc_codegen::kernels::pipe_tiling(4096), dsc_codegen::kernels::pipe_tiling(6144), T { bn: 128, stages: 4, overlap: false, a16: false }, T { bn: 256, stages: 3, overlap: true, a16: false }];
+    let tilings = [dsc_codegen::kernels::pipe_tiling(4096), dsc_codegen::kernels::pipe_tiling(6144), T { bn: 256, stages: 3, overlap: true, a16: false }];
     for (i, &T { bn, stages, overlap, a16 }) in tilings.iter().enumerate() {
         if tilings[..i].contains(&tilings[i]) {
             continue;
@@ -512,6 +511,32 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             init: None,
             written_inputs: vec![],
             tol: 1e-2,
+        });
+        specs.push(spec);
+    }
+    // the SwiGLU in the decode GEMV's epilogue (SwiGluGemv): silu(x Wg^T) * (x Wu^T), a partial
+    // last block
+    for (wdtype, k, f) in [(DType::BF16, 576usize, 201usize), (DType::F16, 1024, 130), (DType::F32, 256, 64)] {
+        let (enc, ws, decl) = part_weights(&[f, f], k, wdtype, &mut rand_vec)?;
+        let x = rand_vec(k, -1.0, 1.0);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[1, {k}]\n{decl}  %g = matmul(%x, %w0) {{transpose_b = true}} : f32[1, {f}]\n  %u = matmul(%x, %w1) {{transpose_b = true}} : f32[1, {f}]\n  %y = silu_mul(%g, %u) : f32[1, {f}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("x", Tensor::new(vec![1, k], x.clone()))], &ws)?;
+        let spec = KernelSpec::SwiGluGemv { k, f, wdtype };
+        let (g, b) = grid(&spec.launch(), f);
+        let mut inputs = vec![data.push(&x)];
+        inputs.extend(enc.iter().map(|w| data.push_u8(w)));
+        cases.push(Case {
+            name: format!("swiglu gemv 1x{k}x{f} {wdtype}"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs,
+            scalars: vec![f as i64],
+            expected: data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tol: 1e-4,
         });
         specs.push(spec);
     }

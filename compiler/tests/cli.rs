@@ -33,8 +33,12 @@ fn compile_inspect_and_run() {
     let (ok, out, err) = dsc(&["inspect", &plan]);
     assert!(ok, "{err}");
     assert!(out.contains("smollm2-135m-instruct") && out.contains("q4_1: 210 tensors") && out.contains("chat template yes"), "{out}");
-    // which matmul kernel runs at which row count (Q4_1 weights: no batched-decode GEMV)
-    assert!(out.contains("matmul alternatives to the decode GEMV: hopper (wgmma, sm_90a; >= 128 rows)") && !out.contains("few ("), "{out}");
+    // which kernel runs at which row count (Q4_1 weights: no batched-decode GEMV and no
+    // pipelined matmul; attention steps of 129+ tokens (x 9 heads) run FlashAttention)
+    assert!(
+        out.contains("kernel alternatives by step rows: hopper (sm_90a): matmul_wgmma64 (>= 128 rows)") && out.contains("flash_attention (>= 1161 rows) on 30 steps") && !out.contains("few ("),
+        "{out}"
+    );
 
     // greedy: the f32 reference's continuation of "The capital of France is"
     let (ok, out, err) = dsc(&["run", &plan, "--prompt", "The capital of France is", "--max-tokens", "8", "--print-ids"]);

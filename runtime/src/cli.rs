@@ -177,19 +177,28 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
             };
             let mut by_role: Vec<String> = vec![];
             for (role, pick) in [("few", 0usize), ("hopper", 1), ("hopper_small", 2), ("large", 3)] {
-                let ls: Vec<&crate::plan::GpuLarge> = g.steps.iter().filter_map(|s| [&s.few, &s.hopper, &s.hopper_small, &s.large][pick].as_ref()).collect();
-                if let Some(l) = ls.first() {
-                    let what = match role {
-                        "few" => "batched-decode GEMV, any target",
-                        "hopper" => "wgmma, sm_90a",
-                        "hopper_small" => "wgmma 16-column tiles, sm_90a, below hopper's rows",
-                        _ => "mma.sync",
-                    };
-                    by_role.push(format!("{role} ({what}; {}) on {} steps", range(l), ls.len()));
+                let what = match role {
+                    "few" => "any target",
+                    "hopper" | "hopper_small" => "sm_90a",
+                    _ => "any target, after hopper",
+                };
+                // kernel families (the symbol before its shape: `_k<K>` or `_h<H>`), in order
+                let mut fams: Vec<(String, String, usize)> = vec![];
+                for l in g.steps.iter().filter_map(|s| [&s.few, &s.hopper, &s.hopper_small, &s.large][pick].as_ref()) {
+                    let cut = [l.kernel.find("_k"), l.kernel.find("_h")].into_iter().flatten().min().unwrap_or(l.kernel.len());
+                    let fam = l.kernel[..cut].to_string();
+                    match fams.iter_mut().find(|(f, r, _)| *f == fam && *r == range(l)) {
+                        Some(e) => e.2 += 1,
+                        None => fams.push((fam, range(l), 1)),
+                    }
+                }
+                if !fams.is_empty() {
+                    let list: Vec<String> = fams.iter().map(|(f, r, n)| format!("{f} ({r}) on {n} steps")).collect();
+                    by_role.push(format!("{role} ({what}): {}", list.join(", ")));
                 }
             }
             if !by_role.is_empty() {
-                println!("  matmul alternatives to the decode GEMV: {}", by_role.join("; "));
+                println!("  kernel alternatives by step rows: {}", by_role.join("; "));
             }
         }
         None => println!("gpu: none (CPU backend only)"),
