@@ -662,6 +662,17 @@ impl Body {
         (t, i0, i1, y0, y1)
     }
     /// (lane, warp) of thread index `t` (index values)
+    /// An mma fragment's coordinates of thread `t` (i64): (warp, lane, g = lane / 4, tq = lane
+    /// % 4): the thread holds rows g and g + 8 of its warp's 16, columns 2 tq, 2 tq + 1 (+ 8).
+    fn mma_coords(&mut self, t: &str) -> (String, String, String, String) {
+        let c32 = self.ci64(32);
+        let c4 = self.ci64(4);
+        let warp = self.op(&format!("arith.divui {t}, {c32} : i64"));
+        let lane = self.op(&format!("arith.remui {t}, {c32} : i64"));
+        let g = self.op(&format!("arith.divui {lane}, {c4} : i64"));
+        let tq = self.op(&format!("arith.remui {lane}, {c4} : i64"));
+        (warp, lane, g, tq)
+    }
     fn lane_warp(&mut self, t: &str) -> (String, String) {
         let c32 = self.op("arith.constant 32 : index");
         let lane = self.op(&format!("arith.remui {t}, {c32} : index"));
@@ -1449,12 +1460,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         b.line(commit);
     }
     // this warp's fragment rows (the same % 8 for both halves: g)
-    let c32 = c(b, 32);
-    let c4 = c(b, 4);
-    let warp = b.op(&format!("arith.divui {t}, {c32} : i64"));
-    let lane = b.op(&format!("arith.remui {t}, {c32} : i64"));
-    let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
-    let tq = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+    let (warp, _, g, tq) = b.mma_coords(&t);
     let c16 = c(b, 16);
     let wr = b.op(&format!("arith.muli {warp}, {c16} : i64"));
     let r0 = b.op(&format!("arith.addi {wr}, {g} : i64"));
@@ -1675,17 +1681,13 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let hq = b.idx64(&hq);
     let tile = b.op("gpu.block_id y");
     let tile = b.idx64(&tile);
-    let c32 = c(b, 32);
     let c4 = c(b, 4);
     let c8 = c(b, 8);
     let c16 = c(b, 16);
     let c2 = c(b, 2);
     let c1 = c(b, 1);
     let c0 = c(b, 0);
-    let warp = b.op(&format!("arith.divui {t}, {c32} : i64"));
-    let lane = b.op(&format!("arith.remui {t}, {c32} : i64"));
-    let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
-    let tq = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+    let (warp, _, g, tq) = b.mma_coords(&t);
     let crows = c(b, FLASH_ROWS as i64);
     let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
     let crep = c(b, (h / kvh) as i64);

@@ -45,6 +45,9 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
     // the GPU schedule's lowering-level fusions: nodes whose step launches nothing (their work
     // is in another node's kernel) and nodes whose step runs a fused kernel
     let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
+    // steps skipped at this many tokens (their work is in another kernel: the SwiGLU in the
+    // gate/up GEMV's epilogue)
+    let skipped: std::collections::HashSet<&str> = gpu.map(|p| p.steps.iter().filter(|s| s.min_rows.is_some_and(|m| (tokens as i64) < m)).map(|s| s.node.as_str()).collect()).unwrap_or_default();
     for id in order {
         let n = g.node(id);
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
@@ -87,6 +90,10 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
             }
         };
         // rope(q) + rope_cache_write(k) + cache_write(v) of one merged Q/K/V matmul: one kernel
+        if skipped.contains(n.name.as_str()) {
+            // (its bytes were the cat's output and its own: neither is written now)
+            continue;
+        }
         let (key, launches) = match lowered.get(n.name.as_str()) {
             Some(Some(k)) if k.starts_with("qkv_rope_cache") => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 1),
             Some(None) if matches!(n.op, Op::Rope { .. } | Op::RopeCacheWrite { .. } | Op::CacheWrite) => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 0),
