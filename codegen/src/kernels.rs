@@ -198,6 +198,10 @@ pub enum KernelSpec {
     /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
     /// params x, w, [bias], [res], y, M, N
     MatMulFew { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, rows: usize },
+    /// `MatMulFew` for bf16/f16 weights reading x in 16 bits (a `ToHalf` step's `{x}@bf16`):
+    /// half the activation bytes, which bound batched decode (docs/perf.md); 32 rows per block;
+    /// params as `MatMulFew`
+    MatMulFewX16 { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -272,6 +276,7 @@ impl KernelSpec {
             KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
             KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
             KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::MatMulFewX16 { k, n, wdtype, bias, residual } => format!("matmul_few32x16_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => format!("matmul_few{rows}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
@@ -303,6 +308,10 @@ impl KernelSpec {
             KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
                 let (w, _, a) = gemv_mma_tiling3();
                 Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
+            }
+            KernelSpec::MatMulFewX16 { .. } => {
+                let (w, _, a) = gemv_mma_tiling3();
+                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: GEMV_MMA_ROWS as u32, warps: w as u32 }
             }
             KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
@@ -1087,7 +1096,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
 /// 2t + 8 + e map to physical 8t + e and 8t + 2 + e (first MMA) and 8t + 4 + e, 8t + 6 + e (second).
 /// B tiles past M are skipped (a warp-uniform branch); partial sums meet in shared memory and
 /// warp 0 runs the epilogue.
-fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool) -> Result<(), String> {
+fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, x16: bool) -> Result<(), String> {
     if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
@@ -1140,7 +1149,10 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
             b.op(&format!("arith.addi {o}, {eb} : i64"))
         })
         .collect();
-    let xrowbytes = b.ci64((k * 4) as i64);
+    // (x16: x in 16 bits, the lane's 8 elements one 16-byte load already in pairs)
+    let xsz = if x16 { 2 } else { 4 };
+    let xrowbytes = b.ci64((k * xsz) as i64);
+    let cxsz = b.ci64(xsz as i64);
     let mut xbase = vec![];
     let mut live = vec![];
     for j in 0..nt {
@@ -1150,7 +1162,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         let r = b.op(&format!("arith.addi {r0j}, {g} : i64"));
         let r = b.op(&format!("arith.minsi {r}, {mlast} : i64"));
         let o = b.op(&format!("arith.muli {r}, {xrowbytes} : i64"));
-        let eb = b.op(&format!("arith.muli {e0}, {c4} : i64"));
+        let eb = b.op(&format!("arith.muli {e0}, {cxsz} : i64"));
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
     let ty = if f16 { "f16" } else { "bf16" };
@@ -1186,9 +1198,13 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
             };
             let mut xs = vec![];
             for s in ss {
-                let cb = b.ci64(128);
+                let cb = b.ci64(32 * xsz as i64);
                 let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
                 let off = b.op(&format!("arith.addi {}, {so} : i64", xbase[j]));
+                if x16 {
+                    xs.push(b.load_vec("%x", &off, 4, "i32", 16));
+                    continue;
+                }
                 let mut v = b.load_vec("%x", &off, 4, "f32", 16);
                 let c16b = b.ci64(16);
                 let off2 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
@@ -1199,8 +1215,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
             for (si, x) in xs.iter().enumerate() {
                 for half in 0..2 {
                     // the B fragment once, for every A tile
-                    let b0 = b.pack2(&x[4 * half], &x[4 * half + 1], f16);
-                    let b1 = b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16);
+                    let (b0, b1) = if x16 { (x[2 * half].clone(), x[2 * half + 1].clone()) } else { (b.pack2(&x[4 * half], &x[4 * half + 1], f16), b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16)) };
                     for a in 0..na {
                         let w = &ws[si][a];
                         let av = [&w[0][2 * half], &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
@@ -2152,6 +2167,7 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
     let (n, bias, residual) = match inner {
         KernelSpec::MatMul { n, bias, residual, .. }
         | KernelSpec::MatMulFew { n, bias, residual, .. }
+        | KernelSpec::MatMulFewX16 { n, bias, residual, .. }
         | KernelSpec::MatMulMma { n, bias, residual, .. }
         | KernelSpec::MatMulWgmma { n, bias, residual, .. }
         | KernelSpec::MatMulPipe { n, bias, residual, .. } => (*n, *bias, *residual),
@@ -2435,8 +2451,12 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             if *wdtype == DType::F32 {
                 emit_gemv(b, *k, *n, *wdtype, *bias, *residual, *rows)?;
             } else {
-                emit_gemv_mma(b, *k, *wdtype, *bias, *residual)?;
+                emit_gemv_mma(b, *k, *wdtype, *bias, *residual, false)?;
             }
+            matmul_params(*bias, *residual, true)
+        }
+        KernelSpec::MatMulFewX16 { k, n: _, wdtype, bias, residual } => {
+            emit_gemv_mma(b, *k, *wdtype, *bias, *residual, true)?;
             matmul_params(*bias, *residual, true)
         }
         KernelSpec::MatMul { k, n: _, wdtype, bias, residual } => {

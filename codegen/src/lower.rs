@@ -128,6 +128,22 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
 /// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
 /// DSC_NORM_FUSION=1 at compile time turns it on).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
+    lower_opts(g, LowerOptions { norm_fusion, few_x16: std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "1") })
+}
+
+/// Lowering choices that are not yet the measured default (compile-time environment in
+/// [`lower`]; parameters here so tests can set them without touching the process env).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LowerOptions {
+    /// RMSNorm folded into the decode GEMVs after it (DSC_NORM_FUSION=1)
+    pub norm_fusion: bool,
+    /// the batched-decode GEMV reads a 16-bit copy of x (DSC_FEW_X16=1)
+    pub few_x16: bool,
+}
+
+/// [`lower`] with explicit [`LowerOptions`].
+pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenError> {
+    let norm_fusion = opts.norm_fusion;
     let order = g.topo_order().map_err(|e| err(&g.name, e.to_string()))?;
     let norms = if norm_fusion { fusable_norms(g) } else { Default::default() };
     let mut steps = vec![];
@@ -184,7 +200,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                     return Err(err(&name, "matmul bias must be f32"));
                 }
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
-                let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None)?;
+                let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None, opts.few_x16)?;
                 fuse_norm(g, &norms, id, st)
             }
             Op::MatMulCat => {
@@ -200,7 +216,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                     parts.push(nn);
                 }
                 let total = parts.iter().sum();
-                let st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts))?;
+                let st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts), opts.few_x16)?;
                 fuse_norm(g, &norms, id, st)
             }
             Op::Slice { axis, start, len } if matches!(ops[0].op, Op::MatMulCat) => {
@@ -352,7 +368,7 @@ fn weight_dims(name: &str, w: &dsc_ir::TensorType) -> Result<(usize, usize), Cod
 /// matmuls) every kernel is wrapped as `MatMulParts` and takes the rows as a last scalar; an
 /// alternative whose blocks would straddle two parts is left out.
 #[allow(clippy::too_many_arguments)]
-fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>) -> Result<Step, CodegenError> {
+fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>, few_x16: bool) -> Result<Step, CodegenError> {
     let rows = Scalar::Rows(name.to_string());
     let wrap = |spec: KernelSpec, mut scalars: Vec<Scalar>| -> Option<(KernelSpec, Vec<Scalar>)> {
         match parts {
@@ -398,7 +414,14 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         // 8 (f32) or 32 (bf16/f16, tensor cores) rows beats the tiled tensor-core kernels there
         // (bench/results, docs/perf.md)
         let rows_per_block = crate::kernels::few_rows(wdtype);
-        st.few = large(KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block }, 2, Some(few_max_rows()), nn);
+        // (DSC_FEW_X16=1 at compile time: bf16/f16 weights read a 16-bit copy of x, half the
+        // activation bytes; prepared, not yet measured on the H200, so off)
+        let spec = if wdtype != DType::F32 && few_x16 {
+            KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }
+        } else {
+            KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block }
+        };
+        st.few = large(spec, 2, Some(few_max_rows()), nn);
     }
     Ok(st)
 }
@@ -409,19 +432,29 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
 /// shape in 16-bit elements (the runtime sizes `@` buffers from their base node).
 fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::with_capacity(steps.len());
-    let mut made = std::collections::HashSet::new();
+    // cast buffer -> its step's index in `out`
+    let mut made: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for mut s in steps {
-        if let Some(h) = s.hopper.as_mut() {
-            let pipe = match &h.kernel {
+        let step_args = s.args.clone();
+        for h in [s.hopper.as_mut(), s.few.as_mut()].into_iter().flatten() {
+            // (x as this alternative reads it: its own args where a fusion gave it some)
+            let x = h.args.as_ref().unwrap_or(&step_args).first().cloned().unwrap_or_default();
+            let inner = match &h.kernel {
                 KernelSpec::MatMulParts { inner, .. } => inner.as_ref(),
                 k => k,
             };
-            if let KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } = pipe {
-                let f16 = *wdtype == DType::F16;
-                let x = s.args[0].clone();
-                let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
-                if made.insert(half.clone()) {
-                    let units = Scalar::RowsTimes(x.clone(), (*k / 8) as i64);
+            let (k, wdtype) = match inner {
+                KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } | KernelSpec::MatMulFewX16 { k, wdtype, .. } => (*k, *wdtype),
+                _ => continue,
+            };
+            let f16 = wdtype == DType::F16;
+            let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
+            match made.get(&half) {
+                // (one cast serves every alternative reading it: it runs from the fewest rows)
+                Some(&i) => out[i].min_rows = out[i].min_rows.min(Some(h.min_rows)),
+                None => {
+                    let units = Scalar::RowsTimes(x.clone(), (k / 8) as i64);
+                    made.insert(half.clone(), out.len());
                     out.push(Step {
                         kernel: Some(KernelSpec::ToHalf { f16 }),
                         args: vec![x.clone(), half.clone()],
@@ -431,12 +464,12 @@ fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
                         ..Step::new(&half)
                     });
                 }
-                // (the alternative's own args where it has them: a fused default kernel may
-                // write another buffer)
-                let mut args = h.args.clone().unwrap_or_else(|| s.args.clone());
-                args[0] = half;
-                h.args = Some(args);
             }
+            // (the alternative's own args where it has them: a fused default kernel may
+            // write another buffer)
+            let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
+            args[0] = half;
+            h.args = Some(args);
         }
         out.push(s);
     }
@@ -697,6 +730,26 @@ mod tests {
         // f32 weights: the wgmma kernel on the f32 x, no cast
         let c = steps[at("c")].hopper.as_ref().unwrap();
         assert!(matches!(c.kernel, KernelSpec::MatMulWgmma { .. }) && c.args.is_none());
+    }
+
+    #[test]
+    fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  output a = %a\n  output b = %b\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_with(&g, false).unwrap();
+        assert!(plain.iter().all(|s| !matches!(s.few.as_ref().map(|l| &l.kernel), Some(KernelSpec::MatMulFewX16 { .. }))));
+        let steps = lower_opts(&g, LowerOptions { few_x16: true, ..Default::default() }).unwrap();
+        let casts: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).collect();
+        assert_eq!(casts.len(), 1);
+        assert_eq!(casts[0].min_rows, Some(2), "the cast runs from the batched GEMV's rows");
+        for n in ["a", "b"] {
+            let s = steps.iter().find(|s| s.node == n).unwrap();
+            let few = s.few.as_ref().unwrap();
+            assert!(matches!(few.kernel, KernelSpec::MatMulFewX16 { .. }));
+            assert_eq!(few.args.as_ref().unwrap()[0], "x@bf16");
+            assert_eq!(s.hopper.as_ref().unwrap().args.as_ref().unwrap()[0], "x@bf16");
+            assert_eq!(s.args[0], "x");
+        }
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
     v.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype: DType::BF16 });
+    v.push(KernelSpec::MatMulFewX16 { k: 4096, n: 14336, wdtype: DType::BF16, bias: false, residual: true });
+    v.push(KernelSpec::MatMulFewX16 { k: 576, n: 1536, wdtype: DType::F16, bias: true, residual: false });
+    v.push(KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulFewX16 { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false }), parts: vec![1024, 4096, 1024] });
     v.push(KernelSpec::SwiGluGemv { k: 576, f: 1536, wdtype: DType::F16 });
     v.push(KernelSpec::ToHalf { f16: false });
     v.push(KernelSpec::ToHalf { f16: true });

@@ -514,6 +514,63 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
+    // the batched-decode GEMV reading x in 16 bits (MatMulFewX16, DSC_FEW_X16=1): partial B
+    // tiles, both 16-bit formats, a residual, merged parts
+    for (wdtype, m, n, residual, parts) in [(DType::BF16, 11usize, 192usize, false, None), (DType::F16, 29, 64, true, None), (DType::BF16, 7, 384, false, Some([128usize, 256]))] {
+        let k = 576usize;
+        let x = rand_vec(m * k, -1.0, 1.0);
+        let xa = data.push_u8(&dsc_ir::quant::encode(wdtype, &x).context("encode")?);
+        let inner = KernelSpec::MatMulFewX16 { k, n, wdtype, bias: false, residual };
+        let (spec, inputs, want, scalars) = match parts {
+            None => {
+                let wb = dsc_ir::quant::encode(wdtype, &rand_vec(n * k, -0.1, 0.1)).context("encode")?;
+                let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+                let r = rand_vec(m * n, -1.0, 1.0);
+                let (src, ins) = if residual {
+                    (
+                        format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
+                        vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))],
+                    )
+                } else {
+                    (
+                        format!(
+                            "graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"
+                        ),
+                        vec![("x", Tensor::new(vec![m, k], x.clone()))],
+                    )
+                };
+                let want = reference(&src, ins, &ws)?;
+                let mut inputs = vec![xa, data.push_u8(&wb)];
+                if residual {
+                    inputs.push(data.push(&r));
+                }
+                (inner, inputs, want, vec![m as i64, n as i64])
+            }
+            Some(p) => {
+                let (enc, ws, decl) = part_weights(&p, k, wdtype, &mut rand_vec)?;
+                let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1) : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = part_major(&reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?, m, &p);
+                let mut inputs = vec![xa];
+                inputs.extend(enc.iter().map(|w| data.push_u8(w)));
+                (KernelSpec::MatMulParts { inner: Box::new(inner), parts: p.to_vec() }, inputs, want, vec![m as i64, n as i64, m as i64])
+            }
+        };
+        let (g, b) = grid(&spec.launch(), n);
+        cases.push(Case {
+            name: format!("few x16 {m}x{k}x{n} {wdtype}{}{}", if residual { " +res" } else { "" }, if parts.is_some() { " parts" } else { "" }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: m.div_ceil(32) as u32,
+            block: b,
+            inputs,
+            scalars,
+            expected: data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tol: 1e-2,
+        });
+        specs.push(spec);
+    }
     // the SwiGLU in the decode GEMV's epilogue (SwiGluGemv): silu(x Wg^T) * (x Wu^T), a partial
     // last block
     for (wdtype, k, f) in [(DType::BF16, 576usize, 201usize), (DType::F16, 1024, 130), (DType::F32, 256, 64)] {
