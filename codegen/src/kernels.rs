@@ -116,7 +116,7 @@ impl KernelSpec {
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } => inner.hopper_only(),
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.hopper_only(),
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -185,6 +185,9 @@ pub enum KernelSpec {
     /// y = x (f32) rounded to bf16 (`f16`: f16, saturating), 8 elements per thread; params x,
     /// y, n (elements / 8)
     ToHalf { f16: bool },
+    /// `inner` (any matmul kernel) with an activation applied after the bias in its epilogue
+    /// (`Op::MatMulAct`: gelu(x W1 + b1)); params as `inner`'s
+    MatMulAct { inner: Box<KernelSpec>, act: UnaryOpKey },
     /// silu(x @ Wg^T) * (x @ Wu^T) for one x row (the decode GEMV of a merged gate/up matmul
     /// with the SwiGLU as its epilogue: a lowering-level fusion of `matmul_cat` + `silu_mul`):
     /// each block computes half its GEMV outputs from Wg and half from Wu, the same rows, and
@@ -294,6 +297,7 @@ impl KernelSpec {
             KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
             KernelSpec::FlashAttention { h, kvh, d, bs, .. } => format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
             KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
+            KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -333,7 +337,7 @@ impl KernelSpec {
             | KernelSpec::QkvRopeCache { .. }
             | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::PagedAttention { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } => inner.launch(),
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.launch(),
         }
     }
 }
@@ -357,6 +361,8 @@ struct Body {
     /// the decode GEMV normalizes its input on the way in (`KernelSpec::NormMatMul`): RMSNorm
     /// epsilon
     norm: Option<f32>,
+    /// the matmul epilogue applies this activation after the bias (`KernelSpec::MatMulAct`)
+    act: Option<UnaryOp>,
     /// the decode GEMV is `KernelSpec::SwiGluGemv`: outputs 0..r/2 read `%w0` (gate), r/2..r
     /// `%w1` (up) at the same rows, and the epilogue writes silu(gate) * up
     swiglu: bool,
@@ -724,6 +730,11 @@ impl Body {
             self.op(&format!("arith.addf {v}, {bv} : f32"))
         } else {
             v.to_string()
+        };
+        // (the MatMulAct wrapper checked that the activation lowers)
+        let v = match self.act {
+            Some(a) => unary_expr(self, a, &v).unwrap_or(v),
+            None => v,
         };
         let yr = self.op(&format!("arith.muli {row}, %n : i64"));
         let yi = self.op(&format!("arith.addi {yr}, {col} : i64"));
@@ -2135,7 +2146,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -2763,6 +2774,25 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16 })?
         }
         KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits)?,
+        KernelSpec::MatMulAct { inner, act } => {
+            if !matches!(act.0, UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Tanh | UnaryOp::Sigmoid) {
+                return Err(format!("matmul epilogue activation {} is not lowered", dsc_ir::Op::Unary(act.0).name()));
+            }
+            // (a plain matmul kernel: every family ends in `matmul_store`, which applies it)
+            if !matches!(
+                inner.as_ref(),
+                KernelSpec::MatMul { .. }
+                    | KernelSpec::MatMulFew { .. }
+                    | KernelSpec::MatMulFewX16 { .. }
+                    | KernelSpec::MatMulMma { .. }
+                    | KernelSpec::MatMulWgmma { .. }
+                    | KernelSpec::MatMulPipe { .. }
+            ) {
+                return Err(format!("{} takes no activation epilogue", inner.symbol()));
+            }
+            b.act = Some(act.0);
+            emit_into(b, inner)?
+        }
         KernelSpec::SwiGluGemv { k, f, wdtype } => {
             if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) || gemv_tiling(*k, 2 * *f, 1).0 % 2 != 0 {
                 return Err(format!("the SwiGLU GEMV takes plain-float weights and an even GEMV tiling, not {wdtype}"));

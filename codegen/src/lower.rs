@@ -189,6 +189,27 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 // one-row steps: the decode GEMVs reading it normalize in their prologue
                 Step { min_rows: norms.contains(&id).then_some(2), ..st }
             }
+            Op::MatMulAct { transpose_b, act } => {
+                // every kernel of the step (decode GEMV and the alternatives) with the bias and
+                // the activation in its epilogue
+                if !transpose_b {
+                    return Err(err(&name, "matmul needs W in [N, K] layout (transpose_b = true)"));
+                }
+                if ops.len() > 2 && ops[2].ty.dtype != DType::F32 {
+                    return Err(err(&name, "matmul bias must be f32"));
+                }
+                let (nn, k) = weight_dims(&name, &ops[1].ty)?;
+                let mut st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, false, None, opts.few_x16)?;
+                let wrap = |k: KernelSpec| KernelSpec::MatMulAct { inner: Box::new(k), act: UnaryOpKey(*act) };
+                st.kernel = st.kernel.map(wrap);
+                for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
+                    l.kernel = wrap(l.kernel.clone());
+                }
+                if let Some(Err(e)) = st.kernel.as_ref().map(crate::kernels::emit) {
+                    return Err(err(&name, e));
+                }
+                st
+            }
             Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => {
                 // matmul_add: the last operand is the residual, added in the epilogue
                 let residual = matches!(n.op, Op::MatMulAdd { .. });
@@ -440,7 +461,7 @@ fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
             // (x as this alternative reads it: its own args where a fusion gave it some)
             let x = h.args.as_ref().unwrap_or(&step_args).first().cloned().unwrap_or_default();
             let inner = match &h.kernel {
-                KernelSpec::MatMulParts { inner, .. } => inner.as_ref(),
+                KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.as_ref(),
                 k => k,
             };
             let (k, wdtype) = match inner {
@@ -750,6 +771,21 @@ mod tests {
             assert_eq!(s.hopper.as_ref().unwrap().args.as_ref().unwrap()[0], "x@bf16");
             assert_eq!(s.args[0], "x");
         }
+    }
+
+    #[test]
+    fn matmul_act_puts_the_activation_in_every_kernel_of_the_step() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : bf16[128, 64]\n  %b = weight : f32[128]\n  %y = matmul_act(%x, %w, %b) {transpose_b = true, act = gelu} : f32[T, 128]\n  output y = %y\n}\n";
+        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let s = steps.iter().find(|s| s.node == "y").unwrap();
+        let act = |k: &KernelSpec| matches!(k, KernelSpec::MatMulAct { act: UnaryOpKey(dsc_ir::UnaryOp::Gelu), .. });
+        assert!(act(s.kernel.as_ref().unwrap()), "{:?}", s.kernel);
+        for l in [&s.few, &s.large, &s.hopper, &s.hopper_small].into_iter().flatten() {
+            assert!(act(&l.kernel), "{:?}", l.kernel);
+        }
+        // the prefill kernel under the wrapper still gets its bf16 copy of x
+        assert_eq!(s.hopper.as_ref().unwrap().args.as_ref().unwrap()[0], "x@bf16");
+        assert!(steps.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
     }
 
     #[test]

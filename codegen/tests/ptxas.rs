@@ -67,6 +67,14 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
     v.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype: DType::BF16 });
+    // the bias + activation epilogue (matmul_act) over the GEMV, a packed GEMV and the pipelined matmul
+    for (inner, act) in [
+        (KernelSpec::MatMul { k: 768, n: 3072, wdtype: DType::BF16, bias: true, residual: false }, UnaryOp::Gelu),
+        (KernelSpec::MatMul { k: 768, n: 3072, wdtype: DType::Q8_0, bias: true, residual: false }, UnaryOp::GeluErf),
+        (KernelSpec::MatMulPipe { k: 768, n: 3072, wdtype: DType::BF16, bias: true, residual: false, bn: 128, stages: 6, overlap: true, a16: true }, UnaryOp::Relu),
+    ] {
+        v.push(KernelSpec::MatMulAct { inner: Box::new(inner), act: UnaryOpKey(act) });
+    }
     v.push(KernelSpec::MatMulFewX16 { k: 4096, n: 14336, wdtype: DType::BF16, bias: false, residual: true });
     v.push(KernelSpec::MatMulFewX16 { k: 576, n: 1536, wdtype: DType::F16, bias: true, residual: false });
     v.push(KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulFewX16 { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false }), parts: vec![1024, 4096, 1024] });

@@ -56,7 +56,7 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
         let ops = g.operands(id);
         let out_b = nbytes(n.ty.dtype, numel(id));
         let (key, bytes, flops) = match &n.op {
-            Op::MatMul { .. } | Op::MatMulAdd { .. } => {
+            Op::MatMul { .. } | Op::MatMulAdd { .. } | Op::MatMulAct { .. } => {
                 let w = g.node(ops[1]);
                 let s: Vec<usize> = w.ty.shape.iter().filter_map(|d| d.as_const()).collect();
                 let (nn, k) = (s[0], s[1]);

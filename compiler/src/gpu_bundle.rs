@@ -171,7 +171,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
 
     // matmul: x[M, K] @ W[N, K]^T for every weight dtype, decode (M = 1) and prefill-like M
-    let (k, n) = (576usize, 1536usize);
+    // (N = 768: the bundle, the runtime and the tracked files share one call's 64 MiB)
+    let (k, n) = (576usize, 768usize);
     let wf = rand_vec(n * k, -0.1, 0.1);
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
@@ -570,6 +571,60 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             tol: 1e-2,
         });
         specs.push(spec);
+    }
+    // matmul_act (bias + activation in the epilogue; the unverified rule's kernels) in each
+    // matmul family the step may run: decode GEMV (bf16 and a packed format), batched GEMV,
+    // mma.sync, wgmma16 and the pipelined prefill matmul (x in bf16); one x and W, prefixes
+    {
+        let (k, n) = (576usize, 192usize);
+        let x = rand_vec(150 * k, -1.0, 1.0);
+        let xa = data.push(&x);
+        let x16 = data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?);
+        let wf = rand_vec(n * k, -0.1, 0.1);
+        let bias = rand_vec(n, -0.5, 0.5);
+        let ba = data.push(&bias);
+        for wdtype in [DType::BF16, DType::Q4_1] {
+            let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+            let wa = data.push_u8(&wb);
+            let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb)), ("b".to_string(), (DType::F32, vec![n], bias.iter().flat_map(|v| v.to_le_bytes()).collect()))]);
+            let kinds: &[(&str, usize)] = if wdtype == DType::BF16 { &[("gemv", 1), ("few", 11), ("mma", 37), ("wgmma16", 5), ("pipe", 150)] } else { &[("gemv", 2)] };
+            for &(kind, m) in kinds {
+                let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %b = weight : f32[{n}]\n  %y = matmul_act(%x, %w, %b) {{transpose_b = true, act = gelu}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x[..m * k].to_vec()))], &ws)?;
+                let (inner, grid_y, scalars, tol) = match kind {
+                    "gemv" => (KernelSpec::MatMul { k, n, wdtype, bias: true, residual: false }, m as u32, vec![n as i64], 1e-4),
+                    "few" => (KernelSpec::MatMulFew { k, n, wdtype, bias: true, residual: false, rows: 32 }, m.div_ceil(32) as u32, vec![m as i64, n as i64], 1e-2),
+                    "mma" => (KernelSpec::MatMulMma { k, n, wdtype, bias: true, residual: false }, m.div_ceil(16) as u32, vec![m as i64, n as i64], 1e-2),
+                    "wgmma16" => (KernelSpec::MatMulWgmma { k, n, wdtype, bias: true, residual: false, n_tile: 16 }, m.div_ceil(64) as u32, vec![m as i64, n as i64], 1e-2),
+                    _ => {
+                        let t = dsc_codegen::kernels::pipe_tiling(n);
+                        (
+                            KernelSpec::MatMulPipe { k, n, wdtype, bias: true, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16 },
+                            m.div_ceil(dsc_codegen::kernels::PIPE_BM) as u32,
+                            vec![m as i64, n as i64],
+                            1e-2,
+                        )
+                    }
+                };
+                let x_in = if kind == "pipe" { x16.clone() } else { xa.clone() };
+                let spec = KernelSpec::MatMulAct { inner: Box::new(inner), act: UnaryOpKey(UnaryOp::Gelu) };
+                let (g, b) = grid(&spec.launch(), n);
+                cases.push(Case {
+                    name: format!("matmul_act gelu {kind} {m}x{k}x{n} {wdtype}"),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y,
+                    block: b,
+                    inputs: vec![Array { len: m * k * if kind == "pipe" { 2 } else { 1 }, ..x_in }, wa.clone(), ba.clone()],
+                    scalars,
+                    expected: data.push(&want),
+                    init: None,
+                    written_inputs: vec![],
+                    tol,
+                });
+                specs.push(spec);
+            }
+        }
     }
     // the SwiGLU in the decode GEMV's epilogue (SwiGluGemv): silu(x Wg^T) * (x Wu^T), a partial
     // last block

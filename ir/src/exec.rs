@@ -441,6 +441,11 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             *shape.last_mut().expect("rank >= 2") = total;
             Tensor::new(shape, data)
         }
+        Op::MatMulAct { transpose_b, act } => {
+            let mut y = eval(&Op::MatMul { transpose_b: *transpose_b }, a, dtype, declared)?;
+            y.data.iter_mut().for_each(|p| *p = unary(*act, *p));
+            y
+        }
         Op::MatMulAdd { transpose_b } => {
             let (mm, r) = a.split_at(a.len() - 1);
             let mut y = eval(&Op::MatMul { transpose_b: *transpose_b }, mm, dtype, declared)?;

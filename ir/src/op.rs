@@ -132,6 +132,12 @@ pub enum Op {
     MatMulAdd {
         transpose_b: bool,
     },
+    /// (x, W, bias?) -> act(matmul(x, W, bias?)): a matmul with its bias and activation as
+    /// the epilogue (a fusion; the MLP of GPT-2/BERT-style blocks: gelu(x W1 + b1))
+    MatMulAct {
+        transpose_b: bool,
+        act: UnaryOp,
+    },
     /// (x, W_0, .., W_{p-1}) -> concat(x @ W_0^T, .., x @ W_{p-1}^T) along the last axis
     /// (weights in [N_i, K] layout): matmuls of one input merged into one kernel (the
     /// optimizer's Q/K/V and gate/up merges; its users read the parts with `slice`)
@@ -200,6 +206,7 @@ impl Op {
             Op::Argmax => "argmax",
             Op::AllReduce => "all_reduce",
             Op::MatMulAdd { .. } => "matmul_add",
+            Op::MatMulAct { .. } => "matmul_act",
             Op::MatMulCat => "matmul_cat",
         }
     }
@@ -213,6 +220,7 @@ impl Op {
     pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
         match self {
             Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
+            Op::MatMulAct { transpose_b, act } => vec![("transpose_b", Attr::Bool(*transpose_b)), ("act", Attr::Ident(Op::Unary(*act).name().to_string()))],
             Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
             Op::Rope { theta, style, rotary_dim } | Op::RopeCacheWrite { theta, style, rotary_dim } => vec![
                 ("theta", Attr::Float(*theta)),
@@ -254,6 +262,7 @@ impl Op {
         };
         let expected: &[&str] = match name {
             "matmul" | "matmul_add" => &["transpose_b"],
+            "matmul_act" => &["transpose_b", "act"],
             "rms_norm" | "layer_norm" => &["eps"],
             "rope" | "rope_cache_write" => &["theta", "style", "rotary_dim"],
             "paged_attention" => &["scale"],
@@ -332,6 +341,19 @@ impl Op {
             "argmax" => Op::Argmax,
             "all_reduce" => Op::AllReduce,
             "matmul_cat" => Op::MatMulCat,
+            "matmul_act" => Op::MatMulAct {
+                transpose_b: match get("transpose_b")? {
+                    Attr::Bool(b) => *b,
+                    other => return Err(format!("attribute `transpose_b` must be true/false, got {other:?}")),
+                },
+                act: match get("act")? {
+                    Attr::Ident(s) => match Op::from_parts(s, &[]) {
+                        Ok(Op::Unary(u)) => u,
+                        _ => return Err(format!("attribute `act` must name an elementwise unary op (gelu, relu, silu, ...), got {s}")),
+                    },
+                    other => return Err(format!("attribute `act` must name a unary op, got {other:?}")),
+                },
+            },
             "matmul_add" => Op::MatMulAdd {
                 transpose_b: match get("transpose_b")? {
                     Attr::Bool(b) => *b,
@@ -354,7 +376,7 @@ impl Op {
             Op::Input | Op::Weight | Op::State => (0, 0),
             Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce => (1, 1),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => (2, 2),
-            Op::MatMul { .. } => (2, 3),
+            Op::MatMul { .. } | Op::MatMulAct { .. } => (2, 3),
             Op::MatMulAdd { .. } => (3, 4),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
             Op::RopeCacheWrite { .. } => (4, 4),
@@ -657,6 +679,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             *shape.last_mut().expect("rank >= 2") = Dim::Const(total);
             Ok(TensorType::new(args[0].dtype, shape))
         }
+        Op::MatMulAct { transpose_b, .. } => infer(&Op::MatMul { transpose_b: *transpose_b }, args, declared),
         Op::MatMulAdd { transpose_b } => {
             let (mm, r) = args.split_at(args.len() - 1);
             let t = infer(&Op::MatMul { transpose_b: *transpose_b }, mm, declared)?;

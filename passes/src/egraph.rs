@@ -96,12 +96,13 @@ impl Default for Limits {
 }
 
 /// Every rule, by the name the pass note and `--rule` use.
-pub const RULES: &[&str] = &["reshape-reshape", "cast-same-dtype", "matmul-add", "silu-mul", "rope-cache-write", "merge-matmuls"];
+pub const RULES: &[&str] = &["reshape-reshape", "cast-same-dtype", "matmul-add", "silu-mul", "rope-cache-write", "merge-matmuls", "matmul-act"];
 
 /// Rules whose fused kernels have not yet been checked on the H200 (`scripts/gpu-check.sh`):
 /// off by default.
 /// (rope-cache-write passed on 2026-11-29: bench/results/attn16-rope-cache-write-2026-11-29.json.)
-pub const UNVERIFIED_RULES: &[&str] = &[];
+/// (matmul-act: its kernels are in the bundle, not yet run on the H200.)
+pub const UNVERIFIED_RULES: &[&str] = &["matmul-act"];
 
 /// Equality saturation + cost-model extraction.
 pub struct Optimize {
@@ -187,6 +188,15 @@ fn search(eg: &Eg, t: &Table) -> Vec<Add> {
                         if let Op::Rope { theta, style, rotary_dim } = entry(r).op {
                             let children = vec![n.children[0], r.children[0], n.children[2], r.children[1]];
                             out.push(Add { class: class.id, op: Op::RopeCacheWrite { theta, style, rotary_dim }, ty: e.ty.clone(), children, rule: "rope-cache-write" });
+                        }
+                    }
+                }
+                // fusion: act(matmul(x, W, bias?)) = matmul_act(x, W, bias?): the bias and the
+                // activation as the matmul's epilogue (GPT-2/BERT MLPs: gelu(x W1 + b1))
+                Op::Unary(u @ (UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Tanh | UnaryOp::Sigmoid)) => {
+                    for m in &eg[n.children[0]].nodes {
+                        if matches!(entry(m).op, Op::MatMul { transpose_b: true }) && entry(m).ty == e.ty {
+                            out.push(Add { class: class.id, op: Op::MatMulAct { transpose_b: true, act: *u }, ty: e.ty.clone(), children: m.children.clone(), rule: "matmul-act" });
                         }
                     }
                 }
@@ -903,6 +913,50 @@ mod props {
             let before: usize = k.split(" -> ").next().unwrap().parse().unwrap();
             let after: usize = k.split(" -> ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
             prop_assert!(after <= before, "{note}");
+        }
+
+        /// matmul-act on random variations (the rule is on here, unverified rules are off by
+        /// default): act(matmul(x, W, bias?)) for each lowered activation, with and without a
+        /// bias, random rows, sometimes a second user of the matmul (then it must stay whole): the
+        /// optimized graph computes the same outputs, fused exactly when the matmul has one user.
+        #[test]
+        fn matmul_act_computes_the_same_outputs(act in 0usize..6, bias in any::<bool>(), rows in 1usize..4, shared in any::<bool>(), seed in 0u64..1000) {
+            let name = ["gelu", "gelu_erf", "relu", "silu", "tanh", "sigmoid"][act];
+            let (k, n) = (8usize, 12usize);
+            let mut lines = vec![format!("  %x = input : f32[{rows}, {k}]"), format!("  %w = weight : f32[{n}, {k}]")];
+            if bias {
+                lines.push(format!("  %b = weight : f32[{n}]"));
+                lines.push(format!("  %m = matmul(%x, %w, %b) {{transpose_b = true}} : f32[{rows}, {n}]"));
+            } else {
+                lines.push(format!("  %m = matmul(%x, %w) {{transpose_b = true}} : f32[{rows}, {n}]"));
+            }
+            lines.push(format!("  %y = {name}(%m) : f32[{rows}, {n}]"));
+            let mut outs = vec!["  output y = %y".to_string()];
+            if shared {
+                lines.push(format!("  %z = neg(%m) : f32[{rows}, {n}]"));
+                outs.push("  output z = %z".to_string());
+            }
+            let src = format!("graph \"act\" {{\n{}\n{}\n}}\n", lines.join("\n"), outs.join("\n"));
+            let g = text::parse(&src).unwrap();
+            let mut opt = Optimize::default();
+            opt.set_rule("matmul-act", true).unwrap();
+            let (o, _) = opt.run(g.clone()).unwrap();
+            o.verify().map_err(|e| TestCaseError::fail(format!("{e}\n{src}")))?;
+            // (a matmul another op also reads stays whole: fusing would compute it twice)
+            let fused = o.node_ids().any(|id| matches!(o.node(id).op, Op::MatMulAct { .. }));
+            prop_assert!(fused != shared, "shared {shared}: {}", text::print(&o));
+            let mut s = seed;
+            let mut rnd = |len: usize| -> Vec<f32> { (0..len).map(|_| { s = dsc_ir::seeded::splitmix64(s); ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 }).collect() };
+            let mut w: HashMap<String, (DType, Vec<usize>, Vec<u8>)> = HashMap::new();
+            w.insert("w".into(), (DType::F32, vec![n, k], rnd(n * k).iter().flat_map(|v| v.to_le_bytes()).collect()));
+            w.insert("b".into(), (DType::F32, vec![n], rnd(n).iter().flat_map(|v| v.to_le_bytes()).collect()));
+            let ins: BTreeMap<String, Tensor> = BTreeMap::from([("x".to_string(), Tensor::new(vec![rows, k], rnd(rows * k)))]);
+            let a = Executor::new(&g, &w, BTreeMap::new()).unwrap().run(&ins).unwrap();
+            let b = Executor::new(&o, &w, BTreeMap::new()).unwrap().run(&ins).unwrap();
+            for (name, t) in &a {
+                let err = t.data.iter().zip(&b[name].data).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+                prop_assert!(err < 1e-5, "{name}: {err}\n{}", text::print(&o));
+            }
         }
 
         /// merge-matmuls on random variations: 1..=4 matmuls of one input with random widths,
