@@ -25,7 +25,8 @@ if [ -f .gpu/llama3-8b.plan ]; then
   .gpu/dsc-runtime gpu-decode .gpu/llama3-8b.plan --prompt-len 16 --steps 128 --cpu-check-steps 2 --json "$out/llama3-8b-decode.json" 2>&1 | tee "$out/llama3-8b.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
-# prefill on the tensor cores: wgmma (sm_90a default) vs mma.sync (DSC_NO_WGMMA=1)
+# prefill on the tensor cores: the sm_90a kernels (pipelined wgmma; label "wgmma") vs
+# mma.sync (DSC_NO_WGMMA=1)
 if [ -f .gpu/llama3-8b.plan ]; then
   for p in 64 512; do
     for v in wgmma mma; do
