@@ -524,9 +524,14 @@ impl Body {
     /// butterfly reduction over the warp with `combine` (arith.addf / arith.maximumf); every
     /// lane gets the result
     fn warp_reduce(&mut self, x: &str, combine: &str) -> String {
+        self.xor_reduce(x, combine, &[16, 8, 4, 2, 1])
+    }
+    /// `combine` of `x` over the lanes whose index differs in the bits of `offsets` (xor
+    /// shuffles: [16, 8, 4, 2, 1] is the whole warp, [1, 2] an mma fragment's quad)
+    fn xor_reduce(&mut self, x: &str, combine: &str, offsets: &[i32]) -> String {
         let w32 = self.op("arith.constant 32 : i32");
         let mut total = x.to_string();
-        for off in [16, 8, 4, 2, 1] {
+        for off in offsets {
             let o = self.op(&format!("arith.constant {off} : i32"));
             let (sh, valid) = (self.v(), self.v());
             self.line(&format!("{sh}, {valid} = gpu.shuffle xor {total}, {o}, {w32} : f32"));
@@ -677,6 +682,40 @@ impl Body {
         (t, i0, i1, y0, y1)
     }
     /// (lane, warp) of thread index `t` (index values)
+    /// `mma.sync m16n8k16` (f32 accumulators, `ty` = bf16 or f16 operands): A fragment `a`
+    /// (4 x i32), B fragment `b0`, `b1`, accumulators `acc` (4 x f32); returns the new four.
+    fn mma_m16n8k16(&mut self, ty: &str, a: [&str; 4], b0: &str, b1: &str, acc: [&str; 4]) -> Vec<String> {
+        let st = "!llvm.struct<(f32, f32, f32, f32)>";
+        let r = self.op(&format!(
+            "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
+            a[0], a[1], a[2], a[3], acc[0], acc[1], acc[2], acc[3]
+        ));
+        (0..4).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect()
+    }
+    /// The D fragments of an m64nN warpgroup MMA (or an m16 mma per warp) stored through
+    /// `matmul_store`: this thread's rows `ra` and `ra` + 8, columns `n0` + 8j + 2 tq (+1),
+    /// value 4j + q of `vals`, each guarded by `%m` / `%n`.
+    fn store_d_fragments(&mut self, ra: &str, n0: &str, tq: &str, cols: usize, vals: &[String], bias: bool, residual: bool) {
+        let c8 = self.ci64(8);
+        let c1 = self.ci64(1);
+        let c2 = self.ci64(2);
+        let rb = self.op(&format!("arith.addi {ra}, {c8} : i64"));
+        let tq2 = self.op(&format!("arith.muli {tq}, {c2} : i64"));
+        let nc = self.op(&format!("arith.addi {n0}, {tq2} : i64"));
+        for j in 0..(cols / 8) as i64 {
+            let cj = self.ci64(8 * j);
+            let col0 = self.op(&format!("arith.addi {nc}, {cj} : i64"));
+            for (q, row) in [(0usize, ra), (1, ra), (2, &rb), (3, &rb)] {
+                let col = if q % 2 == 0 { col0.clone() } else { self.op(&format!("arith.addi {col0}, {c1} : i64")) };
+                let rok = self.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+                let cok = self.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+                let both = self.op(&format!("arith.andi {rok}, {cok} : i1"));
+                self.line(&format!("scf.if {both} {{"));
+                self.matmul_store(&vals[4 * j as usize + q], row, &col, bias, residual);
+                self.line("}");
+            }
+        }
+    }
     /// An mma fragment's coordinates of thread `t` (i64): (warp, lane, g = lane / 4, tq = lane
     /// % 4): the thread holds rows g and g + 8 of its warp's 16, columns 2 tq, 2 tq + 1 (+ 8).
     fn mma_coords(&mut self, t: &str) -> (String, String, String, String) {
@@ -1177,7 +1216,6 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
     let ty = if f16 { "f16" } else { "bf16" };
-    let st = "!llvm.struct<(f32, f32, f32, f32)>";
     // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4])
     let steps_mma = |b: &mut Body, ss: &[String], acc: &[String]| -> Vec<String> {
         let mut ws = vec![];
@@ -1229,14 +1267,10 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
                     let (b0, b1) = if x16 { (x[2 * half].clone(), x[2 * half + 1].clone()) } else { (b.pack2(&x[4 * half], &x[4 * half + 1], f16), b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16)) };
                     for a in 0..na {
                         let w = &ws[si][a];
-                        let av = [&w[0][2 * half], &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
-                        let r = b.op(&format!(
-                            "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
-                            av[0], av[1], av[2], av[3], c[4 * a], c[4 * a + 1], c[4 * a + 2], c[4 * a + 3]
-                        ));
-                        for i in 0..4 {
-                            c[4 * a + i] = b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"));
-                        }
+                        let av = [w[0][2 * half].as_str(), &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
+                        let acc = [c[4 * a].clone(), c[4 * a + 1].clone(), c[4 * a + 2].clone(), c[4 * a + 3].clone()];
+                        let out = b.mma_m16n8k16(ty, av, &b0, &b1, [&acc[0], &acc[1], &acc[2], &acc[3]]);
+                        c[4 * a..4 * a + 4].clone_from_slice(&out);
                     }
                 }
             }
@@ -1300,6 +1334,23 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         b.line("}");
     }
     b.line("}");
+    Ok(())
+}
+
+/// Whether the decode GEMV can carry the SwiGLU epilogue (`KernelSpec::SwiGluGemv`):
+/// plain-float weights, K a multiple of 32, an even number of outputs per block.
+pub fn swiglu_fits(k: usize, f: usize, wdtype: DType) -> Result<(), String> {
+    if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) || !k.is_multiple_of(32) || gemv_tiling(k, 2 * f, 1).0 % 2 != 0 {
+        return Err(format!("the SwiGLU GEMV takes plain-float weights, K a multiple of 32 and an even GEMV tiling (K {k}, {wdtype})"));
+    }
+    Ok(())
+}
+
+/// Whether a matmul epilogue applies activation `act` (`KernelSpec::MatMulAct`).
+pub fn epilogue_act_fits(act: UnaryOp) -> Result<(), String> {
+    if !matches!(act, UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Tanh | UnaryOp::Sigmoid) {
+        return Err(format!("matmul epilogue activation {} is not lowered", dsc_ir::Op::Unary(act).name()));
+    }
     Ok(())
 }
 
@@ -1644,23 +1695,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
     // D fragment: warp w (of 8) rows m0 + 16w + g (+8), columns 8j + 2 tq (+1)
     let ra = b.op(&format!("arith.addi {m0}, {r0} : i64"));
-    let rbb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
-    let c2 = b.ci64(2);
-    let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-    let nc = b.op(&format!("arith.addi {n0}, {tq2} : i64"));
-    for j in 0..(bn / 8) as i64 {
-        let cj = b.ci64(8 * j);
-        let col0 = b.op(&format!("arith.addi {nc}, {cj} : i64"));
-        for (q, row) in [(0usize, &ra), (1, &ra), (2, &rbb), (3, &rbb)] {
-            let col = if q % 2 == 0 { col0.clone() } else { b.op(&format!("arith.addi {col0}, {c1} : i64")) };
-            let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
-            let cok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-            let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
-            b.line(&format!("scf.if {both} {{"));
-            b.matmul_store(&res[4 * j as usize + q], row, &col, bias, residual);
-            b.line("}");
-        }
-    }
+    b.store_d_fragments(&ra, &n0, &tq, bn, &res, bias, residual);
     Ok(matmul_params(bias, residual, true))
 }
 
@@ -1761,26 +1796,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     let ninf = b.op("arith.constant 0xFF800000 : f32");
     let zero = b.cf32(0.0);
-    let w32 = b.op("arith.constant 32 : i32");
-    let quad = |b: &mut Body, x: &str, combine: &str| -> String {
-        let mut v = x.to_string();
-        for off in [1, 2] {
-            let o = b.op(&format!("arith.constant {off} : i32"));
-            let (sh, valid) = (b.v(), b.v());
-            b.line(&format!("{sh}, {valid} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
-            v = b.op(&format!("{combine} {v}, {sh} : f32"));
-        }
-        v
-    };
+    let quad = |b: &mut Body, x: &str, combine: &str| -> String { b.xor_reduce(x, combine, &[1, 2]) };
     let ex2 = |b: &mut Body, x: &str| b.asm1("ex2.approx.ftz.f32", x);
-    let st4 = "!llvm.struct<(f32, f32, f32, f32)>";
-    let mma = |b: &mut Body, a: &[String], b0: &str, b1: &str, acc: &[String]| -> Vec<String> {
-        let r = b.op(&format!(
-            "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {b0}, {b1}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st4}",
-            a[0], a[1], a[2], a[3], acc[0], acc[1], acc[2], acc[3]
-        ));
-        (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st4}"))).collect()
-    };
+    let mma = |b: &mut Body, a: &[String], b0: &str, b1: &str, acc: &[String]| -> Vec<String> { b.mma_m16n8k16("bf16", [&a[0], &a[1], &a[2], &a[3]], b0, b1, [&acc[0], &acc[1], &acc[2], &acc[3]]) };
     let lds = |b: &mut Body, off: &str| -> String {
         let p = b.op(&format!("arith.addi {base}, {off} : i64"));
         let p = b.op(&format!("llvm.inttoptr {p} : i64 to !llvm.ptr<3>"));
@@ -2749,12 +2767,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 breg.push(b.pack2(&w0, &w1, f16));
             }
             let ty = if f16 { "f16" } else { "bf16" };
-            let st = "!llvm.struct<(f32, f32, f32, f32)>";
-            let r = b.op(&format!(
-                "llvm.inline_asm \"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\" {}, {}, {}, {}, {}, {}, {}, {}, {}, {} : (i32, i32, i32, i32, i32, i32, f32, f32, f32, f32) -> {st}",
-                areg[0], areg[1], areg[2], areg[3], breg[0], breg[1], accs[0], accs[1], accs[2], accs[3]
-            ));
-            let outs: Vec<String> = (0..4).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            let outs = b.mma_m16n8k16(ty, [&areg[0], &areg[1], &areg[2], &areg[3]], &breg[0], &breg[1], [&accs[0], &accs[1], &accs[2], &accs[3]]);
             b.line(&format!("scf.yield {} : f32, f32, f32, f32", outs.join(", ")));
             b.line("}");
             // D: (ra, n0 + tig*2 + {0,1}) = res#0,1; (rb, ...) = res#2,3
@@ -2775,9 +2788,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits)?,
         KernelSpec::MatMulAct { inner, act } => {
-            if !matches!(act.0, UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Tanh | UnaryOp::Sigmoid) {
-                return Err(format!("matmul epilogue activation {} is not lowered", dsc_ir::Op::Unary(act.0).name()));
-            }
+            epilogue_act_fits(act.0)?;
             // (a plain matmul kernel: every family ends in `matmul_store`, which applies it)
             if !matches!(
                 inner.as_ref(),
@@ -2794,9 +2805,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_into(b, inner)?
         }
         KernelSpec::SwiGluGemv { k, f, wdtype } => {
-            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) || gemv_tiling(*k, 2 * *f, 1).0 % 2 != 0 {
-                return Err(format!("the SwiGLU GEMV takes plain-float weights and an even GEMV tiling, not {wdtype}"));
-            }
+            swiglu_fits(*k, *f, *wdtype)?;
             b.swiglu = true;
             emit_gemv(b, *k, *f, *wdtype, false, false, 1)?;
             "%x: !llvm.ptr<1>, %w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
@@ -2855,11 +2864,9 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let kk = b.ci64(*k as i64);
             let zero = b.cf32(0.0);
             let c0 = b.ci64(0);
-            let c1 = b.ci64(1);
             let c2 = b.ci64(2);
             let c4 = b.ci64(4);
             let c8 = b.ci64(8);
-            let c32 = b.ci64(32);
             // the tile's shared-memory address for the descriptors
             let base = b.op("memref.extract_aligned_pointer_as_index %sm : memref<4096xi32, #gpu.address_space<workgroup>> -> index");
             let base = b.idx64(&base);
@@ -2985,31 +2992,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line(&format!("scf.yield {} : {f32s}", done.join(", ")));
             b.line("}");
             // D fragment: warp w rows 16w + g (+8), columns 8j + 2 (lane % 4) (+1)
-            let warp = b.op(&format!("arith.divui {t}, {c32} : i64"));
-            let lane = b.op(&format!("arith.remui {t}, {c32} : i64"));
-            let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
-            let tq = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+            let (warp, _, g, tq) = b.mma_coords(&t);
             let c16 = b.ci64(16);
             let wr = b.op(&format!("arith.muli {warp}, {c16} : i64"));
             let ra = b.op(&format!("arith.addi {m0}, {wr} : i64"));
             let ra = b.op(&format!("arith.addi {ra}, {g} : i64"));
-            let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
-            let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-            let nc = b.op(&format!("arith.addi {n0}, {tq2} : i64"));
-            for j in 0..(nt / 8) as i64 {
-                let cj = b.ci64(8 * j);
-                let col0 = b.op(&format!("arith.addi {nc}, {cj} : i64"));
-                for (q, row) in [(0usize, &ra), (1, &ra), (2, &rb), (3, &rb)] {
-                    let col = if q % 2 == 0 { col0.clone() } else { b.op(&format!("arith.addi {col0}, {c1} : i64")) };
-                    let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
-                    let cok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-                    let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
-                    b.line(&format!("scf.if {both} {{"));
-                    let i = 4 * j as usize + q;
-                    b.matmul_store(&format!("{res}#{i}"), row, &col, *bias, *residual);
-                    b.line("}");
-                }
-            }
+            let vals: Vec<String> = (0..nacc).map(|i| format!("{res}#{i}")).collect();
+            b.store_d_fragments(&ra, &n0, &tq, nt, &vals, *bias, *residual);
             matmul_params(*bias, *residual, true)
         }
         KernelSpec::Softmax { d } => {

@@ -198,15 +198,13 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 if ops.len() > 2 && ops[2].ty.dtype != DType::F32 {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
+                crate::kernels::epilogue_act_fits(*act).map_err(|e| err(&name, e))?;
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
                 let mut st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, false, None, opts.few_x16)?;
                 let wrap = |k: KernelSpec| KernelSpec::MatMulAct { inner: Box::new(k), act: UnaryOpKey(*act) };
                 st.kernel = st.kernel.map(wrap);
                 for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
                     l.kernel = wrap(l.kernel.clone());
-                }
-                if let Some(Err(e)) = st.kernel.as_ref().map(crate::kernels::emit) {
-                    return Err(err(&name, e));
                 }
                 st
             }
@@ -584,10 +582,10 @@ fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
             continue;
         }
         let Some(k) = g.node(ws[0]).ty.shape.get(1).and_then(|d| d.as_const()) else { continue };
-        let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
-        if crate::kernels::emit(&spec).is_err() {
+        if crate::kernels::swiglu_fits(k, f, wdt).is_err() {
             continue;
         }
+        let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
         let (Some(&ci), Some(&si)) = (at.get(&g.node(cat).name), at.get(&n.name)) else { continue };
         // (only over the plain merged GEMV: not over the RMSNorm prologue)
         if !matches!(&steps[ci].kernel, Some(KernelSpec::MatMulParts { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMul { .. })) {

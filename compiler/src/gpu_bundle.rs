@@ -43,6 +43,20 @@ fn reference(src: &str, inputs: Vec<(&str, Tensor)>, weights: &Weights) -> anyho
     Ok(out.into_values().next().context("one output")?.data)
 }
 
+/// The CPU reference of x[M, K] @ w^T (`w` in `weights`, [N, K] of `wdtype`), plus `r`
+/// [M, N] when given (matmul_add: the residual epilogue).
+fn matmul_reference(x: &[f32], r: Option<&[f32]>, m: usize, k: usize, n: usize, wdtype: DType, weights: &Weights) -> anyhow::Result<Vec<f32>> {
+    let mut inputs = vec![("x", Tensor::new(vec![m, k], x.to_vec()))];
+    let src = match r {
+        Some(r) => {
+            inputs.push(("r", Tensor::new(vec![m, n], r.to_vec())));
+            format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n")
+        }
+        None => format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
+    };
+    reference(&src, inputs, weights)
+}
+
 /// Random weights w0, w1, .. of [N_i, K] for merged-matmul cases: their bytes in `wdtype`, the
 /// weight source for the CPU reference, and their declarations in the graph text.
 fn part_weights(parts: &[usize], k: usize, wdtype: DType, rand_vec: &mut dyn FnMut(usize, f32, f32) -> Vec<f32>) -> anyhow::Result<(Vec<Vec<u8>>, Weights, String)> {
@@ -454,18 +468,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
             let x = rand_vec(m * k, -1.0, 1.0);
             let r = rand_vec(m * n, -1.0, 1.0);
-            let (src, inputs) = if residual {
-                (
-                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
-                    vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))],
-                )
-            } else {
-                (
-                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
-                    vec![("x", Tensor::new(vec![m, k], x.clone()))],
-                )
-            };
-            let want = reference(&src, inputs, &ws)?;
+            let want = matmul_reference(&x, residual.then_some(&r[..]), m, k, n, wdtype, &ws)?;
             let spec = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual, bn, stages, overlap, a16 };
             let (g, b) = grid(&spec.launch(), n);
             let xa = if a16 { data.push_u8(&dsc_ir::quant::encode(wdtype, &x).context("encode")?) } else { data.push(&x) };
@@ -527,20 +530,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 let wb = dsc_ir::quant::encode(wdtype, &rand_vec(n * k, -0.1, 0.1)).context("encode")?;
                 let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
                 let r = rand_vec(m * n, -1.0, 1.0);
-                let (src, ins) = if residual {
-                    (
-                        format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul_add(%x, %w, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"),
-                        vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))],
-                    )
-                } else {
-                    (
-                        format!(
-                            "graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"
-                        ),
-                        vec![("x", Tensor::new(vec![m, k], x.clone()))],
-                    )
-                };
-                let want = reference(&src, ins, &ws)?;
+                let want = matmul_reference(&x, residual.then_some(&r[..]), m, k, n, wdtype, &ws)?;
                 let mut inputs = vec![xa, data.push_u8(&wb)];
                 if residual {
                     inputs.push(data.push(&r));
