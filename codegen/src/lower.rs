@@ -48,9 +48,10 @@ pub struct Step {
     pub hopper: Option<Large>,
     /// on sm_90a for fewer rows than `hopper` takes (16-column tiles: more blocks)
     pub hopper_small: Option<Large>,
-    /// on any target, for `min_rows..=max_rows` rows, before all of the above: the batched
-    /// decode GEMV (each weight read once per 8 rows)
-    pub few: Option<Large>,
+    /// on any target, each for its `min_rows..=max_rows` rows (the first that fits), after
+    /// `hopper` where that takes the rows: the batched decode GEMVs (each weight read once per
+    /// 8 or 32 rows; x in f32, or from more rows its 16-bit copy)
+    pub few: Vec<Large>,
     /// a collective over the tensor-parallel group, done in place on the aliased buffer
     /// ("all_reduce_sum"); the runtime issues it (NCCL, or local copies when simulating)
     pub collective: Option<String>,
@@ -72,9 +73,19 @@ impl Step {
             large: None,
             hopper: None,
             hopper_small: None,
-            few: None,
+            few: vec![],
             collective: None,
         }
+    }
+
+    /// Every alternative kernel of the step (tensor-core matmuls, batched GEMVs).
+    pub fn alternatives(&self) -> impl Iterator<Item = &Large> {
+        self.large.iter().chain(&self.hopper).chain(&self.hopper_small).chain(&self.few)
+    }
+
+    /// [`Step::alternatives`], to change them.
+    pub fn alternatives_mut(&mut self) -> impl Iterator<Item = &mut Large> {
+        self.large.iter_mut().chain(&mut self.hopper).chain(&mut self.hopper_small).chain(&mut self.few)
     }
 }
 
@@ -104,6 +115,29 @@ fn few_max_rows() -> i64 {
     std::env::var("DSC_GEMV_FEW_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
 }
 
+/// The fewest rows the pipelined Hopper matmul takes for N outputs in `bn`-wide tiles (it
+/// comes before the batched-decode GEMV from there; DSC_PIPE_MIN_ROWS overrides, for sweeps).
+/// With 96+ column tiles (most of the 132 SMs busy on one 128-row tile) it streams the weights
+/// at 3.1-3.3 TB/s from 16 rows, where the batched GEMV (re-reading x per 16 outputs) makes
+/// 1.6-2.5 TB/s; with fewer tiles it wins from 64 rows (bench/results/few-x16-2026-11-29.json).
+fn pipe_min_rows(n: usize, bn: usize) -> i64 {
+    if let Some(r) = std::env::var("DSC_PIPE_MIN_ROWS").ok().and_then(|v| v.parse().ok()).filter(|&r: &i64| r >= 2) {
+        return r;
+    }
+    if n.div_ceil(bn) >= 96 {
+        16
+    } else {
+        64
+    }
+}
+
+/// The fewest rows for which the batched-decode GEMV reads the 16-bit copy of x (with
+/// `LowerOptions::few_x16`; DSC_FEW_X16_MIN overrides): at 8 rows the f32 x kernel is 10-20%
+/// faster and needs no cast, at 32 the bf16 one 20-25% (bench/results/few-x16-2026-11-29.json).
+fn few_x16_min_rows() -> i64 {
+    std::env::var("DSC_FEW_X16_MIN").ok().and_then(|v| v.parse().ok()).filter(|&r: &i64| r >= 2).unwrap_or(16)
+}
+
 /// (heads, head dim) of a RoPE input x[T, H, D], which the kernels rotate whole.
 fn rope_dims(name: &str, x: &dsc_ir::TensorType, rotary_dim: usize) -> Result<(usize, usize), CodegenError> {
     let (Some(h), Some(d)) = (x.shape[1].as_const(), x.shape[2].as_const()) else {
@@ -128,17 +162,24 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
 /// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
 /// DSC_NORM_FUSION=1 at compile time turns it on).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
-    lower_opts(g, LowerOptions { norm_fusion, few_x16: std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "1") })
+    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0") })
 }
 
-/// Lowering choices that are not yet the measured default (compile-time environment in
-/// [`lower`]; parameters here so tests can set them without touching the process env).
-#[derive(Clone, Copy, Debug, Default)]
+/// Lowering choices with a compile-time environment switch in [`lower`] (parameters here so
+/// tests can set them without touching the process env).
+#[derive(Clone, Copy, Debug)]
 pub struct LowerOptions {
-    /// RMSNorm folded into the decode GEMVs after it (DSC_NORM_FUSION=1)
+    /// RMSNorm folded into the decode GEMVs after it (DSC_NORM_FUSION=1; off by default)
     pub norm_fusion: bool,
-    /// the batched-decode GEMV reads a 16-bit copy of x (DSC_FEW_X16=1)
+    /// from [`few_x16_min_rows`] rows the batched-decode GEMV reads a 16-bit copy of x (on by
+    /// default; DSC_FEW_X16=0 turns it off)
     pub few_x16: bool,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions { norm_fusion: false, few_x16: true }
+    }
 }
 
 /// [`lower`] with explicit [`LowerOptions`].
@@ -203,7 +244,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 let mut st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, false, None, opts.few_x16)?;
                 let wrap = |k: KernelSpec| KernelSpec::MatMulAct { inner: Box::new(k), act: UnaryOpKey(*act) };
                 st.kernel = st.kernel.map(wrap);
-                for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
+                for l in st.alternatives_mut() {
                     l.kernel = wrap(l.kernel.clone());
                 }
                 st
@@ -423,7 +464,7 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         // merged parts fit its tiles)
         let crate::kernels::PipeTiling { bn, stages, overlap, a16 } = crate::kernels::pipe_tiling(nn);
         st.hopper = matches!(wdtype, DType::BF16 | DType::F16)
-            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16 }, 128, None, nn))
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16 }, pipe_min_rows(nn, bn), None, nn))
             .flatten()
             .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64)));
         st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None, nn.div_ceil(16));
@@ -433,14 +474,19 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         // 8 (f32) or 32 (bf16/f16, tensor cores) rows beats the tiled tensor-core kernels there
         // (bench/results, docs/perf.md)
         let rows_per_block = crate::kernels::few_rows(wdtype);
-        // (DSC_FEW_X16=1 at compile time: bf16/f16 weights read a 16-bit copy of x, half the
-        // activation bytes; prepared, not yet measured on the H200, so off)
-        let spec = if wdtype != DType::F32 && few_x16 {
-            KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }
+        let f32x = KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block };
+        // bf16/f16 weights from FEW_X16_MIN_ROWS rows: x read from its 16-bit copy (half the
+        // activation bytes, which at 32 rows are twice the weight bytes a block reads:
+        // bench/results/few-x16-2026-11-29.json); below, x in f32 (no cast step to pay for)
+        let x16_min = few_x16_min_rows();
+        if wdtype != DType::F32 && few_x16 && x16_min <= few_max_rows() {
+            if x16_min > 2 {
+                st.few.extend(large(f32x, 2, Some(x16_min - 1), nn));
+            }
+            st.few.extend(large(KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }, x16_min.max(2), Some(few_max_rows()), nn));
         } else {
-            KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block }
-        };
-        st.few = large(spec, 2, Some(few_max_rows()), nn);
+            st.few.extend(large(f32x, 2, Some(few_max_rows()), nn));
+        }
     }
     Ok(st)
 }
@@ -455,7 +501,7 @@ fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
     let mut made: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for mut s in steps {
         let step_args = s.args.clone();
-        for h in [s.hopper.as_mut(), s.few.as_mut()].into_iter().flatten() {
+        for h in s.hopper.iter_mut().chain(s.few.iter_mut()) {
             // (x as this alternative reads it: its own args where a fusion gave it some)
             let x = h.args.as_ref().unwrap_or(&step_args).first().cloned().unwrap_or_default();
             let inner = match &h.kernel {
@@ -540,7 +586,7 @@ fn fuse_norm(g: &Graph, norms: &std::collections::HashSet<dsc_ir::NodeId>, id: d
     let Op::RmsNorm { eps } = g.node(x).op else { return st };
     let nops = g.operands(x);
     let original = st.args.clone();
-    for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
+    for l in st.alternatives_mut() {
         l.args = Some(original.clone());
     }
     let mut args = vec![g.node(nops[0]).name.clone(), g.node(nops[1]).name.clone()];
@@ -595,7 +641,7 @@ fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
         let (wg, wu) = (g.node(ws[s0 / f]).name.clone(), g.node(ws[s1 / f]).name.clone());
         let st = &mut steps[ci];
         let old = st.args.clone();
-        for l in [&mut st.large, &mut st.hopper, &mut st.hopper_small, &mut st.few].into_iter().flatten() {
+        for l in st.alternatives_mut() {
             l.args.get_or_insert_with(|| old.clone());
         }
         st.kernel = Some(spec);
@@ -687,9 +733,10 @@ mod tests {
 
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
-        let steps = lower_with(&graph(false, "bf16"), true).unwrap();
+        // (x in f32 for every batched GEMV: no cast steps)
+        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false }).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_with(&graph(false, "bf16"), false).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -697,7 +744,7 @@ mod tests {
         assert!(matches!(mm.kernel, Some(KernelSpec::NormMatMul { .. })), "{:?}", mm.kernel);
         assert_eq!(mm.args, ["x", "g", "wq", "wk", "qk"]);
         // the batched and tensor-core kernels read the norm's output
-        for l in [&mm.large, &mm.few, &mm.hopper_small].into_iter().flatten() {
+        for l in mm.large.iter().chain(&mm.few).chain(&mm.hopper_small) {
             assert_eq!(l.args.as_deref(), Some(&["xn".to_string(), "wq".into(), "wk".into(), "qk".into()][..]));
         }
         // the parts are views at rows x offset
@@ -730,11 +777,13 @@ mod tests {
     #[test]
     fn prefill_matmuls_read_a_16_bit_copy_of_x_made_once_before_the_first_of_them() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %wc = weight : f32[128, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  %c = matmul(%x, %wc) {transpose_b = true} : f32[T, 128]\n  output a = %a\n  output b = %b\n  output c = %c\n}\n";
-        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        // (the batched GEMVs on f32 x: only the prefill matmuls read the copy)
+        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, ..Default::default() }).unwrap();
         let casts: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: false }))).map(|(i, _)| i).collect();
         assert_eq!(casts.len(), 1, "one cast for the two bf16 matmuls");
         let cast = &steps[casts[0]];
-        assert_eq!((cast.node.as_str(), cast.args.as_slice(), cast.min_rows), ("x@bf16", &["x".to_string(), "x@bf16".to_string()][..], Some(128)));
+        // from the pipelined matmul's rows: 64 for these few column tiles
+        assert_eq!((cast.node.as_str(), cast.args.as_slice(), cast.min_rows), ("x@bf16", &["x".to_string(), "x@bf16".to_string()][..], Some(64)));
         assert_eq!(cast.work, Scalar::RowsTimes("x".into(), 8));
         let at = |n: &str| steps.iter().position(|s| s.node == n).unwrap();
         assert!(casts[0] < at("a") && casts[0] < at("b"));
@@ -742,7 +791,7 @@ mod tests {
             let h = steps[at(n)].hopper.as_ref().unwrap();
             assert!(matches!(h.kernel, KernelSpec::MatMulPipe { a16: true, .. }), "{n}: {:?}", h.kernel);
             assert_eq!(h.args.as_ref().unwrap()[0], "x@bf16");
-            assert_eq!(h.min_rows, 128);
+            assert_eq!(h.min_rows, 64);
             // decode and batched decode keep reading the f32 x
             assert_eq!(steps[at(n)].args[0], "x");
         }
@@ -755,17 +804,20 @@ mod tests {
     fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  output a = %a\n  output b = %b\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_with(&g, false).unwrap();
-        assert!(plain.iter().all(|s| !matches!(s.few.as_ref().map(|l| &l.kernel), Some(KernelSpec::MatMulFewX16 { .. }))));
+        let plain = lower_opts(&g, LowerOptions { few_x16: false, ..Default::default() }).unwrap();
+        assert!(plain.iter().all(|s| s.few.iter().all(|l| !matches!(l.kernel, KernelSpec::MatMulFewX16 { .. }))));
         let steps = lower_opts(&g, LowerOptions { few_x16: true, ..Default::default() }).unwrap();
         let casts: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).collect();
         assert_eq!(casts.len(), 1);
-        assert_eq!(casts[0].min_rows, Some(2), "the cast runs from the batched GEMV's rows");
+        assert_eq!(casts[0].min_rows, Some(16), "the cast runs from the 16-bit batched GEMV's rows");
         for n in ["a", "b"] {
             let s = steps.iter().find(|s| s.node == n).unwrap();
-            let few = s.few.as_ref().unwrap();
-            assert!(matches!(few.kernel, KernelSpec::MatMulFewX16 { .. }));
-            assert_eq!(few.args.as_ref().unwrap()[0], "x@bf16");
+            // f32 x for 2..=15 rows, the 16-bit copy from 16
+            let [f32x, x16] = &s.few[..] else { panic!("{:?}", s.few) };
+            assert!(matches!(f32x.kernel, KernelSpec::MatMulFew { .. }) && (f32x.min_rows, f32x.max_rows) == (2, Some(15)));
+            assert!(f32x.args.is_none());
+            assert!(matches!(x16.kernel, KernelSpec::MatMulFewX16 { .. }) && x16.min_rows == 16);
+            assert_eq!(x16.args.as_ref().unwrap()[0], "x@bf16");
             assert_eq!(s.hopper.as_ref().unwrap().args.as_ref().unwrap()[0], "x@bf16");
             assert_eq!(s.args[0], "x");
         }
@@ -778,7 +830,7 @@ mod tests {
         let s = steps.iter().find(|s| s.node == "y").unwrap();
         let act = |k: &KernelSpec| matches!(k, KernelSpec::MatMulAct { act: UnaryOpKey(dsc_ir::UnaryOp::Gelu), .. });
         assert!(act(s.kernel.as_ref().unwrap()), "{:?}", s.kernel);
-        for l in [&s.few, &s.large, &s.hopper, &s.hopper_small].into_iter().flatten() {
+        for l in s.alternatives() {
             assert!(act(&l.kernel), "{:?}", l.kernel);
         }
         // the prefill kernel under the wrapper still gets its bf16 copy of x
@@ -789,14 +841,14 @@ mod tests {
     #[test]
     fn swiglu_runs_in_the_merged_gate_up_gemv_for_one_row() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wg = weight : bf16[128, 64]\n  %wu = weight : bf16[128, 64]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 256]\n  %g = slice(%gu) {axis = 1, start = 0, len = 128} : f32[T, 128]\n  %u = slice(%gu) {axis = 1, start = 128, len = 128} : f32[T, 128]\n  %h = silu_mul(%g, %u) : f32[T, 128]\n  output h = %h\n}\n";
-        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, ..Default::default() }).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         let cat = by("gu");
         assert_eq!(cat.kernel, Some(KernelSpec::SwiGluGemv { k: 64, f: 128, wdtype: DType::BF16 }));
         assert_eq!(cat.args, ["x", "wg", "wu", "h"]);
         // the alternatives keep computing the cat (the prefill one from the bf16 copy of x),
         // and silu_mul runs after them
-        for l in [&cat.few, &cat.large, &cat.hopper_small].into_iter().flatten() {
+        for l in cat.few.iter().chain(&cat.large).chain(&cat.hopper_small) {
             assert_eq!(l.args.as_deref(), Some(&["x".to_string(), "wg".to_string(), "wu".to_string(), "gu".to_string()][..]));
         }
         let h = cat.hopper.as_ref().unwrap();

@@ -462,7 +462,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
         // (an odd number of K steps past the stage count)
         let k = 64 * (stages + 1 + stages % 2);
-        for (wdtype, m, n, residual) in [(DType::BF16, 150usize, bn + 40, false), (DType::F16, 131, bn, true), (DType::BF16, 128, bn, true)] {
+        // (and fewer rows than one tile: batched decode from 16 rows runs it)
+        for (wdtype, m, n, residual) in [(DType::BF16, 150usize, bn + 40, false), (DType::F16, 131, bn, true), (DType::BF16, 128, bn, true), (DType::BF16, 20, bn + 8, true)] {
             let wf = rand_vec(n * k, -0.1, 0.1);
             let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
             let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);

@@ -101,10 +101,7 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
 pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
     let steps = dsc_codegen::lower::lower(graph)?;
     let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
-    specs.extend(steps.iter().filter_map(|s| s.large.as_ref().map(|l| l.kernel.clone())));
-    specs.extend(steps.iter().filter_map(|s| s.hopper.as_ref().map(|l| l.kernel.clone())));
-    specs.extend(steps.iter().filter_map(|s| s.hopper_small.as_ref().map(|l| l.kernel.clone())));
-    specs.extend(steps.iter().filter_map(|s| s.few.as_ref().map(|l| l.kernel.clone())));
+    specs.extend(steps.iter().flat_map(|s| s.alternatives().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     // greedy decoding picks tokens on the device: an argmax over the logits rows
@@ -151,7 +148,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
             let large = s.large.as_ref().map(big);
             let hopper = s.hopper.as_ref().map(big);
             let hopper_small = s.hopper_small.as_ref().map(big);
-            let few = s.few.as_ref().map(big);
+            let few = s.few.iter().map(big).collect();
             GpuStep {
                 node: s.node.clone(),
                 kernel: s.kernel.as_ref().map(|k| k.symbol()),
@@ -202,7 +199,7 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
     // read other buffers), extends its life both ways: a fused kernel may write a buffer
     // before the buffer's own (then kernel-less) step
     for (i, s) in steps.iter().enumerate() {
-        let alt_args = [&s.large, &s.hopper, &s.hopper_small, &s.few].into_iter().flatten().filter_map(|l| l.args.as_ref()).flatten();
+        let alt_args = s.large.iter().chain(&s.hopper).chain(&s.hopper_small).chain(&s.few).filter_map(|l| l.args.as_ref()).flatten();
         for a in s.args.iter().chain(s.alias_of.iter()).chain(alt_args) {
             let r = root.get(a.as_str()).copied().unwrap_or(a.as_str());
             if let Some(&j) = index.get(r) {
@@ -242,7 +239,7 @@ mod tests {
             large: None,
             hopper: None,
             hopper_small: None,
-            few: None,
+            few: vec![],
             collective: None,
         }
     }

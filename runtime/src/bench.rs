@@ -163,6 +163,8 @@ pub struct GemmResult {
     pub k: usize,
     pub us: f64,
     pub tflop_s: f64,
+    /// weight bytes / time, TB/s
+    pub weight_tb_s: f64,
 }
 
 /// The plan's PTX loaded on GPU 0, for the kernel-level benchmarks: device-generated random
@@ -223,25 +225,25 @@ impl DeviceBench {
     }
 }
 
-/// GEMM throughput of the plan's own tensor-core matmul kernels (wgmma on sm_90a, else
-/// mma.sync), one per distinct kernel (merged and residual matmuls included, biased ones
-/// not), at `m` rows: x [m, K] f32 and W [N, K] (the weight's dtype) generated on the device;
-/// median of 10 timed launches after 3 warm-ups, CUDA events. 2·m·N·K FLOP per launch.
+/// Throughput of the plan's own matmul kernels, at each row count in `ms` the kernel the
+/// runtime would pick for that many rows (`GpuStep::alternative`: the batched-decode GEMV for
+/// 2..=128 rows, the pipelined wgmma (sm_90a) or mma.sync matmul for prefill), one per
+/// distinct (kernel, rows), merged and residual matmuls included, biased ones not: x [m, K]
+/// (f32, or 16-bit where the plan casts it first) and W [N, K] (the weight's dtype) generated
+/// on the device; median of 10 timed launches after 3 warm-ups, CUDA events. 2·m·N·K FLOP per
+/// launch; `weight_tb_s` is the weight bytes over the time (the decode roofline's measure).
 pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
     use cudarc::driver::{LaunchConfig, PushKernelArg};
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
     let dev = DeviceBench::open(prog)?;
+    let hopper = dev.target == "sm_90a";
     let mut seen = std::collections::BTreeSet::new();
     let mut out = vec![];
     for s in &prog.steps {
-        let alt = if dev.target == "sm_90a" { s.hopper.as_ref() } else { s.large.as_ref() };
-        let Some(l) = alt else { continue };
-        if !seen.insert(l.kernel.clone()) {
-            continue;
-        }
-        let node = graph.by_name(&s.node).with_context(|| format!("step {} has no graph node", s.node))?;
+        // (steps of no graph node: the casts to 16 bits)
+        let Some(node) = graph.by_name(&s.node) else { continue };
         let ops = graph.operands(node);
         // the weights (one, or a merged matmul's parts) and whether a residual comes after
         // them; matmuls with a bias are left out
@@ -255,42 +257,33 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
         let k = ws[0].ty.shape[1].as_const().context("weight dims")?;
         let parts: Vec<usize> = ws.iter().map(|w| w.ty.shape[0].as_const().context("weight dims")).collect::<anyhow::Result<_>>()?;
         let n: usize = parts.iter().sum();
-        let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
-        crate::gpu::allow_smem(&f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
+        let wdtype = ws[0].ty.dtype;
         for &m in ms {
+            let Some(l) = s.alternative(m as i64, hopper, true) else { continue };
+            if !seen.insert((l.kernel.clone(), m)) {
+                continue;
+            }
+            let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
+            crate::gpu::allow_smem(&f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
             // (x in 16 bits where the plan casts it first: the `{x}@bf16` buffer)
             let x16 = l.args.as_ref().is_some_and(|a| a.first().is_some_and(|x| crate::gpu::half_base(x).is_some()));
-            let x = dev.random(
-                if x16 {
-                    if ws[0].ty.dtype == dsc_ir::DType::F16 {
-                        "f16"
-                    } else {
-                        "bf16"
-                    }
-                } else {
-                    "f32"
-                },
-                m * k,
-                11,
-            )?;
-            let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&ws[0].ty.dtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
+            let xdtype = match (x16, wdtype) {
+                (false, _) => "f32",
+                (true, dsc_ir::DType::F16) => "f16",
+                (true, _) => "bf16",
+            };
+            let x = dev.random(xdtype, m * k, 11)?;
+            let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&wdtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
             let res = if residual { Some(dev.random("f32", m * n, 20)?) } else { None };
             let y = dev.stream.alloc_zeros::<u8>(m * n * 4).map_err(derr("allocating y"))?;
             let (mm, nn) = (m as i64, n as i64);
-            // the plan's Large: work = ceil(N / n_tile) (wgmma) or ceil(N / 8) (mma.sync)
             let work = match &l.work {
                 crate::plan::Scalar::Const(v) => *v as u32,
                 other => anyhow::bail!("{}: unexpected work {other:?}", l.kernel),
             };
-            let cfg = match l.launch.as_str() {
-                "warpgroup_per_tile" => LaunchConfig { grid_dim: (work, (m as u32).div_ceil(64), 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
-                "warp_per_tile" => LaunchConfig { grid_dim: (work.div_ceil(l.block), (m as u32).div_ceil(16), 1), block_dim: (32 * l.block, 1, 1), shared_mem_bytes: 0 },
-                // the pipelined tile matmul: `block` columns x `rows_per_block` rows per block
-                "outputs_per_block" => {
-                    LaunchConfig { grid_dim: (work.div_ceil(l.block), (m as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) }
-                }
-                other => anyhow::bail!("{}: launch {other} is not a tensor-core tile launch", l.kernel),
-            };
+            let (gx, gy, threads) = crate::gpu::launch_dims(&l.launch, work, m as u32, l.block, l.rows_per_block, l.threads.unwrap_or(128))
+                .with_context(|| format!("{}: unknown launch kind {}", l.kernel, l.launch))?;
+            let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) };
             let launch = || -> anyhow::Result<()> {
                 let mut lb = dev.stream.launch_builder(&f);
                 lb.arg(&x);
@@ -304,15 +297,17 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 if parts.len() > 1 {
                     lb.arg(&mm);
                 }
-                // SAFETY: matmul_{wgmma,mma}(x, w.., [res], y, M, N, [M]) with x [M, K] f32,
-                // w_i [N_i, K], res and y [M, N] f32: the kernel's parameters (KernelSpec docs)
+                // SAFETY: every matmul alternative takes (x, w.., [res], y, M, N, [M]) with
+                // x [M, K] (f32 or the 16-bit copy), w_i [N_i, K], res and y [M, N] f32
+                // (KernelSpec docs)
                 unsafe { lb.launch(cfg) }.map_err(derr(&l.kernel))?;
                 Ok(())
             };
             let us = dev.time(&launch)?;
             let tflop_s = 2.0 * (m * n * k) as f64 / (us * 1e-6) / 1e12;
-            eprintln!("{:<40} {m:>6} x {n:>6} x {k:>6}: {us:>10.1} us {tflop_s:>8.1} TFLOP/s", l.kernel);
-            out.push(GemmResult { kernel: l.kernel.clone(), m, n, k, us, tflop_s });
+            let weight_tb_s = wdtype.bytes_for(n * k).unwrap_or(0) as f64 / (us * 1e-6) / 1e12;
+            eprintln!("{:<48} {m:>6} x {n:>6} x {k:>6}: {us:>10.1} us {tflop_s:>8.1} TFLOP/s {weight_tb_s:>6.2} TB/s of weights", l.kernel);
+            out.push(GemmResult { kernel: l.kernel.clone(), m, n, k, us, tflop_s, weight_tb_s });
         }
     }
     Ok(out)

@@ -160,7 +160,7 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     match &h.gpu {
         Some(g) => {
             let kernels: std::collections::BTreeSet<&String> =
-                g.steps.iter().flat_map(|s| s.kernel.iter().chain([&s.few, &s.hopper, &s.hopper_small, &s.large].into_iter().flatten().map(|l| &l.kernel))).collect();
+                g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.few.iter().chain(&s.hopper).chain(&s.hopper_small).chain(&s.large).map(|l| &l.kernel))).collect();
             let sizes: Vec<String> = g.ptx.iter().map(|(t, p)| format!("{t} {:.1} KB", p.len() as f64 / 1e3)).collect();
             println!(
                 "gpu: {} kernels, {} launches per batch-1 decode step ({} with more rows), {} buffers in the memory plan, PTX {}",
@@ -178,13 +178,18 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
             let mut by_role: Vec<String> = vec![];
             for (role, pick) in [("few", 0usize), ("hopper", 1), ("hopper_small", 2), ("large", 3)] {
                 let what = match role {
-                    "few" => "any target",
+                    "few" => "any target, after hopper",
                     "hopper" | "hopper_small" => "sm_90a",
                     _ => "any target, after hopper",
                 };
                 // kernel families (the symbol before its shape: `_k<K>` or `_h<H>`), in order
                 let mut fams: Vec<(String, String, usize)> = vec![];
-                for l in g.steps.iter().filter_map(|s| [&s.few, &s.hopper, &s.hopper_small, &s.large][pick].as_ref()) {
+                for l in g.steps.iter().flat_map(|s| match pick {
+                    0 => s.few.iter().collect::<Vec<_>>(),
+                    1 => s.hopper.iter().collect(),
+                    2 => s.hopper_small.iter().collect(),
+                    _ => s.large.iter().collect(),
+                }) {
                     let cut = [l.kernel.find("_k"), l.kernel.find("_h")].into_iter().flatten().min().unwrap_or(l.kernel.len());
                     let fam = l.kernel[..cut].to_string();
                     match fams.iter_mut().find(|(f, r, _)| *f == fam && *r == range(l)) {

@@ -333,16 +333,7 @@ impl GpuBackend<'_> {
             if work == 0 || gy == 0 {
                 continue;
             }
-            let (grid, gy, block) = match launch {
-                "per_element" => (work.div_ceil(block), gy, block),
-                "warp_per_row" | "warp_per_output" => (work.div_ceil(block), gy, 32 * block),
-                "warp_per_tile" => (work.div_ceil(block), gy.div_ceil(16), 32 * block),
-                "warpgroup_per_tile" => (work, gy.div_ceil(64), 128),
-                "block_per_row" => (work, gy, 32 * block),
-                // the decode GEMVs: `block` outputs per block of `threads` (default 4 warps)
-                "outputs_per_block" => (work.div_ceil(block), gy.div_ceil(rpb.max(1)), threads),
-                other => return Err(gerr(format!("step {}: unknown launch kind {other}", s.node))),
-            };
+            let (grid, gy, block) = launch_dims(launch, work, gy, block, rpb, threads).ok_or_else(|| gerr(format!("step {}: unknown launch kind {launch}", s.node)))?;
             let args = args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
             for a in &args {
                 if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
@@ -636,4 +627,20 @@ pub fn allow_smem(f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudar
 /// The node a 16-bit copy buffer (`{node}@bf16` or `{node}@f16`) copies.
 pub fn half_base(name: &str) -> Option<&str> {
     name.strip_suffix("@bf16").or_else(|| name.strip_suffix("@f16"))
+}
+
+/// (grid x, grid y, threads per block) of a launch of kind `launch` (the plan's launch
+/// kinds) covering `work` units by `rows` (grid y before tiling), with the step's `block`,
+/// `rows_per_block` and `threads`; None for an unknown kind.
+pub fn launch_dims(launch: &str, work: u32, rows: u32, block: u32, rows_per_block: u32, threads: u32) -> Option<(u32, u32, u32)> {
+    Some(match launch {
+        "per_element" => (work.div_ceil(block), rows, block),
+        "warp_per_row" | "warp_per_output" => (work.div_ceil(block), rows, 32 * block),
+        "warp_per_tile" => (work.div_ceil(block), rows.div_ceil(16), 32 * block),
+        "warpgroup_per_tile" => (work, rows.div_ceil(64), 128),
+        "block_per_row" => (work, rows, 32 * block),
+        // the decode GEMVs: `block` outputs per block of `threads` (default 4 warps)
+        "outputs_per_block" => (work.div_ceil(block), rows.div_ceil(rows_per_block.max(1)), threads),
+        _ => return None,
+    })
 }

@@ -73,7 +73,8 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
-    /// GEMM TFLOP/s of the plan's tensor-core matmul kernels at prefill sizes (inputs
+    /// TFLOP/s (and weight TB/s) of the plan's matmul kernels at each row count, the kernel
+    /// the runtime picks for it (batched-decode GEMV, tensor-core prefill matmul; inputs
     /// generated on the device), one per weight shape
     BenchGemm {
         plan: std::path::PathBuf,
@@ -196,7 +197,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchGemm { plan, m, json } => {
             let r = dsc_runtime::bench::gemm(&plan, &m)?;
             for x in &r {
-                println!("{:<40} {:>6} x {:>6} x {:>6}: {:>10.1} us {:>8.1} TFLOP/s", x.kernel, x.m, x.n, x.k, x.us, x.tflop_s);
+                println!("{:<48} {:>6} x {:>6} x {:>6}: {:>10.1} us {:>8.1} TFLOP/s {:>6.2} TB/s of weights", x.kernel, x.m, x.n, x.k, x.us, x.tflop_s, x.weight_tb_s);
             }
             if let Some(j) = json {
                 std::fs::write(&j, serde_json::to_string_pretty(&r)?)?;

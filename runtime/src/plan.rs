@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const PLAN_MAGIC: &[u8; 8] = b"DSCPLAN\0";
-pub const PLAN_FORMAT_VERSION: u32 = 2;
+pub const PLAN_FORMAT_VERSION: u32 = 3;
 const PREFIX: usize = 104;
 const BLOB_ALIGN: usize = 4096;
 const TENSOR_ALIGN: usize = 64;
@@ -170,29 +170,34 @@ pub struct GpuStep {
     /// on sm_90a, for steps with fewer rows than `hopper.min_rows` (narrower tiles)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopper_small: Option<GpuLarge>,
-    /// on any target, for `few.min_rows..=few.max_rows` rows, ahead of the others (the
-    /// batched-decode GEMV)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub few: Option<GpuLarge>,
+    /// on any target, each for its `min_rows..=max_rows` rows, the first that fits (the
+    /// batched-decode GEMVs), after `hopper` where that takes the rows
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub few: Vec<GpuLarge>,
     /// a collective over the tensor-parallel group on the (aliased) buffer: "all_reduce_sum"
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collective: Option<String>,
 }
 
 impl GpuStep {
-    /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: the
-    /// batched GEMV (`few`) within its row range, else on sm_90a (`hopper`) the wgmma kernels
-    /// (`hopper` from its min_rows, else `hopper_small`), else `large` from its min_rows.
-    /// `few`: whether the batched GEMV may be used (DSC_NO_FEW turns it off).
+    /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: on
+    /// sm_90a (`hopper`) the pipelined wgmma matmul from its min_rows; else the first batched
+    /// GEMV (`few`) whose row range holds `rows`; else on sm_90a `hopper_small`, elsewhere
+    /// `large` from its min_rows. `few`: whether the batched GEMVs may be used (DSC_NO_FEW
+    /// turns them off).
     pub fn alternative(&self, rows: i64, hopper: bool, few: bool) -> Option<&GpuLarge> {
-        let fits = |l: &GpuLarge| rows >= l.min_rows && l.max_rows.is_none_or(|m| rows <= m);
-        let pick = match (&self.few, &self.hopper, &self.hopper_small, &self.large) {
-            (Some(f), ..) if few && fits(f) => Some(f),
-            (_, Some(h), _, _) if hopper && rows >= h.min_rows => Some(h),
-            (_, _, Some(h), _) if hopper => Some(h),
-            (.., l) => l.as_ref(),
+        let fits = |l: &&GpuLarge| rows >= l.min_rows && l.max_rows.is_none_or(|m| rows <= m);
+        if let Some(h) = self.hopper.as_ref().filter(|_| hopper).filter(fits) {
+            return Some(h);
+        }
+        if let Some(f) = self.few.iter().filter(|_| few).find(fits) {
+            return Some(f);
+        }
+        let rest = match &self.hopper_small {
+            Some(h) if hopper => Some(h),
+            _ => self.large.as_ref(),
         };
-        pick.filter(|l| fits(l))
+        rest.filter(fits)
     }
 }
 
@@ -594,17 +599,21 @@ mod tests {
             large: Some(alt("mma", 16, None)),
             hopper: Some(alt("wgmma64", 128, None)),
             hopper_small: Some(alt("wgmma16", 2, None)),
-            few: Some(alt("few", 2, Some(128))),
+            few: vec![alt("few", 2, Some(15)), alt("few16", 16, Some(128))],
             collective: None,
         };
         let pick = |rows, hopper, few| step.alternative(rows, hopper, few).map(|l| l.kernel.as_str());
         // one row: the GEMV everywhere
         assert_eq!(pick(1, true, true), None);
         assert_eq!(pick(1, false, true), None);
-        // batched decode: the batched GEMV on any target, up to its max
+        // batched decode: the batched GEMVs on any target, each in its rows, up to the max
         assert_eq!(pick(2, true, true), Some("few"));
-        assert_eq!(pick(128, false, true), Some("few"));
-        // past it: wgmma64 on Hopper, mma.sync elsewhere
+        assert_eq!(pick(15, false, true), Some("few"));
+        assert_eq!(pick(16, false, true), Some("few16"));
+        assert_eq!(pick(127, true, true), Some("few16"));
+        assert_eq!(pick(128, false, true), Some("few16"));
+        // the Hopper matmul from its rows, ahead of the batched GEMV; mma.sync past the GEMV
+        assert_eq!(pick(128, true, true), Some("wgmma64"));
         assert_eq!(pick(129, true, true), Some("wgmma64"));
         assert_eq!(pick(129, false, true), Some("mma"));
         // without the batched GEMV: wgmma16 below wgmma64's rows, mma.sync from 16, else GEMV
