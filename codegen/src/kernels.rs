@@ -96,6 +96,10 @@ pub fn rms_norm_regs(d: usize) -> Option<(usize, usize)> {
     (1..=32usize).rev().find(|w| pieces % (32 * w) == 0 && pieces / (32 * w) <= 4).map(|w| (w, pieces / (32 * w)))
 }
 
+/// Keys each warp of the decode attention kernel takes per loop step (DSC_ATTN_KEYS
+/// overrides at compile time, 1..=8, for sweeps).
+pub const ATTN_KEYS: usize = 4;
+
 /// Activation rows per block of the batched-decode GEMV (`MatMulFew`) on the CUDA cores
 /// (f32 weights).
 pub const GEMV_FEW_ROWS: usize = 8;
@@ -156,8 +160,10 @@ pub enum KernelSpec {
     QkvRopeCache { h: usize, kvh: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
     /// per (token, head) whose `warps` warps split the keys (online softmax each, combined in
-    /// shared memory); params q, k_cache, v_cache, pos, seq, table, out, T*H, MB
-    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize },
+    /// shared memory), each warp taking `keys` consecutive keys per loop step (their K and V
+    /// rows loaded together: more loads in flight); params q, k_cache, v_cache, pos, seq,
+    /// table, out, T*H, MB
+    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
@@ -264,9 +270,13 @@ impl KernelSpec {
             KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
                 format!("rope_cache_write_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
-            KernelSpec::PagedAttention { h, kvh, d, bs, warps, .. } => {
-                // (4 warps, the default, keeps the original name)
-                format!("paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}", if *warps == 16 { String::new() } else { format!("_w{warps}") })
+            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, .. } => {
+                // (16 warps and 4 keys per step, the defaults, keep the plain name)
+                format!(
+                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}",
+                    if *warps == 16 { String::new() } else { format!("_w{warps}") },
+                    if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") }
+                )
             }
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
@@ -3331,13 +3341,17 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps } => {
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys } => {
             if d % 32 != 0 || *kvh == 0 || h % kvh != 0 {
                 return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
             }
             if !(1..=32).contains(warps) {
                 return Err(format!("paged attention takes 1..=32 warps per block, not {warps}"));
             }
+            if !(1..=8).contains(keys) {
+                return Err(format!("paged attention takes 1..=8 keys per warp step, not {keys}"));
+            }
+            let nk = *keys;
             let per = d / 32;
             let rep = h / kvh;
             // one block per (token, head); its warps split the context (split-KV) and combine
@@ -3383,43 +3397,76 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
             let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
             let tys = vec!["f32"; per + 2].join(", ");
-            b.line(&format!("{res}:{} = scf.for {j} = {warp_i} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
+            // warp w takes keys nk·w .. nk·w + nk - 1, then the same WARPS·nk further on; the
+            // first key of a step is always inside the context (the loop bound), the others
+            // past it load the last key's row and count as -inf
+            let cnk = b.op(&format!("arith.constant {nk} : index"));
+            let jstart = b.op(&format!("arith.muli {warp_i}, {cnk} : index"));
+            let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
+            b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
             let j64 = b.idx64(&j);
             let cbs = b.ci64(*bs as i64);
-            let bj = b.op(&format!("arith.divui {j64}, {cbs} : i64"));
-            let oj = b.op(&format!("arith.remui {j64}, {cbs} : i64"));
             let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
-            let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
-            let blk = b.load_i32_as_i64("%table", &ti);
-            let rb = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
-            let row = b.op(&format!("arith.addi {rb}, {oj} : i64"));
             let ckvh = b.ci64(*kvh as i64);
-            let rk = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
-            let rk = b.op(&format!("arith.addi {rk}, {kh} : i64"));
-            let kbase = b.op(&format!("arith.muli {rk}, {dd} : i64"));
-            let mut offs = vec![];
-            let mut dot = zero.clone();
-            for (e, qe) in qv.iter().enumerate() {
-                let ce = b.ci64(32 * e as i64);
-                let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
-                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                let k = b.load("%kc", &o);
-                dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
-                offs.push(o);
+            let clast = b.op(&format!("arith.subi {ctx}, {c1} : i64"));
+            // every key's K and V rows first (nk·2·per loads in flight), then the math
+            let mut kv: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
+            for u in 0..nk {
+                let cu = b.ci64(u as i64);
+                let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
+                let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {ctx} : i64")));
+                let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
+                let bj = b.op(&format!("arith.divui {ju}, {cbs} : i64"));
+                let oj = b.op(&format!("arith.remui {ju}, {cbs} : i64"));
+                let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
+                let blk = b.load_i32_as_i64("%table", &ti);
+                let rb = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
+                let row = b.op(&format!("arith.addi {rb}, {oj} : i64"));
+                let rk = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
+                let rk = b.op(&format!("arith.addi {rk}, {kh} : i64"));
+                let kbase = b.op(&format!("arith.muli {rk}, {dd} : i64"));
+                let mut ks = vec![];
+                let mut vs = vec![];
+                for e in 0..per {
+                    let ce = b.ci64(32 * e as i64);
+                    let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                    ks.push(b.load("%kc", &o));
+                    vs.push(b.load("%vc", &o));
+                }
+                kv.push((ks, vs, valid));
             }
-            let s = b.warp_sum(&dot);
-            let mn = b.op(&format!("arith.maximumf {m}, {s} : f32"));
+            // scores (a warp sum each), the running max over them, one rescale per step
+            let mut ss = vec![];
+            for (ks, _, valid) in &kv {
+                let mut dot = zero.clone();
+                for (qe, k) in qv.iter().zip(ks) {
+                    dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
+                }
+                let s = b.warp_sum(&dot);
+                ss.push(match valid {
+                    Some(v) => b.op(&format!("arith.select {v}, {s}, {ninf} : f32")),
+                    None => s,
+                });
+            }
+            let mut mn = m.clone();
+            for s in &ss {
+                mn = b.op(&format!("arith.maximumf {mn}, {s} : f32"));
+            }
             let d1 = b.op(&format!("arith.subf {m}, {mn} : f32"));
             let corr = b.exp(&d1);
-            let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
-            let pe = b.exp(&d2);
-            let l2 = b.op(&format!("llvm.intr.fma({l}, {corr}, {pe}) : (f32, f32, f32) -> f32"));
-            let mut outs = vec![mn.clone(), l2];
-            for (a, o) in accs.iter().zip(&offs) {
-                let v = b.load("%vc", o);
-                let pv = b.op(&format!("arith.mulf {pe}, {v} : f32"));
-                outs.push(b.op(&format!("llvm.intr.fma({a}, {corr}, {pv}) : (f32, f32, f32) -> f32")));
+            let mut l2 = b.op(&format!("arith.mulf {l}, {corr} : f32"));
+            let mut outs_acc: Vec<String> = accs.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
+            for (s, (_, vs, _)) in ss.iter().zip(&kv) {
+                let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
+                let pe = b.exp(&d2);
+                l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
+                for (a, v) in outs_acc.iter_mut().zip(vs) {
+                    *a = b.op(&format!("llvm.intr.fma({pe}, {v}, {a}) : (f32, f32, f32) -> f32"));
+                }
             }
+            let mut outs = vec![mn.clone(), l2];
+            outs.extend(outs_acc);
             b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
             b.line("}");
             // partial states to shared memory: [w*stride] = m, [+1] = l, [+2+lane+32e] = acc

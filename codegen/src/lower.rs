@@ -110,6 +110,11 @@ fn attention_warps() -> usize {
     std::env::var("DSC_ATTN_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(16)
 }
 
+/// Keys per warp step of the decode attention kernel (DSC_ATTN_KEYS overrides, 1..=8).
+fn attention_keys() -> usize {
+    std::env::var("DSC_ATTN_KEYS").ok().and_then(|v| v.parse().ok()).filter(|k| (1..=8).contains(k)).unwrap_or(crate::kernels::ATTN_KEYS)
+}
+
 /// The most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX overrides, for sweeps).
 fn few_max_rows() -> i64 {
     std::env::var("DSC_GEMV_FEW_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
@@ -335,7 +340,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 if ops[1].ty.dtype != DType::F32 {
                     return Err(err(&name, "KV caches are f32 on the GPU today"));
                 }
-                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps() };
+                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps(), keys: attention_keys() };
                 let mb = Scalar::Dim(names[5].clone(), 1);
                 let st = step(spec, args, vec![Scalar::Rows(name.clone()), mb.clone()], Scalar::Rows(name.clone()), one);
                 // prefill (more than 128 tokens: never a decode batch): FlashAttention tiles on

@@ -93,9 +93,9 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::TopK { d: 64, k: 6 });
     v.push(KernelSpec::Transpose { perm: vec![1, 0, 2] });
     v.push(KernelSpec::Concat { sizes: vec![3, 5], inner: 16 });
-    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4 });
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16 });
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3 });
     // merged matmuls in every family, the norm prologue, the fused Q/K/V rope + cache writes,
     // one-pass RMSNorm
     let parts = vec![1024usize, 4096, 1024];

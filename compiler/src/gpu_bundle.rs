@@ -920,12 +920,14 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             specs.push(spec);
             continue;
         }
-        // 16 warps per block (the default) and 4 (the old default, DSC_ATTN_WARPS sweeps), on the same data
-        for warps in [4usize, 16] {
-            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps };
+        // 16 warps per block and 4 keys per warp step (the defaults), 4 warps (DSC_ATTN_WARPS
+        // sweeps), one key and 3 (a step straddling the context's end: DSC_ATTN_KEYS), on
+        // the same data
+        for (warps, keys) in [(4usize, 4usize), (16, 4), (16, 1), (4, 3)] {
+            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys };
             let (gr, b) = grid(&spec.launch(), t * h);
             cases.push(Case {
-                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{}", if warps == 16 { String::new() } else { format!(" {warps} warps") }),
+                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{}{}", if warps == 16 { String::new() } else { format!(" {warps} warps") }, if keys == 4 { String::new() } else { format!(" {keys} keys") }),
                 kernel: spec.symbol(),
                 grid: gr,
                 grid_y: 1,
