@@ -16,8 +16,8 @@
 # SWEEP_RULE=name, or compiled under SWEEP_ENV="VAR=value"): first the kernel check (carry
 # [".gpu/check", ".gpu/dsc-runtime"]: bash scripts/gpu-check.sh), then at once (warm machine)
 # carry [".gpu/sweep", ".gpu/dsc-runtime"]: BATCHES=1,8,32 bash scripts/gpu-sweep.sh
-# (prepared, not yet measured: SWEEP_ENV="DSC_FEW_X16=1" — the batched GEMV on bf16 x — and
-# "DSC_FEW_X16=1 DSC_GEMV_MMA_TILING=8,4,2"; docs/perf.md Session 5 item 6)
+# (e.g. SWEEP_ENV="DSC_FEW_X16=0 DSC_PIPE_MIN_ROWS=129": batched decode as before session 6;
+# DSC_ATTN_KEYS=8: the decode attention's keys per warp step)
 # Prefill GEMM tilings: scripts/gpu-gemm-sweep.sh (its header)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -187,7 +187,10 @@ pub enum KernelSpec {
     /// wgmma group left in flight; copies then run `stages` - 2 steps ahead). With `a16`, x
     /// comes in bf16 (f16 for f16 weights; a `ToHalf` step made it) and is copied into the same
     /// swizzled layout as W: both operands from shared memory, half the x bytes.
-    MatMulPipe { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, bn: usize, stages: usize, overlap: bool, a16: bool },
+    /// With `bm` = 64 (x in 16 bits only), a block covers 64 rows x `bn` columns and each
+    /// warpgroup takes half the columns (`m64n{bn/2}k16`): half the tensor work of a 128-row
+    /// tile, for batched decode (16-64 rows) where the rows past M are padding.
+    MatMulPipe { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool, bn: usize, stages: usize, overlap: bool, a16: bool, bm: usize },
     /// y = x (f32) rounded to bf16 (`f16`: f16, saturating), 8 elements per thread; params x,
     /// y, n (elements / 8)
     ToHalf { f16: bool },
@@ -295,11 +298,12 @@ impl KernelSpec {
             KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
                 format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
             }
-            KernelSpec::MatMulPipe { k, n, wdtype, bias, residual, bn, stages, overlap, a16 } => {
+            KernelSpec::MatMulPipe { k, n, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
                 format!(
-                    "matmul_pipe{bn}s{stages}{}{}_k{k}_n{n}_{wdtype}{}{}",
+                    "matmul_pipe{bn}s{stages}{}{}{}_k{k}_n{n}_{wdtype}{}{}",
                     if *overlap { "o" } else { "" },
                     if *a16 { "_a16" } else { "" },
+                    if *bm == PIPE_BM { String::new() } else { format!("_m{bm}") },
                     if *bias { "_bias" } else { "" },
                     if *residual { "_res" } else { "" }
                 )
@@ -331,7 +335,7 @@ impl KernelSpec {
             KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
             KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
             KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
-            KernelSpec::MatMulPipe { bn, stages, a16, .. } => Launch::Tile { outputs: *bn as u32, rows: PIPE_BM as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16) as u32 },
+            KernelSpec::MatMulPipe { bn, stages, a16, bm, .. } => Launch::Tile { outputs: *bn as u32, rows: *bm as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16, *bm) as u32 },
             KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
             // (half of a GEMV block's outputs: the other half are the up rows)
             KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
@@ -1368,11 +1372,11 @@ pub fn epilogue_act_fits(act: UnaryOp) -> Result<(), String> {
 /// warpgroups of 64 rows.
 pub const PIPE_BM: usize = 128;
 
-/// Dynamic shared memory of a [`KernelSpec::MatMulPipe`] block: `stages` x (x tile 128 x 64
+/// Dynamic shared memory of a [`KernelSpec::MatMulPipe`] block: `stages` x (x tile bm x 64
 /// f32, or 16-bit with `a16`, + W tile bn x 64 16-bit), plus 1 KB to align the tiles to the
 /// 1024 bytes the 128-byte swizzle repeats over.
-pub fn pipe_smem(bn: usize, stages: usize, a16: bool) -> usize {
-    stages * (PIPE_BM * 64 * if a16 { 2 } else { 4 } + bn * 64 * 2) + 1024
+pub fn pipe_smem(bn: usize, stages: usize, a16: bool, bm: usize) -> usize {
+    stages * (bm * 64 * if a16 { 2 } else { 4 } + bn * 64 * 2) + 1024
 }
 
 /// The prefill matmul's tiling: output columns per block, pipeline stages, overlap (a wgmma
@@ -1383,11 +1387,17 @@ pub struct PipeTiling {
     pub stages: usize,
     pub overlap: bool,
     pub a16: bool,
+    /// rows of x per block: 128 (two warpgroups of 64 rows) or 64 (x in 16 bits: the two
+    /// warpgroups split the columns)
+    pub bm: usize,
 }
 
 impl PipeTiling {
     fn fits(&self) -> bool {
-        matches!(self.bn, 64 | 128 | 256) && self.stages >= 2 + self.overlap as usize && pipe_smem(self.bn, self.stages, self.a16) <= 227 * 1024
+        matches!(self.bn, 64 | 128 | 256)
+            && (self.bm == PIPE_BM || (self.bm == 64 && self.a16))
+            && self.stages >= 2 + self.overlap as usize
+            && pipe_smem(self.bn, self.stages, self.a16, self.bm) <= 227 * 1024
     }
 }
 
@@ -1401,16 +1411,36 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
     if let Ok(v) = std::env::var("DSC_GEMM_PIPE") {
         let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
         if p.len() == 4 {
-            let t = PipeTiling { bn: p[0], stages: p[1], overlap: p[2] == 1, a16: p[3] == 1 };
+            let t = PipeTiling { bn: p[0], stages: p[1], overlap: p[2] == 1, a16: p[3] == 1, bm: PIPE_BM };
             if t.fits() {
                 return t;
             }
         }
     }
     if n >= 6144 {
-        PipeTiling { bn: 256, stages: 4, overlap: true, a16: true }
+        PipeTiling { bn: 256, stages: 4, overlap: true, a16: true, bm: PIPE_BM }
     } else {
-        PipeTiling { bn: 128, stages: 6, overlap: true, a16: true }
+        PipeTiling { bn: 128, stages: 6, overlap: true, a16: true, bm: PIPE_BM }
+    }
+}
+
+/// The batched-decode tiling of the pipelined matmul (64-row tiles, x in 16 bits) for N
+/// output columns: 256-wide tiles where that still gives 96+ of them, else 128-wide (more
+/// blocks for the 132 SMs); stages to fill the shared memory. DSC_GEMM_PIPE64=BN,S overrides.
+pub fn pipe64_tiling(n: usize) -> PipeTiling {
+    if let Ok(v) = std::env::var("DSC_GEMM_PIPE64") {
+        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        if p.len() == 2 {
+            let t = PipeTiling { bn: p[0], stages: p[1], overlap: true, a16: true, bm: 64 };
+            if t.fits() {
+                return t;
+            }
+        }
+    }
+    if n.div_ceil(256) >= 96 {
+        PipeTiling { bn: 256, stages: 5, overlap: true, a16: true, bm: 64 }
+    } else {
+        PipeTiling { bn: 128, stages: 8, overlap: true, a16: true, bm: 64 }
     }
 }
 
@@ -1429,7 +1459,7 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
 /// whose B descriptor advances 32 bytes per k16 inside the swizzle atom.
 #[allow(clippy::too_many_arguments)]
 fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, tiling: PipeTiling) -> Result<String, String> {
-    let PipeTiling { bn, stages, overlap, a16 } = tiling;
+    let PipeTiling { bn, stages, overlap, a16, .. } = tiling;
     if overlap && stages < 3 {
         return Err("the overlapped pipelined matmul needs 3 or more stages".into());
     }
@@ -1447,10 +1477,14 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     }
     let f16 = wdtype == DType::F16;
     let ty = if f16 { "f16" } else { "bf16" };
-    let a_bytes = (PIPE_BM * 64 * if a16 { 2 } else { 4 }) as i64;
+    let bm = tiling.bm;
+    // (64-row tiles: each warpgroup takes half the columns, wgmma m64n{bn/2})
+    let split_n = bm == 64;
+    let wn = if split_n { bn / 2 } else { bn };
+    let a_bytes = (bm * 64 * if a16 { 2 } else { 4 }) as i64;
     let stage_bytes = a_bytes + (bn * 64 * 2) as i64;
     let nk = (k / 64) as i64;
-    let nacc = bn / 2;
+    let nacc = wn / 2;
     b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
     let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
     let base = b.idx64(&base);
@@ -1466,7 +1500,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let by = b.idx64(&by);
     let c = |b: &mut Body, v: i64| b.ci64(v);
     let cbn = c(b, bn as i64);
-    let cbm = c(b, PIPE_BM as i64);
+    let cbm = c(b, bm as i64);
     let n0 = b.op(&format!("arith.muli {bx}, {cbn} : i64"));
     let m0 = b.op(&format!("arith.muli {by}, {cbm} : i64"));
     let kk = c(b, k as i64);
@@ -1478,7 +1512,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
     let mut slots: Vec<(String, String, String, i64)> = vec![];
     // (x in 16 bits: the same 128-byte rows and swizzle as W)
-    let xs = if a16 { (false, PIPE_BM * 8, 8i64, 2i64) } else { (false, PIPE_BM * 16, 16, 4) };
+    let xs = if a16 { (false, bm * 8, 8i64, 2i64) } else { (false, bm * 16, 16, 4) };
     for (is_w, units, chunks, elt) in [xs, (true, bn * 8, 8, 2)] {
         for i in 0..units / 256 {
             let ci = c(b, 256 * i as i64);
@@ -1549,7 +1583,14 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     // this warp's fragment rows (the same % 8 for both halves: g)
     let (warp, _, g, tq) = b.mma_coords(&t);
     let c16 = c(b, 16);
-    let wr = b.op(&format!("arith.muli {warp}, {c16} : i64"));
+    // (64-row tiles: both warpgroups' warps cover rows 0..63)
+    let wrow = if split_n {
+        let c3 = c(b, 3);
+        b.op(&format!("arith.andi {warp}, {c3} : i64"))
+    } else {
+        warp.clone()
+    };
+    let wr = b.op(&format!("arith.muli {wrow}, {c16} : i64"));
     let r0 = b.op(&format!("arith.addi {wr}, {g} : i64"));
     let c8 = c(b, 8);
     let r1 = b.op(&format!("arith.addi {r0}, {c8} : i64"));
@@ -1564,8 +1605,12 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     // (x in 16 bits) this warpgroup's rows of the x tile: 64 rows of 128 bytes per warpgroup
     let c128t = c(b, 128);
     let wg = b.op(&format!("arith.divui {t}, {c128t} : i64"));
-    let c8k = c(b, 8192);
+    // (64-row tiles: one x tile for both; this warpgroup's W rows bn/2·wg.., in 1024-byte
+    // groups of 8 rows)
+    let c8k = c(b, if split_n { 0 } else { 8192 });
     let wg_off = b.op(&format!("arith.muli {wg}, {c8k} : i64"));
+    let cwb = c(b, if split_n { (bn / 2 * 128) as i64 } else { 0 });
+    let wg_woff = b.op(&format!("arith.muli {wg}, {cwb} : i64"));
     // byte offsets in a stage of this thread's 16 fragment pairs: [k16 step][a0..a3]
     let mut frag_off = vec![];
     for s in 0..4i64 {
@@ -1632,6 +1677,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         }
         // W descriptors: start (>> 4), LBO 1 (unused by swizzled K-major), SBO 1024 >> 4, SW128
         let wb = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+        let wb = b.op(&format!("arith.addi {wb}, {wg_woff} : i64"));
         let wm = b.op(&format!("arith.andi {wb}, {mask} : i64"));
         let wm = b.op(&format!("arith.shrui {wm}, {c4s} : i64"));
         let wd = b.op(&format!("arith.ori {wm}, {fixed} : i64"));
@@ -1646,7 +1692,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
                 let xd = b.op(&format!("arith.addi {}, {ds} : i64", a[0]));
                 let cons = format!("{},l,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
                 let r = b.op(&format!(
-                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, ${nacc}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {xd}, {d}, {} : (i64, i64, {f32s}) -> {stt}",
+                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{wn}k16.f32.{ty}.{ty} {{{}}}, ${nacc}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {xd}, {d}, {} : (i64, i64, {f32s}) -> {stt}",
                     outs.join(","),
                     nacc + 1,
                     cur.join(", ")
@@ -1703,9 +1749,13 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         res = wait(b, 0, &res);
     }
     b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
-    // D fragment: warp w (of 8) rows m0 + 16w + g (+8), columns 8j + 2 tq (+1)
+    // D fragment: warp w (of 8) rows m0 + 16w + g (+8), columns 8j + 2 tq (+1); 64-row
+    // tiles: rows m0 + 16(w % 4) + g, columns from n0 + bn/2·wg
     let ra = b.op(&format!("arith.addi {m0}, {r0} : i64"));
-    b.store_d_fragments(&ra, &n0, &tq, bn, &res, bias, residual);
+    let cwn = c(b, if split_n { wn as i64 } else { 0 });
+    let nw0 = b.op(&format!("arith.muli {wg}, {cwn} : i64"));
+    let nw0 = b.op(&format!("arith.addi {n0}, {nw0} : i64"));
+    b.store_d_fragments(&ra, &nw0, &tq, wn, &res, bias, residual);
     Ok(matmul_params(bias, residual, true))
 }
 
@@ -2793,8 +2843,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             matmul_params(*bias, *residual, true)
         }
-        KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16 } => {
-            emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16 })?
+        KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
+            emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm })?
         }
         KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits)?,
         KernelSpec::MatMulAct { inner, act } => {

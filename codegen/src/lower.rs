@@ -44,8 +44,10 @@ pub struct Step {
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
-    /// on sm_90a, used instead of `large` (the wgmma matmul, 64-column tiles)
-    pub hopper: Option<Large>,
+    /// on sm_90a, used instead of `large` and ahead of `few`, each for its row range (the
+    /// first that fits): the pipelined wgmma matmul in 64-row tiles (batched decode) and in
+    /// 128-row tiles (prefill), or the older wgmma matmul
+    pub hopper: Vec<Large>,
     /// on sm_90a for fewer rows than `hopper` takes (16-column tiles: more blocks)
     pub hopper_small: Option<Large>,
     /// on any target, each for its `min_rows..=max_rows` rows (the first that fits), after
@@ -71,7 +73,7 @@ impl Step {
             alias_offset: None,
             min_rows: None,
             large: None,
-            hopper: None,
+            hopper: vec![],
             hopper_small: None,
             few: vec![],
             collective: None,
@@ -134,6 +136,24 @@ fn pipe_min_rows(n: usize, bn: usize) -> i64 {
     } else {
         64
     }
+}
+
+/// The rows (min, max) the pipelined matmul takes in 64-row tiles (`pipe64_tiling`) for N
+/// output columns, ahead of the batched GEMV; DSC_PIPE64_ROWS=MIN,MAX overrides ("0,0": off).
+/// Measured on the H200 (bench/results/pipe64-2026-11-29.json, 8B shape): with N ≥ 6,144
+/// (q/k/v, gate/up, lm_head) the 64-row tiles beat the batched GEMV and the 128-row tiles in
+/// isolation from 16 rows (q/k/v 24 vs 31-37 µs, gate/up 65-67 vs 72-73) and end to end from
+/// 32 (b32 +3%, b64 +39%; b16 −9%, not understood yet: so from 32); with N = 4,096 (o, down:
+/// 32 tiles) the batched GEMV is faster at 16-32 rows (o 19-23 vs 28, down 58-70 vs 73) and
+/// the tiles from 64 (o 23 vs 40, down 63 vs 129); up to 64 rows, 128-row tiles above.
+fn pipe64_rows(n: usize) -> (i64, i64) {
+    if let Ok(v) = std::env::var("DSC_PIPE64_ROWS") {
+        let p: Vec<i64> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        if p.len() == 2 {
+            return if p[0] >= 2 && p[1] >= p[0] { (p[0], p[1]) } else { (1, 0) };
+        }
+    }
+    (if n >= 6144 { 32 } else { 48 }, 64)
 }
 
 /// The fewest rows for which the batched-decode GEMV reads the 16-bit copy of x (with
@@ -467,11 +487,21 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         // (batched decode: weights read once, 4x the blocks)
         // (bf16/f16 weights: the pipelined kernel, 128 x bn tiles with cp.async stages, where
         // merged parts fit its tiles)
-        let crate::kernels::PipeTiling { bn, stages, overlap, a16 } = crate::kernels::pipe_tiling(nn);
-        st.hopper = matches!(wdtype, DType::BF16 | DType::F16)
-            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16 }, pipe_min_rows(nn, bn), None, nn))
+        let crate::kernels::PipeTiling { bn, stages, overlap, a16, bm } = crate::kernels::pipe_tiling(nn);
+        let half = matches!(wdtype, DType::BF16 | DType::F16);
+        // batched decode: 64-row tiles (half the padded tensor work) for pipe64_rows()
+        let (lo64, hi64) = pipe64_rows(nn);
+        let p64 = crate::kernels::pipe64_tiling(nn);
+        let small = (half && hi64 >= lo64)
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: p64.bn, stages: p64.stages, overlap: p64.overlap, a16: p64.a16, bm: p64.bm }, lo64, Some(hi64), nn))
+            .flatten();
+        // (first fit: the 128-row tiles take the rows from pipe_min_rows that the 64-row
+        // ones leave, below and above their range)
+        let big = half
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(nn, bn), None, nn))
             .flatten()
             .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64)));
+        st.hopper = small.into_iter().chain(big).collect();
         st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None, nn.div_ceil(16));
     }
     if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -787,13 +817,13 @@ mod tests {
         let casts: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: false }))).map(|(i, _)| i).collect();
         assert_eq!(casts.len(), 1, "one cast for the two bf16 matmuls");
         let cast = &steps[casts[0]];
-        // from the pipelined matmul's rows: 64 for these few column tiles
-        assert_eq!((cast.node.as_str(), cast.args.as_slice(), cast.min_rows), ("x@bf16", &["x".to_string(), "x@bf16".to_string()][..], Some(64)));
+        // from the pipelined matmul's rows: its 64-row tiles from 48 for these few columns
+        assert_eq!((cast.node.as_str(), cast.args.as_slice(), cast.min_rows), ("x@bf16", &["x".to_string(), "x@bf16".to_string()][..], Some(48)));
         assert_eq!(cast.work, Scalar::RowsTimes("x".into(), 8));
         let at = |n: &str| steps.iter().position(|s| s.node == n).unwrap();
         assert!(casts[0] < at("a") && casts[0] < at("b"));
         for n in ["a", "b"] {
-            let h = steps[at(n)].hopper.as_ref().unwrap();
+            let h = steps[at(n)].hopper.last().unwrap();
             assert!(matches!(h.kernel, KernelSpec::MatMulPipe { a16: true, .. }), "{n}: {:?}", h.kernel);
             assert_eq!(h.args.as_ref().unwrap()[0], "x@bf16");
             assert_eq!(h.min_rows, 64);
@@ -801,7 +831,7 @@ mod tests {
             assert_eq!(steps[at(n)].args[0], "x");
         }
         // f32 weights: the wgmma kernel on the f32 x, no cast
-        let c = steps[at("c")].hopper.as_ref().unwrap();
+        let c = steps[at("c")].hopper.last().unwrap();
         assert!(matches!(c.kernel, KernelSpec::MatMulWgmma { .. }) && c.args.is_none());
     }
 
@@ -823,8 +853,27 @@ mod tests {
             assert!(f32x.args.is_none());
             assert!(matches!(x16.kernel, KernelSpec::MatMulFewX16 { .. }) && x16.min_rows == 16);
             assert_eq!(x16.args.as_ref().unwrap()[0], "x@bf16");
-            assert_eq!(s.hopper.as_ref().unwrap().args.as_ref().unwrap()[0], "x@bf16");
+            assert_eq!(s.hopper.last().unwrap().args.as_ref().unwrap()[0], "x@bf16");
             assert_eq!(s.args[0], "x");
+        }
+    }
+
+    #[test]
+    fn batched_decode_rows_go_to_64_row_tiles_then_128_row_tiles_by_width() {
+        // (x in f32 for the batched GEMV here: only the Hopper list matters)
+        for (n, lo64, from128) in [(6144usize, 32i64, 64i64), (28672, 32, 16), (128, 48, 64)] {
+            let src = format!("graph \"t\" {{\n  %x = input : f32[T, 64]\n  %w = weight : bf16[{n}, 64]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[T, {n}]\n  output y = %y\n}}\n");
+            let steps = lower_opts(&text::parse(&src).unwrap(), LowerOptions { few_x16: false, ..Default::default() }).unwrap();
+            let s = steps.iter().find(|s| s.node == "y").unwrap();
+            let [p64, p128] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
+            assert!(matches!(p64.kernel, KernelSpec::MatMulPipe { bm: 64, a16: true, .. }), "{:?}", p64.kernel);
+            assert_eq!((p64.min_rows, p64.max_rows), (lo64, Some(64)), "N {n}");
+            assert!(matches!(p128.kernel, KernelSpec::MatMulPipe { bm: 128, .. }), "{:?}", p128.kernel);
+            assert_eq!((p128.min_rows, p128.max_rows), (from128, None), "N {n}");
+            // both read the 16-bit copy, which is made from the fewest rows either takes
+            assert!(s.hopper.iter().all(|h| h.args.as_ref().unwrap()[0] == "x@bf16"));
+            let cast = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).unwrap();
+            assert_eq!(cast.min_rows, Some(lo64.min(from128)));
         }
     }
 
@@ -839,7 +888,7 @@ mod tests {
             assert!(act(&l.kernel), "{:?}", l.kernel);
         }
         // the prefill kernel under the wrapper still gets its bf16 copy of x
-        assert_eq!(s.hopper.as_ref().unwrap().args.as_ref().unwrap()[0], "x@bf16");
+        assert_eq!(s.hopper.last().unwrap().args.as_ref().unwrap()[0], "x@bf16");
         assert!(steps.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
     }
 
@@ -856,7 +905,7 @@ mod tests {
         for l in cat.few.iter().chain(&cat.large).chain(&cat.hopper_small) {
             assert_eq!(l.args.as_deref(), Some(&["x".to_string(), "wg".to_string(), "wu".to_string(), "gu".to_string()][..]));
         }
-        let h = cat.hopper.as_ref().unwrap();
+        let h = cat.hopper.last().unwrap();
         assert_eq!(h.args.as_deref(), Some(&["x@bf16".to_string(), "wg".to_string(), "wu".to_string(), "gu".to_string()][..]));
         assert_eq!(by("h").min_rows, Some(2));
         // the up part first: the gate weight is still the one silu reads

@@ -54,13 +54,14 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::MatMulWgmma { k: 576, n: 192, wdtype: DType::BF16, bias: true, residual: false, n_tile: 16 });
     // the pipelined prefill matmul: both default tilings (x in 16 bits), x in f32 with and
     // without overlap, f16 weights, bias + residual, merged parts; and the cast before it
-    for (bn, stages, overlap, a16) in [(128, 6, true, true), (256, 4, true, true), (128, 4, true, false), (256, 3, false, false)] {
+    // (and the 64-row tiles of batched decode)
+    for (bn, stages, overlap, a16, bm) in [(128, 6, true, true, 128), (256, 4, true, true, 128), (128, 4, true, false, 128), (256, 3, false, false, 128), (128, 8, true, true, 64), (256, 5, true, true, 64)] {
         for wdtype in [DType::BF16, DType::F16] {
-            v.push(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype, bias: false, residual: true, bn, stages, overlap, a16 });
+            v.push(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype, bias: false, residual: true, bn, stages, overlap, a16, bm });
         }
-        v.push(KernelSpec::MatMulPipe { k: 576, n: 1536, wdtype: DType::BF16, bias: true, residual: false, bn, stages, overlap, a16 });
+        v.push(KernelSpec::MatMulPipe { k: 576, n: 1536, wdtype: DType::BF16, bias: true, residual: false, bn, stages, overlap, a16, bm });
         v.push(KernelSpec::MatMulParts {
-            inner: Box::new(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16 }),
+            inner: Box::new(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16, bm }),
             parts: vec![1024, 4096, 1024],
         });
     }
@@ -71,7 +72,7 @@ pub fn all_specs() -> Vec<KernelSpec> {
     for (inner, act) in [
         (KernelSpec::MatMul { k: 768, n: 3072, wdtype: DType::BF16, bias: true, residual: false }, UnaryOp::Gelu),
         (KernelSpec::MatMul { k: 768, n: 3072, wdtype: DType::Q8_0, bias: true, residual: false }, UnaryOp::GeluErf),
-        (KernelSpec::MatMulPipe { k: 768, n: 3072, wdtype: DType::BF16, bias: true, residual: false, bn: 128, stages: 6, overlap: true, a16: true }, UnaryOp::Relu),
+        (KernelSpec::MatMulPipe { k: 768, n: 3072, wdtype: DType::BF16, bias: true, residual: false, bn: 128, stages: 6, overlap: true, a16: true, bm: 128 }, UnaryOp::Relu),
     ] {
         v.push(KernelSpec::MatMulAct { inner: Box::new(inner), act: UnaryOpKey(act) });
     }

@@ -455,8 +455,15 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     // (a16: x arrives in 16 bits, as the ToHalf step writes it; the reference rounds nothing,
     // as the f32-x kernels round x on the way in)
     use dsc_codegen::kernels::PipeTiling as T;
-    let tilings = [dsc_codegen::kernels::pipe_tiling(4096), dsc_codegen::kernels::pipe_tiling(6144), T { bn: 256, stages: 3, overlap: true, a16: false }];
-    for (i, &T { bn, stages, overlap, a16 }) in tilings.iter().enumerate() {
+    // (and the 64-row tiles of batched decode: the warpgroups split the columns)
+    let tilings = [
+        dsc_codegen::kernels::pipe_tiling(4096),
+        dsc_codegen::kernels::pipe_tiling(6144),
+        T { bn: 256, stages: 3, overlap: true, a16: false, bm: dsc_codegen::kernels::PIPE_BM },
+        dsc_codegen::kernels::pipe64_tiling(4096),
+        dsc_codegen::kernels::pipe64_tiling(28672),
+    ];
+    for (i, &T { bn, stages, overlap, a16, bm }) in tilings.iter().enumerate() {
         if tilings[..i].contains(&tilings[i]) {
             continue;
         }
@@ -470,7 +477,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let x = rand_vec(m * k, -1.0, 1.0);
             let r = rand_vec(m * n, -1.0, 1.0);
             let want = matmul_reference(&x, residual.then_some(&r[..]), m, k, n, wdtype, &ws)?;
-            let spec = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual, bn, stages, overlap, a16 };
+            let spec = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual, bn, stages, overlap, a16, bm };
             let (g, b) = grid(&spec.launch(), n);
             let xa = if a16 { data.push_u8(&dsc_ir::quant::encode(wdtype, &x).context("encode")?) } else { data.push(&x) };
             let mut ins = vec![xa, data.push_u8(&wb)];
@@ -478,10 +485,10 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 ins.push(data.push(&r));
             }
             cases.push(Case {
-                name: format!("matmul_pipe{bn}s{stages}{}{} {m}x{k}x{n} {wdtype}{}", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, if residual { " +res" } else { "" }),
+                name: format!("matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, if bm == 64 { " m64" } else { "" }, if residual { " +res" } else { "" }),
                 kernel: spec.symbol(),
                 grid: g,
-                grid_y: m.div_ceil(dsc_codegen::kernels::PIPE_BM) as u32,
+                grid_y: m.div_ceil(bm) as u32,
                 block: b,
                 inputs: ins,
                 scalars: vec![m as i64, n as i64],
@@ -500,15 +507,15 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1) : f32[{m}, {total}]\n  output y = %y\n}}\n");
         let want = part_major(&reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?, m, &parts);
         let spec =
-            KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPipe { k, n: total, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16 }), parts: parts.to_vec() };
+            KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPipe { k, n: total, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16, bm }), parts: parts.to_vec() };
         let (g, b) = grid(&spec.launch(), total);
         let mut inputs = vec![if a16 { data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?) } else { data.push(&x) }];
         inputs.extend(enc.iter().map(|w| data.push_u8(w)));
         cases.push(Case {
-            name: format!("matmul_cat pipe{bn}s{stages}{}{} {m}x{k}x({}+{}) bf16", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, parts[0], parts[1]),
+            name: format!("matmul_cat pipe{bn}s{stages}{}{}{} {m}x{k}x({}+{}) bf16", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, if bm == 64 { " m64" } else { "" }, parts[0], parts[1]),
             kernel: spec.symbol(),
             grid: g,
-            grid_y: m.div_ceil(dsc_codegen::kernels::PIPE_BM) as u32,
+            grid_y: m.div_ceil(bm) as u32,
             block: b,
             inputs,
             scalars: vec![m as i64, total as i64, m as i64],
@@ -590,7 +597,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     _ => {
                         let t = dsc_codegen::kernels::pipe_tiling(n);
                         (
-                            KernelSpec::MatMulPipe { k, n, wdtype, bias: true, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16 },
+                            KernelSpec::MatMulPipe { k, n, wdtype, bias: true, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16, bm: t.bm },
                             m.div_ceil(dsc_codegen::kernels::PIPE_BM) as u32,
                             vec![m as i64, n as i64],
                             1e-2,

@@ -146,7 +146,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 }
             };
             let large = s.large.as_ref().map(big);
-            let hopper = s.hopper.as_ref().map(big);
+            let hopper = s.hopper.iter().map(big).collect();
             let hopper_small = s.hopper_small.as_ref().map(big);
             let few = s.few.iter().map(big).collect();
             GpuStep {
@@ -237,7 +237,7 @@ mod tests {
             alias_offset: None,
             min_rows: None,
             large: None,
-            hopper: None,
+            hopper: vec![],
             hopper_small: None,
             few: vec![],
             collective: None,

@@ -164,9 +164,11 @@ pub struct GpuStep {
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
-    /// on sm_90a, the kernel to use instead of `large` (Hopper warpgroup MMA)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hopper: Option<GpuLarge>,
+    /// on sm_90a, ahead of `few` and instead of `large`, each for its `min_rows..=max_rows`
+    /// rows, the first that fits (Hopper warpgroup MMA: 64-row tiles for batched decode,
+    /// 128-row tiles for prefill)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hopper: Vec<GpuLarge>,
     /// on sm_90a, for steps with fewer rows than `hopper.min_rows` (narrower tiles)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopper_small: Option<GpuLarge>,
@@ -181,13 +183,13 @@ pub struct GpuStep {
 
 impl GpuStep {
     /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: on
-    /// sm_90a (`hopper`) the pipelined wgmma matmul from its min_rows; else the first batched
+    /// sm_90a the first `hopper` kernel whose row range holds `rows`; else the first batched
     /// GEMV (`few`) whose row range holds `rows`; else on sm_90a `hopper_small`, elsewhere
     /// `large` from its min_rows. `few`: whether the batched GEMVs may be used (DSC_NO_FEW
     /// turns them off).
     pub fn alternative(&self, rows: i64, hopper: bool, few: bool) -> Option<&GpuLarge> {
         let fits = |l: &&GpuLarge| rows >= l.min_rows && l.max_rows.is_none_or(|m| rows <= m);
-        if let Some(h) = self.hopper.as_ref().filter(|_| hopper).filter(fits) {
+        if let Some(h) = self.hopper.iter().filter(|_| hopper).find(fits) {
             return Some(h);
         }
         if let Some(f) = self.few.iter().filter(|_| few).find(fits) {
@@ -597,7 +599,7 @@ mod tests {
             alias_offset: None,
             min_rows: None,
             large: Some(alt("mma", 16, None)),
-            hopper: Some(alt("wgmma64", 128, None)),
+            hopper: vec![alt("pipe64", 32, Some(64)), alt("wgmma64", 128, None)],
             hopper_small: Some(alt("wgmma16", 2, None)),
             few: vec![alt("few", 2, Some(15)), alt("few16", 16, Some(128))],
             collective: None,
@@ -612,7 +614,11 @@ mod tests {
         assert_eq!(pick(16, false, true), Some("few16"));
         assert_eq!(pick(127, true, true), Some("few16"));
         assert_eq!(pick(128, false, true), Some("few16"));
-        // the Hopper matmul from its rows, ahead of the batched GEMV; mma.sync past the GEMV
+        // the Hopper matmuls in their rows, ahead of the batched GEMV; mma.sync past the GEMV
+        assert_eq!(pick(32, true, true), Some("pipe64"));
+        assert_eq!(pick(64, true, true), Some("pipe64"));
+        assert_eq!(pick(65, true, true), Some("few16"));
+        assert_eq!(pick(32, false, true), Some("few16"));
         assert_eq!(pick(128, true, true), Some("wgmma64"));
         assert_eq!(pick(129, true, true), Some("wgmma64"));
         assert_eq!(pick(129, false, true), Some("mma"));
