@@ -15,6 +15,14 @@ first=$(ls "$dir"/*.plan | head -1)
 if [ -f "$dir/8b-env.plan" ]; then
   echo "8b-env:"; .gpu/dsc-runtime gpu-decode "$dir/8b-env.plan" --prompt-len 16 --steps 8 --cpu-check-steps 2 2>&1 | tail -3
 fi
+# ... and at a long context on the SmolLM2 shape (the split decode attention, DSC_SPLIT_KV=1,
+# takes contexts of 256+ keys in parts), with the decode attention alone beside the default's
+if [ -f "$dir/smol-env.plan" ]; then
+  echo "smol-env, 1000-token prompt:"; .gpu/dsc-runtime gpu-decode "$dir/smol-env.plan" --prompt-len 1000 --steps 4 --cpu-check-steps 2 2>&1 | tail -3
+fi
+if [ -f "$dir/8b-env.plan" ]; then
+  for p in "$first" "$dir/8b-env.plan"; do echo "$(basename $p): decode attention alone"; .gpu/dsc-runtime bench-attention "$p" --prefill 64 --decode-context 256,1024,8192 2>/dev/null | grep decode; done
+fi
 # (the device returns only a few files: everything goes into $out/runs/, summarised in
 # $out/sweep.json, and the per-run logs into $out/sweep.log)
 mkdir -p /tmp/sweep-runs

@@ -164,6 +164,15 @@ pub enum KernelSpec {
     /// rows loaded together: more loads in flight); params q, k_cache, v_cache, pos, seq,
     /// table, out, T*H, MB
     PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize },
+    /// the first pass of the split decode attention (long contexts): `PagedAttention`'s block
+    /// for (row, s), grid y = `splits`, taking part s of se = min(ceil(ctx / min_keys),
+    /// splits) equal parts of the row's keys and writing its partial softmax state (m, l,
+    /// acc[D]) to part[(row·splits + s)·(D + 2)..]; params as `PagedAttention` with the
+    /// partial states in place of out
+    PagedAttentionSplit { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, splits: usize, min_keys: usize },
+    /// the second pass: out[row] from the row's partial states; a warp per row; params part,
+    /// pos, out, n (rows = T·H)
+    AttentionCombine { h: usize, d: usize, splits: usize, min_keys: usize },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) on the tensor cores: `mma.sync` m16n8k16,
     /// activations rounded to bf16 (f16 for f16 weights), packed weights dequantized to bf16
     /// in registers, f32 accumulation; params x, w, [bias], y, M, N
@@ -281,6 +290,10 @@ impl KernelSpec {
                     if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") }
                 )
             }
+            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, .. } => {
+                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}")
+            }
+            KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
@@ -350,7 +363,8 @@ impl KernelSpec {
             | KernelSpec::CacheWrite { .. }
             | KernelSpec::QkvRopeCache { .. }
             | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::PagedAttention { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
+            KernelSpec::PagedAttention { warps, .. } | KernelSpec::PagedAttentionSplit { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
+            KernelSpec::AttentionCombine { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.launch(),
         }
     }
@@ -854,6 +868,21 @@ impl Body {
         let ok = self.op(&format!("arith.cmpi slt, {i}, %n : i64"));
         self.line(&format!("scf.if {ok} {{"));
         i
+    }
+    /// (row, lane) as i64 of a warp-per-row kernel (`Launch::WarpPerRow`, 4 rows per block);
+    /// opens `scf.if row < %n` (close it with `b.line("}")`)
+    fn open_guarded_warp_row(&mut self) -> (String, String) {
+        let t = self.op("gpu.thread_id x");
+        let blk = self.op("gpu.block_id x");
+        let (lane, warp) = self.lane_warp(&t);
+        let rpb = self.op("arith.constant 4 : index");
+        let r0 = self.op(&format!("arith.muli {blk}, {rpb} : index"));
+        let row = self.op(&format!("arith.addi {r0}, {warp} : index"));
+        let row = self.idx64(&row);
+        let lane = self.idx64(&lane);
+        let ok = self.op(&format!("arith.cmpi slt, {row}, %n : i64"));
+        self.line(&format!("scf.if {ok} {{"));
+        (row, lane)
     }
     /// global thread index as i64
     fn gid(&mut self) -> String {
@@ -2275,6 +2304,329 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
+/// The decode attention ([`KernelSpec::PagedAttention`]; with `split` = (S, min keys), the
+/// [`KernelSpec::PagedAttentionSplit`] pass: block (row, s) takes split s of the row's context
+/// and writes its partial softmax state to `%out` instead of the output).
+#[allow(clippy::too_many_arguments)]
+fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, split: Option<(usize, usize)>) -> Result<String, String> {
+    if d % 32 != 0 || kvh == 0 || h % kvh != 0 {
+        return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
+    }
+    if !(1..=32).contains(&warps) {
+        return Err(format!("paged attention takes 1..=32 warps per block, not {warps}"));
+    }
+    if !(1..=8).contains(&keys) {
+        return Err(format!("paged attention takes 1..=8 keys per warp step, not {keys}"));
+    }
+    let nk = keys;
+    let per = d / 32;
+    let rep = h / kvh;
+    // one block per (token, head); its warps split the context (split-KV) and combine
+    // their partial softmax states through shared memory
+    #[allow(non_snake_case)]
+    let WARPS: usize = warps;
+    let stride = d + 2;
+    b.workgroup = Some(format!("%sm : memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride));
+    let bid = b.op("gpu.block_id x");
+    let gw = b.idx64(&bid);
+    let tid = b.op("gpu.thread_id x");
+    let (lane_i, warp_i) = b.lane_warp(&tid);
+    let lane = b.idx64(&lane_i);
+    let ok = b.op(&format!("arith.cmpi slt, {gw}, %n : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    let hh = b.ci64(h as i64);
+    let t = b.op(&format!("arith.divui {gw}, {hh} : i64"));
+    let hi = b.op(&format!("arith.remui {gw}, {hh} : i64"));
+    let crep = b.ci64(rep as i64);
+    let kh = b.op(&format!("arith.divui {hi}, {crep} : i64"));
+    let p = b.load_i32_as_i64("%pos", &t);
+    let sq = b.load_i32_as_i64("%seq", &t);
+    let dd = b.ci64(d as i64);
+    let qbase = b.op(&format!("arith.muli {gw}, {dd} : i64"));
+    let scale = b.cf32(f32::from_bits(scale_bits));
+    let mut qv = vec![];
+    for e in 0..per {
+        let ce = b.ci64(32 * e as i64);
+        let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
+        let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+        let q = b.load("%q", &o);
+        qv.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
+    }
+    let c1 = b.ci64(1);
+    let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
+    // the keys [lo, hi) this block takes: all of the context, or with `split` its part s
+    // (block y) of the se = min(ceil(ctx / min keys), S) parts of ceil(ctx / se) keys;
+    // blocks past se do nothing
+    let (lo, hi, part) = match split {
+        None => (b.ci64(0), ctx.clone(), None),
+        Some((ns, min_keys)) => {
+            let sy = b.op("gpu.block_id y");
+            let sy = b.idx64(&sy);
+            let (se, chunk) = split_extent(b, &ctx, ns, min_keys);
+            let lo = b.op(&format!("arith.muli {sy}, {chunk} : i64"));
+            let hi = b.op(&format!("arith.addi {lo}, {chunk} : i64"));
+            let hi = b.op(&format!("arith.minsi {hi}, {ctx} : i64"));
+            let active = b.op(&format!("arith.cmpi slt, {sy}, {se} : i64"));
+            b.line(&format!("scf.if {active} {{"));
+            (lo, hi, Some((sy, ns)))
+        }
+    };
+    let ctxi = b.op(&format!("arith.index_cast {hi} : i64 to index"));
+    let wstep = b.op(&format!("arith.constant {WARPS} : index"));
+    let ninf = b.op("arith.constant 0xFF800000 : f32");
+    let zero = b.cf32(0.0);
+    let res = b.v();
+    let j = b.v();
+    let (m, l) = (b.v(), b.v());
+    let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
+    let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
+    let tys = vec!["f32"; per + 2].join(", ");
+    // warp w takes keys nk·w .. nk·w + nk - 1, then the same WARPS·nk further on; the
+    // first key of a step is always inside the context (the loop bound), the others
+    // past it load the last key's row and count as -inf
+    let cnk = b.op(&format!("arith.constant {nk} : index"));
+    let jstart = b.op(&format!("arith.muli {warp_i}, {cnk} : index"));
+    let loi = b.op(&format!("arith.index_cast {lo} : i64 to index"));
+    let jstart = b.op(&format!("arith.addi {jstart}, {loi} : index"));
+    let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
+    b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
+    let j64 = b.idx64(&j);
+    let cbs = b.ci64(bs as i64);
+    let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
+    let ckvh = b.ci64(kvh as i64);
+    let clast = b.op(&format!("arith.subi {hi}, {c1} : i64"));
+    // every key's K and V rows first (nk·2·per loads in flight), then the math
+    let mut kv: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
+    for u in 0..nk {
+        let cu = b.ci64(u as i64);
+        let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
+        let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {hi} : i64")));
+        let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
+        let bj = b.op(&format!("arith.divui {ju}, {cbs} : i64"));
+        let oj = b.op(&format!("arith.remui {ju}, {cbs} : i64"));
+        let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
+        let blk = b.load_i32_as_i64("%table", &ti);
+        let rb = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
+        let row = b.op(&format!("arith.addi {rb}, {oj} : i64"));
+        let rk = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
+        let rk = b.op(&format!("arith.addi {rk}, {kh} : i64"));
+        let kbase = b.op(&format!("arith.muli {rk}, {dd} : i64"));
+        let mut ks = vec![];
+        let mut vs = vec![];
+        for e in 0..per {
+            let ce = b.ci64(32 * e as i64);
+            let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+            ks.push(b.load("%kc", &o));
+            vs.push(b.load("%vc", &o));
+        }
+        kv.push((ks, vs, valid));
+    }
+    // scores (a warp sum each), the running max over them, one rescale per step
+    let mut ss = vec![];
+    for (ks, _, valid) in &kv {
+        let mut dot = zero.clone();
+        for (qe, k) in qv.iter().zip(ks) {
+            dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
+        }
+        let s = b.warp_sum(&dot);
+        ss.push(match valid {
+            Some(v) => b.op(&format!("arith.select {v}, {s}, {ninf} : f32")),
+            None => s,
+        });
+    }
+    let mut mn = m.clone();
+    for s in &ss {
+        mn = b.op(&format!("arith.maximumf {mn}, {s} : f32"));
+    }
+    let d1 = b.op(&format!("arith.subf {m}, {mn} : f32"));
+    let corr = b.exp(&d1);
+    let mut l2 = b.op(&format!("arith.mulf {l}, {corr} : f32"));
+    let mut outs_acc: Vec<String> = accs.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
+    for (s, (_, vs, _)) in ss.iter().zip(&kv) {
+        let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
+        let pe = b.exp(&d2);
+        l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
+        for (a, v) in outs_acc.iter_mut().zip(vs) {
+            *a = b.op(&format!("llvm.intr.fma({pe}, {v}, {a}) : (f32, f32, f32) -> f32"));
+        }
+    }
+    let mut outs = vec![mn.clone(), l2];
+    outs.extend(outs_acc);
+    b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
+    b.line("}");
+    // partial states to shared memory: [w*stride] = m, [+1] = l, [+2+lane+32e] = acc
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride);
+    let cst = b.op(&format!("arith.constant {stride} : index"));
+    let wb = b.op(&format!("arith.muli {warp_i}, {cst} : index"));
+    let c1i = b.op("arith.constant 1 : index");
+    let c2i = b.op("arith.constant 2 : index");
+    let wb1 = b.op(&format!("arith.addi {wb}, {c1i} : index"));
+    let wb2 = b.op(&format!("arith.addi {wb}, {c2i} : index"));
+    let wbl = b.op(&format!("arith.addi {wb2}, {lane_i} : index"));
+    b.line(&format!("memref.store {res}#0, %sm[{wb}] : {smt}"));
+    b.line(&format!("memref.store {res}#1, %sm[{wb1}] : {smt}"));
+    for e in 0..per {
+        let ce = b.op(&format!("arith.constant {} : index", 32 * e));
+        let i = b.op(&format!("arith.addi {wbl}, {ce} : index"));
+        b.line(&format!("memref.store {res}#{}, %sm[{i}] : {smt}", e + 2));
+    }
+    b.line("gpu.barrier");
+    let c0i = b.op("arith.constant 0 : index");
+    let first = b.op(&format!("arith.cmpi eq, {warp_i}, {c0i} : index"));
+    b.line(&format!("scf.if {first} {{"));
+    let ms: Vec<String> = (0..WARPS)
+        .map(|w| {
+            let i = b.op(&format!("arith.constant {} : index", w * stride));
+            b.op(&format!("memref.load %sm[{i}] : {smt}"))
+        })
+        .collect();
+    let mut mx = ms[0].clone();
+    for m_w in &ms[1..] {
+        mx = b.op(&format!("arith.maximumf {mx}, {m_w} : f32"));
+    }
+    let mut lsum = zero.clone();
+    let mut wts = vec![];
+    for (w, m_w) in ms.iter().enumerate() {
+        let dm = b.op(&format!("arith.subf {m_w}, {mx} : f32"));
+        let f = b.exp(&dm);
+        let i = b.op(&format!("arith.constant {} : index", w * stride + 1));
+        let l_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+        lsum = b.op(&format!("llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"));
+        wts.push(f);
+    }
+    for e in 0..per {
+        let mut acc = zero.clone();
+        for (w, f) in wts.iter().enumerate() {
+            let base = b.op(&format!("arith.constant {} : index", w * stride + 2 + 32 * e));
+            let i = b.op(&format!("arith.addi {base}, {lane_i} : index"));
+            let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+            acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
+        }
+        let ce = b.ci64(32 * e as i64);
+        match &part {
+            None => {
+                let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
+                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
+                b.store(&y, "%out", &o);
+            }
+            Some((sy, ns)) => {
+                // partial state of (row, s) at ((row·S + s)·(D + 2)): m, l, acc[D] (not
+                // divided by l)
+                let cns = b.ci64(*ns as i64);
+                let slot = b.op(&format!("arith.muli {gw}, {cns} : i64"));
+                let slot = b.op(&format!("arith.addi {slot}, {sy} : i64"));
+                let cst = b.ci64(stride as i64);
+                let pb = b.op(&format!("arith.muli {slot}, {cst} : i64"));
+                if e == 0 {
+                    b.store(&mx, "%out", &pb);
+                    let pb1 = b.op(&format!("arith.addi {pb}, {c1} : i64"));
+                    b.store(&lsum, "%out", &pb1);
+                }
+                let c2 = b.ci64(2);
+                let o = b.op(&format!("arith.addi {pb}, {c2} : i64"));
+                let o = b.op(&format!("arith.addi {o}, {ce} : i64"));
+                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                b.store(&acc, "%out", &o);
+            }
+        }
+    }
+    b.line("}");
+    if part.is_some() {
+        b.line("}");
+    }
+    b.line("}");
+    Ok("%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into())
+}
+
+/// (se, chunk) of a split decode attention row whose context is `ctx` keys (i64 values): se =
+/// min(ceil(ctx / min_keys), S) parts of chunk = ceil(ctx / se) keys (every part non-empty
+/// while min_keys > S + 1, which the lowering keeps).
+fn split_extent(b: &mut Body, ctx: &str, ns: usize, min_keys: usize) -> (String, String) {
+    let cmk = b.ci64(min_keys as i64);
+    let cmk1 = b.ci64(min_keys as i64 - 1);
+    let se = b.op(&format!("arith.addi {ctx}, {cmk1} : i64"));
+    let se = b.op(&format!("arith.divui {se}, {cmk} : i64"));
+    let cns = b.ci64(ns as i64);
+    let se = b.op(&format!("arith.minsi {se}, {cns} : i64"));
+    let c1 = b.ci64(1);
+    let se1 = b.op(&format!("arith.subi {se}, {c1} : i64"));
+    let chunk = b.op(&format!("arith.addi {ctx}, {se1} : i64"));
+    let chunk = b.op(&format!("arith.divui {chunk}, {se} : i64"));
+    (se, chunk)
+}
+
+/// The second pass of the split decode attention ([`KernelSpec::AttentionCombine`]): one warp
+/// per (token, head) row merges the row's se partial softmax states (m, l, acc) into the
+/// output, out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M) with M = max m_s.
+fn emit_attention_combine(b: &mut Body, h: usize, d: usize, ns: usize, min_keys: usize) -> Result<String, String> {
+    if d % 32 != 0 || h == 0 || !(1..=32).contains(&ns) || min_keys <= ns + 1 {
+        return Err(format!("attention combine needs D a multiple of 32, 1..=32 splits and min keys > splits + 1 (D {d}, S {ns}, min keys {min_keys})"));
+    }
+    let per = d / 32;
+    let stride = (d + 2) as i64;
+    let (row, lane) = b.open_guarded_warp_row();
+    let hh = b.ci64(h as i64);
+    let t = b.op(&format!("arith.divui {row}, {hh} : i64"));
+    let p = b.load_i32_as_i64("%pos", &t);
+    let c1 = b.ci64(1);
+    let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
+    let (se, _) = split_extent(b, &ctx, ns, min_keys);
+    let ninf = b.op("arith.constant 0xFF800000 : f32");
+    let zero = b.cf32(0.0);
+    let cns = b.ci64(ns as i64);
+    let slot0 = b.op(&format!("arith.muli {row}, {cns} : i64"));
+    // (parts past se were not written: their values are replaced before any arithmetic)
+    let mut parts = vec![];
+    for sidx in 0..ns {
+        let cs = b.ci64(sidx as i64);
+        let live = b.op(&format!("arith.cmpi slt, {cs}, {se} : i64"));
+        let slot = b.op(&format!("arith.addi {slot0}, {cs} : i64"));
+        let cst = b.ci64(stride);
+        let pb = b.op(&format!("arith.muli {slot}, {cst} : i64"));
+        let m = b.load("%part", &pb);
+        let m = b.op(&format!("arith.select {live}, {m}, {ninf} : f32"));
+        let pb1 = b.op(&format!("arith.addi {pb}, {c1} : i64"));
+        let l = b.load("%part", &pb1);
+        let l = b.op(&format!("arith.select {live}, {l}, {zero} : f32"));
+        let mut accs = vec![];
+        for e in 0..per {
+            let co = b.ci64(2 + 32 * e as i64);
+            let o = b.op(&format!("arith.addi {pb}, {co} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+            let a = b.load("%part", &o);
+            accs.push(b.op(&format!("arith.select {live}, {a}, {zero} : f32")));
+        }
+        parts.push((m, l, accs));
+    }
+    let mut mx = parts[0].0.clone();
+    for (m, _, _) in &parts[1..] {
+        mx = b.op(&format!("arith.maximumf {mx}, {m} : f32"));
+    }
+    let mut lsum = zero.clone();
+    let mut out = vec![zero.clone(); per];
+    for (m, l, accs) in &parts {
+        let dm = b.op(&format!("arith.subf {m}, {mx} : f32"));
+        let w = b.exp(&dm);
+        lsum = b.op(&format!("llvm.intr.fma({l}, {w}, {lsum}) : (f32, f32, f32) -> f32"));
+        for (o, a) in out.iter_mut().zip(accs) {
+            *o = b.op(&format!("llvm.intr.fma({a}, {w}, {o}) : (f32, f32, f32) -> f32"));
+        }
+    }
+    let dd = b.ci64(d as i64);
+    let ob = b.op(&format!("arith.muli {row}, {dd} : i64"));
+    for (e, o) in out.iter().enumerate() {
+        let ce = b.ci64(32 * e as i64);
+        let at = b.op(&format!("arith.addi {ob}, {ce} : i64"));
+        let at = b.op(&format!("arith.addi {at}, {lane} : i64"));
+        let y = b.op(&format!("arith.divf {o}, {lsum} : f32"));
+        b.store(&y, "%out", &at);
+    }
+    b.line("}");
+    Ok("%part: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64".into())
+}
+
 /// A merged matmul (`KernelSpec::MatMulParts`): a prologue maps the block to its part — its
 /// weight pointer becomes `%w`, its column count `%n`, its output (part-major: part i holds
 /// [M, N_i] at element M * (N_0 + .. + N_{i-1})) `%y` — and the block index within the part
@@ -3391,192 +3743,11 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys } => {
-            if d % 32 != 0 || *kvh == 0 || h % kvh != 0 {
-                return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
-            }
-            if !(1..=32).contains(warps) {
-                return Err(format!("paged attention takes 1..=32 warps per block, not {warps}"));
-            }
-            if !(1..=8).contains(keys) {
-                return Err(format!("paged attention takes 1..=8 keys per warp step, not {keys}"));
-            }
-            let nk = *keys;
-            let per = d / 32;
-            let rep = h / kvh;
-            // one block per (token, head); its warps split the context (split-KV) and combine
-            // their partial softmax states through shared memory
-            #[allow(non_snake_case)]
-            let WARPS: usize = *warps;
-            let stride = d + 2;
-            b.workgroup = Some(format!("%sm : memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride));
-            let bid = b.op("gpu.block_id x");
-            let gw = b.idx64(&bid);
-            let tid = b.op("gpu.thread_id x");
-            let (lane_i, warp_i) = b.lane_warp(&tid);
-            let lane = b.idx64(&lane_i);
-            let ok = b.op(&format!("arith.cmpi slt, {gw}, %n : i64"));
-            b.line(&format!("scf.if {ok} {{"));
-            let hh = b.ci64(*h as i64);
-            let t = b.op(&format!("arith.divui {gw}, {hh} : i64"));
-            let hi = b.op(&format!("arith.remui {gw}, {hh} : i64"));
-            let crep = b.ci64(rep as i64);
-            let kh = b.op(&format!("arith.divui {hi}, {crep} : i64"));
-            let p = b.load_i32_as_i64("%pos", &t);
-            let sq = b.load_i32_as_i64("%seq", &t);
-            let dd = b.ci64(*d as i64);
-            let qbase = b.op(&format!("arith.muli {gw}, {dd} : i64"));
-            let scale = b.cf32(f32::from_bits(*scale_bits));
-            let mut qv = vec![];
-            for e in 0..per {
-                let ce = b.ci64(32 * e as i64);
-                let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
-                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                let q = b.load("%q", &o);
-                qv.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
-            }
-            let c1 = b.ci64(1);
-            let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
-            let ctxi = b.op(&format!("arith.index_cast {ctx} : i64 to index"));
-            let wstep = b.op(&format!("arith.constant {WARPS} : index"));
-            let ninf = b.op("arith.constant 0xFF800000 : f32");
-            let zero = b.cf32(0.0);
-            let res = b.v();
-            let j = b.v();
-            let (m, l) = (b.v(), b.v());
-            let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
-            let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
-            let tys = vec!["f32"; per + 2].join(", ");
-            // warp w takes keys nk·w .. nk·w + nk - 1, then the same WARPS·nk further on; the
-            // first key of a step is always inside the context (the loop bound), the others
-            // past it load the last key's row and count as -inf
-            let cnk = b.op(&format!("arith.constant {nk} : index"));
-            let jstart = b.op(&format!("arith.muli {warp_i}, {cnk} : index"));
-            let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
-            b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
-            let j64 = b.idx64(&j);
-            let cbs = b.ci64(*bs as i64);
-            let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
-            let ckvh = b.ci64(*kvh as i64);
-            let clast = b.op(&format!("arith.subi {ctx}, {c1} : i64"));
-            // every key's K and V rows first (nk·2·per loads in flight), then the math
-            let mut kv: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
-            for u in 0..nk {
-                let cu = b.ci64(u as i64);
-                let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
-                let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {ctx} : i64")));
-                let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
-                let bj = b.op(&format!("arith.divui {ju}, {cbs} : i64"));
-                let oj = b.op(&format!("arith.remui {ju}, {cbs} : i64"));
-                let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
-                let blk = b.load_i32_as_i64("%table", &ti);
-                let rb = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
-                let row = b.op(&format!("arith.addi {rb}, {oj} : i64"));
-                let rk = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
-                let rk = b.op(&format!("arith.addi {rk}, {kh} : i64"));
-                let kbase = b.op(&format!("arith.muli {rk}, {dd} : i64"));
-                let mut ks = vec![];
-                let mut vs = vec![];
-                for e in 0..per {
-                    let ce = b.ci64(32 * e as i64);
-                    let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
-                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                    ks.push(b.load("%kc", &o));
-                    vs.push(b.load("%vc", &o));
-                }
-                kv.push((ks, vs, valid));
-            }
-            // scores (a warp sum each), the running max over them, one rescale per step
-            let mut ss = vec![];
-            for (ks, _, valid) in &kv {
-                let mut dot = zero.clone();
-                for (qe, k) in qv.iter().zip(ks) {
-                    dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
-                }
-                let s = b.warp_sum(&dot);
-                ss.push(match valid {
-                    Some(v) => b.op(&format!("arith.select {v}, {s}, {ninf} : f32")),
-                    None => s,
-                });
-            }
-            let mut mn = m.clone();
-            for s in &ss {
-                mn = b.op(&format!("arith.maximumf {mn}, {s} : f32"));
-            }
-            let d1 = b.op(&format!("arith.subf {m}, {mn} : f32"));
-            let corr = b.exp(&d1);
-            let mut l2 = b.op(&format!("arith.mulf {l}, {corr} : f32"));
-            let mut outs_acc: Vec<String> = accs.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
-            for (s, (_, vs, _)) in ss.iter().zip(&kv) {
-                let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
-                let pe = b.exp(&d2);
-                l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
-                for (a, v) in outs_acc.iter_mut().zip(vs) {
-                    *a = b.op(&format!("llvm.intr.fma({pe}, {v}, {a}) : (f32, f32, f32) -> f32"));
-                }
-            }
-            let mut outs = vec![mn.clone(), l2];
-            outs.extend(outs_acc);
-            b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
-            b.line("}");
-            // partial states to shared memory: [w*stride] = m, [+1] = l, [+2+lane+32e] = acc
-            let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride);
-            let cst = b.op(&format!("arith.constant {stride} : index"));
-            let wb = b.op(&format!("arith.muli {warp_i}, {cst} : index"));
-            let c1i = b.op("arith.constant 1 : index");
-            let c2i = b.op("arith.constant 2 : index");
-            let wb1 = b.op(&format!("arith.addi {wb}, {c1i} : index"));
-            let wb2 = b.op(&format!("arith.addi {wb}, {c2i} : index"));
-            let wbl = b.op(&format!("arith.addi {wb2}, {lane_i} : index"));
-            b.line(&format!("memref.store {res}#0, %sm[{wb}] : {smt}"));
-            b.line(&format!("memref.store {res}#1, %sm[{wb1}] : {smt}"));
-            for e in 0..per {
-                let ce = b.op(&format!("arith.constant {} : index", 32 * e));
-                let i = b.op(&format!("arith.addi {wbl}, {ce} : index"));
-                b.line(&format!("memref.store {res}#{}, %sm[{i}] : {smt}", e + 2));
-            }
-            b.line("gpu.barrier");
-            let c0i = b.op("arith.constant 0 : index");
-            let first = b.op(&format!("arith.cmpi eq, {warp_i}, {c0i} : index"));
-            b.line(&format!("scf.if {first} {{"));
-            let ms: Vec<String> = (0..WARPS)
-                .map(|w| {
-                    let i = b.op(&format!("arith.constant {} : index", w * stride));
-                    b.op(&format!("memref.load %sm[{i}] : {smt}"))
-                })
-                .collect();
-            let mut mx = ms[0].clone();
-            for m_w in &ms[1..] {
-                mx = b.op(&format!("arith.maximumf {mx}, {m_w} : f32"));
-            }
-            let mut lsum = zero.clone();
-            let mut wts = vec![];
-            for (w, m_w) in ms.iter().enumerate() {
-                let dm = b.op(&format!("arith.subf {m_w}, {mx} : f32"));
-                let f = b.exp(&dm);
-                let i = b.op(&format!("arith.constant {} : index", w * stride + 1));
-                let l_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
-                lsum = b.op(&format!("llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"));
-                wts.push(f);
-            }
-            for e in 0..per {
-                let mut acc = zero.clone();
-                for (w, f) in wts.iter().enumerate() {
-                    let base = b.op(&format!("arith.constant {} : index", w * stride + 2 + 32 * e));
-                    let i = b.op(&format!("arith.addi {base}, {lane_i} : index"));
-                    let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
-                    acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
-                }
-                let ce = b.ci64(32 * e as i64);
-                let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
-                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
-                b.store(&y, "%out", &o);
-            }
-            b.line("}");
-            b.line("}");
-            "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into()
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, None)?,
+        KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys } => {
+            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, Some((*splits, *min_keys)))?
         }
+        KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })
 }
 

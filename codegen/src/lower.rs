@@ -41,6 +41,9 @@ pub struct Step {
     /// not launched for steps of fewer rows (an RMSNorm the decode GEMVs after it compute in
     /// their prologue)
     pub min_rows: Option<i64>,
+    /// not launched for steps of more rows (the split decode attention's second pass: the
+    /// prefill attention writes the output itself)
+    pub max_rows: Option<i64>,
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
@@ -72,6 +75,7 @@ impl Step {
             alias_of: None,
             alias_offset: None,
             min_rows: None,
+            max_rows: None,
             large: None,
             hopper: vec![],
             hopper_small: None,
@@ -187,7 +191,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
 /// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
 /// DSC_NORM_FUSION=1 at compile time turns it on).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
-    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0") })
+    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "1") })
 }
 
 /// Lowering choices with a compile-time environment switch in [`lower`] (parameters here so
@@ -199,11 +203,14 @@ pub struct LowerOptions {
     /// from [`few_x16_min_rows`] rows the batched-decode GEMV reads a 16-bit copy of x (on by
     /// default; DSC_FEW_X16=0 turns it off)
     pub few_x16: bool,
+    /// decode attention split over blocks along the context, then merged ([`split_attention`];
+    /// DSC_SPLIT_KV=1; prepared, not yet run on the H200, so off)
+    pub split_kv: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: false }
     }
 }
 
@@ -437,6 +444,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     if std::env::var("DSC_NO_SWIGLU_FUSION").is_err() {
         fuse_swiglu(g, &mut steps);
     }
+    let steps = if opts.split_kv { split_attention(steps) } else { steps };
     Ok(insert_half_casts(steps))
 }
 
@@ -524,6 +532,54 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         }
     }
     Ok(st)
+}
+
+/// Parts the split decode attention cuts a context into, at most, and the fewest keys per part.
+pub const ATTN_SPLITS: usize = 16;
+pub const ATTN_SPLIT_MIN_KEYS: usize = 256;
+
+/// Long-context decode attention over more of the GPU: each decode attention step becomes two,
+/// `{node}@split{S}` (`PagedAttentionSplit`: a block per (token, head, part) writing partial
+/// softmax states into that buffer, `S` = [`ATTN_SPLITS`] parts of at least
+/// [`ATTN_SPLIT_MIN_KEYS`] keys, so short contexts take one part) and `{node}` itself
+/// (`AttentionCombine`, up to the prefill attention's rows: that writes the output itself).
+/// One block per (token, head) uses 32 of the 132 SMs at batch 1 (8B shape), whatever the
+/// context; split 16 ways an 8k context keeps them all busy.
+fn split_attention(steps: Vec<Step>) -> Vec<Step> {
+    let mut out = Vec::with_capacity(steps.len());
+    for s in steps {
+        let Some(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys }) = s.kernel.clone() else {
+            out.push(s);
+            continue;
+        };
+        let (ns, mk) = (ATTN_SPLITS, ATTN_SPLIT_MIN_KEYS);
+        let part = format!("{}@split{ns}", s.node);
+        let original = s.args.clone();
+        let max_rows = s.large.as_ref().map(|l| l.min_rows - 1);
+        let mut first = s.clone();
+        first.node = part.clone();
+        first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk });
+        if let Some(last) = first.args.last_mut() {
+            *last = part.clone();
+        }
+        first.grid_y = Scalar::Const(ns as i64);
+        // (the prefill attention alternative writes the output itself)
+        if let Some(l) = first.large.as_mut() {
+            l.args.get_or_insert_with(|| original.clone());
+        }
+        let rows = Scalar::Rows(s.node.clone());
+        let combine = Step {
+            kernel: Some(KernelSpec::AttentionCombine { h, d, splits: ns, min_keys: mk }),
+            args: vec![part, original[3].clone(), s.node.clone()],
+            scalars: vec![rows.clone()],
+            work: rows,
+            max_rows,
+            ..Step::new(&s.node)
+        };
+        out.push(first);
+        out.push(combine);
+    }
+    out
 }
 
 /// The pipelined matmuls that take x in 16 bits (`MatMulPipe { a16 }`) read it from a buffer
@@ -769,9 +825,9 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false }).unwrap();
+        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false }).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false }).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -875,6 +931,28 @@ mod tests {
             let cast = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).unwrap();
             assert_eq!(cast.min_rows, Some(lo64.min(from128)));
         }
+    }
+
+    #[test]
+    fn split_kv_makes_decode_attention_two_steps_and_leaves_prefill_to_flash() {
+        let src = "graph \"t\" {\n  %q = input : f32[T, 8, 64]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 2, 64]\n  %vc = state : f32[NB, 16, 2, 64]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.125} : f32[T, 8, 64]\n  output o = %o\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))));
+        let steps = lower_opts(&g, LowerOptions { split_kv: true, ..Default::default() }).unwrap();
+        let part = format!("o@split{ATTN_SPLITS}");
+        let i = steps.iter().position(|s| s.node == part).expect("the first pass");
+        let (first, merge) = (&steps[i], &steps[i + 1]);
+        assert!(matches!(first.kernel, Some(KernelSpec::PagedAttentionSplit { splits: ATTN_SPLITS, min_keys: ATTN_SPLIT_MIN_KEYS, .. })), "{:?}", first.kernel);
+        assert_eq!(first.args.last(), Some(&part));
+        assert_eq!(first.grid_y, Scalar::Const(ATTN_SPLITS as i64));
+        // prefill: FlashAttention writes o itself, and the merge does not run
+        let flash = first.large.as_ref().unwrap();
+        assert_eq!(flash.args.as_ref().unwrap().last().map(String::as_str), Some("o"));
+        assert_eq!(merge.node, "o");
+        assert!(matches!(merge.kernel, Some(KernelSpec::AttentionCombine { h: 8, d: 64, .. })));
+        assert_eq!(merge.args, [part.as_str(), "pos", "o"]);
+        assert_eq!(merge.max_rows, Some(flash.min_rows - 1));
     }
 
     #[test]

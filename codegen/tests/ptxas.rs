@@ -97,6 +97,10 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1 });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4 });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3 });
+    // the split decode attention's two passes
+    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256 });
+    v.push(KernelSpec::AttentionCombine { h: 32, d: 128, splits: 16, min_keys: 256 });
+    v.push(KernelSpec::AttentionCombine { h: 9, d: 64, splits: 4, min_keys: 8 });
     // merged matmuls in every family, the norm prologue, the fused Q/K/V rope + cache writes,
     // one-pass RMSNorm
     let parts = vec![1024usize, 4096, 1024];

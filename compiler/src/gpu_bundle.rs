@@ -740,7 +740,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         specs.push(spec);
     }
     // gather (embedding) from plain and packed tables
-    let (v, d, t) = (1000usize, 576usize, 13usize);
+    // (300 rows: the bundle and the runtime share one call's 64 MiB)
+    let (v, d, t) = (300usize, 576usize, 13usize);
     let table = rand_vec(v * d, -1.0, 1.0);
     let idx: Vec<i32> = (0..t)
         .map(|i| {
@@ -941,6 +942,53 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 block: b,
                 inputs: inputs.clone(),
                 scalars: vec![(t * h) as i64, mb as i64],
+                expected: expected.clone(),
+                init: None,
+                written_inputs: vec![],
+                tol: 1e-4,
+            });
+            specs.push(spec);
+        }
+        // the split decode attention (DSC_SPLIT_KV): its first pass against partial states
+        // computed here, then its merge from those states against the executor's output;
+        // the plans' split (16 parts of 256+ keys) and a small one that every context fills
+        for (ns, mk, warps, keys) in [(dsc_codegen::lower::ATTN_SPLITS, dsc_codegen::lower::ATTN_SPLIT_MIN_KEYS, 16usize, 4usize), (4, 8, 4, 3)] {
+            // (the plans' split only where a context is long enough to be cut: the bundle
+            // shares one call's 64 MiB with the runtime)
+            if pos.iter().all(|&p| (p as usize) < mk) && ns == dsc_codegen::lower::ATTN_SPLITS {
+                continue;
+            }
+            let parts = split_partials(&q, &kc, &vc, &pos, &seq, &table, (h, kvh, d, bs, mb), scale, ns, mk);
+            let pa = data.push(&parts);
+            let spec = KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, splits: ns, min_keys: mk };
+            let (gr, b) = grid(&spec.launch(), t * h);
+            let mut ins = inputs.clone();
+            ins.truncate(6);
+            cases.push(Case {
+                name: format!("paged_attn split {ns}x{mk} T{t} H{h}/{kvh} D{d}"),
+                kernel: spec.symbol(),
+                grid: gr,
+                grid_y: ns as u32,
+                block: b,
+                inputs: ins,
+                scalars: vec![(t * h) as i64, mb as i64],
+                expected: pa.clone(),
+                // (parts past a row's se are not written)
+                init: Some(data.push(&vec![0.0f32; parts.len()])),
+                written_inputs: vec![],
+                tol: 1e-4,
+            });
+            specs.push(spec);
+            let spec = KernelSpec::AttentionCombine { h, d, splits: ns, min_keys: mk };
+            let (gr, b) = grid(&spec.launch(), t * h);
+            cases.push(Case {
+                name: format!("attn combine {ns}x{mk} T{t} H{h} D{d}"),
+                kernel: spec.symbol(),
+                grid: gr,
+                grid_y: 1,
+                block: b,
+                inputs: vec![pa.clone(), data.push_i32(&pos)],
+                scalars: vec![(t * h) as i64],
                 expected: expected.clone(),
                 init: None,
                 written_inputs: vec![],
@@ -1215,4 +1263,42 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         .collect();
     std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases, smem })?)?;
     Ok(n)
+}
+
+/// The split decode attention's partial states (`KernelSpec::PagedAttentionSplit`), computed
+/// on the host: for row (token t, head hi) and part s < se = min(ceil(ctx / mk), ns) of
+/// ceil(ctx / se) keys, (m, l, acc[d]) at ((row·ns + s)·(d + 2)); zeros elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn split_partials(q: &[f32], kc: &[f32], vc: &[f32], pos: &[i32], seq: &[i32], table: &[i32], dims: (usize, usize, usize, usize, usize), scale: f32, ns: usize, mk: usize) -> Vec<f32> {
+    let (h, kvh, d, bs, mb) = dims;
+    let t = pos.len();
+    let mut out = vec![0.0f32; t * h * ns * (d + 2)];
+    for ti in 0..t {
+        let ctx = pos[ti] as usize + 1;
+        let se = ctx.div_ceil(mk).min(ns);
+        let chunk = ctx.div_ceil(se);
+        for hi in 0..h {
+            let kh = hi / (h / kvh);
+            let qrow = &q[(ti * h + hi) * d..][..d];
+            for s in 0..se {
+                let (lo, hi_k) = (s * chunk, ((s + 1) * chunk).min(ctx));
+                let at = |j: usize| {
+                    let blk = table[seq[ti] as usize * mb + j / bs] as usize;
+                    ((blk * bs + j % bs) * kvh + kh) * d
+                };
+                let scores: Vec<f32> = (lo..hi_k).map(|j| qrow.iter().zip(&kc[at(j)..][..d]).map(|(a, b)| a * scale * b).sum()).collect();
+                let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let base = ((ti * h + hi) * ns + s) * (d + 2);
+                out[base] = m;
+                for (j, sc) in (lo..hi_k).zip(&scores) {
+                    let p = (sc - m).exp();
+                    out[base + 1] += p;
+                    for (e, v) in vc[at(j)..][..d].iter().enumerate() {
+                        out[base + 2 + e] += p * v;
+                    }
+                }
+            }
+        }
+    }
+    out
 }

@@ -338,12 +338,24 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
     let step = prog.steps.iter().find(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention"))).context("the plan has no paged attention step")?;
     let kernel = step.kernel.clone().expect("found by its kernel");
-    let node = graph.by_name(&step.node).with_context(|| format!("step {} has no graph node", step.node))?;
+    // (the split decode attention: this first pass into `{node}@split{S}`, then the merge step)
+    let (base, split) = match crate::gpu::split_base(&step.node) {
+        Some((base, ns)) => {
+            let merge = prog.steps.iter().find(|s| s.node == base && s.kernel.as_deref().is_some_and(|k| k.starts_with("attention_combine"))).context("the split attention has no merge step")?;
+            (base, Some((ns, merge.kernel.clone().expect("found by its kernel"))))
+        }
+        None => (step.node.as_str(), None),
+    };
+    let node = graph.by_name(base).with_context(|| format!("step {} has no graph node", step.node))?;
     let ops = graph.operands(node);
     let dim = |id: dsc_ir::NodeId, i: usize| graph.node(id).ty.shape[i].as_const().with_context(|| format!("{} needs constant dims", graph.node(id).name));
     let (h, d, bs, kvh) = (dim(ops[0], 1)?, dim(ops[0], 2)?, dim(ops[1], 1)?, dim(ops[1], 2)?);
     let dev = DeviceBench::open(prog)?;
     let f = dev.module.load_function(&kernel).map_err(derr(&kernel))?;
+    let merge = match &split {
+        Some((ns, k)) => Some((*ns, k.clone(), dev.module.load_function(k).map_err(derr(k))?)),
+        None => None,
+    };
     // the prefill kernel (FlashAttention tiles) where the plan has one: used from its rows on
     let flash = match &step.large {
         Some(l) => {
@@ -374,15 +386,32 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
                 t as i64,
                 LaunchConfig { grid_dim: (h as u32, (t as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) },
             ),
-            None => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, 1, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
+            None => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, merge.as_ref().map_or(1, |m| m.0 as u32), 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
         };
         let mbs = mb as i64;
+        // (split: the partial states, then the merge into y)
+        let split_pass = merge.as_ref().filter(|_| big.is_none());
+        let part = dev.stream.alloc_zeros::<f32>(split_pass.map_or(1, |m| t * h * m.0 * (d + 2))).map_err(derr("allocating the partial states"))?;
         let launch = || -> anyhow::Result<()> {
             let mut lb = dev.stream.launch_builder(f);
-            lb.arg(&q).arg(&kc).arg(&vc).arg(&pos).arg(&seq).arg(&table).arg(&y).arg(&n).arg(&mbs);
+            lb.arg(&q).arg(&kc).arg(&vc).arg(&pos).arg(&seq).arg(&table);
+            if split_pass.is_some() {
+                lb.arg(&part);
+            } else {
+                lb.arg(&y);
+            }
+            lb.arg(&n).arg(&mbs);
             // SAFETY: paged_attention(q [T,H,D], k/v pools [MB*BS, KVH, D], pos, seq, table
-            // [1, MB] (i32), out [T,H,D], T*H, MB): every position < MB*BS is in the table
+            // [1, MB] (i32), out [T,H,D] or the split's partial states [T*H*S*(D+2)], T*H, MB):
+            // every position < MB*BS is in the table
             unsafe { lb.launch(cfg) }.map_err(derr(&kernel))?;
+            if let Some((_, mk, mf)) = split_pass {
+                let mut lb = dev.stream.launch_builder(mf);
+                lb.arg(&part).arg(&pos).arg(&y).arg(&n);
+                // SAFETY: attention_combine(partial states [T*H*S*(D+2)], pos [T], out
+                // [T,H,D], T*H): a warp per row, 4 rows per block
+                unsafe { lb.launch(LaunchConfig { grid_dim: (((t * h) as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr(mk))?;
+            }
             Ok(())
         };
         let us = dev.time(&launch)?;

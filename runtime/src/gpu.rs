@@ -262,10 +262,19 @@ impl GpuBackend<'_> {
         let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.table_width), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
         // (`{node}@bf16`: a 16-bit copy of a node that a cast step writes for the prefill
         // matmuls; its shape is the node's)
+        // (`{node}@split{S}`: the split decode attention's partial states, [T, H, S·(D + 2)]
+        // for a [T, H, D] node)
         let shape_of = |name: &str| -> Result<Vec<usize>> {
-            let name = half_base(name).unwrap_or(name);
+            let (name, split) = match split_base(name) {
+                Some((base, ns)) => (base, Some(ns)),
+                None => (half_base(name).unwrap_or(name), None),
+            };
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
-            g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))
+            let mut sh = g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))?;
+            if let (Some(ns), Some(last)) = (split, sh.last_mut()) {
+                *last = ns * (*last + 2);
+            }
+            Ok(sh)
         };
         let rows_of = |n: &str| -> Result<i64> {
             let sh = shape_of(n)?;
@@ -319,7 +328,7 @@ impl GpuBackend<'_> {
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
-            if s.min_rows.is_some_and(|m| rows < m) {
+            if !s.runs_at(rows) {
                 continue;
             }
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
@@ -622,6 +631,13 @@ pub fn allow_smem(f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudar
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)?;
     }
     Ok(())
+}
+
+/// The node and part count of a split decode attention's partial-state buffer
+/// (`{node}@split{S}`).
+pub fn split_base(name: &str) -> Option<(&str, usize)> {
+    let (base, s) = name.rsplit_once("@split")?;
+    Some((base, s.parse().ok()?))
 }
 
 /// The node a 16-bit copy buffer (`{node}@bf16` or `{node}@f16`) copies.

@@ -78,7 +78,7 @@ impl GpuProgram {
     /// Kernel launches of a step whose matmuls have `rows` rows (steps with a `min_rows` above
     /// it are skipped: one-row steps fold RMSNorm into the GEMVs).
     pub fn launches(&self, rows: i64) -> usize {
-        self.steps.iter().filter(|s| s.kernel.is_some() && s.min_rows.is_none_or(|m| rows >= m)).count()
+        self.steps.iter().filter(|s| s.kernel.is_some() && s.runs_at(rows)).count()
     }
 }
 
@@ -161,6 +161,9 @@ pub struct GpuStep {
     /// prologue of the decode GEMVs reading it)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_rows: Option<i64>,
+    /// not launched when the step has more rows (the split decode attention's merge step)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<i64>,
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
@@ -182,6 +185,11 @@ pub struct GpuStep {
 }
 
 impl GpuStep {
+    /// Whether the step launches at all for `rows` rows (its `min_rows..=max_rows`).
+    pub fn runs_at(&self, rows: i64) -> bool {
+        self.min_rows.is_none_or(|m| rows >= m) && self.max_rows.is_none_or(|m| rows <= m)
+    }
+
     /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: on
     /// sm_90a the first `hopper` kernel whose row range holds `rows`; else the first batched
     /// GEMV (`few`) whose row range holds `rows`; else on sm_90a `hopper_small`, elsewhere
@@ -598,6 +606,7 @@ mod tests {
             alias_of: None,
             alias_offset: None,
             min_rows: None,
+            max_rows: None,
             large: Some(alt("mma", 16, None)),
             hopper: vec![alt("pipe64", 32, Some(64)), alt("wgmma64", 128, None)],
             hopper_small: Some(alt("wgmma16", 2, None)),
