@@ -570,7 +570,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
-    // matmul_act (bias + activation in the epilogue; the unverified rule's kernels) in each
+    // matmul_act (bias + activation in the epilogue; the matmul-act rule's kernels) in each
     // matmul family the step may run: decode GEMV (bf16 and a packed format), batched GEMV,
     // mma.sync, wgmma16 and the pipelined prefill matmul (x in bf16); one x and W, prefixes
     {

@@ -101,8 +101,9 @@ pub const RULES: &[&str] = &["reshape-reshape", "cast-same-dtype", "matmul-add",
 /// Rules whose fused kernels have not yet been checked on the H200 (`scripts/gpu-check.sh`):
 /// off by default.
 /// (rope-cache-write passed on 2026-11-29: bench/results/attn16-rope-cache-write-2026-11-29.json.)
-/// (matmul-act: its kernels are in the bundle, not yet run on the H200.)
-pub const UNVERIFIED_RULES: &[&str] = &["matmul-act"];
+/// (matmul-act passed on 2026-11-29, session 6: the bundle's matmul_act gelu cases over every
+/// matmul family.)
+pub const UNVERIFIED_RULES: &[&str] = &[];
 
 /// Equality saturation + cost-model extraction.
 pub struct Optimize {
@@ -192,8 +193,11 @@ fn search(eg: &Eg, t: &Table) -> Vec<Add> {
                     }
                 }
                 // fusion: act(matmul(x, W, bias?)) = matmul_act(x, W, bias?): the bias and the
-                // activation as the matmul's epilogue (GPT-2/BERT MLPs: gelu(x W1 + b1))
-                Op::Unary(u @ (UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::Relu | UnaryOp::Silu | UnaryOp::Tanh | UnaryOp::Sigmoid)) => {
+                // activation as the matmul's epilogue (GPT-2/BERT MLPs: gelu(x W1 + b1)). Not
+                // silu: in the models we lower silu gates a SwiGLU, which silu-mul and
+                // merge-matmuls turn into one gate/up matmul with the SwiGLU in its epilogue
+                // (with silu here the extraction split that merge: 8B 260 -> 324 launches)
+                Op::Unary(u @ (UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::Relu | UnaryOp::Tanh | UnaryOp::Sigmoid)) => {
                     for m in &eg[n.children[0]].nodes {
                         if matches!(entry(m).op, Op::MatMul { transpose_b: true }) && entry(m).ty == e.ty {
                             out.push(Add { class: class.id, op: Op::MatMulAct { transpose_b: true, act: *u }, ty: e.ty.clone(), children: m.children.clone(), rule: "matmul-act" });
@@ -915,13 +919,12 @@ mod props {
             prop_assert!(after <= before, "{note}");
         }
 
-        /// matmul-act on random variations (the rule is on here, unverified rules are off by
-        /// default): act(matmul(x, W, bias?)) for each lowered activation, with and without a
+        /// matmul-act on random variations: act(matmul(x, W, bias?)) for each lowered activation, with and without a
         /// bias, random rows, sometimes a second user of the matmul (then it must stay whole): the
         /// optimized graph computes the same outputs, fused exactly when the matmul has one user.
         #[test]
-        fn matmul_act_computes_the_same_outputs(act in 0usize..6, bias in any::<bool>(), rows in 1usize..4, shared in any::<bool>(), seed in 0u64..1000) {
-            let name = ["gelu", "gelu_erf", "relu", "silu", "tanh", "sigmoid"][act];
+        fn matmul_act_computes_the_same_outputs(act in 0usize..5, bias in any::<bool>(), rows in 1usize..4, shared in any::<bool>(), seed in 0u64..1000) {
+            let name = ["gelu", "gelu_erf", "relu", "tanh", "sigmoid"][act];
             let (k, n) = (8usize, 12usize);
             let mut lines = vec![format!("  %x = input : f32[{rows}, {k}]"), format!("  %w = weight : f32[{n}, {k}]")];
             if bias {
