@@ -55,7 +55,7 @@ pub fn all_specs() -> Vec<KernelSpec> {
     // the pipelined prefill matmul: both default tilings (x in 16 bits), x in f32 with and
     // without overlap, f16 weights, bias + residual, merged parts; and the cast before it
     // (and the 64-row tiles of batched decode)
-    for (bn, stages, overlap, a16, bm) in [(128, 6, true, true, 128), (256, 4, true, true, 128), (128, 4, true, false, 128), (256, 3, false, false, 128), (128, 8, true, true, 64), (256, 5, true, true, 64)] {
+    for (bn, stages, overlap, a16, bm) in [(128, 6, true, true, 128), (256, 4, true, true, 128), (128, 4, true, false, 128), (256, 3, false, false, 128), (128, 8, true, true, 64), (256, 5, true, true, 64), (64, 8, true, true, 64)] {
         for wdtype in [DType::BF16, DType::F16] {
             v.push(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype, bias: false, residual: true, bn, stages, overlap, a16, bm });
         }

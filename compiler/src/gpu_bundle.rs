@@ -185,8 +185,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
 
     // matmul: x[M, K] @ W[N, K]^T for every weight dtype, decode (M = 1) and prefill-like M
-    // (N = 768: the bundle, the runtime and the tracked files share one call's 64 MiB)
-    let (k, n) = (576usize, 768usize);
+    // (N = 512: the bundle, the runtime and the tracked files share one call's 64 MiB)
+    let (k, n) = (576usize, 512usize);
     let wf = rand_vec(n * k, -0.1, 0.1);
     for wdtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
@@ -462,6 +462,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         T { bn: 256, stages: 3, overlap: true, a16: false, bm: dsc_codegen::kernels::PIPE_BM },
         dsc_codegen::kernels::pipe64_tiling(4096),
         dsc_codegen::kernels::pipe64_tiling(28672),
+        // (64-column tiles, twice the blocks for N = 4,096: DSC_GEMM_PIPE64=64,8 sweeps)
+        T { bn: 64, stages: 8, overlap: true, a16: true, bm: 64 },
     ];
     for (i, &T { bn, stages, overlap, a16, bm }) in tilings.iter().enumerate() {
         if tilings[..i].contains(&tilings[i]) {
