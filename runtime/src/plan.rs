@@ -635,6 +635,21 @@ mod tests {
         assert_eq!(pick(8, true, false), Some("wgmma16"));
         assert_eq!(pick(8, false, false), None);
         assert_eq!(pick(16, false, false), Some("mma"));
+        // a step with a row range runs only inside it (the split attention's merge)
+        let merge = GpuStep { min_rows: Some(2), max_rows: Some(128), ..step.clone() };
+        assert!(!merge.runs_at(1) && merge.runs_at(2) && merge.runs_at(128) && !merge.runs_at(129));
+        assert!(step.runs_at(1) && step.runs_at(i64::MAX));
+    }
+
+    #[test]
+    fn derived_buffers_name_their_base_node() {
+        assert_eq!(crate::gpu::half_base("model.norm@bf16"), Some("model.norm"));
+        assert_eq!(crate::gpu::half_base("x@f16"), Some("x"));
+        assert_eq!(crate::gpu::half_base("x"), None);
+        assert_eq!(crate::gpu::split_base("layers.0.attn@split16"), Some(("layers.0.attn", 16)));
+        assert_eq!(crate::gpu::split_base("a@split"), None);
+        assert_eq!(crate::gpu::split_base("a@splitx"), None);
+        assert_eq!(crate::gpu::split_base("a"), None);
     }
 
     #[test]
