@@ -96,6 +96,19 @@ pub fn rms_norm_regs(d: usize) -> Option<(usize, usize)> {
     (1..=32usize).rev().find(|w| pieces % (32 * w) == 0 && pieces / (32 * w) <= 4).map(|w| (w, pieces / (32 * w)))
 }
 
+/// Whether an RMSNorm kernel also writes a 16-bit copy (`Some(f16)`).
+fn rms_half(spec: &KernelSpec) -> Option<bool> {
+    match spec {
+        KernelSpec::RmsNormHalf { f16, .. } => Some(*f16),
+        _ => None,
+    }
+}
+
+/// The RMSNorm kernels' parameters (with the 16-bit copy's pointer after y).
+fn rms_norm_params(half: Option<bool>) -> String {
+    format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, {}%rows: i64", if half.is_some() { "%yh: !llvm.ptr<1>, " } else { "" })
+}
+
 /// Keys each warp of the decode attention kernel takes per loop step (DSC_ATTN_KEYS
 /// overrides at compile time, 1..=8, for sweeps).
 pub const ATTN_KEYS: usize = 4;
@@ -135,6 +148,10 @@ pub enum KernelSpec {
     Binary(BinaryOpKey),
     /// y = x / sqrt(mean(x^2) + eps) * w over rows of `d`, f32
     RmsNorm { d: usize, eps_bits: u32 },
+    /// `RmsNorm` that also writes its output rounded to bf16 (`f16`: f16) into yh (norm +
+    /// quantize: the 16-bit copy the batched GEMV and the prefill matmul read, without a cast
+    /// step); D a multiple of 4; params x, w, y, yh, rows
+    RmsNormHalf { d: usize, eps_bits: u32, f16: bool },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias[N]), W stored as `wdtype`
     /// (f32/f16/bf16/q8_0/q4_0/q4_1) (+ res[M, N]: the residual add as the epilogue): the
     /// decode GEMV, one x row per block row. Plain floats: [`emit_gemv`]'s coalesced
@@ -270,6 +287,7 @@ impl KernelSpec {
             KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
             KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
             KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
+            KernelSpec::RmsNormHalf { d, f16, .. } => format!("rms_norm_d{d}_f32_{}", if *f16 { "f16" } else { "bf16" }),
             KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
             KernelSpec::Rope { h, d, theta_bits, interleaved } => {
@@ -332,8 +350,9 @@ impl KernelSpec {
             KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
             // a block of 8 warps per row with 16-byte loads (a warp per row leaves a 4096-wide
             // row as 128 dependent load iterations: 55 us instead of a few)
-            KernelSpec::RmsNorm { d, .. } if rms_norm_regs(*d).is_some() => Launch::BlockPerRow { warps: rms_norm_regs(*d).expect("checked").0 as u32 },
-            KernelSpec::RmsNorm { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
+            KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if rms_norm_regs(*d).is_some() => Launch::BlockPerRow { warps: rms_norm_regs(*d).expect("checked").0 as u32 },
+            KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
+            KernelSpec::RmsNormHalf { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
@@ -638,6 +657,21 @@ impl Body {
             }
             other => return Err(format!("{other} weights are not lowered yet")),
         })
+    }
+    /// four f32 rounded to bf16 (f16) and stored as one 8-byte vector at element `e` (i64, a
+    /// multiple of 4) of the 16-bit buffer `ptr`
+    fn store_half4(&mut self, ys: &[String], ptr: &str, e: &str, f16: bool) {
+        let lo = self.pack2(&ys[0], &ys[1], f16);
+        let hi = self.pack2(&ys[2], &ys[3], f16);
+        let mut v = self.op("llvm.mlir.undef : vector<2xi32>");
+        for (j, p) in [lo, hi].iter().enumerate() {
+            let cj = self.op(&format!("arith.constant {j} : i32"));
+            v = self.op(&format!("llvm.insertelement {p}, {v}[{cj} : i32] : vector<2xi32>"));
+        }
+        let c2 = self.ci64(2);
+        let bo = self.op(&format!("arith.muli {e}, {c2} : i64"));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{bo}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        self.line(&format!("llvm.store {v}, {p} {{alignment = 8 : i64}} : vector<2xi32>, !llvm.ptr<1>"));
     }
     /// two f32 packed as bf16x2 (or f16x2, saturating to the largest finite f16 rather than
     /// overflowing to inf): `lo` in the low half
@@ -2720,7 +2754,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()
         }
-        KernelSpec::RmsNorm { d, eps_bits } if rms_norm_regs(*d).is_some() => {
+        KernelSpec::RmsNorm { d, eps_bits } | KernelSpec::RmsNormHalf { d, eps_bits, .. } if rms_norm_regs(*d).is_some() => {
             // one pass: every thread loads its 16-byte pieces once and keeps them in registers
             let (warps, per) = rms_norm_regs(*d).expect("checked");
             let eps = f32::from_bits(*eps_bits);
@@ -2768,20 +2802,26 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let zero = b.cf32(0.0);
             let total = b.block_sum(&acc, &t, warps, &smt, &zero);
             let inv = b.inv_rms(&total, *d, eps);
+            let half = rms_half(spec);
             for (j, i) in idx.iter().enumerate() {
                 let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+                let mut ys = vec![];
                 for q in 0..4 {
                     let xn = b.op(&format!("arith.mulf {}, {inv} : f32", xs[j][q]));
                     let y = b.op(&format!("arith.mulf {xn}, {} : f32", ws[j][q]));
                     let cq = b.ci64(q as i64);
                     let yi = b.op(&format!("arith.addi {e}, {cq} : i64"));
                     b.store(&y, "%y", &yi);
+                    ys.push(y);
+                }
+                if let Some(f16) = half {
+                    b.store_half4(&ys, "%yh", &e, f16);
                 }
             }
             b.line("}");
-            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+            rms_norm_params(half)
         }
-        KernelSpec::RmsNorm { d, eps_bits } if d % 4 == 0 => {
+        KernelSpec::RmsNorm { d, eps_bits } | KernelSpec::RmsNormHalf { d, eps_bits, .. } if d % 4 == 0 => {
             let eps = f32::from_bits(*eps_bits);
             let Launch::BlockPerRow { warps } = spec.launch() else { unreachable!() };
             let nt = 32 * warps as usize;
@@ -2823,17 +2863,24 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let wo = b.op(&format!("arith.muli {i}, {c4b} : i64"));
             let xs = b.load_vec("%x", &bo, 4, "f32", 16);
             let ws = b.load_vec("%w", &wo, 4, "f32", 16);
+            let half = rms_half(spec);
+            let mut ys = vec![];
             for j in 0..4 {
                 let xn = b.op(&format!("arith.mulf {}, {inv} : f32", xs[j]));
                 let y = b.op(&format!("arith.mulf {xn}, {} : f32", ws[j]));
                 let cj = b.ci64(j as i64);
                 let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
                 b.store(&y, "%y", &yi);
+                ys.push(y);
+            }
+            if let Some(f16) = half {
+                b.store_half4(&ys, "%yh", &e, f16);
             }
             b.line("}");
             b.line("}");
-            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+            rms_norm_params(half)
         }
+        KernelSpec::RmsNormHalf { d, .. } => return Err(format!("the RMSNorm with a 16-bit copy needs D a multiple of 4, got {d}")),
         KernelSpec::RmsNorm { d, eps_bits } => {
             let eps = f32::from_bits(*eps_bits);
             let t = b.op("gpu.thread_id x");

@@ -191,7 +191,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
 /// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
 /// DSC_NORM_FUSION=1 at compile time turns it on).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
-    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "1") })
+    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "1"), norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1") })
 }
 
 /// Lowering choices with a compile-time environment switch in [`lower`] (parameters here so
@@ -206,11 +206,14 @@ pub struct LowerOptions {
     /// decode attention split over blocks along the context, then merged ([`split_attention`];
     /// DSC_SPLIT_KV=1; prepared, not yet run on the H200, so off)
     pub split_kv: bool,
+    /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
+    /// quantize, [`insert_half_casts`]; DSC_NORM_HALF=1; prepared, not yet run on the H200, so off)
+    pub norm_half: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: false }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: false, norm_half: false }
     }
 }
 
@@ -445,7 +448,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         fuse_swiglu(g, &mut steps);
     }
     let steps = if opts.split_kv { split_attention(steps) } else { steps };
-    Ok(insert_half_casts(steps))
+    Ok(insert_half_casts(steps, opts.norm_half))
 }
 
 /// (N, K) of a matmul weight in [N, K] layout.
@@ -586,10 +589,14 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
 /// `{x}@bf16` (`@f16`) that a `ToHalf` step writes just before the first of them (steps of
 /// 128+ rows only, like the matmuls: decode never runs it). The buffer is the graph node's
 /// shape in 16-bit elements (the runtime sizes `@` buffers from their base node).
-fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
+///
+/// With `norm_half`, an x that an RMSNorm step writes gets its copy from that step instead
+/// (`RmsNormHalf`: norm + quantize, no cast launch; the copy's buffer is declared by a
+/// kernel-less step).
+fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::with_capacity(steps.len());
-    // cast buffer -> its step's index in `out`
-    let mut made: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    // cast buffer -> its cast step's index in `out` (None: an RMSNorm writes it)
+    let mut made: std::collections::HashMap<String, Option<usize>> = std::collections::HashMap::new();
     for mut s in steps {
         let step_args = s.args.clone();
         for h in s.hopper.iter_mut().chain(s.few.iter_mut()) {
@@ -605,12 +612,26 @@ fn insert_half_casts(steps: Vec<Step>) -> Vec<Step> {
             };
             let f16 = wdtype == DType::F16;
             let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
+            // (the RMSNorm step writing x, where it can write the copy too)
+            let norm = norm_half
+                .then(|| out.iter().position(|p| p.node == x && p.alias_of.is_none() && p.args.len() == 3 && matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)))
+                .flatten();
             match made.get(&half) {
                 // (one cast serves every alternative reading it: it runs from the fewest rows)
-                Some(&i) => out[i].min_rows = out[i].min_rows.min(Some(h.min_rows)),
+                Some(&Some(i)) => out[i].min_rows = out[i].min_rows.min(Some(h.min_rows)),
+                Some(None) => {}
+                None if norm.is_some() => {
+                    let i = norm.expect("checked");
+                    if let Some(KernelSpec::RmsNorm { d, eps_bits }) = out[i].kernel {
+                        out[i].kernel = Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 });
+                    }
+                    out[i].args.push(half.clone());
+                    made.insert(half.clone(), None);
+                    out.push(Step::new(&half));
+                }
                 None => {
                     let units = Scalar::RowsTimes(x.clone(), (k / 8) as i64);
-                    made.insert(half.clone(), out.len());
+                    made.insert(half.clone(), Some(out.len()));
                     out.push(Step {
                         kernel: Some(KernelSpec::ToHalf { f16 }),
                         args: vec![x.clone(), half.clone()],
@@ -825,9 +846,9 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false }).unwrap();
+        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, norm_half: false }).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false }).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, norm_half: false }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -931,6 +952,24 @@ mod tests {
             let cast = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).unwrap();
             assert_eq!(cast.min_rows, Some(lo64.min(from128)));
         }
+    }
+
+    #[test]
+    fn norm_half_writes_the_16_bit_copy_from_the_norm_instead_of_a_cast() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 1e-5} : f32[T, 64]\n  %w = weight : bf16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
+        let steps = lower_opts(&g, LowerOptions { norm_half: true, ..Default::default() }).unwrap();
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
+        let norm = steps.iter().find(|s| s.node == "xn").unwrap();
+        assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 64, eps_bits: 1e-5f32.to_bits(), f16: false }));
+        assert_eq!(norm.args, ["x", "g", "xn", "xn@bf16"]);
+        // the copy's buffer is declared by a step of its own, and the matmul's 16-bit readers use it
+        assert!(steps.iter().any(|s| s.node == "xn@bf16" && s.kernel.is_none() && s.alias_of.is_none()));
+        let y = steps.iter().find(|s| s.node == "y").unwrap();
+        assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "xn@bf16"));
+        assert_eq!(y.args[0], "xn");
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1 });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4 });
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3 });
+    // norm + quantize: the register-resident (D = 4096) and vectorized (D = 576) RMSNorm with a 16-bit copy
+    for (d, f16) in [(4096usize, false), (576, true)] {
+        v.push(KernelSpec::RmsNormHalf { d, eps_bits: 1e-5f32.to_bits(), f16 });
+    }
     // the split decode attention's two passes
     v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256 });
     v.push(KernelSpec::AttentionCombine { h: 32, d: 128, splits: 16, min_keys: 256 });

@@ -168,20 +168,46 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let src = format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %y = rms_norm(%x, %w) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![rows, d], x.clone()))], &ws)?;
         let (g, b) = grid(&spec.launch(), rows);
+        let (xa, wa, ya) = (data.push(&x), data.push(&w), data.push(&want));
         cases.push(Case {
             name: format!("rms_norm {rows}x{d}"),
             kernel: spec.symbol(),
             grid: g,
             grid_y: 1,
             block: b,
-            inputs: vec![data.push(&x), data.push(&w)],
+            inputs: vec![xa.clone(), wa.clone()],
             scalars: vec![rows as i64],
-            expected: data.push(&want),
+            expected: ya.clone(),
             init: None,
             written_inputs: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
+        // norm + quantize (DSC_NORM_HALF): y as above, and its bf16/f16 copy as the output
+        // (compared as the 32-bit words of 16-bit pairs: equal where the rounding agrees)
+        if rows * d <= 5 * 4096 {
+            let poison = data.push(&vec![f32::NAN; rows * d]);
+            for f16 in [false, true] {
+                let spec = KernelSpec::RmsNormHalf { d, eps_bits: eps.to_bits(), f16 };
+                let half = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &want).context("encode")?;
+                let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let (g, b) = grid(&spec.launch(), rows);
+                cases.push(Case {
+                    name: format!("rms_norm {rows}x{d} + {} copy", if f16 { "f16" } else { "bf16" }),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y: 1,
+                    block: b,
+                    inputs: vec![xa.clone(), wa.clone(), poison.clone()],
+                    scalars: vec![rows as i64],
+                    expected: data.push(&words),
+                    init: None,
+                    written_inputs: vec![(2, ya.clone())],
+                    tol: 1e-2,
+                });
+                specs.push(spec);
+            }
+        }
     }
 
     // matmul: x[M, K] @ W[N, K]^T for every weight dtype, decode (M = 1) and prefill-like M
