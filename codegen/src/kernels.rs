@@ -43,13 +43,23 @@ pub fn gemv_mma_tiling() -> (usize, usize) {
     (w, u)
 }
 
+/// A compile-time sweep knob: environment variable `var` as a number (None: unset or not one).
+pub fn env_num<T: std::str::FromStr>(var: &str) -> Option<T> {
+    std::env::var(var).ok()?.parse().ok()
+}
+
+/// A compile-time sweep knob: environment variable `var` as comma-separated numbers (entries
+/// that do not parse are left out; None: unset).
+pub fn env_list<T: std::str::FromStr>(var: &str) -> Option<Vec<T>> {
+    Some(std::env::var(var).ok()?.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+}
+
 /// (warps per block, K steps unrolled, 16-row A tiles per block) of the tensor-core batched
 /// GEMV; DSC_GEMV_MMA_TILING=W,U[,A] overrides (A > 1: each block computes 16·A outputs and
 /// reuses every activation fragment for A tiles — A times less activation traffic from L2,
 /// A times fewer blocks; not yet measured on the H200, so A = 1 by default).
 pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
-    if let Ok(v) = std::env::var("DSC_GEMV_MMA_TILING") {
-        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if let Some(p) = env_list::<usize>("DSC_GEMV_MMA_TILING") {
         if (2..=3).contains(&p.len()) && (1..=32).contains(&p[0]) && p[1] >= 1 {
             let a = p.get(2).copied().unwrap_or(1);
             if (1..=8).contains(&a) {
@@ -67,8 +77,7 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
 /// unroll keeps several 16-byte loads per lane in flight.
 pub fn gemv_tiling(_k: usize, _n: usize, rows: usize) -> (usize, usize) {
     let var = if rows == 1 { "DSC_GEMV_TILING" } else { "DSC_GEMV_FEW_TILING" };
-    if let Ok(v) = std::env::var(var) {
-        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if let Some(p) = env_list::<usize>(var) {
         if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
             return (p[0], p[1]);
         }
@@ -658,16 +667,22 @@ impl Body {
             other => return Err(format!("{other} weights are not lowered yet")),
         })
     }
+    /// `vector<N x ty>` of the scalars `elems` (N = elems.len())
+    fn vector(&mut self, elems: &[String], ty: &str) -> String {
+        let n = elems.len();
+        let mut v = self.op(&format!("llvm.mlir.undef : vector<{n}x{ty}>"));
+        for (j, e) in elems.iter().enumerate() {
+            let cj = self.op(&format!("arith.constant {j} : i32"));
+            v = self.op(&format!("llvm.insertelement {e}, {v}[{cj} : i32] : vector<{n}x{ty}>"));
+        }
+        v
+    }
     /// four f32 rounded to bf16 (f16) and stored as one 8-byte vector at element `e` (i64, a
     /// multiple of 4) of the 16-bit buffer `ptr`
     fn store_half4(&mut self, ys: &[String], ptr: &str, e: &str, f16: bool) {
         let lo = self.pack2(&ys[0], &ys[1], f16);
         let hi = self.pack2(&ys[2], &ys[3], f16);
-        let mut v = self.op("llvm.mlir.undef : vector<2xi32>");
-        for (j, p) in [lo, hi].iter().enumerate() {
-            let cj = self.op(&format!("arith.constant {j} : i32"));
-            v = self.op(&format!("llvm.insertelement {p}, {v}[{cj} : i32] : vector<2xi32>"));
-        }
+        let v = self.vector(&[lo, hi], "i32");
         let c2 = self.ci64(2);
         let bo = self.op(&format!("arith.muli {e}, {c2} : i64"));
         let p = self.op(&format!("llvm.getelementptr {ptr}[{bo}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
@@ -1471,8 +1486,7 @@ impl PipeTiling {
 /// overrides (BN 64, 128 or 256; the stages must fit 227 KB of shared memory; O = 1: overlap,
 /// which needs 3+ stages; A = 1: x in 16 bits).
 pub fn pipe_tiling(n: usize) -> PipeTiling {
-    if let Ok(v) = std::env::var("DSC_GEMM_PIPE") {
-        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if let Some(p) = env_list::<usize>("DSC_GEMM_PIPE") {
         if p.len() == 4 {
             let t = PipeTiling { bn: p[0], stages: p[1], overlap: p[2] == 1, a16: p[3] == 1, bm: PIPE_BM };
             if t.fits() {
@@ -1491,8 +1505,7 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
 /// output columns: 256-wide tiles where that still gives 96+ of them, else 128-wide (more
 /// blocks for the 132 SMs); stages to fill the shared memory. DSC_GEMM_PIPE64=BN,S overrides.
 pub fn pipe64_tiling(n: usize) -> PipeTiling {
-    if let Ok(v) = std::env::var("DSC_GEMM_PIPE64") {
-        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if let Some(p) = env_list::<usize>("DSC_GEMM_PIPE64") {
         if p.len() == 2 {
             let t = PipeTiling { bn: p[0], stages: p[1], overlap: true, a16: true, bm: 64 };
             if t.fits() {
@@ -2028,11 +2041,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let so = b.op(&format!("arith.addi {so}, {co} : i64"));
         let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
         let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
-        let undef = b.op("llvm.mlir.undef : vector<2xi32>");
-        let i0 = b.op("arith.constant 0 : i32");
-        let i1 = b.op("arith.constant 1 : i32");
-        let vv = b.op(&format!("llvm.insertelement {p0}, {undef}[{i0} : i32] : vector<2xi32>"));
-        let vv = b.op(&format!("llvm.insertelement {p1}, {vv}[{i1} : i32] : vector<2xi32>"));
+        let vv = b.vector(&[p0, p1], "i32");
         b.line(&format!("llvm.store {vv}, {sp} {{alignment = 8 : i64}} : vector<2xi32>, !llvm.ptr<3>"));
     }
     let cpairs = c(b, (FLASH_KEYS / 2) as i64);
@@ -2175,11 +2184,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let e = b.op(&format!("arith.addi {e}, {tq2} : i64"));
             let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
             let p = b.op(&format!("llvm.getelementptr %out[{by}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-            let undef = b.op("llvm.mlir.undef : vector<2xf32>");
-            let i0 = b.op("arith.constant 0 : i32");
-            let i1 = b.op("arith.constant 1 : i32");
-            let vv = b.op(&format!("llvm.insertelement {v0}, {undef}[{i0} : i32] : vector<2xf32>"));
-            let vv = b.op(&format!("llvm.insertelement {v1}, {vv}[{i1} : i32] : vector<2xf32>"));
+            let vv = b.vector(&[v0, v1], "f32");
             b.line(&format!("llvm.store {vv}, {p} {{alignment = 8 : i64}} : vector<2xf32>, !llvm.ptr<1>"));
         }
         b.line("}");
@@ -3279,11 +3284,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let mut v = b.load_vec("%x", &o, 4, "f32", 16);
             v.extend(b.load_vec("%x", &o2, 4, "f32", 16));
             let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], *f16)).collect();
-            let mut vec_v = b.op("llvm.mlir.undef : vector<4xi32>");
-            for (j, p) in packed.iter().enumerate() {
-                let cj = b.op(&format!("arith.constant {j} : i32"));
-                vec_v = b.op(&format!("llvm.insertelement {p}, {vec_v}[{cj} : i32] : vector<4xi32>"));
-            }
+            let vec_v = b.vector(&packed, "i32");
             let so = b.op(&format!("arith.muli {i}, {c16} : i64"));
             let p = b.op(&format!("llvm.getelementptr %y[{so}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
             b.line(&format!("llvm.store {vec_v}, {p} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<1>"));

@@ -2,7 +2,7 @@
 //! topological order, with the kernel specs to generate. Scalars and grid sizes are
 //! expressions over node shapes, evaluated by the runtime once a step binds its symbols.
 
-use crate::kernels::{BinaryOpKey, KernelSpec, UnaryOpKey};
+use crate::kernels::{env_list, env_num, BinaryOpKey, KernelSpec, UnaryOpKey};
 use crate::CodegenError;
 use dsc_ir::{DType, Graph, Op, RopeStyle};
 
@@ -113,17 +113,17 @@ pub struct Large {
 /// sweeps). 16 measured fastest on the H200 (8B b1 194 -> 213 tok/s, SmolLM2 b1 830 -> 1081 vs 4:
 /// bench/results/attn16-rope-cache-write-2026-11-29.json).
 fn attention_warps() -> usize {
-    std::env::var("DSC_ATTN_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(16)
+    env_num("DSC_ATTN_WARPS").filter(|w| (1..=32).contains(w)).unwrap_or(16)
 }
 
 /// Keys per warp step of the decode attention kernel (DSC_ATTN_KEYS overrides, 1..=8).
 fn attention_keys() -> usize {
-    std::env::var("DSC_ATTN_KEYS").ok().and_then(|v| v.parse().ok()).filter(|k| (1..=8).contains(k)).unwrap_or(crate::kernels::ATTN_KEYS)
+    env_num("DSC_ATTN_KEYS").filter(|k| (1..=8).contains(k)).unwrap_or(crate::kernels::ATTN_KEYS)
 }
 
 /// The most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX overrides, for sweeps).
 fn few_max_rows() -> i64 {
-    std::env::var("DSC_GEMV_FEW_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
+    env_num("DSC_GEMV_FEW_MAX").unwrap_or(128)
 }
 
 /// The fewest rows the pipelined Hopper matmul takes for N outputs in `bn`-wide tiles (it
@@ -132,7 +132,7 @@ fn few_max_rows() -> i64 {
 /// at 3.1-3.3 TB/s from 16 rows, where the batched GEMV (re-reading x per 16 outputs) makes
 /// 1.6-2.5 TB/s; with fewer tiles it wins from 64 rows (bench/results/few-x16-2026-11-29.json).
 fn pipe_min_rows(n: usize, bn: usize) -> i64 {
-    if let Some(r) = std::env::var("DSC_PIPE_MIN_ROWS").ok().and_then(|v| v.parse().ok()).filter(|&r: &i64| r >= 2) {
+    if let Some(r) = env_num("DSC_PIPE_MIN_ROWS").filter(|&r: &i64| r >= 2) {
         return r;
     }
     if n.div_ceil(bn) >= 96 {
@@ -151,8 +151,7 @@ fn pipe_min_rows(n: usize, bn: usize) -> i64 {
 /// 32 tiles) the batched GEMV is faster at 16-32 rows (o 19-23 vs 28, down 58-70 vs 73) and
 /// the tiles from 64 (o 23 vs 40, down 63 vs 129); up to 64 rows, 128-row tiles above.
 fn pipe64_rows(n: usize) -> (i64, i64) {
-    if let Ok(v) = std::env::var("DSC_PIPE64_ROWS") {
-        let p: Vec<i64> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if let Some(p) = env_list::<i64>("DSC_PIPE64_ROWS") {
         if p.len() == 2 {
             return if p[0] >= 2 && p[1] >= p[0] { (p[0], p[1]) } else { (1, 0) };
         }
@@ -164,7 +163,7 @@ fn pipe64_rows(n: usize) -> (i64, i64) {
 /// `LowerOptions::few_x16`; DSC_FEW_X16_MIN overrides): at 8 rows the f32 x kernel is 10-20%
 /// faster and needs no cast, at 32 the bf16 one 20-25% (bench/results/few-x16-2026-11-29.json).
 fn few_x16_min_rows() -> i64 {
-    std::env::var("DSC_FEW_X16_MIN").ok().and_then(|v| v.parse().ok()).filter(|&r: &i64| r >= 2).unwrap_or(16)
+    env_num("DSC_FEW_X16_MIN").filter(|&r: &i64| r >= 2).unwrap_or(16)
 }
 
 /// (heads, head dim) of a RoPE input x[T, H, D], which the kernels rotate whole.
@@ -612,35 +611,38 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
             };
             let f16 = wdtype == DType::F16;
             let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
-            // (the RMSNorm step writing x, where it can write the copy too)
-            let norm = norm_half
-                .then(|| out.iter().position(|p| p.node == x && p.alias_of.is_none() && p.args.len() == 3 && matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)))
-                .flatten();
+            // (for a new copy: the RMSNorm step writing x, where it can write the copy too)
+            let norm = || {
+                norm_half
+                    .then(|| out.iter().position(|p| p.node == x && p.alias_of.is_none() && p.args.len() == 3 && matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)))
+                    .flatten()
+            };
             match made.get(&half) {
                 // (one cast serves every alternative reading it: it runs from the fewest rows)
                 Some(&Some(i)) => out[i].min_rows = out[i].min_rows.min(Some(h.min_rows)),
                 Some(None) => {}
-                None if norm.is_some() => {
-                    let i = norm.expect("checked");
-                    if let Some(KernelSpec::RmsNorm { d, eps_bits }) = out[i].kernel {
-                        out[i].kernel = Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 });
+                None => match norm() {
+                    Some(i) => {
+                        if let Some(KernelSpec::RmsNorm { d, eps_bits }) = out[i].kernel {
+                            out[i].kernel = Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 });
+                        }
+                        out[i].args.push(half.clone());
+                        made.insert(half.clone(), None);
+                        out.push(Step::new(&half));
                     }
-                    out[i].args.push(half.clone());
-                    made.insert(half.clone(), None);
-                    out.push(Step::new(&half));
-                }
-                None => {
-                    let units = Scalar::RowsTimes(x.clone(), (k / 8) as i64);
-                    made.insert(half.clone(), Some(out.len()));
-                    out.push(Step {
-                        kernel: Some(KernelSpec::ToHalf { f16 }),
-                        args: vec![x.clone(), half.clone()],
-                        scalars: vec![units.clone()],
-                        work: units,
-                        min_rows: Some(h.min_rows),
-                        ..Step::new(&half)
-                    });
-                }
+                    None => {
+                        let units = Scalar::RowsTimes(x.clone(), (k / 8) as i64);
+                        made.insert(half.clone(), Some(out.len()));
+                        out.push(Step {
+                            kernel: Some(KernelSpec::ToHalf { f16 }),
+                            args: vec![x.clone(), half.clone()],
+                            scalars: vec![units.clone()],
+                            work: units,
+                            min_rows: Some(h.min_rows),
+                            ..Step::new(&half)
+                        });
+                    }
+                },
             }
             // (the alternative's own args where it has them: a fused default kernel may
             // write another buffer)
