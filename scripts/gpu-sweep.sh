@@ -15,14 +15,15 @@ first=$(ls "$dir"/*.plan | head -1)
 if [ -f "$dir/8b-env.plan" ]; then
   echo "8b-env:"; .gpu/dsc-runtime gpu-decode "$dir/8b-env.plan" --prompt-len 16 --steps 8 --cpu-check-steps 2 2>&1 | tail -3
 fi
-# ... and at a long context on the SmolLM2 shape (the split decode attention, DSC_SPLIT_KV=1,
-# takes contexts of 256+ keys in parts), with the decode attention alone beside the default's
-if [ -f "$dir/smol-env.plan" ]; then
-  echo "smol-env, 1000-token prompt:"; .gpu/dsc-runtime gpu-decode "$dir/smol-env.plan" --prompt-len 1000 --steps 4 --cpu-check-steps 2 2>&1 | tail -3
-fi
-if [ -f "$dir/8b-env.plan" ]; then
-  for p in "$first" "$dir/8b-env.plan"; do echo "$(basename $p): decode attention alone"; .gpu/dsc-runtime bench-attention "$p" --prefill 64 --decode-context 256,1024,8192 2>/dev/null | grep decode; done
-fi
+# ... and at a long context on the SmolLM2 shape (the split decode attention takes contexts
+# of 512+ keys: lower::ATTN_SPLIT_FROM_KEYS), with the decode attention alone (one-pass and
+# split) at three contexts
+for p in "$dir/smol.plan" "$dir/smol-env.plan"; do
+  [ -f "$p" ] && { echo "$(basename $p), 1000-token prompt:"; .gpu/dsc-runtime gpu-decode "$p" --prompt-len 1000 --steps 4 --cpu-check-steps 2 2>&1 | tail -3; }
+done
+for p in "$first" "$dir/8b-env.plan"; do
+  [ -f "$p" ] && { echo "$(basename $p): decode attention alone"; .gpu/dsc-runtime bench-attention "$p" --prefill 64 --decode-context 256,512,1024,8192 2>/dev/null | grep decode; }
+done
 # (the device returns only a few files: everything goes into $out/runs/, summarised in
 # $out/sweep.json, and the per-run logs into $out/sweep.log)
 mkdir -p /tmp/sweep-runs
@@ -31,6 +32,15 @@ for p in "$dir"/*.plan; do
   echo "== $n" >> "$out/sweep.log"
   .gpu/dsc-runtime bench "$p" --batches "$batches" --prefill 512 --new-tokens 64 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED (see sweep.log)"
 done
+# LONG=N (e.g. 4000): every plan's decode once more from an N-token prompt (LONG_BATCHES,
+# default 1,8), as <plan>-long
+if [ -n "${LONG:-}" ]; then
+  for p in "$dir"/*.plan; do
+    n=$(basename "$p" .plan)-long
+    echo "== $n" >> "$out/sweep.log"
+    .gpu/dsc-runtime bench "$p" --batches "${LONG_BATCHES:-1,8}" --prompt-len "$LONG" --prefill 512 --new-tokens 32 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED (see sweep.log)"
+  done
+fi
 # AB_ENV="VAR=value": the first plan once more with that runtime environment (as <plan>+env)
 if [ -n "${AB_ENV:-}" ]; then
   n=$(basename "$first" .plan)+env

@@ -89,6 +89,12 @@ pub fn gemv_tiling(_k: usize, _n: usize, rows: usize) -> (usize, usize) {
     }
 }
 
+/// Whether the decode GEMVs load their first weights before `griddepcontrol.wait`
+/// (`emit_gemv`); DSC_GEMV_PRELOAD=0 at compile time turns it off (A/B runs).
+pub fn gemv_preload() -> bool {
+    env_num::<usize>("DSC_GEMV_PRELOAD").is_none_or(|v| v != 0)
+}
+
 /// Decode GEMVs over at most this many weight bytes prefetch their rows into L2 before
 /// `griddepcontrol.wait` (see `emit_gemv`).
 pub const GEMV_PREFETCH_MAX_BYTES: usize = 16 << 20;
@@ -869,16 +875,24 @@ impl Body {
     #[allow(clippy::too_many_arguments)]
     fn split_k_rounds(&mut self, per: usize, jloop: usize, rounds: usize, unroll: usize, base: &str, stride: i64, limit: i64, body: &RoundBody) -> Vec<String> {
         let zero = self.cf32(0.0);
+        self.split_k_rounds_from(0, vec![zero; per], jloop, rounds, unroll, base, stride, limit, body)
+    }
+    /// [`Body::split_k_rounds`] from round `from` (a multiple of `unroll`, at most `jloop`)
+    /// with the accumulators `init`: the caller ran the rounds before it (the GEMV's first
+    /// rounds, whose weights it loaded before waiting for the previous kernel)
+    #[allow(clippy::too_many_arguments)]
+    fn split_k_rounds_from(&mut self, from: usize, init: Vec<String>, jloop: usize, rounds: usize, unroll: usize, base: &str, stride: i64, limit: i64, body: &RoundBody) -> Vec<String> {
+        let per = init.len();
         let tys = vec!["f32"; per].join(", ");
-        let mut acc = vec![zero.clone(); per];
-        if jloop > 0 {
+        let mut acc = init;
+        if jloop > from {
             let res = self.v();
             let j = self.v();
             let args: Vec<String> = (0..per).map(|_| self.v()).collect();
-            let lo = self.op("arith.constant 0 : index");
+            let lo = self.op(&format!("arith.constant {from} : index"));
             let hi = self.op(&format!("arith.constant {jloop} : index"));
             let st = self.op(&format!("arith.constant {unroll} : index"));
-            let inits: Vec<String> = args.iter().map(|a| format!("{a} = {zero}")).collect();
+            let inits: Vec<String> = args.iter().zip(&acc).map(|(a, z)| format!("{a} = {z}")).collect();
             self.line(&format!("{res}:{per} = scf.for {j} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", inits.join(", ")));
             let j64 = self.idx64(&j);
             let cs = self.ci64(stride);
@@ -1059,10 +1073,24 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     let c32l = b.ci64(32);
     let wl = b.op(&format!("arith.muli {warp64}, {c32l} : i64"));
     let u0 = b.op(&format!("arith.addi {wl}, {lane64} : i64"));
-    // the FMAs of the 16-byte units `us` (i64 unit indices) into `acc`
-    let units_fma = |b: &mut Body, us: &[String], acc: &[String]| -> Vec<String> {
+    // the weights of the 16-byte unit `u` (i64 unit index): per output j, its words
+    let load_w = |b: &mut Body, u: &str| -> Vec<Vec<String>> {
+        let c16 = b.ci64(16);
+        let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
+        wbase
+            .iter()
+            .zip(&wptr)
+            .map(|(base, ptr)| {
+                let off = b.op(&format!("arith.addi {base}, {wo} : i64"));
+                b.load_vec(ptr, &off, 4, if wdtype == DType::F32 { "f32" } else { "i32" }, 16)
+            })
+            .collect()
+    };
+    // the FMAs of the 16-byte units `us` (i64 unit indices) into `acc`, with their weights
+    // loaded here or (`pre`) already
+    let units_fma_pre = |b: &mut Body, us: &[String], acc: &[String], pre: Option<&[Vec<Vec<String>>]>| -> Vec<String> {
         let mut loaded = vec![];
-        for u in us {
+        for (ui, u) in us.iter().enumerate() {
             let xb = b.ci64((e * 4) as i64);
             let xo = b.op(&format!("arith.muli {u}, {xb} : i64"));
             // the unit's e f32 values of `ptr` from byte offset `at`, 16 bytes at a time
@@ -1084,16 +1112,10 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
                 .collect();
             // the norm prologue: g for these elements (x's offsets without the row base)
             let gs: Vec<String> = if norm.is_some() { f32s(b, "%g", &xo) } else { vec![] };
-            let c16 = b.ci64(16);
-            let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
-            let ws: Vec<Vec<String>> = wbase
-                .iter()
-                .zip(&wptr)
-                .map(|(base, ptr)| {
-                    let off = b.op(&format!("arith.addi {base}, {wo} : i64"));
-                    b.load_vec(ptr, &off, 4, if wdtype == DType::F32 { "f32" } else { "i32" }, 16)
-                })
-                .collect();
+            let ws = match pre {
+                Some(p) => p[ui].clone(),
+                None => load_w(b, u),
+            };
             loaded.push((xs, ws, gs));
         }
         let mut acc = acc.to_vec();
@@ -1146,8 +1168,28 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     };
     // units between a warp's consecutive chunks; the last rounds are guarded (a partial
     // chunk, idle warps)
+    let units_fma = |b: &mut Body, us: &[String], acc: &[String]| units_fma_pre(b, us, acc, None);
     let stride = (nw * 32) as i64;
-    let acc = b.split_k_rounds(slots, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma);
+    let acc = if b.pdl && !b.waited && jloop >= unroll && gemv_preload() {
+        // the weights do not depend on the previous kernel (the lowering gives matmuls graph
+        // weights only): the first unrolled round's weight loads are issued before
+        // `griddepcontrol.wait`, so a block that starts during the previous kernel's tail
+        // streams its weights meanwhile (no extra traffic, unlike the L2 prefetch above)
+        let idx: Vec<String> = (0..unroll)
+            .map(|q| {
+                let c = b.ci64(q as i64 * stride);
+                b.op(&format!("arith.addi {u0}, {c} : i64"))
+            })
+            .collect();
+        let pre: Vec<Vec<Vec<String>>> = idx.iter().map(|u| load_w(b, u)).collect();
+        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        b.waited = true;
+        let zero = b.cf32(0.0);
+        let acc0 = units_fma_pre(b, &idx, &vec![zero; slots], Some(&pre));
+        b.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma)
+    } else {
+        b.split_k_rounds(slots, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma)
+    };
     let sums: Vec<String> = acc.iter().map(|a| b.warp_sum(a)).collect();
     let c0 = b.op("arith.constant 0 : index");
     let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
@@ -1308,22 +1350,26 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
     let ty = if f16 { "f16" } else { "bf16" };
-    // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4])
-    let steps_mma = |b: &mut Body, ss: &[String], acc: &[String]| -> Vec<String> {
-        let mut ws = vec![];
-        for s in ss {
-            let cb = b.ci64(64);
-            let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
-            // [A tile][row g, row g + 8][4 words]
-            let loads: Vec<Vec<String>> = wbase
-                .iter()
-                .map(|base| {
-                    let off = b.op(&format!("arith.addi {base}, {so} : i64"));
-                    b.load_vec("%w", &off, 4, "i32", 16)
-                })
-                .collect();
-            ws.push(loads.chunks(2).map(|c| c.to_vec()).collect::<Vec<Vec<Vec<String>>>>());
-        }
+    // the weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
+    let load_w = |b: &mut Body, s: &str| -> Vec<Vec<Vec<String>>> {
+        let cb = b.ci64(64);
+        let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
+        let loads: Vec<Vec<String>> = wbase
+            .iter()
+            .map(|base| {
+                let off = b.op(&format!("arith.addi {base}, {so} : i64"));
+                b.load_vec("%w", &off, 4, "i32", 16)
+            })
+            .collect();
+        loads.chunks(2).map(|c| c.to_vec()).collect()
+    };
+    // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4]), with
+    // their weights loaded here or (`pre`) already
+    let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| -> Vec<String> {
+        let ws: Vec<Vec<Vec<Vec<String>>>> = match pre {
+            Some(p) => p.to_vec(),
+            None => ss.iter().map(|s| load_w(b, s)).collect(),
+        };
         let mut out = acc.to_vec();
         for j in 0..nt {
             // this B tile's accumulators of every A tile
@@ -1386,7 +1432,25 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         out
     };
     // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
-    let acc = b.split_k_rounds(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &steps_mma);
+    let steps_mma = |b: &mut Body, ss: &[String], acc: &[String]| steps_mma_pre(b, ss, acc, None);
+    let acc = if b.pdl && !b.waited && jloop >= unroll && gemv_preload() {
+        // the first unrolled round's weights before waiting for the previous kernel (as in
+        // `emit_gemv`)
+        let idx: Vec<String> = (0..unroll)
+            .map(|q| {
+                let c = b.ci64((q * nw) as i64);
+                b.op(&format!("arith.addi {warp64}, {c} : i64"))
+            })
+            .collect();
+        let pre: Vec<Vec<Vec<Vec<String>>>> = idx.iter().map(|s| load_w(b, s)).collect();
+        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        b.waited = true;
+        let zero = b.cf32(0.0);
+        let acc0 = steps_mma_pre(b, &idx, &vec![zero; per], Some(&pre));
+        b.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &steps_mma)
+    } else {
+        b.split_k_rounds(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &steps_mma)
+    };
     // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
     let cper = b.op(&format!("arith.constant {} : index", per * 32));
     let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
@@ -1586,7 +1650,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let wint = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
     // the copy slots of this thread: (global byte address at K step 0, byte offset in a
     // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
-    let mut slots: Vec<(String, String, String, i64)> = vec![];
+    let mut slots: Vec<(String, String, String, i64, bool)> = vec![];
     // (x in 16 bits: the same 128-byte rows and swizzle as W)
     let xs = if a16 { (false, bm * 8, 8i64, 2i64) } else { (false, bm * 16, 16, 4) };
     for (is_w, units, chunks, elt) in [xs, (true, bn * 8, 8, 2)] {
@@ -1630,15 +1694,19 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let s16 = b.op("arith.constant 16 : i32");
             let s0 = b.op("arith.constant 0 : i32");
             let sz = b.op(&format!("arith.select {valid}, {s16}, {s0} : i32"));
-            slots.push((g, so, sz, 64 * elt));
+            slots.push((g, so, sz, 64 * elt, is_w));
         }
     }
-    // issue the copies of K step `ks` (i64) into stage `st` (i64)
-    let issue = |b: &mut Body, ks: &str, st: &str| {
+    // issue the copies of K step `ks` (i64) into stage `st` (i64): x's and W's (`which`
+    // None), or only W's (Some(true)) or x's (Some(false))
+    let issue_of = |b: &mut Body, ks: &str, st: &str, which: Option<bool>| {
         let csb = b.ci64(stage_bytes);
         let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
         let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
-        for (g, so, sz, step) in &slots {
+        for (g, so, sz, step, is_w) in &slots {
+            if which.is_some_and(|w| w != *is_w) {
+                continue;
+            }
             let cs = b.ci64(*step);
             let ko = b.op(&format!("arith.muli {ks}, {cs} : i64"));
             let ga = b.op(&format!("arith.addi {g}, {ko} : i64"));
@@ -1647,14 +1715,34 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \"r,l,r\" {sa}, {ga}, {sz} : (i32, i64, i32) -> ()"));
         }
     };
+    let issue = |b: &mut Body, ks: &str, st: &str| issue_of(b, ks, st, None);
     let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
     // prologue: K steps 0 .. ahead - 1
-    for s in 0..ahead {
-        let ks = b.ci64(s);
-        if s < nk {
-            issue(b, &ks, &ks);
+    if b.pdl && !b.waited && gemv_preload() {
+        // W does not depend on the previous kernel (graph weights only): its prologue copies
+        // go out before `griddepcontrol.wait`, x's after it; the first commit group holds
+        // them all
+        for s in 0..ahead.min(nk) {
+            let ks = b.ci64(s);
+            issue_of(b, &ks, &ks, Some(true));
         }
-        b.line(commit);
+        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        b.waited = true;
+        for s in 0..ahead {
+            let ks = b.ci64(s);
+            if s < nk {
+                issue_of(b, &ks, &ks, Some(false));
+            }
+            b.line(commit);
+        }
+    } else {
+        for s in 0..ahead {
+            let ks = b.ci64(s);
+            if s < nk {
+                issue(b, &ks, &ks);
+            }
+            b.line(commit);
+        }
     }
     // this warp's fragment rows (the same % 8 for both halves: g)
     let (warp, _, g, tq) = b.mma_coords(&t);
@@ -2579,9 +2667,21 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     Ok("%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into())
 }
 
-/// (se, chunk) of a split decode attention row whose context is `ctx` keys (i64 values): se =
-/// min(ceil(ctx / min_keys), S) parts of chunk = ceil(ctx / se) keys (every part non-empty
-/// while min_keys > S + 1, which the lowering keeps).
+/// The split decode attention cuts a row's context into at most max(1, this / rows) parts
+/// (rows = tokens x heads of the step): enough blocks to fill the H200 (4 blocks of 16 warps
+/// on each of 132 SMs), no more. Measured at a 4k context (8B shape): 16 parts at batch 1
+/// 141 -> 212 tok/s, but at batch 8 (256 rows) 787 -> 749.
+pub const ATTN_SPLIT_BLOCKS: usize = 512;
+
+/// The parts a split decode attention row takes ([`split_extent`]), on the host.
+pub fn split_parts(ctx: usize, rows: usize, ns: usize, min_keys: usize) -> usize {
+    ctx.div_ceil(min_keys).min(ns).min((ATTN_SPLIT_BLOCKS / rows.max(1)).max(1))
+}
+
+/// (se, chunk) of a split decode attention row whose context is `ctx` keys (i64 values), in a
+/// step of `%n` rows: se = min(ceil(ctx / min_keys), S, max(1, [`ATTN_SPLIT_BLOCKS`] / n))
+/// parts of chunk = ceil(ctx / se) keys (every part non-empty while min_keys > S + 1, which
+/// the lowering keeps).
 fn split_extent(b: &mut Body, ctx: &str, ns: usize, min_keys: usize) -> (String, String) {
     let cmk = b.ci64(min_keys as i64);
     let cmk1 = b.ci64(min_keys as i64 - 1);
@@ -2589,6 +2689,12 @@ fn split_extent(b: &mut Body, ctx: &str, ns: usize, min_keys: usize) -> (String,
     let se = b.op(&format!("arith.divui {se}, {cmk} : i64"));
     let cns = b.ci64(ns as i64);
     let se = b.op(&format!("arith.minsi {se}, {cns} : i64"));
+    let cb = b.ci64(ATTN_SPLIT_BLOCKS as i64);
+    let c1 = b.ci64(1);
+    let nn = b.op(&format!("arith.maxsi %n, {c1} : i64"));
+    let cap = b.op(&format!("arith.divui {cb}, {nn} : i64"));
+    let cap = b.op(&format!("arith.maxsi {cap}, {c1} : i64"));
+    let se = b.op(&format!("arith.minsi {se}, {cap} : i64"));
     let c1 = b.ci64(1);
     let se1 = b.op(&format!("arith.subi {se}, {c1} : i64"));
     let chunk = b.op(&format!("arith.addi {ctx}, {se1} : i64"));

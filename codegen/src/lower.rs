@@ -44,6 +44,11 @@ pub struct Step {
     /// not launched for steps of more rows (the split decode attention's second pass: the
     /// prefill attention writes the output itself)
     pub max_rows: Option<i64>,
+    /// launched only in steps whose longest context (keys of the sequence with the most) is
+    /// at least / at most this: the split decode attention from [`ATTN_SPLIT_FROM_KEYS`] keys,
+    /// the one-pass kernel below (the runtime keeps a bucket per context class)
+    pub min_context: Option<i64>,
+    pub max_context: Option<i64>,
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
@@ -76,6 +81,8 @@ impl Step {
             alias_offset: None,
             min_rows: None,
             max_rows: None,
+            min_context: None,
+            max_context: None,
             large: None,
             hopper: vec![],
             hopper_small: None,
@@ -190,7 +197,7 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
 /// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
 /// DSC_NORM_FUSION=1 at compile time turns it on).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
-    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "1"), norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1") })
+    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"), norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1") })
 }
 
 /// Lowering choices with a compile-time environment switch in [`lower`] (parameters here so
@@ -202,17 +209,18 @@ pub struct LowerOptions {
     /// from [`few_x16_min_rows`] rows the batched-decode GEMV reads a 16-bit copy of x (on by
     /// default; DSC_FEW_X16=0 turns it off)
     pub few_x16: bool,
-    /// decode attention split over blocks along the context, then merged ([`split_attention`];
-    /// DSC_SPLIT_KV=1; prepared, not yet run on the H200, so off)
+    /// decode attention split over blocks along the context, then merged, for contexts from
+    /// [`ATTN_SPLIT_FROM_KEYS`] keys ([`split_attention`]; on; DSC_SPLIT_KV=0 turns it off)
     pub split_kv: bool,
     /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
-    /// quantize, [`insert_half_casts`]; DSC_NORM_HALF=1; prepared, not yet run on the H200, so off)
+    /// quantize, [`insert_half_casts`]; DSC_NORM_HALF=1; checked on the H200 and measured
+    /// neutral, bench/results/split-kv-2026-11-30.json, so off)
     pub norm_half: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: false, norm_half: false }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, norm_half: false }
     }
 }
 
@@ -293,6 +301,9 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 if ops.len() > 2 && ops[2].ty.dtype != DType::F32 {
                     return Err(err(&name, "matmul bias must be f32"));
                 }
+                if !matches!(ops[1].op, Op::Weight) {
+                    return Err(err(&name, GRAPH_WEIGHTS_ONLY));
+                }
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
                 let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None, opts.few_x16)?;
                 fuse_norm(g, &norms, id, st)
@@ -303,6 +314,9 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 let (_, k) = weight_dims(&name, &ops[1].ty)?;
                 let mut parts = vec![];
                 for w in &ops[1..] {
+                    if !matches!(w.op, Op::Weight) {
+                        return Err(err(&name, GRAPH_WEIGHTS_ONLY));
+                    }
                     let (nn, kw) = weight_dims(&name, &w.ty)?;
                     if kw != k || w.ty.dtype != ops[1].ty.dtype {
                         return Err(err(&name, "matmul_cat weights differ in K or dtype"));
@@ -540,15 +554,33 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
 pub const ATTN_SPLITS: usize = 16;
 pub const ATTN_SPLIT_MIN_KEYS: usize = 256;
 
-/// Long-context decode attention over more of the GPU: each decode attention step becomes two,
-/// `{node}@split{S}` (`PagedAttentionSplit`: a block per (token, head, part) writing partial
-/// softmax states into that buffer, `S` = [`ATTN_SPLITS`] parts of at least
-/// [`ATTN_SPLIT_MIN_KEYS`] keys, so short contexts take one part) and `{node}` itself
-/// (`AttentionCombine`, up to the prefill attention's rows: that writes the output itself).
-/// One block per (token, head) uses 32 of the 132 SMs at batch 1 (8B shape), whatever the
-/// context; split 16 ways an 8k context keeps them all busy.
+/// Steps whose longest context has at least this many keys run the split decode attention
+/// (the one-pass kernel below). Measured on the H200 (8B shape, one token, per layer): 256
+/// keys 11.4 µs one-pass vs 13.2 split, 1k 21.1 vs 15.9, 8k 143 vs 41
+/// (bench/results/split-kv-2026-11-30.json). DSC_SPLIT_KV_FROM=N at compile time overrides.
+pub const ATTN_SPLIT_FROM_KEYS: i64 = 512;
+
+/// ... and at most this many rows (tokens x heads): measured at a 2k context, the split
+/// path at 8B batch 8 (256 rows) and 32 was 4-7% slower than the one-pass kernel (its idle
+/// parts' blocks), at SmolLM2 batch 8 (72 rows) 44% faster.
+pub const ATTN_SPLIT_ROWS: i64 = (crate::kernels::ATTN_SPLIT_BLOCKS / 4) as i64;
+
+fn split_from_keys() -> i64 {
+    crate::kernels::env_num("DSC_SPLIT_KV_FROM").unwrap_or(ATTN_SPLIT_FROM_KEYS)
+}
+
+/// Long-context decode attention over more of the GPU: beside each decode attention step
+/// (kept for contexts under [`ATTN_SPLIT_FROM_KEYS`] keys: `max_context`), two steps for longer
+/// ones (`min_context`): `{node}@split{S}` (`PagedAttentionSplit`: a block per (token, head,
+/// part) writing partial softmax states into that buffer, `S` = [`ATTN_SPLITS`] parts of at
+/// least [`ATTN_SPLIT_MIN_KEYS`] keys) and `{node}` itself (`AttentionCombine`, up to the
+/// prefill attention's rows: that writes the output itself). One block per (token, head) uses
+/// 32 of the 132 SMs at batch 1 (8B shape), whatever the context; split 16 ways an 8k context
+/// keeps them all busy, while at short contexts the second launch and the idle parts' blocks
+/// cost more than they win.
 fn split_attention(steps: Vec<Step>) -> Vec<Step> {
     let mut out = Vec::with_capacity(steps.len());
+    let from = split_from_keys();
     for s in steps {
         let Some(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys }) = s.kernel.clone() else {
             out.push(s);
@@ -557,25 +589,26 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
         let (ns, mk) = (ATTN_SPLITS, ATTN_SPLIT_MIN_KEYS);
         let part = format!("{}@split{ns}", s.node);
         let original = s.args.clone();
-        let max_rows = s.large.as_ref().map(|l| l.min_rows - 1);
-        let mut first = s.clone();
+        // (the split passes up to ATTN_SPLIT_ROWS rows — below the prefill attention's —, the
+        // one-pass kernel above them at long contexts: a second copy of its step)
+        let max_rows = ATTN_SPLIT_ROWS.min(s.large.as_ref().map_or(i64::MAX, |l| l.min_rows - 1));
+        out.push(Step { max_context: Some(from - 1), ..s.clone() });
+        out.push(Step { min_context: Some(from), min_rows: Some(max_rows + 1), ..s.clone() });
+        let mut first = Step { min_context: Some(from), max_rows: Some(max_rows), large: None, ..s.clone() };
         first.node = part.clone();
         first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk });
         if let Some(last) = first.args.last_mut() {
             *last = part.clone();
         }
         first.grid_y = Scalar::Const(ns as i64);
-        // (the prefill attention alternative writes the output itself)
-        if let Some(l) = first.large.as_mut() {
-            l.args.get_or_insert_with(|| original.clone());
-        }
         let rows = Scalar::Rows(s.node.clone());
         let combine = Step {
             kernel: Some(KernelSpec::AttentionCombine { h, d, splits: ns, min_keys: mk }),
             args: vec![part, original[3].clone(), s.node.clone()],
             scalars: vec![rows.clone()],
             work: rows,
-            max_rows,
+            max_rows: Some(max_rows),
+            min_context: Some(from),
             ..Step::new(&s.node)
         };
         out.push(first);
@@ -654,6 +687,11 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
     }
     out
 }
+
+/// Why a matmul over an activation W has no GPU lowering: the decode GEMVs load their first
+/// weights before waiting for the previous kernel (`kernels::gemv_preload`), which is right only
+/// for weights no kernel writes.
+const GRAPH_WEIGHTS_ONLY: &str = "matmul W must be a graph weight on the GPU (its kernels read W before the previous kernel finishes)";
 
 /// RMSNorm nodes whose every user is a matmul (or merged matmul) that takes it as x with
 /// plain-float weights and no bias: their decode GEMVs compute the norm in their prologue
@@ -978,22 +1016,30 @@ mod tests {
     fn split_kv_makes_decode_attention_two_steps_and_leaves_prefill_to_flash() {
         let src = "graph \"t\" {\n  %q = input : f32[T, 8, 64]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 2, 64]\n  %vc = state : f32[NB, 16, 2, 64]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.125} : f32[T, 8, 64]\n  output o = %o\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        let plain = lower_opts(&g, LowerOptions { split_kv: false, ..Default::default() }).unwrap();
         assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))));
         let steps = lower_opts(&g, LowerOptions { split_kv: true, ..Default::default() }).unwrap();
         let part = format!("o@split{ATTN_SPLITS}");
         let i = steps.iter().position(|s| s.node == part).expect("the first pass");
-        let (first, merge) = (&steps[i], &steps[i + 1]);
+        let (one, wide, first, merge) = (&steps[i - 2], &steps[i - 1], &steps[i], &steps[i + 1]);
+        // the one-pass kernel stays for shorter contexts, and for more rows than the split
+        // takes (with the prefill attention); the two passes take long contexts of few rows
+        assert_eq!((one.node.as_str(), wide.node.as_str()), ("o", "o"));
+        assert!(matches!(one.kernel, Some(KernelSpec::PagedAttention { .. })) && one.kernel == wide.kernel);
+        assert_eq!((one.min_context, one.max_context, one.min_rows), (None, Some(ATTN_SPLIT_FROM_KEYS - 1), None));
+        assert_eq!((wide.min_context, wide.max_context, wide.min_rows), (Some(ATTN_SPLIT_FROM_KEYS), None, Some(ATTN_SPLIT_ROWS + 1)));
+        assert!(one.large.is_some() && wide.large.is_some() && first.large.is_none());
+        assert_eq!((first.min_context, merge.min_context), (Some(ATTN_SPLIT_FROM_KEYS), Some(ATTN_SPLIT_FROM_KEYS)));
+        assert_eq!((first.max_context, merge.max_context), (None, None));
+        assert_eq!((first.max_rows, merge.max_rows), (Some(ATTN_SPLIT_ROWS), Some(ATTN_SPLIT_ROWS)));
         assert!(matches!(first.kernel, Some(KernelSpec::PagedAttentionSplit { splits: ATTN_SPLITS, min_keys: ATTN_SPLIT_MIN_KEYS, .. })), "{:?}", first.kernel);
         assert_eq!(first.args.last(), Some(&part));
         assert_eq!(first.grid_y, Scalar::Const(ATTN_SPLITS as i64));
-        // prefill: FlashAttention writes o itself, and the merge does not run
-        let flash = first.large.as_ref().unwrap();
-        assert_eq!(flash.args.as_ref().unwrap().last().map(String::as_str), Some("o"));
+        // prefill: FlashAttention (the one-pass steps' alternative) writes o itself
+        assert!(wide.large.as_ref().unwrap().min_rows > ATTN_SPLIT_ROWS);
         assert_eq!(merge.node, "o");
         assert!(matches!(merge.kernel, Some(KernelSpec::AttentionCombine { h: 8, d: 64, .. })));
         assert_eq!(merge.args, [part.as_str(), "pos", "o"]);
-        assert_eq!(merge.max_rows, Some(flash.min_rows - 1));
     }
 
     #[test]

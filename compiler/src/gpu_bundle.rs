@@ -1294,7 +1294,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
 }
 
 /// The split decode attention's partial states (`KernelSpec::PagedAttentionSplit`), computed
-/// on the host: for row (token t, head hi) and part s < se = min(ceil(ctx / mk), ns) of
+/// on the host: for row (token t, head hi) and part s < se (`kernels::split_parts`) of
 /// ceil(ctx / se) keys, (m, l, acc[d]) at ((row·ns + s)·(d + 2)); zeros elsewhere.
 #[allow(clippy::too_many_arguments)]
 fn split_partials(q: &[f32], kc: &[f32], vc: &[f32], pos: &[i32], seq: &[i32], table: &[i32], dims: (usize, usize, usize, usize, usize), scale: f32, ns: usize, mk: usize) -> Vec<f32> {
@@ -1303,7 +1303,7 @@ fn split_partials(q: &[f32], kc: &[f32], vc: &[f32], pos: &[i32], seq: &[i32], t
     let mut out = vec![0.0f32; t * h * ns * (d + 2)];
     for ti in 0..t {
         let ctx = pos[ti] as usize + 1;
-        let se = ctx.div_ceil(mk).min(ns);
+        let se = dsc_codegen::kernels::split_parts(ctx, t * h, ns, mk);
         let chunk = ctx.div_ceil(se);
         for hi in 0..h {
             let kh = hi / (h / kvh);

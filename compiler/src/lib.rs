@@ -163,6 +163,8 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 alias_offset: s.alias_offset.as_ref().map(scalar),
                 min_rows: s.min_rows,
                 max_rows: s.max_rows,
+                min_context: s.min_context,
+                max_context: s.max_context,
                 large,
                 hopper,
                 hopper_small,
@@ -190,10 +192,13 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
                 let r = root.get(of.as_str()).copied().unwrap_or(of.as_str());
                 root.insert(s.node.as_str(), r);
             }
-            None => {
+            // (a node two steps write — the one-pass and the split attention's merge, for
+            // different context classes — is one buffer)
+            None if !index.contains_key(s.node.as_str()) => {
                 index.insert(s.node.as_str(), life.len());
                 life.push(dsc_runtime::plan::BufferLife { node: s.node.clone(), first: i, last: i });
             }
+            None => {}
         }
     }
     // then every step that names a buffer, in any kernel it may launch (the alternatives can
@@ -238,6 +243,8 @@ mod tests {
             alias_offset: None,
             min_rows: None,
             max_rows: None,
+            min_context: None,
+            max_context: None,
             large: None,
             hopper: vec![],
             hopper_small: None,

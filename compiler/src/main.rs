@@ -145,7 +145,12 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
         Some(g) => {
             let (one, more) = (g.launches(1), g.launches(i64::MAX));
             let kernels: std::collections::BTreeSet<_> = g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel))).collect();
-            format!("GPU: {} distinct kernels, {one} launches per batch-1 decode step ({} per layer), {more} with more rows", kernels.len(), one / per_layer)
+            // (the schedule of the longest context class: the split decode attention)
+            let long = match g.context_bounds().last() {
+                Some(&c) => format!(", {} from a {c}-key context", g.launches_at(1, c)),
+                None => String::new(),
+            };
+            format!("GPU: {} distinct kernels, {one} launches per batch-1 decode step ({} per layer), {more} with more rows{long}", kernels.len(), one / per_layer)
         }
         None => format!("GPU: none ({})", c.gpu_skipped.as_deref().unwrap_or("?")),
     };

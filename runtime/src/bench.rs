@@ -316,7 +316,8 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
 #[derive(Serialize)]
 pub struct AttentionResult {
     pub kernel: String,
-    /// "prefill" (T tokens of one sequence, causal) or "decode" (one token at `context`)
+    /// "prefill" (T tokens of one sequence, causal), "decode" (one token at `context`, the
+    /// one-pass kernel) or "decode-split" (the same through the split decode attention)
     pub kind: String,
     pub tokens: usize,
     pub context: usize,
@@ -336,24 +337,28 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
-    let step = prog.steps.iter().find(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention"))).context("the plan has no paged attention step")?;
+    let paged = |s: &&crate::plan::GpuStep| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention"));
+    // the one-pass kernel, and (for long contexts) the split one: a first pass into
+    // `{node}@split{S}`, then the merge step
+    let step = prog.steps.iter().filter(paged).find(|s| crate::gpu::split_base(&s.node).is_none()).context("the plan has no paged attention step")?;
     let kernel = step.kernel.clone().expect("found by its kernel");
-    // (the split decode attention: this first pass into `{node}@split{S}`, then the merge step)
-    let (base, split) = match crate::gpu::split_base(&step.node) {
-        Some((base, ns)) => {
-            let merge = prog.steps.iter().find(|s| s.node == base && s.kernel.as_deref().is_some_and(|k| k.starts_with("attention_combine"))).context("the split attention has no merge step")?;
-            (base, Some((ns, merge.kernel.clone().expect("found by its kernel"))))
-        }
-        None => (step.node.as_str(), None),
-    };
+    let base = step.node.as_str();
+    let split_step = prog.steps.iter().filter(paged).find(|s| crate::gpu::split_base(&s.node).is_some_and(|(b, _)| b == base));
     let node = graph.by_name(base).with_context(|| format!("step {} has no graph node", step.node))?;
     let ops = graph.operands(node);
     let dim = |id: dsc_ir::NodeId, i: usize| graph.node(id).ty.shape[i].as_const().with_context(|| format!("{} needs constant dims", graph.node(id).name));
     let (h, d, bs, kvh) = (dim(ops[0], 1)?, dim(ops[0], 2)?, dim(ops[1], 1)?, dim(ops[1], 2)?);
     let dev = DeviceBench::open(prog)?;
     let f = dev.module.load_function(&kernel).map_err(derr(&kernel))?;
-    let merge = match &split {
-        Some((ns, k)) => Some((*ns, k.clone(), dev.module.load_function(k).map_err(derr(k))?)),
+    // (split: (parts, first-pass kernel and function, merge kernel and function))
+    let split = match split_step {
+        Some(sp) => {
+            let (_, ns) = crate::gpu::split_base(&sp.node).expect("found by its name");
+            let merge = prog.steps.iter().find(|s| s.node == base && s.kernel.as_deref().is_some_and(|k| k.starts_with("attention_combine"))).context("the split attention has no merge step")?;
+            let (k1, k2) = (sp.kernel.clone().expect("found by its kernel"), merge.kernel.clone().expect("found by its kernel"));
+            let (f1, f2) = (dev.module.load_function(&k1).map_err(derr(&k1))?, dev.module.load_function(&k2).map_err(derr(&k2))?);
+            Some((ns, sp.block, k1, f1, k2, f2))
+        }
         None => None,
     };
     // the prefill kernel (FlashAttention tiles) where the plan has one: used from its rows on
@@ -366,7 +371,14 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         None => None,
     };
     let i32s = |v: Vec<i32>| -> anyhow::Result<cudarc::driver::CudaSlice<i32>> { dev.stream.clone_htod(&v).map_err(derr("upload")) };
-    let cases: Vec<(&str, usize, usize)> = prefill.iter().map(|&t| ("prefill", t, t)).chain(contexts.iter().map(|&c| ("decode", 1, c))).collect();
+    // (decode: the one-pass kernel at every context, and the split one beside it)
+    let mut cases: Vec<(&str, usize, usize)> = prefill.iter().map(|&t| ("prefill", t, t)).collect();
+    for &c in contexts {
+        cases.push(("decode", 1, c));
+        if split.is_some() {
+            cases.push(("decode-split", 1, c));
+        }
+    }
     let mut out = vec![];
     for (kind, t, ctx) in cases {
         let mb = ctx.div_ceil(bs);
@@ -378,19 +390,21 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         let table = i32s((0..mb as i32).collect())?;
         let y = dev.stream.alloc_zeros::<f32>(t * h * d).map_err(derr("allocating out"))?;
         let big = flash.as_ref().filter(|(l, _)| (t * h) as i64 >= l.min_rows);
-        let (kernel, f, n, cfg) = match big {
+        let split_pass = split.as_ref().filter(|_| kind == "decode-split");
+        let (kernel, f, n, cfg) = match (big, split_pass) {
             // (a block per head x 64 tokens; n = T)
-            Some((l, ff)) => (
+            (Some((l, ff)), _) => (
                 l.kernel.clone(),
                 ff,
                 t as i64,
                 LaunchConfig { grid_dim: (h as u32, (t as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) },
             ),
-            None => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, merge.as_ref().map_or(1, |m| m.0 as u32), 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
+            (None, Some((ns, block, k1, f1, _, _))) => (k1.clone(), f1, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, *ns as u32, 1), block_dim: (32 * block, 1, 1), shared_mem_bytes: 0 }),
+            (None, None) => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, 1, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
         };
         let mbs = mb as i64;
         // (split: the partial states, then the merge into y)
-        let split_pass = merge.as_ref().filter(|_| big.is_none());
+        let split_pass = split_pass.filter(|_| big.is_none());
         let part = dev.stream.alloc_zeros::<f32>(split_pass.map_or(1, |m| t * h * m.0 * (d + 2))).map_err(derr("allocating the partial states"))?;
         let launch = || -> anyhow::Result<()> {
             let mut lb = dev.stream.launch_builder(f);
@@ -405,7 +419,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
             // [1, MB] (i32), out [T,H,D] or the split's partial states [T*H*S*(D+2)], T*H, MB):
             // every position < MB*BS is in the table
             unsafe { lb.launch(cfg) }.map_err(derr(&kernel))?;
-            if let Some((_, mk, mf)) = split_pass {
+            if let Some((_, _, _, _, mk, mf)) = split_pass {
                 let mut lb = dev.stream.launch_builder(mf);
                 lb.arg(&part).arg(&pos).arg(&y).arg(&n);
                 // SAFETY: attention_combine(partial states [T*H*S*(D+2)], pos [T], out

@@ -163,10 +163,12 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
                 g.steps.iter().flat_map(|s| s.kernel.iter().chain(s.few.iter().chain(&s.hopper).chain(&s.hopper_small).chain(&s.large).map(|l| &l.kernel))).collect();
             let sizes: Vec<String> = g.ptx.iter().map(|(t, p)| format!("{t} {:.1} KB", p.len() as f64 / 1e3)).collect();
             println!(
-                "gpu: {} kernels, {} launches per batch-1 decode step ({} with more rows), {} buffers in the memory plan, PTX {}",
+                "gpu: {} kernels, {} launches per batch-1 decode step ({} with more rows; {} from a {}-key context), {} buffers in the memory plan, PTX {}",
                 kernels.len(),
                 g.launches(1),
                 g.launches(i64::MAX),
+                g.launches_at(1, g.context_bounds().last().copied().unwrap_or(1)),
+                g.context_bounds().last().copied().unwrap_or(1),
                 g.buffers.len(),
                 sizes.join(", ")
             );

@@ -36,7 +36,7 @@ pub struct GpuBackend<'p> {
     table_width: usize,
     block_size: usize,
     pub target: String,
-    buckets: HashMap<(usize, usize, usize), Bucket>,
+    buckets: HashMap<(usize, usize, usize, usize), Bucket>,
     /// replay decode-sized steps as CUDA graphs (captured on a bucket's second run)
     pub use_graphs: bool,
     /// DSC_NO_WGMMA=1: take the mma.sync matmul on sm_90a too (for comparisons)
@@ -257,7 +257,10 @@ struct Bucket {
 const CACHED_MAX_TOKENS: usize = 64;
 
 impl GpuBackend<'_> {
-    fn prepare(&self, t: usize, s_: usize, r: usize) -> Result<Bucket> {
+    /// The bucket of a step shape: `t` tokens, `s_` sequences, `r` logit rows, and steps whose
+    /// longest context is `context` keys (the shortest of its context class: the steps with a
+    /// context range, e.g. the split decode attention, are chosen by it).
+    fn prepare(&self, t: usize, s_: usize, r: usize, context: i64) -> Result<Bucket> {
         let g = self.graph;
         let bind = BTreeMap::from([("T".to_string(), t), ("S".to_string(), s_), ("MB".to_string(), self.table_width), ("R".to_string(), r), ("NB".to_string(), self.blocks)]);
         // (`{node}@bf16`: a 16-bit copy of a node that a cast step writes for the prefill
@@ -328,7 +331,7 @@ impl GpuBackend<'_> {
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
-            if !s.runs_at(rows) {
+            if !s.runs_at(rows) || !s.runs_in_context(context) {
                 continue;
             }
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
@@ -570,14 +573,17 @@ impl GpuBackend<'_> {
         if b.max_blocks > self.table_width {
             return Err(gerr(format!("block table of {} blocks per sequence exceeds the plan's longest sequence ({} blocks)", b.max_blocks, self.table_width)));
         }
-        let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len());
+        // (the longest context of the step: its sequences' last position + 1)
+        let context = b.positions.iter().map(|&p| p as i64 + 1).max().unwrap_or(1);
+        let (class, shortest) = self.prog.context_class(context);
+        let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len(), class);
         if key.0 > CACHED_MAX_TOKENS {
-            let mut bucket = self.prepare(key.0, key.1, key.2)?;
+            let mut bucket = self.prepare(key.0, key.1, key.2, shortest)?;
             return f(self, &mut bucket, false);
         }
         let mut bucket = match self.buckets.remove(&key) {
             Some(bk) => bk,
-            None => self.prepare(key.0, key.1, key.2)?,
+            None => self.prepare(key.0, key.1, key.2, shortest)?,
         };
         let out = f(self, &mut bucket, self.use_graphs);
         self.buckets.insert(key, bucket);

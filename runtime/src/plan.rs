@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const PLAN_MAGIC: &[u8; 8] = b"DSCPLAN\0";
-pub const PLAN_FORMAT_VERSION: u32 = 3;
+pub const PLAN_FORMAT_VERSION: u32 = 4;
 const PREFIX: usize = 104;
 const BLOB_ALIGN: usize = 4096;
 const TENSOR_ALIGN: usize = 64;
@@ -76,9 +76,32 @@ pub struct GpuProgram {
 
 impl GpuProgram {
     /// Kernel launches of a step whose matmuls have `rows` rows (steps with a `min_rows` above
-    /// it are skipped: one-row steps fold RMSNorm into the GEMVs).
+    /// it are skipped: one-row steps fold RMSNorm into the GEMVs), at short contexts.
     pub fn launches(&self, rows: i64) -> usize {
-        self.steps.iter().filter(|s| s.kernel.is_some() && s.runs_at(rows)).count()
+        self.launches_at(rows, 1)
+    }
+
+    /// As [`GpuProgram::launches`] for steps whose longest context is `context` keys.
+    pub fn launches_at(&self, rows: i64, context: i64) -> usize {
+        self.steps.iter().filter(|s| s.kernel.is_some() && s.runs_at(rows) && s.runs_in_context(context)).count()
+    }
+
+    /// The context lengths at which the schedule changes (where a step's context range starts
+    /// or ends), ascending.
+    pub fn context_bounds(&self) -> Vec<i64> {
+        let mut b: Vec<i64> = self.steps.iter().flat_map(|s| s.min_context.into_iter().chain(s.max_context.map(|m| m + 1))).collect();
+        b.sort_unstable();
+        b.dedup();
+        b
+    }
+
+    /// The context class of a step whose longest context is `context` keys: how many of
+    /// [`GpuProgram::context_bounds`] it reaches, and the shortest context of that class (the
+    /// same steps run for every context of a class).
+    pub fn context_class(&self, context: i64) -> (usize, i64) {
+        let b = self.context_bounds();
+        let class = b.iter().take_while(|&&x| context >= x).count();
+        (class, if class == 0 { 0 } else { b[class - 1] })
     }
 }
 
@@ -164,6 +187,13 @@ pub struct GpuStep {
     /// not launched when the step has more rows (the split decode attention's merge step)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rows: Option<i64>,
+    /// launched only in steps whose longest context (keys of the sequence with the most) is at
+    /// least / at most this (the split decode attention for long contexts, the one-pass kernel
+    /// for short ones); the runtime keeps a bucket per context class ([`GpuProgram::context_class`])
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_context: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_context: Option<i64>,
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
@@ -188,6 +218,12 @@ impl GpuStep {
     /// Whether the step launches at all for `rows` rows (its `min_rows..=max_rows`).
     pub fn runs_at(&self, rows: i64) -> bool {
         self.min_rows.is_none_or(|m| rows >= m) && self.max_rows.is_none_or(|m| rows <= m)
+    }
+
+    /// Whether the step launches in steps whose longest context is `context` keys (its
+    /// `min_context..=max_context`).
+    pub fn runs_in_context(&self, context: i64) -> bool {
+        self.min_context.is_none_or(|m| context >= m) && self.max_context.is_none_or(|m| context <= m)
     }
 
     /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: on
@@ -607,6 +643,8 @@ mod tests {
             alias_offset: None,
             min_rows: None,
             max_rows: None,
+            min_context: None,
+            max_context: None,
             large: Some(alt("mma", 16, None)),
             hopper: vec![alt("pipe64", 32, Some(64)), alt("wgmma64", 128, None)],
             hopper_small: Some(alt("wgmma16", 2, None)),
@@ -639,6 +677,18 @@ mod tests {
         let merge = GpuStep { min_rows: Some(2), max_rows: Some(128), ..step.clone() };
         assert!(!merge.runs_at(1) && merge.runs_at(2) && merge.runs_at(128) && !merge.runs_at(129));
         assert!(step.runs_at(1) && step.runs_at(i64::MAX));
+        // context classes: the one-pass attention below 512 keys, the split one from 512
+        let one = GpuStep { max_context: Some(511), ..step.clone() };
+        let split = GpuStep { min_context: Some(512), ..step.clone() };
+        assert!(one.runs_in_context(1) && one.runs_in_context(511) && !one.runs_in_context(512));
+        assert!(!split.runs_in_context(511) && split.runs_in_context(512) && split.runs_in_context(1 << 20));
+        let prog = GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None };
+        assert_eq!(prog.context_bounds(), [512]);
+        assert_eq!(prog.context_class(1), (0, 0));
+        assert_eq!(prog.context_class(511), (0, 0));
+        assert_eq!(prog.context_class(512), (1, 512));
+        assert_eq!(prog.context_class(9000), (1, 512));
+        assert_eq!((prog.launches_at(1, 100), prog.launches_at(1, 600)), (2, 3));
     }
 
     #[test]
