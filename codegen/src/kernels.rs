@@ -925,6 +925,17 @@ impl Body {
         }
         acc
     }
+    /// The GEMV norm prologue's sum of x² over the block's `nw` warps: slot `per` of each
+    /// warp's `slots` partial sums in the reduction memref `%red` (of type `smt`).
+    fn norm_sum_of_squares(&mut self, nw: usize, slots: usize, per: usize, smt: &str) -> String {
+        let mut ss = self.cf32(0.0);
+        for w in 0..nw {
+            let at = self.op(&format!("arith.constant {} : index", w * slots + per));
+            let v = self.op(&format!("memref.load %red[{at}] : {smt}"));
+            ss = self.op(&format!("arith.addf {ss}, {v} : f32"));
+        }
+        ss
+    }
     /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
     fn open_guarded_gid(&mut self) -> String {
         let i = self.gid();
@@ -1224,6 +1235,14 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
             }
             sums.push(total);
         }
+        if let Some(eps) = norm {
+            // (the norm prologue: both sums scaled by 1/rms)
+            let ss = b.norm_sum_of_squares(nw, slots, per, &smt);
+            let inv = b.inv_rms(&ss, k, eps);
+            for v in sums.iter_mut() {
+                *v = b.op(&format!("arith.mulf {v}, {inv} : f32"));
+            }
+        }
         let s = unary_expr(b, UnaryOp::Silu, &sums[0])?;
         let y = b.op(&format!("arith.mulf {s}, {} : f32", sums[1]));
         b.matmul_store(&y, &row0, &col, false, false);
@@ -1252,12 +1271,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
         total = if w == 0 { v } else { b.op(&format!("arith.addf {total}, {v} : f32")) };
     }
     if let Some(eps) = norm {
-        let mut ss = b.cf32(0.0);
-        for w in 0..nw {
-            let at = b.op(&format!("arith.constant {} : index", w * slots + per));
-            let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
-            ss = b.op(&format!("arith.addf {ss}, {v} : f32"));
-        }
+        let ss = b.norm_sum_of_squares(nw, slots, per, &smt);
         let inv = b.inv_rms(&ss, k, eps);
         total = b.op(&format!("arith.mulf {total}, {inv} : f32"));
     }
@@ -2823,10 +2837,11 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16, bias: false, .. });
             let ok = match inner.as_ref() {
                 KernelSpec::MatMulParts { inner: i, .. } => plain(i),
+                KernelSpec::SwiGluGemv { .. } => true,
                 other => plain(other),
             };
             if !ok {
-                return Err(format!("the norm prologue needs a plain-float decode GEMV without bias, not {}", inner.symbol()));
+                return Err(format!("the norm prologue needs a plain-float decode GEMV (or the SwiGLU GEMV) without bias, not {}", inner.symbol()));
             }
             b.norm = Some(f32::from_bits(*eps_bits));
             emit_into(b, inner)?.replacen("%x: !llvm.ptr<1>, ", "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, ", 1)

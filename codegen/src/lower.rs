@@ -190,12 +190,14 @@ fn err(node: &str, msg: impl Into<String>) -> CodegenError {
 
 /// Lower every compute node of `g`. Leaves (inputs, weights, states) get no step.
 pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
-    lower_with(g, std::env::var("DSC_NORM_FUSION").is_ok_and(|v| v == "1"))
+    lower_with(g, !std::env::var("DSC_NORM_FUSION").is_ok_and(|v| v == "0"))
 }
 
-/// [`lower`], choosing whether RMSNorm is folded into the decode GEMVs after it (off by
-/// default: measured slower on the H200, bench/results/norm-fusion-2026-11-29.json;
-/// DSC_NORM_FUSION=1 at compile time turns it on).
+/// [`lower`], choosing whether RMSNorm is folded into the decode GEMVs after it (on by
+/// default since the GEMVs load their first weights before waiting for the previous kernel:
+/// SmolLM2 b1 +13-18%, 8B b1 neutral to +4%, bench/results/norm-fusion-2026-11-30.json; in
+/// session 4 it was slower, bench/results/norm-fusion-2026-11-29.json; DSC_NORM_FUSION=0 at
+/// compile time turns it off).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
     lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"), norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1") })
 }
@@ -204,7 +206,8 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
 /// tests can set them without touching the process env).
 #[derive(Clone, Copy, Debug)]
 pub struct LowerOptions {
-    /// RMSNorm folded into the decode GEMVs after it (DSC_NORM_FUSION=1; off by default)
+    /// RMSNorm folded into the decode GEMVs after it, the SwiGLU GEMV included (on by
+    /// default; DSC_NORM_FUSION=0 turns it off)
     pub norm_fusion: bool,
     /// from [`few_x16_min_rows`] rows the batched-decode GEMV reads a 16-bit copy of x (on by
     /// default; DSC_FEW_X16=0 turns it off)
@@ -707,6 +710,13 @@ fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::NodeId> {
             continue;
         }
         let plain = |w: dsc_ir::NodeId| matches!(g.node(w).ty.dtype, DType::F32 | DType::F16 | DType::BF16);
+        // (only ahead of short GEMVs, as the L2 prefetch: those are latency-bound and gain
+        // from one launch less; a long one is bandwidth-bound and every block's re-read of
+        // x and g costs — measured on the 8B shape: b1 239 -> 231 with the gate/up norm fused)
+        let bytes = |w: dsc_ir::NodeId| {
+            let t = &g.node(w).ty;
+            t.shape.iter().map(|d| d.as_const().unwrap_or(usize::MAX)).fold(1usize, |a, b| a.saturating_mul(b)).saturating_mul(t.dtype.block().1)
+        };
         let users = g.users(id);
         let ok = !users.is_empty()
             && !g.outputs.iter().any(|(_, o)| *o == id)
@@ -714,6 +724,7 @@ fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::NodeId> {
                 let uo = g.operands(u);
                 uo[0] == id
                     && !uo[1..].contains(&id)
+                    && uo[1..].iter().map(|&w| bytes(w)).fold(0usize, |a, b| a.saturating_add(b)) <= crate::kernels::GEMV_PREFETCH_MAX_BYTES
                     && match g.node(u).op {
                         Op::MatMul { transpose_b: true } => uo.len() == 2 && plain(uo[1]),
                         Op::MatMulCat => uo[1..].iter().all(|&w| plain(w)),
@@ -785,11 +796,14 @@ fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
         }
         let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
         let (Some(&ci), Some(&si)) = (at.get(&g.node(cat).name), at.get(&n.name)) else { continue };
-        // (only over the plain merged GEMV: not over the RMSNorm prologue)
-        if !matches!(&steps[ci].kernel, Some(KernelSpec::MatMulParts { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMul { .. })) {
-            continue;
-        }
-        let x = g.node(g.operands(cat)[0]).name.clone();
+        // (over the plain merged GEMV, or the one with the RMSNorm prologue: then x is the
+        // norm's input and g its weight, and the SwiGLU GEMV keeps the prologue)
+        let merged = |k: &KernelSpec| matches!(k, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMul { .. }));
+        let (spec, head) = match &steps[ci].kernel {
+            Some(k) if merged(k) => (spec, vec![g.node(g.operands(cat)[0]).name.clone()]),
+            Some(KernelSpec::NormMatMul { inner, eps_bits }) if merged(inner) => (KernelSpec::NormMatMul { inner: Box::new(spec), eps_bits: *eps_bits }, steps[ci].args[..2].to_vec()),
+            _ => continue,
+        };
         let (wg, wu) = (g.node(ws[s0 / f]).name.clone(), g.node(ws[s1 / f]).name.clone());
         let st = &mut steps[ci];
         let old = st.args.clone();
@@ -797,7 +811,7 @@ fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
             l.args.get_or_insert_with(|| old.clone());
         }
         st.kernel = Some(spec);
-        st.args = vec![x, wg, wu, n.name.clone()];
+        st.args = head.into_iter().chain([wg, wu, n.name.clone()]).collect();
         st.scalars = vec![Scalar::Const(f as i64)];
         st.work = Scalar::Const(f as i64);
         steps[si].min_rows = Some(2);

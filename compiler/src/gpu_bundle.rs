@@ -653,20 +653,31 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
     }
     // the SwiGLU in the decode GEMV's epilogue (SwiGluGemv): silu(x Wg^T) * (x Wu^T), a partial
-    // last block
-    for (wdtype, k, f) in [(DType::BF16, 576usize, 201usize), (DType::F16, 1024, 130), (DType::F32, 256, 64)] {
-        let (enc, ws, decl) = part_weights(&[f, f], k, wdtype, &mut rand_vec)?;
-        let x = rand_vec(k, -1.0, 1.0);
-        let src = format!("graph \"k\" {{\n  %x = input : f32[1, {k}]\n{decl}  %g = matmul(%x, %w0) {{transpose_b = true}} : f32[1, {f}]\n  %u = matmul(%x, %w1) {{transpose_b = true}} : f32[1, {f}]\n  %y = silu_mul(%g, %u) : f32[1, {f}]\n  output y = %y\n}}\n");
+    // last block; and with the RMSNorm in its prologue (NormMatMul over SwiGluGemv: x is the
+    // norm's input, g its weight)
+    for (wdtype, k, f, norm) in [(DType::BF16, 576usize, 201usize, false), (DType::F16, 1024, 130, false), (DType::F32, 256, 64, false), (DType::BF16, 576, 201, true), (DType::F16, 256, 64, true)] {
+        let eps = 1e-5f32;
+        let (enc, mut ws, decl) = part_weights(&[f, f], k, wdtype, &mut rand_vec)?;
+        let g = rand_vec(k, 0.5, 1.5);
+        ws.insert("g".into(), (DType::F32, vec![k], g.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        let x = rand_vec(k, -2.0, 2.0);
+        let (xn, gdecl) = if norm { ("xn", format!("  %g = weight : f32[{k}]\n{decl}  %xn = rms_norm(%x, %g) {{eps = {eps:?}}} : f32[1, {k}]\n")) } else { ("x", decl) };
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[1, {k}]\n{gdecl}  %a = matmul(%{xn}, %w0) {{transpose_b = true}} : f32[1, {f}]\n  %u = matmul(%{xn}, %w1) {{transpose_b = true}} : f32[1, {f}]\n  %y = silu_mul(%a, %u) : f32[1, {f}]\n  output y = %y\n}}\n"
+        );
         let want = reference(&src, vec![("x", Tensor::new(vec![1, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::SwiGluGemv { k, f, wdtype };
-        let (g, b) = grid(&spec.launch(), f);
+        let swiglu = KernelSpec::SwiGluGemv { k, f, wdtype };
+        let spec = if norm { KernelSpec::NormMatMul { inner: Box::new(swiglu), eps_bits: eps.to_bits() } } else { swiglu };
+        let (gx, b) = grid(&spec.launch(), f);
         let mut inputs = vec![data.push(&x)];
+        if norm {
+            inputs.push(data.push(&g));
+        }
         inputs.extend(enc.iter().map(|w| data.push_u8(w)));
         cases.push(Case {
-            name: format!("swiglu gemv 1x{k}x{f} {wdtype}"),
+            name: format!("{}swiglu gemv 1x{k}x{f} {wdtype}", if norm { "rms_norm+" } else { "" }),
             kernel: spec.symbol(),
-            grid: g,
+            grid: gx,
             grid_y: 1,
             block: b,
             inputs,

@@ -267,6 +267,19 @@ mod tests {
         assert_eq!(of("a"), (0, 1));
         assert_eq!(of("c"), (3, 4));
     }
+
+    #[test]
+    fn a_node_two_steps_write_is_one_buffer() {
+        // the one-pass attention (short contexts) and the split attention's merge (long ones)
+        // both write `o`: one buffer, living from the first writer to its last reader
+        let g = dsc_ir::text::parse("graph \"t\" {\n  %x = input : f32[4]\n  %o = neg(%x) : f32[4]\n  %y = neg(%o) : f32[4]\n  output y = %y\n}\n").unwrap();
+        let steps = vec![step("o", &["x", "o"], None), step("o@split16", &["x", "o@split16"], None), step("o", &["o@split16", "o"], None), step("y", &["o", "y"], None)];
+        let life = lifetimes(&g, &steps);
+        assert_eq!(life.iter().filter(|l| l.node == "o").count(), 1);
+        let of = |n: &str| life.iter().find(|l| l.node == n).map(|l| (l.first, l.last)).unwrap();
+        assert_eq!(of("o"), (0, 3));
+        assert_eq!(of("o@split16"), (1, 2));
+    }
 }
 
 pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {

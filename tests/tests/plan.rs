@@ -122,7 +122,9 @@ fn models_without_a_gpu_lowering_still_compile_for_the_cpu() {
     assert!(plan.header.gpu.is_none());
     assert_eq!(plan.header.targets, vec!["cpu".to_string()]);
     let c = dsc_compiler::compile(&d.path().join("model.toml")).unwrap();
-    assert!(c.gpu_skipped.as_deref().unwrap().contains("paged attention needs D a multiple of 32"), "{:?}", c.gpu_skipped);
+    // (whichever attention kernel is generated first says it: the one-pass or the split's merge)
+    let why = c.gpu_skipped.as_deref().unwrap();
+    assert!(why.contains("attention") && why.contains("needs D a multiple of 32"), "{why}");
 }
 
 #[test]
