@@ -148,7 +148,7 @@ impl KernelSpec {
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.hopper_only(),
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::SplitK { inner, .. } => inner.hopper_only(),
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -285,6 +285,16 @@ pub enum KernelSpec {
     /// by g on load and scales its outputs by 1/rms at the end. params x, g (f32 [K]), then
     /// inner's from w on
     NormMatMul { inner: Box<KernelSpec>, eps_bits: u32 },
+    /// split-K over blocks (batched decode where N has few column tiles): `inner`, the
+    /// pipelined wgmma matmul without bias or residual, with each tile's K steps cut into
+    /// `splits` equal parts, one block each (grid x = tiles x splits, the part the inner index:
+    /// block x = tile * splits + part); part s writes its partial sums to y + s·M·N (f32), and a
+    /// `SplitKReduce` step adds them up. Prepared (DSC_SPLIT_K=S), not yet run on the H200.
+    /// params as `inner`'s, y being the partial sums [splits, M, N]
+    SplitK { inner: Box<KernelSpec>, splits: usize },
+    /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
+    /// parts, [res], y, n (elements of y)
+    SplitKReduce { splits: usize, residual: bool },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -328,6 +338,8 @@ impl KernelSpec {
             }
             KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
+            KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
+            KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
@@ -396,7 +408,13 @@ impl KernelSpec {
             | KernelSpec::RopeCacheWrite { .. }
             | KernelSpec::CacheWrite { .. }
             | KernelSpec::QkvRopeCache { .. }
-            | KernelSpec::SeededInit { .. } => Launch::PerElement { threads: 256 },
+            | KernelSpec::SeededInit { .. }
+            | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::SplitK { inner, splits } => match inner.launch() {
+                // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
+                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
+                other => other,
+            },
             KernelSpec::PagedAttention { warps, .. } | KernelSpec::PagedAttentionSplit { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
             KernelSpec::AttentionCombine { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.launch(),
@@ -428,6 +446,9 @@ struct Body {
     /// the decode GEMV is `KernelSpec::SwiGluGemv`: outputs 0..r/2 read `%w0` (gate), r/2..r
     /// `%w1` (up) at the same rows, and the epilogue writes silu(gate) * up
     swiglu: bool,
+    /// the pipelined matmul's K steps are cut into this many parts over blocks
+    /// (`KernelSpec::SplitK`)
+    split_k: Option<usize>,
 }
 
 impl Body {
@@ -1637,7 +1658,9 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let wn = if split_n { bn / 2 } else { bn };
     let a_bytes = (bm * 64 * if a16 { 2 } else { 4 }) as i64;
     let stage_bytes = a_bytes + (bn * 64 * 2) as i64;
-    let nk = (k / 64) as i64;
+    // (split-K: this block's part of the K steps, `nk` of them from `k0`)
+    let sk = b.split_k.unwrap_or(1) as i64;
+    let nk = (k / 64) as i64 / sk;
     let nacc = wn / 2;
     b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
     let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
@@ -1653,6 +1676,22 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let bx = b.idx64(&bx);
     let by = b.idx64(&by);
     let c = |b: &mut Body, v: i64| b.ci64(v);
+    // split-K: block x = tile * sk + part; part s starts at K step s·nk and writes its
+    // partial sums at y + s·M·N
+    let (bx, k0) = if sk > 1 {
+        let csk = c(b, sk);
+        let part = b.op(&format!("arith.remui {bx}, {csk} : i64"));
+        let tile = b.op(&format!("arith.divui {bx}, {csk} : i64"));
+        let mn = b.op("arith.muli %m, %n : i64");
+        let pe = b.op(&format!("arith.muli {part}, {mn} : i64"));
+        let c4 = c(b, 4);
+        let pb = b.op(&format!("arith.muli {pe}, {c4} : i64"));
+        b.line(&format!("%y = llvm.getelementptr %yparts[{pb}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let cnk = c(b, nk);
+        (tile, Some(b.op(&format!("arith.muli {part}, {cnk} : i64"))))
+    } else {
+        (bx, None)
+    };
     let cbn = c(b, bn as i64);
     let cbm = c(b, bm as i64);
     let n0 = b.op(&format!("arith.muli {bx}, {cbn} : i64"));
@@ -1708,6 +1747,15 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let s16 = b.op("arith.constant 16 : i32");
             let s0 = b.op("arith.constant 0 : i32");
             let sz = b.op(&format!("arith.select {valid}, {s16}, {s0} : i32"));
+            // (split-K: from this part's first K step)
+            let g = match &k0 {
+                Some(k0) => {
+                    let cst = c(b, 64 * elt);
+                    let ko = b.op(&format!("arith.muli {k0}, {cst} : i64"));
+                    b.op(&format!("arith.addi {g}, {ko} : i64"))
+                }
+                None => g,
+            };
             slots.push((g, so, sz, 64 * elt, is_w));
         }
     }
@@ -2394,7 +2442,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None, split_k: None };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -3203,6 +3251,33 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             matmul_params(*bias, *residual, false)
+        }
+        KernelSpec::SplitK { inner, splits } => {
+            match inner.as_ref() {
+                // (whole column tiles: the grid, N / (bn / splits) blocks, is tiles x splits)
+                KernelSpec::MatMulPipe { k, n, bias: false, residual: false, bn, .. } if *splits >= 2 && (k / 64) % splits == 0 && bn % splits == 0 && n % bn == 0 => {}
+                other => return Err(format!("split-K takes the pipelined matmul without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}", other.symbol())),
+            }
+            b.split_k = Some(*splits);
+            emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%yparts: !llvm.ptr<1>", 1)
+        }
+        KernelSpec::SplitKReduce { splits, residual } => {
+            let i = b.open_guarded_gid();
+            let mut acc = b.load("%parts", &i);
+            for sp in 1..*splits {
+                let cs = b.ci64(sp as i64);
+                let o = b.op(&format!("arith.muli %n, {cs} : i64"));
+                let at = b.op(&format!("arith.addi {o}, {i} : i64"));
+                let v = b.load("%parts", &at);
+                acc = b.op(&format!("arith.addf {acc}, {v} : f32"));
+            }
+            if *residual {
+                let r = b.load("%res", &i);
+                acc = b.op(&format!("arith.addf {acc}, {r} : f32"));
+            }
+            b.store(&acc, "%y", &i);
+            b.line("}");
+            format!("%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" })
         }
         KernelSpec::SeededInit { dtype } => {
             let i = b.open_guarded_gid();

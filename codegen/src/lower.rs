@@ -49,6 +49,9 @@ pub struct Step {
     /// the one-pass kernel below (the runtime keeps a bucket per context class)
     pub min_context: Option<i64>,
     pub max_context: Option<i64>,
+    /// launched only where the Hopper alternatives run (sm_90a, wgmma on): the second pass of
+    /// a split-K alternative
+    pub hopper_only: bool,
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
@@ -83,6 +86,7 @@ impl Step {
             max_rows: None,
             min_context: None,
             max_context: None,
+            hopper_only: false,
             large: None,
             hopper: vec![],
             hopper_small: None,
@@ -199,7 +203,16 @@ pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
 /// session 4 it was slower, bench/results/norm-fusion-2026-11-29.json; DSC_NORM_FUSION=0 at
 /// compile time turns it off).
 pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
-    lower_opts(g, LowerOptions { norm_fusion, few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"), split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"), norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1") })
+    lower_opts(
+        g,
+        LowerOptions {
+            norm_fusion,
+            few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"),
+            split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"),
+            split_k: crate::kernels::env_num::<usize>("DSC_SPLIT_K").filter(|&s| s >= 2),
+            norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1"),
+        },
+    )
 }
 
 /// Lowering choices with a compile-time environment switch in [`lower`] (parameters here so
@@ -215,6 +228,9 @@ pub struct LowerOptions {
     /// decode attention split over blocks along the context, then merged, for contexts from
     /// [`ATTN_SPLIT_FROM_KEYS`] keys ([`split_attention`]; on; DSC_SPLIT_KV=0 turns it off)
     pub split_kv: bool,
+    /// batched decode of matmuls with few column tiles in `S` K-parts over blocks
+    /// ([`split_k`]; DSC_SPLIT_K=S; prepared, not yet run on the H200, so off)
+    pub split_k: Option<usize>,
     /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
     /// quantize, [`insert_half_casts`]; DSC_NORM_HALF=1; checked on the H200 and measured
     /// neutral, bench/results/split-kv-2026-11-30.json, so off)
@@ -223,7 +239,7 @@ pub struct LowerOptions {
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, norm_half: false }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: None, norm_half: false }
     }
 }
 
@@ -464,6 +480,10 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         fuse_swiglu(g, &mut steps);
     }
     let steps = if opts.split_kv { split_attention(steps) } else { steps };
+    let steps = match opts.split_k {
+        Some(sk) => split_k(steps, sk),
+        None => steps,
+    };
     Ok(insert_half_casts(steps, opts.norm_half))
 }
 
@@ -620,6 +640,62 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
     out
 }
 
+/// Rows from which [`split_k`] takes a matmul (up to its 64-row tiles' last row).
+pub const SPLIT_K_MIN_ROWS: i64 = 16;
+/// ... where its 64-row pipelined tiles number fewer than this (N = 4096 at bn 128: 32 tiles
+/// on 132 SMs; its K parts multiply the blocks).
+pub const SPLIT_K_MAX_TILES: usize = 64;
+
+/// Split-K for batched decode (prepared, not yet run on the H200: DSC_SPLIT_K=S at compile
+/// time): a plain matmul whose 64-row pipelined alternative has fewer than
+/// [`SPLIT_K_MAX_TILES`] column tiles (the 8B shape's o and down projections: 32 tiles, a
+/// quarter of the SMs; today they run the batched GEMV at 1.4-1.7 TB/s from 16 to 47 rows)
+/// gets, first in its `hopper` list for [`SPLIT_K_MIN_ROWS`] up to that alternative's last
+/// row, `SplitK` over the same tile writing `{node}@splitk{S}` ([S, M, N] f32 partial sums,
+/// declared by a kernel-less step before it), and after it a `SplitKReduce` step writing the
+/// node (+ the residual) for the same rows, `hopper_only` like the alternative.
+fn split_k(steps: Vec<Step>, sk: usize) -> Vec<Step> {
+    let mut out = Vec::with_capacity(steps.len());
+    for mut s in steps {
+        let pipe = s.hopper.iter().find_map(|h| match &h.kernel {
+            KernelSpec::MatMulPipe { k, n, bias: false, bn, bm: 64, .. } if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && (k / 64) % sk == 0 && bn % sk == 0 => Some((h.clone(), h.max_rows)),
+            _ => None,
+        });
+        let (Some((pipe, Some(hi))), Some(KernelSpec::MatMul { residual, .. })) = (pipe, &s.kernel) else {
+            out.push(s);
+            continue;
+        };
+        let residual = *residual;
+        let KernelSpec::MatMulPipe { k, n, wdtype, bn, stages, overlap, a16, bm, .. } = pipe.kernel else { unreachable!("matched above") };
+        let parts = format!("{}@splitk{sk}", s.node);
+        // (x and W as the alternative reads them: its own args where a fusion gave it some)
+        let own = pipe.args.clone().unwrap_or_else(|| s.args.clone());
+        let (x, w, y) = (own[0].clone(), own[1].clone(), s.node.clone());
+        let inner = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn, stages, overlap, a16, bm };
+        let lo = SPLIT_K_MIN_ROWS.min(hi);
+        s.hopper.insert(0, Large { min_rows: lo, max_rows: Some(hi), args: Some(vec![x, w, parts.clone()]), kernel: KernelSpec::SplitK { inner: Box::new(inner), splits: sk }, ..pipe });
+        let mut args = vec![parts.clone()];
+        if residual {
+            args.push(own[own.len() - 2].clone());
+        }
+        args.push(y.clone());
+        let reduce = Step {
+            kernel: Some(KernelSpec::SplitKReduce { splits: sk, residual }),
+            args,
+            scalars: vec![Scalar::Numel(y.clone())],
+            work: Scalar::Numel(y.clone()),
+            min_rows: Some(lo),
+            max_rows: Some(hi),
+            hopper_only: true,
+            ..Step::new(&y)
+        };
+        out.push(Step::new(&parts));
+        out.push(s);
+        out.push(reduce);
+    }
+    out
+}
+
 /// The pipelined matmuls that take x in 16 bits (`MatMulPipe { a16 }`) read it from a buffer
 /// `{x}@bf16` (`@f16`) that a `ToHalf` step writes just before the first of them (steps of
 /// 128+ rows only, like the matmuls: decode never runs it). The buffer is the graph node's
@@ -638,7 +714,7 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
             // (x as this alternative reads it: its own args where a fusion gave it some)
             let x = h.args.as_ref().unwrap_or(&step_args).first().cloned().unwrap_or_default();
             let inner = match &h.kernel {
-                KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.as_ref(),
+                KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::SplitK { inner, .. } => inner.as_ref(),
                 k => k,
             };
             let (k, wdtype) = match inner {
@@ -649,9 +725,7 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
             let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
             // (for a new copy: the RMSNorm step writing x, where it can write the copy too)
             let norm = || {
-                norm_half
-                    .then(|| out.iter().position(|p| p.node == x && p.alias_of.is_none() && p.args.len() == 3 && matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)))
-                    .flatten()
+                norm_half.then(|| out.iter().position(|p| p.node == x && p.alias_of.is_none() && p.args.len() == 3 && matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0))).flatten()
             };
             match made.get(&half) {
                 // (one cast serves every alternative reading it: it runs from the fewest rows)
@@ -900,9 +974,9 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, norm_half: false }).unwrap();
+        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false }).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, norm_half: false }).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -1024,6 +1098,34 @@ mod tests {
         let y = steps.iter().find(|s| s.node == "y").unwrap();
         assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "xn@bf16"));
         assert_eq!(y.args[0], "xn");
+    }
+
+    #[test]
+    fn split_k_adds_a_partial_sums_alternative_and_its_reduce_step() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %r = input : f32[T, 4096]\n  %w = weight : bf16[4096, 4096]\n  %y = matmul_add(%x, %w, %r) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert!(plain.iter().all(|s| !s.node.contains("@splitk") && s.hopper.iter().all(|h| !matches!(h.kernel, KernelSpec::SplitK { .. }))));
+        let steps = lower_opts(&g, LowerOptions { split_k: Some(4), ..Default::default() }).unwrap();
+        let i = steps.iter().position(|s| s.node == "y" && s.kernel.as_ref().is_some_and(|k| matches!(k, KernelSpec::MatMul { .. }))).unwrap();
+        // the partial sums' buffer declared first (then the cast of x), the reduce pass right after
+        let (decl, mm, red) = (steps[..i].iter().find(|s| s.node == "y@splitk4").unwrap(), &steps[i], &steps[i + 1]);
+        assert!(decl.kernel.is_none() && decl.alias_of.is_none());
+        let sk = &mm.hopper[0];
+        let KernelSpec::SplitK { inner, splits: 4 } = &sk.kernel else { panic!("{:?}", sk.kernel) };
+        assert!(matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, residual: false, bias: false, a16: true, .. }));
+        let hi = sk.max_rows.unwrap();
+        assert_eq!(sk.min_rows, SPLIT_K_MIN_ROWS);
+        // (the 64-row alternative it stands in front of keeps its rows: first fit)
+        assert!(mm.hopper[1..].iter().any(|h| matches!(h.kernel, KernelSpec::MatMulPipe { bm: 64, .. }) && h.max_rows == Some(hi)));
+        // x from its 16-bit copy, no residual in the first pass
+        assert_eq!(sk.args.as_deref().unwrap(), ["x@bf16", "w", "y@splitk4"]);
+        assert_eq!(red.kernel, Some(KernelSpec::SplitKReduce { splits: 4, residual: true }));
+        assert_eq!(red.args, ["y@splitk4", "r", "y"]);
+        assert_eq!((red.min_rows, red.max_rows, red.hopper_only), (Some(SPLIT_K_MIN_ROWS), Some(hi), true));
+        // the cast to bf16 runs from the split's first row
+        let cast = steps.iter().find(|s| s.node == "x@bf16").unwrap();
+        assert!(cast.min_rows.unwrap() <= SPLIT_K_MIN_ROWS);
     }
 
     #[test]

@@ -55,7 +55,9 @@ pub fn all_specs() -> Vec<KernelSpec> {
     // the pipelined prefill matmul: both default tilings (x in 16 bits), x in f32 with and
     // without overlap, f16 weights, bias + residual, merged parts; and the cast before it
     // (and the 64-row tiles of batched decode)
-    for (bn, stages, overlap, a16, bm) in [(128, 6, true, true, 128), (256, 4, true, true, 128), (128, 4, true, false, 128), (256, 3, false, false, 128), (128, 8, true, true, 64), (256, 5, true, true, 64), (64, 8, true, true, 64)] {
+    for (bn, stages, overlap, a16, bm) in
+        [(128, 6, true, true, 128), (256, 4, true, true, 128), (128, 4, true, false, 128), (256, 3, false, false, 128), (128, 8, true, true, 64), (256, 5, true, true, 64), (64, 8, true, true, 64)]
+    {
         for wdtype in [DType::BF16, DType::F16] {
             v.push(KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype, bias: false, residual: true, bn, stages, overlap, a16, bm });
         }
@@ -65,6 +67,14 @@ pub fn all_specs() -> Vec<KernelSpec> {
             parts: vec![1024, 4096, 1024],
         });
     }
+    // split-K over the 64-row tiles (DSC_SPLIT_K: the 8B shape's o and down projections) and
+    // its reduce pass
+    for (k, sk) in [(4096usize, 4usize), (14336, 4), (4096, 2)] {
+        let inner = KernelSpec::MatMulPipe { k, n: 4096, wdtype: DType::BF16, bias: false, residual: false, bn: 128, stages: 8, overlap: true, a16: true, bm: 64 };
+        v.push(KernelSpec::SplitK { inner: Box::new(inner), splits: sk });
+    }
+    v.push(KernelSpec::SplitKReduce { splits: 4, residual: true });
+    v.push(KernelSpec::SplitKReduce { splits: 2, residual: false });
     v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
     v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
     v.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype: DType::BF16 });

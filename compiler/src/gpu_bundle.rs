@@ -513,7 +513,13 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 ins.push(data.push(&r));
             }
             cases.push(Case {
-                name: format!("matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, if bm == 64 { " m64" } else { "" }, if residual { " +res" } else { "" }),
+                name: format!(
+                    "matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}",
+                    if overlap { "o" } else { "" },
+                    if a16 { " x16" } else { "" },
+                    if bm == 64 { " m64" } else { "" },
+                    if residual { " +res" } else { "" }
+                ),
                 kernel: spec.symbol(),
                 grid: g,
                 grid_y: m.div_ceil(bm) as u32,
@@ -540,7 +546,14 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let mut inputs = vec![if a16 { data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?) } else { data.push(&x) }];
         inputs.extend(enc.iter().map(|w| data.push_u8(w)));
         cases.push(Case {
-            name: format!("matmul_cat pipe{bn}s{stages}{}{}{} {m}x{k}x({}+{}) bf16", if overlap { "o" } else { "" }, if a16 { " x16" } else { "" }, if bm == 64 { " m64" } else { "" }, parts[0], parts[1]),
+            name: format!(
+                "matmul_cat pipe{bn}s{stages}{}{}{} {m}x{k}x({}+{}) bf16",
+                if overlap { "o" } else { "" },
+                if a16 { " x16" } else { "" },
+                if bm == 64 { " m64" } else { "" },
+                parts[0],
+                parts[1]
+            ),
             kernel: spec.symbol(),
             grid: g,
             grid_y: m.div_ceil(bm) as u32,
@@ -651,6 +664,61 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 specs.push(spec);
             }
         }
+    }
+    // split-K (DSC_SPLIT_K, batched decode of few column tiles): each block's K part of the
+    // 64-row pipelined tile into its slice of the partial sums (checked against the matmul of
+    // that K slice), then the reduce pass adding them and the residual
+    for (sk, wdtype) in [(4usize, DType::BF16), (2, DType::F16)] {
+        let t = dsc_codegen::kernels::pipe64_tiling(4096);
+        // (an odd number of K steps per part, fewer rows than the tile; whole column tiles,
+        // which split-K requires)
+        let (m, k, n) = (40usize, 64 * sk * 3, 2 * t.bn);
+        let wf = rand_vec(n * k, -0.1, 0.1);
+        let x = rand_vec(m * k, -1.0, 1.0);
+        let r = rand_vec(m * n, -1.0, 1.0);
+        let kp = k / sk;
+        let mut partials = vec![];
+        for part in 0..sk {
+            let cols = |v: &[f32], rows: usize| -> Vec<f32> { (0..rows).flat_map(|i| v[i * k + part * kp..i * k + (part + 1) * kp].to_vec()).collect() };
+            let wp = dsc_ir::quant::encode(wdtype, &cols(&wf, n)).context("encode")?;
+            let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, kp], wp))]);
+            partials.extend(matmul_reference(&cols(&x, m), None, m, kp, n, wdtype, &ws)?);
+        }
+        let inner = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: true, bm: 64 };
+        let spec = KernelSpec::SplitK { inner: Box::new(inner), splits: sk };
+        let (g, b) = grid(&spec.launch(), n);
+        let pa = data.push(&partials);
+        cases.push(Case {
+            name: format!("matmul_pipe{}s{} m64 split-K {sk} {m}x{k}x{n} {wdtype}", t.bn, t.stages),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: m.div_ceil(64) as u32,
+            block: b,
+            inputs: vec![data.push_u8(&dsc_ir::quant::encode(wdtype, &x).context("encode")?), data.push_u8(&dsc_ir::quant::encode(wdtype, &wf).context("encode")?)],
+            scalars: vec![m as i64, n as i64],
+            expected: pa.clone(),
+            init: None,
+            written_inputs: vec![],
+            tol: 1e-2,
+        });
+        specs.push(spec);
+        let want: Vec<f32> = (0..m * n).map(|i| (0..sk).map(|p| partials[p * m * n + i]).sum::<f32>() + r[i]).collect();
+        let spec = KernelSpec::SplitKReduce { splits: sk, residual: true };
+        let (g, b) = grid(&spec.launch(), m * n);
+        cases.push(Case {
+            name: format!("splitk reduce {sk} {m}x{n} +res"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![pa, data.push(&r)],
+            scalars: vec![(m * n) as i64],
+            expected: data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tol: 1e-5,
+        });
+        specs.push(spec);
     }
     // the SwiGLU in the decode GEMV's epilogue (SwiGluGemv): silu(x Wg^T) * (x Wu^T), a partial
     // last block; and with the RMSNorm in its prologue (NormMatMul over SwiGluGemv: x is the
@@ -974,7 +1042,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys };
             let (gr, b) = grid(&spec.launch(), t * h);
             cases.push(Case {
-                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{}{}", if warps == 16 { String::new() } else { format!(" {warps} warps") }, if keys == 4 { String::new() } else { format!(" {keys} keys") }),
+                name: format!(
+                    "paged_attn T{t} H{h}/{kvh} D{d}{}{}",
+                    if warps == 16 { String::new() } else { format!(" {warps} warps") },
+                    if keys == 4 { String::new() } else { format!(" {keys} keys") }
+                ),
                 kernel: spec.symbol(),
                 grid: gr,
                 grid_y: 1,

@@ -272,17 +272,29 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 (true, dsc_ir::DType::F16) => "f16",
                 (true, _) => "bf16",
             };
+            // (split-K: the kernel writes S partial sums, `{node}@splitk{S}`, and the step's
+            // reduce pass adds them and the residual into y: both timed)
+            let split = l.args.as_ref().and_then(|a| a.last()).and_then(|y| crate::gpu::splitk_base(y)).map(|(_, sk)| sk);
+            let reduce = match split {
+                Some(_) => {
+                    let r = prog.steps.iter().find(|r| r.node == s.node && r.kernel.as_deref().is_some_and(|k| k.starts_with("splitk_reduce"))).context("a split-K matmul without its reduce step")?;
+                    let k = r.kernel.clone().expect("found by its kernel");
+                    Some((dev.module.load_function(&k).map_err(derr(&k))?, k))
+                }
+                None => None,
+            };
             let x = dev.random(xdtype, m * k, 11)?;
             let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&wdtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
             let res = if residual { Some(dev.random("f32", m * n, 20)?) } else { None };
-            let y = dev.stream.alloc_zeros::<u8>(m * n * 4).map_err(derr("allocating y"))?;
+            let y = dev.stream.alloc_zeros::<u8>(m * n * 4 * split.unwrap_or(1)).map_err(derr("allocating y"))?;
+            let y2 = dev.stream.alloc_zeros::<u8>(if split.is_some() { m * n * 4 } else { 4 }).map_err(derr("allocating y"))?;
             let (mm, nn) = (m as i64, n as i64);
             let work = match &l.work {
                 crate::plan::Scalar::Const(v) => *v as u32,
                 other => anyhow::bail!("{}: unexpected work {other:?}", l.kernel),
             };
-            let (gx, gy, threads) = crate::gpu::launch_dims(&l.launch, work, m as u32, l.block, l.rows_per_block, l.threads.unwrap_or(128))
-                .with_context(|| format!("{}: unknown launch kind {}", l.kernel, l.launch))?;
+            let (gx, gy, threads) =
+                crate::gpu::launch_dims(&l.launch, work, m as u32, l.block, l.rows_per_block, l.threads.unwrap_or(128)).with_context(|| format!("{}: unknown launch kind {}", l.kernel, l.launch))?;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) };
             let launch = || -> anyhow::Result<()> {
                 let mut lb = dev.stream.launch_builder(&f);
@@ -290,7 +302,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 for wb in &wbs {
                     lb.arg(wb);
                 }
-                if let Some(r) = &res {
+                if let (Some(r), None) = (&res, split) {
                     lb.arg(r);
                 }
                 lb.arg(&y).arg(&mm).arg(&nn);
@@ -299,8 +311,20 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 }
                 // SAFETY: every matmul alternative takes (x, w.., [res], y, M, N, [M]) with
                 // x [M, K] (f32 or the 16-bit copy), w_i [N_i, K], res and y [M, N] f32
-                // (KernelSpec docs)
+                // (KernelSpec docs); split-K: no res, y [S, M, N]
                 unsafe { lb.launch(cfg) }.map_err(derr(&l.kernel))?;
+                if let Some((rf, rk)) = &reduce {
+                    let numel = (m * n) as i64;
+                    let mut lb = dev.stream.launch_builder(rf);
+                    lb.arg(&y);
+                    if let Some(r) = &res {
+                        lb.arg(r);
+                    }
+                    lb.arg(&y2).arg(&numel);
+                    // SAFETY: splitk_reduce(parts [S, M, N], [res [M, N]], y [M, N], M·N), one
+                    // element per thread
+                    unsafe { lb.launch(LaunchConfig { grid_dim: ((m * n).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr(rk))?;
+                }
                 Ok(())
             };
             let us = dev.time(&launch)?;

@@ -267,15 +267,20 @@ impl GpuBackend<'_> {
         // matmuls; its shape is the node's)
         // (`{node}@split{S}`: the split decode attention's partial states, [T, H, S·(D + 2)]
         // for a [T, H, D] node)
+        // (`{node}@splitk{S}`: a split-K matmul's partial sums, [S, ..] of the node's shape)
         let shape_of = |name: &str| -> Result<Vec<usize>> {
-            let (name, split) = match split_base(name) {
-                Some((base, ns)) => (base, Some(ns)),
-                None => (half_base(name).unwrap_or(name), None),
+            let (name, split, parts) = match (splitk_base(name), split_base(name)) {
+                (Some((base, sk)), _) => (base, None, Some(sk)),
+                (None, Some((base, ns))) => (base, Some(ns), None),
+                (None, None) => (half_base(name).unwrap_or(name), None, None),
             };
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             let mut sh = g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))?;
             if let (Some(ns), Some(last)) = (split, sh.last_mut()) {
                 *last = ns * (*last + 2);
+            }
+            if let Some(sk) = parts {
+                sh.insert(0, sk);
             }
             Ok(sh)
         };
@@ -331,10 +336,10 @@ impl GpuBackend<'_> {
             }
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
-            if !s.runs_at(rows) || !s.runs_in_context(context) {
+            let hopper = self.target == "sm_90a" && !self.no_wgmma;
+            if !s.runs_at(rows) || !s.runs_in_context(context) || (s.hopper_only && !hopper) {
                 continue;
             }
-            let hopper = self.target == "sm_90a" && !self.no_wgmma;
             let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem) = match s.alternative(rows, hopper, !self.no_few) {
                 Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0)),
                 None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0),
@@ -643,6 +648,12 @@ pub fn allow_smem(f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudar
 /// (`{node}@split{S}`).
 pub fn split_base(name: &str) -> Option<(&str, usize)> {
     let (base, s) = name.rsplit_once("@split")?;
+    Some((base, s.parse().ok()?))
+}
+
+/// The node and part count of a split-K matmul's partial-sum buffer (`{node}@splitk{S}`).
+pub fn splitk_base(name: &str) -> Option<(&str, usize)> {
+    let (base, s) = name.rsplit_once("@splitk")?;
     Some((base, s.parse().ok()?))
 }
 

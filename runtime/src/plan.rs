@@ -194,6 +194,10 @@ pub struct GpuStep {
     pub min_context: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_context: Option<i64>,
+    /// launched only where the `hopper` alternatives run (sm_90a, wgmma not turned off): the
+    /// second pass of a split-K alternative
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hopper_only: bool,
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
@@ -645,6 +649,7 @@ mod tests {
             max_rows: None,
             min_context: None,
             max_context: None,
+            hopper_only: false,
             large: Some(alt("mma", 16, None)),
             hopper: vec![alt("pipe64", 32, Some(64)), alt("wgmma64", 128, None)],
             hopper_small: Some(alt("wgmma16", 2, None)),
