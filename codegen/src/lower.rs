@@ -657,21 +657,22 @@ pub const SPLIT_K_MAX_TILES: usize = 64;
 fn split_k(steps: Vec<Step>, sk: usize) -> Vec<Step> {
     let mut out = Vec::with_capacity(steps.len());
     for mut s in steps {
+        // (the 64-row tile, the same kernel without the residual: the reduce pass adds it)
         let pipe = s.hopper.iter().find_map(|h| match &h.kernel {
-            KernelSpec::MatMulPipe { k, n, bias: false, bn, bm: 64, .. } if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && (k / 64) % sk == 0 && bn % sk == 0 => Some((h.clone(), h.max_rows)),
+            &KernelSpec::MatMulPipe { k, n, wdtype, bias: false, bn, stages, overlap, a16, bm: 64, .. } if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && (k / 64) % sk == 0 && bn % sk == 0 => {
+                Some((h.clone(), h.max_rows, KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn, stages, overlap, a16, bm: 64 }))
+            }
             _ => None,
         });
-        let (Some((pipe, Some(hi))), Some(KernelSpec::MatMul { residual, .. })) = (pipe, &s.kernel) else {
+        let (Some((pipe, Some(hi), inner)), Some(KernelSpec::MatMul { residual, .. })) = (pipe, &s.kernel) else {
             out.push(s);
             continue;
         };
         let residual = *residual;
-        let KernelSpec::MatMulPipe { k, n, wdtype, bn, stages, overlap, a16, bm, .. } = pipe.kernel else { unreachable!("matched above") };
         let parts = format!("{}@splitk{sk}", s.node);
         // (x and W as the alternative reads them: its own args where a fusion gave it some)
         let own = pipe.args.clone().unwrap_or_else(|| s.args.clone());
         let (x, w, y) = (own[0].clone(), own[1].clone(), s.node.clone());
-        let inner = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn, stages, overlap, a16, bm };
         let lo = SPLIT_K_MIN_ROWS.min(hi);
         s.hopper.insert(0, Large { min_rows: lo, max_rows: Some(hi), args: Some(vec![x, w, parts.clone()]), kernel: KernelSpec::SplitK { inner: Box::new(inner), splits: sk }, ..pipe });
         let mut args = vec![parts.clone()];
