@@ -705,6 +705,11 @@ mod tests {
         assert_eq!(crate::gpu::split_base("a@split"), None);
         assert_eq!(crate::gpu::split_base("a@splitx"), None);
         assert_eq!(crate::gpu::split_base("a"), None);
+        assert_eq!(crate::gpu::splitk_base("layers.0.mlp.down_proj@splitk4"), Some(("layers.0.mlp.down_proj", 4)));
+        assert_eq!(crate::gpu::splitk_base("a@split16"), None);
+        assert_eq!(crate::gpu::splitk_base("a@splitkx"), None);
+        // (the attention's parser does not take a split-K buffer for its own)
+        assert_eq!(crate::gpu::split_base("a@splitk4"), None);
     }
 
     #[test]
