@@ -957,6 +957,63 @@ impl Body {
         }
         ss
     }
+    /// [`Body::split_k_rounds`] of a matmul whose weights do not depend on the previous kernel
+    /// (the lowering gives matmuls graph weights only): where the kernel has not waited for
+    /// it yet (PDL) and the schedule has a whole unrolled round, that round's weights (`load`:
+    /// one item's) are issued before `griddepcontrol.wait`, so a block that starts during the
+    /// previous kernel's tail streams its weights meanwhile (no extra traffic, unlike the L2
+    /// prefetch; DSC_GEMV_PRELOAD=0 off). `body` does a round's math with its weights loaded
+    /// there (None) or already.
+    #[allow(clippy::too_many_arguments)]
+    fn split_k_rounds_preloaded<W>(
+        &mut self,
+        per: usize,
+        jloop: usize,
+        rounds: usize,
+        unroll: usize,
+        base: &str,
+        stride: i64,
+        limit: i64,
+        load: &dyn Fn(&mut Body, &str) -> W,
+        body: &dyn Fn(&mut Body, &[String], &[String], Option<&[W]>) -> Vec<String>,
+    ) -> Vec<String> {
+        let plain = |b: &mut Body, us: &[String], acc: &[String]| body(b, us, acc, None);
+        if !(self.pdl && !self.waited && jloop >= unroll && gemv_preload()) {
+            return self.split_k_rounds(per, jloop, rounds, unroll, base, stride, limit, &plain);
+        }
+        let idx: Vec<String> = (0..unroll)
+            .map(|q| {
+                let c = self.ci64(q as i64 * stride);
+                self.op(&format!("arith.addi {base}, {c} : i64"))
+            })
+            .collect();
+        let pre: Vec<W> = idx.iter().map(|u| load(self, u)).collect();
+        self.wait_for_previous();
+        let zero = self.cf32(0.0);
+        let acc0 = body(self, &idx, &vec![zero; per], Some(&pre));
+        self.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, base, stride, limit, &plain)
+    }
+    /// The paged KV pools' element offset of key `j` of a sequence whose block-table row
+    /// starts at `trow`, for KV head `kh` (i64 values; `cbs`, `ckvh`, `cd`: the block size,
+    /// KV heads and head dim as i64 constants): ((table[trow + j / bs] · bs + j % bs) · kvh +
+    /// kh) · d
+    fn paged_key_offset(&mut self, j: &str, trow: &str, kh: &str, cbs: &str, ckvh: &str, cd: &str) -> String {
+        let bj = self.op(&format!("arith.divui {j}, {cbs} : i64"));
+        let oj = self.op(&format!("arith.remui {j}, {cbs} : i64"));
+        let ti = self.op(&format!("arith.addi {trow}, {bj} : i64"));
+        let blk = self.load_i32_as_i64("%table", &ti);
+        let row = self.op(&format!("arith.muli {blk}, {cbs} : i64"));
+        let row = self.op(&format!("arith.addi {row}, {oj} : i64"));
+        let row = self.op(&format!("arith.muli {row}, {ckvh} : i64"));
+        let row = self.op(&format!("arith.addi {row}, {kh} : i64"));
+        self.op(&format!("arith.muli {row}, {cd} : i64"))
+    }
+    /// `griddepcontrol.wait` here (what the previous kernel wrote is visible after it), not at
+    /// the kernel's start (`emit_for`)
+    fn wait_for_previous(&mut self) {
+        self.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        self.waited = true;
+    }
     /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
     fn open_guarded_gid(&mut self) -> String {
         let i = self.gid();
@@ -1085,8 +1142,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
             b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.bulk.prefetch.L2.global [$0], $1;\", \"l,r\" {p}, {rb} : (!llvm.ptr<1>, i32) -> ()"));
             b.line("}");
         }
-        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
-        b.waited = true;
+        b.wait_for_previous();
     }
     let xrow = b.ci64((k * 4) as i64);
     let xbase: Vec<String> = (0..mr)
@@ -1200,28 +1256,8 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     };
     // units between a warp's consecutive chunks; the last rounds are guarded (a partial
     // chunk, idle warps)
-    let units_fma = |b: &mut Body, us: &[String], acc: &[String]| units_fma_pre(b, us, acc, None);
     let stride = (nw * 32) as i64;
-    let acc = if b.pdl && !b.waited && jloop >= unroll && gemv_preload() {
-        // the weights do not depend on the previous kernel (the lowering gives matmuls graph
-        // weights only): the first unrolled round's weight loads are issued before
-        // `griddepcontrol.wait`, so a block that starts during the previous kernel's tail
-        // streams its weights meanwhile (no extra traffic, unlike the L2 prefetch above)
-        let idx: Vec<String> = (0..unroll)
-            .map(|q| {
-                let c = b.ci64(q as i64 * stride);
-                b.op(&format!("arith.addi {u0}, {c} : i64"))
-            })
-            .collect();
-        let pre: Vec<Vec<Vec<String>>> = idx.iter().map(|u| load_w(b, u)).collect();
-        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
-        b.waited = true;
-        let zero = b.cf32(0.0);
-        let acc0 = units_fma_pre(b, &idx, &vec![zero; slots], Some(&pre));
-        b.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma)
-    } else {
-        b.split_k_rounds(slots, jloop, rounds, unroll, &u0, stride, units as i64, &units_fma)
-    };
+    let acc = b.split_k_rounds_preloaded(slots, jloop, rounds, unroll, &u0, stride, units as i64, &load_w, &units_fma_pre);
     let sums: Vec<String> = acc.iter().map(|a| b.warp_sum(a)).collect();
     let c0 = b.op("arith.constant 0 : index");
     let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
@@ -1467,25 +1503,7 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         out
     };
     // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
-    let steps_mma = |b: &mut Body, ss: &[String], acc: &[String]| steps_mma_pre(b, ss, acc, None);
-    let acc = if b.pdl && !b.waited && jloop >= unroll && gemv_preload() {
-        // the first unrolled round's weights before waiting for the previous kernel (as in
-        // `emit_gemv`)
-        let idx: Vec<String> = (0..unroll)
-            .map(|q| {
-                let c = b.ci64((q * nw) as i64);
-                b.op(&format!("arith.addi {warp64}, {c} : i64"))
-            })
-            .collect();
-        let pre: Vec<Vec<Vec<Vec<String>>>> = idx.iter().map(|s| load_w(b, s)).collect();
-        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
-        b.waited = true;
-        let zero = b.cf32(0.0);
-        let acc0 = steps_mma_pre(b, &idx, &vec![zero; per], Some(&pre));
-        b.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &steps_mma)
-    } else {
-        b.split_k_rounds(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &steps_mma)
-    };
+    let acc = b.split_k_rounds_preloaded(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &load_w, &steps_mma_pre);
     // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
     let cper = b.op(&format!("arith.constant {} : index", per * 32));
     let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
@@ -1788,8 +1806,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let ks = b.ci64(s);
             issue_of(b, &ks, &ks, Some(true));
         }
-        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
-        b.waited = true;
+        b.wait_for_previous();
         for s in 0..ahead {
             let ks = b.ci64(s);
             if s < nk {
@@ -2148,15 +2165,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // the cache element of key j (i64): ((table[s, j / bs] * bs + j % bs) * kvh + kh) * d
     let key_base = |b: &mut Body, j: &str| -> String {
         let jc = b.op(&format!("arith.minsi {j}, {maxp} : i64"));
-        let bj = b.op(&format!("arith.divui {jc}, {cbs} : i64"));
-        let oj = b.op(&format!("arith.remui {jc}, {cbs} : i64"));
-        let ti = b.op(&format!("arith.addi {srow}, {bj} : i64"));
-        let blk = b.load_i32_as_i64("%table", &ti);
-        let row = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
-        let row = b.op(&format!("arith.addi {row}, {oj} : i64"));
-        let row = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
-        let row = b.op(&format!("arith.addi {row}, {kh} : i64"));
-        b.op(&format!("arith.muli {row}, {cd} : i64"))
+        b.paged_key_offset(&jc, &srow, &kh, &cbs, &ckvh, &cd)
     };
     let kv = b.v();
     let tl = b.v();
@@ -2591,15 +2600,7 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
         let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {hi} : i64")));
         let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
-        let bj = b.op(&format!("arith.divui {ju}, {cbs} : i64"));
-        let oj = b.op(&format!("arith.remui {ju}, {cbs} : i64"));
-        let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
-        let blk = b.load_i32_as_i64("%table", &ti);
-        let rb = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
-        let row = b.op(&format!("arith.addi {rb}, {oj} : i64"));
-        let rk = b.op(&format!("arith.muli {row}, {ckvh} : i64"));
-        let rk = b.op(&format!("arith.addi {rk}, {kh} : i64"));
-        let kbase = b.op(&format!("arith.muli {rk}, {dd} : i64"));
+        let kbase = b.paged_key_offset(&ju, &trow, &kh, &cbs, &ckvh, &dd);
         let mut ks = vec![];
         let mut vs = vec![];
         for e in 0..per {

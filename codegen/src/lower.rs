@@ -209,7 +209,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             norm_fusion,
             few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"),
             split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"),
-            split_k: crate::kernels::env_num::<usize>("DSC_SPLIT_K").filter(|&s| s >= 2),
+            split_k: env_num::<usize>("DSC_SPLIT_K").filter(|&s| s >= 2),
             norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1"),
         },
     )
@@ -589,7 +589,7 @@ pub const ATTN_SPLIT_FROM_KEYS: i64 = 512;
 pub const ATTN_SPLIT_ROWS: i64 = (crate::kernels::ATTN_SPLIT_BLOCKS / 4) as i64;
 
 fn split_from_keys() -> i64 {
-    crate::kernels::env_num("DSC_SPLIT_KV_FROM").unwrap_or(ATTN_SPLIT_FROM_KEYS)
+    env_num("DSC_SPLIT_KV_FROM").unwrap_or(ATTN_SPLIT_FROM_KEYS)
 }
 
 /// Long-context decode attention over more of the GPU: beside each decode attention step
@@ -790,7 +790,8 @@ fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::NodeId> {
         // x and g costs — measured on the 8B shape: b1 239 -> 231 with the gate/up norm fused)
         let bytes = |w: dsc_ir::NodeId| {
             let t = &g.node(w).ty;
-            t.shape.iter().map(|d| d.as_const().unwrap_or(usize::MAX)).fold(1usize, |a, b| a.saturating_mul(b)).saturating_mul(t.dtype.block().1)
+            let numel = t.shape.iter().map(|d| d.as_const().unwrap_or(usize::MAX)).fold(1usize, |a, b| a.saturating_mul(b));
+            t.dtype.bytes_for(numel).unwrap_or(usize::MAX)
         };
         let users = g.users(id);
         let ok = !users.is_empty()

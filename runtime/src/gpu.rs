@@ -37,6 +37,8 @@ pub struct GpuBackend<'p> {
     block_size: usize,
     pub target: String,
     buckets: HashMap<(usize, usize, usize, usize), Bucket>,
+    /// where the schedule changes with the context (`GpuProgram::context_bounds`)
+    context_bounds: Vec<i64>,
     /// replay decode-sized steps as CUDA graphs (captured on a bucket's second run)
     pub use_graphs: bool,
     /// DSC_NO_WGMMA=1: take the mma.sync matmul on sm_90a too (for comparisons)
@@ -192,6 +194,7 @@ impl<'p> GpuBackend<'p> {
             block_size,
             target: target.to_string(),
             buckets: HashMap::new(),
+            context_bounds: prog.context_bounds(),
             use_graphs,
             no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
             no_few: std::env::var_os("DSC_NO_FEW").is_some(),
@@ -580,7 +583,7 @@ impl GpuBackend<'_> {
         }
         // (the longest context of the step: its sequences' last position + 1)
         let context = b.positions.iter().map(|&p| p as i64 + 1).max().unwrap_or(1);
-        let (class, shortest) = self.prog.context_class(context);
+        let (class, shortest) = crate::plan::context_class_in(&self.context_bounds, context);
         let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len(), class);
         if key.0 > CACHED_MAX_TOKENS {
             let mut bucket = self.prepare(key.0, key.1, key.2, shortest)?;

@@ -99,10 +99,15 @@ impl GpuProgram {
     /// [`GpuProgram::context_bounds`] it reaches, and the shortest context of that class (the
     /// same steps run for every context of a class).
     pub fn context_class(&self, context: i64) -> (usize, i64) {
-        let b = self.context_bounds();
-        let class = b.iter().take_while(|&&x| context >= x).count();
-        (class, if class == 0 { 0 } else { b[class - 1] })
+        context_class_in(&self.context_bounds(), context)
     }
+}
+
+/// [`GpuProgram::context_class`] from bounds computed once ([`GpuProgram::context_bounds`]: the
+/// runtime asks at every step).
+pub fn context_class_in(bounds: &[i64], context: i64) -> (usize, i64) {
+    let class = bounds.iter().take_while(|&&x| context >= x).count();
+    (class, if class == 0 { 0 } else { bounds[class - 1] })
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
