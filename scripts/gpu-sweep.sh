@@ -41,13 +41,27 @@ if [ -n "${LONG:-}" ]; then
     .gpu/dsc-runtime bench "$p" --batches "${LONG_BATCHES:-1,8}" --prompt-len "$LONG" --prefill 512 --new-tokens 32 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED (see sweep.log)"
   done
 fi
-# AB_ENV="VAR=value": the first plan once more with that runtime environment (as <plan>+env)
+# AB_ENV="VAR=value": the first plan (AB_ALL=1: every plan) once more with that runtime
+# environment (as <plan>+env)
 if [ -n "${AB_ENV:-}" ]; then
-  n=$(basename "$first" .plan)+env
-  echo "== $n ($AB_ENV)" >> "$out/sweep.log"
-  env $AB_ENV .gpu/dsc-runtime bench "$first" --batches "$batches" --prefill 512 --new-tokens 64 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED"
+  for p in "$dir"/*.plan; do
+    [ -z "${AB_ALL:-}" ] && [ "$p" != "$first" ] && continue
+    n=$(basename "$p" .plan)+env
+    echo "== $n ($AB_ENV)" >> "$out/sweep.log"
+    env $AB_ENV .gpu/dsc-runtime bench "$p" --batches "$batches" --prefill 512 --new-tokens 64 --json "/tmp/sweep-runs/$n.json" >> "$out/sweep.log" 2>&1 || echo "$n: FAILED"
+  done
 fi
 DSC_PROFILE=1 .gpu/dsc-runtime bench "$first" --batches ${PROFILE_BATCH:-1} --prefill 16 --new-tokens 32 --json "/tmp/sweep-runs/profile.json" >> "$out/sweep.log" 2>&1
+# PROFILE_ALL=1: every other plan's per-kernel table too (as profile-<plan>, in sweep.log and
+# sweep.json; e.g. GEMV tilings compared kernel by kernel)
+if [ -n "${PROFILE_ALL:-}" ]; then
+  for p in "$dir"/*.plan; do
+    [ "$p" = "$first" ] && continue
+    n=$(basename "$p" .plan)
+    echo "== profile-$n" >> "$out/sweep.log"
+    DSC_PROFILE=1 .gpu/dsc-runtime bench "$p" --batches ${PROFILE_BATCH:-1} --prefill 16 --new-tokens 32 --json "/tmp/sweep-runs/profile-$n.json" >> "$out/sweep.log" 2>&1
+  done
+fi
 python3 - "$out" <<'PY'
 import json, sys, glob, os
 out = sys.argv[1]
@@ -58,7 +72,10 @@ print("profile (first plan): kernel, launches/step, us/step")
 for k, n, us in prof[:14]:
     print(f"  {k:<40} {n:>5.0f} {us:>9.1f}")
 for name, j in runs.items():
-    if name == "profile":
+    if name.startswith("profile-"):
+        print(f"profile {name[8:]}: " + ", ".join(f"{k.split('_bf16')[0]} {us:.0f}" for k, n, us in j["decode"][0]["profile"][:8]))
+for name, j in runs.items():
+    if name.startswith("profile"):
         continue
     d = "  ".join(f"b{x['batch']} {x['decode_tokens_per_s']:.0f} tok/s ({x['ms_per_step']:.2f} ms)" for x in j["decode"])
     p = "  ".join(f"prefill {x['tokens']} {x['tokens_per_s']:.0f} tok/s" for x in j["prefill"])

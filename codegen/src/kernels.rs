@@ -72,17 +72,25 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
     (8, 4, 1)
 }
 
+/// K from which the one-row GEMV takes 8 outputs per block ([`gemv_tiling`]).
+pub const GEMV_LONG_K: usize = 2048;
+
 /// The plain-float GEMV's tiling for a [N, K] weight: (outputs per block, chunk rounds
 /// unrolled per loop iteration). Several outputs per block reuse each activation load; the
 /// unroll keeps several 16-byte loads per lane in flight.
-pub fn gemv_tiling(_k: usize, _n: usize, rows: usize) -> (usize, usize) {
+pub fn gemv_tiling(k: usize, n: usize, rows: usize) -> (usize, usize) {
     let var = if rows == 1 { "DSC_GEMV_TILING" } else { "DSC_GEMV_FEW_TILING" };
     if let Some(p) = env_list::<usize>(var) {
         if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
             return (p[0], p[1]);
         }
     }
-    if rows == 1 {
+    if rows == 1 && k >= GEMV_LONG_K && n % 64 == 0 {
+        // long rows (the 8B shape): 8 outputs, 2 chunks per loop iteration — half the blocks
+        // of (4, 4), the same loads in flight per thread; measured on the H200 (8B b1,
+        // bench/results/gemv-tiling-2026-11-30.json): 238 -> 250 tok/s, every GEMV faster
+        (8, 2)
+    } else if rows == 1 {
         (4, 4)
     } else {
         (8, 1)
@@ -123,6 +131,12 @@ fn rms_half(spec: &KernelSpec) -> Option<bool> {
 fn rms_norm_params(half: Option<bool>) -> String {
     format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, {}%rows: i64", if half.is_some() { "%yh: !llvm.ptr<1>, " } else { "" })
 }
+
+/// Warps of the argmax kernel's block (one block per row of a width that is a multiple of 4:
+/// a row of 128,256 logits is 63 16-byte loads per thread, [`ARGMAX_UNROLL`] in flight).
+pub const ARGMAX_WARPS: usize = 16;
+/// 16-byte loads each thread of the argmax kernel issues before comparing them.
+pub const ARGMAX_UNROLL: usize = 4;
 
 /// Keys each warp of the decode attention kernel takes per loop step (DSC_ATTN_KEYS
 /// overrides at compile time, 1..=8, for sweeps).
@@ -289,7 +303,7 @@ pub enum KernelSpec {
     /// pipelined wgmma matmul without bias or residual, with each tile's K steps cut into
     /// `splits` equal parts, one block each (grid x = tiles x splits, the part the inner index:
     /// block x = tile * splits + part); part s writes its partial sums to y + s·M·N (f32), and a
-    /// `SplitKReduce` step adds them up. Prepared (DSC_SPLIT_K=S), not yet run on the H200.
+    /// `SplitKReduce` step adds them up. On by default (`lower::SPLIT_K_PARTS`; DSC_SPLIT_K=0 off).
     /// params as `inner`'s, y being the partial sums [splits, M, N]
     SplitK { inner: Box<KernelSpec>, splits: usize },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
@@ -400,6 +414,7 @@ impl KernelSpec {
             KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
             // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
             KernelSpec::FlashAttention { d, .. } => Launch::Tile { outputs: 1, rows: FLASH_ROWS as u32, threads: 128, smem: flash_smem(*d) as u32 },
+            KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -3724,6 +3739,97 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::Argmax { d } if d % 4 == 0 => {
+            // a block per row: thread t takes the row's 16-byte pieces t, t + T, t + 2T, ...,
+            // ARGMAX_UNROLL loads issued before their compares; (max, first index) per
+            // thread, then over the warp, then warp 0 over the warps' results
+            let Launch::BlockPerRow { warps } = spec.launch() else { unreachable!() };
+            let warps = warps as usize;
+            let nt = 32 * warps;
+            let (u, nvec) = (ARGMAX_UNROLL, d / 4);
+            let iters = nvec.div_ceil(nt * u);
+            let (smv, smi) = (format!("memref<{warps}xf32, #gpu.address_space<workgroup>>"), format!("memref<{warps}xi32, #gpu.address_space<workgroup>>"));
+            b.workgroup = Some(format!("%redv : {smv}, %redi : {smi}"));
+            let t = b.op("gpu.thread_id x");
+            let row = b.op("gpu.block_id x");
+            let rowi = b.idx64(&row);
+            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let t64 = b.idx64(&t);
+            let cd = b.ci64(*d as i64);
+            let base = b.op(&format!("arith.muli {rowi}, {cd} : i64"));
+            let ninf = b.op("arith.constant 0xFF800000 : f32");
+            let big = b.op("arith.constant 2147483647 : i32");
+            let (c0, c1, cit) = (b.op("arith.constant 0 : index"), b.op("arith.constant 1 : index"), b.op(&format!("arith.constant {iters} : index")));
+            let (res, it, bv, bi) = (b.v(), b.v(), b.v(), b.v());
+            b.line(&format!("{res}:2 = scf.for {it} = {c0} to {cit} step {c1} iter_args({bv} = {ninf}, {bi} = {big}) -> (f32, i32) {{"));
+            let it64 = b.idx64(&it);
+            let cstep = b.ci64((nt * u) as i64);
+            let j0 = b.op(&format!("arith.muli {it64}, {cstep} : i64"));
+            let j0 = b.op(&format!("arith.addi {j0}, {t64} : i64"));
+            let (cnv, z, c4) = (b.ci64(nvec as i64), b.ci64(0), b.ci64(4));
+            // (all loads first: a piece past the row reads piece 0 and compares as -inf)
+            let mut pieces = vec![];
+            for k in 0..u {
+                let ck = b.ci64((k * nt) as i64);
+                let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
+                let valid = b.op(&format!("arith.cmpi slt, {j}, {cnv} : i64"));
+                let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
+                let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
+                let e = b.op(&format!("arith.addi {base}, {e} : i64"));
+                let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
+                let xs = b.load_vec("%x", &off, 4, "f32", 16);
+                pieces.push((j, valid, xs));
+            }
+            let (mut v, mut i) = (bv.clone(), bi.clone());
+            for (j, valid, xs) in pieces {
+                let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
+                for (q, x) in xs.iter().enumerate() {
+                    let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
+                    let cq = b.ci64(q as i64);
+                    let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
+                    let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
+                    // (elements come in increasing index order: strictly greater keeps the first)
+                    let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
+                    v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
+                    i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
+                }
+            }
+            b.line(&format!("scf.yield {v}, {i} : f32, i32"));
+            b.line("}");
+            let (wv, wi) = b.warp_argmax(&format!("{res}#0"), &format!("{res}#1"));
+            let (lane, warp) = b.lane_warp(&t);
+            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+            b.line(&format!("scf.if {l0} {{"));
+            b.line(&format!("memref.store {wv}, %redv[{warp}] : {smv}"));
+            b.line(&format!("memref.store {wi}, %redi[{warp}] : {smi}"));
+            b.line("}");
+            b.line("gpu.barrier");
+            let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+            b.line(&format!("scf.if {w0} {{"));
+            // (lanes past the warps' count take -inf and the largest index)
+            let cw = b.op(&format!("arith.constant {warps} : index"));
+            let has = b.op(&format!("arith.cmpi ult, {lane}, {cw} : index"));
+            let cwm = b.op(&format!("arith.constant {} : index", warps - 1));
+            let lc = b.op(&format!("arith.minui {lane}, {cwm} : index"));
+            let pv = b.op(&format!("memref.load %redv[{lc}] : {smv}"));
+            let pi = b.op(&format!("memref.load %redi[{lc}] : {smi}"));
+            let pv = b.op(&format!("arith.select {has}, {pv}, {ninf} : f32"));
+            let pi = b.op(&format!("arith.select {has}, {pi}, {big} : i32"));
+            let (_, fi) = b.warp_argmax(&pv, &pi);
+            // (a row with no element above -inf: index 0, as the host argmax)
+            let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
+            let zi = b.op("arith.constant 0 : i32");
+            let fi = b.op(&format!("arith.select {none}, {zi}, {fi} : i32"));
+            let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+            b.line(&format!("scf.if {first} {{"));
+            let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+            b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
+            b.line("}");
+            b.line("}");
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
         KernelSpec::Argmax { d } => {
             let (lane, base, dd, c32) = b.open_row(*d, 4);

@@ -209,7 +209,11 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             norm_fusion,
             few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"),
             split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"),
-            split_k: env_num::<usize>("DSC_SPLIT_K").filter(|&s| s >= 2),
+            split_k: match env_num::<usize>("DSC_SPLIT_K") {
+                Some(s) if s >= 2 => Some(s),
+                Some(_) => None,
+                None => Some(SPLIT_K_PARTS),
+            },
             norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1"),
         },
     )
@@ -229,7 +233,8 @@ pub struct LowerOptions {
     /// [`ATTN_SPLIT_FROM_KEYS`] keys ([`split_attention`]; on; DSC_SPLIT_KV=0 turns it off)
     pub split_kv: bool,
     /// batched decode of matmuls with few column tiles in `S` K-parts over blocks
-    /// ([`split_k`]; DSC_SPLIT_K=S; prepared, not yet run on the H200, so off)
+    /// ([`split_k`]; on with [`SPLIT_K_PARTS`] parts; DSC_SPLIT_K=S at compile time picks
+    /// S, DSC_SPLIT_K=0 turns it off)
     pub split_k: Option<usize>,
     /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
     /// quantize, [`insert_half_casts`]; DSC_NORM_HALF=1; checked on the H200 and measured
@@ -239,7 +244,7 @@ pub struct LowerOptions {
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: None, norm_half: false }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: false }
     }
 }
 
@@ -640,14 +645,19 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
     out
 }
 
+/// K parts of [`split_k`] by default: measured on the H200 (bench/results/split-k-2026-11-30.json,
+/// 8B shape, same call): b16 2,216 -> 2,501 tok/s, b32 4,087 -> 4,866, b64 7,402 -> 8,314;
+/// o at 32 rows 21.7 -> 14.7 us, down 65.7 -> 39.1 us (both passes).
+pub const SPLIT_K_PARTS: usize = 4;
+
 /// Rows from which [`split_k`] takes a matmul (up to its 64-row tiles' last row).
 pub const SPLIT_K_MIN_ROWS: i64 = 16;
 /// ... where its 64-row pipelined tiles number fewer than this (N = 4096 at bn 128: 32 tiles
 /// on 132 SMs; its K parts multiply the blocks).
 pub const SPLIT_K_MAX_TILES: usize = 64;
 
-/// Split-K for batched decode (prepared, not yet run on the H200: DSC_SPLIT_K=S at compile
-/// time): a plain matmul whose 64-row pipelined alternative has fewer than
+/// Split-K for batched decode (on by default, [`SPLIT_K_PARTS`]; DSC_SPLIT_K=S at compile
+/// time, 0 off): a plain matmul whose 64-row pipelined alternative has fewer than
 /// [`SPLIT_K_MAX_TILES`] column tiles (the 8B shape's o and down projections: 32 tiles, a
 /// quarter of the SMs; today they run the batched GEMV at 1.4-1.7 TB/s from 16 to 47 rows)
 /// gets, first in its `hopper` list for [`SPLIT_K_MIN_ROWS`] up to that alternative's last

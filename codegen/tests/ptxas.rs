@@ -99,6 +99,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::Softmax { d: 1000 });
     v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits() });
     v.push(KernelSpec::Argmax { d: 49152 });
+    v.push(KernelSpec::Argmax { d: 128256 });
+    v.push(KernelSpec::Argmax { d: 1001 });
     v.push(KernelSpec::Slice { inner: 64, d: 12, start: 3, len: 4 });
     v.push(KernelSpec::TakeAlong { n_in: 64, k: 6 });
     v.push(KernelSpec::TopK { d: 64, k: 6 });

@@ -1209,11 +1209,13 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
-    {
-        let (rows, d) = (5usize, 49152usize);
+    // argmax: a block per row (SmolLM2's and Llama 3's vocabularies: whole loop steps, and a
+    // partial last one), and a warp per row (a width not a multiple of 4)
+    for (rows, d) in [(2usize, 49152usize), (2, 128256), (3, 1001)] {
         let mut x = rand_vec(rows * d, -10.0, 10.0);
-        x[3 * d + 7] = 50.0; // a tie at the top: the first index wins
-        x[3 * d + 900] = 50.0;
+        x[(rows - 2) * d + 7] = 50.0; // a tie at the top: the first index wins
+        x[(rows - 2) * d + 900] = 50.0;
+        x[rows * d - 1] = 60.0; // the row's last element the largest
         let want =
             reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = argmax(%x) : i32[{rows}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
         // the kernel writes i32: compare bit patterns (small ints are f32 denormals, never NaN)

@@ -176,7 +176,11 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         .collect();
     let ptx = module.ptx.iter().map(|(t, p)| (t.name().to_string(), p.clone())).collect();
     let buffers = lifetimes(graph, &steps);
-    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()) }, module))
+    let argmax_block = match argmax.as_ref().map(|k| k.launch()) {
+        Some(dsc_codegen::Launch::BlockPerRow { warps }) => Some(32 * warps),
+        _ => None,
+    };
+    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;

@@ -48,6 +48,9 @@ pub struct GpuBackend<'p> {
     /// launch with programmatic stream serialization (sm_90a, whose kernels start with
     /// griddepcontrol; DSC_NO_PDL=1 turns it off)
     pub pdl: bool,
+    /// DSC_HOST_ARGMAX=1: greedy steps copy the logits back and take the argmax on the host
+    /// (A/B against the device argmax)
+    host_argmax: bool,
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
@@ -199,6 +202,7 @@ impl<'p> GpuBackend<'p> {
             no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
             no_few: std::env::var_os("DSC_NO_FEW").is_some(),
             pdl: target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none(),
+            host_argmax: std::env::var("DSC_HOST_ARGMAX").is_ok_and(|v| v == "1"),
             collective,
             profile,
         })
@@ -519,9 +523,12 @@ impl GpuBackend<'_> {
 
     /// The step, then the argmax of each logits row on the device; only the ids come back.
     fn run_bucket_greedy(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<u32>> {
-        // the argmax kernel is a warp per row: for a handful of rows, copying the logits back
-        // and scanning them on the host is faster (8B: 1.3 ms vs ~0.3 ms at one row)
-        let Some(k) = self.prog.argmax.as_ref().filter(|_| b.logit_rows.len() >= 8) else {
+        // a block-per-row argmax runs at every row count; the older warp-per-row kernel only
+        // from 8 rows (copying a handful of rows back and scanning them on the host was faster:
+        // 8B 1.3 ms vs ~0.3 ms at one row); DSC_HOST_ARGMAX=1 scans on the host always (A/B)
+        let block = self.prog.argmax_block;
+        let device = !self.host_argmax && (block.is_some() || b.logit_rows.len() >= 8);
+        let Some(k) = self.prog.argmax.as_ref().filter(|_| device) else {
             return Ok(self.run_bucket(bucket, b, use_graph)?.iter().map(|r| crate::sampler::argmax(r) as u32).collect());
         };
         self.run_launches(bucket, b, use_graph)?;
@@ -535,9 +542,13 @@ impl GpuBackend<'_> {
         let rows64 = rows as i64;
         let mut lb = self.stream.launch_builder(&self.funcs[k]);
         lb.arg(&logits).arg(&*ids).arg(&rows64);
-        let cfg = LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = match block {
+            Some(threads) => LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
+            None => LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
+        };
         // SAFETY: argmax_d<V>(x, y, rows): rows rows of V f32 in `logits`, one i32 per row into
-        // `ids` (allocated for at least `rows`); warp per row, 4 rows per block.
+        // `ids` (allocated for at least `rows`); a block per row (`argmax_block` threads), or a
+        // warp per row, 4 rows per block.
         unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {k}: {e:?}")))?;
         let bytes = cu(self.stream.clone_dtoh(&ids.slice(0..rows * 4)), "reading token ids")?;
         Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect())

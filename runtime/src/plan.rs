@@ -72,6 +72,10 @@ pub struct GpuProgram {
     /// back token ids instead of logits); params logits, ids (i32), rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argmax: Option<String>,
+    /// threads of the argmax kernel's block where it takes a block per row (grid: rows);
+    /// absent: a warp per row, 4 rows per 128-thread block (plans before session 8)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argmax_block: Option<u32>,
 }
 
 impl GpuProgram {
@@ -692,7 +696,7 @@ mod tests {
         let split = GpuStep { min_context: Some(512), ..step.clone() };
         assert!(one.runs_in_context(1) && one.runs_in_context(511) && !one.runs_in_context(512));
         assert!(!split.runs_in_context(511) && split.runs_in_context(512) && split.runs_in_context(1 << 20));
-        let prog = GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None };
+        let prog = GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None };
         assert_eq!(prog.context_bounds(), [512]);
         assert_eq!(prog.context_class(1), (0, 0));
         assert_eq!(prog.context_class(511), (0, 0));
