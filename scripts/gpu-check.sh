@@ -10,8 +10,9 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 if [ -d .gpu/check ]; then
-  # (gpu-prepare.sh ships the PTX gzipped: the bundle and the runtime fill a call's 64 MiB)
+  # (gpu-prepare.sh ships the PTX and the data gzipped: the bundle and the runtime fill a call's 64 MiB)
   [ -f .gpu/check/kernels.sm_90a.ptx.gz ] && gunzip -f .gpu/check/kernels.sm_90a.ptx.gz
+  [ -f .gpu/check/data.bin.gz ] && gunzip -f .gpu/check/data.bin.gz
   .gpu/dsc-runtime gpu-check .gpu/check --target sm_90a --json "$out/kernels-sm_90a.json" 2>&1 | tee "$out/kernels.log"
   status=${PIPESTATUS[0]}
   # the SASS of the generated module, to see what the hardware runs

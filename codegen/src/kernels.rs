@@ -132,6 +132,10 @@ fn rms_norm_params(half: Option<bool>) -> String {
     format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, {}%rows: i64", if half.is_some() { "%yh: !llvm.ptr<1>, " } else { "" })
 }
 
+/// Warps of the split-K reduce + RMSNorm kernel's block (a row of d = 4096 is 4 16-byte
+/// pieces per thread).
+pub const SPLITK_NORM_WARPS: usize = 8;
+
 /// Warps of the argmax kernel's block (one block per row of a width that is a multiple of 4:
 /// a row of 128,256 logits is 63 16-byte loads per thread, [`ARGMAX_UNROLL`] in flight).
 pub const ARGMAX_WARPS: usize = 16;
@@ -304,11 +308,18 @@ pub enum KernelSpec {
     /// `splits` equal parts, one block each (grid x = tiles x splits, the part the inner index:
     /// block x = tile * splits + part); part s writes its partial sums to y + s·M·N (f32), and a
     /// `SplitKReduce` step adds them up. On by default (`lower::SPLIT_K_PARTS`; DSC_SPLIT_K=0 off).
-    /// params as `inner`'s, y being the partial sums [splits, M, N]
+    /// params as `inner`'s, y being the partial sums [splits, M, N]. `inner` may be a
+    /// `MatMulParts` of the pipelined matmul (q/k/v): each slice is then part-major like the
+    /// merged output, so the reduce is the same elementwise sum
     SplitK { inner: Box<KernelSpec>, splits: usize },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
     /// parts, [res], y, n (elements of y)
     SplitKReduce { splits: usize, residual: bool },
+    /// the split-K reduce folded into the RMSNorm that reads its output (the 8B shape's o and
+    /// down projections feed the next norm): per row, y = sum over s of parts[s] (+ res),
+    /// written, then xn = y / rms(y) * g (+ its 16-bit copy with `half`); a block per row.
+    /// params parts, [res], y, g, xn, [xh], rows
+    SplitKReduceNorm { splits: usize, residual: bool, d: usize, eps_bits: u32, half: Option<bool> },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -354,6 +365,15 @@ impl KernelSpec {
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
+            KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => format!(
+                "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}",
+                if *residual { "_res" } else { "" },
+                match half {
+                    Some(true) => "_f16",
+                    Some(false) => "_bf16",
+                    None => "",
+                }
+            ),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
@@ -425,6 +445,7 @@ impl KernelSpec {
             | KernelSpec::QkvRopeCache { .. }
             | KernelSpec::SeededInit { .. }
             | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: SPLITK_NORM_WARPS as u32 },
             KernelSpec::SplitK { inner, splits } => match inner.launch() {
                 // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
@@ -464,6 +485,9 @@ struct Body {
     /// the pipelined matmul's K steps are cut into this many parts over blocks
     /// (`KernelSpec::SplitK`)
     split_k: Option<usize>,
+    /// a split-K merged matmul: the columns of all parts (a partial-sum slice is [M, all]),
+    /// where `%n` is the block's part's
+    split_n: Option<&'static str>,
 }
 
 impl Body {
@@ -1604,7 +1628,7 @@ pub struct PipeTiling {
 
 impl PipeTiling {
     fn fits(&self) -> bool {
-        matches!(self.bn, 64 | 128 | 256)
+        (matches!(self.bn, 64 | 128 | 256) || (self.bn == 224 && self.bm == 64))
             && (self.bm == PIPE_BM || (self.bm == 64 && self.a16))
             && self.stages >= 2 + self.overlap as usize
             && pipe_smem(self.bn, self.stages, self.a16, self.bm) <= 227 * 1024
@@ -1633,9 +1657,13 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
     }
 }
 
+/// SMs of the GPU the sm_90a kernels' grids are sized for (H100 SXM, H200: 132).
+pub const TARGET_SMS: usize = 132;
+
 /// The batched-decode tiling of the pipelined matmul (64-row tiles, x in 16 bits) for N
-/// output columns: 256-wide tiles where that still gives 96+ of them, else 128-wide (more
-/// blocks for the 132 SMs); stages to fill the shared memory. DSC_GEMM_PIPE64=BN,S overrides.
+/// output columns: 256-wide tiles where that still gives 96+ of them (224-wide where those
+/// fill the SMs better), else 128-wide (more blocks for the 132 SMs); stages to fill the
+/// shared memory. DSC_GEMM_PIPE64=BN,S overrides.
 pub fn pipe64_tiling(n: usize) -> PipeTiling {
     if let Some(p) = env_list::<usize>("DSC_GEMM_PIPE64") {
         if p.len() == 2 {
@@ -1646,7 +1674,14 @@ pub fn pipe64_tiling(n: usize) -> PipeTiling {
         }
     }
     if n.div_ceil(256) >= 96 {
-        PipeTiling { bn: 256, stages: 5, overlap: true, a16: true, bm: 64 }
+        // 224-wide tiles where they divide N and fill the last wave of the SMs better (the 8B
+        // shape's gate/up, N = 28,672: 128 tiles for 132 SMs instead of 112, one block each)
+        let fill = |tiles: usize| tiles as f64 / (tiles.div_ceil(TARGET_SMS) * TARGET_SMS) as f64;
+        if n % 224 == 0 && fill(n / 224) > fill(n.div_ceil(256)) {
+            PipeTiling { bn: 224, stages: 6, overlap: true, a16: true, bm: 64 }
+        } else {
+            PipeTiling { bn: 256, stages: 5, overlap: true, a16: true, bm: 64 }
+        }
     } else {
         PipeTiling { bn: 128, stages: 8, overlap: true, a16: true, bm: 64 }
     }
@@ -1715,7 +1750,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let csk = c(b, sk);
         let part = b.op(&format!("arith.remui {bx}, {csk} : i64"));
         let tile = b.op(&format!("arith.divui {bx}, {csk} : i64"));
-        let mn = b.op("arith.muli %m, %n : i64");
+        let mn = b.op(&format!("arith.muli %m, {} : i64", b.split_n.unwrap_or("%n")));
         let pe = b.op(&format!("arith.muli {part}, {mn} : i64"));
         let c4 = c(b, 4);
         let pb = b.op(&format!("arith.muli {pe}, {c4} : i64"));
@@ -2466,7 +2501,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None, split_k: None };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None, split_k: None, split_n: None };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -2856,7 +2891,8 @@ fn emit_attention_combine(b: &mut Body, h: usize, d: usize, ns: usize, min_keys:
 /// stands in for `gpu.block_id x`; then the plain kernel's body runs unchanged.
 fn emit_parts(b: &mut Body, inner: &KernelSpec, parts: &[usize]) -> Result<String, String> {
     parts_fit(inner, parts)?;
-    let cols = columns_per_block(&inner.launch()).expect("checked");
+    // (split-K: `splits` blocks per column tile, so a block index unit is bn / splits columns)
+    let cols = columns_per_block(&inner.launch()).expect("checked") / b.split_k.unwrap_or(1);
     let bx = b.op("gpu.block_id x");
     let bx = b.idx64(&bx);
     let (mut w, mut n, mut boff, mut yoff) = ("%w0".to_string(), b.ci64(parts[0] as i64), b.ci64(0), b.ci64(0));
@@ -2886,7 +2922,15 @@ fn emit_parts(b: &mut Body, inner: &KernelSpec, parts: &[usize]) -> Result<Strin
     let c4 = b.ci64(4);
     let rows = b.op(&format!("arith.muli {yoff}, %prows : i64"));
     let bytes = b.op(&format!("arith.muli {rows}, {c4} : i64"));
-    b.line(&format!("%y = llvm.getelementptr %yall[{bytes}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    // (split-K: this part's place in a partial-sum slice, which the kernel offsets by its K
+    // part's slice, [M, all columns] each)
+    let yname = if b.split_k.is_some() {
+        b.split_n = Some("%nall");
+        "%yparts"
+    } else {
+        "%y"
+    };
+    b.line(&format!("{yname} = llvm.getelementptr %yall[{bytes}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
     let params = emit_into(b, inner)?;
     let ws: Vec<String> = (0..parts.len()).map(|i| format!("%w{i}: !llvm.ptr<1>")).collect();
     let params = params.replacen("%w: !llvm.ptr<1>", &ws.join(", "), 1).replacen("%y: !llvm.ptr<1>", "%yall: !llvm.ptr<1>", 1).replacen("%n: i64", "%nall: i64, %prows: i64", 1);
@@ -3269,13 +3313,106 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             matmul_params(*bias, *residual, false)
         }
         KernelSpec::SplitK { inner, splits } => {
-            match inner.as_ref() {
+            // (a merged matmul's parts each whole column tiles: parts_fit with the pipe's bn)
+            let pipe = match inner.as_ref() {
+                KernelSpec::MatMulParts { inner: p, parts } => parts_fit(p, parts).map(|_| p.as_ref())?,
+                other => other,
+            };
+            match pipe {
                 // (whole column tiles: the grid, N / (bn / splits) blocks, is tiles x splits)
                 KernelSpec::MatMulPipe { k, n, bias: false, residual: false, bn, .. } if *splits >= 2 && (k / 64) % splits == 0 && bn % splits == 0 && n % bn == 0 => {}
-                other => return Err(format!("split-K takes the pipelined matmul without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}", other.symbol())),
+                other => return Err(format!("split-K takes the pipelined matmul (or merged matmul of one) without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}", other.symbol())),
             }
             b.split_k = Some(*splits);
             emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%yparts: !llvm.ptr<1>", 1)
+        }
+        KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => {
+            if d % 4 != 0 {
+                return Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}"));
+            }
+            let warps = SPLITK_NORM_WARPS;
+            let nt = 32 * warps;
+            let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
+            b.workgroup = Some(format!("%red : {smt}"));
+            let t = b.op("gpu.thread_id x");
+            let row = b.op("gpu.block_id x");
+            let rowi = b.idx64(&row);
+            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let c4 = b.op("arith.constant 4 : index");
+            let t4 = b.op(&format!("arith.muli {t}, {c4} : index"));
+            let dd = b.op(&format!("arith.constant {d} : index"));
+            let step = b.op(&format!("arith.constant {} : index", 4 * nt));
+            let dd64 = b.ci64(*d as i64);
+            let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
+            // (a slice of the partial sums is [rows, d])
+            let slice = b.op(&format!("arith.muli %rows, {dd64} : i64"));
+            let zero = b.cf32(0.0);
+            let c4b = b.ci64(4);
+            // y = the parts' sum (+ res), 4 floats per thread per iteration, and sum(y^2)
+            let acc = b.v();
+            let (iv, a) = (b.v(), b.v());
+            b.line(&format!("{acc} = scf.for {iv} = {t4} to {dd} step {step} iter_args({a} = {zero}) -> (f32) {{"));
+            let i = b.idx64(&iv);
+            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+            let mut loads = vec![];
+            for sp in 0..*splits {
+                let cs = b.ci64(sp as i64);
+                let so = b.op(&format!("arith.muli {slice}, {cs} : i64"));
+                let at = b.op(&format!("arith.addi {so}, {e} : i64"));
+                let bo = b.op(&format!("arith.muli {at}, {c4b} : i64"));
+                loads.push(b.load_vec("%parts", &bo, 4, "f32", 16));
+            }
+            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
+            if *residual {
+                loads.push(b.load_vec("%res", &bo, 4, "f32", 16));
+            }
+            let mut ys = loads[0].clone();
+            for l in &loads[1..] {
+                for (y, v) in ys.iter_mut().zip(l) {
+                    *y = b.op(&format!("arith.addf {y}, {v} : f32"));
+                }
+            }
+            for (j, y) in ys.iter().enumerate() {
+                let cj = b.ci64(j as i64);
+                let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
+                b.store(y, "%y", &yi);
+            }
+            let sq: Vec<String> = ys.iter().map(|y| b.op(&format!("arith.mulf {y}, {y} : f32"))).collect();
+            let s4 = b.sum4(&sq);
+            let a2 = b.op(&format!("arith.addf {a}, {s4} : f32"));
+            b.line(&format!("scf.yield {a2} : f32"));
+            b.line("}");
+            let total = b.block_sum(&acc, &t, warps, &smt, &zero);
+            let inv = b.inv_rms(&total, *d, f32::from_bits(*eps_bits));
+            // (each thread reads back the y it wrote)
+            let iv2 = b.v();
+            b.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
+            let i = b.idx64(&iv2);
+            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
+            let wo = b.op(&format!("arith.muli {i}, {c4b} : i64"));
+            let ys = b.load_vec("%y", &bo, 4, "f32", 16);
+            let gs = b.load_vec("%g", &wo, 4, "f32", 16);
+            let mut xs = vec![];
+            for j in 0..4 {
+                let yn = b.op(&format!("arith.mulf {}, {inv} : f32", ys[j]));
+                let x = b.op(&format!("arith.mulf {yn}, {} : f32", gs[j]));
+                let cj = b.ci64(j as i64);
+                let xi = b.op(&format!("arith.addi {e}, {cj} : i64"));
+                b.store(&x, "%xn", &xi);
+                xs.push(x);
+            }
+            if let Some(f16) = half {
+                b.store_half4(&xs, "%xh", &e, *f16);
+            }
+            b.line("}");
+            b.line("}");
+            format!(
+                "%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %g: !llvm.ptr<1>, %xn: !llvm.ptr<1>, {}%rows: i64",
+                if *residual { "%res: !llvm.ptr<1>, " } else { "" },
+                if half.is_some() { "%xh: !llvm.ptr<1>, " } else { "" }
+            )
         }
         KernelSpec::SplitKReduce { splits, residual } => {
             let i = b.open_guarded_gid();

@@ -214,7 +214,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 Some(_) => None,
                 None => Some(SPLIT_K_PARTS),
             },
-            norm_half: std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "1"),
+            norm_half: !std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "0"),
         },
     )
 }
@@ -237,14 +237,15 @@ pub struct LowerOptions {
     /// S, DSC_SPLIT_K=0 turns it off)
     pub split_k: Option<usize>,
     /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
-    /// quantize, [`insert_half_casts`]; DSC_NORM_HALF=1; checked on the H200 and measured
-    /// neutral, bench/results/split-kv-2026-11-30.json, so off)
+    /// quantize, [`insert_half_casts`]; on: measured neutral in session 7 but, with split-K
+    /// and the device argmax, 8B b32 6,322 -> 6,426, b64 10,233 -> 10,523, prefill 512
+    /// 21.7k -> 22.6k tok/s (bench/results/norm-half-2026-11-30.json); DSC_NORM_HALF=0 off)
     pub norm_half: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: false }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true }
     }
 }
 
@@ -489,7 +490,63 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         Some(sk) => split_k(steps, sk),
         None => steps,
     };
-    Ok(insert_half_casts(steps, opts.norm_half))
+    let steps = insert_half_casts(steps, opts.norm_half);
+    // (off: measured slower on the H200 — one block per row reads all the partial sums, 32
+    // blocks at b32 — 8B b32 6,360 -> 6,021, b64 10,447 -> 9,793,
+    // bench/results/splitk-norm-2026-11-30.json; DSC_SPLITK_NORM=1 at compile time folds)
+    let fold = opts.split_k.is_some() && std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "1");
+    Ok(if fold { fold_splitk_reduce_norm(steps) } else { steps })
+}
+
+/// (DSC_SPLITK_NORM=1; off by default: slower, see [`lower_opts`]) A split-K reduce step whose
+/// output's next reader is an RMSNorm (the 8B shape's o and down projections: the residual
+/// stream, normalized for the next matmul) is folded into that norm: the norm step gets a `hopper` alternative for the reduce's rows that sums the parts
+/// (+ the residual), writes the node, and normalizes it (`SplitKReduceNorm`; one launch
+/// instead of two). Steps between them must not read the node.
+fn fold_splitk_reduce_norm(mut steps: Vec<Step>) -> Vec<Step> {
+    let reads = |s: &Step, y: &str| s.args.iter().chain(s.hopper.iter().chain(&s.few).chain(&s.large).chain(&s.hopper_small).filter_map(|l| l.args.as_ref()).flatten()).any(|a| a == y);
+    let mut i = 0;
+    while i < steps.len() {
+        let Some(KernelSpec::SplitKReduce { splits, residual }) = steps[i].kernel else {
+            i += 1;
+            continue;
+        };
+        let r = &steps[i];
+        let y = r.node.clone();
+        let Some(j) = (i + 1..steps.len()).find(|&j| reads(&steps[j], &y)) else {
+            i += 1;
+            continue;
+        };
+        let n = &steps[j];
+        let (d, eps_bits, half) = match n.kernel {
+            Some(KernelSpec::RmsNorm { d, eps_bits }) => (d, eps_bits, None),
+            Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 }) => (d, eps_bits, Some(f16)),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        // (the norm over this node as its input, no alternatives of its own, a row a multiple of
+        // 4 floats: args x, g, xn[, xh])
+        if d % 4 != 0 || n.args.first() != Some(&y) || n.alias_of.is_some() || !n.hopper.is_empty() || n.args.len() != 3 + usize::from(half.is_some()) {
+            i += 1;
+            continue;
+        }
+        let mut args = r.args.clone();
+        args.extend(n.args[1..].iter().cloned());
+        let alt = Large {
+            min_rows: r.min_rows.unwrap_or(1),
+            max_rows: r.max_rows,
+            args: Some(args),
+            kernel: KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half },
+            scalars: n.scalars.clone(),
+            work: n.work.clone(),
+            grid_y: n.grid_y.clone(),
+        };
+        steps[j].hopper.push(alt);
+        steps.remove(i);
+    }
+    steps
 }
 
 /// (N, K) of a matmul weight in [N, K] layout.
@@ -645,10 +702,21 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
     out
 }
 
-/// K parts of [`split_k`] by default: measured on the H200 (bench/results/split-k-2026-11-30.json,
+/// Most K parts of [`split_k`] by default: measured on the H200 (bench/results/split-k-2026-11-30.json,
 /// 8B shape, same call): b16 2,216 -> 2,501 tok/s, b32 4,087 -> 4,866, b64 7,402 -> 8,314;
 /// o at 32 rows 21.7 -> 14.7 us, down 65.7 -> 39.1 us (both passes).
 pub const SPLIT_K_PARTS: usize = 4;
+
+/// SMs the split-K grid is sized for (H100 SXM / H200: 132): the 64-row tiles of a split-K
+/// matmul (one block per SM: ~200 KB of shared memory) times its parts stay within one wave.
+pub const SPLIT_K_SMS: usize = crate::kernels::TARGET_SMS;
+
+/// K parts of a split-K matmul of `tiles` column tiles of `bn` over `ksteps` 64-wide K steps:
+/// the most, up to `max_parts`, that divide the K steps and bn and keep tiles x parts within
+/// [`SPLIT_K_SMS`] (the 8B shape: o/down 32 tiles -> 4, q/k/v 48 -> 2); None below 2.
+pub fn split_k_parts(tiles: usize, ksteps: usize, bn: usize, max_parts: usize) -> Option<usize> {
+    (2..=max_parts).rev().find(|&s| tiles * s <= SPLIT_K_SMS && ksteps % s == 0 && bn % s == 0)
+}
 
 /// Rows from which [`split_k`] takes a matmul (up to its 64-row tiles' last row).
 pub const SPLIT_K_MIN_ROWS: i64 = 16;
@@ -664,27 +732,51 @@ pub const SPLIT_K_MAX_TILES: usize = 64;
 /// row, `SplitK` over the same tile writing `{node}@splitk{S}` ([S, M, N] f32 partial sums,
 /// declared by a kernel-less step before it), and after it a `SplitKReduce` step writing the
 /// node (+ the residual) for the same rows, `hopper_only` like the alternative.
-fn split_k(steps: Vec<Step>, sk: usize) -> Vec<Step> {
+fn split_k(steps: Vec<Step>, max_parts: usize) -> Vec<Step> {
     let mut out = Vec::with_capacity(steps.len());
     for mut s in steps {
-        // (the 64-row tile, the same kernel without the residual: the reduce pass adds it)
-        let pipe = s.hopper.iter().find_map(|h| match &h.kernel {
-            &KernelSpec::MatMulPipe { k, n, wdtype, bias: false, bn, stages, overlap, a16, bm: 64, .. } if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && (k / 64) % sk == 0 && bn % sk == 0 => {
-                Some((h.clone(), h.max_rows, KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn, stages, overlap, a16, bm: 64 }))
+        // (the 64-row tile, the same kernel without the residual: the reduce pass adds it; a
+        // merged matmul's (q/k/v) with its parts, whole tiles each)
+        let pipe = s.hopper.iter().find_map(|h| {
+            let (p, parts) = match &h.kernel {
+                KernelSpec::MatMulParts { inner, parts } => (inner.as_ref(), Some(parts)),
+                k => (k, None),
+            };
+            match *p {
+                KernelSpec::MatMulPipe { k, n, wdtype, bias: false, bn, stages, overlap, a16, bm: 64, .. } if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && parts.is_none_or(|ps| ps.iter().all(|q| q % bn == 0)) => {
+                    let sk = split_k_parts(n / bn, k / 64, bn, max_parts)?;
+                    let pipe = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn, stages, overlap, a16, bm: 64 };
+                    let inner = match parts {
+                        Some(ps) => KernelSpec::MatMulParts { inner: Box::new(pipe), parts: ps.clone() },
+                        None => pipe,
+                    };
+                    Some((h.clone(), h.max_rows, inner, sk))
+                }
+                _ => None,
             }
-            _ => None,
         });
-        let (Some((pipe, Some(hi), inner)), Some(KernelSpec::MatMul { residual, .. })) = (pipe, &s.kernel) else {
+        let residual = match &s.kernel {
+            Some(KernelSpec::MatMul { residual, .. }) => *residual,
+            Some(KernelSpec::MatMulParts { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMul { .. }) => false,
+            _ => {
+                out.push(s);
+                continue;
+            }
+        };
+        let Some((pipe, Some(hi), inner, sk)) = pipe else {
             out.push(s);
             continue;
         };
-        let residual = *residual;
         let parts = format!("{}@splitk{sk}", s.node);
         // (x and W as the alternative reads them: its own args where a fusion gave it some)
         let own = pipe.args.clone().unwrap_or_else(|| s.args.clone());
-        let (x, w, y) = (own[0].clone(), own[1].clone(), s.node.clone());
+        let y = s.node.clone();
+        // (x and the weights — one, or a merged matmul's parts — then the partial sums; the
+        // residual goes to the reduce pass)
+        let mut first = own[..own.len() - 1 - usize::from(residual)].to_vec();
+        first.push(parts.clone());
         let lo = SPLIT_K_MIN_ROWS.min(hi);
-        s.hopper.insert(0, Large { min_rows: lo, max_rows: Some(hi), args: Some(vec![x, w, parts.clone()]), kernel: KernelSpec::SplitK { inner: Box::new(inner), splits: sk }, ..pipe });
+        s.hopper.insert(0, Large { min_rows: lo, max_rows: Some(hi), args: Some(first), kernel: KernelSpec::SplitK { inner: Box::new(inner), splits: sk }, ..pipe });
         let mut args = vec![parts.clone()];
         if residual {
             args.push(own[own.len() - 2].clone());
@@ -724,10 +816,11 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
         for h in s.hopper.iter_mut().chain(s.few.iter_mut()) {
             // (x as this alternative reads it: its own args where a fusion gave it some)
             let x = h.args.as_ref().unwrap_or(&step_args).first().cloned().unwrap_or_default();
-            let inner = match &h.kernel {
-                KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::SplitK { inner, .. } => inner.as_ref(),
-                k => k,
-            };
+            // (through the wrappers: split-K over a merged matmul is two deep)
+            let mut inner = &h.kernel;
+            while let KernelSpec::MatMulParts { inner: i, .. } | KernelSpec::MatMulAct { inner: i, .. } | KernelSpec::SplitK { inner: i, .. } = inner {
+                inner = i.as_ref();
+            }
             let (k, wdtype) = match inner {
                 KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } | KernelSpec::MatMulFewX16 { k, wdtype, .. } => (*k, *wdtype),
                 _ => continue,
@@ -1098,7 +1191,7 @@ mod tests {
     fn norm_half_writes_the_16_bit_copy_from_the_norm_instead_of_a_cast() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 1e-5} : f32[T, 64]\n  %w = weight : bf16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..Default::default() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
         let steps = lower_opts(&g, LowerOptions { norm_half: true, ..Default::default() }).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
@@ -1116,7 +1209,7 @@ mod tests {
     fn split_k_adds_a_partial_sums_alternative_and_its_reduce_step() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %r = input : f32[T, 4096]\n  %w = weight : bf16[4096, 4096]\n  %y = matmul_add(%x, %w, %r) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        let plain = lower_opts(&g, LowerOptions { split_k: None, ..Default::default() }).unwrap();
         assert!(plain.iter().all(|s| !s.node.contains("@splitk") && s.hopper.iter().all(|h| !matches!(h.kernel, KernelSpec::SplitK { .. }))));
         let steps = lower_opts(&g, LowerOptions { split_k: Some(4), ..Default::default() }).unwrap();
         let i = steps.iter().position(|s| s.node == "y" && s.kernel.as_ref().is_some_and(|k| matches!(k, KernelSpec::MatMul { .. }))).unwrap();
@@ -1138,6 +1231,47 @@ mod tests {
         // the cast to bf16 runs from the split's first row
         let cast = steps.iter().find(|s| s.node == "x@bf16").unwrap();
         assert!(cast.min_rows.unwrap() <= SPLIT_K_MIN_ROWS);
+    }
+
+    #[test]
+    fn split_k_takes_a_merged_matmul_with_fewer_parts_for_more_tiles() {
+        // the 8B shape's q/k/v: 6144 columns, 48 tiles of 128 -> 2 parts (96 blocks; 4 would
+        // be 192, past one wave of 132 SMs)
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  output q = %q\n  output k = %k\n  output v = %v\n}\n";
+        let g = text::parse(src).unwrap();
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let i = steps.iter().position(|s| s.node == "qkv" && s.kernel.is_some()).unwrap();
+        let (mm, red) = (&steps[i], &steps[i + 1]);
+        let KernelSpec::SplitK { inner, splits: 2 } = &mm.hopper[0].kernel else { panic!("{:?}", mm.hopper[0].kernel) };
+        let KernelSpec::MatMulParts { inner: pipe, parts } = inner.as_ref() else { panic!("{inner:?}") };
+        assert_eq!(parts, &[4096, 1024, 1024]);
+        assert!(matches!(pipe.as_ref(), KernelSpec::MatMulPipe { bm: 64, bn: 128, .. }));
+        assert_eq!(mm.hopper[0].args.as_deref().unwrap(), ["x@bf16", "wq", "wk", "wv", "qkv@splitk2"]);
+        assert_eq!(red.kernel, Some(KernelSpec::SplitKReduce { splits: 2, residual: false }));
+        assert_eq!(red.args, ["qkv@splitk2", "qkv"]);
+        assert!(steps.iter().any(|s| s.node == "qkv@splitk2" && s.kernel.is_none()));
+        // the part counts: o/down (32 tiles) 4, q/k/v (48) 2, gate/up (112) none
+        assert_eq!((split_k_parts(32, 64, 128, 4), split_k_parts(48, 64, 128, 4), split_k_parts(112, 64, 256, 4)), (Some(4), Some(2), None));
+    }
+
+    #[test]
+    fn split_k_reduce_folds_into_the_norm_reading_its_output() {
+        // o projection + residual, then the norm of the residual stream ahead of a bf16 matmul
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %h = input : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h2 = matmul_add(%x, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  %g = weight : f32[4096]\n  %xn = rms_norm(%h2, %g) {eps = 1e-5} : f32[T, 4096]\n  %w2 = weight : bf16[4096, 4096]\n  %y = matmul_add(%xn, %w2, %h2) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let unfolded = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert!(unfolded.iter().any(|s| s.node == "h2" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))), "off by default");
+        let steps = fold_splitk_reduce_norm(unfolded);
+        // h2's reduce is gone, folded into the norm; y's (read by no norm) stays
+        assert!(steps.iter().all(|s| !(s.node == "h2" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. })))));
+        assert!(steps.iter().any(|s| s.node == "y" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))));
+        let norm = steps.iter().find(|s| s.node == "xn").unwrap();
+        assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 4096, eps_bits: 1e-5f32.to_bits(), f16: false }));
+        let [alt] = &norm.hopper[..] else { panic!("{:?}", norm.hopper) };
+        assert_eq!(alt.kernel, KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
+        assert_eq!(alt.args.as_deref().unwrap(), ["h2@splitk4", "h", "h2", "g", "xn", "xn@bf16"]);
+        let mm = steps.iter().find(|s| s.node == "h2" && s.kernel.is_some()).unwrap();
+        assert_eq!((alt.min_rows, alt.max_rows), (mm.hopper[0].min_rows, mm.hopper[0].max_rows));
     }
 
     #[test]

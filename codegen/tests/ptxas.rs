@@ -67,6 +67,14 @@ pub fn all_specs() -> Vec<KernelSpec> {
             parts: vec![1024, 4096, 1024],
         });
     }
+    // 224-wide 64-row tiles (the 8B shape's gate/up at 16-64 rows: 128 tiles for 132 SMs)
+    {
+        let t = dsc_codegen::kernels::pipe64_tiling(28672);
+        assert_eq!(t.bn, 224);
+        let pipe = KernelSpec::MatMulPipe { k: 4096, n: 28672, wdtype: DType::BF16, bias: false, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: true, bm: 64 };
+        v.push(pipe.clone());
+        v.push(KernelSpec::MatMulParts { inner: Box::new(pipe), parts: vec![14336, 14336] });
+    }
     // split-K over the 64-row tiles (DSC_SPLIT_K: the 8B shape's o and down projections) and
     // its reduce pass
     for (k, sk) in [(4096usize, 4usize), (14336, 4), (4096, 2)] {
@@ -101,6 +109,15 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::Argmax { d: 49152 });
     v.push(KernelSpec::Argmax { d: 128256 });
     v.push(KernelSpec::Argmax { d: 1001 });
+    // the split-K reduce folded into the RMSNorm after it
+    v.push(KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
+    v.push(KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits: 1e-5f32.to_bits(), half: None });
+    // split-K over a merged matmul (q/k/v of the 8B shape)
+    {
+        let t = dsc_codegen::kernels::pipe64_tiling(4096);
+        let pipe = KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: true, bm: 64 };
+        v.push(KernelSpec::SplitK { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(pipe), parts: vec![4096, 1024, 1024] }), splits: 2 });
+    }
     v.push(KernelSpec::Slice { inner: 64, d: 12, start: 3, len: 4 });
     v.push(KernelSpec::TakeAlong { n_in: 64, k: 6 });
     v.push(KernelSpec::TopK { d: 64, k: 6 });

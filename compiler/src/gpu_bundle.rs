@@ -487,9 +487,9 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         dsc_codegen::kernels::pipe_tiling(6144),
         T { bn: 256, stages: 3, overlap: true, a16: false, bm: dsc_codegen::kernels::PIPE_BM },
         dsc_codegen::kernels::pipe64_tiling(4096),
+        // (224-wide tiles: the 8B shape's gate/up)
         dsc_codegen::kernels::pipe64_tiling(28672),
-        // (64-column tiles, twice the blocks for N = 4,096: DSC_GEMM_PIPE64=64,8 sweeps)
-        T { bn: 64, stages: 8, overlap: true, a16: true, bm: 64 },
+        dsc_codegen::kernels::pipe64_tiling(128256),
     ];
     for (i, &T { bn, stages, overlap, a16, bm }) in tilings.iter().enumerate() {
         if tilings[..i].contains(&tilings[i]) {
@@ -717,6 +717,92 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             init: None,
             written_inputs: vec![],
             tol: 1e-5,
+        });
+        specs.push(spec);
+    }
+    // ... and over a merged matmul (q/k/v: parts of whole column tiles), each K slice's
+    // partial sums part-major like the merged output
+    {
+        let sk = 2usize;
+        let t = dsc_codegen::kernels::pipe64_tiling(4096);
+        let parts = vec![t.bn, 2 * t.bn];
+        let (m, k, n) = (40usize, 64 * sk * 3, 3 * t.bn);
+        let kp = k / sk;
+        let ws: Vec<Vec<f32>> = parts.iter().map(|&p| rand_vec(p * k, -0.1, 0.1)).collect();
+        let x = rand_vec(m * k, -1.0, 1.0);
+        let mut partials = vec![];
+        for part in 0..sk {
+            let cols = |v: &[f32], rows: usize| -> Vec<f32> { (0..rows).flat_map(|i| v[i * k + part * kp..i * k + (part + 1) * kp].to_vec()).collect() };
+            for (w, &p) in ws.iter().zip(&parts) {
+                let wp = dsc_ir::quant::encode(DType::BF16, &cols(w, p)).context("encode")?;
+                let wt: Weights = HashMap::from([("w".to_string(), (DType::BF16, vec![p, kp], wp))]);
+                partials.extend(matmul_reference(&cols(&x, m), None, m, kp, p, DType::BF16, &wt)?);
+            }
+        }
+        let pipe = KernelSpec::MatMulPipe { k, n, wdtype: DType::BF16, bias: false, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: true, bm: 64 };
+        let spec = KernelSpec::SplitK { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(pipe), parts: parts.clone() }), splits: sk };
+        let (g, b) = grid(&spec.launch(), n);
+        let mut inputs = vec![data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?)];
+        for w in &ws {
+            inputs.push(data.push_u8(&dsc_ir::quant::encode(DType::BF16, w).context("encode")?));
+        }
+        cases.push(Case {
+            name: format!("matmul_cat pipe{}s{} m64 split-K {sk} {m}x{k}x({}+{}) bf16", t.bn, t.stages, parts[0], parts[1]),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: m.div_ceil(64) as u32,
+            block: b,
+            inputs,
+            scalars: vec![m as i64, n as i64, m as i64],
+            expected: data.push(&partials),
+            init: None,
+            written_inputs: vec![],
+            tol: 1e-2,
+        });
+        specs.push(spec);
+    }
+    // the split-K reduce folded into the RMSNorm after it: y (the parts' sum + the residual)
+    // and the normalized x written over NaN-filled buffers, the 16-bit copy (or x) the output
+    for (sk, residual, rows, d, half) in [(4usize, true, 5usize, 2048usize, Some(false)), (2, false, 3, 1000, None)] {
+        let eps = 1e-5f32;
+        let parts = rand_vec(sk * rows * d, -1.0, 1.0);
+        let r = rand_vec(rows * d, -1.0, 1.0);
+        let y: Vec<f32> = (0..rows * d).map(|i| (0..sk).map(|p| parts[p * rows * d + i]).sum::<f32>() + if residual { r[i] } else { 0.0 }).collect();
+        let w = rand_vec(d, 0.5, 1.5);
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::F32, vec![d], w.iter().flat_map(|v| v.to_le_bytes()).collect()))]);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %y = rms_norm(%x, %w) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n");
+        let xn = reference(&src, vec![("x", Tensor::new(vec![rows, d], y.clone()))], &ws)?;
+        let spec = KernelSpec::SplitKReduceNorm { splits: sk, residual, d, eps_bits: eps.to_bits(), half };
+        let (g, b) = grid(&spec.launch(), rows);
+        let poison = data.push(&vec![f32::NAN; rows * d]);
+        let mut inputs = vec![data.push(&parts)];
+        if residual {
+            inputs.push(data.push(&r));
+        }
+        let yi = inputs.len();
+        inputs.extend([poison.clone(), data.push(&w)]);
+        let (expected, mut written) = match half {
+            Some(f16) => {
+                let h = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &xn).context("encode")?;
+                let words: Vec<f32> = h.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                inputs.push(poison.clone());
+                (data.push(&words), vec![(yi + 2, data.push(&xn))])
+            }
+            None => (data.push(&xn), vec![]),
+        };
+        written.insert(0, (yi, data.push(&y)));
+        cases.push(Case {
+            name: format!("splitk reduce {sk}{} + rms_norm {rows}x{d}{}", if residual { " +res" } else { "" }, if half.is_some() { " + bf16 copy" } else { "" }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs,
+            scalars: vec![rows as i64],
+            expected,
+            init: None,
+            written_inputs: written,
+            tol: 1e-2,
         });
         specs.push(spec);
     }
@@ -973,7 +1059,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     for (h, kvh, d, bs, nb, seqs) in [
         (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]),
         (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]),
-        (8, 2, 64, 16, 230, vec![(1999, 2000), (1500, 1501)]),
+        (8, 2, 64, 16, 140, vec![(1999, 2000), (200, 201)]),
         (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)]),
         (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)]),
     ] {
