@@ -17,8 +17,9 @@
 # [".gpu/check", ".gpu/dsc-runtime"]: bash scripts/gpu-check.sh), then at once (warm machine)
 # carry [".gpu/sweep", ".gpu/dsc-runtime"]: BATCHES=1,8,32 bash scripts/gpu-sweep.sh
 # (e.g. SWEEP_ENV="DSC_FEW_X16=0 DSC_PIPE_MIN_ROWS=129": batched decode as before session 6;
-# DSC_ATTN_KEYS=8: the decode attention's keys per warp step; DSC_SPLIT_K=4: split-K for the
-# batched decode of the 8B shape's o/down projections)
+# DSC_ATTN_KEYS=8: the decode attention's keys per warp step; DSC_SILU_HALF=1: silu_mul writes
+# the down projection's bf16 copy, prepared in session 8; DSC_SPLITK_NORM=1: the split-K reduce
+# folded into the next RMSNorm, measured slower)
 # Prefill GEMM tilings: scripts/gpu-gemm-sweep.sh (its header)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -288,6 +288,10 @@ pub enum KernelSpec {
     TopK { d: usize, k: usize },
     /// y = x with its axes permuted (rank <= 4); params x, y, n, then the input's dims
     Transpose { perm: Vec<usize> },
+    /// y = silu(a) * b (the SwiGLU of batched steps) that also writes y's 16-bit copy (`f16`:
+    /// f16, else bf16) for the down projection's readers, instead of a `ToHalf` launch;
+    /// params a, b, y, yh, n, nb (b repeats every nb elements)
+    SiluMulHalf { f16: bool },
     /// y = concat(x_0 .. x_{m-1}) along an axis: sizes along the axis, elements per axis step
     /// (`inner`); params x_0.., y, n
     Concat { sizes: Vec<usize>, inner: usize },
@@ -336,6 +340,7 @@ impl KernelSpec {
         match self {
             KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
             KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
+            KernelSpec::SiluMulHalf { f16 } => format!("binary_silu_mul_f32_{}", if *f16 { "f16" } else { "bf16" }),
             KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
             KernelSpec::RmsNormHalf { d, f16, .. } => format!("rms_norm_d{d}_f32_{}", if *f16 { "f16" } else { "bf16" }),
             KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
@@ -408,7 +413,7 @@ impl KernelSpec {
     }
     pub fn launch(&self) -> Launch {
         match self {
-            KernelSpec::Unary(_) | KernelSpec::Binary(_) => Launch::PerElement { threads: 256 },
+            KernelSpec::Unary(_) | KernelSpec::Binary(_) | KernelSpec::SiluMulHalf { .. } => Launch::PerElement { threads: 256 },
             // a block of 8 warps per row with 16-byte loads (a warp per row leaves a 4096-wide
             // row as 128 dependent load iterations: 55 us instead of a few)
             KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if rms_norm_regs(*d).is_some() => Launch::BlockPerRow { warps: rms_norm_regs(*d).expect("checked").0 as u32 },
@@ -2961,6 +2966,22 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.store(&y, "%y", &i);
             b.line("}");
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::SiluMulHalf { f16 } => {
+            let i = b.open_guarded_gid();
+            let j = b.op(&format!("arith.remui {i}, %nb : i64"));
+            let x = b.load("%a", &i);
+            let y = b.load("%b", &j);
+            let s = unary_expr(b, UnaryOp::Silu, &x)?;
+            let z = b.op(&format!("arith.mulf {s}, {y} : f32"));
+            b.store(&z, "%y", &i);
+            // (the 16-bit copy as the norm + quantize kernels round it: the low half of a pair)
+            let w = b.pack2(&z, &z, *f16);
+            let h = b.op(&format!("arith.trunci {w} : i32 to i16"));
+            let p = b.op(&format!("llvm.getelementptr %yh[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+            b.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
+            b.line("}");
+            "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %yh: !llvm.ptr<1>, %n: i64, %nb: i64".into()
         }
         KernelSpec::Binary(op) => {
             let i = b.open_guarded_gid();

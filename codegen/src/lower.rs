@@ -215,6 +215,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 None => Some(SPLIT_K_PARTS),
             },
             norm_half: !std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "0"),
+            silu_half: std::env::var("DSC_SILU_HALF").is_ok_and(|v| v == "1"),
         },
     )
 }
@@ -241,11 +242,15 @@ pub struct LowerOptions {
     /// and the device argmax, 8B b32 6,322 -> 6,426, b64 10,233 -> 10,523, prefill 512
     /// 21.7k -> 22.6k tok/s (bench/results/norm-half-2026-11-30.json); DSC_NORM_HALF=0 off)
     pub norm_half: bool,
+    /// ... and so does a silu_mul step (`SiluMulHalf`: 32 casts fewer per 8B step from 16
+    /// rows); prepared, bundle cases and ptxas, not yet run on the H200, so off
+    /// (DSC_SILU_HALF=1 at compile time turns it on; with `norm_half` only)
+    pub silu_half: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true, silu_half: false }
     }
 }
 
@@ -490,7 +495,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         Some(sk) => split_k(steps, sk),
         None => steps,
     };
-    let steps = insert_half_casts(steps, opts.norm_half);
+    let steps = insert_half_casts(steps, opts.norm_half, opts.silu_half);
     // (off: measured slower on the H200 — one block per row reads all the partial sums, 32
     // blocks at b32 — 8B b32 6,360 -> 6,021, b64 10,447 -> 9,793,
     // bench/results/splitk-norm-2026-11-30.json; DSC_SPLITK_NORM=1 at compile time folds)
@@ -807,7 +812,7 @@ fn split_k(steps: Vec<Step>, max_parts: usize) -> Vec<Step> {
 /// With `norm_half`, an x that an RMSNorm step writes gets its copy from that step instead
 /// (`RmsNormHalf`: norm + quantize, no cast launch; the copy's buffer is declared by a
 /// kernel-less step).
-fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
+fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bool) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::with_capacity(steps.len());
     // cast buffer -> its cast step's index in `out` (None: an RMSNorm writes it)
     let mut made: std::collections::HashMap<String, Option<usize>> = std::collections::HashMap::new();
@@ -827,9 +832,19 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
             };
             let f16 = wdtype == DType::F16;
             let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
-            // (for a new copy: the RMSNorm step writing x, where it can write the copy too)
+            // (for a new copy: the RMSNorm — or silu_mul — step writing x, where it can write the
+            // copy too)
             let norm = || {
-                norm_half.then(|| out.iter().position(|p| p.node == x && p.alias_of.is_none() && p.args.len() == 3 && matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0))).flatten()
+                norm_half
+                    .then(|| {
+                        out.iter().position(|p| {
+                            p.node == x
+                                && p.alias_of.is_none()
+                                && p.args.len() == 3
+                                && (matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0) || (silu_half && p.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))))
+                        })
+                    })
+                    .flatten()
             };
             match made.get(&half) {
                 // (one cast serves every alternative reading it: it runs from the fewest rows)
@@ -837,9 +852,11 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool) -> Vec<Step> {
                 Some(None) => {}
                 None => match norm() {
                     Some(i) => {
-                        if let Some(KernelSpec::RmsNorm { d, eps_bits }) = out[i].kernel {
-                            out[i].kernel = Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 });
-                        }
+                        out[i].kernel = match out[i].kernel.take() {
+                            Some(KernelSpec::RmsNorm { d, eps_bits }) => Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 }),
+                            Some(KernelSpec::Binary(_)) => Some(KernelSpec::SiluMulHalf { f16 }),
+                            other => other,
+                        };
                         out[i].args.push(half.clone());
                         made.insert(half.clone(), None);
                         out.push(Step::new(&half));
@@ -1079,9 +1096,9 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false }).unwrap();
+        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false }).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false }).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -1231,6 +1248,25 @@ mod tests {
         // the cast to bf16 runs from the split's first row
         let cast = steps.iter().find(|s| s.node == "x@bf16").unwrap();
         assert!(cast.min_rows.unwrap() <= SPLIT_K_MIN_ROWS);
+    }
+
+    #[test]
+    fn silu_mul_writes_the_16_bit_copy_the_down_projection_reads() {
+        let src = "graph \"t\" {\n  %g = input : f32[T, 256]\n  %u = input : f32[T, 256]\n  %h = silu_mul(%g, %u) : f32[T, 256]\n  %w = weight : bf16[4096, 256]\n  %y = matmul(%h, %w) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let steps = lower_opts(&g, LowerOptions { silu_half: true, ..Default::default() }).unwrap();
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
+        let sm = steps.iter().find(|s| s.node == "h").unwrap();
+        assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
+        assert_eq!(sm.args, ["g", "u", "h", "h@bf16"]);
+        let y = steps.iter().find(|s| s.node == "y").unwrap();
+        assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "h@bf16"));
+        // (by default, and without norm + quantize: the cast, and silu_mul as before)
+        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..Default::default() }).unwrap();
+        assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
+        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
+        assert!(plain.iter().any(|s| s.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))));
     }
 
     #[test]

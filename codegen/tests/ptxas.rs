@@ -109,6 +109,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::Argmax { d: 49152 });
     v.push(KernelSpec::Argmax { d: 128256 });
     v.push(KernelSpec::Argmax { d: 1001 });
+    v.push(KernelSpec::SiluMulHalf { f16: false });
+    v.push(KernelSpec::SiluMulHalf { f16: true });
     // the split-K reduce folded into the RMSNorm after it
     v.push(KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
     v.push(KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits: 1e-5f32.to_bits(), half: None });

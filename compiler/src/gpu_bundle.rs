@@ -159,6 +159,33 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
         specs.push(spec);
     }
+    // silu_mul writing the 16-bit copy the down projection reads (norm + quantize's sibling):
+    // y over a NaN-filled buffer, the copy (as 32-bit words of 16-bit pairs) the output
+    for f16 in [false, true] {
+        let (rows, cols) = (33usize, 576usize);
+        let a = rand_vec(rows * cols, -3.0, 3.0);
+        let bv = rand_vec(rows * cols, -2.0, 2.0);
+        let src = format!("graph \"k\" {{\n  %a = input : f32[{rows}, {cols}]\n  %b = input : f32[{rows}, {cols}]\n  %y = silu_mul(%a, %b) : f32[{rows}, {cols}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("a", Tensor::new(vec![rows, cols], a.clone())), ("b", Tensor::new(vec![rows, cols], bv.clone()))], &none)?;
+        let half = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &want).context("encode")?;
+        let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let spec = KernelSpec::SiluMulHalf { f16 };
+        let (g, b) = grid(&spec.launch(), rows * cols);
+        cases.push(Case {
+            name: format!("silu_mul {rows}x{cols} + {} copy", if f16 { "f16" } else { "bf16" }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![data.push(&a), data.push(&bv), data.push(&vec![f32::NAN; rows * cols])],
+            scalars: vec![(rows * cols) as i64, (rows * cols) as i64],
+            expected: data.push(&words),
+            init: None,
+            written_inputs: vec![(2, data.push(&want))],
+            tol: 1e-2,
+        });
+        specs.push(spec);
+    }
     for (rows, d) in [(77usize, 576usize), (5, 4096), (3, 8192), (9, 2048)] {
         let eps = 1e-5f32;
         let spec = KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() };
