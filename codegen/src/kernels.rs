@@ -119,6 +119,21 @@ pub fn rms_norm_regs(d: usize) -> Option<(usize, usize)> {
     (1..=32usize).rev().find(|w| pieces % (32 * w) == 0 && pieces / (32 * w) <= 4).map(|w| (w, pieces / (32 * w)))
 }
 
+/// The loop values of a block-per-row kernel over 4-float row pieces ([`Body::open_row_pieces`]):
+/// thread index, its first piece's column (t·4), the row width, the loop step (4 per thread),
+/// the row's first element, f32 zero, i64 4, the `%red` memref type.
+#[derive(Clone)]
+struct RowPieces {
+    t: String,
+    t4: String,
+    dd: String,
+    step: String,
+    base: String,
+    zero: String,
+    c4b: String,
+    smt: String,
+}
+
 /// Whether an RMSNorm kernel also writes a 16-bit copy (`Some(f16)`).
 fn rms_half(spec: &KernelSpec) -> Option<bool> {
     match spec {
@@ -874,6 +889,61 @@ impl Body {
         let g = self.op(&format!("arith.divui {lane}, {c4} : i64"));
         let tq = self.op(&format!("arith.remui {lane}, {c4} : i64"));
         (warp, lane, g, tq)
+    }
+    /// The opening of a block-per-row kernel: `scf.if row < %rows` (row = block x) opened, the
+    /// caller closes it; (thread index, row as i64).
+    fn open_block_row(&mut self) -> (String, String) {
+        let t = self.op("gpu.thread_id x");
+        let row = self.op("gpu.block_id x");
+        let rowi = self.idx64(&row);
+        let ok = self.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+        self.line(&format!("scf.if {ok} {{"));
+        (t, rowi)
+    }
+    /// The opening of a block-per-row kernel over rows of `d` floats, 4 per thread per loop
+    /// step (`%red`: one f32 per warp of `warps`): `scf.if row < %rows` opened (the caller
+    /// closes it); the loop's values.
+    fn open_row_pieces(&mut self, d: usize, warps: usize) -> RowPieces {
+        let nt = 32 * warps;
+        let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
+        self.workgroup = Some(format!("%red : {smt}"));
+        let (t, rowi) = self.open_block_row();
+        let c4 = self.op("arith.constant 4 : index");
+        let t4 = self.op(&format!("arith.muli {t}, {c4} : index"));
+        let dd = self.op(&format!("arith.constant {d} : index"));
+        let step = self.op(&format!("arith.constant {} : index", 4 * nt));
+        let dd64 = self.ci64(d as i64);
+        let base = self.op(&format!("arith.muli {rowi}, {dd64} : i64"));
+        let zero = self.cf32(0.0);
+        let c4b = self.ci64(4);
+        RowPieces { t, t4, dd, step, base, zero, c4b, smt }
+    }
+    /// An RMSNorm's scaling pass over the row pieces of [`Body::open_row_pieces`]: `out` =
+    /// `src` · `inv` · `g` (g: one f32 per column), and with `half` = (f16, pointer) its
+    /// 16-bit copy.
+    fn scale_row_pieces(&mut self, r: &RowPieces, src: &str, g: &str, inv: &str, out: &str, half: Option<(bool, &str)>) {
+        let RowPieces { t4, dd, step, base, c4b, .. } = r;
+        let iv2 = self.v();
+        self.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
+        let i = self.idx64(&iv2);
+        let e = self.op(&format!("arith.addi {base}, {i} : i64"));
+        let bo = self.op(&format!("arith.muli {e}, {c4b} : i64"));
+        let wo = self.op(&format!("arith.muli {i}, {c4b} : i64"));
+        let xs = self.load_vec(src, &bo, 4, "f32", 16);
+        let ws = self.load_vec(g, &wo, 4, "f32", 16);
+        let mut ys = vec![];
+        for j in 0..4 {
+            let xn = self.op(&format!("arith.mulf {}, {inv} : f32", xs[j]));
+            let y = self.op(&format!("arith.mulf {xn}, {} : f32", ws[j]));
+            let cj = self.ci64(j as i64);
+            let yi = self.op(&format!("arith.addi {e}, {cj} : i64"));
+            self.store(&y, out, &yi);
+            ys.push(y);
+        }
+        if let Some((f16, ptr)) = half {
+            self.store_half4(&ys, ptr, &e, f16);
+        }
+        self.line("}");
     }
     fn lane_warp(&mut self, t: &str) -> (String, String) {
         let c32 = self.op("arith.constant 32 : index");
@@ -3016,11 +3086,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let nt = 32 * warps;
             let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
             b.workgroup = Some(format!("%red : {smt}"));
-            let t = b.op("gpu.thread_id x");
-            let row = b.op("gpu.block_id x");
-            let rowi = b.idx64(&row);
-            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let (t, rowi) = b.open_block_row();
             let t64 = b.idx64(&t);
             let dd64 = b.ci64(*d as i64);
             let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
@@ -3079,22 +3145,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         KernelSpec::RmsNorm { d, eps_bits } | KernelSpec::RmsNormHalf { d, eps_bits, .. } if d % 4 == 0 => {
             let eps = f32::from_bits(*eps_bits);
             let Launch::BlockPerRow { warps } = spec.launch() else { unreachable!() };
-            let nt = 32 * warps as usize;
-            b.workgroup = Some(format!("%red : memref<{warps}xf32, #gpu.address_space<workgroup>>"));
-            let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
-            let t = b.op("gpu.thread_id x");
-            let row = b.op("gpu.block_id x");
-            let rowi = b.idx64(&row);
-            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
-            b.line(&format!("scf.if {ok} {{"));
-            let c4 = b.op("arith.constant 4 : index");
-            let t4 = b.op(&format!("arith.muli {t}, {c4} : index"));
-            let dd = b.op(&format!("arith.constant {d} : index"));
-            let step = b.op(&format!("arith.constant {} : index", 4 * nt));
-            let dd64 = b.ci64(*d as i64);
-            let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
-            let zero = b.cf32(0.0);
-            let c4b = b.ci64(4);
+            let r = b.open_row_pieces(*d, warps as usize);
+            let RowPieces { t, t4, dd, step, base, zero, c4b, smt, .. } = r.clone();
             // sum of squares: 4 floats per thread per iteration
             let acc = b.v();
             let (iv, a) = (b.v(), b.v());
@@ -3110,28 +3162,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             let total = b.block_sum(&acc, &t, warps as usize, &smt, &zero);
             let inv = b.inv_rms(&total, *d, eps);
-            let iv2 = b.v();
-            b.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
-            let i = b.idx64(&iv2);
-            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
-            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
-            let wo = b.op(&format!("arith.muli {i}, {c4b} : i64"));
-            let xs = b.load_vec("%x", &bo, 4, "f32", 16);
-            let ws = b.load_vec("%w", &wo, 4, "f32", 16);
             let half = rms_half(spec);
-            let mut ys = vec![];
-            for j in 0..4 {
-                let xn = b.op(&format!("arith.mulf {}, {inv} : f32", xs[j]));
-                let y = b.op(&format!("arith.mulf {xn}, {} : f32", ws[j]));
-                let cj = b.ci64(j as i64);
-                let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
-                b.store(&y, "%y", &yi);
-                ys.push(y);
-            }
-            if let Some(f16) = half {
-                b.store_half4(&ys, "%yh", &e, f16);
-            }
-            b.line("}");
+            b.scale_row_pieces(&r, "%x", "%w", &inv, "%y", half.map(|f16| (f16, "%yh")));
             b.line("}");
             rms_norm_params(half)
         }
@@ -3352,24 +3384,11 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 return Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}"));
             }
             let warps = SPLITK_NORM_WARPS;
-            let nt = 32 * warps;
-            let smt = format!("memref<{warps}xf32, #gpu.address_space<workgroup>>");
-            b.workgroup = Some(format!("%red : {smt}"));
-            let t = b.op("gpu.thread_id x");
-            let row = b.op("gpu.block_id x");
-            let rowi = b.idx64(&row);
-            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
-            b.line(&format!("scf.if {ok} {{"));
-            let c4 = b.op("arith.constant 4 : index");
-            let t4 = b.op(&format!("arith.muli {t}, {c4} : index"));
-            let dd = b.op(&format!("arith.constant {d} : index"));
-            let step = b.op(&format!("arith.constant {} : index", 4 * nt));
-            let dd64 = b.ci64(*d as i64);
-            let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
+            let r = b.open_row_pieces(*d, warps);
+            let RowPieces { t, t4, dd, step, base, zero, c4b, smt, .. } = r.clone();
             // (a slice of the partial sums is [rows, d])
+            let dd64 = b.ci64(*d as i64);
             let slice = b.op(&format!("arith.muli %rows, {dd64} : i64"));
-            let zero = b.cf32(0.0);
-            let c4b = b.ci64(4);
             // y = the parts' sum (+ res), 4 floats per thread per iteration, and sum(y^2)
             let acc = b.v();
             let (iv, a) = (b.v(), b.v());
@@ -3407,27 +3426,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let total = b.block_sum(&acc, &t, warps, &smt, &zero);
             let inv = b.inv_rms(&total, *d, f32::from_bits(*eps_bits));
             // (each thread reads back the y it wrote)
-            let iv2 = b.v();
-            b.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
-            let i = b.idx64(&iv2);
-            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
-            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
-            let wo = b.op(&format!("arith.muli {i}, {c4b} : i64"));
-            let ys = b.load_vec("%y", &bo, 4, "f32", 16);
-            let gs = b.load_vec("%g", &wo, 4, "f32", 16);
-            let mut xs = vec![];
-            for j in 0..4 {
-                let yn = b.op(&format!("arith.mulf {}, {inv} : f32", ys[j]));
-                let x = b.op(&format!("arith.mulf {yn}, {} : f32", gs[j]));
-                let cj = b.ci64(j as i64);
-                let xi = b.op(&format!("arith.addi {e}, {cj} : i64"));
-                b.store(&x, "%xn", &xi);
-                xs.push(x);
-            }
-            if let Some(f16) = half {
-                b.store_half4(&xs, "%xh", &e, *f16);
-            }
-            b.line("}");
+            b.scale_row_pieces(&r, "%y", "%g", &inv, "%xn", half.map(|f16| (f16, "%xh")));
             b.line("}");
             format!(
                 "%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %g: !llvm.ptr<1>, %xn: !llvm.ptr<1>, {}%rows: i64",
@@ -3909,11 +3908,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let iters = nvec.div_ceil(nt * u);
             let (smv, smi) = (format!("memref<{warps}xf32, #gpu.address_space<workgroup>>"), format!("memref<{warps}xi32, #gpu.address_space<workgroup>>"));
             b.workgroup = Some(format!("%redv : {smv}, %redi : {smi}"));
-            let t = b.op("gpu.thread_id x");
-            let row = b.op("gpu.block_id x");
-            let rowi = b.idx64(&row);
-            let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
-            b.line(&format!("scf.if {ok} {{"));
+            let (t, rowi) = b.open_block_row();
             let t64 = b.idx64(&t);
             let cd = b.ci64(*d as i64);
             let base = b.op(&format!("arith.muli {rowi}, {cd} : i64"));
