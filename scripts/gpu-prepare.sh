@@ -19,7 +19,8 @@
 # (e.g. SWEEP_ENV="DSC_FEW_X16=0 DSC_PIPE_MIN_ROWS=129": batched decode as before session 6;
 # DSC_ATTN_KEYS=8: the decode attention's keys per warp step; DSC_SILU_HALF=1: silu_mul writes
 # the down projection's bf16 copy, prepared in session 8; DSC_SPLITK_NORM=1: the split-K reduce
-# folded into the next RMSNorm, measured slower)
+# folded into the next RMSNorm, measured slower; DSC_TMA=1: W tiles by TMA, prepared in
+# session 8 — its bundle cases too, so run that check under `timeout 150`)
 # Prefill GEMM tilings: scripts/gpu-gemm-sweep.sh (its header)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -182,6 +182,7 @@ impl KernelSpec {
     pub fn hopper_only(&self) -> bool {
         match self {
             KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::SplitK { inner, .. } => inner.hopper_only(),
+            KernelSpec::Tma { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -331,6 +332,12 @@ pub enum KernelSpec {
     /// `MatMulParts` of the pipelined matmul (q/k/v): each slice is then part-major like the
     /// merged output, so the reduce is the same elementwise sum
     SplitK { inner: Box<KernelSpec>, splits: usize },
+    /// `inner` (the pipelined wgmma matmul, possibly inside `SplitK` / `MatMulParts` /
+    /// `MatMulAct`) with its W tiles loaded by TMA: each W param is instead a pointer to a
+    /// 128-byte `CUtensorMap` of that weight (bf16/f16 [N, K], box 64 x bn, 128-byte
+    /// swizzle), arg `{w}@tmap{bn}`; one thread per stage issues the bulk tensor copy on
+    /// the stage's mbarrier. Prepared, not yet run on the H200 (DSC_TMA=1)
+    Tma { inner: Box<KernelSpec> },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
     /// parts, [res], y, n (elements of y)
     SplitKReduce { splits: usize, residual: bool },
@@ -384,6 +391,7 @@ impl KernelSpec {
             KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
+            KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
             KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
             KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => format!(
                 "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}",
@@ -466,6 +474,11 @@ impl KernelSpec {
             | KernelSpec::SeededInit { .. }
             | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: SPLITK_NORM_WARPS as u32 },
+            // (the stages' mbarriers past the tiles: 8 bytes each)
+            KernelSpec::Tma { inner } => match inner.launch() {
+                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
+                other => other,
+            },
             KernelSpec::SplitK { inner, splits } => match inner.launch() {
                 // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
@@ -508,6 +521,9 @@ struct Body {
     /// a split-K merged matmul: the columns of all parts (a partial-sum slice is [M, all]),
     /// where `%n` is the block's part's
     split_n: Option<&'static str>,
+    /// the pipelined matmul's W tiles come by TMA: `%w` points at a `CUtensorMap`
+    /// (`KernelSpec::Tma`)
+    tma: bool,
 }
 
 impl Body {
@@ -1732,6 +1748,9 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
     }
 }
 
+/// Shared memory past a TMA pipelined matmul's stages for their mbarriers (8 bytes each).
+pub const TMA_MBAR_BYTES: usize = 128;
+
 /// SMs of the GPU the sm_90a kernels' grids are sized for (H100 SXM, H200: 132).
 pub const TARGET_SMS: usize = 132;
 
@@ -1849,7 +1868,10 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let mut slots: Vec<(String, String, String, i64, bool)> = vec![];
     // (x in 16 bits: the same 128-byte rows and swizzle as W)
     let xs = if a16 { (false, bm * 8, 8i64, 2i64) } else { (false, bm * 16, 16, 4) };
-    for (is_w, units, chunks, elt) in [xs, (true, bn * 8, 8, 2)] {
+    // (with TMA, W's tiles come as one bulk tensor copy per stage instead)
+    let tma = b.tma;
+    let ws = (true, if tma { 0 } else { bn * 8 }, 8, 2);
+    for (is_w, units, chunks, elt) in [xs, ws] {
         for i in 0..units / 256 {
             let ci = c(b, 256 * i as i64);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
@@ -1920,8 +1942,66 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \"r,l,r\" {sa}, {ga}, {sz} : (i32, i64, i32) -> ()"));
         }
     };
-    let issue = |b: &mut Body, ks: &str, st: &str| issue_of(b, ks, st, None);
+    // TMA: the mbarriers, one per stage (8 bytes each past the stages), thread 0 arming stage
+    // `st`'s with the tile's bytes and issuing the bulk copy of K step `ks` (coordinates in
+    // elements: K, then the tile's first row; rows past N arrive as zeros)
+    let mb0 = {
+        let cs = b.ci64(stages as i64 * stage_bytes);
+        b.op(&format!("arith.addi {base}, {cs} : i64"))
+    };
+    let mbar = |b: &mut Body, st: &str| -> String {
+        let c8 = b.ci64(8);
+        let o = b.op(&format!("arith.muli {st}, {c8} : i64"));
+        let a = b.op(&format!("arith.addi {mb0}, {o} : i64"));
+        b.op(&format!("arith.trunci {a} : i64 to i32"))
+    };
+    let tma_issue = |b: &mut Body, ks: &str, st: &str| {
+        let c0 = b.ci64(0);
+        let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"));
+        b.line(&format!("scf.if {first} {{"));
+        let mb = mbar(b, st);
+        let csb = b.ci64(stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        let cab = b.ci64(a_bytes);
+        let dst = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+        let dst = b.op(&format!("arith.trunci {dst} : i64 to i32"));
+        let kstep = match &k0 {
+            Some(k0) => b.op(&format!("arith.addi {k0}, {ks} : i64")),
+            None => ks.to_string(),
+        };
+        let c64 = b.ci64(64);
+        let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
+        let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+        let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
+        let bytes = b.op(&format!("arith.constant {} : i32", bn * 128));
+        let map = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+        b.line(&format!(
+            "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$2], [$3, {{$4, $5}}], [$0];\", \"r,r,r,l,r,r\" {mb}, {bytes}, {dst}, {map}, {kc}, {nc} : (i32, i32, i32, i64, i32, i32) -> ()"
+        ));
+        b.line("}");
+    };
+    let issue = |b: &mut Body, ks: &str, st: &str| {
+        issue_of(b, ks, st, None);
+        if tma {
+            tma_issue(b, ks, st);
+        }
+    };
     let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
+    if tma {
+        // (thread 0 initialises every stage's mbarrier, one arrival each, before any copy)
+        let c0 = b.ci64(0);
+        let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"));
+        b.line(&format!("scf.if {first} {{"));
+        for st in 0..stages {
+            let cst = b.ci64(st as i64);
+            let mb = mbar(b, &cst);
+            b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 1;\", \"r\" {mb} : (i32) -> ()"));
+        }
+        b.line("llvm.inline_asm has_side_effects \"fence.mbarrier_init.release.cluster;\", \"\" : () -> ()");
+        b.line("}");
+        b.line("gpu.barrier");
+    }
     // prologue: K steps 0 .. ahead - 1
     if b.pdl && !b.waited && gemv_preload() {
         // W does not depend on the previous kernel (graph weights only): its prologue copies
@@ -1930,6 +2010,9 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         for s in 0..ahead.min(nk) {
             let ks = b.ci64(s);
             issue_of(b, &ks, &ks, Some(true));
+            if tma {
+                tma_issue(b, &ks, &ks);
+            }
         }
         b.wait_for_previous();
         for s in 0..ahead {
@@ -2012,6 +2095,23 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     // one K step `kt` (i64) on accumulators `acc`: returns the new accumulators
     let step = |b: &mut Body, kt: &str, acc: &[String]| -> Vec<String> {
         b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.wait_group {};\", \"\" : () -> ()", ahead - 1));
+        if tma {
+            // (this step's W tile: its stage's mbarrier completes phase kt / stages)
+            let st = b.op(&format!("arith.remui {kt}, {cst} : i64"));
+            let mb = mbar(b, &st);
+            let u = b.op(&format!("arith.divui {kt}, {cst} : i64"));
+            let c1 = b.ci64(1);
+            let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
+            let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
+            b.line("scf.while : () -> () {");
+            let r = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"));
+            let z = b.op("arith.constant 0 : i32");
+            let pending = b.op(&format!("arith.cmpi eq, {r}, {z} : i32"));
+            b.line(&format!("scf.condition({pending})"));
+            b.line("} do {");
+            b.line("scf.yield");
+            b.line("}");
+        }
         b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
         b.line("gpu.barrier");
         let kn = b.op(&format!("arith.addi {kt}, {cs1} : i64"));
@@ -2576,7 +2676,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None, split_k: None, split_n: None };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None, split_k: None, split_n: None, tma: false };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -3364,6 +3464,18 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             matmul_params(*bias, *residual, false)
+        }
+        KernelSpec::Tma { inner } => {
+            let mut pipe = inner.as_ref();
+            while let KernelSpec::SplitK { inner: i, .. } | KernelSpec::MatMulParts { inner: i, .. } | KernelSpec::MatMulAct { inner: i, .. } = pipe {
+                pipe = i.as_ref();
+            }
+            match pipe {
+                KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
+                other => return Err(format!("TMA takes the pipelined wgmma matmul (up to {} stages), not {}", TMA_MBAR_BYTES / 8, other.symbol())),
+            }
+            b.tma = true;
+            emit_into(b, inner)?
         }
         KernelSpec::SplitK { inner, splits } => {
             // (a merged matmul's parts each whole column tiles: parts_fit with the pipe's bn)

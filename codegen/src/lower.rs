@@ -216,6 +216,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             },
             norm_half: !std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "0"),
             silu_half: std::env::var("DSC_SILU_HALF").is_ok_and(|v| v == "1"),
+            tma: std::env::var("DSC_TMA").is_ok_and(|v| v == "1"),
         },
     )
 }
@@ -246,11 +247,14 @@ pub struct LowerOptions {
     /// rows); prepared, bundle cases and ptxas, not yet run on the H200, so off
     /// (DSC_SILU_HALF=1 at compile time turns it on; with `norm_half` only)
     pub silu_half: bool,
+    /// the pipelined wgmma matmuls load W by TMA ([`tma_wrap`]; DSC_TMA=1; prepared, ptxas
+    /// only, not yet run on the H200, so off)
+    pub tma: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true, silu_half: false }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true, silu_half: false, tma: false }
     }
 }
 
@@ -500,7 +504,34 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     // blocks at b32 — 8B b32 6,360 -> 6,021, b64 10,447 -> 9,793,
     // bench/results/splitk-norm-2026-11-30.json; DSC_SPLITK_NORM=1 at compile time folds)
     let fold = opts.split_k.is_some() && std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "1");
-    Ok(if fold { fold_splitk_reduce_norm(steps) } else { steps })
+    let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
+    Ok(if opts.tma { tma_wrap(steps) } else { steps })
+}
+
+/// Every pipelined wgmma matmul alternative (also inside split-K, merged parts or an
+/// activation epilogue) loads its W tiles by TMA (`KernelSpec::Tma`): its weight args become
+/// their tensor maps, `{w}@tmap{bn}` (the runtime encodes one per weight and tile height).
+fn tma_wrap(mut steps: Vec<Step>) -> Vec<Step> {
+    for s in &mut steps {
+        let step_args = s.args.clone();
+        for h in &mut s.hopper {
+            let (mut inner, mut weights) = (&h.kernel, 1usize);
+            while let KernelSpec::SplitK { inner: i, .. } | KernelSpec::MatMulParts { inner: i, .. } | KernelSpec::MatMulAct { inner: i, .. } = inner {
+                if let KernelSpec::MatMulParts { parts, .. } = inner {
+                    weights = parts.len();
+                }
+                inner = i.as_ref();
+            }
+            let KernelSpec::MatMulPipe { bn, .. } = *inner else { continue };
+            let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
+            for w in &mut args[1..1 + weights] {
+                *w = format!("{w}@tmap{bn}");
+            }
+            h.args = Some(args);
+            h.kernel = KernelSpec::Tma { inner: Box::new(h.kernel.clone()) };
+        }
+    }
+    steps
 }
 
 /// (DSC_SPLITK_NORM=1; off by default: slower, see [`lower_opts`]) A split-K reduce step whose
@@ -1096,9 +1127,9 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false }).unwrap();
+        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: false }).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false }).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: false }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -1308,6 +1339,35 @@ mod tests {
         assert_eq!(alt.args.as_deref().unwrap(), ["h2@splitk4", "h", "h2", "g", "xn", "xn@bf16"]);
         let mm = steps.iter().find(|s| s.node == "h2" && s.kernel.is_some()).unwrap();
         assert_eq!((alt.min_rows, alt.max_rows), (mm.hopper[0].min_rows, mm.hopper[0].max_rows));
+    }
+
+    #[test]
+    fn tma_wraps_the_pipelined_matmuls_and_names_the_weights_tensor_maps() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %h = input : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %y = matmul_add(%q, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n  output k = %k\n  output v = %v\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, LowerOptions { tma: true, ..Default::default() }).unwrap();
+        assert_eq!(plain.len(), steps.len());
+        let mut wrapped = 0;
+        for (p, s) in plain.iter().zip(&steps) {
+            assert_eq!(p.hopper.len(), s.hopper.len());
+            for (ph, sh) in p.hopper.iter().zip(&s.hopper) {
+                let KernelSpec::Tma { inner } = &sh.kernel else {
+                    assert_eq!(ph.kernel, sh.kernel, "only pipelined matmuls change");
+                    continue;
+                };
+                wrapped += 1;
+                assert_eq!(inner.as_ref(), &ph.kernel);
+                let (pa, sa) = (ph.args.clone().unwrap_or_else(|| p.args.clone()), sh.args.clone().unwrap());
+                // x and the outputs as before; each weight its tensor map
+                assert_eq!((pa[0].as_str(), pa.last()), (sa[0].as_str(), sa.last()));
+                assert!(sa.iter().filter(|a| a.contains("@tmap")).all(|a| a.starts_with('w')));
+                let n_w = sa.iter().filter(|a| a.contains("@tmap")).count();
+                assert_eq!(n_w, if s.node == "qkv" { 3 } else { 1 }, "{sa:?}");
+            }
+        }
+        // q/k/v and o: the split-K alternatives and the 64-/128-row tiles
+        assert!(wrapped >= 4, "{wrapped}");
     }
 
     #[test]

@@ -111,6 +111,16 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::Argmax { d: 1001 });
     v.push(KernelSpec::SiluMulHalf { f16: false });
     v.push(KernelSpec::SiluMulHalf { f16: true });
+    // W tiles by TMA (DSC_TMA): the prefill tile, the 64-row tile, split-K over a merged matmul
+    for tiling in [dsc_codegen::kernels::pipe_tiling(6144), dsc_codegen::kernels::pipe64_tiling(28672)] {
+        let pipe = KernelSpec::MatMulPipe { k: 4096, n: 28672, wdtype: DType::BF16, bias: false, residual: true, bn: tiling.bn, stages: tiling.stages, overlap: tiling.overlap, a16: tiling.a16, bm: tiling.bm };
+        v.push(KernelSpec::Tma { inner: Box::new(pipe) });
+    }
+    {
+        let t = dsc_codegen::kernels::pipe64_tiling(4096);
+        let pipe = KernelSpec::MatMulPipe { k: 4096, n: 6144, wdtype: DType::F16, bias: false, residual: false, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: true, bm: 64 };
+        v.push(KernelSpec::Tma { inner: Box::new(KernelSpec::SplitK { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(pipe), parts: vec![4096, 1024, 1024] }), splits: 2 }) });
+    }
     // the split-K reduce folded into the RMSNorm after it
     v.push(KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
     v.push(KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits: 1e-5f32.to_bits(), half: None });

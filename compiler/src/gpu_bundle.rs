@@ -5,7 +5,7 @@ use anyhow::Context;
 use dsc_codegen::kernels::{BinaryOpKey, UnaryOpKey};
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec, Launch};
 use dsc_ir::{text, BinaryOp, DType, Executor, Tensor, UnaryOp};
-use dsc_runtime::gpu_check::{Array, Bundle, Case};
+use dsc_runtime::gpu_check::{Array, Bundle, Case, TmapInput};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -127,6 +127,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol,
         });
         specs.push(spec);
@@ -154,6 +155,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-6,
             });
         }
@@ -182,6 +184,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&words),
             init: None,
             written_inputs: vec![(2, data.push(&want))],
+            tmaps: vec![],
             tol: 1e-2,
         });
         specs.push(spec);
@@ -207,6 +210,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: ya.clone(),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -230,6 +234,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     expected: data.push(&words),
                     init: None,
                     written_inputs: vec![(2, ya.clone())],
+                    tmaps: vec![],
                     tol: 1e-2,
                 });
                 specs.push(spec);
@@ -262,6 +267,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-5,
             });
         }
@@ -289,6 +295,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     expected: data.push(&want),
                     init: None,
                     written_inputs: vec![],
+                    tmaps: vec![],
                     tol,
                 });
             }
@@ -312,6 +319,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-2,
             });
         }
@@ -340,6 +348,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     expected: data.push(&want),
                     init: None,
                     written_inputs: vec![],
+                    tmaps: vec![],
                     tol: 1e-2,
                 });
             }
@@ -368,6 +377,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: ya.clone(),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -386,6 +396,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: ya,
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-2,
             });
             specs.push(spec);
@@ -419,6 +430,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: ya.clone(),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: if few { 1e-2 } else { 1e-5 },
             });
             specs.push(spec);
@@ -454,6 +466,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol,
             });
             specs.push(spec);
@@ -496,6 +509,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     expected: data.push(&want),
                     init: None,
                     written_inputs: vec![],
+                    tmaps: vec![],
                     tol,
                 });
                 specs.push(spec);
@@ -508,6 +522,10 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     // (a16: x arrives in 16 bits, as the ToHalf step writes it; the reference rounds nothing,
     // as the f32-x kernels round x on the way in)
     use dsc_codegen::kernels::PipeTiling as T;
+    // (the TMA variants — DSC_TMA, prepared, not yet run on the H200 — only when DSC_TMA=1 at
+    // bundle time: an mbarrier wait that never completes would hang the whole check, so run
+    // that check under `timeout`)
+    let with_tma = std::env::var("DSC_TMA").is_ok_and(|v| v == "1");
     // (and the 64-row tiles of batched decode: the warpgroups split the columns)
     let tilings = [
         dsc_codegen::kernels::pipe_tiling(4096),
@@ -539,14 +557,15 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             if residual {
                 ins.push(data.push(&r));
             }
-            cases.push(Case {
-                name: format!(
-                    "matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}",
-                    if overlap { "o" } else { "" },
-                    if a16 { " x16" } else { "" },
-                    if bm == 64 { " m64" } else { "" },
-                    if residual { " +res" } else { "" }
-                ),
+            let name = format!(
+                "matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}",
+                if overlap { "o" } else { "" },
+                if a16 { " x16" } else { "" },
+                if bm == 64 { " m64" } else { "" },
+                if residual { " +res" } else { "" }
+            );
+            let case = Case {
+                name: name.clone(),
                 kernel: spec.symbol(),
                 grid: g,
                 grid_y: m.div_ceil(bm) as u32,
@@ -556,9 +575,26 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-2,
-            });
+            };
+            // ... and with W by TMA (DSC_TMA): the same data, W's tensor map in its place
+            let tma = KernelSpec::Tma { inner: Box::new(spec.clone()) };
+            let (tg, tb) = grid(&tma.launch(), n);
+            let tcase = Case {
+                name: format!("{name} tma"),
+                kernel: tma.symbol(),
+                grid: tg,
+                block: tb,
+                tmaps: vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }],
+                ..case.clone()
+            };
+            cases.push(case);
             specs.push(spec);
+            if with_tma {
+                cases.push(tcase);
+                specs.push(tma);
+            }
         }
         let parts = [bn, 2 * bn];
         let total: usize = parts.iter().sum();
@@ -590,6 +626,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-2,
         });
         specs.push(spec);
@@ -634,6 +671,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-2,
         });
         specs.push(spec);
@@ -686,6 +724,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                     expected: data.push(&want),
                     init: None,
                     written_inputs: vec![],
+                    tmaps: vec![],
                     tol,
                 });
                 specs.push(spec);
@@ -726,6 +765,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: pa.clone(),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-2,
         });
         specs.push(spec);
@@ -743,6 +783,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -773,7 +814,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         for w in &ws {
             inputs.push(data.push_u8(&dsc_ir::quant::encode(DType::BF16, w).context("encode")?));
         }
-        cases.push(Case {
+        let case = Case {
             name: format!("matmul_cat pipe{}s{} m64 split-K {sk} {m}x{k}x({}+{}) bf16", t.bn, t.stages, parts[0], parts[1]),
             kernel: spec.symbol(),
             grid: g,
@@ -784,9 +825,23 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&partials),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-2,
-        });
+        };
+        // ... and with W by TMA: each part's tensor map
+        let tma = KernelSpec::Tma { inner: Box::new(spec.clone()) };
+        let tcase = Case {
+            name: format!("{} tma", case.name),
+            kernel: tma.symbol(),
+            tmaps: parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false }).collect(),
+            ..case.clone()
+        };
+        cases.push(case);
         specs.push(spec);
+        if with_tma {
+            cases.push(tcase);
+            specs.push(tma);
+        }
     }
     // the split-K reduce folded into the RMSNorm after it: y (the parts' sum + the residual)
     // and the normalized x written over NaN-filled buffers, the 16-bit copy (or x) the output
@@ -829,6 +884,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected,
             init: None,
             written_inputs: written,
+            tmaps: vec![],
             tol: 1e-2,
         });
         specs.push(spec);
@@ -866,6 +922,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-4,
         });
         specs.push(spec);
@@ -906,6 +963,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-5,
             });
             specs.push(spec);
@@ -954,6 +1012,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want_q),
             init: None,
             written_inputs: vec![(5, wk), (6, wv)],
+            tmaps: vec![],
             // the rope kernels' bound (approximate sin/cos after range reduction; pos 4095)
             tol: 1e-4,
         });
@@ -992,6 +1051,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-6,
         });
         specs.push(spec);
@@ -1017,6 +1077,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-4,
         });
         specs.push(spec);
@@ -1048,6 +1109,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: Some(init_arr.clone()),
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -1076,6 +1138,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: data.push(&want),
                 init: Some(init_arr.clone()),
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-4,
             });
             specs.push(spec);
@@ -1143,6 +1206,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: expected.clone(),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-2,
             });
             specs.push(spec);
@@ -1169,6 +1233,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: expected.clone(),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-4,
             });
             specs.push(spec);
@@ -1200,6 +1265,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 // (parts past a row's se are not written)
                 init: Some(data.push(&vec![0.0f32; parts.len()])),
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-4,
             });
             specs.push(spec);
@@ -1216,6 +1282,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 expected: expected.clone(),
                 init: None,
                 written_inputs: vec![],
+                tmaps: vec![],
                 tol: 1e-4,
             });
             specs.push(spec);
@@ -1240,6 +1307,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&as_f32),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         if !ones {
@@ -1268,6 +1336,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
     }
@@ -1293,6 +1362,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -1318,6 +1388,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
@@ -1346,6 +1417,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&bits),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -1370,6 +1442,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -1393,6 +1466,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -1420,6 +1494,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&bits),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -1442,6 +1517,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);
@@ -1464,6 +1540,7 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             expected: data.push(&want),
             init: None,
             written_inputs: vec![],
+            tmaps: vec![],
             tol: 0.0,
         });
         specs.push(spec);

@@ -285,6 +285,15 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             };
             let x = dev.random(xdtype, m * k, 11)?;
             let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&wdtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
+            // (a TMA matmul takes each weight's tensor map instead: `{w}@tmap{rows}`)
+            let wbs = match l.args.as_ref().and_then(|a| a.get(1)).and_then(|w| crate::gpu::tmap_base(w)) {
+                Some((_, rows)) => wbs
+                    .iter()
+                    .zip(&parts)
+                    .map(|(wb, &p)| crate::gpu::weight_tensor_map(&dev.stream, wb, p, k, wdtype == dsc_ir::DType::F16, rows).map_err(|e| anyhow::anyhow!("{}: {e}", l.kernel)))
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+                None => wbs,
+            };
             let res = if residual { Some(dev.random("f32", m * n, 20)?) } else { None };
             let y = dev.stream.alloc_zeros::<u8>(m * n * 4 * split.unwrap_or(1)).map_err(derr("allocating y"))?;
             let y2 = dev.stream.alloc_zeros::<u8>(if split.is_some() { m * n * 4 } else { 4 }).map_err(derr("allocating y"))?;

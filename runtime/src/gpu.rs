@@ -178,6 +178,25 @@ impl<'p> GpuBackend<'p> {
             let numel: usize = n.ty.eval_shape(&fixed).ok_or_else(|| gerr(format!("state {} has unbound dims", n.name)))?.iter().product();
             resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(numel * 4), &format!("allocating {}", n.name))?);
         }
+        // the TMA matmuls' tensor maps (`{w}@tmap{rows}`, sm_90a): one per weight and tile height
+        if hopper {
+            let names: std::collections::BTreeSet<&str> =
+                prog.steps.iter().flat_map(|s| s.hopper.iter()).filter_map(|l| l.args.as_ref()).flatten().map(String::as_str).filter(|a| tmap_base(a).is_some()).collect();
+            for name in names {
+                let (w, rows) = tmap_base(name).expect("filtered");
+                let node = graph.by_name(w).map(|id| graph.node(id)).ok_or_else(|| gerr(format!("tensor map {name}: no weight `{w}` in the graph")))?;
+                let dims: Vec<usize> = node.ty.shape.iter().map(|d| d.as_const().unwrap_or(0)).collect();
+                let f16 = match node.ty.dtype {
+                    dsc_ir::DType::BF16 => false,
+                    dsc_ir::DType::F16 => true,
+                    other => return Err(gerr(format!("tensor map {name}: weight `{w}` is {other}, not bf16/f16"))),
+                };
+                let [n, k] = dims[..] else { return Err(gerr(format!("tensor map {name}: weight `{w}` is not 2-D"))) };
+                let buf = resident.get(w).ok_or_else(|| gerr(format!("tensor map {name}: weight `{w}` is not resident")))?;
+                let map = weight_tensor_map(&stream, buf, n, k, f16, rows)?;
+                resident.insert(name.to_string(), map);
+            }
+        }
         // host-side reductions cannot be captured
         let profile = std::env::var_os("DSC_PROFILE").map(|_| std::cell::RefCell::new(BTreeMap::new()));
         let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_)) && profile.is_none();
@@ -669,6 +688,52 @@ pub fn split_base(name: &str) -> Option<(&str, usize)> {
 pub fn splitk_base(name: &str) -> Option<(&str, usize)> {
     let (base, s) = name.rsplit_once("@splitk")?;
     Some((base, s.parse().ok()?))
+}
+
+/// The weight and tile rows of a TMA matmul's tensor-map argument (`{w}@tmap{rows}`).
+pub fn tmap_base(name: &str) -> Option<(&str, u32)> {
+    let (base, r) = name.rsplit_once("@tmap")?;
+    Some((base, r.parse().ok()?))
+}
+
+/// A device buffer holding the `CUtensorMap` of a [n, k] bf16 (or f16) weight at `w`, as the
+/// TMA pipelined matmul loads it (`KernelSpec::Tma`): boxes of 64 columns (128 bytes) x `rows`
+/// rows in the 128-byte swizzle, zeros past the edges.
+pub fn weight_tensor_map(stream: &Arc<CudaStream>, w: &CudaSlice<u8>, n: usize, k: usize, f16: bool, rows: u32) -> Result<CudaSlice<u8>> {
+    use cudarc::driver::{sys, DevicePtr};
+    let (ptr, guard) = w.device_ptr(stream);
+    if k % 64 != 0 || rows == 0 || rows > 256 || w.len() < n * k * 2 {
+        return Err(gerr(format!("tensor map of a [{n}, {k}] weight in {} bytes with {rows}-row boxes: K must be a multiple of 64, rows 1..=256", w.len())));
+    }
+    // SAFETY: a zeroed CUtensorMap is a valid value to be overwritten by the encoder
+    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    let dims: [u64; 2] = [k as u64, n as u64];
+    let strides: [u64; 1] = [(k * 2) as u64];
+    let boxd: [u32; 2] = [64, rows];
+    let estr: [u32; 2] = [1, 1];
+    let dt = if f16 { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 };
+    // SAFETY: the pointers are to live local arrays of the rank's lengths; `ptr` is a device
+    // allocation of at least n·k 16-bit elements (checked above)
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            dt,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            estr.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    drop(guard);
+    cu(r.result(), &format!("encoding the tensor map of a [{n}, {k}] weight"))?;
+    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+    cu(stream.clone_htod(&bytes), "uploading a tensor map")
 }
 
 /// The node a 16-bit copy buffer (`{node}@bf16` or `{node}@f16`) copies.

@@ -40,7 +40,22 @@ pub struct Case {
     /// expected contents after one launch (checked like the output)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub written_inputs: Vec<(usize, Array)>,
+    /// inputs the kernel takes as TMA tensor maps (`KernelSpec::Tma`): the uploaded weight's
+    /// map replaces it in the kernel's arguments
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tmaps: Vec<TmapInput>,
     pub tol: f32,
+}
+
+/// A weight input of a check case passed as its tensor map: a [n, k] bf16 (`f16`: f16) matrix,
+/// boxes of `rows` rows (`gpu::weight_tensor_map`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TmapInput {
+    pub input: usize,
+    pub n: usize,
+    pub k: usize,
+    pub rows: u32,
+    pub f16: bool,
 }
 
 fn one() -> u32 {
@@ -101,7 +116,14 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         let f = module.load_function(&c.kernel).with_context(|| format!("kernel {}", c.kernel))?;
         let smem = bundle.smem.get(&c.kernel).copied().unwrap_or(0);
         crate::gpu::allow_smem(&f, smem).with_context(|| format!("kernel {}: {smem} bytes of shared memory", c.kernel))?;
-        let ins = c.inputs.iter().map(|a| upload(&stream, &data, a)).collect::<anyhow::Result<Vec<_>>>()?;
+        let mut ins = c.inputs.iter().map(|a| upload(&stream, &data, a)).collect::<anyhow::Result<Vec<_>>>()?;
+        // (TMA kernels: the weights stay allocated, their tensor maps take their places)
+        let mut _weights = vec![];
+        for tm in &c.tmaps {
+            let w = ins.get(tm.input).with_context(|| format!("{}: tensor-map input {} out of range", c.name, tm.input))?;
+            let map = crate::gpu::weight_tensor_map(&stream, w, tm.n, tm.k, tm.f16, tm.rows).map_err(|e| anyhow::anyhow!("{}: {e}", c.name))?;
+            _weights.push(std::mem::replace(&mut ins[tm.input], map));
+        }
         let want = f32s(&data, &c.expected)?;
         let init = match &c.init {
             Some(a) => f32s(&data, a)?,

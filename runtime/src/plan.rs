@@ -719,6 +719,18 @@ mod tests {
         assert_eq!(crate::gpu::splitk_base("a@splitkx"), None);
         // (the attention's parser does not take a split-K buffer for its own)
         assert_eq!(crate::gpu::split_base("a@splitk4"), None);
+        assert_eq!(crate::gpu::tmap_base("model.layers.0.mlp.down_proj.weight@tmap128"), Some(("model.layers.0.mlp.down_proj.weight", 128)));
+        assert_eq!(crate::gpu::tmap_base("w@tmap"), None);
+        assert_eq!(crate::gpu::tmap_base("w@bf16"), None);
+    }
+
+    #[test]
+    fn plans_without_the_argmax_block_keep_the_warp_per_row_launch() {
+        // (a session-7 plan's GPU program has no `argmax_block`: it deserializes as None)
+        let prog: GpuProgram = serde_json::from_str(r#"{"ptx": {}, "steps": [], "buffers": [], "argmax": "argmax_d49152"}"#).unwrap();
+        assert_eq!((prog.argmax.as_deref(), prog.argmax_block), (Some("argmax_d49152"), None));
+        let prog: GpuProgram = serde_json::from_str(r#"{"ptx": {}, "steps": [], "buffers": [], "argmax": "argmax_d49152", "argmax_block": 512}"#).unwrap();
+        assert_eq!(prog.argmax_block, Some(512));
     }
 
     #[test]
