@@ -51,6 +51,10 @@ pub struct GpuBackend<'p> {
     /// DSC_HOST_ARGMAX=1: greedy steps copy the logits back and take the argmax on the host
     /// (A/B against the device argmax)
     host_argmax: bool,
+    /// DSC_PACK_INPUTS=1: a step's six input arrays live at the end of the activation arena
+    /// and go up in one host-to-device copy instead of six (prepared for the launch-bound
+    /// small-model decode; not yet measured on the H200, so off)
+    pack_inputs: bool,
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
@@ -222,6 +226,7 @@ impl<'p> GpuBackend<'p> {
             no_few: std::env::var_os("DSC_NO_FEW").is_some(),
             pdl: target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none(),
             host_argmax: std::env::var("DSC_HOST_ARGMAX").is_ok_and(|v| v == "1"),
+            pack_inputs: std::env::var("DSC_PACK_INPUTS").is_ok_and(|v| v == "1"),
             collective,
             profile,
         })
@@ -276,6 +281,10 @@ struct Bucket {
     ids: Option<CudaSlice<u8>>,
     /// launch with programmatic dependent launch (decode-sized steps on sm_90a)
     pdl: bool,
+    /// packed inputs (DSC_PACK_INPUTS): (input, arena offset, bytes), and the arena span they
+    /// fill, uploaded in one copy
+    packed: Vec<(&'static str, usize, usize)>,
+    packed_span: (usize, usize),
 }
 
 /// Steps of at most this many tokens keep their bucket (and CUDA graph) for reuse; longer
@@ -325,16 +334,30 @@ impl GpuBackend<'_> {
             })
         };
         let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
-        for name in INPUTS {
-            if g.by_name(name).is_some() {
-                let numel: usize = shape_of(name)?.iter().product();
-                bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(numel.max(1) * 4), "allocating inputs")?);
-            }
-        }
         let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * if half_base(&b.node).is_some() { 2 } else { 4 })).collect::<Result<_>>()?;
         let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
-        let arena = cu(self.stream.alloc_zeros::<u8>(total.max(256)), "allocating the activation arena")?;
+        // the inputs: buffers of their own, or (DSC_PACK_INPUTS) 256-byte aligned after the
+        // activations, one span
+        let mut packed = vec![];
+        let mut end = total.div_ceil(256) * 256;
+        let span0 = end;
+        for name in INPUTS {
+            if g.by_name(name).is_some() {
+                let bytes = shape_of(name)?.iter().product::<usize>().max(1) * 4;
+                if self.pack_inputs {
+                    packed.push((name, end, bytes));
+                    end += bytes.div_ceil(256) * 256;
+                } else {
+                    bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(bytes), "allocating inputs")?);
+                }
+            }
+        }
+        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256)), "allocating the activation arena")?;
         let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
+        for &(name, o, n) in &packed {
+            placed.insert(name.to_string(), (o, n));
+        }
+        let packed_span = (span0, end);
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         for s in &self.prog.steps {
@@ -392,7 +415,7 @@ impl GpuBackend<'_> {
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
         // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
         let pdl = self.pdl && t <= CACHED_MAX_TOKENS;
-        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl })
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -583,10 +606,25 @@ impl GpuBackend<'_> {
             table[sq * w..sq * w + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
         }
         let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
-        for (name, v) in inputs {
-            if let Some(dst) = bucket.bufs.get_mut(name) {
-                cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
+        if bucket.packed.is_empty() {
+            for (name, v) in inputs {
+                if let Some(dst) = bucket.bufs.get_mut(name) {
+                    cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
+                }
             }
+        } else {
+            // (one copy: every packed input at its place in the span, zeros past its data)
+            let (s0, s1) = bucket.packed_span;
+            let mut host = vec![0u8; s1 - s0];
+            for &(name, o, n) in &bucket.packed {
+                let v = inputs.iter().find(|(k, _)| *k == name).map(|(_, v)| i32_bytes(v)).unwrap_or_default();
+                if v.len() > n {
+                    return Err(gerr(format!("step input {name}: {} bytes for a {n}-byte buffer", v.len())));
+                }
+                host[o - s0..o - s0 + v.len()].copy_from_slice(&v);
+            }
+            let mut dst = bucket.arena.slice_mut(s0..s1);
+            cu(self.stream.memcpy_htod(&host, &mut dst), "uploading inputs")?;
         }
         if use_graph && bucket.graph.is_none() && bucket.runs > 0 {
             cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
