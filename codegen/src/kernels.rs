@@ -2104,7 +2104,9 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
             let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
             b.line("scf.while : () -> () {");
-            let r = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"));
+            let r = b.op(&format!(
+                "llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"
+            ));
             let z = b.op("arith.constant 0 : i32");
             let pending = b.op(&format!("arith.cmpi eq, {r}, {z} : i32"));
             b.line(&format!("scf.condition({pending})"));
@@ -3486,7 +3488,12 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             match pipe {
                 // (whole column tiles: the grid, N / (bn / splits) blocks, is tiles x splits)
                 KernelSpec::MatMulPipe { k, n, bias: false, residual: false, bn, .. } if *splits >= 2 && (k / 64) % splits == 0 && bn % splits == 0 && n % bn == 0 => {}
-                other => return Err(format!("split-K takes the pipelined matmul (or merged matmul of one) without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}", other.symbol())),
+                other => {
+                    return Err(format!(
+                        "split-K takes the pipelined matmul (or merged matmul of one) without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}",
+                        other.symbol()
+                    ))
+                }
             }
             b.split_k = Some(*splits);
             emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%yparts: !llvm.ptr<1>", 1)

@@ -779,7 +779,9 @@ fn split_k(steps: Vec<Step>, max_parts: usize) -> Vec<Step> {
                 k => (k, None),
             };
             match *p {
-                KernelSpec::MatMulPipe { k, n, wdtype, bias: false, bn, stages, overlap, a16, bm: 64, .. } if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && parts.is_none_or(|ps| ps.iter().all(|q| q % bn == 0)) => {
+                KernelSpec::MatMulPipe { k, n, wdtype, bias: false, bn, stages, overlap, a16, bm: 64, .. }
+                    if n / bn < SPLIT_K_MAX_TILES && n % bn == 0 && parts.is_none_or(|ps| ps.iter().all(|q| q % bn == 0)) =>
+                {
                     let sk = split_k_parts(n / bn, k / 64, bn, max_parts)?;
                     let pipe = KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual: false, bn, stages, overlap, a16, bm: 64 };
                     let inner = match parts {
@@ -872,7 +874,8 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bool) -> Vec<
                             p.node == x
                                 && p.alias_of.is_none()
                                 && p.args.len() == 3
-                                && (matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0) || (silu_half && p.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))))
+                                && (matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)
+                                    || (silu_half && p.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))))
                         })
                     })
                     .flatten()

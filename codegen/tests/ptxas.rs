@@ -113,7 +113,18 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::SiluMulHalf { f16: true });
     // W tiles by TMA (DSC_TMA): the prefill tile, the 64-row tile, split-K over a merged matmul
     for tiling in [dsc_codegen::kernels::pipe_tiling(6144), dsc_codegen::kernels::pipe64_tiling(28672)] {
-        let pipe = KernelSpec::MatMulPipe { k: 4096, n: 28672, wdtype: DType::BF16, bias: false, residual: true, bn: tiling.bn, stages: tiling.stages, overlap: tiling.overlap, a16: tiling.a16, bm: tiling.bm };
+        let pipe = KernelSpec::MatMulPipe {
+            k: 4096,
+            n: 28672,
+            wdtype: DType::BF16,
+            bias: false,
+            residual: true,
+            bn: tiling.bn,
+            stages: tiling.stages,
+            overlap: tiling.overlap,
+            a16: tiling.a16,
+            bm: tiling.bm,
+        };
         v.push(KernelSpec::Tma { inner: Box::new(pipe) });
     }
     {

@@ -581,14 +581,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             // ... and with W by TMA (DSC_TMA): the same data, W's tensor map in its place
             let tma = KernelSpec::Tma { inner: Box::new(spec.clone()) };
             let (tg, tb) = grid(&tma.launch(), n);
-            let tcase = Case {
-                name: format!("{name} tma"),
-                kernel: tma.symbol(),
-                grid: tg,
-                block: tb,
-                tmaps: vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }],
-                ..case.clone()
-            };
+            let tcase =
+                Case { name: format!("{name} tma"), kernel: tma.symbol(), grid: tg, block: tb, tmaps: vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }], ..case.clone() };
             cases.push(case);
             specs.push(spec);
             if with_tma {
