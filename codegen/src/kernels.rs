@@ -178,6 +178,20 @@ pub fn few_rows(wdtype: DType) -> usize {
 }
 
 impl KernelSpec {
+    /// The matmul kernel under the wrappers that reshape its grid or arguments but not its
+    /// tile (`SplitK`, `MatMulParts`, `MatMulAct`, `Tma`), and the part widths of a merged
+    /// matmul among them (its weight params: one per part).
+    pub fn matmul_core(&self) -> (&KernelSpec, Option<&[usize]>) {
+        let (mut k, mut parts) = (self, None);
+        while let KernelSpec::SplitK { inner, .. } | KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::Tma { inner } = k {
+            if let KernelSpec::MatMulParts { parts: p, .. } = k {
+                parts = Some(p.as_slice());
+            }
+            k = inner.as_ref();
+        }
+        (k, parts)
+    }
+
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
@@ -1955,9 +1969,14 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let a = b.op(&format!("arith.addi {mb0}, {o} : i64"));
         b.op(&format!("arith.trunci {a} : i64 to i32"))
     };
-    let tma_issue = |b: &mut Body, ks: &str, st: &str| {
+    // (thread 0 arms the mbarriers and issues the copies)
+    let first = if tma {
         let c0 = b.ci64(0);
-        let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"));
+        b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"))
+    } else {
+        String::new()
+    };
+    let tma_issue = |b: &mut Body, ks: &str, st: &str| {
         b.line(&format!("scf.if {first} {{"));
         let mb = mbar(b, st);
         let csb = b.ci64(stage_bytes);
@@ -1990,8 +2009,6 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
     if tma {
         // (thread 0 initialises every stage's mbarrier, one arrival each, before any copy)
-        let c0 = b.ci64(0);
-        let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"));
         b.line(&format!("scf.if {first} {{"));
         for st in 0..stages {
             let cst = b.ci64(st as i64);
@@ -3141,11 +3158,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::SiluMulHalf { f16 } => {
             let i = b.open_guarded_gid();
-            let j = b.op(&format!("arith.remui {i}, %nb : i64"));
-            let x = b.load("%a", &i);
-            let y = b.load("%b", &j);
-            let s = unary_expr(b, UnaryOp::Silu, &x)?;
-            let z = b.op(&format!("arith.mulf {s}, {y} : f32"));
+            let z = binary_at(b, BinaryOp::SiluMul, &i)?;
             b.store(&z, "%y", &i);
             // (the 16-bit copy as the norm + quantize kernels round it: the low half of a pair)
             let w = b.pack2(&z, &z, *f16);
@@ -3157,26 +3170,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::Binary(op) => {
             let i = b.open_guarded_gid();
-            let j = b.op(&format!("arith.remui {i}, %nb : i64"));
-            let x = b.load("%a", &i);
-            let y = b.load("%b", &j);
-            let z = match op.0 {
-                BinaryOp::SiluMul => {
-                    let s = unary_expr(b, UnaryOp::Silu, &x)?;
-                    b.op(&format!("arith.mulf {s}, {y} : f32"))
-                }
-                other => {
-                    let f = match other {
-                        BinaryOp::Add => "arith.addf",
-                        BinaryOp::Sub => "arith.subf",
-                        BinaryOp::Mul => "arith.mulf",
-                        BinaryOp::Div => "arith.divf",
-                        BinaryOp::Max => "arith.maximumf",
-                        _ => "arith.minimumf",
-                    };
-                    b.op(&format!("{f} {x}, {y} : f32"))
-                }
-            };
+            let z = binary_at(b, op.0, &i)?;
             b.store(&z, "%y", &i);
             b.line("}");
             "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()
@@ -3468,11 +3462,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             matmul_params(*bias, *residual, false)
         }
         KernelSpec::Tma { inner } => {
-            let mut pipe = inner.as_ref();
-            while let KernelSpec::SplitK { inner: i, .. } | KernelSpec::MatMulParts { inner: i, .. } | KernelSpec::MatMulAct { inner: i, .. } = pipe {
-                pipe = i.as_ref();
-            }
-            match pipe {
+            match inner.matmul_core().0 {
                 KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
                 other => return Err(format!("TMA takes the pipelined wgmma matmul (up to {} stages), not {}", TMA_MBAR_BYTES / 8, other.symbol())),
             }
@@ -4371,6 +4361,31 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, Some((*splits, *min_keys)))?
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
+    })
+}
+
+/// Element `i` (i64) of an elementwise binary kernel: `op(a[i], b[i % nb])` (params `%a`,
+/// `%b`, `%nb`; b repeats every nb elements).
+fn binary_at(b: &mut Body, op: BinaryOp, i: &str) -> Result<String, String> {
+    let j = b.op(&format!("arith.remui {i}, %nb : i64"));
+    let x = b.load("%a", i);
+    let y = b.load("%b", &j);
+    Ok(match op {
+        BinaryOp::SiluMul => {
+            let s = unary_expr(b, UnaryOp::Silu, &x)?;
+            b.op(&format!("arith.mulf {s}, {y} : f32"))
+        }
+        other => {
+            let f = match other {
+                BinaryOp::Add => "arith.addf",
+                BinaryOp::Sub => "arith.subf",
+                BinaryOp::Mul => "arith.mulf",
+                BinaryOp::Div => "arith.divf",
+                BinaryOp::Max => "arith.maximumf",
+                _ => "arith.minimumf",
+            };
+            b.op(&format!("{f} {x}, {y} : f32"))
+        }
     })
 }
 

@@ -515,14 +515,9 @@ fn tma_wrap(mut steps: Vec<Step>) -> Vec<Step> {
     for s in &mut steps {
         let step_args = s.args.clone();
         for h in &mut s.hopper {
-            let (mut inner, mut weights) = (&h.kernel, 1usize);
-            while let KernelSpec::SplitK { inner: i, .. } | KernelSpec::MatMulParts { inner: i, .. } | KernelSpec::MatMulAct { inner: i, .. } = inner {
-                if let KernelSpec::MatMulParts { parts, .. } = inner {
-                    weights = parts.len();
-                }
-                inner = i.as_ref();
-            }
-            let KernelSpec::MatMulPipe { bn, .. } = *inner else { continue };
+            let (core, parts) = h.kernel.matmul_core();
+            let KernelSpec::MatMulPipe { bn, .. } = *core else { continue };
+            let weights = parts.map_or(1, |p| p.len());
             let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
             for w in &mut args[1..1 + weights] {
                 *w = format!("{w}@tmap{bn}");
@@ -855,10 +850,7 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bool) -> Vec<
             // (x as this alternative reads it: its own args where a fusion gave it some)
             let x = h.args.as_ref().unwrap_or(&step_args).first().cloned().unwrap_or_default();
             // (through the wrappers: split-K over a merged matmul is two deep)
-            let mut inner = &h.kernel;
-            while let KernelSpec::MatMulParts { inner: i, .. } | KernelSpec::MatMulAct { inner: i, .. } | KernelSpec::SplitK { inner: i, .. } = inner {
-                inner = i.as_ref();
-            }
+            let inner = h.kernel.matmul_core().0;
             let (k, wdtype) = match inner {
                 KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } | KernelSpec::MatMulFewX16 { k, wdtype, .. } => (*k, *wdtype),
                 _ => continue,

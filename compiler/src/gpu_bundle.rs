@@ -94,6 +94,13 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
     }
 }
 
+/// A pipelined-matmul check case once more with its W tiles by TMA (`KernelSpec::Tma`): the
+/// same data and grid (the wrapper only adds shared memory), `tmaps` naming the weight inputs.
+fn tma_variant(case: &Case, spec: &KernelSpec, tmaps: Vec<TmapInput>) -> (Case, KernelSpec) {
+    let tma = KernelSpec::Tma { inner: Box::new(spec.clone()) };
+    (Case { name: format!("{} tma", case.name), kernel: tma.symbol(), tmaps, ..case.clone() }, tma)
+}
+
 pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     std::fs::create_dir_all(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -557,15 +564,14 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             if residual {
                 ins.push(data.push(&r));
             }
-            let name = format!(
-                "matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}",
-                if overlap { "o" } else { "" },
-                if a16 { " x16" } else { "" },
-                if bm == 64 { " m64" } else { "" },
-                if residual { " +res" } else { "" }
-            );
             let case = Case {
-                name: name.clone(),
+                name: format!(
+                    "matmul_pipe{bn}s{stages}{}{}{} {m}x{k}x{n} {wdtype}{}",
+                    if overlap { "o" } else { "" },
+                    if a16 { " x16" } else { "" },
+                    if bm == 64 { " m64" } else { "" },
+                    if residual { " +res" } else { "" }
+                ),
                 kernel: spec.symbol(),
                 grid: g,
                 grid_y: m.div_ceil(bm) as u32,
@@ -578,17 +584,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 tmaps: vec![],
                 tol: 1e-2,
             };
-            // ... and with W by TMA (DSC_TMA): the same data, W's tensor map in its place
-            let tma = KernelSpec::Tma { inner: Box::new(spec.clone()) };
-            let (tg, tb) = grid(&tma.launch(), n);
-            let tcase =
-                Case { name: format!("{name} tma"), kernel: tma.symbol(), grid: tg, block: tb, tmaps: vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }], ..case.clone() };
+            // ... and with W by TMA (DSC_TMA): W's tensor map in its place
+            let tma = with_tma.then(|| tma_variant(&case, &spec, vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }]));
             cases.push(case);
             specs.push(spec);
-            if with_tma {
-                cases.push(tcase);
-                specs.push(tma);
-            }
+            cases.extend(tma.iter().map(|t| t.0.clone()));
+            specs.extend(tma.map(|t| t.1));
         }
         let parts = [bn, 2 * bn];
         let total: usize = parts.iter().sum();
@@ -823,19 +824,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             tol: 1e-2,
         };
         // ... and with W by TMA: each part's tensor map
-        let tma = KernelSpec::Tma { inner: Box::new(spec.clone()) };
-        let tcase = Case {
-            name: format!("{} tma", case.name),
-            kernel: tma.symbol(),
-            tmaps: parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false }).collect(),
-            ..case.clone()
-        };
+        let tma = with_tma.then(|| tma_variant(&case, &spec, parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false }).collect()));
         cases.push(case);
         specs.push(spec);
-        if with_tma {
-            cases.push(tcase);
-            specs.push(tma);
-        }
+        cases.extend(tma.iter().map(|t| t.0.clone()));
+        specs.extend(tma.map(|t| t.1));
     }
     // the split-K reduce folded into the RMSNorm after it: y (the parts' sum + the residual)
     // and the normalized x written over NaN-filled buffers, the 16-bit copy (or x) the output

@@ -279,7 +279,11 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 Some(_) => {
                     let r = prog.steps.iter().find(|r| r.node == s.node && r.kernel.as_deref().is_some_and(|k| k.starts_with("splitk_reduce"))).context("a split-K matmul without its reduce step")?;
                     let k = r.kernel.clone().expect("found by its kernel");
-                    Some((dev.module.load_function(&k).map_err(derr(&k))?, k))
+                    // (the step's own launch over M·N elements)
+                    let (gx, gy, threads) =
+                        crate::gpu::launch_dims(&r.launch, (m * n) as u32, 1, r.block, 1, r.threads.unwrap_or(128)).with_context(|| format!("{k}: unknown launch kind {}", r.launch))?;
+                    let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+                    Some((dev.module.load_function(&k).map_err(derr(&k))?, k, cfg))
                 }
                 None => None,
             };
@@ -322,7 +326,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 // x [M, K] (f32 or the 16-bit copy), w_i [N_i, K], res and y [M, N] f32
                 // (KernelSpec docs); split-K: no res, y [S, M, N]
                 unsafe { lb.launch(cfg) }.map_err(derr(&l.kernel))?;
-                if let Some((rf, rk)) = &reduce {
+                if let Some((rf, rk, rcfg)) = &reduce {
                     let numel = (m * n) as i64;
                     let mut lb = dev.stream.launch_builder(rf);
                     lb.arg(&y);
@@ -332,7 +336,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                     lb.arg(&y2).arg(&numel);
                     // SAFETY: splitk_reduce(parts [S, M, N], [res [M, N]], y [M, N], M·N), one
                     // element per thread
-                    unsafe { lb.launch(LaunchConfig { grid_dim: ((m * n).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr(rk))?;
+                    unsafe { lb.launch(*rcfg) }.map_err(derr(rk))?;
                 }
                 Ok(())
             };
