@@ -239,13 +239,15 @@ pub enum KernelSpec {
     /// k_cache, v_cache, y, then n (all items), nq (q pairs), nk (k pairs)
     QkvRopeCache { h: usize, kvh: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
-    /// per (token, head) whose `warps` warps split the keys (online softmax each, combined in
-    /// shared memory), each warp taking `keys` consecutive keys per loop step (their K and V
-    /// rows loaded together: more loads in flight); params q, k_cache, v_cache, pos, seq,
-    /// table, out, T*H, MB
-    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize },
+    /// per (token, `group` query heads of one KV head) — grid x = T, y = H / group — over the
+    /// same K/V rows (group = H / KVH: each K/V row read once for the GQA group; group = 1: a
+    /// block per (token, head), more blocks), whose `warps` warps split the keys (online
+    /// softmax each, combined in shared memory), each warp taking `keys` consecutive keys per
+    /// loop step (their K and V rows loaded together: more loads in flight); params q,
+    /// k_cache, v_cache, pos, seq, table, out, T*H, MB
+    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize },
     /// the first pass of the split decode attention (long contexts): `PagedAttention`'s block
-    /// for (row, s), grid y = `splits`, taking part s of se = min(ceil(ctx / min_keys),
+    /// (group 1) for (token, head, s), grid y = H · `splits` (y = head · splits + s), taking part s of se = min(ceil(ctx / min_keys),
     /// splits) equal parts of the row's keys and writing its partial softmax state (m, l,
     /// acc[D]) to part[(row·splits + s)·(D + 2)..]; params as `PagedAttention` with the
     /// partial states in place of out
@@ -391,12 +393,14 @@ impl KernelSpec {
             KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
                 format!("rope_cache_write_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
-            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, .. } => {
-                // (16 warps and 4 keys per step, the defaults, keep the plain name)
+            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, group, .. } => {
+                // (16 warps, 4 keys per step and a block per head, the defaults, keep the plain
+                // name)
                 format!(
-                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}",
+                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}",
                     if *warps == 16 { String::new() } else { format!("_w{warps}") },
-                    if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") }
+                    if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") },
+                    if *group == 1 { String::new() } else { format!("_g{group}") }
                 )
             }
             KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, .. } => {
@@ -2747,10 +2751,10 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
 }
 
 /// The decode attention ([`KernelSpec::PagedAttention`]; with `split` = (S, min keys), the
-/// [`KernelSpec::PagedAttentionSplit`] pass: block (row, s) takes split s of the row's context
-/// and writes its partial softmax state to `%out` instead of the output).
+/// [`KernelSpec::PagedAttentionSplit`] pass: block (token, KV head, s) takes split s of the
+/// rows' context and writes their partial softmax states to `%out` instead of the output).
 #[allow(clippy::too_many_arguments)]
-fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, split: Option<(usize, usize)>) -> Result<String, String> {
+fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize, split: Option<(usize, usize)>) -> Result<String, String> {
     if d % 32 != 0 || kvh == 0 || h % kvh != 0 {
         return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
     }
@@ -2762,56 +2766,83 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     let nk = keys;
     let per = d / 32;
-    let rep = h / kvh;
-    // one block per (token, head); its warps split the context (split-KV) and combine
-    // their partial softmax states through shared memory
+    if group == 0 || (h / kvh) % group != 0 {
+        return Err(format!("paged attention takes groups of query heads within one KV head's (H {h}, KVH {kvh}), not {group}"));
+    }
+    let rep = group;
+    // one block per (token, group of `rep` query heads of one KV head) — grid x = tokens, y =
+    // H / rep (x the split's parts) —: each K/V row is loaded once for the group (GQA). The
+    // block's warps split the context (split-KV) and combine their partial softmax states
+    // through shared memory, warp g % WARPS merging head g of the group.
     #[allow(non_snake_case)]
     let WARPS: usize = warps;
     let stride = d + 2;
-    b.workgroup = Some(format!("%sm : memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride));
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * rep * stride);
+    b.workgroup = Some(format!("%sm : {smt}"));
     let bid = b.op("gpu.block_id x");
-    let gw = b.idx64(&bid);
+    let t = b.idx64(&bid);
+    let by = b.op("gpu.block_id y");
+    let by = b.idx64(&by);
     let tid = b.op("gpu.thread_id x");
     let (lane_i, warp_i) = b.lane_warp(&tid);
     let lane = b.idx64(&lane_i);
-    let ok = b.op(&format!("arith.cmpi slt, {gw}, %n : i64"));
-    b.line(&format!("scf.if {ok} {{"));
     let hh = b.ci64(h as i64);
-    let t = b.op(&format!("arith.divui {gw}, {hh} : i64"));
-    let hi = b.op(&format!("arith.remui {gw}, {hh} : i64"));
-    let crep = b.ci64(rep as i64);
-    let kh = b.op(&format!("arith.divui {hi}, {crep} : i64"));
+    let row0 = b.op(&format!("arith.muli {t}, {hh} : i64"));
+    let ok = b.op(&format!("arith.cmpi slt, {row0}, %n : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    // (the split: block y = hg · S + s)
+    let (hg, sy) = match split {
+        None => (by.clone(), None),
+        Some((ns, _)) => {
+            let cns = b.ci64(ns as i64);
+            (b.op(&format!("arith.divui {by}, {cns} : i64")), Some(b.op(&format!("arith.remui {by}, {cns} : i64"))))
+        }
+    };
     let p = b.load_i32_as_i64("%pos", &t);
     let sq = b.load_i32_as_i64("%seq", &t);
     let dd = b.ci64(d as i64);
-    let qbase = b.op(&format!("arith.muli {gw}, {dd} : i64"));
+    let crep = b.ci64(rep as i64);
+    let head0 = b.op(&format!("arith.muli {hg}, {crep} : i64"));
+    let cgqa = b.ci64((h / kvh) as i64);
+    let kh = b.op(&format!("arith.divui {head0}, {cgqa} : i64"));
+    let grow0 = b.op(&format!("arith.addi {row0}, {head0} : i64"));
+    // the group's rows (token, head) and their q (pre-scaled), lane's elements 32e + lane
+    let rows: Vec<String> = (0..rep)
+        .map(|g| {
+            let cg = b.ci64(g as i64);
+            b.op(&format!("arith.addi {grow0}, {cg} : i64"))
+        })
+        .collect();
     let scale = b.cf32(f32::from_bits(scale_bits));
     let mut qv = vec![];
-    for e in 0..per {
-        let ce = b.ci64(32 * e as i64);
-        let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
-        let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-        let q = b.load("%q", &o);
-        qv.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
+    for row in &rows {
+        let qbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
+        let mut qg = vec![];
+        for e in 0..per {
+            let ce = b.ci64(32 * e as i64);
+            let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+            let q = b.load("%q", &o);
+            qg.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
+        }
+        qv.push(qg);
     }
     let c1 = b.ci64(1);
     let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
     // the keys [lo, hi) this block takes: all of the context, or with `split` its part s
-    // (block y) of the se = min(ceil(ctx / min keys), S) parts of ceil(ctx / se) keys;
-    // blocks past se do nothing
-    let (lo, hi, part) = match split {
-        None => (b.ci64(0), ctx.clone(), None),
-        Some((ns, min_keys)) => {
-            let sy = b.op("gpu.block_id y");
-            let sy = b.idx64(&sy);
+    // of the se = min(ceil(ctx / min keys), S) parts of ceil(ctx / se) keys; blocks past se
+    // do nothing
+    let (lo, hi, part) = match (split, &sy) {
+        (Some((ns, min_keys)), Some(sy)) => {
             let (se, chunk) = split_extent(b, &ctx, ns, min_keys);
             let lo = b.op(&format!("arith.muli {sy}, {chunk} : i64"));
             let hi = b.op(&format!("arith.addi {lo}, {chunk} : i64"));
             let hi = b.op(&format!("arith.minsi {hi}, {ctx} : i64"));
             let active = b.op(&format!("arith.cmpi slt, {sy}, {se} : i64"));
             b.line(&format!("scf.if {active} {{"));
-            (lo, hi, Some((sy, ns)))
+            (lo, hi, Some((sy.clone(), ns)))
         }
+        _ => (b.ci64(0), ctx.clone(), None),
     };
     let ctxi = b.op(&format!("arith.index_cast {hi} : i64 to index"));
     let wstep = b.op(&format!("arith.constant {WARPS} : index"));
@@ -2819,10 +2850,11 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let zero = b.cf32(0.0);
     let res = b.v();
     let j = b.v();
-    let (m, l) = (b.v(), b.v());
-    let accs: Vec<String> = (0..per).map(|_| b.v()).collect();
-    let iter: Vec<String> = std::iter::once(format!("{m} = {ninf}")).chain(std::iter::once(format!("{l} = {zero}"))).chain(accs.iter().map(|a| format!("{a} = {zero}"))).collect();
-    let tys = vec!["f32"; per + 2].join(", ");
+    // running state per head g: m, l, acc[per] at g·(per + 2)
+    let st = per + 2;
+    let state: Vec<String> = (0..rep * st).map(|_| b.v()).collect();
+    let iter: Vec<String> = state.iter().enumerate().map(|(i, s)| format!("{s} = {}", if i % st == 0 { &ninf } else { &zero })).collect();
+    let tys = vec!["f32"; rep * st].join(", ");
     // warp w takes keys nk·w .. nk·w + nk - 1, then the same WARPS·nk further on; the
     // first key of a step is always inside the context (the loop bound), the others
     // past it load the last key's row and count as -inf
@@ -2831,7 +2863,7 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let loi = b.op(&format!("arith.index_cast {lo} : i64 to index"));
     let jstart = b.op(&format!("arith.addi {jstart}, {loi} : index"));
     let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
-    b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", per + 2, iter.join(", ")));
+    b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", rep * st, iter.join(", ")));
     let j64 = b.idx64(&j);
     let cbs = b.ci64(bs as i64);
     let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
@@ -2856,117 +2888,133 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
         kv.push((ks, vs, valid));
     }
-    // scores (a warp sum each), the running max over them, one rescale per step
-    let mut ss = vec![];
-    for (ks, _, valid) in &kv {
-        let mut dot = zero.clone();
-        for (qe, k) in qv.iter().zip(ks) {
-            dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
+    // per head: scores (a warp sum each), the running max over them, one rescale per step
+    let mut outs = vec![];
+    for (g, qg) in qv.iter().enumerate() {
+        let (m, l) = (&state[g * st], &state[g * st + 1]);
+        let accs = &state[g * st + 2..(g + 1) * st];
+        let mut ss = vec![];
+        for (ks, _, valid) in &kv {
+            let mut dot = zero.clone();
+            for (qe, k) in qg.iter().zip(ks) {
+                dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
+            }
+            let s = b.warp_sum(&dot);
+            ss.push(match valid {
+                Some(v) => b.op(&format!("arith.select {v}, {s}, {ninf} : f32")),
+                None => s,
+            });
         }
-        let s = b.warp_sum(&dot);
-        ss.push(match valid {
-            Some(v) => b.op(&format!("arith.select {v}, {s}, {ninf} : f32")),
-            None => s,
-        });
-    }
-    let mut mn = m.clone();
-    for s in &ss {
-        mn = b.op(&format!("arith.maximumf {mn}, {s} : f32"));
-    }
-    let d1 = b.op(&format!("arith.subf {m}, {mn} : f32"));
-    let corr = b.exp(&d1);
-    let mut l2 = b.op(&format!("arith.mulf {l}, {corr} : f32"));
-    let mut outs_acc: Vec<String> = accs.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
-    for (s, (_, vs, _)) in ss.iter().zip(&kv) {
-        let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
-        let pe = b.exp(&d2);
-        l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
-        for (a, v) in outs_acc.iter_mut().zip(vs) {
-            *a = b.op(&format!("llvm.intr.fma({pe}, {v}, {a}) : (f32, f32, f32) -> f32"));
+        let mut mn = m.clone();
+        for s in &ss {
+            mn = b.op(&format!("arith.maximumf {mn}, {s} : f32"));
         }
+        let d1 = b.op(&format!("arith.subf {m}, {mn} : f32"));
+        let corr = b.exp(&d1);
+        let mut l2 = b.op(&format!("arith.mulf {l}, {corr} : f32"));
+        let mut outs_acc: Vec<String> = accs.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
+        for (s, (_, vs, _)) in ss.iter().zip(&kv) {
+            let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
+            let pe = b.exp(&d2);
+            l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
+            for (a, v) in outs_acc.iter_mut().zip(vs) {
+                *a = b.op(&format!("llvm.intr.fma({pe}, {v}, {a}) : (f32, f32, f32) -> f32"));
+            }
+        }
+        outs.push(mn);
+        outs.push(l2);
+        outs.extend(outs_acc);
     }
-    let mut outs = vec![mn.clone(), l2];
-    outs.extend(outs_acc);
     b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
     b.line("}");
-    // partial states to shared memory: [w*stride] = m, [+1] = l, [+2+lane+32e] = acc
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * stride);
+    // partial states to shared memory: head g of warp w at (w·rep + g)·stride: m, l, then
+    // acc at +2+lane+32e
+    let crepi = b.op(&format!("arith.constant {rep} : index"));
     let cst = b.op(&format!("arith.constant {stride} : index"));
-    let wb = b.op(&format!("arith.muli {warp_i}, {cst} : index"));
-    let c1i = b.op("arith.constant 1 : index");
-    let c2i = b.op("arith.constant 2 : index");
-    let wb1 = b.op(&format!("arith.addi {wb}, {c1i} : index"));
-    let wb2 = b.op(&format!("arith.addi {wb}, {c2i} : index"));
-    let wbl = b.op(&format!("arith.addi {wb2}, {lane_i} : index"));
-    b.line(&format!("memref.store {res}#0, %sm[{wb}] : {smt}"));
-    b.line(&format!("memref.store {res}#1, %sm[{wb1}] : {smt}"));
-    for e in 0..per {
-        let ce = b.op(&format!("arith.constant {} : index", 32 * e));
-        let i = b.op(&format!("arith.addi {wbl}, {ce} : index"));
-        b.line(&format!("memref.store {res}#{}, %sm[{i}] : {smt}", e + 2));
+    let wrow = b.op(&format!("arith.muli {warp_i}, {crepi} : index"));
+    for g in 0..rep {
+        let cg = b.op(&format!("arith.constant {g} : index"));
+        let slot = b.op(&format!("arith.addi {wrow}, {cg} : index"));
+        let wb = b.op(&format!("arith.muli {slot}, {cst} : index"));
+        let c1i = b.op("arith.constant 1 : index");
+        let c2i = b.op("arith.constant 2 : index");
+        let wb1 = b.op(&format!("arith.addi {wb}, {c1i} : index"));
+        let wb2 = b.op(&format!("arith.addi {wb}, {c2i} : index"));
+        let wbl = b.op(&format!("arith.addi {wb2}, {lane_i} : index"));
+        b.line(&format!("memref.store {res}#{}, %sm[{wb}] : {smt}", g * st));
+        b.line(&format!("memref.store {res}#{}, %sm[{wb1}] : {smt}", g * st + 1));
+        for e in 0..per {
+            let ce = b.op(&format!("arith.constant {} : index", 32 * e));
+            let i = b.op(&format!("arith.addi {wbl}, {ce} : index"));
+            b.line(&format!("memref.store {res}#{}, %sm[{i}] : {smt}", g * st + 2 + e));
+        }
     }
     b.line("gpu.barrier");
-    let c0i = b.op("arith.constant 0 : index");
-    let first = b.op(&format!("arith.cmpi eq, {warp_i}, {c0i} : index"));
-    b.line(&format!("scf.if {first} {{"));
-    let ms: Vec<String> = (0..WARPS)
-        .map(|w| {
-            let i = b.op(&format!("arith.constant {} : index", w * stride));
-            b.op(&format!("memref.load %sm[{i}] : {smt}"))
-        })
-        .collect();
-    let mut mx = ms[0].clone();
-    for m_w in &ms[1..] {
-        mx = b.op(&format!("arith.maximumf {mx}, {m_w} : f32"));
-    }
-    let mut lsum = zero.clone();
-    let mut wts = vec![];
-    for (w, m_w) in ms.iter().enumerate() {
-        let dm = b.op(&format!("arith.subf {m_w}, {mx} : f32"));
-        let f = b.exp(&dm);
-        let i = b.op(&format!("arith.constant {} : index", w * stride + 1));
-        let l_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
-        lsum = b.op(&format!("llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"));
-        wts.push(f);
-    }
-    for e in 0..per {
-        let mut acc = zero.clone();
-        for (w, f) in wts.iter().enumerate() {
-            let base = b.op(&format!("arith.constant {} : index", w * stride + 2 + 32 * e));
-            let i = b.op(&format!("arith.addi {base}, {lane_i} : index"));
-            let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
-            acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
+    // head g merged by warp g % WARPS
+    for (g, row) in rows.iter().enumerate() {
+        let cw = b.op(&format!("arith.constant {} : index", g % WARPS));
+        let mine = b.op(&format!("arith.cmpi eq, {warp_i}, {cw} : index"));
+        b.line(&format!("scf.if {mine} {{"));
+        let ms: Vec<String> = (0..WARPS)
+            .map(|w| {
+                let i = b.op(&format!("arith.constant {} : index", (w * rep + g) * stride));
+                b.op(&format!("memref.load %sm[{i}] : {smt}"))
+            })
+            .collect();
+        let mut mx = ms[0].clone();
+        for m_w in &ms[1..] {
+            mx = b.op(&format!("arith.maximumf {mx}, {m_w} : f32"));
         }
-        let ce = b.ci64(32 * e as i64);
-        match &part {
-            None => {
-                let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
-                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
-                b.store(&y, "%out", &o);
+        let mut lsum = zero.clone();
+        let mut wts = vec![];
+        for (w, m_w) in ms.iter().enumerate() {
+            let dm = b.op(&format!("arith.subf {m_w}, {mx} : f32"));
+            let f = b.exp(&dm);
+            let i = b.op(&format!("arith.constant {} : index", (w * rep + g) * stride + 1));
+            let l_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+            lsum = b.op(&format!("llvm.intr.fma({l_w}, {f}, {lsum}) : (f32, f32, f32) -> f32"));
+            wts.push(f);
+        }
+        let qbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
+        for e in 0..per {
+            let mut acc = zero.clone();
+            for (w, f) in wts.iter().enumerate() {
+                let base = b.op(&format!("arith.constant {} : index", (w * rep + g) * stride + 2 + 32 * e));
+                let i = b.op(&format!("arith.addi {base}, {lane_i} : index"));
+                let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+                acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
             }
-            Some((sy, ns)) => {
-                // partial state of (row, s) at ((row·S + s)·(D + 2)): m, l, acc[D] (not
-                // divided by l)
-                let cns = b.ci64(*ns as i64);
-                let slot = b.op(&format!("arith.muli {gw}, {cns} : i64"));
-                let slot = b.op(&format!("arith.addi {slot}, {sy} : i64"));
-                let cst = b.ci64(stride as i64);
-                let pb = b.op(&format!("arith.muli {slot}, {cst} : i64"));
-                if e == 0 {
-                    b.store(&mx, "%out", &pb);
-                    let pb1 = b.op(&format!("arith.addi {pb}, {c1} : i64"));
-                    b.store(&lsum, "%out", &pb1);
+            let ce = b.ci64(32 * e as i64);
+            match &part {
+                None => {
+                    let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                    let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
+                    b.store(&y, "%out", &o);
                 }
-                let c2 = b.ci64(2);
-                let o = b.op(&format!("arith.addi {pb}, {c2} : i64"));
-                let o = b.op(&format!("arith.addi {o}, {ce} : i64"));
-                let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-                b.store(&acc, "%out", &o);
+                Some((sy, ns)) => {
+                    // partial state of (row, s) at ((row·S + s)·(D + 2)): m, l, acc[D] (not
+                    // divided by l)
+                    let cns = b.ci64(*ns as i64);
+                    let slot = b.op(&format!("arith.muli {row}, {cns} : i64"));
+                    let slot = b.op(&format!("arith.addi {slot}, {sy} : i64"));
+                    let cst = b.ci64(stride as i64);
+                    let pb = b.op(&format!("arith.muli {slot}, {cst} : i64"));
+                    if e == 0 {
+                        b.store(&mx, "%out", &pb);
+                        let pb1 = b.op(&format!("arith.addi {pb}, {c1} : i64"));
+                        b.store(&lsum, "%out", &pb1);
+                    }
+                    let c2 = b.ci64(2);
+                    let o = b.op(&format!("arith.addi {pb}, {c2} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {ce} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                    b.store(&acc, "%out", &o);
+                }
             }
         }
+        b.line("}");
     }
-    b.line("}");
     if part.is_some() {
         b.line("}");
     }
@@ -4356,9 +4404,9 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, None)?,
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, None)?,
         KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys } => {
-            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, Some((*splits, *min_keys)))?
+            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, 1, Some((*splits, *min_keys)))?
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })

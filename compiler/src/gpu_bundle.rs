@@ -529,10 +529,10 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     // (a16: x arrives in 16 bits, as the ToHalf step writes it; the reference rounds nothing,
     // as the f32-x kernels round x on the way in)
     use dsc_codegen::kernels::PipeTiling as T;
-    // (the TMA variants — DSC_TMA, prepared, not yet run on the H200 — only when DSC_TMA=1 at
-    // bundle time: an mbarrier wait that never completes would hang the whole check, so run
-    // that check under `timeout`)
-    let with_tma = std::env::var("DSC_TMA").is_ok_and(|v| v == "1");
+    // (and their TMA variants, on by default for the 128-row tiles of at most 128 columns:
+    // every tiling here; DSC_TMA=0 at bundle time leaves them out. An mbarrier wait that never
+    // completes would hang the whole check: gpu-check.sh runs it under `timeout`)
+    let with_tma = !std::env::var("DSC_TMA").is_ok_and(|v| v == "0");
     // (and the 64-row tiles of batched decode: the warpgroups split the columns)
     let tilings = [
         dsc_codegen::kernels::pipe_tiling(4096),
@@ -1202,18 +1202,23 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         // 16 warps per block and 4 keys per warp step (the defaults), 4 warps (DSC_ATTN_WARPS
         // sweeps), one key and 3 (a step straddling the context's end: DSC_ATTN_KEYS), on
         // the same data
-        for (warps, keys) in [(4usize, 4usize), (16, 4), (16, 1), (4, 3)] {
-            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys };
-            let (gr, b) = grid(&spec.launch(), t * h);
+        // ... and the grouped kernel of batched decode (a block per (token, KV head): 8 warps,
+        // and 4 with 3 keys)
+        let rep = h / kvh;
+        for (warps, keys, group) in [(4usize, 4usize, 1usize), (16, 4, 1), (16, 1, 1), (4, 3, 1), (8, 4, rep), (4, 3, rep)].into_iter().filter(|c| c.2 == 1 || rep > 1) {
+            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, group };
+            // (a block per (token, group of heads))
+            let (gr, b) = grid(&spec.launch(), t);
             cases.push(Case {
                 name: format!(
-                    "paged_attn T{t} H{h}/{kvh} D{d}{}{}",
+                    "paged_attn T{t} H{h}/{kvh} D{d}{}{}{}",
                     if warps == 16 { String::new() } else { format!(" {warps} warps") },
-                    if keys == 4 { String::new() } else { format!(" {keys} keys") }
+                    if keys == 4 { String::new() } else { format!(" {keys} keys") },
+                    if group == 1 { String::new() } else { format!(" groups of {group}") }
                 ),
                 kernel: spec.symbol(),
                 grid: gr,
-                grid_y: 1,
+                grid_y: (h / group) as u32,
                 block: b,
                 inputs: inputs.clone(),
                 scalars: vec![(t * h) as i64, mb as i64],
@@ -1237,14 +1242,14 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let parts = split_partials(&q, &kc, &vc, &pos, &seq, &table, (h, kvh, d, bs, mb), scale, ns, mk);
             let pa = data.push(&parts);
             let spec = KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, splits: ns, min_keys: mk };
-            let (gr, b) = grid(&spec.launch(), t * h);
+            let (gr, b) = grid(&spec.launch(), t);
             let mut ins = inputs.clone();
             ins.truncate(6);
             cases.push(Case {
                 name: format!("paged_attn split {ns}x{mk} T{t} H{h}/{kvh} D{d}"),
                 kernel: spec.symbol(),
                 grid: gr,
-                grid_y: ns as u32,
+                grid_y: (h * ns) as u32,
                 block: b,
                 inputs: ins,
                 scalars: vec![(t * h) as i64, mb as i64],

@@ -394,7 +394,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
             let merge = prog.steps.iter().find(|s| s.node == base && s.kernel.as_deref().is_some_and(|k| k.starts_with("attention_combine"))).context("the split attention has no merge step")?;
             let (k1, k2) = (sp.kernel.clone().expect("found by its kernel"), merge.kernel.clone().expect("found by its kernel"));
             let (f1, f2) = (dev.module.load_function(&k1).map_err(derr(&k1))?, dev.module.load_function(&k2).map_err(derr(&k2))?);
-            Some((ns, sp.block, k1, f1, k2, f2))
+            Some((ns, sp, k1, f1, k2, f2))
         }
         None => None,
     };
@@ -427,6 +427,16 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         let table = i32s((0..mb as i32).collect())?;
         let y = dev.stream.alloc_zeros::<f32>(t * h * d).map_err(derr("allocating out"))?;
         let big = flash.as_ref().filter(|(l, _)| (t * h) as i64 >= l.min_rows);
+        // (a block launch's grid from its step: a block per row (T·H) in older plans, per
+        // (token, KV head) since session 9)
+        let grid = |s: &crate::plan::Scalar| -> anyhow::Result<u32> {
+            Ok(match s {
+                crate::plan::Scalar::Const(c) => *c as u32,
+                crate::plan::Scalar::Rows(_) => (t * h) as u32,
+                crate::plan::Scalar::Dim(_, 0) => t as u32,
+                other => anyhow::bail!("the decode attention's grid {other:?} is not one bench-attention knows"),
+            })
+        };
         let split_pass = split.as_ref().filter(|_| kind == "decode-split");
         let (kernel, f, n, cfg) = match (big, split_pass) {
             // (a block per head x 64 tokens; n = T)
@@ -436,8 +446,10 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
                 t as i64,
                 LaunchConfig { grid_dim: (h as u32, (t as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) },
             ),
-            (None, Some((ns, block, k1, f1, _, _))) => (k1.clone(), f1, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, *ns as u32, 1), block_dim: (32 * block, 1, 1), shared_mem_bytes: 0 }),
-            (None, None) => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: ((t * h) as u32, 1, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
+            (None, Some((_, sp, k1, f1, _, _))) => {
+                (k1.clone(), f1, (t * h) as i64, LaunchConfig { grid_dim: (grid(&sp.work)?, grid(&sp.grid_y)?, 1), block_dim: (32 * sp.block, 1, 1), shared_mem_bytes: 0 })
+            }
+            (None, None) => (kernel.clone(), &f, (t * h) as i64, LaunchConfig { grid_dim: (grid(&step.work)?, grid(&step.grid_y)?, 1), block_dim: (32 * step.block, 1, 1), shared_mem_bytes: 0 }),
         };
         let mbs = mb as i64;
         // (split: the partial states, then the merge into y)
