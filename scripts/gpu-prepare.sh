@@ -17,10 +17,11 @@
 # [".gpu/check", ".gpu/dsc-runtime"]: bash scripts/gpu-check.sh), then at once (warm machine)
 # carry [".gpu/sweep", ".gpu/dsc-runtime"]: BATCHES=1,8,32 bash scripts/gpu-sweep.sh
 # (e.g. SWEEP_ENV="DSC_FEW_X16=0 DSC_PIPE_MIN_ROWS=129": batched decode as before session 6;
-# DSC_ATTN_KEYS=8: the decode attention's keys per warp step; DSC_SILU_HALF=1: silu_mul writes
-# the down projection's bf16 copy, prepared in session 8; DSC_SPLITK_NORM=1: the split-K reduce
-# folded into the next RMSNorm, measured slower; DSC_TMA=1: W tiles by TMA, prepared in
-# session 8 — its bundle cases too, so run that check under `timeout 150`)
+# DSC_ATTN_KEYS=8: the decode attention's keys per warp step; DSC_ATTN_GROUP=0: no grouped
+# (block per KV head) decode attention; DSC_SILU_HALF=0: silu_mul without the down
+# projection's bf16 copy; DSC_SPLITK_NORM=1: the split-K reduce folded into the next RMSNorm,
+# measured slower; DSC_TMA=all / DSC_TMA=0: W tiles by TMA in every pipelined matmul / none.
+# The bundle holds TMA cases: gpu-check.sh runs under `timeout 150`)
 # Prefill GEMM tilings: scripts/gpu-gemm-sweep.sh (its header)
 set -euo pipefail
 cd "$(dirname "$0")/.."

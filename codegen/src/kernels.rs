@@ -247,11 +247,12 @@ pub enum KernelSpec {
     /// k_cache, v_cache, pos, seq, table, out, T*H, MB
     PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize },
     /// the first pass of the split decode attention (long contexts): `PagedAttention`'s block
-    /// (group 1) for (token, head, s), grid y = H · `splits` (y = head · splits + s), taking part s of se = min(ceil(ctx / min_keys),
+    /// for (token, `group` heads, s), grid y = H / group · `splits` (y = head group · splits +
+    /// s), taking part s of se = min(ceil(ctx / min_keys),
     /// splits) equal parts of the row's keys and writing its partial softmax state (m, l,
     /// acc[D]) to part[(row·splits + s)·(D + 2)..]; params as `PagedAttention` with the
     /// partial states in place of out
-    PagedAttentionSplit { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, splits: usize, min_keys: usize },
+    PagedAttentionSplit { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, splits: usize, min_keys: usize, group: usize },
     /// the second pass: out[row] from the row's partial states; a warp per row; params part,
     /// pos, out, n (rows = T·H)
     AttentionCombine { h: usize, d: usize, splits: usize, min_keys: usize },
@@ -352,7 +353,8 @@ pub enum KernelSpec {
     /// `MatMulAct`) with its W tiles loaded by TMA: each W param is instead a pointer to a
     /// 128-byte `CUtensorMap` of that weight (bf16/f16 [N, K], box 64 x bn, 128-byte
     /// swizzle), arg `{w}@tmap{bn}`; one thread per stage issues the bulk tensor copy on
-    /// the stage's mbarrier. Prepared, not yet run on the H200 (DSC_TMA=1)
+    /// the stage's mbarrier. On by default for the 128-row tiles of at most 128 columns
+    /// (`lower::Tma`; checked and measured on the H200)
     Tma { inner: Box<KernelSpec> },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
     /// parts, [res], y, n (elements of y)
@@ -403,8 +405,8 @@ impl KernelSpec {
                     if *group == 1 { String::new() } else { format!("_g{group}") }
                 )
             }
-            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, .. } => {
-                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}")
+            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, group, .. } => {
+                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}", if *group == 1 { String::new() } else { format!("_g{group}") })
             }
             KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
@@ -2751,7 +2753,7 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
 }
 
 /// The decode attention ([`KernelSpec::PagedAttention`]; with `split` = (S, min keys), the
-/// [`KernelSpec::PagedAttentionSplit`] pass: block (token, KV head, s) takes split s of the
+/// [`KernelSpec::PagedAttentionSplit`] pass: block (token, head group, s) takes split s of the
 /// rows' context and writes their partial softmax states to `%out` instead of the output).
 #[allow(clippy::too_many_arguments)]
 fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize, split: Option<(usize, usize)>) -> Result<String, String> {
@@ -4405,8 +4407,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, None)?,
-        KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys } => {
-            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, 1, Some((*splits, *min_keys)))?
+        KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys, group } => {
+            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, Some((*splits, *min_keys)))?
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })

@@ -135,7 +135,9 @@ fn attention_warps() -> usize {
 /// 400-token context b1 246 -> 227, b8 1,468 -> 1,357; SmolLM2 shape b1 2,316 -> 2,159.
 /// From 16 tokens: 8B b16 +2.3%, b32 +3%, b128 +12.6%, b32 at a 400-token context +9%, b1
 /// and b8 unchanged; but the SmolLM2 shape (3 KV heads: 48 blocks at b16) b16 -6%, b32 -2%,
-/// b32 at 400 tokens -13%, b128 +6%.
+/// b32 at 400 tokens -13%, b128 +6%. The split decode attention's first pass is grouped too
+/// where KVH x [`ATTN_SPLITS`] reaches this (the 8B shape: 8 x 16; alone at b1, 8k context
+/// 42.1 -> 30.7 us per layer, 1k 17.8 -> 18.8).
 pub const ATTN_GROUP_MIN_BLOCKS: usize = 128;
 
 /// Warps per block of the grouped decode attention (8 measured faster than 16 at b32 and
@@ -775,11 +777,13 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
         out.push(Step { min_context: Some(from), min_rows: Some(max_rows + 1), ..s.clone() });
         let mut first = Step { min_context: Some(from), max_rows: Some(max_rows), large: None, ..s.clone() };
         first.node = part.clone();
-        first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk });
+        // (grouped where the KV heads alone give ATTN_GROUP_MIN_BLOCKS blocks at a full split)
+        let group = if attention_group() && kvh * ns >= ATTN_GROUP_MIN_BLOCKS { h / kvh } else { 1 };
+        first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk, group });
         if let Some(last) = first.args.last_mut() {
             *last = part.clone();
         }
-        first.grid_y = Scalar::Const((h * ns) as i64);
+        first.grid_y = Scalar::Const((h / group * ns) as i64);
         first.few = vec![];
         let rows = Scalar::Rows(s.node.clone());
         let combine = Step {
@@ -1452,7 +1456,7 @@ mod tests {
         assert_eq!((first.max_rows, merge.max_rows), (Some(ATTN_SPLIT_ROWS), Some(ATTN_SPLIT_ROWS)));
         assert!(matches!(first.kernel, Some(KernelSpec::PagedAttentionSplit { splits: ATTN_SPLITS, min_keys: ATTN_SPLIT_MIN_KEYS, .. })), "{:?}", first.kernel);
         assert_eq!(first.args.last(), Some(&part));
-        // (a block per (token, head, part): 8 heads)
+        // (a block per (token, head, part): 8 heads, 2 KV heads — too few to group)
         assert_eq!(first.grid_y, Scalar::Const(8 * ATTN_SPLITS as i64));
         assert_eq!((one.work.clone(), one.grid_y.clone()), (Scalar::Dim("o".into(), 0), Scalar::Const(8)));
         // batched decode: a block per (token, KV head) from ATTN_GROUP_MIN_BLOCKS of them, up

@@ -146,15 +146,19 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::TopK { d: 64, k: 6 });
     v.push(KernelSpec::Transpose { perm: vec![1, 0, 2] });
     v.push(KernelSpec::Concat { sizes: vec![3, 5], inner: 16 });
-    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1 });
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4 });
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1, group: 1 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, group: 1 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3, group: 1 });
+    // (the grouped kernel of batched decode: a block per (token, KV head))
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 8, keys: 4, group: 3 });
     // norm + quantize: the register-resident (D = 4096) and vectorized (D = 576) RMSNorm with a 16-bit copy
     for (d, f16) in [(4096usize, false), (576, true)] {
         v.push(KernelSpec::RmsNormHalf { d, eps_bits: 1e-5f32.to_bits(), f16 });
     }
     // the split decode attention's two passes
-    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256 });
+    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 1 });
+    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 4 });
     v.push(KernelSpec::AttentionCombine { h: 32, d: 128, splits: 16, min_keys: 256 });
     v.push(KernelSpec::AttentionCombine { h: 9, d: 64, splits: 4, min_keys: 8 });
     // merged matmuls in every family, the norm prologue, the fused Q/K/V rope + cache writes,

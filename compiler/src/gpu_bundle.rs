@@ -1241,26 +1241,31 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             }
             let parts = split_partials(&q, &kc, &vc, &pos, &seq, &table, (h, kvh, d, bs, mb), scale, ns, mk);
             let pa = data.push(&parts);
-            let spec = KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, splits: ns, min_keys: mk };
-            let (gr, b) = grid(&spec.launch(), t);
-            let mut ins = inputs.clone();
-            ins.truncate(6);
-            cases.push(Case {
-                name: format!("paged_attn split {ns}x{mk} T{t} H{h}/{kvh} D{d}"),
-                kernel: spec.symbol(),
-                grid: gr,
-                grid_y: (h * ns) as u32,
-                block: b,
-                inputs: ins,
-                scalars: vec![(t * h) as i64, mb as i64],
-                expected: pa.clone(),
-                // (parts past a row's se are not written)
-                init: Some(data.push(&vec![0.0f32; parts.len()])),
-                written_inputs: vec![],
-                tmaps: vec![],
-                tol: 1e-4,
-            });
-            specs.push(spec);
+            let zeros = data.push(&vec![0.0f32; parts.len()]);
+            // (a block per (token, head, part), and per (token, KV head, part): the grouped
+            // kernel of models with 8+ KV heads)
+            for group in [1, rep].into_iter().filter(|&g| g == 1 || rep > 1) {
+                let spec = KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, splits: ns, min_keys: mk, group };
+                let (gr, b) = grid(&spec.launch(), t);
+                let mut ins = inputs.clone();
+                ins.truncate(6);
+                cases.push(Case {
+                    name: format!("paged_attn split {ns}x{mk} T{t} H{h}/{kvh} D{d}{}", if group == 1 { String::new() } else { format!(" groups of {group}") }),
+                    kernel: spec.symbol(),
+                    grid: gr,
+                    grid_y: (h / group * ns) as u32,
+                    block: b,
+                    inputs: ins,
+                    scalars: vec![(t * h) as i64, mb as i64],
+                    expected: pa.clone(),
+                    // (parts past a row's se are not written)
+                    init: Some(zeros.clone()),
+                    written_inputs: vec![],
+                    tmaps: vec![],
+                    tol: 1e-4,
+                });
+                specs.push(spec);
+            }
             let spec = KernelSpec::AttentionCombine { h, d, splits: ns, min_keys: mk };
             let (gr, b) = grid(&spec.launch(), t * h);
             cases.push(Case {
