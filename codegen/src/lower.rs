@@ -136,13 +136,27 @@ fn attention_warps() -> usize {
 /// From 16 tokens: 8B b16 +2.3%, b32 +3%, b128 +12.6%, b32 at a 400-token context +9%, b1
 /// and b8 unchanged; but the SmolLM2 shape (3 KV heads: 48 blocks at b16) b16 -6%, b32 -2%,
 /// b32 at 400 tokens -13%, b128 +6%. The split decode attention's first pass is grouped too
-/// where KVH x [`ATTN_SPLITS`] reaches this (the 8B shape: 8 x 16; alone at b1, 8k context
+/// where its head groups x [`ATTN_SPLITS`] reach this (the 8B shape: 8 x 16; alone at b1, 8k context
 /// 42.1 -> 30.7 us per layer, 1k 17.8 -> 18.8).
 pub const ATTN_GROUP_MIN_BLOCKS: usize = 128;
 
 /// Warps per block of the grouped decode attention (8 measured faster than 16 at b32 and
 /// b128: 6,401 / 9,253 with 16).
 pub const ATTN_GROUP_WARPS: usize = 8;
+
+/// Query heads per block of the grouped decode attention with `warps` warps: the largest
+/// divisor of the GQA group (H / KVH) whose running softmax state fits a lane (group x D / 32
+/// ≤ [`ATTN_GROUP_MAX_STATE`] accumulators) and whose partial states fit 48 KiB of static
+/// shared memory (warps x group x (D + 2) f32); 1 where only that fits (no grouping). The 8B
+/// shape: 4 (its whole group), SmolLM2's 3; Llama-3-70B's group of 8 heads of 128: 4.
+pub fn attention_group_size(h: usize, kvh: usize, d: usize, warps: usize) -> usize {
+    let rep = if kvh > 0 && h % kvh == 0 { h / kvh } else { 1 };
+    (1..=rep).rev().find(|&g| rep % g == 0 && g * (d / 32) <= ATTN_GROUP_MAX_STATE && warps * g * (d + 2) * 4 <= 48 * 1024).unwrap_or(1)
+}
+
+/// Most f32 accumulators per lane the grouped decode attention keeps (group x D / 32; the
+/// 8B shape's 4 x 4): past that, registers spill (512 threads of 16 warps get 128 each).
+pub const ATTN_GROUP_MAX_STATE: usize = 16;
 
 /// Whether the decode attention has its grouped alternative (DSC_ATTN_GROUP=0 turns it off,
 /// for A/B).
@@ -478,16 +492,16 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 // batched decode (from as many tokens as give ATTN_GROUP_MIN_BLOCKS blocks, up
                 // to the prefill kernel's rows): a block per (token, KV head) taking the KV
                 // head's query heads, each K/V row read once for them, in fewer warps
-                let rep = h / kvh;
+                let g = attention_group_size(h, kvh, d, ATTN_GROUP_WARPS);
                 let max_rows = flash.as_ref().map(|f| f.min_rows - 1);
-                let grouped = (rep > 1 && attention_group()).then(|| Large {
-                    min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(kvh) * h) as i64,
+                let grouped = (g > 1 && attention_group()).then(|| Large {
+                    min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
                     max_rows,
                     args: None,
-                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: ATTN_GROUP_WARPS, keys: attention_keys(), group: rep },
+                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: ATTN_GROUP_WARPS, keys: attention_keys(), group: g },
                     scalars: vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)],
                     work: Scalar::Dim(name.clone(), 0),
-                    grid_y: Scalar::Const(kvh as i64),
+                    grid_y: Scalar::Const((h / g) as i64),
                 });
                 Step { large: flash, few: grouped.into_iter().collect(), ..st }
             }
@@ -778,7 +792,8 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
         let mut first = Step { min_context: Some(from), max_rows: Some(max_rows), large: None, ..s.clone() };
         first.node = part.clone();
         // (grouped where the KV heads alone give ATTN_GROUP_MIN_BLOCKS blocks at a full split)
-        let group = if attention_group() && kvh * ns >= ATTN_GROUP_MIN_BLOCKS { h / kvh } else { 1 };
+        let g = attention_group_size(h, kvh, d, warps);
+        let group = if attention_group() && h / g * ns >= ATTN_GROUP_MIN_BLOCKS { g } else { 1 };
         first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk, group });
         if let Some(last) = first.args.last_mut() {
             *last = part.clone();
@@ -1432,6 +1447,26 @@ mod tests {
         }
         // q/k/v and o: the split-K alternatives and the 64-/128-row tiles
         assert!(wrapped >= 4, "{wrapped}");
+    }
+
+    #[test]
+    fn grouped_attention_takes_what_fits_a_lane_and_shared_memory() {
+        // the 8B shape, SmolLM2's, Llama-3-70B's (64 heads over 8), head dim 256, MHA
+        assert_eq!(attention_group_size(32, 8, 128, ATTN_GROUP_WARPS), 4);
+        assert_eq!(attention_group_size(9, 3, 64, ATTN_GROUP_WARPS), 3);
+        assert_eq!(attention_group_size(64, 8, 128, 16), 4);
+        assert_eq!(attention_group_size(16, 4, 256, 16), 2);
+        assert_eq!(attention_group_size(32, 32, 128, 16), 1);
+        // 70B-like: the batched alternative in groups of 4, grid y = 16 head groups
+        let src = "graph \"t\" {\n  %q = input : f32[T, 64, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 64, 128]\n  output o = %o\n}\n";
+        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions::default()).unwrap();
+        let one = steps.iter().find(|s| s.node == "o" && s.kernel.is_some()).unwrap();
+        let [g] = &one.few[..] else { panic!("{:?}", one.few) };
+        assert!(matches!(g.kernel, KernelSpec::PagedAttention { group: 4, .. }), "{:?}", g.kernel);
+        assert_eq!((g.grid_y.clone(), g.min_rows), (Scalar::Const(16), 8 * 64));
+        let split = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))).unwrap();
+        assert!(matches!(split.kernel, Some(KernelSpec::PagedAttentionSplit { group: 4, .. })), "{:?}", split.kernel);
+        assert_eq!(split.grid_y, Scalar::Const(16 * ATTN_SPLITS as i64));
     }
 
     #[test]
