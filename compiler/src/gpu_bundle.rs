@@ -1203,9 +1203,17 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         // sweeps), one key and 3 (a step straddling the context's end: DSC_ATTN_KEYS), on
         // the same data
         // ... and the grouped kernel of batched decode (a block per (token, KV head): 8 warps,
-        // and 4 with 3 keys)
+        // and 4 with 3 keys; and per half a KV head's group, as models whose whole group does
+        // not fit a block take: `lower::attention_group_size`)
         let rep = h / kvh;
-        for (warps, keys, group) in [(4usize, 4usize, 1usize), (16, 4, 1), (16, 1, 1), (4, 3, 1), (8, 4, rep), (4, 3, rep)].into_iter().filter(|c| c.2 == 1 || rep > 1) {
+        let mut variants = vec![(4usize, 4usize, 1usize), (16, 4, 1), (16, 1, 1), (4, 3, 1)];
+        if rep > 1 {
+            variants.extend([(8, 4, rep), (4, 3, rep)]);
+        }
+        if rep % 2 == 0 && rep > 2 {
+            variants.push((8, 4, rep / 2));
+        }
+        for (warps, keys, group) in variants {
             let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, group };
             // (a block per (token, group of heads))
             let (gr, b) = grid(&spec.launch(), t);
