@@ -195,7 +195,11 @@ impl KernelSpec {
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::SplitK { inner, .. } => inner.hopper_only(),
+            KernelSpec::MatMulParts { inner, .. }
+            | KernelSpec::NormMatMul { inner, .. }
+            | KernelSpec::MatMulAct { inner, .. }
+            | KernelSpec::SplitK { inner, .. }
+            | KernelSpec::PrefetchL2 { inner } => inner.hopper_only(),
             KernelSpec::Tma { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
@@ -356,6 +360,15 @@ pub enum KernelSpec {
     /// the stage's mbarrier. On by default for the 128-row tiles of at most 128 columns
     /// (`lower::Tma`; checked and measured on the H200)
     Tma { inner: Box<KernelSpec> },
+    /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
+    /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
+    /// waits for the previous kernel: the blocks of the grid split the bytes, each block's
+    /// first warp issuing `cp.async.bulk.prefetch.L2` of up to 64 KiB per lane and step. The
+    /// attention moves little from DRAM, so the weights stream in beside it and the matmul after
+    /// it reads them from L2. params %pf (the buffer), inner's, then %pfb (its bytes; 0: none).
+    /// Checked on the H200 but measured slower, so off (`lower::attention_prefetch`,
+    /// DSC_ATTN_PREFETCH=1)
+    PrefetchL2 { inner: Box<KernelSpec> },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
     /// parts, [res], y, n (elements of y)
     SplitKReduce { splits: usize, residual: bool },
@@ -412,6 +425,7 @@ impl KernelSpec {
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
+            KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
             KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
             KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => format!(
                 "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}",
@@ -506,7 +520,7 @@ impl KernelSpec {
             },
             KernelSpec::PagedAttention { warps, .. } | KernelSpec::PagedAttentionSplit { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
             KernelSpec::AttentionCombine { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } => inner.launch(),
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::PrefetchL2 { inner } => inner.launch(),
         }
     }
 }
@@ -3511,6 +3525,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             matmul_params(*bias, *residual, false)
         }
+        KernelSpec::PrefetchL2 { inner } => {
+            if b.pdl {
+                emit_l2_prefetch(b);
+                b.wait_for_previous();
+            }
+            let params = emit_into(b, inner)?;
+            format!("%pf: !llvm.ptr<1>, {params}, %pfb: i64")
+        }
         KernelSpec::Tma { inner } => {
             match inner.matmul_core().0 {
                 KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
@@ -4412,6 +4434,56 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })
+}
+
+/// Bytes one lane of [`KernelSpec::PrefetchL2`] prefetches per instruction.
+const PREFETCH_PIECE: usize = 64 << 10;
+
+/// [`KernelSpec::PrefetchL2`]'s prologue: block (x, y) of the grid takes its share of `%pfb`
+/// bytes of `%pf` (16-byte multiples), and lane l of its first warp prefetches pieces l, l +
+/// 32, ... of [`PREFETCH_PIECE`] bytes into L2.
+fn emit_l2_prefetch(b: &mut Body) {
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let gx = b.op("gpu.grid_dim x");
+    let gy = b.op("gpu.grid_dim y");
+    let bid = b.op(&format!("arith.muli {by}, {gx} : index"));
+    let bid = b.op(&format!("arith.addi {bid}, {bx} : index"));
+    let bid = b.idx64(&bid);
+    let nb = b.op(&format!("arith.muli {gx}, {gy} : index"));
+    let nb = b.idx64(&nb);
+    let c1 = b.ci64(1);
+    let c16 = b.ci64(16);
+    let chunk = b.op(&format!("arith.addi %pfb, {nb} : i64"));
+    let chunk = b.op(&format!("arith.subi {chunk}, {c1} : i64"));
+    let chunk = b.op(&format!("arith.divui {chunk}, {nb} : i64"));
+    let c15 = b.ci64(15);
+    let chunk = b.op(&format!("arith.addi {chunk}, {c15} : i64"));
+    let chunk = b.op(&format!("arith.divui {chunk}, {c16} : i64"));
+    let chunk = b.op(&format!("arith.muli {chunk}, {c16} : i64"));
+    let lo = b.op(&format!("arith.muli {bid}, {chunk} : i64"));
+    let hi = b.op(&format!("arith.addi {lo}, {chunk} : i64"));
+    let hi = b.op(&format!("arith.minui {hi}, %pfb : i64"));
+    let tid = b.op("gpu.thread_id x");
+    let c32 = b.op("arith.constant 32 : index");
+    let lane = b.op(&format!("arith.cmpi ult, {tid}, {c32} : index"));
+    b.line(&format!("scf.if {lane} {{"));
+    let t = b.idx64(&tid);
+    let piece = b.ci64(PREFETCH_PIECE as i64);
+    let start = b.op(&format!("arith.muli {t}, {piece} : i64"));
+    let start = b.op(&format!("arith.addi {lo}, {start} : i64"));
+    let (starti, hii) = (b.op(&format!("arith.index_cast {start} : i64 to index")), b.op(&format!("arith.index_cast {hi} : i64 to index")));
+    let stepi = b.op(&format!("arith.constant {} : index", 32 * PREFETCH_PIECE));
+    let p = b.v();
+    b.line(&format!("scf.for {p} = {starti} to {hii} step {stepi} {{"));
+    let p64 = b.idx64(&p);
+    let left = b.op(&format!("arith.subi {hi}, {p64} : i64"));
+    let len = b.op(&format!("arith.minui {left}, {piece} : i64"));
+    let len = b.op(&format!("arith.trunci {len} : i64 to i32"));
+    let ptr = b.op(&format!("llvm.getelementptr %pf[{p64}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.bulk.prefetch.L2.global [$0], $1;\", \"l,r\" {ptr}, {len} : (!llvm.ptr<1>, i32) -> ()"));
+    b.line("}");
+    b.line("}");
 }
 
 /// Element `i` (i64) of an elementwise binary kernel: `op(a[i], b[i % nb])` (params `%a`,

@@ -577,7 +577,64 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     // bench/results/splitk-norm-2026-11-30.json; DSC_SPLITK_NORM=1 at compile time folds)
     let fold = opts.split_k.is_some() && std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "1");
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
-    Ok(tma_wrap(steps, opts.tma))
+    let steps = tma_wrap(steps, opts.tma);
+    Ok(if attention_prefetch() { prefetch_after_attention(steps, g) } else { steps })
+}
+
+/// Most weight bytes the decode attention prefetches into L2 for the matmul after it (the
+/// H200's L2 is 50 MB; the 8B shape's o projection is 33.5 MB).
+pub const ATTN_PREFETCH_MAX_BYTES: usize = 40 << 20;
+
+/// Whether the decode attention prefetches the next matmul's weights (off: measured on the
+/// H200, bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
+/// 6,505: the o projection got ~1 µs faster per call (379.6 vs 414-439 µs per step without
+/// graphs) but the attention ~4 µs slower (332.7 vs ~199): the 33.5 MB of prefetch compete
+/// with the attention's own loads for a DRAM that is busy anyway. DSC_ATTN_PREFETCH=1 at
+/// compile time turns it on.)
+fn attention_prefetch() -> bool {
+    std::env::var("DSC_ATTN_PREFETCH").is_ok_and(|v| v == "1")
+}
+
+/// The decode attention steps (one-pass and grouped; not the prefill attention) prefetch into
+/// L2 the weight of the first later step reading one (the output projection), where that
+/// weight is larger than its own GEMV prefetches ([`crate::kernels::GEMV_PREFETCH_MAX_BYTES`])
+/// and at most [`ATTN_PREFETCH_MAX_BYTES`]: `KernelSpec::PrefetchL2`, the weight as the first
+/// arg and its bytes as the last scalar (the prefill alternative keeps the old args).
+fn prefetch_after_attention(mut steps: Vec<Step>, g: &Graph) -> Vec<Step> {
+    let weight_bytes = |name: &str| -> Option<usize> {
+        let n = g.node(g.by_name(name)?);
+        if !matches!(n.op, Op::Weight) || !matches!(n.ty.dtype, DType::BF16 | DType::F16 | DType::F32) {
+            return None;
+        }
+        n.ty.dtype.bytes_for(n.ty.const_numel()?)
+    };
+    for i in 0..steps.len() {
+        if !matches!(steps[i].kernel, Some(KernelSpec::PagedAttention { .. })) {
+            continue;
+        }
+        let next = steps[i + 1..].iter().find_map(|s| {
+            let ws: Vec<(String, usize)> = s.args.iter().filter_map(|a| weight_bytes(a).map(|b| (a.clone(), b))).collect();
+            (!ws.is_empty()).then_some(ws)
+        });
+        let Some([(w, bytes)]) = next.as_deref() else { continue };
+        if *bytes <= crate::kernels::GEMV_PREFETCH_MAX_BYTES || *bytes > ATTN_PREFETCH_MAX_BYTES {
+            continue;
+        }
+        let s = &mut steps[i];
+        let original = s.args.clone();
+        let wrap = |k: &KernelSpec| KernelSpec::PrefetchL2 { inner: Box::new(k.clone()) };
+        s.kernel = s.kernel.as_ref().map(wrap);
+        s.args.insert(0, w.clone());
+        s.scalars.push(Scalar::Const(*bytes as i64));
+        for l in &mut s.few {
+            l.kernel = wrap(&l.kernel);
+            l.scalars.push(Scalar::Const(*bytes as i64));
+        }
+        if let Some(l) = &mut s.large {
+            l.args.get_or_insert(original);
+        }
+    }
+    steps
 }
 
 /// The pipelined wgmma matmul alternatives (also inside split-K, merged parts or an
@@ -1447,6 +1504,24 @@ mod tests {
         }
         // q/k/v and o: the split-K alternatives and the 64-/128-row tiles
         assert!(wrapped >= 4, "{wrapped}");
+    }
+
+    #[test]
+    fn decode_attention_prefetches_the_output_projections_weights() {
+        // (the 8B shape's o projection: 32 MiB of bf16, over the GEMV's own prefetch limit)
+        let src = "graph \"t\" {\n  %q = input : f32[T, 32, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 32, 128]\n  %a = reshape(%o) : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h = input : f32[T, 4096]\n  %y = matmul_add(%a, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let steps = prefetch_after_attention(lower_opts(&g, LowerOptions::default()).unwrap(), &g);
+        let attn: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::PrefetchL2 { .. }))).collect();
+        // the one-pass steps (short and long contexts), not the split pass
+        assert_eq!(attn.len(), 2, "{:?}", steps.iter().map(|s| &s.kernel).collect::<Vec<_>>());
+        for s in attn {
+            assert_eq!(s.args[0], "wo");
+            assert_eq!(s.scalars.last(), Some(&Scalar::Const(4096 * 4096 * 2)));
+            assert!(s.few.iter().all(|l| matches!(l.kernel, KernelSpec::PrefetchL2 { .. }) && l.scalars.last() == Some(&Scalar::Const(4096 * 4096 * 2))));
+            // the prefill attention keeps its args
+            assert_eq!(s.large.as_ref().unwrap().args.as_ref().unwrap()[0], "q");
+        }
     }
 
     #[test]

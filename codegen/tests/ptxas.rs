@@ -152,6 +152,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     // (the grouped kernel of batched decode: a block per (token, KV head))
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4 });
     v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 8, keys: 4, group: 3 });
+    // (prefetching the next matmul's weights into L2 first)
+    v.push(KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4 }) });
     // norm + quantize: the register-resident (D = 4096) and vectorized (D = 576) RMSNorm with a 16-bit copy
     for (d, f16) in [(4096usize, false), (576, true)] {
         v.push(KernelSpec::RmsNormHalf { d, eps_bits: 1e-5f32.to_bits(), f16 });

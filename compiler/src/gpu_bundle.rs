@@ -1238,6 +1238,31 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             });
             specs.push(spec);
         }
+        // ... prefetching another buffer's bytes into L2 first (`PrefetchL2`: the next
+        // matmul's weights; 100,003 f32, split over the blocks), the one-pass and the grouped
+        // kernel: the same outputs
+        let pf = data.push(&rand_vec(100_003, -1.0, 1.0));
+        for (warps, group) in [(16usize, 1usize), (dsc_codegen::lower::ATTN_GROUP_WARPS, rep)] {
+            let spec = KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys: 4, group }) };
+            let (gr, b) = grid(&spec.launch(), t);
+            let mut ins = vec![pf.clone()];
+            ins.extend(inputs.iter().cloned());
+            cases.push(Case {
+                name: format!("paged_attn T{t} H{h}/{kvh} D{d}{} + L2 prefetch", if group == 1 { String::new() } else { format!(" groups of {group}") }),
+                kernel: spec.symbol(),
+                grid: gr,
+                grid_y: (h / group) as u32,
+                block: b,
+                inputs: ins,
+                scalars: vec![(t * h) as i64, mb as i64, 100_003 * 4],
+                expected: expected.clone(),
+                init: None,
+                written_inputs: vec![],
+                tmaps: vec![],
+                tol: 1e-4,
+            });
+            specs.push(spec);
+        }
         // the split decode attention (DSC_SPLIT_KV): its first pass against partial states
         // computed here, then its merge from those states against the executor's output;
         // the plans' split (16 parts of 256+ keys) and a small one that every context fills

@@ -457,6 +457,12 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         let part = dev.stream.alloc_zeros::<f32>(split_pass.map_or(1, |m| t * h * m.0 * (d + 2))).map_err(derr("allocating the partial states"))?;
         let launch = || -> anyhow::Result<()> {
             let mut lb = dev.stream.launch_builder(f);
+            // (a kernel that prefetches the next matmul's weights, `_pf`: 0 bytes of q, the
+            // attention alone)
+            let pf = kernel.ends_with("_pf");
+            if pf {
+                lb.arg(&q);
+            }
             lb.arg(&q).arg(&kc).arg(&vc).arg(&pos).arg(&seq).arg(&table);
             if split_pass.is_some() {
                 lb.arg(&part);
@@ -464,6 +470,9 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
                 lb.arg(&y);
             }
             lb.arg(&n).arg(&mbs);
+            if pf {
+                lb.arg(&0i64);
+            }
             // SAFETY: paged_attention(q [T,H,D], k/v pools [MB*BS, KVH, D], pos, seq, table
             // [1, MB] (i32), out [T,H,D] or the split's partial states [T*H*S*(D+2)], T*H, MB):
             // every position < MB*BS is in the table
