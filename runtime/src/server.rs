@@ -134,7 +134,7 @@ async fn read_json(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Valu
     if !s.ready.load(Ordering::SeqCst) {
         return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "the server is shutting down".into(), kind: "server_error", param: None, code: None });
     }
-    let bytes = axum::body::to_bytes(body, s.cfg.max_body_bytes).await.map_err(|_| {
+    let bytes = read_limited(body, s.cfg.max_body_bytes).await.map_err(|_| {
         s.metrics.error("too_large");
         ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
@@ -152,6 +152,33 @@ async fn read_json(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Valu
         return Err(ApiError::bad("the body must be a JSON object", None));
     }
     Ok(v)
+}
+
+/// Bytes of an oversized body the server still reads (and drops) before it answers 413: a
+/// client that sends the body whole then reads the answer, where an early answer and close
+/// would reset its upload (seen as a broken pipe instead of the 413).
+const DRAIN_MAX_BYTES: usize = 64 << 20;
+
+/// The body, if it is at most `max` bytes; past that its bytes are read and dropped (up to
+/// [`DRAIN_MAX_BYTES`] more) and the result is an error, as it is for a broken body.
+async fn read_limited(body: Body, max: usize) -> Result<Vec<u8>, ()> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let (mut buf, mut total) = (Vec::new(), 0usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| ())?;
+        total = total.saturating_add(chunk.len());
+        if total <= max {
+            buf.extend_from_slice(&chunk);
+        } else if total > max.saturating_add(DRAIN_MAX_BYTES) {
+            return Err(());
+        }
+    }
+    if total > max {
+        Err(())
+    } else {
+        Ok(buf)
+    }
 }
 
 /// The parts of a request both endpoints share.
