@@ -20,7 +20,9 @@
 # DSC_ATTN_KEYS=8: the decode attention's keys per warp step; DSC_ATTN_GROUP=0: no grouped
 # (block per KV head) decode attention; DSC_SILU_HALF=0: silu_mul without the down
 # projection's bf16 copy; DSC_SPLITK_NORM=1: the split-K reduce folded into the next RMSNorm,
-# measured slower; DSC_TMA=all / DSC_TMA=0: W tiles by TMA in every pipelined matmul / none.
+# measured slower; DSC_TMA=all / DSC_TMA=0: W tiles by TMA in every pipelined matmul / none;
+# DSC_ATTN_PREFETCH=1: the decode attention prefetches the o projection's weights into L2,
+# measured slower.
 # The bundle holds TMA cases: gpu-check.sh runs under `timeout 150`)
 # Prefill GEMM tilings: scripts/gpu-gemm-sweep.sh (its header)
 set -euo pipefail
