@@ -366,7 +366,7 @@ pub enum KernelSpec {
     /// first warp issuing `cp.async.bulk.prefetch.L2` of up to 64 KiB per lane and step. The
     /// attention moves little from DRAM, so the weights stream in beside it and the matmul after
     /// it reads them from L2. params %pf (the buffer), inner's, then %pfb (its bytes; 0: none).
-    /// Checked on the H200 but measured slower, so off (`lower::attention_prefetch`,
+    /// Checked on the H200 but measured slower, so off (`lower::LowerOptions::attn_prefetch`,
     /// DSC_ATTN_PREFETCH=1)
     PrefetchL2 { inner: Box<KernelSpec> },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params

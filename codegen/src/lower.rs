@@ -158,12 +158,6 @@ pub fn attention_group_size(h: usize, kvh: usize, d: usize, warps: usize) -> usi
 /// 8B shape's 4 x 4): past that, registers spill (512 threads of 16 warps get 128 each).
 pub const ATTN_GROUP_MAX_STATE: usize = 16;
 
-/// Whether the decode attention has its grouped alternative (DSC_ATTN_GROUP=0 turns it off,
-/// for A/B).
-fn attention_group() -> bool {
-    !std::env::var("DSC_ATTN_GROUP").is_ok_and(|v| v == "0")
-}
-
 /// Keys per warp step of the decode attention kernel (DSC_ATTN_KEYS overrides, 1..=8).
 fn attention_keys() -> usize {
     env_num("DSC_ATTN_KEYS").filter(|k| (1..=8).contains(k)).unwrap_or(crate::kernels::ATTN_KEYS)
@@ -258,6 +252,8 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 Ok("all") | Ok("1") => Tma::All,
                 _ => Tma::Narrow,
             },
+            attn_group: !std::env::var("DSC_ATTN_GROUP").is_ok_and(|v| v == "0"),
+            attn_prefetch: std::env::var("DSC_ATTN_PREFETCH").is_ok_and(|v| v == "1"),
         },
     )
 }
@@ -292,6 +288,18 @@ pub struct LowerOptions {
     /// which pipelined wgmma matmuls load W by TMA ([`tma_wrap`], [`Tma`]; DSC_TMA=0 off,
     /// DSC_TMA=all every one)
     pub tma: Tma,
+    /// the decode attention's grouped kernels, a block per (token, group of a KV head's query
+    /// heads) (batched decode from [`ATTN_GROUP_MIN_BLOCKS`] blocks, and the split pass where
+    /// its head groups fill them; on; DSC_ATTN_GROUP=0 turns both off)
+    pub attn_group: bool,
+    /// the decode attention prefetches the next matmul's weights into L2
+    /// ([`prefetch_after_attention`]; off: measured on the H200,
+    /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
+    /// 6,505: the o projection got ~1 µs faster per call (379.6 vs 414-439 µs per step without
+    /// graphs) but the attention ~4 µs slower (332.7 vs ~199): the 33.5 MB of prefetch compete
+    /// with the attention's own loads for a DRAM that is busy anyway; DSC_ATTN_PREFETCH=1 at
+    /// compile time turns it on)
+    pub attn_prefetch: bool,
 }
 
 /// Which pipelined wgmma matmul alternatives load their W tiles by TMA ([`tma_wrap`]).
@@ -311,7 +319,7 @@ pub enum Tma {
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true, silu_half: true, tma: Tma::Narrow }
+        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true, silu_half: true, tma: Tma::Narrow, attn_group: true, attn_prefetch: false }
     }
 }
 
@@ -494,12 +502,12 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 // head's query heads, each K/V row read once for them, in fewer warps
                 let g = attention_group_size(h, kvh, d, ATTN_GROUP_WARPS);
                 let max_rows = flash.as_ref().map(|f| f.min_rows - 1);
-                let grouped = (g > 1 && attention_group()).then(|| Large {
+                let grouped = (g > 1 && opts.attn_group).then(|| Large {
                     min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
                     max_rows,
                     args: None,
                     kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: ATTN_GROUP_WARPS, keys: attention_keys(), group: g },
-                    scalars: vec![Scalar::Rows(name.clone()), Scalar::Dim(names[5].clone(), 1)],
+                    scalars: st.scalars.clone(),
                     work: Scalar::Dim(name.clone(), 0),
                     grid_y: Scalar::Const((h / g) as i64),
                 });
@@ -566,7 +574,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     if std::env::var("DSC_NO_SWIGLU_FUSION").is_err() {
         fuse_swiglu(g, &mut steps);
     }
-    let steps = if opts.split_kv { split_attention(steps) } else { steps };
+    let steps = if opts.split_kv { split_attention(steps, opts.attn_group) } else { steps };
     let steps = match opts.split_k {
         Some(sk) => split_k(steps, sk),
         None => steps,
@@ -578,22 +586,12 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let fold = opts.split_k.is_some() && std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "1");
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
     let steps = tma_wrap(steps, opts.tma);
-    Ok(if attention_prefetch() { prefetch_after_attention(steps, g) } else { steps })
+    Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
 }
 
 /// Most weight bytes the decode attention prefetches into L2 for the matmul after it (the
 /// H200's L2 is 50 MB; the 8B shape's o projection is 33.5 MB).
 pub const ATTN_PREFETCH_MAX_BYTES: usize = 40 << 20;
-
-/// Whether the decode attention prefetches the next matmul's weights (off: measured on the
-/// H200, bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
-/// 6,505: the o projection got ~1 µs faster per call (379.6 vs 414-439 µs per step without
-/// graphs) but the attention ~4 µs slower (332.7 vs ~199): the 33.5 MB of prefetch compete
-/// with the attention's own loads for a DRAM that is busy anyway. DSC_ATTN_PREFETCH=1 at
-/// compile time turns it on.)
-fn attention_prefetch() -> bool {
-    std::env::var("DSC_ATTN_PREFETCH").is_ok_and(|v| v == "1")
-}
 
 /// The decode attention steps (one-pass and grouped; not the prefill attention) prefetch into
 /// L2 the weight of the first later step reading one (the output projection), where that
@@ -830,7 +828,7 @@ fn split_from_keys() -> i64 {
 /// 32 of the 132 SMs at batch 1 (8B shape), whatever the context; split 16 ways an 8k context
 /// keeps them all busy, while at short contexts the second launch and the idle parts' blocks
 /// cost more than they win.
-fn split_attention(steps: Vec<Step>) -> Vec<Step> {
+fn split_attention(steps: Vec<Step>, attn_group: bool) -> Vec<Step> {
     let mut out = Vec::with_capacity(steps.len());
     let from = split_from_keys();
     for s in steps {
@@ -848,9 +846,10 @@ fn split_attention(steps: Vec<Step>) -> Vec<Step> {
         out.push(Step { min_context: Some(from), min_rows: Some(max_rows + 1), ..s.clone() });
         let mut first = Step { min_context: Some(from), max_rows: Some(max_rows), large: None, ..s.clone() };
         first.node = part.clone();
-        // (grouped where the KV heads alone give ATTN_GROUP_MIN_BLOCKS blocks at a full split)
+        // (grouped where its head groups alone give ATTN_GROUP_MIN_BLOCKS blocks at a full
+        // split)
         let g = attention_group_size(h, kvh, d, warps);
-        let group = if attention_group() && h / g * ns >= ATTN_GROUP_MIN_BLOCKS { g } else { 1 };
+        let group = if attn_group && h / g * ns >= ATTN_GROUP_MIN_BLOCKS { g } else { 1 };
         first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk, group });
         if let Some(last) = first.args.last_mut() {
             *last = part.clone();
@@ -1262,9 +1261,17 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off }).unwrap();
+        let steps = lower_opts(
+            &graph(false, "bf16"),
+            LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, attn_group: true, attn_prefetch: false },
+        )
+        .unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off }).unwrap();
+        let plain = lower_opts(
+            &graph(false, "bf16"),
+            LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, attn_group: true, attn_prefetch: false },
+        )
+        .unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -1511,7 +1518,7 @@ mod tests {
         // (the 8B shape's o projection: 32 MiB of bf16, over the GEMV's own prefetch limit)
         let src = "graph \"t\" {\n  %q = input : f32[T, 32, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 32, 128]\n  %a = reshape(%o) : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h = input : f32[T, 4096]\n  %y = matmul_add(%a, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = prefetch_after_attention(lower_opts(&g, LowerOptions::default()).unwrap(), &g);
+        let steps = lower_opts(&g, LowerOptions { attn_prefetch: true, ..Default::default() }).unwrap();
         let attn: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::PrefetchL2 { .. }))).collect();
         // the one-pass steps (short and long contexts), not the split pass
         assert_eq!(attn.len(), 2, "{:?}", steps.iter().map(|s| &s.kernel).collect::<Vec<_>>());
