@@ -231,17 +231,17 @@ pub enum KernelSpec {
     Rope { h: usize, d: usize, theta_bits: u32, interleaved: bool },
     /// cache[slot[t], :] = x[t, :] for rows of `row` floats, in place; params x, slots (i32),
     /// cache, T*row
-    CacheWrite { row: usize },
+    CacheWrite { row: usize, kv: DType },
     /// cache[slot[t], :] = rope(x, pos)[t, :] (x[T, H, D]): `Rope` writing straight into the
     /// KV pool (the optimizer's rope-cache-write fusion); params x, pos (i32), slots (i32),
     /// cache, T*H*D/2
-    RopeCacheWrite { h: usize, d: usize, theta_bits: u32, interleaved: bool },
+    RopeCacheWrite { h: usize, d: usize, theta_bits: u32, interleaved: bool, kv: DType },
     /// the three users of a merged Q/K/V matmul in one kernel: q[T, H, D] rotated into y,
     /// k[T, KVH, D] rotated into the K pool rows slots[t], v[T, KVH, D] copied into the V pool
     /// (a lowering-level fusion of `rope`, `rope_cache_write` and `cache_write`); one thread
     /// per (q or k) rotation pair or per pair of v elements; params xq, xk, xv, pos, slots,
     /// k_cache, v_cache, y, then n (all items), nq (q pairs), nk (k pairs)
-    QkvRopeCache { h: usize, kvh: usize, d: usize, theta_bits: u32, interleaved: bool },
+    QkvRopeCache { h: usize, kvh: usize, d: usize, theta_bits: u32, interleaved: bool, kv: DType },
     /// causal attention of q[T, H, D] over the paged cache (see `Op::PagedAttention`); one block
     /// per (token, `group` query heads of one KV head) — grid x = T, y = H / group — over the
     /// same K/V rows (group = H / KVH: each K/V row read once for the GQA group; group = 1: a
@@ -249,14 +249,14 @@ pub enum KernelSpec {
     /// softmax each, combined in shared memory), each warp taking `keys` consecutive keys per
     /// loop step (their K and V rows loaded together: more loads in flight); params q,
     /// k_cache, v_cache, pos, seq, table, out, T*H, MB
-    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize },
+    PagedAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize, kv: DType },
     /// the first pass of the split decode attention (long contexts): `PagedAttention`'s block
     /// for (token, `group` heads, s), grid y = H / group · `splits` (y = head group · splits +
     /// s), taking part s of se = min(ceil(ctx / min_keys),
     /// splits) equal parts of the row's keys and writing its partial softmax state (m, l,
     /// acc[D]) to part[(row·splits + s)·(D + 2)..]; params as `PagedAttention` with the
     /// partial states in place of out
-    PagedAttentionSplit { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, splits: usize, min_keys: usize, group: usize },
+    PagedAttentionSplit { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, splits: usize, min_keys: usize, group: usize, kv: DType },
     /// the second pass: out[row] from the row's partial states; a warp per row; params part,
     /// pos, out, n (rows = T·H)
     AttentionCombine { h: usize, d: usize, splits: usize, min_keys: usize },
@@ -301,7 +301,7 @@ pub enum KernelSpec {
     /// `PagedAttention` for prefill (many query rows): FlashAttention-2 tiles on the tensor
     /// cores ([`emit_flash_attention`]), a block per (64 tokens, head); params as
     /// `PagedAttention` but `n` = T (tokens)
-    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32 },
+    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType },
     /// the batched-decode GEMV: as `MatMul` for f32/f16/bf16 weights, `rows` activation rows
     /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
     /// params x, w, [bias], [res], y, M, N
@@ -401,25 +401,26 @@ impl KernelSpec {
             KernelSpec::Rope { h, d, theta_bits, interleaved } => {
                 format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
-            KernelSpec::CacheWrite { row } => format!("cache_write_row{row}"),
-            KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved } => {
-                format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            KernelSpec::CacheWrite { row, kv } => format!("cache_write_row{row}{}", kv_suffix(*kv)),
+            KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
+                format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
             }
-            KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
-                format!("rope_cache_write_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved, kv } => {
+                format!("rope_cache_write_h{h}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
             }
-            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, group, .. } => {
+            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, group, kv, .. } => {
                 // (16 warps, 4 keys per step and a block per head, the defaults, keep the plain
                 // name)
                 format!(
-                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}",
+                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}{}",
                     if *warps == 16 { String::new() } else { format!("_w{warps}") },
                     if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") },
-                    if *group == 1 { String::new() } else { format!("_g{group}") }
+                    if *group == 1 { String::new() } else { format!("_g{group}") },
+                    kv_suffix(*kv)
                 )
             }
-            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, group, .. } => {
-                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}", if *group == 1 { String::new() } else { format!("_g{group}") })
+            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, group, kv, .. } => {
+                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}{}", if *group == 1 { String::new() } else { format!("_g{group}") }, kv_suffix(*kv))
             }
             KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
@@ -463,7 +464,7 @@ impl KernelSpec {
                 )
             }
             KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::FlashAttention { h, kvh, d, bs, .. } => format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}"),
+            KernelSpec::FlashAttention { h, kvh, d, bs, kv, .. } => format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}", kv_suffix(*kv)),
             KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
             KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
         }
@@ -495,7 +496,7 @@ impl KernelSpec {
             // (half of a GEMV block's outputs: the other half are the up rows)
             KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
             // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
-            KernelSpec::FlashAttention { d, .. } => Launch::Tile { outputs: 1, rows: FLASH_ROWS as u32, threads: 128, smem: flash_smem(*d) as u32 },
+            KernelSpec::FlashAttention { d, kv, .. } => Launch::Tile { outputs: 1, rows: FLASH_ROWS as u32, threads: 128, smem: flash_smem(*d, *kv) as u32 },
             KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
@@ -660,6 +661,58 @@ impl Body {
             }
             other => return Err(format!("{other} is not a plain float type")),
         })
+    }
+    /// f32 `val` stored at element `idx` (i64) of a KV pool of `kv` (f32, or bf16 rounded to
+    /// nearest even)
+    fn store_kv(&mut self, val: &str, ptr: &str, idx: &str, kv: DType) -> Result<(), String> {
+        match kv {
+            DType::F32 => self.store(val, ptr, idx),
+            DType::BF16 => {
+                let h = self.op(&format!("llvm.inline_asm \"cvt.rn.bf16.f32 $0, $1;\", \"=h,f\" {val} : (f32) -> i16"));
+                let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+                self.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
+            }
+            other => return Err(format!("{other} KV caches are not lowered for the GPU (f32 or bf16)")),
+        }
+        Ok(())
+    }
+    /// `n` consecutive elements (1, 2, 4 or 8) from element `e` (i64, a multiple of `n`) of a KV
+    /// pool of `kv` (f32 or bf16), as f32: one vector load
+    fn load_kv(&mut self, ptr: &str, e: &str, n: usize, kv: DType) -> Result<Vec<String>, String> {
+        let size = match kv {
+            DType::F32 => 4,
+            DType::BF16 => 2,
+            other => return Err(format!("{other} KV caches are not lowered for the GPU (f32 or bf16)")),
+        };
+        if n == 1 {
+            return Ok(vec![self.plain_as_f32(ptr, e, kv)?]);
+        }
+        // (at most 16 bytes per load)
+        let most = 16 / size as usize;
+        if n > most {
+            let mut out = vec![];
+            for c in 0..n / most {
+                let co = self.ci64((c * most) as i64);
+                let ec = self.op(&format!("arith.addi {e}, {co} : i64"));
+                out.extend(self.load_kv(ptr, &ec, most, kv)?);
+            }
+            return Ok(out);
+        }
+        let cs = self.ci64(size);
+        let by = self.op(&format!("arith.muli {e}, {cs} : i64"));
+        if kv == DType::F32 {
+            return Ok(self.load_vec(ptr, &by, n, "f32", 4 * n));
+        }
+        let hs = self.load_vec(ptr, &by, n, "i16", 2 * n);
+        let c16 = self.op("arith.constant 16 : i32");
+        Ok(hs
+            .iter()
+            .map(|h| {
+                let w = self.op(&format!("arith.extui {h} : i16 to i32"));
+                let sh = self.op(&format!("arith.shli {w}, {c16} : i32"));
+                self.op(&format!("arith.bitcast {sh} : i32 to f32"))
+            })
+            .collect())
     }
     /// warp-per-row prologue: opens `scf.if row < %rows`; returns (lane, row base, d, 32) as
     /// index values
@@ -905,6 +958,18 @@ impl Body {
         ));
         (0..4).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect()
     }
+    /// `ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16` (n = 2 or 4) from this lane's row
+    /// address `addr` (i64, shared window): the n fragment registers (i32). Marked with side
+    /// effects so it stays between the barriers that guard the tile it reads.
+    fn ldmatrix(&mut self, addr: &str, n: usize, trans: bool) -> Vec<String> {
+        let a = self.op(&format!("arith.trunci {addr} : i64 to i32"));
+        let st = format!("!llvm.struct<({})>", vec!["i32"; n].join(", "));
+        let outs = (0..n).map(|i| format!("${i}")).collect::<Vec<_>>().join(",");
+        let cons = vec!["=r"; n].join(",");
+        let r = self
+            .op(&format!("llvm.inline_asm has_side_effects \"ldmatrix.sync.aligned.m8n8.x{n}{}.shared.b16 {{{outs}}}, [${n}];\", \"{cons},r\" {a} : (i32) -> {st}", if trans { ".trans" } else { "" }));
+        (0..n).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect()
+    }
     /// The D fragments of an m64nN warpgroup MMA (or an m16 mma per warp) stored through
     /// `matmul_store`: this thread's rows `ra` and `ra` + 8, columns `n0` + 8j + 2 tq (+1),
     /// value 4j + q of `vals`, each guarded by `%m` / `%n`.
@@ -1022,14 +1087,14 @@ impl Body {
         total
     }
     /// y at element index `i` of a [T, row] tensor (token t) into the pool row slots[t]
-    fn store_to_slot(&mut self, y: &str, i: &str, t: &str, row: usize, cache: &str) {
+    fn store_to_slot(&mut self, y: &str, i: &str, t: &str, row: usize, cache: &str, kv: DType) -> Result<(), String> {
         let r = self.ci64(row as i64);
         let slot = self.load_i32_as_i64("%slots", t);
         let tb = self.op(&format!("arith.muli {t}, {r} : i64"));
         let sb = self.op(&format!("arith.muli {slot}, {r} : i64"));
         let o = self.op(&format!("arith.subi {i}, {tb} : i64"));
         let dst = self.op(&format!("arith.addi {sb}, {o} : i64"));
-        self.store(y, cache, &dst);
+        self.store_kv(y, cache, &dst, kv)
     }
     fn matmul_store(&mut self, v: &str, row: &str, col: &str, bias: bool, residual: bool) {
         let v = if bias {
@@ -2271,11 +2336,17 @@ pub const FLASH_ROWS: usize = 64;
 /// Keys per step of the prefill attention's K/V loop.
 const FLASH_KEYS: usize = 64;
 
-/// Dynamic shared memory of a [`KernelSpec::FlashAttention`] block: the K tile (64 keys x d
-/// bf16, rows padded by 16 bytes) and V transposed (d rows x 64 keys bf16, padded by 16 bytes),
-/// so the mma fragment loads hit every bank once.
-pub fn flash_smem(d: usize) -> usize {
-    FLASH_KEYS * (2 * d + 16) + d * (2 * FLASH_KEYS + 16)
+/// Dynamic shared memory of a [`KernelSpec::FlashAttention`] block: from f32 pools, the K
+/// tile (64 keys x d bf16, rows padded by 16 bytes) and V transposed (d rows x 64 keys bf16,
+/// padded by 16 bytes), so the mma fragment loads hit every bank once; from bf16 pools, two
+/// stages of the K and V tiles as the pools hold them (64 keys x d, rows padded by 16 bytes:
+/// `ldmatrix` rows on distinct banks), one filling while the other is read.
+pub fn flash_smem(d: usize, kv: DType) -> usize {
+    if kv == DType::F32 {
+        FLASH_KEYS * (2 * d + 16) + d * (2 * FLASH_KEYS + 16)
+    } else {
+        2 * 2 * FLASH_KEYS * (2 * d + 16)
+    }
 }
 
 /// The prefill attention ([`KernelSpec::FlashAttention`]), FlashAttention-2 style on `mma.sync`
@@ -2289,13 +2360,24 @@ pub fn flash_smem(d: usize) -> usize {
 /// caches (f32) into shared memory as bf16, K row-major, V transposed — and each warp computes
 /// S = Q Kᵀ (16 x 64), masks keys past each row's position and rows outside the run, updates
 /// the online softmax (exp2), and accumulates P V with P packed from the S registers.
-fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32) -> Result<String, String> {
+///
+/// From bf16 pools (`kv`), the tiles are copied as they are with `cp.async` (16 bytes per copy,
+/// no registers) into two stages, tile i + 1's copies in flight while tile i is computed, and
+/// the mma B fragments come from `ldmatrix` (K) and `ldmatrix.trans` (V, stored key-major).
+fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType) -> Result<String, String> {
     if d % 16 != 0 || d > 128 || kvh == 0 || h % kvh != 0 || bs == 0 {
         return Err(format!("the prefill attention needs D a multiple of 16 up to 128 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
     }
+    if !matches!(kv, DType::F32 | DType::BF16) {
+        return Err(format!("{kv} KV caches are not lowered for the GPU (f32 or bf16)"));
+    }
+    let wide = kv == DType::F32;
     let ks = (2 * d + 16) as i64; // K row stride (bytes)
-    let vs = (2 * FLASH_KEYS + 16) as i64; // V-transposed row stride (bytes)
+                                  // V: transposed rows of 64 keys (f32 pools), or key rows as K's (bf16: `ldmatrix.trans`)
+    let vs = if wide { (2 * FLASH_KEYS + 16) as i64 } else { ks };
     let v_at = (FLASH_KEYS as i64) * ks;
+    // (bf16: a stage = the K tile, then the V tile)
+    let stage_bytes = 2 * v_at;
     let nd8 = d / 8; // output column tiles
     let nkc = d / 16; // k16 steps over the head dim
     let nacc = nd8 * 4;
@@ -2307,7 +2389,12 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let t = b.idx64(&t);
     let hq = b.op("gpu.block_id x");
     let hq = b.idx64(&hq);
+    // (the last query tiles, which see the most keys, start first: less of a tail)
     let tile = b.op("gpu.block_id y");
+    let tiles = b.op("gpu.grid_dim y");
+    let tile = b.op(&format!("arith.subi {tiles}, {tile} : index"));
+    let onei0 = b.op("arith.constant 1 : index");
+    let tile = b.op(&format!("arith.subi {tile}, {onei0} : index"));
     let tile = b.idx64(&tile);
     let c4 = c(b, 4);
     let c8 = c(b, 8);
@@ -2315,7 +2402,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let c2 = c(b, 2);
     let c1 = c(b, 1);
     let c0 = c(b, 0);
-    let (warp, _, g, tq) = b.mma_coords(&t);
+    let (warp, lane, g, tq) = b.mma_coords(&t);
     let crows = c(b, FLASH_ROWS as i64);
     let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
     let crep = c(b, (h / kvh) as i64);
@@ -2392,25 +2479,33 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let s = b.load_i32_as_i64("%seq", &tr);
     // the run's end and largest position (uniform over the block)
     let scan = b.v();
-    let (e_in, mp_in, e_b, mp_b) = (b.v(), b.v(), b.v(), b.v());
+    let (e_in, mp_in, e_b, mp_b, np_in, np_b) = (b.v(), b.v(), b.v(), b.v(), b.v(), b.v());
     let cm1 = c(b, -1);
-    b.line(&format!("{scan}:2 = scf.while ({e_in} = {r_body}, {mp_in} = {cm1}) : (i64, i64) -> (i64, i64) {{"));
+    let cbig = c(b, i64::MAX);
+    b.line(&format!("{scan}:3 = scf.while ({e_in} = {r_body}, {mp_in} = {cm1}, {np_in} = {cbig}) : (i64, i64, i64) -> (i64, i64, i64) {{"));
     let inr = b.op(&format!("arith.cmpi slt, {e_in}, {nrows} : i64"));
     let te = b.op(&format!("arith.addi {t0}, {e_in} : i64"));
     let tec = b.op(&format!("arith.select {inr}, {te}, {t0} : i64"));
     let se = b.load_i32_as_i64("%seq", &tec);
     let same = b.op(&format!("arith.cmpi eq, {se}, {s} : i64"));
     let go = b.op(&format!("arith.andi {inr}, {same} : i1"));
-    b.line(&format!("scf.condition({go}) {e_in}, {mp_in} : i64, i64"));
+    b.line(&format!("scf.condition({go}) {e_in}, {mp_in}, {np_in} : i64, i64, i64"));
     b.line("} do {");
-    b.line(&format!("^bb0({e_b}: i64, {mp_b}: i64):"));
+    b.line(&format!("^bb0({e_b}: i64, {mp_b}: i64, {np_b}: i64):"));
     let te = b.op(&format!("arith.addi {t0}, {e_b} : i64"));
     let pe = b.load_i32_as_i64("%pos", &te);
     let mp2 = b.op(&format!("arith.maxsi {mp_b}, {pe} : i64"));
+    let np2 = b.op(&format!("arith.minsi {np_b}, {pe} : i64"));
     let e2 = b.op(&format!("arith.addi {e_b}, {c1} : i64"));
-    b.line(&format!("scf.yield {e2}, {mp2} : i64, i64"));
+    b.line(&format!("scf.yield {e2}, {mp2}, {np2} : i64, i64, i64"));
     b.line("}");
-    let (end, maxp) = (format!("{scan}#0"), format!("{scan}#1"));
+    let (end, maxp, minp) = (format!("{scan}#0"), format!("{scan}#1"), format!("{scan}#2"));
+    // the run takes the whole tile (every row of the block in it)
+    let whole = {
+        let first = b.op(&format!("arith.cmpi eq, {r_body}, {c0} : i64"));
+        let all = b.op(&format!("arith.cmpi eq, {end}, {crows} : i64"));
+        b.op(&format!("arith.andi {first}, {all} : i1"))
+    };
     // this thread's rows in the run
     let mut inrun = vec![];
     for (rel, _, ok, _) in &rows {
@@ -2421,8 +2516,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     let ckeys = c(b, FLASH_KEYS as i64);
     let span = b.op(&format!("arith.addi {maxp}, {ckeys} : i64"));
-    let ntiles = b.op(&format!("arith.divsi {span}, {ckeys} : i64"));
-    let ntiles = b.op(&format!("arith.index_cast {ntiles} : i64 to index"));
+    let ntiles64 = b.op(&format!("arith.divsi {span}, {ckeys} : i64"));
+    let ntiles = b.op(&format!("arith.index_cast {ntiles64} : i64 to index"));
     let zi = b.op("arith.constant 0 : index");
     let onei = b.op("arith.constant 1 : index");
     let srow = b.op(&format!("arith.muli {s}, %mb : i64"));
@@ -2431,112 +2526,217 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let jc = b.op(&format!("arith.minsi {j}, {maxp} : i64"));
         b.paged_key_offset(&jc, &srow, &kh, &cbs, &ckvh, &cd)
     };
-    let kv = b.v();
+    // bf16 pools: tile `tile`'s K and V rows (keys clamped to the run's last) into stage `st`
+    // with `cp.async`, 16 bytes each, rows as the pools hold them
+    let chunks = (d / 8) as i64;
+    let issue = |b: &mut Body, tile: &str, st: &str| {
+        let ckeys = c(b, FLASH_KEYS as i64);
+        let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i64"));
+        let csb = c(b, stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        let kg = b.op("llvm.ptrtoint %kc : !llvm.ptr<1> to i64");
+        let vg = b.op("llvm.ptrtoint %vc : !llvm.ptr<1> to i64");
+        let cch = c(b, chunks);
+        for i in 0..(FLASH_KEYS as i64 * chunks) / 128 {
+            let ci = c(b, 128 * i);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let kk = b.op(&format!("arith.divui {u}, {cch} : i64"));
+            let ch = b.op(&format!("arith.remui {u}, {cch} : i64"));
+            let j = b.op(&format!("arith.addi {j0}, {kk} : i64"));
+            let kb = key_base(b, &j);
+            let c2b = c(b, 2);
+            let src = b.op(&format!("arith.muli {kb}, {c2b} : i64"));
+            let c16b = c(b, 16);
+            let cho = b.op(&format!("arith.muli {ch}, {c16b} : i64"));
+            let src = b.op(&format!("arith.addi {src}, {cho} : i64"));
+            let cks = c(b, ks);
+            let dst = b.op(&format!("arith.muli {kk}, {cks} : i64"));
+            let dst = b.op(&format!("arith.addi {dst}, {cho} : i64"));
+            let dst = b.op(&format!("arith.addi {sb}, {dst} : i64"));
+            for (g0, at) in [(&kg, 0i64), (&vg, v_at)] {
+                let ga = b.op(&format!("arith.addi {g0}, {src} : i64"));
+                let cat = c(b, at);
+                let sa = b.op(&format!("arith.addi {dst}, {cat} : i64"));
+                let sa = b.op(&format!("arith.trunci {sa} : i64 to i32"));
+                b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.cg.shared.global [$0], [$1], 16;\", \"r,l\" {sa}, {ga} : (i32, i64) -> ()"));
+            }
+        }
+    };
+    let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
+    if !wide {
+        // (the run's first tile, into stage 0)
+        let z = c(b, 0);
+        issue(b, &z, &z);
+        b.line(commit);
+    }
+    let kvl = b.v();
     let tl = b.v();
     let acc_t: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
     b.line(&format!(
-        "{kv}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({carried_tys}) {{",
+        "{kvl}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({carried_tys}) {{",
         nacc + 4,
         acc_t.iter().zip(&acc_body).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
     ));
     let tl64 = b.idx64(&tl);
     let j0 = b.op(&format!("arith.muli {tl64}, {ckeys} : i64"));
-    // gather K (row-major) and V (transposed) of keys j0..j0+63 as bf16
-    let dq = (d / 4) as i64;
-    let cdq = c(b, dq);
-    for i in 0..(FLASH_KEYS as i64 * dq) / 128 {
-        let ci = c(b, 128 * i);
-        let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
-        let kk = b.op(&format!("arith.divui {u}, {cdq} : i64"));
-        let ch4 = b.op(&format!("arith.remui {u}, {cdq} : i64"));
-        let j = b.op(&format!("arith.addi {j0}, {kk} : i64"));
-        let kb = key_base(b, &j);
-        let e = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
-        let e = b.op(&format!("arith.addi {kb}, {e} : i64"));
-        let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
-        let v = b.load_vec("%kc", &by, 4, "f32", 16);
-        let p0 = b.pack2(&v[0], &v[1], false);
-        let p1 = b.pack2(&v[2], &v[3], false);
-        let cks = c(b, ks);
-        let so = b.op(&format!("arith.muli {kk}, {cks} : i64"));
-        let c8b = c(b, 8);
-        let co = b.op(&format!("arith.muli {ch4}, {c8b} : i64"));
-        let so = b.op(&format!("arith.addi {so}, {co} : i64"));
-        let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
-        let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
-        let vv = b.vector(&[p0, p1], "i32");
-        b.line(&format!("llvm.store {vv}, {sp} {{alignment = 8 : i64}} : vector<2xi32>, !llvm.ptr<3>"));
-    }
-    let cpairs = c(b, (FLASH_KEYS / 2) as i64);
-    for i in 0..(FLASH_KEYS as i64 / 2 * dq) / 128 {
-        let ci = c(b, 128 * i);
-        let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
-        let pk = b.op(&format!("arith.remui {u}, {cpairs} : i64"));
-        let ch4 = b.op(&format!("arith.divui {u}, {cpairs} : i64"));
-        let k2 = b.op(&format!("arith.muli {pk}, {c2} : i64"));
-        let mut vals = vec![];
-        for dk in 0..2 {
-            let cdk = c(b, dk);
-            let kk = b.op(&format!("arith.addi {k2}, {cdk} : i64"));
+    // this tile's K and V in shared memory: bf16 (stage tl % 2 filled by the copies issued one
+    // tile ago; the next tile's issued now), or gathered here from f32 pools
+    let sbase = if wide {
+        // gather K (row-major) and V (transposed) of keys j0..j0+63 as bf16
+        let dq = (d / 4) as i64;
+        let cdq = c(b, dq);
+        for i in 0..(FLASH_KEYS as i64 * dq) / 128 {
+            let ci = c(b, 128 * i);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let kk = b.op(&format!("arith.divui {u}, {cdq} : i64"));
+            let ch4 = b.op(&format!("arith.remui {u}, {cdq} : i64"));
             let j = b.op(&format!("arith.addi {j0}, {kk} : i64"));
             let kb = key_base(b, &j);
             let e = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
             let e = b.op(&format!("arith.addi {kb}, {e} : i64"));
             let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
-            vals.push(b.load_vec("%vc", &by, 4, "f32", 16));
-        }
-        for q in 0..4i64 {
-            let w = b.pack2(&vals[0][q as usize], &vals[1][q as usize], false);
-            let dr = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
-            let cq = c(b, q);
-            let dr = b.op(&format!("arith.addi {dr}, {cq} : i64"));
-            let cvs = c(b, vs);
-            let so = b.op(&format!("arith.muli {dr}, {cvs} : i64"));
-            let po = b.op(&format!("arith.muli {pk}, {c4} : i64"));
-            let so = b.op(&format!("arith.addi {so}, {po} : i64"));
-            let cva = c(b, v_at);
-            let so = b.op(&format!("arith.addi {so}, {cva} : i64"));
+            let v = b.load_vec("%kc", &by, 4, "f32", 16);
+            let (p0, p1) = (b.pack2(&v[0], &v[1], false), b.pack2(&v[2], &v[3], false));
+            let cks = c(b, ks);
+            let so = b.op(&format!("arith.muli {kk}, {cks} : i64"));
+            let c8b = c(b, 8);
+            let co = b.op(&format!("arith.muli {ch4}, {c8b} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {co} : i64"));
             let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
             let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
-            b.line(&format!("llvm.store {w}, {sp} {{alignment = 4 : i64}} : i32, !llvm.ptr<3>"));
+            let vv = b.vector(&[p0, p1], "i32");
+            b.line(&format!("llvm.store {vv}, {sp} {{alignment = 8 : i64}} : vector<2xi32>, !llvm.ptr<3>"));
         }
-    }
-    b.line("gpu.barrier");
+        let cpairs = c(b, (FLASH_KEYS / 2) as i64);
+        for i in 0..(FLASH_KEYS as i64 / 2 * dq) / 128 {
+            let ci = c(b, 128 * i);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let pk = b.op(&format!("arith.remui {u}, {cpairs} : i64"));
+            let ch4 = b.op(&format!("arith.divui {u}, {cpairs} : i64"));
+            let k2 = b.op(&format!("arith.muli {pk}, {c2} : i64"));
+            let mut vals = vec![];
+            for dk in 0..2 {
+                let cdk = c(b, dk);
+                let kk = b.op(&format!("arith.addi {k2}, {cdk} : i64"));
+                let j = b.op(&format!("arith.addi {j0}, {kk} : i64"));
+                let kb = key_base(b, &j);
+                let e = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
+                let e = b.op(&format!("arith.addi {kb}, {e} : i64"));
+                let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+                vals.push(b.load_vec("%vc", &by, 4, "f32", 16));
+            }
+            for q in 0..4i64 {
+                let w = b.pack2(&vals[0][q as usize], &vals[1][q as usize], false);
+                let dr = b.op(&format!("arith.muli {ch4}, {c4} : i64"));
+                let cq = c(b, q);
+                let dr = b.op(&format!("arith.addi {dr}, {cq} : i64"));
+                let cvs = c(b, vs);
+                let so = b.op(&format!("arith.muli {dr}, {cvs} : i64"));
+                let po = b.op(&format!("arith.muli {pk}, {c4} : i64"));
+                let so = b.op(&format!("arith.addi {so}, {po} : i64"));
+                let cva = c(b, v_at);
+                let so = b.op(&format!("arith.addi {so}, {cva} : i64"));
+                let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+                let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+                b.line(&format!("llvm.store {w}, {sp} {{alignment = 4 : i64}} : i32, !llvm.ptr<3>"));
+            }
+        }
+        b.line("gpu.barrier");
+        base.clone()
+    } else {
+        let c1t = c(b, 1);
+        let nt = b.op(&format!("arith.addi {tl64}, {c1t} : i64"));
+        let more = b.op(&format!("arith.cmpi slt, {nt}, {ntiles64} : i64"));
+        b.line(&format!("scf.if {more} {{"));
+        let nst = b.op(&format!("arith.andi {nt}, {c1t} : i64"));
+        issue(b, &nt, &nst);
+        b.line("}");
+        b.line(commit);
+        b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
+        b.line("gpu.barrier");
+        let cst = b.op(&format!("arith.andi {tl64}, {c1t} : i64"));
+        let csb = c(b, stage_bytes);
+        let so = b.op(&format!("arith.muli {cst}, {csb} : i64"));
+        b.op(&format!("arith.addi {base}, {so} : i64"))
+    };
     // S = Q K^T: 8 tiles of 8 keys
-    let cks = c(b, ks);
-    let gk = b.op(&format!("arith.muli {g}, {cks} : i64"));
     let tq4 = b.op(&format!("arith.muli {tq}, {c4} : i64"));
-    let kfrag = b.op(&format!("arith.addi {gk}, {tq4} : i64"));
     let mut sacc: Vec<Vec<String>> = vec![];
-    for n8 in 0..(FLASH_KEYS / 8) as i64 {
-        let mut acc = vec![zero.clone(); 4];
-        for kc in 0..nkc as i64 {
-            let o = c(b, 8 * n8 * ks + 32 * kc);
-            let off = b.op(&format!("arith.addi {kfrag}, {o} : i64"));
-            let b0 = lds(b, &off);
-            let c16b = c(b, 16);
-            let off1 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
-            let b1 = lds(b, &off1);
-            acc = mma(b, &qf[4 * kc as usize..4 * kc as usize + 4], &b0, &b1, &acc);
+    if wide {
+        let cks = c(b, ks);
+        let gk = b.op(&format!("arith.muli {g}, {cks} : i64"));
+        let kfrag = b.op(&format!("arith.addi {gk}, {tq4} : i64"));
+        for n8 in 0..(FLASH_KEYS / 8) as i64 {
+            let mut acc = vec![zero.clone(); 4];
+            for kc in 0..nkc as i64 {
+                let o = c(b, 8 * n8 * ks + 32 * kc);
+                let off = b.op(&format!("arith.addi {kfrag}, {o} : i64"));
+                let b0 = lds(b, &off);
+                let c16b = c(b, 16);
+                let off1 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
+                let b1 = lds(b, &off1);
+                acc = mma(b, &qf[4 * kc as usize..4 * kc as usize + 4], &b0, &b1, &acc);
+            }
+            sacc.push(acc);
         }
-        sacc.push(acc);
+    } else {
+        // ldmatrix.x4: lane l addresses row l % 8 (key) of matrix l / 8 (8 head-dim columns
+        // further each): the B fragments of two k16 steps of 8 keys
+        let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
+        let cks = c(b, ks);
+        let ro = b.op(&format!("arith.muli {r}, {cks} : i64"));
+        let mo = b.op(&format!("arith.muli {m}, {c16} : i64"));
+        let lo = b.op(&format!("arith.addi {ro}, {mo} : i64"));
+        let kl = b.op(&format!("arith.addi {sbase}, {lo} : i64"));
+        for n8 in 0..(FLASH_KEYS / 8) as i64 {
+            let mut acc = vec![zero.clone(); 4];
+            for p in 0..nkc.div_ceil(2) as i64 {
+                let o = c(b, 8 * n8 * ks + 64 * p);
+                let a = b.op(&format!("arith.addi {kl}, {o} : i64"));
+                let two = 2 * p as usize + 1 < nkc;
+                let f = b.ldmatrix(&a, if two { 4 } else { 2 }, false);
+                acc = mma(b, &qf[8 * p as usize..8 * p as usize + 4], &f[0], &f[1], &acc);
+                if two {
+                    acc = mma(b, &qf[8 * p as usize + 4..8 * p as usize + 8], &f[2], &f[3], &acc);
+                }
+            }
+            sacc.push(acc);
+        }
     }
-    // mask: key j0 + 8 n8 + 2 tq (+1) for row a (c0, c1) and row b (c2, c3)
+    // mask: key j0 + 8 n8 + 2 tq (+1) for row a (c0, c1) and row b (c2, c3) — only where
+    // the tile has keys past a row's position or rows outside the run (block-uniform: tiles
+    // wholly below the diagonal of a run that fills the block skip it)
     let jq = b.op(&format!("arith.addi {j0}, {tq2} : i64"));
-    let mut new_state = vec![];
-    let mut pvals: Vec<Vec<String>> = vec![vec![]; FLASH_KEYS / 8];
-    let mut alphas = vec![];
+    let cl = c(b, FLASH_KEYS as i64 - 1);
+    let jl = b.op(&format!("arith.addi {j0}, {cl} : i64"));
+    let below = b.op(&format!("arith.cmpi sle, {jl}, {minp} : i64"));
+    let plain = b.op(&format!("arith.andi {below}, {whole} : i1"));
+    let raw: Vec<String> = (0..2).flat_map(|ri| sacc.iter().flat_map(move |sa| (0..2).map(move |q| sa[2 * ri + q].clone()))).collect();
+    let masked = b.v();
+    let ftys = vec!["f32"; raw.len()].join(", ");
+    b.line(&format!("{masked}:{} = scf.if {plain} -> ({ftys}) {{", raw.len()));
+    b.line(&format!("scf.yield {} : {ftys}", raw.join(", ")));
+    b.line("} else {");
+    let mut mvals = vec![];
     for (ri, (_, _, _, p)) in rows.iter().enumerate() {
-        let mut vals = vec![];
-        for (n8, sa) in sacc.iter().enumerate() {
+        for n8 in 0..sacc.len() {
             for q in 0..2 {
                 let cj = c(b, 8 * n8 as i64 + q as i64);
                 let j = b.op(&format!("arith.addi {jq}, {cj} : i64"));
                 let le = b.op(&format!("arith.cmpi sle, {j}, {p} : i64"));
                 let ok = b.op(&format!("arith.andi {le}, {} : i1", inrun[ri]));
-                vals.push(b.op(&format!("arith.select {ok}, {}, {ninf} : f32", sa[2 * ri + q])));
+                mvals.push(b.op(&format!("arith.select {ok}, {}, {ninf} : f32", raw[ri * 2 * sacc.len() + 2 * n8 + q])));
             }
         }
+    }
+    b.line(&format!("scf.yield {} : {ftys}", mvals.join(", ")));
+    b.line("}");
+    let mut new_state = vec![];
+    let mut pvals: Vec<Vec<String>> = vec![vec![]; FLASH_KEYS / 8];
+    let mut alphas = vec![];
+    for ri in 0..rows.len() {
+        let vals: Vec<String> = (0..2 * sacc.len()).map(|k| format!("{masked}#{}", ri * 2 * sacc.len() + k)).collect();
         let mut mx = vals[0].clone();
         for v in &vals[1..] {
             mx = b.op(&format!("arith.maximumf {mx}, {v} : f32"));
@@ -2567,28 +2767,60 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         pf.push(vec![b.pack2(&x[0], &x[1], false), b.pack2(&x[2], &x[3], false), b.pack2(&y[0], &y[1], false), b.pack2(&y[2], &y[3], false)]);
     }
     // O = O * alpha + P V
-    let cvs = c(b, vs);
-    let gv = b.op(&format!("arith.muli {g}, {cvs} : i64"));
-    let vfrag = b.op(&format!("arith.addi {gv}, {tq4} : i64"));
     let mut out_acc = vec![];
-    for n8 in 0..nd8 {
-        let mut acc: Vec<String> = (0..4).map(|q| b.op(&format!("arith.mulf {}, {} : f32", acc_t[4 * n8 + q], alphas[q / 2]))).collect();
-        for (kc, a) in pf.iter().enumerate() {
-            let o = c(b, v_at + 8 * n8 as i64 * vs + 32 * kc as i64);
-            let off = b.op(&format!("arith.addi {vfrag}, {o} : i64"));
-            let b0 = lds(b, &off);
-            let c16b = c(b, 16);
-            let off1 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
-            let b1 = lds(b, &off1);
-            acc = mma(b, a, &b0, &b1, &acc);
+    if wide {
+        let cvs = c(b, vs);
+        let gv = b.op(&format!("arith.muli {g}, {cvs} : i64"));
+        let vfrag = b.op(&format!("arith.addi {gv}, {tq4} : i64"));
+        for n8 in 0..nd8 {
+            let mut acc: Vec<String> = (0..4).map(|q| b.op(&format!("arith.mulf {}, {} : f32", acc_t[4 * n8 + q], alphas[q / 2]))).collect();
+            for (kc, a) in pf.iter().enumerate() {
+                let o = c(b, v_at + 8 * n8 as i64 * vs + 32 * kc as i64);
+                let off = b.op(&format!("arith.addi {vfrag}, {o} : i64"));
+                let b0 = lds(b, &off);
+                let c16b = c(b, 16);
+                let off1 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
+                let b1 = lds(b, &off1);
+                acc = mma(b, a, &b0, &b1, &acc);
+            }
+            out_acc.extend(acc);
         }
-        out_acc.extend(acc);
+    } else {
+        // ldmatrix.x4.trans over key-major V: lane l addresses key 8 (m % 2) + l % 8 of the
+        // k16 step, head-dim columns 8 (m / 2) further (m = l / 8): the B fragments of two
+        // 8-column tiles
+        let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
+        let m2 = b.op(&format!("arith.remui {m}, {c2} : i64"));
+        let mh = b.op(&format!("arith.divui {m}, {c2} : i64"));
+        let key = b.op(&format!("arith.muli {m2}, {c8} : i64"));
+        let key = b.op(&format!("arith.addi {key}, {r} : i64"));
+        let cvs = c(b, vs);
+        let lo = b.op(&format!("arith.muli {key}, {cvs} : i64"));
+        let co = b.op(&format!("arith.muli {mh}, {c16} : i64"));
+        let lo = b.op(&format!("arith.addi {lo}, {co} : i64"));
+        let cva = c(b, v_at);
+        let lo = b.op(&format!("arith.addi {lo}, {cva} : i64"));
+        let vl = b.op(&format!("arith.addi {sbase}, {lo} : i64"));
+        for q in 0..nd8 / 2 {
+            let scaled = |b: &mut Body, n8: usize| -> Vec<String> { (0..4).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[4 * n8 + i], alphas[i / 2]))).collect() };
+            let mut a0 = scaled(b, 2 * q);
+            let mut a1 = scaled(b, 2 * q + 1);
+            for (kc, a) in pf.iter().enumerate() {
+                let o = c(b, 16 * kc as i64 * vs + 32 * q as i64);
+                let ad = b.op(&format!("arith.addi {vl}, {o} : i64"));
+                let f = b.ldmatrix(&ad, 4, true);
+                a0 = mma(b, a, &f[0], &f[1], &a0);
+                a1 = mma(b, a, &f[2], &f[3], &a1);
+            }
+            out_acc.extend(a0);
+            out_acc.extend(a1);
+        }
     }
     b.line("gpu.barrier");
     out_acc.extend(new_state);
     b.line(&format!("scf.yield {} : {carried_tys}", out_acc.join(", ")));
     b.line("}");
-    let res: Vec<String> = (0..nacc + 4).map(|i| format!("{kv}#{i}")).collect();
+    let res: Vec<String> = (0..nacc + 4).map(|i| format!("{kvl}#{i}")).collect();
     b.line(&format!("scf.yield {end}, {} : i64, {carried_tys}", res.join(", ")));
     b.line("}");
     // normalize and store rows a and b
@@ -2619,6 +2851,16 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
 /// than bf16 operands: f16 and the block-quantized formats (whose dequantized values are
 /// f16-scaled; f16's 11-bit significand keeps GPU prefill logits ~4x closer to the CPU's than
 /// bf16 did: SmolLM2 Q4_1 'story' 2.5e-2 -> see bench/results/gpu-check-smollm2-*.json).
+/// The kernel-name suffix of a KV pool type: none for f32 (the names plans had before), else
+/// `_kv{dtype}`.
+pub fn kv_suffix(kv: DType) -> String {
+    if kv == DType::F32 {
+        String::new()
+    } else {
+        format!("_kv{kv}")
+    }
+}
+
 pub fn tensor_core_f16(wdtype: DType) -> bool {
     !matches!(wdtype, DType::BF16 | DType::F32)
 }
@@ -2770,7 +3012,19 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
 /// [`KernelSpec::PagedAttentionSplit`] pass: block (token, head group, s) takes split s of the
 /// rows' context and writes their partial softmax states to `%out` instead of the output).
 #[allow(clippy::too_many_arguments)]
-fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, warps: usize, keys: usize, group: usize, split: Option<(usize, usize)>) -> Result<String, String> {
+fn emit_paged_attention(
+    b: &mut Body,
+    h: usize,
+    kvh: usize,
+    d: usize,
+    bs: usize,
+    scale_bits: u32,
+    warps: usize,
+    keys: usize,
+    group: usize,
+    kv: DType,
+    split: Option<(usize, usize)>,
+) -> Result<String, String> {
     if d % 32 != 0 || kvh == 0 || h % kvh != 0 {
         return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
     }
@@ -2829,15 +3083,29 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             b.op(&format!("arith.addi {grow0}, {cg} : i64"))
         })
         .collect();
+    // the lane's head-dim elements: 32e + lane from an f32 pool (a warp's loads take 128
+    // consecutive bytes), lane·per + e from a 16-bit one (one vector load of `per` each)
+    let wide = kv == DType::F32;
+    let eoff: Vec<String> = (0..per)
+        .map(|e| {
+            if wide {
+                let ce = b.ci64(32 * e as i64);
+                b.op(&format!("arith.addi {lane}, {ce} : i64"))
+            } else {
+                let cp = b.ci64(per as i64);
+                let l = b.op(&format!("arith.muli {lane}, {cp} : i64"));
+                let ce = b.ci64(e as i64);
+                b.op(&format!("arith.addi {l}, {ce} : i64"))
+            }
+        })
+        .collect();
     let scale = b.cf32(f32::from_bits(scale_bits));
     let mut qv = vec![];
     for row in &rows {
         let qbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
         let mut qg = vec![];
-        for e in 0..per {
-            let ce = b.ci64(32 * e as i64);
-            let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
-            let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+        for eo in &eoff {
+            let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
             let q = b.load("%q", &o);
             qg.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
         }
@@ -2886,23 +3154,26 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let ckvh = b.ci64(kvh as i64);
     let clast = b.op(&format!("arith.subi {hi}, {c1} : i64"));
     // every key's K and V rows first (nk·2·per loads in flight), then the math
-    let mut kv: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
+    let mut kvrows: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
     for u in 0..nk {
         let cu = b.ci64(u as i64);
         let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
         let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {hi} : i64")));
         let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
         let kbase = b.paged_key_offset(&ju, &trow, &kh, &cbs, &ckvh, &dd);
-        let mut ks = vec![];
-        let mut vs = vec![];
-        for e in 0..per {
-            let ce = b.ci64(32 * e as i64);
-            let o = b.op(&format!("arith.addi {kbase}, {ce} : i64"));
-            let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
-            ks.push(b.load("%kc", &o));
-            vs.push(b.load("%vc", &o));
+        let (mut ks, mut vs) = (vec![], vec![]);
+        if wide {
+            for eo in &eoff {
+                let o = b.op(&format!("arith.addi {kbase}, {eo} : i64"));
+                ks.push(b.load("%kc", &o));
+                vs.push(b.load("%vc", &o));
+            }
+        } else {
+            let o = b.op(&format!("arith.addi {kbase}, {} : i64", eoff[0]));
+            ks = b.load_kv("%kc", &o, per, kv)?;
+            vs = b.load_kv("%vc", &o, per, kv)?;
         }
-        kv.push((ks, vs, valid));
+        kvrows.push((ks, vs, valid));
     }
     // per head: scores (a warp sum each), the running max over them, one rescale per step
     let mut outs = vec![];
@@ -2910,7 +3181,7 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let (m, l) = (&state[g * st], &state[g * st + 1]);
         let accs = &state[g * st + 2..(g + 1) * st];
         let mut ss = vec![];
-        for (ks, _, valid) in &kv {
+        for (ks, _, valid) in &kvrows {
             let mut dot = zero.clone();
             for (qe, k) in qg.iter().zip(ks) {
                 dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
@@ -2929,7 +3200,7 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let corr = b.exp(&d1);
         let mut l2 = b.op(&format!("arith.mulf {l}, {corr} : f32"));
         let mut outs_acc: Vec<String> = accs.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
-        for (s, (_, vs, _)) in ss.iter().zip(&kv) {
+        for (s, (_, vs, _)) in ss.iter().zip(&kvrows) {
             let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
             let pe = b.exp(&d2);
             l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
@@ -3000,11 +3271,10 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
                 let a_w = b.op(&format!("memref.load %sm[{i}] : {smt}"));
                 acc = b.op(&format!("llvm.intr.fma({a_w}, {f}, {acc}) : (f32, f32, f32) -> f32"));
             }
-            let ce = b.ci64(32 * e as i64);
+            let ce = &eoff[e];
             match &part {
                 None => {
                     let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
-                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
                     let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
                     b.store(&y, "%out", &o);
                 }
@@ -3024,7 +3294,6 @@ fn emit_paged_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
                     let c2 = b.ci64(2);
                     let o = b.op(&format!("arith.addi {pb}, {c2} : i64"));
                     let o = b.op(&format!("arith.addi {o}, {ce} : i64"));
-                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
                     b.store(&acc, "%out", &o);
                 }
             }
@@ -3800,7 +4069,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm })?
         }
-        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits)?,
+        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits, kv } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits, *kv)?,
         KernelSpec::MatMulAct { inner, act } => {
             epilogue_act_fits(act.0)?;
             // (a plain matmul kernel: every family ends in `matmul_store`, which applies it)
@@ -4355,11 +4624,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%table: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::Rope { h, d, theta_bits, interleaved } | KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved } => {
-            let to_cache = matches!(spec, KernelSpec::RopeCacheWrite { .. });
+        KernelSpec::Rope { h, d, theta_bits, interleaved } | KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved, .. } => {
+            let to_cache = match spec {
+                KernelSpec::RopeCacheWrite { kv, .. } => Some(*kv),
+                _ => None,
+            };
             let i = b.open_guarded_gid();
             let (t, i0, i1, y0, y1) = b.rope_pair(&i, "%x", *h, *d, *theta_bits, *interleaved);
-            if to_cache {
+            if let Some(kv) = to_cache {
                 // token t's row of h*d values goes to the pool row slot[t]
                 let row = b.ci64((h * d) as i64);
                 let slot = b.load_i32_as_i64("%slots", &t);
@@ -4368,7 +4640,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 for (y, i) in [(&y0, &i0), (&y1, &i1)] {
                     let o = b.op(&format!("arith.subi {i}, {tb} : i64"));
                     let dst = b.op(&format!("arith.addi {sb}, {o} : i64"));
-                    b.store(y, "%cache", &dst);
+                    b.store_kv(y, "%cache", &dst, kv)?;
                 }
                 b.line("}");
                 "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
@@ -4379,7 +4651,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 "%x: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
             }
         }
-        KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved } => {
+        KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
             if d % 2 != 0 {
                 return Err(format!("rope needs an even head dim, got {d}"));
             }
@@ -4394,8 +4666,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let isk = b.op(&format!("arith.cmpi slt, {j}, %nk : i64"));
             b.line(&format!("scf.if {isk} {{"));
             let (t, i0, i1, y0, y1) = b.rope_pair(&j, "%xk", *kvh, *d, *theta_bits, *interleaved);
-            b.store_to_slot(&y0, &i0, &t, kvh * d, "%kc");
-            b.store_to_slot(&y1, &i1, &t, kvh * d, "%kc");
+            b.store_to_slot(&y0, &i0, &t, kvh * d, "%kc", *kv)?;
+            b.store_to_slot(&y1, &i1, &t, kvh * d, "%kc", *kv)?;
             b.line("} else {");
             // v: two consecutive elements per item
             let v = b.op(&format!("arith.subi {j}, %nk : i64"));
@@ -4407,7 +4679,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
             for e in [e0, e1] {
                 let x = b.load("%xv", &e);
-                b.store_to_slot(&x, &e, &t, kvh * d, "%vc");
+                b.store_to_slot(&x, &e, &t, kvh * d, "%vc", *kv)?;
             }
             b.line("}");
             b.line("}");
@@ -4415,7 +4687,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             "%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nq: i64, %nk: i64"
                 .into()
         }
-        KernelSpec::CacheWrite { row } => {
+        KernelSpec::CacheWrite { row, kv } => {
             let i = b.open_guarded_gid();
             let r = b.ci64(*row as i64);
             let t = b.op(&format!("arith.divui {i}, {r} : i64"));
@@ -4424,13 +4696,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let sb = b.op(&format!("arith.muli {slot}, {r} : i64"));
             let dst = b.op(&format!("arith.addi {sb}, {j} : i64"));
             let x = b.load("%x", &i);
-            b.store(&x, "%cache", &dst);
+            b.store_kv(&x, "%cache", &dst, *kv)?;
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, None)?,
-        KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys, group } => {
-            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, Some((*splits, *min_keys)))?
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None)?,
+        KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys, group, kv } => {
+            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, Some((*splits, *min_keys)))?
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })

@@ -323,6 +323,15 @@ impl Default for LowerOptions {
     }
 }
 
+/// The KV pool type of a cache write's or attention's pool, if the GPU kernels take it: f32,
+/// or bf16 (half the bytes the decode attention streams; FP8 comes with quantization).
+fn gpu_kv(node: &str, dtype: DType) -> Result<DType, CodegenError> {
+    match dtype {
+        DType::F32 | DType::BF16 => Ok(dtype),
+        other => Err(err(node, format!("{other} KV caches are not lowered for the GPU; use kv_cache = \"bf16\" or \"f32\""))),
+    }
+}
+
 /// [`lower`] with explicit [`LowerOptions`].
 pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenError> {
     let norm_fusion = opts.norm_fusion;
@@ -337,7 +346,8 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         let ops: Vec<&dsc_ir::Node> = g.operands(id).into_iter().map(|o| g.node(o)).collect();
         let names: Vec<String> = ops.iter().map(|o| o.name.clone()).collect();
         let name = n.name.clone();
-        if n.ty.dtype != DType::F32 && !matches!(n.op, Op::TopK { .. } | Op::Argmax) {
+        // (a cache write's node is its pool, of the KV cache's type)
+        if n.ty.dtype != DType::F32 && !matches!(n.op, Op::TopK { .. } | Op::Argmax | Op::CacheWrite | Op::RopeCacheWrite { .. }) {
             return Err(err(&name, format!("GPU kernels take f32 activations today; node is {}", n.ty)));
         }
         if ops.iter().any(|o| matches!(o.op, Op::MatMulCat)) && !matches!(n.op, Op::Slice { .. }) {
@@ -453,22 +463,24 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 step(spec, args, vec![Scalar::HalfNumel(name.clone())], Scalar::HalfNumel(name.clone()), one)
             }
             Op::CacheWrite => {
-                if ops[0].ty.dtype != DType::F32 {
-                    return Err(err(&name, "KV caches are f32 on the GPU today"));
+                let kv = gpu_kv(&name, ops[0].ty.dtype)?;
+                if ops[1].ty.dtype != DType::F32 {
+                    return Err(err(&name, format!("GPU kernels take f32 activations today; the cache write's value is {}", ops[1].ty)));
                 }
                 let row: usize = ops[1].ty.shape[1..].iter().map(|x| x.as_const()).product::<Option<usize>>().ok_or_else(|| err(&name, "cache rows need constant dims"))?;
                 // kernel(x, slots, cache): writes into the pool the node aliases
                 let n = Scalar::Numel(names[1].clone());
-                Step { alias_of: Some(names[0].clone()), ..step(KernelSpec::CacheWrite { row }, vec![names[1].clone(), names[2].clone(), names[0].clone()], vec![n.clone()], n, one) }
+                Step { alias_of: Some(names[0].clone()), ..step(KernelSpec::CacheWrite { row, kv }, vec![names[1].clone(), names[2].clone(), names[0].clone()], vec![n.clone()], n, one) }
             }
             Op::RopeCacheWrite { theta, style, rotary_dim } => {
                 // operands (cache, x, slots, pos); kernel(x, pos, slots, cache) writes into the
                 // pool the node aliases
                 let (h, d) = rope_dims(&name, &ops[1].ty, *rotary_dim)?;
-                if ops[0].ty.dtype != DType::F32 || ops[1].ty.dtype != DType::F32 {
-                    return Err(err(&name, "KV caches are f32 on the GPU today"));
+                let kv = gpu_kv(&name, ops[0].ty.dtype)?;
+                if ops[1].ty.dtype != DType::F32 {
+                    return Err(err(&name, format!("GPU kernels take f32 activations today; the cache write's value is {}", ops[1].ty)));
                 }
-                let spec = KernelSpec::RopeCacheWrite { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved };
+                let spec = KernelSpec::RopeCacheWrite { h, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved, kv };
                 let n = Scalar::HalfNumel(names[1].clone());
                 Step { alias_of: Some(names[0].clone()), ..step(spec, vec![names[1].clone(), names[3].clone(), names[2].clone(), names[0].clone()], vec![n.clone()], n, one) }
             }
@@ -479,10 +491,8 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 let (Some(h), Some(d), Some(bs), Some(kvh)) = (h, d, bs, kvh) else {
                     return Err(err(&name, "paged attention needs constant heads, head dim and block size"));
                 };
-                if ops[1].ty.dtype != DType::F32 {
-                    return Err(err(&name, "KV caches are f32 on the GPU today"));
-                }
-                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps(), keys: attention_keys(), group: 1 };
+                let kv = gpu_kv(&name, ops[1].ty.dtype)?;
+                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps(), keys: attention_keys(), group: 1, kv };
                 let mb = Scalar::Dim(names[5].clone(), 1);
                 // (a block per (token, head): grid x = tokens, y = heads)
                 let st = step(spec, args, vec![Scalar::Rows(name.clone()), mb.clone()], Scalar::Dim(name.clone(), 0), Scalar::Const(h as i64));
@@ -492,7 +502,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     min_rows: 129 * h as i64,
                     max_rows: None,
                     args: None,
-                    kernel: KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits() },
+                    kernel: KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv },
                     scalars: vec![Scalar::Dim(name.clone(), 0), mb],
                     work: Scalar::Const(h as i64),
                     grid_y: Scalar::Dim(name.clone(), 0),
@@ -506,7 +516,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
                     max_rows,
                     args: None,
-                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: ATTN_GROUP_WARPS, keys: attention_keys(), group: g },
+                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: ATTN_GROUP_WARPS, keys: attention_keys(), group: g, kv },
                     scalars: st.scalars.clone(),
                     work: Scalar::Dim(name.clone(), 0),
                     grid_y: Scalar::Const((h / g) as i64),
@@ -832,7 +842,7 @@ fn split_attention(steps: Vec<Step>, attn_group: bool) -> Vec<Step> {
     let mut out = Vec::with_capacity(steps.len());
     let from = split_from_keys();
     for s in steps {
-        let Some(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, .. }) = s.kernel.clone() else {
+        let Some(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, kv, .. }) = s.kernel.clone() else {
             out.push(s);
             continue;
         };
@@ -850,7 +860,7 @@ fn split_attention(steps: Vec<Step>, attn_group: bool) -> Vec<Step> {
         // split)
         let g = attention_group_size(h, kvh, d, warps);
         let group = if attn_group && h / g * ns >= ATTN_GROUP_MIN_BLOCKS { g } else { 1 };
-        first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk, group });
+        first.kernel = Some(KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits: ns, min_keys: mk, group, kv });
         if let Some(last) = first.args.last_mut() {
             *last = part.clone();
         }
@@ -1228,6 +1238,11 @@ fn fuse_qkv_rope_cache(g: &Graph, steps: &mut [Step]) {
         if d != dk2 || d != dv || kvh != kvh2 || *rotary_dim != d || d % 2 != 0 {
             continue;
         }
+        // (both pools of one type)
+        let kv = g.node(rk).ty.dtype;
+        if g.node(wv).ty.dtype != kv {
+            continue;
+        }
         let name = |id: NodeId| g.node(id).name.clone();
         let (Some(&iq), Some(&ik), Some(&iv)) = (at.get(&name(rq)), at.get(&name(rk)), at.get(&name(wv))) else { continue };
         let host = iq.max(ik).max(iv);
@@ -1237,7 +1252,7 @@ fn fuse_qkv_rope_cache(g: &Graph, steps: &mut [Step]) {
             steps[i].kernel = None;
         }
         let h_ = &mut steps[host];
-        h_.kernel = Some(KernelSpec::QkvRopeCache { h, kvh, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved });
+        h_.kernel = Some(KernelSpec::QkvRopeCache { h, kvh, d, theta_bits: theta.to_bits(), interleaved: *style == RopeStyle::Interleaved, kv });
         h_.args = vec![name(xq), name(xk), name(xv), name(qo[1]), name(ko[2]), kc, vc, name(rq)];
         h_.scalars = vec![Scalar::HalfNumel(name(cat)), Scalar::HalfNumel(name(xq)), Scalar::HalfNumel(name(xk))];
         h_.work = Scalar::HalfNumel(name(cat));
@@ -1529,6 +1544,28 @@ mod tests {
             // the prefill attention keeps its args
             assert_eq!(s.large.as_ref().unwrap().args.as_ref().unwrap()[0], "q");
         }
+    }
+
+    #[test]
+    fn bf16_kv_pools_lower_to_the_16_bit_kernels_and_f16_ones_are_refused() {
+        let src = |kv: &str| {
+            format!("graph \"t\" {{\n  %q = input : f32[T, 32, 128]\n  %k = input : f32[T, 8, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %slots = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : {kv}[NB, 16, 8, 128]\n  %vc = state : {kv}[NB, 16, 8, 128]\n  %kw = cache_write(%kc, %k, %slots) : {kv}[NB, 16, 8, 128]\n  %vw = cache_write(%vc, %k, %slots) : {kv}[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kw, %vw, %pos, %seq, %table) {{scale = 0.088}} : f32[T, 32, 128]\n  output o = %o\n}}\n")
+        };
+        let steps = lower_opts(&text::parse(&src("bf16")).unwrap(), LowerOptions::default()).unwrap();
+        let kernels: Vec<&KernelSpec> = steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.iter().map(|l| &l.kernel)).chain(s.few.iter().map(|l| &l.kernel))).collect();
+        let attn = kernels.iter().filter(|k| matches!(k, KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::FlashAttention { .. })).count();
+        assert!(attn >= 3, "{kernels:?}");
+        for k in &kernels {
+            match k {
+                KernelSpec::CacheWrite { kv, .. } | KernelSpec::PagedAttention { kv, .. } | KernelSpec::PagedAttentionSplit { kv, .. } | KernelSpec::FlashAttention { kv, .. } => {
+                    assert_eq!(*kv, DType::BF16, "{k:?}");
+                    assert!(k.symbol().ends_with("_kvbf16"), "{}", k.symbol());
+                }
+                _ => {}
+            }
+        }
+        let e = lower_opts(&text::parse(&src("f16")).unwrap(), LowerOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("kw") && e.contains("f16 KV caches"), "{e}");
     }
 
     #[test]

@@ -83,8 +83,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     }
     v.push(KernelSpec::SplitKReduce { splits: 4, residual: true });
     v.push(KernelSpec::SplitKReduce { splits: 2, residual: false });
-    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits() });
-    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits() });
+    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: DType::F32 });
+    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), kv: DType::F32 });
     v.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype: DType::BF16 });
     // the bias + activation epilogue (matmul_act) over the GEMV, a packed GEMV and the pipelined matmul
     for (inner, act) in [
@@ -102,8 +102,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::ToHalf { f16: true });
     v.push(KernelSpec::Rope { h: 9, d: 64, theta_bits: 100000f32.to_bits(), interleaved: true });
     v.push(KernelSpec::Rope { h: 3, d: 64, theta_bits: 100000f32.to_bits(), interleaved: false });
-    v.push(KernelSpec::RopeCacheWrite { h: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false });
-    v.push(KernelSpec::CacheWrite { row: 192 });
+    v.push(KernelSpec::RopeCacheWrite { h: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false, kv: DType::F32 });
+    v.push(KernelSpec::CacheWrite { row: 192, kv: DType::F32 });
     v.push(KernelSpec::Softmax { d: 1000 });
     v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits() });
     v.push(KernelSpec::Argmax { d: 49152 });
@@ -146,21 +146,21 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::TopK { d: 64, k: 6 });
     v.push(KernelSpec::Transpose { perm: vec![1, 0, 2] });
     v.push(KernelSpec::Concat { sizes: vec![3, 5], inner: 16 });
-    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1, group: 1 });
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, group: 1 });
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3, group: 1 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 4, keys: 1, group: 1, kv: DType::F32 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, group: 1, kv: DType::F32 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 4, keys: 3, group: 1, kv: DType::F32 });
     // (the grouped kernel of batched decode: a block per (token, KV head))
-    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4 });
-    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 8, keys: 4, group: 3 });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4, kv: DType::F32 });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 8, keys: 4, group: 3, kv: DType::F32 });
     // (prefetching the next matmul's weights into L2 first)
-    v.push(KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4 }) });
+    v.push(KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4, kv: DType::F32 }) });
     // norm + quantize: the register-resident (D = 4096) and vectorized (D = 576) RMSNorm with a 16-bit copy
     for (d, f16) in [(4096usize, false), (576, true)] {
         v.push(KernelSpec::RmsNormHalf { d, eps_bits: 1e-5f32.to_bits(), f16 });
     }
     // the split decode attention's two passes
-    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 1 });
-    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 4 });
+    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 1, kv: DType::F32 });
+    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 4, kv: DType::F32 });
     v.push(KernelSpec::AttentionCombine { h: 32, d: 128, splits: 16, min_keys: 256 });
     v.push(KernelSpec::AttentionCombine { h: 9, d: 64, splits: 4, min_keys: 8 });
     // merged matmuls in every family, the norm prologue, the fused Q/K/V rope + cache writes,
@@ -178,7 +178,18 @@ pub fn all_specs() -> Vec<KernelSpec> {
     }
     let gemv = KernelSpec::MatMul { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false };
     v.push(KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(gemv), parts }), eps_bits: 1e-5f32.to_bits() });
-    v.push(KernelSpec::QkvRopeCache { h: 32, kvh: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false });
+    v.push(KernelSpec::QkvRopeCache { h: 32, kvh: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false, kv: DType::F32 });
+    // bf16 KV pools: the writes round, the attention kernels read 16-bit rows
+    let bf = DType::BF16;
+    v.push(KernelSpec::QkvRopeCache { h: 32, kvh: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false, kv: bf });
+    v.push(KernelSpec::RopeCacheWrite { h: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: true, kv: bf });
+    v.push(KernelSpec::CacheWrite { row: 192, kv: bf });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, group: 1, kv: bf });
+    v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4, kv: bf });
+    v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 8, keys: 4, group: 3, kv: bf });
+    v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 4, kv: bf });
+    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: bf });
+    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), kv: bf });
     v.push(KernelSpec::RmsNorm { d: 4096, eps_bits: 1e-5f32.to_bits() });
     v
 }

@@ -3,7 +3,7 @@
 //! this H200 — or FLOPs at the tensor-core rate, whichever is longer, plus a per-launch cost).
 //! The optimizer's extraction (issue 4) and the per-kernel roofline table in docs/perf.md use
 //! it. Activations are counted in their graph dtype (f32 today), weights in their stored dtype;
-//! attention reads `context` cached positions per token.
+//! attention reads `context` cached positions per token in the KV pools' type (f32 or bf16).
 
 use dsc_ir::{DType, Graph, Op};
 use std::collections::BTreeMap;
@@ -47,7 +47,18 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
     let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
     // steps skipped at this many tokens (their work is in another kernel: the SwiGLU in the
     // gate/up GEMV's epilogue)
-    let skipped: std::collections::HashSet<&str> = gpu.map(|p| p.steps.iter().filter(|s| s.min_rows.is_some_and(|m| (tokens as i64) < m)).map(|s| s.node.as_str()).collect()).unwrap_or_default();
+    // — nodes none of whose steps runs at this many tokens and this context (a node may have
+    // several: split-K and split-attention copies for other row counts and contexts)
+    let runs = |s: &dsc_runtime::plan::GpuStep| {
+        let (t, c) = (tokens as i64, context as i64);
+        s.min_rows.is_none_or(|m| t >= m) && s.max_rows.is_none_or(|m| t <= m) && s.min_context.is_none_or(|m| c >= m) && s.max_context.is_none_or(|m| c <= m)
+    };
+    let skipped: std::collections::HashSet<&str> = gpu
+        .map(|p| {
+            let active: std::collections::HashSet<&str> = p.steps.iter().filter(|s| runs(s)).map(|s| s.node.as_str()).collect();
+            p.steps.iter().map(|s| s.node.as_str()).filter(|n| !active.contains(n)).collect()
+        })
+        .unwrap_or_default();
     for id in order {
         let n = g.node(id);
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
@@ -78,11 +89,12 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
                 let row: usize = kc.ty.shape[2..].iter().filter_map(|d| d.as_const()).product();
                 let q = numel(ops[0]) as f64;
                 // K and V rows of every cached position, per token
-                (n.op.name().to_string(), 2.0 * (tokens * context * row) as f64 * 4.0 + q * 4.0 + out_b, 4.0 * q * context as f64)
+                (n.op.name().to_string(), nbytes(kc.ty.dtype, 2 * tokens * context * row) + q * 4.0 + out_b, 4.0 * q * context as f64)
             }
-            Op::CacheWrite => (n.op.name().to_string(), 2.0 * numel(ops[1]) as f64 * 4.0, 0.0),
-            // x in, rows out, positions and slots
-            Op::RopeCacheWrite { .. } => (n.op.name().to_string(), 2.0 * numel(ops[1]) as f64 * 4.0 + 8.0 * numel(ops[2]) as f64, numel(ops[1]) as f64 * 3.0),
+            // x in, rows out in the pool's type
+            Op::CacheWrite => (n.op.name().to_string(), numel(ops[1]) as f64 * 4.0 + nbytes(n.ty.dtype, numel(ops[1])), 0.0),
+            // ... and positions and slots
+            Op::RopeCacheWrite { .. } => (n.op.name().to_string(), numel(ops[1]) as f64 * 4.0 + nbytes(n.ty.dtype, numel(ops[1])) + 8.0 * numel(ops[2]) as f64, numel(ops[1]) as f64 * 3.0),
             Op::Gather => (n.op.name().to_string(), 2.0 * out_b, 0.0),
             op => {
                 let inb: f64 = ops.iter().map(|&o| nbytes(g.node(o).ty.dtype, numel(o))).sum();

@@ -22,6 +22,14 @@ impl Data {
         self.0.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         a
     }
+    /// a KV pool's values as `kv` (f32, or bf16 bytes: the values are already bf16-exact)
+    fn push_kv(&mut self, v: &[f32], kv: DType) -> Array {
+        if kv == DType::F32 {
+            return self.push(v);
+        }
+        let bytes: Vec<u8> = v.iter().flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect();
+        Array { dtype: "bf16".into(), len: v.len(), ..self.push_u8(&bytes) }
+    }
     fn push_u8(&mut self, v: &[u8]) -> Array {
         let a = Array { offset: self.0.len(), len: v.len(), dtype: "u8".into() };
         self.0.extend_from_slice(v);
@@ -102,6 +110,13 @@ fn tma_variant(case: &Case, spec: &KernelSpec, tmaps: Vec<TmapInput>) -> (Case, 
 }
 
 pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
+    write_bundle_only(dir, seed, &[])
+}
+
+/// [`write_bundle`] keeping only the cases whose kernel name contains one of `only` (all when
+/// empty), and only their kernels and data: a focused check that fits one device call beside
+/// a plan.
+pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Result<usize> {
     std::fs::create_dir_all(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut rand_vec = |n: usize, lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(lo..hi)).collect() };
@@ -958,7 +973,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
     }
     // the fused users of a merged Q/K/V matmul: rope(q) out of place, rope(k) into the K pool,
     // v into the V pool (QkvRopeCache), both rope styles; the pools checked as written inputs
-    for interleaved in [false, true] {
+    // (and into bf16 pools)
+    for (interleaved, kv) in [(false, DType::F32), (true, DType::F32), (false, DType::BF16)] {
         let (t, h, kvh, d, nb, bs, theta) = (5usize, 4usize, 2usize, 16usize, 3usize, 4usize, 10000.0f32);
         let style = if interleaved { "interleaved" } else { "half" };
         let xq = rand_vec(t * h * d, -1.0, 1.0);
@@ -966,13 +982,13 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         let xv = rand_vec(t * kvh * d, -1.0, 1.0);
         let pos: Vec<i32> = (0..t).map(|i| [0, 1, 77, 4095, 9][i]).collect();
         let slots: Vec<i32> = (0..t).map(|i| [3, 0, 11, 7, 5][i]).collect();
-        let kc0 = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
-        let vc0 = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
+        let kc0 = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
+        let vc0 = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
         let rope_src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {h}, {d}]\n  %p = input : i32[{t}]\n  %y = rope(%x, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : f32[{t}, {h}, {d}]\n  output y = %y\n}}\n");
         let want_q = reference(&rope_src, vec![("x", Tensor::new(vec![t, h, d], xq.clone())), ("p", Tensor::from_i32(vec![t], &pos))], &Weights::new())?;
         let cache = |x: &[f32], c0: &[f32], rope: bool| -> anyhow::Result<Vec<f32>> {
             let op = if rope { format!("rope_cache_write(%c, %x, %s, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}}") } else { "cache_write(%c, %x, %s)".to_string() };
-            let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %p = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = {op} : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %p = input : i32[{t}]\n  %c = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %w = {op} : {kv}[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
             let g = text::parse(&src)?;
             let none: Weights = HashMap::new();
             let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
@@ -983,13 +999,13 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         };
         let want_k = cache(&xk, &kc0, true)?;
         let want_v = cache(&xv, &vc0, false)?;
-        let spec = KernelSpec::QkvRopeCache { h, kvh, d, theta_bits: theta.to_bits(), interleaved };
+        let spec = KernelSpec::QkvRopeCache { h, kvh, d, theta_bits: theta.to_bits(), interleaved, kv };
         let items = t * d / 2 * (h + 2 * kvh);
         let (g, b) = grid(&spec.launch(), items);
-        let (kca, vca) = (data.push(&kc0), data.push(&vc0));
+        let (kca, vca) = (data.push_kv(&kc0, kv), data.push_kv(&vc0, kv));
         let (wk, wv) = (data.push(&want_k), data.push(&want_v));
         cases.push(Case {
-            name: format!("qkv_rope_cache {t} tokens {h}/{kvh}x{d} {style}"),
+            name: format!("qkv_rope_cache {t} tokens {h}/{kvh}x{d} {style}{}", kv_label(kv)),
             kernel: spec.symbol(),
             grid: g,
             grid_y: 1,
@@ -1000,8 +1016,9 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             init: None,
             written_inputs: vec![(5, wk), (6, wv)],
             tmaps: vec![],
-            // the rope kernels' bound (approximate sin/cos after range reduction; pos 4095)
-            tol: 1e-4,
+            // the rope kernels' bound (approximate sin/cos after range reduction; pos 4095; a
+            // bf16 pool: a value near a rounding boundary may round the other way)
+            tol: kv_tol(kv, 1e-4),
         });
         specs.push(spec);
     }
@@ -1069,24 +1086,25 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
-    // cache_write into a randomly filled pool, and paged attention over scattered blocks
-    {
+    // cache_write into a randomly filled pool (f32, bf16), and paged attention over scattered
+    // blocks
+    for kv in [DType::F32, DType::BF16] {
         let (nb, bs, kvh, d) = (8usize, 4usize, 3usize, 64usize);
         let row = kvh * d;
         let slots = [13i32, 2, 30, 7, 21];
         let t = slots.len();
         let x = rand_vec(t * row, -1.0, 1.0);
-        let init = rand_vec(nb * bs * row, -1.0, 1.0);
-        let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = cache_write(%c, %x, %s) : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
+        let init = kv_round(&rand_vec(nb * bs * row, -1.0, 1.0), kv);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %c = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %w = cache_write(%c, %x, %s) : {kv}[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
         let g = text::parse(&src)?;
         let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
         ex.state_mut("c").context("state c")?.data.copy_from_slice(&init);
         let want = ex.run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![t, kvh, d], x.clone())), ("s".to_string(), Tensor::from_i32(vec![t], &slots))]))?.remove("c").context("output")?.data;
-        let spec = KernelSpec::CacheWrite { row };
+        let spec = KernelSpec::CacheWrite { row, kv };
         let (gr, b) = grid(&spec.launch(), t * row);
-        let init_arr = data.push(&init);
+        let init_arr = data.push_kv(&init, kv);
         cases.push(Case {
-            name: format!("cache_write {t} rows of {row}"),
+            name: format!("cache_write {t} rows of {row}{}", kv_label(kv)),
             kernel: spec.symbol(),
             grid: gr,
             grid_y: 1,
@@ -1105,17 +1123,17 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             let pos = [1999i32, 0, 17, 300, 5];
             let style = if interleaved { "interleaved" } else { "half" };
             let theta = 500000.0f32;
-            let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %p = input : i32[{t}]\n  %c = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %w = rope_cache_write(%c, %x, %s, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : f32[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{t}, {kvh}, {d}]\n  %s = input : i32[{t}]\n  %p = input : i32[{t}]\n  %c = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %w = rope_cache_write(%c, %x, %s, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {d}}} : {kv}[{nb}, {bs}, {kvh}, {d}]\n  output c = %w\n}}\n");
             let g = text::parse(&src)?;
             let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
             ex.state_mut("c").context("state c")?.data.copy_from_slice(&init);
             let ins =
                 BTreeMap::from([("x".to_string(), Tensor::new(vec![t, kvh, d], x.clone())), ("s".to_string(), Tensor::from_i32(vec![t], &slots)), ("p".to_string(), Tensor::from_i32(vec![t], &pos))]);
             let want = ex.run(&ins)?.remove("c").context("output")?.data;
-            let spec = KernelSpec::RopeCacheWrite { h: kvh, d, theta_bits: theta.to_bits(), interleaved };
+            let spec = KernelSpec::RopeCacheWrite { h: kvh, d, theta_bits: theta.to_bits(), interleaved, kv };
             let (gr, b) = grid(&spec.launch(), t * row / 2);
             cases.push(Case {
-                name: format!("rope_cache_write {t} rows of {kvh}x{d} {style}"),
+                name: format!("rope_cache_write {t} rows of {kvh}x{d} {style}{}", kv_label(kv)),
                 kernel: spec.symbol(),
                 grid: gr,
                 grid_y: 1,
@@ -1126,19 +1144,27 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
                 init: Some(init_arr.clone()),
                 written_inputs: vec![],
                 tmaps: vec![],
-                tol: 1e-4,
+                tol: kv_tol(kv, 1e-4),
             });
             specs.push(spec);
         }
     }
     // (the last two: the prefill kernel, FlashAttention, on tiles that mix a prefill chunk, a
     // chunk after a cached prefix and decode tokens, and on a partial last tile)
-    for (h, kvh, d, bs, nb, seqs) in [
-        (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)]),
-        (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)]),
-        (8, 2, 64, 16, 140, vec![(1999, 2000), (200, 201)]),
-        (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)]),
-        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)]),
+    // (then bf16 pools: the decode kernels, the split pass and the prefill kernel again)
+    let (f32_, bf16_) = (DType::F32, DType::BF16);
+    for (h, kvh, d, bs, nb, seqs, kv) in [
+        (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)], f32_),
+        (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)], f32_),
+        (8, 2, 64, 16, 140, vec![(1999, 2000), (200, 201)], f32_),
+        (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)], f32_),
+        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], f32_),
+        (9, 3, 64, 4, 12, vec![(0, 11), (0, 6)], bf16_),
+        // (smaller pools than the f32 cases': the bundle shares one call's 64 MiB)
+        (32, 8, 128, 16, 24, vec![(97, 100), (0, 1)], bf16_),
+        (8, 2, 128, 16, 80, vec![(999, 1000), (200, 201)], bf16_),
+        (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
+        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], bf16_),
     ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
@@ -1159,11 +1185,11 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         }
         let t = pos.len();
         let q = rand_vec(t * h * d, -1.0, 1.0);
-        let kc = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
-        let vc = rand_vec(nb * bs * kvh * d, -1.0, 1.0);
+        let kc = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
+        let vc = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
         let scale = 1.0 / (d as f32).sqrt();
         let ns = seqs.len();
-        let src = format!("graph \"k\" {{\n  %q = input : f32[{t}, {h}, {d}]\n  %pos = input : i32[{t}]\n  %seq = input : i32[{t}]\n  %table = input : i32[{ns}, {mb}]\n  %kc = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %vc = state : f32[{nb}, {bs}, {kvh}, {d}]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {{scale = {scale:?}}} : f32[{t}, {h}, {d}]\n  output o = %o\n}}\n");
+        let src = format!("graph \"k\" {{\n  %q = input : f32[{t}, {h}, {d}]\n  %pos = input : i32[{t}]\n  %seq = input : i32[{t}]\n  %table = input : i32[{ns}, {mb}]\n  %kc = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %vc = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {{scale = {scale:?}}} : f32[{t}, {h}, {d}]\n  output o = %o\n}}\n");
         let g = text::parse(&src)?;
         let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
         ex.state_mut("kc").context("kc")?.data.copy_from_slice(&kc);
@@ -1178,12 +1204,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             .remove("o")
             .context("output")?
             .data;
-        let inputs = vec![data.push(&q), data.push(&kc), data.push(&vc), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
+        let inputs = vec![data.push(&q), data.push_kv(&kc, kv), data.push_kv(&vc, kv), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
         let expected = data.push(&want);
         if t > 64 {
-            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits() };
+            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv };
             cases.push(Case {
-                name: format!("flash_attn T{t} H{h}/{kvh} D{d} {} sequences", seqs.len()),
+                name: format!("flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}", seqs.len(), kv_label(kv)),
                 kernel: spec.symbol(),
                 grid: h as u32,
                 grid_y: t.div_ceil(dsc_codegen::kernels::FLASH_ROWS) as u32,
@@ -1207,6 +1233,9 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         // not fit a block take: `lower::attention_group_size`)
         let rep = h / kvh;
         let mut variants = vec![(4usize, 4usize, 1usize), (16, 4, 1), (16, 1, 1), (4, 3, 1)];
+        if kv != DType::F32 {
+            variants = vec![(16, 4, 1), (4, 3, 1)];
+        }
         if rep > 1 {
             variants.extend([(8, 4, rep), (4, 3, rep)]);
         }
@@ -1214,15 +1243,16 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             variants.push((8, 4, rep / 2));
         }
         for (warps, keys, group) in variants {
-            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, group };
+            let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, group, kv };
             // (a block per (token, group of heads))
             let (gr, b) = grid(&spec.launch(), t);
             cases.push(Case {
                 name: format!(
-                    "paged_attn T{t} H{h}/{kvh} D{d}{}{}{}",
+                    "paged_attn T{t} H{h}/{kvh} D{d}{}{}{}{}",
                     if warps == 16 { String::new() } else { format!(" {warps} warps") },
                     if keys == 4 { String::new() } else { format!(" {keys} keys") },
-                    if group == 1 { String::new() } else { format!(" groups of {group}") }
+                    if group == 1 { String::new() } else { format!(" groups of {group}") },
+                    kv_label(kv)
                 ),
                 kernel: spec.symbol(),
                 grid: gr,
@@ -1242,8 +1272,8 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         // matmul's weights; 100,003 f32, split over the blocks), the one-pass and the grouped
         // kernel: the same outputs
         let pf = data.push(&rand_vec(100_003, -1.0, 1.0));
-        for (warps, group) in [(16usize, 1usize), (dsc_codegen::lower::ATTN_GROUP_WARPS, rep)] {
-            let spec = KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys: 4, group }) };
+        for (warps, group) in [(16usize, 1usize), (dsc_codegen::lower::ATTN_GROUP_WARPS, rep)].into_iter().filter(|_| kv == DType::F32) {
+            let spec = KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys: 4, group, kv }) };
             let (gr, b) = grid(&spec.launch(), t);
             let mut ins = vec![pf.clone()];
             ins.extend(inputs.iter().cloned());
@@ -1278,12 +1308,12 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
             // (a block per (token, head, part), and per (token, KV head, part): the grouped
             // kernel of models with 8+ KV heads)
             for group in [1, rep].into_iter().filter(|&g| g == 1 || rep > 1) {
-                let spec = KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, splits: ns, min_keys: mk, group };
+                let spec = KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys, splits: ns, min_keys: mk, group, kv };
                 let (gr, b) = grid(&spec.launch(), t);
                 let mut ins = inputs.clone();
                 ins.truncate(6);
                 cases.push(Case {
-                    name: format!("paged_attn split {ns}x{mk} T{t} H{h}/{kvh} D{d}{}", if group == 1 { String::new() } else { format!(" groups of {group}") }),
+                    name: format!("paged_attn split {ns}x{mk} T{t} H{h}/{kvh} D{d}{}{}", if group == 1 { String::new() } else { format!(" groups of {group}") }, kv_label(kv)),
                     kernel: spec.symbol(),
                     grid: gr,
                     grid_y: (h / group * ns) as u32,
@@ -1575,6 +1605,40 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         });
         specs.push(spec);
     }
+    if !only.is_empty() {
+        let keep = |k: &str| only.iter().any(|o| k.contains(o.as_str()));
+        cases.retain(|c| keep(&c.kernel));
+        if cases.is_empty() {
+            anyhow::bail!("no kernel-check case's kernel contains any of {only:?}");
+        }
+        specs.retain(|s| cases.iter().any(|c| c.kernel == s.symbol()));
+        // (the kept cases' arrays copied into a fresh data.bin, offsets remapped)
+        let old = std::mem::replace(&mut data, Data(vec![]));
+        let mut moved: HashMap<usize, usize> = HashMap::new();
+        let mut relocate = |a: &mut Array| -> anyhow::Result<()> {
+            let w = match a.dtype.as_str() {
+                "f32" | "i32" => 4,
+                "bf16" => 2,
+                _ => 1,
+            };
+            let at = match moved.get(&a.offset) {
+                Some(&at) => at,
+                None => {
+                    let bytes = old.0.get(a.offset..a.offset + a.len * w).context("array outside the data")?;
+                    let at = data.push_u8(bytes).offset;
+                    moved.insert(a.offset, at);
+                    at
+                }
+            };
+            a.offset = at;
+            Ok(())
+        };
+        for c in &mut cases {
+            for a in c.inputs.iter_mut().chain(std::iter::once(&mut c.expected)).chain(c.init.iter_mut()).chain(c.written_inputs.iter_mut().map(|(_, a)| a)) {
+                relocate(a)?;
+            }
+        }
+    }
     let m = compile_kernels(&specs, &GpuTarget::ALL)?;
     let mut ptx = BTreeMap::new();
     for (t, text) in &m.ptx {
@@ -1596,6 +1660,30 @@ pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
         .collect();
     std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases, smem })?)?;
     Ok(n)
+}
+
+/// `v` as a `kv` KV pool holds it (bf16: rounded to nearest even).
+fn kv_round(v: &[f32], kv: DType) -> Vec<f32> {
+    v.iter().map(|&x| dsc_ir::quant::round_to(kv, x)).collect()
+}
+
+/// A case name's note of a KV pool's type (none for f32).
+fn kv_label(kv: DType) -> String {
+    if kv == DType::F32 {
+        String::new()
+    } else {
+        format!(" {kv} pool")
+    }
+}
+
+/// A KV-writing case's tolerance: `f32` for f32 pools; a bf16 pool's values near a rounding
+/// boundary may round the other way from approximate math (half a bf16 ulp, 2^-9, on a few).
+fn kv_tol(kv: DType, f32_tol: f32) -> f32 {
+    if kv == DType::F32 {
+        f32_tol
+    } else {
+        4e-3
+    }
 }
 
 /// The split decode attention's partial states (`KernelSpec::PagedAttentionSplit`), computed

@@ -67,6 +67,11 @@ enum Cmd {
         dir: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// keep only the cases whose kernel name contains one of these (comma-separated), e.g.
+        /// `--only flash_attention,paged_attention`: a focused check that fits one device call
+        /// beside a plan
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Print the cost model of one step per kernel class: launches, bytes, FLOPs and the H200
     /// roofline time (bytes at 4.62 TB/s or FLOPs at the tensor-core rate, + 2.5 us a launch)
@@ -226,8 +231,8 @@ fn main() -> anyhow::Result<()> {
             print!("{}", stage_text(&c, &stage, format)?);
             Ok(())
         }
-        Cmd::GpuBundle { dir, seed } => {
-            let n = dsc_compiler::gpu_bundle::write_bundle(&dir, seed)?;
+        Cmd::GpuBundle { dir, seed, only } => {
+            let n = dsc_compiler::gpu_bundle::write_bundle_only(&dir, seed, &only)?;
             eprintln!("wrote {n} kernel checks to {}", dir.display());
             Ok(())
         }

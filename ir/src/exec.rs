@@ -262,12 +262,18 @@ impl<'g> Executor<'g> {
                     let cache = self.states.get_mut(&name).expect("state allocated");
                     let row = cache.shape[2] * cache.shape[3];
                     let nslots = cache.shape[0] * cache.shape[1];
+                    // (rows are stored in the pool's type: a bf16 pool rounds them)
+                    let pool = n.ty.dtype;
                     for (t, &s) in slots.data.iter().enumerate() {
                         if s < 0.0 || s as usize >= nslots {
                             return Err(xerr(g, id, format!("slot {s} out of range 0..{nslots}")));
                         }
                         let s = s as usize;
-                        cache.data[s * row..(s + 1) * row].copy_from_slice(&x.data[t * row..(t + 1) * row]);
+                        let dst = &mut cache.data[s * row..(s + 1) * row];
+                        dst.copy_from_slice(&x.data[t * row..(t + 1) * row]);
+                        if pool != DType::F32 {
+                            dst.iter_mut().for_each(|v| *v = quant::round_to(pool, *v));
+                        }
                     }
                     Val::State(name)
                 }

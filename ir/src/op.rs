@@ -82,7 +82,8 @@ pub enum Op {
     /// along the last axis
     Softmax,
     /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T]) -> cache with row slot[t] = x[t]
-    /// (slot = block * BS + offset). Updates the state in place.
+    /// (slot = block * BS + offset), stored in the cache's type (a bf16 pool rounds x to
+    /// nearest even: the cast is part of the write). Updates the state in place.
     CacheWrite,
     /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T], pos[T]) -> cache with row slot[t] =
     /// rope(x, pos)[t]: `cache_write(cache, rope(x, pos), slot)` in one kernel (the optimizer's

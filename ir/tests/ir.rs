@@ -278,3 +278,21 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+#[test]
+fn a_bf16_pool_stores_rows_rounded_to_bf16() {
+    // the cast is part of the write: the pool holds bf16 values, the attention reads them
+    let src = "graph \"w\" {\n  %x = input : f32[3, 2, 4]\n  %s = input : i32[3]\n  %c = state : bf16[4, 2, 2, 4]\n  %w = cache_write(%c, %x, %s) : bf16[4, 2, 2, 4]\n  output c = %w\n}\n";
+    let g = text::parse(src).unwrap();
+    let mut ex = Executor::new(&g, &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(), BTreeMap::new()).unwrap();
+    let x: Vec<f32> = (0..24).map(|i| 1.0 + (i + 1) as f32 * 1e-3).collect();
+    let slots = [5i32, 0, 7];
+    let out = ex.run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![3, 2, 4], x.clone())), ("s".to_string(), Tensor::from_i32(vec![3], &slots))])).unwrap().remove("c").unwrap();
+    for (t, &s) in slots.iter().enumerate() {
+        for e in 0..8 {
+            let (got, v) = (out.data[s as usize * 8 + e], x[t * 8 + e]);
+            assert_eq!(got, quant::round_to(DType::BF16, v), "slot {s} element {e}");
+            assert_ne!(got, v, "1 + k/1000 is not a bf16 value");
+        }
+    }
+}

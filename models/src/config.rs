@@ -23,7 +23,7 @@
 //!
 //! [precision]
 //! activations = "f32"   # f32 | bf16 | f16
-//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3
+//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (the GPU kernels: f32 or bf16, half the bytes)
 //! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1
 //!
 //! [parallel]            # optional

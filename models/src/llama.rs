@@ -163,13 +163,7 @@ pub fn build(opts: &BuildOptions, weights: &WeightSet) -> Result<Graph> {
         let (kc_name, vc_name) = (format!("{}.k_cache", n.layer(i, "attn")), format!("{}.v_cache", n.layer(i, "attn")));
         let kc = b.g.add(kc_name.clone(), Op::State, &[], Some(cache_ty.clone()))?;
         let vc = b.g.add(vc_name.clone(), Op::State, &[], Some(cache_ty.clone()))?;
-        let (k, v) = if opts.kv_cache != opts.activations {
-            let kt = b.g.add(format!("{kc_name}.cast"), Op::Cast, &[k], Some(TensorType::new(opts.kv_cache, shape!["T", kvh, hd])))?;
-            let vt = b.g.add(format!("{vc_name}.cast"), Op::Cast, &[v], Some(TensorType::new(opts.kv_cache, shape!["T", kvh, hd])))?;
-            (kt, vt)
-        } else {
-            (k, v)
-        };
+        // (a pool of another type than the activations, e.g. bf16: the write rounds the rows)
         let kc = b.add(format!("{kc_name}.write"), Op::CacheWrite, &[kc, k, slots])?;
         let vc = b.add(format!("{vc_name}.write"), Op::CacheWrite, &[vc, v, slots])?;
         let attn = b.add(format!("{}.attention", n.layer(i, "attn")), Op::PagedAttention { scale: 1.0 / (hd as f32).sqrt() }, &[q, kc, vc, positions, seq_ids, table])?;

@@ -385,6 +385,9 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let ops = graph.operands(node);
     let dim = |id: dsc_ir::NodeId, i: usize| graph.node(id).ty.shape[i].as_const().with_context(|| format!("{} needs constant dims", graph.node(id).name));
     let (h, d, bs, kvh) = (dim(ops[0], 1)?, dim(ops[0], 2)?, dim(ops[1], 1)?, dim(ops[1], 2)?);
+    // (the pools' type: f32 or bf16)
+    let kv = graph.node(ops[1]).ty.dtype;
+    let kv_size = kv.bytes_for(1).context("KV pool type")?;
     let dev = DeviceBench::open(prog)?;
     let f = dev.module.load_function(&kernel).map_err(derr(&kernel))?;
     // (split: (parts, first-pass kernel and function, merge kernel and function))
@@ -420,8 +423,8 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     for (kind, t, ctx) in cases {
         let mb = ctx.div_ceil(bs);
         let q = dev.random("f32", t * h * d, 31)?;
-        let kc = dev.random("f32", mb * bs * kvh * d, 32)?;
-        let vc = dev.random("f32", mb * bs * kvh * d, 33)?;
+        let kc = dev.random(&kv.to_string(), mb * bs * kvh * d, 32)?;
+        let vc = dev.random(&kv.to_string(), mb * bs * kvh * d, 33)?;
         let pos = i32s((0..t).map(|i| (ctx - t + i) as i32).collect())?;
         let seq = i32s(vec![0; t])?;
         let table = i32s((0..mb as i32).collect())?;
@@ -488,7 +491,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         };
         let us = dev.time(&launch)?;
         let (flops, kv_bytes) =
-            if kind == "prefill" { (4.0 * (h * t * t * d) as f64 / 2.0, (h * (t * (t + 1) / 2) * 2 * d * 4) as f64) } else { (4.0 * (h * ctx * d) as f64, (h * ctx * 2 * d * 4) as f64) };
+            if kind == "prefill" { (4.0 * (h * t * t * d) as f64 / 2.0, (h * (t * (t + 1) / 2) * 2 * d * kv_size) as f64) } else { (4.0 * (h * ctx * d) as f64, (h * ctx * 2 * d * kv_size) as f64) };
         let (tflop_s, kv_gb_s) = (flops / (us * 1e-6) / 1e12, kv_bytes / (us * 1e-6) / 1e9);
         eprintln!("{kernel:<40} {kind:<8} T {t:>6} context {ctx:>6}: {us:>10.1} us {tflop_s:>8.2} TFLOP/s {kv_gb_s:>8.0} GB/s of K/V");
         out.push(AttentionResult { kernel: kernel.clone(), kind: kind.to_string(), tokens: t, context: ctx, us, tflop_s, kv_gb_s });

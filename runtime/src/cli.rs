@@ -363,10 +363,17 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// KV bytes per token over every layer's pools (f32 rows on the GPU today).
+/// KV bytes per token over every layer's pools (rows of the pools' type: f32 or bf16).
 fn kv_bytes_per_token(plan: &Plan) -> anyhow::Result<usize> {
     let g = plan.graph()?;
-    Ok(g.leaves(&dsc_ir::Op::State).iter().map(|&id| g.node(id).ty.shape.iter().skip(2).filter_map(|d| d.as_const()).product::<usize>() * 4).sum())
+    g.leaves(&dsc_ir::Op::State)
+        .iter()
+        .map(|&id| {
+            let n = g.node(id);
+            let row = n.ty.shape.iter().skip(2).filter_map(|d| d.as_const()).product::<usize>();
+            n.ty.dtype.bytes_for(row).ok_or_else(|| anyhow::anyhow!("state {}: {} pools have no byte size", n.name, n.ty.dtype))
+        })
+        .sum()
 }
 
 #[cfg(test)]

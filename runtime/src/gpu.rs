@@ -180,7 +180,8 @@ impl<'p> GpuBackend<'p> {
         for id in graph.leaves(&Op::State) {
             let n = graph.node(id);
             let numel: usize = n.ty.eval_shape(&fixed).ok_or_else(|| gerr(format!("state {} has unbound dims", n.name)))?.iter().product();
-            resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(numel * 4), &format!("allocating {}", n.name))?);
+            let bytes = n.ty.dtype.bytes_for(numel).ok_or_else(|| gerr(format!("state {}: {} pools have no byte size", n.name, n.ty.dtype)))?;
+            resident.insert(n.name.clone(), cu(stream.alloc_zeros::<u8>(bytes), &format!("allocating {}", n.name))?);
         }
         // the TMA matmuls' tensor maps (`{w}@tmap{rows}`, sm_90a): one per weight and tile height
         if hopper {

@@ -18,7 +18,7 @@ pub struct Array {
     pub offset: usize,
     /// elements
     pub len: usize,
-    /// "f32", "i32" or "u8"
+    /// "f32", "i32", "bf16" (a bf16 KV pool) or "u8"
     pub dtype: String,
 }
 
@@ -87,6 +87,7 @@ pub struct CaseResult {
 fn bytes_of<'a>(data: &'a [u8], a: &Array) -> anyhow::Result<&'a [u8]> {
     let w = match a.dtype.as_str() {
         "f32" | "i32" => 4,
+        "bf16" => 2,
         "u8" => 1,
         other => bail!("unknown array dtype {other}"),
     };
@@ -96,6 +97,15 @@ fn bytes_of<'a>(data: &'a [u8], a: &Array) -> anyhow::Result<&'a [u8]> {
 fn f32s(data: &[u8], a: &Array) -> anyhow::Result<Vec<f32>> {
     anyhow::ensure!(a.dtype == "f32", "expected an f32 array");
     Ok(bytes_of(data, a)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// A buffer's bytes as f32 values: bf16 (`dtype` "bf16") widened, else f32.
+fn decode(bytes: &[u8], dtype: &str) -> Vec<f32> {
+    if dtype == "bf16" {
+        bytes.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()
+    } else {
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
 }
 
 /// Upload an array as raw bytes (the kernel reinterprets them).
@@ -125,13 +135,15 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
             _weights.push(std::mem::replace(&mut ins[tm.input], map));
         }
         let want = f32s(&data, &c.expected)?;
+        // (the output's initial bytes: `init` as it is — f32, or a bf16 KV pool —, else NaN)
+        let out_dtype = c.init.as_ref().map_or("f32", |a| a.dtype.as_str());
         let init = match &c.init {
-            Some(a) => f32s(&data, a)?,
-            None => vec![f32::NAN; want.len()],
+            Some(a) => bytes_of(&data, a)?.to_vec(),
+            None => vec![f32::NAN; want.len()].iter().flat_map(|x| x.to_le_bytes()).collect(),
         };
         let mut out = stream.clone_htod(&init)?;
         let cfg = LaunchConfig { grid_dim: (c.grid, c.grid_y, 1), block_dim: (c.block, 1, 1), shared_mem_bytes: smem };
-        let launch = |out: &mut cudarc::driver::CudaSlice<f32>| -> anyhow::Result<()> {
+        let launch = |out: &mut cudarc::driver::CudaSlice<u8>| -> anyhow::Result<()> {
             let mut b = stream.launch_builder(&f);
             for i in &ins {
                 b.arg(i);
@@ -148,7 +160,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         };
         launch(&mut out)?;
         stream.synchronize()?;
-        let got = stream.clone_dtoh(&out)?;
+        let got = decode(&stream.clone_dtoh(&out)?, out_dtype);
         let unwritten = got.iter().filter(|v| v.is_nan()).count();
         let rel_of = |got: &[f32], want: &[f32]| {
             let (mut num, mut den) = (0f64, 0f64);
@@ -162,7 +174,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         for (i, a) in &c.written_inputs {
             let buf = ins.get(*i).with_context(|| format!("{}: written input {i} out of range", c.name))?;
             let bytes = stream.clone_dtoh(buf)?;
-            let got: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let got = decode(&bytes, &c.inputs[*i].dtype);
             let r = rel_of(&got, &f32s(&data, a)?);
             rel = if r.is_nan() { r } else { rel.max(r) };
         }

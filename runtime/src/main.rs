@@ -18,8 +18,6 @@ enum Cmd {
     Inspect(cli::InspectArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
     Serve(cli::ServeArgs),
-    /// Run a kernel-check bundle (from `dsc gpu-bundle`) on GPU 0 and compare with the CPU
-    /// reference outputs it carries
     /// Run a model plan on the GPU beside the CPU executor along the reference continuations
     /// (../shared/reference/*-numpy-*.json) and report agreement
     GpuE2e {
@@ -94,6 +92,8 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Run a kernel-check bundle (from `dsc gpu-bundle`) on GPU 0 and compare with the CPU
+    /// reference outputs it carries
     GpuCheck {
         bundle: std::path::PathBuf,
         #[arg(long, default_value = "sm_90a")]
