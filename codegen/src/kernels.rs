@@ -301,7 +301,8 @@ pub enum KernelSpec {
     /// `PagedAttention` for prefill (many query rows): FlashAttention-2 tiles on the tensor
     /// cores ([`emit_flash_attention`]), a block per (64 tokens, head); params as
     /// `PagedAttention` but `n` = T (tokens)
-    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType },
+    /// (`warps` warps of 16 query rows each per block: 4 from f32 pools; 4 or 8 from bf16)
+    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize },
     /// the batched-decode GEMV: as `MatMul` for f32/f16/bf16 weights, `rows` activation rows
     /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
     /// params x, w, [bias], [res], y, M, N
@@ -464,7 +465,9 @@ impl KernelSpec {
                 )
             }
             KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::FlashAttention { h, kvh, d, bs, kv, .. } => format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}", kv_suffix(*kv)),
+            KernelSpec::FlashAttention { h, kvh, d, bs, kv, warps, .. } => {
+                format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}", if *warps == 4 { String::new() } else { format!("_w{warps}") }, kv_suffix(*kv))
+            }
             KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
             KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
         }
@@ -496,7 +499,7 @@ impl KernelSpec {
             // (half of a GEMV block's outputs: the other half are the up rows)
             KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
             // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
-            KernelSpec::FlashAttention { d, kv, .. } => Launch::Tile { outputs: 1, rows: FLASH_ROWS as u32, threads: 128, smem: flash_smem(*d, *kv) as u32 },
+            KernelSpec::FlashAttention { d, kv, warps, .. } => Launch::Tile { outputs: 1, rows: 16 * *warps as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv) as u32 },
             KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
@@ -2331,8 +2334,6 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     Ok(matmul_params(bias, residual, true))
 }
 
-/// Query rows (tokens) per block of the prefill attention ([`KernelSpec::FlashAttention`]).
-pub const FLASH_ROWS: usize = 64;
 /// Keys per step of the prefill attention's K/V loop.
 const FLASH_KEYS: usize = 64;
 
@@ -2364,7 +2365,7 @@ pub fn flash_smem(d: usize, kv: DType) -> usize {
 /// From bf16 pools (`kv`), the tiles are copied as they are with `cp.async` (16 bytes per copy,
 /// no registers) into two stages, tile i + 1's copies in flight while tile i is computed, and
 /// the mma B fragments come from `ldmatrix` (K) and `ldmatrix.trans` (V, stored key-major).
-fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType) -> Result<String, String> {
+fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize) -> Result<String, String> {
     if d % 16 != 0 || d > 128 || kvh == 0 || h % kvh != 0 || bs == 0 {
         return Err(format!("the prefill attention needs D a multiple of 16 up to 128 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
     }
@@ -2372,6 +2373,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         return Err(format!("{kv} KV caches are not lowered for the GPU (f32 or bf16)"));
     }
     let wide = kv == DType::F32;
+    let nt = 32 * warps as i64; // threads
+    if !(warps == 4 || (!wide && warps == 8)) || (!wide && (FLASH_KEYS as i64 * (d / 8) as i64) % nt != 0) {
+        return Err(format!("the prefill attention takes 4 warps (f32 pools) or 4 / 8 (bf16, D a multiple of 32 then), not {warps} (D {d})"));
+    }
     let ks = (2 * d + 16) as i64; // K row stride (bytes)
                                   // V: transposed rows of 64 keys (f32 pools), or key rows as K's (bf16: `ldmatrix.trans`)
     let vs = if wide { (2 * FLASH_KEYS + 16) as i64 } else { ks };
@@ -2403,7 +2408,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let c1 = c(b, 1);
     let c0 = c(b, 0);
     let (warp, lane, g, tq) = b.mma_coords(&t);
-    let crows = c(b, FLASH_ROWS as i64);
+    let crows = c(b, 16 * warps as i64);
     let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
     let crep = c(b, (h / kvh) as i64);
     let kh = b.op(&format!("arith.divui {hq}, {crep} : i64"));
@@ -2538,8 +2543,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let kg = b.op("llvm.ptrtoint %kc : !llvm.ptr<1> to i64");
         let vg = b.op("llvm.ptrtoint %vc : !llvm.ptr<1> to i64");
         let cch = c(b, chunks);
-        for i in 0..(FLASH_KEYS as i64 * chunks) / 128 {
-            let ci = c(b, 128 * i);
+        for i in 0..(FLASH_KEYS as i64 * chunks) / nt {
+            let ci = c(b, nt * i);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
             let kk = b.op(&format!("arith.divui {u}, {cch} : i64"));
             let ch = b.op(&format!("arith.remui {u}, {cch} : i64"));
@@ -4069,7 +4074,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm })?
         }
-        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits, kv } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits, *kv)?,
+        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits, kv, warps } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits, *kv, *warps)?,
         KernelSpec::MatMulAct { inner, act } => {
             epilogue_act_fits(act.0)?;
             // (a plain matmul kernel: every family ends in `matmul_store`, which applies it)

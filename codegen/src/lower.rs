@@ -144,6 +144,10 @@ pub const ATTN_GROUP_MIN_BLOCKS: usize = 128;
 /// b128: 6,401 / 9,253 with 16).
 pub const ATTN_GROUP_WARPS: usize = 8;
 
+/// Warps (16 query rows each) per block of the prefill attention on bf16 pools
+/// ([`LowerOptions::flash_warps`]).
+pub const FLASH_WARPS: usize = 4;
+
 /// Query heads per block of the grouped decode attention with `warps` warps: the largest
 /// divisor of the GQA group (H / KVH) whose running softmax state fits a lane (group x D / 32
 /// ≤ [`ATTN_GROUP_MAX_STATE`] accumulators) and whose partial states fit 48 KiB of static
@@ -254,6 +258,11 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             },
             attn_group: !std::env::var("DSC_ATTN_GROUP").is_ok_and(|v| v == "0"),
             attn_prefetch: std::env::var("DSC_ATTN_PREFETCH").is_ok_and(|v| v == "1"),
+            flash_warps: match env_num::<usize>("DSC_FLASH_WARPS") {
+                Some(8) => 8,
+                Some(4) => 4,
+                _ => FLASH_WARPS,
+            },
         },
     )
 }
@@ -292,6 +301,9 @@ pub struct LowerOptions {
     /// heads) (batched decode from [`ATTN_GROUP_MIN_BLOCKS`] blocks, and the split pass where
     /// its head groups fill them; on; DSC_ATTN_GROUP=0 turns both off)
     pub attn_group: bool,
+    /// warps (of 16 query rows) per block of the prefill attention on bf16 pools: 4 or 8
+    /// ([`FLASH_WARPS`]; DSC_FLASH_WARPS=8 / 4 at compile time)
+    pub flash_warps: usize,
     /// the decode attention prefetches the next matmul's weights into L2
     /// ([`prefetch_after_attention`]; off: measured on the H200,
     /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
@@ -319,7 +331,18 @@ pub enum Tma {
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { norm_fusion: false, few_x16: true, split_kv: true, split_k: Some(SPLIT_K_PARTS), norm_half: true, silu_half: true, tma: Tma::Narrow, attn_group: true, attn_prefetch: false }
+        LowerOptions {
+            norm_fusion: false,
+            few_x16: true,
+            split_kv: true,
+            split_k: Some(SPLIT_K_PARTS),
+            norm_half: true,
+            silu_half: true,
+            tma: Tma::Narrow,
+            attn_group: true,
+            attn_prefetch: false,
+            flash_warps: FLASH_WARPS,
+        }
     }
 }
 
@@ -502,7 +525,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     min_rows: 129 * h as i64,
                     max_rows: None,
                     args: None,
-                    kernel: KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv },
+                    kernel: KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps: if kv == DType::F32 || d % 32 != 0 { 4 } else { opts.flash_warps } },
                     scalars: vec![Scalar::Dim(name.clone(), 0), mb],
                     work: Scalar::Const(h as i64),
                     grid_y: Scalar::Dim(name.clone(), 0),
@@ -1278,13 +1301,35 @@ mod tests {
         // (x in f32 for every batched GEMV: no cast steps)
         let steps = lower_opts(
             &graph(false, "bf16"),
-            LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, attn_group: true, attn_prefetch: false },
+            LowerOptions {
+                norm_fusion: true,
+                few_x16: false,
+                split_kv: false,
+                split_k: None,
+                norm_half: false,
+                silu_half: false,
+                tma: Tma::Off,
+                attn_group: true,
+                attn_prefetch: false,
+                flash_warps: FLASH_WARPS,
+            },
         )
         .unwrap();
         // off (the default): the norm runs as its own kernel
         let plain = lower_opts(
             &graph(false, "bf16"),
-            LowerOptions { norm_fusion: false, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, attn_group: true, attn_prefetch: false },
+            LowerOptions {
+                norm_fusion: false,
+                few_x16: false,
+                split_kv: false,
+                split_k: None,
+                norm_half: false,
+                silu_half: false,
+                tma: Tma::Off,
+                attn_group: true,
+                attn_prefetch: false,
+                flash_warps: FLASH_WARPS,
+            },
         )
         .unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));

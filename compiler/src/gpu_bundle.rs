@@ -1206,14 +1206,16 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             .data;
         let inputs = vec![data.push(&q), data.push_kv(&kc, kv), data.push_kv(&vc, kv), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
         let expected = data.push(&want);
-        if t > 64 {
-            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv };
+        // (8 warps of query rows per block too, from bf16 pools)
+        let warps: &[usize] = if kv == DType::F32 || d % 32 != 0 { &[4] } else { &[4, 8] };
+        for &warps in warps.iter().filter(|_| t > 64) {
+            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps };
             cases.push(Case {
-                name: format!("flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}", seqs.len(), kv_label(kv)),
+                name: format!("flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}", seqs.len(), kv_label(kv), if warps == 4 { String::new() } else { format!(" {warps} warps") }),
                 kernel: spec.symbol(),
                 grid: h as u32,
-                grid_y: t.div_ceil(dsc_codegen::kernels::FLASH_ROWS) as u32,
-                block: 128,
+                grid_y: t.div_ceil(16 * warps) as u32,
+                block: 32 * warps as u32,
                 inputs: inputs.clone(),
                 scalars: vec![t as i64, mb as i64],
                 expected: expected.clone(),
@@ -1223,6 +1225,8 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 tol: 1e-2,
             });
             specs.push(spec);
+        }
+        if t > 64 {
             continue;
         }
         // 16 warps per block and 4 keys per warp step (the defaults), 4 warps (DSC_ATTN_WARPS
