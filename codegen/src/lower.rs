@@ -921,8 +921,12 @@ pub fn split_k_parts(tiles: usize, ksteps: usize, bn: usize, max_parts: usize) -
     (2..=max_parts).rev().find(|&s| tiles * s <= SPLIT_K_SMS && ksteps % s == 0 && bn % s == 0)
 }
 
-/// Rows from which [`split_k`] takes a matmul (up to its 64-row tiles' last row).
+/// Rows from which [`split_k`] takes a matmul ...
 pub const SPLIT_K_MIN_ROWS: i64 = 16;
+/// ... up to these (past its 64-row tiles' own range, 64 rows: at 128 rows (8B shape, H200)
+/// the 64-row split-K tiles take down 94 -> 70 us per call, q/k/v 53 -> 35, o 42 -> 27, where
+/// the 128-row tiles run 32-48 blocks; bench/results/splitk128-2026-11-30.json).
+pub const SPLIT_K_MAX_ROWS: i64 = 128;
 /// ... where its 64-row pipelined tiles number fewer than this (N = 4096 at bn 128: 32 tiles
 /// on 132 SMs; its K parts multiply the blocks).
 pub const SPLIT_K_MAX_TILES: usize = 64;
@@ -932,7 +936,7 @@ pub const SPLIT_K_MAX_TILES: usize = 64;
 /// [`SPLIT_K_MAX_TILES`] column tiles (the 8B shape's o and down projections: 32 tiles, a
 /// quarter of the SMs; today they run the batched GEMV at 1.4-1.7 TB/s from 16 to 47 rows)
 /// gets, first in its `hopper` list for [`SPLIT_K_MIN_ROWS`] up to that alternative's last
-/// row, `SplitK` over the same tile writing `{node}@splitk{S}` ([S, M, N] f32 partial sums,
+/// row or [`SPLIT_K_MAX_ROWS`], `SplitK` over the same tile writing `{node}@splitk{S}` ([S, M, N] f32 partial sums,
 /// declared by a kernel-less step before it), and after it a `SplitKReduce` step writing the
 /// node (+ the residual) for the same rows, `hopper_only` like the alternative.
 fn split_k(steps: Vec<Step>, max_parts: usize) -> Vec<Step> {
@@ -972,6 +976,9 @@ fn split_k(steps: Vec<Step>, max_parts: usize) -> Vec<Step> {
             out.push(s);
             continue;
         };
+        // (up to SPLIT_K_MAX_ROWS rows, past the 64-row alternative's own range: two row tiles
+        // of K parts beat one 128-row tile per column tile there)
+        let hi = hi.max(SPLIT_K_MAX_ROWS);
         let parts = format!("{}@splitk{sk}", s.node);
         // (x and W as the alternative reads them: its own args where a fusion gave it some)
         let own = pipe.args.clone().unwrap_or_else(|| s.args.clone());
@@ -1470,9 +1477,9 @@ mod tests {
         let KernelSpec::SplitK { inner, splits: 4 } = &sk.kernel else { panic!("{:?}", sk.kernel) };
         assert!(matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, residual: false, bias: false, a16: true, .. }));
         let hi = sk.max_rows.unwrap();
-        assert_eq!(sk.min_rows, SPLIT_K_MIN_ROWS);
+        assert_eq!((sk.min_rows, hi), (SPLIT_K_MIN_ROWS, SPLIT_K_MAX_ROWS));
         // (the 64-row alternative it stands in front of keeps its rows: first fit)
-        assert!(mm.hopper[1..].iter().any(|h| matches!(h.kernel, KernelSpec::MatMulPipe { bm: 64, .. }) && h.max_rows == Some(hi)));
+        assert!(mm.hopper[1..].iter().any(|h| matches!(h.kernel, KernelSpec::MatMulPipe { bm: 64, .. }) && h.max_rows == Some(64)));
         // x from its 16-bit copy, no residual in the first pass
         assert_eq!(sk.args.as_deref().unwrap(), ["x@bf16", "w", "y@splitk4"]);
         assert_eq!(red.kernel, Some(KernelSpec::SplitKReduce { splits: 4, residual: true }));

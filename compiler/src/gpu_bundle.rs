@@ -744,11 +744,11 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // split-K (DSC_SPLIT_K, batched decode of few column tiles): each block's K part of the
     // 64-row pipelined tile into its slice of the partial sums (checked against the matmul of
     // that K slice), then the reduce pass adding them and the residual
-    for (sk, wdtype) in [(4usize, DType::BF16), (2, DType::F16)] {
+    for (sk, wdtype, m) in [(4usize, DType::BF16, 40usize), (2, DType::F16, 40), (4, DType::BF16, 100)] {
         let t = dsc_codegen::kernels::pipe64_tiling(4096);
-        // (an odd number of K steps per part, fewer rows than the tile; whole column tiles,
-        // which split-K requires)
-        let (m, k, n) = (40usize, 64 * sk * 3, 2 * t.bn);
+        // (an odd number of K steps per part, fewer rows than the tile or two row tiles, the
+        // second partial; whole column tiles, which split-K requires)
+        let (k, n) = (64 * sk * 3, 2 * t.bn);
         let wf = rand_vec(n * k, -0.1, 0.1);
         let x = rand_vec(m * k, -1.0, 1.0);
         let r = rand_vec(m * n, -1.0, 1.0);
