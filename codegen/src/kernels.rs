@@ -314,7 +314,10 @@ pub enum KernelSpec {
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
-    LayerNorm { d: usize, eps_bits: u32 },
+    /// (with `half` = Some(f16): it also writes a 16-bit copy of y, bf16 or f16, for the
+    /// tensor-core matmul that reads it: norm + quantize, no cast launch; params x, w, b, y,
+    /// yh, rows)
+    LayerNorm { d: usize, eps_bits: u32, half: Option<bool> },
     /// index (i32) of the row maximum (first on ties), rows of `d`; params x, y, rows
     Argmax { d: usize },
     /// y = x[.., start..start+len, inner..] along an axis of size `d`; params x, y, n
@@ -441,7 +444,7 @@ impl KernelSpec {
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
-            KernelSpec::LayerNorm { d, .. } => format!("layer_norm_d{d}"),
+            KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
             KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
             KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
@@ -665,16 +668,28 @@ impl Body {
             other => return Err(format!("{other} is not a plain float type")),
         })
     }
+    /// f32 `val` rounded to bf16 (`f16`: f16, saturating as [`Body::pack2`]) at element `idx`
+    /// (i64) of the 16-bit buffer `ptr`
+    fn store_half1(&mut self, val: &str, ptr: &str, idx: &str, f16: bool) {
+        let v = if f16 {
+            let big = self.cf32(65504.0);
+            let nbig = self.cf32(-65504.0);
+            let a = self.op(&format!("arith.minimumf {val}, {big} : f32"));
+            self.op(&format!("arith.maximumf {a}, {nbig} : f32"))
+        } else {
+            val.to_string()
+        };
+        let ins = if f16 { "cvt.rn.f16.f32" } else { "cvt.rn.bf16.f32" };
+        let h = self.op(&format!("llvm.inline_asm \"{ins} $0, $1;\", \"=h,f\" {v} : (f32) -> i16"));
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+        self.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
+    }
     /// f32 `val` stored at element `idx` (i64) of a KV pool of `kv` (f32, or bf16 rounded to
     /// nearest even)
     fn store_kv(&mut self, val: &str, ptr: &str, idx: &str, kv: DType) -> Result<(), String> {
         match kv {
             DType::F32 => self.store(val, ptr, idx),
-            DType::BF16 => {
-                let h = self.op(&format!("llvm.inline_asm \"cvt.rn.bf16.f32 $0, $1;\", \"=h,f\" {val} : (f32) -> i16"));
-                let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
-                self.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
-            }
+            DType::BF16 => self.store_half1(val, ptr, idx, false),
             other => return Err(format!("{other} KV caches are not lowered for the GPU (f32 or bf16)")),
         }
         Ok(())
@@ -4313,7 +4328,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
-        KernelSpec::LayerNorm { d, eps_bits } => {
+        KernelSpec::LayerNorm { d, eps_bits, half } => {
             let (lane, base, dd, c32) = b.open_row(*d, 4);
             let df = b.cf32(*d as f32);
             let s1 = b.row_reduce(&lane, &base, &dd, &c32, &|_, x| x.to_string(), false);
@@ -4348,9 +4363,12 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let xn = b.op(&format!("arith.mulf {xc}, {inv} : f32"));
             let y = b.op(&format!("llvm.intr.fma({xn}, {w}, {bb}) : (f32, f32, f32) -> f32"));
             b.store(&y, "%y", &idx);
+            if let Some(f16) = half {
+                b.store_half1(&y, "%yh", &idx, *f16);
+            }
             b.line("}");
             b.line("}");
-            "%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+            format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, {}%rows: i64", if half.is_some() { "%yh: !llvm.ptr<1>, " } else { "" })
         }
         KernelSpec::Argmax { d } if d % 4 == 0 => {
             // a block per row: thread t takes the row's 16-byte pieces t, t + T, t + 2T, ...,

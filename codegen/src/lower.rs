@@ -559,7 +559,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 if ops[1].ty.dtype != DType::F32 || ops[2].ty.dtype != DType::F32 {
                     return Err(err(&name, "layer_norm weight and bias must be f32"));
                 }
-                step(KernelSpec::LayerNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
+                step(KernelSpec::LayerNorm { d, eps_bits: eps.to_bits(), half: None }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
             }
             Op::Slice { axis, start, len } => {
                 let x = &ops[0].ty;
@@ -1044,9 +1044,10 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bool) -> Vec<
                         out.iter().position(|p| {
                             p.node == x
                                 && p.alias_of.is_none()
-                                && p.args.len() == 3
-                                && (matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)
-                                    || (silu_half && p.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))))
+                                && ((p.args.len() == 3
+                                    && (matches!(p.kernel, Some(KernelSpec::RmsNorm { d, .. }) if d % 4 == 0)
+                                        || (silu_half && p.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul))))))
+                                    || (p.args.len() == 4 && matches!(p.kernel, Some(KernelSpec::LayerNorm { half: None, .. }))))
                         })
                     })
                     .flatten()
@@ -1059,6 +1060,7 @@ fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bool) -> Vec<
                     Some(i) => {
                         out[i].kernel = match out[i].kernel.take() {
                             Some(KernelSpec::RmsNorm { d, eps_bits }) => Some(KernelSpec::RmsNormHalf { d, eps_bits, f16 }),
+                            Some(KernelSpec::LayerNorm { d, eps_bits, half: None }) => Some(KernelSpec::LayerNorm { d, eps_bits, half: Some(f16) }),
                             Some(KernelSpec::Binary(_)) => Some(KernelSpec::SiluMulHalf { f16 }),
                             other => other,
                         };
@@ -1460,6 +1462,23 @@ mod tests {
         let y = steps.iter().find(|s| s.node == "y").unwrap();
         assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "xn@bf16"));
         assert_eq!(y.args[0], "xn");
+    }
+
+    #[test]
+    fn a_layer_norm_writes_the_16_bit_copy_too() {
+        // (GPT-2 / BERT style: layer_norm, then a matmul with a bias whose tensor-core kernels
+        // read x in 16 bits)
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %b = weight : f32[64]\n  %xn = layer_norm(%x, %g, %b) {eps = 1e-5} : f32[T, 64]\n  %w = weight : f16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..Default::default() }).unwrap();
+        assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: true }))));
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
+        let norm = steps.iter().find(|s| s.node == "xn").unwrap();
+        assert_eq!(norm.kernel, Some(KernelSpec::LayerNorm { d: 64, eps_bits: 1e-5f32.to_bits(), half: Some(true) }));
+        assert_eq!(norm.args, ["x", "g", "b", "xn", "xn@f16"]);
+        let y = steps.iter().find(|s| s.node == "y").unwrap();
+        assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "xn@f16"));
     }
 
     #[test]

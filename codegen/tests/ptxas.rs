@@ -105,7 +105,9 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::RopeCacheWrite { h: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false, kv: DType::F32 });
     v.push(KernelSpec::CacheWrite { row: 192, kv: DType::F32 });
     v.push(KernelSpec::Softmax { d: 1000 });
-    v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits() });
+    v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits(), half: None });
+    v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
+    v.push(KernelSpec::LayerNorm { d: 768, eps_bits: 1e-5f32.to_bits(), half: Some(true) });
     v.push(KernelSpec::Argmax { d: 49152 });
     v.push(KernelSpec::Argmax { d: 128256 });
     v.push(KernelSpec::Argmax { d: 1001 });

@@ -1161,7 +1161,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], f32_),
         (9, 3, 64, 4, 12, vec![(0, 11), (0, 6)], bf16_),
         // (smaller pools than the f32 cases': the bundle shares one call's 64 MiB)
-        (32, 8, 128, 16, 24, vec![(97, 100), (0, 1)], bf16_),
+        (32, 8, 128, 16, 12, vec![(97, 100), (0, 1)], bf16_),
         (8, 2, 128, 16, 80, vec![(999, 1000), (200, 201)], bf16_),
         (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
         (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], bf16_),
@@ -1439,23 +1439,47 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let ws: Weights = HashMap::from([("w".to_string(), (DType::F32, vec![d], f(&w))), ("b".to_string(), (DType::F32, vec![d], f(&bias)))]);
         let want = reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %b = weight : f32[{d}]\n  %y = layer_norm(%x, %w, %b) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &ws)?;
-        let spec = KernelSpec::LayerNorm { d, eps_bits: eps.to_bits() };
+        let spec = KernelSpec::LayerNorm { d, eps_bits: eps.to_bits(), half: None };
         let (g, b) = grid(&spec.launch(), rows);
+        let (xa, wa, ba, ya) = (data.push(&x), data.push(&w), data.push(&bias), data.push(&want));
         cases.push(Case {
             name: format!("layer_norm {rows}x{d}"),
             kernel: spec.symbol(),
             grid: g,
             grid_y: 1,
             block: b,
-            inputs: vec![data.push(&x), data.push(&w), data.push(&bias)],
+            inputs: vec![xa.clone(), wa.clone(), ba.clone()],
             scalars: vec![rows as i64],
-            expected: data.push(&want),
+            expected: ya.clone(),
             init: None,
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-5,
         });
         specs.push(spec);
+        // norm + quantize: y as before (a written input) and its 16-bit copy (the output, as
+        // the f32 words of packed pairs)
+        let poison = data.push(&vec![f32::NAN; rows * d]);
+        for f16 in [false, true] {
+            let spec = KernelSpec::LayerNorm { d, eps_bits: eps.to_bits(), half: Some(f16) };
+            let half = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &want).context("encode")?;
+            let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            cases.push(Case {
+                name: format!("layer_norm {rows}x{d} + {} copy", if f16 { "f16" } else { "bf16" }),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: 1,
+                block: b,
+                inputs: vec![xa.clone(), wa.clone(), ba.clone(), poison.clone()],
+                scalars: vec![rows as i64],
+                expected: data.push(&words),
+                init: None,
+                written_inputs: vec![(3, ya.clone())],
+                tmaps: vec![],
+                tol: 1e-2,
+            });
+            specs.push(spec);
+        }
     }
     // argmax: a block per row (SmolLM2's and Llama 3's vocabularies: whole loop steps, and a
     // partial last one), and a warp per row (a width not a multiple of 4)
