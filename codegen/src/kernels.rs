@@ -301,8 +301,10 @@ pub enum KernelSpec {
     /// `PagedAttention` for prefill (many query rows): FlashAttention-2 tiles on the tensor
     /// cores ([`emit_flash_attention`]), a block per (64 tokens, head); params as
     /// `PagedAttention` but `n` = T (tokens)
-    /// (`warps` warps of 16 query rows each per block: 4 from f32 pools; 4 or 8 from bf16)
-    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize },
+    /// (`warps` warps of 16 · `mtiles` query rows each per block: 4 warps of 16 rows from f32
+    /// pools; from bf16, 4 or 8 warps, and 1 or 2 m16 tiles per warp — 2: Q staged in shared
+    /// memory, each K/V fragment feeding two MMAs)
+    FlashAttention { h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize, mtiles: usize },
     /// the batched-decode GEMV: as `MatMul` for f32/f16/bf16 weights, `rows` activation rows
     /// per block so each weight is read once per `rows` rows (few-row steps: batched decode);
     /// params x, w, [bias], [res], y, M, N
@@ -468,8 +470,13 @@ impl KernelSpec {
                 )
             }
             KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::FlashAttention { h, kvh, d, bs, kv, warps, .. } => {
-                format!("flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}", if *warps == 4 { String::new() } else { format!("_w{warps}") }, kv_suffix(*kv))
+            KernelSpec::FlashAttention { h, kvh, d, bs, kv, warps, mtiles, .. } => {
+                format!(
+                    "flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}",
+                    if *warps == 4 { String::new() } else { format!("_w{warps}") },
+                    if *mtiles == 1 { String::new() } else { format!("_m{mtiles}") },
+                    kv_suffix(*kv)
+                )
             }
             KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
             KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
@@ -502,7 +509,9 @@ impl KernelSpec {
             // (half of a GEMV block's outputs: the other half are the up rows)
             KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
             // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
-            KernelSpec::FlashAttention { d, kv, warps, .. } => Launch::Tile { outputs: 1, rows: 16 * *warps as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv) as u32 },
+            KernelSpec::FlashAttention { d, kv, warps, mtiles, .. } => {
+                Launch::Tile { outputs: 1, rows: (16 * *mtiles * *warps) as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv, *warps, *mtiles) as u32 }
+            }
             KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
@@ -977,15 +986,18 @@ impl Body {
         (0..4).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect()
     }
     /// `ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16` (n = 2 or 4) from this lane's row
-    /// address `addr` (i64, shared window): the n fragment registers (i32). Marked with side
+    /// address `addr` (i64, shared window) + `off` bytes (an immediate of the instruction: one
+    /// base register serves a tile's loads): the n fragment registers (i32). Marked with side
     /// effects so it stays between the barriers that guard the tile it reads.
-    fn ldmatrix(&mut self, addr: &str, n: usize, trans: bool) -> Vec<String> {
+    fn ldmatrix(&mut self, addr: &str, off: i64, n: usize, trans: bool) -> Vec<String> {
         let a = self.op(&format!("arith.trunci {addr} : i64 to i32"));
         let st = format!("!llvm.struct<({})>", vec!["i32"; n].join(", "));
         let outs = (0..n).map(|i| format!("${i}")).collect::<Vec<_>>().join(",");
         let cons = vec!["=r"; n].join(",");
-        let r = self
-            .op(&format!("llvm.inline_asm has_side_effects \"ldmatrix.sync.aligned.m8n8.x{n}{}.shared.b16 {{{outs}}}, [${n}];\", \"{cons},r\" {a} : (i32) -> {st}", if trans { ".trans" } else { "" }));
+        let r = self.op(&format!(
+            "llvm.inline_asm has_side_effects \"ldmatrix.sync.aligned.m8n8.x{n}{}.shared.b16 {{{outs}}}, [${n}+{off}];\", \"{cons},r\" {a} : (i32) -> {st}",
+            if trans { ".trans" } else { "" }
+        ));
         (0..n).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect()
     }
     /// The D fragments of an m64nN warpgroup MMA (or an m16 mma per warp) stored through
@@ -2352,16 +2364,29 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
 /// Keys per step of the prefill attention's K/V loop.
 const FLASH_KEYS: usize = 64;
 
+/// Keys per K/V tile of the prefill attention: [`FLASH_KEYS`], half that with 2 m16 tiles
+/// per warp.
+fn flash_keys(mtiles: usize) -> usize {
+    if mtiles > 1 {
+        FLASH_KEYS / 2
+    } else {
+        FLASH_KEYS
+    }
+}
+
 /// Dynamic shared memory of a [`KernelSpec::FlashAttention`] block: from f32 pools, the K
 /// tile (64 keys x d bf16, rows padded by 16 bytes) and V transposed (d rows x 64 keys bf16,
 /// padded by 16 bytes), so the mma fragment loads hit every bank once; from bf16 pools, two
 /// stages of the K and V tiles as the pools hold them (64 keys x d, rows padded by 16 bytes:
-/// `ldmatrix` rows on distinct banks), one filling while the other is read.
-pub fn flash_smem(d: usize, kv: DType) -> usize {
+/// `ldmatrix` rows on distinct banks), one filling while the other is read, then (2 m16 tiles
+/// per warp) the block's Q rows in bf16, padded alike.
+pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
     if kv == DType::F32 {
         FLASH_KEYS * (2 * d + 16) + d * (2 * FLASH_KEYS + 16)
     } else {
-        2 * 2 * FLASH_KEYS * (2 * d + 16)
+        // (+ the block's Q rows in bf16 with 2 m16 tiles per warp)
+        let q_rows = if mtiles > 1 { 16 * mtiles * warps } else { 0 };
+        2 * 2 * flash_keys(mtiles) * (2 * d + 16) + q_rows * (2 * d + 16)
     }
 }
 
@@ -2380,7 +2405,7 @@ pub fn flash_smem(d: usize, kv: DType) -> usize {
 /// From bf16 pools (`kv`), the tiles are copied as they are with `cp.async` (16 bytes per copy,
 /// no registers) into two stages, tile i + 1's copies in flight while tile i is computed, and
 /// the mma B fragments come from `ldmatrix` (K) and `ldmatrix.trans` (V, stored key-major).
-fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize) -> Result<String, String> {
+fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize, mt: usize) -> Result<String, String> {
     if d % 16 != 0 || d > 128 || kvh == 0 || h % kvh != 0 || bs == 0 {
         return Err(format!("the prefill attention needs D a multiple of 16 up to 128 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
     }
@@ -2389,18 +2414,26 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     let wide = kv == DType::F32;
     let nt = 32 * warps as i64; // threads
-    if !(warps == 4 || (!wide && warps == 8)) || (!wide && (FLASH_KEYS as i64 * (d / 8) as i64) % nt != 0) {
+    if !(warps == 4 || (!wide && warps == 8)) || (!wide && (flash_keys(mt) as i64 * (d / 8) as i64) % nt != 0) {
         return Err(format!("the prefill attention takes 4 warps (f32 pools) or 4 / 8 (bf16, D a multiple of 32 then), not {warps} (D {d})"));
     }
+    if !(mt == 1 || (mt == 2 && !wide && d % 32 == 0)) {
+        return Err(format!("the prefill attention takes 1 m16 tile per warp, or 2 from bf16 pools with D a multiple of 32, not {mt} (D {d})"));
+    }
+    // keys per K/V tile: 64, or 32 with 2 m16 tiles per warp (its S and P registers halved)
+    #[allow(non_snake_case)]
+    let KEYS: usize = flash_keys(mt);
     let ks = (2 * d + 16) as i64; // K row stride (bytes)
                                   // V: transposed rows of 64 keys (f32 pools), or key rows as K's (bf16: `ldmatrix.trans`)
-    let vs = if wide { (2 * FLASH_KEYS + 16) as i64 } else { ks };
-    let v_at = (FLASH_KEYS as i64) * ks;
+    let vs = if wide { (2 * KEYS + 16) as i64 } else { ks };
+    let v_at = (KEYS as i64) * ks;
     // (bf16: a stage = the K tile, then the V tile)
     let stage_bytes = 2 * v_at;
     let nd8 = d / 8; // output column tiles
     let nkc = d / 16; // k16 steps over the head dim
-    let nacc = nd8 * 4;
+    let nacc = nd8 * 4; // O accumulators per m16 tile
+    let ncar = mt * (nacc + 4); // carried: every tile's O, then (m, l) of each of the 2·mt rows
+    let q_at = 2 * stage_bytes; // (mt 2: the block's Q rows in bf16)
     let c = |b: &mut Body, v: i64| b.ci64(v);
     b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
     let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
@@ -2420,10 +2453,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let c8 = c(b, 8);
     let c16 = c(b, 16);
     let c2 = c(b, 2);
-    let c1 = c(b, 1);
     let c0 = c(b, 0);
     let (warp, lane, g, tq) = b.mma_coords(&t);
-    let crows = c(b, 16 * warps as i64);
+    let crows = c(b, (16 * mt * warps) as i64);
     let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
     let crep = c(b, (h / kvh) as i64);
     let kh = b.op(&format!("arith.divui {hq}, {crep} : i64"));
@@ -2431,14 +2463,23 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let cd = c(b, d as i64);
     let ckvh = c(b, kvh as i64);
     let cbs = c(b, bs as i64);
-    // rows in this tile, and this thread's two rows (a = g, b = g + 8 of its warp)
+    // rows in this tile, and this thread's two rows of each of its warp's m16 tiles (a = g,
+    // b = g + 8 of tile i: warp rows 16·mt·w + 16 i)
     let left = b.op(&format!("arith.subi %n, {t0} : i64"));
     let nrows = b.op(&format!("arith.minsi {left}, {crows} : i64"));
-    let w16 = b.op(&format!("arith.muli {warp}, {c16} : i64"));
-    let rel_a = b.op(&format!("arith.addi {w16}, {g} : i64"));
-    let rel_b = b.op(&format!("arith.addi {rel_a}, {c8} : i64"));
+    let cwr = c(b, (16 * mt) as i64);
+    let w16 = b.op(&format!("arith.muli {warp}, {cwr} : i64"));
+    let mut rels = vec![];
+    for i in 0..mt {
+        let ci = c(b, 16 * i as i64);
+        let ra = b.op(&format!("arith.addi {w16}, {ci} : i64"));
+        let ra = b.op(&format!("arith.addi {ra}, {g} : i64"));
+        let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+        rels.push(ra);
+        rels.push(rb);
+    }
     let mut rows = vec![];
-    for rel in [&rel_a, &rel_b] {
+    for rel in &rels {
         let row = b.op(&format!("arith.addi {t0}, {rel} : i64"));
         let ok = b.op(&format!("arith.cmpi slt, {rel}, {nrows} : i64"));
         let rc = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
@@ -2453,10 +2494,45 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let r = b.op(&format!("arith.addi {r}, {hq} : i64"));
         b.op(&format!("arith.muli {r}, {cd} : i64"))
     };
-    let qa = qrow(b, &rows[0].1);
-    let qb = qrow(b, &rows[1].1);
     let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-    for kc in 0..nkc as i64 {
+    if mt > 1 {
+        // the block's rows of Q (scaled) into shared memory as bf16, 8 elements per copy
+        let nch = (d / 8) as i64;
+        let cnch = c(b, nch);
+        for i in 0..(16 * mt * warps) as i64 * nch / nt {
+            let ci = c(b, nt * i);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let rr = b.op(&format!("arith.divui {u}, {cnch} : i64"));
+            let cc = b.op(&format!("arith.remui {u}, {cnch} : i64"));
+            let ok = b.op(&format!("arith.cmpi slt, {rr}, {nrows} : i64"));
+            let row = b.op(&format!("arith.addi {t0}, {rr} : i64"));
+            let row = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
+            let e = qrow(b, &row);
+            let c8e = c(b, 8);
+            let co = b.op(&format!("arith.muli {cc}, {c8e} : i64"));
+            let e = b.op(&format!("arith.addi {e}, {co} : i64"));
+            let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+            let v0 = b.load_vec("%q", &by, 4, "f32", 16);
+            let c16q = c(b, 16);
+            let by1 = b.op(&format!("arith.addi {by}, {c16q} : i64"));
+            let v1 = b.load_vec("%q", &by1, 4, "f32", 16);
+            let v: Vec<String> = v0.iter().chain(&v1).map(|x| b.op(&format!("arith.mulf {x}, {scale} : f32"))).collect();
+            let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
+            let cks = c(b, ks);
+            let so = b.op(&format!("arith.muli {rr}, {cks} : i64"));
+            let c16o = c(b, 16);
+            let co = b.op(&format!("arith.muli {cc}, {c16o} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {co} : i64"));
+            let cqa = c(b, q_at);
+            let so = b.op(&format!("arith.addi {so}, {cqa} : i64"));
+            let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+            let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+            let vv = b.vector(&packed, "i32");
+            b.line(&format!("llvm.store {vv}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
+        }
+    }
+    let (qa, qb) = (qrow(b, &rows[0].1), qrow(b, &rows[1].1));
+    for kc in (0..nkc as i64).filter(|_| mt == 1) {
         for (qbase, off) in [(&qa, 0i64), (&qb, 0), (&qa, 8), (&qb, 8)] {
             let co = c(b, 16 * kc + off);
             let e = b.op(&format!("arith.addi {qbase}, {co} : i64"));
@@ -2478,17 +2554,31 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let p = b.op(&format!("llvm.inttoptr {p} : i64 to !llvm.ptr<3>"));
         b.op(&format!("llvm.load {p} {{alignment = 4 : i64}} : !llvm.ptr<3> -> i32"))
     };
-    // carried: output accumulators, (m, l) of rows a and b
-    let carried_tys = vec!["f32"; nacc + 4].join(", ");
-    let init: Vec<String> = (0..nacc).map(|_| zero.clone()).chain([ninf.clone(), zero.clone(), ninf.clone(), zero.clone()]).collect();
+    // carried: output accumulators of each m16 tile, then (m, l) of each row
+    let carried_tys = vec!["f32"; ncar].join(", ");
+    let init: Vec<String> = (0..mt * nacc).map(|_| zero.clone()).chain((0..2 * mt).flat_map(|_| [ninf.clone(), zero.clone()])).collect();
+    // this lane's rows for the runs' scans: (row in the tile, inside it, seq, pos)
+    let true_ = b.op("arith.constant true");
+    let mut lane_rows = vec![];
+    for k in 0..(16 * mt * warps) / 32 {
+        let ck = c(b, 32 * k as i64);
+        let j = b.op(&format!("arith.addi {lane}, {ck} : i64"));
+        let valid = b.op(&format!("arith.cmpi slt, {j}, {nrows} : i64"));
+        let tj = b.op(&format!("arith.addi {t0}, {j} : i64"));
+        let tj = b.op(&format!("arith.select {valid}, {tj}, {t0} : i64"));
+        // (seq and pos kept as i32: fewer registers across the loops)
+        let sq = b.load_t("%seq", &tj, "i32");
+        let ps = b.load_t("%pos", &tj, "i32");
+        lane_rows.push((j, valid, sq, ps));
+    }
     // runs of one sequence: r .. end
     let runs = b.v();
     let (r_in, r_body) = (b.v(), b.v());
-    let acc_in: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
-    let acc_body: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
+    let acc_in: Vec<String> = (0..ncar).map(|_| b.v()).collect();
+    let acc_body: Vec<String> = (0..ncar).map(|_| b.v()).collect();
     b.line(&format!(
         "{runs}:{} = scf.while ({r_in} = {c0}, {}) : (i64, {carried_tys}) -> (i64, {carried_tys}) {{",
-        nacc + 5,
+        ncar + 1,
         acc_in.iter().zip(&init).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
     ));
     let more = b.op(&format!("arith.cmpi slt, {r_in}, {nrows} : i64"));
@@ -2497,29 +2587,55 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line(&format!("^bb0({r_body}: i64, {}):", acc_body.iter().map(|a| format!("{a}: f32")).collect::<Vec<_>>().join(", ")));
     let tr = b.op(&format!("arith.addi {t0}, {r_body} : i64"));
     let s = b.load_i32_as_i64("%seq", &tr);
-    // the run's end and largest position (uniform over the block)
-    let scan = b.v();
-    let (e_in, mp_in, e_b, mp_b, np_in, np_b) = (b.v(), b.v(), b.v(), b.v(), b.v(), b.v());
-    let cm1 = c(b, -1);
-    let cbig = c(b, i64::MAX);
-    b.line(&format!("{scan}:3 = scf.while ({e_in} = {r_body}, {mp_in} = {cm1}, {np_in} = {cbig}) : (i64, i64, i64) -> (i64, i64, i64) {{"));
-    let inr = b.op(&format!("arith.cmpi slt, {e_in}, {nrows} : i64"));
-    let te = b.op(&format!("arith.addi {t0}, {e_in} : i64"));
-    let tec = b.op(&format!("arith.select {inr}, {te}, {t0} : i64"));
-    let se = b.load_i32_as_i64("%seq", &tec);
-    let same = b.op(&format!("arith.cmpi eq, {se}, {s} : i64"));
-    let go = b.op(&format!("arith.andi {inr}, {same} : i1"));
-    b.line(&format!("scf.condition({go}) {e_in}, {mp_in}, {np_in} : i64, i64, i64"));
-    b.line("} do {");
-    b.line(&format!("^bb0({e_b}: i64, {mp_b}: i64, {np_b}: i64):"));
-    let te = b.op(&format!("arith.addi {t0}, {e_b} : i64"));
-    let pe = b.load_i32_as_i64("%pos", &te);
-    let mp2 = b.op(&format!("arith.maxsi {mp_b}, {pe} : i64"));
-    let np2 = b.op(&format!("arith.minsi {np_b}, {pe} : i64"));
-    let e2 = b.op(&format!("arith.addi {e_b}, {c1} : i64"));
-    b.line(&format!("scf.yield {e2}, {mp2}, {np2} : i64, i64, i64"));
-    b.line("}");
-    let (end, maxp, minp) = (format!("{scan}#0"), format!("{scan}#1"), format!("{scan}#2"));
+    // the run's end (the first row of another sequence, or past the tile's rows) and its
+    // largest and smallest positions, uniform over the block: every warp finds them from its
+    // lanes' rows (lane l: rows l, l + 32, ..) with a ballot per row group and shuffles
+    let mut end = crows.clone();
+    let mut hits = vec![];
+    let s32 = b.op(&format!("arith.trunci {s} : i64 to i32"));
+    for (k, (j, valid, sq, _)) in lane_rows.iter().enumerate() {
+        let ge = b.op(&format!("arith.cmpi sge, {j}, {r_body} : i64"));
+        let other = b.op(&format!("arith.cmpi ne, {sq}, {s32} : i32"));
+        let nv = b.op(&format!("arith.xori {valid}, {true_} : i1"));
+        let diff = b.op(&format!("arith.ori {other}, {nv} : i1"));
+        let bit = b.op(&format!("arith.andi {ge}, {diff} : i1"));
+        let bit = b.op(&format!("arith.extui {bit} : i1 to i32"));
+        let bal = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}\", \"=r,r\" {bit} : (i32) -> i32"));
+        let tz = b.op(&format!("llvm.inline_asm \"{{ .reg .b32 r; brev.b32 r, $1; bfind.shiftamt.u32 $0, r; }}\", \"=r,r\" {bal} : (i32) -> i32"));
+        let tz = b.op(&format!("arith.extui {tz} : i32 to i64"));
+        let c32k = c(b, 32 * k as i64);
+        let cand = b.op(&format!("arith.addi {tz}, {c32k} : i64"));
+        let z32 = b.op("arith.constant 0 : i32");
+        let has = b.op(&format!("arith.cmpi ne, {bal}, {z32} : i32"));
+        let cand = b.op(&format!("arith.select {has}, {cand}, {crows} : i64"));
+        hits.push(cand);
+    }
+    for h_ in &hits {
+        end = b.op(&format!("arith.minsi {end}, {h_} : i64"));
+    }
+    let (mut mx, mut mn) = (b.op("arith.constant -1 : i32"), b.op("arith.constant 2147483647 : i32"));
+    for (j, valid, _, ps) in &lane_rows {
+        let ge = b.op(&format!("arith.cmpi sge, {j}, {r_body} : i64"));
+        let lt = b.op(&format!("arith.cmpi slt, {j}, {end} : i64"));
+        let inr = b.op(&format!("arith.andi {ge}, {lt} : i1"));
+        let inr = b.op(&format!("arith.andi {inr}, {valid} : i1"));
+        let p32 = ps.clone();
+        let a = b.op(&format!("arith.select {inr}, {p32}, {mx} : i32"));
+        mx = b.op(&format!("arith.maxsi {mx}, {a} : i32"));
+        let z = b.op(&format!("arith.select {inr}, {p32}, {mn} : i32"));
+        mn = b.op(&format!("arith.minsi {mn}, {z} : i32"));
+    }
+    let w32 = b.op("arith.constant 32 : i32");
+    for off in [16, 8, 4, 2, 1] {
+        let o = b.op(&format!("arith.constant {off} : i32"));
+        for (v, comb) in [(&mut mx, "arith.maxsi"), (&mut mn, "arith.minsi")] {
+            let (sh, ok) = (b.v(), b.v());
+            b.line(&format!("{sh}, {ok} = gpu.shuffle xor {v}, {o}, {w32} : i32"));
+            *v = b.op(&format!("{comb} {v}, {sh} : i32"));
+        }
+    }
+    let maxp = b.op(&format!("arith.extsi {mx} : i32 to i64"));
+    let minp = b.op(&format!("arith.extsi {mn} : i32 to i64"));
     // the run takes the whole tile (every row of the block in it)
     let whole = {
         let first = b.op(&format!("arith.cmpi eq, {r_body}, {c0} : i64"));
@@ -2534,7 +2650,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let x = b.op(&format!("arith.andi {ge}, {lt} : i1"));
         inrun.push(b.op(&format!("arith.andi {x}, {ok} : i1")));
     }
-    let ckeys = c(b, FLASH_KEYS as i64);
+    let ckeys = c(b, KEYS as i64);
     let span = b.op(&format!("arith.addi {maxp}, {ckeys} : i64"));
     let ntiles64 = b.op(&format!("arith.divsi {span}, {ckeys} : i64"));
     let ntiles = b.op(&format!("arith.index_cast {ntiles64} : i64 to index"));
@@ -2550,7 +2666,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // with `cp.async`, 16 bytes each, rows as the pools hold them
     let chunks = (d / 8) as i64;
     let issue = |b: &mut Body, tile: &str, st: &str| {
-        let ckeys = c(b, FLASH_KEYS as i64);
+        let ckeys = c(b, KEYS as i64);
         let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i64"));
         let csb = c(b, stage_bytes);
         let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
@@ -2558,7 +2674,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let kg = b.op("llvm.ptrtoint %kc : !llvm.ptr<1> to i64");
         let vg = b.op("llvm.ptrtoint %vc : !llvm.ptr<1> to i64");
         let cch = c(b, chunks);
-        for i in 0..(FLASH_KEYS as i64 * chunks) / nt {
+        for i in 0..(KEYS as i64 * chunks) / nt {
             let ci = c(b, nt * i);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
             let kk = b.op(&format!("arith.divui {u}, {cch} : i64"));
@@ -2592,10 +2708,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     let kvl = b.v();
     let tl = b.v();
-    let acc_t: Vec<String> = (0..nacc + 4).map(|_| b.v()).collect();
+    let acc_t: Vec<String> = (0..ncar).map(|_| b.v()).collect();
     b.line(&format!(
         "{kvl}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({carried_tys}) {{",
-        nacc + 4,
+        ncar,
         acc_t.iter().zip(&acc_body).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
     ));
     let tl64 = b.idx64(&tl);
@@ -2606,7 +2722,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // gather K (row-major) and V (transposed) of keys j0..j0+63 as bf16
         let dq = (d / 4) as i64;
         let cdq = c(b, dq);
-        for i in 0..(FLASH_KEYS as i64 * dq) / 128 {
+        for i in 0..(KEYS as i64 * dq) / 128 {
             let ci = c(b, 128 * i);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
             let kk = b.op(&format!("arith.divui {u}, {cdq} : i64"));
@@ -2628,8 +2744,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let vv = b.vector(&[p0, p1], "i32");
             b.line(&format!("llvm.store {vv}, {sp} {{alignment = 8 : i64}} : vector<2xi32>, !llvm.ptr<3>"));
         }
-        let cpairs = c(b, (FLASH_KEYS / 2) as i64);
-        for i in 0..(FLASH_KEYS as i64 / 2 * dq) / 128 {
+        let cpairs = c(b, (KEYS / 2) as i64);
+        for i in 0..(KEYS as i64 / 2 * dq) / 128 {
             let ci = c(b, 128 * i);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
             let pk = b.op(&format!("arith.remui {u}, {cpairs} : i64"));
@@ -2680,14 +2796,47 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let so = b.op(&format!("arith.muli {cst}, {csb} : i64"));
         b.op(&format!("arith.addi {base}, {so} : i64"))
     };
-    // S = Q K^T: 8 tiles of 8 keys
+    // S = Q K^T: 8 tiles of 8 keys (per m16 tile: sacc_t[i][n8])
     let tq4 = b.op(&format!("arith.muli {tq}, {c4} : i64"));
     let mut sacc: Vec<Vec<String>> = vec![];
-    if wide {
+    let mut sacc_t: Vec<Vec<Vec<String>>> = vec![];
+    if mt > 1 {
+        // per pair of k16 steps: each tile's A fragments from Q in shared memory (ldmatrix.x4:
+        // lane l addresses row l % 8 + 8 ((l / 8) % 2), 8 (l / 16) columns further), then per
+        // 8 keys one K ldmatrix feeding every tile's two MMAs
+        let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
+        let cks = c(b, ks);
+        let ro = b.op(&format!("arith.muli {r}, {cks} : i64"));
+        let mo = b.op(&format!("arith.muli {m}, {c16} : i64"));
+        let kl = b.op(&format!("arith.addi {ro}, {mo} : i64"));
+        let kl = b.op(&format!("arith.addi {sbase}, {kl} : i64"));
+        let m2 = b.op(&format!("arith.remui {m}, {c2} : i64"));
+        let mh = b.op(&format!("arith.divui {m}, {c2} : i64"));
+        let qr = b.op(&format!("arith.muli {m2}, {c8} : i64"));
+        let qr = b.op(&format!("arith.addi {qr}, {r} : i64"));
+        let qr = b.op(&format!("arith.addi {qr}, {w16} : i64"));
+        let ql = b.op(&format!("arith.muli {qr}, {cks} : i64"));
+        let qc = b.op(&format!("arith.muli {mh}, {c16} : i64"));
+        let ql = b.op(&format!("arith.addi {ql}, {qc} : i64"));
+        let cqa = c(b, q_at);
+        let ql = b.op(&format!("arith.addi {ql}, {cqa} : i64"));
+        let ql = b.op(&format!("arith.addi {base}, {ql} : i64"));
+        sacc_t = vec![vec![vec![zero.clone(); 4]; KEYS / 8]; mt];
+        for p in 0..(nkc / 2) as i64 {
+            let qa: Vec<Vec<Vec<String>>> = (0..mt as i64).map(|i| (0..2).map(|h2| b.ldmatrix(&ql, 16 * i * ks + 32 * (2 * p + h2), 4, false)).collect()).collect();
+            for n8 in 0..KEYS / 8 {
+                let f = b.ldmatrix(&kl, 8 * n8 as i64 * ks + 64 * p, 4, false);
+                for i in 0..mt {
+                    let acc = mma(b, &qa[i][0], &f[0], &f[1], &sacc_t[i][n8]);
+                    sacc_t[i][n8] = mma(b, &qa[i][1], &f[2], &f[3], &acc);
+                }
+            }
+        }
+    } else if wide {
         let cks = c(b, ks);
         let gk = b.op(&format!("arith.muli {g}, {cks} : i64"));
         let kfrag = b.op(&format!("arith.addi {gk}, {tq4} : i64"));
-        for n8 in 0..(FLASH_KEYS / 8) as i64 {
+        for n8 in 0..(KEYS / 8) as i64 {
             let mut acc = vec![zero.clone(); 4];
             for kc in 0..nkc as i64 {
                 let o = c(b, 8 * n8 * ks + 32 * kc);
@@ -2709,13 +2858,11 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let mo = b.op(&format!("arith.muli {m}, {c16} : i64"));
         let lo = b.op(&format!("arith.addi {ro}, {mo} : i64"));
         let kl = b.op(&format!("arith.addi {sbase}, {lo} : i64"));
-        for n8 in 0..(FLASH_KEYS / 8) as i64 {
+        for n8 in 0..(KEYS / 8) as i64 {
             let mut acc = vec![zero.clone(); 4];
             for p in 0..nkc.div_ceil(2) as i64 {
-                let o = c(b, 8 * n8 * ks + 64 * p);
-                let a = b.op(&format!("arith.addi {kl}, {o} : i64"));
                 let two = 2 * p as usize + 1 < nkc;
-                let f = b.ldmatrix(&a, if two { 4 } else { 2 }, false);
+                let f = b.ldmatrix(&kl, 8 * n8 * ks + 64 * p, if two { 4 } else { 2 }, false);
                 acc = mma(b, &qf[8 * p as usize..8 * p as usize + 4], &f[0], &f[1], &acc);
                 if two {
                     acc = mma(b, &qf[8 * p as usize + 4..8 * p as usize + 8], &f[2], &f[3], &acc);
@@ -2724,15 +2871,20 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             sacc.push(acc);
         }
     }
+    if mt == 1 {
+        sacc_t = vec![sacc];
+    }
+    let nk8 = KEYS / 8;
     // mask: key j0 + 8 n8 + 2 tq (+1) for row a (c0, c1) and row b (c2, c3) — only where
     // the tile has keys past a row's position or rows outside the run (block-uniform: tiles
     // wholly below the diagonal of a run that fills the block skip it)
     let jq = b.op(&format!("arith.addi {j0}, {tq2} : i64"));
-    let cl = c(b, FLASH_KEYS as i64 - 1);
+    let cl = c(b, KEYS as i64 - 1);
     let jl = b.op(&format!("arith.addi {j0}, {cl} : i64"));
     let below = b.op(&format!("arith.cmpi sle, {jl}, {minp} : i64"));
     let plain = b.op(&format!("arith.andi {below}, {whole} : i1"));
-    let raw: Vec<String> = (0..2).flat_map(|ri| sacc.iter().flat_map(move |sa| (0..2).map(move |q| sa[2 * ri + q].clone()))).collect();
+    // (row ri = tile ri / 2, half ri % 2: its 16 values, 8 keys x 2, in key order)
+    let raw: Vec<String> = (0..2 * mt).flat_map(|ri| sacc_t[ri / 2].iter().flat_map(move |sa| (0..2).map(move |q| sa[2 * (ri % 2) + q].clone()))).collect();
     let masked = b.v();
     let ftys = vec!["f32"; raw.len()].join(", ");
     b.line(&format!("{masked}:{} = scf.if {plain} -> ({ftys}) {{", raw.len()));
@@ -2740,29 +2892,30 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line("} else {");
     let mut mvals = vec![];
     for (ri, (_, _, _, p)) in rows.iter().enumerate() {
-        for n8 in 0..sacc.len() {
+        for n8 in 0..nk8 {
             for q in 0..2 {
                 let cj = c(b, 8 * n8 as i64 + q as i64);
                 let j = b.op(&format!("arith.addi {jq}, {cj} : i64"));
                 let le = b.op(&format!("arith.cmpi sle, {j}, {p} : i64"));
                 let ok = b.op(&format!("arith.andi {le}, {} : i1", inrun[ri]));
-                mvals.push(b.op(&format!("arith.select {ok}, {}, {ninf} : f32", raw[ri * 2 * sacc.len() + 2 * n8 + q])));
+                mvals.push(b.op(&format!("arith.select {ok}, {}, {ninf} : f32", raw[ri * 2 * nk8 + 2 * n8 + q])));
             }
         }
     }
     b.line(&format!("scf.yield {} : {ftys}", mvals.join(", ")));
     b.line("}");
     let mut new_state = vec![];
-    let mut pvals: Vec<Vec<String>> = vec![vec![]; FLASH_KEYS / 8];
+    let mut pvals_t: Vec<Vec<Vec<String>>> = vec![vec![vec![]; nk8]; mt];
+    let mut pf_t: Vec<Vec<Vec<String>>> = vec![];
     let mut alphas = vec![];
     for ri in 0..rows.len() {
-        let vals: Vec<String> = (0..2 * sacc.len()).map(|k| format!("{masked}#{}", ri * 2 * sacc.len() + k)).collect();
+        let vals: Vec<String> = (0..2 * nk8).map(|k| format!("{masked}#{}", ri * 2 * nk8 + k)).collect();
         let mut mx = vals[0].clone();
         for v in &vals[1..] {
             mx = b.op(&format!("arith.maximumf {mx}, {v} : f32"));
         }
         let mx = quad(b, &mx, "arith.maximumf");
-        let (m_old, l_old) = (&acc_t[nacc + 2 * ri], &acc_t[nacc + 2 * ri + 1]);
+        let (m_old, l_old) = (&acc_t[mt * nacc + 2 * ri], &acc_t[mt * nacc + 2 * ri + 1]);
         let m_new = b.op(&format!("arith.maximumf {m_old}, {mx} : f32"));
         let none = b.op(&format!("arith.cmpf oeq, {m_new}, {ninf} : f32"));
         let m_use = b.op(&format!("arith.select {none}, {zero}, {m_new} : f32"));
@@ -2773,19 +2926,26 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let x = b.op(&format!("arith.subf {v}, {m_use} : f32"));
             let pe = ex2(b, &x);
             sum = b.op(&format!("arith.addf {sum}, {pe} : f32"));
-            pvals[k / 2].push(pe);
+            pvals_t[ri / 2][k / 2].push(pe);
         }
         let l_new = b.op(&format!("llvm.intr.fma({l_old}, {alpha}, {sum}) : (f32, f32, f32) -> f32"));
         new_state.push(m_new);
         new_state.push(l_new);
         alphas.push(alpha);
+        // a tile's both rows done: its P fragments now (pvals[n8] = [a q0, a q1, b q0, b q1];
+        // per 16 keys: tiles 2kc and 2kc + 1), so its probabilities die here
+        if ri % 2 == 1 {
+            let pvals = &pvals_t[ri / 2];
+            let frags: Vec<Vec<String>> = (0..KEYS / 16)
+                .map(|kc| {
+                    let (x, y) = (&pvals[2 * kc], &pvals[2 * kc + 1]);
+                    vec![b.pack2(&x[0], &x[1], false), b.pack2(&x[2], &x[3], false), b.pack2(&y[0], &y[1], false), b.pack2(&y[2], &y[3], false)]
+                })
+                .collect();
+            pf_t.push(frags);
+        }
     }
-    // pvals[n8] = [a q0, a q1, b q0, b q1]; P fragments per 16 keys: tiles 2kc and 2kc + 1
-    let mut pf = vec![];
-    for kc in 0..FLASH_KEYS / 16 {
-        let (x, y) = (&pvals[2 * kc], &pvals[2 * kc + 1]);
-        pf.push(vec![b.pack2(&x[0], &x[1], false), b.pack2(&x[2], &x[3], false), b.pack2(&y[0], &y[1], false), b.pack2(&y[2], &y[3], false)]);
-    }
+    let pf = &pf_t[0];
     // O = O * alpha + P V
     let mut out_acc = vec![];
     if wide {
@@ -2821,39 +2981,46 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let cva = c(b, v_at);
         let lo = b.op(&format!("arith.addi {lo}, {cva} : i64"));
         let vl = b.op(&format!("arith.addi {sbase}, {lo} : i64"));
+        // (tile i's O accumulators at i·nacc + 4 n8 + j, rows 2i (j < 2) and 2i + 1)
+        let mut outs: Vec<Vec<String>> = vec![vec![]; mt];
         for q in 0..nd8 / 2 {
-            let scaled = |b: &mut Body, n8: usize| -> Vec<String> { (0..4).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[4 * n8 + i], alphas[i / 2]))).collect() };
-            let mut a0 = scaled(b, 2 * q);
-            let mut a1 = scaled(b, 2 * q + 1);
-            for (kc, a) in pf.iter().enumerate() {
-                let o = c(b, 16 * kc as i64 * vs + 32 * q as i64);
-                let ad = b.op(&format!("arith.addi {vl}, {o} : i64"));
-                let f = b.ldmatrix(&ad, 4, true);
-                a0 = mma(b, a, &f[0], &f[1], &a0);
-                a1 = mma(b, a, &f[2], &f[3], &a1);
+            let scaled =
+                |b: &mut Body, i: usize, n8: usize| -> Vec<String> { (0..4).map(|j| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i * nacc + 4 * n8 + j], alphas[2 * i + j / 2]))).collect() };
+            let mut a0: Vec<Vec<String>> = (0..mt).map(|i| scaled(b, i, 2 * q)).collect();
+            let mut a1: Vec<Vec<String>> = (0..mt).map(|i| scaled(b, i, 2 * q + 1)).collect();
+            for kc in 0..KEYS / 16 {
+                let f = b.ldmatrix(&vl, 16 * kc as i64 * vs + 32 * q as i64, 4, true);
+                for i in 0..mt {
+                    a0[i] = mma(b, &pf_t[i][kc], &f[0], &f[1], &a0[i]);
+                    a1[i] = mma(b, &pf_t[i][kc], &f[2], &f[3], &a1[i]);
+                }
             }
-            out_acc.extend(a0);
-            out_acc.extend(a1);
+            for i in 0..mt {
+                outs[i].extend(a0[i].clone());
+                outs[i].extend(a1[i].clone());
+            }
         }
+        out_acc = outs.concat();
     }
     b.line("gpu.barrier");
     out_acc.extend(new_state);
     b.line(&format!("scf.yield {} : {carried_tys}", out_acc.join(", ")));
     b.line("}");
-    let res: Vec<String> = (0..nacc + 4).map(|i| format!("{kvl}#{i}")).collect();
+    let res: Vec<String> = (0..ncar).map(|i| format!("{kvl}#{i}")).collect();
     b.line(&format!("scf.yield {end}, {} : i64, {carried_tys}", res.join(", ")));
     b.line("}");
     // normalize and store rows a and b
-    let fin: Vec<String> = (0..nacc + 4).map(|i| format!("{runs}#{}", i + 1)).collect();
+    let fin: Vec<String> = (0..ncar).map(|i| format!("{runs}#{}", i + 1)).collect();
     let one = b.cf32(1.0);
     for (ri, (_, rc, ok, _)) in rows.iter().enumerate() {
-        let l = quad(b, &fin[nacc + 2 * ri + 1], "arith.addf");
+        let l = quad(b, &fin[mt * nacc + 2 * ri + 1], "arith.addf");
         let inv = b.op(&format!("arith.divf {one}, {l} : f32"));
         let ob = qrow(b, rc);
         b.line(&format!("scf.if {ok} {{"));
         for n8 in 0..nd8 {
-            let v0 = b.op(&format!("arith.mulf {}, {inv} : f32", fin[4 * n8 + 2 * ri]));
-            let v1 = b.op(&format!("arith.mulf {}, {inv} : f32", fin[4 * n8 + 2 * ri + 1]));
+            let o = (ri / 2) * nacc + 4 * n8 + 2 * (ri % 2);
+            let v0 = b.op(&format!("arith.mulf {}, {inv} : f32", fin[o]));
+            let v1 = b.op(&format!("arith.mulf {}, {inv} : f32", fin[o + 1]));
             let co = c(b, 8 * n8 as i64);
             let e = b.op(&format!("arith.addi {ob}, {co} : i64"));
             let e = b.op(&format!("arith.addi {e}, {tq2} : i64"));
@@ -4089,7 +4256,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm })?
         }
-        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits, kv, warps } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits, *kv, *warps)?,
+        KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits, kv, warps, mtiles } => emit_flash_attention(b, *h, *kvh, *d, *bs, *scale_bits, *kv, *warps, *mtiles)?,
         KernelSpec::MatMulAct { inner, act } => {
             epilogue_act_fits(act.0)?;
             // (a plain matmul kernel: every family ends in `matmul_store`, which applies it)

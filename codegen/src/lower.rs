@@ -148,6 +148,9 @@ pub const ATTN_GROUP_WARPS: usize = 8;
 /// ([`LowerOptions::flash_warps`]).
 pub const FLASH_WARPS: usize = 4;
 
+/// m16 tiles per warp of the prefill attention on bf16 pools ([`LowerOptions::flash_mtiles`]).
+pub const FLASH_MTILES: usize = 1;
+
 /// Query heads per block of the grouped decode attention with `warps` warps: the largest
 /// divisor of the GQA group (H / KVH) whose running softmax state fits a lane (group x D / 32
 /// ≤ [`ATTN_GROUP_MAX_STATE`] accumulators) and whose partial states fit 48 KiB of static
@@ -263,6 +266,10 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 Some(4) => 4,
                 _ => FLASH_WARPS,
             },
+            flash_mtiles: match env_num::<usize>("DSC_FLASH_MTILES") {
+                Some(m @ (1 | 2)) => m,
+                _ => FLASH_MTILES,
+            },
         },
     )
 }
@@ -304,6 +311,9 @@ pub struct LowerOptions {
     /// warps (of 16 query rows) per block of the prefill attention on bf16 pools: 4 or 8
     /// ([`FLASH_WARPS`]; DSC_FLASH_WARPS=8 / 4 at compile time)
     pub flash_warps: usize,
+    /// m16 tiles (of query rows) per warp of that kernel: 1, or 2 (Q from shared memory, half
+    /// the K/V fragment loads per row; [`FLASH_MTILES`]; DSC_FLASH_MTILES=2 / 1 at compile time)
+    pub flash_mtiles: usize,
     /// the decode attention prefetches the next matmul's weights into L2
     /// ([`prefetch_after_attention`]; off: measured on the H200,
     /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
@@ -342,6 +352,7 @@ impl Default for LowerOptions {
             attn_group: true,
             attn_prefetch: false,
             flash_warps: FLASH_WARPS,
+            flash_mtiles: FLASH_MTILES,
         }
     }
 }
@@ -525,7 +536,16 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     min_rows: 129 * h as i64,
                     max_rows: None,
                     args: None,
-                    kernel: KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps: if kv == DType::F32 || d % 32 != 0 { 4 } else { opts.flash_warps } },
+                    kernel: KernelSpec::FlashAttention {
+                        h,
+                        kvh,
+                        d,
+                        bs,
+                        scale_bits: scale.to_bits(),
+                        kv,
+                        warps: if kv == DType::F32 || d % 32 != 0 { 4 } else { opts.flash_warps },
+                        mtiles: if kv == DType::F32 || d % 32 != 0 { 1 } else { opts.flash_mtiles },
+                    },
                     scalars: vec![Scalar::Dim(name.clone(), 0), mb],
                     work: Scalar::Const(h as i64),
                     grid_y: Scalar::Dim(name.clone(), 0),
@@ -1321,6 +1341,7 @@ mod tests {
                 attn_group: true,
                 attn_prefetch: false,
                 flash_warps: FLASH_WARPS,
+                flash_mtiles: FLASH_MTILES,
             },
         )
         .unwrap();
@@ -1338,6 +1359,7 @@ mod tests {
                 attn_group: true,
                 attn_prefetch: false,
                 flash_warps: FLASH_WARPS,
+                flash_mtiles: FLASH_MTILES,
             },
         )
         .unwrap();

@@ -83,8 +83,8 @@ pub fn all_specs() -> Vec<KernelSpec> {
     }
     v.push(KernelSpec::SplitKReduce { splits: 4, residual: true });
     v.push(KernelSpec::SplitKReduce { splits: 2, residual: false });
-    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: DType::F32, warps: 4 });
-    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), kv: DType::F32, warps: 4 });
+    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: DType::F32, warps: 4, mtiles: 1 });
+    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), kv: DType::F32, warps: 4, mtiles: 1 });
     v.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype: DType::BF16 });
     // the bias + activation epilogue (matmul_act) over the GEMV, a packed GEMV and the pipelined matmul
     for (inner, act) in [
@@ -190,9 +190,10 @@ pub fn all_specs() -> Vec<KernelSpec> {
     v.push(KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 8, keys: 4, group: 4, kv: bf });
     v.push(KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 8, keys: 4, group: 3, kv: bf });
     v.push(KernelSpec::PagedAttentionSplit { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, splits: 16, min_keys: 256, group: 4, kv: bf });
-    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: bf, warps: 4 });
-    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: bf, warps: 8 });
-    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), kv: bf, warps: 4 });
+    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: bf, warps: 4, mtiles: 1 });
+    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: bf, warps: 8, mtiles: 1 });
+    v.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), kv: bf, warps: 4, mtiles: 2 });
+    v.push(KernelSpec::FlashAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), kv: bf, warps: 4, mtiles: 1 });
     v.push(KernelSpec::RmsNorm { d: 4096, eps_bits: 1e-5f32.to_bits() });
     v
 }

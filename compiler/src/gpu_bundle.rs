@@ -1207,14 +1207,21 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let inputs = vec![data.push(&q), data.push_kv(&kc, kv), data.push_kv(&vc, kv), data.push_i32(&pos), data.push_i32(&seq), data.push_i32(&table)];
         let expected = data.push(&want);
         // (8 warps of query rows per block too, from bf16 pools)
-        let warps: &[usize] = if kv == DType::F32 || d % 32 != 0 { &[4] } else { &[4, 8] };
-        for &warps in warps.iter().filter(|_| t > 64) {
-            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps };
+        // (and 2 m16 tiles per warp: 32 rows)
+        let shapes: &[(usize, usize)] = if kv == DType::F32 || d % 32 != 0 { &[(4, 1)] } else { &[(4, 1), (8, 1), (4, 2)] };
+        for &(warps, mtiles) in shapes.iter().filter(|_| t > 64) {
+            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps, mtiles };
             cases.push(Case {
-                name: format!("flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}", seqs.len(), kv_label(kv), if warps == 4 { String::new() } else { format!(" {warps} warps") }),
+                name: format!(
+                    "flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}{}",
+                    seqs.len(),
+                    kv_label(kv),
+                    if warps == 4 { String::new() } else { format!(" {warps} warps") },
+                    if mtiles == 1 { String::new() } else { format!(" {mtiles} m-tiles") }
+                ),
                 kernel: spec.symbol(),
                 grid: h as u32,
-                grid_y: t.div_ceil(16 * warps) as u32,
+                grid_y: t.div_ceil(16 * mtiles * warps) as u32,
                 block: 32 * warps as u32,
                 inputs: inputs.clone(),
                 scalars: vec![t as i64, mb as i64],
