@@ -38,7 +38,7 @@ mkdir -p .gpu/check-dumps && mv .gpu/check/kernels.ll .gpu/check/kernels.mlir .g
 # (the PTX gzipped, 2.9 -> ~0.3 MB, and the cases' data, 54 -> 44 MB: gpu-check.sh unpacks
 # them there)
 gzip -f .gpu/check/kernels.sm_90a.ptx
-gzip -1 -f .gpu/check/data.bin
+gzip -9 -f .gpu/check/data.bin
 ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/llama3-8b.plan
 mkdir -p .gpu/tp
 cp .gpu/llama3-8b.plan .gpu/tp/llama3-8b.plan

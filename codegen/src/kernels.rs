@@ -199,7 +199,8 @@ impl KernelSpec {
             | KernelSpec::NormMatMul { inner, .. }
             | KernelSpec::MatMulAct { inner, .. }
             | KernelSpec::SplitK { inner, .. }
-            | KernelSpec::PrefetchL2 { inner } => inner.hopper_only(),
+            | KernelSpec::PrefetchL2 { inner }
+            | KernelSpec::RopeAttention { inner, .. } => inner.hopper_only(),
             KernelSpec::Tma { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
@@ -366,6 +367,13 @@ pub enum KernelSpec {
     /// the stage's mbarrier. On by default for the 128-row tiles of at most 128 columns
     /// (`lower::Tma`; checked and measured on the H200)
     Tma { inner: Box<KernelSpec> },
+    /// `inner` (the one-pass decode attention, `PagedAttention`) taking q, k and v before
+    /// RoPE — the merged Q/K/V matmul's parts — for a one-token step: each block first writes
+    /// its KV head's K row (rotated) and V row into the pools at slot[t] (what `QkvRopeCache`
+    /// does), then attends with q rotated as it loads it: one launch fewer per layer at batch
+    /// 1 (`lower::fuse_rope_attention`). params xq, xk, xv, pos, slots, k_cache, v_cache, seq,
+    /// table, out, T*H, MB
+    RopeAttention { inner: Box<KernelSpec>, theta_bits: u32, interleaved: bool },
     /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
     /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
     /// waits for the previous kernel: the blocks of the grid split the bytes, each block's
@@ -433,6 +441,9 @@ impl KernelSpec {
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
             KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
+            KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
+                format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            }
             KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
             KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => format!(
                 "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}",
@@ -536,7 +547,11 @@ impl KernelSpec {
             },
             KernelSpec::PagedAttention { warps, .. } | KernelSpec::PagedAttentionSplit { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
             KernelSpec::AttentionCombine { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::PrefetchL2 { inner } => inner.launch(),
+            KernelSpec::MatMulParts { inner, .. }
+            | KernelSpec::NormMatMul { inner, .. }
+            | KernelSpec::MatMulAct { inner, .. }
+            | KernelSpec::PrefetchL2 { inner }
+            | KernelSpec::RopeAttention { inner, .. } => inner.launch(),
         }
     }
 }
@@ -926,15 +941,9 @@ impl Body {
     /// `%n` columns; shared by the GEMV and the tensor-core kernels.
     /// RoPE of rotation pair `i` (i64) of x[T, h, d] at `ptr` (positions in `%pos`): returns
     /// (token, element index of the pair's two values, their rotated values)
-    fn rope_pair(&mut self, i: &str, ptr: &str, h: usize, d: usize, theta_bits: u32, interleaved: bool) -> (String, String, String, String, String) {
+    /// (cos, sin) of RoPE rotation pair `pair` (i64) at position `p` (i64) for head dim `d`
+    fn rope_cos_sin(&mut self, pair: &str, p: &str, d: usize, theta_bits: u32) -> (String, String) {
         let b = self;
-        let half = d / 2;
-        let ch = b.ci64(half as i64);
-        let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
-        let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
-        let hh = b.ci64(h as i64);
-        let t = b.op(&format!("arith.divui {th}, {hh} : i64"));
-        let p = b.load_i32_as_i64("%pos", &t);
         let pf = b.op(&format!("arith.sitofp {p} : i64 to f32"));
         let pairf = b.op(&format!("arith.uitofp {pair} : i64 to f32"));
         // inv_freq = theta^(-2 pair / d) = exp2(-(2 pair / d) log2 theta)
@@ -950,6 +959,49 @@ impl Body {
         let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
         let c = b.asm1("cos.approx.ftz.f32", &red);
         let sn = b.asm1("sin.approx.ftz.f32", &red);
+        (c, sn)
+    }
+    /// Element `e` (i64, 0..d) of a head's row at element `base` of `ptr`, rotated by RoPE at
+    /// position `p`: its pair and partner element by the style (half: e and e ± d/2;
+    /// interleaved: e and e ^ 1), y = x c - x' s for the pair's first element, x c + x' s for
+    /// its second (as [`Body::rope_pair`] computes them).
+    fn rope_elem(&mut self, ptr: &str, base: &str, e: &str, p: &str, d: usize, theta_bits: u32, interleaved: bool) -> String {
+        let b = self;
+        let (pair, partner, second) = if interleaved {
+            let c1 = b.ci64(1);
+            let pair = b.op(&format!("arith.shrui {e}, {c1} : i64"));
+            let partner = b.op(&format!("arith.xori {e}, {c1} : i64"));
+            let odd = b.op(&format!("arith.andi {e}, {c1} : i64"));
+            let c0 = b.ci64(0);
+            (pair, partner, b.op(&format!("arith.cmpi ne, {odd}, {c0} : i64")))
+        } else {
+            let ch = b.ci64((d / 2) as i64);
+            let second = b.op(&format!("arith.cmpi sge, {e}, {ch} : i64"));
+            let pair = b.op(&format!("arith.remui {e}, {ch} : i64"));
+            let up = b.op(&format!("arith.addi {e}, {ch} : i64"));
+            let down = b.op(&format!("arith.subi {e}, {ch} : i64"));
+            (pair, b.op(&format!("arith.select {second}, {down}, {up} : i64")), second)
+        };
+        let (c, sn) = b.rope_cos_sin(&pair, p, d, theta_bits);
+        let i = b.op(&format!("arith.addi {base}, {e} : i64"));
+        let ip = b.op(&format!("arith.addi {base}, {partner} : i64"));
+        let x = b.load(ptr, &i);
+        let xp = b.load(ptr, &ip);
+        let xps = b.op(&format!("arith.mulf {xp}, {sn} : f32"));
+        let nxps = b.op(&format!("arith.negf {xps} : f32"));
+        let t = b.op(&format!("arith.select {second}, {xps}, {nxps} : f32"));
+        b.op(&format!("llvm.intr.fma({x}, {c}, {t}) : (f32, f32, f32) -> f32"))
+    }
+    fn rope_pair(&mut self, i: &str, ptr: &str, h: usize, d: usize, theta_bits: u32, interleaved: bool) -> (String, String, String, String, String) {
+        let b = self;
+        let half = d / 2;
+        let ch = b.ci64(half as i64);
+        let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
+        let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
+        let hh = b.ci64(h as i64);
+        let t = b.op(&format!("arith.divui {th}, {hh} : i64"));
+        let p = b.load_i32_as_i64("%pos", &t);
+        let (c, sn) = b.rope_cos_sin(&pair, &p, d, theta_bits);
         let dd = b.ci64(d as i64);
         let base = b.op(&format!("arith.muli {th}, {dd} : i64"));
         let (i0, i1) = if interleaved {
@@ -3211,7 +3263,11 @@ fn emit_paged_attention(
     group: usize,
     kv: DType,
     split: Option<(usize, usize)>,
+    rope: Option<(u32, bool)>,
 ) -> Result<String, String> {
+    if rope.is_some() && (split.is_some() || 32 * warps < d || d % 2 != 0) {
+        return Err(format!("the decode attention takes RoPE and the cache writes in with one pass and a thread per head-dim element (D {d}, {warps} warps)"));
+    }
     if d % 32 != 0 || kvh == 0 || h % kvh != 0 {
         return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
     }
@@ -3262,6 +3318,31 @@ fn emit_paged_attention(
     let head0 = b.op(&format!("arith.muli {hg}, {crep} : i64"));
     let cgqa = b.ci64((h / kvh) as i64);
     let kh = b.op(&format!("arith.divui {head0}, {cgqa} : i64"));
+    // (rope: this token's K row of KV head kh rotated and its V row into the pools at slot[t]
+    // first — every block of the KV head writes the same values —, visible to the block after
+    // the barrier; a one-token step only: no other token of the step reads them)
+    if let Some((theta_bits, interleaved)) = rope {
+        let tid64 = b.idx64(&tid);
+        let slot = b.load_i32_as_i64("%slots", &t);
+        let ckvh = b.ci64(kvh as i64);
+        let cd = b.ci64(d as i64);
+        let xb = b.op(&format!("arith.muli {t}, {ckvh} : i64"));
+        let xb = b.op(&format!("arith.addi {xb}, {kh} : i64"));
+        let xb = b.op(&format!("arith.muli {xb}, {cd} : i64"));
+        let cb = b.op(&format!("arith.muli {slot}, {ckvh} : i64"));
+        let cb = b.op(&format!("arith.addi {cb}, {kh} : i64"));
+        let cb = b.op(&format!("arith.muli {cb}, {cd} : i64"));
+        let mine = b.op(&format!("arith.cmpi slt, {tid64}, {cd} : i64"));
+        b.line(&format!("scf.if {mine} {{"));
+        let y = b.rope_elem("%xk", &xb, &tid64, &p, d, theta_bits, interleaved);
+        let dst = b.op(&format!("arith.addi {cb}, {tid64} : i64"));
+        b.store_kv(&y, "%kc", &dst, kv)?;
+        let src = b.op(&format!("arith.addi {xb}, {tid64} : i64"));
+        let v = b.load("%xv", &src);
+        b.store_kv(&v, "%vc", &dst, kv)?;
+        b.line("}");
+        b.line("gpu.barrier");
+    }
     let grow0 = b.op(&format!("arith.addi {row0}, {head0} : i64"));
     // the group's rows (token, head) and their q (pre-scaled), lane's elements 32e + lane
     let rows: Vec<String> = (0..rep)
@@ -3293,7 +3374,10 @@ fn emit_paged_attention(
         let mut qg = vec![];
         for eo in &eoff {
             let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
-            let q = b.load("%q", &o);
+            let q = match rope {
+                Some((theta_bits, interleaved)) => b.rope_elem("%xq", &qbase, eo, &p, d, theta_bits, interleaved),
+                None => b.load("%q", &o),
+            };
             qg.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
         }
         qv.push(qg);
@@ -3491,7 +3575,12 @@ fn emit_paged_attention(
         b.line("}");
     }
     b.line("}");
-    Ok("%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into())
+    Ok(if rope.is_some() {
+        "%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64"
+    } else {
+        "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64"
+    }
+    .into())
 }
 
 /// The split decode attention cuts a row's context into at most max(1, this / rows) parts
@@ -4890,9 +4979,15 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
-        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None)?,
+        KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None, None)?,
+        KernelSpec::RopeAttention { inner, theta_bits, interleaved } => match inner.as_ref() {
+            KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => {
+                emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None, Some((*theta_bits, *interleaved)))?
+            }
+            other => return Err(format!("RoPE and the cache writes fold into the decode attention, not {}", other.symbol())),
+        },
         KernelSpec::PagedAttentionSplit { h, kvh, d, bs, scale_bits, warps, keys, splits, min_keys, group, kv } => {
-            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, Some((*splits, *min_keys)))?
+            emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, Some((*splits, *min_keys)), None)?
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })

@@ -270,6 +270,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 Some(m @ (1 | 2)) => m,
                 _ => FLASH_MTILES,
             },
+            rope_attention: !std::env::var("DSC_ROPE_ATTENTION").is_ok_and(|v| v == "0"),
         },
     )
 }
@@ -314,6 +315,11 @@ pub struct LowerOptions {
     /// m16 tiles (of query rows) per warp of that kernel: 1, or 2 (Q from shared memory, half
     /// the K/V fragment loads per row; [`FLASH_MTILES`]; DSC_FLASH_MTILES=2 / 1 at compile time)
     pub flash_mtiles: usize,
+    /// one-token steps run RoPE and the K/V cache writes inside the decode attention
+    /// ([`fuse_rope_attention`]: one launch fewer per layer at batch 1; on: SmolLM2 shape b1
+    /// +3%, 8B neutral, bench/results/rope-attention-2026-11-30.json; DSC_ROPE_ATTENTION=0 at
+    /// compile time turns it off)
+    pub rope_attention: bool,
     /// the decode attention prefetches the next matmul's weights into L2
     /// ([`prefetch_after_attention`]; off: measured on the H200,
     /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
@@ -353,6 +359,7 @@ impl Default for LowerOptions {
             attn_prefetch: false,
             flash_warps: FLASH_WARPS,
             flash_mtiles: FLASH_MTILES,
+            rope_attention: true,
         }
     }
 }
@@ -628,6 +635,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         fuse_swiglu(g, &mut steps);
     }
     let steps = if opts.split_kv { split_attention(steps, opts.attn_group) } else { steps };
+    let steps = if opts.rope_attention { fuse_rope_attention(steps, opts.split_kv.then(split_from_keys)) } else { steps };
     let steps = match opts.split_k {
         Some(sk) => split_k(steps, sk),
         None => steps,
@@ -950,6 +958,70 @@ pub const SPLIT_K_MAX_ROWS: i64 = 128;
 /// ... where its 64-row pipelined tiles number fewer than this (N = 4096 at bn 128: 32 tiles
 /// on 132 SMs; its K parts multiply the blocks).
 pub const SPLIT_K_MAX_TILES: usize = 64;
+
+/// RoPE and the cache writes inside the decode attention for one-token steps: where a
+/// `QkvRopeCache` step (rope(q), rope_cache_write(k), cache_write(v) of a merged Q/K/V
+/// matmul) feeds a one-pass `PagedAttention` of a block per (token, head), the attention step
+/// is split in two — for one token (rows = H) a `RopeAttention` kernel reading q, k and v
+/// before RoPE and writing the token's K/V rows itself, for more the original — and the
+/// `QkvRopeCache` launch moves to a step of its own on the rotated q's node (rows T·H) from
+/// two tokens on, and for one token where the split attention takes the context (from
+/// `split_from` keys: its passes read the pools the kernel would have written). One token
+/// only: with more, a token may attend to another's row of the same step.
+fn fuse_rope_attention(mut steps: Vec<Step>, split_from: Option<i64>) -> Vec<Step> {
+    let hosts: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).map(|(i, _)| i).collect();
+    // (indices shift as steps are inserted: from the last host back)
+    for &i in hosts.iter().rev() {
+        let Some(KernelSpec::QkvRopeCache { h, theta_bits, interleaved, .. }) = steps[i].kernel.clone() else { continue };
+        let qkv = steps[i].clone();
+        let Some(rq) = qkv.args.get(7).cloned() else { continue };
+        let Some(a) =
+            steps.iter().position(|s| s.args.first() == Some(&rq) && s.min_context.is_none() && s.min_rows.is_none() && matches!(s.kernel, Some(KernelSpec::PagedAttention { group: 1, .. })))
+        else {
+            continue;
+        };
+        if a < i {
+            continue;
+        }
+        let att = steps[a].clone();
+        let one = h as i64;
+        let fused = Step {
+            kernel: Some(KernelSpec::RopeAttention { inner: Box::new(att.kernel.clone().expect("matched")), theta_bits, interleaved }),
+            args: vec![
+                qkv.args[0].clone(),
+                qkv.args[1].clone(),
+                qkv.args[2].clone(),
+                att.args[3].clone(),
+                qkv.args[4].clone(),
+                att.args[1].clone(),
+                att.args[2].clone(),
+                att.args[4].clone(),
+                att.args[5].clone(),
+                att.args[6].clone(),
+            ],
+            max_rows: Some(one),
+            large: None,
+            few: vec![],
+            hopper: vec![],
+            hopper_small: None,
+            ..att.clone()
+        };
+        steps[a] = Step { min_rows: Some(one + 1), ..att };
+        steps.insert(a, fused);
+        let write = Step { node: rq.clone(), min_rows: Some(one + 1), alias_of: None, alias_offset: None, ..qkv.clone() };
+        let mut moved = vec![write.clone()];
+        if let Some(from) = split_from {
+            moved.push(Step { min_rows: None, max_rows: Some(one), min_context: Some(from), ..write });
+        }
+        steps[i].kernel = None;
+        steps[i].args = vec![];
+        steps[i].scalars = vec![];
+        for (k, m) in moved.into_iter().enumerate() {
+            steps.insert(i + 1 + k, m);
+        }
+    }
+    steps
+}
 
 /// Split-K for batched decode (on by default, [`SPLIT_K_PARTS`]; DSC_SPLIT_K=S at compile
 /// time, 0 off): a plain matmul whose 64-row pipelined alternative has fewer than
@@ -1342,6 +1414,7 @@ mod tests {
                 attn_prefetch: false,
                 flash_warps: FLASH_WARPS,
                 flash_mtiles: FLASH_MTILES,
+                rope_attention: false,
             },
         )
         .unwrap();
@@ -1360,6 +1433,7 @@ mod tests {
                 attn_prefetch: false,
                 flash_warps: FLASH_WARPS,
                 flash_mtiles: FLASH_MTILES,
+                rope_attention: false,
             },
         )
         .unwrap();
@@ -1375,6 +1449,33 @@ mod tests {
         }
         // the parts are views at rows x offset
         assert_eq!(by("k").alias_offset, Some(Scalar::RowsTimes("qk".into(), 32)));
+    }
+
+    #[test]
+    fn one_token_steps_run_rope_and_the_cache_writes_inside_the_attention() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %kc = state : f32[4, 4, 2, 8]\n  %vc = state : f32[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : f32[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  output o = %o\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions { rope_attention: false, ..Default::default() }).unwrap();
+        assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::RopeAttention { .. }))));
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        // one token (rows = H = 4): the fused kernel, reading q/k/v before RoPE and the slots
+        let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::RopeAttention { .. }))).collect();
+        let [f] = &fused[..] else { panic!("{fused:?}") };
+        assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(split_from_keys() - 1)));
+        assert_eq!(f.args, ["qh", "kh", "vh", "pos", "slots", "kw", "vw", "seq", "table", "o"]);
+        assert!(f.few.is_empty() && f.large.is_none());
+        // more tokens: the one-pass kernel as before, from 2 tokens
+        assert!(steps.iter().any(|s| s.node == "o" && matches!(s.kernel, Some(KernelSpec::PagedAttention { .. })) && s.min_rows == Some(5) && s.max_context == f.max_context));
+        // the Q/K/V RoPE + cache-write kernel from 2 tokens, and for one token where the split
+        // attention takes the context; nowhere else
+        let qkv: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).collect();
+        assert_eq!(qkv.len(), 2, "{qkv:?}");
+        assert!(qkv.iter().all(|s| s.node == "qr" && s.alias_of.is_none()));
+        assert_eq!((qkv[0].min_rows, qkv[0].max_rows, qkv[0].min_context), (Some(5), None, None));
+        assert_eq!((qkv[1].min_rows, qkv[1].max_rows, qkv[1].min_context), (None, Some(4), Some(split_from_keys())));
+        // ... ahead of every attention step reading what it writes
+        let first_attn = steps.iter().position(|s| s.node.starts_with('o') && s.kernel.is_some()).unwrap();
+        assert!(steps.iter().position(|s| s.node == "qr" && s.kernel.is_some()).unwrap() < first_attn);
     }
 
     #[test]

@@ -181,6 +181,11 @@ pub fn all_specs() -> Vec<KernelSpec> {
     let gemv = KernelSpec::MatMul { k: 4096, n: 6144, wdtype: DType::BF16, bias: false, residual: false };
     v.push(KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(gemv), parts }), eps_bits: 1e-5f32.to_bits() });
     v.push(KernelSpec::QkvRopeCache { h: 32, kvh: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false, kv: DType::F32 });
+    // the decode attention with RoPE and the cache writes folded in (one-token steps)
+    for (kv, interleaved) in [(DType::F32, false), (DType::BF16, true)] {
+        let inner = KernelSpec::PagedAttention { h: 32, kvh: 8, d: 128, bs: 16, scale_bits: 0.088f32.to_bits(), warps: 16, keys: 4, group: 1, kv };
+        v.push(KernelSpec::RopeAttention { inner: Box::new(inner), theta_bits: 500000f32.to_bits(), interleaved });
+    }
     // bf16 KV pools: the writes round, the attention kernels read 16-bit rows
     let bf = DType::BF16;
     v.push(KernelSpec::QkvRopeCache { h: 32, kvh: 8, d: 128, theta_bits: 500000f32.to_bits(), interleaved: false, kv: bf });

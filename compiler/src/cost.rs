@@ -42,23 +42,26 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
     let numel = |id| g.node(id).ty.eval_shape(&bind).map(|s| s.iter().product::<usize>()).unwrap_or(0);
     let mut out: Vec<(String, KernelCost)> = vec![];
     let Ok(order) = g.topo_order() else { return out };
-    // the GPU schedule's lowering-level fusions: nodes whose step launches nothing (their work
-    // is in another node's kernel) and nodes whose step runs a fused kernel
-    let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
-    // steps skipped at this many tokens (their work is in another kernel: the SwiGLU in the
-    // gate/up GEMV's epilogue)
-    // — nodes none of whose steps runs at this many tokens and this context (a node may have
-    // several: split-K and split-attention copies for other row counts and contexts)
+    // which steps run at this many tokens and this context (a step's rows are its node's:
+    // tokens x heads for the attention, tokens for a matmul)
+    let rows_of = |node: &str| -> i64 { g.by_name(node).and_then(|id| g.node(id).ty.eval_shape(&bind)).filter(|s| !s.is_empty()).map_or(tokens, |s| s[..s.len() - 1].iter().product()) as i64 };
     let runs = |s: &dsc_runtime::plan::GpuStep| {
-        let (t, c) = (tokens as i64, context as i64);
+        let (t, c) = (rows_of(&s.node), context as i64);
         s.min_rows.is_none_or(|m| t >= m) && s.max_rows.is_none_or(|m| t <= m) && s.min_context.is_none_or(|m| c >= m) && s.max_context.is_none_or(|m| c <= m)
     };
+    // nodes skipped here: none of their steps runs (their work is in another kernel — the
+    // SwiGLU in the gate/up GEMV's epilogue — or a node has copies for other rows and contexts:
+    // split-K, the split attention, the one-token attention with RoPE folded in)
     let skipped: std::collections::HashSet<&str> = gpu
         .map(|p| {
             let active: std::collections::HashSet<&str> = p.steps.iter().filter(|s| runs(s)).map(|s| s.node.as_str()).collect();
             p.steps.iter().map(|s| s.node.as_str()).filter(|n| !active.contains(n)).collect()
         })
         .unwrap_or_default();
+    // the GPU schedule's lowering-level fusions among the running steps: nodes whose step
+    // launches nothing (their work is in another node's kernel) and nodes whose step runs a
+    // fused kernel
+    let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().filter(|s| runs(s)).map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
     for id in order {
         let n = g.node(id);
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {

@@ -1155,15 +1155,15 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     let (f32_, bf16_) = (DType::F32, DType::BF16);
     for (h, kvh, d, bs, nb, seqs, kv) in [
         (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)], f32_),
-        (32, 8, 128, 16, 24, vec![(297, 300), (0, 1)], f32_),
-        (8, 2, 64, 16, 140, vec![(1999, 2000), (200, 201)], f32_),
-        (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)], f32_),
+        (32, 8, 128, 16, 19, vec![(257, 260), (0, 1)], f32_),
+        (8, 2, 64, 16, 78, vec![(999, 1000), (200, 201)], f32_),
+        (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], f32_),
         (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], f32_),
         (9, 3, 64, 4, 12, vec![(0, 11), (0, 6)], bf16_),
         // (smaller pools than the f32 cases': the bundle shares one call's 64 MiB)
         (32, 8, 128, 16, 12, vec![(97, 100), (0, 1)], bf16_),
-        (8, 2, 128, 16, 80, vec![(999, 1000), (200, 201)], bf16_),
-        (8, 2, 128, 16, 24, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
+        (8, 2, 128, 16, 52, vec![(599, 600), (200, 201)], bf16_),
+        (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
         (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], bf16_),
     ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
@@ -1358,6 +1358,87 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             });
             specs.push(spec);
         }
+    }
+    // the decode attention with RoPE and the K/V cache writes folded in (`RopeAttention`, one
+    // token per sequence as the lowering uses it at batch 1; here 3 sequences): the output and
+    // both pools against rope + rope_cache_write + cache_write + paged_attention
+    // (the 8B shape's head dim and GQA group with 8 of its heads — small pools: the bundle
+    // shares one call's 64 MiB —; SmolLM2's shape with f32 pools, as its real model's plan;
+    // and bf16 pools)
+    for (h, kvh, d, bs, interleaved, kv) in
+        [(8usize, 2usize, 128usize, 16usize, false, DType::F32), (8, 2, 128, 16, false, DType::BF16), (9, 3, 64, 16, false, DType::F32), (9, 3, 64, 4, true, DType::BF16)]
+    {
+        let theta = 500000.0f32;
+        let lens = [21usize, 1, 40];
+        let t = lens.len();
+        let mb = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(1);
+        let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 2;
+        let mut table = vec![-1i32; t * mb];
+        let mut next = nb as i32 - 1;
+        for (si, l) in lens.iter().enumerate() {
+            for j in 0..l.div_ceil(bs) {
+                table[si * mb + j] = next;
+                next -= 1;
+            }
+        }
+        let pos: Vec<i32> = lens.iter().map(|&l| l as i32 - 1).collect();
+        let seq: Vec<i32> = (0..t as i32).collect();
+        let slots: Vec<i32> = (0..t).map(|i| table[i * mb + pos[i] as usize / bs] * bs as i32 + pos[i] % bs as i32).collect();
+        let xq = rand_vec(t * h * d, -1.0, 1.0);
+        let xk = rand_vec(t * kvh * d, -1.0, 1.0);
+        let xv = rand_vec(t * kvh * d, -1.0, 1.0);
+        let kc0 = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
+        let vc0 = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
+        let scale = 1.0 / (d as f32).sqrt();
+        let style = if interleaved { "interleaved" } else { "half" };
+        let r = format!("{{theta = {theta:?}, style = {style}, rotary_dim = {d}}}");
+        let src = format!(
+            "graph \"k\" {{\n  %xq = input : f32[{t}, {h}, {d}]\n  %xk = input : f32[{t}, {kvh}, {d}]\n  %xv = input : f32[{t}, {kvh}, {d}]\n  %pos = input : i32[{t}]\n  %seq = input : i32[{t}]\n  %slots = input : i32[{t}]\n  %table = input : i32[{t}, {mb}]\n  %kc = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %vc = state : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %q = rope(%xq, %pos) {r} : f32[{t}, {h}, {d}]\n  %kw = rope_cache_write(%kc, %xk, %slots, %pos) {r} : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %vw = cache_write(%vc, %xv, %slots) : {kv}[{nb}, {bs}, {kvh}, {d}]\n  %o = paged_attention(%q, %kw, %vw, %pos, %seq, %table) {{scale = {scale:?}}} : f32[{t}, {h}, {d}]\n  output o = %o\n  output k = %kw\n  output v = %vw\n}}\n"
+        );
+        let g = text::parse(&src)?;
+        let mut ex = Executor::new(&g, &none, BTreeMap::new())?;
+        ex.state_mut("kc").context("kc")?.data.copy_from_slice(&kc0);
+        ex.state_mut("vc").context("vc")?.data.copy_from_slice(&vc0);
+        let mut outs = ex.run(&BTreeMap::from([
+            ("xq".to_string(), Tensor::new(vec![t, h, d], xq.clone())),
+            ("xk".to_string(), Tensor::new(vec![t, kvh, d], xk.clone())),
+            ("xv".to_string(), Tensor::new(vec![t, kvh, d], xv.clone())),
+            ("pos".to_string(), Tensor::from_i32(vec![t], &pos)),
+            ("seq".to_string(), Tensor::from_i32(vec![t], &seq)),
+            ("slots".to_string(), Tensor::from_i32(vec![t], &slots)),
+            ("table".to_string(), Tensor::from_i32(vec![t, mb], &table)),
+        ]))?;
+        let (o, k, v) = (outs.remove("o").context("o")?.data, outs.remove("k").context("k")?.data, outs.remove("v").context("v")?.data);
+        let inner = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: 16, keys: 4, group: 1, kv };
+        let spec = KernelSpec::RopeAttention { inner: Box::new(inner), theta_bits: theta.to_bits(), interleaved };
+        let (gr, b) = grid(&spec.launch(), t);
+        let (wk, wv) = (data.push(&k), data.push(&v));
+        cases.push(Case {
+            name: format!("paged_attn + rope + cache writes T{t} H{h}/{kvh} D{d} {style}{}", kv_label(kv)),
+            kernel: spec.symbol(),
+            grid: gr,
+            grid_y: h as u32,
+            block: b,
+            inputs: vec![
+                data.push(&xq),
+                data.push(&xk),
+                data.push(&xv),
+                data.push_i32(&pos),
+                data.push_i32(&slots),
+                data.push_kv(&kc0, kv),
+                data.push_kv(&vc0, kv),
+                data.push_i32(&seq),
+                data.push_i32(&table),
+            ],
+            scalars: vec![(t * h) as i64, mb as i64],
+            expected: data.push(&o),
+            init: None,
+            written_inputs: vec![(5, wk), (6, wv)],
+            tmaps: vec![],
+            // (the rope kernels' approximate sin/cos; a bf16 pool's rounding of k may flip)
+            tol: kv_tol(kv, 1e-4),
+        });
+        specs.push(spec);
     }
     // seeded weights generated on the device, bit-exact against the host generator
     for (dtype, ones) in [(DType::F32, false), (DType::BF16, false), (DType::F16, false), (DType::F32, true)] {

@@ -374,7 +374,8 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let prog = plan.header.gpu.as_ref().context("the plan has no GPU program")?;
-    let paged = |s: &&crate::plan::GpuStep| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention"));
+    // (not the one-token kernel that also applies RoPE and writes the cache: `_rope`, other args)
+    let paged = |s: &&crate::plan::GpuStep| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention") && !k.contains("_rope"));
     // the one-pass kernel, and (for long contexts) the split one: a first pass into
     // `{node}@split{S}`, then the merge step
     let step = prog.steps.iter().filter(paged).find(|s| crate::gpu::split_base(&s.node).is_none()).context("the plan has no paged attention step")?;
