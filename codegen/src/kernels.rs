@@ -2475,8 +2475,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // keys per K/V tile: 64, or 32 with 2 m16 tiles per warp (its S and P registers halved)
     #[allow(non_snake_case)]
     let KEYS: usize = flash_keys(mt);
-    let ks = (2 * d + 16) as i64; // K row stride (bytes)
-                                  // V: transposed rows of 64 keys (f32 pools), or key rows as K's (bf16: `ldmatrix.trans`)
+    // row strides in bytes: K's; V's — transposed rows of 64 keys (f32 pools), or key rows as
+    // K's (bf16: `ldmatrix.trans`)
+    let ks = (2 * d + 16) as i64;
     let vs = if wide { (2 * KEYS + 16) as i64 } else { ks };
     let v_at = (KEYS as i64) * ks;
     // (bf16: a stage = the K tile, then the V tile)
