@@ -673,6 +673,13 @@ impl Body {
         let b = self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> i8"));
         self.op(&format!("arith.extui {b} : i8 to i32"))
     }
+    /// bf16 bits `h` (i16) widened to f32
+    fn bf16_to_f32(&mut self, h: &str) -> String {
+        let w = self.op(&format!("arith.extui {h} : i16 to i32"));
+        let c = self.op("arith.constant 16 : i32");
+        let sh = self.op(&format!("arith.shli {w}, {c} : i32"));
+        self.op(&format!("arith.bitcast {sh} : i32 to f32"))
+    }
     /// element `idx` of a plain-float buffer of `dtype`, as f32
     fn plain_as_f32(&mut self, ptr: &str, idx: &str, dtype: DType) -> Result<String, String> {
         Ok(match dtype {
@@ -684,10 +691,7 @@ impl Body {
             }
             DType::BF16 => {
                 let h = self.load_t(ptr, idx, "i16");
-                let w = self.op(&format!("arith.extui {h} : i16 to i32"));
-                let c = self.op("arith.constant 16 : i32");
-                let sh = self.op(&format!("arith.shli {w}, {c} : i32"));
-                self.op(&format!("arith.bitcast {sh} : i32 to f32"))
+                self.bf16_to_f32(&h)
             }
             other => return Err(format!("{other} is not a plain float type")),
         })
@@ -746,15 +750,7 @@ impl Body {
             return Ok(self.load_vec(ptr, &by, n, "f32", 4 * n));
         }
         let hs = self.load_vec(ptr, &by, n, "i16", 2 * n);
-        let c16 = self.op("arith.constant 16 : i32");
-        Ok(hs
-            .iter()
-            .map(|h| {
-                let w = self.op(&format!("arith.extui {h} : i16 to i32"));
-                let sh = self.op(&format!("arith.shli {w}, {c16} : i32"));
-                self.op(&format!("arith.bitcast {sh} : i32 to f32"))
-            })
-            .collect())
+        Ok(hs.iter().map(|h| self.bf16_to_f32(h)).collect())
     }
     /// warp-per-row prologue: opens `scf.if row < %rows`; returns (lane, row base, d, 32) as
     /// index values
@@ -2644,7 +2640,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // largest and smallest positions, uniform over the block: every warp finds them from its
     // lanes' rows (lane l: rows l, l + 32, ..) with a ballot per row group and shuffles
     let mut end = crows.clone();
-    let mut hits = vec![];
     let s32 = b.op(&format!("arith.trunci {s} : i64 to i32"));
     for (k, (j, valid, sq, _)) in lane_rows.iter().enumerate() {
         let ge = b.op(&format!("arith.cmpi sge, {j}, {r_body} : i64"));
@@ -2661,10 +2656,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let z32 = b.op("arith.constant 0 : i32");
         let has = b.op(&format!("arith.cmpi ne, {bal}, {z32} : i32"));
         let cand = b.op(&format!("arith.select {has}, {cand}, {crows} : i64"));
-        hits.push(cand);
-    }
-    for h_ in &hits {
-        end = b.op(&format!("arith.minsi {end}, {h_} : i64"));
+        end = b.op(&format!("arith.minsi {end}, {cand} : i64"));
     }
     let (mut mx, mut mn) = (b.op("arith.constant -1 : i32"), b.op("arith.constant 2147483647 : i32"));
     for (j, valid, _, ps) in &lane_rows {
@@ -2672,10 +2664,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let lt = b.op(&format!("arith.cmpi slt, {j}, {end} : i64"));
         let inr = b.op(&format!("arith.andi {ge}, {lt} : i1"));
         let inr = b.op(&format!("arith.andi {inr}, {valid} : i1"));
-        let p32 = ps.clone();
-        let a = b.op(&format!("arith.select {inr}, {p32}, {mx} : i32"));
+        let a = b.op(&format!("arith.select {inr}, {ps}, {mx} : i32"));
         mx = b.op(&format!("arith.maxsi {mx}, {a} : i32"));
-        let z = b.op(&format!("arith.select {inr}, {p32}, {mn} : i32"));
+        let z = b.op(&format!("arith.select {inr}, {ps}, {mn} : i32"));
         mn = b.op(&format!("arith.minsi {mn}, {z} : i32"));
     }
     let w32 = b.op("arith.constant 32 : i32");
@@ -2853,16 +2844,21 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let tq4 = b.op(&format!("arith.muli {tq}, {c4} : i64"));
     let mut sacc: Vec<Vec<String>> = vec![];
     let mut sacc_t: Vec<Vec<Vec<String>>> = vec![];
+    // (bf16: this lane's `ldmatrix` row address in the K tile — row l % 8 (key) of matrix
+    // l / 8, 8 head-dim columns further each — and its (m, r) = (l / 8, l % 8))
+    let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
+    let kl = {
+        let cks = c(b, ks);
+        let ro = b.op(&format!("arith.muli {r}, {cks} : i64"));
+        let mo = b.op(&format!("arith.muli {m}, {c16} : i64"));
+        let lo = b.op(&format!("arith.addi {ro}, {mo} : i64"));
+        b.op(&format!("arith.addi {sbase}, {lo} : i64"))
+    };
     if mt > 1 {
         // per pair of k16 steps: each tile's A fragments from Q in shared memory (ldmatrix.x4:
         // lane l addresses row l % 8 + 8 ((l / 8) % 2), 8 (l / 16) columns further), then per
         // 8 keys one K ldmatrix feeding every tile's two MMAs
-        let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
         let cks = c(b, ks);
-        let ro = b.op(&format!("arith.muli {r}, {cks} : i64"));
-        let mo = b.op(&format!("arith.muli {m}, {c16} : i64"));
-        let kl = b.op(&format!("arith.addi {ro}, {mo} : i64"));
-        let kl = b.op(&format!("arith.addi {sbase}, {kl} : i64"));
         let m2 = b.op(&format!("arith.remui {m}, {c2} : i64"));
         let mh = b.op(&format!("arith.divui {m}, {c2} : i64"));
         let qr = b.op(&format!("arith.muli {m2}, {c8} : i64"));
@@ -2903,14 +2899,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             sacc.push(acc);
         }
     } else {
-        // ldmatrix.x4: lane l addresses row l % 8 (key) of matrix l / 8 (8 head-dim columns
-        // further each): the B fragments of two k16 steps of 8 keys
-        let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
-        let cks = c(b, ks);
-        let ro = b.op(&format!("arith.muli {r}, {cks} : i64"));
-        let mo = b.op(&format!("arith.muli {m}, {c16} : i64"));
-        let lo = b.op(&format!("arith.addi {ro}, {mo} : i64"));
-        let kl = b.op(&format!("arith.addi {sbase}, {lo} : i64"));
+        // ldmatrix.x4 at `kl`: the B fragments of two k16 steps of 8 keys
         for n8 in 0..(KEYS / 8) as i64 {
             let mut acc = vec![zero.clone(); 4];
             for p in 0..nkc.div_ceil(2) as i64 {
@@ -3022,7 +3011,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // ldmatrix.x4.trans over key-major V: lane l addresses key 8 (m % 2) + l % 8 of the
         // k16 step, head-dim columns 8 (m / 2) further (m = l / 8): the B fragments of two
         // 8-column tiles
-        let (m, r) = (b.op(&format!("arith.divui {lane}, {c8} : i64")), b.op(&format!("arith.remui {lane}, {c8} : i64")));
         let m2 = b.op(&format!("arith.remui {m}, {c2} : i64"));
         let mh = b.op(&format!("arith.divui {m}, {c2} : i64"));
         let key = b.op(&format!("arith.muli {m2}, {c8} : i64"));
@@ -3374,10 +3362,12 @@ fn emit_paged_attention(
         let qbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
         let mut qg = vec![];
         for eo in &eoff {
-            let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
             let q = match rope {
                 Some((theta_bits, interleaved)) => b.rope_elem("%xq", &qbase, eo, &p, d, theta_bits, interleaved),
-                None => b.load("%q", &o),
+                None => {
+                    let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
+                    b.load("%q", &o)
+                }
             };
             qg.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
         }

@@ -1400,43 +1400,11 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let steps = lower_opts(
-            &graph(false, "bf16"),
-            LowerOptions {
-                norm_fusion: true,
-                few_x16: false,
-                split_kv: false,
-                split_k: None,
-                norm_half: false,
-                silu_half: false,
-                tma: Tma::Off,
-                attn_group: true,
-                attn_prefetch: false,
-                flash_warps: FLASH_WARPS,
-                flash_mtiles: FLASH_MTILES,
-                rope_attention: false,
-            },
-        )
-        .unwrap();
+        let folding =
+            LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..Default::default() };
+        let steps = lower_opts(&graph(false, "bf16"), folding).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(
-            &graph(false, "bf16"),
-            LowerOptions {
-                norm_fusion: false,
-                few_x16: false,
-                split_kv: false,
-                split_k: None,
-                norm_half: false,
-                silu_half: false,
-                tma: Tma::Off,
-                attn_group: true,
-                attn_prefetch: false,
-                flash_warps: FLASH_WARPS,
-                flash_mtiles: FLASH_MTILES,
-                rope_attention: false,
-            },
-        )
-        .unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, ..folding }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));

@@ -27,7 +27,7 @@ impl Data {
         if kv == DType::F32 {
             return self.push(v);
         }
-        let bytes: Vec<u8> = v.iter().flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect();
+        let bytes = dsc_ir::quant::encode(DType::BF16, v).expect("bf16 encodes");
         Array { dtype: "bf16".into(), len: v.len(), ..self.push_u8(&bytes) }
     }
     fn push_u8(&mut self, v: &[u8]) -> Array {
@@ -1732,15 +1732,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let old = std::mem::replace(&mut data, Data(vec![]));
         let mut moved: HashMap<usize, usize> = HashMap::new();
         let mut relocate = |a: &mut Array| -> anyhow::Result<()> {
-            let w = match a.dtype.as_str() {
-                "f32" | "i32" => 4,
-                "bf16" => 2,
-                _ => 1,
-            };
             let at = match moved.get(&a.offset) {
                 Some(&at) => at,
                 None => {
-                    let bytes = old.0.get(a.offset..a.offset + a.len * w).context("array outside the data")?;
+                    let bytes = old.0.get(a.offset..a.offset + a.byte_len()?).context("array outside the data")?;
                     let at = data.push_u8(bytes).offset;
                     moved.insert(a.offset, at);
                     at

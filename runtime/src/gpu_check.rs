@@ -84,14 +84,21 @@ pub struct CaseResult {
     pub median_us: f64,
 }
 
+impl Array {
+    /// Its bytes in data.bin (elements of its dtype).
+    pub fn byte_len(&self) -> anyhow::Result<usize> {
+        let w = match self.dtype.as_str() {
+            "f32" | "i32" => 4,
+            "bf16" => 2,
+            "u8" => 1,
+            other => bail!("unknown array dtype {other}"),
+        };
+        Ok(self.len * w)
+    }
+}
+
 fn bytes_of<'a>(data: &'a [u8], a: &Array) -> anyhow::Result<&'a [u8]> {
-    let w = match a.dtype.as_str() {
-        "f32" | "i32" => 4,
-        "bf16" => 2,
-        "u8" => 1,
-        other => bail!("unknown array dtype {other}"),
-    };
-    data.get(a.offset..a.offset + a.len * w).context("array outside data.bin")
+    data.get(a.offset..a.offset + a.byte_len()?).context("array outside data.bin")
 }
 
 fn f32s(data: &[u8], a: &Array) -> anyhow::Result<Vec<f32>> {
@@ -100,12 +107,9 @@ fn f32s(data: &[u8], a: &Array) -> anyhow::Result<Vec<f32>> {
 }
 
 /// A buffer's bytes as f32 values: bf16 (`dtype` "bf16") widened, else f32.
-fn decode(bytes: &[u8], dtype: &str) -> Vec<f32> {
-    if dtype == "bf16" {
-        bytes.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()
-    } else {
-        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-    }
+fn decode(bytes: &[u8], dtype: &str) -> anyhow::Result<Vec<f32>> {
+    let (dt, w) = if dtype == "bf16" { (dsc_ir::DType::BF16, 2) } else { (dsc_ir::DType::F32, 4) };
+    dsc_ir::quant::decode(dt, bytes, bytes.len() / w).with_context(|| format!("{} bytes are not whole {dtype} values", bytes.len()))
 }
 
 /// Upload an array as raw bytes (the kernel reinterprets them).
@@ -160,7 +164,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         };
         launch(&mut out)?;
         stream.synchronize()?;
-        let got = decode(&stream.clone_dtoh(&out)?, out_dtype);
+        let got = decode(&stream.clone_dtoh(&out)?, out_dtype)?;
         let unwritten = got.iter().filter(|v| v.is_nan()).count();
         let rel_of = |got: &[f32], want: &[f32]| {
             let (mut num, mut den) = (0f64, 0f64);
@@ -174,7 +178,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         for (i, a) in &c.written_inputs {
             let buf = ins.get(*i).with_context(|| format!("{}: written input {i} out of range", c.name))?;
             let bytes = stream.clone_dtoh(buf)?;
-            let got = decode(&bytes, &c.inputs[*i].dtype);
+            let got = decode(&bytes, &c.inputs[*i].dtype)?;
             let r = rel_of(&got, &f32s(&data, a)?);
             rel = if r.is_nan() { r } else { rel.max(r) };
         }
