@@ -26,6 +26,9 @@ pub struct DecodeResult {
     pub decode_tokens_per_s: f64,
     pub ms_per_step: f64,
     pub total_s: f64,
+    /// ms of the step's CUDA graph replayed alone (device time, no host work; not profiling)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_ms: Option<f64>,
     /// DSC_PROFILE=1: (kernel, launches per step, µs per step), largest first
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profile: Vec<(String, f64, f64)>,
@@ -41,6 +44,55 @@ pub struct PrefillResult {
 
 fn prompt(vocab: u64, seed: u64, len: usize) -> Vec<u32> {
     (0..len as u64).map(|i| (dsc_ir::seeded::splitmix64((seed << 20) ^ i ^ 0x5eed) % vocab) as u32).collect()
+}
+
+/// The engine's greedy token streams with pipelined decode (`SchedulerConfig::pipeline`)
+/// against the same requests run synchronously, on the GPU: `seqs` sequences of
+/// `prompt_len`-token seeded prompts, sequence s generating `new - s` tokens (so they end at
+/// different steps). Ok(true) when every stream is equal and complete.
+pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usize) -> anyhow::Result<bool> {
+    let plan = Plan::open(plan_path)?;
+    let graph = plan.graph()?;
+    let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
+    let bs = plan.header.model.kv_block_size;
+    let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs)?;
+    let mut streams = vec![];
+    for pipeline in [false, true] {
+        let cfg = SchedulerConfig { max_step_tokens: seqs * prompt_len, max_seqs: seqs, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, pipeline, ..Default::default() };
+        let mut e = Engine::new(Box::new(&mut backend), cfg, None, Arc::new(Metrics::new()));
+        let mut rxs = vec![];
+        for s in 0..seqs {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            e.submit(GenRequest {
+                prompt: prompt(vocab, 77 + s as u64, prompt_len),
+                sampling: SamplingParams::default(),
+                max_tokens: new.saturating_sub(s).max(1),
+                stop_ids: vec![],
+                stop_strings: vec![],
+                logprobs: None,
+                n: 1,
+                priority: Priority::Normal,
+                deadline: None,
+                events: tx,
+            });
+            rxs.push(rx);
+        }
+        e.run_to_idle()?;
+        let mut got = vec![];
+        for rx in &mut rxs {
+            let mut ids = vec![];
+            while let Ok(ev) = rx.try_recv() {
+                match ev {
+                    Event::Token { id, .. } => ids.push(id),
+                    Event::Error(m) => anyhow::bail!("pipeline check request failed: {m}"),
+                    _ => {}
+                }
+            }
+            got.push(ids);
+        }
+        streams.push(got);
+    }
+    Ok(streams[0] == streams[1] && streams[0].iter().enumerate().all(|(s, ids)| ids.len() == new.saturating_sub(s).max(1)))
 }
 
 pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize) -> anyhow::Result<Vec<DecodeResult>> {
@@ -112,17 +164,28 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
                 let fa = first_all.context("no tokens")?;
                 let dt = end.duration_since(fa).as_secs_f64();
                 let toks = b * (n_new - 1);
+                // the step's device time alone (its CUDA graph replayed back to back): the rest
+                // of ms/step is host work (inputs, argmax launch, reading ids, scheduling)
+                let graph_us = if profiling { None } else { e.backend().graph_replay_us(b, 50)? };
                 out.push(DecodeResult {
                     model: plan.header.model.name.clone(),
                     batch: b,
                     prompt: prompt_len,
                     new_tokens: n_new,
                     decode_tokens_per_s: toks as f64 / dt,
-                    ms_per_step: dt * 1e3 / steps_after.max(1) as f64,
+                    // (per generated token of a sequence: a pipelined run's last engine step only
+                    // collects, so steps_after counts one more than the device ran)
+                    ms_per_step: dt * 1e3 / (n_new - 1).max(1) as f64,
                     total_s: end.duration_since(t0).as_secs_f64(),
+                    graph_ms: graph_us.map(|u| u / 1e3),
                     profile: prof,
                 });
-                eprintln!("decode b{b}: {:.1} tok/s, {:.2} ms/step", toks as f64 / dt, dt * 1e3 / steps_after.max(1) as f64);
+                eprintln!(
+                    "decode b{b}: {:.1} tok/s, {:.2} ms/step{}",
+                    toks as f64 / dt,
+                    dt * 1e3 / (n_new - 1).max(1) as f64,
+                    graph_us.map(|u| format!(" (graph replay alone {:.3} ms)", u / 1e3)).unwrap_or_default()
+                );
             }
         }
     }

@@ -254,6 +254,10 @@ pub struct ServeArgs {
     pub max_n: usize,
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// run greedy decode steps synchronously (no pipelining of the host's work under the
+    /// device's; also DSC_NO_PIPELINE=1)
+    #[arg(long)]
+    pub no_pipeline: bool,
     /// token-bucket limit on admitted prompt tokens of a class: CLASS=TOKENS_PER_S[:BURST],
     /// e.g. low=2000:8000 (repeatable)
     #[arg(long)]
@@ -320,6 +324,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         rate: parse_rates(&a.rate)?,
         starvation: std::time::Duration::from_secs_f64(a.starvation_secs),
         queue_timeout: std::time::Duration::from_secs_f64(a.queue_timeout_secs),
+        pipeline: !a.no_pipeline && std::env::var_os("DSC_NO_PIPELINE").is_none(),
     };
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     let (path, backend) = (a.plan.clone(), a.backend);

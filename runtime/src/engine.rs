@@ -64,6 +64,22 @@ pub trait Backend {
     fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>> {
         Ok(self.step(batch)?.iter().map(|r| crate::sampler::argmax(r) as u32).collect())
     }
+    /// Pipelined greedy decoding (the host's work overlapped with the device's): start a
+    /// greedy step and return without waiting for its token ids ([`Backend::collect_greedy`]
+    /// takes them, in launch order). With `fed`, row i's input token is not in
+    /// `batch.tokens` but the previous launched step's argmax of row i, taken on the device
+    /// (so the next step can start before the host has seen that token). Ok(false): this
+    /// backend runs steps synchronously only (the default); the caller then uses
+    /// [`Backend::step_greedy`].
+    fn launch_greedy(&mut self, _batch: &StepBatch, _fed: bool) -> Result<bool> {
+        Ok(false)
+    }
+    /// The token ids of the oldest launched, not yet collected greedy step.
+    fn collect_greedy(&mut self) -> Result<Vec<u32>> {
+        Err(crate::RuntimeError::Request("collect_greedy: no pipelined step in flight".into()))
+    }
+    /// Forget launched steps not yet collected (after a failure).
+    fn discard_inflight(&mut self) {}
 }
 
 impl<B: Backend + ?Sized> Backend for &mut B {
@@ -81,6 +97,15 @@ impl<B: Backend + ?Sized> Backend for &mut B {
     }
     fn step_greedy(&mut self, batch: &StepBatch) -> Result<Vec<u32>> {
         (**self).step_greedy(batch)
+    }
+    fn launch_greedy(&mut self, batch: &StepBatch, fed: bool) -> Result<bool> {
+        (**self).launch_greedy(batch, fed)
+    }
+    fn collect_greedy(&mut self) -> Result<Vec<u32>> {
+        (**self).collect_greedy()
+    }
+    fn discard_inflight(&mut self) {
+        (**self).discard_inflight()
     }
 }
 

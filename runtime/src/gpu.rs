@@ -58,7 +58,24 @@ pub struct GpuBackend<'p> {
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
+    /// pipelined greedy steps launched and not yet collected: their token ids' pinned host
+    /// buffer (filled by an async copy), row count, and the event recorded after that copy
+    /// (this context does not track events itself), oldest first
+    inflight: std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, usize, cudarc::driver::CudaEvent)>,
+    /// pinned id buffers to reuse
+    spare_ids: Vec<cudarc::driver::PinnedHostSlice<u8>>,
+    /// the last pipelined step's token ids on the device: the next fed step's input tokens
+    feed: Option<CudaSlice<u8>>,
+    /// [`CACHED_MAX_TOKENS`] (DSC_CACHED_MAX_TOKENS overrides)
+    cached_max_tokens: usize,
+    /// pinned buffers the packed inputs go up from, in turn, each with the event after its
+    /// last copy
+    staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, Option<cudarc::driver::CudaEvent>)>>,
 }
+
+/// Pinned input buffers in turn: a step's inputs are written while up to two steps (the
+/// pipelined one and the one before) are in flight.
+const STAGING_BUFFERS: usize = 3;
 
 /// How this backend's `all_reduce` steps meet the other tensor-parallel ranks.
 pub enum GpuCollective {
@@ -227,9 +244,14 @@ impl<'p> GpuBackend<'p> {
             no_few: std::env::var_os("DSC_NO_FEW").is_some(),
             pdl: target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none(),
             host_argmax: std::env::var("DSC_HOST_ARGMAX").is_ok_and(|v| v == "1"),
-            pack_inputs: std::env::var("DSC_PACK_INPUTS").is_ok_and(|v| v == "1"),
+            pack_inputs: std::env::var("DSC_PACK_INPUTS").map_or(true, |v| v != "0"),
             collective,
             profile,
+            inflight: Default::default(),
+            spare_ids: vec![],
+            feed: None,
+            cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
+            staging: Default::default(),
         })
     }
 
@@ -288,9 +310,11 @@ struct Bucket {
     packed_span: (usize, usize),
 }
 
-/// Steps of at most this many tokens keep their bucket (and CUDA graph) for reuse; longer
-/// (prefill) steps get a transient one.
-const CACHED_MAX_TOKENS: usize = 64;
+/// Steps of at most this many tokens keep their bucket (and CUDA graph, and launch with PDL);
+/// longer (prefill) steps get a transient one. 128 covers batched decode up to 128 sequences
+/// (at 64, a 128-sequence decode step rebuilt its bucket every step, without a graph: ~2 ms of
+/// host work per 8B step); DSC_CACHED_MAX_TOKENS=N for A/B runs.
+const CACHED_MAX_TOKENS: usize = 128;
 
 impl GpuBackend<'_> {
     /// The bucket of a step shape: `t` tokens, `s_` sequences, `r` logit rows, and steps whose
@@ -415,7 +439,7 @@ impl GpuBackend<'_> {
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
         // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
-        let pdl = self.pdl && t <= CACHED_MAX_TOKENS;
+        let pdl = self.pdl && t <= self.cached_max_tokens;
         Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span })
     }
 
@@ -446,6 +470,23 @@ impl GpuBackend<'_> {
         let mut v: Vec<(String, usize, f64)> = std::mem::take(&mut *p.borrow_mut()).into_iter().map(|(k, (n, t))| (k, n, t)).collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
+    }
+
+    /// The device time of one decode step alone: the captured CUDA graph of the cached bucket of
+    /// `tokens` tokens replayed `n` times back to back (no input upload, no argmax, no host
+    /// work between them), µs per replay by CUDA events; None if no such bucket has a graph.
+    /// Beside the engine's ms/step it splits a step into GPU time and host overhead.
+    pub fn graph_replay_us(&self, tokens: usize, n: usize) -> Result<Option<f64>> {
+        let Some(gr) = self.buckets.iter().filter(|(k, _)| k.0 == tokens).find_map(|(_, b)| b.graph.as_ref()) else { return Ok(None) };
+        let ev = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        cu(gr.launch(), "graph replay")?;
+        let a = cu(self.stream.record_event(ev), "replay event")?;
+        for _ in 0..n {
+            cu(gr.launch(), "graph replay")?;
+        }
+        let b = cu(self.stream.record_event(ev), "replay event")?;
+        cu(b.synchronize(), "replay sync")?;
+        Ok(Some(cu(a.elapsed_ms(&b), "replay elapsed")? as f64 * 1e3 / n.max(1) as f64))
     }
 
     fn launch_all(&self, bucket: &mut Bucket) -> Result<()> {
@@ -557,7 +598,7 @@ impl GpuBackend<'_> {
     }
 
     fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
-        self.run_launches(bucket, b, use_graph)?;
+        self.run_launches(bucket, b, use_graph, None)?;
         let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
         let bytes = cu(self.stream.clone_dtoh(&bucket.arena.slice(o..o + n)), "reading logits")?;
         let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
@@ -574,31 +615,59 @@ impl GpuBackend<'_> {
         let Some(k) = self.prog.argmax.as_ref().filter(|_| device) else {
             return Ok(self.run_bucket(bucket, b, use_graph)?.iter().map(|r| crate::sampler::argmax(r) as u32).collect());
         };
-        self.run_launches(bucket, b, use_graph)?;
-        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
-        let rows = n / 4 / bucket.vocab.max(1);
+        self.run_launches(bucket, b, use_graph, None)?;
+        let rows = Self::logit_rows(bucket)?;
         if bucket.ids.as_ref().is_none_or(|x| x.len() < rows * 4) {
             bucket.ids = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(1) * 4), "allocating token ids")?);
         }
-        let ids = bucket.ids.as_mut().expect("allocated above");
-        let logits = bucket.arena.slice(o..o + n);
-        let rows64 = rows as i64;
-        let mut lb = self.stream.launch_builder(&self.funcs[k]);
-        lb.arg(&logits).arg(&*ids).arg(&rows64);
-        let cfg = match block {
-            Some(threads) => LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
-            None => LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
-        };
-        // SAFETY: argmax_d<V>(x, y, rows): rows rows of V f32 in `logits`, one i32 per row into
-        // `ids` (allocated for at least `rows`); a block per row (`argmax_block` threads), or a
-        // warp per row, 4 rows per block.
-        unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {k}: {e:?}")))?;
+        let ids = bucket.ids.as_ref().expect("allocated above");
+        self.launch_argmax(bucket, k, ids)?;
         let bytes = cu(self.stream.clone_dtoh(&ids.slice(0..rows * 4)), "reading token ids")?;
         Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect())
     }
 
-    /// Upload the step's inputs and run its launches (as a CUDA graph once captured).
-    fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<()> {
+    /// The logits rows of a bucket's step.
+    fn logit_rows(bucket: &Bucket) -> Result<usize> {
+        let (_, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
+        Ok(n / 4 / bucket.vocab.max(1))
+    }
+
+    /// The argmax kernel `k` over the bucket's logits rows, one i32 per row into `ids`.
+    fn launch_argmax(&self, bucket: &Bucket, k: &str, ids: &CudaSlice<u8>) -> Result<()> {
+        let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
+        let rows = n / 4 / bucket.vocab.max(1);
+        if ids.len() < rows * 4 {
+            return Err(gerr(format!("token id buffer of {} bytes for {rows} rows", ids.len())));
+        }
+        let logits = bucket.arena.slice(o..o + n);
+        let rows64 = rows as i64;
+        let mut lb = self.stream.launch_builder(&self.funcs[k]);
+        lb.arg(&logits).arg(ids).arg(&rows64);
+        let cfg = match self.prog.argmax_block {
+            Some(threads) => LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
+            None => LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
+        };
+        // SAFETY: argmax_d<V>(x, y, rows): rows rows of V f32 in `logits`, one i32 per row into
+        // `ids` (checked above to hold `rows`); a block per row (`argmax_block` threads), or a
+        // warp per row, 4 rows per block.
+        unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {k}: {e:?}")))?;
+        Ok(())
+    }
+
+    /// A pipelined greedy step on its bucket: inputs (the tokens from `fed`, the previous
+    /// step's ids on the device, when given), the launches, the argmax into `ids`.
+    fn launch_bucket_greedy(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool, k: &str, ids: &CudaSlice<u8>, fed: Option<&CudaSlice<u8>>) -> Result<()> {
+        self.run_launches(bucket, b, use_graph, fed)?;
+        if Self::logit_rows(bucket)? != b.logit_rows.len() {
+            return Err(gerr("a pipelined step's logits rows differ from its batch's"));
+        }
+        self.launch_argmax(bucket, k, ids)
+    }
+
+    /// Upload the step's inputs and run its launches (as a CUDA graph once captured). With
+    /// `fed`, the token ids come from that device buffer (a pipelined step: the previous
+    /// step's argmax), not from `b.tokens`.
+    fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool, fed: Option<&CudaSlice<u8>>) -> Result<()> {
         // block tables are padded to a fixed width, so MB (and the graph) is fixed
         let w = self.table_width;
         let mut table = vec![0i32; b.num_seqs * w];
@@ -609,23 +678,73 @@ impl GpuBackend<'_> {
         let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
         if bucket.packed.is_empty() {
             for (name, v) in inputs {
+                if fed.is_some() && name == "tokens" {
+                    continue;
+                }
                 if let Some(dst) = bucket.bufs.get_mut(name) {
                     cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
                 }
             }
         } else {
             // (one copy: every packed input at its place in the span, zeros past its data)
+            // from pinned memory: a pageable copy may wait for the stream to drain, which would
+            // serialize a pipelined step's host work with the step before it
             let (s0, s1) = bucket.packed_span;
-            let mut host = vec![0u8; s1 - s0];
+            let mut ring = self.staging.borrow_mut();
+            // (the oldest of the ring's buffers: its copy, two steps back, has run)
+            let (mut host, used) = match ring.pop_front() {
+                Some(e) if ring.len() + 1 >= STAGING_BUFFERS => e,
+                Some(e) => {
+                    ring.push_front(e);
+                    (cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>((s1 - s0).max(1 << 16), 0) }, "allocating pinned inputs")?, None)
+                }
+                None => (cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>((s1 - s0).max(1 << 16), 0) }, "allocating pinned inputs")?, None),
+            };
+            if let Some(ev) = &used {
+                cu(ev.synchronize(), "waiting for a staging buffer")?;
+            }
+            if host.len() < s1 - s0 {
+                // SAFETY: written in full below before the copy reads it
+                host = cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(s1 - s0, 0) }, "allocating pinned inputs")?;
+            }
+            let h = &mut cu(host.as_mut_slice(), "staging inputs")?[..s1 - s0];
+            h.fill(0);
             for &(name, o, n) in &bucket.packed {
                 let v = inputs.iter().find(|(k, _)| *k == name).map(|(_, v)| i32_bytes(v)).unwrap_or_default();
                 if v.len() > n {
                     return Err(gerr(format!("step input {name}: {} bytes for a {n}-byte buffer", v.len())));
                 }
-                host[o - s0..o - s0 + v.len()].copy_from_slice(&v);
+                h[o - s0..o - s0 + v.len()].copy_from_slice(&v);
             }
             let mut dst = bucket.arena.slice_mut(s0..s1);
-            cu(self.stream.memcpy_htod(&host, &mut dst), "uploading inputs")?;
+            {
+                use cudarc::driver::DevicePtrMut;
+                let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
+                // SAFETY: `h` is pinned memory the ring keeps until the event after this copy has
+                // completed (it is reused only after synchronizing on it); `dst` spans s1 - s0 bytes
+                cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?;
+            }
+            let done = cu(self.stream.record_event(None), "recording the input copy")?;
+            ring.push_back((host, Some(done)));
+        }
+        if let Some(src) = fed {
+            // (after the uploads, in stream order: the packed copy wrote zeros there)
+            let n = b.tokens.len() * 4;
+            if src.len() < n {
+                return Err(gerr(format!("fed token ids: {} bytes for {} tokens", src.len(), b.tokens.len())));
+            }
+            let from = src.slice(0..n);
+            match bucket.packed.iter().find(|p| p.0 == "tokens") {
+                Some(&(_, o, len)) if len >= n => cu(self.stream.memcpy_dtod(&from, &mut bucket.arena.slice_mut(o..o + n)), "feeding token ids")?,
+                Some(_) => return Err(gerr("fed token ids exceed the tokens input")),
+                None => {
+                    let dst = bucket.bufs.get_mut("tokens").ok_or_else(|| gerr("the step has no tokens input to feed"))?;
+                    if dst.len() < n {
+                        return Err(gerr("fed token ids exceed the tokens input"));
+                    }
+                    cu(self.stream.memcpy_dtod(&from, &mut dst.slice_mut(0..n)), "feeding token ids")?
+                }
+            }
         }
         if use_graph && bucket.graph.is_none() && bucket.runs > 0 {
             cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
@@ -644,6 +763,15 @@ impl GpuBackend<'_> {
 }
 
 impl GpuBackend<'_> {
+    /// A synchronous step may not overtake pipelined ones whose ids are not collected.
+    fn no_inflight(&self) -> Result<()> {
+        if self.inflight.is_empty() {
+            Ok(())
+        } else {
+            Err(gerr("a synchronous step while pipelined steps are in flight (collect them first)"))
+        }
+    }
+
     /// Find (or make) the step shape's bucket and run `f` on it; long steps get a transient one.
     fn with_bucket<R>(&mut self, b: &StepBatch, f: impl FnOnce(&Self, &mut Bucket, bool) -> Result<R>) -> Result<R> {
         b.validate()?;
@@ -654,7 +782,7 @@ impl GpuBackend<'_> {
         let context = b.positions.iter().map(|&p| p as i64 + 1).max().unwrap_or(1);
         let (class, shortest) = crate::plan::context_class_in(&self.context_bounds, context);
         let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len(), class);
-        if key.0 > CACHED_MAX_TOKENS {
+        if key.0 > self.cached_max_tokens {
             let mut bucket = self.prepare(key.0, key.1, key.2, shortest)?;
             return f(self, &mut bucket, false);
         }
@@ -670,11 +798,62 @@ impl GpuBackend<'_> {
 
 impl Backend for GpuBackend<'_> {
     fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
+        self.no_inflight()?;
         self.with_bucket(b, |g, bucket, graphs| g.run_bucket(bucket, b, graphs))
     }
 
     fn step_greedy(&mut self, b: &StepBatch) -> Result<Vec<u32>> {
+        self.no_inflight()?;
         self.with_bucket(b, |g, bucket, graphs| g.run_bucket_greedy(bucket, b, graphs))
+    }
+
+    fn launch_greedy(&mut self, b: &StepBatch, fed: bool) -> Result<bool> {
+        // (the device argmax of a block per row; host reductions would serialize anyway)
+        let Some(k) = self.prog.argmax.clone().filter(|_| !self.host_argmax && self.prog.argmax_block.is_some() && !matches!(self.collective, GpuCollective::Local(_))) else {
+            return Ok(false);
+        };
+        let rows = b.logit_rows.len();
+        if b.tokens.len() != rows {
+            return Err(gerr("a pipelined step has one token and one logits row per sequence"));
+        }
+        if fed && self.inflight.is_empty() {
+            return Err(gerr("a fed step needs a launched step before it"));
+        }
+        // the ids buffer: fed steps read it (inputs) before their argmax writes it, in stream order
+        if self.feed.as_ref().is_none_or(|f| f.len() < rows * 4) {
+            if fed {
+                return Err(gerr("a fed step has more rows than the step before it"));
+            }
+            self.feed = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
+        }
+        let ids = self.feed.take().expect("allocated above");
+        let r = self.with_bucket(b, |g, bucket, graphs| g.launch_bucket_greedy(bucket, b, graphs, &k, &ids, fed.then_some(&ids)));
+        self.feed = Some(ids);
+        r?;
+        let mut host = match self.spare_ids.pop() {
+            Some(h) if h.len() >= rows * 4 => h,
+            // SAFETY: the buffer is only read after the copy below has filled its first bytes
+            _ => cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(rows.max(256) * 4, 0) }, "allocating pinned token ids")?,
+        };
+        let ids = self.feed.as_ref().expect("set above");
+        cu(self.stream.memcpy_dtoh(&ids.slice(0..rows * 4), &mut host), "reading token ids")?;
+        let done = cu(self.stream.record_event(None), "recording the ids copy")?;
+        self.inflight.push_back((host, rows, done));
+        Ok(true)
+    }
+
+    fn collect_greedy(&mut self) -> Result<Vec<u32>> {
+        let (host, rows, done) = self.inflight.pop_front().ok_or_else(|| gerr("collect_greedy: no pipelined step in flight"))?;
+        cu(done.synchronize(), "waiting for a pipelined step")?;
+        let ids = cu(host.as_slice(), "reading token ids")?[..rows * 4].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect();
+        self.spare_ids.push(host);
+        Ok(ids)
+    }
+
+    fn discard_inflight(&mut self) {
+        while let Some((host, _, _)) = self.inflight.pop_front() {
+            self.spare_ids.push(host);
+        }
     }
 
     fn kv_geometry(&self) -> (usize, usize) {

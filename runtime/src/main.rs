@@ -151,6 +151,10 @@ fn main() -> anyhow::Result<()> {
             }
             anyhow::ensure!(r.all_logits_finite, "non-finite logits");
             anyhow::ensure!(r.cpu_rel_l2.iter().all(|e| *e <= 2e-2), "GPU logits differ from the CPU executor");
+            // the serving engine's pipelined greedy decode against its synchronous one
+            let equal = dsc_runtime::bench::pipeline_check(&plan, 4, prompt_len, 24)?;
+            println!("pipelined engine decode (4 sequences, 21-24 tokens): token streams equal to synchronous: {equal}");
+            anyhow::ensure!(equal, "pipelined decode differs from synchronous decode");
             Ok(())
         }
         Cmd::GpuTp { base, nccl, local, prompt_len, steps, json } => {

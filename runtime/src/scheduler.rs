@@ -68,6 +68,12 @@ pub struct SchedulerConfig {
     pub starvation: Duration,
     /// a request still waiting after this long ends with `timeout`
     pub queue_timeout: Duration,
+    /// pipelined greedy decoding where the backend supports it (the GPU): while the device
+    /// runs step N, the host emits step N-1's tokens and prepares step N+1, whose input tokens
+    /// the device takes from step N's argmax itself, so the device never waits for the host.
+    /// A sequence that ends at step N has one more (discarded) position computed. Default on;
+    /// DSC_NO_PIPELINE=1 turns it off
+    pub pipeline: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -80,6 +86,7 @@ impl Default for SchedulerConfig {
             rate: [None, None, None],
             starvation: Duration::from_secs(10),
             queue_timeout: Duration::from_secs(600),
+            pipeline: std::env::var_os("DSC_NO_PIPELINE").is_none(),
         }
     }
 }
@@ -205,6 +212,10 @@ pub struct Engine<B: Backend + ?Sized> {
     buckets: [Option<Bucket>; 3],
     pool_blocks: usize,
     gen_window: VecDeque<(Instant, usize)>,
+    /// the sequences, in row order, of the pipelined greedy step in flight (launched, its
+    /// token ids not yet collected); each has `computed` == its tokens' length, the pending
+    /// token's position
+    pending: Option<Vec<u64>>,
 }
 
 impl<B: Backend + ?Sized> Engine<B> {
@@ -225,6 +236,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             buckets,
             pool_blocks: blocks,
             gen_window: VecDeque::new(),
+            pending: None,
         }
     }
 
@@ -237,7 +249,7 @@ impl<B: Backend + ?Sized> Engine<B> {
     }
 
     pub fn idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.iter().all(|w| w.is_empty())
+        self.pending.is_none() && self.running.is_empty() && self.waiting.iter().all(|w| w.is_empty())
     }
 
     /// Queue a request; errors (reported on its channel) when it can never run.
@@ -385,6 +397,29 @@ impl<B: Backend + ?Sized> Engine<B> {
     pub fn step(&mut self) -> Result<bool> {
         self.expire();
         self.refill();
+        if let Some(rows) = self.pending.take() {
+            // the same rows once more, each fed its pending token on the device; then, while
+            // that step runs, the previous one's tokens are emitted
+            if let Some(b) = self.pipelined_batch(&rows)? {
+                if self.backend.launch_greedy(&b, true)? {
+                    self.metrics.steps.inc();
+                    let ids = self.backend.collect_greedy()?;
+                    self.settle(&rows, ids);
+                    for &id in &rows {
+                        // (rows that ended in `settle` are gone: their position is discarded)
+                        if let Some(s) = self.seqs.get_mut(&id) {
+                            s.computed += 1;
+                            self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+                        }
+                    }
+                    self.pending = Some(rows);
+                    self.update_gauges();
+                    return Ok(true);
+                }
+            }
+            let ids = self.backend.collect_greedy()?;
+            self.settle(&rows, ids);
+        }
         let mut budget = self.cfg.max_step_tokens;
         let mut sched: Vec<(u64, usize)> = vec![];
         let mut copies = vec![];
@@ -495,6 +530,19 @@ impl<B: Backend + ?Sized> Engine<B> {
             self.backend.step_greedy(&b)?;
             (vec![], vec![])
         } else if greedy {
+            // one token per sequence, each wanting its next: this step can start a pipeline
+            let decode = b.tokens.len() == sched.len() && b.logit_rows.len() == sched.len() && sched.iter().all(|(id, _)| self.seqs[id].forks == 0);
+            if self.cfg.pipeline && decode && self.backend.launch_greedy(&b, false)? {
+                self.metrics.steps.inc();
+                for &(id, n) in &sched {
+                    let s = self.seqs.get_mut(&id).expect("scheduled");
+                    s.computed += n;
+                    self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+                }
+                self.pending = Some(wants);
+                self.update_gauges();
+                return Ok(true);
+            }
             (vec![], self.backend.step_greedy(&b)?)
         } else {
             (self.backend.step(&b)?, vec![])
@@ -516,6 +564,61 @@ impl<B: Backend + ?Sized> Engine<B> {
         }
         self.update_gauges();
         Ok(true)
+    }
+
+    /// The next pipelined step over the same rows (each at its pending token's position, the
+    /// token itself fed on the device), or None when the step must be scheduled afresh: a
+    /// sequence ended, left or stopped being plain greedy, a waiting request could be
+    /// admitted, or the KV pool needs a preemption.
+    fn pipelined_batch(&mut self, rows: &[u64]) -> Result<Option<StepBatch>> {
+        let admissible = self.running.len() < self.cfg.max_seqs && self.waiting.iter().any(|w| !w.is_empty());
+        if admissible || self.running.len() != rows.len() || rows.len() > self.cfg.max_step_tokens {
+            return Ok(None);
+        }
+        let running: std::collections::HashSet<u64> = self.running.iter().copied().collect();
+        // (a row whose pending token reaches its length limit ends there: resync instead of
+        // computing a position nobody wants; only stop tokens and strings end a row unforeseen)
+        let continues = |s: &Seq| s.generated().len() + 1 < s.req.max_tokens && s.tokens.len() + 1 < self.cfg.max_seq_len;
+        if !rows.iter().all(|id| running.contains(id) && self.seqs[id].greedy_only() && self.seqs[id].forks == 0 && continues(&self.seqs[id])) {
+            return Ok(None);
+        }
+        let mut copies = vec![];
+        for &id in rows {
+            let s = self.seqs.get_mut(&id).expect("running");
+            match self.bm.grow(&mut s.blocks, s.computed, s.computed + 1) {
+                Ok(c) => copies.extend(c),
+                Err(_) => return Ok(None),
+            }
+        }
+        if !copies.is_empty() {
+            self.backend.copy_blocks(&copies)?;
+        }
+        let bs = self.bm.block_size();
+        let mb = rows.iter().map(|id| self.seqs[id].blocks.blocks.len()).max().unwrap_or(1).max(1);
+        let mut b = StepBatch { num_seqs: rows.len(), max_blocks: mb, ..Default::default() };
+        for (row, id) in rows.iter().enumerate() {
+            let s = &self.seqs[id];
+            let p = s.computed;
+            b.tokens.push(0);
+            b.positions.push(p as i32);
+            b.seq_ids.push(row as i32);
+            b.slots.push((s.blocks.blocks[p / bs] as usize * bs + p % bs) as i32);
+            let mut t: Vec<i32> = s.blocks.blocks.iter().map(|&x| x as i32).collect();
+            t.resize(mb, 0);
+            b.block_table.extend(t);
+            b.logit_rows.push(row as i32);
+        }
+        Ok(Some(b))
+    }
+
+    /// Emit a collected pipelined step's tokens (rows whose sequence ended or was dropped
+    /// since are skipped: that position was computed for nothing).
+    fn settle(&mut self, rows: &[u64], ids: Vec<u32>) {
+        for (&id, t) in rows.iter().zip(ids) {
+            if self.seqs.contains_key(&id) {
+                self.sample(id, Pick::Token(t));
+            }
+        }
     }
 
     fn sample(&mut self, id: u64, logits: Pick) {
@@ -727,6 +830,8 @@ impl EngineLoop {
             if let Err(err) = e.step() {
                 // a backend failure ends every request in flight with the error
                 tracing::error!(target: "dsc::engine", "step failed: {err}");
+                e.pending = None;
+                e.backend.discard_inflight();
                 let ids: Vec<u64> = e.seqs.keys().copied().collect();
                 for id in ids {
                     if let Some(s) = e.seqs.get(&id) {
