@@ -473,11 +473,13 @@ impl GpuBackend<'_> {
     }
 
     /// The device time of one decode step alone: the captured CUDA graph of the cached bucket of
-    /// `tokens` tokens replayed `n` times back to back (no input upload, no argmax, no host
-    /// work between them), µs per replay by CUDA events; None if no such bucket has a graph.
-    /// Beside the engine's ms/step it splits a step into GPU time and host overhead.
-    pub fn graph_replay_us(&self, tokens: usize, n: usize) -> Result<Option<f64>> {
-        let Some(gr) = self.buckets.iter().filter(|(k, _)| k.0 == tokens).find_map(|(_, b)| b.graph.as_ref()) else { return Ok(None) };
+    /// a `batch`-sequence decode step (one token and one logits row each) replayed `n` times
+    /// back to back (no input upload, no argmax, no host work between them), µs per replay by
+    /// CUDA events; None if no such bucket has a graph. Beside the engine's ms/step it splits a
+    /// step into GPU time and host overhead.
+    pub fn graph_replay_us(&self, batch: usize, n: usize) -> Result<Option<f64>> {
+        // (a prefill step of `batch` tokens for one sequence has a bucket of as many tokens)
+        let Some(gr) = self.buckets.iter().filter(|(k, _)| (k.0, k.1, k.2) == (batch, batch, batch)).find_map(|(_, b)| b.graph.as_ref()) else { return Ok(None) };
         let ev = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         cu(gr.launch(), "graph replay")?;
         let a = cu(self.stream.record_event(ev), "replay event")?;
@@ -815,6 +817,13 @@ impl Backend for GpuBackend<'_> {
         let rows = b.logit_rows.len();
         if b.tokens.len() != rows {
             return Err(gerr("a pipelined step has one token and one logits row per sequence"));
+        }
+        if rows > self.cached_max_tokens {
+            // (a transient bucket's buffers go when the call returns: run those synchronously)
+            if fed {
+                return Err(gerr("a fed step has more rows than a cached bucket holds"));
+            }
+            return Ok(false);
         }
         if fed && self.inflight.is_empty() {
             return Err(gerr("a fed step needs a launched step before it"));
