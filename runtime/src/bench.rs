@@ -46,6 +46,11 @@ fn prompt(vocab: u64, seed: u64, len: usize) -> Vec<u32> {
     (0..len as u64).map(|i| (dsc_ir::seeded::splitmix64((seed << 20) ^ i ^ 0x5eed) % vocab) as u32).collect()
 }
 
+/// A plain greedy request of `max_tokens` tokens (no stops, normal priority).
+fn greedy_request(prompt: Vec<u32>, max_tokens: usize, events: tokio::sync::mpsc::UnboundedSender<Event>) -> GenRequest {
+    GenRequest { prompt, sampling: SamplingParams::default(), max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events }
+}
+
 /// The engine's greedy token streams with pipelined decode (`SchedulerConfig::pipeline`)
 /// against the same requests run synchronously, on the GPU: `seqs` sequences of
 /// `prompt_len`-token seeded prompts, sequence s generating `new - s` tokens (so they end at
@@ -56,6 +61,7 @@ pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usi
     let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
     let bs = plan.header.model.kv_block_size;
     let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs)?;
+    let tokens = |s: usize| new.saturating_sub(s).max(1);
     let mut streams = vec![];
     for pipeline in [false, true] {
         let cfg = SchedulerConfig { max_step_tokens: seqs * prompt_len, max_seqs: seqs, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, pipeline, ..Default::default() };
@@ -63,18 +69,7 @@ pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usi
         let mut rxs = vec![];
         for s in 0..seqs {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            e.submit(GenRequest {
-                prompt: prompt(vocab, 77 + s as u64, prompt_len),
-                sampling: SamplingParams::default(),
-                max_tokens: new.saturating_sub(s).max(1),
-                stop_ids: vec![],
-                stop_strings: vec![],
-                logprobs: None,
-                n: 1,
-                priority: Priority::Normal,
-                deadline: None,
-                events: tx,
-            });
+            e.submit(greedy_request(prompt(vocab, 77 + s as u64, prompt_len), tokens(s), tx));
             rxs.push(rx);
         }
         e.run_to_idle()?;
@@ -92,7 +87,7 @@ pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usi
         }
         streams.push(got);
     }
-    Ok(streams[0] == streams[1] && streams[0].iter().enumerate().all(|(s, ids)| ids.len() == new.saturating_sub(s).max(1)))
+    Ok(streams[0] == streams[1] && streams[0].iter().enumerate().all(|(s, ids)| ids.len() == tokens(s)))
 }
 
 pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize) -> anyhow::Result<Vec<DecodeResult>> {
@@ -114,18 +109,7 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
             let mut rxs = vec![];
             for s in 0..b {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                e.submit(GenRequest {
-                    prompt: prompt(vocab, (round * 1000 + s) as u64 + warm as u64 * 500, prompt_len),
-                    sampling: SamplingParams::default(),
-                    max_tokens: n_new,
-                    stop_ids: vec![],
-                    stop_strings: vec![],
-                    logprobs: None,
-                    n: 1,
-                    priority: Priority::Normal,
-                    deadline: None,
-                    events: tx,
-                });
+                e.submit(greedy_request(prompt(vocab, (round * 1000 + s) as u64 + warm as u64 * 500, prompt_len), n_new, tx));
                 rxs.push(rx);
             }
             let t0 = Instant::now();

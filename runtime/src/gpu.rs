@@ -70,7 +70,7 @@ pub struct GpuBackend<'p> {
     cached_max_tokens: usize,
     /// pinned buffers the packed inputs go up from, in turn, each with the event after its
     /// last copy
-    staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, Option<cudarc::driver::CudaEvent>)>>,
+    staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, cudarc::driver::CudaEvent)>>,
 }
 
 /// Pinned input buffers in turn: a step's inputs are written while up to two steps (the
@@ -693,21 +693,16 @@ impl GpuBackend<'_> {
             // serialize a pipelined step's host work with the step before it
             let (s0, s1) = bucket.packed_span;
             let mut ring = self.staging.borrow_mut();
-            // (the oldest of the ring's buffers: its copy, two steps back, has run)
-            let (mut host, used) = match ring.pop_front() {
-                Some(e) if ring.len() + 1 >= STAGING_BUFFERS => e,
-                Some(e) => {
-                    ring.push_front(e);
-                    (cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>((s1 - s0).max(1 << 16), 0) }, "allocating pinned inputs")?, None)
-                }
-                None => (cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>((s1 - s0).max(1 << 16), 0) }, "allocating pinned inputs")?, None),
+            // (a full ring hands back its oldest buffer once that buffer's copy has run)
+            let mut host = if ring.len() >= STAGING_BUFFERS {
+                let (h, copied) = ring.pop_front().expect("a full ring");
+                cu(copied.synchronize(), "waiting for a staging buffer")?;
+                h
+            } else {
+                self.pinned((s1 - s0).max(1 << 16))?
             };
-            if let Some(ev) = &used {
-                cu(ev.synchronize(), "waiting for a staging buffer")?;
-            }
             if host.len() < s1 - s0 {
-                // SAFETY: written in full below before the copy reads it
-                host = cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(s1 - s0, 0) }, "allocating pinned inputs")?;
+                host = self.pinned(s1 - s0)?;
             }
             let h = &mut cu(host.as_mut_slice(), "staging inputs")?[..s1 - s0];
             h.fill(0);
@@ -727,7 +722,7 @@ impl GpuBackend<'_> {
                 cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?;
             }
             let done = cu(self.stream.record_event(None), "recording the input copy")?;
-            ring.push_back((host, Some(done)));
+            ring.push_back((host, done));
         }
         if let Some(src) = fed {
             // (after the uploads, in stream order: the packed copy wrote zeros there)
@@ -765,6 +760,13 @@ impl GpuBackend<'_> {
 }
 
 impl GpuBackend<'_> {
+    /// `bytes` of page-locked host memory (plain: the host reads it back too). Its contents
+    /// are unset: every user writes (or has a copy write) the bytes it reads.
+    fn pinned(&self, bytes: usize) -> Result<cudarc::driver::PinnedHostSlice<u8>> {
+        // SAFETY: see above; nothing reads the buffer before it is written
+        cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }, "allocating pinned host memory")
+    }
+
     /// A synchronous step may not overtake pipelined ones whose ids are not collected.
     fn no_inflight(&self) -> Result<()> {
         if self.inflight.is_empty() {
@@ -841,8 +843,7 @@ impl Backend for GpuBackend<'_> {
         r?;
         let mut host = match self.spare_ids.pop() {
             Some(h) if h.len() >= rows * 4 => h,
-            // SAFETY: the buffer is only read after the copy below has filled its first bytes
-            _ => cu(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(rows.max(256) * 4, 0) }, "allocating pinned token ids")?,
+            _ => self.pinned(rows.max(256) * 4)?,
         };
         let ids = self.feed.as_ref().expect("set above");
         cu(self.stream.memcpy_dtoh(&ids.slice(0..rows * 4), &mut host), "reading token ids")?;

@@ -185,6 +185,20 @@ impl Seq {
     }
 }
 
+/// Row `row` of a step batch: the sequence's next `n` positions from `computed` (their input
+/// tokens, or 0 where the device feeds them: `fed`), and its block table padded to `mb`.
+fn push_row(b: &mut StepBatch, s: &Seq, row: usize, n: usize, fed: bool, bs: usize, mb: usize) {
+    for p in s.computed..s.computed + n {
+        b.tokens.push(if fed { 0 } else { s.tokens[p] as i32 });
+        b.positions.push(p as i32);
+        b.seq_ids.push(row as i32);
+        b.slots.push((s.blocks.blocks[p / bs] as usize * bs + p % bs) as i32);
+    }
+    let mut t: Vec<i32> = s.blocks.blocks.iter().map(|&x| x as i32).collect();
+    t.resize(mb, 0);
+    b.block_table.extend(t);
+}
+
 /// How a sequence's next token is chosen: sampled from its logits row, or already chosen.
 #[derive(Clone, Copy)]
 enum Pick<'a> {
@@ -405,12 +419,9 @@ impl<B: Backend + ?Sized> Engine<B> {
                     self.metrics.steps.inc();
                     let ids = self.backend.collect_greedy()?;
                     self.settle(&rows, ids);
+                    // (rows that ended in `settle` are gone: their position is discarded)
                     for &id in &rows {
-                        // (rows that ended in `settle` are gone: their position is discarded)
-                        if let Some(s) = self.seqs.get_mut(&id) {
-                            s.computed += 1;
-                            self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
-                        }
+                        self.computed(id, 1);
                     }
                     self.pending = Some(rows);
                     self.update_gauges();
@@ -507,15 +518,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         let mut wants = vec![];
         for (row, &(id, n)) in sched.iter().enumerate() {
             let s = &self.seqs[&id];
-            for p in s.computed..s.computed + n {
-                b.tokens.push(s.tokens[p] as i32);
-                b.positions.push(p as i32);
-                b.seq_ids.push(row as i32);
-                b.slots.push((s.blocks.blocks[p / bs] as usize * bs + p % bs) as i32);
-            }
-            let mut t: Vec<i32> = s.blocks.blocks.iter().map(|&x| x as i32).collect();
-            t.resize(mb, 0);
-            b.block_table.extend(t);
+            push_row(&mut b, s, row, n, false, bs, mb);
             if s.computed + n == s.tokens.len() {
                 b.logit_rows.push(b.tokens.len() as i32 - 1);
                 wants.push(id);
@@ -535,9 +538,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             if self.cfg.pipeline && decode && self.backend.launch_greedy(&b, false)? {
                 self.metrics.steps.inc();
                 for &(id, n) in &sched {
-                    let s = self.seqs.get_mut(&id).expect("scheduled");
-                    s.computed += n;
-                    self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+                    self.computed(id, n);
                 }
                 self.pending = Some(wants);
                 self.update_gauges();
@@ -549,9 +550,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         };
         self.metrics.steps.inc();
         for &(id, n) in &sched {
-            let s = self.seqs.get_mut(&id).expect("scheduled");
-            s.computed += n;
-            self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+            self.computed(id, n);
         }
         if greedy {
             for (id, t) in wants.into_iter().zip(tokens) {
@@ -597,18 +596,19 @@ impl<B: Backend + ?Sized> Engine<B> {
         let mb = rows.iter().map(|id| self.seqs[id].blocks.blocks.len()).max().unwrap_or(1).max(1);
         let mut b = StepBatch { num_seqs: rows.len(), max_blocks: mb, ..Default::default() };
         for (row, id) in rows.iter().enumerate() {
-            let s = &self.seqs[id];
-            let p = s.computed;
-            b.tokens.push(0);
-            b.positions.push(p as i32);
-            b.seq_ids.push(row as i32);
-            b.slots.push((s.blocks.blocks[p / bs] as usize * bs + p % bs) as i32);
-            let mut t: Vec<i32> = s.blocks.blocks.iter().map(|&x| x as i32).collect();
-            t.resize(mb, 0);
-            b.block_table.extend(t);
+            push_row(&mut b, &self.seqs[id], row, 1, true, bs, mb);
             b.logit_rows.push(row as i32);
         }
         Ok(Some(b))
+    }
+
+    /// A step computed `n` more positions of the sequence (if it still exists): advance it and
+    /// register its newly filled blocks in the prefix cache.
+    fn computed(&mut self, id: u64, n: usize) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.computed += n;
+            self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+        }
     }
 
     /// Emit a collected pipelined step's tokens (rows whose sequence ended or was dropped
