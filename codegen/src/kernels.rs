@@ -147,9 +147,16 @@ fn rms_norm_params(half: Option<bool>) -> String {
     format!("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, {}%rows: i64", if half.is_some() { "%yh: !llvm.ptr<1>, " } else { "" })
 }
 
-/// Warps of the split-K reduce + RMSNorm kernel's block (a row of d = 4096 is 4 16-byte
-/// pieces per thread).
-pub const SPLITK_NORM_WARPS: usize = 8;
+/// Warps of the split-K reduce + RMSNorm kernel's block: 32, a row of d = 4096 one 16-byte
+/// piece per thread, all its partial sums' loads in flight at once (8 warps, 4 pieces per
+/// thread, made the fold lose; bench/results/swiglu-splitk-norm-2026-11-30.json);
+/// DSC_SPLITK_NORM_WARPS (1..=32) at compile time overrides.
+pub const SPLITK_NORM_WARPS: usize = 32;
+
+fn splitk_norm_warps() -> usize {
+    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *W.get_or_init(|| std::env::var("DSC_SPLITK_NORM_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(SPLITK_NORM_WARPS))
+}
 
 /// Warps of the argmax kernel's block (one block per row of a width that is a multiple of 4:
 /// a row of 128,256 logits is 63 16-byte loads per thread, [`ARGMAX_UNROLL`] in flight).
@@ -200,6 +207,7 @@ impl KernelSpec {
             | KernelSpec::MatMulAct { inner, .. }
             | KernelSpec::SplitK { inner, .. }
             | KernelSpec::PrefetchL2 { inner }
+            | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. } => inner.hopper_only(),
             KernelSpec::Tma { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
@@ -345,6 +353,13 @@ pub enum KernelSpec {
     /// every block falls in one part ([`parts_fit`]). params x, w_0.., y, inner's scalars (N
     /// first), M
     MatMulParts { inner: Box<KernelSpec>, parts: Vec<usize> },
+    /// the gate/up matmul of a SwiGLU MLP with h = silu(gate) · up in its epilogue: `inner`
+    /// is a `MatMulPipe` over N = 2F (no bias, no residual, not split); block i takes features
+    /// [bn/2 · i, bn/2 · (i + 1)), each warpgroup's wn columns of the tile being wn/2 gate rows
+    /// then the same wn/2 features' up rows (two weights), so a thread holds a feature's gate
+    /// and up accumulators and writes h ([M, F] f32) and its 16-bit copy. params x, w_gate,
+    /// w_up, y, yh, M, F
+    SwiGluPipe { inner: Box<KernelSpec> },
     /// y = rms_norm(x, g) @ W^T with the norm in the decode GEMV's prologue (one x row per
     /// block row): `inner` is a plain-float `MatMul` (or `MatMulParts` of one); every block
     /// reads all of x anyway, so it accumulates sum(x^2) beside the dot products, multiplies x
@@ -455,6 +470,7 @@ impl KernelSpec {
                 }
             ),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::SwiGluPipe { inner } => format!("{}_swiglu", inner.symbol()),
             KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
             KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
@@ -534,7 +550,7 @@ impl KernelSpec {
             | KernelSpec::QkvRopeCache { .. }
             | KernelSpec::SeededInit { .. }
             | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: SPLITK_NORM_WARPS as u32 },
+            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: splitk_norm_warps() as u32 },
             // (the stages' mbarriers past the tiles: 8 bytes each)
             KernelSpec::Tma { inner } => match inner.launch() {
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
@@ -551,6 +567,7 @@ impl KernelSpec {
             | KernelSpec::NormMatMul { inner, .. }
             | KernelSpec::MatMulAct { inner, .. }
             | KernelSpec::PrefetchL2 { inner }
+            | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. } => inner.launch(),
         }
     }
@@ -580,6 +597,8 @@ struct Body {
     /// the decode GEMV is `KernelSpec::SwiGluGemv`: outputs 0..r/2 read `%w0` (gate), r/2..r
     /// `%w1` (up) at the same rows, and the epilogue writes silu(gate) * up
     swiglu: bool,
+    /// the pipelined matmul's SwiGLU epilogue (`SwiGluPipe`)
+    swiglu_pipe: bool,
     /// the pipelined matmul's K steps are cut into this many parts over blocks
     /// (`KernelSpec::SplitK`)
     split_k: Option<usize>,
@@ -1958,6 +1977,14 @@ pub fn pipe64_tiling(n: usize) -> PipeTiling {
     }
 }
 
+/// Whether a pipelined matmul of N = 2F columns in `bn`-column tiles of `bm` rows takes the
+/// SwiGLU epilogue ([`KernelSpec::SwiGluPipe`]): each warpgroup's columns (bn/2 with 64-row
+/// tiles, bn with 128) halve into whole 8-column groups, and the blocks' bn/2 features tile F.
+pub fn swiglu_pipe_fits(n: usize, bn: usize, bm: usize) -> bool {
+    let wn = if bm == 64 { bn / 2 } else { bn };
+    n % 2 == 0 && wn % 16 == 0 && (n / 2) % (bn / 2) == 0
+}
+
 /// The pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]).
 ///
 /// Block: 256 threads = warpgroups 0 and 1, rows m0 + 64·wg .. of a 128 x bn tile. Shared
@@ -2039,7 +2066,14 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let c0 = c(b, 0);
     let c7 = c(b, 7);
     let xint = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
-    let wint = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+    // (SwiGLU epilogue: two weights, gate and up; block bx takes features f0 = bx · bn/2 ..)
+    let swiglu = b.swiglu_pipe;
+    let (wint, wint1) =
+        if swiglu { (b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64"), Some(b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64"))) } else { (b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64"), None) };
+    let f0 = {
+        let ch = c(b, bn as i64 / 2);
+        b.op(&format!("arith.muli {bx}, {ch} : i64"))
+    };
     // the copy slots of this thread: (global byte address at K step 0, byte offset in a
     // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
     let mut slots: Vec<(String, String, String, i64, bool)> = vec![];
@@ -2056,7 +2090,24 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let row = b.op(&format!("arith.divui {u}, {cc} : i64"));
             let ch = b.op(&format!("arith.remui {u}, {cc} : i64"));
             let (r0, lim, ptr) = if is_w { (&n0, "%n", &wint) } else { (&m0, "%m", &xint) };
-            let gr = b.op(&format!("arith.addi {r0}, {row} : i64"));
+            // (SwiGLU: tile row r of warpgroup r / wn is gate feature f0 + (r / wn)·wn/2 + r % (wn/2)
+            // in its first half, that feature's up row in the second)
+            let (gr, ptr) = match (&wint1, is_w) {
+                (Some(w1), true) => {
+                    let cwn = c(b, wn as i64);
+                    let cq = c(b, wn as i64 / 2);
+                    let wgi = b.op(&format!("arith.divui {row}, {cwn} : i64"));
+                    let rr = b.op(&format!("arith.remui {row}, {cwn} : i64"));
+                    let up = b.op(&format!("arith.cmpi uge, {rr}, {cq} : i64"));
+                    let rq = b.op(&format!("arith.remui {rr}, {cq} : i64"));
+                    let fb = b.op(&format!("arith.muli {wgi}, {cq} : i64"));
+                    let fb = b.op(&format!("arith.addi {fb}, {rq} : i64"));
+                    let ptr = b.op(&format!("arith.select {up}, {w1}, {ptr} : i64"));
+                    (b.op(&format!("arith.addi {f0}, {fb} : i64")), ptr)
+                }
+                _ => (b.op(&format!("arith.addi {r0}, {row} : i64")), ptr.clone()),
+            };
+            let ptr = &ptr;
             let valid = b.op(&format!("arith.cmpi slt, {gr}, {lim} : i64"));
             let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
             let re = b.op(&format!("arith.muli {grs}, {kk} : i64"));
@@ -2405,8 +2456,56 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let cwn = c(b, if split_n { wn as i64 } else { 0 });
     let nw0 = b.op(&format!("arith.muli {wg}, {cwn} : i64"));
     let nw0 = b.op(&format!("arith.addi {n0}, {nw0} : i64"));
-    b.store_d_fragments(&ra, &nw0, &tq, wn, &res, bias, residual);
+    if swiglu {
+        // h = silu(gate) · up: this warpgroup's features f0 + wg·wn/2 + 8j + 2tq (+1), gate in
+        // column group j, up in j + wn/16
+        let cq = c(b, if split_n { wn as i64 / 2 } else { 0 });
+        let fw = b.op(&format!("arith.muli {wg}, {cq} : i64"));
+        let fw = b.op(&format!("arith.addi {f0}, {fw} : i64"));
+        store_swiglu_fragments(b, &ra, &fw, &tq, wn / 2, &res, f16)?;
+    } else {
+        b.store_d_fragments(&ra, &nw0, &tq, wn, &res, bias, residual);
+    }
     Ok(matmul_params(bias, residual, true))
+}
+
+/// The SwiGLU epilogue of [`emit_gemm_pipe`]: D fragments (rows `ra`, `ra` + 8; the gate in
+/// column groups 0..q/8, the same features' up in q/8..q/4) to h = silu(gate) · up at
+/// features `f0` + 8j + 2tq (+1): `%y` (f32) and `%yh` (16-bit, rounded as `SiluMulHalf` rounds
+/// it), rows below %m, features below %n.
+fn store_swiglu_fragments(b: &mut Body, ra: &str, f0: &str, tq: &str, q: usize, vals: &[String], f16: bool) -> Result<(), String> {
+    let c8 = b.ci64(8);
+    let c1 = b.ci64(1);
+    let c2 = b.ci64(2);
+    let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+    let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    let fc = b.op(&format!("arith.addi {f0}, {tq2} : i64"));
+    let groups = q / 8;
+    for j in 0..groups {
+        let cj = b.ci64(8 * j as i64);
+        let col = b.op(&format!("arith.addi {fc}, {cj} : i64"));
+        let cok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        for (half, row) in [(0usize, ra), (2, rb.as_str())] {
+            let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+            let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
+            b.line(&format!("scf.if {both} {{"));
+            let mut hs = vec![];
+            for e in 0..2 {
+                let s = unary_expr(b, UnaryOp::Silu, &vals[4 * j + half + e])?;
+                hs.push(b.op(&format!("arith.mulf {s}, {} : f32", vals[4 * (j + groups) + half + e])));
+            }
+            let yr = b.op(&format!("arith.muli {row}, %n : i64"));
+            let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
+            let yi1 = b.op(&format!("arith.addi {yi}, {c1} : i64"));
+            b.store(&hs[0], "%y", &yi);
+            b.store(&hs[1], "%y", &yi1);
+            let w = b.pack2(&hs[0], &hs[1], f16);
+            let p = b.op(&format!("llvm.getelementptr %yh[{yi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+            b.line(&format!("llvm.store {w}, {p} {{alignment = 4 : i64}} : i32, !llvm.ptr<1>"));
+            b.line("}");
+        }
+    }
+    Ok(())
 }
 
 /// Keys per step of the prefill attention's K/V loop.
@@ -3185,7 +3284,7 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, act: None, split_k: None, split_n: None, tma: false };
+    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, swiglu_pipe: false, act: None, split_k: None, split_n: None, tma: false };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -4100,7 +4199,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             if d % 4 != 0 {
                 return Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}"));
             }
-            let warps = SPLITK_NORM_WARPS;
+            let warps = splitk_norm_warps();
             let r = b.open_row_pieces(*d, warps);
             let RowPieces { t, t4, dd, step, base, zero, c4b, smt, .. } = r.clone();
             // (a slice of the partial sums is [rows, d])
@@ -4332,6 +4431,19 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             }
             b.line("}");
             matmul_params(*bias, *residual, true)
+        }
+        KernelSpec::SwiGluPipe { inner } => {
+            match inner.as_ref() {
+                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && !b.tma && b.split_k.is_none() && b.act.is_none() => {}
+                other => {
+                    return Err(format!(
+                        "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",
+                        other.symbol()
+                    ))
+                }
+            }
+            b.swiglu_pipe = true;
+            emit_into(b, inner)?.replacen("%w: !llvm.ptr<1>", "%w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>", 1).replacen("%y: !llvm.ptr<1>", "%y: !llvm.ptr<1>, %yh: !llvm.ptr<1>", 1)
         }
         KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
             emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm })?

@@ -52,6 +52,10 @@ pub struct Step {
     /// launched only where the Hopper alternatives run (sm_90a, wgmma on): the second pass of
     /// a split-K alternative
     pub hopper_only: bool,
+    /// not launched where the Hopper alternatives run for rows in this range (inclusive): an
+    /// earlier step's Hopper alternative writes this node in its epilogue
+    /// ([`fuse_swiglu_pipe`]: the gate/up matmul's SwiGLU)
+    pub hopper_skip: Option<(i64, i64)>,
     /// a kernel for large steps, used when the output has at least `min_rows` rows (the
     /// tensor-core matmul for prefill; the default kernel is the decode GEMV path)
     pub large: Option<Large>,
@@ -87,6 +91,7 @@ impl Step {
             min_context: None,
             max_context: None,
             hopper_only: false,
+            hopper_skip: None,
             large: None,
             hopper: vec![],
             hopper_small: None,
@@ -164,6 +169,18 @@ pub fn attention_group_size(h: usize, kvh: usize, d: usize, warps: usize) -> usi
 /// Most f32 accumulators per lane the grouped decode attention keeps (group x D / 32; the
 /// 8B shape's 4 x 4): past that, registers spill (512 threads of 16 warps get 128 each).
 pub const ATTN_GROUP_MAX_STATE: usize = 16;
+
+/// Warps per block of the grouped (batched) decode attention: [`ATTN_GROUP_WARPS`]
+/// (DSC_ATTN_GROUP_WARPS overrides, 1..=32, for sweeps).
+fn attention_group_warps() -> usize {
+    env_num("DSC_ATTN_GROUP_WARPS").filter(|w| (1..=32).contains(w)).unwrap_or(ATTN_GROUP_WARPS)
+}
+
+/// Keys per warp step of the grouped (batched) decode attention: [`attention_keys`]
+/// (DSC_ATTN_GROUP_KEYS overrides, 1..=8, for sweeps).
+fn attention_group_keys() -> usize {
+    env_num("DSC_ATTN_GROUP_KEYS").filter(|k| (1..=8).contains(k)).unwrap_or_else(attention_keys)
+}
 
 /// Keys per warp step of the decode attention kernel (DSC_ATTN_KEYS overrides, 1..=8).
 fn attention_keys() -> usize {
@@ -254,6 +271,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             },
             norm_half: !std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "0"),
             silu_half: !std::env::var("DSC_SILU_HALF").is_ok_and(|v| v == "0"),
+            swiglu_pipe: !std::env::var("DSC_SWIGLU_PIPE").is_ok_and(|v| v == "0"),
             tma: match std::env::var("DSC_TMA").as_deref() {
                 Ok("0") => Tma::Off,
                 Ok("all") | Ok("1") => Tma::All,
@@ -302,6 +320,10 @@ pub struct LowerOptions {
     /// bench/results/tma-silu-half-2026-11-30.json; DSC_SILU_HALF=0 at compile time turns it
     /// off; with `norm_half` only)
     pub silu_half: bool,
+    /// the batched-decode gate/up matmul (64-row pipelined tiles) computes h = silu(gate) · up
+    /// in its epilogue and the silu_mul step does not run for its rows ([`fuse_swiglu_pipe`];
+    /// on; DSC_SWIGLU_PIPE=0 at compile time off; with `silu_half` only)
+    pub swiglu_pipe: bool,
     /// which pipelined wgmma matmuls load W by TMA ([`tma_wrap`], [`Tma`]; DSC_TMA=0 off,
     /// DSC_TMA=all every one)
     pub tma: Tma,
@@ -354,6 +376,7 @@ impl Default for LowerOptions {
             split_k: Some(SPLIT_K_PARTS),
             norm_half: true,
             silu_half: true,
+            swiglu_pipe: true,
             tma: Tma::Narrow,
             attn_group: true,
             attn_prefetch: false,
@@ -560,13 +583,14 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 // batched decode (from as many tokens as give ATTN_GROUP_MIN_BLOCKS blocks, up
                 // to the prefill kernel's rows): a block per (token, KV head) taking the KV
                 // head's query heads, each K/V row read once for them, in fewer warps
-                let g = attention_group_size(h, kvh, d, ATTN_GROUP_WARPS);
+                let gw = attention_group_warps();
+                let g = attention_group_size(h, kvh, d, gw);
                 let max_rows = flash.as_ref().map(|f| f.min_rows - 1);
                 let grouped = (g > 1 && opts.attn_group).then(|| Large {
                     min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
                     max_rows,
                     args: None,
-                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: ATTN_GROUP_WARPS, keys: attention_keys(), group: g, kv },
+                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: gw, keys: attention_group_keys(), group: g, kv },
                     scalars: st.scalars.clone(),
                     work: Scalar::Dim(name.clone(), 0),
                     grid_y: Scalar::Const((h / g) as i64),
@@ -641,10 +665,12 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         None => steps,
     };
     let steps = insert_half_casts(steps, opts.norm_half, opts.silu_half);
-    // (off: measured slower on the H200 — one block per row reads all the partial sums, 32
-    // blocks at b32 — 8B b32 6,360 -> 6,021, b64 10,447 -> 9,793,
-    // bench/results/splitk-norm-2026-11-30.json; DSC_SPLITK_NORM=1 at compile time folds)
-    let fold = opts.split_k.is_some() && std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "1");
+    let steps = if opts.swiglu_pipe { fuse_swiglu_pipe(steps) } else { steps };
+    // (on: with 32 warps per row, 8B b32 4.546 -> 4.523 ms per step, b64 5.19 -> 5.17
+    // (bench/results/swiglu-splitk-norm-2026-11-30.json); with 8 warps it lost: 8B b32 6,360 ->
+    // 6,021 tok/s, b64 10,447 -> 9,793, bench/results/splitk-norm-2026-11-30.json.
+    // DSC_SPLITK_NORM=0 at compile time keeps the reduce and the norm apart)
+    let fold = opts.split_k.is_some() && !std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "0");
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
     let steps = tma_wrap(steps, opts.tma);
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
@@ -724,7 +750,51 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma) -> Vec<Step> {
     steps
 }
 
-/// (DSC_SPLITK_NORM=1; off by default: slower, see [`lower_opts`]) A split-K reduce step whose
+/// The SwiGLU into the batched-decode gate/up matmul: where a `SiluMulHalf` step (h =
+/// silu(gate) · up and its 16-bit copy) reads the two parts of a merged matmul, the merged
+/// step's first Hopper alternative in 64-row pipelined tiles (unsplit, two equal parts, no
+/// bias) becomes `SwiGluPipe` writing h and the copy itself, and the silu_mul step skips those
+/// rows on Hopper (`hopper_skip`). One launch fewer per layer at 32-64 rows, and the matmul
+/// writes F 16-bit + F f32 values per row instead of 2F f32.
+fn fuse_swiglu_pipe(mut steps: Vec<Step>) -> Vec<Step> {
+    for i in 0..steps.len() {
+        let Some(KernelSpec::SiluMulHalf { .. }) = steps[i].kernel else { continue };
+        let [gate, up, h, hh] = steps[i].args.as_slice() else { continue };
+        let part_of = |name: &str| steps[..i].iter().find(|s| s.node == name).and_then(|s| Some((s.alias_of.clone()?, s.alias_offset.clone())));
+        let (Some((mg, og)), Some((mu, ou))) = (part_of(gate), part_of(up)) else { continue };
+        if mg != mu {
+            continue;
+        }
+        let Some(j) = steps[..i].iter().position(|s| s.node == mg) else { continue };
+        let (h, hh) = (h.clone(), hh.clone());
+        let step_args = steps[j].args.clone();
+        let Some(alt) = steps[j].hopper.iter_mut().find(|l| matches!(&l.kernel, KernelSpec::MatMulParts { inner, parts } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }))) else {
+            continue;
+        };
+        let KernelSpec::MatMulParts { inner, parts } = &alt.kernel else { continue };
+        let KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } = *inner.as_ref() else { continue };
+        // (gate the first part at offset 0, up the second at F)
+        let f = n / 2;
+        let at = |o: &Option<Scalar>, c: i64| matches!(o, Some(Scalar::RowsTimes(m, k)) if *m == mg && *k == c);
+        if parts.as_slice() != [f, f] || !crate::kernels::swiglu_pipe_fits(n, bn, bm) || !at(&og, 0) || !at(&ou, f as i64) {
+            continue;
+        }
+        let mut args = alt.args.clone().unwrap_or(step_args);
+        if args.len() != 4 {
+            continue;
+        }
+        args.truncate(3);
+        args.extend([h.clone(), hh]);
+        alt.kernel = KernelSpec::SwiGluPipe { inner: inner.clone() };
+        alt.scalars = vec![Scalar::Rows(h), Scalar::Const(f as i64)];
+        alt.args = Some(args);
+        let range = (alt.min_rows, alt.max_rows.unwrap_or(i64::MAX));
+        steps[i].hopper_skip = Some(range);
+    }
+    steps
+}
+
+/// (on; DSC_SPLITK_NORM=0 off, see [`lower_opts`]) A split-K reduce step whose
 /// output's next reader is an RMSNorm (the 8B shape's o and down projections: the residual
 /// stream, normalized for the next matmul) is folded into that norm: the norm step gets a `hopper` alternative for the reduce's rows that sums the parts
 /// (+ the residual), writes the node, and normalizes it (`SplitKReduceNorm`; one launch
@@ -1601,6 +1671,36 @@ mod tests {
     }
 
     #[test]
+    fn the_batched_gate_up_matmul_takes_the_swiglu_and_the_silu_step_skips_its_rows() {
+        // the 8B shape's MLP: merged gate/up, silu_mul, down
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wg = weight : bf16[14336, 4096]\n  %wu = weight : bf16[14336, 4096]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 28672]\n  %g = slice(%gu) {axis = 1, start = 0, len = 14336} : f32[T, 14336]\n  %u = slice(%gu) {axis = 1, start = 14336, len = 14336} : f32[T, 14336]\n  %h = silu_mul(%g, %u) : f32[T, 14336]\n  %wd = weight : bf16[4096, 14336]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions { swiglu_pipe: false, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        assert_eq!(plain.len(), steps.len());
+        let sm = steps.iter().find(|s| s.node == "h").unwrap();
+        assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
+        let mm = steps.iter().find(|s| s.node == "gu").unwrap();
+        let fused: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::SwiGluPipe { .. })).collect();
+        let [alt] = fused[..] else { panic!("{:?}", mm.hopper) };
+        let KernelSpec::SwiGluPipe { inner } = &alt.kernel else { unreachable!() };
+        assert!(matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, n: 28672, a16: true, bias: false, residual: false, .. }), "{inner:?}");
+        // x's 16-bit copy, both weights, then h and its copy; M and F
+        assert_eq!(alt.args.as_deref().unwrap(), ["x@bf16", "wg", "wu", "h", "h@bf16"]);
+        assert_eq!(alt.scalars, vec![Scalar::Rows("h".into()), Scalar::Const(14336)]);
+        // the silu step skips exactly the fused alternative's rows; the unfused plan has none
+        assert_eq!(sm.hopper_skip, Some((alt.min_rows, alt.max_rows.unwrap_or(i64::MAX))));
+        assert!(plain.iter().all(|s| s.hopper_skip.is_none() && s.alternatives().all(|l| !matches!(l.kernel, KernelSpec::SwiGluPipe { .. }))));
+        // ... and every other alternative is as before
+        let before = plain.iter().find(|s| s.node == "gu").unwrap();
+        assert_eq!(before.hopper.len(), mm.hopper.len());
+        assert_eq!(
+            before.hopper.iter().filter(|l| !matches!(l.kernel, KernelSpec::MatMulParts { ref inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }))).count(),
+            mm.hopper.len() - 1
+        );
+    }
+
+    #[test]
     fn silu_mul_writes_the_16_bit_copy_the_down_projection_reads() {
         let src = "graph \"t\" {\n  %g = input : f32[T, 256]\n  %u = input : f32[T, 256]\n  %h = silu_mul(%g, %u) : f32[T, 256]\n  %w = weight : bf16[4096, 256]\n  %y = matmul(%h, %w) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
@@ -1646,9 +1746,7 @@ mod tests {
         // o projection + residual, then the norm of the residual stream ahead of a bf16 matmul
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %h = input : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h2 = matmul_add(%x, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  %g = weight : f32[4096]\n  %xn = rms_norm(%h2, %g) {eps = 1e-5} : f32[T, 4096]\n  %w2 = weight : bf16[4096, 4096]\n  %y = matmul_add(%xn, %w2, %h2) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let unfolded = lower_opts(&g, LowerOptions::default()).unwrap();
-        assert!(unfolded.iter().any(|s| s.node == "h2" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))), "off by default");
-        let steps = fold_splitk_reduce_norm(unfolded);
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
         // h2's reduce is gone, folded into the norm; y's (read by no norm) stays
         assert!(steps.iter().all(|s| !(s.node == "h2" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. })))));
         assert!(steps.iter().any(|s| s.node == "y" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))));

@@ -640,6 +640,40 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             tol: 1e-2,
         });
         specs.push(spec);
+        // ... and as the gate/up matmul with the SwiGLU in its epilogue (SwiGluPipe, x in 16
+        // bits): h over a NaN-filled buffer, its 16-bit copy the output; two blocks of
+        // features, rows past one tile
+        let f = bn;
+        if a16 && dsc_codegen::kernels::swiglu_pipe_fits(2 * f, bn, bm) {
+            let (enc, ws, decl) = part_weights(&[f, f], k, DType::BF16, &mut rand_vec)?;
+            let m = 70usize;
+            let x = rand_vec(m * k, -1.0, 1.0);
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1) : f32[{m}, {}]\n  output y = %y\n}}\n", 2 * f);
+            let gu = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+            let h: Vec<f32> = (0..m * f).map(|i| (i / f, i % f)).map(|(r, c)| (gu[r * 2 * f + c], gu[r * 2 * f + f + c])).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let half = dsc_ir::quant::encode(DType::BF16, &h).context("encode")?;
+            let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let spec = KernelSpec::SwiGluPipe { inner: Box::new(KernelSpec::MatMulPipe { k, n: 2 * f, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16, bm }) };
+            let (g, b) = grid(&spec.launch(), 2 * f);
+            let mut inputs = vec![data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?)];
+            inputs.extend(enc.iter().map(|w| data.push_u8(w)));
+            inputs.push(data.push(&vec![f32::NAN; m * f]));
+            cases.push(Case {
+                name: format!("swiglu pipe{bn}s{stages}{}{} {m}x{k}x2x{f} bf16", if overlap { "o" } else { "" }, if bm == 64 { " m64" } else { "" }),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: m.div_ceil(bm) as u32,
+                block: b,
+                inputs,
+                scalars: vec![m as i64, f as i64],
+                expected: data.push(&words),
+                init: None,
+                written_inputs: vec![(3, data.push(&h))],
+                tmaps: vec![],
+                tol: 1e-2,
+            });
+            specs.push(spec);
+        }
     }
     // the batched-decode GEMV reading x in 16 bits (MatMulFewX16, DSC_FEW_X16=1): partial B
     // tiles, both 16-bit formats, a residual, merged parts

@@ -58,36 +58,57 @@ fn greedy_request(prompt: Vec<u32>, max_tokens: usize, events: tokio::sync::mpsc
 pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usize) -> anyhow::Result<bool> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
-    let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
     let bs = plan.header.model.kv_block_size;
     let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs)?;
-    let tokens = |s: usize| new.saturating_sub(s).max(1);
-    let mut streams = vec![];
-    for pipeline in [false, true] {
-        let cfg = SchedulerConfig { max_step_tokens: seqs * prompt_len, max_seqs: seqs, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, pipeline, ..Default::default() };
-        let mut e = Engine::new(Box::new(&mut backend), cfg, None, Arc::new(Metrics::new()));
-        let mut rxs = vec![];
-        for s in 0..seqs {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            e.submit(greedy_request(prompt(vocab, 77 + s as u64, prompt_len), tokens(s), tx));
-            rxs.push(rx);
-        }
-        e.run_to_idle()?;
-        let mut got = vec![];
-        for rx in &mut rxs {
-            let mut ids = vec![];
-            while let Ok(ev) = rx.try_recv() {
-                match ev {
-                    Event::Token { id, .. } => ids.push(id),
-                    Event::Error(m) => anyhow::bail!("pipeline check request failed: {m}"),
-                    _ => {}
-                }
-            }
-            got.push(ids);
-        }
-        streams.push(got);
+    let sync = greedy_streams(&mut backend, &plan, seqs, prompt_len, new, false)?;
+    let piped = greedy_streams(&mut backend, &plan, seqs, prompt_len, new, true)?;
+    Ok(sync == piped && sync.iter().enumerate().all(|(s, ids)| ids.len() == new.saturating_sub(s).max(1)))
+}
+
+/// The engine's greedy token streams on `backend` (of `plan`): `seqs` sequences of
+/// `prompt_len`-token seeded prompts submitted at once, sequence s generating max(new - s, 1)
+/// tokens.
+fn greedy_streams(backend: &mut GpuBackend, plan: &Plan, seqs: usize, prompt_len: usize, new: usize, pipeline: bool) -> anyhow::Result<Vec<Vec<u32>>> {
+    let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
+    let cfg = SchedulerConfig { max_step_tokens: seqs * prompt_len, max_seqs: seqs, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, pipeline, ..Default::default() };
+    let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
+    let mut rxs = vec![];
+    for s in 0..seqs {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        e.submit(greedy_request(prompt(vocab, 77 + s as u64, prompt_len), new.saturating_sub(s).max(1), tx));
+        rxs.push(rx);
     }
-    Ok(streams[0] == streams[1] && streams[0].iter().enumerate().all(|(s, ids)| ids.len() == tokens(s)))
+    e.run_to_idle()?;
+    let mut got = vec![];
+    for rx in &mut rxs {
+        let mut ids = vec![];
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                Event::Token { id, .. } => ids.push(id),
+                Event::Error(m) => anyhow::bail!("greedy request failed: {m}"),
+                _ => {}
+            }
+        }
+        got.push(ids);
+    }
+    Ok(got)
+}
+
+/// Two plans of one model (e.g. compiled with and without a fusion) on the same batched greedy
+/// requests: `seqs` sequences decoding together (see [`greedy_streams`]). Returns how many of
+/// the streams are equal, of `seqs`, and the first position where each unequal one differs.
+pub fn compare_plans(a: &Path, b: &Path, seqs: usize, prompt_len: usize, new: usize) -> anyhow::Result<(usize, Vec<(usize, usize)>)> {
+    let mut streams = vec![];
+    for p in [a, b] {
+        let plan = Plan::open(p)?;
+        let graph = plan.graph()?;
+        let bs = plan.header.model.kv_block_size;
+        let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs)?;
+        streams.push(greedy_streams(&mut backend, &plan, seqs, prompt_len, new, true)?);
+    }
+    let differ: Vec<(usize, usize)> =
+        streams[0].iter().zip(&streams[1]).enumerate().filter(|(_, (x, y))| x != y).map(|(s, (x, y))| (s, x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count())).collect();
+    Ok((seqs - differ.len(), differ))
 }
 
 pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize) -> anyhow::Result<Vec<DecodeResult>> {

@@ -68,9 +68,22 @@ pub struct GpuBackend<'p> {
     feed: Option<CudaSlice<u8>>,
     /// [`CACHED_MAX_TOKENS`] (DSC_CACHED_MAX_TOKENS overrides)
     cached_max_tokens: usize,
+    /// DSC_SKIP_KERNELS=a,b: a measurement knob only — launches whose kernel symbol contains
+    /// one of these strings are left out of every step (the results are wrong; the step's time
+    /// without them bounds what fusing them away could gain). Announced on stderr.
+    skip_kernels: Vec<String>,
     /// pinned buffers the packed inputs go up from, in turn, each with the event after its
     /// last copy
     staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, cudarc::driver::CudaEvent)>>,
+}
+
+/// DSC_SKIP_KERNELS (see `GpuBackend::skip_kernels`), announced on stderr when set.
+fn skip_kernels_from_env() -> Vec<String> {
+    let skip: Vec<String> = std::env::var("DSC_SKIP_KERNELS").unwrap_or_default().split(',').filter(|x| !x.is_empty()).map(str::to_string).collect();
+    if !skip.is_empty() {
+        eprintln!("DSC_SKIP_KERNELS: leaving out launches of kernels containing {skip:?} (timing only: results are wrong)");
+    }
+    skip
 }
 
 /// Pinned input buffers in turn: a step's inputs are written while up to two steps (the
@@ -252,6 +265,7 @@ impl<'p> GpuBackend<'p> {
             feed: None,
             cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
             staging: Default::default(),
+            skip_kernels: skip_kernels_from_env(),
         })
     }
 
@@ -411,13 +425,16 @@ impl GpuBackend<'_> {
             let Some(k0) = &s.kernel else { continue };
             let rows = eval(&Scalar::Rows(s.node.clone()))?;
             let hopper = self.target == "sm_90a" && !self.no_wgmma;
-            if !s.runs_at(rows) || !s.runs_in_context(context) || (s.hopper_only && !hopper) {
+            if !s.runs_on(rows, hopper) || !s.runs_in_context(context) {
                 continue;
             }
             let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem) = match s.alternative(rows, hopper, !self.no_few) {
                 Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0)),
                 None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0),
             };
+            if self.skip_kernels.iter().any(|x| k.contains(x.as_str())) {
+                continue;
+            }
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
             let work = eval(work)? as u32;
             let gy = eval(grid_y)? as u32;

@@ -39,6 +39,21 @@ enum Cmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Two plans of one model (e.g. with and without a fusion) on GPU 0: the same batched greedy
+    /// requests through the serving engine, token streams compared; fails unless at least
+    /// `--min-equal` of the `--seqs` streams are equal.
+    ComparePlans {
+        a: std::path::PathBuf,
+        b: std::path::PathBuf,
+        #[arg(long, default_value_t = 32)]
+        seqs: usize,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 24)]
+        new_tokens: usize,
+        #[arg(long)]
+        min_equal: Option<usize>,
+    },
     /// Decode a whole-model plan on GPU 0, then tensor-parallel plans of the same model
     /// teacher-forced along its greedy continuation: logits compared at every position, decode
     /// timed. `--nccl P` runs rank r of P on GPU r; `--local P` runs every rank on GPU 0 with
@@ -155,6 +170,12 @@ fn main() -> anyhow::Result<()> {
             let equal = dsc_runtime::bench::pipeline_check(&plan, 4, prompt_len, 24)?;
             println!("pipelined engine decode (4 sequences, 21-24 tokens): token streams equal to synchronous: {equal}");
             anyhow::ensure!(equal, "pipelined decode differs from synchronous decode");
+            Ok(())
+        }
+        Cmd::ComparePlans { a, b, seqs, prompt_len, new_tokens, min_equal } => {
+            let (equal, differ) = dsc_runtime::bench::compare_plans(&a, &b, seqs, prompt_len, new_tokens)?;
+            println!("{} vs {}: {equal} of {seqs} greedy streams equal ({new_tokens} tokens); unequal (sequence, first differing token): {differ:?}", a.display(), b.display());
+            anyhow::ensure!(equal >= min_equal.unwrap_or(seqs), "only {equal} of {seqs} streams equal");
             Ok(())
         }
         Cmd::GpuTp { base, nccl, local, prompt_len, steps, json } => {

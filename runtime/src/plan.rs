@@ -207,6 +207,11 @@ pub struct GpuStep {
     /// second pass of a split-K alternative
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hopper_only: bool,
+    /// not launched where the `hopper` alternatives run for rows in this range (inclusive):
+    /// an earlier step's Hopper alternative computes this node in its epilogue (the gate/up
+    /// matmul's SwiGLU)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hopper_skip: Option<(i64, i64)>,
     /// the kernel to use instead when the output has at least `min_rows` rows
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large: Option<GpuLarge>,
@@ -231,6 +236,12 @@ impl GpuStep {
     /// Whether the step launches at all for `rows` rows (its `min_rows..=max_rows`).
     pub fn runs_at(&self, rows: i64) -> bool {
         self.min_rows.is_none_or(|m| rows >= m) && self.max_rows.is_none_or(|m| rows <= m)
+    }
+
+    /// Whether the step launches for `rows` rows on a device that runs the `hopper`
+    /// alternatives (`hopper`) or not: [`GpuStep::runs_at`], `hopper_only` and `hopper_skip`.
+    pub fn runs_on(&self, rows: i64, hopper: bool) -> bool {
+        self.runs_at(rows) && (hopper || !self.hopper_only) && !(hopper && self.hopper_skip.is_some_and(|(lo, hi)| (lo..=hi).contains(&rows)))
     }
 
     /// Whether the step launches in steps whose longest context is `context` keys (its
@@ -659,6 +670,7 @@ mod tests {
             min_context: None,
             max_context: None,
             hopper_only: false,
+            hopper_skip: None,
             large: Some(alt("mma", 16, None)),
             hopper: vec![alt("pipe64", 32, Some(64)), alt("wgmma64", 128, None)],
             hopper_small: Some(alt("wgmma16", 2, None)),
@@ -691,6 +703,14 @@ mod tests {
         let merge = GpuStep { min_rows: Some(2), max_rows: Some(128), ..step.clone() };
         assert!(!merge.runs_at(1) && merge.runs_at(2) && merge.runs_at(128) && !merge.runs_at(129));
         assert!(step.runs_at(1) && step.runs_at(i64::MAX));
+        // on Hopper a step skips the rows an earlier step's epilogue computes it for (the
+        // silu_mul after the SwiGLU gate/up matmul); elsewhere it runs; a Hopper-only step
+        // runs only there
+        let silu = GpuStep { min_rows: Some(2), hopper_skip: Some((32, 64)), ..step.clone() };
+        assert!(silu.runs_on(31, true) && !silu.runs_on(32, true) && !silu.runs_on(64, true) && silu.runs_on(65, true));
+        assert!(silu.runs_on(32, false) && !silu.runs_on(1, false) && !silu.runs_on(1, true));
+        let reduce = GpuStep { hopper_only: true, ..step.clone() };
+        assert!(reduce.runs_on(32, true) && !reduce.runs_on(32, false));
         // context classes: the one-pass attention below 512 keys, the split one from 512
         let one = GpuStep { max_context: Some(511), ..step.clone() };
         let split = GpuStep { min_context: Some(512), ..step.clone() };
