@@ -9,6 +9,8 @@ out=${OUT:-.gpu/out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 status=0
+# (the runtime carried gzipped beside the bundle: scripts/gpu-prepare.sh)
+if [ -f .gpu/dsc-runtime.gz ]; then gunzip -c .gpu/dsc-runtime.gz > .gpu/dsc-runtime && chmod +x .gpu/dsc-runtime; fi
 if [ -d .gpu/check ]; then
   # (gpu-prepare.sh ships the PTX and the data gzipped: the bundle and the runtime fill a call's 64 MiB)
   [ -f .gpu/check/kernels.sm_90a.ptx.gz ] && gunzip -f .gpu/check/kernels.sm_90a.ptx.gz

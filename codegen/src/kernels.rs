@@ -823,6 +823,55 @@ impl Body {
     fn warp_sum(&mut self, x: &str) -> String {
         self.warp_reduce(x, "arith.addf")
     }
+    /// The warp sums of several values at once (every lane gets all of them): a transposing
+    /// butterfly — at xor offset o each lane keeps half of its values and adds the partner's
+    /// copy of them, sending the other half (one shuffle per pair) — then the sum's last
+    /// offsets, then each sum broadcast from a lane holding it. For n values padded to P (a
+    /// power of two ≤ 32): P - 1 + 5 - log2 P + n shuffles instead of 5n. `lane` (i32) is the
+    /// thread's lane.
+    fn warp_sums(&mut self, xs: &[String], lane: &str) -> Vec<String> {
+        let n = xs.len();
+        if n <= 1 {
+            return xs.iter().map(|x| self.warp_sum(x)).collect();
+        }
+        let p = n.next_power_of_two().min(32);
+        if p < n {
+            return xs.iter().map(|x| self.warp_sum(x)).collect();
+        }
+        let zero = self.cf32(0.0);
+        let mut c: Vec<String> = xs.iter().cloned().chain(std::iter::repeat_n(zero, p - n)).collect();
+        let w32 = self.op("arith.constant 32 : i32");
+        let z32 = self.op("arith.constant 0 : i32");
+        let levels = p.trailing_zeros() as usize;
+        for k in 0..levels {
+            let off = 16i32 >> k;
+            let o = self.op(&format!("arith.constant {off} : i32"));
+            let lb = self.op(&format!("arith.andi {lane}, {o} : i32"));
+            let hi = self.op(&format!("arith.cmpi ne, {lb}, {z32} : i32"));
+            let half = c.len() / 2;
+            let mut next = vec![];
+            for i in 0..half {
+                let send = self.op(&format!("arith.select {hi}, {}, {} : f32", c[i], c[i + half]));
+                let keep = self.op(&format!("arith.select {hi}, {}, {} : f32", c[i + half], c[i]));
+                let (sh, valid) = (self.v(), self.v());
+                self.line(&format!("{sh}, {valid} = gpu.shuffle xor {send}, {o}, {w32} : f32"));
+                next.push(self.op(&format!("arith.addf {keep}, {sh} : f32")));
+            }
+            c = next;
+        }
+        let rest: Vec<i32> = (levels..5).map(|k| 16 >> k).collect();
+        let total = self.xor_reduce(&c[0], "arith.addf", &rest);
+        // (value i's sum is in the lanes whose bits 16 >> k are i's bits from the top)
+        (0..n)
+            .map(|i| {
+                let src: i32 = (0..levels).map(|k| if (i >> (levels - 1 - k)) & 1 == 1 { 16 >> k } else { 0 }).sum();
+                let s = self.op(&format!("arith.constant {src} : i32"));
+                let (sh, valid) = (self.v(), self.v());
+                self.line(&format!("{sh}, {valid} = gpu.shuffle idx {total}, {s}, {w32} : f32"));
+                sh
+            })
+            .collect()
+    }
     /// butterfly reduction over the warp with `combine` (arith.addf / arith.maximumf); every
     /// lane gets the result
     fn warp_reduce(&mut self, x: &str, combine: &str) -> String {
@@ -3514,6 +3563,13 @@ fn emit_paged_attention(
     let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
     let ckvh = b.ci64(kvh as i64);
     let clast = b.op(&format!("arith.subi {hi}, {c1} : i64"));
+    // (a warp step's keys j .. j + nk - 1 lie in one cache block when j is a multiple of nk
+    // — the one-pass kernel's, from key 0 — and nk divides the block size: one block-table
+    // lookup per step, the keys' rows kvh·d elements apart; DSC_ATTN_TABLE_PER_KEY=1 at
+    // compile time looks up every key)
+    let one_lookup = split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_TABLE_PER_KEY").is_ok_and(|v| v == "1");
+    let page0 = one_lookup.then(|| b.paged_key_offset(&j64, &trow, &kh, &cbs, &ckvh, &dd));
+    let krow = b.ci64((kvh * d) as i64);
     // every key's K and V rows first (nk·2·per loads in flight), then the math
     let mut kvrows: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
     for u in 0..nk {
@@ -3521,7 +3577,14 @@ fn emit_paged_attention(
         let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
         let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {hi} : i64")));
         let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
-        let kbase = b.paged_key_offset(&ju, &trow, &kh, &cbs, &ckvh, &dd);
+        let kbase = match &page0 {
+            Some(p0) => {
+                let du = b.op(&format!("arith.subi {ju}, {j64} : i64"));
+                let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
+                b.op(&format!("arith.addi {p0}, {o} : i64"))
+            }
+            None => b.paged_key_offset(&ju, &trow, &kh, &cbs, &ckvh, &dd),
+        };
         let (mut ks, mut vs) = (vec![], vec![]);
         if wide {
             for eo in &eoff {
@@ -3536,18 +3599,31 @@ fn emit_paged_attention(
         }
         kvrows.push((ks, vs, valid));
     }
-    // per head: scores (a warp sum each), the running max over them, one rescale per step
-    let mut outs = vec![];
-    for (g, qg) in qv.iter().enumerate() {
-        let (m, l) = (&state[g * st], &state[g * st + 1]);
-        let accs = &state[g * st + 2..(g + 1) * st];
-        let mut ss = vec![];
-        for (ks, _, valid) in &kvrows {
+    // per head: scores (the warp sums of every head's and key's dot products at once), the
+    // running max over them, one rescale per step
+    let mut dots = vec![];
+    for qg in &qv {
+        for (ks, _, _) in &kvrows {
             let mut dot = zero.clone();
             for (qe, k) in qg.iter().zip(ks) {
                 dot = b.op(&format!("llvm.intr.fma({qe}, {k}, {dot}) : (f32, f32, f32) -> f32"));
             }
-            let s = b.warp_sum(&dot);
+            dots.push(dot);
+        }
+    }
+    let sums = if transposed_sums() {
+        let lane32 = b.op(&format!("arith.index_cast {lane_i} : index to i32"));
+        b.warp_sums(&dots, &lane32)
+    } else {
+        dots.iter().map(|d| b.warp_sum(d)).collect()
+    };
+    let mut outs = vec![];
+    for (g, _) in qv.iter().enumerate() {
+        let (m, l) = (&state[g * st], &state[g * st + 1]);
+        let accs = &state[g * st + 2..(g + 1) * st];
+        let mut ss = vec![];
+        for (u, (_, _, valid)) in kvrows.iter().enumerate() {
+            let s = sums[g * kvrows.len() + u].clone();
             ss.push(match valid {
                 Some(v) => b.op(&format!("arith.select {v}, {s}, {ninf} : f32")),
                 None => s,
@@ -5094,6 +5170,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })
+}
+
+/// Whether the decode attention sums its heads' and keys' dot products over the warp together
+/// ([`Body::warp_sums`]: 32 shuffles instead of 80 for 4 heads x 4 keys; on;
+/// DSC_ATTN_TRANSPOSED_SUMS=0 at compile time sums each alone).
+fn transposed_sums() -> bool {
+    !std::env::var("DSC_ATTN_TRANSPOSED_SUMS").is_ok_and(|v| v == "0")
 }
 
 /// Bytes one lane of [`KernelSpec::PrefetchL2`] prefetches per instruction.
