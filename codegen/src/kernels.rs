@@ -3557,8 +3557,64 @@ fn emit_paged_attention(
     let loi = b.op(&format!("arith.index_cast {lo} : i64 to index"));
     let jstart = b.op(&format!("arith.addi {jstart}, {loi} : index"));
     let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
-    b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", rep * st, iter.join(", ")));
+    // (bf16 pools, the one-pass kernels: the next warp step's K/V rows are loaded before this
+    // step's math, carried through the loop as raw 16-bit vectors. On: 8B b1 3.836 -> 3.796 ms,
+    // b128 -0.8%, b32 neutral, SmolLM2 shape b1 -0.8%, b32 -1.6%
+    // (bench/results/fusion-2026-11-30-session12.json); DSC_ATTN_PIPELINE=0 at compile time
+    // off)
+    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
+    let vty = format!("vector<{per}xi16>");
+    // the raw K and V vectors of the warp step from key `jb` (i64; keys past the context load
+    // its last key's row)
+    let raw_step = |b: &mut Body, jb: &str, hi: &str| -> Vec<String> {
+        let c1 = b.ci64(1);
+        let cl = b.op(&format!("arith.subi {hi}, {c1} : i64"));
+        let cbs = b.ci64(bs as i64);
+        let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
+        let ckvh = b.ci64(kvh as i64);
+        let krow = b.ci64((kvh * d) as i64);
+        let j0 = b.op(&format!("arith.minsi {jb}, {cl} : i64"));
+        let p0 = b.paged_key_offset(&j0, &trow, &kh, &cbs, &ckvh, &dd);
+        let mut out = vec![];
+        for u in 0..nk {
+            let cu = b.ci64(u as i64);
+            let ju = b.op(&format!("arith.addi {jb}, {cu} : i64"));
+            let ju = b.op(&format!("arith.minsi {ju}, {cl} : i64"));
+            let du = b.op(&format!("arith.subi {ju}, {j0} : i64"));
+            let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
+            let kb = b.op(&format!("arith.addi {p0}, {o} : i64"));
+            let o = b.op(&format!("arith.addi {kb}, {} : i64", eoff[0]));
+            let c2 = b.ci64(2);
+            let by = b.op(&format!("arith.muli {o}, {c2} : i64"));
+            for pool in ["%kc", "%vc"] {
+                let p = b.op(&format!("llvm.getelementptr {pool}[{by}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                out.push(b.op(&format!("llvm.load {p} {{alignment = {} : i64}} : !llvm.ptr<1> -> {vty}", 2 * per)));
+            }
+        }
+        out
+    };
+    let (iter, tys, raw_args) = if pipelined {
+        let js = b.idx64(&jstart);
+        let first = raw_step(b, &js, &hi);
+        let args: Vec<String> = (0..first.len()).map(|_| b.v()).collect();
+        let mut iter = iter;
+        iter.extend(args.iter().zip(&first).map(|(a, f)| format!("{a} = {f}")));
+        let tys = format!("{tys}{}", format!(", {vty}").repeat(first.len()));
+        (iter, tys, args)
+    } else {
+        (iter, tys, vec![])
+    };
+    let nres = rep * st + raw_args.len();
+    b.line(&format!("{res}:{nres} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", iter.join(", ")));
     let j64 = b.idx64(&j);
+    // (pipelined: the next step's loads go out first)
+    let next_raw = if pipelined {
+        let ws64 = b.idx64(&wstep);
+        let jn = b.op(&format!("arith.addi {j64}, {ws64} : i64"));
+        raw_step(b, &jn, &hi)
+    } else {
+        vec![]
+    };
     let cbs = b.ci64(bs as i64);
     let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
     let ckvh = b.ci64(kvh as i64);
@@ -3567,7 +3623,7 @@ fn emit_paged_attention(
     // — the one-pass kernel's, from key 0 — and nk divides the block size: one block-table
     // lookup per step, the keys' rows kvh·d elements apart; DSC_ATTN_TABLE_PER_KEY=1 at
     // compile time looks up every key)
-    let one_lookup = split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_TABLE_PER_KEY").is_ok_and(|v| v == "1");
+    let one_lookup = !pipelined && split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_TABLE_PER_KEY").is_ok_and(|v| v == "1");
     let page0 = one_lookup.then(|| b.paged_key_offset(&j64, &trow, &kh, &cbs, &ckvh, &dd));
     let krow = b.ci64((kvh * d) as i64);
     // every key's K and V rows first (nk·2·per loads in flight), then the math
@@ -3576,6 +3632,23 @@ fn emit_paged_attention(
         let cu = b.ci64(u as i64);
         let ju = b.op(&format!("arith.addi {j64}, {cu} : i64"));
         let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {hi} : i64")));
+        if pipelined {
+            // (this step's rows, loaded one step ahead)
+            let mut kvs = vec![];
+            for r in &raw_args[2 * u..2 * u + 2] {
+                let mut v = vec![];
+                for e in 0..per {
+                    let c = b.op(&format!("arith.constant {e} : i32"));
+                    let h = b.op(&format!("llvm.extractelement {r}[{c} : i32] : {vty}"));
+                    v.push(b.bf16_to_f32(&h));
+                }
+                kvs.push(v);
+            }
+            let vs = kvs.pop().unwrap_or_default();
+            let ks = kvs.pop().unwrap_or_default();
+            kvrows.push((ks, vs, valid));
+            continue;
+        }
         let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
         let kbase = match &page0 {
             Some(p0) => {
@@ -3649,6 +3722,7 @@ fn emit_paged_attention(
         outs.push(l2);
         outs.extend(outs_acc);
     }
+    outs.extend(next_raw);
     b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
     b.line("}");
     // partial states to shared memory: head g of warp w at (w·rep + g)·stride: m, l, then
