@@ -3557,12 +3557,13 @@ fn emit_paged_attention(
     let loi = b.op(&format!("arith.index_cast {lo} : i64 to index"));
     let jstart = b.op(&format!("arith.addi {jstart}, {loi} : index"));
     let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
-    // (bf16 pools, the one-pass kernels: the next warp step's K/V rows are loaded before this
-    // step's math, carried through the loop as raw 16-bit vectors. On: 8B b1 3.836 -> 3.796 ms,
-    // b128 -0.8%, b32 neutral, SmolLM2 shape b1 -0.8%, b32 -1.6%
-    // (bench/results/fusion-2026-11-30-session12.json); DSC_ATTN_PIPELINE=0 at compile time
-    // off)
-    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
+    // (bf16 pools, the one-pass kernels of a block per head: the next warp step's K/V rows are
+    // loaded before this step's math, carried through the loop as raw 16-bit vectors. On: 8B
+    // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
+    // their extra registers cost the SmolLM2 shape's b128 a wave (52.4k -> 46.8k tok/s) for
+    // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
+    // DSC_ATTN_PIPELINE=0 at compile time off)
+    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
     let vty = format!("vector<{per}xi16>");
     // the raw K and V vectors of the warp step from key `jb` (i64; keys past the context load
     // its last key's row)
