@@ -209,7 +209,8 @@ impl KernelSpec {
             | KernelSpec::PrefetchL2 { inner }
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. } => inner.hopper_only(),
-            KernelSpec::Tma { .. } => true,
+            // (it reads the partial sums that only the Hopper split-K alternative writes)
+            KernelSpec::Tma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -360,6 +361,12 @@ pub enum KernelSpec {
     /// and up accumulators and writes h ([M, F] f32) and its 16-bit copy. params x, w_gate,
     /// w_up, y, yh, M, F
     SwiGluPipe { inner: Box<KernelSpec> },
+    /// `QkvRopeCache` (`inner`) reading q, k and v as the sums of a split-K merged Q/K/V
+    /// matmul's `splits` partial-sum slices instead of the reduced node (the reduce step folded
+    /// in): params as `inner`'s with `%parts` (slice 0 of the partial sums, part-major like the
+    /// merged node) in place of xq, xk, xv, and after its scalars the slice's elements and q's,
+    /// k's and v's element offsets in it
+    QkvRopeSplitK { inner: Box<KernelSpec>, splits: usize },
     /// y = rms_norm(x, g) @ W^T with the norm in the decode GEMV's prologue (one x row per
     /// block row): `inner` is a plain-float `MatMul` (or `MatMulParts` of one); every block
     /// reads all of x anyway, so it accumulates sum(x^2) beside the dot products, multiplies x
@@ -471,6 +478,7 @@ impl KernelSpec {
             ),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::SwiGluPipe { inner } => format!("{}_swiglu", inner.symbol()),
+            KernelSpec::QkvRopeSplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
             KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
@@ -568,6 +576,7 @@ impl KernelSpec {
             | KernelSpec::MatMulAct { inner, .. }
             | KernelSpec::PrefetchL2 { inner }
             | KernelSpec::SwiGluPipe { inner }
+            | KernelSpec::QkvRopeSplitK { inner, .. }
             | KernelSpec::RopeAttention { inner, .. } => inner.launch(),
         }
     }
@@ -599,6 +608,9 @@ struct Body {
     swiglu: bool,
     /// the pipelined matmul's SwiGLU epilogue (`SwiGluPipe`)
     swiglu_pipe: bool,
+    /// (`QkvRopeSplitK`) q, k and v loads sum this many partial-sum slices, `%slice`
+    /// elements apart
+    sum_slices: Option<usize>,
     /// the pipelined matmul's K steps are cut into this many parts over blocks
     /// (`KernelSpec::SplitK`)
     split_k: Option<usize>,
@@ -650,6 +662,19 @@ impl Body {
     fn load(&mut self, ptr: &str, idx: &str) -> String {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
         self.op(&format!("llvm.load {p} : !llvm.ptr<1> -> f32"))
+    }
+    /// f32 element `idx` of `ptr`, or with `sum_slices` (S) the sum of elements idx + s·%slice
+    /// for s < S (a split-K matmul's partial sums)
+    fn load_summed(&mut self, ptr: &str, idx: &str) -> String {
+        let mut acc = self.load(ptr, idx);
+        for s in 1..self.sum_slices.unwrap_or(1) {
+            let cs = self.ci64(s as i64);
+            let o = self.op(&format!("arith.muli %slice, {cs} : i64"));
+            let at = self.op(&format!("arith.addi {idx}, {o} : i64"));
+            let v = self.load(ptr, &at);
+            acc = self.op(&format!("arith.addf {acc}, {v} : f32"));
+        }
+        acc
     }
     fn store(&mut self, val: &str, ptr: &str, idx: &str) {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{idx}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
@@ -1080,8 +1105,8 @@ impl Body {
             let a1 = b.op(&format!("arith.addi {a0}, {ch} : i64"));
             (a0, a1)
         };
-        let x0 = b.load(ptr, &i0);
-        let x1 = b.load(ptr, &i1);
+        let x0 = b.load_summed(ptr, &i0);
+        let x1 = b.load_summed(ptr, &i1);
         // y0 = x0 c - x1 s, y1 = x1 c + x0 s
         let x1s = b.op(&format!("arith.mulf {x1}, {sn} : f32"));
         let nx1s = b.op(&format!("arith.negf {x1s} : f32"));
@@ -3333,7 +3358,22 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let name = spec.symbol();
-    let mut b = Body { s: String::new(), n: 0, workgroup: None, block_x: None, pdl, waited: false, norm: None, swiglu: false, swiglu_pipe: false, act: None, split_k: None, split_n: None, tma: false };
+    let mut b = Body {
+        s: String::new(),
+        n: 0,
+        workgroup: None,
+        block_x: None,
+        pdl,
+        waited: false,
+        norm: None,
+        swiglu: false,
+        swiglu_pipe: false,
+        sum_slices: None,
+        act: None,
+        split_k: None,
+        split_n: None,
+        tma: false,
+    };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     let prologue = match (pdl, b.waited) {
@@ -4583,6 +4623,18 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             matmul_params(*bias, *residual, true)
         }
+        KernelSpec::QkvRopeSplitK { inner, splits } => {
+            if !matches!(inner.as_ref(), KernelSpec::QkvRopeCache { .. }) || *splits < 2 {
+                return Err(format!("the split-K Q/K/V sums fold into QkvRopeCache over 2+ slices, not {} over {splits}", inner.symbol()));
+            }
+            for (x, o) in [("%xq", "%oq"), ("%xk", "%ok"), ("%xv", "%ov")] {
+                b.line(&format!("{x} = llvm.getelementptr %parts[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
+            }
+            b.sum_slices = Some(*splits);
+            let params = emit_into(b, inner)?;
+            b.sum_slices = None;
+            params.replacen("%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>", "%parts: !llvm.ptr<1>", 1).replacen("%nk: i64", "%nk: i64, %slice: i64, %oq: i64, %ok: i64, %ov: i64", 1)
+        }
         KernelSpec::SwiGluPipe { inner } => {
             match inner.as_ref() {
                 KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && !b.tma && b.split_k.is_none() && b.act.is_none() => {}
@@ -5211,7 +5263,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let c1 = b.ci64(1);
             let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
             for e in [e0, e1] {
-                let x = b.load("%xv", &e);
+                let x = b.load_summed("%xv", &e);
                 b.store_to_slot(&x, &e, &t, kvh * d, "%vc", *kv)?;
             }
             b.line("}");

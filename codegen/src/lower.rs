@@ -271,7 +271,12 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             },
             norm_half: !std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "0"),
             silu_half: !std::env::var("DSC_SILU_HALF").is_ok_and(|v| v == "0"),
-            swiglu_pipe: !std::env::var("DSC_SWIGLU_PIPE").is_ok_and(|v| v == "0"),
+            swiglu_pipe: match std::env::var("DSC_SWIGLU_PIPE").as_deref() {
+                Ok("0") => SwiGluFusion::Off,
+                Ok("all") => SwiGluFusion::All,
+                _ => SwiGluFusion::Batched,
+            },
+            splitk_rope: std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "1"),
             tma: match std::env::var("DSC_TMA").as_deref() {
                 Ok("0") => Tma::Off,
                 Ok("all") | Ok("1") => Tma::All,
@@ -320,10 +325,16 @@ pub struct LowerOptions {
     /// bench/results/tma-silu-half-2026-11-30.json; DSC_SILU_HALF=0 at compile time turns it
     /// off; with `norm_half` only)
     pub silu_half: bool,
-    /// the batched-decode gate/up matmul (64-row pipelined tiles) computes h = silu(gate) · up
-    /// in its epilogue and the silu_mul step does not run for its rows ([`fuse_swiglu_pipe`];
-    /// on; DSC_SWIGLU_PIPE=0 at compile time off; with `silu_half` only)
-    pub swiglu_pipe: bool,
+    /// which gate/up matmul alternatives compute h = silu(gate) · up in their epilogue, the
+    /// silu_mul step not running for their rows ([`fuse_swiglu_pipe`]; with `silu_half`
+    /// only): the batched-decode 64-row tile (on; DSC_SWIGLU_PIPE=0 at compile time off), or
+    /// every pipelined one (DSC_SWIGLU_PIPE=all: prefill and b128 too; its kernels pass the
+    /// bundle on the H200, the plans are not yet measured)
+    pub swiglu_pipe: SwiGluFusion,
+    /// the split-K reduce of a merged Q/K/V matmul folded into the `QkvRopeCache` step
+    /// reading it ([`fold_splitk_reduce_rope`]; off: prepared, its kernel not yet run on the
+    /// H200; DSC_SPLITK_ROPE=1 at compile time on)
+    pub splitk_rope: bool,
     /// which pipelined wgmma matmuls load W by TMA ([`tma_wrap`], [`Tma`]; DSC_TMA=0 off,
     /// DSC_TMA=all every one)
     pub tma: Tma,
@@ -367,6 +378,16 @@ pub enum Tma {
     All,
 }
 
+/// Which gate/up matmul alternatives take the SwiGLU epilogue ([`LowerOptions::swiglu_pipe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwiGluFusion {
+    Off,
+    /// the first pipelined alternative in 64-row tiles (batched decode, 32-64 rows on the 8B shape)
+    Batched,
+    /// every pipelined alternative, where the rows they take form one interval
+    All,
+}
+
 impl Default for LowerOptions {
     fn default() -> Self {
         LowerOptions {
@@ -376,7 +397,8 @@ impl Default for LowerOptions {
             split_k: Some(SPLIT_K_PARTS),
             norm_half: true,
             silu_half: true,
-            swiglu_pipe: true,
+            swiglu_pipe: SwiGluFusion::Batched,
+            splitk_rope: false,
             tma: Tma::Narrow,
             attn_group: true,
             attn_prefetch: false,
@@ -665,13 +687,14 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         None => steps,
     };
     let steps = insert_half_casts(steps, opts.norm_half, opts.silu_half);
-    let steps = if opts.swiglu_pipe { fuse_swiglu_pipe(steps) } else { steps };
+    let steps = fuse_swiglu_pipe(steps, opts.swiglu_pipe);
     // (on: with 32 warps per row, 8B b32 4.546 -> 4.523 ms per step, b64 5.19 -> 5.17
     // (bench/results/swiglu-splitk-norm-2026-11-30.json); with 8 warps it lost: 8B b32 6,360 ->
     // 6,021 tok/s, b64 10,447 -> 9,793, bench/results/splitk-norm-2026-11-30.json.
     // DSC_SPLITK_NORM=0 at compile time keeps the reduce and the norm apart)
     let fold = opts.split_k.is_some() && !std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "0");
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
+    let steps = if opts.splitk_rope { fold_splitk_reduce_rope(steps) } else { steps };
     let steps = tma_wrap(steps, opts.tma);
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
 }
@@ -750,13 +773,15 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma) -> Vec<Step> {
     steps
 }
 
-/// The SwiGLU into the batched-decode gate/up matmul: where a `SiluMulHalf` step (h =
-/// silu(gate) · up and its 16-bit copy) reads the two parts of a merged matmul, the merged
-/// step's first Hopper alternative in 64-row pipelined tiles (unsplit, two equal parts, no
-/// bias) becomes `SwiGluPipe` writing h and the copy itself, and the silu_mul step skips those
-/// rows on Hopper (`hopper_skip`). One launch fewer per layer at 32-64 rows, and the matmul
-/// writes F 16-bit + F f32 values per row instead of 2F f32.
-fn fuse_swiglu_pipe(mut steps: Vec<Step>) -> Vec<Step> {
+/// The SwiGLU into the gate/up matmul: where a `SiluMulHalf` step (h = silu(gate) · up and
+/// its 16-bit copy) reads the two parts of a merged matmul, that matmul's pipelined `hopper`
+/// alternatives (unsplit, two equal parts, no bias; with [`SwiGluFusion::Batched`] only the
+/// first in 64-row tiles, with `All` every one) become `SwiGluPipe` writing h and the copy
+/// themselves, and the silu_mul step skips, on Hopper, exactly the rows whose first-fitting
+/// Hopper alternative is a fused one (`hopper_skip`; that set must be one interval, else only
+/// the batched tile is fused). One launch fewer per layer, and the matmul writes F 16-bit + F
+/// f32 values per row instead of 2F f32.
+fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion) -> Vec<Step> {
     for i in 0..steps.len() {
         let Some(KernelSpec::SiluMulHalf { .. }) = steps[i].kernel else { continue };
         let [gate, up, h, hh] = steps[i].args.as_slice() else { continue };
@@ -768,28 +793,141 @@ fn fuse_swiglu_pipe(mut steps: Vec<Step>) -> Vec<Step> {
         let Some(j) = steps[..i].iter().position(|s| s.node == mg) else { continue };
         let (h, hh) = (h.clone(), hh.clone());
         let step_args = steps[j].args.clone();
-        let Some(alt) = steps[j].hopper.iter_mut().find(|l| matches!(&l.kernel, KernelSpec::MatMulParts { inner, parts } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }))) else {
+        // (gate the first part at offset 0, up the second at F)
+        let at = |o: &Option<Scalar>, c: i64| matches!(o, Some(Scalar::RowsTimes(m, k)) if *m == mg && *k == c);
+        let fusable = |l: &Large| -> Option<(Box<KernelSpec>, usize)> {
+            let KernelSpec::MatMulParts { inner, parts } = &l.kernel else { return None };
+            let KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } = *inner.as_ref() else { return None };
+            let f = n / 2;
+            let ok = parts.as_slice() == [f, f] && crate::kernels::swiglu_pipe_fits(n, bn, bm) && at(&og, 0) && at(&ou, f as i64) && l.args.as_ref().unwrap_or(&step_args).len() == 4;
+            ok.then(|| (inner.clone(), f))
+        };
+        let is_m64 = |l: &Large| matches!(&l.kernel, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }));
+        let hopper = &steps[j].hopper;
+        let batched: Vec<usize> = hopper.iter().position(is_m64).filter(|&k| fusable(&hopper[k]).is_some()).into_iter().collect();
+        let all: Vec<usize> = (0..hopper.len()).filter(|&k| fusable(&hopper[k]).is_some()).collect();
+        let chosen = match mode {
+            SwiGluFusion::Off => continue,
+            SwiGluFusion::Batched => batched,
+            SwiGluFusion::All => match fused_rows(hopper, &all) {
+                Some(_) => all,
+                None => batched,
+            },
+        };
+        let Some(range) = fused_rows(hopper, &chosen) else { continue };
+        for k in chosen {
+            let alt = &mut steps[j].hopper[k];
+            let Some((inner, f)) = fusable(alt) else { continue };
+            let mut args = alt.args.clone().unwrap_or_else(|| step_args.clone());
+            args.truncate(3);
+            args.extend([h.clone(), hh.clone()]);
+            alt.kernel = KernelSpec::SwiGluPipe { inner };
+            alt.scalars = vec![Scalar::Rows(h.clone()), Scalar::Const(f as i64)];
+            alt.args = Some(args);
+        }
+        steps[i].hopper_skip = Some(range);
+    }
+    steps
+}
+
+/// The rows (one interval, inclusive) whose first-fitting alternative of `alts` — as the
+/// runtime picks among a step's `hopper` list — is one of `chosen`; None when there are none
+/// or they are not one interval.
+fn fused_rows(alts: &[Large], chosen: &[usize]) -> Option<(i64, i64)> {
+    let hi_of = |l: &Large| l.max_rows.unwrap_or(i64::MAX);
+    // (the first fit is the same between consecutive boundaries)
+    let mut points: Vec<i64> = alts.iter().flat_map(|l| [l.min_rows, hi_of(l).saturating_add(1)]).chain([1]).collect();
+    points.sort_unstable();
+    points.dedup();
+    let mut spans: Vec<(i64, i64)> = vec![];
+    for (w, &p) in points.iter().enumerate() {
+        let end = points.get(w + 1).map_or(i64::MAX, |&q| q - 1);
+        let pick = alts.iter().position(|l| p >= l.min_rows && p <= hi_of(l));
+        if pick.is_some_and(|k| chosen.contains(&k)) {
+            match spans.last_mut() {
+                Some(last) if last.1.saturating_add(1) >= p => last.1 = end,
+                _ => spans.push((p, end)),
+            }
+        }
+    }
+    match spans.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+/// (DSC_SPLITK_ROPE=1; prepared, off) The split-K reduce of a merged Q/K/V matmul (no
+/// residual) folded into the `QkvRopeCache` step that reads the three parts: that step gets a
+/// `hopper` alternative for the reduce's rows (in its own rows: tokens x H) reading the
+/// partial sums (`QkvRopeSplitK`: q, k, v summed over the slices on load) and the reduce step
+/// goes. Only where nothing else reads the merged node or a view of it.
+fn fold_splitk_reduce_rope(mut steps: Vec<Step>) -> Vec<Step> {
+    let mut i = 0;
+    while i < steps.len() {
+        let Some(KernelSpec::SplitKReduce { splits, residual: false }) = steps[i].kernel else {
+            i += 1;
             continue;
         };
-        let KernelSpec::MatMulParts { inner, parts } = &alt.kernel else { continue };
-        let KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } = *inner.as_ref() else { continue };
-        // (gate the first part at offset 0, up the second at F)
-        let f = n / 2;
-        let at = |o: &Option<Scalar>, c: i64| matches!(o, Some(Scalar::RowsTimes(m, k)) if *m == mg && *k == c);
-        if parts.as_slice() != [f, f] || !crate::kernels::swiglu_pipe_fits(n, bn, bm) || !at(&og, 0) || !at(&ou, f as i64) {
+        let merged = steps[i].node.clone();
+        let parts = steps[i].args.first().cloned().unwrap_or_default();
+        // every view of the merged node, with its element offset in it
+        let mut views: Vec<(String, Option<Scalar>)> = vec![(merged.clone(), None)];
+        for s in &steps {
+            if let Some(of) = &s.alias_of {
+                if let Some(k) = views.iter().position(|(v, _)| v == of) {
+                    let off = match (&views[k].1, &s.alias_offset) {
+                        (None, o) => o.clone(),
+                        (o, None) => o.clone(),
+                        (Some(_), Some(_)) => continue,
+                    };
+                    views.push((s.node.clone(), off));
+                }
+            }
+        }
+        let offset = |a: &str| views.iter().find(|(v, _)| v == a).map(|(_, o)| o.clone().unwrap_or(Scalar::Const(0)));
+        let reads_view = |s: &Step| s.args.iter().chain(s.alternatives().filter_map(|l| l.args.as_ref()).flatten()).any(|a| views.iter().any(|(v, _)| v == a));
+        let (lo, hi) = (steps[i].min_rows.unwrap_or(1), steps[i].max_rows);
+        // (the matmul writing the node names it too; the one-token steps — the decode attention
+        // taking RoPE in, and the RoPE kernel where the split attention takes one token — read
+        // q, k and v too, but never in the reduce's rows: rows there are tokens x H)
+        let one_token_only = |s: &Step| {
+            let h = match &s.kernel {
+                Some(KernelSpec::RopeAttention { inner, .. }) => match inner.as_ref() {
+                    KernelSpec::PagedAttention { h, .. } => *h as i64,
+                    _ => return false,
+                },
+                Some(KernelSpec::QkvRopeCache { h, .. }) => *h as i64,
+                _ => return false,
+            };
+            s.max_rows.is_some_and(|m| m < lo * h)
+        };
+        let readers: Vec<usize> = (0..steps.len()).filter(|&k| k != i && steps[k].node != merged && steps[k].kernel.is_some() && !one_token_only(&steps[k]) && reads_view(&steps[k])).collect();
+        let [r] = readers[..] else {
+            i += 1;
+            continue;
+        };
+        let Some(rope @ KernelSpec::QkvRopeCache { h, .. }) = steps[r].kernel.clone() else {
+            i += 1;
+            continue;
+        };
+        let (Some(oq), Some(ok), Some(ov)) = (offset(&steps[r].args[0]), offset(&steps[r].args[1]), offset(&steps[r].args[2])) else {
+            i += 1;
+            continue;
+        };
+        if steps[r].args.len() != 8 || !steps[r].hopper.is_empty() || steps[r].alternatives().next().is_some() {
+            i += 1;
             continue;
         }
-        let mut args = alt.args.clone().unwrap_or(step_args);
-        if args.len() != 4 {
-            continue;
-        }
-        args.truncate(3);
-        args.extend([h.clone(), hh]);
-        alt.kernel = KernelSpec::SwiGluPipe { inner: inner.clone() };
-        alt.scalars = vec![Scalar::Rows(h), Scalar::Const(f as i64)];
-        alt.args = Some(args);
-        let range = (alt.min_rows, alt.max_rows.unwrap_or(i64::MAX));
-        steps[i].hopper_skip = Some(range);
+        let mut args = vec![parts];
+        args.extend(steps[r].args[3..].iter().cloned());
+        let mut scalars = steps[r].scalars.clone();
+        scalars.extend([Scalar::Numel(merged), oq, ok, ov]);
+        let kernel = KernelSpec::QkvRopeSplitK { inner: Box::new(rope), splits };
+        // (the rope step's rows are tokens x H)
+        let hh = h as i64;
+        let (work, grid_y) = (steps[r].work.clone(), steps[r].grid_y.clone());
+        steps[r].hopper.push(Large { min_rows: lo * hh, max_rows: hi.map(|m| m * hh), args: Some(args), kernel, scalars, work, grid_y });
+        steps.remove(i);
     }
     steps
 }
@@ -1675,7 +1813,7 @@ mod tests {
         // the 8B shape's MLP: merged gate/up, silu_mul, down
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wg = weight : bf16[14336, 4096]\n  %wu = weight : bf16[14336, 4096]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 28672]\n  %g = slice(%gu) {axis = 1, start = 0, len = 14336} : f32[T, 14336]\n  %u = slice(%gu) {axis = 1, start = 14336, len = 14336} : f32[T, 14336]\n  %h = silu_mul(%g, %u) : f32[T, 14336]\n  %wd = weight : bf16[4096, 14336]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { swiglu_pipe: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Off, ..Default::default() }).unwrap();
         let steps = lower_opts(&g, LowerOptions::default()).unwrap();
         assert_eq!(plain.len(), steps.len());
         let sm = steps.iter().find(|s| s.node == "h").unwrap();
@@ -1698,6 +1836,64 @@ mod tests {
             before.hopper.iter().filter(|l| !matches!(l.kernel, KernelSpec::MatMulParts { ref inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }))).count(),
             mm.hopper.len() - 1
         );
+        // every pipelined alternative (DSC_SWIGLU_PIPE=all): the 128-row tiles too, and the
+        // silu step skips every row they and the 64-row tile take (from the first's 16 up)
+        let all = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::All, ..Default::default() }).unwrap();
+        let mm = all.iter().find(|s| s.node == "gu").unwrap();
+        let fused: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::SwiGluPipe { .. })).collect();
+        let pipes = before.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { .. }))).count();
+        assert_eq!(fused.len(), pipes);
+        assert!(fused.len() >= 2, "{:?}", mm.hopper);
+        let lo = fused.iter().map(|l| l.min_rows).min().unwrap();
+        assert_eq!(all.iter().find(|s| s.node == "h").unwrap().hopper_skip, Some((lo, i64::MAX)));
+    }
+
+    #[test]
+    fn the_split_k_qkv_reduce_folds_into_the_rope_kernel() {
+        // the 8B shape's attention inputs: merged q/k/v (48 column tiles: split-K 2), RoPE and
+        // the cache writes
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %kc = state : bf16[64, 16, 8, 128]\n  %vc = state : bf16[64, 16, 8, 128]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %qh = reshape(%q) : f32[T, 32, 128]\n  %kh = reshape(%k) : f32[T, 8, 128]\n  %vh = reshape(%v) : f32[T, 8, 128]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : f32[T, 32, 128]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : bf16[64, 16, 8, 128]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[64, 16, 8, 128]\n  output q = %qr\n  output k = %kw\n  output v = %vw\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        let red = plain.iter().find(|s| matches!(s.kernel, Some(KernelSpec::SplitKReduce { splits: 2, residual: false }))).expect("a q/k/v reduce by default");
+        let (lo, hi) = (red.min_rows.unwrap(), red.max_rows.unwrap());
+        let steps = lower_opts(&g, LowerOptions { splitk_rope: true, ..Default::default() }).unwrap();
+        assert_eq!(steps.len(), plain.len() - 1);
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))));
+        let rope = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).unwrap();
+        let [alt] = &rope.hopper[..] else { panic!("{:?}", rope.hopper) };
+        assert!(matches!(&alt.kernel, KernelSpec::QkvRopeSplitK { inner, splits: 2 } if Some(inner.as_ref()) == rope.kernel.as_ref()));
+        // its rows are tokens x 32 heads
+        assert_eq!((alt.min_rows, alt.max_rows), (lo * 32, Some(hi * 32)));
+        let parts = red.args[0].clone();
+        assert_eq!(alt.args.as_deref().unwrap()[0], parts);
+        assert_eq!(alt.args.as_deref().unwrap()[1..], rope.args[3..]);
+        // the slice, then q's, k's and v's offsets in it
+        assert_eq!(alt.scalars[rope.scalars.len()..], [Scalar::Numel("qkv".into()), Scalar::RowsTimes("qkv".into(), 0), Scalar::RowsTimes("qkv".into(), 4096), Scalar::RowsTimes("qkv".into(), 5120)]);
+    }
+
+    #[test]
+    fn fused_rows_are_the_rows_a_fused_alternative_is_picked_for() {
+        let alt = |min_rows: i64, max_rows: Option<i64>| Large {
+            min_rows,
+            max_rows,
+            args: None,
+            kernel: KernelSpec::ToHalf { f16: false },
+            scalars: vec![],
+            work: Scalar::Const(1),
+            grid_y: Scalar::Const(1),
+        };
+        // a 64-row tile for 32..=64 in front of a 128-row tile from 16
+        let alts = [alt(32, Some(64)), alt(16, None)];
+        assert_eq!(fused_rows(&alts, &[0]), Some((32, 64)));
+        assert_eq!(fused_rows(&alts, &[0, 1]), Some((16, i64::MAX)));
+        // the 128-row tile alone is picked at 16..=31 and from 65: two intervals
+        assert_eq!(fused_rows(&alts, &[1]), None);
+        assert_eq!(fused_rows(&alts, &[]), None);
+        // an earlier alternative takes part of a later one's rows
+        let alts = [alt(16, Some(128)), alt(32, Some(64)), alt(100, None)];
+        assert_eq!(fused_rows(&alts, &[1]), None);
+        assert_eq!(fused_rows(&alts, &[2]), Some((129, i64::MAX)));
     }
 
     #[test]

@@ -1054,7 +1054,31 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             // bf16 pool: a value near a rounding boundary may round the other way)
             tol: kv_tol(kv, 1e-4),
         });
-        specs.push(spec);
+        specs.push(spec.clone());
+        // ... reading q, k and v as the sums of two split-K partial-sum slices of the merged
+        // node (QkvRopeSplitK, DSC_SPLITK_ROPE): part-major q, k, v in a slice, slice 1 random,
+        // slice 0 the rest
+        let merged: Vec<f32> = xq.iter().chain(&xk).chain(&xv).copied().collect();
+        let r = rand_vec(merged.len(), -1.0, 1.0);
+        let parts: Vec<f32> = merged.iter().zip(&r).map(|(x, r)| x - r).chain(r.iter().copied()).collect();
+        let split = KernelSpec::QkvRopeSplitK { inner: Box::new(spec), splits: 2 };
+        let (kca, vca) = (data.push_kv(&kc0, kv), data.push_kv(&vc0, kv));
+        cases.push(Case {
+            name: format!("qkv_rope_cache split-K 2 {t} tokens {h}/{kvh}x{d} {style}{}", kv_label(kv)),
+            kernel: split.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![data.push(&parts), data.push_i32(&pos), data.push_i32(&slots), kca, vca],
+            scalars: vec![items as i64, (t * h * d / 2) as i64, (t * kvh * d / 2) as i64, merged.len() as i64, 0, (t * h * d) as i64, (t * (h + kvh) * d) as i64],
+            expected: data.push(&want_q),
+            init: None,
+            written_inputs: vec![(3, data.push(&want_k)), (4, data.push(&want_v))],
+            tmaps: vec![],
+            // (x - r + r: one rounding more than the plain kernel's inputs)
+            tol: kv_tol(kv, 1e-4),
+        });
+        specs.push(split);
     }
     // gather (embedding) from plain and packed tables
     // (300 rows: the bundle and the runtime share one call's 64 MiB)
