@@ -690,14 +690,22 @@ impl Body {
     }
     /// `n` scalars of MLIR type `ty` from one aligned vector load at byte offset `off`
     fn load_vec(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> Vec<String> {
+        let v = self.load_vector(ptr, off, n, ty, align);
+        self.elements(&v, n, ty)
+    }
+    /// one aligned `vector<n x ty>` load at byte offset `off` of `ptr`
+    fn load_vector(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> String {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-        let v = self.op(&format!("llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr<1> -> vector<{n}x{ty}>"));
-        (0..n)
-            .map(|i| {
-                let c = self.op(&format!("arith.constant {i} : i32"));
-                self.op(&format!("llvm.extractelement {v}[{c} : i32] : vector<{n}x{ty}>"))
-            })
-            .collect()
+        self.op(&format!("llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr<1> -> vector<{n}x{ty}>"))
+    }
+    /// the `n` elements of vector `v` of MLIR type `ty`
+    fn elements(&mut self, v: &str, n: usize, ty: &str) -> Vec<String> {
+        (0..n).map(|i| self.element(v, i, n, ty)).collect()
+    }
+    /// element `i` of vector `v` (`n` elements of MLIR type `ty`)
+    fn element(&mut self, v: &str, i: usize, n: usize, ty: &str) -> String {
+        let c = self.op(&format!("arith.constant {i} : i32"));
+        self.op(&format!("llvm.extractelement {v}[{c} : i32] : vector<{n}x{ty}>"))
     }
     /// i32 element as i64
     fn load_i32_as_i64(&mut self, ptr: &str, idx: &str) -> String {
@@ -2144,10 +2152,10 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let swiglu = b.swiglu_pipe;
     let (wint, wint1) =
         if swiglu { (b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64"), Some(b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64"))) } else { (b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64"), None) };
-    let f0 = {
+    let f0 = swiglu.then(|| {
         let ch = c(b, bn as i64 / 2);
         b.op(&format!("arith.muli {bx}, {ch} : i64"))
-    };
+    });
     // the copy slots of this thread: (global byte address at K step 0, byte offset in a
     // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
     let mut slots: Vec<(String, String, String, i64, bool)> = vec![];
@@ -2166,8 +2174,8 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let (r0, lim, ptr) = if is_w { (&n0, "%n", &wint) } else { (&m0, "%m", &xint) };
             // (SwiGLU: tile row r of warpgroup r / wn is gate feature f0 + (r / wn)·wn/2 + r % (wn/2)
             // in its first half, that feature's up row in the second)
-            let (gr, ptr) = match (&wint1, is_w) {
-                (Some(w1), true) => {
+            let (gr, ptr) = match (&wint1, &f0, is_w) {
+                (Some(w1), Some(f0), true) => {
                     let cwn = c(b, wn as i64);
                     let cq = c(b, wn as i64 / 2);
                     let wgi = b.op(&format!("arith.divui {row}, {cwn} : i64"));
@@ -2530,7 +2538,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let cwn = c(b, if split_n { wn as i64 } else { 0 });
     let nw0 = b.op(&format!("arith.muli {wg}, {cwn} : i64"));
     let nw0 = b.op(&format!("arith.addi {n0}, {nw0} : i64"));
-    if swiglu {
+    if let Some(f0) = &f0 {
         // h = silu(gate) · up: this warpgroup's features f0 + wg·wn/2 + 8j + 2tq (+1), gate in
         // column group j, up in j + wn/16
         let cq = c(b, if split_n { wn as i64 / 2 } else { 0 });
@@ -3604,7 +3612,13 @@ fn emit_paged_attention(
     // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
     // DSC_ATTN_PIPELINE=0 at compile time off)
     let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
-    let vty = format!("vector<{per}xi16>");
+    // key `ju`'s element offset in the pools from `p0`, key `j0`'s, in the same cache block
+    let in_block = |b: &mut Body, p0: &str, j0: &str, ju: &str| -> String {
+        let krow = b.ci64((kvh * d) as i64);
+        let du = b.op(&format!("arith.subi {ju}, {j0} : i64"));
+        let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
+        b.op(&format!("arith.addi {p0}, {o} : i64"))
+    };
     // the raw K and V vectors of the warp step from key `jb` (i64; keys past the context load
     // its last key's row)
     let raw_step = |b: &mut Body, jb: &str, hi: &str| -> Vec<String> {
@@ -3613,7 +3627,6 @@ fn emit_paged_attention(
         let cbs = b.ci64(bs as i64);
         let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
         let ckvh = b.ci64(kvh as i64);
-        let krow = b.ci64((kvh * d) as i64);
         let j0 = b.op(&format!("arith.minsi {jb}, {cl} : i64"));
         let p0 = b.paged_key_offset(&j0, &trow, &kh, &cbs, &ckvh, &dd);
         let mut out = vec![];
@@ -3621,19 +3634,17 @@ fn emit_paged_attention(
             let cu = b.ci64(u as i64);
             let ju = b.op(&format!("arith.addi {jb}, {cu} : i64"));
             let ju = b.op(&format!("arith.minsi {ju}, {cl} : i64"));
-            let du = b.op(&format!("arith.subi {ju}, {j0} : i64"));
-            let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
-            let kb = b.op(&format!("arith.addi {p0}, {o} : i64"));
+            let kb = in_block(b, &p0, &j0, &ju);
             let o = b.op(&format!("arith.addi {kb}, {} : i64", eoff[0]));
             let c2 = b.ci64(2);
             let by = b.op(&format!("arith.muli {o}, {c2} : i64"));
             for pool in ["%kc", "%vc"] {
-                let p = b.op(&format!("llvm.getelementptr {pool}[{by}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-                out.push(b.op(&format!("llvm.load {p} {{alignment = {} : i64}} : !llvm.ptr<1> -> {vty}", 2 * per)));
+                out.push(b.load_vector(pool, &by, per, "i16", 2 * per));
             }
         }
         out
     };
+    let vty = format!("vector<{per}xi16>");
     let (iter, tys, raw_args) = if pipelined {
         let js = b.idx64(&jstart);
         let first = raw_step(b, &js, &hi);
@@ -3666,7 +3677,6 @@ fn emit_paged_attention(
     // compile time looks up every key)
     let one_lookup = !pipelined && split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_TABLE_PER_KEY").is_ok_and(|v| v == "1");
     let page0 = one_lookup.then(|| b.paged_key_offset(&j64, &trow, &kh, &cbs, &ckvh, &dd));
-    let krow = b.ci64((kvh * d) as i64);
     // every key's K and V rows first (nk·2·per loads in flight), then the math
     let mut kvrows: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
     for u in 0..nk {
@@ -3675,28 +3685,21 @@ fn emit_paged_attention(
         let valid = (u > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {hi} : i64")));
         if pipelined {
             // (this step's rows, loaded one step ahead)
-            let mut kvs = vec![];
-            for r in &raw_args[2 * u..2 * u + 2] {
-                let mut v = vec![];
-                for e in 0..per {
-                    let c = b.op(&format!("arith.constant {e} : i32"));
-                    let h = b.op(&format!("llvm.extractelement {r}[{c} : i32] : {vty}"));
-                    v.push(b.bf16_to_f32(&h));
-                }
-                kvs.push(v);
-            }
-            let vs = kvs.pop().unwrap_or_default();
-            let ks = kvs.pop().unwrap_or_default();
+            let mut widen = |r: &str| -> Vec<String> {
+                (0..per)
+                    .map(|e| {
+                        let h = b.element(r, e, per, "i16");
+                        b.bf16_to_f32(&h)
+                    })
+                    .collect()
+            };
+            let (ks, vs) = (widen(&raw_args[2 * u]), widen(&raw_args[2 * u + 1]));
             kvrows.push((ks, vs, valid));
             continue;
         }
         let ju = if u > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
         let kbase = match &page0 {
-            Some(p0) => {
-                let du = b.op(&format!("arith.subi {ju}, {j64} : i64"));
-                let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
-                b.op(&format!("arith.addi {p0}, {o} : i64"))
-            }
+            Some(p0) => in_block(b, p0, &j64, &ju),
             None => b.paged_key_offset(&ju, &trow, &kh, &cbs, &ckvh, &dd),
         };
         let (mut ks, mut vs) = (vec![], vec![]);

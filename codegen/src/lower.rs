@@ -100,6 +100,11 @@ impl Step {
         }
     }
 
+    /// Every buffer the step's kernels name: its args and every alternative's own.
+    pub fn buffers(&self) -> impl Iterator<Item = &String> {
+        self.args.iter().chain(self.alternatives().filter_map(|l| l.args.as_ref()).flatten())
+    }
+
     /// Every alternative kernel of the step (tensor-core matmuls, batched GEMVs).
     pub fn alternatives(&self) -> impl Iterator<Item = &Large> {
         self.large.iter().chain(&self.hopper).chain(&self.hopper_small).chain(&self.few)
@@ -885,7 +890,7 @@ fn fold_splitk_reduce_rope(mut steps: Vec<Step>) -> Vec<Step> {
             }
         }
         let offset = |a: &str| views.iter().find(|(v, _)| v == a).map(|(_, o)| o.clone().unwrap_or(Scalar::Const(0)));
-        let reads_view = |s: &Step| s.args.iter().chain(s.alternatives().filter_map(|l| l.args.as_ref()).flatten()).any(|a| views.iter().any(|(v, _)| v == a));
+        let reads_view = |s: &Step| s.buffers().any(|a| views.iter().any(|(v, _)| v == a));
         let (lo, hi) = (steps[i].min_rows.unwrap_or(1), steps[i].max_rows);
         // (the matmul writing the node names it too; the one-token steps — the decode attention
         // taking RoPE in, and the RoPE kernel where the split attention takes one token — read
@@ -914,7 +919,7 @@ fn fold_splitk_reduce_rope(mut steps: Vec<Step>) -> Vec<Step> {
             i += 1;
             continue;
         };
-        if steps[r].args.len() != 8 || !steps[r].hopper.is_empty() || steps[r].alternatives().next().is_some() {
+        if steps[r].args.len() != 8 || steps[r].alternatives().next().is_some() {
             i += 1;
             continue;
         }
@@ -938,7 +943,7 @@ fn fold_splitk_reduce_rope(mut steps: Vec<Step>) -> Vec<Step> {
 /// (+ the residual), writes the node, and normalizes it (`SplitKReduceNorm`; one launch
 /// instead of two). Steps between them must not read the node.
 fn fold_splitk_reduce_norm(mut steps: Vec<Step>) -> Vec<Step> {
-    let reads = |s: &Step, y: &str| s.args.iter().chain(s.hopper.iter().chain(&s.few).chain(&s.large).chain(&s.hopper_small).filter_map(|l| l.args.as_ref()).flatten()).any(|a| a == y);
+    let reads = |s: &Step, y: &str| s.buffers().any(|a| a == y);
     let mut i = 0;
     while i < steps.len() {
         let Some(KernelSpec::SplitKReduce { splits, residual }) = steps[i].kernel else {

@@ -74,6 +74,11 @@ fn part_weights(parts: &[usize], k: usize, wdtype: DType, rand_vec: &mut dyn FnM
     Ok((enc, ws, decl))
 }
 
+/// Bytes as little-endian f32 words (how a case's 16-bit data travels: pairs in a word).
+fn le_words(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
 /// A merged matmul's row-major [m, sum(parts)] result in the GPU's part-major layout: part i
 /// is a contiguous [m, N_i] after the parts before it.
 fn part_major(rowmajor: &[f32], m: usize, parts: &[usize]) -> Vec<f32> {
@@ -192,7 +197,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let src = format!("graph \"k\" {{\n  %a = input : f32[{rows}, {cols}]\n  %b = input : f32[{rows}, {cols}]\n  %y = silu_mul(%a, %b) : f32[{rows}, {cols}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("a", Tensor::new(vec![rows, cols], a.clone())), ("b", Tensor::new(vec![rows, cols], bv.clone()))], &none)?;
         let half = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &want).context("encode")?;
-        let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let words: Vec<f32> = le_words(&half);
         let spec = KernelSpec::SiluMulHalf { f16 };
         let (g, b) = grid(&spec.launch(), rows * cols);
         cases.push(Case {
@@ -243,7 +248,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             for f16 in [false, true] {
                 let spec = KernelSpec::RmsNormHalf { d, eps_bits: eps.to_bits(), f16 };
                 let half = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &want).context("encode")?;
-                let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let words: Vec<f32> = le_words(&half);
                 let (g, b) = grid(&spec.launch(), rows);
                 cases.push(Case {
                     name: format!("rms_norm {rows}x{d} + {} copy", if f16 { "f16" } else { "bf16" }),
@@ -652,7 +657,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             let gu = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
             let h: Vec<f32> = (0..m * f).map(|i| (i / f, i % f)).map(|(r, c)| (gu[r * 2 * f + c], gu[r * 2 * f + f + c])).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
             let half = dsc_ir::quant::encode(DType::BF16, &h).context("encode")?;
-            let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let words: Vec<f32> = le_words(&half);
             let spec = KernelSpec::SwiGluPipe { inner: Box::new(KernelSpec::MatMulPipe { k, n: 2 * f, wdtype: DType::BF16, bias: false, residual: false, bn, stages, overlap, a16, bm }) };
             let (g, b) = grid(&spec.launch(), 2 * f);
             let mut inputs = vec![data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?)];
@@ -902,7 +907,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let (expected, mut written) = match half {
             Some(f16) => {
                 let h = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &xn).context("encode")?;
-                let words: Vec<f32> = h.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let words: Vec<f32> = le_words(&h);
                 inputs.push(poison.clone());
                 (data.push(&words), vec![(yi + 2, data.push(&xn))])
             }
@@ -1502,7 +1507,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     for (dtype, ones) in [(DType::F32, false), (DType::BF16, false), (DType::F16, false), (DType::F32, true)] {
         let (n, seed, name, scale) = (100_002usize, 7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
         let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, ones)).context("encode")?;
-        let as_f32: Vec<f32> = host.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let as_f32: Vec<f32> = le_words(&host);
         let spec = KernelSpec::SeededInit { dtype };
         let (g, b) = grid(&spec.launch(), n);
         let base = dsc_ir::seeded::base(seed, name) as i64;
@@ -1609,7 +1614,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         for f16 in [false, true] {
             let spec = KernelSpec::LayerNorm { d, eps_bits: eps.to_bits(), half: Some(f16) };
             let half = dsc_ir::quant::encode(if f16 { DType::F16 } else { DType::BF16 }, &want).context("encode")?;
-            let words: Vec<f32> = half.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let words: Vec<f32> = le_words(&half);
             cases.push(Case {
                 name: format!("layer_norm {rows}x{d} + {} copy", if f16 { "f16" } else { "bf16" }),
                 kernel: spec.symbol(),
