@@ -278,10 +278,10 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             silu_half: !std::env::var("DSC_SILU_HALF").is_ok_and(|v| v == "0"),
             swiglu_pipe: match std::env::var("DSC_SWIGLU_PIPE").as_deref() {
                 Ok("0") => SwiGluFusion::Off,
-                Ok("all") => SwiGluFusion::All,
-                _ => SwiGluFusion::Batched,
+                Ok("batched") => SwiGluFusion::Batched,
+                _ => SwiGluFusion::All,
             },
-            splitk_rope: std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "1"),
+            splitk_rope: !std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "0"),
             tma: match std::env::var("DSC_TMA").as_deref() {
                 Ok("0") => Tma::Off,
                 Ok("all") | Ok("1") => Tma::All,
@@ -332,13 +332,14 @@ pub struct LowerOptions {
     pub silu_half: bool,
     /// which gate/up matmul alternatives compute h = silu(gate) · up in their epilogue, the
     /// silu_mul step not running for their rows ([`fuse_swiglu_pipe`]; with `silu_half`
-    /// only): the batched-decode 64-row tile (on; DSC_SWIGLU_PIPE=0 at compile time off), or
-    /// every pipelined one (DSC_SWIGLU_PIPE=all: prefill and b128 too; its kernels pass the
-    /// bundle on the H200, the plans are not yet measured)
+    /// only): every pipelined one that does not load W by TMA (the default, `All`: 8B b128
+    /// +8.5%, prefill 512 / 4096 +6% / +10%, bench/results/swiglu-all-2026-11-30.json;
+    /// DSC_SWIGLU_PIPE=0 at compile time off), or the batched-decode 64-row tile alone
+    /// (DSC_SWIGLU_PIPE=batched, session 12's default)
     pub swiglu_pipe: SwiGluFusion,
     /// the split-K reduce of a merged Q/K/V matmul folded into the `QkvRopeCache` step
-    /// reading it ([`fold_splitk_reduce_rope`]; off: prepared, its kernel not yet run on the
-    /// H200; DSC_SPLITK_ROPE=1 at compile time on)
+    /// reading it ([`fold_splitk_reduce_rope`]; on: 8B b32 4.619 -> 4.593 ms per step,
+    /// bench/results/swiglu-all-2026-11-30.json; DSC_SPLITK_ROPE=0 at compile time off)
     pub splitk_rope: bool,
     /// which pipelined wgmma matmuls load W by TMA ([`tma_wrap`], [`Tma`]; DSC_TMA=0 off,
     /// DSC_TMA=all every one)
@@ -402,8 +403,8 @@ impl Default for LowerOptions {
             split_k: Some(SPLIT_K_PARTS),
             norm_half: true,
             silu_half: true,
-            swiglu_pipe: SwiGluFusion::Batched,
-            splitk_rope: false,
+            swiglu_pipe: SwiGluFusion::All,
+            splitk_rope: true,
             tma: Tma::Narrow,
             attn_group: true,
             attn_prefetch: false,
@@ -692,7 +693,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         None => steps,
     };
     let steps = insert_half_casts(steps, opts.norm_half, opts.silu_half);
-    let steps = fuse_swiglu_pipe(steps, opts.swiglu_pipe);
+    let steps = fuse_swiglu_pipe(steps, opts.swiglu_pipe, opts.tma);
     // (on: with 32 warps per row, 8B b32 4.546 -> 4.523 ms per step, b64 5.19 -> 5.17
     // (bench/results/swiglu-splitk-norm-2026-11-30.json); with 8 warps it lost: 8B b32 6,360 ->
     // 6,021 tok/s, b64 10,447 -> 9,793, bench/results/splitk-norm-2026-11-30.json.
@@ -762,10 +763,10 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma) -> Vec<Step> {
         let step_args = s.args.clone();
         for h in &mut s.hopper {
             let (core, parts) = h.kernel.matmul_core();
-            let KernelSpec::MatMulPipe { bn, bm, .. } = *core else { continue };
-            if which == Tma::Narrow && (bm != crate::kernels::PIPE_BM || bn > 128) {
+            if !takes_tma(&h.kernel, which) {
                 continue;
             }
+            let KernelSpec::MatMulPipe { bn, .. } = *core else { continue };
             let weights = parts.map_or(1, |p| p.len());
             let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
             for w in &mut args[1..1 + weights] {
@@ -778,6 +779,19 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma) -> Vec<Step> {
     steps
 }
 
+/// Whether [`tma_wrap`] under `which` gives the matmul alternative `kernel` TMA loads.
+fn takes_tma(kernel: &KernelSpec, which: Tma) -> bool {
+    let (core, _) = kernel.matmul_core();
+    match *core {
+        KernelSpec::MatMulPipe { bn, bm, .. } => match which {
+            Tma::Off => false,
+            Tma::Narrow => bm == crate::kernels::PIPE_BM && bn <= 128,
+            Tma::All => true,
+        },
+        _ => false,
+    }
+}
+
 /// The SwiGLU into the gate/up matmul: where a `SiluMulHalf` step (h = silu(gate) · up and
 /// its 16-bit copy) reads the two parts of a merged matmul, that matmul's pipelined `hopper`
 /// alternatives (unsplit, two equal parts, no bias; with [`SwiGluFusion::Batched`] only the
@@ -786,7 +800,7 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma) -> Vec<Step> {
 /// Hopper alternative is a fused one (`hopper_skip`; that set must be one interval, else only
 /// the batched tile is fused). One launch fewer per layer, and the matmul writes F 16-bit + F
 /// f32 values per row instead of 2F f32.
-fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion) -> Vec<Step> {
+fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion, tma: Tma) -> Vec<Step> {
     for i in 0..steps.len() {
         let Some(KernelSpec::SiluMulHalf { .. }) = steps[i].kernel else { continue };
         let [gate, up, h, hh] = steps[i].args.as_slice() else { continue };
@@ -810,7 +824,10 @@ fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion) -> Vec<Step> {
         let is_m64 = |l: &Large| matches!(&l.kernel, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }));
         let hopper = &steps[j].hopper;
         let batched: Vec<usize> = hopper.iter().position(is_m64).filter(|&k| fusable(&hopper[k]).is_some()).into_iter().collect();
-        let all: Vec<usize> = (0..hopper.len()).filter(|&k| fusable(&hopper[k]).is_some()).collect();
+        // (not the alternatives `tma_wrap` gives TMA loads: the SwiGLU kernel has no TMA path,
+        // and on the SmolLM2 shape's b128 tile, 24 blocks, the fused kernel without TMA lost
+        // 20% end to end to the unfused one with it — bench/results/swiglu-all-2026-11-30.json)
+        let all: Vec<usize> = (0..hopper.len()).filter(|&k| fusable(&hopper[k]).is_some() && !takes_tma(&hopper[k].kernel, tma)).collect();
         let chosen = match mode {
             SwiGluFusion::Off => continue,
             SwiGluFusion::Batched => batched,
@@ -861,7 +878,7 @@ fn fused_rows(alts: &[Large], chosen: &[usize]) -> Option<(i64, i64)> {
     }
 }
 
-/// (DSC_SPLITK_ROPE=1; prepared, off) The split-K reduce of a merged Q/K/V matmul (no
+/// The split-K reduce of a merged Q/K/V matmul (no
 /// residual) folded into the `QkvRopeCache` step that reads the three parts: that step gets a
 /// `hopper` alternative for the reduce's rows (in its own rows: tokens x H) reading the
 /// partial sums (`QkvRopeSplitK`: q, k, v summed over the slices on load) and the reduce step
@@ -1819,7 +1836,7 @@ mod tests {
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wg = weight : bf16[14336, 4096]\n  %wu = weight : bf16[14336, 4096]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 28672]\n  %g = slice(%gu) {axis = 1, start = 0, len = 14336} : f32[T, 14336]\n  %u = slice(%gu) {axis = 1, start = 14336, len = 14336} : f32[T, 14336]\n  %h = silu_mul(%g, %u) : f32[T, 14336]\n  %wd = weight : bf16[4096, 14336]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
         let plain = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Off, ..Default::default() }).unwrap();
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Batched, ..Default::default() }).unwrap();
         assert_eq!(plain.len(), steps.len());
         let sm = steps.iter().find(|s| s.node == "h").unwrap();
         assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
@@ -1854,12 +1871,38 @@ mod tests {
     }
 
     #[test]
+    fn the_swiglu_stays_out_of_the_tiles_that_load_w_by_tma() {
+        // the SmolLM2 shape's MLP: its 128-row gate/up tiles are 128 columns wide (TMA loads
+        // by default), so only the 64-row tile takes the SwiGLU; with TMA off both do
+        let src = "graph \"t\" {\n  %x = input : f32[T, 576]\n  %wg = weight : bf16[1536, 576]\n  %wu = weight : bf16[1536, 576]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 3072]\n  %g = slice(%gu) {axis = 1, start = 0, len = 1536} : f32[T, 1536]\n  %u = slice(%gu) {axis = 1, start = 1536, len = 1536} : f32[T, 1536]\n  %h = silu_mul(%g, %u) : f32[T, 1536]\n  %wd = weight : bf16[576, 1536]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 576]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let fused = |tma: Tma| -> Vec<(usize, bool)> {
+            let steps = lower_opts(&g, LowerOptions { tma, ..Default::default() }).unwrap();
+            let mm = steps.iter().find(|s| s.node == "gu").unwrap();
+            let bm = |k: &KernelSpec| match k.matmul_core().0 {
+                KernelSpec::MatMulPipe { bm, .. } => *bm,
+                _ => 0,
+            };
+            mm.hopper
+                .iter()
+                .map(|l| match &l.kernel {
+                    KernelSpec::SwiGluPipe { inner } => (bm(inner), true),
+                    other => (bm(other), false),
+                })
+                .filter(|&(bm, _)| bm > 0)
+                .collect()
+        };
+        assert_eq!(fused(Tma::Narrow), [(64, true), (128, false)]);
+        assert_eq!(fused(Tma::Off), [(64, true), (128, true)]);
+    }
+
+    #[test]
     fn the_split_k_qkv_reduce_folds_into_the_rope_kernel() {
         // the 8B shape's attention inputs: merged q/k/v (48 column tiles: split-K 2), RoPE and
         // the cache writes
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %kc = state : bf16[64, 16, 8, 128]\n  %vc = state : bf16[64, 16, 8, 128]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %qh = reshape(%q) : f32[T, 32, 128]\n  %kh = reshape(%k) : f32[T, 8, 128]\n  %vh = reshape(%v) : f32[T, 8, 128]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : f32[T, 32, 128]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : bf16[64, 16, 8, 128]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[64, 16, 8, 128]\n  output q = %qr\n  output k = %kw\n  output v = %vw\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions::default()).unwrap();
+        let plain = lower_opts(&g, LowerOptions { splitk_rope: false, ..Default::default() }).unwrap();
         let red = plain.iter().find(|s| matches!(s.kernel, Some(KernelSpec::SplitKReduce { splits: 2, residual: false }))).expect("a q/k/v reduce by default");
         let (lo, hi) = (red.min_rows.unwrap(), red.max_rows.unwrap());
         let steps = lower_opts(&g, LowerOptions { splitk_rope: true, ..Default::default() }).unwrap();
