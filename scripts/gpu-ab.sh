@@ -4,7 +4,8 @@
 # optionally, check/ (a `dsc gpu-bundle --only ..` bundle of the B plans' new kernels).
 # Per pair: the bundle check first, token streams compared (compare-plans), then the engine
 # bench alternating A, B, A, B (lent H200s differ ~2% between calls: compare within one).
-# AB_DIR (default .gpu/ab), AB_BATCHES (1,32,128), AB_PREFILL (512,4096), AB_SEQS (32).
+# AB_DIR (default .gpu/ab), AB_BATCHES (1,32,128), AB_PREFILL (512,4096), AB_SEQS (32);
+# AB_GEMM=512,4096: bench-gemm of both plans at those rows first (their GEMMs alone).
 set -uo pipefail
 dir=${AB_DIR:-.gpu/ab}
 out=${OUT:-$dir/out}
@@ -17,6 +18,11 @@ fi
 for a in "$dir"/a-*.plan; do
   n=$(basename "$a" .plan); n=${n#a-}
   b=$dir/b-$n.plan
+  if [ -n "${AB_GEMM:-}" ]; then
+    for v in a b; do
+      timeout 120 $rt bench-gemm "$dir/$v-$n.plan" --m "$AB_GEMM" --json "$out/gemm-$v-$n.json" 2>&1 | grep -E "TFLOP" | sed "s/^/$v-$n /"
+    done
+  fi
   timeout 120 $rt compare-plans "$a" "$b" --seqs "${AB_SEQS:-32}" --new-tokens 32 2>&1 | tail -1 | sed "s/^/$n streams: /"
   for r in 1 2; do
     for v in a b; do

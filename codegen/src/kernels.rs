@@ -190,7 +190,7 @@ impl KernelSpec {
     /// matmul among them (its weight params: one per part).
     pub fn matmul_core(&self) -> (&KernelSpec, Option<&[usize]>) {
         let (mut k, mut parts) = (self, None);
-        while let KernelSpec::SplitK { inner, .. } | KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::Tma { inner } = k {
+        while let KernelSpec::SplitK { inner, .. } | KernelSpec::MatMulParts { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::Tma { inner } | KernelSpec::Ws { inner } = k {
             if let KernelSpec::MatMulParts { parts: p, .. } = k {
                 parts = Some(p.as_slice());
             }
@@ -210,7 +210,7 @@ impl KernelSpec {
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
-            KernelSpec::Tma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
+            KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -389,6 +389,15 @@ pub enum KernelSpec {
     /// the stage's mbarrier. On by default for the 128-row tiles of at most 128 columns
     /// (`lower::Tma`; checked and measured on the H200)
     Tma { inner: Box<KernelSpec> },
+    /// `inner` (the pipelined wgmma matmul in 128-row tiles, x in 16 bits, not split, possibly
+    /// inside `MatMulParts` / `MatMulAct`) warp-specialized: a third warpgroup, the producer
+    /// (one thread), loads x's and W's tiles by TMA into the ring of stages (a full and an
+    /// empty mbarrier per stage), and the two consumer warpgroups only wait for a stage,
+    /// multiply, release it and store — no block-wide barrier in the K loop, no copy work in
+    /// the MMA warps (`setmaxnreg`: 232 registers for them, 40 for the producer). 384 threads.
+    /// params as `inner`'s with x and each W a pointer to a `CUtensorMap`: `{x}@xmap128`
+    /// (box 64 x 128 rows) and `{w}@tmap{bn}`
+    Ws { inner: Box<KernelSpec> },
     /// `inner` (the one-pass decode attention, `PagedAttention`) taking q, k and v before
     /// RoPE — the merged Q/K/V matmul's parts — for a one-token step: each block first writes
     /// its KV head's K row (rotated) and V row into the pools at slot[t] (what `QkvRopeCache`
@@ -462,6 +471,7 @@ impl KernelSpec {
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
+            KernelSpec::Ws { inner } => format!("{}_ws", inner.symbol()),
             KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -564,6 +574,11 @@ impl KernelSpec {
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
                 other => other,
             },
+            // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
+            KernelSpec::Ws { inner } => match inner.launch() {
+                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32 },
+                other => other,
+            },
             KernelSpec::SplitK { inner, splits } => match inner.launch() {
                 // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
@@ -592,8 +607,11 @@ struct Body {
     n: usize,
     /// a `workgroup(...)` attribution (shared memory) for the gpu.func
     workgroup: Option<String>,
-    /// what `gpu.block_id x` stands for (a merged matmul's block index within its part)
+    /// what `gpu.block_id x` stands for (a merged matmul's block index within its part; the
+    /// warp-specialized matmul's rasterized column tile)
     block_x: Option<String>,
+    /// what `gpu.block_id y` stands for (the warp-specialized matmul's rasterized row tile)
+    block_y: Option<String>,
     /// sm_90a with programmatic dependent launch: the kernel must `griddepcontrol.wait` before
     /// reading what the previous kernel wrote (at its start unless the body did: `waited`)
     pdl: bool,
@@ -620,6 +638,9 @@ struct Body {
     /// the pipelined matmul's W tiles come by TMA: `%w` points at a `CUtensorMap`
     /// (`KernelSpec::Tma`)
     tma: bool,
+    /// the pipelined matmul is warp-specialized (`KernelSpec::Ws`): x comes by TMA too, `%x`
+    /// pointing at its `CUtensorMap`
+    ws: bool,
 }
 
 impl Body {
@@ -631,6 +652,11 @@ impl Body {
         if rhs == "gpu.block_id x" {
             if let Some(bx) = &self.block_x {
                 return bx.clone();
+            }
+        }
+        if rhs == "gpu.block_id y" {
+            if let Some(by) = &self.block_y {
+                return by.clone();
             }
         }
         let v = self.v();
@@ -1172,6 +1198,90 @@ impl Body {
                 self.line("}");
             }
         }
+    }
+    /// [`Body::store_d_fragments`] for a whole wgmma tile of `cols` columns from `n0`: where
+    /// both of this thread's rows are below %m, the tile's columns below %n and %n is even, the
+    /// fragments go out as 8-byte pairs, each group of `chunk` column groups' residual and bias
+    /// pairs loaded first (all in flight at once: the per-element path waits for each load in
+    /// turn, y and res possibly aliasing); elsewhere the per-element path.
+    #[allow(clippy::too_many_arguments)]
+    fn store_d_tile(&mut self, ra: &str, n0: &str, tq: &str, cols: usize, vals: &[String], bias: bool, residual: bool, chunk: usize) {
+        let c8 = self.ci64(8);
+        let c1 = self.ci64(1);
+        let c2 = self.ci64(2);
+        let c0 = self.ci64(0);
+        let rb = self.op(&format!("arith.addi {ra}, {c8} : i64"));
+        let rok = self.op(&format!("arith.cmpi slt, {rb}, %m : i64"));
+        let cc = self.ci64(cols as i64);
+        let ne = self.op(&format!("arith.addi {n0}, {cc} : i64"));
+        let cok = self.op(&format!("arith.cmpi sle, {ne}, %n : i64"));
+        let odd = self.op(&format!("arith.andi %n, {c1} : i64"));
+        let even = self.op(&format!("arith.cmpi eq, {odd}, {c0} : i64"));
+        let full = self.op(&format!("arith.andi {rok}, {cok} : i1"));
+        let full = self.op(&format!("arith.andi {full}, {even} : i1"));
+        self.line(&format!("scf.if {full} {{"));
+        let tq2 = self.op(&format!("arith.muli {tq}, {c2} : i64"));
+        let nc = self.op(&format!("arith.addi {n0}, {tq2} : i64"));
+        let c4 = self.ci64(4);
+        let ya = self.op(&format!("arith.muli {ra}, %n : i64"));
+        let yb = self.op(&format!("arith.muli {rb}, %n : i64"));
+        let groups: Vec<usize> = (0..cols / 8).collect();
+        for ch in groups.chunks(chunk.max(1)) {
+            // (element offsets: columns, and (row, column) of y and res)
+            let mut at = vec![];
+            for &j in ch {
+                let cj = self.ci64(8 * j as i64);
+                let col = self.op(&format!("arith.addi {nc}, {cj} : i64"));
+                let ia = self.op(&format!("arith.addi {ya}, {col} : i64"));
+                let ib = self.op(&format!("arith.addi {yb}, {col} : i64"));
+                at.push((col, ia, ib));
+            }
+            let bytes = |b: &mut Body, e: &str| b.op(&format!("arith.muli {e}, {c4} : i64"));
+            let mut loaded = vec![];
+            for (col, ia, ib) in &at {
+                let bv = if bias {
+                    let o = bytes(self, col);
+                    Some(self.load_vec("%bias", &o, 2, "f32", 8))
+                } else {
+                    None
+                };
+                let rv = if residual {
+                    let oa = bytes(self, ia);
+                    let ob = bytes(self, ib);
+                    Some((self.load_vec("%res", &oa, 2, "f32", 8), self.load_vec("%res", &ob, 2, "f32", 8)))
+                } else {
+                    None
+                };
+                loaded.push((bv, rv));
+            }
+            for (k, &j) in ch.iter().enumerate() {
+                let (bv, rv) = &loaded[k];
+                for (h, idx) in [(0usize, &at[k].1), (2, &at[k].2)] {
+                    let mut out = vec![];
+                    for e in 0..2 {
+                        let mut v = vals[4 * j + h + e].clone();
+                        if let Some(bv) = bv {
+                            v = self.op(&format!("arith.addf {v}, {} : f32", bv[e]));
+                        }
+                        if let Some(a) = self.act {
+                            v = unary_expr(self, a, &v).unwrap_or(v);
+                        }
+                        if let Some((r0, r1)) = rv {
+                            let r = if h == 0 { &r0[e] } else { &r1[e] };
+                            v = self.op(&format!("arith.addf {v}, {r} : f32"));
+                        }
+                        out.push(v);
+                    }
+                    let vv = self.vector(&out, "f32");
+                    let o = bytes(self, idx);
+                    let p = self.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                    self.line(&format!("llvm.store {vv}, {p} {{alignment = 8 : i64}} : vector<2xf32>, !llvm.ptr<1>"));
+                }
+            }
+        }
+        self.line("} else {");
+        self.store_d_fragments(ra, n0, tq, cols, vals, bias, residual);
+        self.line("}");
     }
     /// An mma fragment's coordinates of thread `t` (i64): (warp, lane, g = lane / 4, tq = lane
     /// % 4): the thread holds rows g and g + 8 of its warp's 16, columns 2 tq, 2 tq + 1 (+ 8).
@@ -2026,6 +2136,16 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
     }
 }
 
+/// Column groups (of 8) whose residual/bias pairs the warp-specialized matmul's epilogue loads
+/// before storing any of them ([`Body::store_d_tile`]); DSC_EPILOGUE_CHUNK=N at compile time
+/// (0: the per-element stores).
+fn epilogue_chunk() -> usize {
+    env_num::<usize>("DSC_EPILOGUE_CHUNK").unwrap_or(8)
+}
+
+/// Row tiles per raster group of the warp-specialized matmul (`KernelSpec::Ws`).
+pub const RASTER_ROWS: usize = 16;
+
 /// Shared memory past a TMA pipelined matmul's stages for their mbarriers (8 bytes each).
 pub const TMA_MBAR_BYTES: usize = 128;
 
@@ -2160,7 +2280,9 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
     let mut slots: Vec<(String, String, String, i64, bool)> = vec![];
     // (x in 16 bits: the same 128-byte rows and swizzle as W)
-    let xs = if a16 { (false, bm * 8, 8i64, 2i64) } else { (false, bm * 16, 16, 4) };
+    // (warp-specialized: x's tiles come by TMA as well, from the producer warpgroup)
+    let wspec = b.ws;
+    let xs = if a16 { (false, if wspec { 0 } else { bm * 8 }, 8i64, 2i64) } else { (false, bm * 16, 16, 4) };
     // (with TMA, W's tiles come as one bulk tensor copy per stage instead)
     let tma = b.tma;
     let ws = (true, if tma { 0 } else { bn * 8 }, 8, 2);
@@ -2310,13 +2432,107 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let cst = b.ci64(st as i64);
             let mb = mbar(b, &cst);
             b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 1;\", \"r\" {mb} : (i32) -> ()"));
+            // (warp-specialized: stage st's empty mbarrier, past the full ones, completes
+            // when all 256 consumer threads have released the stage)
+            if wspec {
+                let ce = b.ci64((stages + st) as i64);
+                let eb = mbar(b, &ce);
+                b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 256;\", \"r\" {eb} : (i32) -> ()"));
+            }
         }
         b.line("llvm.inline_asm has_side_effects \"fence.mbarrier_init.release.cluster;\", \"\" : () -> ()");
         b.line("}");
         b.line("gpu.barrier");
     }
-    // prologue: K steps 0 .. ahead - 1
-    if b.pdl && !b.waited && gemv_preload() {
+    // (spin until mbarrier `mb` (i32) completes the phase of parity `par` (i32))
+    let spin = |b: &mut Body, mb: &str, par: &str| {
+        b.line("scf.while : () -> () {");
+        let r = b.op(&format!(
+            "llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"
+        ));
+        let z = b.op("arith.constant 0 : i32");
+        let pending = b.op(&format!("arith.cmpi eq, {r}, {z} : i32"));
+        b.line(&format!("scf.condition({pending})"));
+        b.line("} do {");
+        b.line("scf.yield");
+        b.line("}");
+    };
+    if wspec {
+        // warp-specialized: every thread waits for the previous kernel (the epilogue reads
+        // the residual), then warpgroup 2 hands its registers to the consumers and its first
+        // thread runs the loads: for K step kt in stage kt % S, wait until the consumers
+        // released the stage's previous round (the empty barrier's phase of parity
+        // (kt / S + 1) % 2: a fresh barrier's "previous" phase counts as complete), arm the
+        // full barrier with the stage's bytes and issue x's and W's bulk tensor copies on it
+        if b.pdl && !b.waited {
+            b.wait_for_previous();
+        }
+        let c256 = b.ci64(256);
+        let prod = b.op(&format!("arith.cmpi uge, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {prod} {{"));
+        b.line("llvm.inline_asm has_side_effects \"setmaxnreg.dec.sync.aligned.u32 40;\", \"\" : () -> ()");
+        let lead = b.op(&format!("arith.cmpi eq, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {lead} {{"));
+        let zi = b.op("arith.constant 0 : index");
+        let ni = b.op(&format!("arith.constant {nk} : index"));
+        let oi = b.op("arith.constant 1 : index");
+        let kv = b.v();
+        b.line(&format!("scf.for {kv} = {zi} to {ni} step {oi} {{"));
+        let kt = b.idx64(&kv);
+        let cs = b.ci64(stages as i64);
+        let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
+        let u = b.op(&format!("arith.divui {kt}, {cs} : i64"));
+        let c1 = b.ci64(1);
+        let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
+        let par = b.op(&format!("arith.xori {par}, {c1} : i64"));
+        let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
+        let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
+        let eb = mbar(b, &se);
+        spin(b, &eb, &par);
+        let fb = mbar(b, &st);
+        let csb = b.ci64(stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        let dx = b.op(&format!("arith.trunci {sb} : i64 to i32"));
+        let cab = b.ci64(a_bytes);
+        let dw = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+        let dw = b.op(&format!("arith.trunci {dw} : i64 to i32"));
+        let c64 = b.ci64(64);
+        let kc = b.op(&format!("arith.muli {kt}, {c64} : i64"));
+        let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+        let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
+        let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
+        let bytes = b.op(&format!("arith.constant {stage_bytes} : i32"));
+        let xmap = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
+        let copy = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
+        if let Some(f0) = &f0 {
+            // (SwiGLU, 128-row tiles: the W tile's first bn/2 rows are the gate features
+            // f0.., the rest the same features' up rows: a box of bn/2 rows from each map,
+            // 1024-byte aligned, so the 128-byte swizzle is the one box's of bn rows)
+            let gmap = b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64");
+            let umap = b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64");
+            let fc = b.op(&format!("arith.trunci {f0} : i64 to i32"));
+            let cu = b.ci64((bn / 2 * 128) as i64);
+            let du = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+            let du = b.op(&format!("arith.addi {du}, {cu} : i64"));
+            let du = b.op(&format!("arith.trunci {du} : i64 to i32"));
+            b.line(&format!(
+                "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} {copy} [$2], [$3, {{$4, $5}}], [$0]; {copy} [$6], [$7, {{$4, $8}}], [$0]; {copy} [$9], [$10, {{$4, $8}}], [$0];\", \"r,r,r,l,r,r,r,l,r,r,l\" {fb}, {bytes}, {dx}, {xmap}, {kc}, {mc}, {dw}, {gmap}, {fc}, {du}, {umap} : (i32, i32, i32, i64, i32, i32, i32, i64, i32, i32, i64) -> ()"
+            ));
+        } else {
+            let wmap = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+            b.line(&format!(
+                "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} {copy} [$2], [$3, {{$4, $5}}], [$0]; {copy} [$6], [$7, {{$4, $8}}], [$0];\", \"r,r,r,l,r,r,r,l,r\" {fb}, {bytes}, {dx}, {xmap}, {kc}, {mc}, {dw}, {wmap}, {nc} : (i32, i32, i32, i64, i32, i32, i32, i64, i32) -> ()"
+            ));
+        }
+        b.line("}");
+        b.line("}");
+        b.line("}");
+        // the consumers: warpgroups 0 and 1 (closed after the epilogue)
+        let cons = b.op(&format!("arith.cmpi ult, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {cons} {{"));
+        b.line("llvm.inline_asm has_side_effects \"setmaxnreg.inc.sync.aligned.u32 232;\", \"\" : () -> ()");
+    } else if b.pdl && !b.waited && gemv_preload() {
         // W does not depend on the previous kernel (graph weights only): its prologue copies
         // go out before `griddepcontrol.wait`, x's after it; the first commit group holds
         // them all
@@ -2407,7 +2623,9 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     };
     // one K step `kt` (i64) on accumulators `acc`: returns the new accumulators
     let step = |b: &mut Body, kt: &str, acc: &[String]| -> Vec<String> {
-        b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.wait_group {};\", \"\" : () -> ()", ahead - 1));
+        if !wspec {
+            b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.wait_group {};\", \"\" : () -> ()", ahead - 1));
+        }
         if tma {
             // (this step's W tile: its stage's mbarrier completes phase kt / stages)
             let st = b.op(&format!("arith.remui {kt}, {cst} : i64"));
@@ -2416,26 +2634,19 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let c1 = b.ci64(1);
             let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
             let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
-            b.line("scf.while : () -> () {");
-            let r = b.op(&format!(
-                "llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"
-            ));
-            let z = b.op("arith.constant 0 : i32");
-            let pending = b.op(&format!("arith.cmpi eq, {r}, {z} : i32"));
-            b.line(&format!("scf.condition({pending})"));
-            b.line("} do {");
-            b.line("scf.yield");
-            b.line("}");
+            spin(b, &mb, &par);
         }
-        b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
-        b.line("gpu.barrier");
-        let kn = b.op(&format!("arith.addi {kt}, {cs1} : i64"));
-        let more = b.op(&format!("arith.cmpi slt, {kn}, {cnk} : i64"));
-        b.line(&format!("scf.if {more} {{"));
-        let stn = b.op(&format!("arith.remui {kn}, {cst} : i64"));
-        issue(b, &kn, &stn);
-        b.line("}");
-        b.line(commit);
+        if !wspec {
+            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
+            b.line("gpu.barrier");
+            let kn = b.op(&format!("arith.addi {kt}, {cs1} : i64"));
+            let more = b.op(&format!("arith.cmpi slt, {kn}, {cnk} : i64"));
+            b.line(&format!("scf.if {more} {{"));
+            let stn = b.op(&format!("arith.remui {kn}, {cst} : i64"));
+            issue(b, &kn, &stn);
+            b.line("}");
+            b.line(commit);
+        }
         let st = b.op(&format!("arith.remui {kt}, {cst} : i64"));
         let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
         let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
@@ -2499,7 +2710,21 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
-        wait(b, overlap as usize, &cur)
+        let cur = wait(b, overlap as usize, &cur);
+        if wspec {
+            // (warp-specialized: the wgmmas of step kt - overlap are done, so this thread
+            // releases that step's stage to the producer)
+            let co = b.ci64(overlap as i64);
+            let done = b.op(&format!("arith.cmpi sge, {kt}, {co} : i64"));
+            b.line(&format!("scf.if {done} {{"));
+            let kd = b.op(&format!("arith.subi {kt}, {co} : i64"));
+            let sd = b.op(&format!("arith.remui {kd}, {cst} : i64"));
+            let se = b.op(&format!("arith.addi {sd}, {cst} : i64"));
+            let eb = mbar(b, &se);
+            b.line(&format!("llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }}\", \"r\" {eb} : (i32) -> ()"));
+            b.line("}");
+        }
+        cur
     };
     // the K loop; overlapped, two steps per iteration: their A fragments are distinct values
     // (registers), and a step's fragments are written only after the wgmmas that read the
@@ -2531,7 +2756,9 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     if overlap {
         res = wait(b, 0, &res);
     }
-    b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
+    if !wspec {
+        b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
+    }
     // D fragment: warp w (of 8) rows m0 + 16w + g (+8), columns 8j + 2 tq (+1); 64-row
     // tiles: rows m0 + 16(w % 4) + g, columns from n0 + bn/2·wg
     let ra = b.op(&format!("arith.addi {m0}, {r0} : i64"));
@@ -2545,8 +2772,14 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let fw = b.op(&format!("arith.muli {wg}, {cq} : i64"));
         let fw = b.op(&format!("arith.addi {f0}, {fw} : i64"));
         store_swiglu_fragments(b, &ra, &fw, &tq, wn / 2, &res, f16)?;
+    } else if wspec && epilogue_chunk() > 0 {
+        b.store_d_tile(&ra, &nw0, &tq, wn, &res, bias, residual, epilogue_chunk());
     } else {
         b.store_d_fragments(&ra, &nw0, &tq, wn, &res, bias, residual);
+    }
+    if wspec {
+        // (the consumers' scf.if)
+        b.line("}");
     }
     Ok(matmul_params(bias, residual, true))
 }
@@ -3371,6 +3604,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         n: 0,
         workgroup: None,
         block_x: None,
+        block_y: None,
         pdl,
         waited: false,
         norm: None,
@@ -3381,9 +3615,13 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         split_k: None,
         split_n: None,
         tma: false,
+        ws: false,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
+    // (the warp-specialized matmul: 384 threads, so ptxas keeps to 168 registers a thread
+    // before `setmaxnreg` redistributes them)
+    let attrs = if b.ws { " attributes {known_block_size = array<i32: 384, 1, 1>}" } else { "" };
     let prologue = match (pdl, b.waited) {
         (true, false) => {
             "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
@@ -3391,7 +3629,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         (true, true) => "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n",
         _ => "",
     };
-    Ok(format!("    gpu.func @{name}({params}){wg} kernel {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
+    Ok(format!("    gpu.func @{name}({params}){wg} kernel{attrs} {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
 }
 
 /// Output columns one block of a matmul kernel launched as `launch` covers.
@@ -4362,6 +4600,40 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let params = emit_into(b, inner)?;
             format!("%pf: !llvm.ptr<1>, {params}, %pfb: i64")
         }
+        KernelSpec::Ws { inner } => {
+            // (also around the SwiGLU epilogue)
+            let core = match inner.as_ref() {
+                KernelSpec::SwiGluPipe { inner } => inner.as_ref(),
+                other => other.matmul_core().0,
+            };
+            match core {
+                KernelSpec::MatMulPipe { stages, a16: true, bm: PIPE_BM, .. } if *stages * 16 <= TMA_MBAR_BYTES && b.split_k.is_none() && !b.tma => {}
+                other => return Err(format!("warp specialization takes the unsplit pipelined wgmma matmul in {PIPE_BM}-row tiles, x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
+            }
+            b.tma = true;
+            b.ws = true;
+            // rasterized: the blocks, launched in x-fastest order, take their tiles in groups
+            // of RASTER_ROWS row tiles, column tile by column tile, so the ~132 blocks running
+            // at once share x's rows and a few W column tiles in L2 (x-fastest, a wave spans
+            // 132 column tiles: 264 MB of lm_head's W, re-read from HBM for every row tile)
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let gx = b.op("gpu.grid_dim x");
+            let gy = b.op("gpu.grid_dim y");
+            let lin = b.op(&format!("arith.muli {by}, {gx} : index"));
+            let lin = b.op(&format!("arith.addi {lin}, {bx} : index"));
+            let cg = b.op(&format!("arith.constant {RASTER_ROWS} : index"));
+            let gsz = b.op(&format!("arith.muli {cg}, {gx} : index"));
+            let grp = b.op(&format!("arith.divui {lin}, {gsz} : index"));
+            let first = b.op(&format!("arith.muli {grp}, {cg} : index"));
+            let left = b.op(&format!("arith.subi {gy}, {first} : index"));
+            let gs = b.op(&format!("arith.minui {left}, {cg} : index"));
+            let r = b.op(&format!("arith.remui {lin}, {gsz} : index"));
+            let ry = b.op(&format!("arith.remui {r}, {gs} : index"));
+            b.block_y = Some(b.op(&format!("arith.addi {first}, {ry} : index")));
+            b.block_x = Some(b.op(&format!("arith.divui {r}, {gs} : index")));
+            emit_into(b, inner)?
+        }
         KernelSpec::Tma { inner } => {
             match inner.matmul_core().0 {
                 KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
@@ -4640,7 +4912,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::SwiGluPipe { inner } => {
             match inner.as_ref() {
-                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && !b.tma && b.split_k.is_none() && b.act.is_none() => {}
+                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || (b.ws && *bm == PIPE_BM)) && b.split_k.is_none() && b.act.is_none() => {}
                 other => {
                     return Err(format!(
                         "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",

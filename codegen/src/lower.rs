@@ -282,6 +282,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 _ => SwiGluFusion::All,
             },
             splitk_rope: !std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "0"),
+            ws: !std::env::var("DSC_GEMM_WS").is_ok_and(|v| v == "0"),
             tma: match std::env::var("DSC_TMA").as_deref() {
                 Ok("0") => Tma::Off,
                 Ok("all") | Ok("1") => Tma::All,
@@ -344,6 +345,11 @@ pub struct LowerOptions {
     /// which pipelined wgmma matmuls load W by TMA ([`tma_wrap`], [`Tma`]; DSC_TMA=0 off,
     /// DSC_TMA=all every one)
     pub tma: Tma,
+    /// the pipelined matmul's 128-row tiles (prefill, b128 decode) warp-specialized, x and W
+    /// by TMA from a producer warpgroup, tiles rasterized (`KernelSpec::Ws`; on: bench-gemm
+    /// 8B down at 4,096 rows 621 -> 710 TFLOP/s, lm_head 455 -> 656,
+    /// bench/results/gemm-ws-2026-11-30.json; DSC_GEMM_WS=0 at compile time off)
+    pub ws: bool,
     /// the decode attention's grouped kernels, a block per (token, group of a KV head's query
     /// heads) (batched decode from [`ATTN_GROUP_MIN_BLOCKS`] blocks, and the split pass where
     /// its head groups fill them; on; DSC_ATTN_GROUP=0 turns both off)
@@ -406,6 +412,7 @@ impl Default for LowerOptions {
             swiglu_pipe: SwiGluFusion::All,
             splitk_rope: true,
             tma: Tma::Narrow,
+            ws: true,
             attn_group: true,
             attn_prefetch: false,
             flash_warps: FLASH_WARPS,
@@ -693,7 +700,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
         None => steps,
     };
     let steps = insert_half_casts(steps, opts.norm_half, opts.silu_half);
-    let steps = fuse_swiglu_pipe(steps, opts.swiglu_pipe, opts.tma);
+    let steps = fuse_swiglu_pipe(steps, opts.swiglu_pipe, opts.tma, opts.ws);
     // (on: with 32 warps per row, 8B b32 4.546 -> 4.523 ms per step, b64 5.19 -> 5.17
     // (bench/results/swiglu-splitk-norm-2026-11-30.json); with 8 warps it lost: 8B b32 6,360 ->
     // 6,021 tok/s, b64 10,447 -> 9,793, bench/results/splitk-norm-2026-11-30.json.
@@ -701,7 +708,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let fold = opts.split_k.is_some() && !std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "0");
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
     let steps = if opts.splitk_rope { fold_splitk_reduce_rope(steps) } else { steps };
-    let steps = tma_wrap(steps, opts.tma);
+    let steps = tma_wrap(steps, opts.tma, opts.ws);
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
 }
 
@@ -755,14 +762,36 @@ fn prefetch_after_attention(mut steps: Vec<Step>, g: &Graph) -> Vec<Step> {
 /// activation epilogue) that `which` takes load their W tiles by TMA (`KernelSpec::Tma`):
 /// their weight args become their tensor maps, `{w}@tmap{bn}` (the runtime encodes one per
 /// weight and tile height).
-fn tma_wrap(mut steps: Vec<Step>, which: Tma) -> Vec<Step> {
-    if which == Tma::Off {
-        return steps;
-    }
+fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool) -> Vec<Step> {
     for s in &mut steps {
         let step_args = s.args.clone();
         for h in &mut s.hopper {
             let (core, parts) = h.kernel.matmul_core();
+            // (warp-specialized: the 128-row tiles, x in 16 bits, unsplit; x's tensor map too.
+            // The SwiGLU epilogue's tile takes bn/2 gate rows and bn/2 up rows: two boxes)
+            let swiglu = match &h.kernel {
+                KernelSpec::SwiGluPipe { inner } => Some(inner.as_ref()),
+                _ => None,
+            };
+            let core = swiglu.unwrap_or(core);
+            if ws && !matches!(h.kernel, KernelSpec::SplitK { .. }) {
+                if let KernelSpec::MatMulPipe { bn, bm: crate::kernels::PIPE_BM, a16: true, stages, .. } = *core {
+                    if stages * 16 <= crate::kernels::TMA_MBAR_BYTES {
+                        let (weights, box_rows) = if swiglu.is_some() { (2, bn / 2) } else { (parts.map_or(1, |p| p.len()), bn) };
+                        let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
+                        args[0] = format!("{}@xmap{}", args[0], crate::kernels::PIPE_BM);
+                        for w in &mut args[1..1 + weights] {
+                            *w = format!("{w}@tmap{box_rows}");
+                        }
+                        h.args = Some(args);
+                        h.kernel = KernelSpec::Ws { inner: Box::new(h.kernel.clone()) };
+                        continue;
+                    }
+                }
+            }
+            if which == Tma::Off {
+                continue;
+            }
             if !takes_tma(&h.kernel, which) {
                 continue;
             }
@@ -800,7 +829,7 @@ fn takes_tma(kernel: &KernelSpec, which: Tma) -> bool {
 /// Hopper alternative is a fused one (`hopper_skip`; that set must be one interval, else only
 /// the batched tile is fused). One launch fewer per layer, and the matmul writes F 16-bit + F
 /// f32 values per row instead of 2F f32.
-fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion, tma: Tma) -> Vec<Step> {
+fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion, tma: Tma, ws: bool) -> Vec<Step> {
     for i in 0..steps.len() {
         let Some(KernelSpec::SiluMulHalf { .. }) = steps[i].kernel else { continue };
         let [gate, up, h, hh] = steps[i].args.as_slice() else { continue };
@@ -824,10 +853,12 @@ fn fuse_swiglu_pipe(mut steps: Vec<Step>, mode: SwiGluFusion, tma: Tma) -> Vec<S
         let is_m64 = |l: &Large| matches!(&l.kernel, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }));
         let hopper = &steps[j].hopper;
         let batched: Vec<usize> = hopper.iter().position(is_m64).filter(|&k| fusable(&hopper[k]).is_some()).into_iter().collect();
-        // (not the alternatives `tma_wrap` gives TMA loads: the SwiGLU kernel has no TMA path,
-        // and on the SmolLM2 shape's b128 tile, 24 blocks, the fused kernel without TMA lost
-        // 20% end to end to the unfused one with it — bench/results/swiglu-all-2026-11-30.json)
-        let all: Vec<usize> = (0..hopper.len()).filter(|&k| fusable(&hopper[k]).is_some() && !takes_tma(&hopper[k].kernel, tma)).collect();
+        // (not the alternatives `tma_wrap` gives TMA loads, unless warp-specialized: the
+        // SwiGLU kernel's only TMA path is that one, and on the SmolLM2 shape's b128 tile, 24
+        // blocks, the fused kernel without TMA lost 20% end to end to the unfused one with
+        // it — bench/results/swiglu-all-2026-11-30.json)
+        let ws_tile = |l: &Large| ws && matches!(l.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: crate::kernels::PIPE_BM, a16: true, .. });
+        let all: Vec<usize> = (0..hopper.len()).filter(|&k| fusable(&hopper[k]).is_some() && (!takes_tma(&hopper[k].kernel, tma) || ws_tile(&hopper[k]))).collect();
         let chosen = match mode {
             SwiGluFusion::Off => continue,
             SwiGluFusion::Batched => batched,
@@ -1066,7 +1097,17 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
             .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(nn, bn), None, nn))
             .flatten()
             .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64)));
-        st.hopper = small.into_iter().chain(big).collect();
+        // (long prefills: 256-column tiles where N's 128-column ones would be used, from the
+        // rows where the wide tiles still give WIDE_MIN_TILES blocks: half the x traffic per
+        // FLOP; DSC_GEMM_WIDE=0 at compile time off)
+        let wide = (half && bn == 128 && nn % 256 == 0 && wide_tiles())
+            .then(|| {
+                let w = crate::kernels::PipeTiling { bn: 256, ..crate::kernels::pipe_tiling(6144) };
+                let from = (WIDE_MIN_TILES.div_ceil(nn / 256) * crate::kernels::PIPE_BM) as i64;
+                large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: w.bn, stages: w.stages, overlap: w.overlap, a16: w.a16, bm: w.bm }, from, None, nn)
+            })
+            .flatten();
+        st.hopper = small.into_iter().chain(wide).chain(big).collect();
         st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None, nn.div_ceil(16));
     }
     if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -1089,6 +1130,14 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         }
     }
     Ok(st)
+}
+
+/// Blocks (tiles) the 256-column prefill tiles must give before they replace the 128-column
+/// ones (three waves of the 132 SMs): the 8B shape's o and down projections from 3,200 rows.
+pub const WIDE_MIN_TILES: usize = 3 * crate::kernels::TARGET_SMS;
+
+fn wide_tiles() -> bool {
+    !std::env::var("DSC_GEMM_WIDE").is_ok_and(|v| v == "0")
 }
 
 /// Parts the split decode attention cuts a context into, at most, and the fewest keys per part.
@@ -1617,6 +1666,12 @@ fn fuse_qkv_rope_cache(g: &Graph, steps: &mut [Step]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default options without the warp-specialized prefill matmul (whose tensor-map
+    /// args the older tests do not expect; `the_long_prefill_matmuls_are_warp_specialized`).
+    fn no_ws() -> LowerOptions {
+        LowerOptions { ws: false, ..Default::default() }
+    }
     use dsc_ir::text;
 
     fn graph(extra_user: bool, wdtype: &str) -> Graph {
@@ -1631,7 +1686,7 @@ mod tests {
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
         let folding =
-            LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..Default::default() };
+            LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..no_ws() };
         let steps = lower_opts(&graph(false, "bf16"), folding).unwrap();
         // off (the default): the norm runs as its own kernel
         let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, ..folding }).unwrap();
@@ -1653,9 +1708,9 @@ mod tests {
     fn one_token_steps_run_rope_and_the_cache_writes_inside_the_attention() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %kc = state : f32[4, 4, 2, 8]\n  %vc = state : f32[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : f32[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  output o = %o\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { rope_attention: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { rope_attention: false, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::RopeAttention { .. }))));
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, no_ws()).unwrap();
         // one token (rows = H = 4): the fused kernel, reading q/k/v before RoPE and the slots
         let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::RopeAttention { .. }))).collect();
         let [f] = &fused[..] else { panic!("{fused:?}") };
@@ -1703,7 +1758,7 @@ mod tests {
     fn prefill_matmuls_read_a_16_bit_copy_of_x_made_once_before_the_first_of_them() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %wc = weight : f32[128, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  %c = matmul(%x, %wc) {transpose_b = true} : f32[T, 128]\n  output a = %a\n  output b = %b\n  output c = %c\n}\n";
         // (the batched GEMVs on f32 x: only the prefill matmuls read the copy)
-        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..Default::default() }).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
         let casts: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: false }))).map(|(i, _)| i).collect();
         assert_eq!(casts.len(), 1, "one cast for the two bf16 matmuls");
         let cast = &steps[casts[0]];
@@ -1729,9 +1784,9 @@ mod tests {
     fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  output a = %a\n  output b = %b\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { few_x16: false, tma: Tma::Off, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| s.few.iter().all(|l| !matches!(l.kernel, KernelSpec::MatMulFewX16 { .. }))));
-        let steps = lower_opts(&g, LowerOptions { few_x16: true, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { few_x16: true, ..no_ws() }).unwrap();
         let casts: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).collect();
         assert_eq!(casts.len(), 1);
         assert_eq!(casts[0].min_rows, Some(16), "the cast runs from the 16-bit batched GEMV's rows");
@@ -1753,7 +1808,7 @@ mod tests {
         // (x in f32 for the batched GEMV here: only the Hopper list matters)
         for (n, lo64, from128) in [(6144usize, 32i64, 64i64), (28672, 32, 16), (128, 48, 64)] {
             let src = format!("graph \"t\" {{\n  %x = input : f32[T, 64]\n  %w = weight : bf16[{n}, 64]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[T, {n}]\n  output y = %y\n}}\n");
-            let steps = lower_opts(&text::parse(&src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..Default::default() }).unwrap();
+            let steps = lower_opts(&text::parse(&src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
             let s = steps.iter().find(|s| s.node == "y").unwrap();
             let [p64, p128] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
             assert!(matches!(p64.kernel, KernelSpec::MatMulPipe { bm: 64, a16: true, .. }), "{:?}", p64.kernel);
@@ -1771,9 +1826,9 @@ mod tests {
     fn norm_half_writes_the_16_bit_copy_from_the_norm_instead_of_a_cast() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 1e-5} : f32[T, 64]\n  %w = weight : bf16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
-        let steps = lower_opts(&g, LowerOptions { norm_half: true, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { norm_half: true, ..no_ws() }).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
         let norm = steps.iter().find(|s| s.node == "xn").unwrap();
         assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 64, eps_bits: 1e-5f32.to_bits(), f16: false }));
@@ -1791,9 +1846,9 @@ mod tests {
         // read x in 16 bits)
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %b = weight : f32[64]\n  %xn = layer_norm(%x, %g, %b) {eps = 1e-5} : f32[T, 64]\n  %w = weight : f16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: true }))));
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, no_ws()).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
         let norm = steps.iter().find(|s| s.node == "xn").unwrap();
         assert_eq!(norm.kernel, Some(KernelSpec::LayerNorm { d: 64, eps_bits: 1e-5f32.to_bits(), half: Some(true) }));
@@ -1806,9 +1861,9 @@ mod tests {
     fn split_k_adds_a_partial_sums_alternative_and_its_reduce_step() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %r = input : f32[T, 4096]\n  %w = weight : bf16[4096, 4096]\n  %y = matmul_add(%x, %w, %r) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { split_k: None, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { split_k: None, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| !s.node.contains("@splitk") && s.hopper.iter().all(|h| !matches!(h.kernel, KernelSpec::SplitK { .. }))));
-        let steps = lower_opts(&g, LowerOptions { split_k: Some(4), ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { split_k: Some(4), ..no_ws() }).unwrap();
         let i = steps.iter().position(|s| s.node == "y" && s.kernel.as_ref().is_some_and(|k| matches!(k, KernelSpec::MatMul { .. }))).unwrap();
         // the partial sums' buffer declared first (then the cast of x), the reduce pass right after
         let (decl, mm, red) = (steps[..i].iter().find(|s| s.node == "y@splitk4").unwrap(), &steps[i], &steps[i + 1]);
@@ -1835,8 +1890,8 @@ mod tests {
         // the 8B shape's MLP: merged gate/up, silu_mul, down
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wg = weight : bf16[14336, 4096]\n  %wu = weight : bf16[14336, 4096]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 28672]\n  %g = slice(%gu) {axis = 1, start = 0, len = 14336} : f32[T, 14336]\n  %u = slice(%gu) {axis = 1, start = 14336, len = 14336} : f32[T, 14336]\n  %h = silu_mul(%g, %u) : f32[T, 14336]\n  %wd = weight : bf16[4096, 14336]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Off, ..Default::default() }).unwrap();
-        let steps = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Batched, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Off, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Batched, ..no_ws() }).unwrap();
         assert_eq!(plain.len(), steps.len());
         let sm = steps.iter().find(|s| s.node == "h").unwrap();
         assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
@@ -1860,7 +1915,7 @@ mod tests {
         );
         // every pipelined alternative (DSC_SWIGLU_PIPE=all): the 128-row tiles too, and the
         // silu step skips every row they and the 64-row tile take (from the first's 16 up)
-        let all = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::All, ..Default::default() }).unwrap();
+        let all = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::All, ..no_ws() }).unwrap();
         let mm = all.iter().find(|s| s.node == "gu").unwrap();
         let fused: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::SwiGluPipe { .. })).collect();
         let pipes = before.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { .. }))).count();
@@ -1876,24 +1931,33 @@ mod tests {
         // by default), so only the 64-row tile takes the SwiGLU; with TMA off both do
         let src = "graph \"t\" {\n  %x = input : f32[T, 576]\n  %wg = weight : bf16[1536, 576]\n  %wu = weight : bf16[1536, 576]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 3072]\n  %g = slice(%gu) {axis = 1, start = 0, len = 1536} : f32[T, 1536]\n  %u = slice(%gu) {axis = 1, start = 1536, len = 1536} : f32[T, 1536]\n  %h = silu_mul(%g, %u) : f32[T, 1536]\n  %wd = weight : bf16[576, 1536]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 576]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let fused = |tma: Tma| -> Vec<(usize, bool)> {
-            let steps = lower_opts(&g, LowerOptions { tma, ..Default::default() }).unwrap();
+        // ((rows, columns) per tile, fused) of the pipelined alternatives, first fit first
+        let fused = |tma: Tma| -> Vec<((usize, usize), bool)> {
+            let steps = lower_opts(&g, LowerOptions { tma, ..no_ws() }).unwrap();
             let mm = steps.iter().find(|s| s.node == "gu").unwrap();
-            let bm = |k: &KernelSpec| match k.matmul_core().0 {
-                KernelSpec::MatMulPipe { bm, .. } => *bm,
-                _ => 0,
+            let tile = |k: &KernelSpec| match k.matmul_core().0 {
+                KernelSpec::MatMulPipe { bm, bn, .. } => (*bm, *bn),
+                _ => (0, 0),
             };
             mm.hopper
                 .iter()
                 .map(|l| match &l.kernel {
-                    KernelSpec::SwiGluPipe { inner } => (bm(inner), true),
-                    other => (bm(other), false),
+                    KernelSpec::SwiGluPipe { inner } => (tile(inner), true),
+                    other => (tile(other), false),
                 })
-                .filter(|&(bm, _)| bm > 0)
+                .filter(|&(t, _)| t.0 > 0)
                 .collect()
         };
-        assert_eq!(fused(Tma::Narrow), [(64, true), (128, false)]);
-        assert_eq!(fused(Tma::Off), [(64, true), (128, true)]);
+        let narrow = fused(Tma::Narrow);
+        assert_eq!(narrow[0], ((64, 128), true));
+        assert_eq!(narrow.last(), Some(&((128, 128), false)));
+        assert!(fused(Tma::Off).iter().all(|&(_, f)| f));
+        // warp-specialized (the default), the 128-row tiles load by TMA and take the SwiGLU too
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let mm = steps.iter().find(|s| s.node == "gu").unwrap();
+        let ws: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::Ws { inner } if matches!(inner.as_ref(), KernelSpec::SwiGluPipe { .. }))).collect();
+        assert!(!ws.is_empty(), "{:?}", mm.hopper);
+        assert!(ws.iter().all(|l| l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap64", "wu@tmap64"] || l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap128", "wu@tmap128"]));
     }
 
     #[test]
@@ -1902,10 +1966,10 @@ mod tests {
         // the cache writes
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %kc = state : bf16[64, 16, 8, 128]\n  %vc = state : bf16[64, 16, 8, 128]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %qh = reshape(%q) : f32[T, 32, 128]\n  %kh = reshape(%k) : f32[T, 8, 128]\n  %vh = reshape(%v) : f32[T, 8, 128]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : f32[T, 32, 128]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : bf16[64, 16, 8, 128]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[64, 16, 8, 128]\n  output q = %qr\n  output k = %kw\n  output v = %vw\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { splitk_rope: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { splitk_rope: false, ..no_ws() }).unwrap();
         let red = plain.iter().find(|s| matches!(s.kernel, Some(KernelSpec::SplitKReduce { splits: 2, residual: false }))).expect("a q/k/v reduce by default");
         let (lo, hi) = (red.min_rows.unwrap(), red.max_rows.unwrap());
-        let steps = lower_opts(&g, LowerOptions { splitk_rope: true, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { splitk_rope: true, ..no_ws() }).unwrap();
         assert_eq!(steps.len(), plain.len() - 1);
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))));
         let rope = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).unwrap();
@@ -1948,18 +2012,18 @@ mod tests {
     fn silu_mul_writes_the_16_bit_copy_the_down_projection_reads() {
         let src = "graph \"t\" {\n  %g = input : f32[T, 256]\n  %u = input : f32[T, 256]\n  %h = silu_mul(%g, %u) : f32[T, 256]\n  %w = weight : bf16[4096, 256]\n  %y = matmul(%h, %w) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions { silu_half: true, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { silu_half: true, ..no_ws() }).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
         let sm = steps.iter().find(|s| s.node == "h").unwrap();
         assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
         assert_eq!(sm.args, ["g", "u", "h", "h@bf16"]);
         let y = steps.iter().find(|s| s.node == "y").unwrap();
         assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "h@bf16"));
-        assert_eq!(steps, lower_opts(&g, LowerOptions::default()).unwrap(), "on by default");
+        assert_eq!(steps, lower_opts(&g, no_ws()).unwrap(), "on by default");
         // (off, or without norm + quantize: the cast, and silu_mul as before)
-        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
-        let plain = lower_opts(&g, LowerOptions { silu_half: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { silu_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
         assert!(plain.iter().any(|s| s.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))));
     }
@@ -1970,7 +2034,7 @@ mod tests {
         // be 192, past one wave of 132 SMs)
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  output q = %q\n  output k = %k\n  output v = %v\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, no_ws()).unwrap();
         let i = steps.iter().position(|s| s.node == "qkv" && s.kernel.is_some()).unwrap();
         let (mm, red) = (&steps[i], &steps[i + 1]);
         let KernelSpec::SplitK { inner, splits: 2 } = &mm.hopper[0].kernel else { panic!("{:?}", mm.hopper[0].kernel) };
@@ -1990,7 +2054,7 @@ mod tests {
         // o projection + residual, then the norm of the residual stream ahead of a bf16 matmul
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %h = input : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h2 = matmul_add(%x, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  %g = weight : f32[4096]\n  %xn = rms_norm(%h2, %g) {eps = 1e-5} : f32[T, 4096]\n  %w2 = weight : bf16[4096, 4096]\n  %y = matmul_add(%xn, %w2, %h2) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, no_ws()).unwrap();
         // h2's reduce is gone, folded into the norm; y's (read by no norm) stays
         assert!(steps.iter().all(|s| !(s.node == "h2" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. })))));
         assert!(steps.iter().any(|s| s.node == "y" && matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))));
@@ -2007,8 +2071,8 @@ mod tests {
     fn tma_wraps_the_pipelined_matmuls_and_names_the_weights_tensor_maps() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %h = input : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %y = matmul_add(%q, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n  output k = %k\n  output v = %v\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { tma: Tma::Off, ..Default::default() }).unwrap();
-        let steps = lower_opts(&g, LowerOptions { tma: Tma::All, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { tma: Tma::Off, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { tma: Tma::All, ..no_ws() }).unwrap();
         assert_eq!(plain.len(), steps.len());
         let mut wrapped = 0;
         for (p, s) in plain.iter().zip(&steps) {
@@ -2037,7 +2101,7 @@ mod tests {
         // (the 8B shape's o projection: 32 MiB of bf16, over the GEMV's own prefetch limit)
         let src = "graph \"t\" {\n  %q = input : f32[T, 32, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 32, 128]\n  %a = reshape(%o) : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h = input : f32[T, 4096]\n  %y = matmul_add(%a, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions { attn_prefetch: true, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { attn_prefetch: true, ..no_ws() }).unwrap();
         let attn: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::PrefetchL2 { .. }))).collect();
         // the one-pass steps (short and long contexts), not the split pass
         assert_eq!(attn.len(), 2, "{:?}", steps.iter().map(|s| &s.kernel).collect::<Vec<_>>());
@@ -2055,7 +2119,7 @@ mod tests {
         let src = |kv: &str| {
             format!("graph \"t\" {{\n  %q = input : f32[T, 32, 128]\n  %k = input : f32[T, 8, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %slots = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : {kv}[NB, 16, 8, 128]\n  %vc = state : {kv}[NB, 16, 8, 128]\n  %kw = cache_write(%kc, %k, %slots) : {kv}[NB, 16, 8, 128]\n  %vw = cache_write(%vc, %k, %slots) : {kv}[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kw, %vw, %pos, %seq, %table) {{scale = 0.088}} : f32[T, 32, 128]\n  output o = %o\n}}\n")
         };
-        let steps = lower_opts(&text::parse(&src("bf16")).unwrap(), LowerOptions::default()).unwrap();
+        let steps = lower_opts(&text::parse(&src("bf16")).unwrap(), no_ws()).unwrap();
         let kernels: Vec<&KernelSpec> = steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.iter().map(|l| &l.kernel)).chain(s.few.iter().map(|l| &l.kernel))).collect();
         let attn = kernels.iter().filter(|k| matches!(k, KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::FlashAttention { .. })).count();
         assert!(attn >= 3, "{kernels:?}");
@@ -2068,7 +2132,7 @@ mod tests {
                 _ => {}
             }
         }
-        let e = lower_opts(&text::parse(&src("f16")).unwrap(), LowerOptions::default()).unwrap_err().to_string();
+        let e = lower_opts(&text::parse(&src("f16")).unwrap(), no_ws()).unwrap_err().to_string();
         assert!(e.contains("kw") && e.contains("f16 KV caches"), "{e}");
     }
 
@@ -2082,7 +2146,7 @@ mod tests {
         assert_eq!(attention_group_size(32, 32, 128, 16), 1);
         // 70B-like: the batched alternative in groups of 4, grid y = 16 head groups
         let src = "graph \"t\" {\n  %q = input : f32[T, 64, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 64, 128]\n  output o = %o\n}\n";
-        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions::default()).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), no_ws()).unwrap();
         let one = steps.iter().find(|s| s.node == "o" && s.kernel.is_some()).unwrap();
         let [g] = &one.few[..] else { panic!("{:?}", one.few) };
         assert!(matches!(g.kernel, KernelSpec::PagedAttention { group: 4, .. }), "{:?}", g.kernel);
@@ -2096,9 +2160,9 @@ mod tests {
     fn split_kv_makes_decode_attention_two_steps_and_leaves_prefill_to_flash() {
         let src = "graph \"t\" {\n  %q = input : f32[T, 8, 64]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 2, 64]\n  %vc = state : f32[NB, 16, 2, 64]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.125} : f32[T, 8, 64]\n  output o = %o\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { split_kv: false, ..Default::default() }).unwrap();
+        let plain = lower_opts(&g, LowerOptions { split_kv: false, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))));
-        let steps = lower_opts(&g, LowerOptions { split_kv: true, ..Default::default() }).unwrap();
+        let steps = lower_opts(&g, LowerOptions { split_kv: true, ..no_ws() }).unwrap();
         let part = format!("o@split{ATTN_SPLITS}");
         let i = steps.iter().position(|s| s.node == part).expect("the first pass");
         let (one, wide, first, merge) = (&steps[i - 2], &steps[i - 1], &steps[i], &steps[i + 1]);
@@ -2132,6 +2196,31 @@ mod tests {
     }
 
     #[test]
+    fn the_long_prefill_matmuls_are_warp_specialized() {
+        // the 8B shape's o projection: 128-column tiles from 128 rows, 256-column ones from
+        // WIDE_MIN_TILES of them, both warp-specialized (x's and W's tensor maps); the 64-row
+        // decode tiles and split-K are not
+        let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %w = weight : bf16[4096, 4096]\n  %r = input : f32[T, 4096]\n  %y = matmul_add(%x, %w, %r) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let y = steps.iter().find(|s| s.node == "y").unwrap();
+        let ws: Vec<&Large> = y.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::Ws { .. })).collect();
+        let [wide, narrow] = ws[..] else { panic!("{:?}", y.hopper) };
+        assert!(matches!(wide.kernel.matmul_core().0, KernelSpec::MatMulPipe { bn: 256, bm: 128, residual: true, .. }), "{:?}", wide.kernel);
+        assert!(matches!(narrow.kernel.matmul_core().0, KernelSpec::MatMulPipe { bn: 128, bm: 128, .. }), "{:?}", narrow.kernel);
+        assert_eq!(wide.min_rows, (WIDE_MIN_TILES.div_ceil(16) * 128) as i64);
+        assert!(narrow.min_rows < wide.min_rows && wide.max_rows.is_none());
+        assert_eq!(wide.args.as_deref().unwrap()[..2], ["x@bf16@xmap128", "w@tmap256"]);
+        assert_eq!(narrow.args.as_deref().unwrap()[..2], ["x@bf16@xmap128", "w@tmap128"]);
+        assert!(y.hopper.iter().all(|l| matches!(l.kernel, KernelSpec::Ws { .. }) || l.kernel.matmul_core().0 != wide.kernel.matmul_core().0));
+        // the 64-row tiles keep cp.async loads
+        assert!(y.hopper.iter().any(|l| matches!(l.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 64, .. }) && !matches!(l.kernel, KernelSpec::Ws { .. })));
+        // and none without it
+        let off = lower_opts(&g, no_ws()).unwrap();
+        assert!(off.iter().flat_map(|s| s.alternatives()).all(|l| !matches!(l.kernel, KernelSpec::Ws { .. })));
+    }
+
+    #[test]
     fn matmul_act_puts_the_activation_in_every_kernel_of_the_step() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : bf16[128, 64]\n  %b = weight : f32[128]\n  %y = matmul_act(%x, %w, %b) {transpose_b = true, act = gelu} : f32[T, 128]\n  output y = %y\n}\n";
         let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
@@ -2139,22 +2228,23 @@ mod tests {
         let act = |k: &KernelSpec| matches!(k, KernelSpec::MatMulAct { act: UnaryOpKey(dsc_ir::UnaryOp::Gelu), .. });
         assert!(act(s.kernel.as_ref().unwrap()), "{:?}", s.kernel);
         for l in s.alternatives() {
-            // (the prefill tile loads W by TMA: the wrapper outside)
+            // (the prefill tile loads W by TMA, or is warp-specialized: the wrapper outside)
             let k = match &l.kernel {
-                KernelSpec::Tma { inner } => inner.as_ref(),
+                KernelSpec::Tma { inner } | KernelSpec::Ws { inner } => inner.as_ref(),
                 k => k,
             };
             assert!(act(k), "{:?}", l.kernel);
         }
-        // the prefill kernel under the wrapper still gets its bf16 copy of x
-        assert_eq!(s.hopper.last().unwrap().args.as_ref().unwrap()[0], "x@bf16");
+        // the prefill kernel under the wrapper still gets its bf16 copy of x (as the tensor
+        // map of it, warp-specialized)
+        assert_eq!(s.hopper.last().unwrap().args.as_ref().unwrap()[0], "x@bf16@xmap128");
         assert!(steps.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
     }
 
     #[test]
     fn swiglu_runs_in_the_merged_gate_up_gemv_for_one_row() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wg = weight : bf16[128, 64]\n  %wu = weight : bf16[128, 64]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 256]\n  %g = slice(%gu) {axis = 1, start = 0, len = 128} : f32[T, 128]\n  %u = slice(%gu) {axis = 1, start = 128, len = 128} : f32[T, 128]\n  %h = silu_mul(%g, %u) : f32[T, 128]\n  output h = %h\n}\n";
-        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..Default::default() }).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         let cat = by("gu");
         assert_eq!(cat.kernel, Some(KernelSpec::SwiGluGemv { k: 64, f: 128, wdtype: DType::BF16 }));

@@ -107,6 +107,28 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
     }
 }
 
+/// A pipelined-matmul check case once more warp-specialized (`KernelSpec::Ws`): x and the
+/// weights as tensor maps (`tmaps`: x's first), one more warpgroup (the producer), the same
+/// data and grid; None where the tiling has no such variant (64-row tiles, x in f32, more
+/// stages than the mbarrier space holds).
+fn ws_variant(case: &Case, spec: &KernelSpec, m: usize, k: usize, f16: bool, weights: &[usize]) -> Option<(Case, KernelSpec)> {
+    // (the SwiGLU epilogue's tile: bn/2 rows from each of the two weights)
+    let (core, swiglu) = match spec {
+        KernelSpec::SwiGluPipe { inner } => (inner.as_ref(), true),
+        other => (other.matmul_core().0, false),
+    };
+    let KernelSpec::MatMulPipe { bn, stages, a16: true, bm: dsc_codegen::kernels::PIPE_BM, .. } = *core else { return None };
+    if stages * 16 > dsc_codegen::kernels::TMA_MBAR_BYTES {
+        return None;
+    }
+    let rows = if swiglu { bn / 2 } else { bn } as u32;
+    let ws = KernelSpec::Ws { inner: Box::new(spec.clone()) };
+    let mut tmaps = vec![TmapInput { input: 0, n: m, k, rows: dsc_codegen::kernels::PIPE_BM as u32, f16 }];
+    tmaps.extend(weights.iter().enumerate().map(|(i, &n)| TmapInput { input: 1 + i, n, k, rows, f16 }));
+    let (_, threads) = grid(&ws.launch(), 1);
+    Some((Case { name: format!("{} ws", case.name), kernel: ws.symbol(), tmaps, block: threads, ..case.clone() }, ws))
+}
+
 /// A pipelined-matmul check case once more with its W tiles by TMA (`KernelSpec::Tma`): the
 /// same data and grid (the wrapper only adds shared memory), `tmaps` naming the weight inputs.
 fn tma_variant(case: &Case, spec: &KernelSpec, tmaps: Vec<TmapInput>) -> (Case, KernelSpec) {
@@ -606,6 +628,11 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             };
             // ... and with W by TMA (DSC_TMA): W's tensor map in its place
             let tma = with_tma.then(|| tma_variant(&case, &spec, vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }]));
+            // ... and warp-specialized (DSC_GEMM_WS): x's map too
+            if let Some((c, s)) = ws_variant(&case, &spec, m, k, wdtype == DType::F16, &[n]) {
+                cases.push(c);
+                specs.push(s);
+            }
             cases.push(case);
             specs.push(spec);
             cases.extend(tma.iter().map(|t| t.0.clone()));
@@ -623,7 +650,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let (g, b) = grid(&spec.launch(), total);
         let mut inputs = vec![if a16 { data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?) } else { data.push(&x) }];
         inputs.extend(enc.iter().map(|w| data.push_u8(w)));
-        cases.push(Case {
+        let case = Case {
             name: format!(
                 "matmul_cat pipe{bn}s{stages}{}{}{} {m}x{k}x({}+{}) bf16",
                 if overlap { "o" } else { "" },
@@ -643,7 +670,12 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-2,
-        });
+        };
+        if let Some((c, s)) = ws_variant(&case, &spec, m, k, false, &parts) {
+            cases.push(c);
+            specs.push(s);
+        }
+        cases.push(case);
         specs.push(spec);
         // ... and as the gate/up matmul with the SwiGLU in its epilogue (SwiGluPipe, x in 16
         // bits): h over a NaN-filled buffer, its 16-bit copy the output; two blocks of
@@ -663,7 +695,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             let mut inputs = vec![data.push_u8(&dsc_ir::quant::encode(DType::BF16, &x).context("encode")?)];
             inputs.extend(enc.iter().map(|w| data.push_u8(w)));
             inputs.push(data.push(&vec![f32::NAN; m * f]));
-            cases.push(Case {
+            let case = Case {
                 name: format!("swiglu pipe{bn}s{stages}{}{} {m}x{k}x2x{f} bf16", if overlap { "o" } else { "" }, if bm == 64 { " m64" } else { "" }),
                 kernel: spec.symbol(),
                 grid: g,
@@ -676,7 +708,13 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![(3, data.push(&h))],
                 tmaps: vec![],
                 tol: 1e-2,
-            });
+            };
+            // ... warp-specialized too (the 128-row tiles)
+            if let Some((c, s)) = ws_variant(&case, &spec, m, k, false, &[f, f]) {
+                cases.push(c);
+                specs.push(s);
+            }
+            cases.push(case);
             specs.push(spec);
         }
     }

@@ -334,7 +334,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
             crate::gpu::allow_smem(&f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
             // (x in 16 bits where the plan casts it first: the `{x}@bf16` buffer)
-            let x16 = l.args.as_ref().is_some_and(|a| a.first().is_some_and(|x| crate::gpu::half_base(x).is_some()));
+            let x16 = l.args.as_ref().is_some_and(|a| a.first().is_some_and(|x| crate::gpu::half_base(crate::gpu::xmap_base(x).map_or(x.as_str(), |(b, _)| b)).is_some()));
             let xdtype = match (x16, wdtype) {
                 (false, _) => "f32",
                 (true, dsc_ir::DType::F16) => "f16",
@@ -366,10 +366,19 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                     .collect::<anyhow::Result<Vec<_>>>()?,
                 None => wbs,
             };
+            // (a warp-specialized matmul takes x's tensor map too: `{x}@xmap{rows}`)
+            let xmap = match l.args.as_ref().and_then(|a| a.first()).and_then(|x| crate::gpu::xmap_base(x)) {
+                Some((_, rows)) => Some(crate::gpu::weight_tensor_map(&dev.stream, &x, m, k, xdtype == "f16", rows).map_err(|e| anyhow::anyhow!("{}: {e}", l.kernel))?),
+                None => None,
+            };
+            // (the SwiGLU epilogue, `SwiGluPipe`: h [M, F] f32 and its 16-bit copy instead of y)
+            let swiglu = l.kernel.contains("_swiglu");
             let res = if residual { Some(dev.random("f32", m * n, 20)?) } else { None };
             let y = dev.stream.alloc_zeros::<u8>(m * n * 4 * split.unwrap_or(1)).map_err(derr("allocating y"))?;
             let y2 = dev.stream.alloc_zeros::<u8>(if split.is_some() { m * n * 4 } else { 4 }).map_err(derr("allocating y"))?;
             let (mm, nn) = (m as i64, n as i64);
+            let fh = nn / 2;
+            let yh = dev.stream.alloc_zeros::<u8>(if swiglu { m * n } else { 4 }).map_err(derr("allocating y"))?;
             let work = match &l.work {
                 crate::plan::Scalar::Const(v) => *v as u32,
                 other => anyhow::bail!("{}: unexpected work {other:?}", l.kernel),
@@ -379,20 +388,26 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) };
             let launch = || -> anyhow::Result<()> {
                 let mut lb = dev.stream.launch_builder(&f);
-                lb.arg(&x);
+                lb.arg(xmap.as_ref().unwrap_or(&x));
                 for wb in &wbs {
                     lb.arg(wb);
                 }
                 if let (Some(r), None) = (&res, split) {
                     lb.arg(r);
                 }
-                lb.arg(&y).arg(&mm).arg(&nn);
-                if parts.len() > 1 {
-                    lb.arg(&mm);
+                if swiglu {
+                    // (h in y's first half of bytes, its copy in y2's place: y holds M·N f32)
+                    lb.arg(&y).arg(&yh).arg(&mm).arg(&fh);
+                } else {
+                    lb.arg(&y).arg(&mm).arg(&nn);
+                    if parts.len() > 1 {
+                        lb.arg(&mm);
+                    }
                 }
                 // SAFETY: every matmul alternative takes (x, w.., [res], y, M, N, [M]) with
-                // x [M, K] (f32 or the 16-bit copy), w_i [N_i, K], res and y [M, N] f32
-                // (KernelSpec docs); split-K: no res, y [S, M, N]
+                // x [M, K] (f32 or the 16-bit copy; or its tensor map), w_i [N_i, K] (or their
+                // maps), res and y [M, N] f32 (KernelSpec docs); split-K: no res, y [S, M, N];
+                // SwiGLU: (x, w_gate, w_up, h [M, N/2] f32, h16 [M, N/2], M, N/2)
                 unsafe { lb.launch(cfg) }.map_err(derr(&l.kernel))?;
                 if let Some((rf, rk, rcfg)) = &reduce {
                     let numel = (m * n) as i64;

@@ -68,6 +68,9 @@ pub struct GpuBackend<'p> {
     feed: Option<CudaSlice<u8>>,
     /// [`CACHED_MAX_TOKENS`] (DSC_CACHED_MAX_TOKENS overrides)
     cached_max_tokens: usize,
+    /// steps of at most this many tokens launch with PDL (DSC_PDL_MAX_TOKENS; default
+    /// [`PDL_MAX_TOKENS`])
+    pdl_max_tokens: usize,
     /// DSC_SKIP_KERNELS=a,b: a measurement knob only — launches whose kernel symbol contains
     /// one of these strings are left out of every step (the results are wrong; the step's time
     /// without them bounds what fusing them away could gain). Announced on stderr.
@@ -264,6 +267,7 @@ impl<'p> GpuBackend<'p> {
             spare_ids: vec![],
             feed: None,
             cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
+            pdl_max_tokens: std::env::var("DSC_PDL_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(PDL_MAX_TOKENS),
             staging: Default::default(),
             skip_kernels: skip_kernels_from_env(),
         })
@@ -329,6 +333,13 @@ struct Bucket {
 /// (at 64, a 128-sequence decode step rebuilt its bucket every step, without a graph: ~2 ms of
 /// host work per 8B step); DSC_CACHED_MAX_TOKENS=N for A/B runs.
 const CACHED_MAX_TOKENS: usize = 128;
+
+/// Steps of at most this many tokens launch with programmatic dependent launch. Measured on the
+/// H200 (bench/results/gemm-ws-2026-11-30.json, engine bench): PDL wins at 64 tokens (8B
+/// 12.0k -> 12.4k tok/s, SmolLM2 shape 49.5k -> 52.4k) and is mixed at 128 (8B +1%, SmolLM2
+/// shape with the warp-specialized SwiGLU gate/up 57.9k -> 43.3k: the early-launched
+/// dependents hold SMs the 24-block matmul and its successors need); DSC_PDL_MAX_TOKENS=N.
+const PDL_MAX_TOKENS: usize = 64;
 
 impl GpuBackend<'_> {
     /// The bucket of a step shape: `t` tokens, `s_` sequences, `r` logit rows, and steps whose
@@ -443,6 +454,23 @@ impl GpuBackend<'_> {
             }
             let (grid, gy, block) = launch_dims(launch, work, gy, block, rpb, threads).ok_or_else(|| gerr(format!("step {}: unknown launch kind {launch}", s.node)))?;
             let args = args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
+            // (`{x}@xmap{rows}`: the tensor map of x's place in this bucket's arena, encoded
+            // once per bucket; rows past x's are zeros, the map covering exactly its buffer)
+            for a in &args {
+                let Some((x, rows)) = xmap_base(a) else { continue };
+                if bufs.contains_key(a) {
+                    continue;
+                }
+                let root = alias.get(x).cloned().unwrap_or_else(|| x.to_string());
+                let &(o, n) = placed.get(&root).ok_or_else(|| gerr(format!("step {}: tensor map {a}: {root} is not an activation buffer", s.node)))?;
+                let sh = shape_of(x)?;
+                let k = *sh.last().ok_or_else(|| gerr(format!("tensor map {a}: {x} is a scalar")))?;
+                let f16 = x.ends_with("@f16");
+                let (arena_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream);
+                let map = tensor_map_at(&self.stream, arena_ptr + o as u64, n, n / (2 * k.max(1)), k, f16, rows);
+                drop(guard);
+                bufs.insert(a.clone(), map?);
+            }
             for a in &args {
                 if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
@@ -456,7 +484,7 @@ impl GpuBackend<'_> {
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
         // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
-        let pdl = self.pdl && t <= self.cached_max_tokens;
+        let pdl = self.pdl && t <= self.cached_max_tokens.min(self.pdl_max_tokens);
         Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span })
     }
 
@@ -941,14 +969,30 @@ pub fn tmap_base(name: &str) -> Option<(&str, u32)> {
     Some((base, r.parse().ok()?))
 }
 
+/// The activation and tile rows of a warp-specialized matmul's x tensor-map argument
+/// (`{x}@xmap{rows}`; x a 16-bit [M, K] buffer of the arena).
+pub fn xmap_base(name: &str) -> Option<(&str, u32)> {
+    let (base, r) = name.rsplit_once("@xmap")?;
+    Some((base, r.parse().ok()?))
+}
+
 /// A device buffer holding the `CUtensorMap` of a [n, k] bf16 (or f16) weight at `w`, as the
 /// TMA pipelined matmul loads it (`KernelSpec::Tma`): boxes of 64 columns (128 bytes) x `rows`
 /// rows in the 128-byte swizzle, zeros past the edges.
 pub fn weight_tensor_map(stream: &Arc<CudaStream>, w: &CudaSlice<u8>, n: usize, k: usize, f16: bool, rows: u32) -> Result<CudaSlice<u8>> {
-    use cudarc::driver::{sys, DevicePtr};
+    use cudarc::driver::DevicePtr;
     let (ptr, guard) = w.device_ptr(stream);
-    if k % 64 != 0 || rows == 0 || rows > 256 || w.len() < n * k * 2 {
-        return Err(gerr(format!("tensor map of a [{n}, {k}] weight in {} bytes with {rows}-row boxes: K must be a multiple of 64, rows 1..=256", w.len())));
+    let map = tensor_map_at(stream, ptr, w.len(), n, k, f16, rows);
+    drop(guard);
+    map
+}
+
+/// As [`weight_tensor_map`], of the [n, k] 16-bit matrix at device address `ptr` (`bytes`
+/// long): also an activation inside the arena (`{x}@xmap{rows}`, the warp-specialized matmul's x).
+pub fn tensor_map_at(stream: &Arc<CudaStream>, ptr: u64, bytes: usize, n: usize, k: usize, f16: bool, rows: u32) -> Result<CudaSlice<u8>> {
+    use cudarc::driver::sys;
+    if k % 64 != 0 || rows == 0 || rows > 256 || bytes < n * k * 2 || n == 0 || ptr % 16 != 0 {
+        return Err(gerr(format!("tensor map of a [{n}, {k}] matrix in {bytes} bytes with {rows}-row boxes: K must be a multiple of 64, rows 1..=256, the address 16-byte aligned")));
     }
     // SAFETY: a zeroed CUtensorMap is a valid value to be overwritten by the encoder
     let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
@@ -957,8 +1001,8 @@ pub fn weight_tensor_map(stream: &Arc<CudaStream>, w: &CudaSlice<u8>, n: usize, 
     let boxd: [u32; 2] = [64, rows];
     let estr: [u32; 2] = [1, 1];
     let dt = if f16 { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 };
-    // SAFETY: the pointers are to live local arrays of the rank's lengths; `ptr` is a device
-    // allocation of at least n·k 16-bit elements (checked above)
+    // SAFETY: the pointers are to live local arrays of the rank's lengths; `ptr` is device
+    // memory of at least n·k 16-bit elements (checked above)
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
@@ -975,8 +1019,7 @@ pub fn weight_tensor_map(stream: &Arc<CudaStream>, w: &CudaSlice<u8>, n: usize, 
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
-    drop(guard);
-    cu(r.result(), &format!("encoding the tensor map of a [{n}, {k}] weight"))?;
+    cu(r.result(), &format!("encoding the tensor map of a [{n}, {k}] matrix"))?;
     let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
     cu(stream.clone_htod(&bytes), "uploading a tensor map")
 }
