@@ -210,7 +210,7 @@ impl KernelSpec {
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
-            KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
+            KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -398,6 +398,12 @@ pub enum KernelSpec {
     /// params as `inner`'s with x and each W a pointer to a `CUtensorMap`: `{x}@xmap128`
     /// (box 64 x 128 rows) and `{w}@tmap{bn}`
     Ws { inner: Box<KernelSpec> },
+    /// `inner` (the prefill attention, `FlashAttention` on bf16 pools, 4 warps of one m16 tile,
+    /// D = [`FLASH_WG_D`]) with both products on wgmma (sm_90a): S = Q Kᵀ as m64n64k16 with Q
+    /// from registers and K's tile from shared memory (K-major, 128-byte swizzle), O += P V as
+    /// m64n{D}k16 with P from registers and V's tile read N-major (transposed) from the same
+    /// layout — each tile read once per warpgroup, not once per warp. params as `inner`'s
+    FlashWgmma { inner: Box<KernelSpec> },
     /// `inner` (the one-pass decode attention, `PagedAttention`) taking q, k and v before
     /// RoPE — the merged Q/K/V matmul's parts — for a one-token step: each block first writes
     /// its KV head's K row (rotated) and V row into the pools at slot[t] (what `QkvRopeCache`
@@ -472,6 +478,7 @@ impl KernelSpec {
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
             KernelSpec::Ws { inner } => format!("{}_ws", inner.symbol()),
+            KernelSpec::FlashWgmma { inner } => format!("{}_wg", inner.symbol()),
             KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -575,6 +582,10 @@ impl KernelSpec {
                 other => other,
             },
             // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
+            KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
+                KernelSpec::FlashAttention { d, .. } => Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: flash_wg_smem(*d) as u32 },
+                other => other.launch(),
+            },
             KernelSpec::Ws { inner } => match inner.launch() {
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32 },
                 other => other,
@@ -641,6 +652,8 @@ struct Body {
     /// the pipelined matmul is warp-specialized (`KernelSpec::Ws`): x comes by TMA too, `%x`
     /// pointing at its `CUtensorMap`
     ws: bool,
+    /// the prefill attention's products on wgmma (`KernelSpec::FlashWgmma`)
+    flash_wg: bool,
 }
 
 impl Body {
@@ -2852,6 +2865,18 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
     }
 }
 
+/// The head dim the wgmma prefill attention takes: 128 (checked on the H200; with D = 64 the
+/// same code failed the kernel check, rel. error 0.13-0.68, cause not found yet — the one
+/// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
+pub const FLASH_WG_D: usize = 128;
+
+/// Dynamic shared memory of a [`KernelSpec::FlashWgmma`] block: two stages of the K and V
+/// tiles (64 keys x D bf16 each, in D/64 column blocks of 64 rows x 128 bytes, 128-byte
+/// swizzle), + 1 KB to align the base as the swizzle needs.
+pub fn flash_wg_smem(d: usize) -> usize {
+    2 * 2 * FLASH_KEYS * d * 2 + 1024
+}
+
 /// The prefill attention ([`KernelSpec::FlashAttention`]), FlashAttention-2 style on `mma.sync`
 /// m16n8k16 (bf16 operands, f32 accumulation; sm_80 and sm_90a).
 ///
@@ -2889,7 +2914,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // K's (bf16: `ldmatrix.trans`)
     let ks = (2 * d + 16) as i64;
     let vs = if wide { (2 * KEYS + 16) as i64 } else { ks };
-    let v_at = (KEYS as i64) * ks;
+    // (wgmma: K's and V's tiles in column blocks of 64 head-dim elements, 64 keys x 128 bytes
+    // each, 128-byte swizzle: what both descriptors read)
+    let wg = b.flash_wg;
+    let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
     let stage_bytes = 2 * v_at;
     let nd8 = d / 8; // output column tiles
@@ -2901,6 +2929,14 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
     let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
     let base = b.idx64(&base);
+    let base = if wg {
+        let c1023 = c(b, 1023);
+        let up = b.op(&format!("arith.addi {base}, {c1023} : i64"));
+        let cmask = c(b, !1023);
+        b.op(&format!("arith.andi {up}, {cmask} : i64"))
+    } else {
+        base
+    };
     let t = b.op("gpu.thread_id x");
     let t = b.idx64(&t);
     let hq = b.op("gpu.block_id x");
@@ -3144,9 +3180,27 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let c16b = c(b, 16);
             let cho = b.op(&format!("arith.muli {ch}, {c16b} : i64"));
             let src = b.op(&format!("arith.addi {src}, {cho} : i64"));
-            let cks = c(b, ks);
-            let dst = b.op(&format!("arith.muli {kk}, {cks} : i64"));
-            let dst = b.op(&format!("arith.addi {dst}, {cho} : i64"));
+            let dst = if wg {
+                // (column block ch / 8, row kk, chunk (ch % 8) ^ (kk % 8))
+                let c8w = c(b, 8);
+                let blk = b.op(&format!("arith.divui {ch}, {c8w} : i64"));
+                let cbb = c(b, (KEYS * 128) as i64);
+                let bo = b.op(&format!("arith.muli {blk}, {cbb} : i64"));
+                let c128 = c(b, 128);
+                let ro = b.op(&format!("arith.muli {kk}, {c128} : i64"));
+                let c7 = c(b, 7);
+                let cl = b.op(&format!("arith.andi {ch}, {c7} : i64"));
+                let k7 = b.op(&format!("arith.andi {kk}, {c7} : i64"));
+                let sw = b.op(&format!("arith.xori {cl}, {k7} : i64"));
+                let c16w = c(b, 16);
+                let so = b.op(&format!("arith.muli {sw}, {c16w} : i64"));
+                let dst = b.op(&format!("arith.addi {bo}, {ro} : i64"));
+                b.op(&format!("arith.addi {dst}, {so} : i64"))
+            } else {
+                let cks = c(b, ks);
+                let dst = b.op(&format!("arith.muli {kk}, {cks} : i64"));
+                b.op(&format!("arith.addi {dst}, {cho} : i64"))
+            };
             let dst = b.op(&format!("arith.addi {sb}, {dst} : i64"));
             for (g0, at) in [(&kg, 0i64), (&vg, v_at)] {
                 let ga = b.op(&format!("arith.addi {g0}, {src} : i64"));
@@ -3248,6 +3302,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         b.line("}");
         b.line(commit);
         b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
+        if wg {
+            // (the copies' writes, made by the generic proxy, before wgmma reads them)
+            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
+        }
         b.line("gpu.barrier");
         let cst = b.op(&format!("arith.andi {tl64}, {c1t} : i64"));
         let csb = c(b, stage_bytes);
@@ -3295,6 +3353,44 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
                 }
             }
         }
+    } else if wg {
+        // S = Q Kᵀ on wgmma: per k16 step kk of the head dim, m64n{KEYS}k16 with A = this
+        // warp's Q fragments (the m16n8k16 A layout per warp) and B = K's tile, K-major
+        // (start in column block kk / 4, 32 bytes per k16 inside it; SBO 1024)
+        let ns = KEYS / 2;
+        let f32s = vec!["f32"; ns].join(", ");
+        let stt = format!("!llvm.struct<({f32s})>");
+        let mut cur: Vec<String> = vec![zero.clone(); ns];
+        let mask = c(b, 0x3FFFF);
+        let fixed = c(b, ((1u64 << 16) | (64u64 << 32) | (1u64 << 62)) as i64);
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        for kk in 0..nkc as i64 {
+            let o = c(b, (kk / 4) * (KEYS * 128) as i64 + (kk % 4) * 32);
+            let a = b.op(&format!("arith.addi {sbase}, {o} : i64"));
+            let a = b.op(&format!("arith.andi {a}, {mask} : i64"));
+            let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
+            let desc = b.op(&format!("arith.ori {a}, {fixed} : i64"));
+            let outs: Vec<String> = (0..ns).map(|i| format!("${i}")).collect();
+            let cons = format!("{},r,r,r,r,l,{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let qa = &qf[4 * kk as usize..4 * kk as usize + 4];
+            let r = b.op(&format!(
+                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{KEYS}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, 0;\", \"{cons}\" {}, {desc}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
+                outs.join(","),
+                ns,
+                ns + 1,
+                ns + 2,
+                ns + 3,
+                ns + 4,
+                qa.join(", "),
+                cur.join(", ")
+            ));
+            cur = (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+        }
+        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+        let cons = format!("{},{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {stt}", cur.join(", ")));
+        let cur: Vec<String> = (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+        sacc = cur.chunks(4).map(|x| x.to_vec()).collect();
     } else if wide {
         let cks = c(b, ks);
         let gk = b.op(&format!("arith.muli {g}, {cks} : i64"));
@@ -3404,7 +3500,43 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let pf = &pf_t[0];
     // O = O * alpha + P V
     let mut out_acc = vec![];
-    if wide {
+    if wg {
+        // O = O·alpha + P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers), B = V's tile
+        // N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head dim
+        // LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes
+        let scaled: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
+        let f32s = vec!["f32"; nacc].join(", ");
+        let stt = format!("!llvm.struct<({f32s})>");
+        let mask = c(b, 0x3FFFF);
+        let fixed = c(b, (((KEYS as u64 * 128) >> 4) << 16 | (64u64 << 32) | (1u64 << 62)) as i64);
+        let mut cur = scaled;
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        for (kc, a) in pf.iter().enumerate() {
+            let o = c(b, v_at + (kc * 16 * 128) as i64);
+            let ad = b.op(&format!("arith.addi {sbase}, {o} : i64"));
+            let ad = b.op(&format!("arith.andi {ad}, {mask} : i64"));
+            let ad = b.op(&format!("arith.shrui {ad}, {c4} : i64"));
+            let desc = b.op(&format!("arith.ori {ad}, {fixed} : i64"));
+            let outs: Vec<String> = (0..nacc).map(|i| format!("${i}")).collect();
+            let cons = format!("{},r,r,r,r,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let r = b.op(&format!(
+                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, 1;\", \"{cons}\" {}, {desc}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
+                outs.join(","),
+                nacc,
+                nacc + 1,
+                nacc + 2,
+                nacc + 3,
+                nacc + 4,
+                a.join(", "),
+                cur.join(", ")
+            ));
+            cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+        }
+        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+        let cons = format!("{},{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {stt}", cur.join(", ")));
+        out_acc = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+    } else if wide {
         let cvs = c(b, vs);
         let gv = b.op(&format!("arith.muli {g}, {cvs} : i64"));
         let vfrag = b.op(&format!("arith.addi {gv}, {tq4} : i64"));
@@ -3616,6 +3748,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         split_n: None,
         tma: false,
         ws: false,
+        flash_wg: false,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
@@ -4600,6 +4733,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let params = emit_into(b, inner)?;
             format!("%pf: !llvm.ptr<1>, {params}, %pfb: i64")
         }
+        KernelSpec::FlashWgmma { inner } => {
+            match inner.as_ref() {
+                KernelSpec::FlashAttention { d: FLASH_WG_D, kv: DType::BF16, warps: 4, mtiles: 1, .. } => {}
+                other => return Err(format!("the wgmma prefill attention takes FlashAttention on bf16 pools, 4 warps, 1 m-tile, D {FLASH_WG_D}, not {}", other.symbol())),
+            }
+            b.flash_wg = true;
+            emit_into(b, inner)?
+        }
         KernelSpec::Ws { inner } => {
             // (also around the SwiGLU epilogue)
             let core = match inner.as_ref() {
@@ -4608,7 +4749,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             };
             match core {
                 KernelSpec::MatMulPipe { stages, a16: true, bm: PIPE_BM, .. } if *stages * 16 <= TMA_MBAR_BYTES && b.split_k.is_none() && !b.tma => {}
-                other => return Err(format!("warp specialization takes the unsplit pipelined wgmma matmul in {PIPE_BM}-row tiles, x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
+                other => {
+                    return Err(format!(
+                        "warp specialization takes the unsplit pipelined wgmma matmul in {PIPE_BM}-row tiles, x in 16 bits, up to {} stages, not {}",
+                        TMA_MBAR_BYTES / 16,
+                        other.symbol()
+                    ))
+                }
             }
             b.tma = true;
             b.ws = true;
@@ -4912,7 +5059,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::SwiGluPipe { inner } => {
             match inner.as_ref() {
-                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || (b.ws && *bm == PIPE_BM)) && b.split_k.is_none() && b.act.is_none() => {}
+                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. }
+                    if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || (b.ws && *bm == PIPE_BM)) && b.split_k.is_none() && b.act.is_none() => {}
                 other => {
                     return Err(format!(
                         "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",

@@ -283,6 +283,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             },
             splitk_rope: !std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "0"),
             ws: !std::env::var("DSC_GEMM_WS").is_ok_and(|v| v == "0"),
+            flash_wgmma: !std::env::var("DSC_FLASH_WGMMA").is_ok_and(|v| v == "0"),
             tma: match std::env::var("DSC_TMA").as_deref() {
                 Ok("0") => Tma::Off,
                 Ok("all") | Ok("1") => Tma::All,
@@ -350,6 +351,11 @@ pub struct LowerOptions {
     /// 8B down at 4,096 rows 621 -> 710 TFLOP/s, lm_head 455 -> 656,
     /// bench/results/gemm-ws-2026-11-30.json; DSC_GEMM_WS=0 at compile time off)
     pub ws: bool,
+    /// the prefill attention's products on wgmma where it runs on bf16 pools in its default
+    /// shape, D 128 (`KernelSpec::FlashWgmma`, a `hopper` alternative; on: 8B layer at 4,096
+    /// tokens 249 -> 351 TFLOP/s, bench/results/flash-wgmma-2026-11-30.json; DSC_FLASH_WGMMA=0
+    /// at compile time off)
+    pub flash_wgmma: bool,
     /// the decode attention's grouped kernels, a block per (token, group of a KV head's query
     /// heads) (batched decode from [`ATTN_GROUP_MIN_BLOCKS`] blocks, and the split pass where
     /// its head groups fill them; on; DSC_ATTN_GROUP=0 turns both off)
@@ -413,6 +419,7 @@ impl Default for LowerOptions {
             splitk_rope: true,
             tma: Tma::Narrow,
             ws: true,
+            flash_wgmma: true,
             attn_group: true,
             attn_prefetch: false,
             flash_warps: FLASH_WARPS,
@@ -630,7 +637,12 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     work: Scalar::Dim(name.clone(), 0),
                     grid_y: Scalar::Const((h / g) as i64),
                 });
-                Step { large: flash, few: grouped.into_iter().collect(), ..st }
+                // (sm_90a, bf16 pools: the same tiles with both products on wgmma)
+                let wg = flash
+                    .as_ref()
+                    .filter(|f| opts.flash_wgmma && matches!(f.kernel, KernelSpec::FlashAttention { kv: DType::BF16, warps: 4, mtiles: 1, d: crate::kernels::FLASH_WG_D, .. }))
+                    .map(|f| Large { kernel: KernelSpec::FlashWgmma { inner: Box::new(f.kernel.clone()) }, ..f.clone() });
+                Step { large: flash, few: grouped.into_iter().collect(), hopper: wg.into_iter().collect(), ..st }
             }
             Op::Softmax | Op::Argmax => {
                 let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "needs a constant last dim"))?;
@@ -1184,7 +1196,7 @@ fn split_attention(steps: Vec<Step>, attn_group: bool) -> Vec<Step> {
         let max_rows = ATTN_SPLIT_ROWS.min(s.large.as_ref().map_or(i64::MAX, |l| l.min_rows - 1));
         out.push(Step { max_context: Some(from - 1), ..s.clone() });
         out.push(Step { min_context: Some(from), min_rows: Some(max_rows + 1), ..s.clone() });
-        let mut first = Step { min_context: Some(from), max_rows: Some(max_rows), large: None, ..s.clone() };
+        let mut first = Step { min_context: Some(from), max_rows: Some(max_rows), large: None, hopper: vec![], ..s.clone() };
         first.node = part.clone();
         // (grouped where its head groups alone give ATTN_GROUP_MIN_BLOCKS blocks at a full
         // split)
@@ -1685,8 +1697,7 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let folding =
-            LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..no_ws() };
+        let folding = LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..no_ws() };
         let steps = lower_opts(&graph(false, "bf16"), folding).unwrap();
         // off (the default): the norm runs as its own kernel
         let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, ..folding }).unwrap();
@@ -1957,7 +1968,9 @@ mod tests {
         let mm = steps.iter().find(|s| s.node == "gu").unwrap();
         let ws: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::Ws { inner } if matches!(inner.as_ref(), KernelSpec::SwiGluPipe { .. }))).collect();
         assert!(!ws.is_empty(), "{:?}", mm.hopper);
-        assert!(ws.iter().all(|l| l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap64", "wu@tmap64"] || l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap128", "wu@tmap128"]));
+        assert!(ws
+            .iter()
+            .all(|l| l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap64", "wu@tmap64"] || l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap128", "wu@tmap128"]));
     }
 
     #[test]
@@ -2218,6 +2231,25 @@ mod tests {
         // and none without it
         let off = lower_opts(&g, no_ws()).unwrap();
         assert!(off.iter().flat_map(|s| s.alternatives()).all(|l| !matches!(l.kernel, KernelSpec::Ws { .. })));
+    }
+
+    #[test]
+    fn the_prefill_attention_on_bf16_pools_has_a_wgmma_alternative_for_d_128() {
+        let src = |d: usize| {
+            format!("graph \"t\" {{\n  %q = input : f32[T, 8, {d}]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : bf16[NB, 16, 2, {d}]\n  %vc = state : bf16[NB, 16, 2, {d}]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {{scale = 0.125}} : f32[T, 8, {d}]\n  output o = %o\n}}\n")
+        };
+        let attn = |d: usize, opts: LowerOptions| {
+            let steps = lower_opts(&text::parse(&src(d)).unwrap(), opts).unwrap();
+            steps.into_iter().find(|s| s.node == "o" && s.large.is_some()).unwrap()
+        };
+        let s = attn(128, LowerOptions::default());
+        let large = s.large.as_ref().unwrap();
+        let [wg] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
+        assert!(matches!(&wg.kernel, KernelSpec::FlashWgmma { inner } if **inner == large.kernel), "{:?}", wg.kernel);
+        assert_eq!((wg.min_rows, wg.max_rows, &wg.scalars, &wg.grid_y), (large.min_rows, large.max_rows, &large.scalars, &large.grid_y));
+        // not for D 64 (failed the kernel check), nor when off
+        assert!(attn(64, LowerOptions::default()).hopper.is_empty());
+        assert!(attn(128, LowerOptions { flash_wgmma: false, ..LowerOptions::default() }).hopper.is_empty());
     }
 
     #[test]

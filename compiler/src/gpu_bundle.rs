@@ -1266,6 +1266,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         (8, 2, 128, 16, 52, vec![(599, 600), (200, 201)], bf16_),
         (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
         (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], bf16_),
+        // (the wgmma kernel's head dims and block sizes crossed)
+        (9, 3, 128, 4, 24, vec![(0, 70), (5, 6)], bf16_),
+        (8, 2, 64, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
     ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
@@ -1310,15 +1313,21 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         // (8 warps of query rows per block too, from bf16 pools)
         // (and 2 m16 tiles per warp: 32 rows)
         let shapes: &[(usize, usize)] = if kv == DType::F32 || d % 32 != 0 { &[(4, 1)] } else { &[(4, 1), (8, 1), (4, 2)] };
-        for &(warps, mtiles) in shapes.iter().filter(|_| t > 64) {
-            let spec = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps, mtiles };
+        // (and the wgmma kernel, sm_90a: bf16 pools, 4 warps of one m-tile, D 128)
+        let wg = (kv == DType::BF16 && d == dsc_codegen::kernels::FLASH_WG_D).then_some((4usize, 0usize));
+        for &(warps, mtiles) in shapes.iter().chain(wg.iter()).filter(|_| t > 64) {
+            let flash = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps, mtiles: mtiles.max(1) };
+            // (mtiles 0 marks the wgmma variant)
+            let spec = if mtiles == 0 { KernelSpec::FlashWgmma { inner: Box::new(flash) } } else { flash };
+            let mtiles = mtiles.max(1);
             cases.push(Case {
                 name: format!(
-                    "flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}{}",
+                    "flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}{}{}",
                     seqs.len(),
                     kv_label(kv),
                     if warps == 4 { String::new() } else { format!(" {warps} warps") },
-                    if mtiles == 1 { String::new() } else { format!(" {mtiles} m-tiles") }
+                    if mtiles == 1 { String::new() } else { format!(" {mtiles} m-tiles") },
+                    if matches!(spec, KernelSpec::FlashWgmma { .. }) { " wgmma" } else { "" }
                 ),
                 kernel: spec.symbol(),
                 grid: h as u32,

@@ -486,7 +486,9 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         None => None,
     };
     // the prefill kernel (FlashAttention tiles) where the plan has one: used from its rows on
-    let flash = match &step.large {
+    // (on sm_90a its Hopper alternative where there is one: the wgmma kernel)
+    let hopper_flash = step.hopper.iter().filter(|_| dev.target == "sm_90a").find(|l| l.kernel.starts_with("flash_attention"));
+    let flash = match hopper_flash.or(step.large.as_ref()) {
         Some(l) => {
             let ff = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
             crate::gpu::allow_smem(&ff, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
