@@ -583,7 +583,10 @@ impl KernelSpec {
             },
             // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
             KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
-                KernelSpec::FlashAttention { d, .. } => Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: flash_wg_smem(*d) as u32 },
+                KernelSpec::FlashAttention { h, kvh, d, .. } => {
+                    let hpb = flash_wg_heads(*h, *kvh);
+                    Launch::Tile { outputs: hpb as u32, rows: 64, threads: 128 * hpb as u32, smem: flash_wg_smem(*d) as u32 }
+                }
                 other => other.launch(),
             },
             KernelSpec::Ws { inner } => match inner.launch() {
@@ -2870,6 +2873,21 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
+/// Query heads per block of the wgmma prefill attention: 1, or with DSC_FLASH_WG_HEADS=2 at
+/// compile time 2 where a KV head has an even number of them (a warpgroup each, sharing the
+/// K/V tiles: half the tile traffic per FLOP). Measured slower (bench/results/flash-wgmma-
+/// 2026-11-30.json: 8B layer at 4k 351 -> 332 TFLOP/s): two independent blocks per SM overlap
+/// one's softmax with the other's MMAs better than two warpgroups kept in step by the block's
+/// barriers, so the tile traffic is not what limits it.
+pub fn flash_wg_heads(h: usize, kvh: usize) -> usize {
+    let two = kvh > 0 && h % kvh == 0 && (h / kvh) % 2 == 0 && env_num::<usize>("DSC_FLASH_WG_HEADS") == Some(2);
+    if two {
+        2
+    } else {
+        1
+    }
+}
+
 /// Dynamic shared memory of a [`KernelSpec::FlashWgmma`] block: two stages of the K and V
 /// tiles (64 keys x D bf16 each, in D/64 column blocks of 64 rows x 128 bytes, 128-byte
 /// swizzle), + 1 KB to align the base as the swizzle needs.
@@ -2941,6 +2959,20 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let t = b.idx64(&t);
     let hq = b.op("gpu.block_id x");
     let hq = b.idx64(&hq);
+    // (wgmma: `hpb` warpgroups per block, each a query head of the same KV head over the same
+    // tokens, sharing the K/V tiles: half the tile traffic per FLOP; thread index within the
+    // warpgroup for the fragments)
+    let hpb = if wg { flash_wg_heads(h, kvh) } else { 1 };
+    let (t_mma, hq) = if hpb > 1 {
+        let c128 = c(b, 128);
+        let tl = b.op(&format!("arith.remui {t}, {c128} : i64"));
+        let wgi = b.op(&format!("arith.divui {t}, {c128} : i64"));
+        let ch = c(b, hpb as i64);
+        let h0 = b.op(&format!("arith.muli {hq}, {ch} : i64"));
+        (tl, b.op(&format!("arith.addi {h0}, {wgi} : i64")))
+    } else {
+        (t.clone(), hq)
+    };
     // (the last query tiles, which see the most keys, start first: less of a tail)
     let tile = b.op("gpu.block_id y");
     let tiles = b.op("gpu.grid_dim y");
@@ -2953,7 +2985,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let c16 = c(b, 16);
     let c2 = c(b, 2);
     let c0 = c(b, 0);
-    let (warp, lane, g, tq) = b.mma_coords(&t);
+    let (warp, lane, g, tq) = b.mma_coords(&t_mma);
     let crows = c(b, (16 * mt * warps) as i64);
     let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
     let crep = c(b, (h / kvh) as i64);
@@ -3168,8 +3200,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let kg = b.op("llvm.ptrtoint %kc : !llvm.ptr<1> to i64");
         let vg = b.op("llvm.ptrtoint %vc : !llvm.ptr<1> to i64");
         let cch = c(b, chunks);
-        for i in 0..(KEYS as i64 * chunks) / nt {
-            let ci = c(b, nt * i);
+        // (every thread of the block copies: its warpgroups share the tiles)
+        let ntc = nt * hpb as i64;
+        for i in 0..(KEYS as i64 * chunks) / ntc {
+            let ci = c(b, ntc * i);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
             let kk = b.op(&format!("arith.divui {u}, {cch} : i64"));
             let ch = b.op(&format!("arith.remui {u}, {cch} : i64"));

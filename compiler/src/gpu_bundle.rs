@@ -1330,9 +1330,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     if matches!(spec, KernelSpec::FlashWgmma { .. }) { " wgmma" } else { "" }
                 ),
                 kernel: spec.symbol(),
-                grid: h as u32,
+                // (the wgmma kernel: heads per block as its launch says)
+                grid: grid(&spec.launch(), h).0,
                 grid_y: t.div_ceil(16 * mtiles * warps) as u32,
-                block: 32 * warps as u32,
+                block: grid(&spec.launch(), 1).1,
                 inputs: inputs.clone(),
                 scalars: vec![t as i64, mb as i64],
                 expected: expected.clone(),

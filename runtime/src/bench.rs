@@ -533,7 +533,12 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
                 l.kernel.clone(),
                 ff,
                 t as i64,
-                LaunchConfig { grid_dim: (h as u32, (t as u32).div_ceil(l.rows_per_block), 1), block_dim: (l.threads.unwrap_or(128), 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) },
+                // (grid x: heads over the heads per block, `block`)
+                LaunchConfig {
+                    grid_dim: ((h as u32).div_ceil(l.block.max(1)), (t as u32).div_ceil(l.rows_per_block), 1),
+                    block_dim: (l.threads.unwrap_or(128), 1, 1),
+                    shared_mem_bytes: l.smem.unwrap_or(0),
+                },
             ),
             (None, Some((_, sp, k1, f1, _, _))) => {
                 (k1.clone(), f1, (t * h) as i64, LaunchConfig { grid_dim: (grid(&sp.work)?, grid(&sp.grid_y)?, 1), block_dim: (32 * sp.block, 1, 1), shared_mem_bytes: 0 })
