@@ -389,14 +389,15 @@ pub enum KernelSpec {
     /// the stage's mbarrier. On by default for the 128-row tiles of at most 128 columns
     /// (`lower::Tma`; checked and measured on the H200)
     Tma { inner: Box<KernelSpec> },
-    /// `inner` (the pipelined wgmma matmul in 128-row tiles, x in 16 bits, not split, possibly
-    /// inside `MatMulParts` / `MatMulAct`) warp-specialized: a third warpgroup, the producer
+    /// `inner` (the pipelined wgmma matmul, x in 16 bits, possibly inside `SplitK` /
+    /// `MatMulParts` / `MatMulAct` or under the SwiGLU epilogue) warp-specialized: a third warpgroup, the producer
     /// (one thread), loads x's and W's tiles by TMA into the ring of stages (a full and an
     /// empty mbarrier per stage), and the two consumer warpgroups only wait for a stage,
     /// multiply, release it and store — no block-wide barrier in the K loop, no copy work in
     /// the MMA warps (`setmaxnreg`: 232 registers for them, 40 for the producer). 384 threads.
-    /// params as `inner`'s with x and each W a pointer to a `CUtensorMap`: `{x}@xmap128`
-    /// (box 64 x 128 rows) and `{w}@tmap{bn}`
+    /// params as `inner`'s with x and each W a pointer to a `CUtensorMap`: `{x}@xmap{bm}`
+    /// (box 64 x bm rows) and `{w}@tmap{bn}` (SwiGLU: `@tmap{wn/2}`, wn the columns of a
+    /// warpgroup)
     Ws { inner: Box<KernelSpec> },
     /// `inner` (the prefill attention, `FlashAttention` on bf16 pools, 4 warps of one m16 tile,
     /// D = [`FLASH_WG_D`]) with both products on wgmma (sm_90a): S = Q Kᵀ as m64n64k16 with Q
@@ -2474,22 +2475,110 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         b.line("}");
     };
     if wspec {
-        // warp-specialized: every thread waits for the previous kernel (the epilogue reads
-        // the residual), then warpgroup 2 hands its registers to the consumers and its first
+        // warp-specialized: warpgroup 2 hands its registers to the consumers and its first
         // thread runs the loads: for K step kt in stage kt % S, wait until the consumers
         // released the stage's previous round (the empty barrier's phase of parity
         // (kt / S + 1) % 2: a fresh barrier's "previous" phase counts as complete), arm the
-        // full barrier with the stage's bytes and issue x's and W's bulk tensor copies on it
-        if b.pdl && !b.waited {
-            b.wait_for_previous();
-        }
+        // full barrier with the stage's bytes and issue x's and W's bulk tensor copies on it.
+        // Under PDL the first round's W copies go out before `griddepcontrol.wait` (weights do
+        // not depend on the previous kernel), x's after it on the same armed barriers
         let c256 = b.ci64(256);
         let prod = b.op(&format!("arith.cmpi uge, {t}, {c256} : i64"));
         b.line(&format!("scf.if {prod} {{"));
         b.line("llvm.inline_asm has_side_effects \"setmaxnreg.dec.sync.aligned.u32 40;\", \"\" : () -> ()");
         let lead = b.op(&format!("arith.cmpi eq, {t}, {c256} : i64"));
         b.line(&format!("scf.if {lead} {{"));
-        let zi = b.op("arith.constant 0 : index");
+        let xmap = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
+        // the W boxes: (map, first row, byte offset in the W tile, rows); SwiGLU: per
+        // warpgroup column half, its gate features then the same features' up rows
+        let wmaps: Vec<(String, String, i64)> = match &f0 {
+            Some(f0) => {
+                let gmap = b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64");
+                let umap = b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64");
+                let q = wn / 2;
+                let mut v = vec![];
+                for h in 0..bn / wn {
+                    let cf = b.ci64((h * q) as i64);
+                    let fh = b.op(&format!("arith.addi {f0}, {cf} : i64"));
+                    let fh = b.op(&format!("arith.trunci {fh} : i64 to i32"));
+                    v.push((gmap.clone(), fh.clone(), (h * wn * 128) as i64));
+                    v.push((umap.clone(), fh, (h * wn * 128 + q * 128) as i64));
+                }
+                v
+            }
+            None => {
+                let wmap = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+                let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
+                vec![(wmap, nc, 0)]
+            }
+        };
+        let copy = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
+        // one K step's copies into its stage: arm (expect the stage's bytes) and/or x and/or W
+        let tma_step = |b: &mut Body, kt: &str, arm: bool, x: bool, w: bool| {
+            let cs = b.ci64(stages as i64);
+            let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
+            let fb = mbar(b, &st);
+            let csb = b.ci64(stage_bytes);
+            let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+            let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+            let kstep = match &k0 {
+                Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
+                None => kt.to_string(),
+            };
+            let c64 = b.ci64(64);
+            let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
+            let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+            let mut asm = String::new();
+            let mut cons: Vec<&str> = vec!["r"];
+            let mut args: Vec<(String, &str)> = vec![(fb, "i32")];
+            let arg = |args: &mut Vec<(String, &'static str)>, cons: &mut Vec<&'static str>, v: String, ty: &'static str| -> usize {
+                args.push((v, ty));
+                cons.push(if ty == "i64" { "l" } else { "r" });
+                args.len() - 1
+            };
+            let ikc = arg(&mut args, &mut cons, kc, "i32");
+            if arm {
+                let bytes = b.op(&format!("arith.constant {stage_bytes} : i32"));
+                let i = arg(&mut args, &mut cons, bytes, "i32");
+                asm.push_str(&format!("{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], ${i}; }} "));
+            }
+            if x {
+                let dx = b.op(&format!("arith.trunci {sb} : i64 to i32"));
+                let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
+                let (id, im, ix) = (arg(&mut args, &mut cons, dx, "i32"), arg(&mut args, &mut cons, xmap.clone(), "i64"), arg(&mut args, &mut cons, mc, "i32"));
+                asm.push_str(&format!("{copy} [${id}], [${im}, {{${ikc}, ${ix}}}], [$0]; "));
+            }
+            if w {
+                for (map, row, off) in &wmaps {
+                    let co = b.ci64(a_bytes + off);
+                    let dw = b.op(&format!("arith.addi {sb}, {co} : i64"));
+                    let dw = b.op(&format!("arith.trunci {dw} : i64 to i32"));
+                    let (id, im, ir) = (arg(&mut args, &mut cons, dw, "i32"), arg(&mut args, &mut cons, map.clone(), "i64"), arg(&mut args, &mut cons, row.clone(), "i32"));
+                    asm.push_str(&format!("{copy} [${id}], [${im}, {{${ikc}, ${ir}}}], [$0]; "));
+                }
+            }
+            b.line(&format!(
+                "llvm.inline_asm has_side_effects \"{}\", \"{}\" {} : ({}) -> ()",
+                asm.trim_end(),
+                cons.join(","),
+                args.iter().map(|a| a.0.clone()).collect::<Vec<_>>().join(", "),
+                args.iter().map(|a| a.1).collect::<Vec<_>>().join(", ")
+            ));
+        };
+        // (the first round's W before the wait: its empty barriers are fresh)
+        let early = if b.pdl && !b.waited { (stages as i64).min(nk) } else { 0 };
+        for kt in 0..early {
+            let k = b.ci64(kt);
+            tma_step(b, &k, true, false, true);
+        }
+        if b.pdl && !b.waited {
+            b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        }
+        for kt in 0..early {
+            let k = b.ci64(kt);
+            tma_step(b, &k, false, true, false);
+        }
+        let zi = b.op(&format!("arith.constant {early} : index"));
         let ni = b.op(&format!("arith.constant {nk} : index"));
         let oi = b.op("arith.constant 1 : index");
         let kv = b.v();
@@ -2505,42 +2594,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
         let eb = mbar(b, &se);
         spin(b, &eb, &par);
-        let fb = mbar(b, &st);
-        let csb = b.ci64(stage_bytes);
-        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
-        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
-        let dx = b.op(&format!("arith.trunci {sb} : i64 to i32"));
-        let cab = b.ci64(a_bytes);
-        let dw = b.op(&format!("arith.addi {sb}, {cab} : i64"));
-        let dw = b.op(&format!("arith.trunci {dw} : i64 to i32"));
-        let c64 = b.ci64(64);
-        let kc = b.op(&format!("arith.muli {kt}, {c64} : i64"));
-        let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
-        let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
-        let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
-        let bytes = b.op(&format!("arith.constant {stage_bytes} : i32"));
-        let xmap = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
-        let copy = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
-        if let Some(f0) = &f0 {
-            // (SwiGLU, 128-row tiles: the W tile's first bn/2 rows are the gate features
-            // f0.., the rest the same features' up rows: a box of bn/2 rows from each map,
-            // 1024-byte aligned, so the 128-byte swizzle is the one box's of bn rows)
-            let gmap = b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64");
-            let umap = b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64");
-            let fc = b.op(&format!("arith.trunci {f0} : i64 to i32"));
-            let cu = b.ci64((bn / 2 * 128) as i64);
-            let du = b.op(&format!("arith.addi {sb}, {cab} : i64"));
-            let du = b.op(&format!("arith.addi {du}, {cu} : i64"));
-            let du = b.op(&format!("arith.trunci {du} : i64 to i32"));
-            b.line(&format!(
-                "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} {copy} [$2], [$3, {{$4, $5}}], [$0]; {copy} [$6], [$7, {{$4, $8}}], [$0]; {copy} [$9], [$10, {{$4, $8}}], [$0];\", \"r,r,r,l,r,r,r,l,r,r,l\" {fb}, {bytes}, {dx}, {xmap}, {kc}, {mc}, {dw}, {gmap}, {fc}, {du}, {umap} : (i32, i32, i32, i64, i32, i32, i32, i64, i32, i32, i64) -> ()"
-            ));
-        } else {
-            let wmap = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
-            b.line(&format!(
-                "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} {copy} [$2], [$3, {{$4, $5}}], [$0]; {copy} [$6], [$7, {{$4, $8}}], [$0];\", \"r,r,r,l,r,r,r,l,r\" {fb}, {bytes}, {dx}, {xmap}, {kc}, {mc}, {dw}, {wmap}, {nc} : (i32, i32, i32, i64, i32, i32, i32, i64, i32) -> ()"
-            ));
-        }
+        tma_step(b, &kt, true, true, true);
         b.line("}");
         b.line("}");
         b.line("}");
@@ -2548,6 +2602,10 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let cons = b.op(&format!("arith.cmpi ult, {t}, {c256} : i64"));
         b.line(&format!("scf.if {cons} {{"));
         b.line("llvm.inline_asm has_side_effects \"setmaxnreg.inc.sync.aligned.u32 232;\", \"\" : () -> ()");
+        // (the consumers read the residual and write y: after the previous kernel)
+        if b.pdl && !b.waited {
+            b.wait_for_previous();
+        }
     } else if b.pdl && !b.waited && gemv_preload() {
         // W does not depend on the previous kernel (graph weights only): its prologue copies
         // go out before `griddepcontrol.wait`, x's after it; the first commit group holds
@@ -4782,14 +4840,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 other => other.matmul_core().0,
             };
             match core {
-                KernelSpec::MatMulPipe { stages, a16: true, bm: PIPE_BM, .. } if *stages * 16 <= TMA_MBAR_BYTES && b.split_k.is_none() && !b.tma => {}
-                other => {
-                    return Err(format!(
-                        "warp specialization takes the unsplit pipelined wgmma matmul in {PIPE_BM}-row tiles, x in 16 bits, up to {} stages, not {}",
-                        TMA_MBAR_BYTES / 16,
-                        other.symbol()
-                    ))
-                }
+                KernelSpec::MatMulPipe { stages, a16: true, .. } if *stages * 16 <= TMA_MBAR_BYTES && !b.tma => {}
+                other => return Err(format!("warp specialization takes the pipelined wgmma matmul with x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
             }
             b.tma = true;
             b.ws = true;
@@ -5093,8 +5145,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::SwiGluPipe { inner } => {
             match inner.as_ref() {
-                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. }
-                    if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || (b.ws && *bm == PIPE_BM)) && b.split_k.is_none() && b.act.is_none() => {}
+                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || b.ws) && b.split_k.is_none() && b.act.is_none() => {}
                 other => {
                     return Err(format!(
                         "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",

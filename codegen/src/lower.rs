@@ -284,6 +284,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             splitk_rope: !std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "0"),
             ws: !std::env::var("DSC_GEMM_WS").is_ok_and(|v| v == "0"),
             flash_wgmma: !std::env::var("DSC_FLASH_WGMMA").is_ok_and(|v| v == "0"),
+            ws64: !std::env::var("DSC_GEMM_WS64").is_ok_and(|v| v == "0"),
             tma: match std::env::var("DSC_TMA").as_deref() {
                 Ok("0") => Tma::Off,
                 Ok("all") | Ok("1") => Tma::All,
@@ -356,6 +357,10 @@ pub struct LowerOptions {
     /// tokens 249 -> 351 TFLOP/s, bench/results/flash-wgmma-2026-11-30.json; DSC_FLASH_WGMMA=0
     /// at compile time off)
     pub flash_wgmma: bool,
+    /// the batched-decode 64-row tiles warp-specialized too from [`WS64_MIN_ROWS`] rows
+    /// (split-K and SwiGLU ones included; on: 8B b128 16.2k -> 19.1k tok/s, SmolLM2 shape
+    /// b64 51.7k -> 63.8k; DSC_GEMM_WS64=0 at compile time off)
+    pub ws64: bool,
     /// the decode attention's grouped kernels, a block per (token, group of a KV head's query
     /// heads) (batched decode from [`ATTN_GROUP_MIN_BLOCKS`] blocks, and the split pass where
     /// its head groups fill them; on; DSC_ATTN_GROUP=0 turns both off)
@@ -420,6 +425,7 @@ impl Default for LowerOptions {
             tma: Tma::Narrow,
             ws: true,
             flash_wgmma: true,
+            ws64: true,
             attn_group: true,
             attn_prefetch: false,
             flash_warps: FLASH_WARPS,
@@ -720,7 +726,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let fold = opts.split_k.is_some() && !std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "0");
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
     let steps = if opts.splitk_rope { fold_splitk_reduce_rope(steps) } else { steps };
-    let steps = tma_wrap(steps, opts.tma, opts.ws);
+    let steps = tma_wrap(steps, opts.tma, opts.ws, opts.ws64);
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
 }
 
@@ -774,9 +780,26 @@ fn prefetch_after_attention(mut steps: Vec<Step>, g: &Graph) -> Vec<Step> {
 /// activation epilogue) that `which` takes load their W tiles by TMA (`KernelSpec::Tma`):
 /// their weight args become their tensor maps, `{w}@tmap{bn}` (the runtime encodes one per
 /// weight and tile height).
-fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool) -> Vec<Step> {
+fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool, ws64: bool) -> Vec<Step> {
     for s in &mut steps {
         let step_args = s.args.clone();
+        // (ws64: a 64-row alternative that also takes fewer than WS64_MIN_ROWS rows splits in
+        // two at that row count — below it stays as it is, measured faster there — so the
+        // rows its alternatives cover, and the first fit, are unchanged)
+        if ws64 {
+            let mut split = Vec::with_capacity(s.hopper.len());
+            for h in s.hopper.drain(..) {
+                let m64 = matches!(h.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 64, .. })
+                    || matches!(&h.kernel, KernelSpec::SwiGluPipe { inner } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }));
+                if m64 && h.min_rows < WS64_MIN_ROWS && h.max_rows.is_none_or(|m| m >= WS64_MIN_ROWS) {
+                    split.push(Large { max_rows: Some(WS64_MIN_ROWS - 1), ..h.clone() });
+                    split.push(Large { min_rows: WS64_MIN_ROWS, ..h });
+                } else {
+                    split.push(h);
+                }
+            }
+            s.hopper = split;
+        }
         for h in &mut s.hopper {
             let (core, parts) = h.kernel.matmul_core();
             // (warp-specialized: the 128-row tiles, x in 16 bits, unsplit; x's tensor map too.
@@ -786,12 +809,15 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool) -> Vec<Step> {
                 _ => None,
             };
             let core = swiglu.unwrap_or(core);
-            if ws && !matches!(h.kernel, KernelSpec::SplitK { .. }) {
-                if let KernelSpec::MatMulPipe { bn, bm: crate::kernels::PIPE_BM, a16: true, stages, .. } = *core {
-                    if stages * 16 <= crate::kernels::TMA_MBAR_BYTES {
-                        let (weights, box_rows) = if swiglu.is_some() { (2, bn / 2) } else { (parts.map_or(1, |p| p.len()), bn) };
+            // (the 64-row batched-decode tiles, split-K ones included, with `ws64`)
+            if let KernelSpec::MatMulPipe { bn, bm, a16: true, stages, .. } = *core {
+                let on = if bm == crate::kernels::PIPE_BM { ws && !matches!(h.kernel, KernelSpec::SplitK { .. }) } else { ws64 && h.min_rows >= WS64_MIN_ROWS };
+                if on && stages * 16 <= crate::kernels::TMA_MBAR_BYTES {
+                    {
+                        let wn = if bm == 64 { bn / 2 } else { bn };
+                        let (weights, box_rows) = if swiglu.is_some() { (2, wn / 2) } else { (parts.map_or(1, |p| p.len()), bn) };
                         let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
-                        args[0] = format!("{}@xmap{}", args[0], crate::kernels::PIPE_BM);
+                        args[0] = format!("{}@xmap{bm}", args[0]);
                         for w in &mut args[1..1 + weights] {
                             *w = format!("{w}@tmap{box_rows}");
                         }
@@ -1143,6 +1169,11 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
     }
     Ok(st)
 }
+
+/// Rows from which the batched-decode 64-row tiles are warp-specialized (`LowerOptions::ws64`):
+/// measured on the H200 (bench/results/gemm-ws-2026-11-30.json, 8B shape) b16 -3.3%, b32
+/// -0.7%, b64 +2.8%, b128 +18% (its split-K 64-row tiles) when every 64-row tile was.
+pub const WS64_MIN_ROWS: i64 = 64;
 
 /// Blocks (tiles) the 256-column prefill tiles must give before they replace the 128-column
 /// ones (three waves of the 132 SMs): the 8B shape's o and down projections from 3,200 rows.
@@ -1682,7 +1713,7 @@ mod tests {
     /// The default options without the warp-specialized prefill matmul (whose tensor-map
     /// args the older tests do not expect; `the_long_prefill_matmuls_are_warp_specialized`).
     fn no_ws() -> LowerOptions {
-        LowerOptions { ws: false, ..Default::default() }
+        LowerOptions { ws: false, ws64: false, ..Default::default() }
     }
     use dsc_ir::text;
 
@@ -1968,9 +1999,12 @@ mod tests {
         let mm = steps.iter().find(|s| s.node == "gu").unwrap();
         let ws: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::Ws { inner } if matches!(inner.as_ref(), KernelSpec::SwiGluPipe { .. }))).collect();
         assert!(!ws.is_empty(), "{:?}", mm.hopper);
-        assert!(ws
-            .iter()
-            .all(|l| l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap64", "wu@tmap64"] || l.args.as_deref().unwrap()[..3] == ["x@bf16@xmap128", "wg@tmap128", "wu@tmap128"]));
+        // (128-row tiles: a box of 64 gate and 64 up rows; 64-row ones, from WS64_MIN_ROWS:
+        // per warpgroup 32 and 32)
+        // (and the 256-column tiles of long prefills: 128 and 128)
+        let ok =
+            |a: &[String]| [["x@bf16@xmap128", "wg@tmap64", "wu@tmap64"], ["x@bf16@xmap64", "wg@tmap32", "wu@tmap32"], ["x@bf16@xmap128", "wg@tmap128", "wu@tmap128"]].iter().any(|w| a[..3] == *w);
+        assert!(ws.iter().all(|l| ok(l.args.as_deref().unwrap())), "{ws:?}");
     }
 
     #[test]
@@ -2217,7 +2251,7 @@ mod tests {
         let g = text::parse(src).unwrap();
         let steps = lower_opts(&g, LowerOptions::default()).unwrap();
         let y = steps.iter().find(|s| s.node == "y").unwrap();
-        let ws: Vec<&Large> = y.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::Ws { .. })).collect();
+        let ws: Vec<&Large> = y.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::Ws { .. }) && matches!(l.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 128, .. })).collect();
         let [wide, narrow] = ws[..] else { panic!("{:?}", y.hopper) };
         assert!(matches!(wide.kernel.matmul_core().0, KernelSpec::MatMulPipe { bn: 256, bm: 128, residual: true, .. }), "{:?}", wide.kernel);
         assert!(matches!(narrow.kernel.matmul_core().0, KernelSpec::MatMulPipe { bn: 128, bm: 128, .. }), "{:?}", narrow.kernel);
@@ -2226,8 +2260,19 @@ mod tests {
         assert_eq!(wide.args.as_deref().unwrap()[..2], ["x@bf16@xmap128", "w@tmap256"]);
         assert_eq!(narrow.args.as_deref().unwrap()[..2], ["x@bf16@xmap128", "w@tmap128"]);
         assert!(y.hopper.iter().all(|l| matches!(l.kernel, KernelSpec::Ws { .. }) || l.kernel.matmul_core().0 != wide.kernel.matmul_core().0));
-        // the 64-row tiles keep cp.async loads
-        assert!(y.hopper.iter().any(|l| matches!(l.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 64, .. }) && !matches!(l.kernel, KernelSpec::Ws { .. })));
+        // the 64-row tiles keep cp.async loads below WS64_MIN_ROWS rows, and are
+        // warp-specialized from there (x's map in 64-row boxes), split-K ones too
+        let m64: Vec<&Large> = y.hopper.iter().filter(|l| matches!(l.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 64, .. })).collect();
+        assert!(m64.iter().any(|l| !matches!(l.kernel, KernelSpec::Ws { .. })));
+        for l in &m64 {
+            let is_ws = matches!(l.kernel, KernelSpec::Ws { .. });
+            assert_eq!(is_ws, l.min_rows >= WS64_MIN_ROWS, "{l:?}");
+            assert!(is_ws || l.max_rows.is_some_and(|m| m < WS64_MIN_ROWS), "{l:?}");
+            if is_ws {
+                assert_eq!(l.args.as_deref().unwrap()[..2], ["x@bf16@xmap64", "w@tmap128"]);
+            }
+        }
+        assert!(m64.iter().any(|l| matches!(&l.kernel, KernelSpec::Ws { inner } if matches!(inner.as_ref(), KernelSpec::SplitK { .. }))));
         // and none without it
         let off = lower_opts(&g, no_ws()).unwrap();
         assert!(off.iter().flat_map(|s| s.alternatives()).all(|l| !matches!(l.kernel, KernelSpec::Ws { .. })));

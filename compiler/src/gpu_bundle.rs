@@ -117,13 +117,15 @@ fn ws_variant(case: &Case, spec: &KernelSpec, m: usize, k: usize, f16: bool, wei
         KernelSpec::SwiGluPipe { inner } => (inner.as_ref(), true),
         other => (other.matmul_core().0, false),
     };
-    let KernelSpec::MatMulPipe { bn, stages, a16: true, bm: dsc_codegen::kernels::PIPE_BM, .. } = *core else { return None };
+    let KernelSpec::MatMulPipe { bn, stages, a16: true, bm, .. } = *core else { return None };
     if stages * 16 > dsc_codegen::kernels::TMA_MBAR_BYTES {
         return None;
     }
-    let rows = if swiglu { bn / 2 } else { bn } as u32;
+    // (a warpgroup's columns: half the tile's in 64-row tiles; SwiGLU boxes half of those)
+    let wn = if bm == 64 { bn / 2 } else { bn };
+    let rows = if swiglu { wn / 2 } else { bn } as u32;
     let ws = KernelSpec::Ws { inner: Box::new(spec.clone()) };
-    let mut tmaps = vec![TmapInput { input: 0, n: m, k, rows: dsc_codegen::kernels::PIPE_BM as u32, f16 }];
+    let mut tmaps = vec![TmapInput { input: 0, n: m, k, rows: bm as u32, f16 }];
     tmaps.extend(weights.iter().enumerate().map(|(i, &n)| TmapInput { input: 1 + i, n, k, rows, f16 }));
     let (_, threads) = grid(&ws.launch(), 1);
     Some((Case { name: format!("{} ws", case.name), kernel: ws.symbol(), tmaps, block: threads, ..case.clone() }, ws))
@@ -915,8 +917,12 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             tmaps: vec![],
             tol: 1e-2,
         };
-        // ... and with W by TMA: each part's tensor map
+        // ... and with W by TMA: each part's tensor map; and warp-specialized
         let tma = with_tma.then(|| tma_variant(&case, &spec, parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false }).collect()));
+        if let Some((c, s)) = ws_variant(&case, &spec, m, k, false, &parts) {
+            cases.push(c);
+            specs.push(s);
+        }
         cases.push(case);
         specs.push(spec);
         cases.extend(tma.iter().map(|t| t.0.clone()));
