@@ -469,7 +469,7 @@ impl GpuBackend<'_> {
                 let (arena_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream);
                 let map = tensor_map_at(&self.stream, arena_ptr + o as u64, n, n / (2 * k.max(1)), k, f16, rows);
                 drop(guard);
-                bufs.insert(a.clone(), map?);
+                bufs.insert(a.clone(), map.map_err(|e| gerr(format!("step {}: tensor map {a}: {e}", s.node)))?);
             }
             for a in &args {
                 if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
@@ -1043,4 +1043,30 @@ pub fn launch_dims(launch: &str, work: u32, rows: u32, block: u32, rows_per_bloc
         "outputs_per_block" => (work.div_ceil(block), rows.div_ceil(rows_per_block.max(1)), threads),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_suffixes_name_their_base_and_shape() {
+        // a warp-specialized matmul's x map: the 16-bit copy's node, 64- or 128-row boxes
+        assert_eq!(xmap_base("model.layers.0.input_layernorm@bf16@xmap128"), Some(("model.layers.0.input_layernorm@bf16", 128)));
+        assert_eq!(xmap_base("h@bf16@xmap64").and_then(|(b, _)| half_base(b)), Some("h"));
+        assert_eq!(xmap_base("h@bf16@xmapx"), None);
+        assert_eq!(xmap_base("h@bf16"), None);
+        // the weights' maps (the SwiGLU tiles' half-height boxes too)
+        assert_eq!(tmap_base("model.layers.0.mlp.gate_proj.weight@tmap56"), Some(("model.layers.0.mlp.gate_proj.weight", 56)));
+        assert_eq!(tmap_base("w"), None);
+        assert_eq!(splitk_base("o@splitk4"), Some(("o", 4)));
+    }
+
+    #[test]
+    fn launch_dims_cover_the_work() {
+        // the warp-specialized tile: 384 threads, a block per 256 columns and 128 rows
+        assert_eq!(launch_dims("outputs_per_block", 4096, 4096, 256, 128, 384), Some((16, 32, 384)));
+        assert_eq!(launch_dims("outputs_per_block", 4096, 100, 256, 128, 384), Some((16, 1, 384)));
+        assert_eq!(launch_dims("no_such_kind", 1, 1, 1, 1, 1), None);
+    }
 }
