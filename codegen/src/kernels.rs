@@ -2931,6 +2931,22 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
+/// Whether the wgmma prefill attention's kernel takes head dim `d`: [`FLASH_WG_D`], or (a
+/// probe for the D = 64 failure, DSC_FLASH_WG_ANY_D=1 at bundle time) any multiple of 64.
+pub fn flash_wg_d_ok(d: usize) -> bool {
+    d == FLASH_WG_D || (d % 64 == 0 && d > 0 && std::env::var("DSC_FLASH_WG_ANY_D").is_ok_and(|v| v == "1"))
+}
+
+/// The V descriptor's (LBO, SBO) in bytes for the wgmma prefill attention: (64 keys x 128
+/// bytes between head-dim column blocks, 1 KB between 8-key groups); DSC_FLASH_WG_VDESC=L,S
+/// overrides (a probe for the D = 64 failure).
+fn flash_wg_vdesc() -> (u64, u64) {
+    match env_list::<u64>("DSC_FLASH_WG_VDESC").as_deref() {
+        Some([l, s]) => (*l, *s),
+        _ => ((FLASH_KEYS * 128) as u64, 1024),
+    }
+}
+
 /// Query heads per block of the wgmma prefill attention: 1, or with DSC_FLASH_WG_HEADS=2 at
 /// compile time 2 where a KV head has an even number of them (a warpgroup each, sharing the
 /// K/V tiles: half the tile traffic per FLOP). Measured slower (bench/results/flash-wgmma-
@@ -3600,7 +3616,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let f32s = vec!["f32"; nacc].join(", ");
         let stt = format!("!llvm.struct<({f32s})>");
         let mask = c(b, 0x3FFFF);
-        let fixed = c(b, (((KEYS as u64 * 128) >> 4) << 16 | (64u64 << 32) | (1u64 << 62)) as i64);
+        let (lbo, sbo) = flash_wg_vdesc();
+        let fixed = c(b, ((lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62)) as i64);
         let mut cur = scaled;
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         for (kc, a) in pf.iter().enumerate() {
@@ -4827,7 +4844,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::FlashWgmma { inner } => {
             match inner.as_ref() {
-                KernelSpec::FlashAttention { d: FLASH_WG_D, kv: DType::BF16, warps: 4, mtiles: 1, .. } => {}
+                KernelSpec::FlashAttention { d, kv: DType::BF16, warps: 4, mtiles: 1, .. } if flash_wg_d_ok(*d) => {}
                 other => return Err(format!("the wgmma prefill attention takes FlashAttention on bf16 pools, 4 warps, 1 m-tile, D {FLASH_WG_D}, not {}", other.symbol())),
             }
             b.flash_wg = true;

@@ -1320,7 +1320,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         // (and 2 m16 tiles per warp: 32 rows)
         let shapes: &[(usize, usize)] = if kv == DType::F32 || d % 32 != 0 { &[(4, 1)] } else { &[(4, 1), (8, 1), (4, 2)] };
         // (and the wgmma kernel, sm_90a: bf16 pools, 4 warps of one m-tile, D 128)
-        let wg = (kv == DType::BF16 && d == dsc_codegen::kernels::FLASH_WG_D).then_some((4usize, 0usize));
+        let wg = (kv == DType::BF16 && dsc_codegen::kernels::flash_wg_d_ok(d)).then_some((4usize, 0usize));
         for &(warps, mtiles) in shapes.iter().chain(wg.iter()).filter(|_| t > 64) {
             let flash = KernelSpec::FlashAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), kv, warps, mtiles: mtiles.max(1) };
             // (mtiles 0 marks the wgmma variant)
