@@ -2966,7 +2966,19 @@ pub fn flash_wg_heads(h: usize, kvh: usize) -> usize {
 /// tiles (64 keys x D bf16 each, in D/64 column blocks of 64 rows x 128 bytes, 128-byte
 /// swizzle), + 1 KB to align the base as the swizzle needs.
 pub fn flash_wg_smem(d: usize) -> usize {
-    2 * 2 * FLASH_KEYS * d * 2 + 1024
+    // (pipelined: three stages, + the block's Q tile, 64 rows x D bf16 in the same layout)
+    if flash_wg_pipe() {
+        3 * 2 * FLASH_KEYS * d * 2 + 1024 + FLASH_KEYS * d * 2
+    } else {
+        2 * 2 * FLASH_KEYS * d * 2 + 1024
+    }
+}
+
+/// The wgmma prefill attention with the next tile's S = QKᵀ issued before this tile's
+/// softmax (Q read from shared memory through a descriptor; DSC_FLASH_WG_PIPE=1 at compile
+/// time; prepared, measured in bench/results/flash-wgmma-2026-11-30.json)
+pub fn flash_wg_pipe() -> bool {
+    std::env::var("DSC_FLASH_WG_PIPE").is_ok_and(|v| v == "1")
 }
 
 /// The prefill attention ([`KernelSpec::FlashAttention`]), FlashAttention-2 style on `mma.sync`
@@ -3009,6 +3021,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // (wgmma: K's and V's tiles in column blocks of 64 head-dim elements, 64 keys x 128 bytes
     // each, 128-byte swizzle: what both descriptors read)
     let wg = b.flash_wg;
+    let pipe = wg && flash_wg_pipe();
     let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
     let stage_bytes = 2 * v_at;
@@ -3137,7 +3150,62 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
     }
     let (qa, qb) = (qrow(b, &rows[0].1), qrow(b, &rows[1].1));
-    for kc in (0..nkc as i64).filter(|_| mt == 1) {
+    // (pipelined wgmma: the block's Q rows, scaled, in bf16 into shared memory after the two
+    // K/V stages, in the K tiles' layout — column blocks of 64, rows of 128 bytes, 128-byte
+    // swizzle — for the S wgmma's A descriptor)
+    if pipe && hpb > 1 {
+        return Err("the pipelined wgmma prefill attention takes one head per block".into());
+    }
+    let q_base = if pipe {
+        let cq = c(b, 3 * stage_bytes);
+        let q_base = b.op(&format!("arith.addi {base}, {cq} : i64"));
+        let nch = (d / 8) as i64;
+        let cnch = c(b, nch);
+        for i in 0..(KEYS as i64 * nch) / nt {
+            let ci = c(b, nt * i);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let rr = b.op(&format!("arith.divui {u}, {cnch} : i64"));
+            let cc = b.op(&format!("arith.remui {u}, {cnch} : i64"));
+            let ok = b.op(&format!("arith.cmpi slt, {rr}, {nrows} : i64"));
+            let row = b.op(&format!("arith.addi {t0}, {rr} : i64"));
+            let row = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
+            let e = qrow(b, &row);
+            let c8e = c(b, 8);
+            let co = b.op(&format!("arith.muli {cc}, {c8e} : i64"));
+            let e = b.op(&format!("arith.addi {e}, {co} : i64"));
+            let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
+            let v0 = b.load_vec("%q", &by, 4, "f32", 16);
+            let c16q = c(b, 16);
+            let by1 = b.op(&format!("arith.addi {by}, {c16q} : i64"));
+            let v1 = b.load_vec("%q", &by1, 4, "f32", 16);
+            let v: Vec<String> = v0.iter().chain(&v1).map(|x| b.op(&format!("arith.mulf {x}, {scale} : f32"))).collect();
+            let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
+            let c8w = c(b, 8);
+            let blk = b.op(&format!("arith.divui {cc}, {c8w} : i64"));
+            let cbb = c(b, (KEYS * 128) as i64);
+            let bo = b.op(&format!("arith.muli {blk}, {cbb} : i64"));
+            let c128 = c(b, 128);
+            let ro = b.op(&format!("arith.muli {rr}, {c128} : i64"));
+            let c7 = c(b, 7);
+            let cl = b.op(&format!("arith.andi {cc}, {c7} : i64"));
+            let r7 = b.op(&format!("arith.andi {rr}, {c7} : i64"));
+            let sw = b.op(&format!("arith.xori {cl}, {r7} : i64"));
+            let c16w = c(b, 16);
+            let so = b.op(&format!("arith.muli {sw}, {c16w} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {ro} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {bo} : i64"));
+            let sa = b.op(&format!("arith.addi {q_base}, {so} : i64"));
+            let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+            let vv = b.vector(&packed, "i32");
+            b.line(&format!("llvm.store {vv}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
+        }
+        b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
+        b.line("gpu.barrier");
+        Some(q_base)
+    } else {
+        None
+    };
+    for kc in (0..nkc as i64).filter(|_| mt == 1 && !pipe) {
         for (qbase, off) in [(&qa, 0i64), (&qb, 0), (&qa, 8), (&qb, 8)] {
             let co = c(b, 16 * kc + off);
             let e = b.op(&format!("arith.addi {qbase}, {co} : i64"));
@@ -3326,13 +3394,69 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         issue(b, &z, &z);
         b.line(commit);
     }
+    // (pipelined wgmma: S = Q Kᵀ of the K tile at `kbase`, issued and committed, not waited:
+    // A = Q's tile, B = K's, both K-major descriptors)
+    let ns = KEYS / 2;
+    let s_tys = vec!["f32"; ns].join(", ");
+    let s_stt = format!("!llvm.struct<({s_tys})>");
+    let s_issue = |b: &mut Body, kbase: &str, qb: &str| -> Vec<String> {
+        let mask = b.ci64(0x3FFFF);
+        let fixed = b.ci64(((1u64 << 16) | (64u64 << 32) | (1u64 << 62)) as i64);
+        let zero = b.cf32(0.0);
+        let mut cur: Vec<String> = vec![zero; ns];
+        let c4 = b.ci64(4);
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        for kk in 0..nkc as i64 {
+            let o = b.ci64((kk / 4) * (KEYS * 128) as i64 + (kk % 4) * 32);
+            let desc = |b: &mut Body, at: &str| {
+                let a = b.op(&format!("arith.addi {at}, {o} : i64"));
+                let a = b.op(&format!("arith.andi {a}, {mask} : i64"));
+                let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
+                b.op(&format!("arith.ori {a}, {fixed} : i64"))
+            };
+            let da = desc(b, qb);
+            let db = desc(b, kbase);
+            let outs: Vec<String> = (0..ns).map(|i| format!("${i}")).collect();
+            let cons = format!("{},l,l,{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let r = b.op(&format!(
+                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{KEYS}k16.f32.bf16.bf16 {{{}}}, ${}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {da}, {db}, {} : (i64, i64, {s_tys}) -> {s_stt}",
+                outs.join(","),
+                ns,
+                ns + 1,
+                cur.join(", ")
+            ));
+            cur = (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {s_stt}"))).collect();
+        }
+        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+        cur
+    };
+    // (pipelined: the run's first S before the loop; the loop carries each next tile's S)
+    let s_init: Vec<String> = match &q_base {
+        Some(qb) => {
+            // (three stages: tile 1's copies go out now too, tile i + 2's in iteration i, so
+            // tile i + 1 has landed when its S is issued in iteration i)
+            let o1 = c(b, 1);
+            issue(b, &o1, &o1);
+            b.line(commit);
+            b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
+            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
+            b.line("gpu.barrier");
+            let s0 = s_issue(b, &base, qb);
+            let cons = format!("{},{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({s_tys}) -> {s_stt}", s0.join(", ")));
+            (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {s_stt}"))).collect()
+        }
+        None => vec![],
+    };
     let kvl = b.v();
     let tl = b.v();
     let acc_t: Vec<String> = (0..ncar).map(|_| b.v()).collect();
+    let s_t: Vec<String> = s_init.iter().map(|_| b.v()).collect();
+    let loop_tys = if pipe { format!("{carried_tys}, {s_tys}") } else { carried_tys.clone() };
     b.line(&format!(
-        "{kvl}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({carried_tys}) {{",
-        ncar,
-        acc_t.iter().zip(&acc_body).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
+        "{kvl}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({loop_tys}) {{",
+        ncar + s_t.len(),
+        acc_t.iter().chain(&s_t).zip(acc_body.iter().chain(&s_init)).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
     ));
     let tl64 = b.idx64(&tl);
     let j0 = b.op(&format!("arith.muli {tl64}, {ckeys} : i64"));
@@ -3401,24 +3525,42 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         b.line("gpu.barrier");
         base.clone()
     } else {
-        let c1t = c(b, 1);
-        let nt = b.op(&format!("arith.addi {tl64}, {c1t} : i64"));
+        // (pipelined: tile tl + 2 into stage (tl + 2) % 3; else tile tl + 1 into (tl + 1) % 2)
+        let ahead_t = c(b, if pipe { 2 } else { 1 });
+        let cstg = c(b, if pipe { 3 } else { 2 });
+        let nt = b.op(&format!("arith.addi {tl64}, {ahead_t} : i64"));
         let more = b.op(&format!("arith.cmpi slt, {nt}, {ntiles64} : i64"));
         b.line(&format!("scf.if {more} {{"));
-        let nst = b.op(&format!("arith.andi {nt}, {c1t} : i64"));
+        let nst = b.op(&format!("arith.remui {nt}, {cstg} : i64"));
         issue(b, &nt, &nst);
         b.line("}");
         b.line(commit);
+        // (this tile's copies have landed; pipelined: the next tile's too, for its S below)
         b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
         if wg {
             // (the copies' writes, made by the generic proxy, before wgmma reads them)
             b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
         }
         b.line("gpu.barrier");
-        let cst = b.op(&format!("arith.andi {tl64}, {c1t} : i64"));
+        let cst = b.op(&format!("arith.remui {tl64}, {cstg} : i64"));
         let csb = c(b, stage_bytes);
         let so = b.op(&format!("arith.muli {cst}, {csb} : i64"));
         b.op(&format!("arith.addi {base}, {so} : i64"))
+    };
+    // (pipelined: the next tile's S, issued now, runs under this tile's softmax; past the
+    // run's last tile it reads the stale stage and is never used)
+    let s_next: Vec<String> = match &q_base {
+        Some(qb) => {
+            let c1n = c(b, 1);
+            let c3 = c(b, 3);
+            let nt = b.op(&format!("arith.addi {tl64}, {c1n} : i64"));
+            let nst = b.op(&format!("arith.remui {nt}, {c3} : i64"));
+            let csb = c(b, stage_bytes);
+            let so = b.op(&format!("arith.muli {nst}, {csb} : i64"));
+            let nbase = b.op(&format!("arith.addi {base}, {so} : i64"));
+            s_issue(b, &nbase, qb)
+        }
+        None => vec![],
     };
     // S = Q K^T: 8 tiles of 8 keys (per m16 tile: sacc_t[i][n8])
     let tq4 = b.op(&format!("arith.muli {tq}, {c4} : i64"));
@@ -3461,6 +3603,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
                 }
             }
         }
+    } else if pipe {
+        // (this tile's S: computed in the previous iteration, or before the loop)
+        sacc = s_t.chunks(4).map(|x| x.to_vec()).collect();
     } else if wg {
         // S = Q Kᵀ on wgmma: per k16 step kk of the head dim, m64n{KEYS}k16 with A = this
         // warp's Q fragments (the m16n8k16 A layout per warp) and B = K's tile, K-major
@@ -3608,6 +3753,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let pf = &pf_t[0];
     // O = O * alpha + P V
     let mut out_acc = vec![];
+    // (pipelined: the next tile's S once waited for, carried to the next iteration)
+    let mut s_done: Vec<String> = vec![];
     if wg {
         // O = O·alpha + P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers), B = V's tile
         // N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head dim
@@ -3642,9 +3789,17 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
-        let cons = format!("{},{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {stt}", cur.join(", ")));
-        out_acc = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+        // (pipelined: the next tile's S, in flight since before the softmax, completes here
+        // too: its values pass through the same wait)
+        let all: Vec<String> = cur.iter().chain(&s_next).cloned().collect();
+        let n_all = all.len();
+        let all_tys = vec!["f32"; n_all].join(", ");
+        let all_stt = format!("!llvm.struct<({all_tys})>");
+        let cons = format!("{},{}", vec!["=f"; n_all].join(","), (0..n_all).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({all_tys}) -> {all_stt}", all.join(", ")));
+        let waited: Vec<String> = (0..n_all).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {all_stt}"))).collect();
+        out_acc = waited[..nacc].to_vec();
+        s_done = waited[nacc..].to_vec();
     } else if wide {
         let cvs = c(b, vs);
         let gv = b.op(&format!("arith.muli {g}, {cvs} : i64"));
@@ -3700,7 +3855,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     b.line("gpu.barrier");
     out_acc.extend(new_state);
-    b.line(&format!("scf.yield {} : {carried_tys}", out_acc.join(", ")));
+    out_acc.extend(s_done);
+    b.line(&format!("scf.yield {} : {loop_tys}", out_acc.join(", ")));
     b.line("}");
     let res: Vec<String> = (0..ncar).map(|i| format!("{kvl}#{i}")).collect();
     b.line(&format!("scf.yield {end}, {} : i64, {carried_tys}", res.join(", ")));
