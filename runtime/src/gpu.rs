@@ -947,6 +947,13 @@ pub fn allow_smem(f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudar
     if bytes > 48 * 1024 {
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)?;
     }
+    // (prepared, off — not yet run on the H200: past 100 KB, ask for the largest
+    // shared-memory carveout, so two such blocks may share an SM where they fit; ncu showed
+    // the driver pick a 135 KB configuration for the pipelined attention's 113 KB block, one
+    // block per SM. DSC_SMEM_CARVEOUT=1 turns it on)
+    if bytes > 100 * 1024 && std::env::var("DSC_SMEM_CARVEOUT").is_ok_and(|v| v == "1") {
+        f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
+    }
     Ok(())
 }
 
