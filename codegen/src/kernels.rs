@@ -2968,7 +2968,10 @@ pub fn flash_wg_heads(h: usize, kvh: usize) -> usize {
 pub fn flash_wg_smem(d: usize) -> usize {
     // (pipelined: three stages, + the block's Q tile, 64 rows x D bf16 in the same layout)
     if flash_wg_pipe() {
-        3 * 2 * FLASH_KEYS * d * 2 + 1024 + FLASH_KEYS * d * 2
+        // (DSC_FLASH_WG_PAD=0: without the 1 KB alignment pad, so two blocks fit an SM's
+        // 228 KB with its 1 KB per block reserved; the kernel then traps unless the base is
+        // 1 KB-aligned already)
+        3 * 2 * FLASH_KEYS * d * 2 + if flash_wg_pad() { 1024 } else { 0 } + FLASH_KEYS * d * 2
     } else {
         2 * 2 * FLASH_KEYS * d * 2 + 1024
     }
@@ -2979,6 +2982,12 @@ pub fn flash_wg_smem(d: usize) -> usize {
 /// time; prepared, measured in bench/results/flash-wgmma-2026-11-30.json)
 pub fn flash_wg_pipe() -> bool {
     std::env::var("DSC_FLASH_WG_PIPE").is_ok_and(|v| v == "1")
+}
+
+/// Whether the pipelined wgmma prefill attention pads its shared memory by 1 KB to align its
+/// base (DSC_FLASH_WG_PAD=0: no; prepared, not yet run)
+fn flash_wg_pad() -> bool {
+    !(flash_wg_pipe() && std::env::var("DSC_FLASH_WG_PAD").is_ok_and(|v| v == "0"))
 }
 
 /// The prefill attention ([`KernelSpec::FlashAttention`]), FlashAttention-2 style on `mma.sync`
@@ -3034,11 +3043,21 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
     let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
     let base = b.idx64(&base);
-    let base = if wg {
+    let base = if wg && flash_wg_pad() {
         let c1023 = c(b, 1023);
         let up = b.op(&format!("arith.addi {base}, {c1023} : i64"));
         let cmask = c(b, !1023);
         b.op(&format!("arith.andi {up}, {cmask} : i64"))
+    } else if wg {
+        // (unpadded: the base must be 1 KB-aligned as it is; trap, not corrupt, if not)
+        let c1023 = c(b, 1023);
+        let low = b.op(&format!("arith.andi {base}, {c1023} : i64"));
+        let c0a = c(b, 0);
+        let bad = b.op(&format!("arith.cmpi ne, {low}, {c0a} : i64"));
+        b.line(&format!("scf.if {bad} {{"));
+        b.line("llvm.inline_asm has_side_effects \"trap;\", \"\" : () -> ()");
+        b.line("}");
+        base
     } else {
         base
     };
