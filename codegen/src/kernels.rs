@@ -199,6 +199,15 @@ impl KernelSpec {
         (k, parts)
     }
 
+    /// [`KernelSpec::matmul_core`], also under the SwiGLU epilogue (`SwiGluPipe`): the kernel
+    /// whose tiles a warp-specialized wrapper loads
+    pub fn pipe_core(&self) -> &KernelSpec {
+        match self {
+            KernelSpec::SwiGluPipe { inner } => inner.as_ref(),
+            other => other.matmul_core().0,
+        }
+    }
+
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
@@ -1216,6 +1225,61 @@ impl Body {
             }
         }
     }
+    /// A wgmma shared-memory matrix descriptor of the byte address `addr` (i64): bits 4..17 of
+    /// it as the start field, OR'd with `fixed` (LBO, SBO and the swizzle mode)
+    fn smem_desc(&mut self, addr: &str, fixed: u64) -> String {
+        let mask = self.ci64(0x3FFFF);
+        let c4 = self.ci64(4);
+        let a = self.op(&format!("arith.andi {addr}, {mask} : i64"));
+        let a = self.op(&format!("arith.shrui {a}, {c4} : i64"));
+        let f = self.ci64(fixed as i64);
+        self.op(&format!("arith.ori {a}, {f} : i64"))
+    }
+    /// One `wgmma.mma_async.sync.aligned.{shape}` (e.g. m64n64k16) of 16-bit `ty` operands:
+    /// `acc` (f32) += A · B, A one shared-memory descriptor or four registers of m16n8k16
+    /// fragments per warp, B the descriptor `b_desc`, read N-major where `trans_b`. The new
+    /// accumulators are in flight until [`Body::wgmma_wait`]
+    fn wgmma(&mut self, shape: &str, ty: &str, acc: &[String], a: &[String], b_desc: &str, trans_b: bool) -> Vec<String> {
+        let n = acc.len();
+        let f32s = vec!["f32"; n].join(", ");
+        let stt = format!("!llvm.struct<({f32s})>");
+        let outs: Vec<String> = (0..n).map(|i| format!("${i}")).collect();
+        let tied = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let tb = trans_b as u8;
+        let r = if let [ad] = a {
+            self.op(&format!(
+                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.{shape}.f32.{ty}.{ty} {{{}}}, ${n}, ${}, 1, 1, 1, 0, {tb};\", \"{},l,l,{tied}\" {ad}, {b_desc}, {} : (i64, i64, {f32s}) -> {stt}",
+                outs.join(","),
+                n + 1,
+                vec!["=f"; n].join(","),
+                acc.join(", ")
+            ))
+        } else {
+            self.op(&format!(
+                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.{shape}.f32.{ty}.{ty} {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, {tb};\", \"{},r,r,r,r,l,{tied}\" {}, {b_desc}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
+                outs.join(","),
+                n,
+                n + 1,
+                n + 2,
+                n + 3,
+                n + 4,
+                vec!["=f"; n].join(","),
+                a.join(", "),
+                acc.join(", ")
+            ))
+        };
+        (0..n).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect()
+    }
+    /// `wgmma.wait_group n` (all wgmma groups done but the newest `n`), the accumulators
+    /// `vals` passing through it so nothing reads them early
+    fn wgmma_wait(&mut self, n: usize, vals: &[String]) -> Vec<String> {
+        let k = vals.len();
+        let f32s = vec!["f32"; k].join(", ");
+        let stt = format!("!llvm.struct<({f32s})>");
+        let cons = format!("{},{}", vec!["=f"; k].join(","), (0..k).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        let r = self.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned {n};\", \"{cons}\" {} : ({f32s}) -> {stt}", vals.join(", ")));
+        (0..k).map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect()
+    }
     /// [`Body::store_d_fragments`] for a whole wgmma tile of `cols` columns from `n0`: where
     /// both of this thread's rows are below %m, the tile's columns below %n and %n is even, the
     /// fragments go out as 8-byte pairs, each group of `chunk` column groups' residual and bias
@@ -2160,6 +2224,10 @@ fn epilogue_chunk() -> usize {
     env_num::<usize>("DSC_EPILOGUE_CHUNK").unwrap_or(8)
 }
 
+/// The fixed fields of a wgmma descriptor of a K-major tile in the 128-byte swizzle: LBO 1
+/// (unused), SBO 1024 bytes (>> 4) between 8-row groups, swizzle mode 1.
+const SW128_K_DESC: u64 = (1u64 << 16) | (64u64 << 32) | (1u64 << 62);
+
 /// Row tiles per raster group of the warp-specialized matmul (`KernelSpec::Ws`).
 pub const RASTER_ROWS: usize = 16;
 
@@ -2679,22 +2747,12 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     }
     let zero = b.cf32(0.0);
     let f32s = vec!["f32"; nacc].join(", ");
-    let stt = format!("!llvm.struct<({f32s})>");
     let cst = b.ci64(stages as i64);
     let cnk = b.ci64(nk);
     let cs1 = b.ci64(ahead);
     let csb = b.ci64(stage_bytes);
     let cab = b.ci64(a_bytes);
-    let mask = b.ci64(0x3FFFF);
-    let c4s = b.ci64(4);
-    let fixed = b.ci64(((1u64 << 16) | (64u64 << 32) | (1u64 << 62)) as i64);
-    // wait for all wgmma groups but `n`, the accumulators passing through so nothing reads
-    // them early
-    let wait = |b: &mut Body, n: usize, acc: &[String]| -> Vec<String> {
-        let cons = format!("{},{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned {n};\", \"{cons}\" {} : ({f32s}) -> {stt}", acc.join(", ")));
-        (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect()
-    };
+    let fixed = SW128_K_DESC;
     // one K step `kt` (i64) on accumulators `acc`: returns the new accumulators
     let step = |b: &mut Body, kt: &str, acc: &[String]| -> Vec<String> {
         if !wspec {
@@ -2729,9 +2787,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let mut a = vec![];
         if a16 {
             let xo = b.op(&format!("arith.addi {sb}, {wg_off} : i64"));
-            let xm = b.op(&format!("arith.andi {xo}, {mask} : i64"));
-            let xm = b.op(&format!("arith.shrui {xm}, {c4s} : i64"));
-            a.push(b.op(&format!("arith.ori {xm}, {fixed} : i64")));
+            a.push(b.smem_desc(&xo, fixed));
         }
         for o in frag_off.iter().filter(|_| !a16) {
             let p = b.op(&format!("arith.addi {sb}, {o} : i64"));
@@ -2746,45 +2802,22 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         // W descriptors: start (>> 4), LBO 1 (unused by swizzled K-major), SBO 1024 >> 4, SW128
         let wb = b.op(&format!("arith.addi {sb}, {cab} : i64"));
         let wb = b.op(&format!("arith.addi {wb}, {wg_woff} : i64"));
-        let wm = b.op(&format!("arith.andi {wb}, {mask} : i64"));
-        let wm = b.op(&format!("arith.shrui {wm}, {c4s} : i64"));
-        let wd = b.op(&format!("arith.ori {wm}, {fixed} : i64"));
+        let wd = b.smem_desc(&wb, fixed);
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         let mut cur = acc.to_vec();
         for s in 0..4usize {
             let ds = b.ci64(2 * s as i64);
             let d = b.op(&format!("arith.addi {wd}, {ds} : i64"));
-            let outs: Vec<String> = (0..nacc).map(|i| format!("${i}")).collect();
-            if a16 {
+            cur = if a16 {
                 // both operands from shared memory, K-major (no transposes)
                 let xd = b.op(&format!("arith.addi {}, {ds} : i64", a[0]));
-                let cons = format!("{},l,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-                let r = b.op(&format!(
-                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{wn}k16.f32.{ty}.{ty} {{{}}}, ${nacc}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {xd}, {d}, {} : (i64, i64, {f32s}) -> {stt}",
-                    outs.join(","),
-                    nacc + 1,
-                    cur.join(", ")
-                ));
-                cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
-                continue;
-            }
-            let cons = format!("{},r,r,r,r,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-            let r = b.op(&format!(
-                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, 0;\", \"{cons}\" {}, {}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
-                outs.join(","),
-                nacc,
-                nacc + 1,
-                nacc + 2,
-                nacc + 3,
-                nacc + 4,
-                a[4 * s..4 * s + 4].join(", "),
-                d,
-                cur.join(", ")
-            ));
-            cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+                b.wgmma(&format!("m64n{wn}k16"), ty, &cur, &[xd], &d, false)
+            } else {
+                b.wgmma(&format!("m64n{bn}k16"), ty, &cur, &a[4 * s..4 * s + 4], &d, false)
+            };
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
-        let cur = wait(b, overlap as usize, &cur);
+        let cur = b.wgmma_wait(overlap as usize, &cur);
         if wspec {
             // (warp-specialized: the wgmmas of step kt - overlap are done, so this thread
             // releases that step's stage to the producer)
@@ -2828,7 +2861,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         res = step(b, &last, &res);
     }
     if overlap {
-        res = wait(b, 0, &res);
+        res = b.wgmma_wait(0, &res);
     }
     if !wspec {
         b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
@@ -2990,6 +3023,26 @@ fn flash_wg_pad() -> bool {
     !(flash_wg_pipe() && std::env::var("DSC_FLASH_WG_PAD").is_ok_and(|v| v == "0"))
 }
 
+/// Byte offset of 16-byte chunk `chunk` (i64) of row `row` (i64) in a tile of `rows` rows
+/// laid out for wgmma's K-major 128-byte swizzle: column blocks of 8 chunks (64 16-bit
+/// elements), each `rows` x 128 bytes, chunk `chunk % 8` at `(chunk % 8) ^ (row % 8)`.
+fn sw128_offset(b: &mut Body, row: &str, chunk: &str, rows: usize) -> String {
+    let c8 = b.ci64(8);
+    let blk = b.op(&format!("arith.divui {chunk}, {c8} : i64"));
+    let cbb = b.ci64((rows * 128) as i64);
+    let bo = b.op(&format!("arith.muli {blk}, {cbb} : i64"));
+    let c128 = b.ci64(128);
+    let ro = b.op(&format!("arith.muli {row}, {c128} : i64"));
+    let c7 = b.ci64(7);
+    let cl = b.op(&format!("arith.andi {chunk}, {c7} : i64"));
+    let r7 = b.op(&format!("arith.andi {row}, {c7} : i64"));
+    let sw = b.op(&format!("arith.xori {cl}, {r7} : i64"));
+    let c16 = b.ci64(16);
+    let so = b.op(&format!("arith.muli {sw}, {c16} : i64"));
+    let o = b.op(&format!("arith.addi {bo}, {ro} : i64"));
+    b.op(&format!("arith.addi {o}, {so} : i64"))
+}
+
 /// The prefill attention ([`KernelSpec::FlashAttention`]), FlashAttention-2 style on `mma.sync`
 /// m16n8k16 (bf16 operands, f32 accumulation; sm_80 and sm_90a).
 ///
@@ -3132,8 +3185,11 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         b.op(&format!("arith.muli {r}, {cd} : i64"))
     };
     let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-    if mt > 1 {
-        // the block's rows of Q (scaled) into shared memory as bf16, 8 elements per copy
+    // the block's rows of Q (scaled) into shared memory as bf16, 8 elements per copy, chunk
+    // `cc` of row `rr` at `base` + `at(rr, cc)`: 2 m16 tiles per warp (ldmatrix rows padded
+    // like K's), or pipelined wgmma (after the three K/V stages, in the K tiles' layout, for
+    // the S wgmma's A descriptor)
+    let stage_q = |b: &mut Body, at: &dyn Fn(&mut Body, &str, &str) -> String| {
         let nch = (d / 8) as i64;
         let cnch = c(b, nch);
         for i in 0..(16 * mt * warps) as i64 * nch / nt {
@@ -3155,72 +3211,39 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let v1 = b.load_vec("%q", &by1, 4, "f32", 16);
             let v: Vec<String> = v0.iter().chain(&v1).map(|x| b.op(&format!("arith.mulf {x}, {scale} : f32"))).collect();
             let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
-            let cks = c(b, ks);
-            let so = b.op(&format!("arith.muli {rr}, {cks} : i64"));
-            let c16o = c(b, 16);
-            let co = b.op(&format!("arith.muli {cc}, {c16o} : i64"));
-            let so = b.op(&format!("arith.addi {so}, {co} : i64"));
-            let cqa = c(b, q_at);
-            let so = b.op(&format!("arith.addi {so}, {cqa} : i64"));
+            let so = at(b, &rr, &cc);
             let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
             let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
             let vv = b.vector(&packed, "i32");
             b.line(&format!("llvm.store {vv}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
         }
+    };
+    if mt > 1 {
+        stage_q(b, &|b: &mut Body, rr: &str, cc: &str| {
+            let cks = b.ci64(ks);
+            let so = b.op(&format!("arith.muli {rr}, {cks} : i64"));
+            let c16o = b.ci64(16);
+            let co = b.op(&format!("arith.muli {cc}, {c16o} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {co} : i64"));
+            let cqa = b.ci64(q_at);
+            b.op(&format!("arith.addi {so}, {cqa} : i64"))
+        });
     }
     let (qa, qb) = (qrow(b, &rows[0].1), qrow(b, &rows[1].1));
-    // (pipelined wgmma: the block's Q rows, scaled, in bf16 into shared memory after the two
-    // K/V stages, in the K tiles' layout — column blocks of 64, rows of 128 bytes, 128-byte
-    // swizzle — for the S wgmma's A descriptor)
     if pipe && hpb > 1 {
         return Err("the pipelined wgmma prefill attention takes one head per block".into());
     }
     let q_base = if pipe {
-        let cq = c(b, 3 * stage_bytes);
-        let q_base = b.op(&format!("arith.addi {base}, {cq} : i64"));
-        let nch = (d / 8) as i64;
-        let cnch = c(b, nch);
-        for i in 0..(KEYS as i64 * nch) / nt {
-            let ci = c(b, nt * i);
-            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
-            let rr = b.op(&format!("arith.divui {u}, {cnch} : i64"));
-            let cc = b.op(&format!("arith.remui {u}, {cnch} : i64"));
-            let ok = b.op(&format!("arith.cmpi slt, {rr}, {nrows} : i64"));
-            let row = b.op(&format!("arith.addi {t0}, {rr} : i64"));
-            let row = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
-            let e = qrow(b, &row);
-            let c8e = c(b, 8);
-            let co = b.op(&format!("arith.muli {cc}, {c8e} : i64"));
-            let e = b.op(&format!("arith.addi {e}, {co} : i64"));
-            let by = b.op(&format!("arith.muli {e}, {c4} : i64"));
-            let v0 = b.load_vec("%q", &by, 4, "f32", 16);
-            let c16q = c(b, 16);
-            let by1 = b.op(&format!("arith.addi {by}, {c16q} : i64"));
-            let v1 = b.load_vec("%q", &by1, 4, "f32", 16);
-            let v: Vec<String> = v0.iter().chain(&v1).map(|x| b.op(&format!("arith.mulf {x}, {scale} : f32"))).collect();
-            let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
-            let c8w = c(b, 8);
-            let blk = b.op(&format!("arith.divui {cc}, {c8w} : i64"));
-            let cbb = c(b, (KEYS * 128) as i64);
-            let bo = b.op(&format!("arith.muli {blk}, {cbb} : i64"));
-            let c128 = c(b, 128);
-            let ro = b.op(&format!("arith.muli {rr}, {c128} : i64"));
-            let c7 = c(b, 7);
-            let cl = b.op(&format!("arith.andi {cc}, {c7} : i64"));
-            let r7 = b.op(&format!("arith.andi {rr}, {c7} : i64"));
-            let sw = b.op(&format!("arith.xori {cl}, {r7} : i64"));
-            let c16w = c(b, 16);
-            let so = b.op(&format!("arith.muli {sw}, {c16w} : i64"));
-            let so = b.op(&format!("arith.addi {so}, {ro} : i64"));
-            let so = b.op(&format!("arith.addi {so}, {bo} : i64"));
-            let sa = b.op(&format!("arith.addi {q_base}, {so} : i64"));
-            let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
-            let vv = b.vector(&packed, "i32");
-            b.line(&format!("llvm.store {vv}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
-        }
+        let q_at = 3 * stage_bytes;
+        stage_q(b, &|b: &mut Body, rr: &str, cc: &str| {
+            let o = sw128_offset(b, rr, cc, KEYS);
+            let cq = b.ci64(q_at);
+            b.op(&format!("arith.addi {o}, {cq} : i64"))
+        });
         b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
         b.line("gpu.barrier");
-        Some(q_base)
+        let cq = c(b, q_at);
+        Some(b.op(&format!("arith.addi {base}, {cq} : i64")))
     } else {
         None
     };
@@ -3376,21 +3399,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let cho = b.op(&format!("arith.muli {ch}, {c16b} : i64"));
             let src = b.op(&format!("arith.addi {src}, {cho} : i64"));
             let dst = if wg {
-                // (column block ch / 8, row kk, chunk (ch % 8) ^ (kk % 8))
-                let c8w = c(b, 8);
-                let blk = b.op(&format!("arith.divui {ch}, {c8w} : i64"));
-                let cbb = c(b, (KEYS * 128) as i64);
-                let bo = b.op(&format!("arith.muli {blk}, {cbb} : i64"));
-                let c128 = c(b, 128);
-                let ro = b.op(&format!("arith.muli {kk}, {c128} : i64"));
-                let c7 = c(b, 7);
-                let cl = b.op(&format!("arith.andi {ch}, {c7} : i64"));
-                let k7 = b.op(&format!("arith.andi {kk}, {c7} : i64"));
-                let sw = b.op(&format!("arith.xori {cl}, {k7} : i64"));
-                let c16w = c(b, 16);
-                let so = b.op(&format!("arith.muli {sw}, {c16w} : i64"));
-                let dst = b.op(&format!("arith.addi {bo}, {ro} : i64"));
-                b.op(&format!("arith.addi {dst}, {so} : i64"))
+                sw128_offset(b, &kk, &ch, KEYS)
             } else {
                 let cks = c(b, ks);
                 let dst = b.op(&format!("arith.muli {kk}, {cks} : i64"));
@@ -3413,38 +3422,28 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         issue(b, &z, &z);
         b.line(commit);
     }
-    // (pipelined wgmma: S = Q Kᵀ of the K tile at `kbase`, issued and committed, not waited:
-    // A = Q's tile, B = K's, both K-major descriptors)
+    // (wgmma: S = Q Kᵀ of the K tile at `kbase`, issued and committed, not waited: per k16
+    // step kk of the head dim an m64n{KEYS}k16, A = Q's tile at `qb` (pipelined: a K-major
+    // descriptor) or this warp's Q fragments in registers (the m16n8k16 A layout), B = K's
+    // tile, K-major — start in column block kk / 4, 32 bytes per k16 inside it)
     let ns = KEYS / 2;
     let s_tys = vec!["f32"; ns].join(", ");
-    let s_stt = format!("!llvm.struct<({s_tys})>");
-    let s_issue = |b: &mut Body, kbase: &str, qb: &str| -> Vec<String> {
-        let mask = b.ci64(0x3FFFF);
-        let fixed = b.ci64(((1u64 << 16) | (64u64 << 32) | (1u64 << 62)) as i64);
+    let s_issue = |b: &mut Body, kbase: &str, qb: Option<&str>| -> Vec<String> {
         let zero = b.cf32(0.0);
         let mut cur: Vec<String> = vec![zero; ns];
-        let c4 = b.ci64(4);
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
-        for kk in 0..nkc as i64 {
-            let o = b.ci64((kk / 4) * (KEYS * 128) as i64 + (kk % 4) * 32);
+        for kk in 0..nkc {
+            let o = b.ci64((kk / 4 * KEYS * 128 + kk % 4 * 32) as i64);
             let desc = |b: &mut Body, at: &str| {
                 let a = b.op(&format!("arith.addi {at}, {o} : i64"));
-                let a = b.op(&format!("arith.andi {a}, {mask} : i64"));
-                let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
-                b.op(&format!("arith.ori {a}, {fixed} : i64"))
+                b.smem_desc(&a, SW128_K_DESC)
             };
-            let da = desc(b, qb);
+            let a = match qb {
+                Some(qb) => vec![desc(b, qb)],
+                None => qf[4 * kk..4 * kk + 4].to_vec(),
+            };
             let db = desc(b, kbase);
-            let outs: Vec<String> = (0..ns).map(|i| format!("${i}")).collect();
-            let cons = format!("{},l,l,{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-            let r = b.op(&format!(
-                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{KEYS}k16.f32.bf16.bf16 {{{}}}, ${}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {da}, {db}, {} : (i64, i64, {s_tys}) -> {s_stt}",
-                outs.join(","),
-                ns,
-                ns + 1,
-                cur.join(", ")
-            ));
-            cur = (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {s_stt}"))).collect();
+            cur = b.wgmma(&format!("m64n{KEYS}k16"), "bf16", &cur, &a, &db, false);
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
         cur
@@ -3460,10 +3459,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
             b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
             b.line("gpu.barrier");
-            let s0 = s_issue(b, &base, qb);
-            let cons = format!("{},{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-            let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({s_tys}) -> {s_stt}", s0.join(", ")));
-            (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {s_stt}"))).collect()
+            let s0 = s_issue(b, &base, Some(qb));
+            b.wgmma_wait(0, &s0)
         }
         None => vec![],
     };
@@ -3577,7 +3574,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let csb = c(b, stage_bytes);
             let so = b.op(&format!("arith.muli {nst}, {csb} : i64"));
             let nbase = b.op(&format!("arith.addi {base}, {so} : i64"));
-            s_issue(b, &nbase, qb)
+            s_issue(b, &nbase, Some(qb))
         }
         None => vec![],
     };
@@ -3626,42 +3623,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // (this tile's S: computed in the previous iteration, or before the loop)
         sacc = s_t.chunks(4).map(|x| x.to_vec()).collect();
     } else if wg {
-        // S = Q Kᵀ on wgmma: per k16 step kk of the head dim, m64n{KEYS}k16 with A = this
-        // warp's Q fragments (the m16n8k16 A layout per warp) and B = K's tile, K-major
-        // (start in column block kk / 4, 32 bytes per k16 inside it; SBO 1024)
-        let ns = KEYS / 2;
-        let f32s = vec!["f32"; ns].join(", ");
-        let stt = format!("!llvm.struct<({f32s})>");
-        let mut cur: Vec<String> = vec![zero.clone(); ns];
-        let mask = c(b, 0x3FFFF);
-        let fixed = c(b, ((1u64 << 16) | (64u64 << 32) | (1u64 << 62)) as i64);
-        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
-        for kk in 0..nkc as i64 {
-            let o = c(b, (kk / 4) * (KEYS * 128) as i64 + (kk % 4) * 32);
-            let a = b.op(&format!("arith.addi {sbase}, {o} : i64"));
-            let a = b.op(&format!("arith.andi {a}, {mask} : i64"));
-            let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
-            let desc = b.op(&format!("arith.ori {a}, {fixed} : i64"));
-            let outs: Vec<String> = (0..ns).map(|i| format!("${i}")).collect();
-            let cons = format!("{},r,r,r,r,l,{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-            let qa = &qf[4 * kk as usize..4 * kk as usize + 4];
-            let r = b.op(&format!(
-                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{KEYS}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, 0;\", \"{cons}\" {}, {desc}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
-                outs.join(","),
-                ns,
-                ns + 1,
-                ns + 2,
-                ns + 3,
-                ns + 4,
-                qa.join(", "),
-                cur.join(", ")
-            ));
-            cur = (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
-        }
-        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
-        let cons = format!("{},{}", vec!["=f"; ns].join(","), (0..ns).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {stt}", cur.join(", ")));
-        let cur: Vec<String> = (0..ns).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+        // S = Q Kᵀ on wgmma, Q from registers (`s_issue`)
+        let cur = s_issue(b, &sbase, None);
+        let cur = b.wgmma_wait(0, &cur);
         sacc = cur.chunks(4).map(|x| x.to_vec()).collect();
     } else if wide {
         let cks = c(b, ks);
@@ -3778,45 +3742,21 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // O = O·alpha + P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers), B = V's tile
         // N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head dim
         // LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes
-        let scaled: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
-        let f32s = vec!["f32"; nacc].join(", ");
-        let stt = format!("!llvm.struct<({f32s})>");
-        let mask = c(b, 0x3FFFF);
         let (lbo, sbo) = flash_wg_vdesc();
-        let fixed = c(b, ((lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62)) as i64);
-        let mut cur = scaled;
+        let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
+        let mut cur: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         for (kc, a) in pf.iter().enumerate() {
             let o = c(b, v_at + (kc * 16 * 128) as i64);
             let ad = b.op(&format!("arith.addi {sbase}, {o} : i64"));
-            let ad = b.op(&format!("arith.andi {ad}, {mask} : i64"));
-            let ad = b.op(&format!("arith.shrui {ad}, {c4} : i64"));
-            let desc = b.op(&format!("arith.ori {ad}, {fixed} : i64"));
-            let outs: Vec<String> = (0..nacc).map(|i| format!("${i}")).collect();
-            let cons = format!("{},r,r,r,r,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-            let r = b.op(&format!(
-                "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.bf16.bf16 {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, 1, 1, 1, 1;\", \"{cons}\" {}, {desc}, {} : (i32, i32, i32, i32, i64, {f32s}) -> {stt}",
-                outs.join(","),
-                nacc,
-                nacc + 1,
-                nacc + 2,
-                nacc + 3,
-                nacc + 4,
-                a.join(", "),
-                cur.join(", ")
-            ));
-            cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {stt}"))).collect();
+            let desc = b.smem_desc(&ad, fixed);
+            cur = b.wgmma(&format!("m64n{d}k16"), "bf16", &cur, a, &desc, true);
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
         // (pipelined: the next tile's S, in flight since before the softmax, completes here
         // too: its values pass through the same wait)
         let all: Vec<String> = cur.iter().chain(&s_next).cloned().collect();
-        let n_all = all.len();
-        let all_tys = vec!["f32"; n_all].join(", ");
-        let all_stt = format!("!llvm.struct<({all_tys})>");
-        let cons = format!("{},{}", vec!["=f"; n_all].join(","), (0..n_all).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-        let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({all_tys}) -> {all_stt}", all.join(", ")));
-        let waited: Vec<String> = (0..n_all).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {all_stt}"))).collect();
+        let waited = b.wgmma_wait(0, &all);
         out_acc = waited[..nacc].to_vec();
         s_done = waited[nacc..].to_vec();
     } else if wide {
@@ -5027,11 +4967,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::Ws { inner } => {
             // (also around the SwiGLU epilogue)
-            let core = match inner.as_ref() {
-                KernelSpec::SwiGluPipe { inner } => inner.as_ref(),
-                other => other.matmul_core().0,
-            };
-            match core {
+            match inner.pipe_core() {
                 KernelSpec::MatMulPipe { stages, a16: true, .. } if *stages * 16 <= TMA_MBAR_BYTES && !b.tma => {}
                 other => return Err(format!("warp specialization takes the pipelined wgmma matmul with x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
             }

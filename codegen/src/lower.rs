@@ -789,8 +789,7 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool, ws64: bool) -> Vec<Step>
         if ws64 {
             let mut split = Vec::with_capacity(s.hopper.len());
             for h in s.hopper.drain(..) {
-                let m64 = matches!(h.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 64, .. })
-                    || matches!(&h.kernel, KernelSpec::SwiGluPipe { inner } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { bm: 64, .. }));
+                let m64 = matches!(h.kernel.pipe_core(), KernelSpec::MatMulPipe { bm: 64, .. });
                 if m64 && h.min_rows < WS64_MIN_ROWS && h.max_rows.is_none_or(|m| m >= WS64_MIN_ROWS) {
                     split.push(Large { max_rows: Some(WS64_MIN_ROWS - 1), ..h.clone() });
                     split.push(Large { min_rows: WS64_MIN_ROWS, ..h });
@@ -802,34 +801,26 @@ fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool, ws64: bool) -> Vec<Step>
         }
         for h in &mut s.hopper {
             let (core, parts) = h.kernel.matmul_core();
-            // (warp-specialized: the 128-row tiles, x in 16 bits, unsplit; x's tensor map too.
-            // The SwiGLU epilogue's tile takes bn/2 gate rows and bn/2 up rows: two boxes)
-            let swiglu = match &h.kernel {
-                KernelSpec::SwiGluPipe { inner } => Some(inner.as_ref()),
-                _ => None,
-            };
-            let core = swiglu.unwrap_or(core);
-            // (the 64-row batched-decode tiles, split-K ones included, with `ws64`)
-            if let KernelSpec::MatMulPipe { bn, bm, a16: true, stages, .. } = *core {
+            // (warp-specialized: the 128-row tiles, x in 16 bits, unsplit, and with `ws64` the
+            // 64-row batched-decode tiles, split-K ones included; x's tensor map too. The
+            // SwiGLU epilogue's tile takes wn/2 gate rows and wn/2 up rows per warpgroup)
+            let swiglu = matches!(h.kernel, KernelSpec::SwiGluPipe { .. });
+            if let KernelSpec::MatMulPipe { bn, bm, a16: true, stages, .. } = *h.kernel.pipe_core() {
                 let on = if bm == crate::kernels::PIPE_BM { ws && !matches!(h.kernel, KernelSpec::SplitK { .. }) } else { ws64 && h.min_rows >= WS64_MIN_ROWS };
                 if on && stages * 16 <= crate::kernels::TMA_MBAR_BYTES {
-                    {
-                        let wn = if bm == 64 { bn / 2 } else { bn };
-                        let (weights, box_rows) = if swiglu.is_some() { (2, wn / 2) } else { (parts.map_or(1, |p| p.len()), bn) };
-                        let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
-                        args[0] = format!("{}@xmap{bm}", args[0]);
-                        for w in &mut args[1..1 + weights] {
-                            *w = format!("{w}@tmap{box_rows}");
-                        }
-                        h.args = Some(args);
-                        h.kernel = KernelSpec::Ws { inner: Box::new(h.kernel.clone()) };
-                        continue;
+                    let wn = if bm == 64 { bn / 2 } else { bn };
+                    let (weights, box_rows) = if swiglu { (2, wn / 2) } else { (parts.map_or(1, |p| p.len()), bn) };
+                    let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
+                    args[0] = format!("{}@xmap{bm}", args[0]);
+                    for w in &mut args[1..1 + weights] {
+                        *w = format!("{w}@tmap{box_rows}");
                     }
+                    h.args = Some(args);
+                    h.kernel = KernelSpec::Ws { inner: Box::new(h.kernel.clone()) };
+                    continue;
                 }
             }
-            if which == Tma::Off {
-                continue;
-            }
+            // (`takes_tma` is false under Tma::Off)
             if !takes_tma(&h.kernel, which) {
                 continue;
             }

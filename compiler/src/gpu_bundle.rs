@@ -113,11 +113,8 @@ fn grid(launch: &Launch, n: usize) -> (u32, u32) {
 /// stages than the mbarrier space holds).
 fn ws_variant(case: &Case, spec: &KernelSpec, m: usize, k: usize, f16: bool, weights: &[usize]) -> Option<(Case, KernelSpec)> {
     // (the SwiGLU epilogue's tile: bn/2 rows from each of the two weights)
-    let (core, swiglu) = match spec {
-        KernelSpec::SwiGluPipe { inner } => (inner.as_ref(), true),
-        other => (other.matmul_core().0, false),
-    };
-    let KernelSpec::MatMulPipe { bn, stages, a16: true, bm, .. } = *core else { return None };
+    let swiglu = matches!(spec, KernelSpec::SwiGluPipe { .. });
+    let KernelSpec::MatMulPipe { bn, stages, a16: true, bm, .. } = *spec.pipe_core() else { return None };
     if stages * 16 > dsc_codegen::kernels::TMA_MBAR_BYTES {
         return None;
     }
