@@ -488,7 +488,11 @@ impl KernelSpec {
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
             KernelSpec::Ws { inner } => format!("{}_ws", inner.symbol()),
-            KernelSpec::FlashWgmma { inner } => format!("{}_wg", inner.symbol()),
+            KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
+                // (K/V tiles by TMA: `_wgt`)
+                KernelSpec::FlashAttention { bs, .. } if flash_wg_tma_rows(*bs).is_some() => format!("{}_wgt", inner.symbol()),
+                _ => format!("{}_wg", inner.symbol()),
+            },
             KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -593,9 +597,11 @@ impl KernelSpec {
             },
             // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
             KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
-                KernelSpec::FlashAttention { h, kvh, d, .. } => {
+                KernelSpec::FlashAttention { h, kvh, d, bs, .. } => {
                     let hpb = flash_wg_heads(*h, *kvh);
-                    Launch::Tile { outputs: hpb as u32, rows: 64, threads: 128 * hpb as u32, smem: flash_wg_smem(*d) as u32 }
+                    // (TMA tiles: + the two stages' mbarriers and use counts)
+                    let tma = if flash_wg_tma_rows(*bs).is_some() { FLASH_WG_TMA_BYTES } else { 0 };
+                    Launch::Tile { outputs: hpb as u32, rows: 64, threads: 128 * hpb as u32, smem: (flash_wg_smem(*d) + tma) as u32 }
                 }
                 other => other.launch(),
             },
@@ -1592,6 +1598,20 @@ impl Body {
         let acc0 = body(self, &idx, &vec![zero; per], Some(&pre));
         self.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, base, stride, limit, &plain)
     }
+    /// Spin until the shared-memory mbarrier at `mb` (i32 address) completes the phase of
+    /// parity `par` (i32)
+    fn mbar_spin(&mut self, mb: &str, par: &str) {
+        self.line("scf.while : () -> () {");
+        let r = self.op(&format!(
+            "llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"
+        ));
+        let z = self.op("arith.constant 0 : i32");
+        let pending = self.op(&format!("arith.cmpi eq, {r}, {z} : i32"));
+        self.line(&format!("scf.condition({pending})"));
+        self.line("} do {");
+        self.line("scf.yield");
+        self.line("}");
+    }
     /// The paged KV pools' element offset of key `j` of a sequence whose block-table row
     /// starts at `trow`, for KV head `kh` (i64 values; `cbs`, `ckvh`, `cd`: the block size,
     /// KV heads and head dim as i64 constants): ((table[trow + j / bs] · bs + j % bs) · kvh +
@@ -2529,19 +2549,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         b.line("}");
         b.line("gpu.barrier");
     }
-    // (spin until mbarrier `mb` (i32) completes the phase of parity `par` (i32))
-    let spin = |b: &mut Body, mb: &str, par: &str| {
-        b.line("scf.while : () -> () {");
-        let r = b.op(&format!(
-            "llvm.inline_asm has_side_effects \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \"=r,r,r\" {mb}, {par} : (i32, i32) -> i32"
-        ));
-        let z = b.op("arith.constant 0 : i32");
-        let pending = b.op(&format!("arith.cmpi eq, {r}, {z} : i32"));
-        b.line(&format!("scf.condition({pending})"));
-        b.line("} do {");
-        b.line("scf.yield");
-        b.line("}");
-    };
+    let spin = |b: &mut Body, mb: &str, par: &str| b.mbar_spin(mb, par);
     if wspec {
         // warp-specialized: warpgroup 2 hands its registers to the consumers and its first
         // thread runs the loads: for K step kt in stage kt % S, wait until the consumers
@@ -2964,6 +2972,25 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
+/// Rows per TMA box of the wgmma prefill attention's K/V tiles for KV cache blocks of `bs`
+/// positions (`KernelSpec::FlashWgmma`: thread 0 loads each tile as boxes of (64 head-dim
+/// columns x rows keys) from the pools' 4-D tensor maps, `{pool}@kvmap{rows}`, on one
+/// mbarrier per stage, in place of every thread's `cp.async` copies and their address math —
+/// ~45% of the loop's instructions; ncu: the integer pipe was the busiest). A box never
+/// crosses a cache block and starts on a 128-byte swizzle atom row group: `bs` a multiple of 8.
+/// None: `cp.async` (other block sizes, the pipelined variant, DSC_FLASH_WG_TMA=0 at compile
+/// time). On: 8B layer at 4,096 tokens 351 -> 424 TFLOP/s, 16,384 393 -> 455
+/// (bench/results/flash-tma-2026-11-30.json).
+pub fn flash_wg_tma_rows(bs: usize) -> Option<usize> {
+    let on = !std::env::var("DSC_FLASH_WG_TMA").is_ok_and(|v| v == "0");
+    let rows = bs.min(FLASH_KEYS);
+    (on && !flash_wg_pipe() && bs % 8 == 0 && bs > 0 && FLASH_KEYS % rows == 0 && bs % rows == 0).then_some(rows)
+}
+
+/// Shared memory past the wgmma attention's K/V stages when they load by TMA: two mbarriers
+/// (8 bytes each) and the two stages' use counts (4 bytes each), padded.
+pub const FLASH_WG_TMA_BYTES: usize = 64;
+
 /// Whether the wgmma prefill attention's kernel takes head dim `d`: [`FLASH_WG_D`], or (a
 /// probe for the D = 64 failure, DSC_FLASH_WG_ANY_D=1 at bundle time) any multiple of 64.
 pub fn flash_wg_d_ok(d: usize) -> bool {
@@ -3145,6 +3172,41 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let c2 = c(b, 2);
     let c0 = c(b, 0);
     let (warp, lane, g, tq) = b.mma_coords(&t_mma);
+    // (K/V tiles by TMA: thread 0 arms stage st's mbarrier, at 2·stage_bytes + 8·st, and
+    // issues the tile's boxes on it; the stages' use counts past the mbarriers give each run's
+    // wait parities — a tile mixing sequences walks the K/V loop once per sequence)
+    let tma_rows = if wg { flash_wg_tma_rows(bs) } else { None };
+    let tfirst = tma_rows.map(|_| {
+        let c0 = c(b, 0);
+        b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"))
+    });
+    let bar_at = 2 * stage_bytes;
+    let mbar = |b: &mut Body, st: &str| -> String {
+        let c8 = b.ci64(8);
+        let o = b.op(&format!("arith.muli {st}, {c8} : i64"));
+        let cb = b.ci64(bar_at);
+        let o = b.op(&format!("arith.addi {o}, {cb} : i64"));
+        let a = b.op(&format!("arith.addi {base}, {o} : i64"));
+        b.op(&format!("arith.trunci {a} : i64 to i32"))
+    };
+    let uses_ptr = |b: &mut Body, st: usize| -> String {
+        let o = b.ci64(bar_at + 16 + 4 * st as i64);
+        let a = b.op(&format!("arith.addi {base}, {o} : i64"));
+        b.op(&format!("llvm.inttoptr {a} : i64 to !llvm.ptr<3>"))
+    };
+    if let Some(first) = &tfirst {
+        b.line(&format!("scf.if {first} {{"));
+        for st in 0..2 {
+            let cst = c(b, st);
+            let mb = mbar(b, &cst);
+            b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 1;\", \"r\" {mb} : (i32) -> ()"));
+            let p = uses_ptr(b, st as usize);
+            let z = b.op("arith.constant 0 : i32");
+            b.line(&format!("llvm.store {z}, {p} : i32, !llvm.ptr<3>"));
+        }
+        b.line("llvm.inline_asm has_side_effects \"fence.mbarrier_init.release.cluster;\", \"\" : () -> ()");
+        b.line("}");
+    }
     let crows = c(b, (16 * mt * warps) as i64);
     let t0 = b.op(&format!("arith.muli {tile}, {crows} : i64"));
     let crep = c(b, (h / kvh) as i64);
@@ -3416,7 +3478,94 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
     };
     let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
-    if !wide {
+    // TMA: tile `tile`'s K and V into stage `st` as boxes of `rows` keys x 64 head-dim columns
+    // (one cache block's rows: coordinates (column, KV head, row in the block, block)), box w
+    // by lane 0 of warp w — each issuing warp's share off the critical path is small — on the
+    // stage's mbarrier, armed by thread 0 with the whole stage's bytes (a box landing before
+    // the arming only runs the transaction count below zero; the phase needs the arrival).
+    // `tma_box` first: the warp's box's (row in its block, block), read from the block table
+    // ahead of the issue with a load the compiler cannot sink into it. Boxes past the run's
+    // last key load its box again (masked like the clamped copies; the rows past it inside
+    // that box are other slots' finite values)
+    let nbox = tma_rows.map_or(1, |r| KEYS / r) as i64;
+    let twarp = {
+        let c32 = c(b, 32);
+        b.op(&format!("arith.divui {t}, {c32} : i64"))
+    };
+    let tma_box = |b: &mut Body, tile: &str| -> (String, String) {
+        let rows = tma_rows.unwrap_or(KEYS) as i64;
+        let ckeys = c(b, KEYS as i64);
+        let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i64"));
+        let crows = c(b, rows);
+        let mrem = b.op(&format!("arith.remsi {maxp}, {crows} : i64"));
+        let lastb = b.op(&format!("arith.subi {maxp}, {mrem} : i64"));
+        let cl = c(b, nbox - 1);
+        let wb = b.op(&format!("arith.minui {twarp}, {cl} : i64"));
+        let co = b.op(&format!("arith.muli {wb}, {crows} : i64"));
+        let j = b.op(&format!("arith.addi {j0}, {co} : i64"));
+        let j = b.op(&format!("arith.minsi {j}, {lastb} : i64"));
+        let bj = b.op(&format!("arith.divui {j}, {cbs} : i64"));
+        let within = b.op(&format!("arith.remui {j}, {cbs} : i64"));
+        let within = b.op(&format!("arith.trunci {within} : i64 to i32"));
+        let ti = b.op(&format!("arith.addi {srow}, {bj} : i64"));
+        let c4t = c(b, 4);
+        let to = b.op(&format!("arith.muli {ti}, {c4t} : i64"));
+        let tb = b.op("llvm.ptrtoint %table : !llvm.ptr<1> to i64");
+        let ta = b.op(&format!("arith.addi {tb}, {to} : i64"));
+        let blk = b.op(&format!("llvm.inline_asm has_side_effects \"ld.global.nc.b32 $0, [$1];\", \"=r,l\" {ta} : (i64) -> i32"));
+        (within, blk)
+    };
+    let tma_issue = |b: &mut Body, bx: &(String, String), st: &str| {
+        let (Some(rows), Some(first)) = (tma_rows, &tfirst) else { return };
+        let mb = mbar(b, st);
+        b.line(&format!("scf.if {first} {{"));
+        let bytes = b.op(&format!("arith.constant {stage_bytes} : i32"));
+        b.line(&format!("llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }}\", \"r,r\" {mb}, {bytes} : (i32, i32) -> ()"));
+        b.line("}");
+        let c31 = c(b, 31);
+        let ln = b.op(&format!("arith.andi {t}, {c31} : i64"));
+        let c0t = c(b, 0);
+        let l0 = b.op(&format!("arith.cmpi eq, {ln}, {c0t} : i64"));
+        let cnb = c(b, nbox);
+        let mine = b.op(&format!("arith.cmpi ult, {twarp}, {cnb} : i64"));
+        let go = b.op(&format!("arith.andi {l0}, {mine} : i1"));
+        b.line(&format!("scf.if {go} {{"));
+        let csb = c(b, stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        let cbr = c(b, rows as i64 * 128);
+        let wo = b.op(&format!("arith.muli {twarp}, {cbr} : i64"));
+        let sb = b.op(&format!("arith.addi {sb}, {wo} : i64"));
+        let kmap = b.op("llvm.ptrtoint %kc : !llvm.ptr<1> to i64");
+        let vmap = b.op("llvm.ptrtoint %vc : !llvm.ptr<1> to i64");
+        let kh32 = b.op(&format!("arith.trunci {kh} : i64 to i32"));
+        let (within, blk) = bx;
+        for cb in 0..(d / 64) as i64 {
+            let col = b.op(&format!("arith.constant {} : i32", 64 * cb));
+            for (map, at) in [(&kmap, 0i64), (&vmap, v_at)] {
+                let o = c(b, at + cb * (KEYS * 128) as i64);
+                let dst = b.op(&format!("arith.addi {sb}, {o} : i64"));
+                let dst = b.op(&format!("arith.trunci {dst} : i64 to i32"));
+                b.line(&format!(
+                    "llvm.inline_asm has_side_effects \"cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{$2, $3, $4, $5}}], [$6];\", \"r,l,r,r,r,r,r\" {dst}, {map}, {col}, {kh32}, {within}, {blk}, {mb} : (i32, i64, i32, i32, i32, i32, i32) -> ()"
+                ));
+            }
+        }
+        b.line("}");
+    };
+    // (TMA: each stage's use count at the run's start — thread 0 adds the run's tiles after it)
+    let uses: Option<[String; 2]> = tfirst.as_ref().map(|_| {
+        b.line("gpu.barrier");
+        let u0 = uses_ptr(b, 0);
+        let u0 = b.op(&format!("llvm.load {u0} : !llvm.ptr<3> -> i32"));
+        let u1 = uses_ptr(b, 1);
+        let u1 = b.op(&format!("llvm.load {u1} : !llvm.ptr<3> -> i32"));
+        let z = c(b, 0);
+        let bx = tma_box(b, &z);
+        tma_issue(b, &bx, &z);
+        [u0, u1]
+    });
+    if !wide && uses.is_none() {
         // (the run's first tile, into stage 0)
         let z = c(b, 0);
         issue(b, &z, &z);
@@ -3478,6 +3627,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let j0 = b.op(&format!("arith.muli {tl64}, {ckeys} : i64"));
     // this tile's K and V in shared memory: bf16 (stage tl % 2 filled by the copies issued one
     // tile ago; the next tile's issued now), or gathered here from f32 pools
+    let mut next_box: Option<(String, String)> = None;
     let sbase = if wide {
         // gather K (row-major) and V (transposed) of keys j0..j0+63 as bf16
         let dq = (d / 4) as i64;
@@ -3540,6 +3690,28 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
         b.line("gpu.barrier");
         base.clone()
+    } else if let Some([u0, u1]) = &uses {
+        // (the next tile's box entry read now, used after this tile's S is issued)
+        let c1t = c(b, 1);
+        let nt = b.op(&format!("arith.addi {tl64}, {c1t} : i64"));
+        next_box = Some(tma_box(b, &nt));
+        // (TMA: tile tl landed in stage tl % 2 — that stage's use count at the run's start +
+        // tl / 2 completed phases before it; no block barrier: every thread waits itself)
+        let c2t = c(b, 2);
+        let cst = b.op(&format!("arith.remui {tl64}, {c2t} : i64"));
+        let half = b.op(&format!("arith.divui {tl64}, {c2t} : i64"));
+        let half = b.op(&format!("arith.trunci {half} : i64 to i32"));
+        let c0t = c(b, 0);
+        let is0 = b.op(&format!("arith.cmpi eq, {cst}, {c0t} : i64"));
+        let u = b.op(&format!("arith.select {is0}, {u0}, {u1} : i32"));
+        let ph = b.op(&format!("arith.addi {u}, {half} : i32"));
+        let one32 = b.op("arith.constant 1 : i32");
+        let par = b.op(&format!("arith.andi {ph}, {one32} : i32"));
+        let mb = mbar(b, &cst);
+        b.mbar_spin(&mb, &par);
+        let csb = c(b, stage_bytes);
+        let so = b.op(&format!("arith.muli {cst}, {csb} : i64"));
+        b.op(&format!("arith.addi {base}, {so} : i64"))
     } else {
         // (pipelined: tile tl + 2 into stage (tl + 2) % 3; else tile tl + 1 into (tl + 1) % 2)
         let ahead_t = c(b, if pipe { 2 } else { 1 });
@@ -3625,6 +3797,18 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     } else if wg {
         // S = Q Kᵀ on wgmma, Q from registers (`s_issue`)
         let cur = s_issue(b, &sbase, None);
+        if uses.is_some() {
+            // (TMA: the next tile's boxes go out under this S — its stage was last read by
+            // the previous tile, done before that iteration's closing barrier)
+            let c1t = c(b, 1);
+            let nt = b.op(&format!("arith.addi {tl64}, {c1t} : i64"));
+            let more = b.op(&format!("arith.cmpi slt, {nt}, {ntiles64} : i64"));
+            b.line(&format!("scf.if {more} {{"));
+            let c2t = c(b, 2);
+            let nst = b.op(&format!("arith.remui {nt}, {c2t} : i64"));
+            tma_issue(b, next_box.as_ref().expect("TMA"), &nst);
+            b.line("}");
+        }
         let cur = b.wgmma_wait(0, &cur);
         sacc = cur.chunks(4).map(|x| x.to_vec()).collect();
     } else if wide {
@@ -3817,6 +4001,21 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     out_acc.extend(s_done);
     b.line(&format!("scf.yield {} : {loop_tys}", out_acc.join(", ")));
     b.line("}");
+    if let (Some([u0, u1]), Some(first)) = (&uses, &tfirst) {
+        // (TMA: the run used stage 0 for its even tiles, stage 1 for its odd ones)
+        b.line(&format!("scf.if {first} {{"));
+        let n32 = b.op(&format!("arith.trunci {ntiles64} : i64 to i32"));
+        let one32 = b.op("arith.constant 1 : i32");
+        let n1 = b.op(&format!("arith.addi {n32}, {one32} : i32"));
+        let e0 = b.op(&format!("arith.shrui {n1}, {one32} : i32"));
+        let e1 = b.op(&format!("arith.shrui {n32}, {one32} : i32"));
+        for (st, (u, e)) in [(u0, e0), (u1, e1)].into_iter().enumerate() {
+            let v = b.op(&format!("arith.addi {u}, {e} : i32"));
+            let p = uses_ptr(b, st);
+            b.line(&format!("llvm.store {v}, {p} : i32, !llvm.ptr<3>"));
+        }
+        b.line("}");
+    }
     let res: Vec<String> = (0..ncar).map(|i| format!("{kvl}#{i}")).collect();
     b.line(&format!("scf.yield {end}, {} : i64, {carried_tys}", res.join(", ")));
     b.line("}");

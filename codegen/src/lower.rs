@@ -644,10 +644,20 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     grid_y: Scalar::Const((h / g) as i64),
                 });
                 // (sm_90a, bf16 pools: the same tiles with both products on wgmma)
-                let wg = flash
-                    .as_ref()
-                    .filter(|f| opts.flash_wgmma && matches!(f.kernel, KernelSpec::FlashAttention { kv: DType::BF16, warps: 4, mtiles: 1, d: crate::kernels::FLASH_WG_D, .. }))
-                    .map(|f| Large { kernel: KernelSpec::FlashWgmma { inner: Box::new(f.kernel.clone()) }, ..f.clone() });
+                let wg = flash.as_ref().filter(|f| opts.flash_wgmma && matches!(f.kernel, KernelSpec::FlashAttention { kv: DType::BF16, warps: 4, mtiles: 1, d: crate::kernels::FLASH_WG_D, .. })).map(
+                    |f| {
+                        // (K/V tiles by TMA: the pools' args become their tensor maps,
+                        // `{pool}@kvmap{rows}`, encoded by the runtime once per pool)
+                        let args = crate::kernels::flash_wg_tma_rows(bs).map(|rows| {
+                            let mut a = f.args.clone().unwrap_or_else(|| st.args.clone());
+                            for p in &mut a[1..3] {
+                                *p = format!("{p}@kvmap{rows}");
+                            }
+                            a
+                        });
+                        Large { kernel: KernelSpec::FlashWgmma { inner: Box::new(f.kernel.clone()) }, args: args.or_else(|| f.args.clone()), ..f.clone() }
+                    },
+                );
                 Step { large: flash, few: grouped.into_iter().collect(), hopper: wg.into_iter().collect(), ..st }
             }
             Op::Softmax | Op::Argmax => {
@@ -2283,6 +2293,12 @@ mod tests {
         let [wg] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
         assert!(matches!(&wg.kernel, KernelSpec::FlashWgmma { inner } if **inner == large.kernel), "{:?}", wg.kernel);
         assert_eq!((wg.min_rows, wg.max_rows, &wg.scalars, &wg.grid_y), (large.min_rows, large.max_rows, &large.scalars, &large.grid_y));
+        // (its K/V tiles by TMA: the pools passed as their tensor maps, boxes of a 16-position
+        // cache block; the other args as the step's)
+        let args = wg.args.as_ref().expect("the TMA kernel's args");
+        assert_eq!(args[1..3], ["kc@kvmap16", "vc@kvmap16"]);
+        assert_eq!((&args[..1], &args[3..]), (&s.args[..1], &s.args[3..]));
+        assert!(wg.kernel.symbol().ends_with("_wgt"), "{}", wg.kernel.symbol());
         // not for D 64 (failed the kernel check), nor when off
         assert!(attn(64, LowerOptions::default()).hopper.is_empty());
         assert!(attn(128, LowerOptions { flash_wgmma: false, ..LowerOptions::default() }).hopper.is_empty());

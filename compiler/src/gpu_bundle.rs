@@ -122,8 +122,8 @@ fn ws_variant(case: &Case, spec: &KernelSpec, m: usize, k: usize, f16: bool, wei
     let wn = if bm == 64 { bn / 2 } else { bn };
     let rows = if swiglu { wn / 2 } else { bn } as u32;
     let ws = KernelSpec::Ws { inner: Box::new(spec.clone()) };
-    let mut tmaps = vec![TmapInput { input: 0, n: m, k, rows: bm as u32, f16 }];
-    tmaps.extend(weights.iter().enumerate().map(|(i, &n)| TmapInput { input: 1 + i, n, k, rows, f16 }));
+    let mut tmaps = vec![TmapInput { input: 0, n: m, k, rows: bm as u32, f16, pool: None }];
+    tmaps.extend(weights.iter().enumerate().map(|(i, &n)| TmapInput { input: 1 + i, n, k, rows, f16, pool: None }));
     let (_, threads) = grid(&ws.launch(), 1);
     Some((Case { name: format!("{} ws", case.name), kernel: ws.symbol(), tmaps, block: threads, ..case.clone() }, ws))
 }
@@ -626,7 +626,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 tol: 1e-2,
             };
             // ... and with W by TMA (DSC_TMA): W's tensor map in its place
-            let tma = with_tma.then(|| tma_variant(&case, &spec, vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16 }]));
+            let tma = with_tma.then(|| tma_variant(&case, &spec, vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16, pool: None }]));
             // ... and warp-specialized (DSC_GEMM_WS): x's map too
             if let Some((c, s)) = ws_variant(&case, &spec, m, k, wdtype == DType::F16, &[n]) {
                 cases.push(c);
@@ -915,7 +915,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             tol: 1e-2,
         };
         // ... and with W by TMA: each part's tensor map; and warp-specialized
-        let tma = with_tma.then(|| tma_variant(&case, &spec, parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false }).collect()));
+        let tma = with_tma.then(|| tma_variant(&case, &spec, parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false, pool: None }).collect()));
         if let Some((c, s)) = ws_variant(&case, &spec, m, k, false, &parts) {
             cases.push(c);
             specs.push(s);
@@ -1272,6 +1272,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         // (the wgmma kernel's head dims and block sizes crossed)
         (9, 3, 128, 4, 24, vec![(0, 70), (5, 6)], bf16_),
         (8, 2, 64, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
+        // (the wgmma kernel's TMA boxes: 32-position cache blocks, two boxes per 64-key tile,
+        // and 128-position ones, a box starting half-way into a block)
+        (8, 2, 128, 32, 12, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
+        (8, 2, 128, 128, 4, vec![(0, 150), (40, 70)], bf16_),
     ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
@@ -1342,7 +1346,11 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 expected: expected.clone(),
                 init: None,
                 written_inputs: vec![],
-                tmaps: vec![],
+                // (the wgmma kernel with TMA tiles: the pools' tensor maps)
+                tmaps: match dsc_codegen::kernels::flash_wg_tma_rows(bs).filter(|_| matches!(spec, KernelSpec::FlashWgmma { .. })) {
+                    Some(rows) => (1..3).map(|input| TmapInput { input, n: 0, k: 0, rows: rows as u32, f16: false, pool: Some([nb, bs, kvh, d]) }).collect(),
+                    None => vec![],
+                },
                 tol: 1e-2,
             });
             specs.push(spec);

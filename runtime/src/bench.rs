@@ -516,6 +516,15 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         let table = i32s((0..mb as i32).collect())?;
         let y = dev.stream.alloc_zeros::<f32>(t * h * d).map_err(derr("allocating out"))?;
         let big = flash.as_ref().filter(|(l, _)| (t * h) as i64 >= l.min_rows);
+        // (the wgmma kernel with TMA tiles takes the pools' tensor maps: `{pool}@kvmap{rows}`)
+        let kv_maps = match big.and_then(|(l, _)| l.args.as_ref()).and_then(|a| a.get(1)).and_then(|a| crate::gpu::kvmap_base(a)) {
+            Some((_, rows)) => {
+                let map = |p: &cudarc::driver::CudaSlice<u8>| crate::gpu::pool_tensor_map(&dev.stream, p, [mb, bs, kvh, d], rows).map_err(|e| anyhow::anyhow!("{kernel}: {e}"));
+                Some((map(&kc)?, map(&vc)?))
+            }
+            None => None,
+        };
+        let (kc_arg, vc_arg) = kv_maps.as_ref().map_or((&kc, &vc), |(k, v)| (k, v));
         // (a block launch's grid from its step: a block per row (T·H) in older plans, per
         // (token, KV head) since session 9)
         let grid = |s: &crate::plan::Scalar| -> anyhow::Result<u32> {
@@ -557,7 +566,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
             if pf {
                 lb.arg(&q);
             }
-            lb.arg(&q).arg(&kc).arg(&vc).arg(&pos).arg(&seq).arg(&table);
+            lb.arg(&q).arg(kc_arg).arg(vc_arg).arg(&pos).arg(&seq).arg(&table);
             if split_pass.is_some() {
                 lb.arg(&part);
             } else {

@@ -235,6 +235,29 @@ impl<'p> GpuBackend<'p> {
                 resident.insert(name.to_string(), map);
             }
         }
+        // the wgmma prefill attention's K/V pool tensor maps (`{pool}@kvmap{rows}`, sm_90a)
+        if hopper {
+            let names: std::collections::BTreeSet<&str> =
+                prog.steps.iter().flat_map(|s| s.hopper.iter()).filter_map(|l| l.args.as_ref()).flatten().map(String::as_str).filter(|a| kvmap_base(a).is_some()).collect();
+            for name in names {
+                let (arg, rows) = kvmap_base(name).expect("filtered");
+                // (the attention reads the cache writes' outputs: aliases of the pool state)
+                let mut pool = arg;
+                while let Some(of) = prog.steps.iter().find(|s| s.node == pool && s.alias_offset.is_none()).and_then(|s| s.alias_of.as_deref()) {
+                    pool = of;
+                }
+                let name = format!("{pool}@kvmap{rows}");
+                let node = graph.by_name(pool).map(|id| graph.node(id)).ok_or_else(|| gerr(format!("tensor map {name}: no KV pool `{pool}` in the graph")))?;
+                let dims = node.ty.eval_shape(&fixed).ok_or_else(|| gerr(format!("tensor map {name}: pool `{pool}` has unbound dims")))?;
+                let [nb, bs, kvh, d] = dims[..] else { return Err(gerr(format!("tensor map {name}: pool `{pool}` is not [blocks, block size, KV heads, head dim]"))) };
+                if node.ty.dtype != dsc_ir::DType::BF16 {
+                    return Err(gerr(format!("tensor map {name}: pool `{pool}` is {}, not bf16", node.ty.dtype)));
+                }
+                let buf = resident.get(pool).ok_or_else(|| gerr(format!("tensor map {name}: pool `{pool}` is not resident")))?;
+                let map = pool_tensor_map(&stream, buf, [nb, bs, kvh, d], rows)?;
+                resident.insert(name, map);
+            }
+        }
         // host-side reductions cannot be captured
         let profile = std::env::var_os("DSC_PROFILE").map(|_| std::cell::RefCell::new(BTreeMap::new()));
         let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_)) && profile.is_none();
@@ -453,7 +476,14 @@ impl GpuBackend<'_> {
                 continue;
             }
             let (grid, gy, block) = launch_dims(launch, work, gy, block, rpb, threads).ok_or_else(|| gerr(format!("step {}: unknown launch kind {launch}", s.node)))?;
-            let args = args.iter().map(|a| alias.get(a).cloned().unwrap_or_else(|| a.clone())).collect::<Vec<_>>();
+            let args = args
+                .iter()
+                .map(|a| match kvmap_base(a) {
+                    // (a KV pool's tensor map: keyed by the pool state the alias resolves to)
+                    Some((p, rows)) => format!("{}@kvmap{rows}", alias.get(p).map_or(p, String::as_str)),
+                    None => alias.get(a).cloned().unwrap_or_else(|| a.clone()),
+                })
+                .collect::<Vec<_>>();
             // (`{x}@xmap{rows}`: the tensor map of x's place in this bucket's arena, encoded
             // once per bucket; rows past x's are zeros, the map covering exactly its buffer)
             for a in &args {
@@ -970,6 +1000,55 @@ pub fn splitk_base(name: &str) -> Option<(&str, usize)> {
     Some((base, s.parse().ok()?))
 }
 
+/// The KV pool and box rows of the wgmma prefill attention's tensor-map argument
+/// (`{pool}@kvmap{rows}`).
+pub fn kvmap_base(name: &str) -> Option<(&str, u32)> {
+    let (base, r) = name.rsplit_once("@kvmap")?;
+    Some((base, r.parse().ok()?))
+}
+
+/// A device buffer holding the `CUtensorMap` of a bf16 KV pool `[blocks, bs, kvh, d]` as the
+/// wgmma prefill attention loads it (`dsc_codegen::kernels::flash_wg_tma_rows`): boxes of 64
+/// head-dim columns (128 bytes) x one KV head x `rows` positions of one cache block, in the
+/// 128-byte swizzle.
+pub fn pool_tensor_map(stream: &Arc<CudaStream>, pool: &CudaSlice<u8>, dims: [usize; 4], rows: u32) -> Result<CudaSlice<u8>> {
+    use cudarc::driver::sys;
+    use cudarc::driver::DevicePtr;
+    let [nb, bs, kvh, d] = dims;
+    if d % 64 != 0 || rows == 0 || rows as usize > bs || bs % rows as usize != 0 || nb * bs * kvh * d * 2 > pool.len() || nb == 0 || kvh == 0 {
+        return Err(gerr(format!("tensor map of a [{nb}, {bs}, {kvh}, {d}] bf16 pool in {} bytes with {rows}-row boxes: D must be a multiple of 64, rows divide the block size", pool.len())));
+    }
+    let (ptr, guard) = pool.device_ptr(stream);
+    // SAFETY: a zeroed CUtensorMap is a valid value to be overwritten by the encoder
+    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    let gdims: [u64; 4] = [d as u64, kvh as u64, bs as u64, nb as u64];
+    let strides: [u64; 3] = [(d * 2) as u64, (kvh * d * 2) as u64, (bs * kvh * d * 2) as u64];
+    let boxd: [u32; 4] = [64, 1, rows, 1];
+    let estr: [u32; 4] = [1, 1, 1, 1];
+    // SAFETY: the pointers are to live local arrays of the rank's lengths; `ptr` is device
+    // memory of at least nb·bs·kvh·d bf16 elements (checked above)
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            4,
+            ptr as *mut std::ffi::c_void,
+            gdims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            estr.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    drop(guard);
+    cu(r.result(), &format!("encoding the tensor map of a [{nb}, {bs}, {kvh}, {d}] KV pool"))?;
+    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+    cu(stream.clone_htod(&bytes), "uploading a tensor map")
+}
+
 /// The weight and tile rows of a TMA matmul's tensor-map argument (`{w}@tmap{rows}`).
 pub fn tmap_base(name: &str) -> Option<(&str, u32)> {
     let (base, r) = name.rsplit_once("@tmap")?;
@@ -1066,6 +1145,8 @@ mod tests {
         // the weights' maps (the SwiGLU tiles' half-height boxes too)
         assert_eq!(tmap_base("model.layers.0.mlp.gate_proj.weight@tmap56"), Some(("model.layers.0.mlp.gate_proj.weight", 56)));
         assert_eq!(tmap_base("w"), None);
+        assert_eq!(kvmap_base("model.layers.0.attn.k_cache.write@kvmap16"), Some(("model.layers.0.attn.k_cache.write", 16)));
+        assert_eq!(kvmap_base("kc@kvmap"), None);
         assert_eq!(splitk_base("o@splitk4"), Some(("o", 4)));
     }
 

@@ -56,6 +56,10 @@ pub struct TmapInput {
     pub k: usize,
     pub rows: u32,
     pub f16: bool,
+    /// a bf16 KV pool [blocks, block size, KV heads, head dim] instead (`gpu::pool_tensor_map`:
+    /// the wgmma prefill attention's K/V tiles by TMA); n and k unused
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<[usize; 4]>,
 }
 
 fn one() -> u32 {
@@ -135,7 +139,11 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         let mut _weights = vec![];
         for tm in &c.tmaps {
             let w = ins.get(tm.input).with_context(|| format!("{}: tensor-map input {} out of range", c.name, tm.input))?;
-            let map = crate::gpu::weight_tensor_map(&stream, w, tm.n, tm.k, tm.f16, tm.rows).map_err(|e| anyhow::anyhow!("{}: {e}", c.name))?;
+            let map = match tm.pool {
+                Some(dims) => crate::gpu::pool_tensor_map(&stream, w, dims, tm.rows),
+                None => crate::gpu::weight_tensor_map(&stream, w, tm.n, tm.k, tm.f16, tm.rows),
+            };
+            let map = map.map_err(|e| anyhow::anyhow!("{}: {e}", c.name))?;
             _weights.push(std::mem::replace(&mut ins[tm.input], map));
         }
         let want = f32s(&data, &c.expected)?;
