@@ -673,6 +673,8 @@ struct Body {
     ws: bool,
     /// the prefill attention's products on wgmma (`KernelSpec::FlashWgmma`)
     flash_wg: bool,
+    /// (the wgmma prefill attention: `.minnctapersm` for ptxas, `flash_wg_blocks_per_sm`)
+    flash_mincta: Option<u32>,
 }
 
 impl Body {
@@ -1597,6 +1599,27 @@ impl Body {
         let zero = self.cf32(0.0);
         let acc0 = body(self, &idx, &vec![zero; per], Some(&pre));
         self.split_k_rounds_from(unroll, acc0, jloop, rounds, unroll, base, stride, limit, &plain)
+    }
+    /// `xs` (f32 values, at least one) folded left to right by the binary op `op`
+    fn chain_reduce(&mut self, xs: &[String], op: &str) -> String {
+        let mut acc = xs[0].clone();
+        for x in &xs[1..] {
+            acc = self.op(&format!("{op} {acc}, {x} : f32"));
+        }
+        acc
+    }
+    /// `xs` (f32 values, at least one) reduced by the binary op `op` as a pairwise tree
+    /// (log2 dependent steps)
+    fn tree_reduce(&mut self, xs: &[String], op: &str) -> String {
+        let mut v = xs.to_vec();
+        while v.len() > 1 {
+            let mut next = Vec::with_capacity(v.len().div_ceil(2));
+            for p in v.chunks(2) {
+                next.push(if let [a, c] = p { self.op(&format!("{op} {a}, {c} : f32")) } else { p[0].clone() });
+            }
+            v = next;
+        }
+        v[0].clone()
     }
     /// Spin until the shared-memory mbarrier at `mb` (i32 address) completes the phase of
     /// parity `par` (i32)
@@ -2972,6 +2995,12 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
+/// Whether the prefill attention reduces each row's max and sum over its tile as pairwise trees
+/// (DSC_FLASH_TREE=0 at compile time: left to right, as before)
+fn flash_tree() -> bool {
+    !std::env::var("DSC_FLASH_TREE").is_ok_and(|v| v == "0")
+}
+
 /// Rows per TMA box of the wgmma prefill attention's K/V tiles for KV cache blocks of `bs`
 /// positions (`KernelSpec::FlashWgmma`: thread 0 loads each tile as boxes of (64 head-dim
 /// columns x rows keys) from the pools' 4-D tensor maps, `{pool}@kvmap{rows}`, on one
@@ -2985,6 +3014,19 @@ pub fn flash_wg_tma_rows(bs: usize) -> Option<usize> {
     let on = !std::env::var("DSC_FLASH_WG_TMA").is_ok_and(|v| v == "0");
     let rows = bs.min(FLASH_KEYS);
     (on && !flash_wg_pipe() && bs % 8 == 0 && bs > 0 && FLASH_KEYS % rows == 0 && bs % rows == 0).then_some(rows)
+}
+
+/// Blocks per SM the wgmma prefill attention with TMA tiles is compiled for (`.minnctapersm`:
+/// 3 caps it at 168 registers — a few spilled — where it took 203, for 3 x 66.6 KB of shared
+/// memory; the runtime asks for the largest carveout for the prefill attention,
+/// `gpu::allow_smem`). 8B layer at 4k: 417-427 -> 457-463 TFLOP/s
+/// (bench/results/flash-tma-2026-11-30.json). DSC_FLASH_WG_MINCTA=N at compile time (0: none).
+pub fn flash_wg_blocks_per_sm() -> Option<u32> {
+    match env_num::<u32>("DSC_FLASH_WG_MINCTA") {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None => Some(3),
+    }
 }
 
 /// Shared memory past the wgmma attention's K/V stages when they load by TMA: two mbarriers
@@ -3877,15 +3919,13 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line(&format!("scf.yield {} : {ftys}", mvals.join(", ")));
     b.line("}");
     let mut new_state = vec![];
+    let tree = flash_tree();
     let mut pvals_t: Vec<Vec<Vec<String>>> = vec![vec![vec![]; nk8]; mt];
     let mut pf_t: Vec<Vec<Vec<String>>> = vec![];
     let mut alphas = vec![];
     for ri in 0..rows.len() {
         let vals: Vec<String> = (0..2 * nk8).map(|k| format!("{masked}#{}", ri * 2 * nk8 + k)).collect();
-        let mut mx = vals[0].clone();
-        for v in &vals[1..] {
-            mx = b.op(&format!("arith.maximumf {mx}, {v} : f32"));
-        }
+        let mx = if tree { b.tree_reduce(&vals, "arith.maximumf") } else { b.chain_reduce(&vals, "arith.maximumf") };
         let mx = quad(b, &mx, "arith.maximumf");
         let (m_old, l_old) = (&acc_t[mt * nacc + 2 * ri], &acc_t[mt * nacc + 2 * ri + 1]);
         let m_new = b.op(&format!("arith.maximumf {m_old}, {mx} : f32"));
@@ -3893,13 +3933,16 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let m_use = b.op(&format!("arith.select {none}, {zero}, {m_new} : f32"));
         let dm = b.op(&format!("arith.subf {m_old}, {m_use} : f32"));
         let alpha = ex2(b, &dm);
-        let mut sum = zero.clone();
+        let mut pes = vec![zero.clone()];
         for (k, v) in vals.iter().enumerate() {
             let x = b.op(&format!("arith.subf {v}, {m_use} : f32"));
             let pe = ex2(b, &x);
-            sum = b.op(&format!("arith.addf {sum}, {pe} : f32"));
+            pes.push(pe.clone());
             pvals_t[ri / 2][k / 2].push(pe);
         }
+        // (the row's max and sum as pairwise trees: 4 dependent steps, not 15 — ncu on the
+        // wgmma kernel: a third of its stalls waited on fixed-latency dependencies)
+        let sum = if tree { b.tree_reduce(&pes[1..], "arith.addf") } else { b.chain_reduce(&pes, "arith.addf") };
         let l_new = b.op(&format!("llvm.intr.fma({l_old}, {alpha}, {sum}) : (f32, f32, f32) -> f32"));
         new_state.push(m_new);
         new_state.push(l_new);
@@ -4172,12 +4215,20 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         tma: false,
         ws: false,
         flash_wg: false,
+        flash_mincta: None,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
     // (the warp-specialized matmul: 384 threads, so ptxas keeps to 168 registers a thread
     // before `setmaxnreg` redistributes them)
-    let attrs = if b.ws { " attributes {known_block_size = array<i32: 384, 1, 1>}" } else { "" };
+    // (the wgmma prefill attention with TMA tiles: ptxas keeps to the registers
+    // FLASH_WG_BLOCKS_PER_SM blocks of 128 threads leave — `flash_wg_blocks_per_sm`)
+    let mincta = b.flash_mincta;
+    let attrs = match (b.ws, mincta) {
+        (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
+        (false, Some(n)) => format!(" attributes {{known_block_size = array<i32: 128, 1, 1>, nvvm.minctasm = {n} : i32}}"),
+        _ => String::new(),
+    };
     let prologue = match (pdl, b.waited) {
         (true, false) => {
             "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
@@ -5162,6 +5213,9 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 other => return Err(format!("the wgmma prefill attention takes FlashAttention on bf16 pools, 4 warps, 1 m-tile, D {FLASH_WG_D}, not {}", other.symbol())),
             }
             b.flash_wg = true;
+            if let KernelSpec::FlashAttention { bs, .. } = inner.as_ref() {
+                b.flash_mincta = flash_wg_tma_rows(*bs).and(flash_wg_blocks_per_sm());
+            }
             emit_into(b, inner)?
         }
         KernelSpec::Ws { inner } => {

@@ -332,7 +332,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 continue;
             }
             let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
-            crate::gpu::allow_smem(&f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
+            crate::gpu::allow_smem(&l.kernel, &f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
             // (x in 16 bits where the plan casts it first: the `{x}@bf16` buffer)
             let x16 = l.args.as_ref().is_some_and(|a| a.first().is_some_and(|x| crate::gpu::half_base(crate::gpu::xmap_base(x).map_or(x.as_str(), |(b, _)| b)).is_some()));
             let xdtype = match (x16, wdtype) {
@@ -491,7 +491,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let flash = match hopper_flash.or(step.large.as_ref()) {
         Some(l) => {
             let ff = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
-            crate::gpu::allow_smem(&ff, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
+            crate::gpu::allow_smem(&l.kernel, &ff, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
             Some((l, ff))
         }
         None => None,

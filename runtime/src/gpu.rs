@@ -148,7 +148,7 @@ impl<'p> GpuBackend<'p> {
         // kernels with more than the default 48 KB of dynamic shared memory opt in
         for l in prog.steps.iter().flat_map(|s| s.large.iter().chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper)).chain(s.few.iter())) {
             if let (Some(bytes), Some(f)) = (l.smem, funcs.get(&l.kernel)) {
-                cu(allow_smem(f, bytes), &format!("kernel {}: {bytes} bytes of shared memory", l.kernel))?;
+                cu(allow_smem(&l.kernel, f, bytes), &format!("kernel {}: {bytes} bytes of shared memory", l.kernel))?;
             }
         }
         // one stream for everything, so cudarc's per-buffer event tracking is not needed (and
@@ -971,17 +971,17 @@ impl Backend for GpuBackend<'_> {
     }
 }
 
-/// Let `f` use `bytes` of dynamic shared memory (past the default 48 KB a kernel may take
-/// without opting in).
-pub fn allow_smem(f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudarc::driver::DriverError> {
+/// Let kernel `name` (`f`) use `bytes` of dynamic shared memory (past the default 48 KB a
+/// kernel may take without opting in).
+pub fn allow_smem(name: &str, f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudarc::driver::DriverError> {
     if bytes > 48 * 1024 {
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)?;
     }
-    // (prepared, off — not yet run on the H200: past 100 KB, ask for the largest
-    // shared-memory carveout, so two such blocks may share an SM where they fit; ncu showed
-    // the driver pick a 135 KB configuration for the pipelined attention's 113 KB block, one
-    // block per SM. DSC_SMEM_CARVEOUT=1 turns it on)
-    if bytes > 100 * 1024 && std::env::var("DSC_SMEM_CARVEOUT").is_ok_and(|v| v == "1") {
+    // (the prefill attention, compiled for several blocks per SM — three of 66.6 KB for the
+    // wgmma kernel —, asks for the largest shared-memory carveout: the driver picked a 168 KB
+    // configuration for it, two blocks. DSC_SMEM_CARVEOUT=1: every kernel past 48 KB, a probe)
+    let all = std::env::var("DSC_SMEM_CARVEOUT").is_ok_and(|v| v == "1");
+    if bytes > 48 * 1024 && (all || name.starts_with("flash_attention")) {
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
     }
     Ok(())
