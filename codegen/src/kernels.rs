@@ -2995,6 +2995,12 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
+/// Whether the wgmma prefill attention skips the O rescale of a tile where no row of the warp
+/// moved its max (DSC_FLASH_LAZY=1 at compile time; a probe, off)
+fn flash_lazy_rescale() -> bool {
+    std::env::var("DSC_FLASH_LAZY").is_ok_and(|v| v == "1")
+}
+
 /// Whether the prefill attention reduces each row's max and sum over its tile as pairwise trees
 /// (DSC_FLASH_TREE=0 at compile time: left to right, as before)
 fn flash_tree() -> bool {
@@ -3971,7 +3977,29 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes
         let (lbo, sbo) = flash_wg_vdesc();
         let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
-        let mut cur: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
+        let mut cur: Vec<String> = if flash_lazy_rescale() {
+            // (O rescaled only where a row of the warp moved its max: alpha is exactly 1
+            // otherwise — the warp votes, a uniform branch)
+            let one = b.cf32(1.0);
+            let n0 = b.op(&format!("arith.cmpf une, {}, {one} : f32", alphas[0]));
+            let n1 = b.op(&format!("arith.cmpf une, {}, {one} : f32", alphas[1]));
+            let ne = b.op(&format!("arith.ori {n0}, {n1} : i1"));
+            let bit = b.op(&format!("arith.extui {ne} : i1 to i32"));
+            let any = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p, q; setp.ne.u32 p, $1, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 $0, 1, 0, q; }}\", \"=r,r\" {bit} : (i32) -> i32"));
+            let z32 = b.op("arith.constant 0 : i32");
+            let moved = b.op(&format!("arith.cmpi ne, {any}, {z32} : i32"));
+            let r = b.v();
+            let tys = vec!["f32"; nacc].join(", ");
+            b.line(&format!("{r}:{nacc} = scf.if {moved} -> ({tys}) {{"));
+            let scaled: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
+            b.line(&format!("scf.yield {} : {tys}", scaled.join(", ")));
+            b.line("} else {");
+            b.line(&format!("scf.yield {} : {tys}", acc_t[..nacc].join(", ")));
+            b.line("}");
+            (0..nacc).map(|i| format!("{r}#{i}")).collect()
+        } else {
+            (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect()
+        };
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         for (kc, a) in pf.iter().enumerate() {
             let o = c(b, v_at + (kc * 16 * 128) as i64);
