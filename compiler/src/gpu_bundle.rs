@@ -1273,9 +1273,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         (9, 3, 128, 4, 24, vec![(0, 70), (5, 6)], bf16_),
         (8, 2, 64, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
         // (the wgmma kernel's TMA boxes: 32-position cache blocks, two boxes per 64-key tile,
-        // and 128-position ones, a box starting half-way into a block)
-        (8, 2, 128, 32, 12, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
-        (8, 2, 128, 128, 4, vec![(0, 150), (40, 70)], bf16_),
+        // and 128-position ones, a box starting half-way into a block; 4 heads: the bundle's
+        // data must fit a call)
+        (4, 1, 128, 32, 10, vec![(0, 100), (40, 70), (0, 1), (9, 10)], bf16_),
+        (4, 1, 128, 128, 3, vec![(0, 130), (40, 70)], bf16_),
     ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
