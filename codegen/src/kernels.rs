@@ -4458,6 +4458,87 @@ fn emit_paged_attention(
     let head0 = b.op(&format!("arith.muli {hg}, {crep} : i64"));
     let cgqa = b.ci64((h / kvh) as i64);
     let kh = b.op(&format!("arith.divui {head0}, {cgqa} : i64"));
+    // the lane's head-dim elements: 32e + lane from an f32 pool (a warp's loads take 128
+    // consecutive bytes), lane·per + e from a 16-bit one (one vector load of `per` each)
+    let wide = kv == DType::F32;
+    let eoff: Vec<String> = (0..per)
+        .map(|e| {
+            if wide {
+                let ce = b.ci64(32 * e as i64);
+                b.op(&format!("arith.addi {lane}, {ce} : i64"))
+            } else {
+                let cp = b.ci64(per as i64);
+                let l = b.op(&format!("arith.muli {lane}, {cp} : i64"));
+                let ce = b.ci64(e as i64);
+                b.op(&format!("arith.addi {l}, {ce} : i64"))
+            }
+        })
+        .collect();
+    // (bf16 pools, the one-pass kernels of a block per head: the next warp step's K/V rows are
+    // loaded before this step's math, carried through the loop as raw 16-bit vectors. On: 8B
+    // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
+    // their extra registers cost the SmolLM2 shape's b128 a wave (52.4k -> 46.8k tok/s) for
+    // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
+    // DSC_ATTN_PIPELINE=0 at compile time off)
+    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
+    // key `ju`'s element offset in the pools from `p0`, key `j0`'s, in the same cache block
+    let in_block = |b: &mut Body, p0: &str, j0: &str, ju: &str| -> String {
+        let krow = b.ci64((kvh * d) as i64);
+        let du = b.op(&format!("arith.subi {ju}, {j0} : i64"));
+        let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
+        b.op(&format!("arith.addi {p0}, {o} : i64"))
+    };
+    // the raw K and V vectors of the warp step from key `jb` (i64; keys past the context load
+    // its last key's row)
+    let raw_step = |b: &mut Body, jb: &str, hi: &str| -> Vec<String> {
+        let c1 = b.ci64(1);
+        let cl = b.op(&format!("arith.subi {hi}, {c1} : i64"));
+        let cbs = b.ci64(bs as i64);
+        let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
+        let ckvh = b.ci64(kvh as i64);
+        let j0 = b.op(&format!("arith.minsi {jb}, {cl} : i64"));
+        let p0 = b.paged_key_offset(&j0, &trow, &kh, &cbs, &ckvh, &dd);
+        let mut out = vec![];
+        for u in 0..nk {
+            let cu = b.ci64(u as i64);
+            let ju = b.op(&format!("arith.addi {jb}, {cu} : i64"));
+            let ju = b.op(&format!("arith.minsi {ju}, {cl} : i64"));
+            let kb = in_block(b, &p0, &j0, &ju);
+            let o = b.op(&format!("arith.addi {kb}, {} : i64", eoff[0]));
+            let c2 = b.ci64(2);
+            let by = b.op(&format!("arith.muli {o}, {c2} : i64"));
+            for pool in ["%kc", "%vc"] {
+                out.push(b.load_vector(pool, &by, per, "i16", 2 * per));
+            }
+        }
+        out
+    };
+    // (rope (a one-token step), PDL, the pipelined one-pass kernel: the first warp step's K/V
+    // rows — earlier positions, written by earlier steps, not by the kernel before — go out
+    // before griddepcontrol.wait; a warp whose first step reaches this token's own position
+    // loads it again after the cache write below. Head dims up to 64: SmolLM2 shape b1 0.377 ->
+    // 0.365 ms per step, where the 8B shape's D = 128 kernel lost 0.5% (3.803 -> 3.821 ms;
+    // bench/results/attn-early-2026-11-30.json). DSC_ATTN_EARLY=0 at compile time: after;
+    // =all: every head dim)
+    let early_env = std::env::var("DSC_ATTN_EARLY").ok();
+    let early_d = match early_env.as_deref() {
+        Some("0") => false,
+        Some("all") => true,
+        _ => d <= 64,
+    };
+    let early = pipelined && rope.is_some() && split.is_none() && b.pdl && !b.waited && early_d;
+    let early_first = if early {
+        let c1e = b.ci64(1);
+        let ctx_e = b.op(&format!("arith.addi {p}, {c1e} : i64"));
+        let w64 = b.idx64(&warp_i);
+        let cnk = b.ci64(nk as i64);
+        let js = b.op(&format!("arith.muli {w64}, {cnk} : i64"));
+        let pre = raw_step(b, &js, &ctx_e);
+        b.wait_for_previous();
+        Some((js, pre))
+    } else {
+        None
+    };
     // (rope: this token's K row of KV head kh rotated and its V row into the pools at slot[t]
     // first — every block of the KV head writes the same values —, visible to the block after
     // the barrier; a one-token step only: no other token of the step reads them)
@@ -4489,22 +4570,6 @@ fn emit_paged_attention(
         .map(|g| {
             let cg = b.ci64(g as i64);
             b.op(&format!("arith.addi {grow0}, {cg} : i64"))
-        })
-        .collect();
-    // the lane's head-dim elements: 32e + lane from an f32 pool (a warp's loads take 128
-    // consecutive bytes), lane·per + e from a 16-bit one (one vector load of `per` each)
-    let wide = kv == DType::F32;
-    let eoff: Vec<String> = (0..per)
-        .map(|e| {
-            if wide {
-                let ce = b.ci64(32 * e as i64);
-                b.op(&format!("arith.addi {lane}, {ce} : i64"))
-            } else {
-                let cp = b.ci64(per as i64);
-                let l = b.op(&format!("arith.muli {lane}, {cp} : i64"));
-                let ce = b.ci64(e as i64);
-                b.op(&format!("arith.addi {l}, {ce} : i64"))
-            }
         })
         .collect();
     let scale = b.cf32(f32::from_bits(scale_bits));
@@ -4560,49 +4625,27 @@ fn emit_paged_attention(
     let loi = b.op(&format!("arith.index_cast {lo} : i64 to index"));
     let jstart = b.op(&format!("arith.addi {jstart}, {loi} : index"));
     let wstep = b.op(&format!("arith.muli {wstep}, {cnk} : index"));
-    // (bf16 pools, the one-pass kernels of a block per head: the next warp step's K/V rows are
-    // loaded before this step's math, carried through the loop as raw 16-bit vectors. On: 8B
-    // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
-    // their extra registers cost the SmolLM2 shape's b128 a wave (52.4k -> 46.8k tok/s) for
-    // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
-    // DSC_ATTN_PIPELINE=0 at compile time off)
-    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
-    // key `ju`'s element offset in the pools from `p0`, key `j0`'s, in the same cache block
-    let in_block = |b: &mut Body, p0: &str, j0: &str, ju: &str| -> String {
-        let krow = b.ci64((kvh * d) as i64);
-        let du = b.op(&format!("arith.subi {ju}, {j0} : i64"));
-        let o = b.op(&format!("arith.muli {du}, {krow} : i64"));
-        b.op(&format!("arith.addi {p0}, {o} : i64"))
-    };
-    // the raw K and V vectors of the warp step from key `jb` (i64; keys past the context load
-    // its last key's row)
-    let raw_step = |b: &mut Body, jb: &str, hi: &str| -> Vec<String> {
-        let c1 = b.ci64(1);
-        let cl = b.op(&format!("arith.subi {hi}, {c1} : i64"));
-        let cbs = b.ci64(bs as i64);
-        let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
-        let ckvh = b.ci64(kvh as i64);
-        let j0 = b.op(&format!("arith.minsi {jb}, {cl} : i64"));
-        let p0 = b.paged_key_offset(&j0, &trow, &kh, &cbs, &ckvh, &dd);
-        let mut out = vec![];
-        for u in 0..nk {
-            let cu = b.ci64(u as i64);
-            let ju = b.op(&format!("arith.addi {jb}, {cu} : i64"));
-            let ju = b.op(&format!("arith.minsi {ju}, {cl} : i64"));
-            let kb = in_block(b, &p0, &j0, &ju);
-            let o = b.op(&format!("arith.addi {kb}, {} : i64", eoff[0]));
-            let c2 = b.ci64(2);
-            let by = b.op(&format!("arith.muli {o}, {c2} : i64"));
-            for pool in ["%kc", "%vc"] {
-                out.push(b.load_vector(pool, &by, per, "i16", 2 * per));
-            }
-        }
-        out
-    };
     let vty = format!("vector<{per}xi16>");
     let (iter, tys, raw_args) = if pipelined {
         let js = b.idx64(&jstart);
-        let first = raw_step(b, &js, &hi);
+        let first = match &early_first {
+            Some((js_e, pre)) => {
+                // (loaded before the wait: again where the warp's first step reaches key p)
+                let cl = b.ci64(nk as i64 - 1);
+                let last = b.op(&format!("arith.addi {js_e}, {cl} : i64"));
+                let stale = b.op(&format!("arith.cmpi sge, {last}, {p} : i64"));
+                let r = b.v();
+                let vtys = vec![format!("vector<{per}xi16>"); pre.len()].join(", ");
+                b.line(&format!("{r}:{} = scf.if {stale} -> ({vtys}) {{", pre.len()));
+                let again = raw_step(b, &js, &hi);
+                b.line(&format!("scf.yield {} : {vtys}", again.join(", ")));
+                b.line("} else {");
+                b.line(&format!("scf.yield {} : {vtys}", pre.join(", ")));
+                b.line("}");
+                (0..pre.len()).map(|i| format!("{r}#{i}")).collect()
+            }
+            None => raw_step(b, &js, &hi),
+        };
         let args: Vec<String> = (0..first.len()).map(|_| b.v()).collect();
         let mut iter = iter;
         iter.extend(args.iter().zip(&first).map(|(a, f)| format!("{a} = {f}")));
