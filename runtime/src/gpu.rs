@@ -1012,28 +1012,43 @@ pub fn kvmap_base(name: &str) -> Option<(&str, u32)> {
 /// head-dim columns (128 bytes) x one KV head x `rows` positions of one cache block, in the
 /// 128-byte swizzle.
 pub fn pool_tensor_map(stream: &Arc<CudaStream>, pool: &CudaSlice<u8>, dims: [usize; 4], rows: u32) -> Result<CudaSlice<u8>> {
-    use cudarc::driver::sys;
     use cudarc::driver::DevicePtr;
     let [nb, bs, kvh, d] = dims;
     if d % 64 != 0 || rows == 0 || rows as usize > bs || bs % rows as usize != 0 || nb * bs * kvh * d * 2 > pool.len() || nb == 0 || kvh == 0 {
         return Err(gerr(format!("tensor map of a [{nb}, {bs}, {kvh}, {d}] bf16 pool in {} bytes with {rows}-row boxes: D must be a multiple of 64, rows divide the block size", pool.len())));
     }
     let (ptr, guard) = pool.device_ptr(stream);
+    let gdims = [d as u64, kvh as u64, bs as u64, nb as u64];
+    let strides = [(d * 2) as u64, (kvh * d * 2) as u64, (bs * kvh * d * 2) as u64];
+    // (`ptr` holds nb·bs·kvh·d bf16 elements: checked above)
+    let map = encode_sw128_map(stream, false, ptr, &gdims, &strides, &[64, 1, rows, 1], &format!("a [{nb}, {bs}, {kvh}, {d}] KV pool"));
+    drop(guard);
+    map
+}
+
+/// A device buffer holding the `CUtensorMap` of the 16-bit (`f16`: f16, else bf16) tensor at
+/// device address `ptr` with `dims` (innermost first) and byte `strides` (of dims 1..): boxes
+/// of `boxd` elements in the 128-byte swizzle, zeros past the edges. The caller checks that
+/// the tensor lies in device memory at `ptr`.
+fn encode_sw128_map(stream: &Arc<CudaStream>, f16: bool, ptr: u64, dims: &[u64], strides: &[u64], boxd: &[u32], what: &str) -> Result<CudaSlice<u8>> {
+    use cudarc::driver::sys;
+    let rank = dims.len();
+    if rank == 0 || rank > 5 || strides.len() + 1 != rank || boxd.len() != rank {
+        return Err(gerr(format!("tensor map of {what}: rank {rank} with {} strides and {} box dims", strides.len(), boxd.len())));
+    }
     // SAFETY: a zeroed CUtensorMap is a valid value to be overwritten by the encoder
     let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-    let gdims: [u64; 4] = [d as u64, kvh as u64, bs as u64, nb as u64];
-    let strides: [u64; 3] = [(d * 2) as u64, (kvh * d * 2) as u64, (bs * kvh * d * 2) as u64];
-    let boxd: [u32; 4] = [64, 1, rows, 1];
-    let estr: [u32; 4] = [1, 1, 1, 1];
-    // SAFETY: the pointers are to live local arrays of the rank's lengths; `ptr` is device
-    // memory of at least nb·bs·kvh·d bf16 elements (checked above)
+    let estr = [1u32; 5];
+    let dt = if f16 { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 };
+    // SAFETY: the pointers are to live slices of the rank's lengths (checked above; `estr`
+    // longer); `ptr` is device memory holding the tensor (the caller's check)
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            4,
+            dt,
+            rank as u32,
             ptr as *mut std::ffi::c_void,
-            gdims.as_ptr(),
+            dims.as_ptr(),
             strides.as_ptr(),
             boxd.as_ptr(),
             estr.as_ptr(),
@@ -1043,8 +1058,7 @@ pub fn pool_tensor_map(stream: &Arc<CudaStream>, pool: &CudaSlice<u8>, dims: [us
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
-    drop(guard);
-    cu(r.result(), &format!("encoding the tensor map of a [{nb}, {bs}, {kvh}, {d}] KV pool"))?;
+    cu(r.result(), &format!("encoding the tensor map of {what}"))?;
     let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
     cu(stream.clone_htod(&bytes), "uploading a tensor map")
 }
@@ -1076,38 +1090,11 @@ pub fn weight_tensor_map(stream: &Arc<CudaStream>, w: &CudaSlice<u8>, n: usize, 
 /// As [`weight_tensor_map`], of the [n, k] 16-bit matrix at device address `ptr` (`bytes`
 /// long): also an activation inside the arena (`{x}@xmap{rows}`, the warp-specialized matmul's x).
 pub fn tensor_map_at(stream: &Arc<CudaStream>, ptr: u64, bytes: usize, n: usize, k: usize, f16: bool, rows: u32) -> Result<CudaSlice<u8>> {
-    use cudarc::driver::sys;
     if k % 64 != 0 || rows == 0 || rows > 256 || bytes < n * k * 2 || n == 0 || ptr % 16 != 0 {
         return Err(gerr(format!("tensor map of a [{n}, {k}] matrix in {bytes} bytes with {rows}-row boxes: K must be a multiple of 64, rows 1..=256, the address 16-byte aligned")));
     }
-    // SAFETY: a zeroed CUtensorMap is a valid value to be overwritten by the encoder
-    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-    let dims: [u64; 2] = [k as u64, n as u64];
-    let strides: [u64; 1] = [(k * 2) as u64];
-    let boxd: [u32; 2] = [64, rows];
-    let estr: [u32; 2] = [1, 1];
-    let dt = if f16 { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 } else { sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 };
-    // SAFETY: the pointers are to live local arrays of the rank's lengths; `ptr` is device
-    // memory of at least n·k 16-bit elements (checked above)
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            dt,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxd.as_ptr(),
-            estr.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    cu(r.result(), &format!("encoding the tensor map of a [{n}, {k}] matrix"))?;
-    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
-    cu(stream.clone_htod(&bytes), "uploading a tensor map")
+    // (`ptr` holds n·k 16-bit elements: checked above)
+    encode_sw128_map(stream, f16, ptr, &[k as u64, n as u64], &[(k * 2) as u64], &[64, rows], &format!("a [{n}, {k}] matrix"))
 }
 
 /// The node a 16-bit copy buffer (`{node}@bf16` or `{node}@f16`) copies.
