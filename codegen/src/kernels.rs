@@ -217,7 +217,8 @@ impl KernelSpec {
             | KernelSpec::SplitK { inner, .. }
             | KernelSpec::PrefetchL2 { inner }
             | KernelSpec::SwiGluPipe { inner }
-            | KernelSpec::RopeAttention { inner, .. } => inner.hopper_only(),
+            | KernelSpec::RopeAttention { inner, .. }
+            | KernelSpec::AttentionO { inner, .. } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
@@ -421,6 +422,13 @@ pub enum KernelSpec {
     /// 1 (`lower::fuse_rope_attention`). params xq, xk, xv, pos, slots, k_cache, v_cache, seq,
     /// table, out, T*H, MB
     RopeAttention { inner: Box<KernelSpec>, theta_bits: u32, interleaved: bool },
+    /// A one-token [`KernelSpec::RopeAttention`] (one head per block, bf16 weights) with the o
+    /// projection and its residual folded in: block h multiplies its head's output by W_o's
+    /// columns of that head (N rows x D, loaded before `griddepcontrol.wait`) into a partial
+    /// [H, N]; the last block of the token (a counter per token, reset by it) sums the H partials
+    /// in head order + the residual into y. Params: the RoPE attention's up to `%table`, then
+    /// %wo, %res, %parts, %sync (u32 counters), %out (= y [T, N]), %n, %mb
+    AttentionO { inner: Box<KernelSpec>, n: usize },
     /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
     /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
     /// waits for the previous kernel: the blocks of the grid split the bytes, each block's
@@ -494,6 +502,7 @@ impl KernelSpec {
                 _ => format!("{}_wg", inner.symbol()),
             },
             KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
+            KernelSpec::AttentionO { inner, n } => format!("{}_o{n}", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
@@ -622,7 +631,8 @@ impl KernelSpec {
             | KernelSpec::PrefetchL2 { inner }
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::QkvRopeSplitK { inner, .. }
-            | KernelSpec::RopeAttention { inner, .. } => inner.launch(),
+            | KernelSpec::RopeAttention { inner, .. }
+            | KernelSpec::AttentionO { inner, .. } => inner.launch(),
         }
     }
 }
@@ -675,6 +685,8 @@ struct Body {
     flash_wg: bool,
     /// (the wgmma prefill attention: `.minnctapersm` for ptxas, `flash_wg_blocks_per_sm`)
     flash_mincta: Option<u32>,
+    /// (the decode attention with the o projection folded in: its N, `KernelSpec::AttentionO`)
+    attn_o: Option<usize>,
 }
 
 impl Body {
@@ -4326,6 +4338,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         ws: false,
         flash_wg: false,
         flash_mincta: None,
+        attn_o: None,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
@@ -4336,6 +4349,12 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     let mincta = b.flash_mincta;
     let attrs = match (b.ws, mincta) {
         (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
+        // (the decode attention with the o projection: its block size, so ptxas keeps the
+        // registers 512 threads may have)
+        _ if b.attn_o.is_some() => match spec.launch() {
+            Launch::BlockPerRow { warps } => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
+            _ => String::new(),
+        },
         (false, Some(n)) => format!(" attributes {{known_block_size = array<i32: 128, 1, 1>, nvvm.minctasm = {n} : i32}}"),
         _ => String::new(),
     };
@@ -4430,7 +4449,14 @@ fn emit_paged_attention(
     #[allow(non_snake_case)]
     let WARPS: usize = warps;
     let stride = d + 2;
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", WARPS * rep * stride);
+    // (the o projection folded in: the head's output (D floats) and the last-block flag past
+    // the partial states)
+    let attn_o = b.attn_o;
+    if attn_o.is_some() && (rope.is_none() || split.is_some() || group != 1 || h / kvh < 1) {
+        return Err("the o projection folds into the one-token RoPE attention of a head per block".into());
+    }
+    let o_at = WARPS * rep * stride;
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", o_at + if attn_o.is_some() { d + 1 } else { 0 });
     b.workgroup = Some(format!("%sm : {smt}"));
     let bid = b.op("gpu.block_id x");
     let t = b.idx64(&bid);
@@ -4512,6 +4538,40 @@ fn emit_paged_attention(
             }
         }
         out
+    };
+    // (the o projection: this thread's rows j = tid + 32·WARPS·r of W_o's D columns of head
+    // h = head0, D/8 16-byte loads each, before the wait where the kernel has one ahead)
+    let nthreads = 32 * WARPS;
+    let o_rows: Vec<(String, String, Vec<String>, String)> = match attn_o {
+        Some(nn) => {
+            let tid64 = b.idx64(&tid);
+            let hd = b.ci64((h * d) as i64);
+            let hoff = b.op(&format!("arith.muli {head0}, {dd} : i64"));
+            let clast = b.ci64(nn as i64 - 1);
+            (0..nn.div_ceil(nthreads))
+                .map(|r| {
+                    let cr = b.ci64((r * nthreads) as i64);
+                    let j = b.op(&format!("arith.addi {tid64}, {cr} : i64"));
+                    let valid = b.op(&format!("arith.cmpi sle, {j}, {clast} : i64"));
+                    let jc = b.op(&format!("arith.minsi {j}, {clast} : i64"));
+                    let e0 = b.op(&format!("arith.muli {jc}, {hd} : i64"));
+                    let e0 = b.op(&format!("arith.addi {e0}, {hoff} : i64"));
+                    // (round 0 only: a second round's rows load in `o_projection`, so 512
+                    // threads keep to 128 registers)
+                    let vs = (0..if r == 0 { d / 8 } else { 0 })
+                        .map(|c8| {
+                            let co = b.ci64(8 * c8 as i64);
+                            let e = b.op(&format!("arith.addi {e0}, {co} : i64"));
+                            let c2b = b.ci64(2);
+                            let by = b.op(&format!("arith.muli {e}, {c2b} : i64"));
+                            b.load_vector("%wo", &by, 8, "i16", 16)
+                        })
+                        .collect();
+                    (j, valid, vs, e0)
+                })
+                .collect()
+        }
+        None => vec![],
     };
     // (rope (a one-token step), PDL, the pipelined one-pass kernel: the first warp step's K/V
     // rows — earlier positions, written by earlier steps, not by the kernel before — go out
@@ -4826,6 +4886,14 @@ fn emit_paged_attention(
             }
             let ce = &eoff[e];
             match &part {
+                None if attn_o.is_some() => {
+                    // (the head's output to shared memory, for the o projection below)
+                    let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
+                    let cb = b.ci64(o_at as i64);
+                    let i = b.op(&format!("arith.addi {cb}, {ce} : i64"));
+                    let i = b.op(&format!("arith.index_cast {i} : i64 to index"));
+                    b.line(&format!("memref.store {y}, %sm[{i}] : {smt}"));
+                }
                 None => {
                     let o = b.op(&format!("arith.addi {qbase}, {ce} : i64"));
                     let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
@@ -4853,16 +4921,129 @@ fn emit_paged_attention(
         }
         b.line("}");
     }
+    if let Some(nn) = attn_o {
+        o_projection(b, nn, h, d, &t, &head0, &tid, &o_rows, o_at, &smt)?;
+    }
     if part.is_some() {
         b.line("}");
     }
     b.line("}");
+    if attn_o.is_some() {
+        return Ok("%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %wo: !llvm.ptr<1>, %res: !llvm.ptr<1>, %parts: !llvm.ptr<1>, %sync: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into());
+    }
     Ok(if rope.is_some() {
         "%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64"
     } else {
         "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64"
     }
     .into())
+}
+
+/// The o projection folded into the one-token decode attention ([`KernelSpec::AttentionO`]),
+/// after the head's output is in shared memory at `o_at` (D floats; the flag slot after them):
+/// each thread's rows of W_o's head columns (`o_rows`: row, valid, its D/8 loaded 16-byte
+/// vectors) times the output into the partial (h, t) of `%parts` ([H, T, N]); then thread 0,
+/// past a block barrier and a GPU-scope fence, counts the block in `%sync[t]`; the block that
+/// counts last (H - 1 before it) sums the H partials in head order + `%res` into `%out`
+/// ([T, N]) and resets the counter.
+#[allow(clippy::too_many_arguments)]
+fn o_projection(b: &mut Body, nn: usize, h: usize, d: usize, t: &str, head0: &str, tid: &str, o_rows: &[(String, String, Vec<String>, String)], o_at: usize, smt: &str) -> Result<(), String> {
+    b.line("gpu.barrier");
+    let ch = b.ci64(h as i64);
+    let ntok = b.op(&format!("arith.divui %n, {ch} : i64"));
+    let cn = b.ci64(nn as i64);
+    // (the head's output, read back from shared memory)
+    let ys: Vec<String> = (0..d)
+        .map(|e| {
+            let i = b.op(&format!("arith.constant {} : index", o_at + e));
+            b.op(&format!("memref.load %sm[{i}] : {smt}"))
+        })
+        .collect();
+    // partial (h, t): row (h·T + t)
+    let prow = b.op(&format!("arith.muli {head0}, {ntok} : i64"));
+    let prow = b.op(&format!("arith.addi {prow}, {t} : i64"));
+    let pbase = b.op(&format!("arith.muli {prow}, {cn} : i64"));
+    for (j, valid, vs, e0) in o_rows {
+        // (rows past the first round: their loads now)
+        let loaded: Vec<String> = if vs.is_empty() {
+            (0..d / 8)
+                .map(|c8| {
+                    let co = b.ci64(8 * c8 as i64);
+                    let e = b.op(&format!("arith.addi {e0}, {co} : i64"));
+                    let c2b = b.ci64(2);
+                    let by = b.op(&format!("arith.muli {e}, {c2b} : i64"));
+                    b.load_vector("%wo", &by, 8, "i16", 16)
+                })
+                .collect()
+        } else {
+            vs.clone()
+        };
+        let vs = &loaded;
+        let mut acc = b.cf32(0.0);
+        for (c8, v) in vs.iter().enumerate() {
+            for e in 0..8 {
+                let w = b.element(v, e, 8, "i16");
+                let w = b.bf16_to_f32(&w);
+                acc = b.op(&format!("llvm.intr.fma({w}, {}, {acc}) : (f32, f32, f32) -> f32", ys[8 * c8 + e]));
+            }
+        }
+        b.line(&format!("scf.if {valid} {{"));
+        let at = b.op(&format!("arith.addi {pbase}, {j} : i64"));
+        b.store(&acc, "%parts", &at);
+        b.line("}");
+    }
+    b.line("gpu.barrier");
+    let tid64 = b.idx64(tid);
+    let c0 = b.ci64(0);
+    let first = b.op(&format!("arith.cmpi eq, {tid64}, {c0} : i64"));
+    let flag = b.op(&format!("arith.constant {} : index", o_at + d));
+    let c4 = b.ci64(4);
+    let so = b.op(&format!("arith.muli {t}, {c4} : i64"));
+    let sb = b.op("llvm.ptrtoint %sync : !llvm.ptr<1> to i64");
+    let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
+    b.line(&format!("scf.if {first} {{"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
+    let old = b.op(&format!("llvm.inline_asm has_side_effects \"atom.global.add.u32 $0, [$1], 1;\", \"=r,l\" {sa} : (i64) -> i32"));
+    let hm1 = b.op(&format!("arith.constant {} : i32", h as i64 - 1));
+    let last = b.op(&format!("arith.cmpi eq, {old}, {hm1} : i32"));
+    let one = b.cf32(1.0);
+    let zero = b.cf32(0.0);
+    let fv = b.op(&format!("arith.select {last}, {one}, {zero} : f32"));
+    b.line(&format!("memref.store {fv}, %sm[{flag}] : {smt}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    let fv = b.op(&format!("memref.load %sm[{flag}] : {smt}"));
+    let zero = b.cf32(0.0);
+    let is_last = b.op(&format!("arith.cmpf one, {fv}, {zero} : f32"));
+    b.line(&format!("scf.if {is_last} {{"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
+    let tn = b.op(&format!("arith.muli {t}, {cn} : i64"));
+    let pb = b.op("llvm.ptrtoint %parts : !llvm.ptr<1> to i64");
+    for (j, valid, _, _) in o_rows {
+        b.line(&format!("scf.if {valid} {{"));
+        let at = b.op(&format!("arith.addi {tn}, {j} : i64"));
+        let mut acc = b.load("%res", &at);
+        for hh in 0..h {
+            let chh = b.ci64(hh as i64);
+            let r = b.op(&format!("arith.muli {chh}, {ntok} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {t} : i64"));
+            let r = b.op(&format!("arith.muli {r}, {cn} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {j} : i64"));
+            // (GPU-scope loads: the other blocks' partials, past any stale L1 line)
+            let rb = b.op(&format!("arith.muli {r}, {c4} : i64"));
+            let pa = b.op(&format!("arith.addi {pb}, {rb} : i64"));
+            let pv = b.op(&format!("llvm.inline_asm has_side_effects \"ld.relaxed.gpu.global.f32 $0, [$1];\", \"=f,l\" {pa} : (i64) -> f32"));
+            acc = b.op(&format!("arith.addf {acc}, {pv} : f32"));
+        }
+        b.store(&acc, "%out", &at);
+        b.line("}");
+    }
+    // (the counter back to zero for the next step: no block of this token counts again)
+    b.line(&format!("scf.if {first} {{"));
+    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.u32 [$0], 0;\", \"l\" {sa} : (i64) -> ()"));
+    b.line("}");
+    b.line("}");
+    Ok(())
 }
 
 /// The split decode attention cuts a row's context into at most max(1, this / rows) parts
@@ -6328,6 +6509,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None, None)?,
+        KernelSpec::AttentionO { inner, n } => match inner.as_ref() {
+            KernelSpec::RopeAttention { inner: att, .. } if matches!(att.as_ref(), KernelSpec::PagedAttention { group: 1, .. }) => {
+                b.attn_o = Some(*n);
+                emit_into(b, inner)?
+            }
+            other => return Err(format!("the o projection folds into the one-token RoPE attention of a head per block, not {}", other.symbol())),
+        },
         KernelSpec::RopeAttention { inner, theta_bits, interleaved } => match inner.as_ref() {
             KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => {
                 emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None, Some((*theta_bits, *interleaved)))?

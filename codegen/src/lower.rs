@@ -302,6 +302,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
                 _ => FLASH_MTILES,
             },
             rope_attention: !std::env::var("DSC_ROPE_ATTENTION").is_ok_and(|v| v == "0"),
+            attn_o: std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1"),
         },
     )
 }
@@ -376,6 +377,9 @@ pub struct LowerOptions {
     /// +3%, 8B neutral, bench/results/rope-attention-2026-11-30.json; DSC_ROPE_ATTENTION=0 at
     /// compile time turns it off)
     pub rope_attention: bool,
+    /// one-token steps fold the o projection and its residual into the RoPE attention
+    /// ([`fuse_attention_o`]; DSC_ATTN_O=1 at compile time; prepared, off)
+    pub attn_o: bool,
     /// the decode attention prefetches the next matmul's weights into L2
     /// ([`prefetch_after_attention`]; off: measured on the H200,
     /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
@@ -431,6 +435,7 @@ impl Default for LowerOptions {
             flash_warps: FLASH_WARPS,
             flash_mtiles: FLASH_MTILES,
             rope_attention: true,
+            attn_o: false,
         }
     }
 }
@@ -737,7 +742,77 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
     let steps = if opts.splitk_rope { fold_splitk_reduce_rope(steps) } else { steps };
     let steps = tma_wrap(steps, opts.tma, opts.ws, opts.ws64);
+    let steps = if opts.attn_o { fuse_attention_o(steps) } else { steps };
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
+}
+
+/// Most bytes of W_o one block of the fused one-token attention reads ([`fuse_attention_o`]).
+pub const ATTN_O_MAX_BYTES: usize = 128 << 10;
+
+/// The o projection folded into the one-token RoPE attention (`KernelSpec::AttentionO`, sm_90a
+/// and sm_80 alike): where a `RopeAttention` step (a head per block, one token) feeds, through
+/// views, a bias-less bf16 matmul with a residual whose K is H·D, the attention step takes the
+/// matmul's weight, residual and output, plus `{y}@splitk{H}` (the heads' partial sums,
+/// [H, T, N], declared by a kernel-less step before it) and `{y}@sync` (a counter per token,
+/// resident, zeroed once by the runtime), and the matmul's step keeps the other cases: two or
+/// more tokens, and one token at the contexts the split attention takes (past the fused step's
+/// `max_context`). A launch fewer per layer at batch 1.
+fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
+    let mut i = 0;
+    while i < steps.len() {
+        let (h, hd) = match &steps[i].kernel {
+            Some(KernelSpec::RopeAttention { inner, .. }) => match inner.as_ref() {
+                KernelSpec::PagedAttention { h, d, group: 1, .. } => (*h, h * d),
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            },
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let a = steps[i].node.clone();
+        let views: Vec<String> = std::iter::once(a.clone()).chain(steps.iter().filter(|s| s.alias_of.as_deref() == Some(a.as_str()) && s.alias_offset.is_none()).map(|s| s.node.clone())).collect();
+        let o = steps.iter().position(|s| {
+            matches!(s.kernel, Some(KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. }) if k == hd)
+                && s.args.len() == 4
+                && views.contains(&s.args[0])
+                && s.min_rows.is_none()
+                && s.max_rows.is_none()
+                && s.min_context.is_none()
+                && s.max_context.is_none()
+        });
+        let Some(o) = o.filter(|&o| o > i) else {
+            i += 1;
+            continue;
+        };
+        let Some(KernelSpec::MatMul { n, .. }) = steps[o].kernel else { unreachable!("matched") };
+        // (each block reads its head's columns of W_o: small models only — the 8B shape's
+        // would be 1 MB per block on 32 SMs, where its o GEMV streams on all of them)
+        if n * (hd / h) * 2 > ATTN_O_MAX_BYTES {
+            i += 1;
+            continue;
+        }
+        let om = steps[o].clone();
+        let (w, res, y) = (om.args[1].clone(), om.args[2].clone(), om.args[3].clone());
+        let parts = format!("{y}@splitk{h}");
+        let fused = &mut steps[i];
+        let max_context = fused.max_context;
+        let inner = fused.kernel.take().expect("matched");
+        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(inner), n });
+        fused.args.truncate(9);
+        fused.args.extend([w, res, parts.clone(), format!("{y}@sync"), y.clone()]);
+        // (the matmul for two or more tokens, and for one at the split attention's contexts)
+        steps[o] = Step { min_rows: Some(2), ..om.clone() };
+        if let Some(mc) = max_context {
+            steps.insert(o + 1, Step { max_rows: Some(1), min_context: Some(mc + 1), ..om });
+        }
+        steps.insert(i, Step::new(&parts));
+        i += 2;
+    }
+    steps
 }
 
 /// Most weight bytes the decode attention prefetches into L2 for the matmul after it (the
@@ -1772,6 +1847,29 @@ mod tests {
         // ... ahead of every attention step reading what it writes
         let first_attn = steps.iter().position(|s| s.node.starts_with('o') && s.kernel.is_some()).unwrap();
         assert!(steps.iter().position(|s| s.node == "qr" && s.kernel.is_some()).unwrap() < first_attn);
+    }
+
+    #[test]
+    fn one_token_steps_fold_the_o_projection_into_the_rope_attention_when_asked() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %wo = weight : bf16[24, 32]\n  %kc = state : bf16[4, 4, 2, 8]\n  %vc = state : bf16[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : bf16[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  %of = reshape(%o) : f32[T, 32]\n  %r = input : f32[T, 24]\n  %y = matmul_add(%of, %wo, %r) {transpose_b = true} : f32[T, 24]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, no_ws()).unwrap();
+        assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::AttentionO { .. }))));
+        let steps = lower_opts(&g, LowerOptions { attn_o: true, ..no_ws() }).unwrap();
+        let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::AttentionO { .. }))).collect();
+        let [f] = &fused[..] else { panic!("{fused:?}") };
+        assert!(matches!(&f.kernel, Some(KernelSpec::AttentionO { inner, n: 24 }) if matches!(inner.as_ref(), KernelSpec::RopeAttention { .. })));
+        assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(split_from_keys() - 1)));
+        assert_eq!(f.args, ["qh", "kh", "vh", "pos", "slots", "kw", "vw", "seq", "table", "wo", "r", "y@splitk4", "y@sync", "y"]);
+        // (the partial sums declared before it)
+        let at = |n: &str, k: bool| steps.iter().position(|s| s.node == n && s.kernel.is_some() == k).unwrap();
+        assert!(at("y@splitk4", false) < at("o", true));
+        // the o projection: from 2 tokens, and for one at the split attention's contexts
+        let mm: Vec<&Step> = steps.iter().filter(|s| s.node == "y" && matches!(s.kernel, Some(KernelSpec::MatMul { .. }))).collect();
+        assert_eq!(mm.len(), 2, "{mm:?}");
+        assert_eq!((mm[0].min_rows, mm[0].max_rows, mm[0].min_context), (Some(2), None, None));
+        assert_eq!((mm[1].min_rows, mm[1].max_rows, mm[1].min_context), (None, Some(1), Some(split_from_keys())));
+        assert!(mm.iter().all(|s| s.args == ["of", "wo", "r", "y"]));
     }
 
     #[test]

@@ -1094,7 +1094,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             scalars: vec![items as i64, (t * h * d / 2) as i64, (t * kvh * d / 2) as i64],
             expected: data.push(&want_q),
             init: None,
-            written_inputs: vec![(5, wk), (6, wv)],
+            written_inputs: vec![(5, wk.clone()), (6, wv.clone())],
             tmaps: vec![],
             // the rope kernels' bound (approximate sin/cos after range reduction; pos 4095; a
             // bf16 pool: a value near a rounding boundary may round the other way)
@@ -1556,12 +1556,57 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             scalars: vec![(t * h) as i64, mb as i64],
             expected: data.push(&o),
             init: None,
-            written_inputs: vec![(5, wk), (6, wv)],
+            written_inputs: vec![(5, wk.clone()), (6, wv.clone())],
             tmaps: vec![],
             // (the rope kernels' approximate sin/cos; a bf16 pool's rounding of k may flip)
             tol: kv_tol(kv, 1e-4),
         });
-        specs.push(spec);
+        specs.push(spec.clone());
+        // ... with the o projection and its residual folded in (`AttentionO`, the SmolLM2
+        // shape's head dim): y = res + o W_oᵀ over N = 520 rows (two rounds of the block's 512
+        // threads, the second partial), the counters back at zero after
+        if kv == DType::BF16 && d == 64 {
+            let nn = 520usize;
+            let wo = kv_round(&rand_vec(nn * h * d, -0.1, 0.1), DType::BF16);
+            let res = rand_vec(t * nn, -1.0, 1.0);
+            let y: Vec<f32> = (0..t * nn)
+                .map(|i| {
+                    let (ti, j) = (i / nn, i % nn);
+                    res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
+                })
+                .collect();
+            let fused = KernelSpec::AttentionO { inner: Box::new(spec), n: nn };
+            let zeros = vec![0i32; t];
+            cases.push(Case {
+                name: format!("paged_attn + rope + cache writes + o projection T{t} H{h}/{kvh} D{d} N{nn} {style}{}", kv_label(kv)),
+                kernel: fused.symbol(),
+                grid: gr,
+                grid_y: h as u32,
+                block: b,
+                inputs: vec![
+                    data.push(&xq),
+                    data.push(&xk),
+                    data.push(&xv),
+                    data.push_i32(&pos),
+                    data.push_i32(&slots),
+                    data.push_kv(&kc0, kv),
+                    data.push_kv(&vc0, kv),
+                    data.push_i32(&seq),
+                    data.push_i32(&table),
+                    data.push_kv(&wo, DType::BF16),
+                    data.push(&res),
+                    data.push(&vec![0.0; h * t * nn]),
+                    data.push_i32(&zeros),
+                ],
+                scalars: vec![(t * h) as i64, mb as i64],
+                expected: data.push(&y),
+                init: None,
+                written_inputs: vec![(5, wk), (6, wv), (12, data.push(&vec![0.0; t]))],
+                tmaps: vec![],
+                tol: kv_tol(kv, 1e-4),
+            });
+            specs.push(fused);
+        }
     }
     // seeded weights generated on the device, bit-exact against the host generator
     for (dtype, ones) in [(DType::F32, false), (DType::BF16, false), (DType::F16, false), (DType::F32, true)] {

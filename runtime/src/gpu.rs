@@ -235,6 +235,12 @@ impl<'p> GpuBackend<'p> {
                 resident.insert(name.to_string(), map);
             }
         }
+        // the one-token attention with the o projection folded in: a u32 counter per token
+        // (`{node}@sync`), zeroed once here — each use leaves it at zero again
+        let syncs: std::collections::BTreeSet<&str> = prog.steps.iter().flat_map(|s| s.args.iter()).map(String::as_str).filter(|a| a.ends_with("@sync")).collect();
+        for name in syncs {
+            resident.insert(name.to_string(), cu(stream.alloc_zeros::<u8>(4 * SYNC_TOKENS), &format!("allocating {name}"))?);
+        }
         // the wgmma prefill attention's K/V pool tensor maps (`{pool}@kvmap{rows}`, sm_90a)
         if hopper {
             let names: std::collections::BTreeSet<&str> =
@@ -363,6 +369,9 @@ const CACHED_MAX_TOKENS: usize = 128;
 /// shape with the warp-specialized SwiGLU gate/up 57.9k -> 43.3k: the early-launched
 /// dependents hold SMs the 24-block matmul and its successors need); DSC_PDL_MAX_TOKENS=N.
 const PDL_MAX_TOKENS: usize = 64;
+
+/// Tokens a step's `{node}@sync` counters cover (the fused one-token attention uses the first).
+const SYNC_TOKENS: usize = 1024;
 
 impl GpuBackend<'_> {
     /// The bucket of a step shape: `t` tokens, `s_` sequences, `r` logit rows, and steps whose
