@@ -38,8 +38,10 @@ env ${SWEEP_ENV:-} ./target/release/dsc gpu-bundle --dir .gpu/check
 # crowd the 64 MiB a call carries, which also counts the tracked files)
 mkdir -p .gpu/check-dumps && mv .gpu/check/kernels.ll .gpu/check/kernels.mlir .gpu/check/kernels.sm_80.ptx .gpu/check-dumps/
 # (the PTX gzipped, 3.4 -> 0.9 MB, and the cases' data, 62 -> 51 MB: gpu-check.sh unpacks
-# them there. With the runtime (10.3 MB) and the tracked files (3.3 MB) that is 65.8 of the
-# 67.1 MB a call carries: keep new cases' pools small, or check with `dsc gpu-bundle --only`)
+# them there. Session 14: data 60.2 MB + PTX 1.3 + the gzipped runtime 4.0 + the tracked
+# files 5.0 = 66.5 of the 67.1 MB a call carries — ~0.6 MB left: new cases need smaller pools
+# elsewhere, a probe's cases go behind its knob (as DSC_ATTN_O=1's), or the check splits
+# into two calls with `dsc gpu-bundle --only`)
 gzip -f .gpu/check/kernels.sm_90a.ptx
 gzip -9 -f .gpu/check/data.bin
 ./target/release/dsc compile models/llama3-8b-seeded.toml -o .gpu/llama3-8b.plan
