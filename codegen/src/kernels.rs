@@ -3203,6 +3203,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // each, 128-byte swizzle: what both descriptors read)
     let wg = b.flash_wg;
     let pipe = wg && flash_wg_pipe();
+    // (prepared, off — ptxas: the TMA wgmma kernel's spills at 168 registers 44 -> 24 bytes,
+    // the mma.sync kernels' 12 -> 0 (bs 4) and 52 -> 36-40 (2 m-tiles); not yet run on the H200)
+    let pos32 = std::env::var("DSC_FLASH_POS32").is_ok_and(|v| v == "1");
     let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
     let stage_bytes = 2 * v_at;
@@ -3327,7 +3330,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let row = b.op(&format!("arith.addi {t0}, {rel} : i64"));
         let ok = b.op(&format!("arith.cmpi slt, {rel}, {nrows} : i64"));
         let rc = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
-        let p = b.load_i32_as_i64("%pos", &rc);
+        // (DSC_FLASH_POS32=1: the position as i32, one register across the loops)
+        let p = if pos32 { b.load_t("%pos", &rc, "i32") } else { b.load_i32_as_i64("%pos", &rc) };
         rows.push((rel.clone(), rc, ok, p));
     }
     // Q fragments (m16n8k16 A layout), scaled so S is in log2 units
@@ -3989,12 +3993,23 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line(&format!("scf.yield {} : {ftys}", raw.join(", ")));
     b.line("} else {");
     let mut mvals = vec![];
+    let jq32 = pos32.then(|| b.op(&format!("arith.trunci {jq} : i64 to i32")));
     for (ri, (_, _, _, p)) in rows.iter().enumerate() {
+        // (pos32: key jq + c is at or before the row's position where c <= p - jq)
+        let left = jq32.as_ref().map(|jq32| b.op(&format!("arith.subi {p}, {jq32} : i32")));
         for n8 in 0..nk8 {
             for q in 0..2 {
-                let cj = c(b, 8 * n8 as i64 + q as i64);
-                let j = b.op(&format!("arith.addi {jq}, {cj} : i64"));
-                let le = b.op(&format!("arith.cmpi sle, {j}, {p} : i64"));
+                let le = match &left {
+                    Some(left) => {
+                        let cj = b.op(&format!("arith.constant {} : i32", 8 * n8 + q));
+                        b.op(&format!("arith.cmpi sle, {cj}, {left} : i32"))
+                    }
+                    None => {
+                        let cj = c(b, 8 * n8 as i64 + q as i64);
+                        let j = b.op(&format!("arith.addi {jq}, {cj} : i64"));
+                        b.op(&format!("arith.cmpi sle, {j}, {p} : i64"))
+                    }
+                };
                 let ok = b.op(&format!("arith.andi {le}, {} : i1", inrun[ri]));
                 mvals.push(b.op(&format!("arith.select {ok}, {}, {ninf} : f32", raw[ri * 2 * nk8 + 2 * n8 + q])));
             }
