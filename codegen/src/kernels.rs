@@ -3203,8 +3203,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // each, 128-byte swizzle: what both descriptors read)
     let wg = b.flash_wg;
     let pipe = wg && flash_wg_pipe();
-    // (prepared, off — ptxas: the TMA wgmma kernel's spills at 168 registers 44 -> 24 bytes,
-    // the mma.sync kernels' 12 -> 0 (bs 4) and 52 -> 36-40 (2 m-tiles); not yet run on the H200)
+    // (prepared, off — with the output rows re-derived after the loops, ptxas: the TMA wgmma
+    // kernel's spills at 168 registers 44 -> 8 bytes, the mma.sync kernels' 12 -> 0 (bs 4),
+    // 24 -> 12 (f32 pools), 52 -> 36-40 (2 m-tiles); not yet run on the H200)
     let pos32 = std::env::var("DSC_FLASH_POS32").is_ok_and(|v| v == "1");
     let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
@@ -4202,10 +4203,51 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // normalize and store rows a and b
     let fin: Vec<String> = (0..ncar).map(|i| format!("{runs}#{}", i + 1)).collect();
     let one = b.cf32(1.0);
-    for (ri, (_, rc, ok, _)) in rows.iter().enumerate() {
+    // (pos32, a head per block: this thread's output rows re-derived from the special
+    // registers — read through side-effecting asm, so nothing carries them across the loops)
+    let sreg = |b: &mut Body, r: &str| -> String {
+        let v = b.op(&format!("llvm.inline_asm has_side_effects \"mov.u32 $0, {r};\", \"=r\" : () -> i32"));
+        b.op(&format!("arith.extui {v} : i32 to i64"))
+    };
+    let (end_rows, end_hq, end_tq2): (Vec<(String, String)>, String, String) = if pos32 && hpb == 1 && mt == 1 {
+        let te = sreg(b, "%tid.x");
+        let hqe = sreg(b, "%ctaid.x");
+        let ye = sreg(b, "%ctaid.y");
+        let nye = sreg(b, "%nctaid.y");
+        let tl = b.op(&format!("arith.subi {nye}, {ye} : i64"));
+        let c1e = c(b, 1);
+        let tl = b.op(&format!("arith.subi {tl}, {c1e} : i64"));
+        let t0e = b.op(&format!("arith.muli {tl}, {crows} : i64"));
+        let lefte = b.op(&format!("arith.subi %n, {t0e} : i64"));
+        let nre = b.op(&format!("arith.minsi {lefte}, {crows} : i64"));
+        let (we, _, ge, tqe) = b.mma_coords(&te);
+        let c16e = c(b, 16);
+        let w16e = b.op(&format!("arith.muli {we}, {c16e} : i64"));
+        let ra = b.op(&format!("arith.addi {w16e}, {ge} : i64"));
+        let c8e = c(b, 8);
+        let rb = b.op(&format!("arith.addi {ra}, {c8e} : i64"));
+        let rs = [ra, rb]
+            .iter()
+            .map(|rel| {
+                let row = b.op(&format!("arith.addi {t0e}, {rel} : i64"));
+                let ok = b.op(&format!("arith.cmpi slt, {rel}, {nre} : i64"));
+                (b.op(&format!("arith.select {ok}, {row}, {t0e} : i64")), ok)
+            })
+            .collect();
+        let c2e = c(b, 2);
+        (rs, hqe, b.op(&format!("arith.muli {tqe}, {c2e} : i64")))
+    } else {
+        (rows.iter().map(|(_, rc, ok, _)| (rc.clone(), ok.clone())).collect(), hq.clone(), tq2.clone())
+    };
+    let tq2 = end_tq2;
+    for (ri, (rc, ok)) in end_rows.iter().enumerate() {
         let l = quad(b, &fin[mt * nacc + 2 * ri + 1], "arith.addf");
         let inv = b.op(&format!("arith.divf {one}, {l} : f32"));
-        let ob = qrow(b, rc);
+        let ob = {
+            let r = b.op(&format!("arith.muli {rc}, {ch} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {end_hq} : i64"));
+            b.op(&format!("arith.muli {r}, {cd} : i64"))
+        };
         b.line(&format!("scf.if {ok} {{"));
         for n8 in 0..nd8 {
             let o = (ri / 2) * nacc + 4 * n8 + 2 * (ri % 2);
