@@ -6,6 +6,8 @@
 # bench alternating A, B, A, B (lent H200s differ ~2% between calls: compare within one).
 # AB_DIR (default .gpu/ab), AB_BATCHES (1,32,128), AB_PREFILL (512,4096), AB_SEQS (32);
 # AB_GEMM=512,4096: bench-gemm of both plans at those rows first (their GEMMs alone).
+# AB_ATTN=512,4096,16384: bench-attention of both plans at those prefill lengths, alternating
+# a, b, a, b (the attention kernel alone; e.g. DSC_FLASH_POS32=1 against the default).
 set -uo pipefail
 dir=${AB_DIR:-.gpu/ab}
 out=${OUT:-$dir/out}
@@ -21,6 +23,13 @@ for a in "$dir"/a-*.plan; do
   if [ -n "${AB_GEMM:-}" ]; then
     for v in a b; do
       timeout 120 $rt bench-gemm "$dir/$v-$n.plan" --m "$AB_GEMM" --json "$out/gemm-$v-$n.json" 2>&1 | grep -E "TFLOP" | sed "s/^/$v-$n /"
+    done
+  fi
+  if [ -n "${AB_ATTN:-}" ]; then
+    for r in 1 2; do
+      for v in a b; do
+        timeout 120 $rt bench-attention "$dir/$v-$n.plan" --prefill "$AB_ATTN" 2>&1 | grep -E "prefill" | sed "s/^/$v$r-$n /"
+      done
     done
   fi
   timeout 120 $rt compare-plans "$a" "$b" --seqs "${AB_SEQS:-32}" --new-tokens 32 2>&1 | tail -1 | sed "s/^/$n streams: /"
