@@ -3203,9 +3203,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // each, 128-byte swizzle: what both descriptors read)
     let wg = b.flash_wg;
     let pipe = wg && flash_wg_pipe();
-    // (prepared, off — with the output rows re-derived after the loops, ptxas: the TMA wgmma
-    // kernel's spills at 168 registers 44 -> 8 bytes, the mma.sync kernels' 12 -> 0 (bs 4),
-    // 24 -> 12 (f32 pools), 52 -> 36-40 (2 m-tiles); not yet run on the H200)
+    // (DSC_FLASH_POS32=1, prepared, off: positions as i32, the output rows re-derived after the
+    // loops and (wgmma) the lane rows read per run — ptxas: the TMA wgmma kernel's spills at
+    // 168 registers 44 -> 0 bytes, the mma.sync kernels' 12 -> 0 (bs 4), 24 -> 12 (f32 pools),
+    // 52 -> 36-40 (2 m-tiles); not yet run on the H200)
     let pos32 = std::env::var("DSC_FLASH_POS32").is_ok_and(|v| v == "1");
     let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
@@ -3433,18 +3434,31 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let init: Vec<String> = (0..mt * nacc).map(|_| zero.clone()).chain((0..2 * mt).flat_map(|_| [ninf.clone(), zero.clone()])).collect();
     // this lane's rows for the runs' scans: (row in the tile, inside it, seq, pos)
     let true_ = b.op("arith.constant true");
-    let mut lane_rows = vec![];
-    for k in 0..(16 * mt * warps) / 32 {
-        let ck = c(b, 32 * k as i64);
-        let j = b.op(&format!("arith.addi {lane}, {ck} : i64"));
-        let valid = b.op(&format!("arith.cmpi slt, {j}, {nrows} : i64"));
-        let tj = b.op(&format!("arith.addi {t0}, {j} : i64"));
-        let tj = b.op(&format!("arith.select {valid}, {tj}, {t0} : i64"));
-        // (seq and pos kept as i32: fewer registers across the loops)
-        let sq = b.load_t("%seq", &tj, "i32");
-        let ps = b.load_t("%pos", &tj, "i32");
-        lane_rows.push((j, valid, sq, ps));
-    }
+    // (pos32, wgmma: this lane's rows read per run inside the loop over runs, the lane from
+    // its special register, rather than held in registers across the loops)
+    let per_run = pos32 && wg;
+    let lane_rows_of = |b: &mut Body| {
+        let lane = if per_run {
+            let v = b.op("llvm.inline_asm has_side_effects \"mov.u32 $0, %laneid;\", \"=r\" : () -> i32");
+            b.op(&format!("arith.extui {v} : i32 to i64"))
+        } else {
+            lane.clone()
+        };
+        let mut lane_rows = vec![];
+        for k in 0..(16 * mt * warps) / 32 {
+            let ck = b.ci64(32 * k as i64);
+            let j = b.op(&format!("arith.addi {lane}, {ck} : i64"));
+            let valid = b.op(&format!("arith.cmpi slt, {j}, {nrows} : i64"));
+            let tj = b.op(&format!("arith.addi {t0}, {j} : i64"));
+            let tj = b.op(&format!("arith.select {valid}, {tj}, {t0} : i64"));
+            // (seq and pos kept as i32: fewer registers across the loops)
+            let sq = b.load_t("%seq", &tj, "i32");
+            let ps = b.load_t("%pos", &tj, "i32");
+            lane_rows.push((j, valid, sq, ps));
+        }
+        lane_rows
+    };
+    let early_lane_rows = if per_run { vec![] } else { lane_rows_of(b) };
     // runs of one sequence: r .. end
     let runs = b.v();
     let (r_in, r_body) = (b.v(), b.v());
@@ -3459,6 +3473,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line(&format!("scf.condition({more}) {r_in}, {} : i64, {carried_tys}", acc_in.join(", ")));
     b.line("} do {");
     b.line(&format!("^bb0({r_body}: i64, {}):", acc_body.iter().map(|a| format!("{a}: f32")).collect::<Vec<_>>().join(", ")));
+    let lane_rows = if per_run { lane_rows_of(b) } else { early_lane_rows };
     let tr = b.op(&format!("arith.addi {t0}, {r_body} : i64"));
     let s = b.load_i32_as_i64("%seq", &tr);
     // the run's end (the first row of another sequence, or past the tile's rows) and its
