@@ -995,25 +995,6 @@ impl Body {
         }
         total
     }
-    /// As [`Body::xor_reduce`] for several values at once, their shuffles interleaved step by
-    /// step (independent chains the scheduler can overlap)
-    fn xor_reduce_all(&mut self, xs: &[String], combine: &str, offsets: &[i32]) -> Vec<String> {
-        let w32 = self.op("arith.constant 32 : i32");
-        let mut totals = xs.to_vec();
-        for off in offsets {
-            let o = self.op(&format!("arith.constant {off} : i32"));
-            let shs: Vec<String> = totals
-                .iter()
-                .map(|t| {
-                    let (sh, valid) = (self.v(), self.v());
-                    self.line(&format!("{sh}, {valid} = gpu.shuffle xor {t}, {o}, {w32} : f32"));
-                    sh
-                })
-                .collect();
-            totals = totals.iter().zip(&shs).map(|(t, sh)| self.op(&format!("{combine} {t}, {sh} : f32"))).collect();
-        }
-        totals
-    }
     /// warp-wide (max value, its index), the lower index winning ties; every lane gets it
     fn warp_argmax(&mut self, v: &str, i: &str) -> (String, String) {
         let w32 = self.op("arith.constant 32 : i32");
@@ -3026,25 +3007,6 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
-/// Whether the wgmma prefill attention skips the O rescale of a tile where no row of the warp
-/// moved its max (DSC_FLASH_LAZY=1 at compile time; a probe, off)
-fn flash_lazy_rescale() -> bool {
-    std::env::var("DSC_FLASH_LAZY").is_ok_and(|v| v == "1")
-}
-
-/// Whether the prefill attention's rows take their quad shuffles for the max together
-/// (DSC_FLASH_INTERLEAVE=1 at compile time; a probe)
-fn flash_interleave() -> bool {
-    std::env::var("DSC_FLASH_INTERLEAVE").is_ok_and(|v| v == "1")
-}
-
-/// How many tiles ahead the TMA attention reads its boxes' block-table entries: 1 (read at the
-/// top of the iteration before the issue), or 2 (DSC_FLASH_ENTRY_AHEAD=2 at compile time,
-/// carried through the loop; a probe)
-fn flash_entry_ahead() -> usize {
-    env_num::<usize>("DSC_FLASH_ENTRY_AHEAD").unwrap_or(1)
-}
-
 /// Whether the prefill attention reduces each row's max and sum over its tile as pairwise trees
 /// (DSC_FLASH_TREE=0 at compile time: left to right, as before)
 fn flash_tree() -> bool {
@@ -3604,9 +3566,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let c32 = c(b, 32);
         b.op(&format!("arith.divui {t}, {c32} : i64"))
     };
-    // (this warp's box of tile `tile`: its row in its cache block (i32) and its block-table
-    // index (i64); `tma_entry` reads the entry with a load the compiler cannot sink)
-    let tma_coords = |b: &mut Body, tile: &str| -> (String, String) {
+    let tma_box = |b: &mut Body, tile: &str| -> (String, String) {
         let rows = tma_rows.unwrap_or(KEYS) as i64;
         let ckeys = c(b, KEYS as i64);
         let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i64"));
@@ -3621,18 +3581,13 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let bj = b.op(&format!("arith.divui {j}, {cbs} : i64"));
         let within = b.op(&format!("arith.remui {j}, {cbs} : i64"));
         let within = b.op(&format!("arith.trunci {within} : i64 to i32"));
-        (within, b.op(&format!("arith.addi {srow}, {bj} : i64")))
-    };
-    let tma_entry = |b: &mut Body, ti: &str| -> String {
+        let ti = b.op(&format!("arith.addi {srow}, {bj} : i64"));
         let c4t = c(b, 4);
         let to = b.op(&format!("arith.muli {ti}, {c4t} : i64"));
         let tb = b.op("llvm.ptrtoint %table : !llvm.ptr<1> to i64");
         let ta = b.op(&format!("arith.addi {tb}, {to} : i64"));
-        b.op(&format!("llvm.inline_asm has_side_effects \"ld.global.nc.b32 $0, [$1];\", \"=r,l\" {ta} : (i64) -> i32"))
-    };
-    let tma_box = |b: &mut Body, tile: &str| -> (String, String) {
-        let (within, ti) = tma_coords(b, tile);
-        (within, tma_entry(b, &ti))
+        let blk = b.op(&format!("llvm.inline_asm has_side_effects \"ld.global.nc.b32 $0, [$1];\", \"=r,l\" {ta} : (i64) -> i32"));
+        (within, blk)
     };
     let tma_issue = |b: &mut Body, bx: &(String, String), st: &str| {
         let (Some(rows), Some(first)) = (tma_rows, &tfirst) else { return };
@@ -3684,18 +3639,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         tma_issue(b, &bx, &z);
         [u0, u1]
     });
-    // (TMA: the loop carries the block-table entry of the next tile's box, read two tiles
-    // ahead — ncu: the issue waited on that load when it was read one tile ahead)
-    let tb_init: Vec<String> = uses
-        .as_ref()
-        .filter(|_| flash_entry_ahead() == 2)
-        .map(|_| {
-            let o1 = c(b, 1);
-            let (_, ti) = tma_coords(b, &o1);
-            tma_entry(b, &ti)
-        })
-        .into_iter()
-        .collect();
     if !wide && uses.is_none() {
         // (the run's first tile, into stage 0)
         let z = c(b, 0);
@@ -3748,22 +3691,17 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let tl = b.v();
     let acc_t: Vec<String> = (0..ncar).map(|_| b.v()).collect();
     let s_t: Vec<String> = s_init.iter().map(|_| b.v()).collect();
-    let tb_t: Vec<String> = tb_init.iter().map(|_| b.v()).collect();
-    let mut loop_tys = if pipe { format!("{carried_tys}, {s_tys}") } else { carried_tys.clone() };
-    if !tb_t.is_empty() {
-        loop_tys.push_str(", i32");
-    }
+    let loop_tys = if pipe { format!("{carried_tys}, {s_tys}") } else { carried_tys.clone() };
     b.line(&format!(
         "{kvl}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({loop_tys}) {{",
-        ncar + s_t.len() + tb_t.len(),
-        acc_t.iter().chain(&s_t).chain(&tb_t).zip(acc_body.iter().chain(&s_init).chain(&tb_init)).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
+        ncar + s_t.len(),
+        acc_t.iter().chain(&s_t).zip(acc_body.iter().chain(&s_init)).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
     ));
     let tl64 = b.idx64(&tl);
     let j0 = b.op(&format!("arith.muli {tl64}, {ckeys} : i64"));
     // this tile's K and V in shared memory: bf16 (stage tl % 2 filled by the copies issued one
     // tile ago; the next tile's issued now), or gathered here from f32 pools
     let mut next_box: Option<(String, String)> = None;
-    let mut tb_next: Option<String> = None;
     let sbase = if wide {
         // gather K (row-major) and V (transposed) of keys j0..j0+63 as bf16
         let dq = (d / 4) as i64;
@@ -3827,20 +3765,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         b.line("gpu.barrier");
         base.clone()
     } else if let Some([u0, u1]) = &uses {
+        // (the next tile's box entry read now, used after this tile's S is issued)
         let c1t = c(b, 1);
         let nt = b.op(&format!("arith.addi {tl64}, {c1t} : i64"));
-        if let Some(tb) = tb_t.first() {
-            // (the next tile's box: its entry carried from two tiles ago; tile tl + 2's read now)
-            let (within, _) = tma_coords(b, &nt);
-            next_box = Some((within, tb.clone()));
-            let c2n = c(b, 2);
-            let nt2 = b.op(&format!("arith.addi {tl64}, {c2n} : i64"));
-            let (_, ti2) = tma_coords(b, &nt2);
-            tb_next = Some(tma_entry(b, &ti2));
-        } else {
-            // (the next tile's box entry read now, used after this tile's S is issued)
-            next_box = Some(tma_box(b, &nt));
-        }
+        next_box = Some(tma_box(b, &nt));
         // (TMA: tile tl landed in stage tl % 2 — that stage's use count at the run's start +
         // tl / 2 completed phases before it; no block barrier: every thread waits itself)
         let c2t = c(b, 2);
@@ -4038,23 +3966,10 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let mut pvals_t: Vec<Vec<Vec<String>>> = vec![vec![vec![]; nk8]; mt];
     let mut pf_t: Vec<Vec<Vec<String>>> = vec![];
     let mut alphas = vec![];
-    // (each row's max over the tile; with the trees, the rows' quad shuffles interleaved)
-    let row_vals: Vec<Vec<String>> = (0..rows.len()).map(|ri| (0..2 * nk8).map(|k| format!("{masked}#{}", ri * 2 * nk8 + k)).collect()).collect();
-    let row_max: Vec<String> = if tree && flash_interleave() {
-        let local: Vec<String> = row_vals.iter().map(|vals| b.tree_reduce(vals, "arith.maximumf")).collect();
-        b.xor_reduce_all(&local, "arith.maximumf", &[1, 2])
-    } else {
-        vec![]
-    };
     for ri in 0..rows.len() {
-        let vals = &row_vals[ri];
-        let mx = match row_max.get(ri) {
-            Some(m) => m.clone(),
-            None => {
-                let mx = if tree { b.tree_reduce(vals, "arith.maximumf") } else { b.chain_reduce(vals, "arith.maximumf") };
-                quad(b, &mx, "arith.maximumf")
-            }
-        };
+        let vals: Vec<String> = (0..2 * nk8).map(|k| format!("{masked}#{}", ri * 2 * nk8 + k)).collect();
+        let mx = if tree { b.tree_reduce(&vals, "arith.maximumf") } else { b.chain_reduce(&vals, "arith.maximumf") };
+        let mx = quad(b, &mx, "arith.maximumf");
         let (m_old, l_old) = (&acc_t[mt * nacc + 2 * ri], &acc_t[mt * nacc + 2 * ri + 1]);
         let m_new = b.op(&format!("arith.maximumf {m_old}, {mx} : f32"));
         let none = b.op(&format!("arith.cmpf oeq, {m_new}, {ninf} : f32"));
@@ -4099,31 +4014,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes
         let (lbo, sbo) = flash_wg_vdesc();
         let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
-        let mut cur: Vec<String> = if flash_lazy_rescale() {
-            // (O rescaled only where a row of the warp moved its max: alpha is exactly 1
-            // otherwise — the warp votes, a uniform branch)
-            let one = b.cf32(1.0);
-            let n0 = b.op(&format!("arith.cmpf une, {}, {one} : f32", alphas[0]));
-            let n1 = b.op(&format!("arith.cmpf une, {}, {one} : f32", alphas[1]));
-            let ne = b.op(&format!("arith.ori {n0}, {n1} : i1"));
-            let bit = b.op(&format!("arith.extui {ne} : i1 to i32"));
-            let any = b.op(&format!(
-                "llvm.inline_asm has_side_effects \"{{ .reg .pred p, q; setp.ne.u32 p, $1, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 $0, 1, 0, q; }}\", \"=r,r\" {bit} : (i32) -> i32"
-            ));
-            let z32 = b.op("arith.constant 0 : i32");
-            let moved = b.op(&format!("arith.cmpi ne, {any}, {z32} : i32"));
-            let r = b.v();
-            let tys = vec!["f32"; nacc].join(", ");
-            b.line(&format!("{r}:{nacc} = scf.if {moved} -> ({tys}) {{"));
-            let scaled: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
-            b.line(&format!("scf.yield {} : {tys}", scaled.join(", ")));
-            b.line("} else {");
-            b.line(&format!("scf.yield {} : {tys}", acc_t[..nacc].join(", ")));
-            b.line("}");
-            (0..nacc).map(|i| format!("{r}#{i}")).collect()
-        } else {
-            (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect()
-        };
+        let mut cur: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         for (kc, a) in pf.iter().enumerate() {
             let o = c(b, v_at + (kc * 16 * 128) as i64);
@@ -4194,7 +4085,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line("gpu.barrier");
     out_acc.extend(new_state);
     out_acc.extend(s_done);
-    out_acc.extend(tb_next);
     b.line(&format!("scf.yield {} : {loop_tys}", out_acc.join(", ")));
     b.line("}");
     if let (Some([u0, u1]), Some(first)) = (&uses, &tfirst) {

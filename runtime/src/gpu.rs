@@ -999,21 +999,18 @@ pub fn allow_smem(name: &str, f: &CudaFunction, bytes: u32) -> std::result::Resu
 /// The node and part count of a split decode attention's partial-state buffer
 /// (`{node}@split{S}`).
 pub fn split_base(name: &str) -> Option<(&str, usize)> {
-    let (base, s) = name.rsplit_once("@split")?;
-    Some((base, s.parse().ok()?))
+    tagged(name, "@split")
 }
 
 /// The node and part count of a split-K matmul's partial-sum buffer (`{node}@splitk{S}`).
 pub fn splitk_base(name: &str) -> Option<(&str, usize)> {
-    let (base, s) = name.rsplit_once("@splitk")?;
-    Some((base, s.parse().ok()?))
+    tagged(name, "@splitk")
 }
 
 /// The KV pool and box rows of the wgmma prefill attention's tensor-map argument
 /// (`{pool}@kvmap{rows}`).
 pub fn kvmap_base(name: &str) -> Option<(&str, u32)> {
-    let (base, r) = name.rsplit_once("@kvmap")?;
-    Some((base, r.parse().ok()?))
+    tagged(name, "@kvmap")
 }
 
 /// A device buffer holding the `CUtensorMap` of a bf16 KV pool `[blocks, bs, kvh, d]` as the
@@ -1074,15 +1071,20 @@ fn encode_sw128_map(stream: &Arc<CudaStream>, f16: bool, ptr: u64, dims: &[u64],
 
 /// The weight and tile rows of a TMA matmul's tensor-map argument (`{w}@tmap{rows}`).
 pub fn tmap_base(name: &str) -> Option<(&str, u32)> {
-    let (base, r) = name.rsplit_once("@tmap")?;
-    Some((base, r.parse().ok()?))
+    tagged(name, "@tmap")
 }
 
 /// The activation and tile rows of a warp-specialized matmul's x tensor-map argument
 /// (`{x}@xmap{rows}`; x a 16-bit [M, K] buffer of the arena).
 pub fn xmap_base(name: &str) -> Option<(&str, u32)> {
-    let (base, r) = name.rsplit_once("@xmap")?;
-    Some((base, r.parse().ok()?))
+    tagged(name, "@xmap")
+}
+
+/// `{base}{tag}{n}` -> (base, n): the buffer names the schedule derives from a node's
+/// (`@split4`, `@splitk4`, `@tmap128`, `@xmap64`, `@kvmap16`); None unless n parses.
+fn tagged<'a, T: std::str::FromStr>(name: &'a str, tag: &str) -> Option<(&'a str, T)> {
+    let (base, n) = name.rsplit_once(tag)?;
+    Some((base, n.parse().ok()?))
 }
 
 /// A device buffer holding the `CUtensorMap` of a [n, k] bf16 (or f16) weight at `w`, as the
