@@ -7,7 +7,9 @@
 # AB_DIR (default .gpu/ab), AB_BATCHES (1,32,128), AB_PREFILL (512,4096), AB_SEQS (32);
 # AB_GEMM=512,4096: bench-gemm of both plans at those rows first (their GEMMs alone).
 # AB_ATTN=512,4096,16384: bench-attention of both plans at those prefill lengths, alternating
-# a, b, a, b (the attention kernel alone; e.g. DSC_FLASH_POS32=1 against the default).
+# a, b, a, b (the attention kernel alone; e.g. DSC_FLASH_POS32=0 against the default).
+# AB_ENV_A / AB_ENV_B: runtime environment of the a / b runs (e.g. one plan copied to both
+# names and AB_ENV_A=DSC_IDS_SAME_STREAM=1: a runtime knob A/B'd in one call).
 set -uo pipefail
 dir=${AB_DIR:-.gpu/ab}
 out=${OUT:-$dir/out}
@@ -35,7 +37,8 @@ for a in "$dir"/a-*.plan; do
   timeout 120 $rt compare-plans "$a" "$b" --seqs "${AB_SEQS:-32}" --new-tokens 32 2>&1 | tail -1 | sed "s/^/$n streams: /"
   for r in 1 2; do
     for v in a b; do
-      timeout 200 $rt bench "$dir/$v-$n.plan" --batches "${AB_BATCHES:-1,32,128}" --prefill "${AB_PREFILL:-512,4096}" --new-tokens 64 --json "$out/$v-$n-$r.json" > "$out/$v-$n-$r.log" 2>&1
+      [ $v = a ] && e=${AB_ENV_A:-} || e=${AB_ENV_B:-}
+      timeout 200 env $e $rt bench "$dir/$v-$n.plan" --batches "${AB_BATCHES:-1,32,128}" --prefill "${AB_PREFILL:-512,4096}" --new-tokens 64 --json "$out/$v-$n-$r.json" > "$out/$v-$n-$r.log" 2>&1
     done
   done
 done

@@ -3165,11 +3165,13 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // each, 128-byte swizzle: what both descriptors read)
     let wg = b.flash_wg;
     let pipe = wg && flash_wg_pipe();
-    // (DSC_FLASH_POS32=1, prepared, off: positions as i32, the output rows re-derived after the
-    // loops and (wgmma) the lane rows read per run — ptxas: the TMA wgmma kernel's spills at
-    // 168 registers 44 -> 0 bytes, the mma.sync kernels' 12 -> 0 (bs 4), 24 -> 12 (f32 pools),
-    // 52 -> 36-40 (2 m-tiles); not yet run on the H200)
-    let pos32 = std::env::var("DSC_FLASH_POS32").is_ok_and(|v| v == "1");
+    // (positions as i32, the output rows re-derived after the loops and (wgmma) the lane rows
+    // read per run — ptxas: the TMA wgmma kernel's spills at 168 registers 44 -> 0 bytes, the
+    // mma.sync kernels' 12 -> 0 (bs 4), 24 -> 12 (f32 pools), 52 -> 36-40 (2 m-tiles); H200,
+    // 8B layer at 4k: 462-463 -> 463-467 TFLOP/s, 16k 485-505 -> 494-522, flash bundle 24/24,
+    // streams equal (bench/results/flash-pos32-2026-11-30.json); DSC_FLASH_POS32=0: i64 as
+    // before)
+    let pos32 = !std::env::var("DSC_FLASH_POS32").is_ok_and(|v| v == "0");
     let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
     let stage_bytes = 2 * v_at;
@@ -3294,7 +3296,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let row = b.op(&format!("arith.addi {t0}, {rel} : i64"));
         let ok = b.op(&format!("arith.cmpi slt, {rel}, {nrows} : i64"));
         let rc = b.op(&format!("arith.select {ok}, {row}, {t0} : i64"));
-        // (DSC_FLASH_POS32=1: the position as i32, one register across the loops)
+        // (the position as i32, one register across the loops; DSC_FLASH_POS32=0: i64)
         let p = if pos32 { b.load_t("%pos", &rc, "i32") } else { b.load_i32_as_i64("%pos", &rc) };
         rows.push((rel.clone(), rc, ok, p));
     }

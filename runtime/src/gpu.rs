@@ -22,6 +22,16 @@ fn cu<T>(r: std::result::Result<T, cudarc::driver::DriverError>, what: &str) -> 
     r.map_err(|e| gerr(format!("{what}: {e:?}")))
 }
 
+/// A pipelined greedy step launched and not yet collected: its token ids' pinned host buffer
+/// (filled by an async copy), row count, the event recorded after that copy (this context
+/// does not track events itself), and which device ids buffer it copies
+struct Inflight {
+    host: cudarc::driver::PinnedHostSlice<u8>,
+    rows: usize,
+    done: cudarc::driver::CudaEvent,
+    buf: usize,
+}
+
 pub struct GpuBackend<'p> {
     graph: &'p Graph,
     prog: &'p GpuProgram,
@@ -58,14 +68,21 @@ pub struct GpuBackend<'p> {
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
-    /// pipelined greedy steps launched and not yet collected: their token ids' pinned host
-    /// buffer (filled by an async copy), row count, and the event recorded after that copy
-    /// (this context does not track events itself), oldest first
-    inflight: std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, usize, cudarc::driver::CudaEvent)>,
+    /// pipelined greedy steps launched and not yet collected, oldest first
+    inflight: std::collections::VecDeque<Inflight>,
     /// pinned id buffers to reuse
     spare_ids: Vec<cudarc::driver::PinnedHostSlice<u8>>,
-    /// the last pipelined step's token ids on the device: the next fed step's input tokens
-    feed: Option<CudaSlice<u8>>,
+    /// pipelined steps' token ids on the device, two in turn: a step's argmax writes one while
+    /// the step before's ids, in the other, may still be on their way to the host; the last
+    /// step's are the next fed step's input tokens
+    feeds: [Option<CudaSlice<u8>>; 2],
+    /// which of `feeds` the last pipelined step wrote
+    feed_at: usize,
+    /// where the ids' device-to-host copies run: a second stream (after an event on the main
+    /// one), so the next step's upload and graph need not queue behind a copy that takes
+    /// ~10 µs of the stream's time (bench/launch_floor.cu on the H200: 290 -> 279 µs per step
+    /// around a 273 µs graph); None (DSC_IDS_SAME_STREAM=1): on the main stream, as before
+    copy_stream: Option<Arc<CudaStream>>,
     /// [`CACHED_MAX_TOKENS`] (DSC_CACHED_MAX_TOKENS overrides)
     cached_max_tokens: usize,
     /// steps of at most this many tokens launch with PDL (DSC_PDL_MAX_TOKENS; default
@@ -157,6 +174,7 @@ impl<'p> GpuBackend<'p> {
         // SAFETY: all work of this backend is ordered on `stream`.
         unsafe { ctx.disable_event_tracking() };
         let stream = cu(ctx.new_stream(), "creating a stream")?;
+        let copy_stream = if std::env::var("DSC_IDS_SAME_STREAM").is_ok_and(|v| v == "1") { None } else { Some(cu(ctx.new_stream(), "creating the ids copy stream")?) };
         let collective = collective(&stream)?;
         let mut resident = HashMap::new();
         // progress on a terminal, silent when piped (indicatif hides itself there)
@@ -294,7 +312,9 @@ impl<'p> GpuBackend<'p> {
             profile,
             inflight: Default::default(),
             spare_ids: vec![],
-            feed: None,
+            feeds: [None, None],
+            feed_at: 0,
+            copy_stream,
             cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
             pdl_max_tokens: std::env::var("DSC_PDL_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(PDL_MAX_TOKENS),
             staging: Default::default(),
@@ -914,30 +934,49 @@ impl Backend for GpuBackend<'_> {
         if fed && self.inflight.is_empty() {
             return Err(gerr("a fed step needs a launched step before it"));
         }
-        // the ids buffer: fed steps read it (inputs) before their argmax writes it, in stream order
-        if self.feed.as_ref().is_none_or(|f| f.len() < rows * 4) {
-            if fed {
-                return Err(gerr("a fed step has more rows than the step before it"));
-            }
-            self.feed = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
+        // the ids buffers, two in turn: a fed step reads the last step's, its argmax writes the
+        // other — once that one's copy to the host (of the step before last) has run
+        let (prev, cur) = (self.feed_at, 1 - self.feed_at);
+        if fed && self.feeds[prev].as_ref().is_none_or(|f| f.len() < rows * 4) {
+            return Err(gerr("a fed step has more rows than the step before it"));
         }
-        let ids = self.feed.take().expect("allocated above");
-        let r = self.with_bucket(b, |g, bucket, graphs| g.launch_bucket_greedy(bucket, b, graphs, &k, &ids, fed.then_some(&ids)));
-        self.feed = Some(ids);
+        if self.feeds[cur].as_ref().is_none_or(|f| f.len() < rows * 4) {
+            self.feeds[cur] = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
+        }
+        for f in self.inflight.iter().filter(|f| f.buf == cur) {
+            // (in practice long done: the engine collects a step before launching two more)
+            cu(self.stream.wait(&f.done), "ordering the token ids' reuse after their copy")?;
+        }
+        let ids = self.feeds[cur].take().expect("allocated above");
+        let src = if fed { self.feeds[prev].take() } else { None };
+        let r = self.with_bucket(b, |g, bucket, graphs| g.launch_bucket_greedy(bucket, b, graphs, &k, &ids, src.as_ref()));
+        self.feeds[cur] = Some(ids);
+        if src.is_some() {
+            self.feeds[prev] = src;
+        }
         r?;
+        self.feed_at = cur;
         let mut host = match self.spare_ids.pop() {
             Some(h) if h.len() >= rows * 4 => h,
             _ => self.pinned(rows.max(256) * 4)?,
         };
-        let ids = self.feed.as_ref().expect("set above");
-        cu(self.stream.memcpy_dtoh(&ids.slice(0..rows * 4), &mut host), "reading token ids")?;
-        let done = cu(self.stream.record_event(None), "recording the ids copy")?;
-        self.inflight.push_back((host, rows, done));
+        let ids = self.feeds[cur].as_ref().expect("set above");
+        let copy = match &self.copy_stream {
+            Some(cs) => {
+                let ready = cu(self.stream.record_event(None), "recording the step's end")?;
+                cu(cs.wait(&ready), "ordering the token ids' copy")?;
+                cs
+            }
+            None => &self.stream,
+        };
+        cu(copy.memcpy_dtoh(&ids.slice(0..rows * 4), &mut host), "reading token ids")?;
+        let done = cu(copy.record_event(None), "recording the ids copy")?;
+        self.inflight.push_back(Inflight { host, rows, done, buf: cur });
         Ok(true)
     }
 
     fn collect_greedy(&mut self) -> Result<Vec<u32>> {
-        let (host, rows, done) = self.inflight.pop_front().ok_or_else(|| gerr("collect_greedy: no pipelined step in flight"))?;
+        let Inflight { host, rows, done, .. } = self.inflight.pop_front().ok_or_else(|| gerr("collect_greedy: no pipelined step in flight"))?;
         cu(done.synchronize(), "waiting for a pipelined step")?;
         let ids = cu(host.as_slice(), "reading token ids")?[..rows * 4].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect();
         self.spare_ids.push(host);
@@ -945,7 +984,7 @@ impl Backend for GpuBackend<'_> {
     }
 
     fn discard_inflight(&mut self) {
-        while let Some((host, _, _)) = self.inflight.pop_front() {
+        while let Some(Inflight { host, .. }) = self.inflight.pop_front() {
             self.spare_ids.push(host);
         }
     }

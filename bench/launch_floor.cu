@@ -1,0 +1,308 @@
+// The launch floor of a batch-1 decode step on this GPU: what a chain of N dependent kernels
+// costs per kernel inside one CUDA graph, with and without programmatic dependent launch
+// (PDL: the next kernel's blocks start while the previous one runs and wait in
+// `griddepcontrol.wait`), for kernels that do nothing and for kernels that do what a
+// one-token GEMV does after its wait (read a 576-float vector, one block reduction, one store);
+// and what the engine's per-step stream operations around the graph add (an input upload,
+// the fed-token copy, the argmax launch, the ids download, an event).
+//
+// Build and run ON the GPU machine (nvcc is there; see ../shared/docs/GPU.md):
+//   nvcc -O3 -arch=sm_90a -o /tmp/launch_floor bench/launch_floor.cu && /tmp/launch_floor [N]
+// Prints one line per case and, with --json FILE, the same as JSON. CUDA events around 50
+// graph replays after 5 warm-up replays; the median of 7 such timings.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                 \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+__device__ __forceinline__ void pdl_start() {
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// nothing but the wait and one store from one thread
+__global__ void k_empty(const float* x, float* y, int n) {
+    pdl_start();
+    if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = x[0] + 1.0f;
+}
+
+// a one-token GEMV's dependent chain after its wait: every block reads the whole vector x (n
+// floats, written by the previous kernel), one block reduction (warp shuffles, shared memory,
+// a barrier), thread 0 stores one output
+__global__ void k_vec(const float* x, float* y, int n) {
+    pdl_start();
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(x[i], 1.0001f, s);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+    __shared__ float red[32];
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+        y[blockIdx.x % n] = t * 1e-3f;
+    }
+}
+
+// a persistent kernel doing `phases` of k_vec's work with a grid barrier after each (every
+// block resident: blocks <= SMs): the same dependent chain without kernel boundaries
+__global__ void k_persist(float* a, float* b, int n, int phases, unsigned* ctr) {
+    __shared__ float red[32];
+    for (int p = 0; p < phases; p++) {
+        const float* x = p % 2 ? b : a;
+        float* y = p % 2 ? a : b;
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(__ldcg(&x[i]), 1.0001f, s);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+            y[blockIdx.x % n] = t * 1e-3f;
+            // grid barrier: release our store, count in, spin until every block has
+            __threadfence();
+            unsigned target = (unsigned)(p + 1) * gridDim.x;
+            atomicAdd(ctr, 1u);
+            unsigned v;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
+            } while (v < target);
+        }
+        __syncthreads();
+    }
+}
+
+// the argmax stand-in: one block, one id
+__global__ void k_argmax(const float* x, int* ids, int n) {
+    pdl_start();
+    if (threadIdx.x == 0) ids[0] = (int)x[0] & 1023;
+}
+
+struct Case {
+    const char* name;
+    int kind;  // 0 empty, 1 vec
+    int blocks;
+    int threads;
+    bool pdl;
+};
+
+static void launch(cudaStream_t s, int kind, int blocks, int threads, bool pdl, const float* x, float* y, int n) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (kind == 0)
+        CK(cudaLaunchKernelEx(&cfg, k_empty, x, y, n));
+    else
+        CK(cudaLaunchKernelEx(&cfg, k_vec, x, y, n));
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+    int N = 154;
+    const char* json = nullptr;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else
+            N = atoi(argv[i]);
+    }
+    const int n = 576;
+    float *a, *b;
+    int* ids;
+    CK(cudaMalloc(&a, 1 << 20));
+    CK(cudaMalloc(&b, 1 << 20));
+    CK(cudaMalloc(&ids, 4096));
+    CK(cudaMemset(a, 0, 1 << 20));
+    CK(cudaMemset(b, 0, 1 << 20));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<Case> cases = {
+        {"empty_1x32", 0, 1, 32, false},      {"empty_1x32", 0, 1, 32, true},
+        {"empty_132x128", 0, 132, 128, false}, {"empty_132x128", 0, 132, 128, true},
+        {"vec576_1x128", 1, 1, 128, true},    {"vec576_32x128", 1, 32, 128, false},
+        {"vec576_32x128", 1, 32, 128, true},  {"vec576_132x128", 1, 132, 128, false},
+        {"vec576_132x128", 1, 132, 128, true}, {"vec576_264x128", 1, 264, 128, true},
+    };
+    std::string out = "{\"kernels_per_graph\": " + std::to_string(N) + ", \"chain\": [";
+    const int reps = 50;
+    for (size_t ci = 0; ci < cases.size(); ci++) {
+        const Case& c = cases[ci];
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int k = 0; k < N; k++) launch(s, c.kind, c.blocks, c.threads, c.pdl, k % 2 ? b : a, k % 2 ? a : b, n);
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int w = 0; w < 5; w++) CK(cudaGraphLaunch(ge, s));
+        std::vector<float> us;
+        for (int t = 0; t < 7; t++) {
+            CK(cudaEventRecord(e0, s));
+            for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, s));
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            us.push_back(ms * 1000.0f / reps);
+        }
+        float per_graph = median(us);
+        printf("chain %-16s pdl=%d  %3d kernels: %8.2f us per graph, %5.3f us per kernel\n", c.name, c.pdl, N, per_graph, per_graph / N);
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"pdl\": %s, \"us_per_graph\": %.2f, \"us_per_kernel\": %.3f}", ci ? ", " : "", c.name, c.pdl ? "true" : "false", per_graph, per_graph / N);
+        out += buf;
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    out += "], \"step\": [";
+    // a decode step as the engine issues it around a graph of N vec576_132x128 PDL kernels:
+    // upload (pinned, 512 B), fed-token copy (4 B device to device), graph, argmax, ids
+    // download (pinned, 4 B), event — and the same with parts left out / the argmax captured
+    int* hin;
+    int* hout;
+    CK(cudaMallocHost(&hin, 4096));
+    CK(cudaMallocHost(&hout, 4096));
+    memset(hin, 0, 4096);
+    struct Step {
+        const char* name;
+        bool upload, fed, argmax_out, argmax_in, download;
+    };
+    cudaStream_t s2;
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t ready;
+    CK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    std::vector<Step> steps = {
+        {"graph_alone", false, false, false, false, false},
+        {"engine_step", true, true, true, false, true},
+        {"no_fed_copy", true, false, true, false, true},
+        {"argmax_in_graph", true, true, false, true, true},
+        {"argmax_in_graph_no_fed", true, false, false, true, true},
+        {"side_download", true, true, true, false, true},
+        {"argmax_in_graph_no_fed_side_download", true, false, false, true, true},
+        {"no_upload", false, true, true, false, true},
+    };
+    for (size_t si = 0; si < steps.size(); si++) {
+        const Step& st = steps[si];
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int k = 0; k < N; k++) launch(s, 1, 132, 128, true, k % 2 ? b : a, k % 2 ? a : b, n);
+        if (st.argmax_in) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(1);
+            cfg.blockDim = dim3(32);
+            cfg.stream = s;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            CK(cudaLaunchKernelEx(&cfg, k_argmax, (const float*)a, ids, n));
+        }
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        auto one = [&]() {
+            if (st.upload) CK(cudaMemcpyAsync(b + 4096, hin, 512, cudaMemcpyHostToDevice, s));
+            if (st.fed) CK(cudaMemcpyAsync(b + 8192, ids, 4, cudaMemcpyDeviceToDevice, s));
+            CK(cudaGraphLaunch(ge, s));
+            if (st.argmax_out) k_argmax<<<1, 32, 0, s>>>(a, ids, n);
+            // (side_download: the ids copy and its event on a second stream after an event,
+            // off the main stream's path)
+            bool side = strstr(st.name, "side_download") != nullptr;
+            if (st.download && side) {
+                CK(cudaEventRecord(ready, s));
+                CK(cudaStreamWaitEvent(s2, ready, 0));
+                CK(cudaMemcpyAsync(hout, ids, 4, cudaMemcpyDeviceToHost, s2));
+                CK(cudaEventRecord(e1, s2));
+            } else if (st.download) {
+                CK(cudaMemcpyAsync(hout, ids, 4, cudaMemcpyDeviceToHost, s));
+                CK(cudaEventRecord(e1, s));
+            }
+        };
+        for (int w = 0; w < 5; w++) one();
+        CK(cudaStreamSynchronize(s));
+        std::vector<float> us;
+        cudaEvent_t a0, a1;
+        CK(cudaEventCreate(&a0));
+        CK(cudaEventCreate(&a1));
+        for (int t = 0; t < 7; t++) {
+            CK(cudaEventRecord(a0, s));
+            for (int r = 0; r < reps; r++) one();
+            CK(cudaEventRecord(a1, s));
+            CK(cudaEventSynchronize(a1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a0, a1));
+            us.push_back(ms * 1000.0f / reps);
+        }
+        float per = median(us);
+        printf("step  %-24s %8.2f us per step\n", st.name, per);
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"us_per_step\": %.2f}", si ? ", " : "", st.name, per);
+        out += buf;
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    out += "], \"persistent\": [";
+    // the persistent kernel: N phases, one grid barrier each (counter zeroed before each launch)
+    unsigned* ctr;
+    CK(cudaMalloc(&ctr, 4));
+    int pblocks[] = {132, 66, 32};
+    for (int pi = 0; pi < 3; pi++) {
+        int G = pblocks[pi];
+        auto one = [&]() {
+            CK(cudaMemsetAsync(ctr, 0, 4, s));
+            k_persist<<<G, 128, 0, s>>>(a, b, n, N, ctr);
+        };
+        for (int w = 0; w < 3; w++) one();
+        CK(cudaGetLastError());
+        std::vector<float> us;
+        for (int t = 0; t < 7; t++) {
+            CK(cudaEventRecord(e0, s));
+            for (int r = 0; r < 20; r++) one();
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            us.push_back(ms * 1000.0f / 20);
+        }
+        float per = median(us);
+        printf("persistent vec576_%dx128 %3d phases: %8.2f us per launch, %5.3f us per phase\n", G, N, per, per / N);
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s{\"blocks\": %d, \"us_per_launch\": %.2f, \"us_per_phase\": %.3f}", pi ? ", " : "", G, per, per / N);
+        out += buf;
+    }
+    out += "]}\n";
+    if (json) {
+        FILE* f = fopen(json, "w");
+        if (f) {
+            fputs(out.c_str(), f);
+            fclose(f);
+        }
+    }
+    return 0;
+}
