@@ -4419,8 +4419,38 @@ fn emit_paged_attention(
     if attn_o.is_some() && (rope.is_none() || split.is_some() || group != 1 || h / kvh < 1) {
         return Err("the o projection folds into the one-token RoPE attention of a head per block".into());
     }
+    // (bf16 pools, the one-pass kernels of a block per head: the next warp step's K/V rows are
+    // loaded before this step's math, carried through the loop as raw 16-bit vectors. On: 8B
+    // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
+    // their extra registers cost the SmolLM2 shape's b128 a wave (52.4k -> 46.8k tok/s) for
+    // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
+    // DSC_ATTN_PIPELINE=0 at compile time off)
+    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
+    // (rope (a one-token step), PDL, the pipelined one-pass kernel: the first warp step's K/V
+    // rows — earlier positions, written by earlier steps, not by the kernel before — go out
+    // before griddepcontrol.wait; a warp whose first step reaches this token's own position
+    // loads it again after the cache write below (`short`: takes
+    // that position's rows from shared memory). Head dims up to 64: SmolLM2 shape b1 0.377 ->
+    // 0.365 ms per step, where the 8B shape's D = 128 kernel lost 0.5% (3.803 -> 3.821 ms;
+    // bench/results/attn-early-2026-11-30.json). DSC_ATTN_EARLY=0 at compile time: after;
+    // =all: every head dim)
+    let early_env = std::env::var("DSC_ATTN_EARLY").ok();
+    let early_d = match early_env.as_deref() {
+        Some("0") => false,
+        Some("all") => true,
+        _ => d <= 64,
+    };
+    let early = pipelined && rope.is_some() && split.is_none() && b.pdl && !b.waited && early_d;
     let o_at = WARPS * rep * stride;
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", o_at + if attn_o.is_some() { d + 1 } else { 0 });
+    // (the one-token RoPE kernel, pipelined, first K/V rows before the wait: this token's
+    // rotated K row and its V row past the o projection's slots, as f32, for the warp whose
+    // first step holds this position — it takes them from here instead of reloading its rows
+    // from the pool after the cache write: one L2 round trip fewer on the kernel's path;
+    // DSC_ATTN_SHORT=0 at compile time: reloaded, and q loaded after the cache write, as
+    // before)
+    let short = !std::env::var("DSC_ATTN_SHORT").is_ok_and(|v| v == "0");
+    let new_at = o_at + if attn_o.is_some() { d + 1 } else { 0 };
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", new_at + if short && early { 2 * d } else { 0 });
     b.workgroup = Some(format!("%sm : {smt}"));
     let bid = b.op("gpu.block_id x");
     let t = b.idx64(&bid);
@@ -4464,13 +4494,6 @@ fn emit_paged_attention(
             }
         })
         .collect();
-    // (bf16 pools, the one-pass kernels of a block per head: the next warp step's K/V rows are
-    // loaded before this step's math, carried through the loop as raw 16-bit vectors. On: 8B
-    // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
-    // their extra registers cost the SmolLM2 shape's b128 a wave (52.4k -> 46.8k tok/s) for
-    // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
-    // DSC_ATTN_PIPELINE=0 at compile time off)
-    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
     // key `ju`'s element offset in the pools from `p0`, key `j0`'s, in the same cache block
     let in_block = |b: &mut Body, p0: &str, j0: &str, ju: &str| -> String {
         let krow = b.ci64((kvh * d) as i64);
@@ -4537,20 +4560,6 @@ fn emit_paged_attention(
         }
         None => vec![],
     };
-    // (rope (a one-token step), PDL, the pipelined one-pass kernel: the first warp step's K/V
-    // rows — earlier positions, written by earlier steps, not by the kernel before — go out
-    // before griddepcontrol.wait; a warp whose first step reaches this token's own position
-    // loads it again after the cache write below. Head dims up to 64: SmolLM2 shape b1 0.377 ->
-    // 0.365 ms per step, where the 8B shape's D = 128 kernel lost 0.5% (3.803 -> 3.821 ms;
-    // bench/results/attn-early-2026-11-30.json). DSC_ATTN_EARLY=0 at compile time: after;
-    // =all: every head dim)
-    let early_env = std::env::var("DSC_ATTN_EARLY").ok();
-    let early_d = match early_env.as_deref() {
-        Some("0") => false,
-        Some("all") => true,
-        _ => d <= 64,
-    };
-    let early = pipelined && rope.is_some() && split.is_none() && b.pdl && !b.waited && early_d;
     let early_first = if early {
         let c1e = b.ci64(1);
         let ctx_e = b.op(&format!("arith.addi {p}, {c1e} : i64"));
@@ -4563,6 +4572,37 @@ fn emit_paged_attention(
     } else {
         None
     };
+    // the group's rows (token, head) and their q (pre-scaled), lane's elements 32e + lane
+    // (short: loaded and rotated before the cache write below, their L2 round trip beside the
+    // K/V rows' instead of after the block barrier)
+    let q_rows = |b: &mut Body| -> (Vec<String>, Vec<Vec<String>>) {
+        let grow0 = b.op(&format!("arith.addi {row0}, {head0} : i64"));
+        let rows: Vec<String> = (0..rep)
+            .map(|g| {
+                let cg = b.ci64(g as i64);
+                b.op(&format!("arith.addi {grow0}, {cg} : i64"))
+            })
+            .collect();
+        let scale = b.cf32(f32::from_bits(scale_bits));
+        let mut qv = vec![];
+        for row in &rows {
+            let qbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
+            let mut qg = vec![];
+            for eo in &eoff {
+                let q = match rope {
+                    Some((theta_bits, interleaved)) => b.rope_elem("%xq", &qbase, eo, &p, d, theta_bits, interleaved),
+                    None => {
+                        let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
+                        b.load("%q", &o)
+                    }
+                };
+                qg.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
+            }
+            qv.push(qg);
+        }
+        (rows, qv)
+    };
+    let early_q = (short && rope.is_some()).then(|| q_rows(b));
     // (rope: this token's K row of KV head kh rotated and its V row into the pools at slot[t]
     // first — every block of the KV head writes the same values —, visible to the block after
     // the barrier; a one-token step only: no other token of the step reads them)
@@ -4581,38 +4621,31 @@ fn emit_paged_attention(
         b.line(&format!("scf.if {mine} {{"));
         let y = b.rope_elem("%xk", &xb, &tid64, &p, d, theta_bits, interleaved);
         let dst = b.op(&format!("arith.addi {cb}, {tid64} : i64"));
-        b.store_kv(&y, "%kc", &dst, kv)?;
         let src = b.op(&format!("arith.addi {xb}, {tid64} : i64"));
-        let v = b.load("%xv", &src);
+        // (short: V loaded before K is stored — the pools may alias x for all the compiler
+        // knows, so a load after the store waits for it: two L2 round trips in a row)
+        let v_first = short.then(|| b.load("%xv", &src));
+        b.store_kv(&y, "%kc", &dst, kv)?;
+        let v = match v_first {
+            Some(v) => v,
+            None => b.load("%xv", &src),
+        };
         b.store_kv(&v, "%vc", &dst, kv)?;
+        if short && early {
+            // (and into shared memory, for the warp whose first step holds this position)
+            for (val, at) in [(&y, new_at), (&v, new_at + d)] {
+                let ca = b.op(&format!("arith.constant {at} : index"));
+                let i = b.op(&format!("arith.addi {ca}, {tid} : index"));
+                b.line(&format!("memref.store {val}, %sm[{i}] : {smt}"));
+            }
+        }
         b.line("}");
         b.line("gpu.barrier");
     }
-    let grow0 = b.op(&format!("arith.addi {row0}, {head0} : i64"));
-    // the group's rows (token, head) and their q (pre-scaled), lane's elements 32e + lane
-    let rows: Vec<String> = (0..rep)
-        .map(|g| {
-            let cg = b.ci64(g as i64);
-            b.op(&format!("arith.addi {grow0}, {cg} : i64"))
-        })
-        .collect();
-    let scale = b.cf32(f32::from_bits(scale_bits));
-    let mut qv = vec![];
-    for row in &rows {
-        let qbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
-        let mut qg = vec![];
-        for eo in &eoff {
-            let q = match rope {
-                Some((theta_bits, interleaved)) => b.rope_elem("%xq", &qbase, eo, &p, d, theta_bits, interleaved),
-                None => {
-                    let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
-                    b.load("%q", &o)
-                }
-            };
-            qg.push(b.op(&format!("arith.mulf {q}, {scale} : f32")));
-        }
-        qv.push(qg);
-    }
+    let (rows, qv) = match early_q {
+        Some(q) => q,
+        None => q_rows(b),
+    };
     let c1 = b.ci64(1);
     let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
     // the keys [lo, hi) this block takes: all of the context, or with `split` its part s
@@ -4657,11 +4690,46 @@ fn emit_paged_attention(
                 // (loaded before the wait: again where the warp's first step reaches key p)
                 let cl = b.ci64(nk as i64 - 1);
                 let last = b.op(&format!("arith.addi {js_e}, {cl} : i64"));
-                let stale = b.op(&format!("arith.cmpi sge, {last}, {p} : i64"));
+                let mut stale = b.op(&format!("arith.cmpi sge, {last}, {p} : i64"));
+                if short {
+                    // (only the warp whose first step holds key p: warps past it run no step)
+                    let from = b.op(&format!("arith.cmpi sle, {js_e}, {p} : i64"));
+                    stale = b.op(&format!("arith.andi {stale}, {from} : i1"));
+                }
                 let r = b.v();
-                let vtys = vec![format!("vector<{per}xi16>"); pre.len()].join(", ");
+                let vty1 = format!("vector<{per}xi16>");
+                let vtys = vec![vty1.clone(); pre.len()].join(", ");
                 b.line(&format!("{r}:{} = scf.if {stale} -> ({vtys}) {{", pre.len()));
-                let again = raw_step(b, &js, &hi);
+                let again = if short {
+                    // key p's rows from shared memory (as the pool holds them: bf16 of the
+                    // f32 the cache write stored), the step's other keys as loaded before
+                    let mut fresh = vec![];
+                    for at in [new_at, new_at + d] {
+                        let elems: Vec<String> = eoff
+                            .iter()
+                            .map(|eo| {
+                                let ca = b.ci64(at as i64);
+                                let i = b.op(&format!("arith.addi {ca}, {eo} : i64"));
+                                let i = b.op(&format!("arith.index_cast {i} : i64 to index"));
+                                let x = b.op(&format!("memref.load %sm[{i}] : {smt}"));
+                                b.op(&format!("llvm.inline_asm \"cvt.rn.bf16.f32 $0, $1;\", \"=h,f\" {x} : (f32) -> i16"))
+                            })
+                            .collect();
+                        fresh.push(b.vector(&elems, "i16"));
+                    }
+                    let mut out = vec![];
+                    for u in 0..nk {
+                        let cu = b.ci64(u as i64);
+                        let ju = b.op(&format!("arith.addi {js_e}, {cu} : i64"));
+                        let here = b.op(&format!("arith.cmpi eq, {ju}, {p} : i64"));
+                        for kvi in 0..2 {
+                            out.push(b.op(&format!("arith.select {here}, {}, {} : {vty1}", fresh[kvi], pre[2 * u + kvi])));
+                        }
+                    }
+                    out
+                } else {
+                    raw_step(b, &js, &hi)
+                };
                 b.line(&format!("scf.yield {} : {vtys}", again.join(", ")));
                 b.line("} else {");
                 b.line(&format!("scf.yield {} : {vtys}", pre.join(", ")));
