@@ -10,6 +10,7 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/launch_floor bench/launch_floor.cu && /tmp/launch_floor [N]
 // Prints one line per case and, with --json FILE, the same as JSON. CUDA events around 50
 // graph replays after 5 warm-up replays; the median of 7 such timings.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -84,6 +85,77 @@ __global__ void k_persist(float* a, float* b, int n, int phases, unsigned* ctr) 
         }
         __syncthreads();
     }
+}
+
+// one thread-block cluster doing `phases` dependent stages without leaving the kernel: block r
+// of the C blocks owns the vector's slice r (in its shared memory, two buffers in turn); each
+// stage every block gathers the whole vector from the cluster's shared memories (DSMEM),
+// reduces it (as k_vec), writes its slice of the next vector, and the cluster barrier
+// (arrive.release / wait.acquire) orders the stages. `clusters` independent copies run at once.
+__global__ void k_cluster(float* out, int n, int phases) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ float buf[2][576];
+    __shared__ float red[32];
+    const int C = (int)cl.num_blocks();
+    const int r = (int)cl.block_rank();
+    const int slice = (n + C - 1) / C;
+    for (int i = threadIdx.x; i < slice; i += blockDim.x) buf[0][i] = 1.0f;
+    cl.sync();
+    for (int p = 0; p < phases; p++) {
+        const int cur = p % 2;
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float* remote = cl.map_shared_rank(&buf[cur][0], i / slice);
+            s = fmaf(remote[i % slice], 1.0001f, s);
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+        __syncthreads();
+        float t = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+        for (int i = threadIdx.x; i < slice; i += blockDim.x) buf[1 - cur][i] = t * 1e-3f + (float)i;
+        cl.sync();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = buf[phases % 2][0];
+}
+
+// streaming read bandwidth of `gridDim.x` blocks (one per SM) reading `per` 16-byte words each
+// (8 loads in flight per thread): what a few SMs can pull on their own
+__global__ void k_stream(const int4* w, size_t per, int* out) {
+    const int4* p = w + blockIdx.x * per;
+    int acc = 0;
+    for (size_t i = threadIdx.x; i < per; i += 8 * blockDim.x) {
+        int4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = (i + u * blockDim.x < per) ? __ldcs(p + i + u * blockDim.x) : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (acc == 0x12345678) out[0] = acc;
+}
+
+// k_vec's chain in parts (mode): 0 every block's thread 0 stores one value after the wait;
+// 1 every thread loads one element of x and thread 0 stores it; 2 + a warp shuffle
+// reduction; 3 + the block reduction (shared memory and a barrier), i.e. k_vec with one load
+// per thread
+__global__ void k_part(const float* x, float* y, int n, int mode) {
+    pdl_start();
+    if (mode == 0) {
+        if (threadIdx.x == 0) y[blockIdx.x % n] = 1.0f;
+        return;
+    }
+    float s = x[threadIdx.x % n];
+    if (mode >= 2)
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+    if (mode >= 3) {
+        __shared__ float red[32];
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+        __syncthreads();
+        s = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
+    }
+    if (threadIdx.x == 0) y[blockIdx.x % n] = s * 1e-3f;
 }
 
 // the argmax stand-in: one block, one id
@@ -175,6 +247,46 @@ int main(int argc, char** argv) {
         printf("chain %-16s pdl=%d  %3d kernels: %8.2f us per graph, %5.3f us per kernel\n", c.name, c.pdl, N, per_graph, per_graph / N);
         char buf[256];
         snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"pdl\": %s, \"us_per_graph\": %.2f, \"us_per_kernel\": %.3f}", ci ? ", " : "", c.name, c.pdl ? "true" : "false", per_graph, per_graph / N);
+        out += buf;
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    out += "], \"parts\": [";
+    // the chain's parts, 132 blocks x 128 threads, PDL
+    const char* pnames[] = {"store_only", "load_store", "load_warp_reduce", "load_block_reduce"};
+    for (int mode = 0; mode < 4; mode++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int k = 0; k < N; k++) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(132);
+            cfg.blockDim = dim3(128);
+            cfg.stream = s;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            CK(cudaLaunchKernelEx(&cfg, k_part, (const float*)(k % 2 ? b : a), k % 2 ? a : b, n, mode));
+        }
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int w = 0; w < 5; w++) CK(cudaGraphLaunch(ge, s));
+        std::vector<float> us;
+        for (int t = 0; t < 7; t++) {
+            CK(cudaEventRecord(e0, s));
+            for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, s));
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            us.push_back(ms * 1000.0f / reps);
+        }
+        float per = median(us);
+        printf("parts %-18s 132x128 pdl=1: %5.3f us per kernel\n", pnames[mode], per / N);
+        char buf[200];
+        snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"us_per_kernel\": %.3f}", mode ? ", " : "", pnames[mode], per / N);
         out += buf;
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
@@ -295,6 +407,81 @@ int main(int argc, char** argv) {
         char buf[256];
         snprintf(buf, sizeof buf, "%s{\"blocks\": %d, \"us_per_launch\": %.2f, \"us_per_phase\": %.3f}", pi ? ", " : "", G, per, per / N);
         out += buf;
+    }
+    out += "], \"cluster\": [";
+    // one cluster per group of C blocks, N stages each, cluster barriers between them
+    CK(cudaFuncSetAttribute(k_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int csizes[] = {2, 4, 8, 16};
+    int cgroups[] = {1, 8};
+    bool first = true;
+    for (int cs : csizes) {
+        for (int cg : cgroups) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(cs * cg);
+            cfg.blockDim = dim3(128);
+            cfg.stream = s;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = cs;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            auto one = [&]() { return cudaLaunchKernelEx(&cfg, k_cluster, b, n, N); };
+            cudaError_t e = one();
+            if (e != cudaSuccess) {
+                printf("cluster %2d x %d: %s\n", cs, cg, cudaGetErrorString(e));
+                cudaGetLastError();
+                continue;
+            }
+            for (int w = 0; w < 3; w++) CK(one());
+            std::vector<float> us;
+            for (int t = 0; t < 7; t++) {
+                CK(cudaEventRecord(e0, s));
+                for (int r = 0; r < 20; r++) CK(one());
+                CK(cudaEventRecord(e1, s));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                us.push_back(ms * 1000.0f / 20);
+            }
+            float per = median(us);
+            printf("cluster of %2d blocks x %d clusters, %3d stages: %8.2f us per launch, %5.3f us per stage\n", cs, cg, N, per, per / N);
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s{\"cluster\": %d, \"clusters\": %d, \"us_per_launch\": %.2f, \"us_per_stage\": %.3f}", first ? "" : ", ", cs, cg, per, per / N);
+            first = false;
+            out += buf;
+        }
+    }
+    out += "], \"stream\": [";
+    // per-SM streaming bandwidth: 1, 16, 132 blocks of 512 threads, 4 MB each, from HBM
+    {
+        const size_t per = (4u << 20) / 16;
+        int4* w;
+        CK(cudaMalloc(&w, 132 * per * 16));
+        CK(cudaMemset(w, 1, 132 * per * 16));
+        int gs[] = {1, 8, 16, 32, 132};
+        for (int gi = 0; gi < 5; gi++) {
+            int G = gs[gi];
+            for (int wu = 0; wu < 2; wu++) k_stream<<<G, 512, 0, s>>>(w, per, ids);
+            std::vector<float> us;
+            for (int t = 0; t < 7; t++) {
+                CK(cudaEventRecord(e0, s));
+                k_stream<<<G, 512, 0, s>>>(w, per, ids);
+                CK(cudaEventRecord(e1, s));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                us.push_back(ms * 1000.0f);
+            }
+            float t = median(us);
+            double gbs = (double)G * per * 16 / (t * 1e-6) / 1e9;
+            printf("stream %3d blocks x 4 MB: %8.2f us, %7.1f GB/s (%6.1f GB/s per SM)\n", G, t, gbs, gbs / G);
+            char buf[200];
+            snprintf(buf, sizeof buf, "%s{\"blocks\": %d, \"us\": %.2f, \"gb_per_s\": %.1f}", gi ? ", " : "", G, t, gbs);
+            out += buf;
+        }
+        CK(cudaFree(w));
     }
     out += "]}\n";
     if (json) {

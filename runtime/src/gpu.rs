@@ -95,6 +95,12 @@ pub struct GpuBackend<'p> {
     /// pinned buffers the packed inputs go up from, in turn, each with the event after its
     /// last copy
     staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, cudarc::driver::CudaEvent)>>,
+    /// the step's inputs go up through [`INPUTS_PTX`]'s kernel, which reads the staged pinned
+    /// buffer over PCIe (mapped host memory) and the fed token ids on the device, in place of a
+    /// host-to-device copy and a device-to-device one: two copy-engine operations on the
+    /// stream cost ~12 µs between a decode step's argmax and its next graph (CUPTI timeline on
+    /// the H200, bench/results/timeline-2026-11-30.json); None (DSC_INPUT_COPY=1): the copies
+    inputs_kernel: Option<CudaFunction>,
 }
 
 /// DSC_SKIP_KERNELS (see `GpuBackend::skip_kernels`), announced on stderr when set.
@@ -153,6 +159,12 @@ impl<'p> GpuBackend<'p> {
         let target = target_for(major, minor).ok_or_else(|| gerr(format!("GPU compute capability {major}.{minor} has no target in dsc (sm_80+)")))?;
         let ptx = prog.ptx.get(target).ok_or_else(|| gerr(format!("the plan has no PTX for {target} (it has {:?})", prog.ptx.keys().collect::<Vec<_>>())))?;
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
+        let inputs_kernel = if std::env::var("DSC_INPUT_COPY").is_ok_and(|v| v == "1") {
+            None
+        } else {
+            let m = cu(ctx.load_module(Ptx::from_src(INPUTS_PTX)), "loading the input kernel")?;
+            Some(cu(m.load_function("dsc_inputs"), "kernel dsc_inputs")?)
+        };
         let mut funcs = HashMap::new();
         let hopper = target == "sm_90a";
         for k in prog.argmax.iter().chain(prog.steps.iter().flat_map(|s| {
@@ -318,6 +330,7 @@ impl<'p> GpuBackend<'p> {
             cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
             pdl_max_tokens: std::env::var("DSC_PDL_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(PDL_MAX_TOKENS),
             staging: Default::default(),
+            inputs_kernel,
             skip_kernels: skip_kernels_from_env(),
         })
     }
@@ -336,6 +349,52 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
 }
 
 const INPUTS: [&str; 6] = ["tokens", "positions", "seq_ids", "slots", "block_table", "logit_rows"];
+
+/// The runtime's own kernel: `dsc_inputs(src, dst, words, fed, fed_at, fed_words)` copies
+/// `words` 32-bit words from `src` (the pinned staging buffer, read over PCIe: host memory is
+/// mapped into the device's address space under unified addressing) to `dst` (the arena's
+/// input span), taking words `fed_at .. fed_at + fed_words` from `fed` instead (the previous
+/// step's token ids on the device; `fed_words` 0: none). A thread per word.
+const INPUTS_PTX: &str = "
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry dsc_inputs(.param .u64 src, .param .u64 dst, .param .u32 words, .param .u64 fed, .param .u32 fed_at, .param .u32 fed_words)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [dst];
+    ld.param.u32 %r1, [words];
+    ld.param.u64 %rd3, [fed];
+    ld.param.u32 %r2, [fed_at];
+    ld.param.u32 %r3, [fed_words];
+    mov.u32 %r4, %ctaid.x;
+    mov.u32 %r5, %ntid.x;
+    mov.u32 %r6, %tid.x;
+    mad.lo.u32 %r4, %r4, %r5, %r6;
+    setp.ge.u32 %p1, %r4, %r1;
+    @%p1 bra DONE;
+    sub.u32 %r7, %r4, %r2;
+    setp.lt.u32 %p2, %r7, %r3;
+    @%p2 bra FED;
+    mul.wide.u32 %rd4, %r4, 4;
+    add.s64 %rd5, %rd1, %rd4;
+    ld.u32 %r8, [%rd5];
+    bra.uni STORE;
+FED:
+    mul.wide.u32 %rd4, %r7, 4;
+    add.s64 %rd5, %rd3, %rd4;
+    ld.global.u32 %r8, [%rd5];
+STORE:
+    mul.wide.u32 %rd6, %r4, 4;
+    add.s64 %rd7, %rd2, %rd6;
+    st.global.u32 [%rd7], %r8;
+DONE:
+    ret;
+}
+";
 
 /// One resolved action of a step: a kernel launch or an all-reduce of an arena buffer.
 enum Action {
@@ -781,6 +840,8 @@ impl GpuBackend<'_> {
             let n = b.max_blocks.min(w);
             table[sq * w..sq * w + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
         }
+        // (whether the input kernel took the fed ids already)
+        let mut fed_done = false;
         let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
         if bucket.packed.is_empty() {
             for (name, v) in inputs {
@@ -819,16 +880,50 @@ impl GpuBackend<'_> {
             }
             let mut dst = bucket.arena.slice_mut(s0..s1);
             {
-                use cudarc::driver::DevicePtrMut;
+                use cudarc::driver::{DevicePtr, DevicePtrMut};
                 let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
-                // SAFETY: `h` is pinned memory the ring keeps until the event after this copy has
-                // completed (it is reused only after synchronizing on it); `dst` spans s1 - s0 bytes
-                cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?;
+                match &self.inputs_kernel {
+                    Some(f) => {
+                        // (the fed token ids taken in the same kernel, at the tokens' words)
+                        let (mut fed_ptr, mut fed_at, mut fed_words) = (0u64, 0u32, 0u32);
+                        let mut _fed_guard = None;
+                        if let Some(src) = fed {
+                            let n = b.tokens.len() * 4;
+                            let Some(&(_, o, len)) = bucket.packed.iter().find(|p| p.0 == "tokens") else {
+                                return Err(gerr("the step has no tokens input to feed"));
+                            };
+                            if src.len() < n || len < n {
+                                return Err(gerr(format!("fed token ids: {} bytes for {} tokens ({len}-byte input)", src.len(), b.tokens.len())));
+                            }
+                            let (p, g) = src.device_ptr(&self.stream);
+                            (fed_ptr, fed_at, fed_words) = (p, ((o - s0) / 4) as u32, (n / 4) as u32);
+                            _fed_guard = Some(g);
+                            fed_done = true;
+                        }
+                        let words = ((s1 - s0) / 4) as u32;
+                        let src_ptr = h.as_ptr() as u64;
+                        let dst_ptr = dptr;
+                        let mut lb = self.stream.launch_builder(f);
+                        lb.arg(&src_ptr).arg(&dst_ptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
+                        let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                        // SAFETY: dsc_inputs(src, dst, words, fed, fed_at, fed_words): `src` is
+                        // the pinned staging buffer of at least s1 - s0 bytes (device-readable
+                        // under unified addressing), kept by the ring until the event after
+                        // this kernel; `dst` spans s1 - s0 bytes of the arena; `fed`, when
+                        // set, holds `fed_words` words (checked above) landing inside the
+                        // tokens input.
+                        unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching dsc_inputs: {e:?}")))?;
+                    }
+                    // SAFETY: `h` is pinned memory the ring keeps until the event after this copy
+                    // has completed (it is reused only after synchronizing on it); `dst` spans
+                    // s1 - s0 bytes
+                    None => cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?,
+                }
             }
             let done = cu(self.stream.record_event(None), "recording the input copy")?;
             ring.push_back((host, done));
         }
-        if let Some(src) = fed {
+        if let (Some(src), false) = (fed, fed_done) {
             // (after the uploads, in stream order: the packed copy wrote zeros there)
             let n = b.tokens.len() * 4;
             if src.len() < n {
