@@ -34,6 +34,17 @@ __device__ __forceinline__ void pdl_start() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+// the block's sum of `s`: warp shuffles, then shared memory and a barrier (every thread gets it)
+__device__ __forceinline__ float block_sum(float s) {
+    __shared__ float red[32];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+    return t;
+}
+
 // nothing but the wait and one store from one thread
 __global__ void k_empty(const float* x, float* y, int n) {
     pdl_start();
@@ -47,32 +58,20 @@ __global__ void k_vec(const float* x, float* y, int n) {
     pdl_start();
     float s = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(x[i], 1.0001f, s);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-    __shared__ float red[32];
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
-        y[blockIdx.x % n] = t * 1e-3f;
-    }
+    float t = block_sum(s);
+    if (threadIdx.x == 0) y[blockIdx.x % n] = t * 1e-3f;
 }
 
 // a persistent kernel doing `phases` of k_vec's work with a grid barrier after each (every
 // block resident: blocks <= SMs): the same dependent chain without kernel boundaries
 __global__ void k_persist(float* a, float* b, int n, int phases, unsigned* ctr) {
-    __shared__ float red[32];
     for (int p = 0; p < phases; p++) {
         const float* x = p % 2 ? b : a;
         float* y = p % 2 ? a : b;
         float s = 0.0f;
         for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(__ldcg(&x[i]), 1.0001f, s);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-        __syncthreads();
+        float t = block_sum(s);
         if (threadIdx.x == 0) {
-            float t = 0.0f;
-            for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
             y[blockIdx.x % n] = t * 1e-3f;
             // grid barrier: release our store, count in, spin until every block has
             __threadfence();
@@ -96,7 +95,6 @@ __global__ void k_cluster(float* out, int n, int phases) {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     __shared__ float buf[2][576];
-    __shared__ float red[32];
     const int C = (int)cl.num_blocks();
     const int r = (int)cl.block_rank();
     const int slice = (n + C - 1) / C;
@@ -109,11 +107,7 @@ __global__ void k_cluster(float* out, int n, int phases) {
             const float* remote = cl.map_shared_rank(&buf[cur][0], i / slice);
             s = fmaf(remote[i % slice], 1.0001f, s);
         }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-        __syncthreads();
-        float t = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+        float t = block_sum(s);
         for (int i = threadIdx.x; i < slice; i += blockDim.x) buf[1 - cur][i] = t * 1e-3f + (float)i;
         cl.sync();
     }
@@ -146,15 +140,9 @@ __global__ void k_part(const float* x, float* y, int n, int mode) {
         return;
     }
     float s = x[threadIdx.x % n];
-    if (mode >= 2)
+    if (mode == 2)
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
-    if (mode >= 3) {
-        __shared__ float red[32];
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-        __syncthreads();
-        s = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
-    }
+    if (mode >= 3) s = block_sum(s);
     if (threadIdx.x == 0) y[blockIdx.x % n] = s * 1e-3f;
 }
 
@@ -172,7 +160,10 @@ struct Case {
     bool pdl;
 };
 
-static void launch(cudaStream_t s, int kind, int blocks, int threads, bool pdl, const float* x, float* y, int n) {
+// `k(args...)` as `blocks` x `threads` on stream `s`, with programmatic stream serialization
+// (PDL) when `pdl`
+template <class... KArgs, class... Args>
+static void launch_pdl(cudaStream_t s, int blocks, int threads, bool pdl, void (*k)(KArgs...), Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(threads);
@@ -182,15 +173,33 @@ static void launch(cudaStream_t s, int kind, int blocks, int threads, bool pdl, 
     at[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    if (kind == 0)
-        CK(cudaLaunchKernelEx(&cfg, k_empty, x, y, n));
-    else
-        CK(cudaLaunchKernelEx(&cfg, k_vec, x, y, n));
+    CK(cudaLaunchKernelEx(&cfg, k, args...));
+}
+
+static void launch(cudaStream_t s, int kind, int blocks, int threads, bool pdl, const float* x, float* y, int n) {
+    launch_pdl(s, blocks, threads, pdl, kind == 0 ? k_empty : k_vec, x, y, n);
 }
 
 static float median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
+}
+
+// `f` called `reps` times back to back on stream `s` between the events, 7 times: the median
+// microseconds per call
+template <class F>
+static float time_us(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int reps, F f) {
+    std::vector<float> us;
+    for (int t = 0; t < 7; t++) {
+        CK(cudaEventRecord(e0, s));
+        for (int r = 0; r < reps; r++) f();
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        us.push_back(ms * 1000.0f / reps);
+    }
+    return median(us);
 }
 
 int main(int argc, char** argv) {
@@ -233,17 +242,7 @@ int main(int argc, char** argv) {
         CK(cudaStreamEndCapture(s, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         for (int w = 0; w < 5; w++) CK(cudaGraphLaunch(ge, s));
-        std::vector<float> us;
-        for (int t = 0; t < 7; t++) {
-            CK(cudaEventRecord(e0, s));
-            for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, s));
-            CK(cudaEventRecord(e1, s));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(ms * 1000.0f / reps);
-        }
-        float per_graph = median(us);
+        float per_graph = time_us(s, e0, e1, reps, [&]() { CK(cudaGraphLaunch(ge, s)); });
         printf("chain %-16s pdl=%d  %3d kernels: %8.2f us per graph, %5.3f us per kernel\n", c.name, c.pdl, N, per_graph, per_graph / N);
         char buf[256];
         snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"pdl\": %s, \"us_per_graph\": %.2f, \"us_per_kernel\": %.3f}", ci ? ", " : "", c.name, c.pdl ? "true" : "false", per_graph, per_graph / N);
@@ -258,32 +257,11 @@ int main(int argc, char** argv) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        for (int k = 0; k < N; k++) {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(132);
-            cfg.blockDim = dim3(128);
-            cfg.stream = s;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
-            CK(cudaLaunchKernelEx(&cfg, k_part, (const float*)(k % 2 ? b : a), k % 2 ? a : b, n, mode));
-        }
+        for (int k = 0; k < N; k++) launch_pdl(s, 132, 128, true, k_part, (const float*)(k % 2 ? b : a), k % 2 ? a : b, n, mode);
         CK(cudaStreamEndCapture(s, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         for (int w = 0; w < 5; w++) CK(cudaGraphLaunch(ge, s));
-        std::vector<float> us;
-        for (int t = 0; t < 7; t++) {
-            CK(cudaEventRecord(e0, s));
-            for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, s));
-            CK(cudaEventRecord(e1, s));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(ms * 1000.0f / reps);
-        }
-        float per = median(us);
+        float per = time_us(s, e0, e1, reps, [&]() { CK(cudaGraphLaunch(ge, s)); });
         printf("parts %-18s 132x128 pdl=1: %5.3f us per kernel\n", pnames[mode], per / N);
         char buf[200];
         snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"us_per_kernel\": %.3f}", mode ? ", " : "", pnames[mode], per / N);
@@ -306,8 +284,9 @@ int main(int argc, char** argv) {
     };
     cudaStream_t s2;
     CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    cudaEvent_t ready;
+    cudaEvent_t ready, dl;
     CK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&dl, cudaEventDisableTiming));
     std::vector<Step> steps = {
         {"graph_alone", false, false, false, false, false},
         {"engine_step", true, true, true, false, true},
@@ -324,18 +303,7 @@ int main(int argc, char** argv) {
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
         for (int k = 0; k < N; k++) launch(s, 1, 132, 128, true, k % 2 ? b : a, k % 2 ? a : b, n);
-        if (st.argmax_in) {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(1);
-            cfg.blockDim = dim3(32);
-            cfg.stream = s;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
-            CK(cudaLaunchKernelEx(&cfg, k_argmax, (const float*)a, ids, n));
-        }
+        if (st.argmax_in) launch_pdl(s, 1, 32, true, k_argmax, (const float*)a, ids, n);
         CK(cudaStreamEndCapture(s, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         auto one = [&]() {
@@ -350,28 +318,15 @@ int main(int argc, char** argv) {
                 CK(cudaEventRecord(ready, s));
                 CK(cudaStreamWaitEvent(s2, ready, 0));
                 CK(cudaMemcpyAsync(hout, ids, 4, cudaMemcpyDeviceToHost, s2));
-                CK(cudaEventRecord(e1, s2));
+                CK(cudaEventRecord(dl, s2));
             } else if (st.download) {
                 CK(cudaMemcpyAsync(hout, ids, 4, cudaMemcpyDeviceToHost, s));
-                CK(cudaEventRecord(e1, s));
+                CK(cudaEventRecord(dl, s));
             }
         };
         for (int w = 0; w < 5; w++) one();
         CK(cudaStreamSynchronize(s));
-        std::vector<float> us;
-        cudaEvent_t a0, a1;
-        CK(cudaEventCreate(&a0));
-        CK(cudaEventCreate(&a1));
-        for (int t = 0; t < 7; t++) {
-            CK(cudaEventRecord(a0, s));
-            for (int r = 0; r < reps; r++) one();
-            CK(cudaEventRecord(a1, s));
-            CK(cudaEventSynchronize(a1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a0, a1));
-            us.push_back(ms * 1000.0f / reps);
-        }
-        float per = median(us);
+        float per = time_us(s, e0, e1, reps, [&]() { one(); });
         printf("step  %-24s %8.2f us per step\n", st.name, per);
         char buf[256];
         snprintf(buf, sizeof buf, "%s{\"case\": \"%s\", \"us_per_step\": %.2f}", si ? ", " : "", st.name, per);
@@ -392,17 +347,7 @@ int main(int argc, char** argv) {
         };
         for (int w = 0; w < 3; w++) one();
         CK(cudaGetLastError());
-        std::vector<float> us;
-        for (int t = 0; t < 7; t++) {
-            CK(cudaEventRecord(e0, s));
-            for (int r = 0; r < 20; r++) one();
-            CK(cudaEventRecord(e1, s));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(ms * 1000.0f / 20);
-        }
-        float per = median(us);
+        float per = time_us(s, e0, e1, 20, [&]() { one(); });
         printf("persistent vec576_%dx128 %3d phases: %8.2f us per launch, %5.3f us per phase\n", G, N, per, per / N);
         char buf[256];
         snprintf(buf, sizeof buf, "%s{\"blocks\": %d, \"us_per_launch\": %.2f, \"us_per_phase\": %.3f}", pi ? ", " : "", G, per, per / N);
@@ -435,17 +380,7 @@ int main(int argc, char** argv) {
                 continue;
             }
             for (int w = 0; w < 3; w++) CK(one());
-            std::vector<float> us;
-            for (int t = 0; t < 7; t++) {
-                CK(cudaEventRecord(e0, s));
-                for (int r = 0; r < 20; r++) CK(one());
-                CK(cudaEventRecord(e1, s));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                us.push_back(ms * 1000.0f / 20);
-            }
-            float per = median(us);
+            float per = time_us(s, e0, e1, 20, [&]() { CK(one()); });
             printf("cluster of %2d blocks x %d clusters, %3d stages: %8.2f us per launch, %5.3f us per stage\n", cs, cg, N, per, per / N);
             char buf[256];
             snprintf(buf, sizeof buf, "%s{\"cluster\": %d, \"clusters\": %d, \"us_per_launch\": %.2f, \"us_per_stage\": %.3f}", first ? "" : ", ", cs, cg, per, per / N);
@@ -464,17 +399,7 @@ int main(int argc, char** argv) {
         for (int gi = 0; gi < 5; gi++) {
             int G = gs[gi];
             for (int wu = 0; wu < 2; wu++) k_stream<<<G, 512, 0, s>>>(w, per, ids);
-            std::vector<float> us;
-            for (int t = 0; t < 7; t++) {
-                CK(cudaEventRecord(e0, s));
-                k_stream<<<G, 512, 0, s>>>(w, per, ids);
-                CK(cudaEventRecord(e1, s));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                us.push_back(ms * 1000.0f);
-            }
-            float t = median(us);
+            float t = time_us(s, e0, e1, 1, [&]() { k_stream<<<G, 512, 0, s>>>(w, per, ids); });
             double gbs = (double)G * per * 16 / (t * 1e-6) / 1e9;
             printf("stream %3d blocks x 4 MB: %8.2f us, %7.1f GB/s (%6.1f GB/s per SM)\n", G, t, gbs, gbs / G);
             char buf[200];
