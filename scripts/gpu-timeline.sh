@@ -7,6 +7,7 @@
 set -uo pipefail
 rt=$1; plan=$2; first=$3; shift 3
 out=${OUT:-/tmp}
+mkdir -p "$out"
 inc=/usr/local/cuda/include
 krec=$(grep -ho "CUpti_ActivityKernel[0-9]*" $inc/cupti_activity*.h | sort -V | tail -1)
 mrec=$(grep -ho "CUpti_ActivityMemcpy[0-9]*" $inc/cupti_activity*.h | sort -V | tail -1)
