@@ -1289,4 +1289,23 @@ mod tests {
         assert_eq!(launch_dims("outputs_per_block", 4096, 100, 256, 128, 384), Some((16, 1, 384)));
         assert_eq!(launch_dims("no_such_kind", 1, 1, 1, 1, 1), None);
     }
+
+    #[test]
+    fn the_input_kernel_assembles_for_every_target() {
+        // the runtime's own PTX (`dsc_inputs`) goes to the driver's JIT as text: ptxas (the
+        // wheel scripts/setup.sh installs; DSC_PTXAS overrides) must take it for each target
+        // the plans carry, with its six parameters and no local memory
+        let found = std::process::Command::new("python3").args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"]).output().expect("python3 runs");
+        let ptxas = std::env::var("DSC_PTXAS").unwrap_or_else(|_| String::from_utf8_lossy(&found.stdout).trim().to_string());
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("inputs.ptx");
+        std::fs::write(&f, INPUTS_PTX).unwrap();
+        assert!(INPUTS_PTX.contains(".visible .entry dsc_inputs(") && INPUTS_PTX.matches(".param .u").count() == 6);
+        for arch in ["sm_80", "sm_90a"] {
+            let o = std::process::Command::new(&ptxas).args([&format!("-arch={arch}"), "-v", f.to_str().unwrap(), "-o", "/dev/null"]).output().expect("ptxas runs");
+            let log = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "ptxas rejected dsc_inputs for {arch}:\n{log}");
+            assert!(log.contains("dsc_inputs") && log.contains("0 bytes stack frame"), "{arch}: {log}");
+        }
+    }
 }
