@@ -51,7 +51,9 @@ if isinstance(attn, list):
         key = f"sdpa causal gqa32/8 T={a['tokens']} TFLOP/s"
         a["sdpa_tflop_s"] = tk.get(key) if a["kind"] == "prefill" else None
         a["of_sdpa"] = round(a["tflop_s"] / tk[key], 3) if a["kind"] == "prefill" and tk.get(key) else None
-res = {"gpu": gpu, "rows": rows, "dsc_gemm": gemm or "not measured", "dsc_attention": attn or "not measured", "torch_kernels": tk, "torch_compiled": tc or "not re-run (PEERS=0): see peer_source"}
+# each kernel's cost inside a decode step's graph (scripts/gpu-timeline.sh), when run
+timelines = {k: v for k, v in (("smollm2-135m b1", load("tl-smol/timeline.json")), ("llama3-8b b32", load("tl-8b/timeline.json"))) if v}
+res = {"gpu": gpu, "rows": rows, "dsc_gemm": gemm or "not measured", "dsc_attention": attn or "not measured", "timelines": timelines or "not measured", "torch_kernels": tk, "torch_compiled": tc or "not re-run (PEERS=0): see peer_source"}
 json.dump(res, open(os.path.join(out, "perf.json"), "w"), indent=1)
 for r in rows:
     print(r)

@@ -4,7 +4,8 @@
 #   there: carry [".gpu/dsc-runtime", ".gpu/bench"]: bash bench/run.sh
 # Measures dsc (decode tokens/s at batch 1/8/32/128 through the serving engine, prefill at
 # 512/4096 tokens, GEMM TFLOP/s of its tensor-core kernels: dsc-runtime bench-gemm, its
-# attention kernel alone: dsc-runtime bench-attention, not yet run on the H200) on the Llama-3-8B and SmolLM2-135M shapes (bf16 seeded weights), the
+# attention kernel alone: dsc-runtime bench-attention; each kernel's cost inside a decode step's
+# graph: scripts/gpu-timeline.sh) on the Llama-3-8B and SmolLM2-135M shapes (bf16 seeded weights), the
 # kernel-level PyTorch peers (cuBLAS GEMM, SDPA, GEMV: ../shared/bench/torch_kernels.py),
 # and with PEERS=1 also the end-to-end peers (gpt-fast style torch.compile and HF static cache:
 # ../shared/bench/torch_compiled.py, ~10 min); then writes $OUT/perf.json and $OUT/perf.png
@@ -25,10 +26,14 @@ done
 # dsc's paged attention kernel alone: causal prefill (beside torch SDPA in torch_kernels.py)
 # and decode at long contexts
 .gpu/dsc-runtime bench-attention .gpu/bench/llama3-8b.plan --prefill 512,4096 --decode-context 1024,8192 --json "$out/attention.json" 2>&1 | tee "$out/attention.log"
+# where a decode step's time goes, kernel by kernel, inside its CUDA graph (CUPTI injection,
+# bench/kernel_timeline.cpp + timeline.py): SmolLM2 shape b1 and the 8B shape b32
+OUT=$out/tl-smol bash scripts/gpu-timeline.sh .gpu/dsc-runtime .gpu/bench/smollm2-135m.plan gather_d576_bf16 --batches 1 --prefill 16 --new-tokens 64 > "$out/timeline.log" 2>&1
+OUT=$out/tl-8b bash scripts/gpu-timeline.sh .gpu/dsc-runtime .gpu/bench/llama3-8b.plan gather_d4096_bf16 --batches 32 --prefill 16 --new-tokens 48 >> "$out/timeline.log" 2>&1
 python3 .gpu/bench/torch_kernels.py > "$out/torch_kernels.log" 2>&1; tail -3 "$out/torch_kernels.log"
 if [ "${PEERS:-0}" = 1 ]; then
   python3 .gpu/bench/torch_compiled.py 2>&1 | tee "$out/torch_compiled.log" | tail -8
 fi
 python3 .gpu/bench/chart.py "$out"
 # the device returns only ~8 files: perf.json holds the JSONs, one log holds the logs
-cat "$out"/*.log > /tmp/all.log 2>/dev/null; rm -f "$out"/*.log "$out"/torch_kernels.json "$out"/gemm.json "$out"/attention.json; mv /tmp/all.log "$out/run.log"
+cat "$out"/*.log > /tmp/all.log 2>/dev/null; rm -f "$out"/*.log "$out"/torch_kernels.json "$out"/gemm.json "$out"/attention.json; rm -rf "$out"/tl-smol "$out"/tl-8b; mv /tmp/all.log "$out/run.log"
