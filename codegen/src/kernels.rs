@@ -153,6 +153,16 @@ fn rms_norm_params(half: Option<bool>) -> String {
 /// DSC_SPLITK_NORM_WARPS (1..=32) at compile time overrides.
 pub const SPLITK_NORM_WARPS: usize = 32;
 
+/// Whether the split-K reduce + RMSNorm kernel keeps each thread's summed piece in registers
+/// for the scaling pass where a row is one piece per thread (d ≤ 4 x threads), and loads its
+/// norm weights before `griddepcontrol.wait` — instead of reading back from global memory the
+/// y it stored (one more L2 round trip after the block's barrier) and loading g after the
+/// wait. DSC_SPLITK_NORM_REGS=1 at compile time; prepared, not yet run on the H200 (the 8B
+/// b32 step spends 343 µs in these kernels: bench/results/timeline-2026-11-30.json).
+fn splitk_norm_regs() -> bool {
+    std::env::var("DSC_SPLITK_NORM_REGS").is_ok_and(|v| v == "1")
+}
+
 fn splitk_norm_warps() -> usize {
     static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *W.get_or_init(|| std::env::var("DSC_SPLITK_NORM_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(SPLITK_NORM_WARPS))
@@ -4374,6 +4384,85 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
 /// [`KernelSpec::PagedAttentionSplit`] pass: block (token, head group, s) takes split s of the
 /// rows' context and writes their partial softmax states to `%out` instead of the output).
 #[allow(clippy::too_many_arguments)]
+/// [`KernelSpec::SplitKReduceNorm`] with a row as one 4-float piece per thread
+/// ([`splitk_norm_regs`]): thread t takes columns 4t..4t+3 where 4t < d — g first (before the
+/// PDL wait), then the split-K parts (+ the residual) summed and stored as y, the block's sum
+/// of squares, and y · inv_rms · g from the registers. The same operations in the same order
+/// as the looped kernel, so the same bits.
+#[allow(clippy::too_many_arguments)]
+fn emit_splitk_norm_regs(b: &mut Body, r: &RowPieces, slice: &str, splits: usize, residual: bool, d: usize, eps: f32, half: Option<bool>, warps: usize) {
+    let RowPieces { t, t4, base, zero, c4b, smt, .. } = r;
+    let i = b.idx64(t4);
+    let dd = b.ci64(d as i64);
+    let inrow = b.op(&format!("arith.cmpi slt, {i}, {dd} : i64"));
+    let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+    let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
+    let f4 = "f32, f32, f32, f32";
+    // g: a weight, not written by the kernel before
+    let gr = b.v();
+    b.line(&format!("{gr}:4 = scf.if {inrow} -> ({f4}) {{"));
+    let wo = b.op(&format!("arith.muli {i}, {c4b} : i64"));
+    let gs = b.load_vec("%g", &wo, 4, "f32", 16);
+    b.line(&format!("scf.yield {} : {f4}", gs.join(", ")));
+    b.line("} else {");
+    b.line(&format!("scf.yield {zero}, {zero}, {zero}, {zero} : {f4}"));
+    b.line("}");
+    if b.pdl && !b.waited {
+        b.wait_for_previous();
+    }
+    // y = the parts' sum (+ res), stored; its squares' sum
+    let yr = b.v();
+    b.line(&format!("{yr}:5 = scf.if {inrow} -> ({f4}, f32) {{"));
+    let mut loads = vec![];
+    for sp in 0..splits {
+        let cs = b.ci64(sp as i64);
+        let so = b.op(&format!("arith.muli {slice}, {cs} : i64"));
+        let at = b.op(&format!("arith.addi {so}, {e} : i64"));
+        let pbo = b.op(&format!("arith.muli {at}, {c4b} : i64"));
+        loads.push(b.load_vec("%parts", &pbo, 4, "f32", 16));
+    }
+    if residual {
+        loads.push(b.load_vec("%res", &bo, 4, "f32", 16));
+    }
+    let mut ys = loads[0].clone();
+    for l in &loads[1..] {
+        for (y, v) in ys.iter_mut().zip(l) {
+            *y = b.op(&format!("arith.addf {y}, {v} : f32"));
+        }
+    }
+    for (j, y) in ys.iter().enumerate() {
+        let cj = b.ci64(j as i64);
+        let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
+        b.store(y, "%y", &yi);
+    }
+    let sq: Vec<String> = ys.iter().map(|y| b.op(&format!("arith.mulf {y}, {y} : f32"))).collect();
+    let s4 = b.sum4(&sq);
+    // (as the looped kernel: its accumulator starts at 0 and adds the piece's sum once)
+    let a = b.op(&format!("arith.addf {zero}, {s4} : f32"));
+    b.line(&format!("scf.yield {}, {a} : {f4}, f32", ys.join(", ")));
+    b.line("} else {");
+    b.line(&format!("scf.yield {zero}, {zero}, {zero}, {zero}, {zero} : {f4}, f32"));
+    b.line("}");
+    let total = b.block_sum(&format!("{yr}#4"), t, warps, smt, zero);
+    let inv = b.inv_rms(&total, d, eps);
+    b.line(&format!("scf.if {inrow} {{"));
+    let mut xs = vec![];
+    for j in 0..4 {
+        let xn = b.op(&format!("arith.mulf {yr}#{j}, {inv} : f32"));
+        let y = b.op(&format!("arith.mulf {xn}, {gr}#{j} : f32"));
+        let cj = b.ci64(j as i64);
+        let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
+        b.store(&y, "%xn", &yi);
+        xs.push(y);
+    }
+    if let Some(f16) = half {
+        b.store_half4(&xs, "%xh", &e, f16);
+    }
+    b.line("}");
+    // (the row's `scf.if` of open_row_pieces)
+    b.line("}");
+}
+
 fn emit_paged_attention(
     b: &mut Body,
     h: usize,
@@ -5651,6 +5740,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             // (a slice of the partial sums is [rows, d])
             let dd64 = b.ci64(*d as i64);
             let slice = b.op(&format!("arith.muli %rows, {dd64} : i64"));
+            if splitk_norm_regs() && *d <= 4 * 32 * warps {
+                emit_splitk_norm_regs(b, &r, &slice, *splits, *residual, *d, f32::from_bits(*eps_bits), *half, warps);
+                return Ok(format!(
+                    "%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %g: !llvm.ptr<1>, %xn: !llvm.ptr<1>, {}%rows: i64",
+                    if *residual { "%res: !llvm.ptr<1>, " } else { "" },
+                    if half.is_some() { "%xh: !llvm.ptr<1>, " } else { "" }
+                ));
+            }
             // y = the parts' sum (+ res), 4 floats per thread per iteration, and sum(y^2)
             let acc = b.v();
             let (iv, a) = (b.v(), b.v());

@@ -1,0 +1,44 @@
+//! The split-K reduce + RMSNorm kernel with each thread's piece kept in registers
+//! (DSC_SPLITK_NORM_REGS=1, a compile-time knob read when kernels are generated; prepared for
+//! the H200) passes ptxas without spills, loads its norm weights before `griddepcontrol.wait`
+//! and reads nothing from global memory after its block barrier. Its own test binary: the
+//! knob is a process environment variable.
+
+use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
+use std::process::Command;
+
+#[test]
+fn splitk_norm_in_registers_passes_ptxas() {
+    let out = Command::new("python3").args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"]).output().expect("python3 runs");
+    let ptxas = std::env::var("DSC_PTXAS").unwrap_or_else(|_| String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let dir = tempfile::tempdir().unwrap();
+    // SAFETY (of the env write): this binary has one test, nothing else reads the env here
+    unsafe { std::env::set_var("DSC_SPLITK_NORM_REGS", "1") };
+    let eps_bits = 1e-5f32.to_bits();
+    // d = 4096: a piece per thread of the 32-warp block; d = 1000: threads past 250 idle
+    let specs =
+        [KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits, half: Some(false) }, KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits, half: None }];
+    let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    for (t, ptx) in &m.ptx {
+        let f = dir.path().join(format!("{}.ptx", t.name()));
+        std::fs::write(&f, ptx).unwrap();
+        let o = Command::new(&ptxas).args([&format!("-arch={}", t.name()), "-v", f.to_str().unwrap(), "-o", "/dev/null"]).output().unwrap();
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "ptxas rejected the kernels for {}:\n{log}", t.name());
+        assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
+        // the sm_90a kernels wait for the kernel before (PDL): g's load comes first, and after
+        // the block barrier only stores touch global memory
+        if t.name() == "sm_90a" {
+            for spec in &specs {
+                let name = spec.symbol();
+                let body = ptx.split(&format!(".entry {name}(")).nth(1).expect("the kernel is in the PTX");
+                let body = &body[..body.find("\n}").unwrap()];
+                let wait = body.find("griddepcontrol.wait").expect("a PDL wait");
+                let first_load = body.find("ld.global").expect("loads");
+                assert!(first_load < wait, "{name}: g is loaded after the wait");
+                let barrier = body.find("bar.sync").expect("the block barrier");
+                assert!(!body[barrier..].contains("ld.global"), "{name}: a global load after the barrier");
+            }
+        }
+    }
+}
