@@ -163,6 +163,15 @@ fn splitk_norm_regs() -> bool {
     std::env::var("DSC_SPLITK_NORM_REGS").is_ok_and(|v| v == "1")
 }
 
+/// The split-K reduce + RMSNorm kernel's parameters.
+fn splitk_norm_params(residual: bool, half: Option<bool>) -> String {
+    format!(
+        "%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %g: !llvm.ptr<1>, %xn: !llvm.ptr<1>, {}%rows: i64",
+        if residual { "%res: !llvm.ptr<1>, " } else { "" },
+        if half.is_some() { "%xh: !llvm.ptr<1>, " } else { "" }
+    )
+}
+
 fn splitk_norm_warps() -> usize {
     static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *W.get_or_init(|| std::env::var("DSC_SPLITK_NORM_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(SPLITK_NORM_WARPS))
@@ -1433,6 +1442,22 @@ impl Body {
         let c4b = self.ci64(4);
         RowPieces { t, t4, dd, step, base, zero, c4b, smt }
     }
+    /// An RMSNorm's 4-float piece at element `e` (i64) scaled: `out` = `xs` · `inv` · `gs`,
+    /// and with `half` = (f16, pointer) its 16-bit copy.
+    fn store_scaled_piece(&mut self, xs: &[String], gs: &[String], inv: &str, e: &str, out: &str, half: Option<(bool, &str)>) {
+        let mut ys = vec![];
+        for j in 0..4 {
+            let xn = self.op(&format!("arith.mulf {}, {inv} : f32", xs[j]));
+            let y = self.op(&format!("arith.mulf {xn}, {} : f32", gs[j]));
+            let cj = self.ci64(j as i64);
+            let yi = self.op(&format!("arith.addi {e}, {cj} : i64"));
+            self.store(&y, out, &yi);
+            ys.push(y);
+        }
+        if let Some((f16, ptr)) = half {
+            self.store_half4(&ys, ptr, e, f16);
+        }
+    }
     /// An RMSNorm's scaling pass over the row pieces of [`Body::open_row_pieces`]: `out` =
     /// `src` · `inv` · `g` (g: one f32 per column), and with `half` = (f16, pointer) its
     /// 16-bit copy.
@@ -1446,19 +1471,40 @@ impl Body {
         let wo = self.op(&format!("arith.muli {i}, {c4b} : i64"));
         let xs = self.load_vec(src, &bo, 4, "f32", 16);
         let ws = self.load_vec(g, &wo, 4, "f32", 16);
-        let mut ys = vec![];
-        for j in 0..4 {
-            let xn = self.op(&format!("arith.mulf {}, {inv} : f32", xs[j]));
-            let y = self.op(&format!("arith.mulf {xn}, {} : f32", ws[j]));
+        self.store_scaled_piece(&xs, &ws, inv, &e, out, half);
+        self.line("}");
+    }
+    /// The split-K reduce's piece of 4 floats at element `e` (i64) of a row: the `splits` partial
+    /// sums (slices `slice` elements apart) added in order (+ the residual), stored as y; returns
+    /// the 4 sums and the sum of their squares.
+    fn splitk_piece(&mut self, slice: &str, e: &str, splits: usize, residual: bool) -> (Vec<String>, String) {
+        let c4b = self.ci64(4);
+        let mut loads = vec![];
+        for sp in 0..splits {
+            let cs = self.ci64(sp as i64);
+            let so = self.op(&format!("arith.muli {slice}, {cs} : i64"));
+            let at = self.op(&format!("arith.addi {so}, {e} : i64"));
+            let bo = self.op(&format!("arith.muli {at}, {c4b} : i64"));
+            loads.push(self.load_vec("%parts", &bo, 4, "f32", 16));
+        }
+        if residual {
+            let bo = self.op(&format!("arith.muli {e}, {c4b} : i64"));
+            loads.push(self.load_vec("%res", &bo, 4, "f32", 16));
+        }
+        let mut ys = loads[0].clone();
+        for l in &loads[1..] {
+            for (y, v) in ys.iter_mut().zip(l) {
+                *y = self.op(&format!("arith.addf {y}, {v} : f32"));
+            }
+        }
+        for (j, y) in ys.iter().enumerate() {
             let cj = self.ci64(j as i64);
             let yi = self.op(&format!("arith.addi {e}, {cj} : i64"));
-            self.store(&y, out, &yi);
-            ys.push(y);
+            self.store(y, "%y", &yi);
         }
-        if let Some((f16, ptr)) = half {
-            self.store_half4(&ys, ptr, &e, f16);
-        }
-        self.line("}");
+        let sq: Vec<String> = ys.iter().map(|y| self.op(&format!("arith.mulf {y}, {y} : f32"))).collect();
+        let s4 = self.sum4(&sq);
+        (ys, s4)
     }
     fn lane_warp(&mut self, t: &str) -> (String, String) {
         let c32 = self.op("arith.constant 32 : index");
@@ -4396,7 +4442,6 @@ fn emit_splitk_norm_regs(b: &mut Body, r: &RowPieces, slice: &str, splits: usize
     let dd = b.ci64(d as i64);
     let inrow = b.op(&format!("arith.cmpi slt, {i}, {dd} : i64"));
     let e = b.op(&format!("arith.addi {base}, {i} : i64"));
-    let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
     let f4 = "f32, f32, f32, f32";
     // g: a weight, not written by the kernel before
     let gr = b.v();
@@ -4413,30 +4458,7 @@ fn emit_splitk_norm_regs(b: &mut Body, r: &RowPieces, slice: &str, splits: usize
     // y = the parts' sum (+ res), stored; its squares' sum
     let yr = b.v();
     b.line(&format!("{yr}:5 = scf.if {inrow} -> ({f4}, f32) {{"));
-    let mut loads = vec![];
-    for sp in 0..splits {
-        let cs = b.ci64(sp as i64);
-        let so = b.op(&format!("arith.muli {slice}, {cs} : i64"));
-        let at = b.op(&format!("arith.addi {so}, {e} : i64"));
-        let pbo = b.op(&format!("arith.muli {at}, {c4b} : i64"));
-        loads.push(b.load_vec("%parts", &pbo, 4, "f32", 16));
-    }
-    if residual {
-        loads.push(b.load_vec("%res", &bo, 4, "f32", 16));
-    }
-    let mut ys = loads[0].clone();
-    for l in &loads[1..] {
-        for (y, v) in ys.iter_mut().zip(l) {
-            *y = b.op(&format!("arith.addf {y}, {v} : f32"));
-        }
-    }
-    for (j, y) in ys.iter().enumerate() {
-        let cj = b.ci64(j as i64);
-        let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
-        b.store(y, "%y", &yi);
-    }
-    let sq: Vec<String> = ys.iter().map(|y| b.op(&format!("arith.mulf {y}, {y} : f32"))).collect();
-    let s4 = b.sum4(&sq);
+    let (ys, s4) = b.splitk_piece(slice, &e, splits, residual);
     // (as the looped kernel: its accumulator starts at 0 and adds the piece's sum once)
     let a = b.op(&format!("arith.addf {zero}, {s4} : f32"));
     b.line(&format!("scf.yield {}, {a} : {f4}, f32", ys.join(", ")));
@@ -4446,18 +4468,9 @@ fn emit_splitk_norm_regs(b: &mut Body, r: &RowPieces, slice: &str, splits: usize
     let total = b.block_sum(&format!("{yr}#4"), t, warps, smt, zero);
     let inv = b.inv_rms(&total, d, eps);
     b.line(&format!("scf.if {inrow} {{"));
-    let mut xs = vec![];
-    for j in 0..4 {
-        let xn = b.op(&format!("arith.mulf {yr}#{j}, {inv} : f32"));
-        let y = b.op(&format!("arith.mulf {xn}, {gr}#{j} : f32"));
-        let cj = b.ci64(j as i64);
-        let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
-        b.store(&y, "%xn", &yi);
-        xs.push(y);
-    }
-    if let Some(f16) = half {
-        b.store_half4(&xs, "%xh", &e, f16);
-    }
+    let ys: Vec<String> = (0..4).map(|j| format!("{yr}#{j}")).collect();
+    let gs: Vec<String> = (0..4).map(|j| format!("{gr}#{j}")).collect();
+    b.store_scaled_piece(&ys, &gs, &inv, &e, "%xn", half.map(|f16| (f16, "%xh")));
     b.line("}");
     // (the row's `scf.if` of open_row_pieces)
     b.line("}");
@@ -5415,18 +5428,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let half = rms_half(spec);
             for (j, i) in idx.iter().enumerate() {
                 let e = b.op(&format!("arith.addi {base}, {i} : i64"));
-                let mut ys = vec![];
-                for q in 0..4 {
-                    let xn = b.op(&format!("arith.mulf {}, {inv} : f32", xs[j][q]));
-                    let y = b.op(&format!("arith.mulf {xn}, {} : f32", ws[j][q]));
-                    let cq = b.ci64(q as i64);
-                    let yi = b.op(&format!("arith.addi {e}, {cq} : i64"));
-                    b.store(&y, "%y", &yi);
-                    ys.push(y);
-                }
-                if let Some(f16) = half {
-                    b.store_half4(&ys, "%yh", &e, f16);
-                }
+                b.store_scaled_piece(&xs[j], &ws[j], &inv, &e, "%y", half.map(|f16| (f16, "%yh")));
             }
             b.line("}");
             rms_norm_params(half)
@@ -5736,17 +5738,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             }
             let warps = splitk_norm_warps();
             let r = b.open_row_pieces(*d, warps);
-            let RowPieces { t, t4, dd, step, base, zero, c4b, smt, .. } = r.clone();
+            let RowPieces { t, t4, dd, step, base, zero, smt, .. } = r.clone();
             // (a slice of the partial sums is [rows, d])
             let dd64 = b.ci64(*d as i64);
             let slice = b.op(&format!("arith.muli %rows, {dd64} : i64"));
             if splitk_norm_regs() && *d <= 4 * 32 * warps {
                 emit_splitk_norm_regs(b, &r, &slice, *splits, *residual, *d, f32::from_bits(*eps_bits), *half, warps);
-                return Ok(format!(
-                    "%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %g: !llvm.ptr<1>, %xn: !llvm.ptr<1>, {}%rows: i64",
-                    if *residual { "%res: !llvm.ptr<1>, " } else { "" },
-                    if half.is_some() { "%xh: !llvm.ptr<1>, " } else { "" }
-                ));
+                return Ok(splitk_norm_params(*residual, *half));
             }
             // y = the parts' sum (+ res), 4 floats per thread per iteration, and sum(y^2)
             let acc = b.v();
@@ -5754,31 +5752,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line(&format!("{acc} = scf.for {iv} = {t4} to {dd} step {step} iter_args({a} = {zero}) -> (f32) {{"));
             let i = b.idx64(&iv);
             let e = b.op(&format!("arith.addi {base}, {i} : i64"));
-            let mut loads = vec![];
-            for sp in 0..*splits {
-                let cs = b.ci64(sp as i64);
-                let so = b.op(&format!("arith.muli {slice}, {cs} : i64"));
-                let at = b.op(&format!("arith.addi {so}, {e} : i64"));
-                let bo = b.op(&format!("arith.muli {at}, {c4b} : i64"));
-                loads.push(b.load_vec("%parts", &bo, 4, "f32", 16));
-            }
-            let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
-            if *residual {
-                loads.push(b.load_vec("%res", &bo, 4, "f32", 16));
-            }
-            let mut ys = loads[0].clone();
-            for l in &loads[1..] {
-                for (y, v) in ys.iter_mut().zip(l) {
-                    *y = b.op(&format!("arith.addf {y}, {v} : f32"));
-                }
-            }
-            for (j, y) in ys.iter().enumerate() {
-                let cj = b.ci64(j as i64);
-                let yi = b.op(&format!("arith.addi {e}, {cj} : i64"));
-                b.store(y, "%y", &yi);
-            }
-            let sq: Vec<String> = ys.iter().map(|y| b.op(&format!("arith.mulf {y}, {y} : f32"))).collect();
-            let s4 = b.sum4(&sq);
+            let (_, s4) = b.splitk_piece(&slice, &e, *splits, *residual);
             let a2 = b.op(&format!("arith.addf {a}, {s4} : f32"));
             b.line(&format!("scf.yield {a2} : f32"));
             b.line("}");
@@ -5787,11 +5761,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             // (each thread reads back the y it wrote)
             b.scale_row_pieces(&r, "%y", "%g", &inv, "%xn", half.map(|f16| (f16, "%xh")));
             b.line("}");
-            format!(
-                "%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %g: !llvm.ptr<1>, %xn: !llvm.ptr<1>, {}%rows: i64",
-                if *residual { "%res: !llvm.ptr<1>, " } else { "" },
-                if half.is_some() { "%xh: !llvm.ptr<1>, " } else { "" }
-            )
+            splitk_norm_params(*residual, *half)
         }
         KernelSpec::SplitKReduce { splits, residual } => {
             let i = b.open_guarded_gid();

@@ -5,12 +5,11 @@
 //! knob is a process environment variable.
 
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
-use std::process::Command;
+mod common;
 
 #[test]
 fn splitk_norm_in_registers_passes_ptxas() {
-    let out = Command::new("python3").args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"]).output().expect("python3 runs");
-    let ptxas = std::env::var("DSC_PTXAS").unwrap_or_else(|_| String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let ptxas = common::ptxas();
     let dir = tempfile::tempdir().unwrap();
     // SAFETY (of the env write): this binary has one test, nothing else reads the env here
     unsafe { std::env::set_var("DSC_SPLITK_NORM_REGS", "1") };
@@ -22,9 +21,8 @@ fn splitk_norm_in_registers_passes_ptxas() {
     for (t, ptx) in &m.ptx {
         let f = dir.path().join(format!("{}.ptx", t.name()));
         std::fs::write(&f, ptx).unwrap();
-        let o = Command::new(&ptxas).args([&format!("-arch={}", t.name()), "-v", f.to_str().unwrap(), "-o", "/dev/null"]).output().unwrap();
-        let log = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "ptxas rejected the kernels for {}:\n{log}", t.name());
+        let (ok, log) = common::assemble(&ptxas, t.name(), &f);
+        assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
         assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
         // the sm_90a kernels wait for the kernel before (PDL): g's load comes first, and after
         // the block barrier only stores touch global memory

@@ -4,12 +4,11 @@
 
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
 use dsc_ir::DType;
-use std::process::Command;
+mod common;
 
 #[test]
 fn batched_gemv_with_a_tiles_passes_ptxas() {
-    let out = Command::new("python3").args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"]).output().expect("python3 runs");
-    let ptxas = std::env::var("DSC_PTXAS").unwrap_or_else(|_| String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let ptxas = common::ptxas();
     let dir = tempfile::tempdir().unwrap();
     for tiling in ["8,4,2", "4,2,4"] {
         // SAFETY (of the env write): this binary has one test, nothing else reads the env here
@@ -28,9 +27,8 @@ fn batched_gemv_with_a_tiles_passes_ptxas() {
         for (t, ptx) in &m.ptx {
             let f = dir.path().join(format!("{}-{tiling}.ptx", t.name()));
             std::fs::write(&f, ptx).unwrap();
-            let o = Command::new(&ptxas).args([&format!("-arch={}", t.name()), "-v", f.to_str().unwrap(), "-o", "/dev/null"]).output().unwrap();
-            let log = String::from_utf8_lossy(&o.stderr);
-            assert!(o.status.success(), "ptxas rejected {tiling} for {}:\n{log}", t.name());
+            let (ok, log) = common::assemble(&ptxas, t.name(), &f);
+            assert!(ok, "ptxas rejected {tiling} for {}:\n{log}", t.name());
             assert!(!log.contains("spill stores") || !log.lines().any(|l| l.contains("spill stores") && !l.contains("0 bytes spill stores")), "spills with {tiling}: {log}");
         }
     }

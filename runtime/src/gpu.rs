@@ -902,9 +902,8 @@ impl GpuBackend<'_> {
                         }
                         let words = ((s1 - s0) / 4) as u32;
                         let src_ptr = h.as_ptr() as u64;
-                        let dst_ptr = dptr;
                         let mut lb = self.stream.launch_builder(f);
-                        lb.arg(&src_ptr).arg(&dst_ptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
+                        lb.arg(&src_ptr).arg(&dptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
                         let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
                         // SAFETY: dsc_inputs(src, dst, words, fed, fed_at, fed_words): `src` is
                         // the pinned staging buffer of at least s1 - s0 bytes (device-readable
