@@ -237,7 +237,8 @@ impl KernelSpec {
             | KernelSpec::PrefetchL2 { inner }
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. }
-            | KernelSpec::AttentionO { inner, .. } => inner.hopper_only(),
+            | KernelSpec::AttentionO { inner, .. }
+            | KernelSpec::ZeroFill { inner, .. } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
@@ -447,7 +448,18 @@ pub enum KernelSpec {
     /// [H, N]; the last block of the token (a counter per token, reset by it) sums the H partials
     /// in head order + the residual into y. Params: the RoPE attention's up to `%table`, then
     /// %wo, %res, %parts, %sync (u32 counters), %out (= y [T, N]), %n, %mb
-    AttentionO { inner: Box<KernelSpec>, n: usize },
+    /// With `red`: no partials and no counter — each block adds its head's projection (block
+    /// of head 0: + the residual) into `%out` and `%out2` with `red.global.add` (both zeroed
+    /// by an earlier kernel, `ZeroFill`; `%out2` is the fused MLP's accumulator, `SwiGluDown`).
+    /// Params then: the RoPE attention's up to `%table`, %wo, %res, %out2, %out, %n, %mb
+    /// With `red`, `splits` blocks per head (grid y = H · splits), block s of head h taking the
+    /// N/splits rows [s·N/splits, (s+1)·N/splits) of the projection (each running the whole
+    /// attention of its head: cheap at the one-pass contexts) — fewer W_o bytes per SM.
+    AttentionO { inner: Box<KernelSpec>, n: usize, red: bool, splits: usize },
+    /// `inner` (the one-row decode GEMV with the norm prologue) that also zeroes the first
+    /// `len` floats of `%z0` and `%z1` (after `griddepcontrol.wait`): the accumulators a later
+    /// kernel adds into (`AttentionO` with `red`). params %z0, %z1, then inner's
+    ZeroFill { inner: Box<KernelSpec>, len: usize },
     /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
     /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
     /// waits for the previous kernel: the blocks of the grid split the bytes, each block's
@@ -465,6 +477,22 @@ pub enum KernelSpec {
     /// written, then xn = y / rms(y) * g (+ its 16-bit copy with `half`); a block per row.
     /// params parts, [res], y, g, xn, [xh], rows
     SplitKReduceNorm { splits: usize, residual: bool, d: usize, eps_bits: u32, half: Option<bool> },
+    /// The MLP of a one-token step in one kernel (small models at batch 1, where a kernel's
+    /// dependent chain, not its bytes, sets its time): RMSNorm (x, g) in the prologue, the
+    /// gate/up GEMV, h = silu(gate) · up, and the down projection — block b takes the `fb`
+    /// features [fb·b, fb·(b + 1)), each of its fb/2 warps two of them (their gate and up rows over all of
+    /// K, so the norm's sum of squares is the warp's own), h into shared memory, then thread
+    /// t multiplies W_down's rows t + i·N/4 (i < 4) at the block's features by h and adds the
+    /// four partial sums into y (`red.global.add`, one per sum): y must hold the
+    /// residual before the launch (the o projection before it writes it, `MatMulCopy`). Every
+    /// weight is loaded before `griddepcontrol.wait`. The order of the blocks' additions
+    /// varies run to run (float sums: results may differ in the last bits). bf16 weights;
+    /// grid (F / fb, rows). params x, g, wg, wu, wd, y, f (= F)
+    SwiGluDown { k: usize, f: usize, n: usize, eps_bits: u32, fb: usize },
+    /// `inner` (the one-row plain-float decode GEMV) also storing its output into `%y2`,
+    /// passed before `%y`: the o projection seeding the fused MLP's accumulator
+    /// (`SwiGluDown`) with the residual stream. params inner's with %y2 before %y
+    MatMulCopy { inner: Box<KernelSpec> },
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
@@ -511,6 +539,8 @@ impl KernelSpec {
                 format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}{}", if *group == 1 { String::new() } else { format!("_g{group}") }, kv_suffix(*kv))
             }
             KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
+            KernelSpec::SwiGluDown { k, f, n, eps_bits, fb } => format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}"),
+            KernelSpec::MatMulCopy { inner } => format!("{}_copy", inner.symbol()),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
             KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
@@ -521,7 +551,16 @@ impl KernelSpec {
                 _ => format!("{}_wg", inner.symbol()),
             },
             KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
-            KernelSpec::AttentionO { inner, n } => format!("{}_o{n}", inner.symbol()),
+            KernelSpec::AttentionO { inner, n, red, splits } => format!(
+                "{}_o{n}{}",
+                inner.symbol(),
+                match (red, splits) {
+                    (false, _) => String::new(),
+                    (true, 1) => "_red".to_string(),
+                    (true, s) => format!("_red{s}"),
+                }
+            ),
+            KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
@@ -651,7 +690,10 @@ impl KernelSpec {
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::QkvRopeSplitK { inner, .. }
             | KernelSpec::RopeAttention { inner, .. }
-            | KernelSpec::AttentionO { inner, .. } => inner.launch(),
+            | KernelSpec::AttentionO { inner, .. }
+            | KernelSpec::ZeroFill { inner, .. }
+            | KernelSpec::MatMulCopy { inner } => inner.launch(),
+            KernelSpec::SwiGluDown { fb, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / SWIGLU_DOWN_FEATURES_PER_WARP) as u32 },
         }
     }
 }
@@ -706,6 +748,12 @@ struct Body {
     flash_mincta: Option<u32>,
     /// (the decode attention with the o projection folded in: its N, `KernelSpec::AttentionO`)
     attn_o: Option<usize>,
+    /// the GEMV also stores its output into `%y2` (`KernelSpec::MatMulCopy`)
+    copy_y: bool,
+    /// (`AttentionO` with `red`: the projection added into `%out` and `%out2`, over this many
+    /// blocks per head)
+    attn_o_red: bool,
+    attn_o_splits: usize,
 }
 
 impl Body {
@@ -1563,6 +1611,9 @@ impl Body {
             v
         };
         self.store(&v, "%y", &yi);
+        if self.copy_y {
+            self.store(&v, "%y2", &yi);
+        }
     }
     /// The split-K loop of the GEMV kernels over `rounds` rounds whose item index is `base +
     /// round * stride` (i64): rounds `0..jloop` in an `scf.for`, `unroll` per iteration (the
@@ -2251,6 +2302,221 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
         b.line(&format!("scf.if {ok} {{"));
         b.matmul_store(&total, &row, &col, bias, residual);
         b.line("}");
+    }
+    b.line("}");
+    Ok(())
+}
+
+/// Features per warp of the fused one-token MLP kernel (`KernelSpec::SwiGluDown`): its
+/// block has fb / 2 warps.
+pub const SWIGLU_DOWN_FEATURES_PER_WARP: usize = 2;
+
+/// Features per block of the fused one-token MLP kernel: 16 by default (W_down's 32 bytes
+/// per row at the block's features: one sector); DSC_SWIGLU_DOWN_FB=8, 16 or 32 at compile
+/// time.
+pub fn swiglu_down_fb() -> usize {
+    match env_num::<usize>("DSC_SWIGLU_DOWN_FB") {
+        Some(v @ (8 | 16 | 32)) => v,
+        _ => 16,
+    }
+}
+
+/// Whether the fused one-token MLP kernel (`KernelSpec::SwiGluDown`) takes a [K] x, F
+/// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
+/// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
+/// 64 registers of preloaded gate/up weights per thread.
+pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize) -> Result<(), String> {
+    let fpw = SWIGLU_DOWN_FEATURES_PER_WARP;
+    if k == 0 || k % 8 != 0 || fb == 0 || fb % 8 != 0 || fb % fpw != 0 || fb / fpw > 32 || f % fb != 0 {
+        return Err(format!("the fused MLP needs K and the features per block multiples of 8 (at most 64), and F a multiple of them (K {k}, F {f}, {fb} per block)"));
+    }
+    let threads = 32 * fb / fpw;
+    if n == 0 || n % 4 != 0 || n / 4 > threads {
+        return Err(format!("the fused MLP needs N a multiple of 4 and at most 4 per thread ({threads} threads; N {n})"));
+    }
+    if 2 * fpw * (k / 8).div_ceil(32) * 4 > 64 {
+        return Err(format!("the fused MLP's gate/up weights would take more than 64 registers a thread (K {k})"));
+    }
+    Ok(())
+}
+
+/// [`KernelSpec::SwiGluDown`]: see there. Thread t of warp w: the lane's 16-byte pieces
+/// l, l + 32, .. of K (clamped, x zeroed past K) of its warp's gate and up rows, then
+/// (t < N/4) W_down's rows t + i·N/4 at the block's features; every weight and g loaded before
+/// `griddepcontrol.wait`, x after it.
+fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: usize) -> Result<(), String> {
+    let fpw = SWIGLU_DOWN_FEATURES_PER_WARP;
+    let units = k / 8;
+    let rounds = units.div_ceil(32);
+    let smt = format!("memref<{fb}xf32, #gpu.address_space<workgroup>>");
+    b.workgroup = Some(format!("%red : {smt}"));
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (t64, bx64, by64, lane64, warp64) = (b.idx64(&t), b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let cfb = b.ci64(fb as i64);
+    let f0 = b.op(&format!("arith.muli {bx64}, {cfb} : i64"));
+    let cfpw = b.ci64(fpw as i64);
+    let wf = b.op(&format!("arith.muli {warp64}, {cfpw} : i64"));
+    let fw = b.op(&format!("arith.addi {f0}, {wf} : i64"));
+    // the lane's pieces of K, clamped to the last, and whether each is real
+    let last = b.ci64(units as i64 - 1);
+    let mut uoff = vec![];
+    let mut valid = vec![];
+    for r in 0..rounds {
+        let c = b.ci64(32 * r as i64);
+        let u = b.op(&format!("arith.addi {lane64}, {c} : i64"));
+        valid.push((units % 32 != 0 && r == rounds - 1).then(|| b.op(&format!("arith.cmpi sle, {u}, {last} : i64"))));
+        uoff.push(b.op(&format!("arith.minsi {u}, {last} : i64")));
+    }
+    let c16 = b.ci64(16);
+    let c32 = b.ci64(32);
+    // gate rows fw..fw+fpw, then the same features' up rows: per row, per round, 4 words
+    let rowbytes = b.ci64((k * 2) as i64);
+    let mut wrows: Vec<Vec<Vec<String>>> = vec![];
+    for ptr in ["%wg", "%wu"] {
+        for j in 0..fpw {
+            let cj = b.ci64(j as i64);
+            let fr = b.op(&format!("arith.addi {fw}, {cj} : i64"));
+            let base = b.op(&format!("arith.muli {fr}, {rowbytes} : i64"));
+            let mut row = vec![];
+            for u in &uoff {
+                let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
+                let off = b.op(&format!("arith.addi {base}, {o} : i64"));
+                row.push(b.load_vec(ptr, &off, 4, "i32", 16));
+            }
+            wrows.push(row);
+        }
+    }
+    // W_down's rows t + i·N/4 (t clamped to N/4 - 1) at the block's fb features (a warp's
+    // reductions then cover 32 consecutive floats: 4 sectors per instruction)
+    let cq = b.ci64((n / 4) as i64 - 1);
+    let tt = b.op(&format!("arith.minsi {t64}, {cq} : i64"));
+    let dbytes = b.ci64((f * 2) as i64);
+    let c2 = b.ci64(2);
+    let fo = b.op(&format!("arith.muli {f0}, {c2} : i64"));
+    let mut drows: Vec<Vec<String>> = vec![];
+    for i in 0..4 {
+        let ci = b.ci64(i * (n / 4) as i64);
+        let o = b.op(&format!("arith.addi {tt}, {ci} : i64"));
+        let base = b.op(&format!("arith.muli {o}, {dbytes} : i64"));
+        let base = b.op(&format!("arith.addi {base}, {fo} : i64"));
+        let mut words = vec![];
+        for q in 0..fb * 2 / 16 {
+            let cqo = b.ci64(16 * q as i64);
+            let off = b.op(&format!("arith.addi {base}, {cqo} : i64"));
+            words.extend(b.load_vec("%wd", &off, 4, "i32", 16));
+        }
+        drows.push(words);
+    }
+    // the 8 f32 of piece u of `ptr` (from byte `at` on)
+    let floats8 = |b: &mut Body, ptr: &str, at: &str| -> Vec<String> {
+        let mut v = b.load_vec(ptr, at, 4, "f32", 16);
+        let o = b.op(&format!("arith.addi {at}, {c16} : i64"));
+        v.extend(b.load_vec(ptr, &o, 4, "f32", 16));
+        v
+    };
+    let gs: Vec<Vec<String>> = uoff
+        .iter()
+        .map(|u| {
+            let o = b.op(&format!("arith.muli {u}, {c32} : i64"));
+            floats8(b, "%g", &o)
+        })
+        .collect();
+    if b.pdl {
+        b.wait_for_previous();
+    }
+    let xrow = b.ci64((k * 4) as i64);
+    let xbase = b.op(&format!("arith.muli {by64}, {xrow} : i64"));
+    let zero = b.cf32(0.0);
+    let mut acc = vec![zero.clone(); 2 * fpw];
+    let mut ss = zero.clone();
+    let unpack = |b: &mut Body, word: &str| -> [String; 2] {
+        let c = b.op("arith.constant 16 : i32");
+        let lo = b.op(&format!("arith.shli {word}, {c} : i32"));
+        let m = b.op("arith.constant -65536 : i32");
+        let hi = b.op(&format!("arith.andi {word}, {m} : i32"));
+        [b.op(&format!("arith.bitcast {lo} : i32 to f32")), b.op(&format!("arith.bitcast {hi} : i32 to f32"))]
+    };
+    let xs: Vec<Vec<String>> = uoff
+        .iter()
+        .zip(&valid)
+        .map(|(u, ok)| {
+            let o = b.op(&format!("arith.muli {u}, {c32} : i64"));
+            let o = b.op(&format!("arith.addi {xbase}, {o} : i64"));
+            let v = floats8(b, "%x", &o);
+            match ok {
+                Some(ok) => v.iter().map(|x| b.op(&format!("arith.select {ok}, {x}, {zero} : f32"))).collect(),
+                None => v,
+            }
+        })
+        .collect();
+    for r in 0..rounds {
+        let xg: Vec<String> = xs[r].iter().zip(&gs[r]).map(|(x, g)| b.op(&format!("arith.mulf {x}, {g} : f32"))).collect();
+        for x in &xs[r] {
+            ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
+        }
+        for (a, row) in acc.iter_mut().zip(&wrows) {
+            for (q, word) in row[r].iter().enumerate() {
+                let [lo, hi] = unpack(b, word);
+                *a = b.op(&format!("llvm.intr.fma({lo}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q]));
+                *a = b.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q + 1]));
+            }
+        }
+    }
+    let lane32 = b.op(&format!("arith.index_cast {lane} : index to i32"));
+    let mut vals = acc;
+    vals.push(ss);
+    let sums = b.warp_sums(&vals, &lane32);
+    let inv = b.inv_rms(&sums[2 * fpw], k, eps);
+    let c0 = b.op("arith.constant 0 : index");
+    let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    let cfpwi = b.op(&format!("arith.constant {fpw} : index"));
+    let hw = b.op(&format!("arith.muli {warp}, {cfpwi} : index"));
+    let mut hs = vec![];
+    for j in 0..fpw {
+        let gate = b.op(&format!("arith.mulf {}, {inv} : f32", sums[j]));
+        let up = b.op(&format!("arith.mulf {}, {inv} : f32", sums[fpw + j]));
+        let sg = unary_expr(b, UnaryOp::Silu, &gate)?;
+        hs.push(b.op(&format!("arith.mulf {sg}, {up} : f32")));
+    }
+    b.line(&format!("scf.if {first} {{"));
+    for (j, h) in hs.iter().enumerate() {
+        let cj = b.op(&format!("arith.constant {j} : index"));
+        let at = b.op(&format!("arith.addi {hw}, {cj} : index"));
+        b.line(&format!("memref.store {h}, %red[{at}] : {smt}"));
+    }
+    b.line("}");
+    b.line("gpu.barrier");
+    let nq = b.ci64((n / 4) as i64);
+    let mine = b.op(&format!("arith.cmpi slt, {t64}, {nq} : i64"));
+    b.line(&format!("scf.if {mine} {{"));
+    let h: Vec<String> = (0..fb)
+        .map(|j| {
+            let cj = b.op(&format!("arith.constant {j} : index"));
+            b.op(&format!("memref.load %red[{cj}] : {smt}"))
+        })
+        .collect();
+    let mut parts = vec![];
+    for words in &drows {
+        let mut p = zero.clone();
+        for (q, word) in words.iter().enumerate() {
+            let [lo, hi] = unpack(b, word);
+            p = b.op(&format!("llvm.intr.fma({lo}, {}, {p}) : (f32, f32, f32) -> f32", h[2 * q]));
+            p = b.op(&format!("llvm.intr.fma({hi}, {}, {p}) : (f32, f32, f32) -> f32", h[2 * q + 1]));
+        }
+        parts.push(p);
+    }
+    // y[row, t + i·N/4] += the four sums
+    let cn = b.ci64(n as i64);
+    let yr = b.op(&format!("arith.muli {by64}, {cn} : i64"));
+    let e = b.op(&format!("arith.addi {yr}, {t64} : i64"));
+    for (i, v) in parts.iter().enumerate() {
+        let ci = b.ci64(i as i64 * (n / 4) as i64);
+        let ei = b.op(&format!("arith.addi {e}, {ci} : i64"));
+        let p = b.op(&format!("llvm.getelementptr %y[{ei}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
+        b.line(&format!("llvm.inline_asm has_side_effects \"red.global.add.f32 [$0], $1;\", \"l,f\" {p}, {v} : (!llvm.ptr<1>, f32) -> ()"));
     }
     b.line("}");
     Ok(())
@@ -4359,6 +4625,9 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         flash_wg: false,
         flash_mincta: None,
         attn_o: None,
+        copy_y: false,
+        attn_o_red: false,
+        attn_o_splits: 1,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
@@ -4371,7 +4640,9 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
         // (the decode attention with the o projection: its block size, so ptxas keeps the
         // registers 512 threads may have)
-        _ if b.attn_o.is_some() => match spec.launch() {
+        _ if b.attn_o.is_some() || matches!(spec, KernelSpec::SwiGluDown { .. }) => match spec.launch() {
+            // (the fused one-token MLP too: 512 threads with 32 features per block)
+            Launch::OutputsPerBlock { warps, .. } => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
             Launch::BlockPerRow { warps } => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
             _ => String::new(),
         },
@@ -4389,6 +4660,11 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
 }
 
 /// Output columns one block of a matmul kernel launched as `launch` covers.
+/// Output columns one block of the matmul kernel `spec` covers.
+pub fn columns_per_block_of(spec: &KernelSpec) -> Option<usize> {
+    columns_per_block(&spec.launch())
+}
+
 fn columns_per_block(launch: &Launch) -> Option<usize> {
     match launch {
         Launch::OutputsPerBlock { outputs, .. } => Some(*outputs as usize),
@@ -4565,7 +4841,14 @@ fn emit_paged_attention(
     let row0 = b.op(&format!("arith.muli {t}, {hh} : i64"));
     let ok = b.op(&format!("arith.cmpi slt, {row0}, %n : i64"));
     b.line(&format!("scf.if {ok} {{"));
-    // (the split: block y = hg · S + s)
+    // (the split: block y = hg · S + s; the o projection's row parts: block y = hg · P + part)
+    let osplits = if attn_o.is_some() { b.attn_o_splits } else { 1 };
+    let (by, opart) = if osplits > 1 {
+        let cp = b.ci64(osplits as i64);
+        (b.op(&format!("arith.divui {by}, {cp} : i64")), Some(b.op(&format!("arith.remui {by}, {cp} : i64"))))
+    } else {
+        (by, None)
+    };
     let (hg, sy) = match split {
         None => (by.clone(), None),
         Some((ns, _)) => {
@@ -4636,12 +4919,21 @@ fn emit_paged_attention(
             let tid64 = b.idx64(&tid);
             let hd = b.ci64((h * d) as i64);
             let hoff = b.op(&format!("arith.muli {head0}, {dd} : i64"));
+            // (this block's rows: all N, or part `opart` of N / splits)
+            let np = nn / osplits;
+            let cnp = b.ci64(np as i64);
+            let jbase = match &opart {
+                Some(op) => b.op(&format!("arith.muli {op}, {cnp} : i64")),
+                None => b.ci64(0),
+            };
+            let clocal = b.ci64(np as i64 - 1);
             let clast = b.ci64(nn as i64 - 1);
-            (0..nn.div_ceil(nthreads))
+            (0..np.div_ceil(nthreads))
                 .map(|r| {
                     let cr = b.ci64((r * nthreads) as i64);
-                    let j = b.op(&format!("arith.addi {tid64}, {cr} : i64"));
-                    let valid = b.op(&format!("arith.cmpi sle, {j}, {clast} : i64"));
+                    let jl = b.op(&format!("arith.addi {tid64}, {cr} : i64"));
+                    let valid = b.op(&format!("arith.cmpi sle, {jl}, {clocal} : i64"));
+                    let j = b.op(&format!("arith.addi {jbase}, {jl} : i64"));
                     let jc = b.op(&format!("arith.minsi {j}, {clast} : i64"));
                     let e0 = b.op(&format!("arith.muli {jc}, {hd} : i64"));
                     let e0 = b.op(&format!("arith.addi {e0}, {hoff} : i64"));
@@ -5062,6 +5354,9 @@ fn emit_paged_attention(
         b.line("}");
     }
     b.line("}");
+    if attn_o.is_some() && b.attn_o_red {
+        return Ok("%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %wo: !llvm.ptr<1>, %res: !llvm.ptr<1>, %out2: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into());
+    }
     if attn_o.is_some() {
         return Ok("%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %wo: !llvm.ptr<1>, %res: !llvm.ptr<1>, %parts: !llvm.ptr<1>, %sync: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into());
     }
@@ -5121,10 +5416,31 @@ fn o_projection(b: &mut Body, nn: usize, h: usize, d: usize, t: &str, head0: &st
                 acc = b.op(&format!("llvm.intr.fma({w}, {}, {acc}) : (f32, f32, f32) -> f32", ys[8 * c8 + e]));
             }
         }
+        if b.attn_o_red {
+            // (head 0 adds the residual; every head adds into both accumulators)
+            b.line(&format!("scf.if {valid} {{"));
+            let tn = b.op(&format!("arith.muli {t}, {cn} : i64"));
+            let at = b.op(&format!("arith.addi {tn}, {j} : i64"));
+            let c0h = b.ci64(0);
+            let h0 = b.op(&format!("arith.cmpi eq, {head0}, {c0h} : i64"));
+            let r = b.load("%res", &at);
+            let zr = b.cf32(0.0);
+            let r = b.op(&format!("arith.select {h0}, {r}, {zr} : f32"));
+            let v = b.op(&format!("arith.addf {acc}, {r} : f32"));
+            for out in ["%out", "%out2"] {
+                let p = b.op(&format!("llvm.getelementptr {out}[{at}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
+                b.line(&format!("llvm.inline_asm has_side_effects \"red.global.add.f32 [$0], $1;\", \"l,f\" {p}, {v} : (!llvm.ptr<1>, f32) -> ()"));
+            }
+            b.line("}");
+            continue;
+        }
         b.line(&format!("scf.if {valid} {{"));
         let at = b.op(&format!("arith.addi {pbase}, {j} : i64"));
         b.store(&acc, "%parts", &at);
         b.line("}");
+    }
+    if b.attn_o_red {
+        return Ok(());
     }
     b.line("gpu.barrier");
     let tid64 = b.idx64(tid);
@@ -5991,6 +6307,40 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.act = Some(act.0);
             emit_into(b, inner)?
         }
+        KernelSpec::ZeroFill { inner, len } => {
+            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. }) {
+                return Err(format!("the zero fill rides on the one-row GEMV with the norm prologue, not {}", inner.symbol()));
+            }
+            let params = emit_into(b, inner)?;
+            // (at the end: every thread is past the PDL wait; grid x covers at least `len`
+            // threads in any part of a merged GEMV — checked by the lowering)
+            let t = b.op("gpu.thread_id x");
+            let bx = b.op("gpu.block_id x");
+            let nt = b.op("gpu.block_dim x");
+            let i = b.op(&format!("arith.muli {bx}, {nt} : index"));
+            let i = b.op(&format!("arith.addi {i}, {t} : index"));
+            let i = b.idx64(&i);
+            let cl = b.ci64(*len as i64);
+            let mine = b.op(&format!("arith.cmpi slt, {i}, {cl} : i64"));
+            b.line(&format!("scf.if {mine} {{"));
+            let zero = b.cf32(0.0);
+            b.store(&zero, "%z0", &i);
+            b.store(&zero, "%z1", &i);
+            b.line("}");
+            format!("%z0: !llvm.ptr<1>, %z1: !llvm.ptr<1>, {params}")
+        }
+        KernelSpec::MatMulCopy { inner } => {
+            if !matches!(inner.as_ref(), KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16, .. }) {
+                return Err(format!("the output copy is for the plain-float decode GEMV, not {}", inner.symbol()));
+            }
+            b.copy_y = true;
+            emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%y2: !llvm.ptr<1>, %y: !llvm.ptr<1>", 1)
+        }
+        KernelSpec::SwiGluDown { k, f, n, eps_bits, fb } => {
+            swiglu_down_fits(*k, *f, *n, *fb)?;
+            emit_swiglu_down(b, *k, *f, *n, f32::from_bits(*eps_bits), *fb)?;
+            "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %wd: !llvm.ptr<1>, %y: !llvm.ptr<1>, %f: i64".into()
+        }
         KernelSpec::SwiGluGemv { k, f, wdtype } => {
             swiglu_fits(*k, *f, *wdtype)?;
             b.swiglu = true;
@@ -6608,9 +6958,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             "%x: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %n: i64".into()
         }
         KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None, None)?,
-        KernelSpec::AttentionO { inner, n } => match inner.as_ref() {
+        KernelSpec::AttentionO { inner, n, red, splits } => match inner.as_ref() {
             KernelSpec::RopeAttention { inner: att, .. } if matches!(att.as_ref(), KernelSpec::PagedAttention { group: 1, .. }) => {
+                if *splits == 0 || n % splits != 0 || (*splits > 1 && !*red) {
+                    return Err(format!("the o projection splits its {n} rows over blocks evenly, with `red` only (not {splits})"));
+                }
                 b.attn_o = Some(*n);
+                b.attn_o_red = *red;
+                b.attn_o_splits = *splits;
                 emit_into(b, inner)?
             }
             other => return Err(format!("the o projection folds into the one-token RoPE attention of a head per block, not {}", other.symbol())),

@@ -303,6 +303,8 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             },
             rope_attention: !std::env::var("DSC_ROPE_ATTENTION").is_ok_and(|v| v == "0"),
             attn_o: std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1"),
+            swiglu_down: !std::env::var("DSC_SWIGLU_DOWN").is_ok_and(|v| v == "0"),
+            attn_o_red: !std::env::var("DSC_ATTN_O_RED").is_ok_and(|v| v == "0"),
         },
     )
 }
@@ -380,6 +382,18 @@ pub struct LowerOptions {
     /// one-token steps fold the o projection and its residual into the RoPE attention
     /// ([`fuse_attention_o`]; DSC_ATTN_O=1 at compile time; prepared, off)
     pub attn_o: bool,
+    /// one-token steps run the MLP (norm, gate/up, SwiGLU, down + residual) as one kernel
+    /// ([`fuse_swiglu_down`]; on: SmolLM2 shape b1 2,808 -> 3,298 tok/s, 0.361 -> 0.302 ms
+    /// per step, bench/results/swiglu-down-2026-11-30.json; the 8B shape's MLP is not fused
+    /// (its norm stays a kernel); DSC_SWIGLU_DOWN=0 at compile time turns it off)
+    pub swiglu_down: bool,
+    /// ... and fold the o projection into the one-token RoPE attention, each head's blocks
+    /// adding their part into the residual stream and the MLP's accumulator
+    /// ([`fuse_attention_o_red`]; on: SmolLM2 shape b1 0.306 -> 0.300 ms per step with a block
+    /// per head, 0.315 -> 0.272 with 4 (the default; 2: 0.283, 8: 0.293),
+    /// bench/results/attn-o-red-2026-11-30.json; DSC_ATTN_O_RED=0 at compile time turns it
+    /// off, DSC_ATTN_O_SPLITS=N picks the blocks per head)
+    pub attn_o_red: bool,
     /// the decode attention prefetches the next matmul's weights into L2
     /// ([`prefetch_after_attention`]; off: measured on the H200,
     /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
@@ -436,6 +450,8 @@ impl Default for LowerOptions {
             flash_mtiles: FLASH_MTILES,
             rope_attention: true,
             attn_o: false,
+            swiglu_down: true,
+            attn_o_red: true,
         }
     }
 }
@@ -743,8 +759,14 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let steps = if opts.splitk_rope { fold_splitk_reduce_rope(steps) } else { steps };
     let steps = tma_wrap(steps, opts.tma, opts.ws, opts.ws64);
     let steps = if opts.attn_o { fuse_attention_o(steps) } else { steps };
+    let steps = if opts.swiglu_down { fuse_swiglu_down(g, steps) } else { steps };
+    let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps) } else { steps };
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
 }
+
+/// Blocks per head of the one-token attention with the o projection added in
+/// ([`fuse_attention_o_red`]), each taking 1/ATTN_O_SPLITS of W_o's rows.
+pub const ATTN_O_SPLITS: usize = 4;
 
 /// Most bytes of W_o one block of the fused one-token attention reads ([`fuse_attention_o`]).
 pub const ATTN_O_MAX_BYTES: usize = 128 << 10;
@@ -801,7 +823,7 @@ fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
         let fused = &mut steps[i];
         let max_context = fused.max_context;
         let inner = fused.kernel.take().expect("matched");
-        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(inner), n });
+        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(inner), n, red: false, splits: 1 });
         fused.args.truncate(9);
         fused.args.extend([w, res, parts.clone(), format!("{y}@sync"), y.clone()]);
         // (the matmul for two or more tokens, and for one at the split attention's contexts)
@@ -811,6 +833,171 @@ fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
         }
         steps.insert(i, Step::new(&parts));
         i += 2;
+    }
+    steps
+}
+
+/// The one-token MLP as one kernel (`KernelSpec::SwiGluDown`): where the SwiGLU GEMV with the
+/// norm prologue (`NormMatMul` over `SwiGluGemv`, bf16, reading x and writing h) feeds the
+/// down projection's one-row GEMV (bf16, bias-less, its residual that same x, nothing else
+/// reading h), and x is the output of a one-row bias-less GEMV with a residual (the o
+/// projection), the down step's one-row kernel becomes the fused MLP reading x, g and the
+/// three weights and adding into its output, which the o projection's one-row kernel also
+/// writes (`MatMulCopy`: the residual seeded); the SwiGLU step then runs only from two rows
+/// (its alternatives), and the down step's alternatives keep their kernels. Two launches
+/// fewer per layer at batch 1. (Not where h is a graph output: it is not written at one row.)
+fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
+    let fb = crate::kernels::swiglu_down_fb();
+    for ci in 0..steps.len() {
+        let Some(KernelSpec::NormMatMul { inner, eps_bits }) = &steps[ci].kernel else { continue };
+        let KernelSpec::SwiGluGemv { k, f, wdtype: DType::BF16 } = **inner else { continue };
+        let eps_bits = *eps_bits;
+        if steps[ci].min_rows.is_some() || steps[ci].args.len() != 5 {
+            continue;
+        }
+        let [x, gn, wg, wu, h] = <[String; 5]>::try_from(steps[ci].args.clone()).expect("five args");
+        // (h is written only from two rows on now: not where a graph output needs it)
+        if g.outputs.iter().any(|(_, o)| g.node(*o).name == h) {
+            continue;
+        }
+        // the one reader of h on the one-row path: the down projection, residual x
+        let readers: Vec<usize> = (0..steps.len()).filter(|&i| i != ci && steps[i].buffers().any(|a| *a == h)).collect();
+        let down = readers.iter().copied().find(|&i| {
+            matches!(steps[i].kernel, Some(KernelSpec::MatMul { k: dk, wdtype: DType::BF16, bias: false, residual: true, .. }) if dk == f)
+                && steps[i].args.len() == 4
+                && steps[i].args[0] == h
+                && steps[i].args[2] == x
+                && steps[i].min_rows.is_none()
+                && steps[i].max_rows.is_none()
+        });
+        let Some(di) = down.filter(|&di| di > ci) else { continue };
+        // (the silu_mul step that writes h from two rows, and the down step: no one else)
+        if readers.iter().any(|&i| i != di && !(steps[i].node == h && steps[i].min_rows.is_some_and(|m| m >= 2))) {
+            continue;
+        }
+        let Some(KernelSpec::MatMul { n, .. }) = steps[di].kernel else { unreachable!("matched") };
+        if crate::kernels::swiglu_down_fits(k, f, n, fb).is_err() {
+            continue;
+        }
+        // x's producer: the one-row plain GEMV with a residual, nothing between it and the
+        // MLP writing x
+        let Some(oi) = steps[..ci].iter().rposition(|s| s.node == x) else { continue };
+        let o = &steps[oi];
+        let plain = matches!(o.kernel, Some(KernelSpec::MatMul { bias: false, residual: true, wdtype: DType::F32 | DType::F16 | DType::BF16, .. }));
+        if !plain || o.args.len() != 4 || o.args[3] != x || o.min_rows.is_some() || o.max_rows.is_some() || o.min_context.is_some() || o.max_context.is_some() {
+            continue;
+        }
+        let y = steps[di].node.clone();
+        let wd = steps[di].args[1].clone();
+        // the o projection's one-row kernel seeds y with x
+        let o = &mut steps[oi];
+        let old = o.args.clone();
+        for l in o.alternatives_mut() {
+            l.args.get_or_insert_with(|| old.clone());
+        }
+        o.kernel = o.kernel.take().map(|k| KernelSpec::MatMulCopy { inner: Box::new(k) });
+        o.args = vec![old[0].clone(), old[1].clone(), old[2].clone(), y.clone(), old[3].clone()];
+        // the SwiGLU GEMV from two rows only (its alternatives)
+        steps[ci].min_rows = Some(2);
+        let d = &mut steps[di];
+        let old = d.args.clone();
+        for l in d.alternatives_mut() {
+            l.args.get_or_insert_with(|| old.clone());
+        }
+        d.kernel = Some(KernelSpec::SwiGluDown { k, f, n, eps_bits, fb });
+        d.args = vec![x, gn, wg, wu, wd, y];
+        d.scalars = vec![Scalar::Const(f as i64)];
+        d.work = Scalar::Const(f as i64);
+    }
+    steps
+}
+
+/// The o projection folded into the one-token RoPE attention where the fused MLP follows
+/// ([`fuse_swiglu_down`]; `KernelSpec::AttentionO` with `red`): the o step's one-row kernel
+/// (`MatMulCopy`, writing the residual stream x and the MLP's accumulator y) is replaced by
+/// the attention's blocks adding their heads' parts (head 0: + the residual) into both, which
+/// the one-row q/k/v GEMV before it zeroes (`ZeroFill`). The o step keeps two rows and more,
+/// and one row at the contexts the split attention takes (past the fused step's
+/// `max_context`), where it writes both as before. A launch fewer per layer at batch 1.
+fn fuse_attention_o_red(mut steps: Vec<Step>) -> Vec<Step> {
+    // (blocks per head: 4 — W_o's head columns, 74 KB for the SmolLM2 shape, over 4 SMs;
+    // DSC_ATTN_O_SPLITS at compile time)
+    let attn_o_splits = || env_num::<usize>("DSC_ATTN_O_SPLITS").filter(|&s| (1..=16).contains(&s)).unwrap_or(ATTN_O_SPLITS);
+    let mut i = 0;
+    while i < steps.len() {
+        let (h, hd) = match &steps[i].kernel {
+            Some(KernelSpec::RopeAttention { inner, .. }) => match inner.as_ref() {
+                KernelSpec::PagedAttention { h, d, group: 1, .. } => (*h, h * d),
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            },
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let a = steps[i].node.clone();
+        let views: Vec<String> = std::iter::once(a.clone()).chain(steps.iter().filter(|s| s.alias_of.as_deref() == Some(a.as_str()) && s.alias_offset.is_none()).map(|s| s.node.clone())).collect();
+        let o = steps.iter().position(|s| {
+            matches!(&s.kernel, Some(KernelSpec::MatMulCopy { inner }) if matches!(inner.as_ref(), KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. } if *k == hd))
+                && s.args.len() == 5
+                && views.contains(&s.args[0])
+                && s.min_rows.is_none()
+                && s.max_rows.is_none()
+                && s.min_context.is_none()
+                && s.max_context.is_none()
+        });
+        // the q/k/v GEMV with the norm prologue before the attention zeroes the accumulators:
+        // a grid of at least N threads in every part
+        let z = steps[..i].iter().rposition(|s| s.kernel.is_some() && s.min_rows.is_none() && s.max_rows.is_none());
+        let (Some(o), Some(z)) = (o.filter(|&o| o > i), z) else {
+            i += 1;
+            continue;
+        };
+        let Some(KernelSpec::MatMulCopy { inner }) = &steps[o].kernel else { unreachable!("matched") };
+        let KernelSpec::MatMul { n, .. } = **inner else { unreachable!("matched") };
+        let threads = |k: &KernelSpec| -> Option<usize> {
+            let KernelSpec::NormMatMul { inner, .. } = k else { return None };
+            let (core, parts) = inner.matmul_core();
+            let KernelSpec::MatMul { n: cn, .. } = core else { return None };
+            let per = crate::kernels::columns_per_block_of(core)?;
+            let narrowest = parts.map_or(*cn, |p| p.iter().copied().min().unwrap_or(0));
+            Some(narrowest.div_ceil(per) * 32 * crate::kernels::GEMV_WARPS)
+        };
+        if n * (hd / h) * 2 > ATTN_O_MAX_BYTES || steps[z].kernel.as_ref().and_then(threads).is_none_or(|t| t < n) {
+            i += 1;
+            continue;
+        }
+        // (the projection's rows over `splits` blocks per head, where they divide evenly)
+        let splits = attn_o_splits();
+        let Scalar::Const(gy) = steps[i].grid_y else {
+            i += 1;
+            continue;
+        };
+        let splits = if n % splits == 0 { splits } else { 1 };
+        let om = steps[o].clone();
+        let (wo, res, y, x) = (om.args[1].clone(), om.args[2].clone(), om.args[3].clone(), om.args[4].clone());
+        let fused = &mut steps[i];
+        let max_context = fused.max_context;
+        let att = fused.kernel.take().expect("matched");
+        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(att), n, red: true, splits });
+        fused.grid_y = Scalar::Const(gy * splits as i64);
+        fused.args.truncate(9);
+        fused.args.extend([wo, res, y.clone(), x.clone()]);
+        let zs = &mut steps[z];
+        let old = zs.args.clone();
+        for l in zs.alternatives_mut() {
+            l.args.get_or_insert_with(|| old.clone());
+        }
+        zs.kernel = zs.kernel.take().map(|k| KernelSpec::ZeroFill { inner: Box::new(k), len: n });
+        zs.args = [x, y].into_iter().chain(old).collect();
+        steps[o] = Step { min_rows: Some(2), ..om.clone() };
+        if let Some(mc) = max_context {
+            steps.insert(o + 1, Step { max_rows: Some(1), min_context: Some(mc + 1), ..om });
+        }
+        i += 1;
     }
     steps
 }
@@ -1858,7 +2045,7 @@ mod tests {
         let steps = lower_opts(&g, LowerOptions { attn_o: true, ..no_ws() }).unwrap();
         let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::AttentionO { .. }))).collect();
         let [f] = &fused[..] else { panic!("{fused:?}") };
-        assert!(matches!(&f.kernel, Some(KernelSpec::AttentionO { inner, n: 24 }) if matches!(inner.as_ref(), KernelSpec::RopeAttention { .. })));
+        assert!(matches!(&f.kernel, Some(KernelSpec::AttentionO { inner, n: 24, red: false, .. }) if matches!(inner.as_ref(), KernelSpec::RopeAttention { .. })));
         assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(split_from_keys() - 1)));
         assert_eq!(f.args, ["qh", "kh", "vh", "pos", "slots", "kw", "vw", "seq", "table", "wo", "r", "y@splitk4", "y@sync", "y"]);
         // (the partial sums declared before it)
@@ -2443,6 +2630,63 @@ mod tests {
         let swapped = src.replace("silu_mul(%g, %u)", "silu_mul(%u, %g)");
         let steps = lower_with(&text::parse(&swapped).unwrap(), false).unwrap();
         assert_eq!(steps.iter().find(|s| s.node == "gu").unwrap().args, ["x", "wu", "wg", "h"]);
+    }
+
+    #[test]
+    fn one_token_mlp_runs_as_one_kernel_seeded_by_the_o_projection() {
+        let src = "graph \"t\" {\n  %a = input : f32[T, 64]\n  %x0 = input : f32[T, 64]\n  %wo = weight : bf16[64, 64]\n  %x3 = matmul_add(%a, %wo, %x0) {transpose_b = true} : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x3, %g) {eps = 0.00001} : f32[T, 64]\n  %wg = weight : bf16[128, 64]\n  %wu = weight : bf16[128, 64]\n  %gu = matmul_cat(%xn, %wg, %wu) : f32[T, 256]\n  %ga = slice(%gu) {axis = 1, start = 0, len = 128} : f32[T, 128]\n  %up = slice(%gu) {axis = 1, start = 128, len = 128} : f32[T, 128]\n  %h = silu_mul(%ga, %up) : f32[T, 128]\n  %wd = weight : bf16[64, 128]\n  %y = matmul_add(%h, %wd, %x3) {transpose_b = true} : f32[T, 64]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let opts = LowerOptions { norm_fusion: true, swiglu_down: true, ..LowerOptions::default() };
+        let steps = lower_opts(&g, opts).unwrap();
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        let fb = crate::kernels::swiglu_down_fb();
+        assert_eq!(by("y").kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb }));
+        assert_eq!(by("y").args, ["x3", "g", "wg", "wu", "wd", "y"]);
+        assert!(matches!(by("x3").kernel, Some(KernelSpec::MatMulCopy { .. })), "{:?}", by("x3").kernel);
+        assert_eq!(by("x3").args, ["a", "wo", "x0", "y", "x3"]);
+        assert_eq!(by("gu").min_rows, Some(2));
+        // every alternative (two rows and more) keeps its kernel's own args
+        // (h or its 16-bit copy, `h@bf16`)
+        for (node, x) in [("y", "h"), ("x3", "a")] {
+            for l in by(node).alternatives() {
+                let a = l.args.as_deref().unwrap();
+                assert!(a[0].starts_with(x), "{node}: {a:?}");
+            }
+        }
+        // off, or with another reader of h: the three kernels stay
+        let off = lower_opts(&g, LowerOptions { swiglu_down: false, ..opts }).unwrap();
+        assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SwiGluDown { .. } | KernelSpec::MatMulCopy { .. }))));
+        let extra = src.replace("  output y = %y\n", "  output y = %y\n  output h = %h\n");
+        let steps = lower_opts(&text::parse(&extra).unwrap(), opts).unwrap();
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SwiGluDown { .. } | KernelSpec::MatMulCopy { .. }))));
+    }
+
+    #[test]
+    fn one_token_layer_adds_the_o_projection_from_the_attention_into_both_accumulators() {
+        let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %g1 = weight : f32[32]\n  %xn = rms_norm(%x, %g1) {eps = 0.00001} : f32[T, 32]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %wo = weight : bf16[32, 32]\n  %kc = state : bf16[4, 4, 2, 8]\n  %vc = state : bf16[4, 4, 2, 8]\n  %qkv = matmul_cat(%xn, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : bf16[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  %of = reshape(%o) : f32[T, 32]\n  %x3 = matmul_add(%of, %wo, %x) {transpose_b = true} : f32[T, 32]\n  %g2 = weight : f32[32]\n  %xn2 = rms_norm(%x3, %g2) {eps = 0.00001} : f32[T, 32]\n  %wg = weight : bf16[32, 32]\n  %wu = weight : bf16[32, 32]\n  %gu = matmul_cat(%xn2, %wg, %wu) : f32[T, 64]\n  %ga = slice(%gu) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %up = slice(%gu) {axis = 1, start = 32, len = 32} : f32[T, 32]\n  %h = silu_mul(%ga, %up) : f32[T, 32]\n  %wd = weight : bf16[32, 32]\n  %y = matmul_add(%h, %wd, %x3) {transpose_b = true} : f32[T, 32]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let opts = LowerOptions { norm_fusion: true, swiglu_down: true, attn_o_red: true, ..no_ws() };
+        let steps = lower_opts(&g, opts).unwrap();
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        let att = by("o");
+        assert!(matches!(&att.kernel, Some(KernelSpec::AttentionO { n: 32, red: true, .. })), "{:?}", att.kernel);
+        assert_eq!(att.args[9..], ["wo", "x", "y", "x3"]);
+        let qkv = by("qkv");
+        assert!(matches!(&qkv.kernel, Some(KernelSpec::ZeroFill { len: 32, .. })), "{:?}", qkv.kernel);
+        assert_eq!(qkv.args[..3], ["x3", "y", "x"]);
+        assert!(qkv.alternatives().all(|l| l.args.as_deref().is_some_and(|a| !a.contains(&"y".to_string()))));
+        assert!(matches!(by("y").kernel, Some(KernelSpec::SwiGluDown { .. })));
+        // the o GEMV: two rows and more, and one row past the fused attention's contexts
+        let os: Vec<&Step> = steps.iter().filter(|s| s.node == "x3").collect();
+        assert_eq!(os[0].min_rows, Some(2));
+        if let Some(mc) = att.max_context {
+            assert_eq!((os[1].max_rows, os[1].min_context), (Some(1), Some(mc + 1)));
+            assert!(matches!(os[1].kernel, Some(KernelSpec::MatMulCopy { .. })));
+        }
+        // off: the o GEMV keeps one row, seeding the MLP
+        let off = lower_opts(&g, LowerOptions { attn_o_red: false, ..opts }).unwrap();
+        assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::AttentionO { .. } | KernelSpec::ZeroFill { .. }))));
+        assert!(matches!(off.iter().find(|s| s.node == "x3").unwrap().kernel, Some(KernelSpec::MatMulCopy { .. })));
     }
 
     #[test]

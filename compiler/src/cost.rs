@@ -61,6 +61,17 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
     // the GPU schedule's lowering-level fusions among the running steps: nodes whose step
     // launches nothing (their work is in another node's kernel) and nodes whose step runs a
     // fused kernel
+    // weights that running steps read where the node they belong to does not run
+    let fused_weights: std::collections::HashSet<&str> = gpu
+        .map(|p| {
+            p.steps
+                .iter()
+                .filter(|s| runs(s) && s.kernel.is_some())
+                .flat_map(|s| s.args.iter().map(String::as_str))
+                .filter(|a| g.by_name(a).is_some_and(|id| matches!(g.node(id).op, Op::Weight)))
+                .collect()
+        })
+        .unwrap_or_default();
     let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().filter(|s| runs(s)).map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
     for id in order {
         let n = g.node(id);
@@ -105,11 +116,16 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
             }
         };
         // rope(q) + rope_cache_write(k) + cache_write(v) of one merged Q/K/V matmul: one kernel
-        if skipped.contains(n.name.as_str()) {
+        // (a matmul none of whose steps runs but whose weights a running kernel reads: its
+        // work is fused into that kernel — the one-token MLP, the attention with the o
+        // projection — and counts there, without a launch of its own)
+        let fused = matches!(n.op, Op::MatMul { .. } | Op::MatMulAdd { .. } | Op::MatMulCat) && ops[1..].iter().all(|&w| fused_weights.contains(g.node(w).name.as_str()));
+        if skipped.contains(n.name.as_str()) && !fused {
             // (its bytes were the cat's output and its own: neither is written now)
             continue;
         }
         let (key, launches) = match lowered.get(n.name.as_str()) {
+            _ if skipped.contains(n.name.as_str()) => (format!("{key} (fused)"), 0),
             Some(Some(k)) if k.starts_with("qkv_rope_cache") => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 1),
             Some(None) if matches!(n.op, Op::Rope { .. } | Op::RopeCacheWrite { .. } | Op::CacheWrite) => ("qkv_rope_cache (rope q, k and v cache writes)".to_string(), 0),
             _ => (key, 1),

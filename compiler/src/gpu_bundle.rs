@@ -1009,6 +1009,72 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         });
         specs.push(spec);
     }
+    // the one-token MLP in one kernel (SwiGluDown): norm, gate/up, SwiGLU, down, added into y
+    // (which holds the residual: `init`); two rows (grid y), K with a partial last round of
+    // pieces (576) and without (256), both feature blocks
+    for (m, k, f, n, fb) in [(2usize, 576usize, 96usize, 576usize, 16usize), (1, 256, 64, 128, 8), (1, 576, 96, 576, 32)] {
+        let eps = 1e-5f32;
+        let (enc, mut ws, decl) = part_weights(&[f, f], k, DType::BF16, &mut rand_vec)?;
+        let wd = dsc_ir::quant::encode(DType::BF16, &rand_vec(n * f, -0.1, 0.1)).context("encode")?;
+        ws.insert("wd".into(), (DType::BF16, vec![n, f], wd.clone()));
+        let g = rand_vec(k, 0.5, 1.5);
+        ws.insert("g".into(), (DType::F32, vec![k], g.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        let x = rand_vec(m * k, -2.0, 2.0);
+        let r = rand_vec(m * n, -1.0, 1.0);
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %g = weight : f32[{k}]\n{decl}  %wd = weight : bf16[{n}, {f}]\n  %xn = rms_norm(%x, %g) {{eps = {eps:?}}} : f32[{m}, {k}]\n  %a = matmul(%xn, %w0) {{transpose_b = true}} : f32[{m}, {f}]\n  %u = matmul(%xn, %w1) {{transpose_b = true}} : f32[{m}, {f}]\n  %h = silu_mul(%a, %u) : f32[{m}, {f}]\n  %y = matmul_add(%h, %wd, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"
+        );
+        let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))], &ws)?;
+        let spec = KernelSpec::SwiGluDown { k, f, n, eps_bits: eps.to_bits(), fb };
+        let (gx, b) = grid(&spec.launch(), f);
+        let mut inputs = vec![data.push(&x), data.push(&g)];
+        inputs.extend(enc.iter().map(|w| data.push_u8(w)));
+        inputs.push(data.push_u8(&wd));
+        cases.push(Case {
+            name: format!("rms_norm+swiglu+down {m}x{k}x{f}x{n} bf16, {fb} features per block"),
+            kernel: spec.symbol(),
+            grid: gx,
+            grid_y: m as u32,
+            block: b,
+            inputs,
+            scalars: vec![f as i64],
+            expected: data.push(&want),
+            init: Some(data.push(&r)),
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-4,
+        });
+        specs.push(spec);
+    }
+    // ... and the o projection that seeds its accumulator (MatMulCopy): the GEMV's output also
+    // in y2 (an input it writes)
+    {
+        let (k, n) = (576usize, 576usize);
+        let (enc, ws, _) = part_weights(&[n], k, DType::BF16, &mut rand_vec)?;
+        let mut ws1 = Weights::new();
+        ws1.insert("w".into(), ws["w0"].clone());
+        let x = rand_vec(k, -1.0, 1.0);
+        let r = rand_vec(n, -1.0, 1.0);
+        let want = matmul_reference(&x, Some(&r), 1, k, n, DType::BF16, &ws1)?;
+        let spec = KernelSpec::MatMulCopy { inner: Box::new(KernelSpec::MatMul { k, n, wdtype: DType::BF16, bias: false, residual: true }) };
+        let (gx, b) = grid(&spec.launch(), n);
+        let expected = data.push(&want);
+        cases.push(Case {
+            name: format!("gemv+residual 1x{k}x{n} bf16, output also copied"),
+            kernel: spec.symbol(),
+            grid: gx,
+            grid_y: 1,
+            block: b,
+            inputs: vec![data.push(&x), data.push_u8(&enc[0]), data.push(&r), data.push(&vec![f32::NAN; n])],
+            scalars: vec![n as i64],
+            expected: expected.clone(),
+            init: None,
+            written_inputs: vec![(3, expected)],
+            tmaps: vec![],
+            tol: 1e-5,
+        });
+        specs.push(spec);
+    }
     // RMSNorm in the decode GEMV's prologue (NormMatMul): one weight, and merged parts
     {
         let (k, m, eps) = (576usize, 3usize, 1e-5f32);
@@ -1034,6 +1100,30 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             let (gx, b) = grid(&spec.launch(), total);
             let mut inputs = vec![data.push(&x), data.push(&g)];
             inputs.extend(enc.iter().map(|e| data.push_u8(e)));
+            let expected = data.push(&want);
+            // (merged: also as the zero fill of a one-token layer's accumulators, `ZeroFill`,
+            // two inputs it writes: 200 zeros each, the narrowest part's blocks covering them)
+            if parts.len() > 1 {
+                let len = 200usize;
+                let zf = KernelSpec::ZeroFill { inner: Box::new(spec.clone()), len };
+                let nan = data.push(&vec![f32::NAN; len]);
+                let zeros = data.push(&vec![0.0; len]);
+                cases.push(Case {
+                    name: format!("rms_norm+gemv {m}x{k}x({}) bf16 + zero fill {len}", parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("+")),
+                    kernel: zf.symbol(),
+                    grid: gx,
+                    grid_y: m as u32,
+                    block: b,
+                    inputs: [nan.clone(), nan].into_iter().chain(inputs.iter().cloned()).collect(),
+                    scalars: scalars.clone(),
+                    expected: expected.clone(),
+                    init: None,
+                    written_inputs: vec![(0, zeros.clone()), (1, zeros)],
+                    tmaps: vec![],
+                    tol: 1e-5,
+                });
+                specs.push(zf);
+            }
             cases.push(Case {
                 name: format!("rms_norm+gemv {m}x{k}x({}) bf16", parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("+")),
                 kernel: spec.symbol(),
@@ -1042,7 +1132,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 block: b,
                 inputs,
                 scalars,
-                expected: data.push(&want),
+                expected,
                 init: None,
                 written_inputs: vec![],
                 tmaps: vec![],
@@ -1568,7 +1658,14 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         // threads, the second partial), the counters back at zero after. A probe the plans do
         // not use (measured slower): in the bundle under DSC_ATTN_O=1 only — the whole
         // bundle's data must fit one call's 64 MiB
-        if kv == DType::BF16 && d == 64 && std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1") {
+        // With `red` (the default plans' one-token path, `AttentionO { red }`): each head adds
+        // its projection (head 0: + the residual) into the output and a second accumulator,
+        // both zero before the launch.
+        // (`splits` blocks per head, each adding its part of the rows)
+        for (red, splits) in [(false, 1usize), (true, 1), (true, 4)] {
+            if kv != DType::BF16 || d != 64 || !(red || std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1")) {
+                continue;
+            }
             let nn = 520usize;
             let wo = kv_round(&rand_vec(nn * h * d, -0.1, 0.1), DType::BF16);
             let res = rand_vec(t * nn, -1.0, 1.0);
@@ -1578,7 +1675,27 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
                 })
                 .collect();
-            let fused = KernelSpec::AttentionO { inner: Box::new(spec), n: nn };
+            let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits };
+            if red {
+                let y = data.push(&y);
+                let zeros = data.push(&vec![0.0; t * nn]);
+                cases.push(Case {
+                    name: format!("paged_attn + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} {splits} block(s) per head {style}{}", kv_label(kv)),
+                    kernel: fused.symbol(),
+                    grid: gr,
+                    grid_y: (h * splits) as u32,
+                    block: b,
+                    inputs: inputs.iter().cloned().chain([data.push_kv(&wo, DType::BF16), data.push(&res), zeros.clone()]).collect(),
+                    scalars: vec![(t * h) as i64, mb as i64],
+                    expected: y.clone(),
+                    init: Some(zeros),
+                    written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (11, y)],
+                    tmaps: vec![],
+                    tol: kv_tol(kv, 1e-4),
+                });
+                specs.push(fused);
+                continue;
+            }
             let zeros = vec![0i32; t];
             cases.push(Case {
                 name: format!("paged_attn + rope + cache writes + o projection T{t} H{h}/{kvh} D{d} N{nn} {style}{}", kv_label(kv)),
@@ -1591,7 +1708,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 scalars: vec![(t * h) as i64, mb as i64],
                 expected: data.push(&y),
                 init: None,
-                written_inputs: vec![(5, wk), (6, wv), (12, data.push(&vec![0.0; t]))],
+                written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (12, data.push(&vec![0.0; t]))],
                 tmaps: vec![],
                 tol: kv_tol(kv, 1e-4),
             });

@@ -1,0 +1,45 @@
+//! The one-token MLP kernel (`KernelSpec::SwiGluDown`) and the o projection that seeds its
+//! accumulator (`MatMulCopy`) pass ptxas for every target without spills; on sm_90a every
+//! weight is loaded before `griddepcontrol.wait` (only x after it), and the down projection's
+//! sums leave as reductions (`red.global.add`), not loads and stores of y.
+
+use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
+use dsc_ir::DType;
+mod common;
+
+#[test]
+fn one_token_mlp_passes_ptxas() {
+    let ptxas = common::ptxas();
+    let dir = tempfile::tempdir().unwrap();
+    let eps_bits = 1e-5f32.to_bits();
+    // the SmolLM2 shape (K 576: a partial last round of 16-byte pieces), and K 256
+    let mlp = [KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16 }, KernelSpec::SwiGluDown { k: 256, f: 64, n: 128, eps_bits, fb: 8 }];
+    let copy = KernelSpec::MatMulCopy { inner: Box::new(KernelSpec::MatMul { k: 576, n: 576, wdtype: DType::BF16, bias: false, residual: true }) };
+    let specs: Vec<KernelSpec> = mlp.iter().cloned().chain([copy.clone()]).collect();
+    let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    for (t, ptx) in &m.ptx {
+        let f = dir.path().join(format!("{}.ptx", t.name()));
+        std::fs::write(&f, ptx).unwrap();
+        let (ok, log) = common::assemble(&ptxas, t.name(), &f);
+        assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
+        assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
+        let body_of = |name: &str| {
+            let body = ptx.split(&format!(".entry {name}(")).nth(1).expect("the kernel is in the PTX");
+            body[..body.find("\n}").unwrap()].to_string()
+        };
+        for spec in &mlp {
+            let body = body_of(&spec.symbol());
+            assert_eq!(body.matches("red.global.add.f32").count(), 4, "{}", spec.symbol());
+            assert!(!body.contains("st.global"), "{}: stores y instead of adding into it", spec.symbol());
+            if t.name() == "sm_90a" {
+                let wait = body.find("griddepcontrol.wait").expect("a PDL wait");
+                let after = body[wait..].matches("ld.global").count();
+                // (x: two 16-byte loads per round of pieces)
+                let rounds = if matches!(spec, KernelSpec::SwiGluDown { k: 576, .. }) { 3 } else { 1 };
+                assert_eq!(after, 2 * rounds, "{}: loads after the wait", spec.symbol());
+            }
+        }
+        // the copy: y and y2 stored
+        assert_eq!(body_of(&copy.symbol()).matches("st.global").count(), 2);
+    }
+}
