@@ -1012,7 +1012,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // the one-token MLP in one kernel (SwiGluDown): norm, gate/up, SwiGLU, down, added into y
     // (which holds the residual: `init`); two rows (grid y), K with a partial last round of
     // pieces (576) and without (256), both feature blocks
-    for (m, k, f, n, fb) in [(2usize, 576usize, 96usize, 576usize, 16usize), (1, 256, 64, 128, 8), (1, 576, 96, 576, 32)] {
+    for (m, k, f, n, fb) in [(2usize, 576usize, 48usize, 576usize, 16usize), (1, 256, 64, 128, 8), (1, 256, 64, 128, 32)] {
         let eps = 1e-5f32;
         let (enc, mut ws, decl) = part_weights(&[f, f], k, DType::BF16, &mut rand_vec)?;
         let wd = dsc_ir::quant::encode(DType::BF16, &rand_vec(n * f, -0.1, 0.1)).context("encode")?;
@@ -1049,7 +1049,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // ... and the o projection that seeds its accumulator (MatMulCopy): the GEMV's output also
     // in y2 (an input it writes)
     {
-        let (k, n) = (576usize, 576usize);
+        let (k, n) = (256usize, 200usize);
         let (enc, ws, _) = part_weights(&[n], k, DType::BF16, &mut rand_vec)?;
         let mut ws1 = Weights::new();
         ws1.insert("w".into(), ws["w0"].clone());
@@ -1347,6 +1347,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // chunk after a cached prefix and decode tokens, and on a partial last tile)
     // (then bf16 pools: the decode kernels, the split pass and the prefill kernel again)
     let (f32_, bf16_) = (DType::F32, DType::BF16);
+    let mut prefetched = None;
     for (h, kvh, d, bs, nb, seqs, kv) in [
         (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)], f32_),
         (32, 8, 128, 16, 19, vec![(257, 260), (0, 1)], f32_),
@@ -1493,9 +1494,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             specs.push(spec);
         }
         // ... prefetching another buffer's bytes into L2 first (`PrefetchL2`: the next
-        // matmul's weights; 100,003 f32, split over the blocks), the one-pass and the grouped
-        // kernel: the same outputs
-        let pf = data.push(&rand_vec(100_003, -1.0, 1.0));
+        // matmul's weights; 100,003 f32, split over the blocks — one buffer for every case),
+        // the one-pass and the grouped kernel: the same outputs
+        let pf = prefetched.get_or_insert_with(|| data.push(&rand_vec(100_003, -1.0, 1.0))).clone();
         for (warps, group) in [(16usize, 1usize), (dsc_codegen::lower::ATTN_GROUP_WARPS, rep)].into_iter().filter(|_| kv == DType::F32) {
             let spec = KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys: 4, group, kv }) };
             let (gr, b) = grid(&spec.launch(), t);
@@ -1662,11 +1663,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         // its projection (head 0: + the residual) into the output and a second accumulator,
         // both zero before the launch.
         // (`splits` blocks per head, each adding its part of the rows)
-        for (red, splits) in [(false, 1usize), (true, 1), (true, 4)] {
-            if kv != DType::BF16 || d != 64 || !(red || std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1")) {
-                continue;
-            }
-            let nn = 520usize;
+        // (one W_o, residual and result for every variant: the bundle's data is near the
+        // 64 MiB a call carries)
+        let nn = 520usize;
+        let shared = (kv == DType::BF16 && d == 64).then(|| {
             let wo = kv_round(&rand_vec(nn * h * d, -0.1, 0.1), DType::BF16);
             let res = rand_vec(t * nn, -1.0, 1.0);
             let y: Vec<f32> = (0..t * nn)
@@ -1675,17 +1675,23 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
                 })
                 .collect();
+            (data.push_kv(&wo, DType::BF16), data.push(&res), data.push(&y), data.push(&vec![0.0; t * nn]))
+        });
+        for (red, splits) in [(false, 1usize), (true, 1), (true, 4)] {
+            let Some((wo_a, res_a, y_a, zeros)) = shared.clone() else { continue };
+            if !(red || std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1")) {
+                continue;
+            }
             let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits };
             if red {
-                let y = data.push(&y);
-                let zeros = data.push(&vec![0.0; t * nn]);
+                let y = y_a;
                 cases.push(Case {
                     name: format!("paged_attn + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} {splits} block(s) per head {style}{}", kv_label(kv)),
                     kernel: fused.symbol(),
                     grid: gr,
                     grid_y: (h * splits) as u32,
                     block: b,
-                    inputs: inputs.iter().cloned().chain([data.push_kv(&wo, DType::BF16), data.push(&res), zeros.clone()]).collect(),
+                    inputs: inputs.iter().cloned().chain([wo_a, res_a, zeros.clone()]).collect(),
                     scalars: vec![(t * h) as i64, mb as i64],
                     expected: y.clone(),
                     init: Some(zeros),
@@ -1704,9 +1710,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 grid_y: h as u32,
                 block: b,
                 // (the same q/k/v, positions, pools and table: each case uploads its inputs)
-                inputs: inputs.iter().cloned().chain([data.push_kv(&wo, DType::BF16), data.push(&res), data.push(&vec![0.0; h * t * nn]), data.push_i32(&zeros)]).collect(),
+                inputs: inputs.iter().cloned().chain([wo_a, res_a, data.push(&vec![0.0; h * t * nn]), data.push_i32(&zeros)]).collect(),
                 scalars: vec![(t * h) as i64, mb as i64],
-                expected: data.push(&y),
+                expected: y_a,
                 init: None,
                 written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (12, data.push(&vec![0.0; t]))],
                 tmaps: vec![],
