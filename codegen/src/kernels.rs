@@ -72,6 +72,9 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
     (8, 4, 1)
 }
 
+/// N from which a one-row GEMV counts as wide (the lm_head; [`gemv_tiling`]).
+pub const GEMV_WIDE_N: usize = 16384;
+
 /// K from which the one-row GEMV takes 8 outputs per block ([`gemv_tiling`]).
 pub const GEMV_LONG_K: usize = 2048;
 
@@ -83,6 +86,14 @@ pub fn gemv_tiling(k: usize, n: usize, rows: usize) -> (usize, usize) {
     if let Some(p) = env_list::<usize>(var) {
         if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
             return (p[0], p[1]);
+        }
+    }
+    // (wide one-row GEMVs — the lm_head — for A/B runs: DSC_GEMV_WIDE_TILING=r,u)
+    if rows == 1 && n >= GEMV_WIDE_N {
+        if let Some(p) = env_list::<usize>("DSC_GEMV_WIDE_TILING") {
+            if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
+                return (p[0], p[1]);
+            }
         }
     }
     if rows == 1 && k >= GEMV_LONG_K && n % 64 == 0 {
@@ -480,7 +491,7 @@ pub enum KernelSpec {
     /// The MLP of a one-token step in one kernel (small models at batch 1, where a kernel's
     /// dependent chain, not its bytes, sets its time): RMSNorm (x, g) in the prologue, the
     /// gate/up GEMV, h = silu(gate) · up, and the down projection — block b takes the `fb`
-    /// features [fb·b, fb·(b + 1)), each of its fb/2 warps two of them (their gate and up rows over all of
+    /// features [fb·b, fb·(b + 1)), each of its fb/fpw warps `fpw` of them (their gate and up rows over all of
     /// K, so the norm's sum of squares is the warp's own), h into shared memory, then thread
     /// t multiplies W_down's rows t + i·N/4 (i < 4) at the block's features by h and adds the
     /// four partial sums into y (`red.global.add`, one per sum): y must hold the
@@ -488,7 +499,7 @@ pub enum KernelSpec {
     /// weight is loaded before `griddepcontrol.wait`. The order of the blocks' additions
     /// varies run to run (float sums: results may differ in the last bits). bf16 weights;
     /// grid (F / fb, rows). params x, g, wg, wu, wd, y, f (= F)
-    SwiGluDown { k: usize, f: usize, n: usize, eps_bits: u32, fb: usize },
+    SwiGluDown { k: usize, f: usize, n: usize, eps_bits: u32, fb: usize, fpw: usize },
     /// `inner` (the one-row plain-float decode GEMV) also storing its output into `%y2`,
     /// passed before `%y`: the o projection seeding the fused MLP's accumulator
     /// (`SwiGluDown`) with the residual stream. params inner's with %y2 before %y
@@ -539,7 +550,9 @@ impl KernelSpec {
                 format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}{}", if *group == 1 { String::new() } else { format!("_g{group}") }, kv_suffix(*kv))
             }
             KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
-            KernelSpec::SwiGluDown { k, f, n, eps_bits, fb } => format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}"),
+            KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
+                format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}{}", if *fpw == 2 { String::new() } else { format!("_fpw{fpw}") })
+            }
             KernelSpec::MatMulCopy { inner } => format!("{}_copy", inner.symbol()),
             KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
             KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
@@ -693,7 +706,7 @@ impl KernelSpec {
             | KernelSpec::AttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
             | KernelSpec::MatMulCopy { inner } => inner.launch(),
-            KernelSpec::SwiGluDown { fb, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / SWIGLU_DOWN_FEATURES_PER_WARP) as u32 },
+            KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
         }
     }
 }
@@ -2307,9 +2320,14 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     Ok(())
 }
 
-/// Features per warp of the fused one-token MLP kernel (`KernelSpec::SwiGluDown`): its
-/// block has fb / 2 warps.
-pub const SWIGLU_DOWN_FEATURES_PER_WARP: usize = 2;
+/// Features per warp of the fused one-token MLP kernel (`KernelSpec::SwiGluDown`; its block
+/// has fb / fpw warps): 2 by default, DSC_SWIGLU_DOWN_FPW=1 or 2 at compile time.
+pub fn swiglu_down_fpw() -> usize {
+    match env_num::<usize>("DSC_SWIGLU_DOWN_FPW") {
+        Some(v @ (1 | 2)) => v,
+        _ => 2,
+    }
+}
 
 /// Features per block of the fused one-token MLP kernel: 16 by default (W_down's 32 bytes
 /// per row at the block's features: one sector); DSC_SWIGLU_DOWN_FB=8, 16 or 32 at compile
@@ -2325,9 +2343,8 @@ pub fn swiglu_down_fb() -> usize {
 /// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
 /// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
 /// 64 registers of preloaded gate/up weights per thread.
-pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize) -> Result<(), String> {
-    let fpw = SWIGLU_DOWN_FEATURES_PER_WARP;
-    if k == 0 || k % 8 != 0 || fb == 0 || fb % 8 != 0 || fb % fpw != 0 || fb / fpw > 32 || f % fb != 0 {
+pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize) -> Result<(), String> {
+    if fpw == 0 || k == 0 || k % 8 != 0 || fb == 0 || fb % 8 != 0 || fb % fpw != 0 || fb / fpw > 32 || f % fb != 0 {
         return Err(format!("the fused MLP needs K and the features per block multiples of 8 (at most 64), and F a multiple of them (K {k}, F {f}, {fb} per block)"));
     }
     let threads = 32 * fb / fpw;
@@ -2344,8 +2361,7 @@ pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize) -> Result<(), S
 /// l, l + 32, .. of K (clamped, x zeroed past K) of its warp's gate and up rows, then
 /// (t < N/4) W_down's rows t + i·N/4 at the block's features; every weight and g loaded before
 /// `griddepcontrol.wait`, x after it.
-fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: usize) -> Result<(), String> {
-    let fpw = SWIGLU_DOWN_FEATURES_PER_WARP;
+fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: usize, fpw: usize) -> Result<(), String> {
     let units = k / 8;
     let rounds = units.div_ceil(32);
     let smt = format!("memref<{fb}xf32, #gpu.address_space<workgroup>>");
@@ -6336,9 +6352,9 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.copy_y = true;
             emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%y2: !llvm.ptr<1>, %y: !llvm.ptr<1>", 1)
         }
-        KernelSpec::SwiGluDown { k, f, n, eps_bits, fb } => {
-            swiglu_down_fits(*k, *f, *n, *fb)?;
-            emit_swiglu_down(b, *k, *f, *n, f32::from_bits(*eps_bits), *fb)?;
+        KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
+            swiglu_down_fits(*k, *f, *n, *fb, *fpw)?;
+            emit_swiglu_down(b, *k, *f, *n, f32::from_bits(*eps_bits), *fb, *fpw)?;
             "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %wd: !llvm.ptr<1>, %y: !llvm.ptr<1>, %f: i64".into()
         }
         KernelSpec::SwiGluGemv { k, f, wdtype } => {

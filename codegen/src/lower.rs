@@ -847,7 +847,7 @@ fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
 /// (its alternatives), and the down step's alternatives keep their kernels. Two launches
 /// fewer per layer at batch 1. (Not where h is a graph output: it is not written at one row.)
 fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
-    let fb = crate::kernels::swiglu_down_fb();
+    let (fb, fpw) = (crate::kernels::swiglu_down_fb(), crate::kernels::swiglu_down_fpw());
     for ci in 0..steps.len() {
         let Some(KernelSpec::NormMatMul { inner, eps_bits }) = &steps[ci].kernel else { continue };
         let KernelSpec::SwiGluGemv { k, f, wdtype: DType::BF16 } = **inner else { continue };
@@ -876,7 +876,7 @@ fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
             continue;
         }
         let Some(KernelSpec::MatMul { n, .. }) = steps[di].kernel else { unreachable!("matched") };
-        if crate::kernels::swiglu_down_fits(k, f, n, fb).is_err() {
+        if crate::kernels::swiglu_down_fits(k, f, n, fb, fpw).is_err() {
             continue;
         }
         // x's producer: the one-row plain GEMV with a residual, nothing between it and the
@@ -904,7 +904,7 @@ fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
         for l in d.alternatives_mut() {
             l.args.get_or_insert_with(|| old.clone());
         }
-        d.kernel = Some(KernelSpec::SwiGluDown { k, f, n, eps_bits, fb });
+        d.kernel = Some(KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw });
         d.args = vec![x, gn, wg, wu, wd, y];
         d.scalars = vec![Scalar::Const(f as i64)];
         d.work = Scalar::Const(f as i64);
@@ -2639,8 +2639,8 @@ mod tests {
         let opts = LowerOptions { norm_fusion: true, swiglu_down: true, ..LowerOptions::default() };
         let steps = lower_opts(&g, opts).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
-        let fb = crate::kernels::swiglu_down_fb();
-        assert_eq!(by("y").kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb }));
+        let (fb, fpw) = (crate::kernels::swiglu_down_fb(), crate::kernels::swiglu_down_fpw());
+        assert_eq!(by("y").kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb, fpw }));
         assert_eq!(by("y").args, ["x3", "g", "wg", "wu", "wd", "y"]);
         assert!(matches!(by("x3").kernel, Some(KernelSpec::MatMulCopy { .. })), "{:?}", by("x3").kernel);
         assert_eq!(by("x3").args, ["a", "wo", "x0", "y", "x3"]);

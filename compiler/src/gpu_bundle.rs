@@ -1012,7 +1012,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // the one-token MLP in one kernel (SwiGluDown): norm, gate/up, SwiGLU, down, added into y
     // (which holds the residual: `init`); two rows (grid y), K with a partial last round of
     // pieces (576) and without (256), both feature blocks
-    for (m, k, f, n, fb) in [(2usize, 576usize, 48usize, 576usize, 16usize), (1, 256, 64, 128, 8), (1, 256, 64, 128, 32)] {
+    for (m, k, f, n, fb, fpw) in [(2usize, 576usize, 48usize, 576usize, 16usize, 2usize), (1, 256, 64, 128, 8, 2), (1, 256, 64, 128, 32, 2), (1, 576, 48, 576, 16, 1)] {
         let eps = 1e-5f32;
         let (enc, mut ws, decl) = part_weights(&[f, f], k, DType::BF16, &mut rand_vec)?;
         let wd = dsc_ir::quant::encode(DType::BF16, &rand_vec(n * f, -0.1, 0.1)).context("encode")?;
@@ -1025,13 +1025,13 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             "graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %r = input : f32[{m}, {n}]\n  %g = weight : f32[{k}]\n{decl}  %wd = weight : bf16[{n}, {f}]\n  %xn = rms_norm(%x, %g) {{eps = {eps:?}}} : f32[{m}, {k}]\n  %a = matmul(%xn, %w0) {{transpose_b = true}} : f32[{m}, {f}]\n  %u = matmul(%xn, %w1) {{transpose_b = true}} : f32[{m}, {f}]\n  %h = silu_mul(%a, %u) : f32[{m}, {f}]\n  %y = matmul_add(%h, %wd, %r) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n"
         );
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone())), ("r", Tensor::new(vec![m, n], r.clone()))], &ws)?;
-        let spec = KernelSpec::SwiGluDown { k, f, n, eps_bits: eps.to_bits(), fb };
+        let spec = KernelSpec::SwiGluDown { k, f, n, eps_bits: eps.to_bits(), fb, fpw };
         let (gx, b) = grid(&spec.launch(), f);
         let mut inputs = vec![data.push(&x), data.push(&g)];
         inputs.extend(enc.iter().map(|w| data.push_u8(w)));
         inputs.push(data.push_u8(&wd));
         cases.push(Case {
-            name: format!("rms_norm+swiglu+down {m}x{k}x{f}x{n} bf16, {fb} features per block"),
+            name: format!("rms_norm+swiglu+down {m}x{k}x{f}x{n} bf16, {fb} features per block, {fpw} per warp"),
             kernel: spec.symbol(),
             grid: gx,
             grid_y: m as u32,
