@@ -845,6 +845,28 @@ impl Body {
         let v = self.load_vector(ptr, off, n, ty, align);
         self.elements(&v, n, ty)
     }
+    /// `n` f32 of `ptr` from byte offset `at` (i64), one 16-byte load per 4
+    fn load_f32s(&mut self, ptr: &str, at: &str, n: usize) -> Vec<String> {
+        let mut v = vec![];
+        for q in 0..n / 4 {
+            let off = if q == 0 {
+                at.to_string()
+            } else {
+                let o = self.ci64(16 * q as i64);
+                self.op(&format!("arith.addi {at}, {o} : i64"))
+            };
+            v.extend(self.load_vec(ptr, &off, 4, "f32", 16));
+        }
+        v
+    }
+    /// the two bf16 of an i32 word as f32: the low half shifted up, the high half masked
+    fn bf16_pair(&mut self, word: &str) -> [String; 2] {
+        let c16 = self.op("arith.constant 16 : i32");
+        let lo = self.op(&format!("arith.shli {word}, {c16} : i32"));
+        let m = self.op("arith.constant -65536 : i32");
+        let hi = self.op(&format!("arith.andi {word}, {m} : i32"));
+        [self.op(&format!("arith.bitcast {lo} : i32 to f32")), self.op(&format!("arith.bitcast {hi} : i32 to f32"))]
+    }
     /// one aligned `vector<n x ty>` load at byte offset `off` of `ptr`
     fn load_vector(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> String {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
@@ -1955,25 +1977,16 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
         for (ui, u) in us.iter().enumerate() {
             let xb = b.ci64((e * 4) as i64);
             let xo = b.op(&format!("arith.muli {u}, {xb} : i64"));
-            // the unit's e f32 values of `ptr` from byte offset `at`, 16 bytes at a time
-            let f32s = |b: &mut Body, ptr: &str, at: &str| -> Vec<String> {
-                let mut v = vec![];
-                for q in 0..(e * 4 / 16) {
-                    let o = b.ci64(16 * q as i64);
-                    let off = b.op(&format!("arith.addi {at}, {o} : i64"));
-                    v.extend(b.load_vec(ptr, &off, 4, "f32", 16));
-                }
-                v
-            };
+            // (the unit's e f32 values, 16 bytes at a time)
             let xs: Vec<Vec<String>> = xbase
                 .iter()
                 .map(|base| {
                     let xo = b.op(&format!("arith.addi {base}, {xo} : i64"));
-                    f32s(b, "%x", &xo)
+                    b.load_f32s("%x", &xo, e)
                 })
                 .collect();
             // the norm prologue: g for these elements (x's offsets without the row base)
-            let gs: Vec<String> = if norm.is_some() { f32s(b, "%g", &xo) } else { vec![] };
+            let gs: Vec<String> = if norm.is_some() { b.load_f32s("%g", &xo, e) } else { vec![] };
             let ws = match pre {
                 Some(p) => p[ui].clone(),
                 None => load_w(b, u),
@@ -1996,16 +2009,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
                 for word in words {
                     match wdtype {
                         DType::F32 => wf.push(word.clone()),
-                        DType::BF16 => {
-                            // bf16 pair -> f32: low half shifted up, high half masked
-                            let c16 = b.op("arith.constant 16 : i32");
-                            let lo = b.op(&format!("arith.shli {word}, {c16} : i32"));
-                            let m = b.op("arith.constant -65536 : i32");
-                            let hi = b.op(&format!("arith.andi {word}, {m} : i32"));
-                            for h in [lo, hi] {
-                                wf.push(b.op(&format!("arith.bitcast {h} : i32 to f32")));
-                            }
-                        }
+                        DType::BF16 => wf.extend(b.bf16_pair(word)),
                         _ => {
                             let c16 = b.op("arith.constant 16 : i32");
                             let lo = b.op(&format!("arith.trunci {word} : i32 to i16"));
@@ -2426,18 +2430,12 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
         }
         drows.push(words);
     }
-    // the 8 f32 of piece u of `ptr` (from byte `at` on)
-    let floats8 = |b: &mut Body, ptr: &str, at: &str| -> Vec<String> {
-        let mut v = b.load_vec(ptr, at, 4, "f32", 16);
-        let o = b.op(&format!("arith.addi {at}, {c16} : i64"));
-        v.extend(b.load_vec(ptr, &o, 4, "f32", 16));
-        v
-    };
+    // (a piece's 8 f32 of g, and after the wait of x)
     let gs: Vec<Vec<String>> = uoff
         .iter()
         .map(|u| {
             let o = b.op(&format!("arith.muli {u}, {c32} : i64"));
-            floats8(b, "%g", &o)
+            b.load_f32s("%g", &o, 8)
         })
         .collect();
     if b.pdl {
@@ -2448,20 +2446,13 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
     let zero = b.cf32(0.0);
     let mut acc = vec![zero.clone(); 2 * fpw];
     let mut ss = zero.clone();
-    let unpack = |b: &mut Body, word: &str| -> [String; 2] {
-        let c = b.op("arith.constant 16 : i32");
-        let lo = b.op(&format!("arith.shli {word}, {c} : i32"));
-        let m = b.op("arith.constant -65536 : i32");
-        let hi = b.op(&format!("arith.andi {word}, {m} : i32"));
-        [b.op(&format!("arith.bitcast {lo} : i32 to f32")), b.op(&format!("arith.bitcast {hi} : i32 to f32"))]
-    };
     let xs: Vec<Vec<String>> = uoff
         .iter()
         .zip(&valid)
         .map(|(u, ok)| {
             let o = b.op(&format!("arith.muli {u}, {c32} : i64"));
             let o = b.op(&format!("arith.addi {xbase}, {o} : i64"));
-            let v = floats8(b, "%x", &o);
+            let v = b.load_f32s("%x", &o, 8);
             match ok {
                 Some(ok) => v.iter().map(|x| b.op(&format!("arith.select {ok}, {x}, {zero} : f32"))).collect(),
                 None => v,
@@ -2475,7 +2466,7 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
         }
         for (a, row) in acc.iter_mut().zip(&wrows) {
             for (q, word) in row[r].iter().enumerate() {
-                let [lo, hi] = unpack(b, word);
+                let [lo, hi] = b.bf16_pair(word);
                 *a = b.op(&format!("llvm.intr.fma({lo}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q]));
                 *a = b.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q + 1]));
             }
@@ -2518,7 +2509,7 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
     for words in &drows {
         let mut p = zero.clone();
         for (q, word) in words.iter().enumerate() {
-            let [lo, hi] = unpack(b, word);
+            let [lo, hi] = b.bf16_pair(word);
             p = b.op(&format!("llvm.intr.fma({lo}, {}, {p}) : (f32, f32, f32) -> f32", h[2 * q]));
             p = b.op(&format!("llvm.intr.fma({hi}, {}, {p}) : (f32, f32, f32) -> f32", h[2 * q + 1]));
         }

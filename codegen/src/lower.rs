@@ -764,6 +764,21 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
 }
 
+/// The one-token RoPE attention of a head per block at step `i`, if it is one: its heads,
+/// H·D, and the names its output goes by (itself and the views of it).
+fn one_token_attention(steps: &[Step], i: usize) -> Option<(usize, usize, Vec<String>)> {
+    let Some(KernelSpec::RopeAttention { inner, .. }) = &steps[i].kernel else { return None };
+    let KernelSpec::PagedAttention { h, d, group: 1, .. } = inner.as_ref() else { return None };
+    let a = steps[i].node.as_str();
+    let views = std::iter::once(a.to_string()).chain(steps.iter().filter(|s| s.alias_of.as_deref() == Some(a) && s.alias_offset.is_none()).map(|s| s.node.clone())).collect();
+    Some((*h, h * d, views))
+}
+
+/// Whether a step launches for every row count and context (no bounds).
+fn unbounded(s: &Step) -> bool {
+    s.min_rows.is_none() && s.max_rows.is_none() && s.min_context.is_none() && s.max_context.is_none()
+}
+
 /// Blocks per head of the one-token attention with the o projection added in
 /// ([`fuse_attention_o_red`]), each taking 1/ATTN_O_SPLITS of W_o's rows.
 pub const ATTN_O_SPLITS: usize = 4;
@@ -782,29 +797,12 @@ pub const ATTN_O_MAX_BYTES: usize = 128 << 10;
 fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
     let mut i = 0;
     while i < steps.len() {
-        let (h, hd) = match &steps[i].kernel {
-            Some(KernelSpec::RopeAttention { inner, .. }) => match inner.as_ref() {
-                KernelSpec::PagedAttention { h, d, group: 1, .. } => (*h, h * d),
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            },
-            _ => {
-                i += 1;
-                continue;
-            }
+        let Some((h, hd, views)) = one_token_attention(&steps, i) else {
+            i += 1;
+            continue;
         };
-        let a = steps[i].node.clone();
-        let views: Vec<String> = std::iter::once(a.clone()).chain(steps.iter().filter(|s| s.alias_of.as_deref() == Some(a.as_str()) && s.alias_offset.is_none()).map(|s| s.node.clone())).collect();
         let o = steps.iter().position(|s| {
-            matches!(s.kernel, Some(KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. }) if k == hd)
-                && s.args.len() == 4
-                && views.contains(&s.args[0])
-                && s.min_rows.is_none()
-                && s.max_rows.is_none()
-                && s.min_context.is_none()
-                && s.max_context.is_none()
+            matches!(s.kernel, Some(KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. }) if k == hd) && s.args.len() == 4 && views.contains(&s.args[0]) && unbounded(s)
         });
         let Some(o) = o.filter(|&o| o > i) else {
             i += 1;
@@ -884,7 +882,7 @@ fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
         let Some(oi) = steps[..ci].iter().rposition(|s| s.node == x) else { continue };
         let o = &steps[oi];
         let plain = matches!(o.kernel, Some(KernelSpec::MatMul { bias: false, residual: true, wdtype: DType::F32 | DType::F16 | DType::BF16, .. }));
-        if !plain || o.args.len() != 4 || o.args[3] != x || o.min_rows.is_some() || o.max_rows.is_some() || o.min_context.is_some() || o.max_context.is_some() {
+        if !plain || o.args.len() != 4 || o.args[3] != x || !unbounded(o) {
             continue;
         }
         let y = steps[di].node.clone();
@@ -925,29 +923,15 @@ fn fuse_attention_o_red(mut steps: Vec<Step>) -> Vec<Step> {
     let attn_o_splits = || env_num::<usize>("DSC_ATTN_O_SPLITS").filter(|&s| (1..=16).contains(&s)).unwrap_or(ATTN_O_SPLITS);
     let mut i = 0;
     while i < steps.len() {
-        let (h, hd) = match &steps[i].kernel {
-            Some(KernelSpec::RopeAttention { inner, .. }) => match inner.as_ref() {
-                KernelSpec::PagedAttention { h, d, group: 1, .. } => (*h, h * d),
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            },
-            _ => {
-                i += 1;
-                continue;
-            }
+        let Some((h, hd, views)) = one_token_attention(&steps, i) else {
+            i += 1;
+            continue;
         };
-        let a = steps[i].node.clone();
-        let views: Vec<String> = std::iter::once(a.clone()).chain(steps.iter().filter(|s| s.alias_of.as_deref() == Some(a.as_str()) && s.alias_offset.is_none()).map(|s| s.node.clone())).collect();
         let o = steps.iter().position(|s| {
             matches!(&s.kernel, Some(KernelSpec::MatMulCopy { inner }) if matches!(inner.as_ref(), KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. } if *k == hd))
                 && s.args.len() == 5
                 && views.contains(&s.args[0])
-                && s.min_rows.is_none()
-                && s.max_rows.is_none()
-                && s.min_context.is_none()
-                && s.max_context.is_none()
+                && unbounded(s)
         });
         // the q/k/v GEMV with the norm prologue before the attention zeroes the accumulators:
         // a grid of at least N threads in every part

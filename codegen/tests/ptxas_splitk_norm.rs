@@ -18,19 +18,14 @@ fn splitk_norm_in_registers_passes_ptxas() {
     let specs =
         [KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits, half: Some(false) }, KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits, half: None }];
     let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
-        let f = dir.path().join(format!("{}.ptx", t.name()));
-        std::fs::write(&f, ptx).unwrap();
-        let (ok, log) = common::assemble(&ptxas, t.name(), &f);
-        assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
-        assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
         // the sm_90a kernels wait for the kernel before (PDL): g's load comes first, and after
         // the block barrier only stores touch global memory
         if t.name() == "sm_90a" {
             for spec in &specs {
                 let name = spec.symbol();
-                let body = ptx.split(&format!(".entry {name}(")).nth(1).expect("the kernel is in the PTX");
-                let body = &body[..body.find("\n}").unwrap()];
+                let body = common::body(ptx, &name);
                 let wait = body.find("griddepcontrol.wait").expect("a PDL wait");
                 let first_load = body.find("ld.global").expect("loads");
                 assert!(first_load < wait, "{name}: g is loaded after the wait");

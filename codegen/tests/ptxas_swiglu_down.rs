@@ -17,18 +17,10 @@ fn one_token_mlp_passes_ptxas() {
     let copy = KernelSpec::MatMulCopy { inner: Box::new(KernelSpec::MatMul { k: 576, n: 576, wdtype: DType::BF16, bias: false, residual: true }) };
     let specs: Vec<KernelSpec> = mlp.iter().cloned().chain([copy.clone()]).collect();
     let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
-        let f = dir.path().join(format!("{}.ptx", t.name()));
-        std::fs::write(&f, ptx).unwrap();
-        let (ok, log) = common::assemble(&ptxas, t.name(), &f);
-        assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
-        assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
-        let body_of = |name: &str| {
-            let body = ptx.split(&format!(".entry {name}(")).nth(1).expect("the kernel is in the PTX");
-            body[..body.find("\n}").unwrap()].to_string()
-        };
         for spec in &mlp {
-            let body = body_of(&spec.symbol());
+            let body = common::body(ptx, &spec.symbol());
             assert_eq!(body.matches("red.global.add.f32").count(), 4, "{}", spec.symbol());
             assert!(!body.contains("st.global"), "{}: stores y instead of adding into it", spec.symbol());
             if t.name() == "sm_90a" {
@@ -40,6 +32,6 @@ fn one_token_mlp_passes_ptxas() {
             }
         }
         // the copy: y and y2 stored
-        assert_eq!(body_of(&copy.symbol()).matches("st.global").count(), 2);
+        assert_eq!(common::body(ptx, &copy.symbol()).matches("st.global").count(), 2);
     }
 }

@@ -14,3 +14,23 @@ pub fn assemble(ptxas: &str, arch: &str, ptx: &Path) -> (bool, String) {
     let o = Command::new(ptxas).args([&format!("-arch={arch}"), "-v", ptx.to_str().unwrap(), "-o", "/dev/null"]).output().unwrap();
     (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
+
+/// Assemble every target's PTX of `m` (written into `dir`) and require that ptxas accepts it
+/// without spills.
+#[allow(dead_code)]
+pub fn assemble_without_spills(ptxas: &str, m: &dsc_codegen::CompiledModule, dir: &Path) {
+    for (t, ptx) in &m.ptx {
+        let f = dir.join(format!("{}.ptx", t.name()));
+        std::fs::write(&f, ptx).unwrap();
+        let (ok, log) = assemble(ptxas, t.name(), &f);
+        assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
+        assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
+    }
+}
+
+/// The body of kernel `name` in `ptx` (from its parameter list to its closing brace).
+#[allow(dead_code)]
+pub fn body<'a>(ptx: &'a str, name: &str) -> &'a str {
+    let body = ptx.split(&format!(".entry {name}(")).nth(1).expect("the kernel is in the PTX");
+    &body[..body.find("\n}").unwrap()]
+}
