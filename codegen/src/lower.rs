@@ -110,6 +110,17 @@ impl Step {
         self.large.iter().chain(&self.hopper).chain(&self.hopper_small).chain(&self.few)
     }
 
+    /// Give every alternative without args of its own the step's current args, and return
+    /// them: for a fusion that changes the default kernel's args while the alternatives keep
+    /// reading what they read.
+    fn keep_alternative_args(&mut self) -> Vec<String> {
+        let old = self.args.clone();
+        for l in self.alternatives_mut() {
+            l.args.get_or_insert_with(|| old.clone());
+        }
+        old
+    }
+
     /// [`Step::alternatives`], to change them.
     pub fn alternatives_mut(&mut self) -> impl Iterator<Item = &mut Large> {
         self.large.iter_mut().chain(&mut self.hopper).chain(&mut self.hopper_small).chain(&mut self.few)
@@ -889,19 +900,13 @@ fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
         let wd = steps[di].args[1].clone();
         // the o projection's one-row kernel seeds y with x
         let o = &mut steps[oi];
-        let old = o.args.clone();
-        for l in o.alternatives_mut() {
-            l.args.get_or_insert_with(|| old.clone());
-        }
+        let old = o.keep_alternative_args();
         o.kernel = o.kernel.take().map(|k| KernelSpec::MatMulCopy { inner: Box::new(k) });
         o.args = vec![old[0].clone(), old[1].clone(), old[2].clone(), y.clone(), old[3].clone()];
         // the SwiGLU GEMV from two rows only (its alternatives)
         steps[ci].min_rows = Some(2);
         let d = &mut steps[di];
-        let old = d.args.clone();
-        for l in d.alternatives_mut() {
-            l.args.get_or_insert_with(|| old.clone());
-        }
+        d.keep_alternative_args();
         d.kernel = Some(KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw });
         d.args = vec![x, gn, wg, wu, wd, y];
         d.scalars = vec![Scalar::Const(f as i64)];
@@ -971,10 +976,7 @@ fn fuse_attention_o_red(mut steps: Vec<Step>) -> Vec<Step> {
         fused.args.truncate(9);
         fused.args.extend([wo, res, y.clone(), x.clone()]);
         let zs = &mut steps[z];
-        let old = zs.args.clone();
-        for l in zs.alternatives_mut() {
-            l.args.get_or_insert_with(|| old.clone());
-        }
+        let old = zs.keep_alternative_args();
         zs.kernel = zs.kernel.take().map(|k| KernelSpec::ZeroFill { inner: Box::new(k), len: n });
         zs.args = [x, y].into_iter().chain(old).collect();
         steps[o] = Step { min_rows: Some(2), ..om.clone() };
@@ -1870,10 +1872,7 @@ fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
         };
         let (wg, wu) = (g.node(ws[s0 / f]).name.clone(), g.node(ws[s1 / f]).name.clone());
         let st = &mut steps[ci];
-        let old = st.args.clone();
-        for l in st.alternatives_mut() {
-            l.args.get_or_insert_with(|| old.clone());
-        }
+        st.keep_alternative_args();
         st.kernel = Some(spec);
         st.args = head.into_iter().chain([wg, wu, n.name.clone()]).collect();
         st.scalars = vec![Scalar::Const(f as i64)];

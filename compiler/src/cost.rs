@@ -58,10 +58,8 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
             p.steps.iter().map(|s| s.node.as_str()).filter(|n| !active.contains(n)).collect()
         })
         .unwrap_or_default();
-    // the GPU schedule's lowering-level fusions among the running steps: nodes whose step
-    // launches nothing (their work is in another node's kernel) and nodes whose step runs a
-    // fused kernel
-    // weights that running steps read where the node they belong to does not run
+    // weights the running kernels read (a matmul whose own steps do not run but whose weights
+    // are here had its work fused into another kernel)
     let fused_weights: std::collections::HashSet<&str> = gpu
         .map(|p| {
             p.steps
@@ -72,6 +70,9 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
                 .collect()
         })
         .unwrap_or_default();
+    // the GPU schedule's lowering-level fusions among the running steps: nodes whose step
+    // launches nothing (their work is in another node's kernel) and nodes whose step runs a
+    // fused kernel
     let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().filter(|s| runs(s)).map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
     for id in order {
         let n = g.node(id);
