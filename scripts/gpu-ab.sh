@@ -4,7 +4,8 @@
 # optionally, check/ (a `dsc gpu-bundle --only ..` bundle of the B plans' new kernels).
 # Per pair: the bundle check first, token streams compared (compare-plans), then the engine
 # bench alternating A, B, A, B (lent H200s differ ~2% between calls: compare within one).
-# AB_DIR (default .gpu/ab), AB_BATCHES (1,32,128), AB_PREFILL (512,4096), AB_SEQS (32);
+# AB_DIR (default .gpu/ab), AB_BATCHES (1,32,128), AB_PREFILL (512,4096), AB_SEQS (32), AB_NEW
+# (new tokens per sequence in the bench, 64; the harness's bench/run.sh runs 128);
 # AB_GEMM=512,4096: bench-gemm of both plans at those rows first (their GEMMs alone).
 # AB_ATTN=512,4096,16384: bench-attention of both plans at those prefill lengths, alternating
 # a, b, a, b (the attention kernel alone; e.g. DSC_FLASH_POS32=0 against the default).
@@ -38,7 +39,7 @@ for a in "$dir"/a-*.plan; do
   for r in 1 2; do
     for v in a b; do
       [ $v = a ] && e=${AB_ENV_A:-} || e=${AB_ENV_B:-}
-      timeout 200 env $e $rt bench "$dir/$v-$n.plan" --batches "${AB_BATCHES:-1,32,128}" --prefill "${AB_PREFILL:-512,4096}" --new-tokens 64 --json "$out/$v-$n-$r.json" > "$out/$v-$n-$r.log" 2>&1
+      timeout 200 env $e $rt bench "$dir/$v-$n.plan" --batches "${AB_BATCHES:-1,32,128}" --prefill "${AB_PREFILL:-512,4096}" --new-tokens "${AB_NEW:-64}" --json "$out/$v-$n-$r.json" > "$out/$v-$n-$r.log" 2>&1
     done
   done
 done

@@ -238,6 +238,17 @@ impl KernelSpec {
         }
     }
 
+    /// Blocks per thread-block cluster along grid y the kernel is launched with on sm_90a
+    /// (`QkvAttentionO`: a head's blocks share q, k and v through distributed shared memory);
+    /// None: no cluster.
+    pub fn cluster(&self) -> Option<u32> {
+        match self {
+            KernelSpec::QkvAttentionO { cluster, .. } if *cluster > 1 => Some(*cluster as u32),
+            KernelSpec::PrefetchL2 { inner } => inner.cluster(),
+            _ => None,
+        }
+    }
+
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
@@ -249,6 +260,7 @@ impl KernelSpec {
             | KernelSpec::SwiGluPipe { inner }
             | KernelSpec::RopeAttention { inner, .. }
             | KernelSpec::AttentionO { inner, .. }
+            | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
@@ -467,9 +479,19 @@ pub enum KernelSpec {
     /// N/splits rows [s·N/splits, (s+1)·N/splits) of the projection (each running the whole
     /// attention of its head: cheap at the one-pass contexts) — fewer W_o bytes per SM.
     AttentionO { inner: Box<KernelSpec>, n: usize, red: bool, splits: usize },
-    /// `inner` (the one-row decode GEMV with the norm prologue) that also zeroes the first
-    /// `len` floats of `%z0` and `%z1` (after `griddepcontrol.wait`): the accumulators a later
-    /// kernel adds into (`AttentionO` with `red`). params %z0, %z1, then inner's
+    /// `inner` ([`KernelSpec::AttentionO`] with `red`) computing its head's q, k and v itself:
+    /// the RMSNorm of x ([T, K] f32, weight g) times the head's rows of W_q and its KV head's
+    /// of W_k and W_v (bf16, no bias), instead of reading a q/k/v GEMV's output. On sm_90a the
+    /// `cluster` blocks of a head (the o projection's splits, a thread-block cluster along
+    /// grid y) each compute D / cluster of the head's elements of q, k and v and store them
+    /// into every block's shared memory (distributed shared memory), then pass a cluster
+    /// barrier; elsewhere (no clusters) every block computes all 3·D. Params: %x, %g, %wq,
+    /// %wk, %wv in place of %xq, %xk, %xv, then the rest of inner's.
+    QkvAttentionO { inner: Box<KernelSpec>, k: usize, eps_bits: u32, cluster: usize },
+    /// `inner` (the one-row decode GEMV with the norm prologue, or the fused MLP) that also
+    /// zeroes the first `len` floats of `%z0` and `%z1` (after `griddepcontrol.wait`): the
+    /// accumulators a later kernel adds into (`AttentionO` with `red`). params %z0, %z1, then
+    /// inner's
     ZeroFill { inner: Box<KernelSpec>, len: usize },
     /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
     /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
@@ -574,6 +596,7 @@ impl KernelSpec {
                 }
             ),
             KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
+            KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
@@ -704,6 +727,7 @@ impl KernelSpec {
             | KernelSpec::QkvRopeSplitK { inner, .. }
             | KernelSpec::RopeAttention { inner, .. }
             | KernelSpec::AttentionO { inner, .. }
+            | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
             | KernelSpec::MatMulCopy { inner } => inner.launch(),
             KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
@@ -767,6 +791,9 @@ struct Body {
     /// blocks per head)
     attn_o_red: bool,
     attn_o_splits: usize,
+    /// (`QkvAttentionO`: the attention computes its q, k and v from x — K, eps, blocks per
+    /// cluster; 1: no cluster)
+    qkv_in: Option<(usize, f32, usize)>,
 }
 
 impl Body {
@@ -1237,6 +1264,23 @@ impl Body {
     /// interleaved: e and e ^ 1), y = x c - x' s for the pair's first element, x c + x' s for
     /// its second (as [`Body::rope_pair`] computes them).
     fn rope_elem(&mut self, ptr: &str, base: &str, e: &str, p: &str, d: usize, theta_bits: u32, interleaved: bool) -> String {
+        self.rope_elem_src(&Src::Global(ptr), base, e, p, d, theta_bits, interleaved)
+    }
+    /// f32 element `i` (i64) of `src`
+    fn load_src(&mut self, src: &Src, i: &str) -> String {
+        match src {
+            Src::Global(ptr) => self.load(ptr, i),
+            Src::Shared(smt, at) => {
+                let ca = self.ci64(*at as i64);
+                let j = self.op(&format!("arith.addi {ca}, {i} : i64"));
+                let j = self.op(&format!("arith.index_cast {j} : i64 to index"));
+                self.op(&format!("memref.load %sm[{j}] : {smt}"))
+            }
+        }
+    }
+    /// [`Body::rope_elem`] of a row in global memory or in shared memory
+    #[allow(clippy::too_many_arguments)]
+    fn rope_elem_src(&mut self, src: &Src, base: &str, e: &str, p: &str, d: usize, theta_bits: u32, interleaved: bool) -> String {
         let b = self;
         let (pair, partner, second) = if interleaved {
             let c1 = b.ci64(1);
@@ -1256,8 +1300,8 @@ impl Body {
         let (c, sn) = b.rope_cos_sin(&pair, p, d, theta_bits);
         let i = b.op(&format!("arith.addi {base}, {e} : i64"));
         let ip = b.op(&format!("arith.addi {base}, {partner} : i64"));
-        let x = b.load(ptr, &i);
-        let xp = b.load(ptr, &ip);
+        let x = b.load_src(src, &i);
+        let xp = b.load_src(src, &ip);
         let xps = b.op(&format!("arith.mulf {xp}, {sn} : f32"));
         let nxps = b.op(&format!("arith.negf {xps} : f32"));
         let t = b.op(&format!("arith.select {second}, {xps}, {nxps} : f32"));
@@ -1807,7 +1851,7 @@ impl Body {
     /// `griddepcontrol.wait` here (what the previous kernel wrote is visible after it), not at
     /// the kernel's start (`emit_for`)
     fn wait_for_previous(&mut self) {
-        self.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+        self.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"~{memory}\" : () -> ()");
         self.waited = true;
     }
     /// `i` = global thread index; opens `scf.if i < %n` (close it with `b.line("}")`)
@@ -3012,7 +3056,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             tma_step(b, &k, true, false, true);
         }
         if b.pdl && !b.waited {
-            b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()");
+            b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"~{memory}\" : () -> ()");
         }
         for kt in 0..early {
             let k = b.ci64(kt);
@@ -4635,6 +4679,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         copy_y: false,
         attn_o_red: false,
         attn_o_splits: 1,
+        qkv_in: None,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
@@ -4647,23 +4692,36 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
         // (the decode attention with the o projection: its block size, so ptxas keeps the
         // registers 512 threads may have)
-        _ if b.attn_o.is_some() || matches!(spec, KernelSpec::SwiGluDown { .. }) => match spec.launch() {
-            // (the fused one-token MLP too: 512 threads with 32 features per block)
-            Launch::OutputsPerBlock { warps, .. } => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
-            Launch::BlockPerRow { warps } => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
-            _ => String::new(),
-        },
+        _ if b.attn_o.is_some() || matches!(spec, KernelSpec::SwiGluDown { .. }) || matches!(spec, KernelSpec::ZeroFill { inner, .. } if matches!(inner.as_ref(), KernelSpec::SwiGluDown { .. })) => {
+            match spec.launch() {
+                // (the fused one-token MLP too: 512 threads with 32 features per block)
+                // (DSC_FUSED_MINCTA=2 at compile time: blocks of up to 256 threads kept to the
+                // registers two per SM leave, so the fused MLP and attention of one-token steps
+                // share SMs — the next one's blocks start while the last one's still run)
+                Launch::OutputsPerBlock { warps, .. } | Launch::BlockPerRow { warps } => match fused_mincta().filter(|&m| 32 * warps as usize * m <= 512) {
+                    Some(m) => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>, nvvm.minctasm = {m} : i32}}", 32 * warps),
+                    None => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
+                },
+                _ => String::new(),
+            }
+        }
         (false, Some(n)) => format!(" attributes {{known_block_size = array<i32: 128, 1, 1>, nvvm.minctasm = {n} : i32}}"),
         _ => String::new(),
     };
     let prologue = match (pdl, b.waited) {
         (true, false) => {
-            "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"\" : () -> ()\n"
+            "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"~{memory}\" : () -> ()\n"
         }
         (true, true) => "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n",
         _ => "",
     };
     Ok(format!("    gpu.func @{name}({params}){wg} kernel{attrs} {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
+}
+
+/// Blocks per SM the one-token fused kernels (the MLP, the attention with the o projection)
+/// keep registers for: DSC_FUSED_MINCTA at compile time (None: ptxas's choice).
+fn fused_mincta() -> Option<usize> {
+    env_num::<usize>("DSC_FUSED_MINCTA").filter(|&m| (2..=4).contains(&m))
 }
 
 /// Output columns one block of a matmul kernel launched as `launch` covers.
@@ -4835,7 +4893,19 @@ fn emit_paged_attention(
     // before)
     let short = !std::env::var("DSC_ATTN_SHORT").is_ok_and(|v| v == "0");
     let new_at = o_at + if attn_o.is_some() { d + 1 } else { 0 };
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", new_at + if short && early { 2 * d } else { 0 });
+    // (QkvAttentionO: x and g of the token's row, then the head's q, k and v, past the rest)
+    let qkv_in = b.qkv_in;
+    let xs_at = new_at + if short && early { 2 * d } else { 0 };
+    let (gs_at, qkv_at) = match qkv_in {
+        Some((k, _, c)) => {
+            if !(b.attn_o_red && rep == 1 && rope.is_some()) || k % 8 != 0 || c == 0 || d % c != 0 || (3 * d / c).div_ceil(WARPS) * c > 32 || k / 4 > 32 * WARPS {
+                return Err(format!("the attention computes q, k and v itself in the one-token RoPE attention with the o projection added, a head per block, D / {c} elements per block, at most 32 rows times blocks per warp, K a multiple of 8 (K {k}, D {d}, {WARPS} warps)"));
+            }
+            (xs_at + k, xs_at + 2 * k)
+        }
+        None => (xs_at, xs_at),
+    };
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", qkv_at + if qkv_in.is_some() { 3 * d } else { 0 });
     b.workgroup = Some(format!("%sm : {smt}"));
     let bid = b.op("gpu.block_id x");
     let t = b.idx64(&bid);
@@ -4870,6 +4940,12 @@ fn emit_paged_attention(
     let head0 = b.op(&format!("arith.muli {hg}, {crep} : i64"));
     let cgqa = b.ci64((h / kvh) as i64);
     let kh = b.op(&format!("arith.divui {head0}, {cgqa} : i64"));
+    // (QkvAttentionO, before the wait: the warp's rows of W_q, W_k and W_v into L2 and g into
+    // shared memory)
+    let qkv_pre = match qkv_in {
+        Some((k, _, c)) => Some(qkv_prologue(b, k, d, c, WARPS, &head0, &kh, opart.as_deref(), &tid, &warp_i, &lane_i, gs_at, &smt)),
+        None => None,
+    };
     // the lane's head-dim elements: 32e + lane from an f32 pool (a warp's loads take 128
     // consecutive bytes), lane·per + e from a 16-bit one (one vector load of `per` each)
     let wide = kv == DType::F32;
@@ -4991,6 +5067,11 @@ fn emit_paged_attention(
             let mut qg = vec![];
             for eo in &eoff {
                 let q = match rope {
+                    // (computed above, in shared memory: the head's q at qkv_at)
+                    Some((theta_bits, interleaved)) if qkv_in.is_some() => {
+                        let c0 = b.ci64(0);
+                        b.rope_elem_src(&Src::Shared(&smt, qkv_at), &c0, eo, &p, d, theta_bits, interleaved)
+                    }
                     Some((theta_bits, interleaved)) => b.rope_elem("%xq", &qbase, eo, &p, d, theta_bits, interleaved),
                     None => {
                         let o = b.op(&format!("arith.addi {qbase}, {eo} : i64"));
@@ -5003,6 +5084,12 @@ fn emit_paged_attention(
         }
         (rows, qv)
     };
+    if let (Some((k, eps, c)), Some(rows)) = (qkv_in, &qkv_pre) {
+        if b.pdl && !b.waited {
+            b.wait_for_previous();
+        }
+        qkv_compute(b, k, eps, c, &t, rows, &tid, &lane_i, xs_at, gs_at, qkv_at, &smt);
+    }
     let early_q = (short && rope.is_some()).then(|| q_rows(b));
     // (rope: this token's K row of KV head kh rotated and its V row into the pools at slot[t]
     // first — every block of the KV head writes the same values —, visible to the block after
@@ -5020,16 +5107,21 @@ fn emit_paged_attention(
         let cb = b.op(&format!("arith.muli {cb}, {cd} : i64"));
         let mine = b.op(&format!("arith.cmpi slt, {tid64}, {cd} : i64"));
         b.line(&format!("scf.if {mine} {{"));
-        let y = b.rope_elem("%xk", &xb, &tid64, &p, d, theta_bits, interleaved);
+        // (QkvAttentionO: k and v from shared memory, at qkv_at + D and + 2·D)
+        let (ksrc, vsrc, kvb) = match qkv_in {
+            Some(_) => (Src::Shared(&smt, qkv_at + d), Src::Shared(&smt, qkv_at + 2 * d), b.ci64(0)),
+            None => (Src::Global("%xk"), Src::Global("%xv"), xb.clone()),
+        };
+        let y = b.rope_elem_src(&ksrc, &kvb, &tid64, &p, d, theta_bits, interleaved);
         let dst = b.op(&format!("arith.addi {cb}, {tid64} : i64"));
-        let src = b.op(&format!("arith.addi {xb}, {tid64} : i64"));
+        let src = b.op(&format!("arith.addi {kvb}, {tid64} : i64"));
         // (short: V loaded before K is stored — the pools may alias x for all the compiler
         // knows, so a load after the store waits for it: two L2 round trips in a row)
-        let v_first = short.then(|| b.load("%xv", &src));
+        let v_first = short.then(|| b.load_src(&vsrc, &src));
         b.store_kv(&y, "%kc", &dst, kv)?;
         let v = match v_first {
             Some(v) => v,
-            None => b.load("%xv", &src),
+            None => b.load_src(&vsrc, &src),
         };
         b.store_kv(&v, "%vc", &dst, kv)?;
         if short && early {
@@ -5373,6 +5465,258 @@ fn emit_paged_attention(
         "%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64"
     }
     .into())
+}
+
+/// Where a row of values is read from: a global pointer, or the kernel's shared memory `%sm`
+/// (its memref type) from an element offset.
+enum Src<'a> {
+    Global(&'a str),
+    Shared(&'a str, usize),
+}
+
+/// A row of W_q, W_k or W_v a warp of [`KernelSpec::QkvAttentionO`] computes: its first byte
+/// (a global pointer), its place in the head's q, k and v in shared memory (m·D + e, i64),
+/// whether the warp has it (a warp past the block's rows: None = always), and its 16-byte
+/// words per round of the lane's pieces of K where they were loaded before the wait.
+struct QkvRow {
+    ptr: String,
+    at: String,
+    valid: Option<String>,
+    words: Option<Vec<Vec<String>>>,
+}
+
+/// The lane's 16-byte pieces of a K-long bf16 row, l, l + 32, ...: their indices (clamped to
+/// the last piece) and, for a partial last round, whether the piece is real.
+fn lane_pieces(b: &mut Body, k: usize, lane_i: &str) -> (Vec<String>, Vec<Option<String>>) {
+    let units = k / 8;
+    let lane64 = b.idx64(lane_i);
+    let last = b.ci64(units as i64 - 1);
+    let mut uoff = vec![];
+    let mut valid = vec![];
+    for r in 0..units.div_ceil(32) {
+        let cr = b.ci64(32 * r as i64);
+        let u = b.op(&format!("arith.addi {lane64}, {cr} : i64"));
+        valid.push((units % 32 != 0 && r == units.div_ceil(32) - 1).then(|| b.op(&format!("arith.cmpi sle, {u}, {last} : i64"))));
+        uoff.push(b.op(&format!("arith.minsi {u}, {last} : i64")));
+    }
+    (uoff, valid)
+}
+
+/// [`KernelSpec::QkvAttentionO`] before `griddepcontrol.wait`: the block of rank r in its
+/// cluster of `c` (`opart`; one block computing all where `c` is 1) takes the head's elements
+/// [r·D/c, (r+1)·D/c) of q (head `head0`), k and v (KV head `kh`): 3·D/c rows, row
+/// j = m·D/c + e' (m: q, k, v) to warp j mod warps. Where a warp has at most three rows (sm_90a,
+/// the kernel may start before the previous one ends) their weights are loaded here, into
+/// registers; threads t < K/4 put g's floats 4t .. 4t + 3 into shared memory at `gs_at`.
+#[allow(clippy::too_many_arguments)]
+fn qkv_prologue(b: &mut Body, k: usize, d: usize, c: usize, warps: usize, head0: &str, kh: &str, opart: Option<&str>, tid: &str, warp_i: &str, lane_i: &str, gs_at: usize, smt: &str) -> Vec<QkvRow> {
+    let per = d / c;
+    let nrows = 3 * per;
+    let rpw = nrows.div_ceil(warps);
+    let e_blk = match opart {
+        Some(op) if c > 1 => {
+            let cper = b.ci64(per as i64);
+            b.op(&format!("arith.muli {op}, {cper} : i64"))
+        }
+        _ => b.ci64(0),
+    };
+    let w64 = b.idx64(warp_i);
+    let dd = b.ci64(d as i64);
+    let q0 = b.op(&format!("arith.muli {head0}, {dd} : i64"));
+    let k0 = b.op(&format!("arith.muli {kh}, {dd} : i64"));
+    let rowb = b.ci64(2 * k as i64);
+    let (cper, clast, c0, c1) = (b.ci64(per as i64), b.ci64(nrows as i64 - 1), b.ci64(0), b.ci64(1));
+    let preload = b.pdl && rpw <= 3;
+    let (uoff, _) = lane_pieces(b, k, lane_i);
+    let c16 = b.ci64(16);
+    let mut rows = vec![];
+    for i in 0..rpw {
+        let ci = b.ci64((i * warps) as i64);
+        let j = b.op(&format!("arith.addi {w64}, {ci} : i64"));
+        let valid = ((i + 1) * warps > nrows).then(|| b.op(&format!("arith.cmpi sle, {j}, {clast} : i64")));
+        let j = b.op(&format!("arith.minsi {j}, {clast} : i64"));
+        let m = b.op(&format!("arith.divui {j}, {cper} : i64"));
+        let el = b.op(&format!("arith.remui {j}, {cper} : i64"));
+        let e = b.op(&format!("arith.addi {e_blk}, {el} : i64"));
+        let is_q = b.op(&format!("arith.cmpi eq, {m}, {c0} : i64"));
+        let is_k = b.op(&format!("arith.cmpi eq, {m}, {c1} : i64"));
+        let base = b.op(&format!("arith.select {is_k}, %wk, %wv : !llvm.ptr<1>"));
+        let base = b.op(&format!("arith.select {is_q}, %wq, {base} : !llvm.ptr<1>"));
+        let r0 = b.op(&format!("arith.select {is_q}, {q0}, {k0} : i64"));
+        let r = b.op(&format!("arith.addi {r0}, {e} : i64"));
+        let off = b.op(&format!("arith.muli {r}, {rowb} : i64"));
+        let ptr = b.op(&format!("llvm.getelementptr {base}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let md = b.op(&format!("arith.muli {m}, {dd} : i64"));
+        let at = b.op(&format!("arith.addi {md}, {e} : i64"));
+        let words = preload.then(|| {
+            uoff.iter()
+                .map(|u| {
+                    let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
+                    b.load_vec(&ptr, &o, 4, "i32", 16)
+                })
+                .collect()
+        });
+        rows.push(QkvRow { ptr, at, valid, words });
+    }
+    let t64 = b.idx64(tid);
+    let cq = b.ci64((k / 4) as i64);
+    let mine = b.op(&format!("arith.cmpi slt, {t64}, {cq} : i64"));
+    b.line(&format!("scf.if {mine} {{"));
+    let off = b.op(&format!("arith.muli {t64}, {c16} : i64"));
+    let gv = b.load_f32s("%g", &off, 4);
+    store_quad(b, &gv, gs_at, k, &t64, smt);
+    b.line("}");
+    rows
+}
+
+/// A K-long row's floats 4·t .. 4·t + 3 into shared memory `%sm` from `at`, element e at
+/// at + (e mod 8)·K/8 + e / 8: the reads of [`qkv_compute`] (lane l: elements 8l + q) then hit
+/// consecutive words, no bank conflicts.
+fn store_quad(b: &mut Body, v: &[String], at: usize, k: usize, t64: &str, smt: &str) {
+    let c2 = b.ci64(2);
+    let u = b.op(&format!("arith.divui {t64}, {c2} : i64"));
+    let odd = b.op(&format!("arith.remui {t64}, {c2} : i64"));
+    let cq = b.ci64((4 * (k / 8)) as i64);
+    let q0 = b.op(&format!("arith.muli {odd}, {cq} : i64"));
+    let base = b.op(&format!("arith.addi {q0}, {u} : i64"));
+    for (i, x) in v.iter().enumerate() {
+        let ci = b.ci64((at + i * (k / 8)) as i64);
+        let j = b.op(&format!("arith.addi {base}, {ci} : i64"));
+        let j = b.op(&format!("arith.index_cast {j} : i64 to index"));
+        b.line(&format!("memref.store {x}, %sm[{j}] : {smt}"));
+    }
+}
+
+/// [`KernelSpec::QkvAttentionO`] after `griddepcontrol.wait`: x's row `t` into shared memory
+/// at `xs_at` (threads t < K/4), each warp's rows ([`qkv_prologue`]) over the whole of K —
+/// the lane's 16-byte pieces l, l + 32, .. of a row, three rows at a time (their weights
+/// loaded here where the prologue did not) — times x·g, the warp's sum of x² with them (so
+/// each warp has the RMSNorm's scale itself); then lane i·c + r stores the warp's value i into
+/// the shared memory of the cluster's block r (`mapa`, then `st.shared::cluster`) at qkv_at +
+/// m·D + e and every thread passes the cluster barrier (release / acquire: the stores are
+/// visible past it); without a cluster (c = 1) plain stores and a block barrier.
+#[allow(clippy::too_many_arguments)]
+fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvRow], tid: &str, lane_i: &str, xs_at: usize, gs_at: usize, qkv_at: usize, smt: &str) {
+    let t64 = b.idx64(tid);
+    let cq = b.ci64((k / 4) as i64);
+    let c16 = b.ci64(16);
+    let mine = b.op(&format!("arith.cmpi slt, {t64}, {cq} : i64"));
+    b.line(&format!("scf.if {mine} {{"));
+    let xrow = b.ci64((k * 4) as i64);
+    let xb = b.op(&format!("arith.muli {t}, {xrow} : i64"));
+    let off = b.op(&format!("arith.muli {t64}, {c16} : i64"));
+    let off = b.op(&format!("arith.addi {xb}, {off} : i64"));
+    let xv = b.load_f32s("%x", &off, 4);
+    store_quad(b, &xv, xs_at, k, &t64, smt);
+    b.line("}");
+    let (uoff, valid) = lane_pieces(b, k, lane_i);
+    let rounds = uoff.len();
+    let zero = b.cf32(0.0);
+    let mut acc: Vec<String> = vec![];
+    let mut ss = zero.clone();
+    for (ci, chunk) in rows.chunks(3).enumerate() {
+        // (the chunk's weights first where the prologue did not load them: 4 words per row
+        // and round in flight)
+        let words: Vec<Vec<Vec<String>>> = chunk
+            .iter()
+            .map(|row| match &row.words {
+                Some(w) => w.clone(),
+                None => uoff
+                    .iter()
+                    .map(|u| {
+                        let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
+                        b.load_vec(&row.ptr, &o, 4, "i32", 16)
+                    })
+                    .collect(),
+            })
+            .collect();
+        if ci == 0 {
+            b.line("gpu.barrier");
+        }
+        let mut cacc = vec![zero.clone(); chunk.len()];
+        for r in 0..rounds {
+            let mut xg = vec![];
+            for q in 0..8 {
+                // (element 8u + q at q·K/8 + u: see store_quad)
+                let read = |b: &mut Body, at: usize| -> String {
+                    let ca = b.ci64((at + q * (k / 8)) as i64);
+                    let j = b.op(&format!("arith.addi {}, {ca} : i64", uoff[r]));
+                    let j = b.op(&format!("arith.index_cast {j} : i64 to index"));
+                    b.op(&format!("memref.load %sm[{j}] : {smt}"))
+                };
+                let mut x = read(b, xs_at);
+                if let Some(ok) = &valid[r] {
+                    x = b.op(&format!("arith.select {ok}, {x}, {zero} : f32"));
+                }
+                let g = read(b, gs_at);
+                if ci == 0 {
+                    ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
+                }
+                xg.push(b.op(&format!("arith.mulf {x}, {g} : f32")));
+            }
+            for (a, w) in cacc.iter_mut().zip(&words) {
+                for (q, word) in w[r].iter().enumerate() {
+                    let [lo, hi] = b.bf16_pair(word);
+                    *a = b.op(&format!("llvm.intr.fma({lo}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q]));
+                    *a = b.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q + 1]));
+                }
+            }
+        }
+        acc.extend(cacc);
+    }
+    let lane32 = b.op(&format!("arith.index_cast {lane_i} : index to i32"));
+    let n = acc.len();
+    acc.push(ss);
+    let sums = b.warp_sums(&acc, &lane32);
+    let inv = b.inv_rms(&sums[n], k, eps);
+    let vals: Vec<String> = sums[..n].iter().map(|s| b.op(&format!("arith.mulf {s}, {inv} : f32"))).collect();
+    // lane i·c + r: the warp's value i into block r's shared memory (where the warp has row i)
+    let lane64 = b.idx64(lane_i);
+    let cc = b.ci64(c as i64);
+    let i = b.op(&format!("arith.divui {lane64}, {cc} : i64"));
+    let r = b.op(&format!("arith.remui {lane64}, {cc} : i64"));
+    let cn = b.ci64((n * c) as i64);
+    let mut ok = b.op(&format!("arith.cmpi slt, {lane64}, {cn} : i64"));
+    let mut val = vals[0].clone();
+    let mut dst = rows[0].at.clone();
+    let mut has = rows[0].valid.clone();
+    for (j, row) in rows.iter().enumerate().skip(1) {
+        let cj = b.ci64(j as i64);
+        let is = b.op(&format!("arith.cmpi eq, {i}, {cj} : i64"));
+        val = b.op(&format!("arith.select {is}, {}, {val} : f32", vals[j]));
+        dst = b.op(&format!("arith.select {is}, {}, {dst} : i64", row.at));
+        if let Some(v) = &row.valid {
+            let t1 = b.op("arith.constant true");
+            let prev = has.clone().unwrap_or(t1);
+            has = Some(b.op(&format!("arith.select {is}, {v}, {prev} : i1")));
+        }
+    }
+    if let Some(h) = has {
+        ok = b.op(&format!("arith.andi {ok}, {h} : i1"));
+    }
+    let cq0 = b.ci64(qkv_at as i64);
+    let dst = b.op(&format!("arith.addi {cq0}, {dst} : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    if c > 1 {
+        let base = b.op(&format!("memref.extract_aligned_pointer_as_index %sm : {smt} -> index"));
+        let base = b.idx64(&base);
+        let c4 = b.ci64(4);
+        let by = b.op(&format!("arith.muli {dst}, {c4} : i64"));
+        let addr = b.op(&format!("arith.addi {base}, {by} : i64"));
+        let r32 = b.op(&format!("arith.trunci {r} : i64 to i32"));
+        let remote = b.op(&format!("llvm.inline_asm \"mapa.shared::cluster.u64 $0, $1, $2;\", \"=l,l,r\" {addr}, {r32} : (i64, i32) -> i64"));
+        b.line(&format!("llvm.inline_asm has_side_effects \"st.shared::cluster.f32 [$0], $1;\", \"l,f\" {remote}, {val} : (i64, f32) -> ()"));
+    } else {
+        let j = b.op(&format!("arith.index_cast {dst} : i64 to index"));
+        b.line(&format!("memref.store {val}, %sm[{j}] : {smt}"));
+    }
+    b.line("}");
+    if c > 1 {
+        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
+        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
+    } else {
+        b.line("gpu.barrier");
+    }
 }
 
 /// The o projection folded into the one-token decode attention ([`KernelSpec::AttentionO`]),
@@ -5982,7 +6326,12 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         KernelSpec::PrefetchL2 { inner } => {
             if b.pdl {
                 emit_l2_prefetch(b);
-                b.wait_for_previous();
+                // (the one-token fused kernels wait themselves, past their own early loads)
+                let waits_itself = matches!(inner.as_ref(), KernelSpec::QkvAttentionO { .. } | KernelSpec::SwiGluDown { .. })
+                    || matches!(inner.as_ref(), KernelSpec::ZeroFill { inner: z, .. } if matches!(z.as_ref(), KernelSpec::SwiGluDown { .. }));
+                if !waits_itself {
+                    b.wait_for_previous();
+                }
             }
             let params = emit_into(b, inner)?;
             format!("%pf: !llvm.ptr<1>, {params}, %pfb: i64")
@@ -6315,8 +6664,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_into(b, inner)?
         }
         KernelSpec::ZeroFill { inner, len } => {
-            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. }) {
-                return Err(format!("the zero fill rides on the one-row GEMV with the norm prologue, not {}", inner.symbol()));
+            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. } | KernelSpec::SwiGluDown { .. }) {
+                return Err(format!("the zero fill rides on the one-row GEMV with the norm prologue or the fused MLP, not {}", inner.symbol()));
             }
             let params = emit_into(b, inner)?;
             // (at the end: every thread is past the PDL wait; grid x covers at least `len`
@@ -6976,6 +7325,20 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 emit_into(b, inner)?
             }
             other => return Err(format!("the o projection folds into the one-token RoPE attention of a head per block, not {}", other.symbol())),
+        },
+        KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => match inner.as_ref() {
+            KernelSpec::AttentionO { red: true, splits, .. } if *cluster == 1 || cluster == splits => {
+                // (clusters on sm_90a alone; elsewhere every block computes the head's 3·D)
+                b.qkv_in = Some((*k, f32::from_bits(*eps_bits), if b.pdl { *cluster } else { 1 }));
+                emit_into(b, inner)?.replacen(
+                    "%xq: !llvm.ptr<1>, %xk: !llvm.ptr<1>, %xv: !llvm.ptr<1>, ",
+                    "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %wq: !llvm.ptr<1>, %wk: !llvm.ptr<1>, %wv: !llvm.ptr<1>, ",
+                    1,
+                )
+            }
+            other => {
+                return Err(format!("q, k and v fold into the one-token attention with the o projection added, in clusters of its blocks per head, not {} in clusters of {cluster}", other.symbol()))
+            }
         },
         KernelSpec::RopeAttention { inner, theta_bits, interleaved } => match inner.as_ref() {
             KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => {

@@ -199,7 +199,7 @@ fn attention_group_keys() -> usize {
 }
 
 /// Keys per warp step of the decode attention kernel (DSC_ATTN_KEYS overrides, 1..=8).
-fn attention_keys() -> usize {
+pub fn attention_keys() -> usize {
     env_num("DSC_ATTN_KEYS").filter(|k| (1..=8).contains(k)).unwrap_or(crate::kernels::ATTN_KEYS)
 }
 
@@ -316,6 +316,7 @@ pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenErro
             attn_o: std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1"),
             swiglu_down: !std::env::var("DSC_SWIGLU_DOWN").is_ok_and(|v| v == "0"),
             attn_o_red: !std::env::var("DSC_ATTN_O_RED").is_ok_and(|v| v == "0"),
+            qkv_attn: !std::env::var("DSC_QKV_ATTN").is_ok_and(|v| v == "0"),
         },
     )
 }
@@ -405,6 +406,11 @@ pub struct LowerOptions {
     /// bench/results/attn-o-red-2026-11-30.json; DSC_ATTN_O_RED=0 at compile time turns it
     /// off, DSC_ATTN_O_SPLITS=N picks the blocks per head)
     pub attn_o_red: bool,
+    /// ... and the q/k/v GEMV (its RMSNorm prologue included) into that attention, a head's
+    /// blocks a thread-block cluster sharing q, k and v through distributed shared memory on
+    /// sm_90a, the previous layer's fused MLP zeroing the accumulators ([`fuse_qkv_attention`]:
+    /// two kernels per layer at one token; DSC_QKV_ATTN=0 at compile time turns it off)
+    pub qkv_attn: bool,
     /// the decode attention prefetches the next matmul's weights into L2
     /// ([`prefetch_after_attention`]; off: measured on the H200,
     /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
@@ -463,6 +469,7 @@ impl Default for LowerOptions {
             attn_o: false,
             swiglu_down: true,
             attn_o_red: true,
+            qkv_attn: true,
         }
     }
 }
@@ -772,7 +779,177 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let steps = if opts.attn_o { fuse_attention_o(steps) } else { steps };
     let steps = if opts.swiglu_down { fuse_swiglu_down(g, steps) } else { steps };
     let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps) } else { steps };
+    let steps = if opts.swiglu_down && opts.attn_o_red && opts.qkv_attn { fuse_qkv_attention(steps) } else { steps };
+    let steps = match lm_head_prefetch_bytes() {
+        Some(bytes) => prefetch_lm_head(steps, g, bytes),
+        None => steps,
+    };
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
+}
+
+/// The q/k/v GEMV folded into the one-token attention with the o projection added
+/// ([`fuse_attention_o_red`]; `KernelSpec::QkvAttentionO`): where that attention's q, k and v
+/// are the three parts of a merged bias-less bf16 GEMV with the norm prologue (which zeroes the
+/// attention's accumulators, `ZeroFill`), and the one-row kernel before that GEMV is the
+/// previous layer's fused MLP writing the GEMV's x, the attention's one-row kernel reads x, g
+/// and the three weights instead (each head's blocks a cluster on sm_90a), the MLP zeroes the
+/// accumulators (`ZeroFill` over `SwiGluDown`), and the GEMV runs from two rows — and at one
+/// row only at the contexts past the fused attention's (the split attention's, where the o
+/// GEMV writes both accumulators), without the zero fill. A launch fewer per layer at batch 1
+/// from the second layer on (the first layer's GEMV follows the embedding gather).
+fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
+    // (the element offset of a view of a merged matmul's output, through plain aliases)
+    let offset_of = |steps: &[Step], name: &str, root: &str| -> Option<i64> {
+        let mut n = name.to_string();
+        for _ in 0..8 {
+            let s = steps.iter().find(|s| s.node == n && s.alias_of.is_some())?;
+            let of = s.alias_of.clone()?;
+            match &s.alias_offset {
+                Some(Scalar::RowsTimes(r, off)) if of == root && r == root => return Some(*off),
+                Some(_) => return None,
+                None => n = of,
+            }
+        }
+        None
+    };
+    let mut i = 0;
+    while i < steps.len() {
+        let Some(KernelSpec::AttentionO { inner, red: true, splits, .. }) = &steps[i].kernel else {
+            i += 1;
+            continue;
+        };
+        let KernelSpec::RopeAttention { inner: att, .. } = inner.as_ref() else {
+            i += 1;
+            continue;
+        };
+        let KernelSpec::PagedAttention { h, kvh, d, .. } = *att.as_ref() else {
+            i += 1;
+            continue;
+        };
+        let splits = *splits;
+        // the zero-filling q/k/v GEMV and the fused MLP before it
+        let Some(z) = steps[..i].iter().rposition(|s| matches!(s.kernel, Some(KernelSpec::ZeroFill { .. }))) else {
+            i += 1;
+            continue;
+        };
+        let Some(KernelSpec::ZeroFill { inner: zi, len }) = steps[z].kernel.clone() else { unreachable!("matched") };
+        let KernelSpec::NormMatMul { inner: mm, eps_bits } = zi.as_ref() else {
+            i += 1;
+            continue;
+        };
+        let KernelSpec::MatMulParts { inner: core, parts } = mm.as_ref() else {
+            i += 1;
+            continue;
+        };
+        let KernelSpec::MatMul { k, wdtype: DType::BF16, bias: false, residual: false, .. } = **core else {
+            i += 1;
+            continue;
+        };
+        // (the GEMV's args: the two accumulators, x, g, the parts' weights, its output)
+        if parts.len() != 3 || steps[z].args.len() != 8 || steps[i].args.len() != 13 || !unbounded(&steps[z]) {
+            i += 1;
+            continue;
+        }
+        let (x, g, out) = (steps[z].args[2].clone(), steps[z].args[3].clone(), steps[z].args[7].clone());
+        // q, k and v: which part each view starts at
+        let starts: Vec<i64> = parts
+            .iter()
+            .scan(0i64, |a, &p| {
+                let s = *a;
+                *a += p as i64;
+                Some(s)
+            })
+            .collect();
+        let part = |v: &str, width: usize| -> Option<usize> {
+            let off = offset_of(&steps, v, &out)?;
+            (0..3).find(|&j| starts[j] == off && parts[j] == width)
+        };
+        let (Some(pq), Some(pk), Some(pv)) = (part(&steps[i].args[0], h * d), part(&steps[i].args[1], kvh * d), part(&steps[i].args[2], kvh * d)) else {
+            i += 1;
+            continue;
+        };
+        let Some(p) = steps[..z].iter().rposition(|s| s.kernel.is_some() && s.min_rows.is_none()) else {
+            i += 1;
+            continue;
+        };
+        let mlp_fits = match &steps[p].kernel {
+            Some(KernelSpec::SwiGluDown { f, fb, fpw, .. }) => (f / fb) * 32 * (fb / fpw) >= len,
+            _ => false,
+        };
+        if !mlp_fits || steps[p].node != x || steps[p].args.last() != Some(&x) {
+            i += 1;
+            continue;
+        }
+        let fused = KernelSpec::QkvAttentionO { inner: Box::new(steps[i].kernel.clone().expect("matched")), k, eps_bits: *eps_bits, cluster: splits };
+        if crate::kernels::emit_for(&fused, true).is_err() || crate::kernels::emit_for(&fused, false).is_err() {
+            i += 1;
+            continue;
+        }
+        // the MLP zeroes the accumulators
+        let (acc_out, acc_y) = (steps[z].args[0].clone(), steps[z].args[1].clone());
+        let ps = &mut steps[p];
+        let old = ps.keep_alternative_args();
+        ps.kernel = ps.kernel.take().map(|k| KernelSpec::ZeroFill { inner: Box::new(k), len });
+        ps.args = [acc_out, acc_y].into_iter().chain(old).collect();
+        // the attention computes q, k and v
+        let zargs = steps[z].args.clone();
+        let a = &mut steps[i];
+        let max_context = a.max_context;
+        let old = a.keep_alternative_args();
+        a.kernel = Some(fused);
+        a.args = [x, g, zargs[4 + pq].clone(), zargs[4 + pk].clone(), zargs[4 + pv].clone()].into_iter().chain(old[3..].iter().cloned()).collect();
+        // the GEMV: from two rows, and at one row past the fused attention's contexts (plain)
+        let zs = steps[z].clone();
+        steps[z] = Step { min_rows: Some(2), ..zs.clone() };
+        if let Some(mc) = max_context {
+            let plain =
+                Step { kernel: Some((*zi).clone()), args: zargs[2..].to_vec(), max_rows: Some(1), min_context: Some(mc + 1), large: None, hopper: vec![], hopper_small: None, few: vec![], ..zs };
+            steps.insert(z + 1, plain);
+            i += 1;
+        }
+        i += 1;
+    }
+    steps
+}
+
+/// Bytes of the lm_head's weight the last layer's one-token attention prefetches into L2
+/// ([`prefetch_lm_head`]): DSC_LMHEAD_PREFETCH_MB at compile time (None: off).
+fn lm_head_prefetch_bytes() -> Option<usize> {
+    env_num::<usize>("DSC_LMHEAD_PREFETCH_MB").filter(|&m| m > 0).map(|m| m << 20)
+}
+
+/// The one-row lm_head GEMV (the last step's weight, too large for its own L2 prefetch) reads
+/// its first rows from L2: the last one-token fused attention before it (`QkvAttentionO`; or
+/// the last fused MLP) prefetches the weight's first `bytes` before its wait
+/// (`KernelSpec::PrefetchL2`) — DRAM is mostly idle under the latency-bound layer, and the
+/// GEMV's blocks take the rows in order.
+fn prefetch_lm_head(mut steps: Vec<Step>, g: &Graph, bytes: usize) -> Vec<Step> {
+    let weight_bytes = |name: &str| -> Option<usize> {
+        let n = g.node(g.by_name(name)?);
+        if !matches!(n.op, Op::Weight) || !matches!(n.ty.dtype, DType::BF16 | DType::F16 | DType::F32) {
+            return None;
+        }
+        n.ty.dtype.bytes_for(n.ty.const_numel()?)
+    };
+    let Some(h) = steps.iter().rposition(|s| matches!(s.kernel, Some(KernelSpec::MatMul { .. })) && unbounded(s)) else { return steps };
+    let Some(w) = steps[h].args.get(1).cloned() else { return steps };
+    let Some(wb) = weight_bytes(&w).filter(|&b| b > crate::kernels::GEMV_PREFETCH_MAX_BYTES) else { return steps };
+    let fused = |k: &KernelSpec| {
+        matches!(k, KernelSpec::QkvAttentionO { .. } | KernelSpec::SwiGluDown { .. }) || matches!(k, KernelSpec::ZeroFill { inner, .. } if matches!(inner.as_ref(), KernelSpec::SwiGluDown { .. }))
+    };
+    let Some(p) = steps[..h]
+        .iter()
+        .rposition(|s| s.kernel.as_ref().is_some_and(|k| matches!(k, KernelSpec::QkvAttentionO { .. })))
+        .or_else(|| steps[..h].iter().rposition(|s| s.kernel.as_ref().is_some_and(fused)))
+    else {
+        return steps;
+    };
+    let s = &mut steps[p];
+    s.keep_alternative_args();
+    s.kernel = s.kernel.take().map(|k| KernelSpec::PrefetchL2 { inner: Box::new(k) });
+    s.args.insert(0, w);
+    s.scalars.push(Scalar::Const(bytes.min(wb) as i64 / 16 * 16));
+    steps
 }
 
 /// The one-token RoPE attention of a head per block at step `i`, if it is one: its heads,
@@ -793,6 +970,13 @@ fn unbounded(s: &Step) -> bool {
 /// Blocks per head of the one-token attention with the o projection added in
 /// ([`fuse_attention_o_red`]), each taking 1/ATTN_O_SPLITS of W_o's rows.
 pub const ATTN_O_SPLITS: usize = 4;
+
+/// Blocks per head of the one-token attention with the o projection added: [`ATTN_O_SPLITS`]
+/// (W_o's head columns, 74 KB for the SmolLM2 shape, over 4 SMs); DSC_ATTN_O_SPLITS at
+/// compile time (1..=16).
+pub fn attn_o_splits() -> usize {
+    env_num::<usize>("DSC_ATTN_O_SPLITS").filter(|&s| (1..=16).contains(&s)).unwrap_or(ATTN_O_SPLITS)
+}
 
 /// Most bytes of W_o one block of the fused one-token attention reads ([`fuse_attention_o`]).
 pub const ATTN_O_MAX_BYTES: usize = 128 << 10;
@@ -923,9 +1107,6 @@ fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
 /// and one row at the contexts the split attention takes (past the fused step's
 /// `max_context`), where it writes both as before. A launch fewer per layer at batch 1.
 fn fuse_attention_o_red(mut steps: Vec<Step>) -> Vec<Step> {
-    // (blocks per head: 4 — W_o's head columns, 74 KB for the SmolLM2 shape, over 4 SMs;
-    // DSC_ATTN_O_SPLITS at compile time)
-    let attn_o_splits = || env_num::<usize>("DSC_ATTN_O_SPLITS").filter(|&s| (1..=16).contains(&s)).unwrap_or(ATTN_O_SPLITS);
     let mut i = 0;
     while i < steps.len() {
         let Some((h, hd, views)) = one_token_attention(&steps, i) else {
@@ -2670,6 +2851,55 @@ mod tests {
         let off = lower_opts(&g, LowerOptions { attn_o_red: false, ..opts }).unwrap();
         assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::AttentionO { .. } | KernelSpec::ZeroFill { .. }))));
         assert!(matches!(off.iter().find(|s| s.node == "x3").unwrap().kernel, Some(KernelSpec::MatMulCopy { .. })));
+    }
+
+    #[test]
+    fn second_layer_computes_its_qkv_in_the_attention_in_clusters() {
+        // two layers like the one above (2 heads of 32, a KV head, hidden 64): the second's
+        // q/k/v GEMV folds into its attention
+        let layer = |p: &str, x: &str| -> String {
+            format!(
+                "  %{p}g1 = weight : f32[64]\n  %{p}xn = rms_norm(%{x}, %{p}g1) {{eps = 0.00001}} : f32[T, 64]\n  %{p}wq = weight : bf16[64, 64]\n  %{p}wk = weight : bf16[32, 64]\n  %{p}wv = weight : bf16[32, 64]\n  %{p}wo = weight : bf16[64, 64]\n  %{p}kc = state : bf16[4, 4, 1, 32]\n  %{p}vc = state : bf16[4, 4, 1, 32]\n  %{p}qkv = matmul_cat(%{p}xn, %{p}wk, %{p}wq, %{p}wv) : f32[T, 128]\n  %{p}k = slice(%{p}qkv) {{axis = 1, start = 0, len = 32}} : f32[T, 32]\n  %{p}q = slice(%{p}qkv) {{axis = 1, start = 32, len = 64}} : f32[T, 64]\n  %{p}v = slice(%{p}qkv) {{axis = 1, start = 96, len = 32}} : f32[T, 32]\n  %{p}qh = reshape(%{p}q) : f32[T, 2, 32]\n  %{p}kh = reshape(%{p}k) : f32[T, 1, 32]\n  %{p}vh = reshape(%{p}v) : f32[T, 1, 32]\n  %{p}qr = rope(%{p}qh, %pos) {{theta = 10000.0, style = half, rotary_dim = 32}} : f32[T, 2, 32]\n  %{p}kw = rope_cache_write(%{p}kc, %{p}kh, %slots, %pos) {{theta = 10000.0, style = half, rotary_dim = 32}} : bf16[4, 4, 1, 32]\n  %{p}vw = cache_write(%{p}vc, %{p}vh, %slots) : bf16[4, 4, 1, 32]\n  %{p}o = paged_attention(%{p}qr, %{p}kw, %{p}vw, %pos, %seq, %table) {{scale = 0.17}} : f32[T, 2, 32]\n  %{p}of = reshape(%{p}o) : f32[T, 64]\n  %{p}x3 = matmul_add(%{p}of, %{p}wo, %{x}) {{transpose_b = true}} : f32[T, 64]\n  %{p}g2 = weight : f32[64]\n  %{p}xn2 = rms_norm(%{p}x3, %{p}g2) {{eps = 0.00001}} : f32[T, 64]\n  %{p}wg = weight : bf16[64, 64]\n  %{p}wu = weight : bf16[64, 64]\n  %{p}gu = matmul_cat(%{p}xn2, %{p}wg, %{p}wu) : f32[T, 128]\n  %{p}ga = slice(%{p}gu) {{axis = 1, start = 0, len = 64}} : f32[T, 64]\n  %{p}up = slice(%{p}gu) {{axis = 1, start = 64, len = 64}} : f32[T, 64]\n  %{p}h = silu_mul(%{p}ga, %{p}up) : f32[T, 64]\n  %{p}wd = weight : bf16[64, 64]\n  %{p}y = matmul_add(%{p}h, %{p}wd, %{p}x3) {{transpose_b = true}} : f32[T, 64]\n"
+            )
+        };
+        let src = format!(
+            "graph \"t\" {{\n  %x = input : f32[T, 64]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n{}{}  output y = %by\n}}\n",
+            layer("a", "x"),
+            layer("b", "ay")
+        );
+        let g = text::parse(&src).unwrap();
+        let opts = LowerOptions { norm_fusion: true, swiglu_down: true, attn_o_red: true, qkv_attn: true, ..no_ws() };
+        let steps = lower_opts(&g, opts).unwrap();
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        // the first layer as before (its GEMV follows no fused MLP)
+        assert!(matches!(by("ao").kernel, Some(KernelSpec::AttentionO { .. })), "{:?}", by("ao").kernel);
+        assert!(matches!(by("aqkv").kernel, Some(KernelSpec::ZeroFill { .. })));
+        // the second: its attention reads x, g and W_q, W_k, W_v (named by their parts), in
+        // clusters of its blocks per head; the first layer's MLP zeroes its accumulators
+        let att = by("bo");
+        assert!(matches!(&att.kernel, Some(KernelSpec::QkvAttentionO { k: 64, cluster: ATTN_O_SPLITS, .. })), "{:?}", att.kernel);
+        assert_eq!(att.kernel.as_ref().unwrap().cluster(), Some(ATTN_O_SPLITS as u32));
+        assert_eq!(att.args[..5], ["ay", "bg1", "bwq", "bwk", "bwv"]);
+        assert_eq!(att.args[att.args.len() - 4..], ["bwo", "ay", "by", "bx3"]);
+        assert!(att.alternatives().all(|l| l.args.as_deref().is_some_and(|a| a[0] == "bqh")));
+        let mlp = by("ay");
+        assert!(matches!(&mlp.kernel, Some(KernelSpec::ZeroFill { inner, len: 64 }) if matches!(inner.as_ref(), KernelSpec::SwiGluDown { .. })), "{:?}", mlp.kernel);
+        assert_eq!(mlp.args[..3], ["bx3", "by", "ax3"]);
+        // the GEMV: from two rows, and at one row only past the fused attention's contexts
+        let qkvs: Vec<&Step> = steps.iter().filter(|s| s.node == "bqkv").collect();
+        assert_eq!(qkvs[0].min_rows, Some(2));
+        match att.max_context {
+            Some(mc) => {
+                assert_eq!((qkvs[1].max_rows, qkvs[1].min_context), (Some(1), Some(mc + 1)));
+                assert!(matches!(qkvs[1].kernel, Some(KernelSpec::NormMatMul { .. })), "{:?}", qkvs[1].kernel);
+                assert_eq!(qkvs[1].args[0], "ay");
+            }
+            None => assert_eq!(qkvs.len(), 1),
+        }
+        // off: every layer's GEMV zeroes
+        let off = lower_opts(&g, LowerOptions { qkv_attn: false, ..opts }).unwrap();
+        assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::QkvAttentionO { .. }))));
+        assert!(matches!(off.iter().find(|s| s.node == "bqkv").unwrap().kernel, Some(KernelSpec::ZeroFill { .. })));
     }
 
     #[test]

@@ -177,6 +177,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -205,6 +206,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-6,
+                cluster: None,
             });
         }
         specs.push(spec);
@@ -234,6 +236,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![(2, data.push(&want))],
             tmaps: vec![],
             tol: 1e-2,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -260,6 +263,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-5,
+            cluster: None,
         });
         specs.push(spec);
         // norm + quantize (DSC_NORM_HALF): y as above, and its bf16/f16 copy as the output
@@ -284,6 +288,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![(2, ya.clone())],
                     tmaps: vec![],
                     tol: 1e-2,
+                    cluster: None,
                 });
                 specs.push(spec);
             }
@@ -317,6 +322,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-5,
+                cluster: None,
             });
         }
         specs.push(spec);
@@ -345,6 +351,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![],
                     tmaps: vec![],
                     tol,
+                    cluster: None,
                 });
             }
             specs.push(spec);
@@ -369,6 +376,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-2,
+                cluster: None,
             });
         }
         specs.push(spec);
@@ -398,6 +406,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![],
                     tmaps: vec![],
                     tol: 1e-2,
+                    cluster: None,
                 });
             }
         }
@@ -427,6 +436,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-5,
+            cluster: None,
         });
         specs.push(spec);
         if wdtype == DType::BF16 {
@@ -446,6 +456,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-2,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -480,6 +491,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: if few { 1e-2 } else { 1e-5 },
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -516,6 +528,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -559,6 +572,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![],
                     tmaps: vec![],
                     tol,
+                    cluster: None,
                 });
                 specs.push(spec);
             }
@@ -624,6 +638,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-2,
+                cluster: None,
             };
             // ... and with W by TMA (DSC_TMA): W's tensor map in its place
             let tma = with_tma.then(|| tma_variant(&case, &spec, vec![TmapInput { input: 1, n, k, rows: bn as u32, f16: wdtype == DType::F16, pool: None }]));
@@ -669,6 +684,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-2,
+            cluster: None,
         };
         if let Some((c, s)) = ws_variant(&case, &spec, m, k, false, &parts) {
             cases.push(c);
@@ -707,6 +723,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![(3, data.push(&h))],
                 tmaps: vec![],
                 tol: 1e-2,
+                cluster: None,
             };
             // ... warp-specialized too (the 128-row tiles)
             if let Some((c, s)) = ws_variant(&case, &spec, m, k, false, &[f, f]) {
@@ -759,6 +776,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-2,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -812,6 +830,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![],
                     tmaps: vec![],
                     tol,
+                    cluster: None,
                 });
                 specs.push(spec);
             }
@@ -853,6 +872,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-2,
+            cluster: None,
         });
         specs.push(spec);
         let want: Vec<f32> = (0..m * n).map(|i| (0..sk).map(|p| partials[p * m * n + i]).sum::<f32>() + r[i]).collect();
@@ -871,6 +891,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-5,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -913,6 +934,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-2,
+            cluster: None,
         };
         // ... and with W by TMA: each part's tensor map; and warp-specialized
         let tma = with_tma.then(|| tma_variant(&case, &spec, parts.iter().enumerate().map(|(i, &p)| TmapInput { input: 1 + i, n: p, k, rows: t.bn as u32, f16: false, pool: None }).collect()));
@@ -968,6 +990,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: written,
             tmaps: vec![],
             tol: 1e-2,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1006,6 +1029,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-4,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1043,6 +1067,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-4,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1072,6 +1097,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![(3, expected)],
             tmaps: vec![],
             tol: 1e-5,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1121,6 +1147,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![(0, zeros.clone()), (1, zeros)],
                     tmaps: vec![],
                     tol: 1e-5,
+                    cluster: None,
                 });
                 specs.push(zf);
             }
@@ -1137,6 +1164,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-5,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1189,6 +1217,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             // the rope kernels' bound (approximate sin/cos after range reduction; pos 4095; a
             // bf16 pool: a value near a rounding boundary may round the other way)
             tol: kv_tol(kv, 1e-4),
+            cluster: None,
         });
         specs.push(spec.clone());
         // ... reading q, k and v as the sums of two split-K partial-sum slices of the merged
@@ -1213,6 +1242,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             tmaps: vec![],
             // (x - r + r: one rounding more than the plain kernel's inputs)
             tol: kv_tol(kv, 1e-4),
+            cluster: None,
         });
         specs.push(split);
     }
@@ -1251,6 +1281,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-6,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1277,6 +1308,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-4,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1310,6 +1342,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
         // the optimizer's rope-cache-write fusion: the same rows, rotated on the way in
@@ -1339,6 +1372,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: kv_tol(kv, 1e-4),
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1444,6 +1478,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     None => vec![],
                 },
                 tol: 1e-2,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1490,6 +1525,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-4,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1515,6 +1551,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-4,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1551,6 +1588,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![],
                     tmaps: vec![],
                     tol: 1e-4,
+                    cluster: None,
                 });
                 specs.push(spec);
             }
@@ -1569,6 +1607,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![],
                 tmaps: vec![],
                 tol: 1e-4,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1579,11 +1618,19 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // (the 8B shape's head dim and GQA group with 8 of its heads — small pools: the bundle
     // shares one call's 64 MiB —; SmolLM2's shape with f32 pools, as its real model's plan;
     // and bf16 pools)
-    for (h, kvh, d, bs, interleaved, kv) in
-        [(8usize, 2usize, 128usize, 16usize, false, DType::F32), (8, 2, 128, 16, false, DType::BF16), (9, 3, 64, 16, false, DType::F32), (9, 3, 64, 4, true, DType::BF16)]
-    {
+    // (last: the SmolLM2 plans' one-token layer — q, k and v from x by the attention itself,
+    // `QkvAttentionO` over a K = 576 x, the only case of that configuration)
+    for (h, kvh, d, bs, interleaved, kv, qkv) in [
+        (8usize, 2usize, 128usize, 16usize, false, DType::F32, None),
+        (8, 2, 128, 16, false, DType::BF16, None),
+        (9, 3, 64, 16, false, DType::F32, None),
+        (9, 3, 64, 4, true, DType::BF16, None),
+        (9, 3, 64, 16, false, DType::BF16, Some(576usize)),
+    ] {
         let theta = 500000.0f32;
-        let lens = [21usize, 1, 40];
+        // (130: past one warp step of every warp — 16 x 4 or x 8 keys —, so the loop's later
+        // steps and this token's row in one of them are checked too)
+        let lens = [21usize, 1, 40, 130];
         let t = lens.len();
         let mb = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(1);
         let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 2;
@@ -1598,9 +1645,27 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let pos: Vec<i32> = lens.iter().map(|&l| l as i32 - 1).collect();
         let seq: Vec<i32> = (0..t as i32).collect();
         let slots: Vec<i32> = (0..t).map(|i| table[i * mb + pos[i] as usize / bs] * bs as i32 + pos[i] % bs as i32).collect();
-        let xq = rand_vec(t * h * d, -1.0, 1.0);
-        let xk = rand_vec(t * kvh * d, -1.0, 1.0);
-        let xv = rand_vec(t * kvh * d, -1.0, 1.0);
+        let (mut xq, mut xk, mut xv) = (rand_vec(t * h * d, -1.0, 1.0), rand_vec(t * kvh * d, -1.0, 1.0), rand_vec(t * kvh * d, -1.0, 1.0));
+        // (QkvAttentionO: q, k and v = RMSNorm(x) · g times bf16 W_q, W_k, W_v, as the
+        // graph's rms_norm + matmul compute them on the host)
+        let qkv_in = qkv.map(|kk| {
+            let x = rand_vec(t * kk, -1.0, 1.0);
+            let gw = rand_vec(kk, 0.5, 1.5);
+            let ws: Vec<Vec<f32>> = [h, kvh, kvh].iter().map(|&heads| kv_round(&rand_vec(heads * d * kk, -0.05, 0.05), DType::BF16)).collect();
+            let eps = 1e-5f32;
+            let xn: Vec<f32> = (0..t * kk)
+                .map(|i| {
+                    let row = &x[(i / kk) * kk..(i / kk + 1) * kk];
+                    let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / kk as f32 + eps).sqrt();
+                    x[i] * inv * gw[i % kk]
+                })
+                .collect();
+            let proj = |w: &[f32], rows: usize| -> Vec<f32> { (0..t * rows).map(|i| (0..kk).map(|j| w[(i % rows) * kk + j] * xn[(i / rows) * kk + j]).sum()).collect() };
+            (kk, eps, x.clone(), gw.clone(), proj(&ws[0], h * d), proj(&ws[1], kvh * d), proj(&ws[2], kvh * d), ws)
+        });
+        if let Some((_, _, _, _, q, k, v, _)) = &qkv_in {
+            (xq, xk, xv) = (q.clone(), k.clone(), v.clone());
+        }
         let kc0 = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
         let vc0 = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
         let scale = 1.0 / (d as f32).sqrt();
@@ -1623,37 +1688,40 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             ("table".to_string(), Tensor::from_i32(vec![t, mb], &table)),
         ]))?;
         let (o, k, v) = (outs.remove("o").context("o")?.data, outs.remove("k").context("k")?.data, outs.remove("v").context("v")?.data);
-        let inner = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: 16, keys: 4, group: 1, kv };
+        // (the keys per warp step the plans take: DSC_ATTN_KEYS at bundle time checks another)
+        let inner = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: 16, keys: dsc_codegen::lower::attention_keys(), group: 1, kv };
         let spec = KernelSpec::RopeAttention { inner: Box::new(inner), theta_bits: theta.to_bits(), interleaved };
         let (gr, b) = grid(&spec.launch(), t);
         let (wk, wv) = (data.push(&k), data.push(&v));
-        let inputs = vec![
-            data.push(&xq),
-            data.push(&xk),
-            data.push(&xv),
-            data.push_i32(&pos),
-            data.push_i32(&slots),
-            data.push_kv(&kc0, kv),
-            data.push_kv(&vc0, kv),
-            data.push_i32(&seq),
-            data.push_i32(&table),
-        ];
-        cases.push(Case {
-            name: format!("paged_attn + rope + cache writes T{t} H{h}/{kvh} D{d} {style}{}", kv_label(kv)),
-            kernel: spec.symbol(),
-            grid: gr,
-            grid_y: h as u32,
-            block: b,
-            inputs: inputs.clone(),
-            scalars: vec![(t * h) as i64, mb as i64],
-            expected: data.push(&o),
-            init: None,
-            written_inputs: vec![(5, wk.clone()), (6, wv.clone())],
-            tmaps: vec![],
-            // (the rope kernels' approximate sin/cos; a bf16 pool's rounding of k may flip)
-            tol: kv_tol(kv, 1e-4),
-        });
-        specs.push(spec.clone());
+        let qkv_args =
+            qkv_in.as_ref().map(|(_, _, x, gw, _, _, _, ws)| [data.push(x), data.push(gw), data.push_kv(&ws[0], DType::BF16), data.push_kv(&ws[1], DType::BF16), data.push_kv(&ws[2], DType::BF16)]);
+        let heads = match &qkv_args {
+            Some(a) => a.to_vec(),
+            None => vec![data.push(&xq), data.push(&xk), data.push(&xv)],
+        };
+        let inputs: Vec<Array> =
+            heads.into_iter().chain([data.push_i32(&pos), data.push_i32(&slots), data.push_kv(&kc0, kv), data.push_kv(&vc0, kv), data.push_i32(&seq), data.push_i32(&table)]).collect();
+        // (the pools' and the accumulators' places in the inputs)
+        let at = inputs.len() - 9;
+        if qkv.is_none() {
+            cases.push(Case {
+                name: format!("paged_attn + rope + cache writes T{t} H{h}/{kvh} D{d} {style}{}", kv_label(kv)),
+                kernel: spec.symbol(),
+                grid: gr,
+                grid_y: h as u32,
+                block: b,
+                inputs: inputs.clone(),
+                scalars: vec![(t * h) as i64, mb as i64],
+                expected: data.push(&o),
+                init: None,
+                written_inputs: vec![(5, wk.clone()), (6, wv.clone())],
+                tmaps: vec![],
+                // (the rope kernels' approximate sin/cos; a bf16 pool's rounding of k may flip)
+                tol: kv_tol(kv, 1e-4),
+                cluster: None,
+            });
+            specs.push(spec.clone());
+        }
         // ... with the o projection and its residual folded in (`AttentionO`, the SmolLM2
         // shape's head dim): y = res + o W_oᵀ over N = 520 rows (two rounds of the block's 512
         // threads, the second partial), the counters back at zero after. A probe the plans do
@@ -1677,12 +1745,36 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 .collect();
             (data.push_kv(&wo, DType::BF16), data.push(&res), data.push(&y), data.push(&vec![0.0; t * nn]))
         });
-        for (red, splits) in [(false, 1usize), (true, 1), (true, 4)] {
+        // (q/k/v from x: in the plans' clusters, DSC_ATTN_O_SPLITS at bundle time another)
+        let qkv_splits = [(true, dsc_codegen::lower::attn_o_splits())];
+        let variants: &[(bool, usize)] = if qkv.is_some() { &qkv_splits } else { &[(false, 1), (true, 1), (true, 4)] };
+        for &(red, splits) in variants {
             let Some((wo_a, res_a, y_a, zeros)) = shared.clone() else { continue };
             if !(red || std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1")) {
                 continue;
             }
             let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits };
+            if let Some((kk, eps, ..)) = &qkv_in {
+                // (a head's 4 blocks a cluster on sm_90a)
+                let fq = KernelSpec::QkvAttentionO { inner: Box::new(fused), k: *kk, eps_bits: eps.to_bits(), cluster: splits };
+                cases.push(Case {
+                    name: format!("paged_attn + q/k/v from x (K {kk}) + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} clusters of {splits} {style}{}", kv_label(kv)),
+                    kernel: fq.symbol(),
+                    grid: gr,
+                    grid_y: (h * splits) as u32,
+                    block: b,
+                    inputs: inputs.iter().cloned().chain([wo_a, res_a, zeros.clone()]).collect(),
+                    scalars: vec![(t * h) as i64, mb as i64],
+                    expected: y_a.clone(),
+                    init: Some(zeros),
+                    written_inputs: vec![(at + 5, wk.clone()), (at + 6, wv.clone()), (at + 11, y_a)],
+                    tmaps: vec![],
+                    tol: kv_tol(kv, 1e-4),
+                    cluster: Some(splits as u32),
+                });
+                specs.push(fq);
+                continue;
+            }
             if red {
                 let y = y_a;
                 cases.push(Case {
@@ -1698,6 +1790,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (11, y)],
                     tmaps: vec![],
                     tol: kv_tol(kv, 1e-4),
+                    cluster: None,
                 });
                 specs.push(fused);
                 continue;
@@ -1717,6 +1810,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (12, data.push(&vec![0.0; t]))],
                 tmaps: vec![],
                 tol: kv_tol(kv, 1e-4),
+                cluster: None,
             });
             specs.push(fused);
         }
@@ -1742,6 +1836,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         if !ones {
             specs.push(spec);
@@ -1771,6 +1866,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
     }
     // row ops and index ops
@@ -1797,6 +1893,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-5,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1824,6 +1921,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 1e-5,
+            cluster: None,
         });
         specs.push(spec);
         // norm + quantize: y as before (a written input) and its 16-bit copy (the output, as
@@ -1846,6 +1944,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 written_inputs: vec![(3, ya.clone())],
                 tmaps: vec![],
                 tol: 1e-2,
+                cluster: None,
             });
             specs.push(spec);
         }
@@ -1876,6 +1975,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1901,6 +2001,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
         let xs = rand_vec(9 * 64, -1.0, 1.0);
@@ -1925,6 +2026,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
     }
@@ -1953,6 +2055,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
         let x = rand_vec(5 * 3 * 16, -1.0, 1.0);
@@ -1976,6 +2079,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
         let (a, c) = (rand_vec(4 * 3 * 16, -1.0, 1.0), rand_vec(4 * 5 * 16, -1.0, 1.0));
@@ -1999,6 +2103,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: vec![],
             tmaps: vec![],
             tol: 0.0,
+            cluster: None,
         });
         specs.push(spec);
     }

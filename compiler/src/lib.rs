@@ -172,6 +172,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 hopper_small,
                 few,
                 collective: s.collective.clone(),
+                cluster: s.kernel.as_ref().and_then(|k| k.cluster()),
             }
         })
         .collect();
@@ -258,6 +259,7 @@ mod tests {
             hopper_small: None,
             few: vec![],
             collective: None,
+            cluster: None,
         }
     }
 

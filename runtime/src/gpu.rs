@@ -92,6 +92,11 @@ pub struct GpuBackend<'p> {
     /// one of these strings are left out of every step (the results are wrong; the step's time
     /// without them bounds what fusing them away could gain). Announced on stderr.
     skip_kernels: Vec<String>,
+    /// DSC_FORCE_CLUSTER=substr=N: a measurement knob only — sm_90a launches whose kernel symbol
+    /// contains `substr` go in thread-block clusters of N blocks along grid y (a kernel that
+    /// does not use them runs as before: what the cluster launch alone costs). Announced on
+    /// stderr.
+    force_cluster: Option<(String, u32)>,
     /// pinned buffers the packed inputs go up from, in turn, each with the event after its
     /// last copy
     staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, cudarc::driver::CudaEvent)>>,
@@ -332,6 +337,12 @@ impl<'p> GpuBackend<'p> {
             staging: Default::default(),
             inputs_kernel,
             skip_kernels: skip_kernels_from_env(),
+            force_cluster: std::env::var("DSC_FORCE_CLUSTER").ok().and_then(|v| {
+                let (k, n) = v.rsplit_once('=')?;
+                let n: u32 = n.parse().ok()?;
+                eprintln!("DSC_FORCE_CLUSTER: launching kernels containing {k:?} in clusters of {n} (timing only)");
+                Some((k.to_string(), n))
+            }),
         })
     }
 
@@ -410,6 +421,8 @@ struct Launch {
     args: Vec<String>,
     scalars: Vec<i64>,
     cfg: LaunchConfig,
+    /// blocks per thread-block cluster along grid y (1: none)
+    cluster: u32,
 }
 
 /// Everything one step shape (T, S, R) needs, allocated once: the inputs, every activation,
@@ -550,9 +563,12 @@ impl GpuBackend<'_> {
             if !s.runs_on(rows, hopper) || !s.runs_in_context(context) {
                 continue;
             }
-            let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem) = match s.alternative(rows, hopper, !self.no_few) {
-                Some(l) => (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0)),
-                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0),
+            let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem, cluster) = match s.alternative(rows, hopper, !self.no_few) {
+                Some(l) => {
+                    (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0), 1)
+                }
+                // (clusters: the sm_90a module's kernel; elsewhere the same symbol takes none)
+                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0, if self.target == "sm_90a" { s.cluster.unwrap_or(1) } else { 1 }),
             };
             if self.skip_kernels.iter().any(|x| k.contains(x.as_str())) {
                 continue;
@@ -564,6 +580,13 @@ impl GpuBackend<'_> {
                 continue;
             }
             let (grid, gy, block) = launch_dims(launch, work, gy, block, rpb, threads).ok_or_else(|| gerr(format!("step {}: unknown launch kind {launch}", s.node)))?;
+            let cluster = match &self.force_cluster {
+                Some((x, n)) if self.target == "sm_90a" && k.contains(x.as_str()) && gy % n == 0 => *n,
+                _ => cluster,
+            };
+            if cluster == 0 || gy % cluster != 0 {
+                return Err(gerr(format!("step {}: grid y {gy} is not a whole number of clusters of {cluster}", s.node)));
+            }
             let args = args
                 .iter()
                 .map(|a| match kvmap_base(a) {
@@ -594,7 +617,7 @@ impl GpuBackend<'_> {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
                 }
             }
-            launches.push(Action::Launch(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem } }));
+            launches.push(Action::Launch(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem }, cluster }));
         }
         let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
         let out_name = g.node(*out).name.clone();
@@ -669,8 +692,8 @@ impl GpuBackend<'_> {
                 Some(_) => Some(cu(self.stream.record_event(timing), "profile event")?),
                 None => None,
             };
-            if bucket.pdl {
-                self.launch_pdl(bucket, l)?;
+            if bucket.pdl || l.cluster > 1 {
+                self.launch_ex(bucket, l, bucket.pdl)?;
                 if let Some(s0) = start {
                     marks.push((l.kernel.clone(), s0, cu(self.stream.record_event(timing), "profile event")?));
                 }
@@ -711,10 +734,11 @@ impl GpuBackend<'_> {
         Ok(())
     }
 
-    /// One launch with programmatic stream serialization (cuLaunchKernelEx): the kernel may
-    /// launch before its predecessor in the stream finishes; its `griddepcontrol.wait` (every
-    /// sm_90a kernel starts with it) holds it until then.
-    fn launch_pdl(&self, bucket: &Bucket, l: &Launch) -> Result<()> {
+    /// One launch by cuLaunchKernelEx: with `pdl` programmatic stream serialization (the
+    /// kernel may launch before its predecessor in the stream finishes; its
+    /// `griddepcontrol.wait` — every sm_90a kernel starts with it — holds it until then), and
+    /// in thread-block clusters of `l.cluster` blocks along grid y where that is more than 1.
+    fn launch_ex(&self, bucket: &Bucket, l: &Launch, pdl: bool) -> Result<()> {
         use cudarc::driver::{sys, DevicePtr};
         let mut ptrs: Vec<u64> = Vec::with_capacity(l.args.len());
         let mut guards = vec![];
@@ -735,10 +759,21 @@ impl GpuBackend<'_> {
         let mut scalars = l.scalars.clone();
         let mut params: Vec<*mut std::ffi::c_void> =
             ptrs.iter_mut().map(|p| p as *mut u64 as *mut std::ffi::c_void).chain(scalars.iter_mut().map(|s| s as *mut i64 as *mut std::ffi::c_void)).collect();
-        // SAFETY: a zeroed attribute value is valid; we set the one field the id selects
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.programmaticStreamSerializationAllowed = 1;
-        let mut attr = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value };
+        let mut attrs = Vec::with_capacity(2);
+        if pdl {
+            // SAFETY: a zeroed attribute value is valid; we set the one field the id selects
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value });
+        }
+        if l.cluster > 1 {
+            // SAFETY: as above
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.clusterDim.x = 1;
+            value.clusterDim.y = l.cluster;
+            value.clusterDim.z = 1;
+            attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, pad: [0; 4], value });
+        }
         let (gx, gy, gz) = l.cfg.grid_dim;
         let (bx, by, bz) = l.cfg.block_dim;
         let cfg = sys::CUlaunchConfig {
@@ -750,8 +785,8 @@ impl GpuBackend<'_> {
             blockDimZ: bz,
             sharedMemBytes: l.cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         let f = self.funcs.get(&l.kernel).ok_or_else(|| gerr(format!("kernel {} is not in the plan's module", l.kernel)))?;
         cu(self.ctx.bind_to_thread(), "binding the context")?;

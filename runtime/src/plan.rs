@@ -230,6 +230,11 @@ pub struct GpuStep {
     /// a collective over the tensor-parallel group on the (aliased) buffer: "all_reduce_sum"
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collective: Option<String>,
+    /// on sm_90a the default kernel is launched in thread-block clusters of this many blocks
+    /// along grid y (its blocks share shared memory: the one-token attention computing its
+    /// head's q, k and v); grid y a multiple of it
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<u32>,
 }
 
 impl GpuStep {
@@ -676,6 +681,7 @@ mod tests {
             hopper_small: Some(alt("wgmma16", 2, None)),
             few: vec![alt("few", 2, Some(15)), alt("few16", 16, Some(128))],
             collective: None,
+            cluster: None,
         };
         let pick = |rows, hopper, few| step.alternative(rows, hopper, few).map(|l| l.kernel.as_str());
         // one row: the GEMV everywhere
@@ -751,6 +757,17 @@ mod tests {
         assert_eq!((prog.argmax.as_deref(), prog.argmax_block), (Some("argmax_d49152"), None));
         let prog: GpuProgram = serde_json::from_str(r#"{"ptx": {}, "steps": [], "buffers": [], "argmax": "argmax_d49152", "argmax_block": 512}"#).unwrap();
         assert_eq!(prog.argmax_block, Some(512));
+    }
+
+    #[test]
+    fn a_step_in_clusters_says_so_and_older_steps_take_none() {
+        let json = r#"{"node": "a", "kernel": "k", "args": [], "scalars": [], "launch": "block_per_row", "block": 16, "work": {"const": 1}, "grid_y": {"const": 36}, "alias_of": null}"#;
+        let old: GpuStep = serde_json::from_str(json).unwrap();
+        assert_eq!(old.cluster, None);
+        let with = GpuStep { cluster: Some(4), ..old };
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(text.contains("\"cluster\":4"), "{text}");
+        assert_eq!(serde_json::from_str::<GpuStep>(&text).unwrap().cluster, Some(4));
     }
 
     #[test]
