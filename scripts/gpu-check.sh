@@ -15,6 +15,9 @@ if [ -d .gpu/check ]; then
   # (gpu-prepare.sh ships the PTX and the data gzipped: the bundle and the runtime fill a call's 64 MiB)
   [ -f .gpu/check/kernels.sm_90a.ptx.gz ] && gunzip -f .gpu/check/kernels.sm_90a.ptx.gz
   [ -f .gpu/check/data.bin.gz ] && gunzip -f .gpu/check/data.bin.gz
+  # (xz by python's lzma: no xz tool needed there)
+  [ -f .gpu/check/data.bin.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpu/check/data.bin.xz'), open('.gpu/check/data.bin', 'wb'))" && rm .gpu/check/data.bin.xz
+  [ -f .gpu/check/bundle.json.gz ] && gunzip -f .gpu/check/bundle.json.gz
   .gpu/dsc-runtime gpu-check .gpu/check --target sm_90a --json "$out/kernels-sm_90a.json" 2>&1 | tee "$out/kernels.log"
   status=${PIPESTATUS[0]}
   # the SASS of the generated module, to see what the hardware runs

@@ -4905,7 +4905,13 @@ fn emit_paged_attention(
         }
         None => (xs_at, xs_at),
     };
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", qkv_at + if qkv_in.is_some() { 3 * d } else { 0 });
+    // (QkvAttentionO in clusters: the cluster's blocks split the context's keys, and each
+    // block's partial softmax state (m, l, acc[D]) goes to every block of the cluster, at
+    // parts_at + rank·(D + 2); DSC_QKV_ATTN_KEYS=whole at compile time: every block takes all
+    // the keys, as the blocks of a head without q/k/v did)
+    let key_split = qkv_in.map(|(_, _, c)| c).filter(|&c| c > 1 && pipelined && split.is_none() && !std::env::var("DSC_QKV_ATTN_KEYS").is_ok_and(|v| v == "whole"));
+    let parts_at = qkv_at + if qkv_in.is_some() { 3 * d } else { 0 };
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", parts_at + key_split.map_or(0, |c| c * (d + 2)));
     b.workgroup = Some(format!("%sm : {smt}"));
     let bid = b.op("gpu.block_id x");
     let t = b.idx64(&bid);
@@ -5037,12 +5043,35 @@ fn emit_paged_attention(
         }
         None => vec![],
     };
+    // (key_split: this block's keys [klo, khi) — the context in `c` chunks of whole warp steps,
+    // block r of the cluster taking chunk r)
+    let key_range = match (key_split, &opart) {
+        (Some(c), Some(r)) => {
+            let c1 = b.ci64(1);
+            let ctxk = b.op(&format!("arith.addi {p}, {c1} : i64"));
+            let cm1 = b.ci64((c * nk) as i64 - 1);
+            let cdiv = b.ci64((c * nk) as i64);
+            let steps = b.op(&format!("arith.addi {ctxk}, {cm1} : i64"));
+            let steps = b.op(&format!("arith.divui {steps}, {cdiv} : i64"));
+            let cnk = b.ci64(nk as i64);
+            let chunk = b.op(&format!("arith.muli {steps}, {cnk} : i64"));
+            let klo = b.op(&format!("arith.muli {r}, {chunk} : i64"));
+            let khi = b.op(&format!("arith.addi {klo}, {chunk} : i64"));
+            let khi = b.op(&format!("arith.minsi {khi}, {ctxk} : i64"));
+            Some((klo, khi))
+        }
+        _ => None,
+    };
     let early_first = if early {
         let c1e = b.ci64(1);
         let ctx_e = b.op(&format!("arith.addi {p}, {c1e} : i64"));
         let w64 = b.idx64(&warp_i);
         let cnk = b.ci64(nk as i64);
         let js = b.op(&format!("arith.muli {w64}, {cnk} : i64"));
+        let js = match &key_range {
+            Some((klo, _)) => b.op(&format!("arith.addi {js}, {klo} : i64")),
+            None => js,
+        };
         let pre = raw_step(b, &js, &ctx_e);
         b.wait_for_previous();
         Some((js, pre))
@@ -5154,7 +5183,10 @@ fn emit_paged_attention(
             b.line(&format!("scf.if {active} {{"));
             (lo, hi, Some((sy.clone(), ns)))
         }
-        _ => (b.ci64(0), ctx.clone(), None),
+        _ => match &key_range {
+            Some((klo, khi)) => (klo.clone(), khi.clone(), None),
+            None => (b.ci64(0), ctx.clone(), None),
+        },
     };
     let ctxi = b.op(&format!("arith.index_cast {hi} : i64 to index"));
     let wstep = b.op(&format!("arith.constant {WARPS} : index"));
@@ -5411,6 +5443,36 @@ fn emit_paged_attention(
             }
             let ce = &eoff[e];
             match &part {
+                None if key_split.is_some() => {
+                    // (this block's partial state into every block of the cluster: acc not
+                    // divided by l; lane 0 also m and l)
+                    let c = key_split.expect("matched");
+                    let r = opart.clone().expect("a cluster's blocks are the o projection's parts");
+                    let cst2 = b.ci64((d + 2) as i64);
+                    let mine_at = b.op(&format!("arith.muli {r}, {cst2} : i64"));
+                    let cpa = b.ci64(parts_at as i64);
+                    let mine_at = b.op(&format!("arith.addi {mine_at}, {cpa} : i64"));
+                    let c2 = b.ci64(2);
+                    let at = b.op(&format!("arith.addi {mine_at}, {c2} : i64"));
+                    let at = b.op(&format!("arith.addi {at}, {ce} : i64"));
+                    for dst in 0..c {
+                        let cd = b.ci64(dst as i64);
+                        st_cluster(b, &smt, &at, &cd, &acc);
+                    }
+                    if e == 0 {
+                        let c0 = b.op("arith.constant 0 : index");
+                        let first = b.op(&format!("arith.cmpi eq, {lane_i}, {c0} : index"));
+                        b.line(&format!("scf.if {first} {{"));
+                        let c1m = b.ci64(1);
+                        let at1 = b.op(&format!("arith.addi {mine_at}, {c1m} : i64"));
+                        for dst in 0..c {
+                            let cd = b.ci64(dst as i64);
+                            st_cluster(b, &smt, &mine_at, &cd, &mx);
+                            st_cluster(b, &smt, &at1, &cd, &lsum);
+                        }
+                        b.line("}");
+                    }
+                }
                 None if attn_o.is_some() => {
                     // (the head's output to shared memory, for the o projection below)
                     let y = b.op(&format!("arith.divf {acc}, {lsum} : f32"));
@@ -5444,6 +5506,52 @@ fn emit_paged_attention(
                 }
             }
         }
+        b.line("}");
+    }
+    if let Some(c) = key_split {
+        // every block's state in, then thread e < D: the head's output element e from the c
+        // partial states (their max, each scaled by exp(m_r - max)), for the o projection
+        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
+        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
+        let tid64 = b.idx64(&tid);
+        let cd = b.ci64(d as i64);
+        let mine = b.op(&format!("arith.cmpi slt, {tid64}, {cd} : i64"));
+        b.line(&format!("scf.if {mine} {{"));
+        let read = |b: &mut Body, at: usize, off: Option<&str>| -> String {
+            let ca = b.ci64(at as i64);
+            let j = match off {
+                Some(o) => b.op(&format!("arith.addi {ca}, {o} : i64")),
+                None => ca,
+            };
+            let j = b.op(&format!("arith.index_cast {j} : i64 to index"));
+            b.op(&format!("memref.load %sm[{j}] : {smt}"))
+        };
+        let ms: Vec<String> = (0..c).map(|r| read(b, parts_at + r * (d + 2), None)).collect();
+        let mut mx = ms[0].clone();
+        for m in &ms[1..] {
+            mx = b.op(&format!("arith.maximumf {mx}, {m} : f32"));
+        }
+        let zero = b.cf32(0.0);
+        let (mut num, mut den) = (zero.clone(), zero);
+        // (a block past the context's last chunk has no keys: m = -inf and its l and acc are
+        // not numbers — left out)
+        let ninf = b.op("arith.constant 0xFF800000 : f32");
+        for (r, m) in ms.iter().enumerate() {
+            let dm = b.op(&format!("arith.subf {m}, {mx} : f32"));
+            let w = b.exp(&dm);
+            let l = read(b, parts_at + r * (d + 2) + 1, None);
+            let a = read(b, parts_at + r * (d + 2) + 2, Some(&tid64));
+            let empty = b.op(&format!("arith.cmpf oeq, {m}, {ninf} : f32"));
+            let den2 = b.op(&format!("llvm.intr.fma({l}, {w}, {den}) : (f32, f32, f32) -> f32"));
+            let num2 = b.op(&format!("llvm.intr.fma({a}, {w}, {num}) : (f32, f32, f32) -> f32"));
+            den = b.op(&format!("arith.select {empty}, {den}, {den2} : f32"));
+            num = b.op(&format!("arith.select {empty}, {num}, {num2} : f32"));
+        }
+        let y = b.op(&format!("arith.divf {num}, {den} : f32"));
+        let cb = b.ci64(o_at as i64);
+        let i = b.op(&format!("arith.addi {cb}, {tid64} : i64"));
+        let i = b.op(&format!("arith.index_cast {i} : i64 to index"));
+        b.line(&format!("memref.store {y}, %sm[{i}] : {smt}"));
         b.line("}");
     }
     if let Some(nn) = attn_o {
@@ -5567,6 +5675,20 @@ fn qkv_prologue(b: &mut Body, k: usize, d: usize, c: usize, warps: usize, head0:
     store_quad(b, &gv, gs_at, k, &t64, smt);
     b.line("}");
     rows
+}
+
+/// `val` (f32) into element `at` (i64) of the shared memory `%sm` of the cluster's block of
+/// rank `rank` (i64): `mapa` of this block's address, then `st.shared::cluster` (visible to
+/// that block past a cluster barrier with release / acquire).
+fn st_cluster(b: &mut Body, smt: &str, at: &str, rank: &str, val: &str) {
+    let base = b.op(&format!("memref.extract_aligned_pointer_as_index %sm : {smt} -> index"));
+    let base = b.idx64(&base);
+    let c4 = b.ci64(4);
+    let by = b.op(&format!("arith.muli {at}, {c4} : i64"));
+    let addr = b.op(&format!("arith.addi {base}, {by} : i64"));
+    let r32 = b.op(&format!("arith.trunci {rank} : i64 to i32"));
+    let remote = b.op(&format!("llvm.inline_asm \"mapa.shared::cluster.u64 $0, $1, $2;\", \"=l,l,r\" {addr}, {r32} : (i64, i32) -> i64"));
+    b.line(&format!("llvm.inline_asm has_side_effects \"st.shared::cluster.f32 [$0], $1;\", \"l,f\" {remote}, {val} : (i64, f32) -> ()"));
 }
 
 /// A K-long row's floats 4·t .. 4·t + 3 into shared memory `%sm` from `at`, element e at
@@ -5698,14 +5820,7 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
     let dst = b.op(&format!("arith.addi {cq0}, {dst} : i64"));
     b.line(&format!("scf.if {ok} {{"));
     if c > 1 {
-        let base = b.op(&format!("memref.extract_aligned_pointer_as_index %sm : {smt} -> index"));
-        let base = b.idx64(&base);
-        let c4 = b.ci64(4);
-        let by = b.op(&format!("arith.muli {dst}, {c4} : i64"));
-        let addr = b.op(&format!("arith.addi {base}, {by} : i64"));
-        let r32 = b.op(&format!("arith.trunci {r} : i64 to i32"));
-        let remote = b.op(&format!("llvm.inline_asm \"mapa.shared::cluster.u64 $0, $1, $2;\", \"=l,l,r\" {addr}, {r32} : (i64, i32) -> i64"));
-        b.line(&format!("llvm.inline_asm has_side_effects \"st.shared::cluster.f32 [$0], $1;\", \"l,f\" {remote}, {val} : (i64, f32) -> ()"));
+        st_cluster(b, smt, &dst, &r, &val);
     } else {
         let j = b.op(&format!("arith.index_cast {dst} : i64 to index"));
         b.line(&format!("memref.store {val}, %sm[{j}] : {smt}"));

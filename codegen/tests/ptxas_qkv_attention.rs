@@ -2,8 +2,9 @@
 //! SmolLM2 shape's layer from its second on) and the fused MLP that zeroes its accumulators
 //! (`ZeroFill` over `SwiGluDown`) pass ptxas: on sm_90a without spills, every weight row
 //! (W_q/W_k/W_v, W_o) and the first K/V rows loaded before `griddepcontrol.wait`, q/k/v shared
-//! through distributed shared memory and a cluster barrier; on sm_80 (no clusters: every block
-//! computes its head's q, k and v) no cluster instruction.
+//! through distributed shared memory and a cluster barrier, the keys split over the cluster's
+//! blocks (their partial states shared past a second barrier); on sm_80 (no clusters: every
+//! block computes its head's q, k and v and takes every key) no cluster instruction.
 
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
 use dsc_ir::DType;
@@ -36,6 +37,9 @@ fn one_token_attention_with_qkv_passes_ptxas() {
             for ins in ["mapa.shared::cluster", "st.shared::cluster.f32", "barrier.cluster.arrive.release", "barrier.cluster.wait.acquire"] {
                 assert!(body.contains(ins), "{ins} missing");
             }
+            // (two cluster barriers: q/k/v shared, then the blocks' partial softmax states —
+            // the cluster's blocks split the keys)
+            assert_eq!(body.matches("barrier.cluster.wait.acquire").count(), 2);
         } else {
             assert!(!body.contains("cluster"), "a cluster instruction on {}", t.name());
         }

@@ -1625,12 +1625,15 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         (8, 2, 128, 16, false, DType::BF16, None),
         (9, 3, 64, 16, false, DType::F32, None),
         (9, 3, 64, 4, true, DType::BF16, None),
-        (9, 3, 64, 16, false, DType::BF16, Some(576usize)),
+        (9, 3, 64, 16, false, DType::BF16, Some(264usize)),
     ] {
         let theta = 500000.0f32;
-        // (130: past one warp step of every warp — 16 x 4 or x 8 keys —, so the loop's later
-        // steps and this token's row in one of them are checked too)
-        let lens = [21usize, 1, 40, 130];
+        // (q/k/v from x: also 300 keys, past one warp step of every warp of every block of the
+        // cluster that splits them — 4 x 16 x 4 —, so the loop's later steps and this token's
+        // row in one of them are checked too, and 1 key, where three of the four blocks have
+        // none; K 264: a partial last round of 16-byte pieces, as the plans' 576; the others
+        // keep their small pools: the bundle's data is near the 64 MiB a call carries)
+        let lens: &[usize] = if qkv.is_some() { &[21, 1, 300] } else { &[21, 1, 40] };
         let t = lens.len();
         let mb = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(1);
         let nb = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 2;
@@ -1733,7 +1736,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         // (`splits` blocks per head, each adding its part of the rows)
         // (one W_o, residual and result for every variant: the bundle's data is near the
         // 64 MiB a call carries)
-        let nn = 520usize;
+        let nn = if qkv.is_some() { 128usize } else { 520 };
         let shared = (kv == DType::BF16 && d == 64).then(|| {
             let wo = kv_round(&rand_vec(nn * h * d, -0.1, 0.1), DType::BF16);
             let res = rand_vec(t * nn, -1.0, 1.0);
