@@ -1757,12 +1757,19 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 continue;
             }
             let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits };
-            if let Some((kk, eps, ..)) = &qkv_in {
-                // (a head's 4 blocks a cluster on sm_90a)
-                let fq = KernelSpec::QkvAttentionO { inner: Box::new(fused), k: *kk, eps_bits: eps.to_bits(), cluster: splits };
+            if red {
+                // (q/k/v from x: a head's blocks a cluster on sm_90a)
+                let (fk, name, cluster) = match &qkv_in {
+                    Some((kk, eps, ..)) => (
+                        KernelSpec::QkvAttentionO { inner: Box::new(fused), k: *kk, eps_bits: eps.to_bits(), cluster: splits },
+                        format!("paged_attn + q/k/v from x (K {kk}) + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} clusters of {splits} {style}{}", kv_label(kv)),
+                        Some(splits as u32),
+                    ),
+                    None => (fused, format!("paged_attn + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} {splits} block(s) per head {style}{}", kv_label(kv)), None),
+                };
                 cases.push(Case {
-                    name: format!("paged_attn + q/k/v from x (K {kk}) + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} clusters of {splits} {style}{}", kv_label(kv)),
-                    kernel: fq.symbol(),
+                    name,
+                    kernel: fk.symbol(),
                     grid: gr,
                     grid_y: (h * splits) as u32,
                     block: b,
@@ -1773,29 +1780,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     written_inputs: vec![(at + 5, wk.clone()), (at + 6, wv.clone()), (at + 11, y_a)],
                     tmaps: vec![],
                     tol: kv_tol(kv, 1e-4),
-                    cluster: Some(splits as u32),
+                    cluster,
                 });
-                specs.push(fq);
-                continue;
-            }
-            if red {
-                let y = y_a;
-                cases.push(Case {
-                    name: format!("paged_attn + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} {splits} block(s) per head {style}{}", kv_label(kv)),
-                    kernel: fused.symbol(),
-                    grid: gr,
-                    grid_y: (h * splits) as u32,
-                    block: b,
-                    inputs: inputs.iter().cloned().chain([wo_a, res_a, zeros.clone()]).collect(),
-                    scalars: vec![(t * h) as i64, mb as i64],
-                    expected: y.clone(),
-                    init: Some(zeros),
-                    written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (11, y)],
-                    tmaps: vec![],
-                    tol: kv_tol(kv, 1e-4),
-                    cluster: None,
-                });
-                specs.push(fused);
+                specs.push(fk);
                 continue;
             }
             let zeros = vec![0i32; t];
