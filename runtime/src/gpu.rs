@@ -243,7 +243,10 @@ impl<'p> GpuBackend<'p> {
         }
         progress.finish_and_clear();
         let block_size = plan.header.model.kv_block_size;
-        let blocks = kv_tokens.div_ceil(block_size).max(1);
+        // (DSC_KV_EXTRA_BLOCKS=N: a measurement knob — N more blocks in every pool: their sizes,
+        // so their places in memory, change, the blocks a sequence gets do not)
+        let extra = std::env::var("DSC_KV_EXTRA_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+        let blocks = kv_tokens.div_ceil(block_size).max(1) + extra;
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
         for id in graph.leaves(&Op::State) {
             let n = graph.node(id);
@@ -526,12 +529,18 @@ impl GpuBackend<'_> {
                 }
             }
         }
-        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256)), "allocating the activation arena")?;
-        let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o, n))).collect();
+        // (DSC_ARENA_PAD=bytes: a measurement knob — every activation this many bytes further
+        // into a larger arena: where the step's activations lie in memory)
+        let pad = std::env::var("DSC_ARENA_PAD").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0) / 256 * 256;
+        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + pad), "allocating the activation arena")?;
+        let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o + pad, n))).collect();
+        for p in &mut packed {
+            p.1 += pad;
+        }
         for &(name, o, n) in &packed {
             placed.insert(name.to_string(), (o, n));
         }
-        let packed_span = (span0, end);
+        let packed_span = (span0 + pad, end + pad);
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         for s in &self.prog.steps {

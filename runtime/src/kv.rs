@@ -81,7 +81,12 @@ impl BlockManager {
         BlockManager {
             block_size,
             refs: vec![0; num_blocks],
-            free: (0..num_blocks as BlockId).collect(),
+            free: {
+                // (DSC_KV_FIRST_BLOCK=N: a measurement knob — hand out blocks from N on, then
+                // wrap; where a sequence's blocks lie in the pools)
+                let first = std::env::var("DSC_KV_FIRST_BLOCK").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0) % num_blocks.max(1);
+                (first..num_blocks).chain(0..first).map(|b| b as BlockId).collect()
+            },
             key: vec![None; num_blocks],
             cache: HashMap::new(),
             lru: BTreeMap::new(),
