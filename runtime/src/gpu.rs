@@ -529,10 +529,19 @@ impl GpuBackend<'_> {
                 }
             }
         }
-        // (DSC_ARENA_PAD=bytes: a measurement knob — every activation this many bytes further
-        // into a larger arena: where the step's activations lie in memory)
-        let pad = std::env::var("DSC_ARENA_PAD").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0) / 256 * 256;
-        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + pad), "allocating the activation arena")?;
+        // (DSC_ARENA_ALIGN=bytes, DSC_ARENA_PAD=bytes: measurement knobs — every activation
+        // starts at the arena's first multiple of ALIGN (a power of two) plus PAD: where the
+        // step's activations lie in memory)
+        let knob = |v: &str| std::env::var(v).ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+        // (unset: the arena exactly as before)
+        let align = match knob("DSC_ARENA_ALIGN") {
+            0 => 1,
+            a => a.next_power_of_two(),
+        };
+        let extra = knob("DSC_ARENA_PAD") / 256 * 256 + if align > 1 { align } else { 0 };
+        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + extra), "allocating the activation arena")?;
+        let base = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream).0 as usize;
+        let pad = (align - base % align) % align + knob("DSC_ARENA_PAD") / 256 * 256;
         let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o + pad, n))).collect();
         for p in &mut packed {
             p.1 += pad;
