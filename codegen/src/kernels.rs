@@ -485,8 +485,11 @@ pub enum KernelSpec {
     /// `cluster` blocks of a head (the o projection's splits, a thread-block cluster along
     /// grid y) each compute D / cluster of the head's elements of q, k and v and store them
     /// into every block's shared memory (distributed shared memory), then pass a cluster
-    /// barrier; elsewhere (no clusters) every block computes all 3·D. Params: %x, %g, %wq,
-    /// %wk, %wv in place of %xq, %xk, %xv, then the rest of inner's.
+    /// barrier; then block r takes chunk r of the context's keys and the blocks' partial
+    /// softmax states meet the same way past a second barrier, each block combining them for
+    /// its part of the o projection (DSC_QKV_ATTN_KEYS=whole: every block every key).
+    /// Elsewhere (no clusters) every block computes all 3·D and takes every key. Params: %x,
+    /// %g, %wq, %wk, %wv in place of %xq, %xk, %xv, then the rest of inner's.
     QkvAttentionO { inner: Box<KernelSpec>, k: usize, eps_bits: u32, cluster: usize },
     /// `inner` (the one-row decode GEMV with the norm prologue, or the fused MLP) that also
     /// zeroes the first `len` floats of `%z0` and `%z1` (after `griddepcontrol.wait`): the
