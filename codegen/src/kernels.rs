@@ -249,6 +249,15 @@ impl KernelSpec {
         }
     }
 
+    /// The fused one-token MLP (`SwiGluDown`), also where it zeroes accumulators (`ZeroFill`).
+    pub fn is_fused_mlp(&self) -> bool {
+        match self {
+            KernelSpec::SwiGluDown { .. } => true,
+            KernelSpec::ZeroFill { inner, .. } => inner.is_fused_mlp(),
+            _ => false,
+        }
+    }
+
     /// Kernels only sm_90a can run (they go into that target's PTX alone).
     pub fn hopper_only(&self) -> bool {
         match self {
@@ -888,6 +897,23 @@ impl Body {
             v.extend(self.load_vec(ptr, &off, 4, "f32", 16));
         }
         v
+    }
+    /// `acc` + the dot product of `words` (i32 words of two bf16 each, low half first) with
+    /// `xs` (two floats per word), one fma at a time in order
+    fn fma_bf16_words(&mut self, acc: &str, words: &[String], xs: &[String]) -> String {
+        let mut a = acc.to_string();
+        for (q, word) in words.iter().enumerate() {
+            let [lo, hi] = self.bf16_pair(word);
+            a = self.op(&format!("llvm.intr.fma({lo}, {}, {a}) : (f32, f32, f32) -> f32", xs[2 * q]));
+            a = self.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xs[2 * q + 1]));
+        }
+        a
+    }
+    /// A cluster barrier every thread of the cluster passes: the arrival releases what the
+    /// thread wrote (e.g. into another block's shared memory), the wait acquires the others'
+    fn cluster_barrier(&mut self) {
+        self.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
+        self.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
     }
     /// the two bf16 of an i32 word as f32: the low half shifted up, the high half masked
     fn bf16_pair(&mut self, word: &str) -> [String; 2] {
@@ -2413,30 +2439,21 @@ pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize) -> 
 /// (t < N/4) W_down's rows t + i·N/4 at the block's features; every weight and g loaded before
 /// `griddepcontrol.wait`, x after it.
 fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: usize, fpw: usize) -> Result<(), String> {
-    let units = k / 8;
-    let rounds = units.div_ceil(32);
+    let rounds = (k / 8).div_ceil(32);
     let smt = format!("memref<{fb}xf32, #gpu.address_space<workgroup>>");
     b.workgroup = Some(format!("%red : {smt}"));
     let t = b.op("gpu.thread_id x");
     let bx = b.op("gpu.block_id x");
     let by = b.op("gpu.block_id y");
     let (lane, warp) = b.lane_warp(&t);
-    let (t64, bx64, by64, lane64, warp64) = (b.idx64(&t), b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let (t64, bx64, by64, warp64) = (b.idx64(&t), b.idx64(&bx), b.idx64(&by), b.idx64(&warp));
     let cfb = b.ci64(fb as i64);
     let f0 = b.op(&format!("arith.muli {bx64}, {cfb} : i64"));
     let cfpw = b.ci64(fpw as i64);
     let wf = b.op(&format!("arith.muli {warp64}, {cfpw} : i64"));
     let fw = b.op(&format!("arith.addi {f0}, {wf} : i64"));
     // the lane's pieces of K, clamped to the last, and whether each is real
-    let last = b.ci64(units as i64 - 1);
-    let mut uoff = vec![];
-    let mut valid = vec![];
-    for r in 0..rounds {
-        let c = b.ci64(32 * r as i64);
-        let u = b.op(&format!("arith.addi {lane64}, {c} : i64"));
-        valid.push((units % 32 != 0 && r == rounds - 1).then(|| b.op(&format!("arith.cmpi sle, {u}, {last} : i64"))));
-        uoff.push(b.op(&format!("arith.minsi {u}, {last} : i64")));
-    }
+    let (uoff, valid) = lane_pieces(b, k, &lane);
     let c16 = b.ci64(16);
     let c32 = b.ci64(32);
     // gate rows fw..fw+fpw, then the same features' up rows: per row, per round, 4 words
@@ -2512,11 +2529,7 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
             ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
         }
         for (a, row) in acc.iter_mut().zip(&wrows) {
-            for (q, word) in row[r].iter().enumerate() {
-                let [lo, hi] = b.bf16_pair(word);
-                *a = b.op(&format!("llvm.intr.fma({lo}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q]));
-                *a = b.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q + 1]));
-            }
+            *a = b.fma_bf16_words(a, &row[r], &xg);
         }
     }
     let lane32 = b.op(&format!("arith.index_cast {lane} : index to i32"));
@@ -2554,13 +2567,7 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
         .collect();
     let mut parts = vec![];
     for words in &drows {
-        let mut p = zero.clone();
-        for (q, word) in words.iter().enumerate() {
-            let [lo, hi] = b.bf16_pair(word);
-            p = b.op(&format!("llvm.intr.fma({lo}, {}, {p}) : (f32, f32, f32) -> f32", h[2 * q]));
-            p = b.op(&format!("llvm.intr.fma({hi}, {}, {p}) : (f32, f32, f32) -> f32", h[2 * q + 1]));
-        }
-        parts.push(p);
+        parts.push(b.fma_bf16_words(&zero, words, &h));
     }
     // y[row, t + i·N/4] += the four sums
     let cn = b.ci64(n as i64);
@@ -4695,7 +4702,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
         // (the decode attention with the o projection: its block size, so ptxas keeps the
         // registers 512 threads may have)
-        _ if b.attn_o.is_some() || matches!(spec, KernelSpec::SwiGluDown { .. }) || matches!(spec, KernelSpec::ZeroFill { inner, .. } if matches!(inner.as_ref(), KernelSpec::SwiGluDown { .. })) => {
+        _ if b.attn_o.is_some() || spec.is_fused_mlp() => {
             match spec.launch() {
                 // (the fused one-token MLP too: 512 threads with 32 features per block)
                 // (DSC_FUSED_MINCTA=2 at compile time: blocks of up to 256 threads kept to the
@@ -5514,8 +5521,7 @@ fn emit_paged_attention(
     if let Some(c) = key_split {
         // every block's state in, then thread e < D: the head's output element e from the c
         // partial states (their max, each scaled by exp(m_r - max)), for the o projection
-        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
-        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
+        b.cluster_barrier();
         let tid64 = b.idx64(&tid);
         let cd = b.ci64(d as i64);
         let mine = b.op(&format!("arith.cmpi slt, {tid64}, {cd} : i64"));
@@ -5613,6 +5619,17 @@ fn lane_pieces(b: &mut Body, k: usize, lane_i: &str) -> (Vec<String>, Vec<Option
     (uoff, valid)
 }
 
+/// A bf16 row's 16-byte pieces at `uoff` (piece indices, i64) from `ptr`: 4 words each.
+fn row_words(b: &mut Body, ptr: &str, uoff: &[String]) -> Vec<Vec<String>> {
+    let c16 = b.ci64(16);
+    uoff.iter()
+        .map(|u| {
+            let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
+            b.load_vec(ptr, &o, 4, "i32", 16)
+        })
+        .collect()
+}
+
 /// [`KernelSpec::QkvAttentionO`] before `griddepcontrol.wait`: the block of rank r in its
 /// cluster of `c` (`opart`; one block computing all where `c` is 1) takes the head's elements
 /// [r·D/c, (r+1)·D/c) of q (head `head0`), k and v (KV head `kh`): 3·D/c rows, row
@@ -5659,14 +5676,7 @@ fn qkv_prologue(b: &mut Body, k: usize, d: usize, c: usize, warps: usize, head0:
         let ptr = b.op(&format!("llvm.getelementptr {base}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
         let md = b.op(&format!("arith.muli {m}, {dd} : i64"));
         let at = b.op(&format!("arith.addi {md}, {e} : i64"));
-        let words = preload.then(|| {
-            uoff.iter()
-                .map(|u| {
-                    let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
-                    b.load_vec(&ptr, &o, 4, "i32", 16)
-                })
-                .collect()
-        });
+        let words = preload.then(|| row_words(b, &ptr, &uoff));
         rows.push(QkvRow { ptr, at, valid, words });
     }
     let t64 = b.idx64(tid);
@@ -5742,19 +5752,7 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
     for (ci, chunk) in rows.chunks(3).enumerate() {
         // (the chunk's weights first where the prologue did not load them: 4 words per row
         // and round in flight)
-        let words: Vec<Vec<Vec<String>>> = chunk
-            .iter()
-            .map(|row| match &row.words {
-                Some(w) => w.clone(),
-                None => uoff
-                    .iter()
-                    .map(|u| {
-                        let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
-                        b.load_vec(&row.ptr, &o, 4, "i32", 16)
-                    })
-                    .collect(),
-            })
-            .collect();
+        let words: Vec<Vec<Vec<String>>> = chunk.iter().map(|row| row.words.clone().unwrap_or_else(|| row_words(b, &row.ptr, &uoff))).collect();
         if ci == 0 {
             b.line("gpu.barrier");
         }
@@ -5780,11 +5778,7 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
                 xg.push(b.op(&format!("arith.mulf {x}, {g} : f32")));
             }
             for (a, w) in cacc.iter_mut().zip(&words) {
-                for (q, word) in w[r].iter().enumerate() {
-                    let [lo, hi] = b.bf16_pair(word);
-                    *a = b.op(&format!("llvm.intr.fma({lo}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q]));
-                    *a = b.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xg[2 * q + 1]));
-                }
+                *a = b.fma_bf16_words(a, &w[r], &xg);
             }
         }
         acc.extend(cacc);
@@ -5830,8 +5824,7 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
     }
     b.line("}");
     if c > 1 {
-        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
-        b.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
+        b.cluster_barrier();
     } else {
         b.line("gpu.barrier");
     }
@@ -6445,9 +6438,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             if b.pdl {
                 emit_l2_prefetch(b);
                 // (the one-token fused kernels wait themselves, past their own early loads)
-                let waits_itself = matches!(inner.as_ref(), KernelSpec::QkvAttentionO { .. } | KernelSpec::SwiGluDown { .. })
-                    || matches!(inner.as_ref(), KernelSpec::ZeroFill { inner: z, .. } if matches!(z.as_ref(), KernelSpec::SwiGluDown { .. }));
-                if !waits_itself {
+                if !(matches!(inner.as_ref(), KernelSpec::QkvAttentionO { .. }) || inner.is_fused_mlp()) {
                     b.wait_for_previous();
                 }
             }

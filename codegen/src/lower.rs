@@ -918,29 +918,29 @@ fn lm_head_prefetch_bytes() -> Option<usize> {
     env_num::<usize>("DSC_LMHEAD_PREFETCH_MB").filter(|&m| m > 0).map(|m| m << 20)
 }
 
+/// Bytes of graph weight `name` where it is plain float (bf16, f16, f32): what an L2 prefetch
+/// of it moves.
+fn plain_weight_bytes(g: &Graph, name: &str) -> Option<usize> {
+    let n = g.node(g.by_name(name)?);
+    if !matches!(n.op, Op::Weight) || !matches!(n.ty.dtype, DType::BF16 | DType::F16 | DType::F32) {
+        return None;
+    }
+    n.ty.dtype.bytes_for(n.ty.const_numel()?)
+}
+
 /// The one-row lm_head GEMV (the last step's weight, too large for its own L2 prefetch) reads
 /// its first rows from L2: the last one-token fused attention before it (`QkvAttentionO`; or
 /// the last fused MLP) prefetches the weight's first `bytes` before its wait
 /// (`KernelSpec::PrefetchL2`) — DRAM is mostly idle under the latency-bound layer, and the
 /// GEMV's blocks take the rows in order.
 fn prefetch_lm_head(mut steps: Vec<Step>, g: &Graph, bytes: usize) -> Vec<Step> {
-    let weight_bytes = |name: &str| -> Option<usize> {
-        let n = g.node(g.by_name(name)?);
-        if !matches!(n.op, Op::Weight) || !matches!(n.ty.dtype, DType::BF16 | DType::F16 | DType::F32) {
-            return None;
-        }
-        n.ty.dtype.bytes_for(n.ty.const_numel()?)
-    };
     let Some(h) = steps.iter().rposition(|s| matches!(s.kernel, Some(KernelSpec::MatMul { .. })) && unbounded(s)) else { return steps };
     let Some(w) = steps[h].args.get(1).cloned() else { return steps };
-    let Some(wb) = weight_bytes(&w).filter(|&b| b > crate::kernels::GEMV_PREFETCH_MAX_BYTES) else { return steps };
-    let fused = |k: &KernelSpec| {
-        matches!(k, KernelSpec::QkvAttentionO { .. } | KernelSpec::SwiGluDown { .. }) || matches!(k, KernelSpec::ZeroFill { inner, .. } if matches!(inner.as_ref(), KernelSpec::SwiGluDown { .. }))
-    };
+    let Some(wb) = plain_weight_bytes(g, &w).filter(|&b| b > crate::kernels::GEMV_PREFETCH_MAX_BYTES) else { return steps };
     let Some(p) = steps[..h]
         .iter()
-        .rposition(|s| s.kernel.as_ref().is_some_and(|k| matches!(k, KernelSpec::QkvAttentionO { .. })))
-        .or_else(|| steps[..h].iter().rposition(|s| s.kernel.as_ref().is_some_and(fused)))
+        .rposition(|s| matches!(s.kernel, Some(KernelSpec::QkvAttentionO { .. })))
+        .or_else(|| steps[..h].iter().rposition(|s| s.kernel.as_ref().is_some_and(KernelSpec::is_fused_mlp)))
     else {
         return steps;
     };
@@ -1179,19 +1179,12 @@ pub const ATTN_PREFETCH_MAX_BYTES: usize = 40 << 20;
 /// and at most [`ATTN_PREFETCH_MAX_BYTES`]: `KernelSpec::PrefetchL2`, the weight as the first
 /// arg and its bytes as the last scalar (the prefill alternative keeps the old args).
 fn prefetch_after_attention(mut steps: Vec<Step>, g: &Graph) -> Vec<Step> {
-    let weight_bytes = |name: &str| -> Option<usize> {
-        let n = g.node(g.by_name(name)?);
-        if !matches!(n.op, Op::Weight) || !matches!(n.ty.dtype, DType::BF16 | DType::F16 | DType::F32) {
-            return None;
-        }
-        n.ty.dtype.bytes_for(n.ty.const_numel()?)
-    };
     for i in 0..steps.len() {
         if !matches!(steps[i].kernel, Some(KernelSpec::PagedAttention { .. })) {
             continue;
         }
         let next = steps[i + 1..].iter().find_map(|s| {
-            let ws: Vec<(String, usize)> = s.args.iter().filter_map(|a| weight_bytes(a).map(|b| (a.clone(), b))).collect();
+            let ws: Vec<(String, usize)> = s.args.iter().filter_map(|a| plain_weight_bytes(g, a).map(|b| (a.clone(), b))).collect();
             (!ws.is_empty()).then_some(ws)
         });
         let Some([(w, bytes)]) = next.as_deref() else { continue };

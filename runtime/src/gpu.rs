@@ -538,10 +538,10 @@ impl GpuBackend<'_> {
             0 => 1,
             a => a.next_power_of_two(),
         };
-        let extra = knob("DSC_ARENA_PAD") / 256 * 256 + if align > 1 { align } else { 0 };
-        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + extra), "allocating the activation arena")?;
+        let pad0 = knob("DSC_ARENA_PAD") / 256 * 256;
+        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + pad0 + if align > 1 { align } else { 0 }), "allocating the activation arena")?;
         let base = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream).0 as usize;
-        let pad = (align - base % align) % align + knob("DSC_ARENA_PAD") / 256 * 256;
+        let pad = (align - base % align) % align + pad0;
         let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o + pad, n))).collect();
         for p in &mut packed {
             p.1 += pad;
@@ -757,7 +757,7 @@ impl GpuBackend<'_> {
     /// `griddepcontrol.wait` — every sm_90a kernel starts with it — holds it until then), and
     /// in thread-block clusters of `l.cluster` blocks along grid y where that is more than 1.
     fn launch_ex(&self, bucket: &Bucket, l: &Launch, pdl: bool) -> Result<()> {
-        use cudarc::driver::{sys, DevicePtr};
+        use cudarc::driver::DevicePtr;
         let mut ptrs: Vec<u64> = Vec::with_capacity(l.args.len());
         let mut guards = vec![];
         let (arena, g) = bucket.arena.device_ptr(&self.stream);
@@ -774,45 +774,13 @@ impl GpuBackend<'_> {
             };
             ptrs.push(p);
         }
-        let mut scalars = l.scalars.clone();
-        let mut params: Vec<*mut std::ffi::c_void> =
-            ptrs.iter_mut().map(|p| p as *mut u64 as *mut std::ffi::c_void).chain(scalars.iter_mut().map(|s| s as *mut i64 as *mut std::ffi::c_void)).collect();
-        let mut attrs = Vec::with_capacity(2);
-        if pdl {
-            // SAFETY: a zeroed attribute value is valid; we set the one field the id selects
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.programmaticStreamSerializationAllowed = 1;
-            attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value });
-        }
-        if l.cluster > 1 {
-            // SAFETY: as above
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.clusterDim.x = 1;
-            value.clusterDim.y = l.cluster;
-            value.clusterDim.z = 1;
-            attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, pad: [0; 4], value });
-        }
-        let (gx, gy, gz) = l.cfg.grid_dim;
-        let (bx, by, bz) = l.cfg.block_dim;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: gx,
-            gridDimY: gy,
-            gridDimZ: gz,
-            blockDimX: bx,
-            blockDimY: by,
-            blockDimZ: bz,
-            sharedMemBytes: l.cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
-        };
         let f = self.funcs.get(&l.kernel).ok_or_else(|| gerr(format!("kernel {} is not in the plan's module", l.kernel)))?;
         cu(self.ctx.bind_to_thread(), "binding the context")?;
         // SAFETY: the schedule was generated with the kernels (argument order, types, buffer
-        // sizes); `params` points at values that outlive the call, which copies them
-        let r = unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) };
+        // sizes); the pointers stay valid while `guards` lives
+        let r = unsafe { launch_kernel_ex(&self.stream, f, &ptrs, &l.scalars, l.cfg, pdl, l.cluster) };
         drop(guards);
-        cu(r.result(), &format!("launching {}", l.kernel))
+        cu(r, &format!("launching {}", l.kernel))
     }
 
     fn run_bucket(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<Vec<f32>>> {
@@ -1164,6 +1132,59 @@ impl Backend for GpuBackend<'_> {
         }
         Ok(())
     }
+}
+
+/// One cuLaunchKernelEx of `f` on `stream`: the device pointers `ptrs` then the i64 `scalars`
+/// as its parameters, with programmatic stream serialization where `pdl`, and in
+/// thread-block clusters of `cluster` blocks along grid y where that is more than 1.
+///
+/// # Safety
+/// `ptrs` and `scalars` follow the kernel's calling convention (order, types, buffer sizes)
+/// and the pointers stay valid until the kernel has run.
+pub unsafe fn launch_kernel_ex(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    ptrs: &[u64],
+    scalars: &[i64],
+    cfg: LaunchConfig,
+    pdl: bool,
+    cluster: u32,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    let (mut ptrs, mut scalars) = (ptrs.to_vec(), scalars.to_vec());
+    let mut params: Vec<*mut std::ffi::c_void> = ptrs.iter_mut().map(|p| p as *mut u64 as *mut std::ffi::c_void).chain(scalars.iter_mut().map(|s| s as *mut i64 as *mut std::ffi::c_void)).collect();
+    let mut attrs = Vec::with_capacity(2);
+    if pdl {
+        // SAFETY: a zeroed attribute value is valid; we set the one field the id selects
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value });
+    }
+    if cluster > 1 {
+        // SAFETY: as above
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.clusterDim.x = 1;
+        value.clusterDim.y = cluster;
+        value.clusterDim.z = 1;
+        attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, pad: [0; 4], value });
+    }
+    let (gx, gy, gz) = cfg.grid_dim;
+    let (bx, by, bz) = cfg.block_dim;
+    let lc = sys::CUlaunchConfig {
+        gridDimX: gx,
+        gridDimY: gy,
+        gridDimZ: gz,
+        blockDimX: bx,
+        blockDimY: by,
+        blockDimZ: bz,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
+    };
+    // SAFETY: the caller's contract; `params` points at values that outlive the call, which
+    // copies them
+    unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 /// Let kernel `name` (`f`) use `bytes` of dynamic shared memory (past the default 48 KB a

@@ -120,56 +120,6 @@ fn decode(bytes: &[u8], dtype: &str) -> anyhow::Result<Vec<f32>> {
 }
 
 /// Upload an array as raw bytes (the kernel reinterprets them).
-/// One launch of a check case's kernel in thread-block clusters of `n` blocks along grid y
-/// (cuLaunchKernelEx): the inputs, the output, then the i64 scalars.
-fn launch_cluster(
-    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    f: &cudarc::driver::CudaFunction,
-    ins: &[cudarc::driver::CudaSlice<u8>],
-    out: &mut cudarc::driver::CudaSlice<u8>,
-    scalars: &[i64],
-    cfg: LaunchConfig,
-    n: u32,
-) -> anyhow::Result<()> {
-    use cudarc::driver::{sys, DevicePtr, DevicePtrMut};
-    let mut guards = vec![];
-    let mut ptrs: Vec<u64> = vec![];
-    for i in ins {
-        let (p, g) = i.device_ptr(stream);
-        ptrs.push(p);
-        guards.push(g);
-    }
-    let (po, go) = out.device_ptr_mut(stream);
-    ptrs.push(po);
-    let mut scalars = scalars.to_vec();
-    let mut params: Vec<*mut std::ffi::c_void> = ptrs.iter_mut().map(|p| p as *mut u64 as *mut std::ffi::c_void).chain(scalars.iter_mut().map(|s| s as *mut i64 as *mut std::ffi::c_void)).collect();
-    // SAFETY: a zeroed attribute value is valid; we set the field the id selects
-    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-    value.clusterDim.x = 1;
-    value.clusterDim.y = n;
-    value.clusterDim.z = 1;
-    let mut attr = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, pad: [0; 4], value };
-    let lc = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    stream.context().bind_to_thread()?;
-    // SAFETY: the arguments follow the kernel's calling convention (pointers in operand order,
-    // the output, then i64 scalars); `params` points at values that outlive the call
-    let r = unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) };
-    drop(guards);
-    drop(go);
-    Ok(r.result()?)
-}
-
 fn upload(stream: &std::sync::Arc<cudarc::driver::CudaStream>, data: &[u8], a: &Array) -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
     Ok(stream.clone_htod(bytes_of(data, a)?)?)
 }
@@ -211,7 +161,20 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
         let cluster = c.cluster.filter(|&n| n > 1 && target == "sm_90a");
         let launch = |out: &mut cudarc::driver::CudaSlice<u8>| -> anyhow::Result<()> {
             if let Some(n) = cluster {
-                return launch_cluster(&stream, &f, &ins, out, &c.scalars, cfg, n).with_context(|| format!("{}: launching in clusters of {n}", c.name));
+                // (clusters: cuLaunchKernelEx, as the runtime launches them)
+                use cudarc::driver::DevicePtr;
+                let mut guards = vec![];
+                let mut ptrs: Vec<u64> = vec![];
+                for i in ins.iter().chain([&*out]) {
+                    let (p, g) = i.device_ptr(&stream);
+                    ptrs.push(p);
+                    guards.push(g);
+                }
+                stream.context().bind_to_thread()?;
+                // SAFETY: argument order and types follow the kernel's calling convention (as
+                // below); the buffers live past the launch
+                unsafe { crate::gpu::launch_kernel_ex(&stream, &f, &ptrs, &c.scalars, cfg, false, n) }.with_context(|| format!("{}: launching in clusters of {n}", c.name))?;
+                return Ok(());
             }
             let mut b = stream.launch_builder(&f);
             for i in &ins {
