@@ -193,6 +193,20 @@ fn splitk_norm_warps() -> usize {
 pub const ARGMAX_WARPS: usize = 16;
 /// 16-byte loads each thread of the argmax kernel issues before comparing them.
 pub const ARGMAX_UNROLL: usize = 4;
+/// Warps of a split argmax block ([`KernelSpec::ArgmaxSplit`]).
+pub const ARGMAX_SPLIT_WARPS: usize = 8;
+/// 16-byte pieces of a row each split argmax block takes (two per thread).
+pub const ARGMAX_SPLIT_PIECES: usize = 2 * 32 * ARGMAX_SPLIT_WARPS;
+
+/// Blocks per row of the split argmax over rows of `d` floats (None: one block per row, d not
+/// a multiple of 4, or a row one block's pieces already cover); at most 64 (a warp's two
+/// partials per lane in the last block's reduction). DSC_ARGMAX_SPLIT=0 at compile time: off.
+pub fn argmax_splits(d: usize) -> Option<usize> {
+    if env_num::<usize>("DSC_ARGMAX_SPLIT") == Some(0) || d % 4 != 0 {
+        return None;
+    }
+    Some((d / 4).div_ceil(ARGMAX_SPLIT_PIECES)).filter(|&s| (2..=64).contains(&s))
+}
 
 /// Keys each warp of the decode attention kernel takes per loop step (DSC_ATTN_KEYS
 /// overrides at compile time, 1..=8, for sweeps).
@@ -394,6 +408,13 @@ pub enum KernelSpec {
     LayerNorm { d: usize, eps_bits: u32, half: Option<bool> },
     /// index (i32) of the row maximum (first on ties), rows of `d`; params x, y, rows
     Argmax { d: usize },
+    /// [`KernelSpec::Argmax`] over `splits` blocks per row (grid x: the splits, y: the rows;
+    /// a row's 16-byte pieces [s·P, (s+1)·P) to block s, P = [`ARGMAX_SPLIT_PIECES`]): each
+    /// block's (max, first index) into `%part` [rows, splits], then the block that counts last
+    /// in `%sync[row]` (u32, zero before, reset by it) reduces the row's partials into y. One SM
+    /// streams ~52 GB/s: a block per row read SmolLM2's 196 KB row in ~3.6 µs. params x,
+    /// part, sync, y, rows
+    ArgmaxSplit { d: usize, splits: usize },
     /// y = x[.., start..start+len, inner..] along an axis of size `d`; params x, y, n
     Slice { inner: usize, d: usize, start: usize, len: usize },
     /// y[r, j] = x[r, idx[r, j]] for rows of `n_in` and `k` picks; params x, idx, y, n
@@ -629,6 +650,7 @@ impl KernelSpec {
             KernelSpec::Softmax { d } => format!("softmax_d{d}"),
             KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
+            KernelSpec::ArgmaxSplit { d, splits } => format!("argmax_split{splits}_d{d}"),
             KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
             KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
             KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
@@ -694,6 +716,8 @@ impl KernelSpec {
                 Launch::Tile { outputs: 1, rows: (16 * *mtiles * *warps) as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv, *warps, *mtiles) as u32 }
             }
             KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
+            // (grid x: the splits, grid y: the rows — set by the runtime)
+            KernelSpec::ArgmaxSplit { .. } => Launch::BlockPerRow { warps: ARGMAX_SPLIT_WARPS as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -2420,6 +2444,12 @@ pub fn swiglu_down_fb() -> usize {
 /// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
 /// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
 /// 64 registers of preloaded gate/up weights per thread.
+/// DSC_MLP_RED_V4=1 at compile time: the fused MLP adds its four down-projection sums per
+/// thread with one vector reduction (rows 4t..4t+3; sm_90 has `red.global.add.v4.f32`).
+fn mlp_red_v4() -> bool {
+    env_num::<u32>("DSC_MLP_RED_V4") == Some(1)
+}
+
 pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize) -> Result<(), String> {
     if fpw == 0 || k == 0 || k % 8 != 0 || fb == 0 || fb % 8 != 0 || fb % fpw != 0 || fb / fpw > 32 || f % fb != 0 {
         return Err(format!("the fused MLP needs K and the features per block multiples of 8 (at most 64), and F a multiple of them (K {k}, F {f}, {fb} per block)"));
@@ -2480,10 +2510,15 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
     let dbytes = b.ci64((f * 2) as i64);
     let c2 = b.ci64(2);
     let fo = b.op(&format!("arith.muli {f0}, {c2} : i64"));
+    // (DSC_MLP_RED_V4=1 at compile time: rows 4t + i instead, the four sums added by one
+    // `red.global.add.v4.f32` — a warp's instruction covers 128 consecutive floats)
+    let v4 = mlp_red_v4() && b.pdl;
+    let c4 = b.ci64(4);
+    let t4 = b.op(&format!("arith.muli {tt}, {c4} : i64"));
     let mut drows: Vec<Vec<String>> = vec![];
     for i in 0..4 {
-        let ci = b.ci64(i * (n / 4) as i64);
-        let o = b.op(&format!("arith.addi {tt}, {ci} : i64"));
+        let (first, ci) = if v4 { (t4.clone(), b.ci64(i)) } else { (tt.clone(), b.ci64(i * (n / 4) as i64)) };
+        let o = b.op(&format!("arith.addi {first}, {ci} : i64"));
         let base = b.op(&format!("arith.muli {o}, {dbytes} : i64"));
         let base = b.op(&format!("arith.addi {base}, {fo} : i64"));
         let mut words = vec![];
@@ -2569,9 +2604,21 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
     for words in &drows {
         parts.push(b.fma_bf16_words(&zero, words, &h));
     }
-    // y[row, t + i·N/4] += the four sums
+    // y[row, t + i·N/4] += the four sums (v4: y[row, 4t + i], one instruction)
     let cn = b.ci64(n as i64);
     let yr = b.op(&format!("arith.muli {by64}, {cn} : i64"));
+    if v4 {
+        let c4 = b.ci64(4);
+        let t4 = b.op(&format!("arith.muli {t64}, {c4} : i64"));
+        let e = b.op(&format!("arith.addi {yr}, {t4} : i64"));
+        let p = b.op(&format!("llvm.getelementptr %y[{e}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
+        b.line(&format!(
+            "llvm.inline_asm has_side_effects \"red.global.add.v4.f32 [$0], {{$1, $2, $3, $4}};\", \"l,f,f,f,f\" {p}, {}, {}, {}, {} : (!llvm.ptr<1>, f32, f32, f32, f32) -> ()",
+            parts[0], parts[1], parts[2], parts[3]
+        ));
+        b.line("}");
+        return Ok(());
+    }
     let e = b.op(&format!("arith.addi {yr}, {t64} : i64"));
     for (i, v) in parts.iter().enumerate() {
         let ci = b.ci64(i as i64 * (n / 4) as i64);
@@ -5830,6 +5877,156 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
     }
 }
 
+/// [`KernelSpec::ArgmaxSplit`]: block (s, row) takes the row's 16-byte pieces
+/// [s·P, (s+1)·P) (both loads of a thread issued before their compares), reduces (max, first
+/// index) over the block, and thread 0 stores it into `%part[row·S + s]` (value bits, index),
+/// fences at GPU scope and counts the block in `%sync[row]`; the block that counts last
+/// (S - 1 before it) reads the S partials (GPU-scope loads, in split order: ties keep the lower
+/// index), writes y[row] (0 for a row with nothing above -inf, as the host argmax) and resets
+/// the counter.
+fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String> {
+    if d % 4 != 0 || !(1..=64).contains(&splits) || splits * ARGMAX_SPLIT_PIECES < d / 4 {
+        return Err(format!("split argmax: {splits} blocks of {ARGMAX_SPLIT_PIECES} pieces do not cover a row of {d}"));
+    }
+    let warps = ARGMAX_SPLIT_WARPS;
+    let nt = 32 * warps;
+    let nvec = d / 4;
+    let (smv, smi) = (format!("memref<{warps}xf32, #gpu.address_space<workgroup>>"), format!("memref<{}xi32, #gpu.address_space<workgroup>>", warps + 1));
+    b.workgroup = Some(format!("%redv : {smv}, %redi : {smi}"));
+    let t = b.op("gpu.thread_id x");
+    let sx = b.op("gpu.block_id x");
+    let row = b.op("gpu.block_id y");
+    let (t64, sx64, rowi) = (b.idx64(&t), b.idx64(&sx), b.idx64(&row));
+    let ok = b.op(&format!("arith.cmpi slt, {rowi}, %rows : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    let cd = b.ci64(d as i64);
+    let base = b.op(&format!("arith.muli {rowi}, {cd} : i64"));
+    let ninf = b.op("arith.constant 0xFF800000 : f32");
+    let big = b.op("arith.constant 2147483647 : i32");
+    let (cnv, z, c4) = (b.ci64(nvec as i64), b.ci64(0), b.ci64(4));
+    let cp = b.ci64(ARGMAX_SPLIT_PIECES as i64);
+    let j0 = b.op(&format!("arith.muli {sx64}, {cp} : i64"));
+    let j0 = b.op(&format!("arith.addi {j0}, {t64} : i64"));
+    // (all loads first: a piece past the row reads piece 0 and compares as -inf)
+    let mut pieces = vec![];
+    for k in 0..ARGMAX_SPLIT_PIECES / nt {
+        let ck = b.ci64((k * nt) as i64);
+        let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
+        let valid = b.op(&format!("arith.cmpi slt, {j}, {cnv} : i64"));
+        let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
+        let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
+        let e = b.op(&format!("arith.addi {base}, {e} : i64"));
+        let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
+        let xs = b.load_vec("%x", &off, 4, "f32", 16);
+        pieces.push((j, valid, xs));
+    }
+    let (mut v, mut i) = (ninf.clone(), big.clone());
+    for (j, valid, xs) in pieces {
+        let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
+        for (q, x) in xs.iter().enumerate() {
+            let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
+            let cq = b.ci64(q as i64);
+            let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
+            let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
+            // (elements come in increasing index order: strictly greater keeps the first)
+            let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
+            v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
+            i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
+        }
+    }
+    let (wv, wi) = b.warp_argmax(&v, &i);
+    let (lane, warp) = b.lane_warp(&t);
+    let c0 = b.op("arith.constant 0 : index");
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {l0} {{"));
+    b.line(&format!("memref.store {wv}, %redv[{warp}] : {smv}"));
+    b.line(&format!("memref.store {wi}, %redi[{warp}] : {smi}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    // (thread 0: the block's partial, then its count; the last block learns it through
+    // shared memory)
+    let flag = b.op(&format!("arith.constant {warps} : index"));
+    let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : index"));
+    let cs = b.ci64(splits as i64);
+    let c8 = b.ci64(8);
+    let pb = b.op("llvm.ptrtoint %part : !llvm.ptr<1> to i64");
+    let prow = b.op(&format!("arith.muli {rowi}, {cs} : i64"));
+    let sb = b.op("llvm.ptrtoint %sync : !llvm.ptr<1> to i64");
+    let so = b.op(&format!("arith.muli {rowi}, {c4} : i64"));
+    let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
+    b.line(&format!("scf.if {first} {{"));
+    let (mut bv, mut bi) = (ninf.clone(), big.clone());
+    for w in 0..warps {
+        let cw = b.op(&format!("arith.constant {w} : index"));
+        let pv = b.op(&format!("memref.load %redv[{cw}] : {smv}"));
+        let pi = b.op(&format!("memref.load %redi[{cw}] : {smi}"));
+        // (warps hold increasing pieces but not whole ranges: ties by index)
+        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
+        let eq = b.op(&format!("arith.cmpf oeq, {pv}, {bv} : f32"));
+        let lt = b.op(&format!("arith.cmpi slt, {pi}, {bi} : i32"));
+        let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
+        let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+        bv = b.op(&format!("arith.select {take}, {pv}, {bv} : f32"));
+        bi = b.op(&format!("arith.select {take}, {pi}, {bi} : i32"));
+    }
+    let slot = b.op(&format!("arith.addi {prow}, {sx64} : i64"));
+    let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
+    let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
+    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.v2.b32 [$0], {{$1, $2}};\", \"l,f,r\" {pa}, {bv}, {bi} : (i64, f32, i32) -> ()"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
+    let old = b.op(&format!("llvm.inline_asm has_side_effects \"atom.global.add.u32 $0, [$1], 1;\", \"=r,l\" {sa} : (i64) -> i32"));
+    let sm1 = b.op(&format!("arith.constant {} : i32", splits as i64 - 1));
+    let last = b.op(&format!("arith.cmpi eq, {old}, {sm1} : i32"));
+    let one = b.op("arith.constant 1 : i32");
+    let zero = b.op("arith.constant 0 : i32");
+    let fv = b.op(&format!("arith.select {last}, {one}, {zero} : i32"));
+    b.line(&format!("memref.store {fv}, %redi[{flag}] : {smi}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    let fv = b.op(&format!("memref.load %redi[{flag}] : {smi}"));
+    let zero = b.op("arith.constant 0 : i32");
+    let is_last = b.op(&format!("arith.cmpi ne, {fv}, {zero} : i32"));
+    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+    let go = b.op(&format!("arith.andi {is_last}, {w0} : i1"));
+    b.line(&format!("scf.if {go} {{"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
+    let lane64 = b.idx64(&lane);
+    let (mut bv, mut bi) = (ninf.clone(), big.clone());
+    for m in 0..splits.div_ceil(32) {
+        // (lane l takes partials l, l + 32: in increasing split order, so increasing index)
+        let cm = b.ci64(32 * m as i64);
+        let s = b.op(&format!("arith.addi {lane64}, {cm} : i64"));
+        let valid = b.op(&format!("arith.cmpi slt, {s}, {cs} : i64"));
+        let sc = b.op(&format!("arith.select {valid}, {s}, {z} : i64"));
+        let slot = b.op(&format!("arith.addi {prow}, {sc} : i64"));
+        let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
+        let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
+        let pair = b.op(&format!("llvm.inline_asm has_side_effects \"ld.relaxed.gpu.global.v2.b32 {{$0, $1}}, [$2];\", \"=f,=r,l\" {pa} : (i64) -> !llvm.struct<(f32, i32)>"));
+        let pv = b.op(&format!("llvm.extractvalue {pair}[0] : !llvm.struct<(f32, i32)>"));
+        let pi = b.op(&format!("llvm.extractvalue {pair}[1] : !llvm.struct<(f32, i32)>"));
+        let pv = b.op(&format!("arith.select {valid}, {pv}, {ninf} : f32"));
+        let pi = b.op(&format!("arith.select {valid}, {pi}, {big} : i32"));
+        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
+        bv = b.op(&format!("arith.select {gt}, {pv}, {bv} : f32"));
+        bi = b.op(&format!("arith.select {gt}, {pi}, {bi} : i32"));
+    }
+    let (_, fi) = b.warp_argmax(&bv, &bi);
+    // (a row with no element above -inf: index 0, as the host argmax)
+    let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
+    let zi = b.op("arith.constant 0 : i32");
+    let fi = b.op(&format!("arith.select {none}, {zi}, {fi} : i32"));
+    let lz = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {lz} {{"));
+    let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+    b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
+    // (the counter back to zero for the next argmax: every block of the row has counted)
+    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.u32 [$0], 0;\", \"l\" {sa} : (i64) -> ()"));
+    b.line("}");
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
 /// The o projection folded into the one-token decode attention ([`KernelSpec::AttentionO`]),
 /// after the head's output is in shared memory at `o_at` (D floats; the flag slot after them):
 /// each thread's rows of W_o's head columns (`o_rows`: row, valid, its D/8 loaded 16-byte
@@ -6773,8 +6970,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_into(b, inner)?
         }
         KernelSpec::ZeroFill { inner, len } => {
-            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. } | KernelSpec::SwiGluDown { .. }) {
-                return Err(format!("the zero fill rides on the one-row GEMV with the norm prologue or the fused MLP, not {}", inner.symbol()));
+            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. } | KernelSpec::SwiGluDown { .. } | KernelSpec::Gather { .. }) {
+                return Err(format!("the zero fill rides on the one-row GEMV with the norm prologue, the fused MLP or the embedding gather, not {}", inner.symbol()));
             }
             let params = emit_into(b, inner)?;
             // (at the end: every thread is past the PDL wait; grid x covers at least `len`
@@ -7155,6 +7352,10 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::ArgmaxSplit { d, splits } => {
+            emit_argmax_split(b, *d, *splits)?;
+            "%x: !llvm.ptr<1>, %part: !llvm.ptr<1>, %sync: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
         KernelSpec::Argmax { d } => {
             let (lane, base, dd, c32) = b.open_row(*d, 4);

@@ -796,7 +796,9 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
 /// accumulators (`ZeroFill` over `SwiGluDown`), and the GEMV runs from two rows — and at one
 /// row only at the contexts past the fused attention's (the split attention's, where the o
 /// GEMV writes both accumulators), without the zero fill. A launch fewer per layer at batch 1
-/// from the second layer on (the first layer's GEMV follows the embedding gather).
+/// from the second layer on (the first layer's GEMV follows the embedding gather; under
+/// DSC_QKV_ATTN_L0=1 the gather zeroes the accumulators too, `ZeroFill` over `Gather`, and the
+/// first layer is fused as well — measured slower).
 fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
     // (the element offset of a view of a merged matmul's output, through plain aliases)
     let offset_of = |steps: &[Step], name: &str, root: &str| -> Option<i64> {
@@ -872,8 +874,14 @@ fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             i += 1;
             continue;
         };
+        // (the kernel zeroing the accumulators has a thread for each of their `len` floats:
+        // the fused MLP's — or, under DSC_QKV_ATTN_L0=1, the first layer's embedding gather, a
+        // thread per element of x: measured slower, SmolLM2 b1 0.255 -> 0.258 ms, as there the
+        // fused kernel's 36 blocks load their W_q/W_k/W_v rows from DRAM with no MLP before
+        // them to hide it, where the GEMV spreads them over all SMs; docs/perf.md "Session 18")
         let mlp_fits = match &steps[p].kernel {
             Some(KernelSpec::SwiGluDown { f, fb, fpw, .. }) => (f / fb) * 32 * (fb / fpw) >= len,
+            Some(KernelSpec::Gather { d, .. }) => *d >= len && env_num::<u32>("DSC_QKV_ATTN_L0") == Some(1),
             _ => false,
         };
         if !mlp_fits || steps[p].node != x || steps[p].args.last() != Some(&x) {

@@ -91,8 +91,18 @@ pub fn mlir_to_llvm_ir(mlir: &str) -> Result<(String, String), CodegenError> {
     Ok((lowered, text))
 }
 
-/// LLVM IR text → PTX for `target` (NVPTX backend, O3, PTX ISA 8.0: the H200's CUDA 13.0
-/// driver accepts up to 9.0).
+/// The PTX ISA the module asks for: 8.0, or 8.1 where its inline PTX has a vector reduction
+/// (`red.global.add.v4.f32`, PTX 8.1+; the H200's driver takes up to 9.0).
+fn ptx_features(ir: &str) -> &'static str {
+    if ir.contains("red.global.add.v4.f32") {
+        "+ptx81"
+    } else {
+        "+ptx80"
+    }
+}
+
+/// LLVM IR text → PTX for `target` (NVPTX backend, O3, PTX ISA 8.0 or 8.1,
+/// [`ptx_features`]: the H200's CUDA 13.0 driver accepts up to 9.0).
 pub fn llvm_ir_to_ptx(ir: &str, target: GpuTarget) -> Result<String, CodegenError> {
     static INIT: Once = Once::new();
     INIT.call_once(|| LlvmTarget::initialize_nvptx(&InitializationConfig::default()));
@@ -103,7 +113,7 @@ pub fn llvm_ir_to_ptx(ir: &str, target: GpuTarget) -> Result<String, CodegenErro
     module.set_triple(&triple);
     let t = LlvmTarget::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let tm = t
-        .create_target_machine(&triple, target.name(), "+ptx80", OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+        .create_target_machine(&triple, target.name(), ptx_features(ir), OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
         .ok_or_else(|| CodegenError::Llvm(format!("no NVPTX target machine for {}", target.name())))?;
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     module.run_passes("default<O3>", &tm, inkwell::passes::PassBuilderOptions::create()).map_err(|e| CodegenError::Llvm(e.to_string()))?;

@@ -1261,13 +1261,36 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             }
         })
         .collect();
-    for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
         let tb = dsc_ir::quant::encode(dtype, &table).context("encode")?;
         let ws: Weights = HashMap::from([("table".to_string(), (dtype, vec![v, d], tb.clone()))]);
         let src = format!("graph \"k\" {{\n  %idx = input : i32[{t}]\n  %table = weight : {dtype}[{v}, {d}]\n  %y = gather(%table, %idx) : f32[{t}, {d}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("idx", Tensor::from_i32(vec![t], &idx))], &ws)?;
         let spec = KernelSpec::Gather { d, dtype };
         let (g, b) = grid(&spec.launch(), t * d);
+        // (bf16: also as the first one-token layer's zero fill of its attention's
+        // accumulators, `ZeroFill`: two inputs of NaN it writes, d zeros each)
+        if dtype == DType::BF16 {
+            let zf = KernelSpec::ZeroFill { inner: Box::new(spec.clone()), len: d };
+            let nan = data.push(&vec![f32::NAN; d]);
+            let zeros = data.push(&vec![0.0; d]);
+            cases.push(Case {
+                name: format!("gather {t}x{d} {dtype} + zero fill {d}"),
+                kernel: zf.symbol(),
+                grid: g,
+                grid_y: 1,
+                block: b,
+                inputs: vec![nan.clone(), nan, data.push_u8(&tb), data.push_i32(&idx)],
+                scalars: vec![(t * d) as i64],
+                expected: data.push(&want),
+                init: None,
+                written_inputs: vec![(0, zeros.clone()), (1, zeros)],
+                tmaps: vec![],
+                tol: 1e-6,
+                cluster: None,
+            });
+            specs.push(zf);
+        }
         cases.push(Case {
             name: format!("gather {t}x{d} {dtype}"),
             kernel: spec.symbol(),
@@ -1952,6 +1975,27 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let bits: Vec<f32> = want.iter().map(|&v| f32::from_bits(v as i32 as u32)).collect();
         let spec = KernelSpec::Argmax { d };
         let (g, b) = grid(&spec.launch(), rows);
+        // (and split over blocks: partials and counters as inputs, the counters zero again)
+        if let Some(splits) = dsc_codegen::kernels::argmax_splits(d) {
+            let split = KernelSpec::ArgmaxSplit { d, splits };
+            let zeros = data.push(&vec![0.0; rows]);
+            cases.push(Case {
+                name: format!("argmax {rows}x{d} over {splits} blocks per row"),
+                kernel: split.symbol(),
+                grid: splits as u32,
+                grid_y: rows as u32,
+                block: 32 * dsc_codegen::kernels::ARGMAX_SPLIT_WARPS as u32,
+                inputs: vec![data.push(&x), data.push(&vec![0.0; rows * splits * 2]), zeros.clone()],
+                scalars: vec![rows as i64],
+                expected: data.push(&bits),
+                init: None,
+                written_inputs: vec![(2, zeros)],
+                tmaps: vec![],
+                tol: 0.0,
+                cluster: None,
+            });
+            specs.push(split);
+        }
         cases.push(Case {
             name: format!("argmax {rows}x{d}"),
             kernel: spec.symbol(),

@@ -107,6 +107,12 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // greedy decoding picks tokens on the device: an argmax over the logits rows
     let argmax = graph.outputs.iter().find(|(n, _)| n == "logits").and_then(|(_, id)| graph.node(*id).ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });
     specs.extend(argmax.clone());
+    // (and over several blocks per row: `argmax_split`)
+    let split = match &argmax {
+        Some(dsc_codegen::KernelSpec::Argmax { d }) => dsc_codegen::kernels::argmax_splits(*d).map(|splits| dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }),
+        _ => None,
+    };
+    specs.extend(split.clone());
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps: Vec<GpuStep> = steps
         .iter()
@@ -182,7 +188,13 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         Some(dsc_codegen::Launch::BlockPerRow { warps }) => Some(32 * warps),
         _ => None,
     };
-    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block }, module))
+    let argmax_split = split.and_then(|k| match k {
+        dsc_codegen::KernelSpec::ArgmaxSplit { splits, .. } => {
+            Some(dsc_runtime::plan::ArgmaxSplit { kernel: k.symbol(), splits: splits as u32, threads: 32 * dsc_codegen::kernels::ARGMAX_SPLIT_WARPS as u32 })
+        }
+        _ => None,
+    });
+    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block, argmax_split }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;

@@ -97,6 +97,16 @@ pub struct GpuBackend<'p> {
     /// does not use them runs as before: what the cluster launch alone costs). Announced on
     /// stderr.
     force_cluster: Option<(String, u32)>,
+    /// the split argmax's partials and per-row counters (`GpuProgram::argmax_split`), for up
+    /// to [`SYNC_TOKENS`] rows; None: a block per row (the plan has no split kernel, or
+    /// DSC_ARGMAX_SPLIT=0 at run time)
+    argmax_split: Option<(crate::plan::ArgmaxSplit, CudaSlice<u8>, CudaSlice<u8>)>,
+    /// DSC_L2_PERSIST_MB=N: N MB of L2 set aside for persisting lines (capped by the device's
+    /// maximum), and the launches of the logits' matmul mark a fraction of their weight's lines
+    /// persisting (an access policy window: bytes set aside / the weight's bytes): the lm_head,
+    /// read once per step at the step's end, then finds that much in L2 instead of DRAM. 0: off.
+    /// (bytes set aside, the largest window the device takes)
+    l2_persist: (usize, usize),
     /// pinned buffers the packed inputs go up from, in turn, each with the event after its
     /// last copy
     staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, cudarc::driver::CudaEvent)>>,
@@ -106,6 +116,32 @@ pub struct GpuBackend<'p> {
     /// stream cost ~12 µs between a decode step's argmax and its next graph (CUPTI timeline on
     /// the H200, bench/results/timeline-2026-11-30.json); None (DSC_INPUT_COPY=1): the copies
     inputs_kernel: Option<CudaFunction>,
+    /// [`INPUTS_PDL_PTX`]'s kernel (sm_90a with PDL, unless DSC_INPUTS_PDL=0): a fed step's
+    /// inputs go up under programmatic dependent launch after the previous step's argmax
+    inputs_pdl: Option<CudaFunction>,
+}
+
+/// DSC_L2_PERSIST_MB (see `GpuBackend::l2_persist`): sets the context's persisting-L2 limit;
+/// (bytes set aside, the device's largest access policy window), (0, 0) when off.
+fn l2_persist_from_env(ctx: &Arc<CudaContext>) -> Result<(usize, usize)> {
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let mb = std::env::var("DSC_L2_PERSIST_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    if mb == 0 {
+        return Ok((0, 0));
+    }
+    let max = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE), "reading the persisting L2 size")?.max(0) as usize;
+    let window = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE), "reading the access policy window size")?.max(0) as usize;
+    let bytes = (mb << 20).min(max);
+    eprintln!("DSC_L2_PERSIST_MB={mb}: {bytes} bytes of L2 for persisting lines (the device's most: {max}; largest window {window})");
+    if bytes == 0 || window == 0 {
+        return Ok((0, 0));
+    }
+    cu(ctx.bind_to_thread(), "binding the context")?;
+    // SAFETY: a plain driver call on the bound context
+    unsafe { cudarc::driver::sys::cuCtxSetLimit(cudarc::driver::sys::CUlimit::CU_LIMIT_PERSISTING_L2_CACHE_SIZE, bytes) }
+        .result()
+        .map_err(|e| gerr(format!("setting the persisting L2 size to {bytes}: {e:?}")))?;
+    Ok((bytes, window))
 }
 
 /// DSC_SKIP_KERNELS (see `GpuBackend::skip_kernels`), announced on stderr when set.
@@ -170,9 +206,15 @@ impl<'p> GpuBackend<'p> {
             let m = cu(ctx.load_module(Ptx::from_src(INPUTS_PTX)), "loading the input kernel")?;
             Some(cu(m.load_function("dsc_inputs"), "kernel dsc_inputs")?)
         };
+        let inputs_pdl = if inputs_kernel.is_some() && target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none() && std::env::var("DSC_INPUTS_PDL").map_or(true, |v| v != "0") {
+            let m = cu(ctx.load_module(Ptx::from_src(INPUTS_PDL_PTX)), "loading the PDL input kernel")?;
+            Some(cu(m.load_function("dsc_inputs_pdl"), "kernel dsc_inputs_pdl")?)
+        } else {
+            None
+        };
         let mut funcs = HashMap::new();
         let hopper = target == "sm_90a";
-        for k in prog.argmax.iter().chain(prog.steps.iter().flat_map(|s| {
+        for k in prog.argmax.iter().chain(prog.argmax_split.as_ref().map(|a| &a.kernel)).chain(prog.steps.iter().flat_map(|s| {
             s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel)).chain(s.few.iter().map(|l| &l.kernel))
         })) {
             if !funcs.contains_key(k) {
@@ -308,6 +350,15 @@ impl<'p> GpuBackend<'p> {
         // block tables are padded to the most blocks one sequence can have (a fixed MB keeps
         // one CUDA graph per step shape), not to the pool
         let table_width = blocks.min(plan.header.model.max_seq_len.div_ceil(block_size)).max(1);
+        let l2_persist = l2_persist_from_env(&ctx)?;
+        let argmax_split = match &prog.argmax_split {
+            Some(a) if std::env::var("DSC_ARGMAX_SPLIT").map_or(true, |v| v != "0") => Some((
+                a.clone(),
+                cu(stream.alloc_zeros::<u8>(SYNC_TOKENS * a.splits as usize * 8), "allocating the argmax partials")?,
+                cu(stream.alloc_zeros::<u8>(SYNC_TOKENS * 4), "allocating the argmax counters")?,
+            )),
+            _ => None,
+        };
         Ok(GpuBackend {
             graph,
             prog,
@@ -339,6 +390,7 @@ impl<'p> GpuBackend<'p> {
             pdl_max_tokens: std::env::var("DSC_PDL_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(PDL_MAX_TOKENS),
             staging: Default::default(),
             inputs_kernel,
+            inputs_pdl,
             skip_kernels: skip_kernels_from_env(),
             force_cluster: std::env::var("DSC_FORCE_CLUSTER").ok().and_then(|v| {
                 let (k, n) = v.rsplit_once('=')?;
@@ -346,6 +398,8 @@ impl<'p> GpuBackend<'p> {
                 eprintln!("DSC_FORCE_CLUSTER: launching kernels containing {k:?} in clusters of {n} (timing only)");
                 Some((k.to_string(), n))
             }),
+            l2_persist,
+            argmax_split,
         })
     }
 
@@ -410,6 +464,56 @@ DONE:
 }
 ";
 
+/// [`INPUTS_PTX`]'s kernel for programmatic dependent launch (sm_90): the same words, its
+/// parameters as (src, dst, fed) pointers then (words, fed_at, fed_words) as u64 (the
+/// runtime's cuLaunchKernelEx convention), and only the threads that take a fed token id wait
+/// for the kernel before it (`griddepcontrol.wait`: the previous step's argmax) — the staged
+/// words, read from pinned host memory over PCIe, go while that argmax still runs.
+const INPUTS_PDL_PTX: &str = "
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry dsc_inputs_pdl(.param .u64 src, .param .u64 dst, .param .u64 fed, .param .u64 words, .param .u64 fed_at, .param .u64 fed_words)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [dst];
+    ld.param.u64 %rd3, [fed];
+    ld.param.u64 %rd8, [words];
+    ld.param.u64 %rd9, [fed_at];
+    ld.param.u64 %rd10, [fed_words];
+    cvt.u32.u64 %r1, %rd8;
+    cvt.u32.u64 %r2, %rd9;
+    cvt.u32.u64 %r3, %rd10;
+    mov.u32 %r4, %ctaid.x;
+    mov.u32 %r5, %ntid.x;
+    mov.u32 %r6, %tid.x;
+    mad.lo.u32 %r4, %r4, %r5, %r6;
+    setp.ge.u32 %p1, %r4, %r1;
+    @%p1 bra DONE;
+    sub.u32 %r7, %r4, %r2;
+    setp.lt.u32 %p2, %r7, %r3;
+    @%p2 bra FED;
+    mul.wide.u32 %rd4, %r4, 4;
+    add.s64 %rd5, %rd1, %rd4;
+    ld.u32 %r8, [%rd5];
+    bra.uni STORE;
+FED:
+    griddepcontrol.wait;
+    mul.wide.u32 %rd4, %r7, 4;
+    add.s64 %rd5, %rd3, %rd4;
+    ld.global.u32 %r8, [%rd5];
+STORE:
+    mul.wide.u32 %rd6, %r4, 4;
+    add.s64 %rd7, %rd2, %rd6;
+    st.global.u32 [%rd7], %r8;
+DONE:
+    ret;
+}
+";
+
 /// One resolved action of a step: a kernel launch or an all-reduce of an arena buffer.
 enum Action {
     Launch(Launch),
@@ -426,6 +530,9 @@ struct Launch {
     cfg: LaunchConfig,
     /// blocks per thread-block cluster along grid y (1: none)
     cluster: u32,
+    /// an L2 access policy window (`GpuBackend::l2_persist`): (base, bytes, hit ratio) of the
+    /// weight whose lines it marks persisting
+    l2_window: Option<(u64, usize, f32)>,
 }
 
 /// Everything one step shape (T, S, R) needs, allocated once: the inputs, every activation,
@@ -467,6 +574,10 @@ const PDL_MAX_TOKENS: usize = 64;
 
 /// Tokens a step's `{node}@sync` counters cover (the fused one-token attention uses the first).
 const SYNC_TOKENS: usize = 1024;
+
+/// Where a bucket's activation arena starts: a multiple of the GPU's 2 MiB large page
+/// (DSC_ARENA_ALIGN overrides; see `GpuBackend::prepare`)
+const ARENA_ALIGN: usize = 2 << 20;
 
 impl GpuBackend<'_> {
     /// The bucket of a step shape: `t` tokens, `s_` sequences, `r` logit rows, and steps whose
@@ -529,16 +640,15 @@ impl GpuBackend<'_> {
                 }
             }
         }
-        // (DSC_ARENA_ALIGN=bytes, DSC_ARENA_PAD=bytes: measurement knobs — every activation
-        // starts at the arena's first multiple of ALIGN (a power of two) plus PAD: where the
-        // step's activations lie in memory)
-        let knob = |v: &str| std::env::var(v).ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
-        // (unset: the arena exactly as before)
-        let align = match knob("DSC_ARENA_ALIGN") {
-            0 => 1,
-            a => a.next_power_of_two(),
-        };
-        let pad0 = knob("DSC_ARENA_PAD") / 256 * 256;
+        // The activations start at a 2 MiB boundary (the GPU's large page): where a bucket's
+        // arena fell inside its pages changed the SmolLM2 b1 step by up to 8% (graph replay
+        // 0.257 vs 0.278 ms with the same kernels: the arena placed after KV pools of
+        // another size, docs/perf.md "Session 18"), aligned it is the fast one wherever the
+        // pools end. (DSC_ARENA_ALIGN=bytes, a power of two, 1: unaligned as before;
+        // DSC_ARENA_PAD=bytes: every activation that many bytes further — measurement knobs)
+        let knob = |v: &str| std::env::var(v).ok().and_then(|v| v.parse::<usize>().ok());
+        let align = knob("DSC_ARENA_ALIGN").unwrap_or(ARENA_ALIGN).max(1).next_power_of_two();
+        let pad0 = knob("DSC_ARENA_PAD").unwrap_or(0) / 256 * 256;
         let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + pad0 + if align > 1 { align } else { 0 }), "allocating the activation arena")?;
         let base = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream).0 as usize;
         let pad = (align - base % align) % align + pad0;
@@ -552,6 +662,8 @@ impl GpuBackend<'_> {
         let packed_span = (span0 + pad, end + pad);
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
+        // (the step that writes the logits)
+        let logits_node = g.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| g.node(*id).name.clone()).unwrap_or_default();
         for s in &self.prog.steps {
             if let (Some(of), Some(off)) = (&s.alias_of, &s.alias_offset) {
                 // a view into its root's buffer (a part of a merged matmul's output)
@@ -635,7 +747,25 @@ impl GpuBackend<'_> {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
                 }
             }
-            launches.push(Action::Launch(Launch { kernel: k.clone(), args, scalars, cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem }, cluster }));
+            // (the logits' matmul: its largest resident argument, the weight, partly persisting
+            // in L2 — `l2_persist`)
+            let l2_window = match self.l2_persist {
+                (set, window) if set > 0 && s.node == logits_node => args
+                    .iter()
+                    .filter_map(|a| self.resident.get(a))
+                    .max_by_key(|b| b.len())
+                    .map(|b| (cudarc::driver::DevicePtr::device_ptr(b, &self.stream).0, b.len().min(window)))
+                    .map(|(p, n)| (p, n, (set as f32 / n.max(1) as f32).min(1.0))),
+                _ => None,
+            };
+            launches.push(Action::Launch(Launch {
+                kernel: k.clone(),
+                args,
+                scalars,
+                cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem },
+                cluster,
+                l2_window,
+            }));
         }
         let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
         let out_name = g.node(*out).name.clone();
@@ -710,7 +840,7 @@ impl GpuBackend<'_> {
                 Some(_) => Some(cu(self.stream.record_event(timing), "profile event")?),
                 None => None,
             };
-            if bucket.pdl || l.cluster > 1 {
+            if bucket.pdl || l.cluster > 1 || l.l2_window.is_some() {
                 self.launch_ex(bucket, l, bucket.pdl)?;
                 if let Some(s0) = start {
                     marks.push((l.kernel.clone(), s0, cu(self.stream.record_event(timing), "profile event")?));
@@ -778,7 +908,7 @@ impl GpuBackend<'_> {
         cu(self.ctx.bind_to_thread(), "binding the context")?;
         // SAFETY: the schedule was generated with the kernels (argument order, types, buffer
         // sizes); the pointers stay valid while `guards` lives
-        let r = unsafe { launch_kernel_ex(&self.stream, f, &ptrs, &l.scalars, l.cfg, pdl, l.cluster) };
+        let r = unsafe { launch_kernel_ex(&self.stream, f, &ptrs, &l.scalars, l.cfg, pdl, l.cluster, l.l2_window) };
         drop(guards);
         cu(r, &format!("launching {}", l.kernel))
     }
@@ -827,6 +957,17 @@ impl GpuBackend<'_> {
         }
         let logits = bucket.arena.slice(o..o + n);
         let rows64 = rows as i64;
+        if let Some((a, part, sync)) = self.argmax_split.as_ref().filter(|_| rows <= SYNC_TOKENS) {
+            let ks = &a.kernel;
+            let mut lb = self.stream.launch_builder(&self.funcs[ks]);
+            lb.arg(&logits).arg(part).arg(sync).arg(ids).arg(&rows64);
+            let cfg = LaunchConfig { grid_dim: (a.splits, rows as u32, 1), block_dim: (a.threads, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: argmax_split<S>_d<V>(x, part, sync, y, rows): rows rows of V f32 in
+            // `logits`; `part` holds S 8-byte partials and `sync` a zeroed u32 per row for up to
+            // SYNC_TOKENS rows (checked above); one i32 per row into `ids` (checked above)
+            unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching {ks}: {e:?}")))?;
+            return Ok(());
+        }
         let mut lb = self.stream.launch_builder(&self.funcs[k]);
         lb.arg(&logits).arg(ids).arg(&rows64);
         let cfg = match self.prog.argmax_block {
@@ -923,16 +1064,26 @@ impl GpuBackend<'_> {
                         }
                         let words = ((s1 - s0) / 4) as u32;
                         let src_ptr = h.as_ptr() as u64;
-                        let mut lb = self.stream.launch_builder(f);
-                        lb.arg(&src_ptr).arg(&dptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
-                        let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                        // SAFETY: dsc_inputs(src, dst, words, fed, fed_at, fed_words): `src` is
-                        // the pinned staging buffer of at least s1 - s0 bytes (device-readable
-                        // under unified addressing), kept by the ring until the event after
-                        // this kernel; `dst` spans s1 - s0 bytes of the arena; `fed`, when
-                        // set, holds `fed_words` words (checked above) landing inside the
-                        // tokens input.
-                        unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching dsc_inputs: {e:?}")))?;
+                        if let (Some(fp), true) = (&self.inputs_pdl, fed.is_some()) {
+                            // (a fed step: right after the previous step's argmax, with PDL)
+                            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                            cu(self.ctx.bind_to_thread(), "binding the context")?;
+                            // SAFETY: as dsc_inputs below: dsc_inputs_pdl(src, dst, fed, words,
+                            // fed_at, fed_words) reads the same words and writes the same ones
+                            let r = unsafe { launch_kernel_ex(&self.stream, fp, &[src_ptr, dptr, fed_ptr], &[words as i64, fed_at as i64, fed_words as i64], cfg, true, 1, None) };
+                            cu(r, "launching dsc_inputs_pdl")?;
+                        } else {
+                            let mut lb = self.stream.launch_builder(f);
+                            lb.arg(&src_ptr).arg(&dptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
+                            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                            // SAFETY: dsc_inputs(src, dst, words, fed, fed_at, fed_words): `src` is
+                            // the pinned staging buffer of at least s1 - s0 bytes (device-readable
+                            // under unified addressing), kept by the ring until the event after
+                            // this kernel; `dst` spans s1 - s0 bytes of the arena; `fed`, when
+                            // set, holds `fed_words` words (checked above) landing inside the
+                            // tokens input.
+                            unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching dsc_inputs: {e:?}")))?;
+                        }
                     }
                     // SAFETY: `h` is pinned memory the ring keeps until the event after this copy
                     // has completed (it is reused only after synchronizing on it); `dst` spans
@@ -1136,7 +1287,9 @@ impl Backend for GpuBackend<'_> {
 
 /// One cuLaunchKernelEx of `f` on `stream`: the device pointers `ptrs` then the i64 `scalars`
 /// as its parameters, with programmatic stream serialization where `pdl`, and in
-/// thread-block clusters of `cluster` blocks along grid y where that is more than 1.
+/// thread-block clusters of `cluster` blocks along grid y where that is more than 1, and with
+/// an L2 access policy window (base, bytes, hit ratio: that fraction of the range's lines
+/// persisting, the rest streaming) where given.
 ///
 /// # Safety
 /// `ptrs` and `scalars` follow the kernel's calling convention (order, types, buffer sizes)
@@ -1149,11 +1302,24 @@ pub unsafe fn launch_kernel_ex(
     cfg: LaunchConfig,
     pdl: bool,
     cluster: u32,
+    l2_window: Option<(u64, usize, f32)>,
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::sys;
     let (mut ptrs, mut scalars) = (ptrs.to_vec(), scalars.to_vec());
     let mut params: Vec<*mut std::ffi::c_void> = ptrs.iter_mut().map(|p| p as *mut u64 as *mut std::ffi::c_void).chain(scalars.iter_mut().map(|s| s as *mut i64 as *mut std::ffi::c_void)).collect();
-    let mut attrs = Vec::with_capacity(2);
+    let mut attrs = Vec::with_capacity(3);
+    if let Some((base, bytes, ratio)) = l2_window {
+        // SAFETY: as below; the window is an address range, not dereferenced here
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.accessPolicyWindow = sys::CUaccessPolicyWindow {
+            base_ptr: base as *mut std::ffi::c_void,
+            num_bytes: bytes,
+            hitRatio: ratio,
+            hitProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_PERSISTING,
+            missProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_STREAMING,
+        };
+        attrs.push(sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, pad: [0; 4], value });
+    }
     if pdl {
         // SAFETY: a zeroed attribute value is valid; we set the one field the id selects
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };

@@ -173,7 +173,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
                 stream.context().bind_to_thread()?;
                 // SAFETY: argument order and types follow the kernel's calling convention (as
                 // below); the buffers live past the launch
-                unsafe { crate::gpu::launch_kernel_ex(&stream, &f, &ptrs, &c.scalars, cfg, false, n) }.with_context(|| format!("{}: launching in clusters of {n}", c.name))?;
+                unsafe { crate::gpu::launch_kernel_ex(&stream, &f, &ptrs, &c.scalars, cfg, false, n, None) }.with_context(|| format!("{}: launching in clusters of {n}", c.name))?;
                 return Ok(());
             }
             let mut b = stream.launch_builder(&f);

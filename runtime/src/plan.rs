@@ -76,6 +76,19 @@ pub struct GpuProgram {
     /// absent: a warp per row, 4 rows per 128-thread block (plans before session 8)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argmax_block: Option<u32>,
+    /// the argmax over several blocks per row instead (grid: splits x rows): kernel `argmax_split`, params logits, partials (8 bytes per block), a u32
+    /// counter per row (zero before, zero after), ids, rows; absent: a block per row
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argmax_split: Option<ArgmaxSplit>,
+}
+
+/// The split argmax of a plan ([`GpuProgram::argmax_split`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArgmaxSplit {
+    pub kernel: String,
+    pub splits: u32,
+    /// threads per block
+    pub threads: u32,
 }
 
 impl GpuProgram {
@@ -722,7 +735,7 @@ mod tests {
         let split = GpuStep { min_context: Some(512), ..step.clone() };
         assert!(one.runs_in_context(1) && one.runs_in_context(511) && !one.runs_in_context(512));
         assert!(!split.runs_in_context(511) && split.runs_in_context(512) && split.runs_in_context(1 << 20));
-        let prog = GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None };
+        let prog = GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None, argmax_split: None };
         assert_eq!(prog.context_bounds(), [512]);
         assert_eq!(prog.context_class(1), (0, 0));
         assert_eq!(prog.context_class(511), (0, 0));
@@ -757,6 +770,12 @@ mod tests {
         assert_eq!((prog.argmax.as_deref(), prog.argmax_block), (Some("argmax_d49152"), None));
         let prog: GpuProgram = serde_json::from_str(r#"{"ptx": {}, "steps": [], "buffers": [], "argmax": "argmax_d49152", "argmax_block": 512}"#).unwrap();
         assert_eq!(prog.argmax_block, Some(512));
+        // (plans before session 18 have no split argmax: the block per row stays)
+        assert_eq!(prog.argmax_split, None);
+        let split = ArgmaxSplit { kernel: "argmax_split24_d49152".into(), splits: 24, threads: 256 };
+        let text = serde_json::to_string(&GpuProgram { argmax_split: Some(split.clone()), ..prog }).unwrap();
+        assert!(text.contains("\"splits\":24"), "{text}");
+        assert_eq!(serde_json::from_str::<GpuProgram>(&text).unwrap().argmax_split, Some(split));
     }
 
     #[test]

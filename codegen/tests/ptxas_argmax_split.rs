@@ -1,0 +1,43 @@
+//! The greedy argmax over several blocks per row (`KernelSpec::ArgmaxSplit`, what the runtime
+//! launches after a decode step for SmolLM2's and Llama 3's vocabularies) passes ptxas on
+//! both targets without spills: every block's partial stored and counted at GPU scope, the
+//! last block reading the partials past a fence and resetting its row's counter; and the
+//! embedding gather that zeroes a first fused layer's accumulators (`ZeroFill` over `Gather`,
+//! DSC_QKV_ATTN_L0=1) writes its row and both accumulators.
+
+use dsc_codegen::kernels::{argmax_splits, ARGMAX_SPLIT_PIECES};
+use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
+use dsc_ir::DType;
+mod common;
+
+#[test]
+fn split_argmax_covers_the_vocabularies_and_passes_ptxas() {
+    // (SmolLM2: 49152 logits = 12288 pieces, 24 blocks; Llama 3: 128256 = 32064 pieces, 63)
+    assert_eq!(argmax_splits(49152), Some(24));
+    assert_eq!(argmax_splits(128256), Some(63));
+    // (a row one block covers, or a width not a multiple of 4: the block-per-row kernel)
+    assert_eq!(argmax_splits(4 * ARGMAX_SPLIT_PIECES), None);
+    assert_eq!(argmax_splits(1001), None);
+    let ptxas = common::ptxas();
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<KernelSpec> = [49152usize, 128256].iter().map(|&d| KernelSpec::ArgmaxSplit { d, splits: argmax_splits(d).unwrap() }).collect();
+    let zf = KernelSpec::ZeroFill { inner: Box::new(KernelSpec::Gather { d: 576, dtype: DType::BF16 }), len: 576 };
+    let mut all = specs.clone();
+    all.push(zf.clone());
+    let m = compile_kernels(&all, &GpuTarget::ALL).unwrap();
+    for (t, ptx) in &m.ptx {
+        let f = dir.path().join(format!("{}.ptx", t.name()));
+        std::fs::write(&f, ptx).unwrap();
+        let (ok, log) = common::assemble(&ptxas, t.name(), &f);
+        assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
+        assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
+        for s in &specs {
+            let body = common::body(ptx, &s.symbol());
+            for ins in ["st.relaxed.gpu.global.v2.b32", "fence.acq_rel.gpu", "atom.global.add.u32", "ld.relaxed.gpu.global.v2.b32", "st.relaxed.gpu.global.u32"] {
+                assert!(body.contains(ins), "{}: {ins} missing on {}", s.symbol(), t.name());
+            }
+        }
+        // the gather's row and the two accumulators' zeros
+        assert_eq!(common::body(ptx, &zf.symbol()).matches("st.global").count(), 3, "{}", t.name());
+    }
+}
