@@ -284,7 +284,8 @@ impl KernelSpec {
             | KernelSpec::RopeAttention { inner, .. }
             | KernelSpec::AttentionO { inner, .. }
             | KernelSpec::QkvAttentionO { inner, .. }
-            | KernelSpec::ZeroFill { inner, .. } => inner.hopper_only(),
+            | KernelSpec::ZeroFill { inner, .. }
+            | KernelSpec::RowGather { inner } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
@@ -526,6 +527,9 @@ pub enum KernelSpec {
     /// accumulators a later kernel adds into (`AttentionO` with `red`). params %z0, %z1, then
     /// inner's
     ZeroFill { inner: Box<KernelSpec>, len: usize },
+    /// `inner` (the block-per-row RMSNorm: D a multiple of 4) reading its row r of x from row `%idx[r]` (i32) of `%x`: the logits' row gather folded
+    /// into the final norm (one kernel less per step). params %idx, then inner's
+    RowGather { inner: Box<KernelSpec> },
     /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
     /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
     /// waits for the previous kernel: the blocks of the grid split the bytes, each block's
@@ -629,6 +633,7 @@ impl KernelSpec {
                 }
             ),
             KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
+            KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
             KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -765,6 +770,7 @@ impl KernelSpec {
             | KernelSpec::AttentionO { inner, .. }
             | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
+            | KernelSpec::RowGather { inner }
             | KernelSpec::MatMulCopy { inner } => inner.launch(),
             KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
         }
@@ -790,6 +796,8 @@ struct Body {
     /// reading what the previous kernel wrote (at its start unless the body did: `waited`)
     pdl: bool,
     waited: bool,
+    /// the block-per-row RMSNorm reads its x row through `%idx` (`KernelSpec::RowGather`)
+    row_gather: bool,
     /// the decode GEMV normalizes its input on the way in (`KernelSpec::NormMatMul`): RMSNorm
     /// epsilon
     norm: Option<f32>,
@@ -1642,12 +1650,22 @@ impl Body {
     /// `src` · `inv` · `g` (g: one f32 per column), and with `half` = (f16, pointer) its
     /// 16-bit copy.
     fn scale_row_pieces(&mut self, r: &RowPieces, src: &str, g: &str, inv: &str, out: &str, half: Option<(bool, &str)>) {
+        self.scale_row_pieces_from(r, src, None, g, inv, out, half)
+    }
+    /// [`Body::scale_row_pieces`] reading `src`'s row at element `src_base` (i64) where given
+    /// (a gathered row), writing at the row's own place
+    #[allow(clippy::too_many_arguments)]
+    fn scale_row_pieces_from(&mut self, r: &RowPieces, src: &str, src_base: Option<&str>, g: &str, inv: &str, out: &str, half: Option<(bool, &str)>) {
         let RowPieces { t4, dd, step, base, c4b, .. } = r;
         let iv2 = self.v();
         self.line(&format!("scf.for {iv2} = {t4} to {dd} step {step} {{"));
         let i = self.idx64(&iv2);
         let e = self.op(&format!("arith.addi {base}, {i} : i64"));
-        let bo = self.op(&format!("arith.muli {e}, {c4b} : i64"));
+        let se = match src_base {
+            Some(sb) => self.op(&format!("arith.addi {sb}, {i} : i64")),
+            None => e.clone(),
+        };
+        let bo = self.op(&format!("arith.muli {se}, {c4b} : i64"));
         let wo = self.op(&format!("arith.muli {i}, {c4b} : i64"));
         let xs = self.load_vec(src, &bo, 4, "f32", 16);
         let ws = self.load_vec(g, &wo, 4, "f32", 16);
@@ -4721,6 +4739,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         block_y: None,
         pdl,
         waited: false,
+        row_gather: false,
         norm: None,
         swiglu: false,
         swiglu_pipe: false,
@@ -6367,6 +6386,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let t64 = b.idx64(&t);
             let dd64 = b.ci64(*d as i64);
             let base = b.op(&format!("arith.muli {rowi}, {dd64} : i64"));
+            // (x's row: this row, or with the row gather folded in, row idx[row] of x)
+            let xbase = if b.row_gather {
+                let src = b.load_i32_as_i64("%idx", &rowi);
+                b.op(&format!("arith.muli {src}, {dd64} : i64"))
+            } else {
+                base.clone()
+            };
             let c4 = b.ci64(4);
             let t4 = b.op(&format!("arith.muli {t64}, {c4} : i64"));
             // piece j of thread t: elements 4 (t + j nt) .. + 4
@@ -6379,7 +6405,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let xs: Vec<Vec<String>> = idx
                 .iter()
                 .map(|i| {
-                    let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+                    let e = b.op(&format!("arith.addi {xbase}, {i} : i64"));
                     let bo = b.op(&format!("arith.muli {e}, {c4} : i64"));
                     b.load_vec("%x", &bo, 4, "f32", 16)
                 })
@@ -6413,12 +6439,22 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let Launch::BlockPerRow { warps } = spec.launch() else { unreachable!() };
             let r = b.open_row_pieces(*d, warps as usize);
             let RowPieces { t, t4, dd, step, base, zero, c4b, smt, .. } = r.clone();
+            // (x's row: this row, or with the row gather folded in, row idx[row] of x)
+            let xbase = if b.row_gather {
+                let row = b.op("gpu.block_id x");
+                let row = b.idx64(&row);
+                let src = b.load_i32_as_i64("%idx", &row);
+                let dd64 = b.ci64(*d as i64);
+                Some(b.op(&format!("arith.muli {src}, {dd64} : i64")))
+            } else {
+                None
+            };
             // sum of squares: 4 floats per thread per iteration
             let acc = b.v();
             let (iv, a) = (b.v(), b.v());
             b.line(&format!("{acc} = scf.for {iv} = {t4} to {dd} step {step} iter_args({a} = {zero}) -> (f32) {{"));
             let i = b.idx64(&iv);
-            let e = b.op(&format!("arith.addi {base}, {i} : i64"));
+            let e = b.op(&format!("arith.addi {}, {i} : i64", xbase.as_deref().unwrap_or(&base)));
             let bo = b.op(&format!("arith.muli {e}, {c4b} : i64"));
             let xs = b.load_vec("%x", &bo, 4, "f32", 16);
             let sq: Vec<String> = xs.iter().map(|x| b.op(&format!("arith.mulf {x}, {x} : f32"))).collect();
@@ -6429,7 +6465,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let total = b.block_sum(&acc, &t, warps as usize, &smt, &zero);
             let inv = b.inv_rms(&total, *d, eps);
             let half = rms_half(spec);
-            b.scale_row_pieces(&r, "%x", "%w", &inv, "%y", half.map(|f16| (f16, "%yh")));
+            b.scale_row_pieces_from(&r, "%x", xbase.as_deref(), "%w", &inv, "%y", half.map(|f16| (f16, "%yh")));
             b.line("}");
             rms_norm_params(half)
         }
@@ -6968,6 +7004,13 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             }
             b.act = Some(act.0);
             emit_into(b, inner)?
+        }
+        KernelSpec::RowGather { inner } => {
+            if !matches!(inner.as_ref(), KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if d % 4 == 0) {
+                return Err(format!("the row gather rides on the block-per-row RMSNorm, not {}", inner.symbol()));
+            }
+            b.row_gather = true;
+            format!("%idx: !llvm.ptr<1>, {}", emit_into(b, inner)?)
         }
         KernelSpec::ZeroFill { inner, len } => {
             if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. } | KernelSpec::SwiGluDown { .. } | KernelSpec::Gather { .. }) {

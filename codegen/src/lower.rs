@@ -780,6 +780,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let steps = if opts.swiglu_down { fuse_swiglu_down(g, steps) } else { steps };
     let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps) } else { steps };
     let steps = if opts.swiglu_down && opts.attn_o_red && opts.qkv_attn { fuse_qkv_attention(steps) } else { steps };
+    let steps = if env_num::<u32>("DSC_ROW_GATHER_NORM") == Some(0) { steps } else { fold_row_gather(g, steps) };
     let steps = match lm_head_prefetch_bytes() {
         Some(bytes) => prefetch_lm_head(steps, g, bytes),
         None => steps,
@@ -916,6 +917,38 @@ fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             i += 1;
         }
         i += 1;
+    }
+    steps
+}
+
+/// The logits' row gather folded into the final RMSNorm (`KernelSpec::RowGather`): where a
+/// plain f32 row gather of an activation (`Gather` with no alternatives, the logit rows of the
+/// last hidden state, not a graph output) is read by nothing but the next kernel step, a block-per-row RMSNorm
+/// (D a multiple of 4), the norm reads its rows through the gather's indices and the gather's
+/// step goes (its buffer with it). DSC_ROW_GATHER_NORM=0 at compile time keeps them apart.
+fn fold_row_gather(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
+    let mut i = 0;
+    while i + 1 < steps.len() {
+        let Some(KernelSpec::Gather { dtype: DType::F32, .. }) = steps[i].kernel else {
+            i += 1;
+            continue;
+        };
+        let out = steps[i].node.clone();
+        let Some(j) = (i + 1..steps.len()).find(|&j| steps[j].kernel.is_some()) else { break };
+        let norm_fits = matches!(&steps[j].kernel, Some(KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. }) if d % 4 == 0);
+        // (the gather's output: x of that norm and nowhere else, no alias of it)
+        let only_there = steps.iter().enumerate().all(|(k, s)| k == i || (k == j) == s.args.contains(&out)) && steps[j].args.first() == Some(&out) && !steps[j].args[1..].contains(&out);
+        let plain = |s: &Step| unbounded(s) && s.alternatives().next().is_none();
+        let aliased = steps.iter().any(|s| s.alias_of.as_deref() == Some(out.as_str())) || g.outputs.iter().any(|(_, o)| g.node(*o).name == out);
+        if !norm_fits || !only_there || !plain(&steps[i]) || !plain(&steps[j]) || aliased || steps[i].args.len() != 3 {
+            i += 1;
+            continue;
+        }
+        let (table, idx) = (steps[i].args[0].clone(), steps[i].args[1].clone());
+        let n = &mut steps[j];
+        n.kernel = n.kernel.take().map(|k| KernelSpec::RowGather { inner: Box::new(k) });
+        n.args = [idx, table].into_iter().chain(n.args[1..].iter().cloned()).collect();
+        steps.remove(i);
     }
     steps
 }
@@ -2912,5 +2945,23 @@ mod tests {
             assert!(!matches!(by("qk").kernel, Some(KernelSpec::NormMatMul { .. })));
             assert_eq!(by("qk").args[0], "xn");
         }
+    }
+
+    #[test]
+    fn the_logit_row_gather_folds_into_the_final_norm() {
+        // (the model's tail: the rows that need logits gathered, normalized, then the head —
+        // a vocabulary past the GEMV's norm prologue: 25.6 MB of head, as a real lm_head)
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %rows = input : i32[R]\n  %h = gather(%x, %rows) : f32[R, 64]\n  %g = weight : f32[64]\n  %n = rms_norm(%h, %g) {eps = 0.00001} : f32[R, 64]\n  %w = weight : bf16[200000, 64]\n  %y = matmul(%n, %w) {transpose_b = true} : f32[R, 200000]\n  output y = %y\n}\n";
+        let g = text::parse(src).unwrap();
+        let steps = lower(&g).unwrap();
+        assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::Gather { .. }))), "the gather stayed");
+        let n = steps.iter().find(|s| s.node == "n").unwrap();
+        assert!(matches!(&n.kernel, Some(KernelSpec::RowGather { .. })), "{:?}", n.kernel);
+        assert_eq!(n.args[..3], ["rows", "x", "g"]);
+        assert!(steps.iter().all(|s| !s.args.contains(&"h".to_string())));
+        // (a gather something else reads too stays)
+        let src2 = src.replace("  output y = %y", "  output y = %y\n  output h = %h");
+        let steps = lower(&text::parse(&src2).unwrap()).unwrap();
+        assert!(steps.iter().any(|s| matches!(s.kernel, Some(KernelSpec::Gather { .. }))));
     }
 }

@@ -292,6 +292,29 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 });
                 specs.push(spec);
             }
+            // (and over gathered rows — the logits' row gather folded into the final norm,
+            // `RowGather`: 3 of the rows, out of order, the last one among them)
+            let pick: Vec<i32> = vec![rows as i32 - 1, 0, (rows / 2) as i32];
+            let spec = KernelSpec::RowGather { inner: Box::new(KernelSpec::RmsNormHalf { d, eps_bits: eps.to_bits(), f16: false }) };
+            let y: Vec<f32> = pick.iter().flat_map(|&r| want[r as usize * d..(r as usize + 1) * d].iter().copied()).collect();
+            let words: Vec<f32> = le_words(&dsc_ir::quant::encode(DType::BF16, &y).context("encode")?);
+            let (g, b) = grid(&spec.launch(), pick.len());
+            cases.push(Case {
+                name: format!("rms_norm of rows {pick:?} of {rows}x{d} + bf16 copy"),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: 1,
+                block: b,
+                inputs: vec![data.push_i32(&pick), xa.clone(), wa.clone(), data.push(&vec![f32::NAN; pick.len() * d])],
+                scalars: vec![pick.len() as i64],
+                expected: data.push(&words),
+                init: None,
+                written_inputs: vec![(3, data.push(&y))],
+                tmaps: vec![],
+                tol: 1e-2,
+                cluster: None,
+            });
+            specs.push(spec);
         }
     }
 
