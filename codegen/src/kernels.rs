@@ -198,6 +198,17 @@ pub const ARGMAX_SPLIT_WARPS: usize = 8;
 /// 16-byte pieces of a row each split argmax block takes (two per thread).
 pub const ARGMAX_SPLIT_PIECES: usize = 2 * 32 * ARGMAX_SPLIT_WARPS;
 
+/// Warps of a cluster argmax block ([`KernelSpec::ArgmaxCluster`]).
+pub const ARGMAX_CLUSTER_WARPS: usize = 16;
+/// Blocks per row of the cluster argmax (a portable cluster size).
+pub const ARGMAX_CLUSTER_BLOCKS: usize = 8;
+
+/// Whether plans carry the cluster argmax beside the split one (DSC_ARGMAX_CLUSTER=0 at
+/// compile time: not; measured SmolLM2 b1 +0.35%, 8B neutral, session 18).
+pub fn argmax_cluster_on() -> bool {
+    env_num::<u32>("DSC_ARGMAX_CLUSTER") != Some(0)
+}
+
 /// Blocks per row of the split argmax over rows of `d` floats (None: one block per row, d not
 /// a multiple of 4, or a row one block's pieces already cover); at most 64 (a warp's two
 /// partials per lane in the last block's reduction). DSC_ARGMAX_SPLIT=0 at compile time: off.
@@ -287,7 +298,7 @@ impl KernelSpec {
             | KernelSpec::ZeroFill { inner, .. }
             | KernelSpec::RowGather { inner } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
-            KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } => true,
+            KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } | KernelSpec::ArgmaxCluster { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -416,6 +427,12 @@ pub enum KernelSpec {
     /// streams ~52 GB/s: a block per row read SmolLM2's 196 KB row in ~3.6 µs. params x,
     /// part, sync, y, rows
     ArgmaxSplit { d: usize, splits: usize },
+    /// [`KernelSpec::Argmax`] over a thread-block cluster of `blocks` blocks per row (sm_90a:
+    /// grid x the rows, y the blocks, clusters along y): block r reduces its share of the row,
+    /// stores (max, first index) into block 0's shared memory (distributed shared memory), one
+    /// cluster barrier, block 0 reduces the partials — no GPU-scope fence, counter or second
+    /// L2 round trip (the split argmax's). params x, y, rows
+    ArgmaxCluster { d: usize, blocks: usize },
     /// y = x[.., start..start+len, inner..] along an axis of size `d`; params x, y, n
     Slice { inner: usize, d: usize, start: usize, len: usize },
     /// y[r, j] = x[r, idx[r, j]] for rows of `n_in` and `k` picks; params x, idx, y, n
@@ -656,6 +673,7 @@ impl KernelSpec {
             KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
             KernelSpec::Argmax { d } => format!("argmax_d{d}"),
             KernelSpec::ArgmaxSplit { d, splits } => format!("argmax_split{splits}_d{d}"),
+            KernelSpec::ArgmaxCluster { d, blocks } => format!("argmax_c{blocks}_d{d}"),
             KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
             KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
             KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
@@ -723,6 +741,7 @@ impl KernelSpec {
             KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
             // (grid x: the splits, grid y: the rows — set by the runtime)
             KernelSpec::ArgmaxSplit { .. } => Launch::BlockPerRow { warps: ARGMAX_SPLIT_WARPS as u32 },
+            KernelSpec::ArgmaxCluster { .. } => Launch::BlockPerRow { warps: ARGMAX_CLUSTER_WARPS as u32 },
             KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
@@ -5896,6 +5915,141 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
     }
 }
 
+/// [`KernelSpec::ArgmaxCluster`]: block (row, r) takes the row's 16-byte pieces
+/// [r·P, (r+1)·P) (P = ceil(D/4 / blocks), all its loads issued before the compares), reduces
+/// (max, first index) over the block, thread 0 stores it into block 0's shared memory (slot r,
+/// the index's bits as f32), a cluster barrier, then block 0's warp 0 reduces the blocks'
+/// partials (ties by index) and writes y[row] (0 for a row with nothing above -inf).
+fn emit_argmax_cluster(b: &mut Body, d: usize, blocks: usize) -> Result<(), String> {
+    if d % 4 != 0 || !(2..=8).contains(&blocks) || !b.pdl {
+        return Err(format!("the cluster argmax: sm_90a, D a multiple of 4 and 2..=8 blocks (D {d}, {blocks})"));
+    }
+    let warps = ARGMAX_CLUSTER_WARPS;
+    let nt = 32 * warps;
+    let nvec = d / 4;
+    let per = nvec.div_ceil(blocks);
+    let loads = per.div_ceil(nt);
+    if loads > 16 {
+        return Err(format!("the cluster argmax: {loads} 16-byte loads per thread (at most 16)"));
+    }
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", 2 * warps + 2 * blocks);
+    b.workgroup = Some(format!("%sm : {smt}"));
+    let t = b.op("gpu.thread_id x");
+    let row = b.op("gpu.block_id x");
+    let rk = b.op("gpu.block_id y");
+    let (t64, rowi, rk64) = (b.idx64(&t), b.idx64(&row), b.idx64(&rk));
+    let cd = b.ci64(d as i64);
+    let base = b.op(&format!("arith.muli {rowi}, {cd} : i64"));
+    let ninf = b.op("arith.constant 0xFF800000 : f32");
+    let big = b.op("arith.constant 2147483647 : i32");
+    let (z, c4) = (b.ci64(0), b.ci64(4));
+    let cper = b.ci64(per as i64);
+    let first = b.op(&format!("arith.muli {rk64}, {cper} : i64"));
+    let end = b.op(&format!("arith.addi {first}, {cper} : i64"));
+    let cnv = b.ci64(nvec as i64);
+    let end = b.op(&format!("arith.minsi {end}, {cnv} : i64"));
+    let j0 = b.op(&format!("arith.addi {first}, {t64} : i64"));
+    // (all loads first: a piece past the block's share reads piece 0 and compares as -inf)
+    let mut pieces = vec![];
+    for k in 0..loads {
+        let ck = b.ci64((k * nt) as i64);
+        let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
+        let valid = b.op(&format!("arith.cmpi slt, {j}, {end} : i64"));
+        let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
+        let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
+        let e = b.op(&format!("arith.addi {base}, {e} : i64"));
+        let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
+        let xs = b.load_vec("%x", &off, 4, "f32", 16);
+        pieces.push((j, valid, xs));
+    }
+    let (mut v, mut i) = (ninf.clone(), big.clone());
+    for (j, valid, xs) in pieces {
+        let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
+        for (q, x) in xs.iter().enumerate() {
+            let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
+            let cq = b.ci64(q as i64);
+            let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
+            let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
+            // (elements come in increasing index order: strictly greater keeps the first)
+            let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
+            v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
+            i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
+        }
+    }
+    let (wv, wi) = b.warp_argmax(&v, &i);
+    let (lane, warp) = b.lane_warp(&t);
+    let c0 = b.op("arith.constant 0 : index");
+    let c2i = b.op("arith.constant 2 : index");
+    let c1i = b.op("arith.constant 1 : index");
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {l0} {{"));
+    let at = b.op(&format!("arith.muli {warp}, {c2i} : index"));
+    let at1 = b.op(&format!("arith.addi {at}, {c1i} : index"));
+    let wif = b.op(&format!("arith.bitcast {wi} : i32 to f32"));
+    b.line(&format!("memref.store {wv}, %sm[{at}] : {smt}"));
+    b.line(&format!("memref.store {wif}, %sm[{at1}] : {smt}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    // (thread 0: the block's partial into block 0's slots 2·warps + 2r, + 1)
+    let t0 = b.op(&format!("arith.cmpi eq, {t}, {c0} : index"));
+    b.line(&format!("scf.if {t0} {{"));
+    let (mut bv, mut bi) = (ninf.clone(), big.clone());
+    for w in 0..warps {
+        let cw = b.op(&format!("arith.constant {} : index", 2 * w));
+        let cw1 = b.op(&format!("arith.constant {} : index", 2 * w + 1));
+        let pv = b.op(&format!("memref.load %sm[{cw}] : {smt}"));
+        let pif = b.op(&format!("memref.load %sm[{cw1}] : {smt}"));
+        let pi = b.op(&format!("arith.bitcast {pif} : f32 to i32"));
+        // (warps hold interleaved pieces: ties by index)
+        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
+        let eq = b.op(&format!("arith.cmpf oeq, {pv}, {bv} : f32"));
+        let lt = b.op(&format!("arith.cmpi slt, {pi}, {bi} : i32"));
+        let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
+        let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+        bv = b.op(&format!("arith.select {take}, {pv}, {bv} : f32"));
+        bi = b.op(&format!("arith.select {take}, {pi}, {bi} : i32"));
+    }
+    let cw2 = b.ci64(2 * warps as i64);
+    let c2 = b.ci64(2);
+    let slot = b.op(&format!("arith.muli {rk64}, {c2} : i64"));
+    let slot = b.op(&format!("arith.addi {slot}, {cw2} : i64"));
+    let c1 = b.ci64(1);
+    let slot1 = b.op(&format!("arith.addi {slot}, {c1} : i64"));
+    let bif = b.op(&format!("arith.bitcast {bi} : i32 to f32"));
+    st_cluster(b, &smt, &slot, &z, &bv);
+    st_cluster(b, &smt, &slot1, &z, &bif);
+    b.line("}");
+    b.cluster_barrier();
+    // (block 0, warp 0: lane l < blocks takes block l's partial)
+    let r0 = b.op(&format!("arith.cmpi eq, {rk64}, {z} : i64"));
+    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+    let go = b.op(&format!("arith.andi {r0}, {w0} : i1"));
+    b.line(&format!("scf.if {go} {{"));
+    let cb = b.op(&format!("arith.constant {blocks} : index"));
+    let has = b.op(&format!("arith.cmpi ult, {lane}, {cb} : index"));
+    let cbm = b.op(&format!("arith.constant {} : index", blocks - 1));
+    let lc = b.op(&format!("arith.minui {lane}, {cbm} : index"));
+    let s0 = b.op(&format!("arith.muli {lc}, {c2i} : index"));
+    let cwi = b.op(&format!("arith.constant {} : index", 2 * warps));
+    let s0 = b.op(&format!("arith.addi {s0}, {cwi} : index"));
+    let s1 = b.op(&format!("arith.addi {s0}, {c1i} : index"));
+    let pv = b.op(&format!("memref.load %sm[{s0}] : {smt}"));
+    let pif = b.op(&format!("memref.load %sm[{s1}] : {smt}"));
+    let pi = b.op(&format!("arith.bitcast {pif} : f32 to i32"));
+    let pv = b.op(&format!("arith.select {has}, {pv}, {ninf} : f32"));
+    let pi = b.op(&format!("arith.select {has}, {pi}, {big} : i32"));
+    let (_, fi) = b.warp_argmax(&pv, &pi);
+    let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
+    let zi = b.op("arith.constant 0 : i32");
+    let fi = b.op(&format!("arith.select {none}, {zi}, {fi} : i32"));
+    b.line(&format!("scf.if {l0} {{"));
+    let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+    b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
 /// [`KernelSpec::ArgmaxSplit`]: block (s, row) takes the row's 16-byte pieces
 /// [s·P, (s+1)·P) (both loads of a thread issued before their compares), reduces (max, first
 /// index) over the block, and thread 0 stores it into `%part[row·S + s]` (value bits, index),
@@ -7394,6 +7548,10 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.line("}");
             b.line("}");
             b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::ArgmaxCluster { d, blocks } => {
+            emit_argmax_cluster(b, *d, *blocks)?;
             "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
         }
         KernelSpec::ArgmaxSplit { d, splits } => {

@@ -2018,6 +2018,25 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 cluster: None,
             });
             specs.push(split);
+            // (and in a thread-block cluster per row, sm_90a)
+            let blocks = dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS;
+            let cl = KernelSpec::ArgmaxCluster { d, blocks };
+            cases.push(Case {
+                name: format!("argmax {rows}x{d} in clusters of {blocks}"),
+                kernel: cl.symbol(),
+                grid: rows as u32,
+                grid_y: blocks as u32,
+                block: 32 * dsc_codegen::kernels::ARGMAX_CLUSTER_WARPS as u32,
+                inputs: vec![data.push(&x)],
+                scalars: vec![rows as i64],
+                expected: data.push(&bits),
+                init: None,
+                written_inputs: vec![],
+                tmaps: vec![],
+                tol: 0.0,
+                cluster: Some(blocks as u32),
+            });
+            specs.push(cl);
         }
         cases.push(Case {
             name: format!("argmax {rows}x{d}"),

@@ -113,6 +113,14 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         _ => None,
     };
     specs.extend(split.clone());
+    // (and, on sm_90a, over a thread-block cluster per row: `argmax_cluster`)
+    let cluster = match (&argmax, &split) {
+        (Some(dsc_codegen::KernelSpec::Argmax { d }), Some(_)) if dsc_codegen::kernels::argmax_cluster_on() => {
+            Some(dsc_codegen::KernelSpec::ArgmaxCluster { d: *d, blocks: dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS })
+        }
+        _ => None,
+    };
+    specs.extend(cluster.clone());
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps: Vec<GpuStep> = steps
         .iter()
@@ -194,7 +202,12 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         }
         _ => None,
     });
-    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block, argmax_split }, module))
+    let argmax_cluster = cluster.map(|k| dsc_runtime::plan::ArgmaxSplit {
+        kernel: k.symbol(),
+        splits: dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS as u32,
+        threads: 32 * dsc_codegen::kernels::ARGMAX_CLUSTER_WARPS as u32,
+    });
+    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block, argmax_split, argmax_cluster }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;

@@ -214,9 +214,15 @@ impl<'p> GpuBackend<'p> {
         };
         let mut funcs = HashMap::new();
         let hopper = target == "sm_90a";
-        for k in prog.argmax.iter().chain(prog.argmax_split.as_ref().map(|a| &a.kernel)).chain(prog.steps.iter().flat_map(|s| {
-            s.kernel.iter().chain(s.large.as_ref().map(|l| &l.kernel)).chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel)).chain(s.few.iter().map(|l| &l.kernel))
-        })) {
+        for k in prog.argmax.iter().chain(prog.argmax_split.as_ref().map(|a| &a.kernel)).chain(prog.argmax_cluster.as_ref().map(|a| &a.kernel).filter(|_| target == "sm_90a")).chain(
+            prog.steps.iter().flat_map(|s| {
+                s.kernel
+                    .iter()
+                    .chain(s.large.as_ref().map(|l| &l.kernel))
+                    .chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel))
+                    .chain(s.few.iter().map(|l| &l.kernel))
+            }),
+        ) {
             if !funcs.contains_key(k) {
                 funcs.insert(k.clone(), cu(module.load_function(k), &format!("kernel {k}"))?);
             }
@@ -957,6 +963,19 @@ impl GpuBackend<'_> {
         }
         let logits = bucket.arena.slice(o..o + n);
         let rows64 = rows as i64;
+        if let Some(a) = self.prog.argmax_cluster.as_ref().filter(|_| self.target == "sm_90a" && self.argmax_split.is_some()) {
+            // (sm_90a: a thread-block cluster per row; DSC_ARGMAX_SPLIT=0 turns it off too)
+            let f = self.funcs.get(&a.kernel).ok_or_else(|| gerr(format!("kernel {} is not in the plan's module", a.kernel)))?;
+            let (lp, g1) = cudarc::driver::DevicePtr::device_ptr(&logits, &self.stream);
+            let (ip, g2) = cudarc::driver::DevicePtr::device_ptr(ids, &self.stream);
+            let cfg = LaunchConfig { grid_dim: (rows as u32, a.splits, 1), block_dim: (a.threads, 1, 1), shared_mem_bytes: 0 };
+            cu(self.ctx.bind_to_thread(), "binding the context")?;
+            // SAFETY: argmax_c<B>_d<V>(x, y, rows): rows rows of V f32 in `logits`, one i32 per
+            // row into `ids` (checked above to hold `rows`); grid y = B blocks, one cluster
+            let r = unsafe { launch_kernel_ex(&self.stream, f, &[lp, ip], &[rows64], cfg, false, a.splits, None) };
+            drop((g1, g2));
+            return cu(r, &format!("launching {}", a.kernel));
+        }
         if let Some((a, part, sync)) = self.argmax_split.as_ref().filter(|_| rows <= SYNC_TOKENS) {
             let ks = &a.kernel;
             let mut lb = self.stream.launch_builder(&self.funcs[ks]);

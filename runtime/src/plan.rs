@@ -80,6 +80,11 @@ pub struct GpuProgram {
     /// counter per row (zero before, zero after), ids, rows; absent: a block per row
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argmax_split: Option<ArgmaxSplit>,
+    /// on sm_90a, the argmax over a thread-block cluster of `splits` blocks per row instead
+    /// (grid: rows x splits, clusters along y; params logits, ids, rows; in the sm_90a PTX
+    /// only); absent: the split or block-per-row argmax
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argmax_cluster: Option<ArgmaxSplit>,
 }
 
 /// The split argmax of a plan ([`GpuProgram::argmax_split`]).
@@ -735,7 +740,8 @@ mod tests {
         let split = GpuStep { min_context: Some(512), ..step.clone() };
         assert!(one.runs_in_context(1) && one.runs_in_context(511) && !one.runs_in_context(512));
         assert!(!split.runs_in_context(511) && split.runs_in_context(512) && split.runs_in_context(1 << 20));
-        let prog = GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None, argmax_split: None };
+        let prog =
+            GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None, argmax_split: None, argmax_cluster: None };
         assert_eq!(prog.context_bounds(), [512]);
         assert_eq!(prog.context_class(1), (0, 0));
         assert_eq!(prog.context_class(511), (0, 0));
@@ -775,7 +781,12 @@ mod tests {
         let split = ArgmaxSplit { kernel: "argmax_split24_d49152".into(), splits: 24, threads: 256 };
         let text = serde_json::to_string(&GpuProgram { argmax_split: Some(split.clone()), ..prog }).unwrap();
         assert!(text.contains("\"splits\":24"), "{text}");
-        assert_eq!(serde_json::from_str::<GpuProgram>(&text).unwrap().argmax_split, Some(split));
+        assert_eq!(serde_json::from_str::<GpuProgram>(&text).unwrap().argmax_split, Some(split.clone()));
+        assert_eq!(serde_json::from_str::<GpuProgram>(&text).unwrap().argmax_cluster, None);
+        let cl = ArgmaxSplit { kernel: "argmax_c8_d49152".into(), splits: 8, threads: 512 };
+        let prog: GpuProgram = serde_json::from_str(&text).unwrap();
+        let text = serde_json::to_string(&GpuProgram { argmax_cluster: Some(cl.clone()), ..prog }).unwrap();
+        assert_eq!(serde_json::from_str::<GpuProgram>(&text).unwrap().argmax_cluster, Some(cl));
     }
 
     #[test]
