@@ -5915,6 +5915,63 @@ fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, rows: &[QkvR
     }
 }
 
+/// Where a thread's argmax pieces lie: the row's first element `base`, the thread's first
+/// 16-byte piece `j0`, the first piece past its share `bound` (i64 values), and the constants
+/// 0, 4 (i64), -inf (f32) and i32::MAX the kernel already has.
+struct ArgmaxRow<'a> {
+    base: &'a str,
+    j0: &'a str,
+    bound: &'a str,
+    z: &'a str,
+    c4: &'a str,
+    ninf: &'a str,
+    big: &'a str,
+}
+
+/// A thread's (max, first index) over its `loads` 16-byte pieces j0 + k·nt of a row, all
+/// loads issued before the compares (a piece at or past the bound reads piece 0 and compares
+/// as -inf; i32::MAX where nothing is above -inf).
+fn argmax_pieces(b: &mut Body, r: &ArgmaxRow, loads: usize, nt: usize) -> (String, String) {
+    let ArgmaxRow { base, j0, bound, z, c4, ninf, big } = *r;
+    let mut pieces = vec![];
+    for k in 0..loads {
+        let ck = b.ci64((k * nt) as i64);
+        let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
+        let valid = b.op(&format!("arith.cmpi slt, {j}, {bound} : i64"));
+        let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
+        let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
+        let e = b.op(&format!("arith.addi {base}, {e} : i64"));
+        let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
+        let xs = b.load_vec("%x", &off, 4, "f32", 16);
+        pieces.push((j, valid, xs));
+    }
+    let (mut v, mut i) = (ninf.to_string(), big.to_string());
+    for (j, valid, xs) in pieces {
+        let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
+        for (q, x) in xs.iter().enumerate() {
+            let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
+            let cq = b.ci64(q as i64);
+            let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
+            let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
+            // (elements come in increasing index order: strictly greater keeps the first)
+            let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
+            v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
+            i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
+        }
+    }
+    (v, i)
+}
+
+/// (v, i) and a partial (pv, pi): the larger value, the lower index on ties.
+fn argmax_take(b: &mut Body, v: &str, i: &str, pv: &str, pi: &str) -> (String, String) {
+    let gt = b.op(&format!("arith.cmpf ogt, {pv}, {v} : f32"));
+    let eq = b.op(&format!("arith.cmpf oeq, {pv}, {v} : f32"));
+    let lt = b.op(&format!("arith.cmpi slt, {pi}, {i} : i32"));
+    let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
+    let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+    (b.op(&format!("arith.select {take}, {pv}, {v} : f32")), b.op(&format!("arith.select {take}, {pi}, {i} : i32")))
+}
+
 /// [`KernelSpec::ArgmaxCluster`]: block (row, r) takes the row's 16-byte pieces
 /// [r·P, (r+1)·P) (P = ceil(D/4 / blocks), all its loads issued before the compares), reduces
 /// (max, first index) over the block, thread 0 stores it into block 0's shared memory (slot r,
@@ -5949,33 +6006,7 @@ fn emit_argmax_cluster(b: &mut Body, d: usize, blocks: usize) -> Result<(), Stri
     let cnv = b.ci64(nvec as i64);
     let end = b.op(&format!("arith.minsi {end}, {cnv} : i64"));
     let j0 = b.op(&format!("arith.addi {first}, {t64} : i64"));
-    // (all loads first: a piece past the block's share reads piece 0 and compares as -inf)
-    let mut pieces = vec![];
-    for k in 0..loads {
-        let ck = b.ci64((k * nt) as i64);
-        let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
-        let valid = b.op(&format!("arith.cmpi slt, {j}, {end} : i64"));
-        let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
-        let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
-        let e = b.op(&format!("arith.addi {base}, {e} : i64"));
-        let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
-        let xs = b.load_vec("%x", &off, 4, "f32", 16);
-        pieces.push((j, valid, xs));
-    }
-    let (mut v, mut i) = (ninf.clone(), big.clone());
-    for (j, valid, xs) in pieces {
-        let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
-        for (q, x) in xs.iter().enumerate() {
-            let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
-            let cq = b.ci64(q as i64);
-            let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
-            let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
-            // (elements come in increasing index order: strictly greater keeps the first)
-            let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
-            v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
-            i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
-        }
-    }
+    let (v, i) = argmax_pieces(b, &ArgmaxRow { base: &base, j0: &j0, bound: &end, z: &z, c4: &c4, ninf: &ninf, big: &big }, loads, nt);
     let (wv, wi) = b.warp_argmax(&v, &i);
     let (lane, warp) = b.lane_warp(&t);
     let c0 = b.op("arith.constant 0 : index");
@@ -6001,13 +6032,7 @@ fn emit_argmax_cluster(b: &mut Body, d: usize, blocks: usize) -> Result<(), Stri
         let pif = b.op(&format!("memref.load %sm[{cw1}] : {smt}"));
         let pi = b.op(&format!("arith.bitcast {pif} : f32 to i32"));
         // (warps hold interleaved pieces: ties by index)
-        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
-        let eq = b.op(&format!("arith.cmpf oeq, {pv}, {bv} : f32"));
-        let lt = b.op(&format!("arith.cmpi slt, {pi}, {bi} : i32"));
-        let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
-        let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
-        bv = b.op(&format!("arith.select {take}, {pv}, {bv} : f32"));
-        bi = b.op(&format!("arith.select {take}, {pi}, {bi} : i32"));
+        (bv, bi) = argmax_take(b, &bv, &bi, &pv, &pi);
     }
     let cw2 = b.ci64(2 * warps as i64);
     let c2 = b.ci64(2);
@@ -6080,33 +6105,7 @@ fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String
     let cp = b.ci64(ARGMAX_SPLIT_PIECES as i64);
     let j0 = b.op(&format!("arith.muli {sx64}, {cp} : i64"));
     let j0 = b.op(&format!("arith.addi {j0}, {t64} : i64"));
-    // (all loads first: a piece past the row reads piece 0 and compares as -inf)
-    let mut pieces = vec![];
-    for k in 0..ARGMAX_SPLIT_PIECES / nt {
-        let ck = b.ci64((k * nt) as i64);
-        let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
-        let valid = b.op(&format!("arith.cmpi slt, {j}, {cnv} : i64"));
-        let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
-        let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
-        let e = b.op(&format!("arith.addi {base}, {e} : i64"));
-        let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
-        let xs = b.load_vec("%x", &off, 4, "f32", 16);
-        pieces.push((j, valid, xs));
-    }
-    let (mut v, mut i) = (ninf.clone(), big.clone());
-    for (j, valid, xs) in pieces {
-        let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
-        for (q, x) in xs.iter().enumerate() {
-            let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
-            let cq = b.ci64(q as i64);
-            let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
-            let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
-            // (elements come in increasing index order: strictly greater keeps the first)
-            let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
-            v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
-            i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
-        }
-    }
+    let (v, i) = argmax_pieces(b, &ArgmaxRow { base: &base, j0: &j0, bound: &cnv, z: &z, c4: &c4, ninf: &ninf, big: &big }, ARGMAX_SPLIT_PIECES / nt, nt);
     let (wv, wi) = b.warp_argmax(&v, &i);
     let (lane, warp) = b.lane_warp(&t);
     let c0 = b.op("arith.constant 0 : index");
@@ -6134,13 +6133,7 @@ fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String
         let pv = b.op(&format!("memref.load %redv[{cw}] : {smv}"));
         let pi = b.op(&format!("memref.load %redi[{cw}] : {smi}"));
         // (warps hold increasing pieces but not whole ranges: ties by index)
-        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
-        let eq = b.op(&format!("arith.cmpf oeq, {pv}, {bv} : f32"));
-        let lt = b.op(&format!("arith.cmpi slt, {pi}, {bi} : i32"));
-        let tie = b.op(&format!("arith.andi {eq}, {lt} : i1"));
-        let take = b.op(&format!("arith.ori {gt}, {tie} : i1"));
-        bv = b.op(&format!("arith.select {take}, {pv}, {bv} : f32"));
-        bi = b.op(&format!("arith.select {take}, {pi}, {bi} : i32"));
+        (bv, bi) = argmax_take(b, &bv, &bi, &pv, &pi);
     }
     let slot = b.op(&format!("arith.addi {prow}, {sx64} : i64"));
     let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
