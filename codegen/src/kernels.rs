@@ -5932,7 +5932,12 @@ struct ArgmaxRow<'a> {
 /// loads issued before the compares (a piece at or past the bound reads piece 0 and compares
 /// as -inf; i32::MAX where nothing is above -inf).
 fn argmax_pieces(b: &mut Body, r: &ArgmaxRow, loads: usize, nt: usize) -> (String, String) {
-    let ArgmaxRow { base, j0, bound, z, c4, ninf, big } = *r;
+    argmax_pieces_from(b, r, loads, nt, r.ninf, r.big)
+}
+
+/// [`argmax_pieces`] continuing from (v0, i0), the thread's result so far.
+fn argmax_pieces_from(b: &mut Body, r: &ArgmaxRow, loads: usize, nt: usize, v0: &str, i0: &str) -> (String, String) {
+    let ArgmaxRow { base, j0, bound, z, c4, ninf, .. } = *r;
     let mut pieces = vec![];
     for k in 0..loads {
         let ck = b.ci64((k * nt) as i64);
@@ -5945,7 +5950,7 @@ fn argmax_pieces(b: &mut Body, r: &ArgmaxRow, loads: usize, nt: usize) -> (Strin
         let xs = b.load_vec("%x", &off, 4, "f32", 16);
         pieces.push((j, valid, xs));
     }
-    let (mut v, mut i) = (ninf.to_string(), big.to_string());
+    let (mut v, mut i) = (v0.to_string(), i0.to_string());
     for (j, valid, xs) in pieces {
         let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
         for (q, x) in xs.iter().enumerate() {
@@ -7481,33 +7486,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let j0 = b.op(&format!("arith.muli {it64}, {cstep} : i64"));
             let j0 = b.op(&format!("arith.addi {j0}, {t64} : i64"));
             let (cnv, z, c4) = (b.ci64(nvec as i64), b.ci64(0), b.ci64(4));
-            // (all loads first: a piece past the row reads piece 0 and compares as -inf)
-            let mut pieces = vec![];
-            for k in 0..u {
-                let ck = b.ci64((k * nt) as i64);
-                let j = b.op(&format!("arith.addi {j0}, {ck} : i64"));
-                let valid = b.op(&format!("arith.cmpi slt, {j}, {cnv} : i64"));
-                let jc = b.op(&format!("arith.select {valid}, {j}, {z} : i64"));
-                let e = b.op(&format!("arith.muli {jc}, {c4} : i64"));
-                let e = b.op(&format!("arith.addi {base}, {e} : i64"));
-                let off = b.op(&format!("arith.muli {e}, {c4} : i64"));
-                let xs = b.load_vec("%x", &off, 4, "f32", 16);
-                pieces.push((j, valid, xs));
-            }
-            let (mut v, mut i) = (bv.clone(), bi.clone());
-            for (j, valid, xs) in pieces {
-                let j4 = b.op(&format!("arith.muli {j}, {c4} : i64"));
-                for (q, x) in xs.iter().enumerate() {
-                    let x = b.op(&format!("arith.select {valid}, {x}, {ninf} : f32"));
-                    let cq = b.ci64(q as i64);
-                    let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
-                    let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
-                    // (elements come in increasing index order: strictly greater keeps the first)
-                    let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
-                    v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
-                    i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
-                }
-            }
+            let row = ArgmaxRow { base: &base, j0: &j0, bound: &cnv, z: &z, c4: &c4, ninf: &ninf, big: &big };
+            let (v, i) = argmax_pieces_from(b, &row, u, nt, &bv, &bi);
             b.line(&format!("scf.yield {v}, {i} : f32, i32"));
             b.line("}");
             let (wv, wi) = b.warp_argmax(&format!("{res}#0"), &format!("{res}#1"));
