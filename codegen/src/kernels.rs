@@ -296,7 +296,8 @@ impl KernelSpec {
             | KernelSpec::AttentionO { inner, .. }
             | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
-            | KernelSpec::RowGather { inner } => inner.hopper_only(),
+            | KernelSpec::RowGather { inner }
+            | KernelSpec::GatherX { inner } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } | KernelSpec::ArgmaxCluster { .. } => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
@@ -547,6 +548,12 @@ pub enum KernelSpec {
     /// `inner` (the block-per-row RMSNorm: D a multiple of 4) reading its row r of x from row `%idx[r]` (i32) of `%x`: the logits' row gather folded
     /// into the final norm (one kernel less per step). params %idx, then inner's
     RowGather { inner: Box<KernelSpec> },
+    /// `inner` (the one-row bf16/f16 decode GEMV with the norm prologue, [`KernelSpec::NormMatMul`])
+    /// taking its x as row `%tok[row]` of the bf16 table `%table` (the embedding gather folded
+    /// into the first layer's q/k/v GEMV; DSC_GATHER_GEMV=1, measured first) — and block 0
+    /// writes that row as f32 into `%x` for the kernels after it (the residual). params %table,
+    /// %tok, %x (written), then inner's after its %x
+    GatherX { inner: Box<KernelSpec> },
     /// `inner` (the decode attention) that, on sm_90a, first prefetches a slice of another
     /// buffer into L2 — the next matmul's weights, which do not depend on any kernel — then
     /// waits for the previous kernel: the blocks of the grid split the bytes, each block's
@@ -651,6 +658,7 @@ impl KernelSpec {
             ),
             KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
             KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
+            KernelSpec::GatherX { inner } => format!("{}_gx", inner.symbol()),
             KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -790,6 +798,7 @@ impl KernelSpec {
             | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
             | KernelSpec::RowGather { inner }
+            | KernelSpec::GatherX { inner }
             | KernelSpec::MatMulCopy { inner } => inner.launch(),
             KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
         }
@@ -817,6 +826,9 @@ struct Body {
     waited: bool,
     /// the block-per-row RMSNorm reads its x row through `%idx` (`KernelSpec::RowGather`)
     row_gather: bool,
+    /// the one-row GEMV reads x as a bf16 table row through `%tok` and block 0 writes it to
+    /// `%x` (`KernelSpec::GatherX`)
+    gather_x: bool,
     /// the decode GEMV normalizes its input on the way in (`KernelSpec::NormMatMul`): RMSNorm
     /// epsilon
     norm: Option<f32>,
@@ -2075,6 +2087,22 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
         b.wait_for_previous();
     }
     let xrow = b.ci64((k * 4) as i64);
+    // (GatherX: x from row tok[row] of the 16-bit table, 2 bytes an element; block 0 writes it
+    // as f32 at the row's own place, `xout`)
+    let gather = b.gather_x && mr == 1 && e == 8;
+    if b.gather_x && !gather {
+        return Err("the gathered x needs the one-row GEMV over 16-bit weights".into());
+    }
+    let (xout, bx0, tbase) = if gather {
+        let xw = b.op(&format!("arith.muli {row0}, {xrow} : i64"));
+        let c0 = b.ci64(0);
+        let first = b.op(&format!("arith.cmpi eq, {bx64}, {c0} : i64"));
+        let tok = b.load_i32_as_i64("%tok", &row0);
+        let trow = b.ci64((k * 2) as i64);
+        (Some(xw), Some(first), Some(b.op(&format!("arith.muli {tok}, {trow} : i64"))))
+    } else {
+        (None, None, None)
+    };
     let xbase: Vec<String> = (0..mr)
         .map(|i| {
             let row = if mr == 1 {
@@ -2111,14 +2139,35 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
         for (ui, u) in us.iter().enumerate() {
             let xb = b.ci64((e * 4) as i64);
             let xo = b.op(&format!("arith.muli {u}, {xb} : i64"));
-            // (the unit's e f32 values, 16 bytes at a time)
-            let xs: Vec<Vec<String>> = xbase
-                .iter()
-                .map(|base| {
-                    let xo = b.op(&format!("arith.addi {base}, {xo} : i64"));
-                    b.load_f32s("%x", &xo, e)
-                })
-                .collect();
+            // (the unit's e f32 values, 16 bytes at a time; gathered: its 8 bf16 in one 16-byte
+            // load, block 0 storing them as f32 into %x)
+            let xs: Vec<Vec<String>> = match (&xout, &bx0) {
+                (Some(xw), Some(first)) => {
+                    let c16 = b.ci64(16);
+                    let to = b.op(&format!("arith.muli {u}, {c16} : i64"));
+                    let to = b.op(&format!("arith.addi {}, {to} : i64", tbase.as_deref().unwrap_or_default()));
+                    let words = b.load_vec("%table", &to, 4, "i32", 16);
+                    let v: Vec<String> = words.iter().flat_map(|w| b.bf16_pair(w)).collect();
+                    b.line(&format!("scf.if {first} {{"));
+                    let at = b.op(&format!("arith.addi {xw}, {xo} : i64"));
+                    for half in 0..2 {
+                        let vv = b.vector(&v[4 * half..4 * half + 4], "f32");
+                        let ch = b.ci64(16 * half as i64);
+                        let o = b.op(&format!("arith.addi {at}, {ch} : i64"));
+                        let p = b.op(&format!("llvm.getelementptr %x[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                        b.line(&format!("llvm.store {vv}, {p} {{alignment = 16 : i64}} : vector<4xf32>, !llvm.ptr<1>"));
+                    }
+                    b.line("}");
+                    vec![v]
+                }
+                _ => xbase
+                    .iter()
+                    .map(|base| {
+                        let xo = b.op(&format!("arith.addi {base}, {xo} : i64"));
+                        b.load_f32s("%x", &xo, e)
+                    })
+                    .collect(),
+            };
             // the norm prologue: g for these elements (x's offsets without the row base)
             let gs: Vec<String> = if norm.is_some() { b.load_f32s("%g", &xo, e) } else { vec![] };
             let ws = match pre {
@@ -4759,6 +4808,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         pdl,
         waited: false,
         row_gather: false,
+        gather_x: false,
         norm: None,
         swiglu: false,
         swiglu_pipe: false,
@@ -7157,6 +7207,25 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.act = Some(act.0);
             emit_into(b, inner)?
         }
+        KernelSpec::GatherX { inner } => {
+            let ok = match inner.as_ref() {
+                KernelSpec::NormMatMul { inner: mm, .. } => match mm.as_ref() {
+                    KernelSpec::MatMulParts { inner: core, .. } => matches!(core.as_ref(), KernelSpec::MatMul { wdtype: DType::BF16 | DType::F16, bias: false, residual: false, .. }),
+                    KernelSpec::MatMul { wdtype: DType::BF16 | DType::F16, bias: false, residual: false, .. } => true,
+                    _ => false,
+                },
+                _ => false,
+            };
+            if !ok {
+                return Err(format!("the gathered x rides on the one-row 16-bit GEMV with the norm prologue, not {}", inner.symbol()));
+            }
+            b.gather_x = true;
+            let params = emit_into(b, inner)?;
+            if !params.starts_with("%x: !llvm.ptr<1>, ") {
+                return Err(format!("{}: x is not the first parameter", inner.symbol()));
+            }
+            format!("%table: !llvm.ptr<1>, %tok: !llvm.ptr<1>, {params}")
+        }
         KernelSpec::RowGather { inner } => {
             if !matches!(inner.as_ref(), KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if d % 4 == 0) {
                 return Err(format!("the row gather rides on the block-per-row RMSNorm, not {}", inner.symbol()));
@@ -7165,7 +7234,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             format!("%idx: !llvm.ptr<1>, {}", emit_into(b, inner)?)
         }
         KernelSpec::ZeroFill { inner, len } => {
-            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. } | KernelSpec::SwiGluDown { .. } | KernelSpec::Gather { .. }) {
+            if !matches!(inner.as_ref(), KernelSpec::NormMatMul { .. } | KernelSpec::SwiGluDown { .. } | KernelSpec::Gather { .. } | KernelSpec::GatherX { .. }) {
                 return Err(format!("the zero fill rides on the one-row GEMV with the norm prologue, the fused MLP or the embedding gather, not {}", inner.symbol()));
             }
             let params = emit_into(b, inner)?;

@@ -781,6 +781,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps) } else { steps };
     let steps = if opts.swiglu_down && opts.attn_o_red && opts.qkv_attn { fuse_qkv_attention(steps) } else { steps };
     let steps = if env_num::<u32>("DSC_ROW_GATHER_NORM") == Some(0) { steps } else { fold_row_gather(g, steps) };
+    let steps = if env_num::<u32>("DSC_GATHER_GEMV") == Some(1) { fold_embedding_gather(steps) } else { steps };
     let steps = match lm_head_prefetch_bytes() {
         Some(bytes) => prefetch_lm_head(steps, g, bytes),
         None => steps,
@@ -950,6 +951,44 @@ fn fold_row_gather(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
         n.args = [idx, table].into_iter().chain(n.args[1..].iter().cloned()).collect();
         steps.remove(i);
     }
+    steps
+}
+
+/// The embedding gather folded into the one-row q/k/v GEMV after it (`KernelSpec::GatherX`;
+/// DSC_GATHER_GEMV=1 at compile time, prepared in session 18, not yet measured): where a bf16
+/// table's `Gather` writes x and the next kernel step is the one-row GEMV with the norm
+/// prologue (zero-filling or not) reading x first, that GEMV reads the table row itself and its
+/// block 0 writes x for the kernels after it; the gather runs from two rows only (the GEMV's
+/// alternatives read x).
+fn fold_embedding_gather(mut steps: Vec<Step>) -> Vec<Step> {
+    let Some(i) = steps.iter().position(|s| matches!(s.kernel, Some(KernelSpec::Gather { dtype: DType::BF16, .. })) && unbounded(s) && s.alternatives().next().is_none()) else {
+        return steps;
+    };
+    let x = steps[i].node.clone();
+    // (the next kernel at one row: the norm for more rows, `min_rows`, runs with the gather)
+    let Some(z) = (i + 1..steps.len()).find(|&j| steps[j].kernel.is_some() && steps[j].min_rows.is_none_or(|m| m <= 1)) else { return steps };
+    let xi = match &steps[z].kernel {
+        Some(KernelSpec::ZeroFill { inner, .. }) if matches!(inner.as_ref(), KernelSpec::NormMatMul { .. }) => 2,
+        Some(KernelSpec::NormMatMul { .. }) => 0,
+        _ => return steps,
+    };
+    if steps[i].args.len() != 3 || steps[z].args.get(xi) != Some(&x) || !unbounded(&steps[z]) {
+        return steps;
+    }
+    let fused = |k: KernelSpec| match k {
+        KernelSpec::ZeroFill { inner, len } => KernelSpec::ZeroFill { inner: Box::new(KernelSpec::GatherX { inner }), len },
+        other => KernelSpec::GatherX { inner: Box::new(other) },
+    };
+    let Some(k) = steps[z].kernel.clone().map(fused) else { return steps };
+    if crate::kernels::emit_for(&k, true).is_err() || crate::kernels::emit_for(&k, false).is_err() {
+        return steps;
+    }
+    let (table, tok) = (steps[i].args[0].clone(), steps[i].args[1].clone());
+    let zs = &mut steps[z];
+    zs.keep_alternative_args();
+    zs.kernel = Some(k);
+    zs.args.splice(xi..xi, [table, tok]);
+    steps[i].min_rows = Some(2);
     steps
 }
 
@@ -2963,5 +3002,26 @@ mod tests {
         let src2 = src.replace("  output y = %y", "  output y = %y\n  output h = %h");
         let steps = lower(&text::parse(&src2).unwrap()).unwrap();
         assert!(steps.iter().any(|s| matches!(s.kernel, Some(KernelSpec::Gather { .. }))));
+    }
+
+    #[test]
+    fn the_embedding_gather_can_fold_into_the_first_gemv() {
+        // (DSC_GATHER_GEMV=1's pass, called directly: the gather of a bf16 table, then the
+        // one-row GEMV with the norm prologue reading x; x is also needed after it, as the
+        // residual in a model — here a graph output)
+        let src = "graph \"t\" {\n  %tok = input : i32[T]\n  %table = weight : bf16[100, 64]\n  %x = gather(%table, %tok) : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 64]\n  %w = weight : bf16[64, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 64]\n  output y = %y\n  output x = %x\n}\n";
+        let g = text::parse(src).unwrap();
+        let steps = lower(&g).unwrap();
+        let mm = steps.iter().find(|s| s.node == "y").unwrap();
+        assert!(matches!(&mm.kernel, Some(KernelSpec::NormMatMul { .. })), "{:?}", mm.kernel);
+        let steps = fold_embedding_gather(steps);
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        let y = by("y");
+        assert!(matches!(&y.kernel, Some(KernelSpec::GatherX { .. })), "{:?}", y.kernel);
+        assert_eq!(y.args[..4], ["table", "tok", "x", "g"]);
+        // (more rows: the gather runs, the alternatives read x)
+        assert_eq!(by("x").min_rows, Some(2));
+        assert!(y.alternatives().next().is_some());
+        assert!(y.alternatives().all(|l| l.args.as_deref().is_some_and(|a| !a.contains(&"table".to_string()))));
     }
 }

@@ -1133,7 +1133,8 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             let total: usize = parts.iter().sum();
             let (enc, mut ws, decl) = part_weights(&parts, k, DType::BF16, &mut rand_vec)?;
             ws.insert("g".into(), (DType::F32, vec![k], gb.clone()));
-            let x = rand_vec(m * k, -2.0, 2.0);
+            // (x bf16-exact: the same rows also come gathered from a bf16 table, `GatherX`)
+            let x = dsc_ir::quant::decode(DType::BF16, &dsc_ir::quant::encode(DType::BF16, &rand_vec(m * k, -2.0, 2.0)).context("encode")?, m * k).context("decode")?;
             let mm = if parts.len() == 1 {
                 format!("matmul(%xn, %w0) {{transpose_b = true}} : f32[{m}, {total}]")
             } else {
@@ -1150,6 +1151,35 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             let mut inputs = vec![data.push(&x), data.push(&g)];
             inputs.extend(enc.iter().map(|e| data.push_u8(e)));
             let expected = data.push(&want);
+            // x gathered: row r of x is row tok[r] of a 40-row bf16 table (the others random),
+            // and the kernel writes x back as f32 (an input it writes: NaN before)
+            {
+                let v = 40usize;
+                let tok: Vec<i32> = (0..m).map(|r| ((7 * r + 3) % v) as i32).collect();
+                let mut table = rand_vec(v * k, -2.0, 2.0);
+                for (r, &t) in tok.iter().enumerate() {
+                    table[t as usize * k..(t as usize + 1) * k].copy_from_slice(&x[r * k..(r + 1) * k]);
+                }
+                let gxs = KernelSpec::GatherX { inner: Box::new(spec.clone()) };
+                let mut gin = vec![data.push_u8(&dsc_ir::quant::encode(DType::BF16, &table).context("encode")?), data.push_i32(&tok), data.push(&vec![f32::NAN; m * k])];
+                gin.extend(inputs[1..].iter().cloned());
+                cases.push(Case {
+                    name: format!("rms_norm+gemv {m}x{k}x({}) bf16, x gathered from a bf16 table", parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("+")),
+                    kernel: gxs.symbol(),
+                    grid: gx,
+                    grid_y: m as u32,
+                    block: b,
+                    inputs: gin,
+                    scalars: scalars.clone(),
+                    expected: expected.clone(),
+                    init: None,
+                    written_inputs: vec![(2, data.push(&x))],
+                    tmaps: vec![],
+                    tol: 1e-5,
+                    cluster: None,
+                });
+                specs.push(gxs);
+            }
             // (merged: also as the zero fill of a one-token layer's accumulators, `ZeroFill`,
             // two inputs it writes: 200 zeros each, the narrowest part's blocks covering them)
             if parts.len() > 1 {
