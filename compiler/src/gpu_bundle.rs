@@ -2026,6 +2026,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             reference(&format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %y = argmax(%x) : i32[{rows}]\n  output y = %y\n}}\n"), vec![("x", Tensor::new(vec![rows, d], x.clone()))], &none)?;
         // the kernel writes i32: compare bit patterns (small ints are f32 denormals, never NaN)
         let bits: Vec<f32> = want.iter().map(|&v| f32::from_bits(v as i32 as u32)).collect();
+        // (one copy of the rows and of the ids for all three kernels: the bundle shares a
+        // call's 64 MiB)
+        let (xa, ya) = (data.push(&x), data.push(&bits));
         let spec = KernelSpec::Argmax { d };
         let (g, b) = grid(&spec.launch(), rows);
         // (and split over blocks: partials and counters as inputs, the counters zero again)
@@ -2038,9 +2041,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 grid: splits as u32,
                 grid_y: rows as u32,
                 block: 32 * dsc_codegen::kernels::ARGMAX_SPLIT_WARPS as u32,
-                inputs: vec![data.push(&x), data.push(&vec![0.0; rows * splits * 2]), zeros.clone()],
+                inputs: vec![xa.clone(), data.push(&vec![0.0; rows * splits * 2]), zeros.clone()],
                 scalars: vec![rows as i64],
-                expected: data.push(&bits),
+                expected: ya.clone(),
                 init: None,
                 written_inputs: vec![(2, zeros)],
                 tmaps: vec![],
@@ -2057,9 +2060,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 grid: rows as u32,
                 grid_y: blocks as u32,
                 block: 32 * dsc_codegen::kernels::ARGMAX_CLUSTER_WARPS as u32,
-                inputs: vec![data.push(&x)],
+                inputs: vec![xa.clone()],
                 scalars: vec![rows as i64],
-                expected: data.push(&bits),
+                expected: ya.clone(),
                 init: None,
                 written_inputs: vec![],
                 tmaps: vec![],
@@ -2074,9 +2077,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             grid: g,
             grid_y: 1,
             block: b,
-            inputs: vec![data.push(&x)],
+            inputs: vec![xa.clone()],
             scalars: vec![rows as i64],
-            expected: data.push(&bits),
+            expected: ya.clone(),
             init: None,
             written_inputs: vec![],
             tmaps: vec![],
