@@ -6017,6 +6017,19 @@ fn argmax_pieces_from(b: &mut Body, r: &ArgmaxRow, loads: usize, nt: usize, v0: 
     (v, i)
 }
 
+/// The row's index from its lanes' (max, index) pairs (lanes without one, `has` false, taking
+/// -inf and i32::MAX): the warp's argmax, 0 where nothing is above -inf (as the host argmax).
+fn argmax_settle(b: &mut Body, v: &str, i: &str, has: Option<&str>, ninf: &str, big: &str) -> String {
+    let (v, i) = match has {
+        Some(h) => (b.op(&format!("arith.select {h}, {v}, {ninf} : f32")), b.op(&format!("arith.select {h}, {i}, {big} : i32"))),
+        None => (v.to_string(), i.to_string()),
+    };
+    let (_, fi) = b.warp_argmax(&v, &i);
+    let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
+    let zi = b.op("arith.constant 0 : i32");
+    b.op(&format!("arith.select {none}, {zi}, {fi} : i32"))
+}
+
 /// (v, i) and a partial (pv, pi): the larger value, the lower index on ties.
 fn argmax_take(b: &mut Body, v: &str, i: &str, pv: &str, pi: &str) -> (String, String) {
     let gt = b.op(&format!("arith.cmpf ogt, {pv}, {v} : f32"));
@@ -6116,12 +6129,7 @@ fn emit_argmax_cluster(b: &mut Body, d: usize, blocks: usize) -> Result<(), Stri
     let pv = b.op(&format!("memref.load %sm[{s0}] : {smt}"));
     let pif = b.op(&format!("memref.load %sm[{s1}] : {smt}"));
     let pi = b.op(&format!("arith.bitcast {pif} : f32 to i32"));
-    let pv = b.op(&format!("arith.select {has}, {pv}, {ninf} : f32"));
-    let pi = b.op(&format!("arith.select {has}, {pi}, {big} : i32"));
-    let (_, fi) = b.warp_argmax(&pv, &pi);
-    let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
-    let zi = b.op("arith.constant 0 : i32");
-    let fi = b.op(&format!("arith.select {none}, {zi}, {fi} : i32"));
+    let fi = argmax_settle(b, &pv, &pi, Some(&has), &ninf, &big);
     b.line(&format!("scf.if {l0} {{"));
     let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
     b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
@@ -6231,11 +6239,7 @@ fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String
         bv = b.op(&format!("arith.select {gt}, {pv}, {bv} : f32"));
         bi = b.op(&format!("arith.select {gt}, {pi}, {bi} : i32"));
     }
-    let (_, fi) = b.warp_argmax(&bv, &bi);
-    // (a row with no element above -inf: index 0, as the host argmax)
-    let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
-    let zi = b.op("arith.constant 0 : i32");
-    let fi = b.op(&format!("arith.select {none}, {zi}, {fi} : i32"));
+    let fi = argmax_settle(b, &bv, &bi, None, &ninf, &big);
     let lz = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
     b.line(&format!("scf.if {lz} {{"));
     let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
@@ -7576,13 +7580,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let lc = b.op(&format!("arith.minui {lane}, {cwm} : index"));
             let pv = b.op(&format!("memref.load %redv[{lc}] : {smv}"));
             let pi = b.op(&format!("memref.load %redi[{lc}] : {smi}"));
-            let pv = b.op(&format!("arith.select {has}, {pv}, {ninf} : f32"));
-            let pi = b.op(&format!("arith.select {has}, {pi}, {big} : i32"));
-            let (_, fi) = b.warp_argmax(&pv, &pi);
-            // (a row with no element above -inf: index 0, as the host argmax)
-            let none = b.op(&format!("arith.cmpi eq, {fi}, {big} : i32"));
-            let zi = b.op("arith.constant 0 : i32");
-            let fi = b.op(&format!("arith.select {none}, {zi}, {fi} : i32"));
+            let fi = argmax_settle(b, &pv, &pi, Some(&has), &ninf, &big);
             let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
             b.line(&format!("scf.if {first} {{"));
             let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));

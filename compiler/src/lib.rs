@@ -107,20 +107,20 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // greedy decoding picks tokens on the device: an argmax over the logits rows
     let argmax = graph.outputs.iter().find(|(n, _)| n == "logits").and_then(|(_, id)| graph.node(*id).ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });
     specs.extend(argmax.clone());
-    // (and over several blocks per row: `argmax_split`)
+    // (and over several blocks per row, `argmax_split`; on sm_90a over a thread-block cluster
+    // per row, `argmax_cluster`): (kernel, blocks per row)
     let split = match &argmax {
-        Some(dsc_codegen::KernelSpec::Argmax { d }) => dsc_codegen::kernels::argmax_splits(*d).map(|splits| dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }),
+        Some(dsc_codegen::KernelSpec::Argmax { d }) => dsc_codegen::kernels::argmax_splits(*d).map(|splits| (dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }, splits)),
         _ => None,
     };
-    specs.extend(split.clone());
-    // (and, on sm_90a, over a thread-block cluster per row: `argmax_cluster`)
     let cluster = match (&argmax, &split) {
         (Some(dsc_codegen::KernelSpec::Argmax { d }), Some(_)) if dsc_codegen::kernels::argmax_cluster_on() => {
-            Some(dsc_codegen::KernelSpec::ArgmaxCluster { d: *d, blocks: dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS })
+            let blocks = dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS;
+            Some((dsc_codegen::KernelSpec::ArgmaxCluster { d: *d, blocks }, blocks))
         }
         _ => None,
     };
-    specs.extend(cluster.clone());
+    specs.extend(split.iter().chain(&cluster).map(|(k, _)| k.clone()));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps: Vec<GpuStep> = steps
         .iter()
@@ -196,17 +196,15 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         Some(dsc_codegen::Launch::BlockPerRow { warps }) => Some(32 * warps),
         _ => None,
     };
-    let argmax_split = split.and_then(|k| match k {
-        dsc_codegen::KernelSpec::ArgmaxSplit { splits, .. } => {
-            Some(dsc_runtime::plan::ArgmaxSplit { kernel: k.symbol(), splits: splits as u32, threads: 32 * dsc_codegen::kernels::ARGMAX_SPLIT_WARPS as u32 })
-        }
-        _ => None,
-    });
-    let argmax_cluster = cluster.map(|k| dsc_runtime::plan::ArgmaxSplit {
-        kernel: k.symbol(),
-        splits: dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS as u32,
-        threads: 32 * dsc_codegen::kernels::ARGMAX_CLUSTER_WARPS as u32,
-    });
+    // (the block's threads from the kernel's launch, as `argmax_block`'s)
+    let entry = |(k, n): (dsc_codegen::KernelSpec, usize)| {
+        let threads = match k.launch() {
+            dsc_codegen::Launch::BlockPerRow { warps } => 32 * warps,
+            _ => 32,
+        };
+        dsc_runtime::plan::ArgmaxSplit { kernel: k.symbol(), splits: n as u32, threads }
+    };
+    let (argmax_split, argmax_cluster) = (split.map(entry), cluster.map(entry));
     Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block, argmax_split, argmax_cluster }, module))
 }
 

@@ -110,13 +110,13 @@ pub struct GpuBackend<'p> {
     /// pinned buffers the packed inputs go up from, in turn, each with the event after its
     /// last copy
     staging: std::cell::RefCell<std::collections::VecDeque<(cudarc::driver::PinnedHostSlice<u8>, cudarc::driver::CudaEvent)>>,
-    /// the step's inputs go up through [`INPUTS_PTX`]'s kernel, which reads the staged pinned
+    /// the step's inputs go up through [`inputs_ptx`]'s kernel, which reads the staged pinned
     /// buffer over PCIe (mapped host memory) and the fed token ids on the device, in place of a
     /// host-to-device copy and a device-to-device one: two copy-engine operations on the
     /// stream cost ~12 µs between a decode step's argmax and its next graph (CUPTI timeline on
     /// the H200, bench/results/timeline-2026-11-30.json); None (DSC_INPUT_COPY=1): the copies
     inputs_kernel: Option<CudaFunction>,
-    /// [`INPUTS_PDL_PTX`]'s kernel (sm_90a with PDL, unless DSC_INPUTS_PDL=0): a fed step's
+    /// [`inputs_ptx`]`(true)`'s kernel (sm_90a with PDL, unless DSC_INPUTS_PDL=0): a fed step's
     /// inputs go up under programmatic dependent launch after the previous step's argmax
     inputs_pdl: Option<CudaFunction>,
 }
@@ -203,11 +203,11 @@ impl<'p> GpuBackend<'p> {
         let inputs_kernel = if std::env::var("DSC_INPUT_COPY").is_ok_and(|v| v == "1") {
             None
         } else {
-            let m = cu(ctx.load_module(Ptx::from_src(INPUTS_PTX)), "loading the input kernel")?;
+            let m = cu(ctx.load_module(Ptx::from_src(inputs_ptx(false))), "loading the input kernel")?;
             Some(cu(m.load_function("dsc_inputs"), "kernel dsc_inputs")?)
         };
         let inputs_pdl = if inputs_kernel.is_some() && target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none() && std::env::var("DSC_INPUTS_PDL").map_or(true, |v| v != "0") {
-            let m = cu(ctx.load_module(Ptx::from_src(INPUTS_PDL_PTX)), "loading the PDL input kernel")?;
+            let m = cu(ctx.load_module(Ptx::from_src(inputs_ptx(true))), "loading the PDL input kernel")?;
             Some(cu(m.load_function("dsc_inputs_pdl"), "kernel dsc_inputs_pdl")?)
         } else {
             None
@@ -429,22 +429,42 @@ const INPUTS: [&str; 6] = ["tokens", "positions", "seq_ids", "slots", "block_tab
 /// mapped into the device's address space under unified addressing) to `dst` (the arena's
 /// input span), taking words `fed_at .. fed_at + fed_words` from `fed` instead (the previous
 /// step's token ids on the device; `fed_words` 0: none). A thread per word.
-const INPUTS_PTX: &str = "
-.version 7.0
-.target sm_80
+/// With `pdl` its sm_90 variant `dsc_inputs_pdl(src, dst, fed, words, fed_at, fed_words)` for
+/// programmatic dependent launch: the parameters as pointers then u64 (the runtime's
+/// cuLaunchKernelEx convention), and only the threads that take a fed token id wait for the
+/// kernel before it (`griddepcontrol.wait`: the previous step's argmax) — the staged words,
+/// read from pinned host memory over PCIe, go while that argmax still runs.
+fn inputs_ptx(pdl: bool) -> String {
+    // (PDL: u64 parameters, the runtime's cuLaunchKernelEx convention, narrowed in registers)
+    let (head, name, params, loads, rd) = if pdl {
+        (
+            ".version 7.8\n.target sm_90",
+            "dsc_inputs_pdl",
+            ".param .u64 src, .param .u64 dst, .param .u64 fed, .param .u64 words, .param .u64 fed_at, .param .u64 fed_words",
+            "    ld.param.u64 %rd1, [src];\n    ld.param.u64 %rd2, [dst];\n    ld.param.u64 %rd3, [fed];\n    ld.param.u64 %rd8, [words];\n    ld.param.u64 %rd9, [fed_at];\n    ld.param.u64 %rd10, [fed_words];\n    cvt.u32.u64 %r1, %rd8;\n    cvt.u32.u64 %r2, %rd9;\n    cvt.u32.u64 %r3, %rd10;\n",
+            12,
+        )
+    } else {
+        (
+            ".version 7.0\n.target sm_80",
+            "dsc_inputs",
+            ".param .u64 src, .param .u64 dst, .param .u32 words, .param .u64 fed, .param .u32 fed_at, .param .u32 fed_words",
+            "    ld.param.u64 %rd1, [src];\n    ld.param.u64 %rd2, [dst];\n    ld.param.u32 %r1, [words];\n    ld.param.u64 %rd3, [fed];\n    ld.param.u32 %r2, [fed_at];\n    ld.param.u32 %r3, [fed_words];\n",
+            10,
+        )
+    };
+    // (only the threads taking a fed token id wait for the kernel before it)
+    let wait = if pdl { "    griddepcontrol.wait;\n" } else { "" };
+    format!(
+        "
+{head}
 .address_size 64
-.visible .entry dsc_inputs(.param .u64 src, .param .u64 dst, .param .u32 words, .param .u64 fed, .param .u32 fed_at, .param .u32 fed_words)
-{
+.visible .entry {name}({params})
+{{
     .reg .pred %p<3>;
     .reg .b32 %r<10>;
-    .reg .b64 %rd<10>;
-    ld.param.u64 %rd1, [src];
-    ld.param.u64 %rd2, [dst];
-    ld.param.u32 %r1, [words];
-    ld.param.u64 %rd3, [fed];
-    ld.param.u32 %r2, [fed_at];
-    ld.param.u32 %r3, [fed_words];
-    mov.u32 %r4, %ctaid.x;
+    .reg .b64 %rd<{rd}>;
+{loads}    mov.u32 %r4, %ctaid.x;
     mov.u32 %r5, %ntid.x;
     mov.u32 %r6, %tid.x;
     mad.lo.u32 %r4, %r4, %r5, %r6;
@@ -458,7 +478,7 @@ const INPUTS_PTX: &str = "
     ld.u32 %r8, [%rd5];
     bra.uni STORE;
 FED:
-    mul.wide.u32 %rd4, %r7, 4;
+{wait}    mul.wide.u32 %rd4, %r7, 4;
     add.s64 %rd5, %rd3, %rd4;
     ld.global.u32 %r8, [%rd5];
 STORE:
@@ -467,58 +487,10 @@ STORE:
     st.global.u32 [%rd7], %r8;
 DONE:
     ret;
+}}
+"
+    )
 }
-";
-
-/// [`INPUTS_PTX`]'s kernel for programmatic dependent launch (sm_90): the same words, its
-/// parameters as (src, dst, fed) pointers then (words, fed_at, fed_words) as u64 (the
-/// runtime's cuLaunchKernelEx convention), and only the threads that take a fed token id wait
-/// for the kernel before it (`griddepcontrol.wait`: the previous step's argmax) — the staged
-/// words, read from pinned host memory over PCIe, go while that argmax still runs.
-const INPUTS_PDL_PTX: &str = "
-.version 7.8
-.target sm_90
-.address_size 64
-.visible .entry dsc_inputs_pdl(.param .u64 src, .param .u64 dst, .param .u64 fed, .param .u64 words, .param .u64 fed_at, .param .u64 fed_words)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<10>;
-    .reg .b64 %rd<12>;
-    ld.param.u64 %rd1, [src];
-    ld.param.u64 %rd2, [dst];
-    ld.param.u64 %rd3, [fed];
-    ld.param.u64 %rd8, [words];
-    ld.param.u64 %rd9, [fed_at];
-    ld.param.u64 %rd10, [fed_words];
-    cvt.u32.u64 %r1, %rd8;
-    cvt.u32.u64 %r2, %rd9;
-    cvt.u32.u64 %r3, %rd10;
-    mov.u32 %r4, %ctaid.x;
-    mov.u32 %r5, %ntid.x;
-    mov.u32 %r6, %tid.x;
-    mad.lo.u32 %r4, %r4, %r5, %r6;
-    setp.ge.u32 %p1, %r4, %r1;
-    @%p1 bra DONE;
-    sub.u32 %r7, %r4, %r2;
-    setp.lt.u32 %p2, %r7, %r3;
-    @%p2 bra FED;
-    mul.wide.u32 %rd4, %r4, 4;
-    add.s64 %rd5, %rd1, %rd4;
-    ld.u32 %r8, [%rd5];
-    bra.uni STORE;
-FED:
-    griddepcontrol.wait;
-    mul.wide.u32 %rd4, %r7, 4;
-    add.s64 %rd5, %rd3, %rd4;
-    ld.global.u32 %r8, [%rd5];
-STORE:
-    mul.wide.u32 %rd6, %r4, 4;
-    add.s64 %rd7, %rd2, %rd6;
-    st.global.u32 [%rd7], %r8;
-DONE:
-    ret;
-}
-";
 
 /// One resolved action of a step: a kernel launch or an all-reduce of an arena buffer.
 enum Action {
@@ -669,7 +641,8 @@ impl GpuBackend<'_> {
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         // (the step that writes the logits)
-        let logits_node = g.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| g.node(*id).name.clone()).unwrap_or_default();
+        let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
+        let out_name = g.node(*out).name.clone();
         for s in &self.prog.steps {
             if let (Some(of), Some(off)) = (&s.alias_of, &s.alias_offset) {
                 // a view into its root's buffer (a part of a merged matmul's output)
@@ -756,7 +729,7 @@ impl GpuBackend<'_> {
             // (the logits' matmul: its largest resident argument, the weight, partly persisting
             // in L2 — `l2_persist`)
             let l2_window = match self.l2_persist {
-                (set, window) if set > 0 && s.node == logits_node => args
+                (set, window) if set > 0 && s.node == out_name => args
                     .iter()
                     .filter_map(|a| self.resident.get(a))
                     .max_by_key(|b| b.len())
@@ -773,8 +746,6 @@ impl GpuBackend<'_> {
                 l2_window,
             }));
         }
-        let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
-        let out_name = g.node(*out).name.clone();
         let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
         let logits = alias.get(&out_name).cloned().unwrap_or(out_name);
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
@@ -1557,8 +1528,9 @@ mod tests {
         let ptxas = std::env::var("DSC_PTXAS").unwrap_or_else(|_| String::from_utf8_lossy(&found.stdout).trim().to_string());
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("inputs.ptx");
-        std::fs::write(&f, INPUTS_PTX).unwrap();
-        assert!(INPUTS_PTX.contains(".visible .entry dsc_inputs(") && INPUTS_PTX.matches(".param .u").count() == 6);
+        let ptx = inputs_ptx(false);
+        std::fs::write(&f, &ptx).unwrap();
+        assert!(ptx.contains(".visible .entry dsc_inputs(") && ptx.matches(".param .u").count() == 6);
         for arch in ["sm_80", "sm_90a"] {
             let o = std::process::Command::new(&ptxas).args([&format!("-arch={arch}"), "-v", f.to_str().unwrap(), "-o", "/dev/null"]).output().expect("ptxas runs");
             let log = String::from_utf8_lossy(&o.stderr);
