@@ -1225,13 +1225,7 @@ impl Body {
             let (sv, p1, si, p2) = (self.v(), self.v(), self.v(), self.v());
             self.line(&format!("{sv}, {p1} = gpu.shuffle xor {v}, {o}, {w32} : f32"));
             self.line(&format!("{si}, {p2} = gpu.shuffle xor {i}, {o}, {w32} : i32"));
-            let gt = self.op(&format!("arith.cmpf ogt, {sv}, {v} : f32"));
-            let eq = self.op(&format!("arith.cmpf oeq, {sv}, {v} : f32"));
-            let lt = self.op(&format!("arith.cmpi slt, {si}, {i} : i32"));
-            let tie = self.op(&format!("arith.andi {eq}, {lt} : i1"));
-            let take = self.op(&format!("arith.ori {gt}, {tie} : i1"));
-            v = self.op(&format!("arith.select {take}, {sv}, {v} : f32"));
-            i = self.op(&format!("arith.select {take}, {si}, {i} : i32"));
+            (v, i) = argmax_take(self, &v, &i, &sv, &si);
         }
         (v, i)
     }
