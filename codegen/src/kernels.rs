@@ -78,6 +78,47 @@ pub const GEMV_WIDE_N: usize = 16384;
 /// K from which the one-row GEMV takes 8 outputs per block ([`gemv_tiling`]).
 pub const GEMV_LONG_K: usize = 2048;
 
+/// Lanes per W row of the wide GEMV (`KernelSpec::MatMulWide`): a warp takes 32 / this rows
+/// at a time, each lane every this-many-th 16-byte unit of them.
+pub const WIDE_LANES: usize = 8;
+
+/// Whether the one-row GEMV over `wdtype` [N, K] weights runs as the wide GEMV: 16-bit
+/// weights, N ≥ [`GEMV_WIDE_N`], K a multiple of 8·[`WIDE_LANES`] with at most 12 units per
+/// lane (x's share in registers: 8 floats a unit); DSC_GEMV_WIDE=0 at compile time off.
+pub fn wide_gemv_fits(k: usize, n: usize, wdtype: DType) -> bool {
+    n >= GEMV_WIDE_N && wide_gemv_kernel_fits(k, wdtype).is_ok()
+}
+
+/// Whether the wide GEMV's kernel takes `wdtype` rows of K (any N): 16-bit weights, K a
+/// multiple of 8·[`WIDE_LANES`], at most 12 units per lane.
+pub fn wide_gemv_kernel_fits(k: usize, wdtype: DType) -> Result<(), String> {
+    if matches!(wdtype, DType::BF16 | DType::F16) && k.is_multiple_of(8 * WIDE_LANES) && k / (8 * WIDE_LANES) <= 12 {
+        Ok(())
+    } else {
+        Err(format!("the wide GEMV takes bf16/f16 rows of K a multiple of {} up to {}, not K = {k}, {wdtype}", 8 * WIDE_LANES, 96 * WIDE_LANES))
+    }
+}
+
+/// Whether the lowering picks the wide GEMV where it fits (DSC_GEMV_WIDE=0 at compile time:
+/// the split-K GEMV as before).
+pub fn wide_gemv_on() -> bool {
+    env_num::<u32>("DSC_GEMV_WIDE") != Some(0)
+}
+
+/// The wide GEMV's schedule: (row groups per warp, 16-byte units per lane loaded ahead of the
+/// one being summed); DSC_GEMV_WIDE_GROUPS=g,d at compile time.
+pub fn wide_tiling() -> (usize, usize) {
+    match env_list::<usize>("DSC_GEMV_WIDE_GROUPS") {
+        Some(p) if p.len() == 2 && (1..=64).contains(&p[0]) && (1..=32).contains(&p[1]) => (p[0], p[1]),
+        _ => (8, 12),
+    }
+}
+
+/// Outputs (W rows) one block of the wide GEMV covers.
+pub fn wide_outputs() -> usize {
+    GEMV_WARPS * (32 / WIDE_LANES) * wide_tiling().0
+}
+
 /// The plain-float GEMV's tiling for a [N, K] weight: (outputs per block, chunk rounds
 /// unrolled per loop iteration). Several outputs per block reuse each activation load; the
 /// unroll keeps several 16-byte loads per lane in flight.
@@ -324,6 +365,13 @@ pub enum KernelSpec {
     /// split-K blocks (`OutputsPerBlock`); block-quantized: a warp per output, a lane per
     /// 32-element block. params x, w, [bias], [res], y, N
     MatMul { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
+    /// `MatMul` for many short bf16/f16 rows (the lm_head of a small model: N ≥
+    /// [`GEMV_WIDE_N`], K/64 ≤ 16, [`wide_gemv_fits`]): [`emit_gemv_wide`]'s blocks of
+    /// [`GEMV_WARPS`] warps, [`WIDE_LANES`] lanes per W row, x kept in registers across a
+    /// warp's rows, the next rows' weights loaded while the current ones are summed. Also
+    /// under `NormMatMul` (and `RowGather`): the final norm (and the logits' row gather)
+    /// folded in. params as `MatMul`'s
+    MatMulWide { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// y[T, D] (f32) = table[idx[t], :] dequantized; params table, idx (i32), y, T*D
     Gather { d: usize, dtype: DType },
     /// rotary embedding of x[T, H, D] at pos[T] (i32), out of place; params x, pos, y, T*H*D/2
@@ -550,7 +598,7 @@ pub enum KernelSpec {
     RowGather { inner: Box<KernelSpec> },
     /// `inner` (the one-row bf16/f16 decode GEMV with the norm prologue, [`KernelSpec::NormMatMul`])
     /// taking its x as row `%tok[row]` of the bf16 table `%table` (the embedding gather folded
-    /// into the first layer's q/k/v GEMV; DSC_GATHER_GEMV=1, measured first) — and block 0
+    /// into the first layer's q/k/v GEMV; DSC_GATHER_GEMV=0 turns it off) — and block 0
     /// writes that row as f32 into `%x` for the kernels after it (the residual). params %table,
     /// %tok, %x (written), then inner's after its %x
     GatherX { inner: Box<KernelSpec> },
@@ -607,6 +655,7 @@ impl KernelSpec {
             KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
             KernelSpec::RmsNormHalf { d, f16, .. } => format!("rms_norm_d{d}_f32_{}", if *f16 { "f16" } else { "bf16" }),
             KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::MatMulWide { k, n, wdtype, bias, residual } => format!("matmul_wide_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
             KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
             KernelSpec::Rope { h, d, theta_bits, interleaved } => {
                 format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
@@ -726,6 +775,7 @@ impl KernelSpec {
             KernelSpec::RmsNormHalf { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
             KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
+            KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
             KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
                 let (w, _, a) = gemv_mma_tiling3();
                 Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
@@ -985,6 +1035,21 @@ impl Body {
         let m = self.op("arith.constant -65536 : i32");
         let hi = self.op(&format!("arith.andi {word}, {m} : i32"));
         [self.op(&format!("arith.bitcast {lo} : i32 to f32")), self.op(&format!("arith.bitcast {hi} : i32 to f32"))]
+    }
+    /// An L2 cache policy (i64) under which loads (`load_words_hinted`) are the first lines
+    /// the L2 evicts: for a stream read once per step, so it does not push out what later
+    /// kernels reuse (their code, the KV cache, the activations)
+    fn l2_evict_first_policy(&mut self) -> String {
+        self.op("llvm.inline_asm \"createpolicy.fractional.L2::evict_first.b64 $0, 1.0;\", \"=l\"  : () -> i64")
+    }
+    /// 4 i32 words at byte offset `off` of `ptr` (16-byte aligned, read-only for the kernel)
+    /// loaded under the L2 cache policy `pol` (not allocated in L1)
+    fn load_words_hinted(&mut self, ptr: &str, off: &str, pol: &str) -> Vec<String> {
+        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let v = self.op(&format!(
+            "llvm.inline_asm has_side_effects \"ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {{$0, $1, $2, $3}}, [$4], $5;\", \"=r,=r,=r,=r,l,l\" {p}, {pol} : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>"
+        ));
+        (0..4).map(|i| self.op(&format!("llvm.extractvalue {v}[{i}] : !llvm.struct<(i32, i32, i32, i32)>"))).collect()
     }
     /// one aligned `vector<n x ty>` load at byte offset `off` of `ptr`
     fn load_vector(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> String {
@@ -2290,6 +2355,170 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
     b.matmul_store(&total, &row, &col, bias, residual);
     b.line("}");
     b.line("}");
+    Ok(())
+}
+
+/// The one-row GEMV for many short 16-bit rows (`KernelSpec::MatMulWide`: the lm_head of a
+/// small model, 49,152 rows of 1,152 bytes for SmolLM2). The split-K GEMV gives such a
+/// matrix 12,288 blocks of 4 rows whose threads mostly idle (72 units of a row over 128
+/// threads) and re-load x each: 16.5 µs for 56.6 MB (3.4 TB/s). Here [`WIDE_LANES`] lanes take
+/// a row (lane q: its units q, q + 8, ...: a warp's load instruction covers 4 rows' 128-byte
+/// spans), so every lane holds the same share of x for all rows — loaded once, in registers
+/// (with the norm prologue: scaled by g, the sum of squares over the row's 8 lanes) — and a
+/// warp walks `groups` row groups of 32 / WIDE_LANES rows, its weights one stream of 16-byte
+/// units of which `depth` are loaded ahead of the one being summed (the first ones before
+/// `griddepcontrol.wait`: they do not depend on the previous kernel). Each row's sum: 4 accumulators per lane,
+/// three xor shuffles; lane q = 0 stores. With the row gather (`RowGather`) x is row
+/// `%idx[row]`.
+fn emit_gemv_wide(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool) -> Result<(), String> {
+    let upl = k / 8 / WIDE_LANES; // 16-byte units per lane
+    let rpw = 32 / WIDE_LANES; // rows per warp step
+    let (groups, depth) = wide_tiling();
+    let nw = GEMV_WARPS;
+    let opb = nw * rpw * groups;
+    // (ptxas keeps to the registers 3 blocks of 128 threads per SM leave: the grid in one wave
+    // on 132 SMs; x, g and the early weights would take ~230 with the norm prologue)
+    b.flash_mincta = Some(3);
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let cl = b.ci64(WIDE_LANES as i64);
+    let sub = b.op(&format!("arith.divui {lane64}, {cl} : i64"));
+    let q = b.op(&format!("arith.remui {lane64}, {cl} : i64"));
+    // row of group 0: the block's opb rows, the warp's rpw * groups of them, the lane's row
+    let copb = b.ci64(opb as i64);
+    let r0 = b.op(&format!("arith.muli {bx64}, {copb} : i64"));
+    let cwr = b.ci64((rpw * groups) as i64);
+    let wr = b.op(&format!("arith.muli {warp64}, {cwr} : i64"));
+    let r0 = b.op(&format!("arith.addi {r0}, {wr} : i64"));
+    let row0 = b.op(&format!("arith.addi {r0}, {sub} : i64"));
+    let one = b.ci64(1);
+    let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
+    let c16 = b.ci64(16);
+    let qoff = b.op(&format!("arith.muli {q}, {c16} : i64"));
+    let rowbytes = b.ci64((k * 2) as i64);
+    let row_of = |b: &mut Body, g: usize| -> String {
+        let c = b.ci64((g * rpw) as i64);
+        b.op(&format!("arith.addi {row0}, {c} : i64"))
+    };
+    // group g's row base (clamped to the last row), then unit i of it: 4 words
+    let group_base = |b: &mut Body, g: usize| -> String {
+        let r = row_of(b, g);
+        let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
+        let base = b.op(&format!("arith.muli {r}, {rowbytes} : i64"));
+        b.op(&format!("arith.addi {base}, {qoff} : i64"))
+    };
+    // (DSC_WIDE_EVICT_FIRST=1: the weights under an L2 evict-first policy)
+    let pol = (env_num::<u32>("DSC_WIDE_EVICT_FIRST") == Some(1)).then(|| b.l2_evict_first_policy());
+    let load_unit = |b: &mut Body, base: &str, i: usize| -> Vec<String> {
+        let c = b.ci64((i * WIDE_LANES * 16) as i64);
+        let off = b.op(&format!("arith.addi {base}, {c} : i64"));
+        match &pol {
+            Some(pol) => b.load_words_hinted("%w", &off, pol),
+            None => b.load_vec("%w", &off, 4, "i32", 16),
+        }
+    };
+    // the weights stream as one sequence of (group, unit) items, `depth` items loaded ahead of
+    // the one being summed (the first ones before the PDL wait)
+    let items = groups * upl;
+    let mut bases: Vec<Option<String>> = vec![None; groups];
+    let mut inflight = std::collections::VecDeque::new();
+    let mut next = 0;
+    let mut issue = |b: &mut Body, next: &mut usize, inflight: &mut std::collections::VecDeque<Vec<String>>, until: usize| {
+        while *next < until.min(items) {
+            let (g, i) = (*next / upl, *next % upl);
+            if bases[g].is_none() {
+                bases[g] = Some(group_base(b, g));
+            }
+            let base = bases[g].clone().unwrap_or_default();
+            inflight.push_back(load_unit(b, &base, i));
+            *next += 1;
+        }
+    };
+    if b.pdl && !b.waited && gemv_preload() {
+        issue(b, &mut next, &mut inflight, depth);
+        b.wait_for_previous();
+    }
+    // x's units q + 8i of the row (gathered: row idx[row]), 8 floats each
+    let xrow = if b.row_gather { b.load_i32_as_i64("%idx", &by64) } else { by64.clone() };
+    let cxr = b.ci64((k * 4) as i64);
+    let xbase = b.op(&format!("arith.muli {xrow}, {cxr} : i64"));
+    let c32 = b.ci64(32);
+    let q32 = b.op(&format!("arith.muli {q}, {c32} : i64"));
+    let mut xs: Vec<Vec<String>> = vec![];
+    let mut eos = vec![];
+    for i in 0..upl {
+        let c = b.ci64((i * WIDE_LANES * 32) as i64);
+        let eo = b.op(&format!("arith.addi {q32}, {c} : i64"));
+        let xo = b.op(&format!("arith.addi {xbase}, {eo} : i64"));
+        xs.push(b.load_f32s("%x", &xo, 8));
+        eos.push(eo);
+    }
+    let inv = match b.norm {
+        Some(eps) => {
+            // (the sum of squares first, then g a unit at a time: x, g and the early weights
+            // at once would not fit 168 registers)
+            let sq: Vec<String> = xs.iter().flatten().map(|x| b.op(&format!("arith.mulf {x}, {x} : f32"))).collect();
+            let ss = b.tree_reduce(&sq, "arith.addf");
+            let offs: Vec<i32> = (0..WIDE_LANES.trailing_zeros()).map(|l| 1 << l).collect();
+            let ss = b.xor_reduce(&ss, "arith.addf", &offs);
+            for (xr, eo) in xs.iter_mut().zip(&eos) {
+                let gr = b.load_f32s("%g", eo, 8);
+                for (x, g) in xr.iter_mut().zip(&gr) {
+                    *x = b.op(&format!("arith.mulf {x}, {g} : f32"));
+                }
+            }
+            Some(b.inv_rms(&ss, k, eps))
+        }
+        None => None,
+    };
+    let zero = b.cf32(0.0);
+    let c0 = b.ci64(0);
+    let first = b.op(&format!("arith.cmpi eq, {q}, {c0} : i64"));
+    let offs: Vec<i32> = (0..WIDE_LANES.trailing_zeros()).rev().map(|l| 1 << l).collect();
+    for g in 0..groups {
+        // 4 accumulators (one per word of a unit): chains of 2·upl fmas
+        let mut acc = vec![zero.clone(); 4];
+        for (i, xr) in xs.iter().enumerate() {
+            issue(b, &mut next, &mut inflight, g * upl + i + 1 + depth);
+            let words = inflight.pop_front().ok_or("the wide GEMV's schedule lost a unit")?;
+            for (wi, word) in words.iter().enumerate() {
+                let pair = match wdtype {
+                    DType::BF16 => b.bf16_pair(word).to_vec(),
+                    _ => {
+                        let c16 = b.op("arith.constant 16 : i32");
+                        let lo = b.op(&format!("arith.trunci {word} : i32 to i16"));
+                        let hi = b.op(&format!("arith.shrui {word}, {c16} : i32"));
+                        let hi = b.op(&format!("arith.trunci {hi} : i32 to i16"));
+                        [lo, hi]
+                            .iter()
+                            .map(|h| {
+                                let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
+                                b.op(&format!("arith.extf {f} : f16 to f32"))
+                            })
+                            .collect()
+                    }
+                };
+                for (e, w) in pair.iter().enumerate() {
+                    acc[wi] = b.op(&format!("llvm.intr.fma({w}, {}, {}) : (f32, f32, f32) -> f32", xr[2 * wi + e], acc[wi]));
+                }
+            }
+        }
+        let s = b.tree_reduce(&acc, "arith.addf");
+        let s = b.xor_reduce(&s, "arith.addf", &offs);
+        let s = match &inv {
+            Some(inv) => b.op(&format!("arith.mulf {s}, {inv} : f32")),
+            None => s,
+        };
+        let col = row_of(b, g);
+        let inside = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let go = b.op(&format!("arith.andi {first}, {inside} : i1"));
+        b.line(&format!("scf.if {go} {{"));
+        b.matmul_store(&s, &by64, &col, bias, residual);
+        b.line("}");
+    }
     Ok(())
 }
 
@@ -6540,6 +6769,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let ok = match inner.as_ref() {
                 KernelSpec::MatMulParts { inner: i, .. } => plain(i),
                 KernelSpec::SwiGluGemv { .. } => true,
+                KernelSpec::MatMulWide { bias: false, .. } => true,
                 other => plain(other),
             };
             if !ok {
@@ -6716,6 +6946,11 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
 
         KernelSpec::MatMul { k, n, wdtype, bias, residual } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) => {
             emit_gemv(b, *k, *n, *wdtype, *bias, *residual, 1)?;
+            matmul_params(*bias, *residual, false)
+        }
+        KernelSpec::MatMulWide { k, n: _, wdtype, bias, residual } => {
+            wide_gemv_kernel_fits(*k, *wdtype)?;
+            emit_gemv_wide(b, *k, *wdtype, *bias, *residual)?;
             matmul_params(*bias, *residual, false)
         }
         KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => {
@@ -7194,6 +7429,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             if !matches!(
                 inner.as_ref(),
                 KernelSpec::MatMul { .. }
+                    | KernelSpec::MatMulWide { .. }
                     | KernelSpec::MatMulFew { .. }
                     | KernelSpec::MatMulFewX16 { .. }
                     | KernelSpec::MatMulMma { .. }
@@ -7225,8 +7461,14 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             format!("%table: !llvm.ptr<1>, %tok: !llvm.ptr<1>, {params}")
         }
         KernelSpec::RowGather { inner } => {
-            if !matches!(inner.as_ref(), KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if d % 4 == 0) {
-                return Err(format!("the row gather rides on the block-per-row RMSNorm, not {}", inner.symbol()));
+            let wide = |k: &KernelSpec| matches!(k, KernelSpec::MatMulWide { .. });
+            let ok = match inner.as_ref() {
+                KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } => d % 4 == 0,
+                KernelSpec::NormMatMul { inner: mm, .. } => wide(mm),
+                other => wide(other),
+            };
+            if !ok {
+                return Err(format!("the row gather rides on the block-per-row RMSNorm or the wide GEMV, not {}", inner.symbol()));
             }
             b.row_gather = true;
             format!("%idx: !llvm.ptr<1>, {}", emit_into(b, inner)?)

@@ -781,7 +781,10 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
     let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps) } else { steps };
     let steps = if opts.swiglu_down && opts.attn_o_red && opts.qkv_attn { fuse_qkv_attention(steps) } else { steps };
     let steps = if env_num::<u32>("DSC_ROW_GATHER_NORM") == Some(0) { steps } else { fold_row_gather(g, steps) };
-    let steps = if env_num::<u32>("DSC_GATHER_GEMV") == Some(1) { fold_embedding_gather(steps) } else { steps };
+    let steps = if env_num::<u32>("DSC_WIDE_NORM") == Some(0) { steps } else { fold_norm_into_wide(g, steps) };
+    // (on: SmolLM2 shape b1 3,900 -> 3,917 tok/s, session18-2026-12-01.json `gather_gemv`;
+    // DSC_GATHER_GEMV=0 at compile time off)
+    let steps = if env_num::<u32>("DSC_GATHER_GEMV") == Some(0) { steps } else { fold_embedding_gather(steps) };
     let steps = match lm_head_prefetch_bytes() {
         Some(bytes) => prefetch_lm_head(steps, g, bytes),
         None => steps,
@@ -954,8 +957,66 @@ fn fold_row_gather(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
     steps
 }
 
+/// The final RMSNorm (with the logits' row gather folded in, or without) folded into the wide
+/// GEMV after it (`KernelSpec::MatMulWide`, the lm_head): its default kernel becomes
+/// `NormMatMul { MatMulWide }` (under `RowGather`), every warp normalizing its registers'
+/// share of x itself, and the norm runs from two rows only (the GEMV's alternatives read its
+/// output). One kernel less per step; DSC_WIDE_NORM=0 at compile time off.
+fn fold_norm_into_wide(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
+    let Some(j) = steps.iter().position(|s| matches!(s.kernel, Some(KernelSpec::MatMulWide { bias: false, .. })) && unbounded(s) && s.args.len() == 3) else {
+        return steps;
+    };
+    let Some(KernelSpec::MatMulWide { k, .. }) = steps[j].kernel else { unreachable!("matched") };
+    let x = steps[j].args[0].clone();
+    let Some(i) = steps[..j].iter().rposition(|s| s.node == x) else { return steps };
+    // (the norm, maybe with its 16-bit copy for the prefill matmuls: 1 or 2 outputs)
+    let norm_of = |k: &KernelSpec| match k {
+        KernelSpec::RmsNorm { d, eps_bits } => Some((*d, *eps_bits, 1)),
+        KernelSpec::RmsNormHalf { d, eps_bits, .. } => Some((*d, *eps_bits, 2)),
+        _ => None,
+    };
+    let (gather, (d, eps_bits, nout)) = match &steps[i].kernel {
+        Some(KernelSpec::RowGather { inner }) => match norm_of(inner) {
+            Some(n) => (true, n),
+            None => return steps,
+        },
+        Some(other) => match norm_of(other) {
+            Some(n) => (false, n),
+            None => return steps,
+        },
+        None => return steps,
+    };
+    let nargs = steps[i].args.len();
+    if d != k || nargs < nout + 2 || steps[i].args[nargs - nout] != x {
+        return steps;
+    }
+    // (the norm's outputs read by that GEMV alone — its alternatives aside — under no alias,
+    // and not graph outputs)
+    let outs = steps[i].args[nargs - nout..].to_vec();
+    let reads = |s: &Step| outs.iter().any(|o| s.args.contains(o) || s.alternatives().any(|l| l.args.as_ref().is_some_and(|a| a.contains(o))));
+    let only_there = steps.iter().enumerate().all(|(n, s)| n == i || n == j || !reads(s)) && !steps[j].args[1..].iter().any(|a| outs.contains(a));
+    let aliased = steps.iter().any(|s| s.alias_of.as_deref().is_some_and(|a| outs.iter().any(|o| o == a))) || g.outputs.iter().any(|(_, o)| outs.contains(&g.node(*o).name));
+    let plain = unbounded(&steps[i]) && steps[i].alternatives().next().is_none();
+    if !only_there || aliased || !plain {
+        return steps;
+    }
+    let Some(wide) = steps[j].kernel.clone() else { return steps };
+    let inner = KernelSpec::NormMatMul { inner: Box::new(wide), eps_bits };
+    let kernel = if gather { KernelSpec::RowGather { inner: Box::new(inner) } } else { inner };
+    if crate::kernels::emit_for(&kernel, true).is_err() || crate::kernels::emit_for(&kernel, false).is_err() {
+        return steps;
+    }
+    let pre = steps[i].args[..nargs - nout].to_vec();
+    let s = &mut steps[j];
+    s.keep_alternative_args();
+    s.kernel = Some(kernel);
+    s.args = pre.into_iter().chain(s.args[1..].iter().cloned()).collect();
+    steps[i].min_rows = Some(2);
+    steps
+}
+
 /// The embedding gather folded into the one-row q/k/v GEMV after it (`KernelSpec::GatherX`;
-/// DSC_GATHER_GEMV=1 at compile time, prepared in session 18, not yet measured): where a bf16
+/// on by default since session 19, DSC_GATHER_GEMV=0 at compile time off): where a bf16
 /// table's `Gather` writes x and the next kernel step is the one-row GEMV with the norm
 /// prologue (zero-filling or not) reading x first, that GEMV reads the table row itself and its
 /// block 0 writes x for the kernels after it; the gather runs from two rows only (the GEMV's
@@ -1602,8 +1663,10 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
             }
         }
     };
-    let (kernel, scalars) = wrap(KernelSpec::MatMul { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
-        .ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
+    // (one row of a wide, short-rowed 16-bit matrix — a small model's lm_head: the wide GEMV)
+    let wide = parts.is_none() && crate::kernels::wide_gemv_on() && crate::kernels::wide_gemv_fits(k, nn, wdtype);
+    let one_row = if wide { KernelSpec::MatMulWide { k, n: nn, wdtype, bias, residual } } else { KernelSpec::MatMul { k, n: nn, wdtype, bias, residual } };
+    let (kernel, scalars) = wrap(one_row, vec![Scalar::Const(nn as i64)]).ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
     let mut st = Step { kernel: Some(kernel), args, scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..Step::new(name) };
     let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>, work: usize| {
         wrap(spec, vec![rows.clone(), Scalar::Const(nn as i64)]).map(|(kernel, scalars)| Large {
@@ -3005,15 +3068,41 @@ mod tests {
     }
 
     #[test]
+    fn the_final_norm_folds_into_the_wide_lm_head() {
+        // (a small model's tail: 200,000 short bf16 rows — the wide GEMV, the gathered norm
+        // folded into it at one row, the norm's own kernel from two rows)
+        let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %rows = input : i32[R]\n  %h = gather(%x, %rows) : f32[R, 64]\n  %g = weight : f32[64]\n  %n = rms_norm(%h, %g) {eps = 0.00001} : f32[R, 64]\n  %w = weight : bf16[200000, 64]\n  %y = matmul(%n, %w) {transpose_b = true} : f32[R, 200000]\n  output y = %y\n}\n";
+        let steps = lower(&text::parse(src).unwrap()).unwrap();
+        let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
+        let y = by("y");
+        let Some(KernelSpec::RowGather { inner }) = &y.kernel else { panic!("{:?}", y.kernel) };
+        let KernelSpec::NormMatMul { inner: wide, .. } = inner.as_ref() else { panic!("{inner:?}") };
+        assert!(matches!(wide.as_ref(), KernelSpec::MatMulWide { k: 64, n: 200000, .. }), "{wide:?}");
+        assert_eq!(y.args, ["rows", "x", "g", "w", "y"]);
+        assert_eq!(by("n").min_rows, Some(2));
+        // (the alternatives read the norm's output, or its 16-bit copy)
+        assert!(y.alternatives().next().is_some() && y.alternatives().all(|l| l.args.as_deref().is_some_and(|a| a.first().is_some_and(|x| x == "n" || x.starts_with("n@")))));
+        // (the norm read elsewhere too: it stays, the GEMV plain wide)
+        let src2 = src.replace("  output y = %y", "  output y = %y\n  output n = %n");
+        let steps = lower(&text::parse(&src2).unwrap()).unwrap();
+        let y = steps.iter().find(|s| s.node == "y").unwrap();
+        assert!(matches!(y.kernel, Some(KernelSpec::MatMulWide { .. })), "{:?}", y.kernel);
+        assert!(steps.iter().find(|s| s.node == "n").unwrap().min_rows.is_none());
+        // (rows too long for a lane's registers, K = 1024: the split-K GEMV)
+        let src3 = src.replace("64]", "1024]");
+        let steps = lower(&text::parse(&src3).unwrap()).unwrap();
+        let y = steps.iter().find(|s| s.node == "y").unwrap();
+        assert!(matches!(y.kernel, Some(KernelSpec::MatMul { .. })), "{:?}", y.kernel);
+    }
+
+    #[test]
     fn the_embedding_gather_can_fold_into_the_first_gemv() {
-        // (DSC_GATHER_GEMV=1's pass, called directly: the gather of a bf16 table, then the
-        // one-row GEMV with the norm prologue reading x; x is also needed after it, as the
-        // residual in a model — here a graph output)
+        // (the gather of a bf16 table, then the one-row GEMV with the norm prologue reading x;
+        // x is also needed after it, as the residual in a model — here a graph output)
         let src = "graph \"t\" {\n  %tok = input : i32[T]\n  %table = weight : bf16[100, 64]\n  %x = gather(%table, %tok) : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 64]\n  %w = weight : bf16[64, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 64]\n  output y = %y\n  output x = %x\n}\n";
         let g = text::parse(src).unwrap();
         let steps = lower(&g).unwrap();
-        let mm = steps.iter().find(|s| s.node == "y").unwrap();
-        assert!(matches!(&mm.kernel, Some(KernelSpec::NormMatMul { .. })), "{:?}", mm.kernel);
+        // (folding twice changes nothing: the gather is bounded now)
         let steps = fold_embedding_gather(steps);
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         let y = by("y");

@@ -349,6 +349,66 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             });
         }
         specs.push(spec);
+        // the wide GEMV (the small model's lm_head; here over the first 500 of the 512 rows: a
+        // partial block), plain and — bf16 — with the final norm and the logits' row gather
+        // folded in (rows 8, 0, 4 of 9 hidden rows)
+        if dsc_codegen::kernels::wide_gemv_kernel_fits(k, wdtype).is_ok() {
+            let nw = 500usize;
+            let spec = KernelSpec::MatMulWide { k, n: nw, wdtype, bias: false, residual: false };
+            let norm = KernelSpec::RowGather { inner: Box::new(KernelSpec::NormMatMul { inner: Box::new(spec.clone()), eps_bits: 1e-5f32.to_bits() }) };
+            let first_cols = |y: &[f32], m: usize| -> Vec<f32> { (0..m).flat_map(|r| y[r * n..r * n + nw].to_vec()).collect() };
+            for m in [1usize, 3] {
+                let x = rand_vec(m * k, -1.0, 1.0);
+                let src =
+                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+                let (g, b) = grid(&spec.launch(), nw);
+                cases.push(Case {
+                    name: format!("matmul_wide {m}x{k}x{nw} {wdtype}"),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y: m as u32,
+                    block: b,
+                    inputs: vec![data.push(&x), warr.clone()],
+                    scalars: vec![nw as i64],
+                    expected: data.push(&first_cols(&want, m)),
+                    init: None,
+                    written_inputs: vec![],
+                    tmaps: vec![],
+                    tol: 1e-5,
+                    cluster: None,
+                });
+            }
+            specs.push(spec);
+            if wdtype == DType::BF16 {
+                let (t, pick) = (9usize, [8i32, 0, 4]);
+                let m = pick.len();
+                let hidden = rand_vec(t * k, -2.0, 2.0);
+                let gw = rand_vec(k, 0.5, 1.5);
+                let rows: Vec<f32> = pick.iter().flat_map(|&r| hidden[r as usize * k..(r as usize + 1) * k].to_vec()).collect();
+                let mut wsn = ws.clone();
+                wsn.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
+                let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%xn, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = reference(&src, vec![("x", Tensor::new(vec![m, k], rows))], &wsn)?;
+                let (g, b) = grid(&norm.launch(), nw);
+                cases.push(Case {
+                    name: format!("rms_norm+matmul_wide {m} of {t} rows gathered x{k}x{nw} {wdtype}"),
+                    kernel: norm.symbol(),
+                    grid: g,
+                    grid_y: m as u32,
+                    block: b,
+                    inputs: vec![data.push_i32(&pick), data.push(&hidden), data.push(&gw), warr.clone()],
+                    scalars: vec![nw as i64],
+                    expected: data.push(&first_cols(&want, m)),
+                    init: None,
+                    written_inputs: vec![],
+                    tmaps: vec![],
+                    tol: 1e-5,
+                    cluster: None,
+                });
+                specs.push(norm);
+            }
+        }
         // the batched-decode GEMV (8 activation rows per block): a partial second row block
         if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
             let rows = dsc_codegen::kernels::few_rows(wdtype);

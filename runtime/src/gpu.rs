@@ -1105,7 +1105,17 @@ impl GpuBackend<'_> {
         }
         if use_graph && bucket.graph.is_none() && bucket.runs > 0 {
             cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
-            let launched = self.launch_all(bucket);
+            // (DSC_GRAPH_REPEAT=n, a measurement knob: the step's launches n times in the graph —
+            // the same step recomputed, every accumulator zeroed before use — to see what a
+            // graph launch costs its first kernels)
+            let repeat = std::env::var("DSC_GRAPH_REPEAT").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1).clamp(1, 8);
+            let mut launched = Ok(());
+            for _ in 0..repeat {
+                launched = self.launch_all(bucket);
+                if launched.is_err() {
+                    break;
+                }
+            }
             let graph = cu(self.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH), "end capture")?;
             launched?;
             bucket.graph = graph;

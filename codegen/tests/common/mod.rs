@@ -34,3 +34,11 @@ pub fn body<'a>(ptx: &'a str, name: &str) -> &'a str {
     let body = ptx.split(&format!(".entry {name}(")).nth(1).expect("the kernel is in the PTX");
     &body[..body.find("\n}").unwrap()]
 }
+
+/// Registers ptxas -v reported for kernel `name` in `log`.
+#[allow(dead_code)]
+pub fn registers(log: &str, name: &str) -> Option<u32> {
+    let after = log.split(&format!("entry function '{name}'")).nth(1)?;
+    let used = after.split("Used ").nth(1)?;
+    used.split_whitespace().next()?.parse().ok()
+}
