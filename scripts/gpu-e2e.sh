@@ -5,6 +5,8 @@
 set -uo pipefail
 out=${OUT:-.gpu/out}; mkdir -p "$out"
 cat ~/cache/smol.plan.part.aa .gpu/p2/smol.plan.part.ab > ~/cache/smol.plan
+# (the runtime travels gzipped, see gpu-prepare.sh)
+[ -f .gpu/p2/dsc-runtime.gz ] && { gunzip -c .gpu/p2/dsc-runtime.gz > .gpu/p2/dsc-runtime; chmod +x .gpu/p2/dsc-runtime; }
 echo "$(cat .gpu/p2/plan.sha256)  $HOME/cache/smol.plan" | sha256sum -c - || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 .gpu/p2/dsc-runtime gpu-e2e ~/cache/smol.plan .gpu/p2/smollm2-q4_1-numpy-public.json --json "$out/e2e.json" 2>&1 | tee "$out/e2e.log"

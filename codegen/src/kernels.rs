@@ -1036,21 +1036,6 @@ impl Body {
         let hi = self.op(&format!("arith.andi {word}, {m} : i32"));
         [self.op(&format!("arith.bitcast {lo} : i32 to f32")), self.op(&format!("arith.bitcast {hi} : i32 to f32"))]
     }
-    /// An L2 cache policy (i64) under which loads (`load_words_hinted`) are the first lines
-    /// the L2 evicts: for a stream read once per step, so it does not push out what later
-    /// kernels reuse (their code, the KV cache, the activations)
-    fn l2_evict_first_policy(&mut self) -> String {
-        self.op("llvm.inline_asm \"createpolicy.fractional.L2::evict_first.b64 $0, 1.0;\", \"=l\"  : () -> i64")
-    }
-    /// 4 i32 words at byte offset `off` of `ptr` (16-byte aligned, read-only for the kernel)
-    /// loaded under the L2 cache policy `pol` (not allocated in L1)
-    fn load_words_hinted(&mut self, ptr: &str, off: &str, pol: &str) -> Vec<String> {
-        let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-        let v = self.op(&format!(
-            "llvm.inline_asm has_side_effects \"ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {{$0, $1, $2, $3}}, [$4], $5;\", \"=r,=r,=r,=r,l,l\" {p}, {pol} : (!llvm.ptr<1>, i64) -> !llvm.struct<(i32, i32, i32, i32)>"
-        ));
-        (0..4).map(|i| self.op(&format!("llvm.extractvalue {v}[{i}] : !llvm.struct<(i32, i32, i32, i32)>"))).collect()
-    }
     /// one aligned `vector<n x ty>` load at byte offset `off` of `ptr`
     fn load_vector(&mut self, ptr: &str, off: &str, n: usize, ty: &str, align: usize) -> String {
         let p = self.op(&format!("llvm.getelementptr {ptr}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
@@ -2410,15 +2395,10 @@ fn emit_gemv_wide(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let base = b.op(&format!("arith.muli {r}, {rowbytes} : i64"));
         b.op(&format!("arith.addi {base}, {qoff} : i64"))
     };
-    // (DSC_WIDE_EVICT_FIRST=1: the weights under an L2 evict-first policy)
-    let pol = (env_num::<u32>("DSC_WIDE_EVICT_FIRST") == Some(1)).then(|| b.l2_evict_first_policy());
     let load_unit = |b: &mut Body, base: &str, i: usize| -> Vec<String> {
         let c = b.ci64((i * WIDE_LANES * 16) as i64);
         let off = b.op(&format!("arith.addi {base}, {c} : i64"));
-        match &pol {
-            Some(pol) => b.load_words_hinted("%w", &off, pol),
-            None => b.load_vec("%w", &off, 4, "i32", 16),
-        }
+        b.load_vec("%w", &off, 4, "i32", 16)
     };
     // the weights stream as one sequence of (group, unit) items, `depth` items loaded ahead of
     // the one being summed (the first ones before the PDL wait)
