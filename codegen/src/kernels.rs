@@ -1028,6 +1028,17 @@ impl Body {
         self.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
         self.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
     }
+    /// the two f16 of an i32 word as f32, the low half first
+    fn f16_pair(&mut self, word: &str) -> [String; 2] {
+        let c16 = self.op("arith.constant 16 : i32");
+        let lo = self.op(&format!("arith.trunci {word} : i32 to i16"));
+        let hi = self.op(&format!("arith.shrui {word}, {c16} : i32"));
+        let hi = self.op(&format!("arith.trunci {hi} : i32 to i16"));
+        [lo, hi].map(|h| {
+            let f = self.op(&format!("arith.bitcast {h} : i16 to f16"));
+            self.op(&format!("arith.extf {f} : f16 to f32"))
+        })
+    }
     /// the two bf16 of an i32 word as f32: the low half shifted up, the high half masked
     fn bf16_pair(&mut self, word: &str) -> [String; 2] {
         let c16 = self.op("arith.constant 16 : i32");
@@ -2237,16 +2248,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
                     match wdtype {
                         DType::F32 => wf.push(word.clone()),
                         DType::BF16 => wf.extend(b.bf16_pair(word)),
-                        _ => {
-                            let c16 = b.op("arith.constant 16 : i32");
-                            let lo = b.op(&format!("arith.trunci {word} : i32 to i16"));
-                            let hi = b.op(&format!("arith.shrui {word}, {c16} : i32"));
-                            let hi = b.op(&format!("arith.trunci {hi} : i32 to i16"));
-                            for h in [lo, hi] {
-                                let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
-                                wf.push(b.op(&format!("arith.extf {f} : f16 to f32")));
-                            }
-                        }
+                        _ => wf.extend(b.f16_pair(word)),
                     }
                 }
                 for (i, xr) in xs.iter().enumerate() {
@@ -2466,20 +2468,8 @@ fn emit_gemv_wide(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
             let words = inflight.pop_front().ok_or("the wide GEMV's schedule lost a unit")?;
             for (wi, word) in words.iter().enumerate() {
                 let pair = match wdtype {
-                    DType::BF16 => b.bf16_pair(word).to_vec(),
-                    _ => {
-                        let c16 = b.op("arith.constant 16 : i32");
-                        let lo = b.op(&format!("arith.trunci {word} : i32 to i16"));
-                        let hi = b.op(&format!("arith.shrui {word}, {c16} : i32"));
-                        let hi = b.op(&format!("arith.trunci {hi} : i32 to i16"));
-                        [lo, hi]
-                            .iter()
-                            .map(|h| {
-                                let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
-                                b.op(&format!("arith.extf {f} : f16 to f32"))
-                            })
-                            .collect()
-                    }
+                    DType::BF16 => b.bf16_pair(word),
+                    _ => b.f16_pair(word),
                 };
                 for (e, w) in pair.iter().enumerate() {
                     acc[wi] = b.op(&format!("llvm.intr.fma({w}, {}, {}) : (f32, f32, f32) -> f32", xr[2 * wi + e], acc[wi]));
