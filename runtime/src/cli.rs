@@ -325,6 +325,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         starvation: std::time::Duration::from_secs_f64(a.starvation_secs),
         queue_timeout: std::time::Duration::from_secs_f64(a.queue_timeout_secs),
         pipeline: !a.no_pipeline && std::env::var_os("DSC_NO_PIPELINE").is_none(),
+        multi_step: crate::scheduler::multi_step_from_env(),
     };
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     let (path, backend) = (a.plan.clone(), a.backend);

@@ -74,6 +74,13 @@ pub trait Backend {
     fn launch_greedy(&mut self, _batch: &StepBatch, _fed: bool) -> Result<bool> {
         Ok(false)
     }
+    /// [`Backend::launch_greedy`] of several fed steps at once, in order (each fed the one
+    /// before's argmax; the first the last launched step's): one launch for all of them where
+    /// the backend can (the GPU: one CUDA graph). Ok(false): not here (the caller launches
+    /// them one at a time); each step's ids are then collected in turn.
+    fn launch_greedy_steps(&mut self, _batches: &[StepBatch]) -> Result<bool> {
+        Ok(false)
+    }
     /// The token ids of the oldest launched, not yet collected greedy step.
     fn collect_greedy(&mut self) -> Result<Vec<u32>> {
         Err(crate::RuntimeError::Request("collect_greedy: no pipelined step in flight".into()))
@@ -100,6 +107,9 @@ impl<B: Backend + ?Sized> Backend for &mut B {
     }
     fn launch_greedy(&mut self, batch: &StepBatch, fed: bool) -> Result<bool> {
         (**self).launch_greedy(batch, fed)
+    }
+    fn launch_greedy_steps(&mut self, batches: &[StepBatch]) -> Result<bool> {
+        (**self).launch_greedy_steps(batches)
     }
     fn collect_greedy(&mut self) -> Result<Vec<u32>> {
         (**self).collect_greedy()

@@ -46,7 +46,7 @@ pub struct GpuBackend<'p> {
     table_width: usize,
     block_size: usize,
     pub target: String,
-    buckets: HashMap<(usize, usize, usize, usize), Bucket>,
+    buckets: HashMap<BucketKey, Bucket>,
     /// where the schedule changes with the context (`GpuProgram::context_bounds`)
     context_bounds: Vec<i64>,
     /// replay decode-sized steps as CUDA graphs (captured on a bucket's second run)
@@ -78,6 +78,9 @@ pub struct GpuBackend<'p> {
     feeds: [Option<CudaSlice<u8>>; 2],
     /// which of `feeds` the last pipelined step wrote
     feed_at: usize,
+    /// where the last pipelined launch left its last ids when it was a multi-step one
+    /// (`Backend::launch_greedy_steps`): (bucket key, graph instance)
+    last_multi: Option<(BucketKey, usize)>,
     /// where the ids' device-to-host copies run: a second stream (after an event on the main
     /// one), so the next step's upload and graph need not queue behind a copy that takes
     /// ~10 µs of the stream's time (bench/launch_floor.cu on the H200: 290 -> 279 µs per step
@@ -391,6 +394,7 @@ impl<'p> GpuBackend<'p> {
             spare_ids: vec![],
             feeds: [None, None],
             feed_at: 0,
+            last_multi: None,
             copy_stream,
             cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
             pdl_max_tokens: std::env::var("DSC_PDL_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(PDL_MAX_TOKENS),
@@ -535,6 +539,30 @@ struct Bucket {
     /// fill, uploaded in one copy
     packed: Vec<(&'static str, usize, usize)>,
     packed_span: (usize, usize),
+    /// k pipelined greedy steps as one CUDA graph (`Backend::launch_greedy_steps`)
+    multi: Option<Multi>,
+}
+
+/// A bucket: (tokens, sequences, logits rows, context class).
+type BucketKey = (usize, usize, usize, usize);
+
+/// k fed greedy steps of a bucket as one CUDA graph, in two instances used in turn (the host
+/// stages one while the other may still run): each step's input kernel reads its own pinned
+/// staging buffer and the step before's ids (the first step: the other instance's last
+/// ids), its argmax writes its own id buffer — fixed addresses, so the graph replays them.
+struct Multi {
+    k: usize,
+    rows: usize,
+    insts: Vec<MultiInst>,
+    turn: usize,
+}
+
+struct MultiInst {
+    graph: Option<cudarc::driver::CudaGraph>,
+    staging: Vec<cudarc::driver::PinnedHostSlice<u8>>,
+    ids: Vec<CudaSlice<u8>>,
+    /// after the id copies of this instance's last launch
+    copied: Option<cudarc::driver::CudaEvent>,
 }
 
 /// Steps of at most this many tokens keep their bucket (and CUDA graph, and launch with PDL);
@@ -751,7 +779,7 @@ impl GpuBackend<'_> {
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
         // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
         let pdl = self.pdl && t <= self.cached_max_tokens.min(self.pdl_max_tokens);
-        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span })
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span, multi: None })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -984,23 +1012,204 @@ impl GpuBackend<'_> {
     /// Upload the step's inputs and run its launches (as a CUDA graph once captured). With
     /// `fed`, the token ids come from that device buffer (a pipelined step: the previous
     /// step's argmax), not from `b.tokens`.
-    fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool, fed: Option<&CudaSlice<u8>>) -> Result<()> {
-        // block tables are padded to a fixed width, so MB (and the graph) is fixed
+    /// The step's six inputs, the block table padded to the plan's fixed width (so MB, and the
+    /// graph, is fixed).
+    fn step_inputs(&self, b: &StepBatch) -> [(&'static str, Vec<i32>); 6] {
         let w = self.table_width;
         let mut table = vec![0i32; b.num_seqs * w];
         for sq in 0..b.num_seqs {
             let n = b.max_blocks.min(w);
             table[sq * w..sq * w + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
         }
+        [("tokens", b.tokens.clone()), ("positions", b.positions.clone()), ("seq_ids", b.seq_ids.clone()), ("slots", b.slots.clone()), ("block_table", table), ("logit_rows", b.logit_rows.clone())]
+    }
+
+    /// Every packed input at its place in the packed span's staging copy `h` (zeros past each
+    /// input's data).
+    fn pack_inputs(bucket: &Bucket, inputs: &[(&'static str, Vec<i32>); 6], h: &mut [u8]) -> Result<()> {
+        let s0 = bucket.packed_span.0;
+        h.fill(0);
+        for &(name, o, n) in &bucket.packed {
+            let v = inputs.iter().find(|(k, _)| *k == name).map(|(_, v)| i32_bytes(v)).unwrap_or_default();
+            if v.len() > n {
+                return Err(gerr(format!("step input {name}: {} bytes for a {n}-byte buffer", v.len())));
+            }
+            h[o - s0..o - s0 + v.len()].copy_from_slice(&v);
+        }
+        Ok(())
+    }
+
+    /// The input kernel: the packed span's staged words from pinned memory at `src_ptr` into
+    /// the arena, and with `fed` (a device buffer of token ids) the step's tokens from there —
+    /// under PDL on sm_90a, only the threads taking a fed id waiting. The caller keeps the
+    /// staging buffer and `fed` alive until the kernel has run.
+    fn launch_inputs(&self, f: &CudaFunction, bucket: &mut Bucket, src_ptr: u64, fed: Option<(u64, usize)>) -> Result<()> {
+        use cudarc::driver::DevicePtrMut;
+        let (s0, s1) = bucket.packed_span;
+        let (mut fed_ptr, mut fed_at, mut fed_words) = (0u64, 0u32, 0u32);
+        if let Some((p, tokens)) = fed {
+            let n = tokens * 4;
+            let Some(&(_, o, len)) = bucket.packed.iter().find(|p| p.0 == "tokens") else {
+                return Err(gerr("the step has no tokens input to feed"));
+            };
+            if len < n {
+                return Err(gerr(format!("fed token ids for {tokens} tokens ({len}-byte input)")));
+            }
+            (fed_ptr, fed_at, fed_words) = (p, ((o - s0) / 4) as u32, (n / 4) as u32);
+        }
+        let words = ((s1 - s0) / 4) as u32;
+        let mut dst = bucket.arena.slice_mut(s0..s1);
+        let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
+        let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        if let (Some(fp), true) = (&self.inputs_pdl, fed.is_some()) {
+            // (a fed step: right after the previous step's argmax, with PDL)
+            cu(self.ctx.bind_to_thread(), "binding the context")?;
+            // SAFETY: dsc_inputs_pdl(src, dst, fed, words, fed_at, fed_words): `src` is pinned
+            // staging of at least s1 - s0 bytes (device-readable under unified addressing) the
+            // caller keeps until after this kernel; `dst` spans s1 - s0 bytes of the arena;
+            // `fed` holds `fed_words` words landing inside the tokens input (checked above)
+            let r = unsafe { launch_kernel_ex(&self.stream, fp, &[src_ptr, dptr, fed_ptr], &[words as i64, fed_at as i64, fed_words as i64], cfg, true, 1, None) };
+            return cu(r, "launching dsc_inputs_pdl");
+        }
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&src_ptr).arg(&dptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
+        // SAFETY: dsc_inputs(src, dst, words, fed, fed_at, fed_words): as above
+        unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching dsc_inputs: {e:?}")))?;
+        Ok(())
+    }
+
+    /// [`Backend::launch_greedy_steps`] in the bucket: the k steps' inputs staged, the
+    /// instance's graph launched (captured on first use: k x [input kernel, the step's
+    /// launches, argmax]), the k id buffers copied to `hosts` on the copy stream. None: the
+    /// bucket cannot (no packed inputs). Returns the instance and the k in-flight entries.
+    fn launch_multi(&self, bucket: &mut Bucket, bs: &[StepBatch], kname: &str, key: BucketKey, hosts: Vec<cudarc::driver::PinnedHostSlice<u8>>) -> Result<Option<(usize, Vec<Inflight>)>> {
+        let (k, rows) = (bs.len(), bs[0].logit_rows.len());
+        let Some(f) = self.inputs_kernel.as_ref() else { return Ok(None) };
+        if bucket.packed.is_empty() {
+            return Ok(None);
+        }
+        let span = bucket.packed_span.1 - bucket.packed_span.0;
+        let mut m = match bucket.multi.take() {
+            Some(m) if m.k == k && m.rows == rows => m,
+            _ => {
+                let mut insts = vec![];
+                for _ in 0..2 {
+                    let mut staging = vec![];
+                    let mut ids = vec![];
+                    // (ids as large as the pinned buffers they are copied into: the copy
+                    // takes the host buffer's length)
+                    for _ in 0..k {
+                        staging.push(self.pinned(span.max(1 << 12))?);
+                        ids.push(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
+                    }
+                    insts.push(MultiInst { graph: None, staging, ids, copied: None });
+                }
+                Multi { k, rows, insts, turn: 0 }
+            }
+        };
+        let r = self.launch_multi_in(bucket, &mut m, bs, kname, key, hosts, f, span);
+        bucket.multi = Some(m);
+        r.map(Some)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_multi_in(
+        &self,
+        bucket: &mut Bucket,
+        m: &mut Multi,
+        bs: &[StepBatch],
+        kname: &str,
+        key: BucketKey,
+        hosts: Vec<cudarc::driver::PinnedHostSlice<u8>>,
+        f: &CudaFunction,
+        span: usize,
+    ) -> Result<(usize, Vec<Inflight>)> {
+        use cudarc::driver::DevicePtr;
+        let rows = m.rows;
+        let j = m.turn;
+        m.turn = 1 - j;
+        // (this instance's last launch done: its staging and ids are free)
+        if let Some(c) = m.insts[j].copied.take() {
+            cu(c.synchronize(), "waiting for a multi-step graph's last run")?;
+        }
+        for (i, b) in bs.iter().enumerate() {
+            let h = &mut cu(m.insts[j].staging[i].as_mut_slice(), "staging inputs")?[..span];
+            Self::pack_inputs(bucket, &self.step_inputs(b), h)?;
+        }
+        // the first step's fed ids: the other instance's last buffer, where that instance ran
+        // last; else copied there from where the last launch left them
+        let other = 1 - j;
+        if self.last_multi != Some((key, other)) {
+            if let Some(c) = &m.insts[other].copied {
+                cu(self.stream.wait(c), "ordering the fed ids after their copy")?;
+            }
+            let n = rows * 4;
+            let (a, z) = m.insts.split_at_mut(1);
+            let (mine, theirs) = if other == 0 { (&z[0], &mut a[0]) } else { (&a[0], &mut z[0]) };
+            let dst = theirs.ids.last_mut().expect("k ids");
+            let src = match self.last_multi {
+                Some((kk, jj)) if kk == key && jj == j => mine.ids.last(),
+                Some(_) => self.multi_ids(None),
+                None => self.feeds[self.feed_at].as_ref(),
+            };
+            match src {
+                Some(src) if src.len() >= n && dst.len() >= n => cu(self.stream.memcpy_dtod(&src.slice(0..n), &mut dst.slice_mut(0..n)), "feeding the last ids")?,
+                _ => return Err(gerr("a multi-step launch found no ids of the step before it")),
+            }
+        }
+        if m.insts[j].graph.is_none() {
+            // (the staging buffers' addresses first: touching a pinned buffer synchronizes,
+            // which a capturing stream does not allow)
+            let mut srcs = vec![];
+            for st in &m.insts[j].staging {
+                srcs.push(cu(st.as_slice(), "staging inputs")?.as_ptr() as u64);
+            }
+            cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
+            let mut launched = Ok(());
+            for (i, &src) in srcs.iter().enumerate() {
+                let fed = if i == 0 { m.insts[other].ids.last().expect("k ids") } else { &m.insts[j].ids[i - 1] };
+                let (fp, _g) = fed.device_ptr(&self.stream);
+                launched = self.launch_inputs(f, bucket, src, Some((fp, rows))).and_then(|_| self.launch_all(bucket)).and_then(|_| self.launch_argmax(bucket, kname, &m.insts[j].ids[i]));
+                if launched.is_err() {
+                    break;
+                }
+            }
+            let graph = cu(self.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH), "end capture")?;
+            launched?;
+            m.insts[j].graph = graph;
+        }
+        match &m.insts[j].graph {
+            Some(gr) => cu(gr.launch(), "multi-step graph launch")?,
+            None => return Err(gerr("a multi-step graph was not captured")),
+        }
+        let copy = match &self.copy_stream {
+            Some(cs) => {
+                let ready = cu(self.stream.record_event(None), "recording the steps' end")?;
+                cu(cs.wait(&ready), "ordering the token ids' copies")?;
+                cs
+            }
+            None => &self.stream,
+        };
+        let mut entries = vec![];
+        for (i, mut host) in hosts.into_iter().enumerate() {
+            cu(copy.memcpy_dtoh(&m.insts[j].ids[i].slice(0..rows * 4), &mut host), "reading token ids")?;
+            let done = cu(copy.record_event(None), "recording an ids copy")?;
+            entries.push(Inflight { host, rows, done, buf: 2 });
+        }
+        m.insts[j].copied = Some(cu(copy.record_event(None), "recording the ids copies")?);
+        Ok((j, entries))
+    }
+
+    fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool, fed: Option<&CudaSlice<u8>>) -> Result<()> {
+        let inputs = self.step_inputs(b);
         // (whether the input kernel took the fed ids already)
         let mut fed_done = false;
-        let inputs: [(&str, &[i32]); 6] = [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", &table), ("logit_rows", &b.logit_rows)];
         if bucket.packed.is_empty() {
-            for (name, v) in inputs {
-                if fed.is_some() && name == "tokens" {
+            for (name, v) in &inputs {
+                if fed.is_some() && *name == "tokens" {
                     continue;
                 }
-                if let Some(dst) = bucket.bufs.get_mut(name) {
+                if let Some(dst) = bucket.bufs.get_mut(*name) {
                     cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
                 }
             }
@@ -1022,63 +1231,34 @@ impl GpuBackend<'_> {
                 host = self.pinned(s1 - s0)?;
             }
             let h = &mut cu(host.as_mut_slice(), "staging inputs")?[..s1 - s0];
-            h.fill(0);
-            for &(name, o, n) in &bucket.packed {
-                let v = inputs.iter().find(|(k, _)| *k == name).map(|(_, v)| i32_bytes(v)).unwrap_or_default();
-                if v.len() > n {
-                    return Err(gerr(format!("step input {name}: {} bytes for a {n}-byte buffer", v.len())));
-                }
-                h[o - s0..o - s0 + v.len()].copy_from_slice(&v);
-            }
-            let mut dst = bucket.arena.slice_mut(s0..s1);
-            {
-                use cudarc::driver::{DevicePtr, DevicePtrMut};
-                let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
-                match &self.inputs_kernel {
-                    Some(f) => {
-                        // (the fed token ids taken in the same kernel, at the tokens' words)
-                        let (mut fed_ptr, mut fed_at, mut fed_words) = (0u64, 0u32, 0u32);
-                        let mut _fed_guard = None;
-                        if let Some(src) = fed {
+            Self::pack_inputs(bucket, &inputs, h)?;
+            match &self.inputs_kernel {
+                Some(f) => {
+                    // (the fed token ids taken in the same kernel, at the tokens' words)
+                    let mut _fed_guard = None;
+                    let fed_at = match fed {
+                        Some(src) => {
                             let n = b.tokens.len() * 4;
-                            let Some(&(_, o, len)) = bucket.packed.iter().find(|p| p.0 == "tokens") else {
-                                return Err(gerr("the step has no tokens input to feed"));
-                            };
-                            if src.len() < n || len < n {
-                                return Err(gerr(format!("fed token ids: {} bytes for {} tokens ({len}-byte input)", src.len(), b.tokens.len())));
+                            if src.len() < n {
+                                return Err(gerr(format!("fed token ids: {} bytes for {} tokens", src.len(), b.tokens.len())));
                             }
-                            let (p, g) = src.device_ptr(&self.stream);
-                            (fed_ptr, fed_at, fed_words) = (p, ((o - s0) / 4) as u32, (n / 4) as u32);
+                            let (p, g) = cudarc::driver::DevicePtr::device_ptr(src, &self.stream);
                             _fed_guard = Some(g);
                             fed_done = true;
+                            Some((p, b.tokens.len()))
                         }
-                        let words = ((s1 - s0) / 4) as u32;
-                        let src_ptr = h.as_ptr() as u64;
-                        if let (Some(fp), true) = (&self.inputs_pdl, fed.is_some()) {
-                            // (a fed step: right after the previous step's argmax, with PDL)
-                            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                            cu(self.ctx.bind_to_thread(), "binding the context")?;
-                            // SAFETY: as dsc_inputs below: dsc_inputs_pdl(src, dst, fed, words,
-                            // fed_at, fed_words) reads the same words and writes the same ones
-                            let r = unsafe { launch_kernel_ex(&self.stream, fp, &[src_ptr, dptr, fed_ptr], &[words as i64, fed_at as i64, fed_words as i64], cfg, true, 1, None) };
-                            cu(r, "launching dsc_inputs_pdl")?;
-                        } else {
-                            let mut lb = self.stream.launch_builder(f);
-                            lb.arg(&src_ptr).arg(&dptr).arg(&words).arg(&fed_ptr).arg(&fed_at).arg(&fed_words);
-                            let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                            // SAFETY: dsc_inputs(src, dst, words, fed, fed_at, fed_words): `src` is
-                            // the pinned staging buffer of at least s1 - s0 bytes (device-readable
-                            // under unified addressing), kept by the ring until the event after
-                            // this kernel; `dst` spans s1 - s0 bytes of the arena; `fed`, when
-                            // set, holds `fed_words` words (checked above) landing inside the
-                            // tokens input.
-                            unsafe { lb.launch(cfg) }.map_err(|e| gerr(format!("launching dsc_inputs: {e:?}")))?;
-                        }
-                    }
+                        None => None,
+                    };
+                    self.launch_inputs(f, bucket, h.as_ptr() as u64, fed_at)?;
+                }
+                None => {
+                    use cudarc::driver::DevicePtrMut;
+                    let mut dst = bucket.arena.slice_mut(s0..s1);
+                    let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
                     // SAFETY: `h` is pinned memory the ring keeps until the event after this copy
                     // has completed (it is reused only after synchronizing on it); `dst` spans
                     // s1 - s0 bytes
-                    None => cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?,
+                    cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?
                 }
             }
             let done = cu(self.stream.record_event(None), "recording the input copy")?;
@@ -1146,16 +1326,39 @@ impl GpuBackend<'_> {
         }
     }
 
+    /// The bucket a step runs in, and the shortest context of its context class.
+    fn bucket_key(&self, b: &StepBatch) -> (BucketKey, i64) {
+        // (the longest context of the step: its sequences' last position + 1)
+        let context = b.positions.iter().map(|&p| p as i64 + 1).max().unwrap_or(1);
+        let (class, shortest) = crate::plan::context_class_in(&self.context_bounds, context);
+        ((b.tokens.len(), b.num_seqs, b.logit_rows.len(), class), shortest)
+    }
+
+    /// The device argmax kernel pipelined greedy steps use (None: the host picks, or
+    /// tensor-parallel ranks).
+    fn greedy_argmax(&self) -> Option<String> {
+        self.prog.argmax.clone().filter(|_| !self.host_argmax && self.prog.argmax_block.is_some() && !matches!(self.collective, GpuCollective::Local(_)))
+    }
+
+    /// The id buffer the last pipelined launch's last step wrote, when that was a multi-step
+    /// launch of another bucket than the one now running (in the map) or of `own` (the
+    /// running bucket's steps, taken out of the map).
+    fn multi_ids<'a>(&'a self, own: Option<(&'a Multi, BucketKey)>) -> Option<&'a CudaSlice<u8>> {
+        let (key, j) = self.last_multi?;
+        let m = match own {
+            Some((m, k)) if k == key => m,
+            _ => self.buckets.get(&key)?.multi.as_ref()?,
+        };
+        m.insts.get(j)?.ids.last()
+    }
+
     /// Find (or make) the step shape's bucket and run `f` on it; long steps get a transient one.
     fn with_bucket<R>(&mut self, b: &StepBatch, f: impl FnOnce(&Self, &mut Bucket, bool) -> Result<R>) -> Result<R> {
         b.validate()?;
         if b.max_blocks > self.table_width {
             return Err(gerr(format!("block table of {} blocks per sequence exceeds the plan's longest sequence ({} blocks)", b.max_blocks, self.table_width)));
         }
-        // (the longest context of the step: its sequences' last position + 1)
-        let context = b.positions.iter().map(|&p| p as i64 + 1).max().unwrap_or(1);
-        let (class, shortest) = crate::plan::context_class_in(&self.context_bounds, context);
-        let key = (b.tokens.len(), b.num_seqs, b.logit_rows.len(), class);
+        let (key, shortest) = self.bucket_key(b);
         if key.0 > self.cached_max_tokens {
             let mut bucket = self.prepare(key.0, key.1, key.2, shortest)?;
             return f(self, &mut bucket, false);
@@ -1183,9 +1386,29 @@ impl Backend for GpuBackend<'_> {
 
     fn launch_greedy(&mut self, b: &StepBatch, fed: bool) -> Result<bool> {
         // (the device argmax of a block per row; host reductions would serialize anyway)
-        let Some(k) = self.prog.argmax.clone().filter(|_| !self.host_argmax && self.prog.argmax_block.is_some() && !matches!(self.collective, GpuCollective::Local(_))) else {
+        let Some(k) = self.greedy_argmax() else {
             return Ok(false);
         };
+        if fed && self.last_multi.is_some() {
+            // (the last launch was a multi-step one: its last ids into the fed buffer first,
+            // once that buffer's own copy to the host has run)
+            let rows = b.logit_rows.len();
+            let at = self.feed_at;
+            for f in self.inflight.iter().filter(|f| f.buf == at) {
+                cu(self.stream.wait(&f.done), "ordering the fed ids after their copy")?;
+            }
+            if self.feeds[at].as_ref().is_none_or(|f| f.len() < rows * 4) {
+                self.feeds[at] = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
+            }
+            let mut dst = self.feeds[at].take().expect("allocated above");
+            let r = match self.multi_ids(None) {
+                Some(src) if src.len() >= rows * 4 => cu(self.stream.memcpy_dtod(&src.slice(0..rows * 4), &mut dst.slice_mut(0..rows * 4)), "feeding the last ids"),
+                _ => Err(gerr("the last multi-step launch's ids are gone")),
+            };
+            self.feeds[at] = Some(dst);
+            r?;
+        }
+        self.last_multi = None;
         let rows = b.logit_rows.len();
         if b.tokens.len() != rows {
             return Err(gerr("a pipelined step has one token and one logits row per sequence"));
@@ -1239,6 +1462,39 @@ impl Backend for GpuBackend<'_> {
         let done = cu(copy.record_event(None), "recording the ids copy")?;
         self.inflight.push_back(Inflight { host, rows, done, buf: cur });
         Ok(true)
+    }
+
+    fn launch_greedy_steps(&mut self, bs: &[StepBatch]) -> Result<bool> {
+        let k = bs.len();
+        let Some(kname) = self.greedy_argmax() else { return Ok(false) };
+        if k < 2 || !self.use_graphs || self.inputs_kernel.is_none() || self.inflight.is_empty() {
+            return Ok(false);
+        }
+        let rows = bs[0].logit_rows.len();
+        if rows > self.cached_max_tokens || bs.iter().any(|b| b.tokens.len() != rows || b.logit_rows.len() != rows || b.num_seqs != bs[0].num_seqs) {
+            return Ok(false);
+        }
+        // (all k steps in one bucket: one context class)
+        let key = self.bucket_key(&bs[0]).0;
+        if bs.iter().any(|b| self.bucket_key(b).0 != key) {
+            return Ok(false);
+        }
+        let mut hosts = vec![];
+        for _ in 0..k {
+            hosts.push(match self.spare_ids.pop() {
+                Some(h) if h.len() >= rows * 4 => h,
+                _ => self.pinned(rows.max(256) * 4)?,
+            });
+        }
+        let r = self.with_bucket(&bs[0], |g, bucket, _| g.launch_multi(bucket, bs, &kname, key, hosts));
+        match r? {
+            Some((j, entries)) => {
+                self.inflight.extend(entries);
+                self.last_multi = Some((key, j));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn collect_greedy(&mut self) -> Result<Vec<u32>> {

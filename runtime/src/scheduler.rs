@@ -74,6 +74,11 @@ pub struct SchedulerConfig {
     /// A sequence that ends at step N has one more (discarded) position computed. Default on;
     /// DSC_NO_PIPELINE=1 turns it off
     pub pipeline: bool,
+    /// pipelined greedy steps launched at once (as one CUDA graph on the GPU, which saves the
+    /// ~9 µs a graph launch costs each small-model step): up to this many positions of the
+    /// same rows, each fed the previous one's token on the device; 1: one step at a time.
+    /// DSC_MULTI_STEP=k (a measurement knob, off by default)
+    pub multi_step: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -87,8 +92,14 @@ impl Default for SchedulerConfig {
             starvation: Duration::from_secs(10),
             queue_timeout: Duration::from_secs(600),
             pipeline: std::env::var_os("DSC_NO_PIPELINE").is_none(),
+            multi_step: multi_step_from_env(),
         }
     }
+}
+
+/// DSC_MULTI_STEP=k (2..=16): pipelined greedy steps launched at once; 1 otherwise.
+pub fn multi_step_from_env() -> usize {
+    std::env::var("DSC_MULTI_STEP").ok().and_then(|v| v.parse::<usize>().ok()).filter(|k| (2..=16).contains(k)).unwrap_or(1)
 }
 
 /// What a client asks for (already tokenized and validated).
@@ -185,10 +196,11 @@ impl Seq {
     }
 }
 
-/// Row `row` of a step batch: the sequence's next `n` positions from `computed` (their input
+/// Row `row` of a step batch: the sequence's `n` positions from `from` (their input
 /// tokens, or 0 where the device feeds them: `fed`), and its block table padded to `mb`.
-fn push_row(b: &mut StepBatch, s: &Seq, row: usize, n: usize, fed: bool, bs: usize, mb: usize) {
-    for p in s.computed..s.computed + n {
+#[allow(clippy::too_many_arguments)]
+fn push_row(b: &mut StepBatch, s: &Seq, row: usize, from: usize, n: usize, fed: bool, bs: usize, mb: usize) {
+    for p in from..from + n {
         b.tokens.push(if fed { 0 } else { s.tokens[p] as i32 });
         b.positions.push(p as i32);
         b.seq_ids.push(row as i32);
@@ -230,6 +242,8 @@ pub struct Engine<B: Backend + ?Sized> {
     /// token ids not yet collected); each has `computed` == its tokens' length, the pending
     /// token's position
     pending: Option<Vec<u64>>,
+    /// the steps in flight over those rows (more than 1: `SchedulerConfig::multi_step`)
+    pending_steps: usize,
 }
 
 impl<B: Backend + ?Sized> Engine<B> {
@@ -251,6 +265,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             pool_blocks: blocks,
             gen_window: VecDeque::new(),
             pending: None,
+            pending_steps: 1,
         }
     }
 
@@ -412,13 +427,30 @@ impl<B: Backend + ?Sized> Engine<B> {
         self.expire();
         self.refill();
         if let Some(rows) = self.pending.take() {
-            // the same rows once more, each fed its pending token on the device; then, while
-            // that step runs, the previous one's tokens are emitted
-            if let Some(b) = self.pipelined_batch(&rows)? {
+            let inflight = std::mem::replace(&mut self.pending_steps, 1);
+            // the same rows once more, each fed its pending token on the device (k positions
+            // at once with `multi_step`); then, while that runs, the previous launch's tokens
+            // are emitted
+            let k = self.cfg.multi_step;
+            if k > 1 {
+                if let Some(bs) = self.pipelined_batches(&rows, k, inflight)? {
+                    if self.backend.launch_greedy_steps(&bs)? {
+                        self.metrics.steps.inc_by(k as u64);
+                        self.settle_inflight(&rows, inflight)?;
+                        for &id in &rows {
+                            self.computed(id, k);
+                        }
+                        self.pending = Some(rows);
+                        self.pending_steps = k;
+                        self.update_gauges();
+                        return Ok(true);
+                    }
+                }
+            }
+            if let Some(b) = self.pipelined_batch(&rows, inflight)? {
                 if self.backend.launch_greedy(&b, true)? {
                     self.metrics.steps.inc();
-                    let ids = self.backend.collect_greedy()?;
-                    self.settle(&rows, ids);
+                    self.settle_inflight(&rows, inflight)?;
                     // (rows that ended in `settle` are gone: their position is discarded)
                     for &id in &rows {
                         self.computed(id, 1);
@@ -428,8 +460,7 @@ impl<B: Backend + ?Sized> Engine<B> {
                     return Ok(true);
                 }
             }
-            let ids = self.backend.collect_greedy()?;
-            self.settle(&rows, ids);
+            self.settle_inflight(&rows, inflight)?;
         }
         let mut budget = self.cfg.max_step_tokens;
         let mut sched: Vec<(u64, usize)> = vec![];
@@ -518,7 +549,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         let mut wants = vec![];
         for (row, &(id, n)) in sched.iter().enumerate() {
             let s = &self.seqs[&id];
-            push_row(&mut b, s, row, n, false, bs, mb);
+            push_row(&mut b, s, row, s.computed, n, false, bs, mb);
             if s.computed + n == s.tokens.len() {
                 b.logit_rows.push(b.tokens.len() as i32 - 1);
                 wants.push(id);
@@ -569,22 +600,41 @@ impl<B: Backend + ?Sized> Engine<B> {
     /// token itself fed on the device), or None when the step must be scheduled afresh: a
     /// sequence ended, left or stopped being plain greedy, a waiting request could be
     /// admitted, or the KV pool needs a preemption.
-    fn pipelined_batch(&mut self, rows: &[u64]) -> Result<Option<StepBatch>> {
+    fn pipelined_batch(&mut self, rows: &[u64], inflight: usize) -> Result<Option<StepBatch>> {
+        Ok(self.pipelined_batches(rows, 1, inflight)?.and_then(|b| b.into_iter().next()))
+    }
+
+    /// Collect and emit the `steps` pipelined steps in flight over `rows`, oldest first.
+    fn settle_inflight(&mut self, rows: &[u64], steps: usize) -> Result<()> {
+        for _ in 0..steps {
+            let ids = self.backend.collect_greedy()?;
+            self.settle(rows, ids);
+        }
+        Ok(())
+    }
+
+    /// `k` pipelined steps over the same rows at once (positions computed .. computed + k,
+    /// each fed on the device; [`Engine::pipelined_batch`]'s one for k = 1), or None as there,
+    /// or where a row has fewer than k tokens left to its limits (a row whose pending tokens
+    /// reach its length limit ends there: resync instead of computing positions nobody wants;
+    /// a stop token or string still ends a row mid-way: its later positions are computed for
+    /// nothing, as a pipelined step's are). `inflight`: the steps of the launch before, whose
+    /// tokens are not settled yet.
+    fn pipelined_batches(&mut self, rows: &[u64], k: usize, inflight: usize) -> Result<Option<Vec<StepBatch>>> {
         let admissible = self.running.len() < self.cfg.max_seqs && self.waiting.iter().any(|w| !w.is_empty());
         if admissible || self.running.len() != rows.len() || rows.len() > self.cfg.max_step_tokens {
             return Ok(None);
         }
         let running: std::collections::HashSet<u64> = self.running.iter().copied().collect();
-        // (a row whose pending token reaches its length limit ends there: resync instead of
-        // computing a position nobody wants; only stop tokens and strings end a row unforeseen)
-        let continues = |s: &Seq| s.generated().len() + 1 < s.req.max_tokens && s.tokens.len() + 1 < self.cfg.max_seq_len;
-        if !rows.iter().all(|id| running.contains(id) && self.seqs[id].greedy_only() && self.seqs[id].forks == 0 && continues(&self.seqs[id])) {
+        // (the tokens after this launch: the settled ones, the launch before's, these k)
+        let room = |s: &Seq| s.generated().len() + inflight + k <= s.req.max_tokens && s.computed + k < self.cfg.max_seq_len;
+        if !rows.iter().all(|id| running.contains(id) && self.seqs[id].greedy_only() && self.seqs[id].forks == 0 && room(&self.seqs[id])) {
             return Ok(None);
         }
         let mut copies = vec![];
         for &id in rows {
             let s = self.seqs.get_mut(&id).expect("running");
-            match self.bm.grow(&mut s.blocks, s.computed, s.computed + 1) {
+            match self.bm.grow(&mut s.blocks, s.computed, s.computed + k) {
                 Ok(c) => copies.extend(c),
                 Err(_) => return Ok(None),
             }
@@ -594,20 +644,28 @@ impl<B: Backend + ?Sized> Engine<B> {
         }
         let bs = self.bm.block_size();
         let mb = rows.iter().map(|id| self.seqs[id].blocks.blocks.len()).max().unwrap_or(1).max(1);
-        let mut b = StepBatch { num_seqs: rows.len(), max_blocks: mb, ..Default::default() };
-        for (row, id) in rows.iter().enumerate() {
-            push_row(&mut b, &self.seqs[id], row, 1, true, bs, mb);
-            b.logit_rows.push(row as i32);
-        }
-        Ok(Some(b))
+        let batches = (0..k)
+            .map(|i| {
+                let mut b = StepBatch { num_seqs: rows.len(), max_blocks: mb, ..Default::default() };
+                for (row, id) in rows.iter().enumerate() {
+                    let s = &self.seqs[id];
+                    push_row(&mut b, s, row, s.computed + i, 1, true, bs, mb);
+                    b.logit_rows.push(row as i32);
+                }
+                b
+            })
+            .collect();
+        Ok(Some(batches))
     }
 
     /// A step computed `n` more positions of the sequence (if it still exists): advance it and
-    /// register its newly filled blocks in the prefix cache.
+    /// register its newly filled blocks in the prefix cache (as far as its tokens are known: a
+    /// multi-step launch computes positions whose input tokens the host has not seen yet).
     fn computed(&mut self, id: u64, n: usize) {
         if let Some(s) = self.seqs.get_mut(&id) {
             s.computed += n;
-            self.bm.commit(&mut s.blocks, &s.tokens[..s.computed]);
+            let known = s.computed.min(s.tokens.len());
+            self.bm.commit(&mut s.blocks, &s.tokens[..known]);
         }
     }
 
@@ -831,6 +889,7 @@ impl EngineLoop {
                 // a backend failure ends every request in flight with the error
                 tracing::error!(target: "dsc::engine", "step failed: {err}");
                 e.pending = None;
+                e.pending_steps = 1;
                 e.backend.discard_inflight();
                 let ids: Vec<u64> = e.seqs.keys().copied().collect();
                 for id in ids {
