@@ -184,6 +184,8 @@ struct Piped<'p> {
     inflight: std::collections::VecDeque<Vec<u32>>,
     last: Vec<u32>,
     fed_steps: Arc<std::sync::atomic::AtomicUsize>,
+    /// multi-step launches taken (`launch_greedy_steps`; the GPU's one graph for k steps)
+    multi: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl Backend for Piped<'_> {
@@ -216,6 +218,16 @@ impl Backend for Piped<'_> {
         self.inflight.push_back(ids);
         Ok(true)
     }
+    fn launch_greedy_steps(&mut self, bs: &[StepBatch]) -> dsc_runtime::Result<bool> {
+        let Some(m) = &self.multi else { return Ok(false) };
+        m.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for b in bs {
+            // (each step one position on, the same rows)
+            assert_eq!(b.positions.len(), bs[0].positions.len());
+            self.launch_greedy(b, true)?;
+        }
+        Ok(true)
+    }
     fn collect_greedy(&mut self) -> dsc_runtime::Result<Vec<u32>> {
         Ok(self.inflight.pop_front().expect("a launched step to collect"))
     }
@@ -229,7 +241,7 @@ fn pipelined_greedy_decode_matches_solo_runs() {
     // a small pool (preemption) and step budget (chunked prefill); lengths differ so sequences
     // end at different steps (each end computes one discarded position and resyncs)
     let cfg = SchedulerConfig { max_step_tokens: 8, max_seqs: 3, max_seq_len: 64, pipeline: true, ..Default::default() };
-    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 48).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed.clone() };
+    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 48).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed.clone(), multi: None };
     let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
     let mut rxs = vec![];
     let mut want = vec![];
@@ -255,5 +267,43 @@ fn pipelined_greedy_decode_matches_solo_runs() {
         assert_eq!(reasons[0], if i == 3 { "stop" } else { "length" }, "request {i}");
     }
     assert!(fed.load(std::sync::atomic::Ordering::Relaxed) > 5, "the decode steps ran pipelined");
+    assert_eq!(e.kv_stats().used_blocks, 0, "every block back");
+}
+
+#[test]
+fn multi_step_greedy_decode_matches_solo_runs() {
+    // (k = 3 fed steps per launch, `SchedulerConfig::multi_step`: the rows' positions run up
+    // to k - 1 past the tokens the host knows; a stop id mid-way, lengths that leave fewer
+    // than k tokens, preemption and chunked prefill as in the pipelined test)
+    let (_d, plan) = tiny_plan();
+    let g = plan.graph().unwrap();
+    let fed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let multi = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let cfg = SchedulerConfig { max_step_tokens: 8, max_seqs: 3, max_seq_len: 64, pipeline: true, multi_step: 3, ..Default::default() };
+    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 64).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed.clone(), multi: Some(multi.clone()) };
+    let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
+    let mut rxs = vec![];
+    let mut want = vec![];
+    for i in 0..5u32 {
+        let p = prompt(i + 2, 4 + i as usize);
+        let max = 5 + 4 * i as usize;
+        let mut w = solo(&plan, &p, max);
+        let (mut r, rx) = request(p, max, Priority::ALL[i as usize % 3]);
+        if i == 3 {
+            let stop = w[w.len() / 2];
+            r.stop_ids = vec![stop];
+            w.truncate(w.iter().position(|&t| t == stop).unwrap() + 1);
+        }
+        want.push(w);
+        e.submit(r);
+        rxs.push(rx);
+    }
+    e.run_to_idle().unwrap();
+    for (i, rx) in rxs.iter_mut().enumerate() {
+        let (ids, reasons) = collect(rx, 1);
+        assert_eq!(ids[0], want[i], "request {i}: multi-step output differs from its solo run");
+        assert_eq!(reasons[0], if i == 3 { "stop" } else { "length" }, "request {i}");
+    }
+    assert!(multi.load(std::sync::atomic::Ordering::Relaxed) >= 3, "the decode ran in multi-step launches");
     assert_eq!(e.kv_stats().used_blocks, 0, "every block back");
 }
