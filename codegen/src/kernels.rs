@@ -366,7 +366,7 @@ pub enum KernelSpec {
     /// 32-element block. params x, w, [bias], [res], y, N
     MatMul { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// `MatMul` for many short bf16/f16 rows (the lm_head of a small model: N ≥
-    /// [`GEMV_WIDE_N`], K/64 ≤ 16, [`wide_gemv_fits`]): [`emit_gemv_wide`]'s blocks of
+    /// [`GEMV_WIDE_N`], K/64 ≤ 12, [`wide_gemv_fits`]): [`emit_gemv_wide`]'s blocks of
     /// [`GEMV_WARPS`] warps, [`WIDE_LANES`] lanes per W row, x kept in registers across a
     /// warp's rows, the next rows' weights loaded while the current ones are summed. Also
     /// under `NormMatMul` (and `RowGather`): the final norm (and the logits' row gather)
@@ -2719,16 +2719,16 @@ pub fn swiglu_down_fb() -> usize {
     }
 }
 
-/// Whether the fused one-token MLP kernel (`KernelSpec::SwiGluDown`) takes a [K] x, F
-/// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
-/// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
-/// 64 registers of preloaded gate/up weights per thread.
 /// DSC_MLP_RED_V4=1 at compile time: the fused MLP adds its four down-projection sums per
 /// thread with one vector reduction (rows 4t..4t+3; sm_90 has `red.global.add.v4.f32`).
 fn mlp_red_v4() -> bool {
     env_num::<u32>("DSC_MLP_RED_V4") == Some(1)
 }
 
+/// Whether the fused one-token MLP kernel (`KernelSpec::SwiGluDown`) takes a [K] x, F
+/// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
+/// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
+/// 64 registers of preloaded gate/up weights per thread.
 pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize) -> Result<(), String> {
     if fpw == 0 || k == 0 || k % 8 != 0 || fb == 0 || fb % 8 != 0 || fb % fpw != 0 || fb / fpw > 32 || f % fb != 0 {
         return Err(format!("the fused MLP needs K and the features per block multiples of 8 (at most 64), and F a multiple of them (K {k}, F {f}, {fb} per block)"));
@@ -6223,6 +6223,21 @@ fn argmax_settle(b: &mut Body, v: &str, i: &str, has: Option<&str>, ninf: &str, 
     b.op(&format!("arith.select {none}, {zi}, {fi} : i32"))
 }
 
+/// Each warp's (max, first index) of the threads' (v, i) into `%redv` / `%redi` (of types
+/// `smv` / `smi`) at the warp's slot, then a block barrier. Returns (lane, warp, index 0).
+fn argmax_warps_to_shared(b: &mut Body, v: &str, i: &str, t: &str, smv: &str, smi: &str) -> (String, String, String) {
+    let (wv, wi) = b.warp_argmax(v, i);
+    let (lane, warp) = b.lane_warp(t);
+    let c0 = b.op("arith.constant 0 : index");
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {l0} {{"));
+    b.line(&format!("memref.store {wv}, %redv[{warp}] : {smv}"));
+    b.line(&format!("memref.store {wi}, %redi[{warp}] : {smi}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    (lane, warp, c0)
+}
+
 /// (v, i) and a partial (pv, pi): the larger value, the lower index on ties.
 fn argmax_take(b: &mut Body, v: &str, i: &str, pv: &str, pi: &str) -> (String, String) {
     let gt = b.op(&format!("arith.cmpf ogt, {pv}, {v} : f32"));
@@ -6362,15 +6377,7 @@ fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String
     let j0 = b.op(&format!("arith.muli {sx64}, {cp} : i64"));
     let j0 = b.op(&format!("arith.addi {j0}, {t64} : i64"));
     let (v, i) = argmax_pieces(b, &ArgmaxRow { base: &base, j0: &j0, bound: &cnv, z: &z, c4: &c4, ninf: &ninf, big: &big }, ARGMAX_SPLIT_PIECES / nt, nt);
-    let (wv, wi) = b.warp_argmax(&v, &i);
-    let (lane, warp) = b.lane_warp(&t);
-    let c0 = b.op("arith.constant 0 : index");
-    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
-    b.line(&format!("scf.if {l0} {{"));
-    b.line(&format!("memref.store {wv}, %redv[{warp}] : {smv}"));
-    b.line(&format!("memref.store {wi}, %redi[{warp}] : {smi}"));
-    b.line("}");
-    b.line("gpu.barrier");
+    let (lane, warp, c0) = argmax_warps_to_shared(b, &v, &i, &t, &smv, &smi);
     // (thread 0: the block's partial, then its count; the last block learns it through
     // shared memory)
     let flag = b.op(&format!("arith.constant {warps} : index"));
@@ -7769,14 +7776,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             let (v, i) = argmax_pieces_from(b, &row, u, nt, &bv, &bi);
             b.line(&format!("scf.yield {v}, {i} : f32, i32"));
             b.line("}");
-            let (wv, wi) = b.warp_argmax(&format!("{res}#0"), &format!("{res}#1"));
-            let (lane, warp) = b.lane_warp(&t);
-            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
-            b.line(&format!("scf.if {l0} {{"));
-            b.line(&format!("memref.store {wv}, %redv[{warp}] : {smv}"));
-            b.line(&format!("memref.store {wi}, %redi[{warp}] : {smi}"));
-            b.line("}");
-            b.line("gpu.barrier");
+            let (lane, warp, c0) = argmax_warps_to_shared(b, &format!("{res}#0"), &format!("{res}#1"), &t, &smv, &smi);
             let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
             b.line(&format!("scf.if {w0} {{"));
             // (lanes past the warps' count take -inf and the largest index)

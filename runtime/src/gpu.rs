@@ -1009,24 +1009,26 @@ impl GpuBackend<'_> {
         self.launch_argmax(bucket, k, ids)
     }
 
-    /// Upload the step's inputs and run its launches (as a CUDA graph once captured). With
-    /// `fed`, the token ids come from that device buffer (a pipelined step: the previous
-    /// step's argmax), not from `b.tokens`.
-    /// The step's six inputs, the block table padded to the plan's fixed width (so MB, and the
-    /// graph, is fixed).
-    fn step_inputs(&self, b: &StepBatch) -> [(&'static str, Vec<i32>); 6] {
+    /// The step's block table padded to the plan's fixed width (so MB, and the graph, is
+    /// fixed).
+    fn padded_table(&self, b: &StepBatch) -> Vec<i32> {
         let w = self.table_width;
         let mut table = vec![0i32; b.num_seqs * w];
         for sq in 0..b.num_seqs {
             let n = b.max_blocks.min(w);
             table[sq * w..sq * w + n].copy_from_slice(&b.block_table[sq * b.max_blocks..sq * b.max_blocks + n]);
         }
-        [("tokens", b.tokens.clone()), ("positions", b.positions.clone()), ("seq_ids", b.seq_ids.clone()), ("slots", b.slots.clone()), ("block_table", table), ("logit_rows", b.logit_rows.clone())]
+        table
+    }
+
+    /// The step's six inputs by name, with its padded block table.
+    fn step_inputs<'a>(b: &'a StepBatch, table: &'a [i32]) -> [(&'static str, &'a [i32]); 6] {
+        [("tokens", &b.tokens), ("positions", &b.positions), ("seq_ids", &b.seq_ids), ("slots", &b.slots), ("block_table", table), ("logit_rows", &b.logit_rows)]
     }
 
     /// Every packed input at its place in the packed span's staging copy `h` (zeros past each
     /// input's data).
-    fn pack_inputs(bucket: &Bucket, inputs: &[(&'static str, Vec<i32>); 6], h: &mut [u8]) -> Result<()> {
+    fn pack_inputs(bucket: &Bucket, inputs: &[(&'static str, &[i32]); 6], h: &mut [u8]) -> Result<()> {
         let s0 = bucket.packed_span.0;
         h.fill(0);
         for &(name, o, n) in &bucket.packed {
@@ -1134,7 +1136,8 @@ impl GpuBackend<'_> {
         }
         for (i, b) in bs.iter().enumerate() {
             let h = &mut cu(m.insts[j].staging[i].as_mut_slice(), "staging inputs")?[..span];
-            Self::pack_inputs(bucket, &self.step_inputs(b), h)?;
+            let table = self.padded_table(b);
+            Self::pack_inputs(bucket, &Self::step_inputs(b, &table), h)?;
         }
         // the first step's fed ids: the other instance's last buffer, where that instance ran
         // last; else copied there from where the last launch left them
@@ -1149,7 +1152,7 @@ impl GpuBackend<'_> {
             let dst = theirs.ids.last_mut().expect("k ids");
             let src = match self.last_multi {
                 Some((kk, jj)) if kk == key && jj == j => mine.ids.last(),
-                Some(_) => self.multi_ids(None),
+                Some(_) => self.multi_ids(),
                 None => self.feeds[self.feed_at].as_ref(),
             };
             match src {
@@ -1182,14 +1185,7 @@ impl GpuBackend<'_> {
             Some(gr) => cu(gr.launch(), "multi-step graph launch")?,
             None => return Err(gerr("a multi-step graph was not captured")),
         }
-        let copy = match &self.copy_stream {
-            Some(cs) => {
-                let ready = cu(self.stream.record_event(None), "recording the steps' end")?;
-                cu(cs.wait(&ready), "ordering the token ids' copies")?;
-                cs
-            }
-            None => &self.stream,
-        };
+        let copy = self.ids_copy_stream()?;
         let mut entries = vec![];
         for (i, mut host) in hosts.into_iter().enumerate() {
             cu(copy.memcpy_dtoh(&m.insts[j].ids[i].slice(0..rows * 4), &mut host), "reading token ids")?;
@@ -1200,16 +1196,20 @@ impl GpuBackend<'_> {
         Ok((j, entries))
     }
 
+    /// Upload the step's inputs and run its launches (as a CUDA graph once captured). With
+    /// `fed`, the token ids come from that device buffer (a pipelined step: the previous
+    /// step's argmax), not from `b.tokens`.
     fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool, fed: Option<&CudaSlice<u8>>) -> Result<()> {
-        let inputs = self.step_inputs(b);
+        let table = self.padded_table(b);
+        let inputs = Self::step_inputs(b, &table);
         // (whether the input kernel took the fed ids already)
         let mut fed_done = false;
         if bucket.packed.is_empty() {
-            for (name, v) in &inputs {
-                if fed.is_some() && *name == "tokens" {
+            for (name, v) in inputs {
+                if fed.is_some() && name == "tokens" {
                     continue;
                 }
-                if let Some(dst) = bucket.bufs.get_mut(*name) {
+                if let Some(dst) = bucket.bufs.get_mut(name) {
                     cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
                 }
             }
@@ -1334,6 +1334,19 @@ impl GpuBackend<'_> {
         ((b.tokens.len(), b.num_seqs, b.logit_rows.len(), class), shortest)
     }
 
+    /// The stream the launched steps' token ids go to the host on: the copy stream, after an
+    /// event at the main stream's end so far (or the main stream itself).
+    fn ids_copy_stream(&self) -> Result<&Arc<CudaStream>> {
+        match &self.copy_stream {
+            Some(cs) => {
+                let ready = cu(self.stream.record_event(None), "recording the step's end")?;
+                cu(cs.wait(&ready), "ordering the token ids' copy")?;
+                Ok(cs)
+            }
+            None => Ok(&self.stream),
+        }
+    }
+
     /// The device argmax kernel pipelined greedy steps use (None: the host picks, or
     /// tensor-parallel ranks).
     fn greedy_argmax(&self) -> Option<String> {
@@ -1341,15 +1354,10 @@ impl GpuBackend<'_> {
     }
 
     /// The id buffer the last pipelined launch's last step wrote, when that was a multi-step
-    /// launch of another bucket than the one now running (in the map) or of `own` (the
-    /// running bucket's steps, taken out of the map).
-    fn multi_ids<'a>(&'a self, own: Option<(&'a Multi, BucketKey)>) -> Option<&'a CudaSlice<u8>> {
+    /// launch of a bucket in the map (not the one now running, which is taken out of it).
+    fn multi_ids(&self) -> Option<&CudaSlice<u8>> {
         let (key, j) = self.last_multi?;
-        let m = match own {
-            Some((m, k)) if k == key => m,
-            _ => self.buckets.get(&key)?.multi.as_ref()?,
-        };
-        m.insts.get(j)?.ids.last()
+        self.buckets.get(&key)?.multi.as_ref()?.insts.get(j)?.ids.last()
     }
 
     /// Find (or make) the step shape's bucket and run `f` on it; long steps get a transient one.
@@ -1401,7 +1409,7 @@ impl Backend for GpuBackend<'_> {
                 self.feeds[at] = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
             }
             let mut dst = self.feeds[at].take().expect("allocated above");
-            let r = match self.multi_ids(None) {
+            let r = match self.multi_ids() {
                 Some(src) if src.len() >= rows * 4 => cu(self.stream.memcpy_dtod(&src.slice(0..rows * 4), &mut dst.slice_mut(0..rows * 4)), "feeding the last ids"),
                 _ => Err(gerr("the last multi-step launch's ids are gone")),
             };
@@ -1450,14 +1458,7 @@ impl Backend for GpuBackend<'_> {
             _ => self.pinned(rows.max(256) * 4)?,
         };
         let ids = self.feeds[cur].as_ref().expect("set above");
-        let copy = match &self.copy_stream {
-            Some(cs) => {
-                let ready = cu(self.stream.record_event(None), "recording the step's end")?;
-                cu(cs.wait(&ready), "ordering the token ids' copy")?;
-                cs
-            }
-            None => &self.stream,
-        };
+        let copy = self.ids_copy_stream()?;
         cu(copy.memcpy_dtoh(&ids.slice(0..rows * 4), &mut host), "reading token ids")?;
         let done = cu(copy.record_event(None), "recording the ids copy")?;
         self.inflight.push_back(Inflight { host, rows, done, buf: cur });

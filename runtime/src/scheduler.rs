@@ -432,35 +432,33 @@ impl<B: Backend + ?Sized> Engine<B> {
             // at once with `multi_step`); then, while that runs, the previous launch's tokens
             // are emitted
             let k = self.cfg.multi_step;
+            let mut launched = None;
             if k > 1 {
                 if let Some(bs) = self.pipelined_batches(&rows, k, inflight)? {
                     if self.backend.launch_greedy_steps(&bs)? {
-                        self.metrics.steps.inc_by(k as u64);
-                        self.settle_inflight(&rows, inflight)?;
-                        for &id in &rows {
-                            self.computed(id, k);
-                        }
-                        self.pending = Some(rows);
-                        self.pending_steps = k;
-                        self.update_gauges();
-                        return Ok(true);
+                        launched = Some(k);
                     }
                 }
             }
-            if let Some(b) = self.pipelined_batch(&rows, inflight)? {
-                if self.backend.launch_greedy(&b, true)? {
-                    self.metrics.steps.inc();
-                    self.settle_inflight(&rows, inflight)?;
-                    // (rows that ended in `settle` are gone: their position is discarded)
-                    for &id in &rows {
-                        self.computed(id, 1);
+            if launched.is_none() {
+                if let Some(b) = self.pipelined_batch(&rows, inflight)? {
+                    if self.backend.launch_greedy(&b, true)? {
+                        launched = Some(1);
                     }
-                    self.pending = Some(rows);
-                    self.update_gauges();
-                    return Ok(true);
                 }
             }
             self.settle_inflight(&rows, inflight)?;
+            if let Some(n) = launched {
+                self.metrics.steps.inc_by(n as u64);
+                // (rows that ended in `settle` are gone: their positions are discarded)
+                for &id in &rows {
+                    self.computed(id, n);
+                }
+                self.pending = Some(rows);
+                self.pending_steps = n;
+                self.update_gauges();
+                return Ok(true);
+            }
         }
         let mut budget = self.cfg.max_step_tokens;
         let mut sched: Vec<(u64, usize)> = vec![];

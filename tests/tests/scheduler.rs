@@ -233,22 +233,17 @@ impl Backend for Piped<'_> {
     }
 }
 
-#[test]
-fn pipelined_greedy_decode_matches_solo_runs() {
-    let (_d, plan) = tiny_plan();
-    let g = plan.graph().unwrap();
-    let fed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    // a small pool (preemption) and step budget (chunked prefill); lengths differ so sequences
-    // end at different steps (each end computes one discarded position and resyncs)
-    let cfg = SchedulerConfig { max_step_tokens: 8, max_seqs: 3, max_seq_len: 64, pipeline: true, ..Default::default() };
-    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 48).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed.clone(), multi: None };
+/// Five greedy requests of lengths `max_of(i)` (request 3 with a stop id mid-way) through
+/// the engine on `backend`: each output equal to its solo run, the right finish reasons, and
+/// every KV block back afterwards. `what` names the path in the failure messages.
+fn piped_requests_match_solo_runs(plan: &Plan, backend: Piped, cfg: SchedulerConfig, max_of: impl Fn(u32) -> usize, what: &str) {
     let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
     let mut rxs = vec![];
     let mut want = vec![];
     for i in 0..5u32 {
         let p = prompt(i + 2, 4 + i as usize);
-        let max = 4 + 3 * i as usize;
-        let mut w = solo(&plan, &p, max);
+        let max = max_of(i);
+        let mut w = solo(plan, &p, max);
         let (mut r, rx) = request(p, max, Priority::ALL[i as usize % 3]);
         if i == 3 {
             // a stop id: the sequence ends at its first occurrence, included
@@ -263,11 +258,23 @@ fn pipelined_greedy_decode_matches_solo_runs() {
     e.run_to_idle().unwrap();
     for (i, rx) in rxs.iter_mut().enumerate() {
         let (ids, reasons) = collect(rx, 1);
-        assert_eq!(ids[0], want[i], "request {i}: pipelined output differs from its solo run");
+        assert_eq!(ids[0], want[i], "request {i}: {what} output differs from its solo run");
         assert_eq!(reasons[0], if i == 3 { "stop" } else { "length" }, "request {i}");
     }
-    assert!(fed.load(std::sync::atomic::Ordering::Relaxed) > 5, "the decode steps ran pipelined");
     assert_eq!(e.kv_stats().used_blocks, 0, "every block back");
+}
+
+#[test]
+fn pipelined_greedy_decode_matches_solo_runs() {
+    let (_d, plan) = tiny_plan();
+    let g = plan.graph().unwrap();
+    let fed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // a small pool (preemption) and step budget (chunked prefill); lengths differ so sequences
+    // end at different steps (each end computes one discarded position and resyncs)
+    let cfg = SchedulerConfig { max_step_tokens: 8, max_seqs: 3, max_seq_len: 64, pipeline: true, ..Default::default() };
+    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 48).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed.clone(), multi: None };
+    piped_requests_match_solo_runs(&plan, backend, cfg, |i| 4 + 3 * i as usize, "pipelined");
+    assert!(fed.load(std::sync::atomic::Ordering::Relaxed) > 5, "the decode steps ran pipelined");
 }
 
 #[test]
@@ -280,30 +287,7 @@ fn multi_step_greedy_decode_matches_solo_runs() {
     let fed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let multi = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let cfg = SchedulerConfig { max_step_tokens: 8, max_seqs: 3, max_seq_len: 64, pipeline: true, multi_step: 3, ..Default::default() };
-    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 64).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed.clone(), multi: Some(multi.clone()) };
-    let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
-    let mut rxs = vec![];
-    let mut want = vec![];
-    for i in 0..5u32 {
-        let p = prompt(i + 2, 4 + i as usize);
-        let max = 5 + 4 * i as usize;
-        let mut w = solo(&plan, &p, max);
-        let (mut r, rx) = request(p, max, Priority::ALL[i as usize % 3]);
-        if i == 3 {
-            let stop = w[w.len() / 2];
-            r.stop_ids = vec![stop];
-            w.truncate(w.iter().position(|&t| t == stop).unwrap() + 1);
-        }
-        want.push(w);
-        e.submit(r);
-        rxs.push(rx);
-    }
-    e.run_to_idle().unwrap();
-    for (i, rx) in rxs.iter_mut().enumerate() {
-        let (ids, reasons) = collect(rx, 1);
-        assert_eq!(ids[0], want[i], "request {i}: multi-step output differs from its solo run");
-        assert_eq!(reasons[0], if i == 3 { "stop" } else { "length" }, "request {i}");
-    }
+    let backend = Piped { cpu: CpuBackend::new(&g, &plan, 64).unwrap(), inflight: Default::default(), last: vec![], fed_steps: fed, multi: Some(multi.clone()) };
+    piped_requests_match_solo_runs(&plan, backend, cfg, |i| 5 + 4 * i as usize, "multi-step");
     assert!(multi.load(std::sync::atomic::Ordering::Relaxed) >= 3, "the decode ran in multi-step launches");
-    assert_eq!(e.kv_stats().used_blocks, 0, "every block back");
 }

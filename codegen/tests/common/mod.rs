@@ -16,16 +16,19 @@ pub fn assemble(ptxas: &str, arch: &str, ptx: &Path) -> (bool, String) {
 }
 
 /// Assemble every target's PTX of `m` (written into `dir`) and require that ptxas accepts it
-/// without spills.
+/// without spills; returns ptxas's log per target, in `m.ptx`'s order.
 #[allow(dead_code)]
-pub fn assemble_without_spills(ptxas: &str, m: &dsc_codegen::CompiledModule, dir: &Path) {
+pub fn assemble_without_spills(ptxas: &str, m: &dsc_codegen::CompiledModule, dir: &Path) -> Vec<String> {
+    let mut logs = vec![];
     for (t, ptx) in &m.ptx {
         let f = dir.join(format!("{}.ptx", t.name()));
         std::fs::write(&f, ptx).unwrap();
         let (ok, log) = assemble(ptxas, t.name(), &f);
         assert!(ok, "ptxas rejected the kernels for {}:\n{log}", t.name());
         assert!(log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains("0 bytes spill stores")), "spills: {log}");
+        logs.push(log);
     }
+    logs
 }
 
 /// The body of kernel `name` in `ptx` (from its parameter list to its closing brace).
