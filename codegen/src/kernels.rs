@@ -229,6 +229,27 @@ fn splitk_norm_warps() -> usize {
     *W.get_or_init(|| std::env::var("DSC_SPLITK_NORM_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(SPLITK_NORM_WARPS))
 }
 
+/// Blocks per row of the split-K reduce + RMSNorm on sm_90a ([`KernelSpec::SplitKReduceNorm`]'s
+/// `cluster`) for rows of `d` floats: a thread-block cluster of c blocks, block r taking the
+/// row's columns [r·d/c, (r+1)·d/c) as one 4-float piece per thread, so a row's loads spread
+/// over c SMs instead of one (the 8B shape's b32 step ran 63 of these kernels at 5.4 µs, 32
+/// blocks on 132 SMs, latency-bound). DSC_SPLITK_NORM_CLUSTER (1, 2, 4 or 8) at compile time;
+/// 1 where d is not a multiple of 128·c (whole warps) or a block would pass 1024 threads.
+/// (Only the sm_90a split-K alternatives take it: those kernels alone read the parts.)
+pub fn splitk_norm_cluster(d: usize) -> usize {
+    let c = env_num::<usize>("DSC_SPLITK_NORM_CLUSTER").filter(|c| [1, 2, 4, 8].contains(c)).unwrap_or(SPLITK_NORM_CLUSTER);
+    if c > 1 && d % (128 * c) == 0 && d / 4 / c <= 1024 {
+        c
+    } else {
+        1
+    }
+}
+
+/// The default of [`splitk_norm_cluster`]: 8 — the 8B shape's b32 7,018-7,028 -> 7,208-7,209
+/// tok/s (4: 7,178-7,180), b8 and b128 unchanged, greedy streams equal
+/// (bench/results/session20-2026-12-01.json).
+pub const SPLITK_NORM_CLUSTER: usize = 8;
+
 /// Warps of the argmax kernel's block (one block per row of a width that is a multiple of 4:
 /// a row of 128,256 logits is 63 16-byte loads per thread, [`ARGMAX_UNROLL`] in flight).
 pub const ARGMAX_WARPS: usize = 16;
@@ -310,6 +331,7 @@ impl KernelSpec {
     pub fn cluster(&self) -> Option<u32> {
         match self {
             KernelSpec::QkvAttentionO { cluster, .. } if *cluster > 1 => Some(*cluster as u32),
+            KernelSpec::SplitKReduceNorm { cluster, .. } if *cluster > 1 => Some(*cluster as u32),
             KernelSpec::PrefetchL2 { inner } => inner.cluster(),
             _ => None,
         }
@@ -338,9 +360,11 @@ impl KernelSpec {
             | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
             | KernelSpec::RowGather { inner }
+            | KernelSpec::ArgmaxFold { inner }
             | KernelSpec::GatherX { inner } => inner.hopper_only(),
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } | KernelSpec::ArgmaxCluster { .. } => true,
+            KernelSpec::SplitKReduceNorm { cluster, .. } if *cluster > 1 => true,
             other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
         }
     }
@@ -596,6 +620,13 @@ pub enum KernelSpec {
     /// `inner` (the block-per-row RMSNorm: D a multiple of 4) reading its row r of x from row `%idx[r]` (i32) of `%x`: the logits' row gather folded
     /// into the final norm (one kernel less per step). params %idx, then inner's
     RowGather { inner: Box<KernelSpec> },
+    /// the greedy argmax folded into the wide lm_head (`inner`: `MatMulWide` without bias or
+    /// residual, maybe under `NormMatMul` and `RowGather`): besides the logits, each block's
+    /// (max, first index) into `%apart`, counted in `%async[row]` (zero, and left zero); the
+    /// block counting last reduces the partials into `%aids[row]` (i32). A chained multi-step
+    /// graph runs it instead of the lm_head and the argmax kernel after it. params %apart,
+    /// %async, %aids, then inner's
+    ArgmaxFold { inner: Box<KernelSpec> },
     /// `inner` (the one-row bf16/f16 decode GEMV with the norm prologue, [`KernelSpec::NormMatMul`])
     /// taking its x as row `%tok[row]` of the bf16 table `%table` (the embedding gather folded
     /// into the first layer's q/k/v GEMV; DSC_GATHER_GEMV=0 turns it off) — and block 0
@@ -616,9 +647,11 @@ pub enum KernelSpec {
     SplitKReduce { splits: usize, residual: bool },
     /// the split-K reduce folded into the RMSNorm that reads its output (the 8B shape's o and
     /// down projections feed the next norm): per row, y = sum over s of parts[s] (+ res),
-    /// written, then xn = y / rms(y) * g (+ its 16-bit copy with `half`); a block per row.
-    /// params parts, [res], y, g, xn, [xh], rows
-    SplitKReduceNorm { splits: usize, residual: bool, d: usize, eps_bits: u32, half: Option<bool> },
+    /// written, then xn = y / rms(y) * g (+ its 16-bit copy with `half`); a block per row, or
+    /// with `cluster` > 1 (sm_90a) a thread-block cluster of that many blocks per row along
+    /// grid y, their sums of squares exchanged through distributed shared memory
+    /// ([`splitk_norm_cluster`]). params parts, [res], y, g, xn, [xh], rows
+    SplitKReduceNorm { splits: usize, residual: bool, d: usize, eps_bits: u32, half: Option<bool>, cluster: usize },
     /// The MLP of a one-token step in one kernel (small models at batch 1, where a kernel's
     /// dependent chain, not its bytes, sets its time): RMSNorm (x, g) in the prologue, the
     /// gate/up GEMV, h = silu(gate) · up, and the down projection — block b takes the `fb`
@@ -707,20 +740,22 @@ impl KernelSpec {
             ),
             KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
             KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
+            KernelSpec::ArgmaxFold { inner } => format!("{}_argmax", inner.symbol()),
             KernelSpec::GatherX { inner } => format!("{}_gx", inner.symbol()),
             KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
             KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
                 format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
             }
             KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
-            KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => format!(
-                "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}",
+            KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, cluster } => format!(
+                "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}{}",
                 if *residual { "_res" } else { "" },
                 match half {
                     Some(true) => "_f16",
                     Some(false) => "_bf16",
                     None => "",
-                }
+                },
+                if *cluster > 1 { format!("_c{cluster}") } else { String::new() }
             ),
             KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
             KernelSpec::SwiGluPipe { inner } => format!("{}_swiglu", inner.symbol()),
@@ -810,6 +845,7 @@ impl KernelSpec {
             | KernelSpec::QkvRopeCache { .. }
             | KernelSpec::SeededInit { .. }
             | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::SplitKReduceNorm { d, cluster, .. } if *cluster > 1 => Launch::BlockPerRow { warps: (d / 4 / cluster / 32).max(1) as u32 },
             KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: splitk_norm_warps() as u32 },
             // (the stages' mbarriers past the tiles: 8 bytes each)
             KernelSpec::Tma { inner } => match inner.launch() {
@@ -848,6 +884,7 @@ impl KernelSpec {
             | KernelSpec::QkvAttentionO { inner, .. }
             | KernelSpec::ZeroFill { inner, .. }
             | KernelSpec::RowGather { inner }
+            | KernelSpec::ArgmaxFold { inner }
             | KernelSpec::GatherX { inner }
             | KernelSpec::MatMulCopy { inner } => inner.launch(),
             KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
@@ -879,6 +916,8 @@ struct Body {
     /// the one-row GEMV reads x as a bf16 table row through `%tok` and block 0 writes it to
     /// `%x` (`KernelSpec::GatherX`)
     gather_x: bool,
+    /// the wide lm_head also reduces its logits' argmax (`KernelSpec::ArgmaxFold`)
+    argmax_fold: bool,
     /// the decode GEMV normalizes its input on the way in (`KernelSpec::NormMatMul`): RMSNorm
     /// epsilon
     norm: Option<f32>,
@@ -2357,12 +2396,18 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
 /// `griddepcontrol.wait`: they do not depend on the previous kernel). Each row's sum: 4 accumulators per lane,
 /// three xor shuffles; lane q = 0 stores. With the row gather (`RowGather`) x is row
 /// `%idx[row]`.
-fn emit_gemv_wide(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool) -> Result<(), String> {
+fn emit_gemv_wide(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residual: bool) -> Result<(), String> {
     let upl = k / 8 / WIDE_LANES; // 16-byte units per lane
     let rpw = 32 / WIDE_LANES; // rows per warp step
     let (groups, depth) = wide_tiling();
+    // (the argmax's running (max, index) take the registers of one unit in flight: with the
+    // norm the kernel spilled at 168)
+    let depth = if b.argmax_fold { depth.saturating_sub(1).max(1) } else { depth };
     let nw = GEMV_WARPS;
     let opb = nw * rpw * groups;
+    if b.argmax_fold && (bias || residual || b.act.is_some() || n > i32::MAX as usize) {
+        return Err("the argmax folds into the wide GEMV without bias, residual or activation".into());
+    }
     // (ptxas keeps to the registers 3 blocks of 128 threads per SM leave: the grid in one wave
     // on 132 SMs; x, g and the early weights would take ~230 with the norm prologue)
     b.flash_mincta = Some(3);
@@ -2460,6 +2505,9 @@ fn emit_gemv_wide(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
     let c0 = b.ci64(0);
     let first = b.op(&format!("arith.cmpi eq, {q}, {c0} : i64"));
     let offs: Vec<i32> = (0..WIDE_LANES.trailing_zeros()).rev().map(|l| 1 << l).collect();
+    // (ArgmaxFold: the lane's (max, first index) over its groups' rows, in increasing order)
+    let (ninf, big) = if b.argmax_fold { (b.op("arith.constant 0xFF800000 : f32"), b.op("arith.constant 2147483647 : i32")) } else { Default::default() };
+    let (mut av, mut ai) = (ninf.clone(), big.clone());
     for g in 0..groups {
         // 4 accumulators (one per word of a unit): chains of 2·upl fmas
         let mut acc = vec![zero.clone(); 4];
@@ -2488,8 +2536,98 @@ fn emit_gemv_wide(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         b.line(&format!("scf.if {go} {{"));
         b.matmul_store(&s, &by64, &col, bias, residual);
         b.line("}");
+        if b.argmax_fold {
+            let sv = b.op(&format!("arith.select {inside}, {s}, {ninf} : f32"));
+            let ci = b.op(&format!("arith.trunci {col} : i64 to i32"));
+            // (strictly greater keeps the first: the lane's rows come in increasing order)
+            let gt = b.op(&format!("arith.cmpf ogt, {sv}, {av} : f32"));
+            av = b.op(&format!("arith.select {gt}, {sv}, {av} : f32"));
+            ai = b.op(&format!("arith.select {gt}, {ci}, {ai} : i32"));
+        }
+    }
+    if b.argmax_fold {
+        wide_argmax(b, &t, &bx64, &by64, &av, &ai, n.div_ceil(opb), nw, &ninf, &big);
     }
     Ok(())
+}
+
+/// [`KernelSpec::ArgmaxFold`]'s end of the wide GEMV: the block's (max, first index) of its
+/// lanes' (`av`, `ai`) — warps through shared memory, thread 0 combining them — into slot
+/// `bx` of row `by`'s `blocks` partials in `%apart` (8 bytes: value, index), a GPU-scope fence,
+/// the count in `%async[by]`; the block that counts last (its flag through shared memory) has
+/// its warp 0 reduce the row's partials (ties by index, 0 where nothing is above -inf, as the
+/// argmax kernels) into `%aids[by]` and reset the count. As [`emit_argmax_split`]'s.
+#[allow(clippy::too_many_arguments)]
+fn wide_argmax(b: &mut Body, t: &str, bx64: &str, by64: &str, av: &str, ai: &str, blocks: usize, warps: usize, ninf: &str, big: &str) {
+    let (smv, smi) = (format!("memref<{warps}xf32, #gpu.address_space<workgroup>>"), format!("memref<{}xi32, #gpu.address_space<workgroup>>", warps + 1));
+    b.workgroup = Some(format!("%redv : {smv}, %redi : {smi}"));
+    let (lane, warp, c0) = argmax_warps_to_shared(b, av, ai, t, &smv, &smi);
+    let flag = b.op(&format!("arith.constant {warps} : index"));
+    let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : index"));
+    let (cs, c8, c4, z) = (b.ci64(blocks as i64), b.ci64(8), b.ci64(4), b.ci64(0));
+    let pb = b.op("llvm.ptrtoint %apart : !llvm.ptr<1> to i64");
+    let prow = b.op(&format!("arith.muli {by64}, {cs} : i64"));
+    let sb = b.op("llvm.ptrtoint %async : !llvm.ptr<1> to i64");
+    let so = b.op(&format!("arith.muli {by64}, {c4} : i64"));
+    let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
+    b.line(&format!("scf.if {first} {{"));
+    let (mut bv, mut bi) = (ninf.to_string(), big.to_string());
+    for w in 0..warps {
+        let cw = b.op(&format!("arith.constant {w} : index"));
+        let pv = b.op(&format!("memref.load %redv[{cw}] : {smv}"));
+        let pi = b.op(&format!("memref.load %redi[{cw}] : {smi}"));
+        (bv, bi) = argmax_take(b, &bv, &bi, &pv, &pi);
+    }
+    let slot = b.op(&format!("arith.addi {prow}, {bx64} : i64"));
+    let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
+    let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
+    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.v2.b32 [$0], {{$1, $2}};\", \"l,f,r\" {pa}, {bv}, {bi} : (i64, f32, i32) -> ()"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
+    let old = b.op(&format!("llvm.inline_asm has_side_effects \"atom.global.add.u32 $0, [$1], 1;\", \"=r,l\" {sa} : (i64) -> i32"));
+    let sm1 = b.op(&format!("arith.constant {} : i32", blocks as i64 - 1));
+    let last = b.op(&format!("arith.cmpi eq, {old}, {sm1} : i32"));
+    let one = b.op("arith.constant 1 : i32");
+    let zero = b.op("arith.constant 0 : i32");
+    let fv = b.op(&format!("arith.select {last}, {one}, {zero} : i32"));
+    b.line(&format!("memref.store {fv}, %redi[{flag}] : {smi}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    let fv = b.op(&format!("memref.load %redi[{flag}] : {smi}"));
+    let zero = b.op("arith.constant 0 : i32");
+    let is_last = b.op(&format!("arith.cmpi ne, {fv}, {zero} : i32"));
+    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+    let go = b.op(&format!("arith.andi {is_last}, {w0} : i1"));
+    b.line(&format!("scf.if {go} {{"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
+    let lane64 = b.idx64(&lane);
+    let (mut bv, mut bi) = (ninf.to_string(), big.to_string());
+    for m in 0..blocks.div_ceil(32) {
+        // (lane l takes partials l, l + 32, ..: blocks in increasing order, so increasing rows)
+        let cm = b.ci64(32 * m as i64);
+        let s = b.op(&format!("arith.addi {lane64}, {cm} : i64"));
+        let valid = b.op(&format!("arith.cmpi slt, {s}, {cs} : i64"));
+        let sc = b.op(&format!("arith.select {valid}, {s}, {z} : i64"));
+        let slot = b.op(&format!("arith.addi {prow}, {sc} : i64"));
+        let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
+        let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
+        let pair = b.op(&format!("llvm.inline_asm has_side_effects \"ld.relaxed.gpu.global.v2.b32 {{$0, $1}}, [$2];\", \"=f,=r,l\" {pa} : (i64) -> !llvm.struct<(f32, i32)>"));
+        let pv = b.op(&format!("llvm.extractvalue {pair}[0] : !llvm.struct<(f32, i32)>"));
+        let pi = b.op(&format!("llvm.extractvalue {pair}[1] : !llvm.struct<(f32, i32)>"));
+        let pv = b.op(&format!("arith.select {valid}, {pv}, {ninf} : f32"));
+        let pi = b.op(&format!("arith.select {valid}, {pi}, {big} : i32"));
+        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
+        bv = b.op(&format!("arith.select {gt}, {pv}, {bv} : f32"));
+        bi = b.op(&format!("arith.select {gt}, {pi}, {bi} : i32"));
+    }
+    let fi = argmax_settle(b, &bv, &bi, None, ninf, big);
+    let lz = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {lz} {{"));
+    let p = b.op(&format!("llvm.getelementptr %aids[{by64}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+    b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
+    // (the counter back to zero for the next step: every block of the row has counted)
+    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.u32 [$0], 0;\", \"l\" {sa} : (i64) -> ()"));
+    b.line("}");
+    b.line("}");
 }
 
 /// The batched-decode matmul on the tensor cores for bf16/f16 weights ("swap AB"): y^T = W x^T
@@ -5002,6 +5140,7 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
         waited: false,
         row_gather: false,
         gather_x: false,
+        argmax_fold: false,
         norm: None,
         swiglu: false,
         swiglu_pipe: false,
@@ -5105,10 +5244,6 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
-/// The decode attention ([`KernelSpec::PagedAttention`]; with `split` = (S, min keys), the
-/// [`KernelSpec::PagedAttentionSplit`] pass: block (token, head group, s) takes split s of the
-/// rows' context and writes their partial softmax states to `%out` instead of the output).
-#[allow(clippy::too_many_arguments)]
 /// [`KernelSpec::SplitKReduceNorm`] with a row as one 4-float piece per thread
 /// ([`splitk_norm_regs`]): thread t takes columns 4t..4t+3 where 4t < d — g first (before the
 /// PDL wait), then the split-K parts (+ the residual) summed and stored as y, the block's sum
@@ -5155,6 +5290,80 @@ fn emit_splitk_norm_regs(b: &mut Body, r: &RowPieces, slice: &str, splits: usize
     b.line("}");
 }
 
+/// [`KernelSpec::SplitKReduceNorm`] in a thread-block cluster of `c` blocks per row (grid x =
+/// rows, y = c, clusters along y): block r's thread t takes columns r·d/c + 4t .. + 3 — g
+/// before the PDL wait, then the split-K parts (+ the residual) summed and stored as y, the
+/// block's sum of squares (warp sums, one partial per warp in shared memory), which thread 0
+/// stores into slot r of every block of the cluster (`mapa` + `st.shared::cluster`); past the
+/// cluster barrier each thread adds the c partials in rank order (the same total in every
+/// block) and writes y · inv_rms · g from its registers (+ the 16-bit copy).
+#[allow(clippy::too_many_arguments)]
+fn emit_splitk_norm_cluster(b: &mut Body, splits: usize, residual: bool, d: usize, eps: f32, half: Option<bool>, c: usize) -> Result<(), String> {
+    let nt = d / 4 / c.max(1);
+    if !(2..=8).contains(&c) || d % (128 * c) != 0 || nt > 1024 || !b.pdl {
+        return Err(format!("the split-K reduce + RMSNorm in clusters: sm_90a, 2..=8 blocks per row, a whole number of warps of at most 1024 threads per block (D {d}, {c} blocks)"));
+    }
+    let warps = nt / 32;
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", warps + c);
+    b.workgroup = Some(format!("%sm : {smt}"));
+    let t = b.op("gpu.thread_id x");
+    let row = b.op("gpu.block_id x");
+    let rk = b.op("gpu.block_id y");
+    let (t64, rowi, rk64) = (b.idx64(&t), b.idx64(&row), b.idx64(&rk));
+    let (cd, cw, c4) = (b.ci64(d as i64), b.ci64((d / c) as i64), b.ci64(4));
+    let col0 = b.op(&format!("arith.muli {rk64}, {cw} : i64"));
+    let t4 = b.op(&format!("arith.muli {t64}, {c4} : i64"));
+    let col = b.op(&format!("arith.addi {col0}, {t4} : i64"));
+    let base = b.op(&format!("arith.muli {rowi}, {cd} : i64"));
+    let e = b.op(&format!("arith.addi {base}, {col} : i64"));
+    // (a slice of the partial sums is [rows, d])
+    let slice = b.op(&format!("arith.muli %rows, {cd} : i64"));
+    // g: a weight, not written by the kernel before
+    let wo = b.op(&format!("arith.muli {col}, {c4} : i64"));
+    let gs = b.load_vec("%g", &wo, 4, "f32", 16);
+    b.wait_for_previous();
+    let (ys, s4) = b.splitk_piece(&slice, &e, splits, residual);
+    let part = b.warp_sum(&s4);
+    let (lane, warp) = b.lane_warp(&t);
+    let c0 = b.op("arith.constant 0 : index");
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+    b.line(&format!("scf.if {l0} {{"));
+    b.line(&format!("memref.store {part}, %sm[{warp}] : {smt}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    // (thread 0: the block's sum into slot warps + r of every block of the cluster)
+    let zero = b.cf32(0.0);
+    let t0 = b.op(&format!("arith.cmpi eq, {t}, {c0} : index"));
+    b.line(&format!("scf.if {t0} {{"));
+    let mut bs = zero.clone();
+    for w in 0..warps {
+        let wi = b.op(&format!("arith.constant {w} : index"));
+        let v = b.op(&format!("memref.load %sm[{wi}] : {smt}"));
+        bs = b.op(&format!("arith.addf {bs}, {v} : f32"));
+    }
+    let cwarps = b.ci64(warps as i64);
+    let slot = b.op(&format!("arith.addi {cwarps}, {rk64} : i64"));
+    for r in 0..c {
+        let cr = b.ci64(r as i64);
+        st_cluster(b, &smt, &slot, &cr, &bs);
+    }
+    b.line("}");
+    b.cluster_barrier();
+    let mut total = zero.clone();
+    for r in 0..c {
+        let ri = b.op(&format!("arith.constant {} : index", warps + r));
+        let v = b.op(&format!("memref.load %sm[{ri}] : {smt}"));
+        total = b.op(&format!("arith.addf {total}, {v} : f32"));
+    }
+    let inv = b.inv_rms(&total, d, eps);
+    b.store_scaled_piece(&ys, &gs, &inv, &e, "%xn", half.map(|f16| (f16, "%xh")));
+    Ok(())
+}
+
+/// The decode attention ([`KernelSpec::PagedAttention`]; with `split` = (S, min keys), the
+/// [`KernelSpec::PagedAttentionSplit`] pass: block (token, head group, s) takes split s of the
+/// rows' context and writes their partial softmax states to `%out` instead of the output).
+#[allow(clippy::too_many_arguments)]
 fn emit_paged_attention(
     b: &mut Body,
     h: usize,
@@ -6925,9 +7134,9 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             emit_gemv(b, *k, *n, *wdtype, *bias, *residual, 1)?;
             matmul_params(*bias, *residual, false)
         }
-        KernelSpec::MatMulWide { k, n: _, wdtype, bias, residual } => {
+        KernelSpec::MatMulWide { k, n, wdtype, bias, residual } => {
             wide_gemv_kernel_fits(*k, *wdtype)?;
-            emit_gemv_wide(b, *k, *wdtype, *bias, *residual)?;
+            emit_gemv_wide(b, *k, *n, *wdtype, *bias, *residual)?;
             matmul_params(*bias, *residual, false)
         }
         KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => {
@@ -7158,7 +7367,11 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             b.split_k = Some(*splits);
             emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%yparts: !llvm.ptr<1>", 1)
         }
-        KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half } => {
+        KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, cluster } if *cluster > 1 => {
+            emit_splitk_norm_cluster(b, *splits, *residual, *d, f32::from_bits(*eps_bits), *half, *cluster)?;
+            splitk_norm_params(*residual, *half)
+        }
+        KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, .. } => {
             if d % 4 != 0 {
                 return Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}"));
             }
@@ -7436,6 +7649,22 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 return Err(format!("{}: x is not the first parameter", inner.symbol()));
             }
             format!("%table: !llvm.ptr<1>, %tok: !llvm.ptr<1>, {params}")
+        }
+        KernelSpec::ArgmaxFold { inner } => {
+            let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMulWide { bias: false, residual: false, .. });
+            let normed = |k: &KernelSpec| match k {
+                KernelSpec::NormMatMul { inner: mm, .. } => plain(mm),
+                other => plain(other),
+            };
+            let ok = match inner.as_ref() {
+                KernelSpec::RowGather { inner: g } => normed(g),
+                other => normed(other),
+            };
+            if !ok {
+                return Err(format!("the argmax folds into the wide GEMV without bias or residual, not {}", inner.symbol()));
+            }
+            b.argmax_fold = true;
+            format!("%apart: !llvm.ptr<1>, %async: !llvm.ptr<1>, %aids: !llvm.ptr<1>, {}", emit_into(b, inner)?)
         }
         KernelSpec::RowGather { inner } => {
             let wide = |k: &KernelSpec| matches!(k, KernelSpec::MatMulWide { .. });

@@ -1623,14 +1623,17 @@ fn fold_splitk_reduce_norm(mut steps: Vec<Step>) -> Vec<Step> {
         }
         let mut args = r.args.clone();
         args.extend(n.args[1..].iter().cloned());
+        // (on sm_90a, where this alternative runs, a cluster of blocks per row: grid y = the
+        // cluster)
+        let cluster = crate::kernels::splitk_norm_cluster(d);
         let alt = Large {
             min_rows: r.min_rows.unwrap_or(1),
             max_rows: r.max_rows,
             args: Some(args),
-            kernel: KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half },
+            kernel: KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, cluster },
             scalars: n.scalars.clone(),
             work: n.work.clone(),
-            grid_y: n.grid_y.clone(),
+            grid_y: if cluster > 1 { Scalar::Const(cluster as i64) } else { n.grid_y.clone() },
         };
         steps[j].hopper.push(alt);
         steps.remove(i);
@@ -2694,7 +2697,7 @@ mod tests {
         let norm = steps.iter().find(|s| s.node == "xn").unwrap();
         assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 4096, eps_bits: 1e-5f32.to_bits(), f16: false }));
         let [alt] = &norm.hopper[..] else { panic!("{:?}", norm.hopper) };
-        assert_eq!(alt.kernel, KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
+        assert_eq!(alt.kernel, KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: crate::kernels::splitk_norm_cluster(4096) });
         assert_eq!(alt.args.as_deref().unwrap(), ["h2@splitk4", "h", "h2", "g", "xn", "xn@bf16"]);
         let mm = steps.iter().find(|s| s.node == "h2" && s.kernel.is_some()).unwrap();
         assert_eq!((alt.min_rows, alt.max_rows), (mm.hopper[0].min_rows, mm.hopper[0].max_rows));

@@ -135,8 +135,10 @@ pub fn all_specs() -> Vec<KernelSpec> {
         v.push(KernelSpec::Tma { inner: Box::new(KernelSpec::SplitK { inner: Box::new(KernelSpec::MatMulParts { inner: Box::new(pipe), parts: vec![4096, 1024, 1024] }), splits: 2 }) });
     }
     // the split-K reduce folded into the RMSNorm after it
-    v.push(KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false) });
-    v.push(KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits: 1e-5f32.to_bits(), half: None });
+    v.push(KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: 1 });
+    v.push(KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits: 1e-5f32.to_bits(), half: None, cluster: 1 });
+    // (and in thread-block clusters: sm_90a only)
+    v.push(KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: 4 });
     // split-K over a merged matmul (q/k/v of the 8B shape)
     {
         let t = dsc_codegen::kernels::pipe64_tiling(4096);

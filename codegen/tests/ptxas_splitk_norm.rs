@@ -15,8 +15,10 @@ fn splitk_norm_in_registers_passes_ptxas() {
     unsafe { std::env::set_var("DSC_SPLITK_NORM_REGS", "1") };
     let eps_bits = 1e-5f32.to_bits();
     // d = 4096: a piece per thread of the 32-warp block; d = 1000: threads past 250 idle
-    let specs =
-        [KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits, half: Some(false) }, KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits, half: None }];
+    let specs = [
+        KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits, half: Some(false), cluster: 1 },
+        KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits, half: None, cluster: 1 },
+    ];
     let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {

@@ -398,6 +398,42 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     tol: 1e-5,
                     cluster: None,
                 });
+                // (and with the greedy argmax folded in: the logits as above, each row's
+                // first maximal index, the counters back at zero)
+                let fold = KernelSpec::ArgmaxFold { inner: Box::new(norm.clone()) };
+                let logits = first_cols(&want, m);
+                let ids: Vec<f32> = (0..m)
+                    .map(|r| {
+                        let row = &logits[r * nw..(r + 1) * nw];
+                        let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        row.iter().position(|&v| v == best).unwrap_or(0) as f32
+                    })
+                    .collect();
+                let blocks = g as usize;
+                cases.push(Case {
+                    name: format!("rms_norm+matmul_wide+argmax {m} of {t} rows gathered x{k}x{nw} {wdtype}"),
+                    kernel: fold.symbol(),
+                    grid: g,
+                    grid_y: m as u32,
+                    block: b,
+                    inputs: vec![
+                        data.push(&vec![0.0; 2 * blocks * m]),
+                        data.push_i32(&vec![0; m]),
+                        data.push_i32(&vec![-1; m]),
+                        data.push_i32(&pick),
+                        data.push(&hidden),
+                        data.push(&gw),
+                        warr.clone(),
+                    ],
+                    scalars: vec![nw as i64],
+                    expected: data.push(&logits),
+                    init: None,
+                    written_inputs: vec![(1, data.push(&vec![0.0; m])), (2, data.push(&ids))],
+                    tmaps: vec![],
+                    tol: 1e-5,
+                    cluster: None,
+                });
+                specs.push(fold);
                 specs.push(norm);
             }
         }
@@ -1024,7 +1060,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     }
     // the split-K reduce folded into the RMSNorm after it: y (the parts' sum + the residual)
     // and the normalized x written over NaN-filled buffers, the 16-bit copy (or x) the output
-    for (sk, residual, rows, d, half) in [(4usize, true, 5usize, 2048usize, Some(false)), (2, false, 3, 1000, None)] {
+    // (and in thread-block clusters of 4 and 8 blocks per row, sm_90a)
+    for (sk, residual, rows, d, half, cluster) in
+        [(4usize, true, 5usize, 2048usize, Some(false), 1usize), (2, false, 3, 1000, None, 1), (4, true, 5, 4096, Some(false), 4), (2, false, 3, 1024, Some(true), 8)]
+    {
         let eps = 1e-5f32;
         let parts = rand_vec(sk * rows * d, -1.0, 1.0);
         let r = rand_vec(rows * d, -1.0, 1.0);
@@ -1033,7 +1072,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         let ws: Weights = HashMap::from([("w".to_string(), (DType::F32, vec![d], w.iter().flat_map(|v| v.to_le_bytes()).collect()))]);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{rows}, {d}]\n  %w = weight : f32[{d}]\n  %y = rms_norm(%x, %w) {{eps = {eps:?}}} : f32[{rows}, {d}]\n  output y = %y\n}}\n");
         let xn = reference(&src, vec![("x", Tensor::new(vec![rows, d], y.clone()))], &ws)?;
-        let spec = KernelSpec::SplitKReduceNorm { splits: sk, residual, d, eps_bits: eps.to_bits(), half };
+        let spec = KernelSpec::SplitKReduceNorm { splits: sk, residual, d, eps_bits: eps.to_bits(), half, cluster };
         let (g, b) = grid(&spec.launch(), rows);
         let poison = data.push(&vec![f32::NAN; rows * d]);
         let mut inputs = vec![data.push(&parts)];
@@ -1053,10 +1092,19 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         };
         written.insert(0, (yi, data.push(&y)));
         cases.push(Case {
-            name: format!("splitk reduce {sk}{} + rms_norm {rows}x{d}{}", if residual { " +res" } else { "" }, if half.is_some() { " + bf16 copy" } else { "" }),
+            name: format!(
+                "splitk reduce {sk}{} + rms_norm {rows}x{d}{}{}",
+                if residual { " +res" } else { "" },
+                match half {
+                    Some(true) => " + f16 copy",
+                    Some(false) => " + bf16 copy",
+                    None => "",
+                },
+                if cluster > 1 { format!(" in clusters of {cluster}") } else { String::new() }
+            ),
             kernel: spec.symbol(),
             grid: g,
-            grid_y: 1,
+            grid_y: cluster as u32,
             block: b,
             inputs,
             scalars: vec![rows as i64],
@@ -1065,7 +1113,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             written_inputs: written,
             tmaps: vec![],
             tol: 1e-2,
-            cluster: None,
+            cluster: spec.cluster(),
         });
         specs.push(spec);
     }

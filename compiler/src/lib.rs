@@ -121,6 +121,15 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
         _ => None,
     };
     specs.extend(split.iter().chain(&cluster).map(|(k, _)| k.clone()));
+    // (and folded into the logits step's default kernel where that is the wide lm_head:
+    // `KernelSpec::ArgmaxFold`, for chained multi-step graphs; DSC_ARGMAX_FOLD=0 at compile
+    // time off) — (node, kernel)
+    let logits_node = graph.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| graph.node(*id).name.clone());
+    let fold = steps.iter().filter(|s| argmax.is_some() && Some(&s.node) == logits_node.as_ref() && std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0")).find_map(|s| {
+        let f = dsc_codegen::KernelSpec::ArgmaxFold { inner: Box::new(s.kernel.clone()?) };
+        dsc_codegen::kernels::emit_for(&f, true).is_ok().then(|| (s.node.clone(), f))
+    });
+    specs.extend(fold.iter().map(|(_, k)| k.clone()));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
     let steps: Vec<GpuStep> = steps
         .iter()
@@ -157,6 +166,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                     block,
                     work: scalar(&l.work),
                     grid_y: scalar(&l.grid_y),
+                    cluster: l.kernel.cluster(),
                 }
             };
             let large = s.large.as_ref().map(big);
@@ -187,6 +197,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 few,
                 collective: s.collective.clone(),
                 cluster: s.kernel.as_ref().and_then(|k| k.cluster()),
+                argmax: fold.as_ref().filter(|(n, _)| *n == s.node).map(|(_, k)| k.symbol()),
             }
         })
         .collect();
@@ -283,6 +294,7 @@ mod tests {
             few: vec![],
             collective: None,
             cluster: None,
+            argmax: None,
         }
     }
 

@@ -122,9 +122,10 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
     let backend = GpuBackend::new(&graph, &plan, kv)?;
     let profiling = std::env::var_os("DSC_PROFILE").is_some();
     let cfg = SchedulerConfig { max_step_tokens: (maxb * prompt_len).max(maxb), max_seqs: maxb, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, ..Default::default() };
-    // (multi-step launches, DSC_MULTI_STEP=k: a warm-up long enough for two of them, so both
-    // graph instances are captured before the measured run)
-    let warm_new = if cfg.multi_step > 1 { 2 * cfg.multi_step + 4 } else { 3 };
+    // (multi-step launches, DSC_MULTI_STEP=k: a warm-up long enough for a bucket's first
+    // multi-step launch — after the one-step graph's first runs — so both graph instances are
+    // captured before the measured run)
+    let warm_new = if cfg.multi_step > 1 { 2 * cfg.multi_step + 16 } else { 3 };
     let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
     let mut out = vec![];
     for (round, &b) in batches.iter().enumerate() {

@@ -65,6 +65,9 @@ pub struct GpuBackend<'p> {
     /// and go up in one host-to-device copy instead of six (prepared for the launch-bound
     /// small-model decode; not yet measured on the H200, so off)
     pack_inputs: bool,
+    /// k of the scheduler's multi-step launches (DSC_MULTI_STEP; 1: none): a cached bucket's
+    /// arena keeps room for two instances' k copies of its packed inputs right after them
+    multi_k: usize,
     collective: GpuCollective,
     /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
@@ -221,6 +224,7 @@ impl<'p> GpuBackend<'p> {
             prog.steps.iter().flat_map(|s| {
                 s.kernel
                     .iter()
+                    .chain(s.argmax.iter())
                     .chain(s.large.as_ref().map(|l| &l.kernel))
                     .chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper).map(|l| &l.kernel))
                     .chain(s.few.iter().map(|l| &l.kernel))
@@ -388,6 +392,7 @@ impl<'p> GpuBackend<'p> {
             pdl: target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none(),
             host_argmax: std::env::var("DSC_HOST_ARGMAX").is_ok_and(|v| v == "1"),
             pack_inputs: std::env::var("DSC_PACK_INPUTS").map_or(true, |v| v != "0"),
+            multi_k: crate::scheduler::multi_step_from_env(),
             collective,
             profile,
             inflight: Default::default(),
@@ -515,6 +520,9 @@ struct Launch {
     /// an L2 access policy window (`GpuBackend::l2_persist`): (base, bytes, hit ratio) of the
     /// weight whose lines it marks persisting
     l2_window: Option<(u64, usize, f32)>,
+    /// the same launch with the greedy argmax folded in (the logits step's `argmax` kernel:
+    /// buffers `@apart`, `@async`, `@aids` first), for chained multi-step graphs
+    argmax: Option<String>,
 }
 
 /// Everything one step shape (T, S, R) needs, allocated once: the inputs, every activation,
@@ -541,26 +549,42 @@ struct Bucket {
     packed_span: (usize, usize),
     /// k pipelined greedy steps as one CUDA graph (`Backend::launch_greedy_steps`)
     multi: Option<Multi>,
+    /// the folded argmax's partials and counters (`Launch::argmax`; counters zero between
+    /// launches), allocated with the first multi-step graph
+    fold: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
+    /// (arena offset, bytes) of the room for two multi-step instances' k copies of the packed
+    /// inputs, right after them (`GpuBackend::multi_k`)
+    multi_at: Option<(usize, usize)>,
 }
 
 /// A bucket: (tokens, sequences, logits rows, context class).
 type BucketKey = (usize, usize, usize, usize);
 
 /// k fed greedy steps of a bucket as one CUDA graph, in two instances used in turn (the host
-/// stages one while the other may still run): each step's input kernel reads its own pinned
-/// staging buffer and the step before's ids (the first step: the other instance's last
-/// ids), its argmax writes its own id buffer — fixed addresses, so the graph replays them.
+/// stages one while the other may still run), chained: one input kernel first copies the k
+/// steps' staged inputs into k copies of the packed span (`inputs`; the first step's tokens
+/// from the other instance's last ids), step i's launches read copy i — its tokens straight
+/// from step i - 1's id buffer — and its argmax (under PDL) writes id buffer i: no kernel
+/// between one step's argmax and the next one's first kernel, fixed addresses, so the graph
+/// replays them.
 struct Multi {
     k: usize,
     rows: usize,
+    /// bytes of each id buffer (as many as the pinned host buffers they are copied into:
+    /// the copy takes the host buffer's length)
+    idb: usize,
     insts: Vec<MultiInst>,
     turn: usize,
 }
 
 struct MultiInst {
     graph: Option<cudarc::driver::CudaGraph>,
-    staging: Vec<cudarc::driver::PinnedHostSlice<u8>>,
-    ids: Vec<CudaSlice<u8>>,
+    /// the k steps' packed spans, one after another (pinned)
+    staging: cudarc::driver::PinnedHostSlice<u8>,
+    /// where the input kernel puts them: the k steps' inputs, at this offset of the arena
+    inputs: usize,
+    /// the k steps' token ids: arena offsets (`Multi::idb` bytes each) right after `inputs`
+    ids: Vec<usize>,
     /// after the id copies of this instance's last launch
     copied: Option<cudarc::driver::CudaEvent>,
 }
@@ -577,6 +601,24 @@ const CACHED_MAX_TOKENS: usize = 128;
 /// shape with the warp-specialized SwiGLU gate/up 57.9k -> 43.3k: the early-launched
 /// dependents hold SMs the 24-block matmul and its successors need); DSC_PDL_MAX_TOKENS=N.
 const PDL_MAX_TOKENS: usize = 64;
+
+/// Multi-step launches for steps of at most this many rows: a graph launch is ~9 µs of a
+/// 250 µs SmolLM2-shape b1 step (multi-step +4.2% with the argmax folded in), ~1% of its b8
+/// step (+0.3% measured, b32 / b128 and the 8B shape neutral) — where each new bucket's two
+/// captures would cost more than they save. Serving 64 SmolLM2-shape streams with multi-step
+/// at every size: 25.2k -> 21.3k tok/s (the shrinking batch captured a pair of graphs per size;
+/// bench/results/session20-2026-12-01.json).
+const MULTI_STEP_MAX_ROWS: usize = 4;
+
+/// A bucket gets its multi-step graphs once its one-step graph has run this many times (a
+/// shape in steady use, not one a shrinking batch passes through).
+const MULTI_STEP_MIN_RUNS: usize = 8;
+
+/// Bytes of a multi-step id buffer for `rows` logits rows: as many as the pinned host buffers
+/// the ids go to (256 ids at least), 256-byte aligned.
+fn multi_ids_bytes(rows: usize) -> usize {
+    (rows.max(256) * 4).div_ceil(256) * 256
+}
 
 /// Tokens a step's `{node}@sync` counters cover (the fused one-token attention uses the first).
 const SYNC_TOKENS: usize = 1024;
@@ -655,7 +697,11 @@ impl GpuBackend<'_> {
         let knob = |v: &str| std::env::var(v).ok().and_then(|v| v.parse::<usize>().ok());
         let align = knob("DSC_ARENA_ALIGN").unwrap_or(ARENA_ALIGN).max(1).next_power_of_two();
         let pad0 = knob("DSC_ARENA_PAD").unwrap_or(0) / 256 * 256;
-        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + pad0 + if align > 1 { align } else { 0 }), "allocating the activation arena")?;
+        // (the multi-step inputs' room: the step's inputs stay in the pages the arena's other
+        // hot lines are in — a separate allocation of them ran b1 at +1% where in the arena
+        // +2.2%, bench/results/session20-2026-12-01.json)
+        let multi_room = if self.multi_k > 1 && t <= self.cached_max_tokens { 2 * self.multi_k * (end - span0 + multi_ids_bytes(r)) } else { 0 };
+        let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + multi_room + pad0 + if align > 1 { align } else { 0 }), "allocating the activation arena")?;
         let base = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream).0 as usize;
         let pad = (align - base % align) % align + pad0;
         let mut placed: HashMap<String, (usize, usize)> = self.prog.buffers.iter().zip(offsets.iter().zip(&sizes)).map(|(b, (&o, &n))| (b.node.clone(), (o + pad, n))).collect();
@@ -666,6 +712,7 @@ impl GpuBackend<'_> {
             placed.insert(name.to_string(), (o, n));
         }
         let packed_span = (span0 + pad, end + pad);
+        let multi_at = (multi_room > 0).then_some((end + pad, multi_room));
         let mut alias: HashMap<String, String> = HashMap::new();
         let mut launches = vec![];
         // (the step that writes the logits)
@@ -700,9 +747,25 @@ impl GpuBackend<'_> {
             if !s.runs_on(rows, hopper) || !s.runs_in_context(context) {
                 continue;
             }
-            let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem, cluster) = match s.alternative(rows, hopper, !self.no_few) {
+            let alt = s.alternative(rows, hopper, !self.no_few);
+            // (the argmax folds into the default kernel only)
+            let argmax = if alt.is_none() { s.argmax.clone() } else { None };
+            let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem, cluster) = match alt {
                 Some(l) => {
-                    (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch.as_str(), l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0), 1)
+                    let cluster = if self.target == "sm_90a" { l.cluster.unwrap_or(1) } else { 1 };
+                    (
+                        &l.kernel,
+                        &l.scalars,
+                        &l.work,
+                        &l.grid_y,
+                        l.launch.as_str(),
+                        l.block,
+                        l.rows_per_block,
+                        l.threads.unwrap_or(128),
+                        l.args.as_ref().unwrap_or(&s.args),
+                        l.smem.unwrap_or(0),
+                        cluster,
+                    )
                 }
                 // (clusters: the sm_90a module's kernel; elsewhere the same symbol takes none)
                 None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0, if self.target == "sm_90a" { s.cluster.unwrap_or(1) } else { 1 }),
@@ -772,6 +835,7 @@ impl GpuBackend<'_> {
                 cfg: LaunchConfig { grid_dim: (grid, gy, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem },
                 cluster,
                 l2_window,
+                argmax,
             }));
         }
         let vocab = *shape_of(&out_name)?.last().unwrap_or(&1);
@@ -779,7 +843,7 @@ impl GpuBackend<'_> {
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
         // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
         let pdl = self.pdl && t <= self.cached_max_tokens.min(self.pdl_max_tokens);
-        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span, multi: None })
+        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span, multi: None, multi_at, fold: None })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -831,6 +895,15 @@ impl GpuBackend<'_> {
     }
 
     fn launch_all(&self, bucket: &mut Bucket) -> Result<()> {
+        self.launch_all_over(bucket, None).map(|_| ())
+    }
+
+    /// [`GpuBackend::launch_all`], with `over` (a chained multi-step copy's inputs): the
+    /// buffers it names at those device addresses instead (every launch then by
+    /// cuLaunchKernelEx); where `over` places `@aids`, the logits step's launch with the
+    /// argmax folded in (returns whether there was one).
+    fn launch_all_over(&self, bucket: &mut Bucket, over: Option<&HashMap<&'static str, u64>>) -> Result<bool> {
+        let mut fused = false;
         let mut marks: Vec<(String, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)> = vec![];
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         for a in &bucket.launches {
@@ -845,8 +918,18 @@ impl GpuBackend<'_> {
                 Some(_) => Some(cu(self.stream.record_event(timing), "profile event")?),
                 None => None,
             };
-            if bucket.pdl || l.cluster > 1 || l.l2_window.is_some() {
-                self.launch_ex(bucket, l, bucket.pdl)?;
+            // (a chained multi-step copy with the ids' place in `over`: the logits step with the
+            // argmax folded in)
+            if let (Some(fk), true) = (&l.argmax, over.is_some_and(|o| o.contains_key("@aids"))) {
+                let mut args = vec!["@apart".to_string(), "@async".to_string(), "@aids".to_string()];
+                args.extend(l.args.iter().cloned());
+                let fl = Launch { kernel: fk.clone(), args, scalars: l.scalars.clone(), cfg: l.cfg, cluster: l.cluster, l2_window: l.l2_window, argmax: None };
+                self.launch_ex(bucket, &fl, bucket.pdl, over)?;
+                fused = true;
+                continue;
+            }
+            if bucket.pdl || l.cluster > 1 || l.l2_window.is_some() || over.is_some() {
+                self.launch_ex(bucket, l, bucket.pdl, over)?;
                 if let Some(s0) = start {
                     marks.push((l.kernel.clone(), s0, cu(self.stream.record_event(timing), "profile event")?));
                 }
@@ -884,20 +967,24 @@ impl GpuBackend<'_> {
                 e.1 += ms * 1e3;
             }
         }
-        Ok(())
+        Ok(fused)
     }
 
     /// One launch by cuLaunchKernelEx: with `pdl` programmatic stream serialization (the
     /// kernel may launch before its predecessor in the stream finishes; its
     /// `griddepcontrol.wait` — every sm_90a kernel starts with it — holds it until then), and
     /// in thread-block clusters of `l.cluster` blocks along grid y where that is more than 1.
-    fn launch_ex(&self, bucket: &Bucket, l: &Launch, pdl: bool) -> Result<()> {
+    fn launch_ex(&self, bucket: &Bucket, l: &Launch, pdl: bool, over: Option<&HashMap<&'static str, u64>>) -> Result<()> {
         use cudarc::driver::DevicePtr;
         let mut ptrs: Vec<u64> = Vec::with_capacity(l.args.len());
         let mut guards = vec![];
         let (arena, g) = bucket.arena.device_ptr(&self.stream);
         guards.push(g);
         for a in &l.args {
+            if let Some(&p) = over.and_then(|o| o.get(a.as_str())) {
+                ptrs.push(p);
+                continue;
+            }
             let p = match bucket.placed.get(a) {
                 // an activation: its offset in the arena (in bounds: placed by the memory plan)
                 Some(&(o, _)) => arena + o as u64,
@@ -942,7 +1029,7 @@ impl GpuBackend<'_> {
             bucket.ids = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(1) * 4), "allocating token ids")?);
         }
         let ids = bucket.ids.as_ref().expect("allocated above");
-        self.launch_argmax(bucket, k, ids)?;
+        self.launch_argmax(bucket, k, self.dev(ids), false)?;
         let bytes = cu(self.stream.clone_dtoh(&ids.slice(0..rows * 4)), "reading token ids")?;
         Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect())
     }
@@ -953,12 +1040,15 @@ impl GpuBackend<'_> {
         Ok(n / 4 / bucket.vocab.max(1))
     }
 
-    /// The argmax kernel `k` over the bucket's logits rows, one i32 per row into `ids`.
-    fn launch_argmax(&self, bucket: &Bucket, k: &str, ids: &CudaSlice<u8>) -> Result<()> {
+    /// The argmax kernel `k` over the bucket's logits rows, one i32 per row into `ids`; the
+    /// cluster argmax with `pdl` under programmatic dependent launch (inside a chained
+    /// multi-step graph, right after the lm_head).
+    fn launch_argmax(&self, bucket: &Bucket, k: &str, ids: (u64, usize), pdl: bool) -> Result<()> {
         let (o, n) = *bucket.placed.get(&bucket.logits).ok_or_else(|| gerr("the logits are not an activation buffer of the schedule"))?;
         let rows = n / 4 / bucket.vocab.max(1);
-        if ids.len() < rows * 4 {
-            return Err(gerr(format!("token id buffer of {} bytes for {rows} rows", ids.len())));
+        let (ip, ids_len) = ids;
+        if ids_len < rows * 4 {
+            return Err(gerr(format!("token id buffer of {ids_len} bytes for {rows} rows")));
         }
         let logits = bucket.arena.slice(o..o + n);
         let rows64 = rows as i64;
@@ -966,19 +1056,18 @@ impl GpuBackend<'_> {
             // (sm_90a: a thread-block cluster per row; DSC_ARGMAX_SPLIT=0 turns it off too)
             let f = self.funcs.get(&a.kernel).ok_or_else(|| gerr(format!("kernel {} is not in the plan's module", a.kernel)))?;
             let (lp, g1) = cudarc::driver::DevicePtr::device_ptr(&logits, &self.stream);
-            let (ip, g2) = cudarc::driver::DevicePtr::device_ptr(ids, &self.stream);
             let cfg = LaunchConfig { grid_dim: (rows as u32, a.splits, 1), block_dim: (a.threads, 1, 1), shared_mem_bytes: 0 };
             cu(self.ctx.bind_to_thread(), "binding the context")?;
             // SAFETY: argmax_c<B>_d<V>(x, y, rows): rows rows of V f32 in `logits`, one i32 per
             // row into `ids` (checked above to hold `rows`); grid y = B blocks, one cluster
-            let r = unsafe { launch_kernel_ex(&self.stream, f, &[lp, ip], &[rows64], cfg, false, a.splits, None) };
-            drop((g1, g2));
+            let r = unsafe { launch_kernel_ex(&self.stream, f, &[lp, ip], &[rows64], cfg, pdl, a.splits, None) };
+            drop(g1);
             return cu(r, &format!("launching {}", a.kernel));
         }
         if let Some((a, part, sync)) = self.argmax_split.as_ref().filter(|_| rows <= SYNC_TOKENS) {
             let ks = &a.kernel;
             let mut lb = self.stream.launch_builder(&self.funcs[ks]);
-            lb.arg(&logits).arg(part).arg(sync).arg(ids).arg(&rows64);
+            lb.arg(&logits).arg(part).arg(sync).arg(&ip).arg(&rows64);
             let cfg = LaunchConfig { grid_dim: (a.splits, rows as u32, 1), block_dim: (a.threads, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: argmax_split<S>_d<V>(x, part, sync, y, rows): rows rows of V f32 in
             // `logits`; `part` holds S 8-byte partials and `sync` a zeroed u32 per row for up to
@@ -987,7 +1076,7 @@ impl GpuBackend<'_> {
             return Ok(());
         }
         let mut lb = self.stream.launch_builder(&self.funcs[k]);
-        lb.arg(&logits).arg(ids).arg(&rows64);
+        lb.arg(&logits).arg(&ip).arg(&rows64);
         let cfg = match self.prog.argmax_block {
             Some(threads) => LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
             None => LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 },
@@ -1006,7 +1095,18 @@ impl GpuBackend<'_> {
         if Self::logit_rows(bucket)? != b.logit_rows.len() {
             return Err(gerr("a pipelined step's logits rows differ from its batch's"));
         }
-        self.launch_argmax(bucket, k, ids)
+        self.launch_argmax(bucket, k, self.dev(ids), false)
+    }
+
+    /// A device buffer's address and length (event tracking is off: nothing to guard).
+    fn dev(&self, b: &CudaSlice<u8>) -> (u64, usize) {
+        (cudarc::driver::DevicePtr::device_ptr(b, &self.stream).0, b.len())
+    }
+
+    /// `n` bytes from device address `src` to `dst` on the stream.
+    fn dtod(&self, dst: u64, src: u64, n: usize) -> Result<()> {
+        // SAFETY: the callers pass two device buffers of at least n bytes each (checked there)
+        cu(unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, n, self.stream.cu_stream()) }, "feeding the last ids")
     }
 
     /// The step's block table padded to the plan's fixed width (so MB, and the graph, is
@@ -1046,8 +1146,16 @@ impl GpuBackend<'_> {
     /// under PDL on sm_90a, only the threads taking a fed id waiting. The caller keeps the
     /// staging buffer and `fed` alive until the kernel has run.
     fn launch_inputs(&self, f: &CudaFunction, bucket: &mut Bucket, src_ptr: u64, fed: Option<(u64, usize)>) -> Result<()> {
-        use cudarc::driver::DevicePtrMut;
+        use cudarc::driver::DevicePtr;
         let (s0, s1) = bucket.packed_span;
+        let (arena, _guard) = bucket.arena.device_ptr(&self.stream);
+        self.launch_inputs_to(f, bucket, src_ptr, arena + s0 as u64, s1 - s0, fed)
+    }
+
+    /// [`GpuBackend::launch_inputs`] into `bytes` at device address `dptr` (the packed span, or
+    /// several copies of it one after another: the fed ids go into the first one's tokens).
+    fn launch_inputs_to(&self, f: &CudaFunction, bucket: &Bucket, src_ptr: u64, dptr: u64, bytes: usize, fed: Option<(u64, usize)>) -> Result<()> {
+        let s0 = bucket.packed_span.0;
         let (mut fed_ptr, mut fed_at, mut fed_words) = (0u64, 0u32, 0u32);
         if let Some((p, tokens)) = fed {
             let n = tokens * 4;
@@ -1059,9 +1167,7 @@ impl GpuBackend<'_> {
             }
             (fed_ptr, fed_at, fed_words) = (p, ((o - s0) / 4) as u32, (n / 4) as u32);
         }
-        let words = ((s1 - s0) / 4) as u32;
-        let mut dst = bucket.arena.slice_mut(s0..s1);
-        let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
+        let words = (bytes / 4) as u32;
         let cfg = LaunchConfig { grid_dim: (words.div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         if let (Some(fp), true) = (&self.inputs_pdl, fed.is_some()) {
             // (a fed step: right after the previous step's argmax, with PDL)
@@ -1090,23 +1196,25 @@ impl GpuBackend<'_> {
         if bucket.packed.is_empty() {
             return Ok(None);
         }
+        // (a bucket in steady use only: its two graphs' captures cost milliseconds)
+        if bucket.multi.is_none() && bucket.runs < MULTI_STEP_MIN_RUNS {
+            return Ok(None);
+        }
         let span = bucket.packed_span.1 - bucket.packed_span.0;
+        let idb = multi_ids_bytes(rows);
+        // (the arena's room for two instances of k copies and k id buffers)
+        let Some((room_at, room)) = bucket.multi_at.filter(|&(_, n)| n >= 2 * k * (span + idb)) else { return Ok(None) };
         let mut m = match bucket.multi.take() {
             Some(m) if m.k == k && m.rows == rows => m,
             _ => {
                 let mut insts = vec![];
-                for _ in 0..2 {
-                    let mut staging = vec![];
-                    let mut ids = vec![];
-                    // (ids as large as the pinned buffers they are copied into: the copy
-                    // takes the host buffer's length)
-                    for _ in 0..k {
-                        staging.push(self.pinned(span.max(1 << 12))?);
-                        ids.push(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
-                    }
-                    insts.push(MultiInst { graph: None, staging, ids, copied: None });
+                for inst in 0..2 {
+                    let staging = self.pinned(k * span)?;
+                    let inputs = room_at + inst * room / 2;
+                    let ids = (0..k).map(|i| inputs + k * span + i * idb).collect();
+                    insts.push(MultiInst { graph: None, staging, inputs, ids, copied: None });
                 }
-                Multi { k, rows, insts, turn: 0 }
+                Multi { k, rows, idb, insts, turn: 0 }
             }
         };
         let r = self.launch_multi_in(bucket, &mut m, bs, kname, key, hosts, f, span);
@@ -1126,7 +1234,6 @@ impl GpuBackend<'_> {
         f: &CudaFunction,
         span: usize,
     ) -> Result<(usize, Vec<Inflight>)> {
-        use cudarc::driver::DevicePtr;
         let rows = m.rows;
         let j = m.turn;
         m.turn = 1 - j;
@@ -1134,10 +1241,12 @@ impl GpuBackend<'_> {
         if let Some(c) = m.insts[j].copied.take() {
             cu(c.synchronize(), "waiting for a multi-step graph's last run")?;
         }
-        for (i, b) in bs.iter().enumerate() {
-            let h = &mut cu(m.insts[j].staging[i].as_mut_slice(), "staging inputs")?[..span];
-            let table = self.padded_table(b);
-            Self::pack_inputs(bucket, &Self::step_inputs(b, &table), h)?;
+        {
+            let h = cu(m.insts[j].staging.as_mut_slice(), "staging inputs")?;
+            for (i, b) in bs.iter().enumerate() {
+                let table = self.padded_table(b);
+                Self::pack_inputs(bucket, &Self::step_inputs(b, &table), &mut h[i * span..(i + 1) * span])?;
+            }
         }
         // the first step's fed ids: the other instance's last buffer, where that instance ran
         // last; else copied there from where the last launch left them
@@ -1147,53 +1256,95 @@ impl GpuBackend<'_> {
                 cu(self.stream.wait(c), "ordering the fed ids after their copy")?;
             }
             let n = rows * 4;
-            let (a, z) = m.insts.split_at_mut(1);
-            let (mine, theirs) = if other == 0 { (&z[0], &mut a[0]) } else { (&a[0], &mut z[0]) };
-            let dst = theirs.ids.last_mut().expect("k ids");
+            let arena = self.dev(&bucket.arena).0;
+            let dst = arena + *m.insts[other].ids.last().expect("k ids") as u64;
             let src = match self.last_multi {
-                Some((kk, jj)) if kk == key && jj == j => mine.ids.last(),
+                Some((kk, jj)) if kk == key && jj == j => m.insts[j].ids.last().map(|&o| (arena + o as u64, m.idb)),
                 Some(_) => self.multi_ids(),
-                None => self.feeds[self.feed_at].as_ref(),
+                None => self.feeds[self.feed_at].as_ref().map(|f| self.dev(f)),
             };
             match src {
-                Some(src) if src.len() >= n && dst.len() >= n => cu(self.stream.memcpy_dtod(&src.slice(0..n), &mut dst.slice_mut(0..n)), "feeding the last ids")?,
+                Some((src, len)) if len >= n => self.dtod(dst, src, n)?,
                 _ => return Err(gerr("a multi-step launch found no ids of the step before it")),
             }
         }
-        if m.insts[j].graph.is_none() {
-            // (the staging buffers' addresses first: touching a pinned buffer synchronizes,
-            // which a capturing stream does not allow)
-            let mut srcs = vec![];
-            for st in &m.insts[j].staging {
-                srcs.push(cu(st.as_slice(), "staging inputs")?.as_ptr() as u64);
+        // (both instances captured at the first launch: the second one's capture would
+        // otherwise fall into the decode after a warm-up of one launch)
+        for inst in [j, other] {
+            if m.insts[inst].graph.is_none() {
+                m.insts[inst].graph = self.capture_multi(bucket, m, inst, kname, f, span)?;
             }
-            cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
-            let mut launched = Ok(());
-            for (i, &src) in srcs.iter().enumerate() {
-                let fed = if i == 0 { m.insts[other].ids.last().expect("k ids") } else { &m.insts[j].ids[i - 1] };
-                let (fp, _g) = fed.device_ptr(&self.stream);
-                launched = self.launch_inputs(f, bucket, src, Some((fp, rows))).and_then(|_| self.launch_all(bucket)).and_then(|_| self.launch_argmax(bucket, kname, &m.insts[j].ids[i]));
-                if launched.is_err() {
-                    break;
-                }
-            }
-            let graph = cu(self.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH), "end capture")?;
-            launched?;
-            m.insts[j].graph = graph;
         }
         match &m.insts[j].graph {
             Some(gr) => cu(gr.launch(), "multi-step graph launch")?,
             None => return Err(gerr("a multi-step graph was not captured")),
         }
         let copy = self.ids_copy_stream()?;
+        let arena = self.dev(&bucket.arena).0;
         let mut entries = vec![];
         for (i, mut host) in hosts.into_iter().enumerate() {
-            cu(copy.memcpy_dtoh(&m.insts[j].ids[i].slice(0..rows * 4), &mut host), "reading token ids")?;
+            let h = &mut cu(host.as_mut_slice(), "reading token ids")?[..rows * 4];
+            // SAFETY: `h` is pinned (the copy is asynchronous) and stays alive in the in-flight
+            // entry until its event has completed; the id buffer holds `idb` >= rows·4 bytes
+            cu(unsafe { cudarc::driver::result::memcpy_dtoh_async(h, arena + m.insts[j].ids[i] as u64, copy.cu_stream()) }, "reading token ids")?;
             let done = cu(copy.record_event(None), "recording an ids copy")?;
             entries.push(Inflight { host, rows, done, buf: 2 });
         }
         m.insts[j].copied = Some(cu(copy.record_event(None), "recording the ids copies")?);
         Ok((j, entries))
+    }
+
+    /// Capture multi-step instance `j` of `m`: the input kernel (the k staged spans into the
+    /// instance's k copies in the arena, the first step's tokens from the other instance's
+    /// last ids), then per step i its launches on copy i (tokens from step i - 1's ids) and
+    /// the argmax into id buffer i, under PDL.
+    fn capture_multi(&self, bucket: &mut Bucket, m: &Multi, j: usize, kname: &str, f: &CudaFunction, span: usize) -> Result<Option<cudarc::driver::CudaGraph>> {
+        use cudarc::driver::DevicePtr;
+        let (k, rows) = (m.k, m.rows);
+        // (the staging buffer's address first: touching a pinned buffer synchronizes, which a
+        // capturing stream does not allow)
+        let src = cu(m.insts[j].staging.as_slice(), "staging inputs")?.as_ptr() as u64;
+        let arena = bucket.arena.device_ptr(&self.stream).0;
+        let inputs = arena + m.insts[j].inputs as u64;
+        let id = |inst: usize, i: usize| arena + m.insts[inst].ids[i] as u64;
+        let s0 = bucket.packed_span.0;
+        // (the logits step's argmax folded in: its partials (8 bytes per block and row) and
+        // counters; DSC_ARGMAX_FOLD=0 at run time: the argmax kernel after it)
+        let fold_cfg = bucket.launches.iter().find_map(|a| match a {
+            Action::Launch(l) if l.argmax.is_some() => Some(l.cfg),
+            _ => None,
+        });
+        let fold_cfg = fold_cfg.filter(|_| std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0"));
+        if let (Some(c), None) = (fold_cfg, &bucket.fold) {
+            let (blocks, rows) = (c.grid_dim.0 as usize, c.grid_dim.1 as usize);
+            bucket.fold =
+                Some((cu(self.stream.alloc_zeros::<u8>(blocks * rows * 8), "allocating argmax partials")?, cu(self.stream.alloc_zeros::<u8>(rows.max(64) * 4), "allocating argmax counters")?));
+        }
+        let fold = fold_cfg.and(bucket.fold.as_ref()).map(|(p, c)| (self.dev(p).0, self.dev(c).0));
+        cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
+        let fed = id(1 - j, k - 1);
+        let mut launched = self.launch_inputs_to(f, bucket, src, inputs, k * span, Some((fed, rows)));
+        for i in 0..k {
+            if launched.is_err() {
+                break;
+            }
+            // (step i's inputs: copy i of the span; its tokens the ids of step i - 1)
+            let mut over: HashMap<&'static str, u64> = bucket.packed.iter().map(|&(name, o, _)| (name, inputs + (i * span + o - s0) as u64)).collect();
+            if i > 0 {
+                over.insert("tokens", id(j, i - 1));
+            }
+            if let Some((part, sync)) = fold {
+                over.extend([("@apart", part), ("@async", sync), ("@aids", id(j, i))]);
+            }
+            launched = match self.launch_all_over(bucket, Some(&over)) {
+                Ok(true) => Ok(()),
+                Ok(false) => self.launch_argmax(bucket, kname, (id(j, i), m.idb), bucket.pdl),
+                Err(e) => Err(e),
+            };
+        }
+        let graph = cu(self.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH), "end capture")?;
+        launched?;
+        Ok(graph)
     }
 
     /// Upload the step's inputs and run its launches (as a CUDA graph once captured). With
@@ -1355,9 +1506,11 @@ impl GpuBackend<'_> {
 
     /// The id buffer the last pipelined launch's last step wrote, when that was a multi-step
     /// launch of a bucket in the map (not the one now running, which is taken out of it).
-    fn multi_ids(&self) -> Option<&CudaSlice<u8>> {
+    fn multi_ids(&self) -> Option<(u64, usize)> {
         let (key, j) = self.last_multi?;
-        self.buckets.get(&key)?.multi.as_ref()?.insts.get(j)?.ids.last()
+        let b = self.buckets.get(&key)?;
+        let m = b.multi.as_ref()?;
+        Some((self.dev(&b.arena).0 + *m.insts.get(j)?.ids.last()? as u64, m.idb))
     }
 
     /// Find (or make) the step shape's bucket and run `f` on it; long steps get a transient one.
@@ -1408,13 +1561,11 @@ impl Backend for GpuBackend<'_> {
             if self.feeds[at].as_ref().is_none_or(|f| f.len() < rows * 4) {
                 self.feeds[at] = Some(cu(self.stream.alloc_zeros::<u8>(rows.max(256) * 4), "allocating token ids")?);
             }
-            let mut dst = self.feeds[at].take().expect("allocated above");
-            let r = match self.multi_ids() {
-                Some(src) if src.len() >= rows * 4 => cu(self.stream.memcpy_dtod(&src.slice(0..rows * 4), &mut dst.slice_mut(0..rows * 4)), "feeding the last ids"),
-                _ => Err(gerr("the last multi-step launch's ids are gone")),
-            };
-            self.feeds[at] = Some(dst);
-            r?;
+            let dst = self.dev(self.feeds[at].as_ref().expect("allocated above")).0;
+            match self.multi_ids() {
+                Some((src, len)) if len >= rows * 4 => self.dtod(dst, src, rows * 4)?,
+                _ => return Err(gerr("the last multi-step launch's ids are gone")),
+            }
         }
         self.last_multi = None;
         let rows = b.logit_rows.len();
@@ -1468,11 +1619,12 @@ impl Backend for GpuBackend<'_> {
     fn launch_greedy_steps(&mut self, bs: &[StepBatch]) -> Result<bool> {
         let k = bs.len();
         let Some(kname) = self.greedy_argmax() else { return Ok(false) };
-        if k < 2 || !self.use_graphs || self.inputs_kernel.is_none() || self.inflight.is_empty() {
+        // (one GPU: a tensor-parallel rank's all-reduces stay out of multi-step graphs)
+        if k < 2 || !self.use_graphs || self.inputs_kernel.is_none() || self.inflight.is_empty() || !matches!(self.collective, GpuCollective::Single) {
             return Ok(false);
         }
         let rows = bs[0].logit_rows.len();
-        if rows > self.cached_max_tokens || bs.iter().any(|b| b.tokens.len() != rows || b.logit_rows.len() != rows || b.num_seqs != bs[0].num_seqs) {
+        if rows > self.cached_max_tokens.min(MULTI_STEP_MAX_ROWS) || bs.iter().any(|b| b.tokens.len() != rows || b.logit_rows.len() != rows || b.num_seqs != bs[0].num_seqs) {
             return Ok(false);
         }
         // (all k steps in one bucket: one context class)

@@ -115,6 +115,11 @@ fn f32s(data: &[u8], a: &Array) -> anyhow::Result<Vec<f32>> {
 
 /// A buffer's bytes as f32 values: bf16 (`dtype` "bf16") widened, else f32.
 fn decode(bytes: &[u8], dtype: &str) -> anyhow::Result<Vec<f32>> {
+    // (i32: token ids a kernel wrote, compared as numbers)
+    if dtype == "i32" {
+        anyhow::ensure!(bytes.len() % 4 == 0, "{} bytes are not whole i32 values", bytes.len());
+        return Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect());
+    }
     let (dt, w) = if dtype == "bf16" { (dsc_ir::DType::BF16, 2) } else { (dsc_ir::DType::F32, 4) };
     dsc_ir::quant::decode(dt, bytes, bytes.len() / w).with_context(|| format!("{} bytes are not whole {dtype} values", bytes.len()))
 }

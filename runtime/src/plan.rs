@@ -253,6 +253,11 @@ pub struct GpuStep {
     /// head's q, k and v); grid y a multiple of it
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<u32>,
+    /// the logits step: its default kernel with the greedy argmax folded in
+    /// (`KernelSpec::ArgmaxFold`: params part, sync, ids, then the default kernel's), which a
+    /// chained multi-step graph runs instead of it and the argmax kernel
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argmax: Option<String>,
 }
 
 impl GpuStep {
@@ -329,6 +334,10 @@ pub struct GpuLarge {
     pub block: u32,
     pub work: Scalar,
     pub grid_y: Scalar,
+    /// on sm_90a the kernel is launched in thread-block clusters of this many blocks along
+    /// grid y (the split-K reduce + RMSNorm's blocks of a row); none: no cluster
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -675,6 +684,7 @@ mod tests {
             block: 1,
             work: Scalar::Const(1),
             grid_y: Scalar::Const(1),
+            cluster: None,
         };
         let step = GpuStep {
             node: "y".into(),
@@ -700,6 +710,7 @@ mod tests {
             few: vec![alt("few", 2, Some(15)), alt("few16", 16, Some(128))],
             collective: None,
             cluster: None,
+            argmax: None,
         };
         let pick = |rows, hopper, few| step.alternative(rows, hopper, few).map(|l| l.kernel.as_str());
         // one row: the GEMV everywhere

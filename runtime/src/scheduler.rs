@@ -74,10 +74,11 @@ pub struct SchedulerConfig {
     /// A sequence that ends at step N has one more (discarded) position computed. Default on;
     /// DSC_NO_PIPELINE=1 turns it off
     pub pipeline: bool,
-    /// pipelined greedy steps launched at once (as one CUDA graph on the GPU, which saves the
-    /// ~9 µs a graph launch costs each small-model step): up to this many positions of the
-    /// same rows, each fed the previous one's token on the device; 1: one step at a time.
-    /// DSC_MULTI_STEP=k (a measurement knob, off by default)
+    /// pipelined greedy steps launched at once (as one CUDA graph on the GPU: the steps chained
+    /// under PDL, no graph launch or input kernel between them): up to this many positions of
+    /// the same rows, each fed the previous one's token on the device, where every row is
+    /// greedy and nothing waits for admission; 1: one step at a time. [`MULTI_STEP`] by
+    /// default, DSC_MULTI_STEP=k (1..=16) overrides
     pub multi_step: usize,
 }
 
@@ -97,9 +98,16 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// DSC_MULTI_STEP=k (2..=16): pipelined greedy steps launched at once; 1 otherwise.
+/// Pipelined greedy steps launched at once by default: 4 — SmolLM2 shape b1 3,925 -> 4,005-4,013
+/// tok/s in a b1-only process, 3,930 -> 3,965 in the harness's b1-to-b128 one; k = 3, 5, 6
+/// within 0.3% of it, 2 no gain, 8 and 16 less (more of a run's steps fall back to single
+/// ones near its length limit); b8-b128 and the 8B shape neutral
+/// (bench/results/session20-2026-12-01.json).
+pub const MULTI_STEP: usize = 4;
+
+/// DSC_MULTI_STEP=k (1..=16; 1: one step at a time), else [`MULTI_STEP`].
 pub fn multi_step_from_env() -> usize {
-    std::env::var("DSC_MULTI_STEP").ok().and_then(|v| v.parse::<usize>().ok()).filter(|k| (2..=16).contains(k)).unwrap_or(1)
+    std::env::var("DSC_MULTI_STEP").ok().and_then(|v| v.parse::<usize>().ok()).filter(|k| (1..=16).contains(k)).unwrap_or(MULTI_STEP)
 }
 
 /// What a client asks for (already tokenized and validated).

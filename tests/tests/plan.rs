@@ -177,3 +177,31 @@ fn malformed_step_batches_are_errors() {
         assert!(e.contains(what), "{e}");
     }
 }
+
+#[test]
+fn a_small_models_wide_lm_head_carries_the_folded_argmax() {
+    // hidden 64 (a K the wide GEMV takes) and a 16,384-token vocabulary: the logits step's
+    // default kernel is the wide lm_head, and the plan names its argmax-folded twin (in the
+    // PTX of every target); hidden 1024 keeps the split-K GEMV and no fold
+    for (hidden, fold) in [(64usize, true), (1024, false)] {
+        let d = tempfile::tempdir().unwrap();
+        let toml = d.path().join("m.toml");
+        std::fs::write(
+            &toml,
+            format!("[model]\nname = \"s\"\narchitecture = \"llama\"\n[weights]\nformat = \"seeded\"\nseed = 3\ndtype = \"bf16\"\n[dims]\nhidden = {hidden}\nlayers = 1\nheads = 2\nkv_heads = 1\nhead_dim = 32\nffn = 96\nvocab = 16384\nrope_theta = 10000.0\nnorm_eps = 1e-5\n[limits]\nkv_block_size = 4\n"),
+        )
+        .unwrap();
+        let c = dsc_compiler::compile(&toml).unwrap();
+        let gpu = c.gpu.as_ref().unwrap_or_else(|| panic!("no GPU program: {:?}", c.gpu_skipped));
+        let folded: Vec<&str> = gpu.steps.iter().filter_map(|s| s.argmax.as_deref()).collect();
+        if fold {
+            assert_eq!(folded.len(), 1, "one logits step: {folded:?}");
+            assert!(folded[0].starts_with("rms_matmul_wide") && folded[0].ends_with("_argmax"), "{}", folded[0]);
+            for (t, ptx) in &gpu.ptx {
+                assert!(ptx.contains(&format!(".entry {}(", folded[0])), "{} not in the {t} PTX", folded[0]);
+            }
+        } else {
+            assert!(folded.is_empty(), "{folded:?}");
+        }
+    }
+}
