@@ -27,8 +27,9 @@ done
 # and decode at long contexts
 .gpu/dsc-runtime bench-attention .gpu/bench/llama3-8b.plan --prefill 512,4096 --decode-context 1024,8192 --json "$out/attention.json" 2>&1 | tee "$out/attention.log"
 # where a decode step's time goes, kernel by kernel, inside its CUDA graph (CUPTI injection,
-# bench/kernel_timeline.cpp + timeline.py): SmolLM2 shape b1 and the 8B shape b32
-OUT=$out/tl-smol bash scripts/gpu-timeline.sh .gpu/dsc-runtime .gpu/bench/smollm2-135m.plan gather_d576_bf16 --batches 1 --prefill 16 --new-tokens 64 > "$out/timeline.log" 2>&1
+# bench/kernel_timeline.cpp + timeline.py): SmolLM2 shape b1 (its steps start with the first
+# layer's q/k/v GEMV, the embedding gather folded in) and the 8B shape b32
+OUT=$out/tl-smol bash scripts/gpu-timeline.sh .gpu/dsc-runtime .gpu/bench/smollm2-135m.plan rms_matmul_k576_n960_bf16_parts_192_576_192_gx_zero576 --batches 1 --prefill 16 --new-tokens 64 > "$out/timeline.log" 2>&1
 OUT=$out/tl-8b bash scripts/gpu-timeline.sh .gpu/dsc-runtime .gpu/bench/llama3-8b.plan gather_d4096_bf16 --batches 32 --prefill 16 --new-tokens 48 >> "$out/timeline.log" 2>&1
 python3 .gpu/bench/torch_kernels.py > "$out/torch_kernels.log" 2>&1; tail -3 "$out/torch_kernels.log"
 if [ "${PEERS:-0}" = 1 ]; then
