@@ -2546,29 +2546,32 @@ fn emit_gemv_wide(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, r
         }
     }
     if b.argmax_fold {
-        wide_argmax(b, &t, &bx64, &by64, &av, &ai, n.div_ceil(opb), nw, &ninf, &big);
+        argmax_blocks_reduce(b, ("%apart", "%async", "%aids"), &t, &bx64, &by64, &av, &ai, n.div_ceil(opb), nw, &ninf, &big);
     }
     Ok(())
 }
 
-/// [`KernelSpec::ArgmaxFold`]'s end of the wide GEMV: the block's (max, first index) of its
-/// lanes' (`av`, `ai`) — warps through shared memory, thread 0 combining them — into slot
-/// `bx` of row `by`'s `blocks` partials in `%apart` (8 bytes: value, index), a GPU-scope fence,
-/// the count in `%async[by]`; the block that counts last (its flag through shared memory) has
-/// its warp 0 reduce the row's partials (ties by index, 0 where nothing is above -inf, as the
-/// argmax kernels) into `%aids[by]` and reset the count. As [`emit_argmax_split`]'s.
+/// The end of a split argmax ([`emit_argmax_split`]) and of the wide lm_head with the argmax
+/// folded in ([`KernelSpec::ArgmaxFold`]): the block's (max, first index) of its threads' (`v`,
+/// `i`) — warps through shared memory `%redv` / `%redi`, thread 0 combining them — into slot
+/// `slot` of row `row`'s `blocks` partials in `part` (8 bytes: value, index), a GPU-scope
+/// fence, the count in `sync[row]`; the block that counts last (its flag through shared
+/// memory) has its warp 0 reduce the row's partials (ties by index, 0 where nothing is above
+/// -inf, as the other argmax kernels) into `out[row]` (i32) and reset the count. `ptrs`: the
+/// (part, sync, out) parameter names.
 #[allow(clippy::too_many_arguments)]
-fn wide_argmax(b: &mut Body, t: &str, bx64: &str, by64: &str, av: &str, ai: &str, blocks: usize, warps: usize, ninf: &str, big: &str) {
+fn argmax_blocks_reduce(b: &mut Body, ptrs: (&str, &str, &str), t: &str, slot: &str, row: &str, v: &str, i: &str, blocks: usize, warps: usize, ninf: &str, big: &str) {
+    let (part, sync, out) = ptrs;
     let (smv, smi) = (format!("memref<{warps}xf32, #gpu.address_space<workgroup>>"), format!("memref<{}xi32, #gpu.address_space<workgroup>>", warps + 1));
     b.workgroup = Some(format!("%redv : {smv}, %redi : {smi}"));
-    let (lane, warp, c0) = argmax_warps_to_shared(b, av, ai, t, &smv, &smi);
+    let (lane, warp, c0) = argmax_warps_to_shared(b, v, i, t, &smv, &smi);
     let flag = b.op(&format!("arith.constant {warps} : index"));
     let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : index"));
     let (cs, c8, c4, z) = (b.ci64(blocks as i64), b.ci64(8), b.ci64(4), b.ci64(0));
-    let pb = b.op("llvm.ptrtoint %apart : !llvm.ptr<1> to i64");
-    let prow = b.op(&format!("arith.muli {by64}, {cs} : i64"));
-    let sb = b.op("llvm.ptrtoint %async : !llvm.ptr<1> to i64");
-    let so = b.op(&format!("arith.muli {by64}, {c4} : i64"));
+    let pb = b.op(&format!("llvm.ptrtoint {part} : !llvm.ptr<1> to i64"));
+    let prow = b.op(&format!("arith.muli {row}, {cs} : i64"));
+    let sb = b.op(&format!("llvm.ptrtoint {sync} : !llvm.ptr<1> to i64"));
+    let so = b.op(&format!("arith.muli {row}, {c4} : i64"));
     let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
     b.line(&format!("scf.if {first} {{"));
     let (mut bv, mut bi) = (ninf.to_string(), big.to_string());
@@ -2578,8 +2581,8 @@ fn wide_argmax(b: &mut Body, t: &str, bx64: &str, by64: &str, av: &str, ai: &str
         let pi = b.op(&format!("memref.load %redi[{cw}] : {smi}"));
         (bv, bi) = argmax_take(b, &bv, &bi, &pv, &pi);
     }
-    let slot = b.op(&format!("arith.addi {prow}, {bx64} : i64"));
-    let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
+    let at = b.op(&format!("arith.addi {prow}, {slot} : i64"));
+    let so8 = b.op(&format!("arith.muli {at}, {c8} : i64"));
     let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
     b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.v2.b32 [$0], {{$1, $2}};\", \"l,f,r\" {pa}, {bv}, {bi} : (i64, f32, i32) -> ()"));
     b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
@@ -2602,13 +2605,13 @@ fn wide_argmax(b: &mut Body, t: &str, bx64: &str, by64: &str, av: &str, ai: &str
     let lane64 = b.idx64(&lane);
     let (mut bv, mut bi) = (ninf.to_string(), big.to_string());
     for m in 0..blocks.div_ceil(32) {
-        // (lane l takes partials l, l + 32, ..: blocks in increasing order, so increasing rows)
+        // (lane l takes partials l, l + 32, ..: in increasing block order, so increasing index)
         let cm = b.ci64(32 * m as i64);
         let s = b.op(&format!("arith.addi {lane64}, {cm} : i64"));
         let valid = b.op(&format!("arith.cmpi slt, {s}, {cs} : i64"));
         let sc = b.op(&format!("arith.select {valid}, {s}, {z} : i64"));
-        let slot = b.op(&format!("arith.addi {prow}, {sc} : i64"));
-        let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
+        let at = b.op(&format!("arith.addi {prow}, {sc} : i64"));
+        let so8 = b.op(&format!("arith.muli {at}, {c8} : i64"));
         let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
         let pair = b.op(&format!("llvm.inline_asm has_side_effects \"ld.relaxed.gpu.global.v2.b32 {{$0, $1}}, [$2];\", \"=f,=r,l\" {pa} : (i64) -> !llvm.struct<(f32, i32)>"));
         let pv = b.op(&format!("llvm.extractvalue {pair}[0] : !llvm.struct<(f32, i32)>"));
@@ -2622,9 +2625,9 @@ fn wide_argmax(b: &mut Body, t: &str, bx64: &str, by64: &str, av: &str, ai: &str
     let fi = argmax_settle(b, &bv, &bi, None, ninf, big);
     let lz = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
     b.line(&format!("scf.if {lz} {{"));
-    let p = b.op(&format!("llvm.getelementptr %aids[{by64}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+    let p = b.op(&format!("llvm.getelementptr {out}[{row}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
     b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
-    // (the counter back to zero for the next step: every block of the row has counted)
+    // (the counter back to zero for the next launch: every block of the row has counted)
     b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.u32 [$0], 0;\", \"l\" {sa} : (i64) -> ()"));
     b.line("}");
     b.line("}");
@@ -6569,8 +6572,6 @@ fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String
     let warps = ARGMAX_SPLIT_WARPS;
     let nt = 32 * warps;
     let nvec = d / 4;
-    let (smv, smi) = (format!("memref<{warps}xf32, #gpu.address_space<workgroup>>"), format!("memref<{}xi32, #gpu.address_space<workgroup>>", warps + 1));
-    b.workgroup = Some(format!("%redv : {smv}, %redi : {smi}"));
     let t = b.op("gpu.thread_id x");
     let sx = b.op("gpu.block_id x");
     let row = b.op("gpu.block_id y");
@@ -6586,77 +6587,8 @@ fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String
     let j0 = b.op(&format!("arith.muli {sx64}, {cp} : i64"));
     let j0 = b.op(&format!("arith.addi {j0}, {t64} : i64"));
     let (v, i) = argmax_pieces(b, &ArgmaxRow { base: &base, j0: &j0, bound: &cnv, z: &z, c4: &c4, ninf: &ninf, big: &big }, ARGMAX_SPLIT_PIECES / nt, nt);
-    let (lane, warp, c0) = argmax_warps_to_shared(b, &v, &i, &t, &smv, &smi);
-    // (thread 0: the block's partial, then its count; the last block learns it through
-    // shared memory)
-    let flag = b.op(&format!("arith.constant {warps} : index"));
-    let first = b.op(&format!("arith.cmpi eq, {t}, {c0} : index"));
-    let cs = b.ci64(splits as i64);
-    let c8 = b.ci64(8);
-    let pb = b.op("llvm.ptrtoint %part : !llvm.ptr<1> to i64");
-    let prow = b.op(&format!("arith.muli {rowi}, {cs} : i64"));
-    let sb = b.op("llvm.ptrtoint %sync : !llvm.ptr<1> to i64");
-    let so = b.op(&format!("arith.muli {rowi}, {c4} : i64"));
-    let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
-    b.line(&format!("scf.if {first} {{"));
-    let (mut bv, mut bi) = (ninf.clone(), big.clone());
-    for w in 0..warps {
-        let cw = b.op(&format!("arith.constant {w} : index"));
-        let pv = b.op(&format!("memref.load %redv[{cw}] : {smv}"));
-        let pi = b.op(&format!("memref.load %redi[{cw}] : {smi}"));
-        // (warps hold increasing pieces but not whole ranges: ties by index)
-        (bv, bi) = argmax_take(b, &bv, &bi, &pv, &pi);
-    }
-    let slot = b.op(&format!("arith.addi {prow}, {sx64} : i64"));
-    let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
-    let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
-    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.v2.b32 [$0], {{$1, $2}};\", \"l,f,r\" {pa}, {bv}, {bi} : (i64, f32, i32) -> ()"));
-    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
-    let old = b.op(&format!("llvm.inline_asm has_side_effects \"atom.global.add.u32 $0, [$1], 1;\", \"=r,l\" {sa} : (i64) -> i32"));
-    let sm1 = b.op(&format!("arith.constant {} : i32", splits as i64 - 1));
-    let last = b.op(&format!("arith.cmpi eq, {old}, {sm1} : i32"));
-    let one = b.op("arith.constant 1 : i32");
-    let zero = b.op("arith.constant 0 : i32");
-    let fv = b.op(&format!("arith.select {last}, {one}, {zero} : i32"));
-    b.line(&format!("memref.store {fv}, %redi[{flag}] : {smi}"));
-    b.line("}");
-    b.line("gpu.barrier");
-    let fv = b.op(&format!("memref.load %redi[{flag}] : {smi}"));
-    let zero = b.op("arith.constant 0 : i32");
-    let is_last = b.op(&format!("arith.cmpi ne, {fv}, {zero} : i32"));
-    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
-    let go = b.op(&format!("arith.andi {is_last}, {w0} : i1"));
-    b.line(&format!("scf.if {go} {{"));
-    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"\" : () -> ()");
-    let lane64 = b.idx64(&lane);
-    let (mut bv, mut bi) = (ninf.clone(), big.clone());
-    for m in 0..splits.div_ceil(32) {
-        // (lane l takes partials l, l + 32: in increasing split order, so increasing index)
-        let cm = b.ci64(32 * m as i64);
-        let s = b.op(&format!("arith.addi {lane64}, {cm} : i64"));
-        let valid = b.op(&format!("arith.cmpi slt, {s}, {cs} : i64"));
-        let sc = b.op(&format!("arith.select {valid}, {s}, {z} : i64"));
-        let slot = b.op(&format!("arith.addi {prow}, {sc} : i64"));
-        let so8 = b.op(&format!("arith.muli {slot}, {c8} : i64"));
-        let pa = b.op(&format!("arith.addi {pb}, {so8} : i64"));
-        let pair = b.op(&format!("llvm.inline_asm has_side_effects \"ld.relaxed.gpu.global.v2.b32 {{$0, $1}}, [$2];\", \"=f,=r,l\" {pa} : (i64) -> !llvm.struct<(f32, i32)>"));
-        let pv = b.op(&format!("llvm.extractvalue {pair}[0] : !llvm.struct<(f32, i32)>"));
-        let pi = b.op(&format!("llvm.extractvalue {pair}[1] : !llvm.struct<(f32, i32)>"));
-        let pv = b.op(&format!("arith.select {valid}, {pv}, {ninf} : f32"));
-        let pi = b.op(&format!("arith.select {valid}, {pi}, {big} : i32"));
-        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
-        bv = b.op(&format!("arith.select {gt}, {pv}, {bv} : f32"));
-        bi = b.op(&format!("arith.select {gt}, {pi}, {bi} : i32"));
-    }
-    let fi = argmax_settle(b, &bv, &bi, None, &ninf, &big);
-    let lz = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
-    b.line(&format!("scf.if {lz} {{"));
-    let p = b.op(&format!("llvm.getelementptr %y[{rowi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
-    b.line(&format!("llvm.store {fi}, {p} : i32, !llvm.ptr<1>"));
-    // (the counter back to zero for the next argmax: every block of the row has counted)
-    b.line(&format!("llvm.inline_asm has_side_effects \"st.relaxed.gpu.global.u32 [$0], 0;\", \"l\" {sa} : (i64) -> ()"));
-    b.line("}");
-    b.line("}");
+    argmax_blocks_reduce(b, ("%part", "%sync", "%y"), &t, &sx64, &rowi, &v, &i, splits, warps, &ninf, &big);
+    // (the row's `scf.if`)
     b.line("}");
     Ok(())
 }
