@@ -697,10 +697,13 @@ impl GpuBackend<'_> {
         let knob = |v: &str| std::env::var(v).ok().and_then(|v| v.parse::<usize>().ok());
         let align = knob("DSC_ARENA_ALIGN").unwrap_or(ARENA_ALIGN).max(1).next_power_of_two();
         let pad0 = knob("DSC_ARENA_PAD").unwrap_or(0) / 256 * 256;
-        // (the multi-step inputs' and ids' room, for the step sizes that take multi-step
-        // launches: beside the packed span in the arena's pages — as separate allocations
-        // they measured the same, bench/results/session20-2026-12-01.json)
-        let multi_room = if self.multi_k > 1 && t <= self.cached_max_tokens.min(MULTI_STEP_MAX_ROWS) { 2 * self.multi_k * (end - span0 + multi_ids_bytes(r)) } else { 0 };
+        // (the multi-step inputs' and ids' room, beside the packed span in the arena's pages —
+        // as separate allocations they measured the same. Reserved in every cached bucket,
+        // though only steps of <= MULTI_STEP_MAX_ROWS rows use it: reserving it in those
+        // alone moved the b1 bucket's arena (the prompt's bucket before it shrank) and the
+        // harness-like b1 went 4,078-4,087 -> 3,995-4,006 tok/s in one call, the same kernels:
+        // the arena-placement effect of session 18, bench/results/session20-2026-12-01.json)
+        let multi_room = if self.multi_k > 1 && t <= self.cached_max_tokens { 2 * self.multi_k * (end - span0 + multi_ids_bytes(r)) } else { 0 };
         let arena = cu(self.stream.alloc_zeros::<u8>(end.max(256) + multi_room + pad0 + if align > 1 { align } else { 0 }), "allocating the activation arena")?;
         let base = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream).0 as usize;
         let pad = (align - base % align) % align + pad0;
