@@ -64,6 +64,10 @@ fn compile_inspect_and_run() {
     let (ok, out, err) = dsc(&["run", &plan, "--prompt", "What is 2+2?", "--chat", "--max-tokens", "16"]);
     assert!(ok, "{err}");
     assert!(out.contains('4'), "chat answer: {out}");
+
+    // a server asked for more steps per launch than it takes fails before it listens
+    let (ok, _, err) = dsc(&["serve", &plan, "--backend", "cpu", "--multi-step", "17"]);
+    assert!(!ok && err.contains("--multi-step 17"), "{err}");
 }
 
 #[test]

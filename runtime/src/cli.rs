@@ -258,6 +258,10 @@ pub struct ServeArgs {
     /// device's; also DSC_NO_PIPELINE=1)
     #[arg(long)]
     pub no_pipeline: bool,
+    /// greedy decode steps launched at once for steps of up to 4 sequences (GPU: k steps as
+    /// one CUDA graph, each fed the previous one's token on the device); 1: one at a time
+    #[arg(long, env = "DSC_MULTI_STEP", default_value_t = crate::scheduler::MULTI_STEP)]
+    pub multi_step: usize,
     /// token-bucket limit on admitted prompt tokens of a class: CLASS=TOKENS_PER_S[:BURST],
     /// e.g. low=2000:8000 (repeatable)
     #[arg(long)]
@@ -316,6 +320,8 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         }
     };
     anyhow::ensure!(kv_tokens >= m.kv_block_size, "the KV pool would hold no block ({kv_tokens} tokens)");
+    anyhow::ensure!((1..=16).contains(&a.multi_step), "--multi-step {}: 1 to 16 steps per launch", a.multi_step);
+    let multi_step = a.multi_step;
     let cfg = crate::scheduler::SchedulerConfig {
         max_step_tokens: a.max_step_tokens.max(1),
         max_seqs,
@@ -325,7 +331,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         starvation: std::time::Duration::from_secs_f64(a.starvation_secs),
         queue_timeout: std::time::Duration::from_secs_f64(a.queue_timeout_secs),
         pipeline: !a.no_pipeline && std::env::var_os("DSC_NO_PIPELINE").is_none(),
-        multi_step: crate::scheduler::multi_step_from_env(),
+        multi_step,
     };
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     let (path, backend) = (a.plan.clone(), a.backend);
@@ -336,7 +342,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
             // tensor-parallel plans: one thread per rank, the scheduler stays on this one
             match (backend, tp > 1) {
                 (BackendKind::Cpu, false) => lp.run(CpuBackend::new(&graph, &plan, kv_tokens)?),
-                (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens)?),
+                (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens)?.with_multi_step(multi_step)),
                 (BackendKind::Cpu, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
                 (BackendKind::Gpu, true) => {
                     crate::tp::gpu(&graph, &plan, kv_tokens, if std::env::var_os("DSC_TP_LOCAL").is_some() { crate::tp::GpuMode::Local } else { crate::tp::GpuMode::Nccl }, |r| lp.run(r))

@@ -418,6 +418,13 @@ impl<'p> GpuBackend<'p> {
         })
     }
 
+    /// k of the scheduler's multi-step launches (`SchedulerConfig::multi_step`, when it is not
+    /// DSC_MULTI_STEP's): the room buckets prepared from now on keep for them.
+    pub fn with_multi_step(mut self, k: usize) -> Self {
+        self.multi_k = k.max(1);
+        self
+    }
+
     pub fn synchronize(&self) -> Result<()> {
         cu(self.stream.synchronize(), "synchronize")
     }
