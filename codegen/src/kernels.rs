@@ -82,9 +82,9 @@ pub const GEMV_LONG_K: usize = 2048;
 /// at a time, each lane every this-many-th 16-byte unit of them.
 pub const WIDE_LANES: usize = 8;
 
-/// Whether the one-row GEMV over `wdtype` [N, K] weights runs as the wide GEMV: 16-bit
-/// weights, N ≥ [`GEMV_WIDE_N`], K a multiple of 8·[`WIDE_LANES`] with at most 12 units per
-/// lane (x's share in registers: 8 floats a unit); DSC_GEMV_WIDE=0 at compile time off.
+/// Whether the one-row GEMV over `wdtype` [N, K] weights fits the wide GEMV: 16-bit weights,
+/// N ≥ [`GEMV_WIDE_N`], K a multiple of 8·[`WIDE_LANES`] with at most 12 units per lane (x's
+/// share in registers: 8 floats a unit); the lowering takes it where [`wide_gemv_on`].
 pub fn wide_gemv_fits(k: usize, n: usize, wdtype: DType) -> bool {
     n >= GEMV_WIDE_N && wide_gemv_kernel_fits(k, wdtype).is_ok()
 }
@@ -2539,10 +2539,8 @@ fn emit_gemv_wide(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, r
         if b.argmax_fold {
             let sv = b.op(&format!("arith.select {inside}, {s}, {ninf} : f32"));
             let ci = b.op(&format!("arith.trunci {col} : i64 to i32"));
-            // (strictly greater keeps the first: the lane's rows come in increasing order)
-            let gt = b.op(&format!("arith.cmpf ogt, {sv}, {av} : f32"));
-            av = b.op(&format!("arith.select {gt}, {sv}, {av} : f32"));
-            ai = b.op(&format!("arith.select {gt}, {ci}, {ai} : i32"));
+            // (the lane's rows come in increasing order)
+            (av, ai) = argmax_keep(b, &av, &ai, &sv, &ci);
         }
     }
     if b.argmax_fold {
@@ -2618,9 +2616,7 @@ fn argmax_blocks_reduce(b: &mut Body, ptrs: (&str, &str, &str), t: &str, slot: &
         let pi = b.op(&format!("llvm.extractvalue {pair}[1] : !llvm.struct<(f32, i32)>"));
         let pv = b.op(&format!("arith.select {valid}, {pv}, {ninf} : f32"));
         let pi = b.op(&format!("arith.select {valid}, {pi}, {big} : i32"));
-        let gt = b.op(&format!("arith.cmpf ogt, {pv}, {bv} : f32"));
-        bv = b.op(&format!("arith.select {gt}, {pv}, {bv} : f32"));
-        bi = b.op(&format!("arith.select {gt}, {pi}, {bi} : i32"));
+        (bv, bi) = argmax_keep(b, &bv, &bi, &pv, &pi);
     }
     let fi = argmax_settle(b, &bv, &bi, None, ninf, big);
     let lz = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
@@ -5198,6 +5194,12 @@ pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
     Ok(format!("    gpu.func @{name}({params}){wg} kernel{attrs} {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
 }
 
+/// Whether `spec` generates with and without PDL (the sm_90a variant and the others'): what a
+/// lowering fold checks before it rewrites a step to a fused kernel.
+pub fn emits(spec: &KernelSpec) -> bool {
+    emit_for(spec, true).is_ok() && emit_for(spec, false).is_ok()
+}
+
 /// Blocks per SM the one-token fused kernels (the MLP, the attention with the o projection)
 /// keep registers for: DSC_FUSED_MINCTA at compile time (None: ptxas's choice).
 fn fused_mincta() -> Option<usize> {
@@ -6413,10 +6415,7 @@ fn argmax_pieces_from(b: &mut Body, r: &ArgmaxRow, loads: usize, nt: usize, v0: 
             let cq = b.ci64(q as i64);
             let e = b.op(&format!("arith.addi {j4}, {cq} : i64"));
             let e = b.op(&format!("arith.trunci {e} : i64 to i32"));
-            // (elements come in increasing index order: strictly greater keeps the first)
-            let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
-            v = b.op(&format!("arith.select {gt}, {x}, {v} : f32"));
-            i = b.op(&format!("arith.select {gt}, {e}, {i} : i32"));
+            (v, i) = argmax_keep(b, &v, &i, &x, &e);
         }
     }
     (v, i)
@@ -6448,6 +6447,13 @@ fn argmax_warps_to_shared(b: &mut Body, v: &str, i: &str, t: &str, smv: &str, sm
     b.line("}");
     b.line("gpu.barrier");
     (lane, warp, c0)
+}
+
+/// (v, i) and a candidate (x, e) of a higher index: x where strictly greater (the first
+/// maximum kept, as elements come in increasing index order).
+fn argmax_keep(b: &mut Body, v: &str, i: &str, x: &str, e: &str) -> (String, String) {
+    let gt = b.op(&format!("arith.cmpf ogt, {x}, {v} : f32"));
+    (b.op(&format!("arith.select {gt}, {x}, {v} : f32")), b.op(&format!("arith.select {gt}, {e}, {i} : i32")))
 }
 
 /// (v, i) and a partial (pv, pi): the larger value, the lower index on ties.

@@ -894,7 +894,7 @@ fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             continue;
         }
         let fused = KernelSpec::QkvAttentionO { inner: Box::new(steps[i].kernel.clone().expect("matched")), k, eps_bits: *eps_bits, cluster: splits };
-        if crate::kernels::emit_for(&fused, true).is_err() || crate::kernels::emit_for(&fused, false).is_err() {
+        if !crate::kernels::emits(&fused) {
             i += 1;
             continue;
         }
@@ -1003,7 +1003,7 @@ fn fold_norm_into_wide(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
     let Some(wide) = steps[j].kernel.clone() else { return steps };
     let inner = KernelSpec::NormMatMul { inner: Box::new(wide), eps_bits };
     let kernel = if gather { KernelSpec::RowGather { inner: Box::new(inner) } } else { inner };
-    if crate::kernels::emit_for(&kernel, true).is_err() || crate::kernels::emit_for(&kernel, false).is_err() {
+    if !crate::kernels::emits(&kernel) {
         return steps;
     }
     let pre = steps[i].args[..nargs - nout].to_vec();
@@ -1041,7 +1041,7 @@ fn fold_embedding_gather(mut steps: Vec<Step>) -> Vec<Step> {
         other => KernelSpec::GatherX { inner: Box::new(other) },
     };
     let Some(k) = steps[z].kernel.clone().map(fused) else { return steps };
-    if crate::kernels::emit_for(&k, true).is_err() || crate::kernels::emit_for(&k, false).is_err() {
+    if !crate::kernels::emits(&k) {
         return steps;
     }
     let (table, tok) = (steps[i].args[0].clone(), steps[i].args[1].clone());

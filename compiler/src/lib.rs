@@ -105,7 +105,8 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
     // greedy decoding picks tokens on the device: an argmax over the logits rows
-    let argmax = graph.outputs.iter().find(|(n, _)| n == "logits").and_then(|(_, id)| graph.node(*id).ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });
+    let logits = graph.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| graph.node(*id));
+    let argmax = logits.and_then(|l| l.ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });
     specs.extend(argmax.clone());
     // (and over several blocks per row, `argmax_split`; on sm_90a over a thread-block cluster
     // per row, `argmax_cluster`): (kernel, blocks per row)
@@ -124,10 +125,9 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // (and folded into the logits step's default kernel where that is the wide lm_head:
     // `KernelSpec::ArgmaxFold`, for chained multi-step graphs; DSC_ARGMAX_FOLD=0 at compile
     // time off) — (node, kernel)
-    let logits_node = graph.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| graph.node(*id).name.clone());
-    let fold = steps.iter().filter(|s| argmax.is_some() && Some(&s.node) == logits_node.as_ref() && std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0")).find_map(|s| {
+    let fold = steps.iter().filter(|s| argmax.is_some() && logits.is_some_and(|l| l.name == s.node) && std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0")).find_map(|s| {
         let f = dsc_codegen::KernelSpec::ArgmaxFold { inner: Box::new(s.kernel.clone()?) };
-        dsc_codegen::kernels::emit_for(&f, true).is_ok().then(|| (s.node.clone(), f))
+        dsc_codegen::kernels::emits(&f).then(|| (s.node.clone(), f))
     });
     specs.extend(fold.iter().map(|(_, k)| k.clone()));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;

@@ -81,6 +81,11 @@ pub trait Backend {
     fn launch_greedy_steps(&mut self, _batches: &[StepBatch]) -> Result<bool> {
         Ok(false)
     }
+    /// The most rows [`Backend::launch_greedy_steps`] may take (0: none): the engine builds
+    /// several steps' batches only for the row counts a backend can launch at once.
+    fn greedy_steps_rows(&self) -> usize {
+        0
+    }
     /// The token ids of the oldest launched, not yet collected greedy step.
     fn collect_greedy(&mut self) -> Result<Vec<u32>> {
         Err(crate::RuntimeError::Request("collect_greedy: no pipelined step in flight".into()))
@@ -110,6 +115,9 @@ impl<B: Backend + ?Sized> Backend for &mut B {
     }
     fn launch_greedy_steps(&mut self, batches: &[StepBatch]) -> Result<bool> {
         (**self).launch_greedy_steps(batches)
+    }
+    fn greedy_steps_rows(&self) -> usize {
+        (**self).greedy_steps_rows()
     }
     fn collect_greedy(&mut self) -> Result<Vec<u32>> {
         (**self).collect_greedy()

@@ -577,8 +577,7 @@ type BucketKey = (usize, usize, usize, usize);
 struct Multi {
     k: usize,
     rows: usize,
-    /// bytes of each id buffer (as many as the pinned host buffers they are copied into:
-    /// the copy takes the host buffer's length)
+    /// bytes of each id buffer ([`multi_ids_bytes`])
     idb: usize,
     insts: Vec<MultiInst>,
     turn: usize,
@@ -621,8 +620,9 @@ const MULTI_STEP_MAX_ROWS: usize = 4;
 /// shape in steady use, not one a shrinking batch passes through).
 const MULTI_STEP_MIN_RUNS: usize = 8;
 
-/// Bytes of a multi-step id buffer for `rows` logits rows: as many as the pinned host buffers
-/// the ids go to (256 ids at least), 256-byte aligned.
+/// Bytes of a multi-step id buffer for `rows` logits rows: 256 ids at least, 256-byte aligned
+/// (the copies to the host take rows · 4 of them; the size is part of the arena's room, whose
+/// placement the b1 step is sensitive to — see `prepare`).
 fn multi_ids_bytes(rows: usize) -> usize {
     (rows.max(256) * 4).div_ceil(256) * 256
 }
@@ -1183,9 +1183,9 @@ impl GpuBackend<'_> {
             // (a fed step: right after the previous step's argmax, with PDL)
             cu(self.ctx.bind_to_thread(), "binding the context")?;
             // SAFETY: dsc_inputs_pdl(src, dst, fed, words, fed_at, fed_words): `src` is pinned
-            // staging of at least s1 - s0 bytes (device-readable under unified addressing) the
-            // caller keeps until after this kernel; `dst` spans s1 - s0 bytes of the arena;
-            // `fed` holds `fed_words` words landing inside the tokens input (checked above)
+            // staging of at least `bytes` (device-readable under unified addressing) the caller
+            // keeps until after this kernel; `dst` spans `bytes` of the arena; `fed` holds
+            // `fed_words` words landing inside the (first) tokens input (checked above)
             let r = unsafe { launch_kernel_ex(&self.stream, fp, &[src_ptr, dptr, fed_ptr], &[words as i64, fed_at as i64, fed_words as i64], cfg, true, 1, None) };
             return cu(r, "launching dsc_inputs_pdl");
         }
@@ -1197,10 +1197,12 @@ impl GpuBackend<'_> {
     }
 
     /// [`Backend::launch_greedy_steps`] in the bucket: the k steps' inputs staged, the
-    /// instance's graph launched (captured on first use: k x [input kernel, the step's
-    /// launches, argmax]), the k id buffers copied to `hosts` on the copy stream. None: the
-    /// bucket cannot (no packed inputs). Returns the instance and the k in-flight entries.
-    fn launch_multi(&self, bucket: &mut Bucket, bs: &[StepBatch], kname: &str, key: BucketKey, hosts: Vec<cudarc::driver::PinnedHostSlice<u8>>) -> Result<Option<(usize, Vec<Inflight>)>> {
+    /// instance's graph launched (both instances captured at the first launch:
+    /// [`GpuBackend::capture_multi`]), the k id buffers copied to `hosts` (taken from the
+    /// vector only when launching) on the copy stream. None: the bucket cannot (no packed
+    /// inputs or room, or not yet in steady use). Returns the instance and the k in-flight
+    /// entries.
+    fn launch_multi(&self, bucket: &mut Bucket, bs: &[StepBatch], kname: &str, key: BucketKey, hosts: &mut Vec<cudarc::driver::PinnedHostSlice<u8>>) -> Result<Option<(usize, Vec<Inflight>)>> {
         let (k, rows) = (bs.len(), bs[0].logit_rows.len());
         let Some(f) = self.inputs_kernel.as_ref() else { return Ok(None) };
         if bucket.packed.is_empty() {
@@ -1227,7 +1229,7 @@ impl GpuBackend<'_> {
                 Multi { k, rows, idb, insts, turn: 0 }
             }
         };
-        let r = self.launch_multi_in(bucket, &mut m, bs, kname, key, hosts, f, span);
+        let r = self.launch_multi_in(bucket, &mut m, bs, kname, key, std::mem::take(hosts), f, span);
         bucket.multi = Some(m);
         r.map(Some)
     }
@@ -1629,12 +1631,11 @@ impl Backend for GpuBackend<'_> {
     fn launch_greedy_steps(&mut self, bs: &[StepBatch]) -> Result<bool> {
         let k = bs.len();
         let Some(kname) = self.greedy_argmax() else { return Ok(false) };
-        // (one GPU: a tensor-parallel rank's all-reduces stay out of multi-step graphs)
-        if k < 2 || !self.use_graphs || self.inputs_kernel.is_none() || self.inflight.is_empty() || !matches!(self.collective, GpuCollective::Single) {
+        if k < 2 || self.inflight.is_empty() {
             return Ok(false);
         }
         let rows = bs[0].logit_rows.len();
-        if rows > self.cached_max_tokens.min(MULTI_STEP_MAX_ROWS) || bs.iter().any(|b| b.tokens.len() != rows || b.logit_rows.len() != rows || b.num_seqs != bs[0].num_seqs) {
+        if rows > self.greedy_steps_rows() || bs.iter().any(|b| b.tokens.len() != rows || b.logit_rows.len() != rows || b.num_seqs != bs[0].num_seqs) {
             return Ok(false);
         }
         // (all k steps in one bucket: one context class)
@@ -1649,7 +1650,9 @@ impl Backend for GpuBackend<'_> {
                 _ => self.pinned(rows.max(256) * 4)?,
             });
         }
-        let r = self.with_bucket(&bs[0], |g, bucket, _| g.launch_multi(bucket, bs, &kname, key, hosts));
+        let r = self.with_bucket(&bs[0], |g, bucket, _| g.launch_multi(bucket, bs, &kname, key, &mut hosts));
+        // (the pinned buffers a launch did not take go back: not allocated anew next step)
+        self.spare_ids.extend(hosts);
         match r? {
             Some((j, entries)) => {
                 self.inflight.extend(entries);
@@ -1657,6 +1660,17 @@ impl Backend for GpuBackend<'_> {
                 Ok(true)
             }
             None => Ok(false),
+        }
+    }
+
+    fn greedy_steps_rows(&self) -> usize {
+        // (graphs, the input kernel and the device argmax; one GPU: a tensor-parallel rank's
+        // all-reduces stay out of multi-step graphs)
+        let can = self.greedy_argmax().is_some() && self.use_graphs && self.inputs_kernel.is_some() && matches!(self.collective, GpuCollective::Single);
+        if can {
+            self.cached_max_tokens.min(MULTI_STEP_MAX_ROWS)
+        } else {
+            0
         }
     }
 

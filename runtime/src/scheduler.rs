@@ -441,7 +441,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             // are emitted
             let k = self.cfg.multi_step;
             let mut launched = None;
-            if k > 1 {
+            if k > 1 && rows.len() <= self.backend.greedy_steps_rows() {
                 if let Some(bs) = self.pipelined_batches(&rows, k, inflight)? {
                     if self.backend.launch_greedy_steps(&bs)? {
                         launched = Some(k);

@@ -228,6 +228,13 @@ impl Backend for Piped<'_> {
         }
         Ok(true)
     }
+    fn greedy_steps_rows(&self) -> usize {
+        if self.multi.is_some() {
+            usize::MAX
+        } else {
+            0
+        }
+    }
     fn collect_greedy(&mut self) -> dsc_runtime::Result<Vec<u32>> {
         Ok(self.inflight.pop_front().expect("a launched step to collect"))
     }
