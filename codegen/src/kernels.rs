@@ -1587,6 +1587,26 @@ impl Body {
         let f = self.ci64(fixed as i64);
         self.op(&format!("arith.ori {a}, {f} : i64"))
     }
+    /// The address field of a shared-memory matrix descriptor (bits 0-13: the address's bits
+    /// 4-17) of the i64 address `addr`, as an i32: [`Body::desc_at`] makes descriptors from it
+    fn smem_desc_lo(&mut self, addr: &str) -> String {
+        let a = self.op(&format!("arith.trunci {addr} : i64 to i32"));
+        let m = self.op("arith.constant 262143 : i32");
+        let a = self.op(&format!("arith.andi {a}, {m} : i32"));
+        let c4 = self.op("arith.constant 4 : i32");
+        self.op(&format!("arith.shrui {a}, {c4} : i32"))
+    }
+    /// [`Body::smem_desc`] of the address `off` bytes past the one whose address field is `lo`
+    /// ([`Body::smem_desc_lo`]): one 32-bit add on the low word (the field cannot carry out of
+    /// its 14 bits: shared addresses are below 256 KB), the high word a constant — in place of
+    /// 64-bit adds, shifts and masks per descriptor (~7 instructions each in the SASS)
+    fn desc_at(&mut self, lo: &str, off: usize, fixed: u64) -> String {
+        let c = self.op(&format!("arith.constant {} : i32", ((off as u64 >> 4) + (fixed & 0xFFFF_FFFF)) as u32 as i32));
+        let l = self.op(&format!("arith.addi {lo}, {c} : i32"));
+        let l = self.op(&format!("arith.extui {l} : i32 to i64"));
+        let h = self.ci64((fixed & !0xFFFF_FFFF) as i64);
+        self.op(&format!("arith.ori {l}, {h} : i64"))
+    }
     /// One `wgmma.mma_async.sync.aligned.{shape}` (e.g. m64n64k16) of 16-bit `ty` operands:
     /// `acc` (f32) += A · B, A one shared-memory descriptor or four registers of m16n8k16
     /// fragments per warp, B the descriptor `b_desc`, read N-major where `trans_b`. The new
@@ -3944,6 +3964,24 @@ pub fn flash_wg_pipe() -> bool {
     std::env::var("DSC_FLASH_WG_PIPE").is_ok_and(|v| v == "1")
 }
 
+/// The wgmma prefill attention's lazy rescale (FlashAttention-4's): a row's reference max,
+/// which its probabilities are taken against, moves only where a tile's max passes it by more
+/// than this many log2 units — so P <= 2^threshold, exact after the final division (O and the
+/// sum share the reference) — and a warp rescales its O accumulators only where one of its
+/// rows moved it: after the first tiles almost never (64 multiplies per thread per tile
+/// saved). Default 8 (P <= 256); DSC_FLASH_LAZY=T at compile time (0: off, every tile
+/// rescaled as before)
+pub fn flash_lazy_threshold() -> Option<f32> {
+    match env_num::<f32>("DSC_FLASH_LAZY") {
+        Some(t) if t > 0.0 && t <= 16.0 => Some(t),
+        Some(_) => None,
+        None => Some(FLASH_LAZY_THRESHOLD),
+    }
+}
+
+/// [`flash_lazy_threshold`]'s default, in log2 units
+pub const FLASH_LAZY_THRESHOLD: f32 = 8.0;
+
 /// Whether the pipelined wgmma prefill attention pads its shared memory by 1 KB to align its
 /// base (DSC_FLASH_WG_PAD=0: no; prepared, not yet run)
 fn flash_wg_pad() -> bool {
@@ -4503,17 +4541,15 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let zero = b.cf32(0.0);
         let mut cur: Vec<String> = vec![zero; ns];
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        let klo = b.smem_desc_lo(kbase);
+        let qlo = qb.map(|qb| b.smem_desc_lo(qb));
         for kk in 0..nkc {
-            let o = b.ci64((kk / 4 * KEYS * 128 + kk % 4 * 32) as i64);
-            let desc = |b: &mut Body, at: &str| {
-                let a = b.op(&format!("arith.addi {at}, {o} : i64"));
-                b.smem_desc(&a, SW128_K_DESC)
-            };
-            let a = match qb {
-                Some(qb) => vec![desc(b, qb)],
+            let o = kk / 4 * KEYS * 128 + kk % 4 * 32;
+            let a = match &qlo {
+                Some(qlo) => vec![b.desc_at(qlo, o, SW128_K_DESC)],
                 None => qf[4 * kk..4 * kk + 4].to_vec(),
             };
-            let db = desc(b, kbase);
+            let db = b.desc_at(&klo, o, SW128_K_DESC);
             cur = b.wgmma(&format!("m64n{KEYS}k16"), "bf16", &cur, &a, &db, false);
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
@@ -4535,6 +4571,23 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
         None => vec![],
     };
+    // O += P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers, `pf[kc]`), B = the V tile at
+    // `vbase` N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head
+    // dim LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes. Issued, not
+    // committed
+    let pv_issue = |b: &mut Body, vbase: &str, o: &[String], pf: &[Vec<String>]| -> Vec<String> {
+        let (lbo, sbo) = flash_wg_vdesc();
+        let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
+        let mut cur = o.to_vec();
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        let vlo = b.smem_desc_lo(vbase);
+        for (kc, a) in pf.iter().enumerate() {
+            let desc = b.desc_at(&vlo, kc * 16 * 128, fixed);
+            cur = b.wgmma(&format!("m64n{d}k16"), "bf16", &cur, a, &desc, true);
+        }
+        cur
+    };
+    let commit_wg = "llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()";
     let kvl = b.v();
     let tl = b.v();
     let acc_t: Vec<String> = (0..ncar).map(|_| b.v()).collect();
@@ -4811,6 +4864,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line("}");
     let mut new_state = vec![];
     let tree = flash_tree();
+    // (wgmma: the lazy rescale, `flash_lazy_threshold`)
+    let lazy = if wg && mt == 1 { flash_lazy_threshold() } else { None };
+    let mut grows: Vec<String> = vec![];
     let mut pvals_t: Vec<Vec<Vec<String>>> = vec![vec![vec![]; nk8]; mt];
     let mut pf_t: Vec<Vec<Vec<String>>> = vec![];
     let mut alphas = vec![];
@@ -4820,6 +4876,18 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let mx = quad(b, &mx, "arith.maximumf");
         let (m_old, l_old) = (&acc_t[mt * nacc + 2 * ri], &acc_t[mt * nacc + 2 * ri + 1]);
         let m_new = b.op(&format!("arith.maximumf {m_old}, {mx} : f32"));
+        let m_new = match lazy {
+            // (lazy: the row's reference max moves only where the tile's max passes it by more
+            // than the threshold)
+            Some(th) => {
+                let cth = b.cf32(th);
+                let lim = b.op(&format!("arith.addf {m_old}, {cth} : f32"));
+                let grow = b.op(&format!("arith.cmpf ogt, {mx}, {lim} : f32"));
+                grows.push(grow.clone());
+                b.op(&format!("arith.select {grow}, {m_new}, {m_old} : f32"))
+            }
+            None => m_new,
+        };
         let none = b.op(&format!("arith.cmpf oeq, {m_new}, {ninf} : f32"));
         let m_use = b.op(&format!("arith.select {none}, {zero}, {m_new} : f32"));
         let dm = b.op(&format!("arith.subf {m_old}, {m_use} : f32"));
@@ -4857,20 +4925,34 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // (pipelined: the next tile's S once waited for, carried to the next iteration)
     let mut s_done: Vec<String> = vec![];
     if wg {
-        // O = O·alpha + P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers), B = V's tile
-        // N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head dim
-        // LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes
-        let (lbo, sbo) = flash_wg_vdesc();
-        let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
-        let mut cur: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
-        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
-        for (kc, a) in pf.iter().enumerate() {
-            let o = c(b, v_at + (kc * 16 * 128) as i64);
-            let ad = b.op(&format!("arith.addi {sbase}, {o} : i64"));
-            let desc = b.smem_desc(&ad, fixed);
-            cur = b.wgmma(&format!("m64n{d}k16"), "bf16", &cur, a, &desc, true);
-        }
-        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+        // O = O·alpha + P V on wgmma (`pv_issue`)
+        let cur: Vec<String> = if lazy.is_some() {
+            // (lazy: O rescaled only where a row of the warp moved its reference max — after
+            // the first tiles, almost never)
+            let mut any = b.op("arith.constant false");
+            for g in &grows {
+                any = b.op(&format!("arith.ori {any}, {g} : i1"));
+            }
+            let a32 = b.op(&format!("arith.extui {any} : i1 to i32"));
+            let bal = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}\", \"=r,r\" {a32} : (i32) -> i32"));
+            let z32 = b.op("arith.constant 0 : i32");
+            let moved = b.op(&format!("arith.cmpi ne, {bal}, {z32} : i32"));
+            let o_tys = vec!["f32"; nacc].join(", ");
+            let r = b.v();
+            b.line(&format!("{r}:{nacc} = scf.if {moved} -> ({o_tys}) {{"));
+            let sc: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
+            b.line(&format!("scf.yield {} : {o_tys}", sc.join(", ")));
+            b.line("} else {");
+            b.line(&format!("scf.yield {} : {o_tys}", acc_t[..nacc].join(", ")));
+            b.line("}");
+            (0..nacc).map(|i| format!("{r}#{i}")).collect()
+        } else {
+            (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect()
+        };
+        let cva = c(b, v_at);
+        let vbase = b.op(&format!("arith.addi {sbase}, {cva} : i64"));
+        let cur = pv_issue(b, &vbase, &cur, pf);
+        b.line(commit_wg);
         // (pipelined: the next tile's S, in flight since before the softmax, completes here
         // too: its values pass through the same wait)
         let all: Vec<String> = cur.iter().chain(&s_next).cloned().collect();

@@ -1558,26 +1558,30 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // (then bf16 pools: the decode kernels, the split pass and the prefill kernel again)
     let (f32_, bf16_) = (DType::F32, DType::BF16);
     let mut prefetched = None;
-    for (h, kvh, d, bs, nb, seqs, kv) in [
-        (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)], f32_),
-        (32, 8, 128, 16, 19, vec![(257, 260), (0, 1)], f32_),
-        (8, 2, 64, 16, 78, vec![(999, 1000), (200, 201)], f32_),
-        (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], f32_),
-        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], f32_),
-        (9, 3, 64, 4, 12, vec![(0, 11), (0, 6)], bf16_),
+    for (h, kvh, d, bs, nb, seqs, kv, qs) in [
+        (9usize, 3usize, 64usize, 4usize, 12usize, vec![(0usize, 11usize), (0, 6)], f32_, 1.0f32),
+        (32, 8, 128, 16, 19, vec![(257, 260), (0, 1)], f32_, 1.0),
+        (8, 2, 64, 16, 78, vec![(999, 1000), (200, 201)], f32_, 1.0),
+        (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], f32_, 1.0),
+        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], f32_, 1.0),
+        (9, 3, 64, 4, 12, vec![(0, 11), (0, 6)], bf16_, 1.0),
         // (smaller pools than the f32 cases': the bundle shares one call's 64 MiB)
-        (32, 8, 128, 16, 12, vec![(97, 100), (0, 1)], bf16_),
-        (8, 2, 128, 16, 52, vec![(599, 600), (200, 201)], bf16_),
-        (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
-        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], bf16_),
+        (32, 8, 128, 16, 12, vec![(97, 100), (0, 1)], bf16_, 1.0),
+        (8, 2, 128, 16, 52, vec![(599, 600), (200, 201)], bf16_, 1.0),
+        (8, 2, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_, 1.0),
+        (9, 3, 64, 4, 24, vec![(0, 70), (5, 6)], bf16_, 1.0),
         // (the wgmma kernel's head dims and block sizes crossed)
-        (9, 3, 128, 4, 24, vec![(0, 70), (5, 6)], bf16_),
-        (8, 2, 64, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_),
+        (9, 3, 128, 4, 24, vec![(0, 70), (5, 6)], bf16_, 1.0),
+        (8, 2, 64, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_, 1.0),
         // (the wgmma kernel's TMA boxes: 32-position cache blocks, two boxes per 64-key tile,
         // and 128-position ones, a box starting half-way into a block; 4 heads: the bundle's
         // data must fit a call)
-        (4, 1, 128, 32, 10, vec![(0, 100), (40, 70), (0, 1), (9, 10)], bf16_),
-        (4, 1, 128, 128, 3, vec![(0, 130), (40, 70)], bf16_),
+        (4, 1, 128, 32, 10, vec![(0, 100), (40, 70), (0, 1), (9, 10)], bf16_, 1.0),
+        (4, 1, 128, 128, 3, vec![(0, 130), (40, 70)], bf16_, 1.0),
+        // (queries x 20: scores of ~10 log2 units' deviation, so a row's max jumps by more than
+        // the wgmma kernel's lazy-rescale threshold from tile to tile and both of its paths run;
+        // a looser tolerance: Q's bf16 rounding is ~20x larger in the scores)
+        (4, 1, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_, 20.0),
     ] {
         // seqs: (first query position, length); every sequence's queries are its positions first..len
         let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
@@ -1597,7 +1601,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             }
         }
         let t = pos.len();
-        let q = rand_vec(t * h * d, -1.0, 1.0);
+        let q = rand_vec(t * h * d, -qs, qs);
         let kc = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
         let vc = kv_round(&rand_vec(nb * bs * kvh * d, -1.0, 1.0), kv);
         let scale = 1.0 / (d as f32).sqrt();
@@ -1631,8 +1635,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             let mtiles = mtiles.max(1);
             cases.push(Case {
                 name: format!(
-                    "flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}{}{}",
+                    "flash_attn T{t} H{h}/{kvh} D{d} {} sequences{}{}{}{}{}",
                     seqs.len(),
+                    if qs == 1.0 { String::new() } else { format!(" q x{qs}") },
                     kv_label(kv),
                     if warps == 4 { String::new() } else { format!(" {warps} warps") },
                     if mtiles == 1 { String::new() } else { format!(" {mtiles} m-tiles") },
@@ -1653,7 +1658,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                     Some(rows) => (1..3).map(|input| TmapInput { input, n: 0, k: 0, rows: rows as u32, f16: false, pool: Some([nb, bs, kvh, d]) }).collect(),
                     None => vec![],
                 },
-                tol: 1e-2,
+                tol: if qs == 1.0 { 1e-2 } else { 5e-2 },
                 cluster: None,
             });
             specs.push(spec);
