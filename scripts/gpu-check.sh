@@ -11,6 +11,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 status=0
 # (the runtime carried gzipped beside the bundle: scripts/gpu-prepare.sh)
 if [ -f .gpu/dsc-runtime.gz ]; then gunzip -c .gpu/dsc-runtime.gz > .gpu/dsc-runtime && chmod +x .gpu/dsc-runtime; fi
+# (or xz-compressed, by python's lzma: gpu-prepare.sh's .gpu/rtx, what fits beside the bundle)
+if [ -f .gpu/rtx/dsc-runtime.xz ]; then python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpu/rtx/dsc-runtime.xz'), open('.gpu/dsc-runtime', 'wb'))" && chmod +x .gpu/dsc-runtime; fi
 if [ -d .gpu/check ]; then
   # (gpu-prepare.sh ships the PTX and the data gzipped: the bundle and the runtime fill a call's 64 MiB)
   [ -f .gpu/check/kernels.sm_90a.ptx.gz ] && gunzip -f .gpu/check/kernels.sm_90a.ptx.gz
