@@ -4367,7 +4367,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
     }
     let maxp = b.op(&format!("arith.extsi {mx} : i32 to i64"));
-    let minp = b.op(&format!("arith.extsi {mn} : i32 to i64"));
     // the run takes the whole tile (every row of the block in it)
     let whole = {
         let first = b.op(&format!("arith.cmpi eq, {r_body}, {c0} : i64"));
@@ -4452,21 +4451,27 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let c32 = c(b, 32);
         b.op(&format!("arith.divui {t}, {c32} : i64"))
     };
+    // (key positions in i32: the 64-bit compares, shifts and selects were ~8 of the loop's
+    // instructions per tile)
     let tma_box = |b: &mut Body, tile: &str| -> (String, String) {
         let rows = tma_rows.unwrap_or(KEYS) as i64;
-        let ckeys = c(b, KEYS as i64);
-        let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i64"));
-        let crows = c(b, rows);
-        let mrem = b.op(&format!("arith.remsi {maxp}, {crows} : i64"));
-        let lastb = b.op(&format!("arith.subi {maxp}, {mrem} : i64"));
+        let i32c = |b: &mut Body, v: i64| b.op(&format!("arith.constant {v} : i32"));
+        let tile = b.op(&format!("arith.trunci {tile} : i64 to i32"));
+        let ckeys = i32c(b, KEYS as i64);
+        let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i32"));
+        let crows = i32c(b, rows);
+        let mrem = b.op(&format!("arith.remsi {mx}, {crows} : i32"));
+        let lastb = b.op(&format!("arith.subi {mx}, {mrem} : i32"));
         let cl = c(b, nbox - 1);
         let wb = b.op(&format!("arith.minui {twarp}, {cl} : i64"));
-        let co = b.op(&format!("arith.muli {wb}, {crows} : i64"));
-        let j = b.op(&format!("arith.addi {j0}, {co} : i64"));
-        let j = b.op(&format!("arith.minsi {j}, {lastb} : i64"));
-        let bj = b.op(&format!("arith.divui {j}, {cbs} : i64"));
-        let within = b.op(&format!("arith.remui {j}, {cbs} : i64"));
-        let within = b.op(&format!("arith.trunci {within} : i64 to i32"));
+        let wb = b.op(&format!("arith.trunci {wb} : i64 to i32"));
+        let co = b.op(&format!("arith.muli {wb}, {crows} : i32"));
+        let j = b.op(&format!("arith.addi {j0}, {co} : i32"));
+        let j = b.op(&format!("arith.minsi {j}, {lastb} : i32"));
+        let cbs32 = i32c(b, bs as i64);
+        let bj = b.op(&format!("arith.divui {j}, {cbs32} : i32"));
+        let within = b.op(&format!("arith.remui {j}, {cbs32} : i32"));
+        let bj = b.op(&format!("arith.extui {bj} : i32 to i64"));
         let ti = b.op(&format!("arith.addi {srow}, {bj} : i64"));
         let c4t = c(b, 4);
         let to = b.op(&format!("arith.muli {ti}, {c4t} : i64"));
@@ -4672,20 +4677,26 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         next_box = Some(tma_box(b, &nt));
         // (TMA: tile tl landed in stage tl % 2 — that stage's use count at the run's start +
         // tl / 2 completed phases before it; no block barrier: every thread waits itself)
-        let c2t = c(b, 2);
-        let cst = b.op(&format!("arith.remui {tl64}, {c2t} : i64"));
-        let half = b.op(&format!("arith.divui {tl64}, {c2t} : i64"));
-        let half = b.op(&format!("arith.trunci {half} : i64 to i32"));
-        let c0t = c(b, 0);
-        let is0 = b.op(&format!("arith.cmpi eq, {cst}, {c0t} : i64"));
+        // (in i32: the 64-bit remainder, compare and address math were ~6 instructions)
+        let tl32 = b.op(&format!("arith.trunci {tl64} : i64 to i32"));
+        let one32 = b.op("arith.constant 1 : i32");
+        let cst = b.op(&format!("arith.andi {tl32}, {one32} : i32"));
+        let half = b.op(&format!("arith.shrui {tl32}, {one32} : i32"));
+        let z32 = b.op("arith.constant 0 : i32");
+        let is0 = b.op(&format!("arith.cmpi eq, {cst}, {z32} : i32"));
         let u = b.op(&format!("arith.select {is0}, {u0}, {u1} : i32"));
         let ph = b.op(&format!("arith.addi {u}, {half} : i32"));
-        let one32 = b.op("arith.constant 1 : i32");
         let par = b.op(&format!("arith.andi {ph}, {one32} : i32"));
-        let mb = mbar(b, &cst);
+        let base32 = b.op(&format!("arith.trunci {base} : i64 to i32"));
+        let c8m = b.op("arith.constant 8 : i32");
+        let mo = b.op(&format!("arith.muli {cst}, {c8m} : i32"));
+        let cba = b.op(&format!("arith.constant {bar_at} : i32"));
+        let mo = b.op(&format!("arith.addi {mo}, {cba} : i32"));
+        let mb = b.op(&format!("arith.addi {base32}, {mo} : i32"));
         b.mbar_spin(&mb, &par);
-        let csb = c(b, stage_bytes);
-        let so = b.op(&format!("arith.muli {cst}, {csb} : i64"));
+        let csb = b.op(&format!("arith.constant {stage_bytes} : i32"));
+        let so = b.op(&format!("arith.muli {cst}, {csb} : i32"));
+        let so = b.op(&format!("arith.extui {so} : i32 to i64"));
         b.op(&format!("arith.addi {base}, {so} : i64"))
     } else {
         // (pipelined: tile tl + 2 into stage (tl + 2) % 3; else tile tl + 1 into (tl + 1) % 2)
@@ -4826,9 +4837,11 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // the tile has keys past a row's position or rows outside the run (block-uniform: tiles
     // wholly below the diagonal of a run that fills the block skip it)
     let jq = b.op(&format!("arith.addi {j0}, {tq2} : i64"));
-    let cl = c(b, KEYS as i64 - 1);
-    let jl = b.op(&format!("arith.addi {j0}, {cl} : i64"));
-    let below = b.op(&format!("arith.cmpi sle, {jl}, {minp} : i64"));
+    // (in i32: the run's smallest position is one already)
+    let j032 = b.op(&format!("arith.trunci {j0} : i64 to i32"));
+    let cl = b.op(&format!("arith.constant {} : i32", KEYS as i64 - 1));
+    let jl = b.op(&format!("arith.addi {j032}, {cl} : i32"));
+    let below = b.op(&format!("arith.cmpi sle, {jl}, {mn} : i32"));
     let plain = b.op(&format!("arith.andi {below}, {whole} : i1"));
     // (row ri = tile ri / 2, half ri % 2: its 16 values, 8 keys x 2, in key order)
     let raw: Vec<String> = (0..2 * mt).flat_map(|ri| sacc_t[ri / 2].iter().flat_map(move |sa| (0..2).map(move |q| sa[2 * (ri % 2) + q].clone()))).collect();
@@ -4867,6 +4880,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // (wgmma: the lazy rescale, `flash_lazy_threshold`)
     let lazy = if wg && mt == 1 { flash_lazy_threshold() } else { None };
     let mut grows: Vec<String> = vec![];
+    let mut lazy_rows: Vec<(String, String, String)> = vec![];
     let mut pvals_t: Vec<Vec<Vec<String>>> = vec![vec![vec![]; nk8]; mt];
     let mut pf_t: Vec<Vec<Vec<String>>> = vec![];
     let mut alphas = vec![];
@@ -4891,7 +4905,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let none = b.op(&format!("arith.cmpf oeq, {m_new}, {ninf} : f32"));
         let m_use = b.op(&format!("arith.select {none}, {zero}, {m_new} : f32"));
         let dm = b.op(&format!("arith.subf {m_old}, {m_use} : f32"));
-        let alpha = ex2(b, &dm);
+        // (lazy: alpha only where the warp rescales, in that branch below)
+        let alpha = if lazy.is_some() { String::new() } else { ex2(b, &dm) };
         let mut pes = vec![zero.clone()];
         for (k, v) in vals.iter().enumerate() {
             let x = b.op(&format!("arith.subf {v}, {m_use} : f32"));
@@ -4902,7 +4917,13 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         // (the row's max and sum as pairwise trees: 4 dependent steps, not 15 — ncu on the
         // wgmma kernel: a third of its stalls waited on fixed-latency dependencies)
         let sum = if tree { b.tree_reduce(&pes[1..], "arith.addf") } else { b.chain_reduce(&pes, "arith.addf") };
-        let l_new = b.op(&format!("llvm.intr.fma({l_old}, {alpha}, {sum}) : (f32, f32, f32) -> f32"));
+        let l_new = if lazy.is_some() {
+            // (lazy: the row's sum updated with the rescale's branch below)
+            lazy_rows.push((dm.clone(), l_old.clone(), sum.clone()));
+            String::new()
+        } else {
+            b.op(&format!("llvm.intr.fma({l_old}, {alpha}, {sum}) : (f32, f32, f32) -> f32"))
+        };
         new_state.push(m_new);
         new_state.push(l_new);
         alphas.push(alpha);
@@ -4937,14 +4958,28 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             let bal = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}\", \"=r,r\" {a32} : (i32) -> i32"));
             let z32 = b.op("arith.constant 0 : i32");
             let moved = b.op(&format!("arith.cmpi ne, {bal}, {z32} : i32"));
-            let o_tys = vec!["f32"; nacc].join(", ");
+            // (the rows' sums ride the same branch: alpha's ex2 only where some row moved, l + sum
+            // where none did — alpha is 1 there, or 0 with l and sum both 0)
+            let nr = lazy_rows.len();
+            let o_tys = vec!["f32"; nacc + nr].join(", ");
             let r = b.v();
-            b.line(&format!("{r}:{nacc} = scf.if {moved} -> ({o_tys}) {{"));
-            let sc: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect();
+            b.line(&format!("{r}:{} = scf.if {moved} -> ({o_tys}) {{", nacc + nr));
+            let al: Vec<String> = lazy_rows.iter().map(|(dm, _, _)| ex2(b, dm)).collect();
+            let mut sc: Vec<String> = (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], al[(i % 4) / 2]))).collect();
+            for ((_, l_old, sum), a) in lazy_rows.iter().zip(&al) {
+                sc.push(b.op(&format!("llvm.intr.fma({l_old}, {a}, {sum}) : (f32, f32, f32) -> f32")));
+            }
             b.line(&format!("scf.yield {} : {o_tys}", sc.join(", ")));
             b.line("} else {");
-            b.line(&format!("scf.yield {} : {o_tys}", acc_t[..nacc].join(", ")));
+            let mut keep: Vec<String> = acc_t[..nacc].to_vec();
+            for (_, l_old, sum) in &lazy_rows {
+                keep.push(b.op(&format!("arith.addf {l_old}, {sum} : f32")));
+            }
+            b.line(&format!("scf.yield {} : {o_tys}", keep.join(", ")));
             b.line("}");
+            for ri in 0..nr {
+                new_state[2 * ri + 1] = format!("{r}#{}", nacc + ri);
+            }
             (0..nacc).map(|i| format!("{r}#{i}")).collect()
         } else {
             (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect()
