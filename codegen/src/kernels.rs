@@ -4367,6 +4367,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
     }
     let maxp = b.op(&format!("arith.extsi {mx} : i32 to i64"));
+    // (the run's largest and smallest positions as i32, for the loop's key arithmetic)
+    let (maxp32, minp32) = (mx.clone(), mn.clone());
     // the run takes the whole tile (every row of the block in it)
     let whole = {
         let first = b.op(&format!("arith.cmpi eq, {r_body}, {c0} : i64"));
@@ -4460,8 +4462,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let ckeys = i32c(b, KEYS as i64);
         let j0 = b.op(&format!("arith.muli {tile}, {ckeys} : i32"));
         let crows = i32c(b, rows);
-        let mrem = b.op(&format!("arith.remsi {mx}, {crows} : i32"));
-        let lastb = b.op(&format!("arith.subi {mx}, {mrem} : i32"));
+        let mrem = b.op(&format!("arith.remsi {maxp32}, {crows} : i32"));
+        let lastb = b.op(&format!("arith.subi {maxp32}, {mrem} : i32"));
         let cl = c(b, nbox - 1);
         let wb = b.op(&format!("arith.minui {twarp}, {cl} : i64"));
         let wb = b.op(&format!("arith.trunci {wb} : i64 to i32"));
@@ -4841,7 +4843,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let j032 = b.op(&format!("arith.trunci {j0} : i64 to i32"));
     let cl = b.op(&format!("arith.constant {} : i32", KEYS as i64 - 1));
     let jl = b.op(&format!("arith.addi {j032}, {cl} : i32"));
-    let below = b.op(&format!("arith.cmpi sle, {jl}, {mn} : i32"));
+    let below = b.op(&format!("arith.cmpi sle, {jl}, {minp32} : i32"));
     let plain = b.op(&format!("arith.andi {below}, {whole} : i1"));
     // (row ri = tile ri / 2, half ri % 2: its 16 values, 8 keys x 2, in key order)
     let raw: Vec<String> = (0..2 * mt).flat_map(|ri| sacc_t[ri / 2].iter().flat_map(move |sa| (0..2).map(move |q| sa[2 * (ri % 2) + q].clone()))).collect();
@@ -4905,7 +4907,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let none = b.op(&format!("arith.cmpf oeq, {m_new}, {ninf} : f32"));
         let m_use = b.op(&format!("arith.select {none}, {zero}, {m_new} : f32"));
         let dm = b.op(&format!("arith.subf {m_old}, {m_use} : f32"));
-        // (lazy: alpha only where the warp rescales, in that branch below)
+        // (lazy: alpha only where the warp rescales, in that branch below; `alphas` then holds
+        // no values and only the non-lazy paths read it)
         let alpha = if lazy.is_some() { String::new() } else { ex2(b, &dm) };
         let mut pes = vec![zero.clone()];
         for (k, v) in vals.iter().enumerate() {
