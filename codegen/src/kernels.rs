@@ -1067,6 +1067,12 @@ impl Body {
         self.line("llvm.inline_asm has_side_effects \"barrier.cluster.arrive.release;\", \"\" : () -> ()");
         self.line("llvm.inline_asm has_side_effects \"barrier.cluster.wait.acquire;\", \"\" : () -> ()");
     }
+    /// The warp's ballot of the i1 `bit` (all 32 lanes taking part): bit l of the i32 result
+    /// set where lane l's `bit` is
+    fn ballot(&mut self, bit: &str) -> String {
+        let w = self.op(&format!("arith.extui {bit} : i1 to i32"));
+        self.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}\", \"=r,r\" {w} : (i32) -> i32"))
+    }
     /// the two f16 of an i32 word as f32, the low half first
     fn f16_pair(&mut self, word: &str) -> [String; 2] {
         let c16 = self.op("arith.constant 16 : i32");
@@ -4335,8 +4341,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let nv = b.op(&format!("arith.xori {valid}, {true_} : i1"));
         let diff = b.op(&format!("arith.ori {other}, {nv} : i1"));
         let bit = b.op(&format!("arith.andi {ge}, {diff} : i1"));
-        let bit = b.op(&format!("arith.extui {bit} : i1 to i32"));
-        let bal = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}\", \"=r,r\" {bit} : (i32) -> i32"));
+        let bal = b.ballot(&bit);
         let tz = b.op(&format!("llvm.inline_asm \"{{ .reg .b32 r; brev.b32 r, $1; bfind.shiftamt.u32 $0, r; }}\", \"=r,r\" {bal} : (i32) -> i32"));
         let tz = b.op(&format!("arith.extui {tz} : i32 to i64"));
         let c32k = c(b, 32 * k as i64);
@@ -4578,23 +4583,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         }
         None => vec![],
     };
-    // O += P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers, `pf[kc]`), B = the V tile at
-    // `vbase` N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head
-    // dim LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes. Issued, not
-    // committed
-    let pv_issue = |b: &mut Body, vbase: &str, o: &[String], pf: &[Vec<String>]| -> Vec<String> {
-        let (lbo, sbo) = flash_wg_vdesc();
-        let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
-        let mut cur = o.to_vec();
-        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
-        let vlo = b.smem_desc_lo(vbase);
-        for (kc, a) in pf.iter().enumerate() {
-            let desc = b.desc_at(&vlo, kc * 16 * 128, fixed);
-            cur = b.wgmma(&format!("m64n{d}k16"), "bf16", &cur, a, &desc, true);
-        }
-        cur
-    };
-    let commit_wg = "llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()";
     let kvl = b.v();
     let tl = b.v();
     let acc_t: Vec<String> = (0..ncar).map(|_| b.v()).collect();
@@ -4949,16 +4937,17 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // (pipelined: the next tile's S once waited for, carried to the next iteration)
     let mut s_done: Vec<String> = vec![];
     if wg {
-        // O = O·alpha + P V on wgmma (`pv_issue`)
-        let cur: Vec<String> = if lazy.is_some() {
+        // O = O·alpha + P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers), B = V's tile
+        // N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head dim
+        // LBO = 64 keys x 128 bytes apart, along the keys SBO = 1024 bytes
+        let mut cur: Vec<String> = if lazy.is_some() {
             // (lazy: O rescaled only where a row of the warp moved its reference max — after
             // the first tiles, almost never)
             let mut any = b.op("arith.constant false");
             for g in &grows {
                 any = b.op(&format!("arith.ori {any}, {g} : i1"));
             }
-            let a32 = b.op(&format!("arith.extui {any} : i1 to i32"));
-            let bal = b.op(&format!("llvm.inline_asm has_side_effects \"{{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}\", \"=r,r\" {a32} : (i32) -> i32"));
+            let bal = b.ballot(&any);
             let z32 = b.op("arith.constant 0 : i32");
             let moved = b.op(&format!("arith.cmpi ne, {bal}, {z32} : i32"));
             // (the rows' sums ride the same branch: alpha's ex2 only where some row moved, l + sum
@@ -4987,10 +4976,17 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         } else {
             (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect()
         };
+        let (lbo, sbo) = flash_wg_vdesc();
+        let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         let cva = c(b, v_at);
         let vbase = b.op(&format!("arith.addi {sbase}, {cva} : i64"));
-        let cur = pv_issue(b, &vbase, &cur, pf);
-        b.line(commit_wg);
+        let vlo = b.smem_desc_lo(&vbase);
+        for (kc, a) in pf.iter().enumerate() {
+            let desc = b.desc_at(&vlo, kc * 16 * 128, fixed);
+            cur = b.wgmma(&format!("m64n{d}k16"), "bf16", &cur, a, &desc, true);
+        }
+        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
         // (pipelined: the next tile's S, in flight since before the softmax, completes here
         // too: its values pass through the same wait)
         let all: Vec<String> = cur.iter().chain(&s_next).cloned().collect();
@@ -7709,7 +7705,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             format!("%table: !llvm.ptr<1>, %tok: !llvm.ptr<1>, {params}")
         }
         KernelSpec::ArgmaxFold { inner } => {
-            let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMulWide { bias: false, residual: false, .. });
+            // (bias, residual and activations: refused by `emit_gemv_wide`)
+            let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMulWide { .. });
             let normed = |k: &KernelSpec| match k {
                 KernelSpec::NormMatMul { inner: mm, .. } => plain(mm),
                 other => plain(other),
@@ -7719,7 +7716,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
                 other => normed(other),
             };
             if !ok {
-                return Err(format!("the argmax folds into the wide GEMV without bias or residual, not {}", inner.symbol()));
+                return Err(format!("the argmax folds into the wide GEMV, not {}", inner.symbol()));
             }
             b.argmax_fold = true;
             format!("%apart: !llvm.ptr<1>, %async: !llvm.ptr<1>, %aids: !llvm.ptr<1>, {}", emit_into(b, inner)?)

@@ -125,7 +125,8 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // (and folded into the logits step's default kernel where that is the wide lm_head:
     // `KernelSpec::ArgmaxFold`, for chained multi-step graphs; DSC_ARGMAX_FOLD=0 at compile
     // time off) — (node, kernel)
-    let fold = steps.iter().filter(|s| argmax.is_some() && logits.is_some_and(|l| l.name == s.node) && std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0")).find_map(|s| {
+    let fold_on = argmax.is_some() && std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0");
+    let fold = steps.iter().filter(|s| fold_on && logits.is_some_and(|l| l.name == s.node)).find_map(|s| {
         let f = dsc_codegen::KernelSpec::ArgmaxFold { inner: Box::new(s.kernel.clone()?) };
         dsc_codegen::kernels::emits(&f).then(|| (s.node.clone(), f))
     });
