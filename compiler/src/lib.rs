@@ -10,7 +10,7 @@ pub mod gpu_bundle;
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport, TensorParallel};
-use dsc_runtime::plan::{write_plan, GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION};
+use dsc_runtime::plan::{GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION};
 use sha2::Digest;
 use std::path::Path;
 
@@ -349,7 +349,12 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
         graph: dsc_ir::text::print(&c.graph),
         tokenizer: m.tokenizer.as_ref().map(|t| PlanTokenizer { json: t.json.clone(), bos_id: t.bos_id, eos_ids: t.eos_ids.clone(), add_bos: t.add_bos, chat_template: t.chat_template.clone() }),
         weights: PlanWeights {
-            source: m.weights_path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| format!("seeded (seed {})", t.weights.seed.unwrap_or(0))),
+            // (the file's name only: a plan holds no path of the machine that compiled it)
+            source: m
+                .weights_path
+                .as_ref()
+                .map(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default())
+                .unwrap_or_else(|| format!("seeded (seed {})", t.weights.seed.unwrap_or(0))),
             source_sha256,
             total_bytes: 0,
             tensors: vec![],
@@ -368,6 +373,11 @@ pub fn write(c: &Compiled, out: &Path) -> anyhow::Result<()> {
 }
 
 pub fn write_with(c: &Compiled, out: &Path, reference: bool) -> anyhow::Result<()> {
+    write_signed(c, out, reference, None)
+}
+
+/// [`write_with`], the plan signed with `key` where given (`dsc compile --sign`).
+pub fn write_signed(c: &Compiled, out: &Path, reference: bool, key: Option<&ed25519_dalek::SigningKey>) -> anyhow::Result<()> {
     let mut header = plan_header(c)?;
     let order = c.graph.topo_order()?;
     let mut items = vec![];
@@ -396,8 +406,10 @@ pub fn write_with(c: &Compiled, out: &Path, reference: bool) -> anyhow::Result<(
     }
     for f in &files {
         let bytes = std::fs::read(f).with_context(|| f.display().to_string())?;
-        header.weights.files.push(SourceFile { path: f.display().to_string(), len: bytes.len() as u64, sha256: format!("{:x}", sha2::Sha256::digest(&bytes)) });
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).with_context(|| format!("{}: no file name", f.display()))?;
+        anyhow::ensure!(!header.weights.files.iter().any(|x: &SourceFile| x.path == name), "referenced weights: two checkpoint files named `{name}` (a plan names them by file name)");
+        header.weights.files.push(SourceFile { path: name, len: bytes.len() as u64, sha256: format!("{:x}", sha2::Sha256::digest(&bytes)) });
     }
-    write_plan(out, header, items)?;
+    dsc_runtime::plan::write_plan_signed(out, header, items, key)?;
     Ok(())
 }

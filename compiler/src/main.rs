@@ -51,6 +51,15 @@ enum Cmd {
         /// not yet checked on the GPU, e.g. rope-cache-write, start off)
         #[arg(long = "rule", value_name = "NAME=on|off")]
         rules: Vec<String>,
+        /// sign the plan with this ed25519 key (a `dsc keygen` .key file); `dsc serve
+        /// --trusted-key` then accepts it
+        #[arg(long, value_name = "KEY")]
+        sign: Option<PathBuf>,
+    },
+    /// Make an ed25519 key pair for signing plans: NAME.key (secret, mode 0600) and NAME.pub
+    Keygen {
+        /// path prefix of the two files
+        name: PathBuf,
     },
     /// Print a stage's IR for a model.toml (same as `compile --dump-ir`)
     DumpIr {
@@ -186,6 +195,7 @@ fn do_compile(
     tp: Option<usize>,
     optimize: bool,
     rules: &[(String, bool)],
+    key: Option<&ed25519_dalek::SigningKey>,
 ) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let c = dsc_compiler::compile_rules(model, tp, optimize, rules)?;
@@ -206,16 +216,39 @@ fn do_compile(
         }
     }
     let out = output.unwrap_or_else(|| PathBuf::from(format!("{}.plan", c.model.config.toml.model.name)));
-    dsc_compiler::write_with(&c, &out, reference)?;
+    dsc_compiler::write_signed(&c, &out, reference, key)?;
     eprintln!("{}", summary(&c));
     eprintln!("wrote {} ({:.1} MB) in {:.2} s", out.display(), std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as f64 / 1e6, t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn keygen(name: &std::path::Path) -> anyhow::Result<()> {
+    use rand::RngCore;
+    let mut seed = [0u8; 32];
+    // (ThreadRng: a CSPRNG seeded from the OS)
+    rand::rng().fill_bytes(&mut seed);
+    let sk = ed25519_dalek::SigningKey::from_bytes(&seed);
+    let (key, public) = (name.with_extension("key"), name.with_extension("pub"));
+    anyhow::ensure!(!key.exists(), "{} exists: not overwriting a key", key.display());
+    {
+        use std::io::Write;
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        let mut f = o.open(&key).with_context(|| key.display().to_string())?;
+        writeln!(f, "{}", dsc_runtime::plan::hex(&seed))?;
+    }
+    std::fs::write(&public, format!("{}\n", dsc_runtime::plan::hex(sk.verifying_key().as_bytes()))).with_context(|| public.display().to_string())?;
+    eprintln!("wrote {} (secret) and {} (public: give it to `dsc serve --trusted-key`)", key.display(), public.display());
     Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _, rules } => {
+        Cmd::Keygen { name } => keygen(&name),
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _, rules, sign } => {
             let rules = rules
                 .iter()
                 .map(|r| match r.split_once('=') {
@@ -224,7 +257,8 @@ fn main() -> anyhow::Result<()> {
                     _ => Err(anyhow::anyhow!("--rule {r}: expected NAME=on or NAME=off")),
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules)
+            let key = sign.map(|k| dsc_runtime::plan::read_key_file(&k).map(|b| ed25519_dalek::SigningKey::from_bytes(&b))).transpose()?;
+            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules, key.as_ref())
         }
         Cmd::DumpIr { model, stage, format } => {
             let c = compile(&model)?;

@@ -78,21 +78,19 @@ fn openai_client_completes_chats_and_streams_against_smollm2() {
     stop(s);
 }
 
-#[test]
-fn sixty_four_concurrent_streams_match_solo_runs() {
+/// A tiny seeded model with SmolLM2's tokenizer (from its plan), compiled into `d`.
+fn tiny_plan(d: &Path) -> PathBuf {
     assert!(root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf").exists(), "run scripts/fetch-model.sh first");
-    let d = tempfile::tempdir().unwrap();
-    // SmolLM2's tokenizer (from its plan) on a tiny seeded model
-    let smol = d.path().join("smol.plan");
+    let smol = d.join("smol.plan");
     dsc(&["compile", "models/smollm2-135m.toml", "-o", smol.to_str().unwrap()]);
     let p = dsc_runtime::plan::Plan::open(&smol).unwrap();
     let t = p.header.tokenizer.as_ref().unwrap();
-    std::fs::write(d.path().join("tokenizer.json"), &t.json).unwrap();
+    std::fs::write(d.join("tokenizer.json"), &t.json).unwrap();
     let eos = *t.eos_ids.first().unwrap();
     let tk = dsc_runtime::tokenizer::Tokenizer::new(t).unwrap();
     let cfg = serde_json::json!({"eos_token": tk.id_to_token(eos).unwrap(), "add_bos_token": false});
-    std::fs::write(d.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
-    let toml = d.path().join("tiny.toml");
+    std::fs::write(d.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let toml = d.join("tiny.toml");
     std::fs::write(
         &toml,
         "[model]\nname = \"tiny-seeded\"\narchitecture = \"llama\"\n\n[weights]\nformat = \"seeded\"\nseed = 3\ndtype = \"f32\"\n\n\
@@ -100,12 +98,34 @@ fn sixty_four_concurrent_streams_match_solo_runs() {
          [limits]\nmax_seq_len = 256\nkv_block_size = 16\nmax_batch = 64\n\n[tokenizer]\npath = \"tokenizer.json\"\n",
     )
     .unwrap();
-    let plan = d.path().join("tiny.plan");
+    let plan = d.join("tiny.plan");
     dsc(&["compile", toml.to_str().unwrap(), "-o", plan.to_str().unwrap()]);
+    plan
+}
+
+#[test]
+fn sixty_four_concurrent_streams_match_solo_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let plan = tiny_plan(d.path());
     // a pool smaller than 64 x 48 tokens: the load also exercises preemption
     let s = serve(&plan, &["--kv-tokens", "1600", "--max-step-tokens", "256"]);
     let json = d.path().join("load.json");
     let out = python("load.py", &[&s.base, "tiny-seeded", "test-key", "--clients", "64", "--max-tokens", "24", "--json", json.to_str().unwrap()]);
     assert!(out.contains("64 concurrent streams complete, 64 equal to solo runs"), "{out}");
+    stop(s);
+}
+
+/// Stalled heads and bodies closed by the timeouts with /health answering within 1 s
+/// throughout, idle keep-alive closed, the connection cap and the bounded queue answering 503
+/// with Retry-After, 405/408 in OpenAI's shape, the bearer scheme case-insensitive, and the
+/// stop-string request of issue 30 (tests/serve/hostile.py).
+#[test]
+fn hostile_clients_are_bounded_and_health_stays_responsive() {
+    let d = tempfile::tempdir().unwrap();
+    let plan = tiny_plan(d.path());
+    let s = serve(&plan, &["--header-timeout-secs", "1", "--body-timeout-secs", "2", "--max-connections", "48", "--max-pending", "1"]);
+    let out = python("hostile.py", &[&s.base, "tiny-seeded", "test-key"]);
+    assert!(out.contains("checks passed"), "{out}");
+    eprintln!("{out}");
     stop(s);
 }

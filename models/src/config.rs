@@ -122,6 +122,92 @@ pub struct Dims {
     pub max_position: Option<usize>,
 }
 
+/// Upper bounds on model dimensions, far past any real model (DeepSeek-V3: hidden 7,168, 61
+/// layers, 128 heads, vocab 129,280): they stop one field of a model.toml, config.json or GGUF
+/// from driving an allocation abort or a wrapped product.
+pub mod bounds {
+    pub const HIDDEN: usize = 1 << 17;
+    pub const LAYERS: usize = 1 << 12;
+    pub const HEADS: usize = 1 << 12;
+    pub const HEAD_DIM: usize = 1 << 12;
+    pub const FFN: usize = 1 << 20;
+    pub const VOCAB: usize = 1 << 22;
+    pub const SEQ: usize = 1 << 22;
+    pub const BATCH: usize = 1 << 16;
+    pub const KV_BLOCK: usize = 4096;
+}
+
+impl Dims {
+    /// Every dimension positive and under [`bounds`], the heads consistent: an error naming the
+    /// field (`prefix` + its name in this source, e.g. `dims.` or config.json's key).
+    pub fn check(&self, names: &DimNames) -> std::result::Result<(), String> {
+        use bounds::*;
+        for (name, v, max) in [
+            (names.hidden, self.hidden, HIDDEN),
+            (names.layers, self.layers, LAYERS),
+            (names.heads, self.heads, HEADS),
+            (names.kv_heads, self.kv_heads, HEADS),
+            (names.head_dim, self.head_dim, HEAD_DIM),
+            (names.ffn, self.ffn, FFN),
+            (names.vocab, self.vocab, VOCAB),
+        ] {
+            if v == 0 || v > max {
+                return Err(format!("field `{name}` is {v}; it must be 1 to {max}"));
+            }
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(format!("field `{}` ({}) must be a multiple of `{}` ({})", names.heads, self.heads, names.kv_heads, self.kv_heads));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!("field `{}` ({}) must be even (RoPE rotates pairs)", names.head_dim, self.head_dim));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!("field `{}` is {}; it must be a positive number", names.rope_theta, self.rope_theta));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0 && self.norm_eps < 1.0) {
+            return Err(format!("field `{}` is {}; it must be in [0, 1)", names.norm_eps, self.norm_eps));
+        }
+        Ok(())
+    }
+}
+
+/// What each [`Dims`] field is called in one source (for errors).
+pub struct DimNames {
+    pub hidden: &'static str,
+    pub layers: &'static str,
+    pub heads: &'static str,
+    pub kv_heads: &'static str,
+    pub head_dim: &'static str,
+    pub ffn: &'static str,
+    pub vocab: &'static str,
+    pub rope_theta: &'static str,
+    pub norm_eps: &'static str,
+}
+
+pub const TOML_NAMES: DimNames = DimNames {
+    hidden: "dims.hidden",
+    layers: "dims.layers",
+    heads: "dims.heads",
+    kv_heads: "dims.kv_heads",
+    head_dim: "dims.head_dim",
+    ffn: "dims.ffn",
+    vocab: "dims.vocab",
+    rope_theta: "dims.rope_theta",
+    norm_eps: "dims.norm_eps",
+};
+
+pub const HF_NAMES: DimNames = DimNames {
+    hidden: "hidden_size",
+    layers: "num_hidden_layers",
+    heads: "num_attention_heads",
+    kv_heads: "num_key_value_heads",
+    head_dim: "head_dim",
+    ffn: "intermediate_size",
+    vocab: "vocab_size",
+    rope_theta: "rope_theta",
+    norm_eps: "rms_norm_eps",
+};
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
@@ -221,8 +307,14 @@ impl ModelConfig {
         if l.kv_block_size == 0 || !l.kv_block_size.is_power_of_two() {
             return Err(cerr(format!("field `limits.kv_block_size`: {} must be a power of two", l.kv_block_size)));
         }
+        if l.kv_block_size > bounds::KV_BLOCK {
+            return Err(cerr(format!("field `limits.kv_block_size`: {} is over {}", l.kv_block_size, bounds::KV_BLOCK)));
+        }
         if l.max_seq_len == 0 || l.max_batch == 0 {
             return Err(cerr("fields `limits.max_seq_len` and `limits.max_batch` must be positive".into()));
+        }
+        if l.max_seq_len > bounds::SEQ || l.max_batch > bounds::BATCH {
+            return Err(cerr(format!("fields `limits.max_seq_len` ({}, at most {}) / `limits.max_batch` ({}, at most {}) out of bounds", l.max_seq_len, bounds::SEQ, l.max_batch, bounds::BATCH)));
         }
         match toml.weights.format {
             WeightFormat::Seeded => {
@@ -251,12 +343,7 @@ impl ModelConfig {
             }
         }
         if let Some(d) = &toml.dims {
-            if d.heads == 0 || d.kv_heads == 0 || d.heads % d.kv_heads != 0 {
-                return Err(cerr(format!("field `dims.heads` ({}) must be a positive multiple of `dims.kv_heads` ({})", d.heads, d.kv_heads)));
-            }
-            if d.hidden == 0 || d.layers == 0 || d.head_dim == 0 || d.head_dim % 2 != 0 || d.ffn == 0 || d.vocab == 0 {
-                return Err(cerr("fields under [dims] must be positive (head_dim even)".into()));
-            }
+            d.check(&TOML_NAMES).map_err(cerr)?;
         }
         Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, weights })
     }

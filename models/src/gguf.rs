@@ -115,10 +115,17 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
     })
 }
 
+/// Metadata values a GGUF file may decode to in all (a real vocabulary's arrays hold well under
+/// a million; each value costs ~32 bytes in memory however few bytes it takes in the file, so
+/// this bounds the metadata's memory, ~0.5 GB, whatever the file claims).
+pub const MAX_METADATA_VALUES: usize = 16 << 20;
+
 struct Reader<'a> {
     b: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// metadata values decoded so far
+    values: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -150,6 +157,10 @@ impl<'a> Reader<'a> {
         String::from_utf8(s.to_vec()).or_else(|_| self.err(format!("{what}: string is not UTF-8")))
     }
     fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<Value> {
+        self.values += 1;
+        if self.values > MAX_METADATA_VALUES {
+            return self.err(format!("metadata `{key}`: more than {MAX_METADATA_VALUES} metadata values in the file"));
+        }
         let b = |r: &mut Self, n| r.take(n, key);
         Ok(match ty {
             0 => Value::U8(b(self, 1)?[0]),
@@ -170,7 +181,8 @@ impl<'a> Reader<'a> {
                 if n > (self.b.len() - self.pos) as u64 {
                     return self.err(format!("metadata `{key}`: array length {n} runs past the end of the file"));
                 }
-                let mut v = Vec::with_capacity(n as usize);
+                // (each element takes at least a byte of the file; the values budget bounds the rest)
+                let mut v = Vec::with_capacity((n as usize).min(4096));
                 for _ in 0..n {
                     v.push(self.value(ety, key, depth + 1)?);
                 }
@@ -190,7 +202,23 @@ impl GgufFile {
         // SAFETY: the file is opened read-only; we never hand out references that outlive the
         // map, and a concurrent writer would be a user error that at worst changes values.
         let map = unsafe { Mmap::map(&f) }.map_err(io(path))?;
-        let mut r = Reader { b: &map, pos: 0, path };
+        let p = parse(path, &map)?;
+        Ok(GgufFile { path: path.to_path_buf(), version: p.version, metadata: p.metadata, tensors: p.tensors, order: p.order, map: Arc::new(map) })
+    }
+}
+
+/// A GGUF file's header, parsed from its bytes (what [`GgufFile::open`] maps): every count,
+/// length and offset checked against the bytes there are. `path` names the file in errors.
+pub struct GgufHeader {
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: BTreeMap<String, TensorInfo>,
+    pub order: Vec<String>,
+}
+
+pub fn parse(path: &Path, map: &[u8]) -> Result<GgufHeader> {
+    {
+        let mut r = Reader { b: map, pos: 0, path, values: 0 };
         let magic = r.take(4, "magic")?;
         if magic != b"GGUF" {
             return r.err(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"));
@@ -240,7 +268,7 @@ impl GgufFile {
             let nbytes = dtype.bytes_for(numel).ok_or_else(|| terr(format!("{numel} elements are not whole {dtype} blocks")))?;
             let offset = data_start.checked_add(off).ok_or_else(|| terr("offset overflows".into()))?;
             if offset.checked_add(nbytes).is_none_or(|end| end > map.len()) {
-                return Err(terr(format!("data at bytes {offset}..{} lies past the end of the file ({} bytes): the file is truncated", offset + nbytes, map.len())));
+                return Err(terr(format!("data at bytes {offset}..{} lies past the end of the file ({} bytes): the file is truncated", offset.saturating_add(nbytes), map.len())));
             }
             let shape: Vec<usize> = ne.iter().rev().copied().collect();
             order.push(name.clone());
@@ -248,9 +276,11 @@ impl GgufFile {
                 return Err(terr("appears twice".into()));
             }
         }
-        Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, order, map: Arc::new(map) })
+        Ok(GgufHeader { version, metadata, tensors, order })
     }
+}
 
+impl GgufFile {
     pub fn bytes(&self, t: &TensorInfo) -> &[u8] {
         &self.map[t.offset..t.offset + t.nbytes]
     }

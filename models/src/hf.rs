@@ -50,23 +50,40 @@ pub fn safetensors_files(path: &Path) -> Result<Vec<PathBuf>> {
     Err(ModelError::Io { path: path.into(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json in this folder") })
 }
 
+/// One tensor of a safetensors file: name, dtype, shape, and its bytes' offset and length.
+pub type StEntry = (String, DType, Vec<usize>, usize, usize);
+
+/// The tensors a safetensors file's bytes hold (sorted by name), every one checked: header,
+/// dtype, shape against its byte length. `path` names the file in errors.
+pub fn safetensors_index(path: &Path, bytes: &[u8]) -> Result<Vec<StEntry>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| ModelError::Format { path: path.into(), msg: format!("not a valid safetensors file: {e}") })?;
+    let base = bytes.as_ptr() as usize;
+    let mut names = st.names();
+    names.sort();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let terr = |msg: String| ModelError::Tensor { path: path.into(), tensor: name.to_string(), msg };
+        let v = st.tensor(name).map_err(|e| terr(e.to_string()))?;
+        let dtype = st_dtype(v.dtype()).ok_or_else(|| terr(format!("unsupported dtype {:?}", v.dtype())))?;
+        let numel = v.shape().iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| terr(format!("shape {:?} overflows", v.shape())))?;
+        let data = v.data();
+        if dtype.bytes_for(numel) != Some(data.len()) {
+            return Err(terr(format!("{} bytes do not hold a {dtype}{:?}", data.len(), v.shape())));
+        }
+        out.push((name.to_string(), dtype, v.shape().to_vec(), data.as_ptr() as usize - base, data.len()));
+    }
+    Ok(out)
+}
+
 pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
     let mut set = WeightSet::default();
     for f in files {
         let file = std::fs::File::open(f).map_err(io(f))?;
         // SAFETY: read-only map of a file we do not modify.
         let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io(f))?);
-        let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Format { path: f.clone(), msg: format!("not a valid safetensors file: {e}") })?;
-        let base = map.as_ptr() as usize;
         let file_path = Arc::new(f.clone());
-        let mut names = st.names();
-        names.sort();
-        for name in names {
-            let v = st.tensor(name).map_err(|e| ModelError::Tensor { path: f.clone(), tensor: name.to_string(), msg: e.to_string() })?;
-            let dtype = st_dtype(v.dtype()).ok_or_else(|| ModelError::Tensor { path: f.clone(), tensor: name.to_string(), msg: format!("unsupported dtype {:?}", v.dtype()) })?;
-            let data = v.data();
-            let offset = data.as_ptr() as usize - base;
-            set.insert(name.to_string(), WeightTensor { dtype, shape: v.shape().to_vec(), bytes: Bytes::Mapped { map: map.clone(), file: file_path.clone(), offset, len: data.len() } });
+        for (name, dtype, shape, offset, len) in safetensors_index(f, &map)? {
+            set.insert(name, WeightTensor { dtype, shape, bytes: Bytes::Mapped { map: map.clone(), file: file_path.clone(), offset, len } });
         }
     }
     Ok(set)
@@ -75,7 +92,12 @@ pub fn load_safetensors(files: &[PathBuf]) -> Result<WeightSet> {
 /// Llama-family dims from an HF `config.json`.
 pub fn dims_from_config(path: &Path) -> Result<Dims> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Format { path: path.into(), msg: e.to_string() })?;
+    dims_from_config_text(path, &text)
+}
+
+/// [`dims_from_config`] from the file's text (`path` names it in errors).
+pub fn dims_from_config_text(path: &Path, text: &str) -> Result<Dims> {
+    let v: Value = serde_json::from_str(text).map_err(|e| ModelError::Format { path: path.into(), msg: e.to_string() })?;
     let need = |k: &str| -> Result<u64> { v[k].as_u64().ok_or(ModelError::Format { path: path.into(), msg: format!("field `{k}` is missing or not an integer") }) };
     let hidden = need("hidden_size")? as usize;
     let heads = need("num_attention_heads")? as usize;
@@ -83,7 +105,7 @@ pub fn dims_from_config(path: &Path) -> Result<Dims> {
         return Err(ModelError::Format { path: path.into(), msg: "field `num_attention_heads` is 0".into() });
     }
     let mt = v["model_type"].as_str().unwrap_or("llama");
-    Ok(Dims {
+    let d = Dims {
         hidden,
         layers: need("num_hidden_layers")? as usize,
         heads,
@@ -96,5 +118,7 @@ pub fn dims_from_config(path: &Path) -> Result<Dims> {
         tie_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
         attention_bias: v["attention_bias"].as_bool().unwrap_or(mt == "qwen2"),
         max_position: v["max_position_embeddings"].as_u64().map(|x| x as usize),
-    })
+    };
+    d.check(&crate::config::HF_NAMES).map_err(|msg| ModelError::Format { path: path.into(), msg })?;
+    Ok(d)
 }

@@ -68,7 +68,7 @@ fn dims_from_gguf(g: &gguf::GgufFile) -> Result<Dims> {
         Ok(v) => v as usize,
         Err(_) => g.tensors.get("token_embd.weight").map(|t| t.shape[0]).ok_or_else(|| ModelError::MissingTensor { path: g.path.clone(), tensor: "token_embd.weight".into(), arch: "llama".into() })?,
     };
-    Ok(Dims {
+    let d = Dims {
         hidden,
         layers: g.u64(&k("block_count"))? as usize,
         heads,
@@ -81,7 +81,20 @@ fn dims_from_gguf(g: &gguf::GgufFile) -> Result<Dims> {
         tie_embeddings: !g.tensors.contains_key("output.weight"),
         attention_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
         max_position: g.u64(&k("context_length")).ok().map(|v| v as usize),
-    })
+    };
+    let names = config::DimNames {
+        hidden: "<arch>.embedding_length",
+        layers: "<arch>.block_count",
+        heads: "<arch>.attention.head_count",
+        kv_heads: "<arch>.attention.head_count_kv",
+        head_dim: "<arch>.attention.key_length",
+        ffn: "<arch>.feed_forward_length",
+        vocab: "<arch>.vocab_size",
+        rope_theta: "<arch>.rope.freq_base",
+        norm_eps: "<arch>.attention.layer_norm_rms_epsilon",
+    };
+    d.check(&names).map_err(|msg| ModelError::Format { path: g.path.clone(), msg: msg.replace("<arch>", arch) })?;
+    Ok(d)
 }
 
 fn sha256_file(path: &Path) -> Result<String> {

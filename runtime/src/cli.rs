@@ -87,6 +87,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     match a.backend {
         BackendKind::Cpu => generate_and_print(&mut CpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
+        BackendKind::Gpu if crate::gpu::cuda_available().is_err() => bail!("--backend gpu: {}", crate::gpu::cuda_available().err().unwrap_or_default()),
         BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
     }
 }
@@ -224,15 +225,46 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
 pub struct ServeArgs {
     /// the compiled plan
     pub plan: PathBuf,
-    #[arg(long, value_enum, default_value = "gpu")]
-    pub backend: BackendKind,
+    /// default: the GPU where a CUDA driver and a device are there, else the CPU (said at start)
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// require `Authorization: Bearer <key>` (also read from DSC_API_KEY)
-    #[arg(long, env = "DSC_API_KEY", hide_env_values = true)]
+    #[arg(long, env = "DSC_API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// read the API key from this file (its first line; e.g. a mounted Kubernetes secret)
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// accept only plans signed by this ed25519 public key (a `dsc keygen` .pub file; repeatable)
+    #[arg(long)]
+    pub trusted_key: Vec<PathBuf>,
+    /// directory of the checkpoint files a plan references (default: the plan's directory)
+    #[arg(long)]
+    pub weights_dir: Option<PathBuf>,
+    /// requests accepted and not finished (queued or running) past which new ones get 503
+    /// with Retry-After
+    #[arg(long, default_value_t = 1024)]
+    pub max_pending: usize,
+    /// open connections past which a new one gets 503 and is closed
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// seconds a request's head may take to arrive (also the idle limit between requests of a
+    /// kept-alive connection)
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout_secs: f64,
+    /// seconds a request's body may take to arrive
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout_secs: f64,
+    /// an engine step running longer than this and 10x the slowest step seen reports the engine
+    /// unhealthy (/health 503; dsc_engine_stalls_total)
+    #[arg(long, default_value_t = 30.0)]
+    pub step_timeout_secs: f64,
+    /// special tokens written in chat message text act as special tokens (default: plain text)
+    #[arg(long)]
+    pub allow_special_tokens_in_content: bool,
     /// the model name clients use (default: the plan's)
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -297,13 +329,48 @@ fn parse_rates(rates: &[String]) -> anyhow::Result<[Option<(f64, f64)>; 3]> {
 
 /// `serve`: the OpenAI-compatible server (see `server.rs`).
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
+    let secs = |what: &str, v: f64| -> anyhow::Result<std::time::Duration> {
+        anyhow::ensure!(v.is_finite() && v > 0.0 && v < 1e7, "--{what} {v}: a positive number of seconds");
+        Ok(std::time::Duration::from_secs_f64(v))
+    };
+    let (header_timeout, body_timeout, step_timeout) =
+        (secs("header-timeout-secs", a.header_timeout_secs)?, secs("body-timeout-secs", a.body_timeout_secs)?, secs("step-timeout-secs", a.step_timeout_secs)?);
+    let (starvation, queue_timeout) = (secs("starvation-secs", a.starvation_secs)?, secs("queue-timeout-secs", a.queue_timeout_secs)?);
+    anyhow::ensure!(a.max_pending >= 1 && a.max_connections >= 1, "--max-pending and --max-connections must be at least 1");
+    let api_key = match &a.api_key_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("--api-key-file {}", f.display()))?;
+            let k = text.lines().next().unwrap_or("").trim().to_string();
+            anyhow::ensure!(!k.is_empty(), "--api-key-file {}: the file is empty", f.display());
+            Some(k)
+        }
+        None => a.api_key.clone().filter(|k| !k.is_empty()),
+    };
+    let trusted_keys = a.trusted_key.iter().map(|k| crate::plan::read_key_file(k)).collect::<crate::Result<Vec<_>>>()?;
+    let open = crate::plan::OpenOptions { verify_blob: true, weights_dir: a.weights_dir.clone(), trusted_keys };
+    let backend = match a.backend {
+        Some(b) => {
+            if b == BackendKind::Gpu {
+                crate::gpu::cuda_available().map_err(|e| anyhow::anyhow!("--backend gpu: {e}"))?;
+            }
+            b
+        }
+        None => match crate::gpu::cuda_available() {
+            Ok(_) => BackendKind::Gpu,
+            Err(why) => {
+                eprintln!("dsc serve: running on the CPU backend ({why})");
+                BackendKind::Cpu
+            }
+        },
+    };
     // read the header here for validation and limits; the engine thread opens its own copy
-    let plan = Plan::open(&a.plan)?;
+    let plan = Plan::open_with(&a.plan, &open)?;
+    anyhow::ensure!(backend == BackendKind::Cpu || plan.header.gpu.is_some(), "{}: the plan has no GPU program; use --backend cpu", a.plan.display());
     let tp = plan.header.tensor_parallel;
     let m = &plan.header.model;
     let tok = plan.header.tokenizer.as_ref().map(Tokenizer::new).transpose()?.map(std::sync::Arc::new);
     let max_seqs = a.max_seqs.unwrap_or(m.max_batch).max(1);
-    let kv_tokens = match (a.backend, a.kv_tokens) {
+    let kv_tokens = match (backend, a.kv_tokens) {
         (BackendKind::Cpu, k) => k.unwrap_or((m.max_batch * m.max_seq_len).min(65536)),
         (BackendKind::Gpu, k) => {
             let per_token = kv_bytes_per_token(&plan)?;
@@ -328,16 +395,18 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         max_seq_len: m.max_seq_len,
         prefix_caching: !a.no_prefix_caching,
         rate: parse_rates(&a.rate)?,
-        starvation: std::time::Duration::from_secs_f64(a.starvation_secs),
-        queue_timeout: std::time::Duration::from_secs_f64(a.queue_timeout_secs),
+        starvation,
+        queue_timeout,
         pipeline: !a.no_pipeline && std::env::var_os("DSC_NO_PIPELINE").is_none(),
         multi_step,
+        watchdog: crate::health::Watchdog { floor: step_timeout, factor: 10.0 },
     };
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
-    let (path, backend) = (a.plan.clone(), a.backend);
+    let path = a.plan.clone();
     let (engine, join) = crate::scheduler::spawn(
         move |lp: crate::scheduler::EngineLoop| -> crate::Result<()> {
-            let plan = Plan::open(&path)?;
+            // (the blob was hashed above)
+            let plan = Plan::open_with(&path, &crate::plan::OpenOptions { verify_blob: false, ..open })?;
             let graph = plan.graph()?;
             // tensor-parallel plans: one thread per rank, the scheduler stays on this one
             match (backend, tp > 1) {
@@ -354,19 +423,20 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         metrics,
     )?;
     let scfg = crate::server::ServerConfig {
-        model_name: a.served_model_name.clone().unwrap_or_else(|| m.name.clone()),
-        api_key: a.api_key.clone(),
+        api_key,
         max_body_bytes: a.max_body_bytes,
-        max_seq_len: m.max_seq_len,
-        default_max_tokens: 16,
         max_n: a.max_n,
+        max_pending: a.max_pending,
+        allow_special_in_content: a.allow_special_tokens_in_content,
+        http: crate::server::HttpLimits { header_timeout, body_timeout, max_connections: a.max_connections },
+        ..crate::server::ServerConfig::new(a.served_model_name.clone().unwrap_or_else(|| m.name.clone()), m.max_seq_len)
     };
     let state = crate::server::AppState::new(scfg, engine, tok);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let addr = format!("{}:{}", a.host, a.port);
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
-        eprintln!("dsc serve: {} on http://{} ({:?} backend, KV pool {kv_tokens} tokens)", state.cfg.model_name, listener.local_addr()?, a.backend);
+        eprintln!("dsc serve: {} on http://{} ({:?} backend, KV pool {kv_tokens} tokens)", state.cfg.model_name, listener.local_addr()?, backend);
         crate::server::serve(state, listener).await?;
         anyhow::Ok(())
     })?;

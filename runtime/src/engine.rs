@@ -145,10 +145,45 @@ impl<'p> CpuBackend<'p> {
     pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, rank: usize, world: usize, collective: Arc<dyn Collective>) -> Result<Self> {
         let block_size = plan.header.model.kv_block_size;
         let blocks = kv_tokens.div_ceil(block_size).max(1);
+        cpu_memory_check(graph, plan, blocks.saturating_mul(block_size), world)?;
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
         let exec = if world == 1 { Executor::new(graph, plan, fixed)? } else { Executor::new(graph, &plan.rank_weights(graph, rank, world)?, fixed)? };
         Ok(CpuBackend { exec: exec.with_collective(collective), blocks, block_size })
     }
+}
+
+/// The CPU executor holds every weight (and its KV pools) as f32: refuse, with the sizes, a plan
+/// or pool that cannot fit this machine's available memory, instead of aborting on allocation.
+fn cpu_memory_check(graph: &Graph, plan: &Plan, kv_tokens: usize, world: usize) -> Result<()> {
+    let weights: u64 = plan.header.weights.tensors.iter().map(|t| t.shape.iter().map(|&d| d as u64).product::<u64>().saturating_mul(4)).fold(0u64, u64::saturating_add);
+    let kv: u64 = graph
+        .leaves(&dsc_ir::Op::State)
+        .iter()
+        .map(|&id| graph.node(id).ty.shape.iter().skip(2).filter_map(|d| d.as_const()).map(|d| d as u64).product::<u64>().saturating_mul(4).saturating_mul(kv_tokens as u64))
+        .fold(0u64, u64::saturating_add);
+    let need = weights.saturating_add(kv.saturating_mul(world as u64));
+    if let Some(avail) = mem_available() {
+        if need > avail {
+            return Err(RuntimeError::Plan {
+                path: plan.path.clone(),
+                msg: format!(
+                    "the CPU backend needs {:.1} GB ({:.1} GB of f32 weights, {:.1} GB of KV cache for {kv_tokens} tokens); this machine has {:.1} GB available",
+                    need as f64 / 1e9,
+                    weights as f64 / 1e9,
+                    kv as f64 * world as f64 / 1e9,
+                    avail as f64 / 1e9
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// MemAvailable from /proc/meminfo, bytes (None where there is no such file).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 fn ints(v: &[i32]) -> Tensor {

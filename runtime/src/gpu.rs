@@ -190,6 +190,22 @@ pub fn target_for(major: i32, minor: i32) -> Option<&'static str> {
     }
 }
 
+/// Whether a CUDA driver and a device are there, checked before cudarc is asked (its dynamic
+/// loading panics where libcuda is missing): Ok(device count), or why not.
+pub fn cuda_available() -> std::result::Result<usize, String> {
+    // SAFETY: loading the CUDA driver library runs its initializers, as cudarc would.
+    let lib = unsafe { libloading::Library::new("libcuda.so.1").or_else(|_| libloading::Library::new("libcuda.so")) };
+    if let Err(e) = lib {
+        return Err(format!("no CUDA driver on this machine (libcuda.so.1: {e}); use --backend cpu"));
+    }
+    match std::panic::catch_unwind(|| cudarc::driver::result::init().and_then(|_| cudarc::driver::result::device::get_count())) {
+        Ok(Ok(n)) if n > 0 => Ok(n as usize),
+        Ok(Ok(_)) => Err("the CUDA driver sees no GPU; use --backend cpu".into()),
+        Ok(Err(e)) => Err(format!("the CUDA driver failed to start ({e:?}); use --backend cpu")),
+        Err(_) => Err("the CUDA driver could not be loaded; use --backend cpu".into()),
+    }
+}
+
 impl<'p> GpuBackend<'p> {
     pub fn new(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize) -> Result<Self> {
         Self::new_rank(graph, plan, kv_tokens, RankSpec { device: 0, rank: 0, world: 1 }, |_| Ok(GpuCollective::Single))
@@ -199,6 +215,7 @@ impl<'p> GpuBackend<'p> {
     /// `collective` is made once this rank's stream exists (NCCL communicators bind to it).
     pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, spec: RankSpec, collective: impl FnOnce(&Arc<CudaStream>) -> Result<GpuCollective>) -> Result<Self> {
         let prog = plan.header.gpu.as_ref().ok_or_else(|| gerr("this plan has no GPU program (compile it with a GPU lowering for every op)"))?;
+        cuda_available().map_err(gerr)?;
         let ctx = cu(CudaContext::new(spec.device), &format!("opening CUDA device {}", spec.device))?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let major = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), "device attribute")?;

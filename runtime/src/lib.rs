@@ -16,6 +16,7 @@ pub mod gpu_check;
 pub mod gpu_decode;
 pub mod gpu_e2e;
 pub mod gpu_tp;
+pub mod health;
 pub mod kv;
 pub mod metrics;
 pub mod nvml;
@@ -23,6 +24,7 @@ pub mod plan;
 pub mod sampler;
 pub mod scheduler;
 pub mod server;
+pub mod stop;
 pub mod tokenizer;
 pub mod tp;
 

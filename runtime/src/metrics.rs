@@ -42,6 +42,14 @@ pub struct Metrics {
     pub errors: Family<Reason, Counter>,
     pub preemptions: Counter,
     pub steps: Counter,
+    /// requests that failed inside the engine (a panic or a failed step), the engine went on
+    pub engine_failures: Family<Reason, Counter>,
+    /// steps that ran past the watchdog's bound (the engine was reported unhealthy meanwhile)
+    pub engine_stalls: Counter,
+    /// 1 while the engine can serve, 0 once it cannot (liveness fails: the pod restarts)
+    pub engine_healthy: Gauge,
+    /// requests refused because the queue or the connection cap was full
+    pub overloaded: Family<Reason, Counter>,
     pub queue_depth: Family<PriorityLabel, Gauge>,
     pub running: Gauge,
     pub kv_blocks: Family<BlockState, Gauge>,
@@ -75,6 +83,10 @@ impl Metrics {
             errors: Family::default(),
             preemptions: Counter::default(),
             steps: Counter::default(),
+            engine_failures: Family::default(),
+            engine_stalls: Counter::default(),
+            engine_healthy: Gauge::default(),
+            overloaded: Family::default(),
             queue_depth: Family::default(),
             running: Gauge::default(),
             kv_blocks: Family::default(),
@@ -93,10 +105,14 @@ impl Metrics {
         r.register("prompt_tokens", "Prompt tokens admitted", m.prompt_tokens.clone());
         r.register("generation_tokens", "Tokens generated", m.generation_tokens.clone());
         r.register("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", m.prefix_hit_tokens.clone());
-        r.register("requests", "Finished sequences by finish reason (stop, length, cancelled, timeout, error)", m.requests.clone());
+        r.register("requests", "Finished sequences by how they ended (stop, length, cancelled, timeout, error)", m.requests.clone());
         r.register("errors", "Rejected HTTP requests by kind", m.errors.clone());
         r.register("preemptions", "Sequences preempted (blocks freed, recomputed later)", m.preemptions.clone());
         r.register("engine_steps", "Engine steps run", m.steps.clone());
+        r.register("engine_request_failures", "Requests failed inside the engine by cause (panic, step); the engine went on", m.engine_failures.clone());
+        r.register("engine_stalls", "Engine steps that ran past the watchdog bound (far beyond the measured step times)", m.engine_stalls.clone());
+        r.register("engine_healthy", "1 while the engine serves, 0 once it cannot (the liveness probe fails)", m.engine_healthy.clone());
+        r.register("overloaded", "Requests refused with 503 and Retry-After, by what was full (queue, connections)", m.overloaded.clone());
         r.register("queue_depth", "Sequences waiting, by priority class", m.queue_depth.clone());
         r.register("running_sequences", "Sequences in the running batch", m.running.clone());
         r.register("kv_blocks", "KV-cache blocks by state (used, cached, free)", m.kv_blocks.clone());
@@ -113,6 +129,7 @@ impl Metrics {
         for st in ["used", "cached", "free"] {
             let _ = m.kv_blocks.get_or_create(&BlockState { state: st.into() });
         }
+        m.engine_healthy.set(1);
         Metrics { registry: r, ..m }
     }
 

@@ -14,7 +14,17 @@
 //! blob    ..    weights, each 64-byte aligned, at the offsets the header lists
 //! ```
 //! Every length and checksum is checked on load; a truncated or corrupt plan, a wrong magic or
-//! version is an error naming the file and what is wrong.
+//! version is an error naming the file and what is wrong. Every header field is then checked
+//! against bounds before anything uses it ([`PlanHeader::validate`]), with checked arithmetic
+//! for every size, since a plan from elsewhere is untrusted input (and carries PTX the GPU runs).
+//!
+//! Signed plans (`dsc compile --sign KEY`): flags bit 0 set, and after the blob a trailer
+//! `"DSCSIG\0\0"`, the 32-byte ed25519 public key and the 64-byte signature of the 104-byte
+//! prefix (magic, version, flags, lengths and both SHA-256 sums: so of the whole plan).
+//! [`OpenOptions::trusted_keys`] (`dsc serve --trusted-key`) refuses plans not signed by one.
+//!
+//! Referenced weights (`dsc compile --reference-weights`) are named by file name only and looked
+//! up in the plan's directory or [`OpenOptions::weights_dir`], never at an arbitrary path.
 
 use crate::error::{Result, RuntimeError};
 use dsc_ir::{DType, WeightSource};
@@ -28,6 +38,30 @@ use std::path::{Path, PathBuf};
 pub const PLAN_MAGIC: &[u8; 8] = b"DSCPLAN\0";
 pub const PLAN_FORMAT_VERSION: u32 = 4;
 const PREFIX: usize = 104;
+/// flags bit 0: a signature trailer follows the blob
+pub const FLAG_SIGNED: u32 = 1;
+const SIG_MAGIC: &[u8; 8] = b"DSCSIG\0\0";
+const SIG_TRAILER: usize = 8 + 32 + 64;
+
+/// Bounds a plan header must keep (far past any real model; they stop a crafted header from
+/// driving a division by zero, a multi-TiB allocation or a thread per "rank").
+pub mod limits {
+    pub const MAX_SEQ_LEN: usize = 1 << 22;
+    pub const MAX_KV_BLOCK: usize = 4096;
+    pub const MAX_BATCH: usize = 1 << 16;
+    pub const MAX_TP: usize = 64;
+    pub const MAX_TENSORS: usize = 1 << 20;
+    pub const MAX_DIMS: usize = 8;
+    /// elements of one tensor
+    pub const MAX_NUMEL: u64 = 1 << 40;
+    /// bytes of all weights together (stored, referenced and seeded)
+    pub const MAX_TOTAL_BYTES: u64 = 16 << 40;
+    pub const MAX_SOURCE_FILES: usize = 4096;
+    pub const MAX_STEPS: usize = 1 << 20;
+    pub const MAX_THREADS: u32 = 1024;
+    pub const MAX_SMEM: u32 = 232_448;
+    pub const MAX_CLUSTER: u32 = 16;
+}
 const BLOB_ALIGN: usize = 4096;
 const TENSOR_ALIGN: usize = 64;
 
@@ -382,7 +416,7 @@ pub struct PlanWeights {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SourceFile {
-    /// absolute path at compile time; at load also looked up beside the plan by file name
+    /// the file name (no directory): looked up beside the plan or in `--weights-dir`
     pub path: String,
     pub len: u64,
     pub sha256: String,
@@ -423,7 +457,17 @@ pub enum WeightData<'a> {
 }
 
 /// Write a plan: `weights` yields (name, dtype, shape, bytes) in the order to store them.
-pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIterator<Item = (String, DType, Vec<usize>, WeightData<'a>)>) -> Result<()> {
+pub fn write_plan<'a>(path: &Path, header: PlanHeader, weights: impl IntoIterator<Item = (String, DType, Vec<usize>, WeightData<'a>)>) -> Result<()> {
+    write_plan_signed(path, header, weights, None)
+}
+
+/// [`write_plan`], signed with `key` where given (the trailer described above).
+pub fn write_plan_signed<'a>(
+    path: &Path,
+    mut header: PlanHeader,
+    weights: impl IntoIterator<Item = (String, DType, Vec<usize>, WeightData<'a>)>,
+    key: Option<&ed25519_dalek::SigningKey>,
+) -> Result<()> {
     let ioe = |source| RuntimeError::Io { path: path.to_path_buf(), source };
     let all: Vec<_> = weights.into_iter().collect();
     let mut entries = vec![];
@@ -473,7 +517,7 @@ pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIte
     let mut prefix = Vec::with_capacity(PREFIX);
     prefix.extend_from_slice(PLAN_MAGIC);
     prefix.extend(PLAN_FORMAT_VERSION.to_le_bytes());
-    prefix.extend(0u32.to_le_bytes());
+    prefix.extend((if key.is_some() { FLAG_SIGNED } else { 0 }).to_le_bytes());
     prefix.extend((hjson.len() as u64).to_le_bytes());
     prefix.extend((blob_offset as u64).to_le_bytes());
     prefix.extend(blob_len.to_le_bytes());
@@ -487,6 +531,12 @@ pub fn write_plan<'a>(path: &Path, mut header: PlanHeader, weights: impl IntoIte
         w.write_all(&zeros[..(e.offset - pos) as usize]).map_err(ioe)?;
         w.write_all(bytes).map_err(ioe)?;
         pos = e.offset + e.nbytes;
+    }
+    if let Some(k) = key {
+        use ed25519_dalek::Signer;
+        w.write_all(SIG_MAGIC).map_err(ioe)?;
+        w.write_all(k.verifying_key().as_bytes()).map_err(ioe)?;
+        w.write_all(&k.sign(&prefix).to_bytes()).map_err(ioe)?;
     }
     w.flush().map_err(ioe)?;
     drop(w);
@@ -509,46 +559,212 @@ pub struct Plan {
     sources: Vec<Mmap>,
 }
 
+/// How a plan is opened.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// hash the weights (the header is always checked)
+    pub verify_blob: bool,
+    /// where referenced weight files are (default: the plan's directory)
+    pub weights_dir: Option<PathBuf>,
+    /// when not empty, the plan must be signed by one of these ed25519 public keys
+    pub trusted_keys: Vec<[u8; 32]>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { verify_blob: true, weights_dir: None, trusted_keys: vec![] }
+    }
+}
+
+/// A key file's 32 bytes: 64 hex digits (what `dsc keygen` writes), whitespace around allowed.
+pub fn read_key_file(path: &Path) -> Result<[u8; 32]> {
+    let text = std::fs::read_to_string(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+    let t = text.trim();
+    let bad = || RuntimeError::Plan { path: path.to_path_buf(), msg: "a key file holds 64 hex digits (dsc keygen writes them)".into() };
+    if t.len() != 64 || !t.is_ascii() {
+        return Err(bad());
+    }
+    let mut k = [0u8; 32];
+    for (i, b) in k.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(k)
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl PlanHeader {
+    /// Every field against [`limits`], with checked arithmetic: a crafted header is an error
+    /// naming the field, never a panic or an unbounded allocation later.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        use limits::*;
+        let m = &self.model;
+        let within = |what: &str, v: usize, lo: usize, hi: usize| if (lo..=hi).contains(&v) { Ok(()) } else { Err(format!("{what} is {v}; it must be {lo} to {hi}")) };
+        within("model.max_seq_len", m.max_seq_len, 1, MAX_SEQ_LEN)?;
+        within("model.kv_block_size", m.kv_block_size, 1, MAX_KV_BLOCK)?;
+        within("model.max_batch", m.max_batch, 1, MAX_BATCH)?;
+        within("tensor_parallel", self.tensor_parallel, 1, MAX_TP)?;
+        within("weights.tensors (count)", self.weights.tensors.len(), 0, MAX_TENSORS)?;
+        within("weights.files (count)", self.weights.files.len(), 0, MAX_SOURCE_FILES)?;
+        let mut total = 0u64;
+        for e in &self.weights.tensors {
+            if e.shape.len() > MAX_DIMS {
+                return Err(format!("weight `{}` has {} dims (at most {MAX_DIMS})", e.name, e.shape.len()));
+            }
+            let numel = e.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)).filter(|&n| n <= MAX_NUMEL);
+            if numel.is_none() {
+                return Err(format!("weight `{}`: shape {:?} has more than {MAX_NUMEL} elements", e.name, e.shape));
+            }
+            total = total.checked_add(e.nbytes).filter(|&t| t <= MAX_TOTAL_BYTES).ok_or_else(|| format!("weights: more than {MAX_TOTAL_BYTES} bytes in all"))?;
+            if e.file.is_some() && e.seeded.is_some() {
+                return Err(format!("weight `{}` is both seeded and referenced", e.name));
+            }
+            if let Some(sw) = &e.seeded {
+                if !sw.scale.is_finite() {
+                    return Err(format!("weight `{}`: seeded scale {} is not finite", e.name, sw.scale));
+                }
+            }
+        }
+        for f in &self.weights.files {
+            source_file_name(&f.path)?;
+        }
+        if let Some(g) = &self.gpu {
+            within("gpu.steps (count)", g.steps.len(), 0, MAX_STEPS)?;
+            let threads = |what: &str, t: u32| if (1..=MAX_THREADS).contains(&t) { Ok(()) } else { Err(format!("{what}: {t} threads per block (1 to {MAX_THREADS})")) };
+            for st in &g.steps {
+                let at = |f: &str| format!("gpu step `{}`: {f}", st.node);
+                if st.kernel.is_some() && !(1..=1 << 20).contains(&st.block) {
+                    return Err(at(&format!("block {} (1 to {})", st.block, 1 << 20)));
+                }
+                if let Some(t) = st.threads {
+                    threads(&at("threads"), t)?;
+                }
+                if st.cluster.is_some_and(|c| !(1..=MAX_CLUSTER).contains(&c)) {
+                    return Err(at(&format!("cluster {:?} (1 to {MAX_CLUSTER})", st.cluster)));
+                }
+                for l in st.large.iter().chain(&st.hopper).chain(&st.hopper_small).chain(&st.few) {
+                    let at = |f: &str| format!("gpu step `{}`, kernel `{}`: {f}", st.node, l.kernel);
+                    if !(1..=1 << 20).contains(&l.block) || l.rows_per_block == 0 || l.rows_per_block > 1 << 16 {
+                        return Err(at(&format!("block {} / rows_per_block {} out of bounds", l.block, l.rows_per_block)));
+                    }
+                    if let Some(t) = l.threads {
+                        threads(&at("threads"), t)?;
+                    }
+                    if l.smem.is_some_and(|b| b > MAX_SMEM) {
+                        return Err(at(&format!("{} bytes of shared memory (at most {MAX_SMEM})", l.smem.unwrap_or(0))));
+                    }
+                    if l.cluster.is_some_and(|c| !(1..=MAX_CLUSTER).contains(&c)) {
+                        return Err(at(&format!("cluster {:?} (1 to {MAX_CLUSTER})", l.cluster)));
+                    }
+                }
+            }
+            if let Some(b) = g.argmax_block {
+                threads("gpu.argmax_block", b)?;
+            }
+            for a in g.argmax_split.iter().chain(&g.argmax_cluster) {
+                threads("gpu argmax threads", a.threads)?;
+                if !(1..=1024).contains(&a.splits) {
+                    return Err(format!("gpu argmax `{}`: {} splits (1 to 1024)", a.kernel, a.splits));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A referenced weights file's name as a plan may give it: a bare file name (no directory, no
+/// `..`), looked up beside the plan or in the weights directory.
+pub fn source_file_name(name: &str) -> std::result::Result<&str, String> {
+    let p = Path::new(name);
+    let ok = !name.is_empty() && p.file_name().is_some_and(|f| f == p.as_os_str()) && name != ".." && name != "." && !name.contains(['/', '\\']);
+    if ok {
+        Ok(name)
+    } else {
+        Err(format!("referenced weights file `{name}`: a plan names its weight files by file name only (no directories)"))
+    }
+}
+
+/// A plan's prefix, signature and header from its bytes, every length, checksum and header
+/// field checked ([`PlanHeader::validate`]): (header, blob offset, blob length). `path` names the
+/// plan in errors. What [`Plan::open_with`] runs on the mapped file (and the fuzzer on bytes).
+pub fn parse_plan_bytes(path: &Path, map: &[u8], opts: &OpenOptions) -> Result<(PlanHeader, usize, usize)> {
+    let verify_blob = opts.verify_blob;
+    let perr = |msg: String| RuntimeError::Plan { path: path.to_path_buf(), msg };
+    if map.get(..8).is_some_and(|m| m != PLAN_MAGIC) || (map.len() < 8 && !PLAN_MAGIC.starts_with(&map)) {
+        return Err(perr("not a dsc plan (bad magic)".into()));
+    }
+    if map.len() < PREFIX {
+        return Err(perr(format!("truncated: {} bytes, shorter than the {PREFIX}-byte prefix", map.len())));
+    }
+    let u32at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
+    let u64at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
+    let version = u32at(8);
+    if version != PLAN_FORMAT_VERSION {
+        return Err(perr(format!("plan format version {version}; this runtime reads version {PLAN_FORMAT_VERSION} (recompile the plan with a matching dsc)")));
+    }
+    let flags = u32at(12);
+    if flags & !FLAG_SIGNED != 0 {
+        return Err(perr(format!("unknown flags {flags:#x} (a newer dsc wrote it?)")));
+    }
+    let (hlen, blob_offset, blob_len) = (u64at(16), u64at(24), u64at(32));
+    let end = blob_offset.checked_add(blob_len);
+    if PREFIX as u64 + hlen.min(u64::MAX - PREFIX as u64) > map.len() as u64 || end.is_none_or(|e| e > map.len() as u64) || blob_offset < PREFIX as u64 + hlen {
+        return Err(perr(format!("truncated or corrupt: header {hlen} B, blob {blob_len} B at {blob_offset}, file {} B", map.len())));
+    }
+    let (hlen, blob_offset, blob_len) = (hlen as usize, blob_offset as usize, blob_len as usize);
+    let signer = if flags & FLAG_SIGNED != 0 {
+        let t = blob_offset + blob_len;
+        let tr = map.get(t..t + SIG_TRAILER).filter(|tr| &tr[..8] == SIG_MAGIC).ok_or_else(|| perr("flagged as signed but the signature trailer is missing or damaged".into()))?;
+        let key: [u8; 32] = tr[8..40].try_into().expect("32 bytes");
+        let sig: [u8; 64] = tr[40..104].try_into().expect("64 bytes");
+        let vk = ed25519_dalek::VerifyingKey::from_bytes(&key).map_err(|_| perr("the signature's public key is invalid".into()))?;
+        vk.verify_strict(&map[..PREFIX], &ed25519_dalek::Signature::from_bytes(&sig)).map_err(|_| perr("the signature does not verify: the plan was altered after signing".into()))?;
+        Some(key)
+    } else {
+        None
+    };
+    if !opts.trusted_keys.is_empty() {
+        match signer {
+            None => return Err(perr("the plan is not signed, and only plans signed by a trusted key are accepted (dsc compile --sign)".into())),
+            Some(k) if !opts.trusted_keys.contains(&k) => return Err(perr(format!("the plan is signed by key {}, which is not among the trusted keys", hex(&k)))),
+            Some(_) => {}
+        }
+    }
+    let hbytes = &map[PREFIX..PREFIX + hlen];
+    if Sha256::digest(hbytes).as_slice() != &map[40..72] {
+        return Err(perr("header checksum mismatch: the plan is corrupt".into()));
+    }
+    if verify_blob && Sha256::digest(&map[blob_offset..blob_offset + blob_len]).as_slice() != &map[72..104] {
+        return Err(perr("weights checksum mismatch: the plan is corrupt".into()));
+    }
+    let header: PlanHeader = serde_json::from_slice(hbytes).map_err(|e| perr(format!("header: {e}")))?;
+    header.validate().map_err(|m| perr(format!("header: {m}")))?;
+    Ok((header, blob_offset, blob_len))
+}
+
 impl Plan {
     pub fn open(path: &Path) -> Result<Plan> {
-        Self::open_opts(path, true)
+        Self::open_with(path, &OpenOptions::default())
     }
 
     /// `verify_blob = false` skips hashing the weights (the header is always checked).
     pub fn open_opts(path: &Path, verify_blob: bool) -> Result<Plan> {
+        Self::open_with(path, &OpenOptions { verify_blob, ..Default::default() })
+    }
+
+    pub fn open_with(path: &Path, opts: &OpenOptions) -> Result<Plan> {
+        let verify_blob = opts.verify_blob;
         let perr = |msg: String| RuntimeError::Plan { path: path.to_path_buf(), msg };
         let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
         // SAFETY: read-only mapping; the plan is not modified while loaded.
         let map = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
-        if map.get(..8).is_some_and(|m| m != PLAN_MAGIC) || (map.len() < 8 && !PLAN_MAGIC.starts_with(&map)) {
-            return Err(perr("not a dsc plan (bad magic)".into()));
-        }
-        if map.len() < PREFIX {
-            return Err(perr(format!("truncated: {} bytes, shorter than the {PREFIX}-byte prefix", map.len())));
-        }
-        let u32at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
-        let u64at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
-        let version = u32at(8);
-        if version != PLAN_FORMAT_VERSION {
-            return Err(perr(format!("plan format version {version}; this runtime reads version {PLAN_FORMAT_VERSION} (recompile the plan with a matching dsc)")));
-        }
-        let hlen = u64at(16) as usize;
-        let blob_offset = u64at(24) as usize;
-        let blob_len = u64at(32) as usize;
-        if PREFIX.checked_add(hlen).is_none_or(|e| e > map.len()) || blob_offset.checked_add(blob_len).is_none_or(|e| e > map.len()) || blob_offset < PREFIX + hlen {
-            return Err(perr(format!("truncated or corrupt: header {hlen} B, blob {blob_len} B at {blob_offset}, file {} B", map.len())));
-        }
-        let hbytes = &map[PREFIX..PREFIX + hlen];
-        if Sha256::digest(hbytes).as_slice() != &map[40..72] {
-            return Err(perr("header checksum mismatch: the plan is corrupt".into()));
-        }
-        if verify_blob && Sha256::digest(&map[blob_offset..blob_offset + blob_len]).as_slice() != &map[72..104] {
-            return Err(perr("weights checksum mismatch: the plan is corrupt".into()));
-        }
-        let header: PlanHeader = serde_json::from_slice(hbytes).map_err(|e| perr(format!("header: {e}")))?;
+        let (header, blob_offset, blob_len) = parse_plan_bytes(path, &map, opts)?;
         let mut index = std::collections::HashMap::new();
         for (i, e) in header.weights.tensors.iter().enumerate() {
             let dt: DType = e.dtype.parse().map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
+            // (validate bounded the product)
             let numel: usize = e.shape.iter().product();
             let limit = match e.file {
                 Some(f) => header.weights.files.get(f).map(|s| s.len).ok_or_else(|| perr(format!("weight `{}` names source file {f}, which the plan does not list", e.name)))? as usize,
@@ -562,18 +778,20 @@ impl Plan {
         let generated = header.weights.tensors.iter().filter(|e| e.seeded.is_some()).map(|e| (e.name.clone(), std::sync::OnceLock::new())).collect();
         let mut sources = vec![];
         for sf in &header.weights.files {
-            let p = Path::new(&sf.path);
-            let beside = path.parent().map(|d| d.join(p.file_name().unwrap_or_default()));
-            let found = if p.exists() {
-                p.to_path_buf()
-            } else {
-                beside.filter(|b| b.exists()).ok_or_else(|| perr(format!("referenced weights file {} is missing (also looked beside the plan)", sf.path)))?
-            };
+            let name = source_file_name(&sf.path).map_err(&perr)?;
+            let dir = opts.weights_dir.clone().unwrap_or_else(|| path.parent().map(Path::to_path_buf).unwrap_or_default());
+            let found = dir.join(name);
+            if !found.is_file() {
+                return Err(perr(format!(
+                    "referenced weights file `{name}` is missing from {} (--weights-dir names another directory)",
+                    if dir.as_os_str().is_empty() { ".".into() } else { dir.display().to_string() }
+                )));
+            }
             let f = std::fs::File::open(&found).map_err(|source| RuntimeError::Io { path: found.clone(), source })?;
             // SAFETY: read-only mapping of a checkpoint we do not modify.
             let m = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: found.clone(), source })?;
             if m.len() as u64 != sf.len {
-                return Err(perr(format!("referenced weights file {} has {} bytes, the plan expects {}", found.display(), m.len(), sf.len)));
+                return Err(perr(format!("referenced weights file {} is not the file the plan was compiled from (size differs)", found.display())));
             }
             if verify_blob {
                 let got = format!("{:x}", Sha256::digest(&m[..]));

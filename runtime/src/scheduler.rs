@@ -80,6 +80,8 @@ pub struct SchedulerConfig {
     /// greedy and nothing waits for admission; 1: one step at a time. [`MULTI_STEP`] by
     /// default, DSC_MULTI_STEP=k (1..=16) overrides
     pub multi_step: usize,
+    /// when a step in flight counts as stalled ([`crate::health`])
+    pub watchdog: crate::health::Watchdog,
 }
 
 impl Default for SchedulerConfig {
@@ -94,6 +96,7 @@ impl Default for SchedulerConfig {
             queue_timeout: Duration::from_secs(600),
             pipeline: std::env::var_os("DSC_NO_PIPELINE").is_none(),
             multi_step: multi_step_from_env(),
+            watchdog: Default::default(),
         }
     }
 }
@@ -140,7 +143,7 @@ pub enum Event {
     },
     Done {
         choice: usize,
-        /// stop, length, timeout, error
+        /// stop or length (OpenAI's finish reasons; anything else ends as an [`Event::Error`])
         reason: String,
         /// text held back at the end (released once no stop string can match)
         text: String,
@@ -148,7 +151,68 @@ pub enum Event {
         completion_tokens: usize,
         cached_tokens: usize,
     },
-    Error(String),
+    /// the request failed (after any tokens already sent): a bad request, a timeout, or a
+    /// failure inside the engine, which goes on
+    Error(Failure),
+}
+
+/// Why a request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    /// it can never run as asked (HTTP 400)
+    BadRequest,
+    /// past its `timeout` or the queue timeout (HTTP 408)
+    Timeout,
+    /// the engine failed while running it (a panic or a failed step; HTTP 500); other
+    /// requests go on
+    Server,
+    /// the engine cannot take it now (HTTP 503)
+    Unavailable,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub kind: FailKind,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> Self {
+        Failure { kind, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// How a sequence ended.
+#[derive(Clone, Debug, PartialEq)]
+enum End {
+    Stop,
+    Length,
+    /// the client went away: nobody to tell
+    Cancelled,
+    Failed(Failure),
+}
+
+impl End {
+    fn label(&self) -> &'static str {
+        match self {
+            End::Stop => "stop",
+            End::Length => "length",
+            End::Cancelled => "cancelled",
+            End::Failed(f) if f.kind == FailKind::Timeout => "timeout",
+            End::Failed(_) => "error",
+        }
+    }
+}
+
+/// A panic's message, for the request it failed.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
 }
 
 enum Command {
@@ -292,7 +356,7 @@ impl<B: Backend + ?Sized> Engine<B> {
     /// Queue a request; errors (reported on its channel) when it can never run.
     pub fn submit(&mut self, r: GenRequest) {
         let fail = |m: String| {
-            let _ = r.events.send(Event::Error(m));
+            let _ = r.events.send(Event::Error(Failure::new(FailKind::BadRequest, m)));
         };
         if r.prompt.is_empty() {
             return fail("the prompt is empty".into());
@@ -346,25 +410,52 @@ impl<B: Backend + ?Sized> Engine<B> {
         self.waiting[r.priority as usize].push_back(id);
     }
 
-    fn finish(&mut self, id: u64, reason: &str, tail: String) {
+    fn finish(&mut self, id: u64, end: End, tail: String) {
         if let Some(s) = self.seqs.remove(&id) {
             self.running.retain(|&r| r != id);
             for w in &mut self.waiting {
                 w.retain(|&r| r != id);
             }
-            let _ = s.req.events.send(Event::Done {
-                choice: s.choice,
-                reason: reason.into(),
-                text: tail,
-                prompt_tokens: s.req.prompt_len,
-                completion_tokens: s.generated().len(),
-                cached_tokens: s.cached,
+            let reason = end.label();
+            let _ = s.req.events.send(match end {
+                End::Failed(f) => Event::Error(f),
+                _ => Event::Done { choice: s.choice, reason: reason.into(), text: tail, prompt_tokens: s.req.prompt_len, completion_tokens: s.generated().len(), cached_tokens: s.cached },
             });
             self.bm.release(s.blocks);
             self.metrics.finished(reason);
             if reason != "cancelled" {
                 self.metrics.e2e.observe(s.req.arrival.elapsed().as_secs_f64());
             }
+        }
+    }
+
+    /// Fail one request alone: it gets the error, its blocks go back, the others go on.
+    fn fail(&mut self, id: u64, f: Failure) {
+        self.finish(id, End::Failed(f), String::new());
+    }
+
+    /// Fail every request the engine holds (a failed step: their state on the device is
+    /// unknown), dropping any pipelined step in flight.
+    pub fn fail_all(&mut self, why: &str) {
+        self.pending = None;
+        self.pending_steps = 1;
+        self.backend.discard_inflight();
+        let ids: Vec<u64> = self.seqs.keys().copied().collect();
+        for id in ids {
+            self.metrics.engine_failures.get_or_create(&crate::metrics::Reason { reason: "step".into() }).inc();
+            self.fail(id, Failure::new(FailKind::Server, why));
+        }
+        self.update_gauges();
+    }
+
+    /// Queue a request; a panic while doing so fails that request alone.
+    pub fn submit_isolated(&mut self, r: GenRequest) {
+        let events = r.events.clone();
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.submit(r))) {
+            self.metrics.engine_failures.get_or_create(&crate::metrics::Reason { reason: "panic".into() }).inc();
+            let m = panic_message(&*p);
+            tracing::error!(target: "dsc::engine", "a request failed while queued: {m}");
+            let _ = events.send(Event::Error(Failure::new(FailKind::Server, format!("internal error while queuing the request: {m}"))));
         }
     }
 
@@ -376,9 +467,11 @@ impl<B: Backend + ?Sized> Engine<B> {
             let s = &self.seqs[&id];
             let waiting = !self.running.contains(&id);
             if s.req.events.is_closed() {
-                self.finish(id, "cancelled", String::new());
-            } else if s.req.deadline.is_some_and(|d| now >= d) || (waiting && s.first_token.is_none() && now.duration_since(s.req.arrival) > self.cfg.queue_timeout) {
-                self.finish(id, "timeout", String::new());
+                self.finish(id, End::Cancelled, String::new());
+            } else if s.req.deadline.is_some_and(|d| now >= d) {
+                self.fail(id, Failure::new(FailKind::Timeout, "the request ran past its `timeout`"));
+            } else if waiting && s.first_token.is_none() && now.duration_since(s.req.arrival) > self.cfg.queue_timeout {
+                self.fail(id, Failure::new(FailKind::Timeout, format!("the request waited in the queue past the server's queue timeout ({} s)", self.cfg.queue_timeout.as_secs_f64())));
             }
         }
     }
@@ -591,11 +684,11 @@ impl<B: Backend + ?Sized> Engine<B> {
         }
         if greedy {
             for (id, t) in wants.into_iter().zip(tokens) {
-                self.sample(id, Pick::Token(t));
+                self.sample_isolated(id, Pick::Token(t));
             }
         } else {
             for (id, row) in wants.into_iter().zip(logits) {
-                self.sample(id, Pick::Logits(&row));
+                self.sample_isolated(id, Pick::Logits(&row));
             }
         }
         self.update_gauges();
@@ -680,8 +773,21 @@ impl<B: Backend + ?Sized> Engine<B> {
     fn settle(&mut self, rows: &[u64], ids: Vec<u32>) {
         for (&id, t) in rows.iter().zip(ids) {
             if self.seqs.contains_key(&id) {
-                self.sample(id, Pick::Token(t));
+                self.sample_isolated(id, Pick::Token(t));
             }
+        }
+    }
+
+    /// [`Engine::sample`], where a panic (a bug met by one request's text, sampling parameters
+    /// or stop strings) fails that request alone with a server error and the engine goes on.
+    fn sample_isolated(&mut self, id: u64, pick: Pick) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sample(id, pick)));
+        if let Err(p) = r {
+            let m = panic_message(&*p);
+            tracing::error!(target: "dsc::engine", "request failed inside the engine: {m}");
+            self.metrics.engine_failures.get_or_create(&crate::metrics::Reason { reason: "panic".into() }).inc();
+            // (its forks, if it had any, are separate sequences that carry on)
+            self.fail(id, Failure::new(FailKind::Server, format!("internal error while generating: {m}")));
         }
     }
 
@@ -755,46 +861,20 @@ impl<B: Backend + ?Sized> Engine<B> {
             s.text.push_str(&piece);
         }
         let text = &s.text;
-        // a stop string not found before can only end in the new piece
-        let mut stop_at = None;
-        for st in &s.req.stop_strings {
-            let mut from = old_len.saturating_sub(st.len());
-            while !text.is_char_boundary(from) {
-                from -= 1;
-            }
-            if let Some(i) = text[from..].find(st.as_str()) {
-                let i = from + i;
-                stop_at = Some(stop_at.map_or(i, |j: usize| j.min(i)));
-            }
-        }
-        let visible = match stop_at {
-            Some(i) => &text[..i],
-            None => &text[..],
-        };
-        let finished = stop_id || done_len || stop_at.is_some();
-        let mut safe = visible.len();
-        if !finished {
-            // hold back a trailing replacement char and any suffix that starts a stop string
-            if visible.ends_with('\u{FFFD}') {
-                safe = visible.len() - '\u{FFFD}'.len_utf8();
-            }
-            for st in &s.req.stop_strings {
-                for k in (1..st.len()).rev() {
-                    if st.is_char_boundary(k) && visible[..safe].ends_with(&st[..k]) {
-                        safe = safe.min(visible.len() - k);
-                        break;
-                    }
-                }
-            }
-        }
+        let finished_by_token = stop_id || done_len;
+        let sc = crate::stop::scan(text, old_len, &s.req.stop_strings, finished_by_token);
+        let visible = &text[..sc.stop_at.unwrap_or(text.len())];
+        let stop_at = sc.stop_at;
+        let finished = finished_by_token || stop_at.is_some();
+        let safe = sc.safe;
         let delta = if visible.starts_with(&s.sent) && safe >= s.sent.len() { visible[s.sent.len()..safe].to_string() } else { String::new() };
         s.sent.push_str(&delta);
         let choice = s.choice;
         let _ = s.req.events.send(Event::Token { choice, id: t, text: delta, logprob: lp });
         if finished {
             let tail = if visible.starts_with(&s.sent) { visible[s.sent.len()..].to_string() } else { String::new() };
-            let reason = if stop_id || stop_at.is_some() { "stop" } else { "length" };
-            self.finish(id, reason, tail);
+            let end = if stop_id || stop_at.is_some() { End::Stop } else { End::Length };
+            self.finish(id, end, tail);
         }
     }
 
@@ -833,18 +913,25 @@ impl<B: Backend + ?Sized> Engine<B> {
 pub struct EngineHandle {
     tx: std::sync::mpsc::Sender<Command>,
     pub metrics: Arc<Metrics>,
-    alive: Arc<std::sync::atomic::AtomicBool>,
+    pub health: Arc<crate::health::Health>,
 }
 
 impl EngineHandle {
+    /// Hand a request to the engine; an error when the engine cannot serve (stopped, unable to
+    /// go on, or stalled).
     pub fn submit(&self, r: GenRequest) -> Result<()> {
+        self.health.status().map_err(|why| RuntimeError::Request(format!("the engine is unavailable: {why}")))?;
         self.tx.send(Command::Submit(r)).map_err(|_| RuntimeError::Request("the engine has stopped".into()))
     }
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
     }
     pub fn alive(&self) -> bool {
-        self.alive.load(std::sync::atomic::Ordering::SeqCst)
+        self.health.alive()
+    }
+    /// Ok while the engine serves ([`crate::health::Health::status`]).
+    pub fn status(&self) -> std::result::Result<(), String> {
+        self.health.status()
     }
 }
 
@@ -856,6 +943,7 @@ pub struct EngineLoop {
     cfg: SchedulerConfig,
     tok: Option<Arc<Tokenizer>>,
     metrics: Arc<Metrics>,
+    health: Arc<crate::health::Health>,
 }
 
 impl EngineLoop {
@@ -863,8 +951,10 @@ impl EngineLoop {
     pub fn run<B: Backend>(self, backend: B) -> Result<()> {
         let _ = self.ready.send(Ok(()));
         let rx = self.rx;
+        let health = self.health;
         let mut e = Engine::new(Box::new(backend), self.cfg, self.tok, self.metrics);
         let mut stopping = false;
+        let mut failed_steps = 0usize;
         loop {
             // take everything that arrived; block only when there is nothing to run
             loop {
@@ -884,27 +974,36 @@ impl EngineLoop {
                     }
                 };
                 match cmd {
-                    Command::Submit(r) => e.submit(r),
+                    Command::Submit(r) => e.submit_isolated(r),
                     Command::Shutdown => stopping = true,
                 }
             }
             if stopping && e.idle() {
                 return Ok(());
             }
-            if let Err(err) = e.step() {
-                // a backend failure ends every request in flight with the error
-                tracing::error!(target: "dsc::engine", "step failed: {err}");
-                e.pending = None;
-                e.pending_steps = 1;
-                e.backend.discard_inflight();
-                let ids: Vec<u64> = e.seqs.keys().copied().collect();
-                for id in ids {
-                    if let Some(s) = e.seqs.get(&id) {
-                        let _ = s.req.events.send(Event::Error(format!("engine step failed: {err}")));
-                    }
-                    e.finish(id, "error", String::new());
+            health.step_started();
+            // a failed step (backend error or a panic outside one request's own work) fails
+            // the requests in flight with a server error; the engine goes on. After
+            // FATAL_AFTER in a row it reports that it cannot (the liveness probe restarts it).
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.step()));
+            health.step_ended();
+            let err = match r {
+                Ok(Ok(_)) => {
+                    failed_steps = 0;
+                    continue;
                 }
-                e.update_gauges();
+                Ok(Err(err)) => err.to_string(),
+                Err(p) => format!("panic: {}", panic_message(&*p)),
+            };
+            tracing::error!(target: "dsc::engine", "step failed: {err}");
+            failed_steps += 1;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.fail_all(&format!("engine step failed: {err}"))));
+            if r.is_err() || failed_steps >= crate::health::FATAL_AFTER {
+                health.set_fatal(format!("{failed_steps} engine steps failed in a row (last: {err})"));
+            }
+            if r.is_err() {
+                // the engine's own state is in doubt: stop (the handle then reports it dead)
+                return Err(RuntimeError::Request(format!("the engine could not recover from a failed step: {err}")));
             }
         }
     }
@@ -921,20 +1020,21 @@ pub fn spawn(
 ) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::channel::<Command>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
-    let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let a2 = alive.clone();
-    let lp = EngineLoop { rx, ready: ready_tx.clone(), cfg, tok, metrics: metrics.clone() };
+    let health = crate::health::Health::new(cfg.watchdog, metrics.clone());
+    let h2 = health.clone();
+    let lp = EngineLoop { rx, ready: ready_tx.clone(), cfg, tok, metrics: metrics.clone(), health: health.clone() };
     let join = std::thread::Builder::new()
         .name("dsc-engine".into())
         .spawn(move || {
+            // marks the engine dead however the thread ends, a panic included
+            let _guard = crate::health::AliveGuard(h2);
             if let Err(e) = start(lp) {
                 tracing::error!(target: "dsc::engine", "{e}");
                 // reaches the caller if the backend never started
                 let _ = ready_tx.send(Err(e));
             }
-            a2.store(false, std::sync::atomic::Ordering::SeqCst);
         })
         .map_err(|e| RuntimeError::Request(format!("starting the engine thread: {e}")))?;
     ready_rx.recv().map_err(|_| RuntimeError::Request("the engine thread died while starting".into()))??;
-    Ok((EngineHandle { tx, metrics, alive }, join))
+    Ok((EngineHandle { tx, metrics, health }, join))
 }

@@ -1,17 +1,30 @@
 //! `dsc serve`: an OpenAI-compatible HTTP server over the engine (axum on tokio).
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true`
-//! over server-sent events), `GET /v1/models`, `GET /health` (liveness: the engine thread is
-//! alive), `GET /ready` (readiness: loaded and not draining), `GET /metrics` (Prometheus).
-//! Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}` with 4xx codes
-//! for bad requests. Extensions: `priority` ("high" | "normal" | "low", or the `x-priority`
-//! header), `timeout` (seconds until the request is ended with finish reason `timeout`),
-//! `min_p`, `top_k`, `repetition_penalty`, `stop_token_ids`.
+//! over server-sent events), `GET /v1/models`, `GET /health` (liveness: the engine can serve —
+//! its thread runs, it has not given up after failed steps, no step is stalled past the
+//! watchdog; [`crate::health`]), `GET /ready` (readiness: that, and loaded and not draining),
+//! `GET /metrics` (Prometheus).
+//!
+//! Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`: 400
+//! `invalid_request_error` for bad requests, 401, 404, 405, 408 `timeout` (the request's own
+//! `timeout` or the body read), 413, 500 `server_error` (the engine failed this request; it goes
+//! on), 503 `overloaded` with `Retry-After` (queue or connection cap full, engine unavailable,
+//! draining). `finish_reason` is only `stop` or `length`; a request that fails after tokens were
+//! streamed ends with an error event (`data: {"error": ...}`) then `[DONE]`.
+//! Extensions: `priority` ("high" | "normal" | "low", or the `x-priority` header), `timeout`
+//! (seconds until the request is ended with a 408 error), `min_p`, `top_k`,
+//! `repetition_penalty`, `stop_token_ids`.
+//!
+//! Connections ([`serve`]): HTTP/1.1 by hyper with a header-read timeout that also bounds the
+//! idle wait between requests on a kept-alive connection, a body-read timeout (tower-http), and a
+//! connection cap (past it a connection gets 503 + Retry-After and is closed).
 //! Shutdown (SIGINT/SIGTERM) stops accepting, reports not-ready, and drains running requests.
 
 use crate::metrics::Metrics;
 use crate::sampler::SamplingParams;
 use crate::scheduler::{EngineHandle, Event, GenRequest, Priority};
+use crate::scheduler::{FailKind, Failure};
 use crate::tokenizer::Tokenizer;
 use axum::body::Body;
 use axum::extract::State;
@@ -37,6 +50,46 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// largest `n`
     pub max_n: usize,
+    /// requests accepted but not finished (queued or running) before new ones get 503
+    pub max_pending: usize,
+    /// let special tokens written in user text act as special tokens (off: they are text)
+    pub allow_special_in_content: bool,
+    /// HTTP limits ([`serve`])
+    pub http: HttpLimits,
+}
+
+/// Connection-level limits of [`serve`].
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    /// a request's head must arrive within this (also the idle limit between requests)
+    pub header_timeout: Duration,
+    /// a request's body must arrive within this
+    pub body_timeout: Duration,
+    /// connections open at once; past it a new one gets 503 and is closed
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits { header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(30), max_connections: 1024 }
+    }
+}
+
+impl ServerConfig {
+    /// Defaults for everything but the model's name and context.
+    pub fn new(model_name: String, max_seq_len: usize) -> Self {
+        ServerConfig {
+            model_name,
+            api_key: None,
+            max_body_bytes: 1 << 20,
+            max_seq_len,
+            default_max_tokens: 16,
+            max_n: 8,
+            max_pending: 1024,
+            allow_special_in_content: false,
+            http: HttpLimits::default(),
+        }
+    }
 }
 
 pub struct AppState {
@@ -46,12 +99,24 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     next_id: AtomicU64,
+    /// requests handed to the engine and not yet finished
+    pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl AppState {
     pub fn new(cfg: ServerConfig, engine: EngineHandle, tok: Option<Arc<Tokenizer>>) -> Arc<Self> {
         let metrics = engine.metrics.clone();
-        Arc::new(AppState { cfg, engine, tok, metrics, ready: AtomicBool::new(true), next_id: AtomicU64::new(0) })
+        Arc::new(AppState { cfg, engine, tok, metrics, ready: AtomicBool::new(true), next_id: AtomicU64::new(0), pending: Default::default() })
+    }
+}
+
+/// One request counted in [`AppState::pending`] until dropped (the response, or its stream,
+/// is done).
+struct PendingGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -68,11 +133,43 @@ impl ApiError {
     fn bad(message: impl Into<String>, param: Option<&'static str>) -> Self {
         ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
     }
+
+    fn unavailable(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), kind: "server_error", param: None, code: Some("overloaded") }
+    }
+
+    /// What a failed request answers (before any token was sent).
+    fn from_failure(f: &Failure) -> Self {
+        let (status, kind, code) = match f.kind {
+            FailKind::BadRequest => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            FailKind::Timeout => (StatusCode::REQUEST_TIMEOUT, "timeout", Some("timeout")),
+            FailKind::Server => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error")),
+            FailKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("overloaded")),
+        };
+        ApiError { status, message: f.message.clone(), kind, param: None, code }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}))).into_response()
+        let retry = self.status == StatusCode::SERVICE_UNAVAILABLE || self.status == StatusCode::TOO_MANY_REQUESTS;
+        let mut r = (self.status, Json(self.body())).into_response();
+        if retry {
+            r.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 
@@ -85,24 +182,28 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such endpoint".into(), kind: "invalid_request_error", param: None, code: Some("not_found") } })
+        .method_not_allowed_fallback(|| async {
+            ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: "this endpoint does not take that method".into(), kind: "invalid_request_error", param: None, code: Some("method_not_allowed") }
+        })
         // bodies are read (and limited) by the handlers themselves, for OpenAI-style errors
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
-    if s.engine.alive() {
-        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "engine stopped"}))).into_response()
+    match s.engine.status() {
+        Ok(()) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unhealthy", "reason": why}))).into_response(),
     }
 }
 
 async fn ready(State(s): State<Arc<AppState>>) -> Response {
-    if s.ready.load(Ordering::SeqCst) && s.engine.alive() {
+    let status = s.engine.status();
+    if s.ready.load(Ordering::SeqCst) && status.is_ok() {
         (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not ready"}))).into_response()
+        let reason = status.err().unwrap_or_else(|| "draining".into());
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not ready", "reason": reason}))).into_response()
     }
 }
 
@@ -118,10 +219,20 @@ async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response 
     Json(json!({"object": "list", "data": [{"id": s.cfg.model_name, "object": "model", "created": 0, "owned_by": "dsc"}]})).into_response()
 }
 
+/// `Authorization: Bearer <key>` (the scheme case-insensitive), compared in constant time.
+pub fn key_matches(header: Option<&[u8]>, key: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(h) = header else { return false };
+    let Some(sp) = h.iter().position(|&b| b == b' ') else { return false };
+    let (scheme, rest) = (&h[..sp], &h[sp + 1..]);
+    let given = rest.trim_ascii();
+    // (ct_eq on slices of different lengths is false, at once: the length is not secret)
+    scheme.eq_ignore_ascii_case(b"bearer") && bool::from(given.ct_eq(key.as_bytes()))
+}
+
 fn auth(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &s.cfg.api_key else { return Ok(()) };
-    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    if key_matches(headers.get("authorization").map(|v| v.as_bytes()), key) {
         Ok(())
     } else {
         s.metrics.error("auth");
@@ -132,26 +243,40 @@ fn auth(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 async fn read_json(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
     auth(s, headers)?;
     if !s.ready.load(Ordering::SeqCst) {
-        return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "the server is shutting down".into(), kind: "server_error", param: None, code: None });
+        return Err(ApiError::unavailable("the server is shutting down"));
     }
-    let bytes = read_limited(body, s.cfg.max_body_bytes).await.map_err(|_| {
-        s.metrics.error("too_large");
-        ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!("request body exceeds {} bytes", s.cfg.max_body_bytes),
-            kind: "invalid_request_error",
-            param: None,
-            code: Some("request_too_large"),
+    let bytes = read_limited(body, s.cfg.max_body_bytes).await.map_err(|e| match e {
+        BodyError::TooLarge => {
+            s.metrics.error("too_large");
+            ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!("request body exceeds {} bytes", s.cfg.max_body_bytes),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("request_too_large"),
+            }
+        }
+        BodyError::Broken(why) => {
+            s.metrics.error("body_read");
+            ApiError { status: StatusCode::REQUEST_TIMEOUT, message: format!("reading the request body failed: {why}"), kind: "invalid_request_error", param: None, code: Some("timeout") }
         }
     })?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        s.metrics.error("bad_json");
-        ApiError::bad(format!("malformed JSON body: {e}"), None)
-    })?;
+    parse_body(&bytes).inspect_err(|_| s.metrics.error("bad_json"))
+}
+
+/// The request body as a JSON object.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("malformed JSON body: {e}"), None))?;
     if !v.is_object() {
         return Err(ApiError::bad("the body must be a JSON object", None));
     }
     Ok(v)
+}
+
+enum BodyError {
+    TooLarge,
+    /// the body stream failed: the client went away, or the body timeout passed
+    Broken(String),
 }
 
 /// Bytes of an oversized body the server still reads (and drops) before it answers 413: a
@@ -161,28 +286,28 @@ const DRAIN_MAX_BYTES: usize = 64 << 20;
 
 /// The body, if it is at most `max` bytes; past that its bytes are read and dropped (up to
 /// [`DRAIN_MAX_BYTES`] more) and the result is an error, as it is for a broken body.
-async fn read_limited(body: Body, max: usize) -> Result<Vec<u8>, ()> {
+async fn read_limited(body: Body, max: usize) -> Result<Vec<u8>, BodyError> {
     use futures_util::StreamExt;
     let mut stream = body.into_data_stream();
     let (mut buf, mut total) = (Vec::new(), 0usize);
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|_| ())?;
+        let chunk = chunk.map_err(|e| BodyError::Broken(e.to_string()))?;
         total = total.saturating_add(chunk.len());
         if total <= max {
             buf.extend_from_slice(&chunk);
         } else if total > max.saturating_add(DRAIN_MAX_BYTES) {
-            return Err(());
+            return Err(BodyError::TooLarge);
         }
     }
     if total > max {
-        Err(())
+        Err(BodyError::TooLarge)
     } else {
         Ok(buf)
     }
 }
 
 /// The parts of a request both endpoints share.
-struct Common {
+pub struct Common {
     prompt: Vec<u32>,
     sampling: SamplingParams,
     max_tokens: usize,
@@ -211,12 +336,12 @@ fn uint(v: &Value, key: &'static str) -> Result<Option<usize>, ApiError> {
     }
 }
 
-fn common(s: &AppState, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: bool) -> Result<Common, ApiError> {
+fn common(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: bool, seed: u64) -> Result<Common, ApiError> {
     let model = v.get("model").and_then(|m| m.as_str()).ok_or_else(|| ApiError::bad("`model` is required", Some("model")))?;
-    if model != s.cfg.model_name {
+    if model != cfg.model_name {
         return Err(ApiError {
             status: StatusCode::NOT_FOUND,
-            message: format!("The model `{model}` does not exist (this server serves `{}`)", s.cfg.model_name),
+            message: format!("The model `{model}` does not exist (this server serves `{}`)", cfg.model_name),
             kind: "invalid_request_error",
             param: Some("model"),
             code: Some("model_not_found"),
@@ -225,15 +350,15 @@ fn common(s: &AppState, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: 
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty", Some("prompt")));
     }
-    let ctx = s.cfg.max_seq_len;
+    let ctx = cfg.max_seq_len;
     let max_key = if chat && v.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let max_tokens = match uint(v, max_key)? {
         Some(0) => return Err(ApiError::bad(format!("`{max_key}` must be at least 1"), Some("max_tokens"))),
         Some(m) => m,
         None if chat => ctx.saturating_sub(prompt.len()),
-        None => s.cfg.default_max_tokens.min(ctx.saturating_sub(prompt.len())),
+        None => cfg.default_max_tokens.min(ctx.saturating_sub(prompt.len())),
     };
-    if prompt.len() >= ctx || prompt.len() + max_tokens > ctx {
+    if prompt.len() >= ctx || prompt.len().saturating_add(max_tokens) > ctx {
         return Err(ApiError {
             status: StatusCode::BAD_REQUEST,
             message: format!(
@@ -275,13 +400,13 @@ fn common(s: &AppState, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: 
         sp.presence_penalty = p as f32;
     }
     sp.seed = match v.get("seed") {
-        None | Some(Value::Null) => s.next_id.load(Ordering::Relaxed).wrapping_mul(0x9E37_79B9),
+        None | Some(Value::Null) => seed,
         Some(x) => x.as_i64().ok_or_else(|| ApiError::bad("`seed` must be an integer", Some("seed")))? as u64,
     };
     sp.validate().map_err(|e| ApiError::bad(e.to_string().trim_start_matches("request: ").to_string(), None))?;
     let n = uint(v, "n")?.unwrap_or(1);
-    if n == 0 || n > s.cfg.max_n {
-        return Err(ApiError::bad(format!("`n` must be in 1..={}", s.cfg.max_n), Some("n")));
+    if n == 0 || n > cfg.max_n {
+        return Err(ApiError::bad(format!("`n` must be in 1..={}", cfg.max_n), Some("n")));
     }
     let stop_strings: Vec<String> = match v.get("stop") {
         None | Some(Value::Null) => vec![],
@@ -289,13 +414,17 @@ fn common(s: &AppState, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: 
         Some(Value::Array(a)) if a.len() <= 4 && a.iter().all(|x| x.is_string()) => a.iter().filter_map(|x| x.as_str().map(String::from)).filter(|x| !x.is_empty()).collect(),
         Some(_) => return Err(ApiError::bad("`stop` must be a string or a list of up to 4 strings", Some("stop"))),
     };
-    let mut stop_ids: Vec<u32> = s.tok.as_ref().map(|t| t.info.eos_ids.clone()).unwrap_or_default();
+    let mut stop_ids: Vec<u32> = tok.map(|t| t.info.eos_ids.clone()).unwrap_or_default();
     if v.get("ignore_eos").and_then(|x| x.as_bool()) == Some(true) {
         stop_ids.clear();
     }
     if let Some(a) = v.get("stop_token_ids").and_then(|x| x.as_array()) {
+        if a.len() > 64 {
+            return Err(ApiError::bad("`stop_token_ids` takes at most 64 ids", Some("stop_token_ids")));
+        }
         for x in a {
-            stop_ids.push(x.as_u64().ok_or_else(|| ApiError::bad("`stop_token_ids` must be token ids", Some("stop_token_ids")))? as u32);
+            let t = x.as_u64().filter(|&t| t <= u32::MAX as u64).ok_or_else(|| ApiError::bad("`stop_token_ids` must be token ids", Some("stop_token_ids")))?;
+            stop_ids.push(t as u32);
         }
     }
     let logprobs = if chat {
@@ -320,52 +449,33 @@ fn common(s: &AppState, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: 
     Ok(Common { prompt, sampling: sp, max_tokens, stop_ids, stop_strings, logprobs, n, stream, priority, deadline, include_usage })
 }
 
-fn tokenizer(s: &AppState) -> Result<&Tokenizer, ApiError> {
-    s.tok.as_deref().ok_or_else(|| ApiError::bad("this model has no tokenizer: send the prompt as token ids", Some("prompt")))
+fn tokenizer(tok: Option<&Tokenizer>) -> Result<&Tokenizer, ApiError> {
+    tok.ok_or_else(|| ApiError::bad("this model has no tokenizer: send the prompt as token ids", Some("prompt")))
 }
 
-async fn completions(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    let v = match read_json(&s, &headers, body).await {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
+/// A `/v1/completions` body's prompt as token ids.
+fn completion_prompt(tok: Option<&Tokenizer>, v: &Value) -> Result<Vec<u32>, ApiError> {
     let prompt = match v.get("prompt") {
-        Some(Value::String(t)) => tokenizer(&s).and_then(|tk| tk.encode(t).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            tokenizer(&s).and_then(|tk| tk.encode(a[0].as_str().unwrap_or_default()).map_err(|e| ApiError::bad(e.to_string(), Some("prompt"))))
-        }
-        Some(Value::Array(a)) if a.iter().all(|x| x.is_u64()) => Ok(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect()),
-        _ => Err(ApiError::bad("`prompt` must be a string or a list of token ids (one prompt per request)", Some("prompt"))),
+        Some(Value::String(t)) => tokenizer(tok)?.encode(t).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?,
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => tokenizer(tok)?.encode(a[0].as_str().unwrap_or_default()).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?,
+        Some(Value::Array(a)) if a.iter().all(|x| x.as_u64().is_some_and(|t| t <= u32::MAX as u64)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => return Err(ApiError::bad("`prompt` must be a string or a list of token ids (one prompt per request)", Some("prompt"))),
     };
-    let prompt = match prompt {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
-    if let Some(vocab) = s.tok.as_ref().map(|t| t.vocab_size()) {
+    if let Some(vocab) = tok.map(|t| t.vocab_size()) {
         if prompt.iter().any(|&t| t as usize >= vocab) {
-            return ApiError::bad(format!("a prompt token id is outside the vocabulary ({vocab})"), Some("prompt")).into_response();
+            return Err(ApiError::bad(format!("a prompt token id is outside the vocabulary ({vocab})"), Some("prompt")));
         }
     }
-    match common(&s, &v, &headers, prompt, false) {
-        Ok(c) => run(s, c, false).await,
-        Err(e) => {
-            s.metrics.error(e.code.unwrap_or("invalid_request"));
-            e.into_response()
-        }
-    }
+    Ok(prompt)
 }
 
-async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    let v = match read_json(&s, &headers, body).await {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    let tk = match tokenizer(&s) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
+/// A `/v1/chat/completions` body's messages through the chat template, as token ids: the
+/// template's own text carries special tokens, the messages' text does not (unless the server
+/// allows it: `--allow-special-tokens-in-content`).
+fn chat_prompt(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value) -> Result<Vec<u32>, ApiError> {
+    let tk = tokenizer(tok)?;
     let Some(msgs) = v.get("messages").and_then(|m| m.as_array()).filter(|m| !m.is_empty()) else {
-        return ApiError::bad("`messages` must be a non-empty list", Some("messages")).into_response();
+        return Err(ApiError::bad("`messages` must be a non-empty list", Some("messages")));
     };
     let mut conv = vec![];
     for m in msgs {
@@ -378,18 +488,46 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
         };
         match (role, content) {
             (Some(r @ ("system" | "user" | "assistant" | "developer")), Some(c)) => conv.push((if r == "developer" { "system".into() } else { r.to_string() }, c)),
-            _ => return ApiError::bad("each message needs a `role` (system, user, assistant) and text `content`", Some("messages")).into_response(),
+            _ => return Err(ApiError::bad("each message needs a `role` (system, user, assistant) and text `content`", Some("messages"))),
         }
     }
-    let prompt = match tk.apply_chat_template(&conv).and_then(|t| tk.encode(&t)) {
-        Ok(p) => p,
-        Err(e) => return ApiError::bad(e.to_string(), Some("messages")).into_response(),
+    let r = if cfg.allow_special_in_content { tk.apply_chat_template(&conv).and_then(|t| tk.encode(&t)) } else { tk.encode_chat(&conv) };
+    r.map_err(|e| ApiError::bad(e.to_string(), Some("messages")))
+}
+
+/// A request body checked and turned into what the engine runs (everything but the channel):
+/// the prompt tokenized, every field validated. `seed`: the seed where the body gives none.
+pub fn prepare(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &HeaderMap, chat: bool, seed: u64) -> Result<Common, ApiError> {
+    let prompt = if chat { chat_prompt(cfg, tok, v)? } else { completion_prompt(tok, v)? };
+    common(cfg, tok, v, headers, prompt, chat, seed)
+}
+
+async fn completions(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(s, headers, body, false).await
+}
+
+async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(s, headers, body, true).await
+}
+
+async fn handle(s: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool) -> Response {
+    let v = match read_json(&s, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
     };
-    match common(&s, &v, &headers, prompt, true) {
-        Ok(c) => run(s, c, true).await,
-        Err(e) => {
+    let seed = s.next_id.load(Ordering::Relaxed).wrapping_mul(0x9E37_79B9);
+    // (tokenizing and rendering the template are CPU work: off the async workers)
+    let st = s.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&st.cfg, st.tok.as_deref(), &v, &headers, chat, seed)).await;
+    match prepared {
+        Ok(Ok(c)) => run(s, c, chat).await,
+        Ok(Err(e)) => {
             s.metrics.error(e.code.unwrap_or("invalid_request"));
             e.into_response()
+        }
+        Err(e) => {
+            s.metrics.error("internal");
+            ApiError::from_failure(&Failure::new(FailKind::Server, format!("internal error while reading the request: {e}"))).into_response()
         }
     }
 }
@@ -423,13 +561,23 @@ async fn run(s: Arc<AppState>, c: Common, chat: bool) -> Response {
         deadline: c.deadline,
         events: tx,
     };
+    // the bounded queue: past `max_pending` requests accepted and not finished, 503
+    let n = s.pending.fetch_add(1, Ordering::SeqCst);
+    let guard = PendingGuard(s.pending.clone());
+    if n >= s.cfg.max_pending {
+        s.metrics.overloaded.get_or_create(&crate::metrics::Reason { reason: "queue".into() }).inc();
+        return ApiError::unavailable(format!("the server is overloaded ({} requests pending): retry later", s.cfg.max_pending)).into_response();
+    }
     if let Err(e) = s.engine.submit(req) {
-        return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string(), kind: "server_error", param: None, code: None }.into_response();
+        s.metrics.error("engine_unavailable");
+        return ApiError::unavailable(e.to_string()).into_response();
     }
     if c.stream {
-        stream(s, rx, id, chat, c.n, c.include_usage).into_response()
+        stream(s, rx, id, chat, c.n, c.include_usage, guard).into_response()
     } else {
-        collect(s, rx, id, chat, c.n).await
+        let r = collect(s, rx, id, chat, c.n).await;
+        drop(guard);
+        r
     }
 }
 
@@ -460,14 +608,18 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
                     break;
                 }
             }
-            Event::Error(m) => return ApiError::bad(m, None).into_response(),
+            Event::Error(f) => return ApiError::from_failure(&f).into_response(),
         }
+    }
+    if ch.iter().any(|c| c.reason.is_none()) {
+        // the engine dropped the request without ending it (it stopped)
+        return ApiError::from_failure(&Failure::new(FailKind::Server, "the engine stopped before the request finished")).into_response();
     }
     let choices: Vec<Value> = ch
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let reason = c.reason.unwrap_or_else(|| "error".into());
+            let reason = c.reason.unwrap_or_default();
             if chat {
                 json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": if c.lps.is_empty() { Value::Null } else { json!({"content": c.lps}) }, "finish_reason": reason})
             } else {
@@ -484,8 +636,17 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
     Json(json!({"id": id, "object": if chat { "chat.completion" } else { "text_completion" }, "created": now_secs(), "model": s.cfg.model_name, "choices": choices, "usage": usage})).into_response()
 }
 
-fn stream(s: Arc<AppState>, rx: UnboundedReceiver<Event>, id: String, chat: bool, n: usize, include_usage: bool) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+fn stream(
+    s: Arc<AppState>,
+    rx: UnboundedReceiver<Event>,
+    id: String,
+    chat: bool,
+    n: usize,
+    include_usage: bool,
+    guard: PendingGuard,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
     struct St {
+        _guard: PendingGuard,
         rx: UnboundedReceiver<Event>,
         s: Arc<AppState>,
         id: String,
@@ -500,7 +661,7 @@ fn stream(s: Arc<AppState>, rx: UnboundedReceiver<Event>, id: String, chat: bool
         pending: std::collections::VecDeque<String>,
     }
     let created = now_secs();
-    let st = St { rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default() };
+    let st = St { _guard: guard, rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default() };
     let chunk = move |st: &St, choice: usize, text: &str, reason: Option<&str>, lp: Option<Value>, role: bool| -> String {
         let c = if st.chat {
             let mut delta = serde_json::Map::new();
@@ -551,12 +712,17 @@ fn stream(s: Arc<AppState>, rx: UnboundedReceiver<Event>, id: String, chat: bool
                         st.finished = true;
                     }
                 }
-                Some(Event::Error(m)) => {
-                    st.pending.push_back(json!({"error": {"message": m, "type": "invalid_request_error", "param": Value::Null, "code": Value::Null}}).to_string());
+                Some(Event::Error(f)) => {
+                    st.pending.push_back(ApiError::from_failure(&f).body().to_string());
                     st.pending.push_back("[DONE]".into());
                     st.finished = true;
                 }
-                None => return None,
+                None => {
+                    // the engine dropped the request without ending it (it stopped)
+                    st.pending.push_back(ApiError::from_failure(&Failure::new(FailKind::Server, "the engine stopped before the request finished")).body().to_string());
+                    st.pending.push_back("[DONE]".into());
+                    st.finished = true;
+                }
             }
         }
     });
@@ -566,7 +732,6 @@ fn stream(s: Arc<AppState>, rx: UnboundedReceiver<Event>, id: String, chat: bool
 /// Serve until SIGINT/SIGTERM, then drain: not ready, stop accepting, let running requests
 /// finish, stop the engine.
 pub async fn serve(state: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    let app = router(state.clone());
     let st = state.clone();
     let shutdown = async move {
         let ctrl_c = tokio::signal::ctrl_c();
@@ -588,7 +753,65 @@ pub async fn serve(state: Arc<AppState>, listener: tokio::net::TcpListener) -> s
         tracing::info!(target: "dsc::serve", "shutting down: draining running requests");
         st.ready.store(false, Ordering::SeqCst);
     };
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    serve_until(state.clone(), listener, shutdown).await?;
     state.engine.shutdown();
     Ok(())
+}
+
+/// The accept loop of [`serve`], until `shutdown` resolves; then it waits for the open
+/// connections' requests to finish. Each connection is HTTP/1.1 (hyper) with the header-read
+/// timeout (from accept, and again while idle between requests), the body timeout
+/// (tower-http's `RequestBodyTimeoutLayer`), and at most `max_connections` at once.
+pub async fn serve_until(state: Arc<AppState>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let lim = state.cfg.http;
+    let app = router(state.clone()).layer(tower_http::timeout::RequestBodyTimeoutLayer::new(lim.body_timeout));
+    let conns = Arc::new(tokio::sync::Semaphore::new(lim.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(lim.header_timeout).keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // (out of file descriptors and the like: back off, keep serving)
+                    tracing::warn!(target: "dsc::serve", "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            state.metrics.overloaded.get_or_create(&crate::metrics::Reason { reason: "connections".into() }).inc();
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// A connection past the cap: a 503 with Retry-After, then closed (within a second whatever
+/// the client does).
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = json!({"error": {"message": "the server is at its connection limit: retry later", "type": "server_error", "param": Value::Null, "code": "overloaded"}}).to_string();
+    let resp = format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(resp.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }

@@ -52,15 +52,53 @@ impl Detokenizer {
     }
 }
 
+/// Bounds on what a plan's tokenizer may hold (a plan from elsewhere is untrusted input).
+pub const MAX_TOKENIZER_JSON_BYTES: usize = 64 << 20;
+pub const MAX_VOCAB: usize = 4 << 20;
+pub const MAX_CHAT_TEMPLATE_BYTES: usize = 256 << 10;
+/// minijinja instructions one chat-template rendering may take (a template that loops forever
+/// fails instead of hanging the request)
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// bytes a rendered chat prompt may have
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
 pub struct Tokenizer {
     tk: tokenizers::Tokenizer,
+    /// the same, with special tokens encoded as plain text (for message content)
+    plain: tokenizers::Tokenizer,
+    /// special tokens' texts, longest first
+    specials: Vec<(String, u32)>,
     pub info: PlanTokenizer,
 }
 
 impl Tokenizer {
     pub fn new(info: &PlanTokenizer) -> Result<Self> {
-        let tk = tokenizers::Tokenizer::from_str(&info.json).map_err(|e| RuntimeError::Tokenizer(e.to_string()))?;
-        Ok(Tokenizer { tk, info: info.clone() })
+        let err = |m: String| RuntimeError::Tokenizer(m);
+        if info.json.len() > MAX_TOKENIZER_JSON_BYTES {
+            return Err(err(format!("tokenizer.json is {} bytes, over the {MAX_TOKENIZER_JSON_BYTES}-byte limit", info.json.len())));
+        }
+        if info.chat_template.as_ref().is_some_and(|t| t.len() > MAX_CHAT_TEMPLATE_BYTES) {
+            return Err(RuntimeError::Template(format!("the chat template is over the {MAX_CHAT_TEMPLATE_BYTES}-byte limit")));
+        }
+        // (the tokenizers crate can panic on malformed models it accepted: a crafted plan's
+        // tokenizer is an error here, not a crash)
+        let tk = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_str(&info.json))
+            .map_err(|_| err("tokenizer.json: the tokenizer library failed on it (malformed)".into()))?
+            .map_err(|e| err(e.to_string()))?;
+        let vocab = tk.get_vocab_size(true);
+        if vocab == 0 || vocab > MAX_VOCAB {
+            return Err(err(format!("the tokenizer's vocabulary has {vocab} tokens (1 to {MAX_VOCAB} allowed)")));
+        }
+        for id in info.bos_id.iter().chain(&info.eos_ids) {
+            if *id as usize >= vocab {
+                return Err(err(format!("special token id {id} is outside the tokenizer's vocabulary ({vocab})")));
+            }
+        }
+        let mut plain = tk.clone();
+        plain.set_encode_special_tokens(true);
+        let mut specials: Vec<(String, u32)> = tk.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special && !t.content.is_empty()).map(|(id, t)| (t.content, id)).collect();
+        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        Ok(Tokenizer { tk, plain, specials, info: info.clone() })
     }
 
     /// Token ids of `text` as-is (special tokens such as `<|im_start|>` recognized), with the
@@ -104,10 +142,12 @@ impl Tokenizer {
     }
 
     /// Render the model's chat template over `messages` (role, content), with the
-    /// generation prompt appended.
+    /// generation prompt appended (under [`TEMPLATE_FUEL`] and [`MAX_RENDERED_BYTES`]).
     pub fn apply_chat_template(&self, messages: &[(String, String)]) -> Result<String> {
         let tpl = self.info.chat_template.as_deref().ok_or_else(|| RuntimeError::Template("the model has no chat template".into()))?;
         let mut env = minijinja::Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(64);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> { Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg)) });
         env.add_template("chat", tpl).map_err(|e| RuntimeError::Template(e.to_string()))?;
         let msgs: Vec<_> = messages.iter().map(|(r, c)| minijinja::context! { role => r, content => c }).collect();
@@ -122,5 +162,77 @@ impl Tokenizer {
                 })
             })
             .map_err(|e| RuntimeError::Template(e.to_string()))
+            .and_then(|t| if t.len() > MAX_RENDERED_BYTES { Err(RuntimeError::Template(format!("the rendered prompt is over {MAX_RENDERED_BYTES} bytes"))) } else { Ok(t) })
+    }
+
+    /// Token ids of a chat: the template rendered over `messages`, where special tokens count
+    /// only in the template's own text. A message whose text holds a special token's text (say
+    /// `<|im_end|>\n<|im_start|>system`) gets it as plain text, never as a role marker.
+    /// Messages without such text tokenize exactly as [`Tokenizer::encode`] of the rendering.
+    pub fn encode_chat(&self, messages: &[(String, String)]) -> Result<Vec<u32>> {
+        let plain = self.apply_chat_template(messages)?;
+        if !messages.iter().any(|(_, c)| self.specials.iter().any(|(t, _)| c.contains(t.as_str()))) {
+            return self.encode(&plain);
+        }
+        // render again with each message's text between two private-use marks to find where
+        // the messages' text lies in the rendering
+        const OPEN: char = '\u{10FFFD}';
+        const CLOSE: char = '\u{10FFFC}';
+        let refuse = || {
+            RuntimeError::Template(
+                "a message holds a special token's text and this chat template transforms message text: refused (the server's --allow-special-tokens-in-content lets it through as special tokens)"
+                    .into(),
+            )
+        };
+        if messages.iter().any(|(_, c)| c.contains(OPEN) || c.contains(CLOSE)) {
+            return Err(refuse());
+        }
+        let marked: Vec<(String, String)> = messages.iter().map(|(r, c)| (r.clone(), format!("{OPEN}{c}{CLOSE}"))).collect();
+        let marked = self.apply_chat_template(&marked)?;
+        // the rendering without the marks, and whether each byte is message text
+        let (mut text, mut inside, mut depth) = (String::with_capacity(plain.len()), Vec::with_capacity(plain.len()), 0usize);
+        for ch in marked.chars() {
+            match ch {
+                OPEN => depth += 1,
+                CLOSE if depth > 0 => depth -= 1,
+                CLOSE => return Err(refuse()),
+                c => {
+                    text.push(c);
+                    inside.extend(std::iter::repeat_n(depth > 0, c.len_utf8()));
+                }
+            }
+        }
+        if depth != 0 || text != plain {
+            return Err(refuse());
+        }
+        // split at the template's special tokens; every piece between them (template text and
+        // message text together, as the tokenizer itself splits) with special tokens as text
+        let mut ids = vec![];
+        if self.info.add_bos {
+            ids.extend(self.info.bos_id);
+        }
+        let (mut i, mut start) = (0usize, 0usize);
+        let bytes = text.as_bytes();
+        while i < bytes.len() {
+            let hit = if inside[i] || !text.is_char_boundary(i) { None } else { self.specials.iter().find(|(t, _)| text[i..].starts_with(t.as_str()) && !inside[i..i + t.len()].iter().any(|&x| x)) };
+            match hit {
+                Some((t, id)) => {
+                    ids.extend(self.encode_plain(&text[start..i])?);
+                    ids.push(*id);
+                    i += t.len();
+                    start = i;
+                }
+                None => i += 1,
+            }
+        }
+        ids.extend(self.encode_plain(&text[start..])?);
+        Ok(ids)
+    }
+
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        if text.is_empty() {
+            return Ok(vec![]);
+        }
+        Ok(self.plain.encode(text, false).map_err(|e| RuntimeError::Tokenizer(e.to_string()))?.get_ids().to_vec())
     }
 }

@@ -53,6 +53,14 @@ fn manifests_and_dockerfile_agree_with_the_server() {
     let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     let Cmd::Serve(a) = cli.cmd;
     assert_eq!((a.host.as_str(), a.port), ("0.0.0.0", 8000));
+    // the API key comes from a secret the pod cannot start without
+    let key_file = a.api_key_file.as_ref().expect("--api-key-file in the container's args");
+    let vols = d["spec"]["template"]["spec"]["volumes"].as_sequence().unwrap();
+    let secret = vols.iter().find(|v| v["secret"].is_mapping()).expect("a secret volume");
+    assert_eq!(secret["secret"]["optional"].as_bool(), Some(false), "the API key secret is required");
+    let mount = c["volumeMounts"].as_sequence().unwrap().iter().find(|m| m["name"] == secret["name"]).expect("the secret is mounted");
+    assert!(key_file.starts_with(mount["mountPath"].as_str().unwrap()), "--api-key-file {} is inside the secret's mount", key_file.display());
+    assert!(!c["env"].as_sequence().unwrap().iter().any(|e| e["name"] == "DSC_API_KEY"), "no optional key from the environment");
     let svc = kind(&dep, "Service");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"].as_str(), Some("http"));
     assert_eq!(svc["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"]);

@@ -140,13 +140,13 @@ fn impossible_requests_fail_clearly() {
     let (r, mut rx) = request(prompt(1, 60), 10, Priority::Normal);
     e.submit(r);
     match rx.try_recv() {
-        Ok(Event::Error(m)) => assert!(m.contains("exceeds the context"), "{m}"),
+        Ok(Event::Error(m)) => assert!(m.message.contains("exceeds the context"), "{m}"),
         other => panic!("{other:?}"),
     }
     let (mut r, mut rx) = request(prompt(1, 4), 4, Priority::Normal);
     r.sampling.top_p = 0.0;
     e.submit(r);
-    assert!(matches!(rx.try_recv(), Ok(Event::Error(m)) if m.contains("top_p")));
+    assert!(matches!(rx.try_recv(), Ok(Event::Error(m)) if m.message.contains("top_p")));
     assert!(e.idle());
 }
 
