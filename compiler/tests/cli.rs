@@ -108,3 +108,31 @@ fn optimize_reports_and_dumps_the_egraph() {
     let (ok, out, _) = dsc(&["compile", "models/smollm2-135m.toml", "--optimize", "--dump-ir", "fused"]);
     assert!(ok && out.contains("%blk.0.ffn_up.swiglu = silu_mul(%blk.0.ffn_gate, %blk.0.ffn_up)"), "{out:.3000}");
 }
+
+/// `dsc keygen` + `compile --sign`: a signed plan that `inspect` reads; and where no CUDA driver
+/// is present, `--backend gpu` is a clear error, not a panic inside cudarc.
+#[test]
+fn signed_plans_and_the_missing_driver_error() {
+    let d = tempfile::tempdir().unwrap();
+    let key = d.path().join("k");
+    let (ok, _, err) = dsc(&["keygen", key.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(key.with_extension("key")).unwrap().permissions().mode() & 0o777, 0o600, "the secret key is private");
+    }
+    let (ok, _, _) = dsc(&["keygen", key.to_str().unwrap()]);
+    assert!(!ok, "keygen never overwrites a key");
+    let plan = d.path().join("s.plan");
+    let (ok, _, err) = dsc(&["compile", "models/smollm2-135m.toml", "-o", plan.to_str().unwrap(), "--sign", key.with_extension("key").to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = dsc(&["inspect", plan.to_str().unwrap()]);
+    assert!(ok && out.contains("signed by"), "{out}{err}");
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    assert!(out.contains(public.trim()), "inspect names the signing key: {out}");
+    if dsc_runtime::gpu::cuda_available().is_err() {
+        let (ok, _, err) = dsc(&["run", plan.to_str().unwrap(), "--backend", "gpu", "--prompt", "hi"]);
+        assert!(!ok && err.contains("no CUDA driver") && !err.contains("panicked"), "{err}");
+    }
+}

@@ -29,7 +29,7 @@ pub enum Outcome {
 pub fn exec(target: &str, data: &[u8]) -> Outcome {
     let ok = match target {
         "model_toml" => dsc_models::config::ModelConfig::parse(Path::new("fuzz/model.toml"), &String::from_utf8_lossy(data)).is_ok(),
-        "gguf" => dsc_models::gguf::parse(Path::new("fuzz.gguf"), data).is_ok(),
+        "gguf" => gguf(data),
         "safetensors" => dsc_models::hf::safetensors_index(Path::new("fuzz.safetensors"), data).is_ok(),
         "config_json" => dsc_models::hf::dims_from_config_text(Path::new("config.json"), &String::from_utf8_lossy(data)).is_ok(),
         "plan_header" => plan_header(data),
@@ -44,6 +44,21 @@ pub fn exec(target: &str, data: &[u8]) -> Outcome {
         Outcome::Accepted
     } else {
         Outcome::Rejected
+    }
+}
+
+/// A GGUF file's header, then what the front end reads from it: the dims and the tokenizer.
+fn gguf(data: &[u8]) -> bool {
+    match dsc_models::gguf::GgufFile::from_bytes(Path::new("fuzz.gguf"), data) {
+        Ok(g) => {
+            let dims = dsc_models::dims_from_gguf(&g).is_ok();
+            let tok = dsc_models::tokenizer::from_gguf(&g).is_ok();
+            for t in g.tensors.values() {
+                let _ = g.bytes(t);
+            }
+            dims && tok
+        }
+        Err(_) => false,
     }
 }
 
@@ -69,7 +84,7 @@ pub fn plan_bytes(header: &[u8]) -> Vec<u8> {
 /// graph, the tokenizer.
 fn plan_checks(bytes: &[u8]) -> bool {
     let opts = dsc_runtime::plan::OpenOptions { verify_blob: true, ..Default::default() };
-    let Ok((h, _, _)) = dsc_runtime::plan::parse_plan_bytes(Path::new("fuzz.plan"), bytes, &opts) else { return false };
+    let Ok(dsc_runtime::plan::ParsedPlan { header: h, .. }) = dsc_runtime::plan::parse_plan_bytes(Path::new("fuzz.plan"), bytes, &opts) else { return false };
     let graph_ok = dsc_ir::text::parse(&h.graph).is_ok_and(|g| g.verify().is_ok());
     let tok_ok = h.tokenizer.as_ref().is_none_or(|t| dsc_runtime::tokenizer::Tokenizer::new(t).is_ok());
     graph_ok && tok_ok
@@ -212,16 +227,28 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "gguf" => {
             use dsc_models::gguf::Value as V;
             let p = scratch("seed.gguf");
+            let strs = |v: &[&str]| V::Array(v.iter().map(|s| V::Str(s.to_string())).collect());
             let meta = vec![
                 ("general.architecture", V::Str("llama".into())),
+                ("general.alignment", V::U32(32)),
                 ("llama.embedding_length", V::U32(16)),
                 ("llama.block_count", V::U32(1)),
-                ("tokenizer.ggml.tokens", V::Array(vec![V::Str("a".into()), V::Str("b".into()), V::Str("<s>".into())])),
-                ("tokenizer.ggml.scores", V::Array(vec![V::F32(0.0), V::F32(-1.0), V::F32(0.0)])),
-                ("general.alignment", V::U32(32)),
+                ("llama.attention.head_count", V::U32(2)),
+                ("llama.attention.head_count_kv", V::U32(1)),
+                ("llama.feed_forward_length", V::U32(32)),
+                ("llama.attention.layer_norm_rms_epsilon", V::F32(1e-5)),
+                ("llama.rope.freq_base", V::F32(10000.0)),
+                ("llama.context_length", V::U32(64)),
+                ("llama.vocab_size", V::U32(6)),
+                ("tokenizer.ggml.model", V::Str("gpt2".into())),
+                ("tokenizer.ggml.tokens", strs(&["a", "b", "ab", "<|im_start|>", "<|im_end|>", "\u{0120}"])),
+                ("tokenizer.ggml.merges", strs(&["a b"])),
+                ("tokenizer.ggml.token_type", V::Array(vec![V::I32(1), V::I32(1), V::I32(1), V::I32(3), V::I32(3), V::I32(1)])),
+                ("tokenizer.ggml.eos_token_id", V::U32(4)),
+                ("tokenizer.chat_template", V::Str(CHATML.into())),
             ];
-            let w: Vec<u8> = (0..64u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
-            let tensors = vec![("token_embd.weight", dsc_ir::DType::F32, vec![4, 4], w[..64].to_vec()), ("blk.0.attn_q.weight", dsc_ir::DType::F32, vec![2, 8], w[..64].to_vec())];
+            let w: Vec<u8> = (0..8u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+            let tensors = vec![("token_embd.weight", dsc_ir::DType::F32, vec![2, 4], w.clone()), ("blk.0.attn_q.weight", dsc_ir::DType::F32, vec![4, 2], w)];
             dsc_models::gguf::write_gguf(&p, &meta, &tensors).expect("write the seed GGUF");
             vec![std::fs::read(&p).expect("read the seed GGUF")]
         }

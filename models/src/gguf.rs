@@ -281,6 +281,16 @@ pub fn parse(path: &Path, map: &[u8]) -> Result<GgufHeader> {
 }
 
 impl GgufFile {
+    /// A GGUF file from bytes in memory (copied into an anonymous map), as [`GgufFile::open`]
+    /// reads a file; `path` names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self> {
+        let mut m = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io(path))?;
+        m[..bytes.len()].copy_from_slice(bytes);
+        let map = m.make_read_only().map_err(io(path))?;
+        let p = parse(path, &map[..bytes.len()])?;
+        Ok(GgufFile { path: path.to_path_buf(), version: p.version, metadata: p.metadata, tensors: p.tensors, order: p.order, map: Arc::new(map) })
+    }
+
     pub fn bytes(&self, t: &TensorInfo) -> &[u8] {
         &self.map[t.offset..t.offset + t.nbytes]
     }

@@ -53,7 +53,8 @@ fn check_dims(path: &Path, given: &Dims, found: &Dims) -> Result<()> {
     }
 }
 
-fn dims_from_gguf(g: &gguf::GgufFile) -> Result<Dims> {
+/// Llama-family dims from a GGUF file's metadata, every one bounded (`Dims::check`).
+pub fn dims_from_gguf(g: &gguf::GgufFile) -> Result<Dims> {
     let arch = g.str("general.architecture")?;
     if arch != "llama" && arch != "qwen2" {
         return Err(ModelError::Format { path: g.path.clone(), msg: format!("GGUF architecture `{arch}` is not supported by the llama builder (llama, qwen2)") });

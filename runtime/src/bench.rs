@@ -256,6 +256,7 @@ fn derr(what: &str) -> impl Fn(cudarc::driver::DriverError) -> anyhow::Error {
 impl DeviceBench {
     fn open(prog: &crate::plan::GpuProgram) -> anyhow::Result<Self> {
         use cudarc::driver::{sys::CUdevice_attribute as A, CudaContext};
+        crate::gpu::cuda_available().map_err(|e| anyhow::anyhow!("bench: {e}"))?;
         let ctx = CudaContext::new(0).map_err(|e| anyhow::anyhow!("opening GPU 0: {e:?}"))?;
         let cc = |a| ctx.attribute(a).map_err(|e| anyhow::anyhow!("device attribute: {e:?}"));
         let target = crate::gpu::target_for(cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?).context("GPU not supported (sm_80+)")?;

@@ -87,7 +87,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     match a.backend {
         BackendKind::Cpu => generate_and_print(&mut CpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
-        BackendKind::Gpu if crate::gpu::cuda_available().is_err() => bail!("--backend gpu: {}", crate::gpu::cuda_available().err().unwrap_or_default()),
+        BackendKind::Gpu if crate::gpu::cuda_available().is_err() => bail!("--backend gpu: {}; use --backend cpu", crate::gpu::cuda_available().err().unwrap_or_default()),
         BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
     }
 }
@@ -130,6 +130,10 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     let plan = Plan::open(&a.plan)?;
     let h = &plan.header;
     println!("plan {} (format v{}, by {})", a.plan.display(), h.format_version, h.created_by);
+    match &plan.signer {
+        Some(k) => println!("  signed by {} (ed25519; the signature verified)", crate::plan::hex(k)),
+        None => println!("  not signed"),
+    }
     println!("model: {} ({})", h.model.name, h.model.architecture);
     println!("  dims: {}", h.model.dims);
     println!("  limits: max_seq_len {}, kv_block_size {}, max_batch {}", h.model.max_seq_len, h.model.kv_block_size, h.model.max_batch);
@@ -265,6 +269,11 @@ pub struct ServeArgs {
     /// special tokens written in chat message text act as special tokens (default: plain text)
     #[arg(long)]
     pub allow_special_tokens_in_content: bool,
+    /// exit (status 70) once the engine has been unhealthy this long, so a process supervisor
+    /// (systemd, docker --restart) restarts it as a failing liveness probe makes Kubernetes do;
+    /// 0: never
+    #[arg(long, default_value_t = 60.0)]
+    pub exit_unhealthy_secs: f64,
     /// the model name clients use (default: the plan's)
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -301,7 +310,7 @@ pub struct ServeArgs {
     /// a request waiting longer than this is admitted before any other (seconds)
     #[arg(long, default_value_t = 10.0)]
     pub starvation_secs: f64,
-    /// a request still queued after this long ends with finish reason `timeout` (seconds)
+    /// a request still queued after this long fails with a 408 timeout error (seconds)
     #[arg(long, default_value_t = 600.0)]
     pub queue_timeout_secs: f64,
 }
@@ -344,14 +353,18 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
             anyhow::ensure!(!k.is_empty(), "--api-key-file {}: the file is empty", f.display());
             Some(k)
         }
-        None => a.api_key.clone().filter(|k| !k.is_empty()),
+        None => match &a.api_key {
+            Some(k) if k.trim().is_empty() => bail!("--api-key / DSC_API_KEY is empty: give a key, or leave it unset to serve without one"),
+            k => k.clone(),
+        },
     };
+    anyhow::ensure!(a.exit_unhealthy_secs.is_finite() && a.exit_unhealthy_secs >= 0.0, "--exit-unhealthy-secs {}: a number of seconds (0: never)", a.exit_unhealthy_secs);
     let trusted_keys = a.trusted_key.iter().map(|k| crate::plan::read_key_file(k)).collect::<crate::Result<Vec<_>>>()?;
     let open = crate::plan::OpenOptions { verify_blob: true, weights_dir: a.weights_dir.clone(), trusted_keys };
     let backend = match a.backend {
         Some(b) => {
             if b == BackendKind::Gpu {
-                crate::gpu::cuda_available().map_err(|e| anyhow::anyhow!("--backend gpu: {e}"))?;
+                crate::gpu::cuda_available().map_err(|e| anyhow::anyhow!("--backend gpu: {e}; use --backend cpu"))?;
             }
             b
         }
@@ -365,6 +378,9 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     };
     // read the header here for validation and limits; the engine thread opens its own copy
     let plan = Plan::open_with(&a.plan, &open)?;
+    if plan.signer.is_none() {
+        eprintln!("dsc serve: {} is not signed (a plan carries the kernels the GPU runs: `dsc compile --sign` and `--trusted-key` accept only yours)", a.plan.display());
+    }
     anyhow::ensure!(backend == BackendKind::Cpu || plan.header.gpu.is_some(), "{}: the plan has no GPU program; use --backend cpu", a.plan.display());
     let tp = plan.header.tensor_parallel;
     let m = &plan.header.model;
@@ -437,6 +453,15 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
         eprintln!("dsc serve: {} on http://{} ({:?} backend, KV pool {kv_tokens} tokens)", state.cfg.model_name, listener.local_addr()?, backend);
+        if a.exit_unhealthy_secs > 0.0 {
+            let engine = state.engine.clone();
+            let after = std::time::Duration::from_secs_f64(a.exit_unhealthy_secs);
+            tokio::spawn(async move {
+                let why = crate::server::unhealthy_for(&engine, after).await;
+                eprintln!("dsc serve: the engine has been unhealthy for {:.0} s ({why}): exiting for a restart", after.as_secs_f64());
+                std::process::exit(70);
+            });
+        }
         crate::server::serve(state, listener).await?;
         anyhow::Ok(())
     })?;

@@ -196,13 +196,13 @@ pub fn cuda_available() -> std::result::Result<usize, String> {
     // SAFETY: loading the CUDA driver library runs its initializers, as cudarc would.
     let lib = unsafe { libloading::Library::new("libcuda.so.1").or_else(|_| libloading::Library::new("libcuda.so")) };
     if let Err(e) = lib {
-        return Err(format!("no CUDA driver on this machine (libcuda.so.1: {e}); use --backend cpu"));
+        return Err(format!("no CUDA driver on this machine (libcuda.so.1: {e})"));
     }
     match std::panic::catch_unwind(|| cudarc::driver::result::init().and_then(|_| cudarc::driver::result::device::get_count())) {
         Ok(Ok(n)) if n > 0 => Ok(n as usize),
-        Ok(Ok(_)) => Err("the CUDA driver sees no GPU; use --backend cpu".into()),
-        Ok(Err(e)) => Err(format!("the CUDA driver failed to start ({e:?}); use --backend cpu")),
-        Err(_) => Err("the CUDA driver could not be loaded; use --backend cpu".into()),
+        Ok(Ok(_)) => Err("the CUDA driver sees no GPU".into()),
+        Ok(Err(e)) => Err(format!("the CUDA driver failed to start ({e:?})")),
+        Err(_) => Err("the CUDA driver could not be loaded".into()),
     }
 }
 

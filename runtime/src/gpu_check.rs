@@ -134,6 +134,7 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
     let data = std::fs::read(dir.join("data.bin")).context("data.bin")?;
     let ptx_file = bundle.ptx.get(target).with_context(|| format!("no PTX for target {target} in the bundle"))?;
     let ptx = std::fs::read_to_string(dir.join(ptx_file))?;
+    crate::gpu::cuda_available().map_err(|e| anyhow::anyhow!("gpu-check: {e}"))?;
     let ctx = CudaContext::new(0).context("CUDA device 0")?;
     let stream = ctx.default_stream();
     let module = ctx.load_module(Ptx::from_src(ptx)).context("loading the PTX module")?;

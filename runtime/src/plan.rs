@@ -557,6 +557,8 @@ pub struct Plan {
     generated: std::collections::HashMap<String, std::sync::OnceLock<Vec<u8>>>,
     /// mapped checkpoint files of referenced weights
     sources: Vec<Mmap>,
+    /// the key whose signature verified, for signed plans
+    pub signer: Option<[u8; 32]>,
 }
 
 /// How a plan is opened.
@@ -689,7 +691,7 @@ pub fn source_file_name(name: &str) -> std::result::Result<&str, String> {
 /// A plan's prefix, signature and header from its bytes, every length, checksum and header
 /// field checked ([`PlanHeader::validate`]): (header, blob offset, blob length). `path` names the
 /// plan in errors. What [`Plan::open_with`] runs on the mapped file (and the fuzzer on bytes).
-pub fn parse_plan_bytes(path: &Path, map: &[u8], opts: &OpenOptions) -> Result<(PlanHeader, usize, usize)> {
+pub fn parse_plan_bytes(path: &Path, map: &[u8], opts: &OpenOptions) -> Result<ParsedPlan> {
     let verify_blob = opts.verify_blob;
     let perr = |msg: String| RuntimeError::Plan { path: path.to_path_buf(), msg };
     if map.get(..8).is_some_and(|m| m != PLAN_MAGIC) || (map.len() < 8 && !PLAN_MAGIC.starts_with(&map)) {
@@ -741,7 +743,16 @@ pub fn parse_plan_bytes(path: &Path, map: &[u8], opts: &OpenOptions) -> Result<(
     }
     let header: PlanHeader = serde_json::from_slice(hbytes).map_err(|e| perr(format!("header: {e}")))?;
     header.validate().map_err(|m| perr(format!("header: {m}")))?;
-    Ok((header, blob_offset, blob_len))
+    Ok(ParsedPlan { header, blob_offset, blob_len, signer })
+}
+
+/// What [`parse_plan_bytes`] checked and found.
+pub struct ParsedPlan {
+    pub header: PlanHeader,
+    pub blob_offset: usize,
+    pub blob_len: usize,
+    /// the ed25519 public key whose signature verified (None: unsigned)
+    pub signer: Option<[u8; 32]>,
 }
 
 impl Plan {
@@ -760,7 +771,7 @@ impl Plan {
         let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
         // SAFETY: read-only mapping; the plan is not modified while loaded.
         let map = unsafe { Mmap::map(&f) }.map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
-        let (header, blob_offset, blob_len) = parse_plan_bytes(path, &map, opts)?;
+        let ParsedPlan { header, blob_offset, blob_len, signer } = parse_plan_bytes(path, &map, opts)?;
         let mut index = std::collections::HashMap::new();
         for (i, e) in header.weights.tensors.iter().enumerate() {
             let dt: DType = e.dtype.parse().map_err(|m: String| perr(format!("weight `{}`: {m}", e.name)))?;
@@ -801,7 +812,7 @@ impl Plan {
             }
             sources.push(m);
         }
-        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated, sources })
+        Ok(Plan { path: path.to_path_buf(), header, map, blob_offset, blob_len, index, generated, sources, signer })
     }
 
     /// A weight's entry by name.

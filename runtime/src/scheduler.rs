@@ -10,11 +10,14 @@
 //! When KV blocks run out, the lowest-priority, most recently arrived running sequence is
 //! preempted: its blocks are freed and it goes back to the head of its queue, to be recomputed
 //! (its prefix usually comes back from the prefix cache). Clients that disconnect are dropped
-//! at the next step and their blocks freed; requests past their queue timeout or deadline end
-//! with finish reason `timeout`.
+//! at the next step and their blocks freed; requests past their queue timeout or deadline fail
+//! with a timeout ([`FailKind::Timeout`]). A finished request ends `stop` or `length`.
 //!
 //! The engine owns the backend and runs on its own thread ([`spawn`]); requests arrive on a
-//! channel and results leave on each request's own channel, token by token.
+//! channel and results leave on each request's own channel, token by token. One request's own
+//! work (queuing it, sampling and detokenizing its tokens, its stop strings) runs under
+//! `catch_unwind`: a panic there fails that request alone. A failed step fails the requests in
+//! flight and the engine goes on; [`crate::health`] says when it cannot.
 
 use crate::engine::{Backend, StepBatch};
 use crate::error::{Result, RuntimeError};
@@ -997,11 +1000,13 @@ impl EngineLoop {
             };
             tracing::error!(target: "dsc::engine", "step failed: {err}");
             failed_steps += 1;
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.fail_all(&format!("engine step failed: {err}"))));
-            if r.is_err() || failed_steps >= crate::health::FATAL_AFTER {
+            // (health first: whoever hears of the failure then sees the engine as it is)
+            if failed_steps >= crate::health::FATAL_AFTER {
                 health.set_fatal(format!("{failed_steps} engine steps failed in a row (last: {err})"));
             }
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.fail_all(&format!("engine step failed: {err}"))));
             if r.is_err() {
+                health.set_fatal(format!("the engine could not recover from a failed step (last: {err})"));
                 // the engine's own state is in doubt: stop (the handle then reports it dead)
                 return Err(RuntimeError::Request(format!("the engine could not recover from a failed step: {err}")));
             }

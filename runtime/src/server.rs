@@ -729,6 +729,24 @@ fn stream(
     Sse::new(events).keep_alive(KeepAlive::default())
 }
 
+/// Resolves once the engine has been unhealthy for `after` without a break (polled every
+/// 100 ms), with the last reason: `dsc serve --exit-unhealthy-secs` then exits the process.
+pub async fn unhealthy_for(engine: &EngineHandle, after: Duration) -> String {
+    let mut since: Option<Instant> = None;
+    loop {
+        match engine.status() {
+            Ok(()) => since = None,
+            Err(why) => {
+                let t = *since.get_or_insert_with(Instant::now);
+                if t.elapsed() >= after {
+                    return why;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Serve until SIGINT/SIGTERM, then drain: not ready, stop accepting, let running requests
 /// finish, stop the engine.
 pub async fn serve(state: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
@@ -814,4 +832,38 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
         let _ = stream.shutdown().await;
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_match_in_any_scheme_case_and_only_whole() {
+        let k = "s3cret";
+        for ok in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "Bearer  s3cret "] {
+            assert!(key_matches(Some(ok.as_bytes()), k), "{ok}");
+        }
+        for bad in ["Bearer s3cre", "Bearer s3cretx", "Basic s3cret", "s3cret", "Bearer", "", "Bearers3cret"] {
+            assert!(!key_matches(Some(bad.as_bytes()), k), "{bad}");
+        }
+        assert!(!key_matches(None, k));
+    }
+
+    #[test]
+    fn failures_answer_with_openai_codes() {
+        let cases = [
+            (FailKind::BadRequest, StatusCode::BAD_REQUEST, "invalid_request_error"),
+            (FailKind::Timeout, StatusCode::REQUEST_TIMEOUT, "timeout"),
+            (FailKind::Server, StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+            (FailKind::Unavailable, StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+        ];
+        for (kind, status, ty) in cases {
+            let e = ApiError::from_failure(&Failure::new(kind, "m"));
+            assert_eq!((e.status(), e.body()["error"]["type"].as_str()), (status, Some(ty)), "{kind:?}");
+            let r = e.into_response();
+            // overload answers say when to come back
+            assert_eq!(r.headers().contains_key("retry-after"), status == StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
 }

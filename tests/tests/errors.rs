@@ -169,3 +169,39 @@ fn dims_in_toml_that_disagree_with_the_checkpoint() {
     std::fs::write(&p, s).unwrap();
     assert_has(&err_of(&p), &["dims.layers = 3", "checkpoint has 2"]);
 }
+
+/// One dimension past its bound, in each front end, is an error naming the field (it used to
+/// drive allocation aborts and wrapped products); a GGUF's metadata is bounded in values, not
+/// in file bytes (an array of u8 costs ~32x its file size decoded).
+#[test]
+fn oversized_dimensions_are_named_in_every_front_end() {
+    let d = tempfile::tempdir().unwrap();
+    // model.toml: seeded, with a vocabulary of 2^40
+    let p = d.path().join("big.toml");
+    std::fs::write(
+        &p,
+        "[model]\nname = \"big\"\narchitecture = \"llama\"\n\n[weights]\nformat = \"seeded\"\n\n[dims]\nhidden = 64\nlayers = 2\nheads = 4\nkv_heads = 2\nhead_dim = 16\nffn = 96\nvocab = 1099511627776\nrope_theta = 10000.0\nnorm_eps = 1e-5\n",
+    )
+    .unwrap();
+    assert_has(&err_of(&p), &["big.toml", "dims.vocab", "1099511627776"]);
+    let s = std::fs::read_to_string(&p).unwrap().replace("vocab = 1099511627776", "vocab = 80") + "\n[limits]\nmax_seq_len = 1099511627776\n";
+    std::fs::write(&p, s).unwrap();
+    assert_has(&err_of(&p), &["big.toml", "limits.max_seq_len"]);
+    // config.json beside safetensors
+    write_tiny_hf(&d.path().join("hf"), &tiny_llama_hf(1));
+    let cfg = d.path().join("hf/config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["intermediate_size"] = serde_json::json!(1u64 << 40);
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    assert_has(&err_of(&model_toml(d.path(), "safetensors", "hf")), &["config.json", "intermediate_size"]);
+    // GGUF metadata
+    let t = tiny_gguf_tensors(&tiny_llama_hf(1), DType::F16);
+    let meta: Vec<(&str, Value)> = tiny_gguf_metadata().into_iter().map(|(k, v)| if k == "llama.embedding_length" { (k, Value::U64(1 << 40)) } else { (k, v) }).collect();
+    write_tiny_gguf(&d.path().join("m.gguf"), &meta, &t);
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "llama.embedding_length"]);
+    // 17 M one-byte values: refused by count (the file is 17 MB; decoded it would be ~540 MB)
+    let mut meta = tiny_gguf_metadata();
+    meta.push(("general.blob", Value::Array(vec![Value::U8(0); dsc_models::gguf::MAX_METADATA_VALUES + 1])));
+    write_tiny_gguf(&d.path().join("m.gguf"), &meta, &t);
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["m.gguf", "general.blob", "metadata values"]);
+}

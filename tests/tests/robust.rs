@@ -156,8 +156,13 @@ fn a_step_past_the_watchdog_bound_reports_the_engine_unhealthy_while_it_runs() {
     assert!(at < Duration::from_millis(1000), "reported only after {at:?}");
     assert!(why.contains("watchdog"), "{why}");
     assert!(e.metrics.encode().contains("dsc_engine_stalls_total 1"));
-    // the step ends after all: the request completes and the engine is healthy again
+    // the step ends after all: the request completes and the engine is healthy again (once
+    // the step has returned: its tokens go out just before)
     assert!(wait(&mut rx).is_ok());
+    let t1 = Instant::now();
+    while e.status().is_err() && t1.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(e.status().is_ok());
 }
 
@@ -311,4 +316,19 @@ fn signed_plans_verify_and_altered_or_untrusted_ones_do_not() {
     std::fs::write(&q, &b).unwrap();
     let e = Plan::open_with(&q, &trust(&key)).err().unwrap().to_string();
     assert!(e.contains("does not verify"), "{e}");
+}
+
+#[test]
+fn a_supervisor_sees_an_engine_unhealthy_for_long_enough() {
+    let e = engine(30_000);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    // healthy: the watch does not resolve
+    let quiet = rt.block_on(async { tokio::time::timeout(Duration::from_millis(500), dsc_runtime::server::unhealthy_for(&e, Duration::from_millis(200))).await });
+    assert!(quiet.is_err(), "a healthy engine was reported");
+    for _ in 0..dsc_runtime::health::FATAL_AFTER {
+        assert!(wait(&mut submit(&e, vec![FAIL])).is_err());
+    }
+    let t0 = Instant::now();
+    let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(3), dsc_runtime::server::unhealthy_for(&e, Duration::from_millis(300))).await }).expect("reported within 3 s");
+    assert!(why.contains("failed in a row") && t0.elapsed() >= Duration::from_millis(300), "{why}");
 }
