@@ -37,9 +37,23 @@ pub struct CompiledModule {
 /// sm_90a runs (`KernelSpec::hopper_only`) go into that target's module alone; the dumps show
 /// the module with every kernel.
 pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
-    let mut seen = BTreeMap::new();
+    let mut seen: BTreeMap<String, KernelSpec> = BTreeMap::new();
     for s in specs {
-        seen.entry(s.symbol()).or_insert_with(|| s.clone());
+        match seen.get(&s.symbol()) {
+            // two kernels under one name would run the first one's code for both (the
+            // symbol leaves out, e.g., RMSNorm's eps and the attention's scale): refuse
+            // until symbols come from the whole spec (issue 31)
+            Some(other) if other != s => {
+                return Err(CodegenError::Unsupported {
+                    kernel: s.symbol(),
+                    msg: format!("two different kernels share this symbol ({other:?} and {s:?}); KernelSpec::symbol must name every field that changes the code"),
+                })
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(s.symbol(), s.clone());
+            }
+        }
     }
     // sm_90a: every kernel, with the programmatic-dependent-launch prologue; other targets:
     // the kernels they can run, without it
@@ -65,4 +79,23 @@ pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<Co
         ptx.insert(t, pipeline::llvm_ir_to_ptx(ir, t)?);
     }
     Ok(CompiledModule { kernels: seen.into_iter().collect(), mlir, lowered, llvm, ptx })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two norms that differ only in eps used to share one kernel (the first one's eps) under
+    /// one symbol: now a clear error until symbols come from the whole spec (issue 31).
+    #[test]
+    fn two_kernels_under_one_symbol_are_refused() {
+        let a = KernelSpec::RmsNorm { d: 64, eps_bits: 1e-5f32.to_bits() };
+        let b = KernelSpec::RmsNorm { d: 64, eps_bits: 1e-6f32.to_bits() };
+        assert_eq!(a.symbol(), b.symbol());
+        let e = compile_kernels(&[a.clone(), b], &[GpuTarget::Sm90a]).err().expect("refused").to_string();
+        assert!(e.contains("share this symbol") && e.contains("rms_norm_d64"), "{e}");
+        // the same spec twice is one kernel
+        let m = compile_kernels(&[a.clone(), a], &[GpuTarget::Sm90a]).unwrap();
+        assert_eq!(m.kernels.len(), 1);
+    }
 }
