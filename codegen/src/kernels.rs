@@ -5244,7 +5244,12 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// for the previous one to finish and its writes to be visible): launched with programmatic
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
-    let name = spec.symbol();
+    emit_named(spec, pdl, &spec.symbol())
+}
+
+/// [`emit_for`] under the symbol `name` (the module's: [`crate::kernel_names`]).
+pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str) -> Result<String, String> {
+    let name = name.to_string();
     let mut b = Body {
         s: String::new(),
         n: 0,

@@ -36,34 +36,61 @@ pub struct CompiledModule {
 /// Generate, lower and emit PTX for `specs` (deduplicated: the kernel cache). Kernels only
 /// sm_90a runs (`KernelSpec::hopper_only`) go into that target's module alone; the dumps show
 /// the module with every kernel.
-pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
-    let mut seen: BTreeMap<String, KernelSpec> = BTreeMap::new();
+/// The symbol of every distinct spec among `specs`: its readable name
+/// ([`KernelSpec::symbol`]), or, where specs that differ share that name (it leaves out a field
+/// such as RMSNorm's eps or the attention's scale), the name and `_h` + a hash of the whole
+/// spec for each of them. So a field that changes the code always changes the symbol, and a
+/// module without such a clash keeps the plain names.
+pub fn kernel_names(specs: &[KernelSpec]) -> BTreeMap<String, KernelSpec> {
+    let mut by_base: BTreeMap<String, Vec<&KernelSpec>> = BTreeMap::new();
     for s in specs {
-        match seen.get(&s.symbol()) {
-            // two kernels under one name would run the first one's code for both (the
-            // symbol leaves out, e.g., RMSNorm's eps and the attention's scale): refuse
-            // until symbols come from the whole spec (issue 31)
-            Some(other) if other != s => {
-                return Err(CodegenError::Unsupported {
-                    kernel: s.symbol(),
-                    msg: format!("two different kernels share this symbol ({other:?} and {s:?}); KernelSpec::symbol must name every field that changes the code"),
-                })
-            }
-            Some(_) => {}
-            None => {
-                seen.insert(s.symbol(), s.clone());
+        let v = by_base.entry(s.symbol()).or_default();
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (base, v) in by_base {
+        if v.len() == 1 {
+            out.insert(base, v[0].clone());
+        } else {
+            for s in v {
+                out.insert(format!("{base}_h{:08x}", spec_hash(s)), s.clone());
             }
         }
     }
+    out
+}
+
+/// A hash of the whole spec that does not change between builds or machines (FNV-1a over its
+/// `Debug` text, which names every field).
+pub fn spec_hash(s: &KernelSpec) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in format!("{s:?}").bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+impl CompiledModule {
+    /// The symbol `spec` was compiled under ([`kernel_names`]).
+    pub fn symbol_of(&self, spec: &KernelSpec) -> Option<&str> {
+        self.kernels.iter().find(|(_, s)| s == spec).map(|(n, _)| n.as_str())
+    }
+}
+
+pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
+    let seen = kernel_names(specs);
     // sm_90a: every kernel, with the programmatic-dependent-launch prologue; other targets:
     // the kernels they can run, without it
     let mut funcs = vec![];
     let mut common = vec![];
     for (name, s) in &seen {
         let unsupported = |msg| CodegenError::Unsupported { kernel: name.clone(), msg };
-        funcs.push(kernels::emit_for(s, true).map_err(unsupported)?);
+        funcs.push(kernels::emit_named(s, true, name).map_err(unsupported)?);
         if !s.hopper_only() {
-            common.push(kernels::emit_for(s, false).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
+            common.push(kernels::emit_named(s, false, name).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
         }
     }
     let mlir = kernels::module(&funcs);
@@ -86,16 +113,32 @@ mod tests {
     use super::*;
 
     /// Two norms that differ only in eps used to share one kernel (the first one's eps) under
-    /// one symbol: now a clear error until symbols come from the whole spec (issue 31).
+    /// one symbol: now each gets its own kernel and symbol; a module without such a clash keeps
+    /// the plain names.
     #[test]
-    fn two_kernels_under_one_symbol_are_refused() {
+    fn specs_that_differ_only_in_eps_or_scale_get_two_kernels() {
         let a = KernelSpec::RmsNorm { d: 64, eps_bits: 1e-5f32.to_bits() };
         let b = KernelSpec::RmsNorm { d: 64, eps_bits: 1e-6f32.to_bits() };
         assert_eq!(a.symbol(), b.symbol());
-        let e = compile_kernels(&[a.clone(), b], &[GpuTarget::Sm90a]).err().expect("refused").to_string();
-        assert!(e.contains("share this symbol") && e.contains("rms_norm_d64"), "{e}");
-        // the same spec twice is one kernel
-        let m = compile_kernels(&[a.clone(), a], &[GpuTarget::Sm90a]).unwrap();
-        assert_eq!(m.kernels.len(), 1);
+        let m = compile_kernels(&[a.clone(), b.clone(), a.clone()], &[GpuTarget::Sm90a]).unwrap();
+        assert_eq!(m.kernels.len(), 2);
+        let (na, nb) = (m.symbol_of(&a).unwrap(), m.symbol_of(&b).unwrap());
+        assert!(na != nb && na.starts_with("rms_norm_d64_f32_h") && nb.starts_with("rms_norm_d64_f32_h"), "{na} {nb}");
+        let ptx = &m.ptx[&GpuTarget::Sm90a];
+        assert!(ptx.contains(&format!(".entry {na}(")) && ptx.contains(&format!(".entry {nb}(")));
+        // each with its own eps in the code
+        for eps in [1e-5f32, 1e-6] {
+            assert!(m.mlir.contains(&format!("{:e}", eps)) || m.mlir.contains(&format!("{eps:?}")) || m.mlir.contains(&format!("0x{:08X}", eps.to_bits())), "eps {eps} is not in the MLIR");
+        }
+        // the same spec twice is one kernel, under its plain name
+        let m = compile_kernels(&[a.clone(), a.clone()], &[GpuTarget::Sm90a]).unwrap();
+        assert_eq!((m.kernels.len(), m.symbol_of(&a)), (1, Some("rms_norm_d64_f32")));
+        // attention kernels that differ only in the softmax scale (MLA's YaRN mscale)
+        let names = kernel_names(&[attn(0.125), attn(0.1), attn(0.125)]);
+        assert_eq!(names.len(), 2);
+    }
+
+    fn attn(scale: f32) -> KernelSpec {
+        KernelSpec::PagedAttention { h: 8, kvh: 2, d: 64, bs: 16, scale_bits: scale.to_bits(), warps: 16, keys: 4, group: 1, kv: dsc_ir::DType::F32 }
     }
 }

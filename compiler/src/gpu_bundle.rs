@@ -2351,6 +2351,12 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         }
     }
     let m = compile_kernels(&specs, &GpuTarget::ALL)?;
+    // the cases name kernels by their readable symbol: two bundle specs that share one (and so
+    // were compiled under hashed names) would leave a case without its kernel
+    let names: std::collections::BTreeSet<&str> = m.kernels.iter().map(|(n, _)| n.as_str()).collect();
+    if let Some(c) = cases.iter().find(|c| !names.contains(c.kernel.as_str())) {
+        anyhow::bail!("bundle case `{}`: kernel `{}` is not in the module (two bundle specs share its name: give them distinct shapes)", c.name, c.kernel);
+    }
     let mut ptx = BTreeMap::new();
     for (t, text) in &m.ptx {
         let f = format!("kernels.{}.ptx", t.name());

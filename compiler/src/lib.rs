@@ -132,6 +132,9 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     });
     specs.extend(fold.iter().map(|(_, k)| k.clone()));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
+    // (every kernel by the symbol the module compiled it under: the readable name, with a hash
+    // of the whole spec where two specs share that name)
+    let sym = |k: &dsc_codegen::KernelSpec| module.symbol_of(k).map(str::to_string).unwrap_or_else(|| k.symbol());
     let steps: Vec<GpuStep> = steps
         .iter()
         .map(|s| {
@@ -161,7 +164,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                         dsc_codegen::Launch::Tile { smem, .. } => Some(smem),
                         _ => None,
                     },
-                    kernel: l.kernel.symbol(),
+                    kernel: sym(&l.kernel),
                     scalars: l.scalars.iter().map(scalar).collect(),
                     launch: launch.to_string(),
                     block,
@@ -176,7 +179,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
             let few = s.few.iter().map(big).collect();
             GpuStep {
                 node: s.node.clone(),
-                kernel: s.kernel.as_ref().map(|k| k.symbol()),
+                kernel: s.kernel.as_ref().map(sym),
                 args: s.args.clone(),
                 scalars: s.scalars.iter().map(scalar).collect(),
                 launch: launch.to_string(),
@@ -198,7 +201,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
                 few,
                 collective: s.collective.clone(),
                 cluster: s.kernel.as_ref().and_then(|k| k.cluster()),
-                argmax: fold.as_ref().filter(|(n, _)| *n == s.node).map(|(_, k)| k.symbol()),
+                argmax: fold.as_ref().filter(|(n, _)| *n == s.node).map(|(_, k)| sym(k)),
             }
         })
         .collect();
@@ -214,10 +217,11 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
             dsc_codegen::Launch::BlockPerRow { warps } => 32 * warps,
             _ => 32,
         };
-        dsc_runtime::plan::ArgmaxSplit { kernel: k.symbol(), splits: n as u32, threads }
+        dsc_runtime::plan::ArgmaxSplit { kernel: sym(&k), splits: n as u32, threads }
     };
     let (argmax_split, argmax_cluster) = (split.map(entry), cluster.map(entry));
-    Ok((GpuProgram { ptx, steps, buffers, argmax: argmax.map(|k| k.symbol()), argmax_block, argmax_split, argmax_cluster }, module))
+    let argmax = argmax.as_ref().map(sym);
+    Ok((GpuProgram { ptx, steps, buffers, argmax, argmax_block, argmax_split, argmax_cluster }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;
