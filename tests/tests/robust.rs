@@ -20,6 +20,8 @@ const PANIC: u32 = 13;
 const FAIL: u32 = 14;
 /// ... takes 1.5 s
 const SLOW: u32 = 15;
+/// a row whose last token is this gets an empty logits row (its sampling then panics)
+const EMPTY: u32 = 12;
 
 /// A backend whose next token is the previous one + 1 (mod 12), with the trap tokens above.
 struct Fake;
@@ -38,8 +40,11 @@ impl Backend for Fake {
         Ok(b.logit_rows
             .iter()
             .map(|&r| {
+                if b.tokens[r as usize] == EMPTY as i32 {
+                    return vec![];
+                }
                 let mut l = vec![0.0; VOCAB];
-                l[(b.tokens[r as usize] as usize + 1) % 12] = 1.0;
+                l[(b.tokens[r as usize] as usize + 1) % 12] = 100.0;
                 l
             })
             .collect())
@@ -109,6 +114,40 @@ fn a_panicking_or_failing_step_fails_its_requests_and_the_engine_goes_on() {
     assert!(e.status().is_ok());
     let m = e.metrics.encode();
     assert!(m.contains("dsc_engine_request_failures_total{reason=\"step\"} 2"), "{m}");
+}
+
+/// A panic in one request's own work (its sampling, here on a malformed logits row) fails that
+/// request alone with a server error; the request beside it in the same step completes, and
+/// every KV block comes back.
+#[test]
+fn a_panic_in_one_requests_sampling_fails_it_alone() {
+    let metrics = Arc::new(Metrics::new());
+    let cfg = SchedulerConfig { max_seq_len: 64, ..Default::default() };
+    let mut e = dsc_runtime::scheduler::Engine::new(Box::new(Fake), cfg, None, metrics.clone());
+    let sampled = SamplingParams { temperature: 1.0, seed: 1, ..Default::default() };
+    let mut rx = vec![];
+    for prompt in [vec![EMPTY], vec![1, 2]] {
+        let (tx, r) = unbounded_channel();
+        e.submit_isolated(GenRequest {
+            prompt,
+            sampling: sampled.clone(),
+            max_tokens: 4,
+            stop_ids: vec![],
+            stop_strings: vec![],
+            logprobs: None,
+            n: 1,
+            priority: Priority::Normal,
+            deadline: None,
+            events: tx,
+        });
+        rx.push(r);
+    }
+    e.run_to_idle().unwrap();
+    let f = wait(&mut rx[0]).unwrap_err();
+    assert!(f.kind == FailKind::Server && f.message.contains("internal error while generating"), "{f}");
+    assert_eq!(wait(&mut rx[1]).unwrap().len(), 4, "the other request of the step completes");
+    assert_eq!(e.kv_stats().used_blocks, 0, "every block back");
+    assert!(metrics.encode().contains("dsc_engine_request_failures_total{reason=\"panic\"} 1"));
 }
 
 #[test]
