@@ -528,8 +528,7 @@ pub fn run(target: &str, execs: u64, seed: u64, mut before: impl FnMut(&[u8]), m
             Ok(Outcome::Rejected) => c.rejected += 1,
             Err(p) => {
                 c.panics += 1;
-                let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-                on_panic(&input, msg);
+                on_panic(&input, dsc_runtime::scheduler::panic_message(&*p));
             }
         }
     }

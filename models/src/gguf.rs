@@ -202,7 +202,13 @@ impl GgufFile {
         // SAFETY: the file is opened read-only; we never hand out references that outlive the
         // map, and a concurrent writer would be a user error that at worst changes values.
         let map = unsafe { Mmap::map(&f) }.map_err(io(path))?;
-        let p = parse(path, &map)?;
+        let len = map.len();
+        Self::from_map(path, map, len)
+    }
+
+    /// The file whose first `len` bytes `map` holds.
+    fn from_map(path: &Path, map: Mmap, len: usize) -> Result<Self> {
+        let p = parse(path, &map[..len])?;
         Ok(GgufFile { path: path.to_path_buf(), version: p.version, metadata: p.metadata, tensors: p.tensors, order: p.order, map: Arc::new(map) })
     }
 }
@@ -217,67 +223,65 @@ pub struct GgufHeader {
 }
 
 pub fn parse(path: &Path, map: &[u8]) -> Result<GgufHeader> {
-    {
-        let mut r = Reader { b: map, pos: 0, path, values: 0 };
-        let magic = r.take(4, "magic")?;
-        if magic != b"GGUF" {
-            return r.err(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"));
-        }
-        let version = r.u32("version")?;
-        if !(2..=3).contains(&version) {
-            return r.err(format!("GGUF version {version} is not supported (2 or 3)"));
-        }
-        let n_tensors = r.u64("tensor count")?;
-        let n_kv = r.u64("metadata count")?;
-        if n_tensors > map.len() as u64 || n_kv > map.len() as u64 {
-            return r.err(format!("implausible counts ({n_tensors} tensors, {n_kv} metadata entries) for a {}-byte file", map.len()));
-        }
-        let mut metadata = BTreeMap::new();
-        for _ in 0..n_kv {
-            let key = r.string("metadata key")?;
-            let ty = r.u32(&key)?;
-            let v = r.value(ty, &key, 0)?;
-            metadata.insert(key, v);
-        }
-        let align = match metadata.get("general.alignment") {
-            Some(v) => v.as_u64().filter(|a| a.is_power_of_two()).ok_or(ModelError::Format { path: path.into(), msg: "general.alignment must be a power of two".into() })? as usize,
-            None => 32,
-        };
-        let mut infos = vec![];
-        for _ in 0..n_tensors {
-            let name = r.string("tensor name")?;
-            let nd = r.u32(&name)?;
-            if nd > 8 {
-                return r.err(format!("tensor `{name}` has {nd} dims"));
-            }
-            let mut ne = vec![];
-            for _ in 0..nd {
-                ne.push(r.u64(&name)? as usize);
-            }
-            let ty = r.u32(&name)?;
-            let off = r.u64(&name)? as usize;
-            infos.push((name, ne, ty, off));
-        }
-        let data_start = r.pos.div_ceil(align) * align;
-        let mut tensors = BTreeMap::new();
-        let mut order = vec![];
-        for (name, ne, ty, off) in infos {
-            let terr = |msg: String| ModelError::Tensor { path: path.to_path_buf(), tensor: name.clone(), msg };
-            let dtype = ggml_type(ty).map_err(terr)?;
-            let numel = ne.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
-            let nbytes = dtype.bytes_for(numel).ok_or_else(|| terr(format!("{numel} elements are not whole {dtype} blocks")))?;
-            let offset = data_start.checked_add(off).ok_or_else(|| terr("offset overflows".into()))?;
-            if offset.checked_add(nbytes).is_none_or(|end| end > map.len()) {
-                return Err(terr(format!("data at bytes {offset}..{} lies past the end of the file ({} bytes): the file is truncated", offset.saturating_add(nbytes), map.len())));
-            }
-            let shape: Vec<usize> = ne.iter().rev().copied().collect();
-            order.push(name.clone());
-            if tensors.insert(name.clone(), TensorInfo { name: name.clone(), shape, dtype, offset, nbytes }).is_some() {
-                return Err(terr("appears twice".into()));
-            }
-        }
-        Ok(GgufHeader { version, metadata, tensors, order })
+    let mut r = Reader { b: map, pos: 0, path, values: 0 };
+    let magic = r.take(4, "magic")?;
+    if magic != b"GGUF" {
+        return r.err(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"));
     }
+    let version = r.u32("version")?;
+    if !(2..=3).contains(&version) {
+        return r.err(format!("GGUF version {version} is not supported (2 or 3)"));
+    }
+    let n_tensors = r.u64("tensor count")?;
+    let n_kv = r.u64("metadata count")?;
+    if n_tensors > map.len() as u64 || n_kv > map.len() as u64 {
+        return r.err(format!("implausible counts ({n_tensors} tensors, {n_kv} metadata entries) for a {}-byte file", map.len()));
+    }
+    let mut metadata = BTreeMap::new();
+    for _ in 0..n_kv {
+        let key = r.string("metadata key")?;
+        let ty = r.u32(&key)?;
+        let v = r.value(ty, &key, 0)?;
+        metadata.insert(key, v);
+    }
+    let align = match metadata.get("general.alignment") {
+        Some(v) => v.as_u64().filter(|a| a.is_power_of_two()).ok_or(ModelError::Format { path: path.into(), msg: "general.alignment must be a power of two".into() })? as usize,
+        None => 32,
+    };
+    let mut infos = vec![];
+    for _ in 0..n_tensors {
+        let name = r.string("tensor name")?;
+        let nd = r.u32(&name)?;
+        if nd > 8 {
+            return r.err(format!("tensor `{name}` has {nd} dims"));
+        }
+        let mut ne = vec![];
+        for _ in 0..nd {
+            ne.push(r.u64(&name)? as usize);
+        }
+        let ty = r.u32(&name)?;
+        let off = r.u64(&name)? as usize;
+        infos.push((name, ne, ty, off));
+    }
+    let data_start = r.pos.div_ceil(align) * align;
+    let mut tensors = BTreeMap::new();
+    let mut order = vec![];
+    for (name, ne, ty, off) in infos {
+        let terr = |msg: String| ModelError::Tensor { path: path.to_path_buf(), tensor: name.clone(), msg };
+        let dtype = ggml_type(ty).map_err(terr)?;
+        let numel = ne.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
+        let nbytes = dtype.bytes_for(numel).ok_or_else(|| terr(format!("{numel} elements are not whole {dtype} blocks")))?;
+        let offset = data_start.checked_add(off).ok_or_else(|| terr("offset overflows".into()))?;
+        if offset.checked_add(nbytes).is_none_or(|end| end > map.len()) {
+            return Err(terr(format!("data at bytes {offset}..{} lies past the end of the file ({} bytes): the file is truncated", offset.saturating_add(nbytes), map.len())));
+        }
+        let shape: Vec<usize> = ne.iter().rev().copied().collect();
+        order.push(name.clone());
+        if tensors.insert(name.clone(), TensorInfo { name: name.clone(), shape, dtype, offset, nbytes }).is_some() {
+            return Err(terr("appears twice".into()));
+        }
+    }
+    Ok(GgufHeader { version, metadata, tensors, order })
 }
 
 impl GgufFile {
@@ -286,9 +290,7 @@ impl GgufFile {
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self> {
         let mut m = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io(path))?;
         m[..bytes.len()].copy_from_slice(bytes);
-        let map = m.make_read_only().map_err(io(path))?;
-        let p = parse(path, &map[..bytes.len()])?;
-        Ok(GgufFile { path: path.to_path_buf(), version: p.version, metadata: p.metadata, tensors: p.tensors, order: p.order, map: Arc::new(map) })
+        Self::from_map(path, m.make_read_only().map_err(io(path))?, bytes.len())
     }
 
     pub fn bytes(&self, t: &TensorInfo) -> &[u8] {

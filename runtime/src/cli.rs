@@ -87,7 +87,6 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     match a.backend {
         BackendKind::Cpu => generate_and_print(&mut CpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
-        BackendKind::Gpu if crate::gpu::cuda_available().is_err() => bail!("--backend gpu: {}; use --backend cpu", crate::gpu::cuda_available().err().unwrap_or_default()),
         BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
     }
 }
@@ -473,14 +472,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
 /// KV bytes per token over every layer's pools (rows of the pools' type: f32 or bf16).
 fn kv_bytes_per_token(plan: &Plan) -> anyhow::Result<usize> {
     let g = plan.graph()?;
-    g.leaves(&dsc_ir::Op::State)
-        .iter()
-        .map(|&id| {
-            let n = g.node(id);
-            let row = n.ty.shape.iter().skip(2).filter_map(|d| d.as_const()).product::<usize>();
-            n.ty.dtype.bytes_for(row).ok_or_else(|| anyhow::anyhow!("state {}: {} pools have no byte size", n.name, n.ty.dtype))
-        })
-        .sum()
+    crate::engine::kv_pools(&g).map(|(n, row)| n.ty.dtype.bytes_for(row).ok_or_else(|| anyhow::anyhow!("state {}: {} pools have no byte size", n.name, n.ty.dtype))).sum()
 }
 
 #[cfg(test)]

@@ -156,11 +156,7 @@ impl<'p> CpuBackend<'p> {
 /// or pool that cannot fit this machine's available memory, instead of aborting on allocation.
 fn cpu_memory_check(graph: &Graph, plan: &Plan, kv_tokens: usize, world: usize) -> Result<()> {
     let weights: u64 = plan.header.weights.tensors.iter().map(|t| t.shape.iter().map(|&d| d as u64).product::<u64>().saturating_mul(4)).fold(0u64, u64::saturating_add);
-    let kv: u64 = graph
-        .leaves(&dsc_ir::Op::State)
-        .iter()
-        .map(|&id| graph.node(id).ty.shape.iter().skip(2).filter_map(|d| d.as_const()).map(|d| d as u64).product::<u64>().saturating_mul(4).saturating_mul(kv_tokens as u64))
-        .fold(0u64, u64::saturating_add);
+    let kv: u64 = kv_pools(graph).map(|(_, row)| (row as u64).saturating_mul(4).saturating_mul(kv_tokens as u64)).fold(0u64, u64::saturating_add);
     let need = weights.saturating_add(kv.saturating_mul(world as u64));
     if let Some(avail) = mem_available() {
         if need > avail {
@@ -177,6 +173,14 @@ fn cpu_memory_check(graph: &Graph, plan: &Plan, kv_tokens: usize, world: usize) 
         }
     }
     Ok(())
+}
+
+/// The graph's KV-cache pools (its `State` leaves), each with the elements one token's row takes.
+pub fn kv_pools(graph: &Graph) -> impl Iterator<Item = (&dsc_ir::Node, usize)> {
+    graph.leaves(&dsc_ir::Op::State).into_iter().map(move |id| {
+        let n = graph.node(id);
+        (n, n.ty.shape.iter().skip(2).filter_map(|d| d.as_const()).product::<usize>())
+    })
 }
 
 /// MemAvailable from /proc/meminfo, bytes (None where there is no such file).

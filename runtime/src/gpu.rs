@@ -215,7 +215,7 @@ impl<'p> GpuBackend<'p> {
     /// `collective` is made once this rank's stream exists (NCCL communicators bind to it).
     pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, spec: RankSpec, collective: impl FnOnce(&Arc<CudaStream>) -> Result<GpuCollective>) -> Result<Self> {
         let prog = plan.header.gpu.as_ref().ok_or_else(|| gerr("this plan has no GPU program (compile it with a GPU lowering for every op)"))?;
-        cuda_available().map_err(gerr)?;
+        cuda_available().map_err(|e| gerr(format!("{e}; use --backend cpu")))?;
         let ctx = cu(CudaContext::new(spec.device), &format!("opening CUDA device {}", spec.device))?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let major = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), "device attribute")?;

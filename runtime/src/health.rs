@@ -66,9 +66,13 @@ impl Health {
         self.watchdog.floor.max(slowest.mul_f64(self.watchdog.factor))
     }
 
+    /// Now, as `step_since` holds it (never 0).
+    fn tick(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
     pub fn step_started(&self) {
-        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
-        self.step_since.store(now, Ordering::SeqCst);
+        self.step_since.store(self.tick(), Ordering::SeqCst);
     }
 
     pub fn step_ended(&self) {
@@ -76,7 +80,7 @@ impl Health {
         if since == 0 {
             return;
         }
-        let took = Duration::from_nanos((self.epoch.elapsed().as_nanos() as u64 + 1).saturating_sub(since));
+        let took = Duration::from_nanos(self.tick().saturating_sub(since));
         if took > self.bound() {
             self.stall();
         }
@@ -126,7 +130,7 @@ impl Health {
         }
         let since = self.step_since.load(Ordering::SeqCst);
         if since != 0 {
-            let running = Duration::from_nanos((self.epoch.elapsed().as_nanos() as u64 + 1).saturating_sub(since));
+            let running = Duration::from_nanos(self.tick().saturating_sub(since));
             if running > self.bound() {
                 self.stall();
                 return Err(format!("an engine step has run for {:.1} s, past the watchdog bound of {:.1} s", running.as_secs_f64(), self.bound().as_secs_f64()));

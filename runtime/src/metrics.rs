@@ -147,4 +147,14 @@ impl Metrics {
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&Reason { reason: kind.into() }).inc();
     }
+
+    /// A request failed inside the engine (`why`: panic, step).
+    pub fn engine_failure(&self, why: &str) {
+        self.engine_failures.get_or_create(&Reason { reason: why.into() }).inc();
+    }
+
+    /// A request or connection refused as overloaded (`what` was full: queue, connections).
+    pub fn refused(&self, what: &str) {
+        self.overloaded.get_or_create(&Reason { reason: what.into() }).inc();
+    }
 }

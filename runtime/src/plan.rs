@@ -711,8 +711,8 @@ pub fn parse_plan_bytes(path: &Path, map: &[u8], opts: &OpenOptions) -> Result<P
         return Err(perr(format!("unknown flags {flags:#x} (a newer dsc wrote it?)")));
     }
     let (hlen, blob_offset, blob_len) = (u64at(16), u64at(24), u64at(32));
-    let end = blob_offset.checked_add(blob_len);
-    if PREFIX as u64 + hlen.min(u64::MAX - PREFIX as u64) > map.len() as u64 || end.is_none_or(|e| e > map.len() as u64) || blob_offset < PREFIX as u64 + hlen {
+    let (header_end, blob_end) = ((PREFIX as u64).saturating_add(hlen), blob_offset.checked_add(blob_len));
+    if header_end > map.len() as u64 || blob_end.is_none_or(|e| e > map.len() as u64) || blob_offset < header_end {
         return Err(perr(format!("truncated or corrupt: header {hlen} B, blob {blob_len} B at {blob_offset}, file {} B", map.len())));
     }
     let (hlen, blob_offset, blob_len) = (hlen as usize, blob_offset as usize, blob_len as usize);

@@ -214,7 +214,7 @@ impl End {
 }
 
 /// A panic's message, for the request it failed.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
 }
 
@@ -445,7 +445,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         self.backend.discard_inflight();
         let ids: Vec<u64> = self.seqs.keys().copied().collect();
         for id in ids {
-            self.metrics.engine_failures.get_or_create(&crate::metrics::Reason { reason: "step".into() }).inc();
+            self.metrics.engine_failure("step");
             self.fail(id, Failure::new(FailKind::Server, why));
         }
         self.update_gauges();
@@ -455,7 +455,7 @@ impl<B: Backend + ?Sized> Engine<B> {
     pub fn submit_isolated(&mut self, r: GenRequest) {
         let events = r.events.clone();
         if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.submit(r))) {
-            self.metrics.engine_failures.get_or_create(&crate::metrics::Reason { reason: "panic".into() }).inc();
+            self.metrics.engine_failure("panic");
             let m = panic_message(&*p);
             tracing::error!(target: "dsc::engine", "a request failed while queued: {m}");
             let _ = events.send(Event::Error(Failure::new(FailKind::Server, format!("internal error while queuing the request: {m}"))));
@@ -788,7 +788,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         if let Err(p) = r {
             let m = panic_message(&*p);
             tracing::error!(target: "dsc::engine", "request failed inside the engine: {m}");
-            self.metrics.engine_failures.get_or_create(&crate::metrics::Reason { reason: "panic".into() }).inc();
+            self.metrics.engine_failure("panic");
             // (its forks, if it had any, are separate sequences that carry on)
             self.fail(id, Failure::new(FailKind::Server, format!("internal error while generating: {m}")));
         }

@@ -153,8 +153,9 @@ impl ApiError {
         self.status
     }
 
-    pub fn message(&self) -> &str {
-        &self.message
+    /// The engine dropped a request without ending it (it stopped).
+    fn engine_gone() -> Self {
+        ApiError::from_failure(&Failure::new(FailKind::Server, "the engine stopped before the request finished"))
     }
 
     fn body(&self) -> Value {
@@ -565,7 +566,7 @@ async fn run(s: Arc<AppState>, c: Common, chat: bool) -> Response {
     let n = s.pending.fetch_add(1, Ordering::SeqCst);
     let guard = PendingGuard(s.pending.clone());
     if n >= s.cfg.max_pending {
-        s.metrics.overloaded.get_or_create(&crate::metrics::Reason { reason: "queue".into() }).inc();
+        s.metrics.refused("queue");
         return ApiError::unavailable(format!("the server is overloaded ({} requests pending): retry later", s.cfg.max_pending)).into_response();
     }
     if let Err(e) = s.engine.submit(req) {
@@ -613,7 +614,7 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
     }
     if ch.iter().any(|c| c.reason.is_none()) {
         // the engine dropped the request without ending it (it stopped)
-        return ApiError::from_failure(&Failure::new(FailKind::Server, "the engine stopped before the request finished")).into_response();
+        return ApiError::engine_gone().into_response();
     }
     let choices: Vec<Value> = ch
         .into_iter()
@@ -719,7 +720,7 @@ fn stream(
                 }
                 None => {
                     // the engine dropped the request without ending it (it stopped)
-                    st.pending.push_back(ApiError::from_failure(&Failure::new(FailKind::Server, "the engine stopped before the request finished")).body().to_string());
+                    st.pending.push_back(ApiError::engine_gone().body().to_string());
                     st.pending.push_back("[DONE]".into());
                     st.finished = true;
                 }
@@ -804,7 +805,7 @@ pub async fn serve_until(state: Arc<AppState>, listener: tokio::net::TcpListener
         };
         let _ = stream.set_nodelay(true);
         let Ok(permit) = conns.clone().try_acquire_owned() else {
-            state.metrics.overloaded.get_or_create(&crate::metrics::Reason { reason: "connections".into() }).inc();
+            state.metrics.refused("connections");
             tokio::spawn(refuse(stream));
             continue;
         };
@@ -825,7 +826,7 @@ pub async fn serve_until(state: Arc<AppState>, listener: tokio::net::TcpListener
 /// the client does).
 async fn refuse(mut stream: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
-    let body = json!({"error": {"message": "the server is at its connection limit: retry later", "type": "server_error", "param": Value::Null, "code": "overloaded"}}).to_string();
+    let body = ApiError::unavailable("the server is at its connection limit: retry later").body().to_string();
     let resp = format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len());
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         let _ = stream.write_all(resp.as_bytes()).await;

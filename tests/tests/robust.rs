@@ -63,21 +63,15 @@ fn engine(watchdog_ms: u64) -> EngineHandle {
     spawn(|lp| lp.run(Fake), cfg, None, Arc::new(Metrics::new())).unwrap().0
 }
 
-fn submit(e: &EngineHandle, prompt: Vec<u32>) -> UnboundedReceiver<Event> {
+/// A request for `max_tokens` of `prompt` (no stops, normal priority) and its events.
+fn request(prompt: Vec<u32>, sampling: SamplingParams, max_tokens: usize) -> (GenRequest, UnboundedReceiver<Event>) {
     let (tx, rx) = unbounded_channel();
-    e.submit(GenRequest {
-        prompt,
-        sampling: SamplingParams::default(),
-        max_tokens: 4,
-        stop_ids: vec![],
-        stop_strings: vec![],
-        logprobs: None,
-        n: 1,
-        priority: Priority::Normal,
-        deadline: None,
-        events: tx,
-    })
-    .unwrap();
+    (GenRequest { prompt, sampling, max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events: tx }, rx)
+}
+
+fn submit(e: &EngineHandle, prompt: Vec<u32>) -> UnboundedReceiver<Event> {
+    let (r, rx) = request(prompt, SamplingParams::default(), 4);
+    e.submit(r).unwrap();
     rx
 }
 
@@ -127,20 +121,9 @@ fn a_panic_in_one_requests_sampling_fails_it_alone() {
     let sampled = SamplingParams { temperature: 1.0, seed: 1, ..Default::default() };
     let mut rx = vec![];
     for prompt in [vec![EMPTY], vec![1, 2]] {
-        let (tx, r) = unbounded_channel();
-        e.submit_isolated(GenRequest {
-            prompt,
-            sampling: sampled.clone(),
-            max_tokens: 4,
-            stop_ids: vec![],
-            stop_strings: vec![],
-            logprobs: None,
-            n: 1,
-            priority: Priority::Normal,
-            deadline: None,
-            events: tx,
-        });
-        rx.push(r);
+        let (r, events) = request(prompt, sampled.clone(), 4);
+        e.submit_isolated(r);
+        rx.push(events);
     }
     e.run_to_idle().unwrap();
     let f = wait(&mut rx[0]).unwrap_err();
@@ -159,20 +142,8 @@ fn steps_failing_in_a_row_make_the_engine_unhealthy_at_once() {
     let why = e.status().unwrap_err();
     assert!(why.contains("failed in a row") && why.contains("illegal memory access"), "{why}");
     // new requests are refused (the server answers 503) and the liveness probe fails
-    let (tx, _rx) = unbounded_channel();
-    let r = e.submit(GenRequest {
-        prompt: vec![1],
-        sampling: SamplingParams::default(),
-        max_tokens: 1,
-        stop_ids: vec![],
-        stop_strings: vec![],
-        logprobs: None,
-        n: 1,
-        priority: Priority::Normal,
-        deadline: None,
-        events: tx,
-    });
-    assert!(r.is_err());
+    let (r, _rx) = request(vec![1], SamplingParams::default(), 1);
+    assert!(e.submit(r).is_err());
     assert!(e.metrics.encode().contains("dsc_engine_healthy 0"));
 }
 
@@ -229,22 +200,9 @@ fn the_stop_string_request_that_killed_the_engine_now_just_stops() {
     )
     .unwrap();
     let ask = |stops: Vec<String>| {
-        let (tx, mut rx) = unbounded_channel();
         let prompt = tok.encode("Translate to French: 'The coffee is very good and the café is open.' French:").unwrap();
-        let sp = SamplingParams { temperature: 0.0, ..Default::default() };
-        e.submit(GenRequest {
-            prompt,
-            sampling: sp,
-            max_tokens: 24,
-            stop_ids: tok.info.eos_ids.clone(),
-            stop_strings: stops,
-            logprobs: None,
-            n: 1,
-            priority: Priority::Normal,
-            deadline: None,
-            events: tx,
-        })
-        .unwrap();
+        let (r, mut rx) = request(prompt, SamplingParams { temperature: 0.0, ..Default::default() }, 24);
+        e.submit(GenRequest { stop_ids: tok.info.eos_ids.clone(), stop_strings: stops, ..r }).unwrap();
         let mut text = String::new();
         loop {
             match rx.blocking_recv().expect("an ending event") {
