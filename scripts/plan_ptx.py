@@ -93,8 +93,10 @@ def main():
             print(f"{p.name}: targets {sorted(pa)} vs {sorted(pb)}")
             bad += 1
             continue
+        all_renames = {}
         for t in sorted(pa):
             problems, renames, n, m = compare(pa[t], pb[t])
+            all_renames.update(renames)
             status = "identical up to labels and symbols" if not problems else "DIFFERENT"
             print(f"{p.name} {t}: {n} vs {m} kernels, {status}; {len(renames)} renamed")
             for x, y in renames[:20]:
@@ -102,6 +104,19 @@ def main():
             for pr in problems[:20]:
                 print(f"    {pr}")
             bad += bool(problems)
+        # the launch schedule beside the PTX: steps, buffers, argmax entries, kernel symbols
+        # mapped through the renames found above (the recorded codegen options left out)
+        def schedule(h, renames):
+            g = dict(h.get("gpu") or {})
+            g.pop("ptx", None)
+            g.pop("codegen_options", None)
+            text = json.dumps(g, sort_keys=True)
+            for x, y in sorted(renames.items(), key=lambda r: -len(r[0])):
+                text = text.replace(f'"{x}"', f'"{y}"')
+            return text
+        same = schedule(ha, all_renames) == schedule(hb, {})
+        print(f"{p.name} schedule: {'identical' if same else 'DIFFERENT'} ({len((hb.get('gpu') or {}).get('steps', []))} steps)")
+        bad += not same
     sys.exit(1 if bad else 0)
 
 

@@ -4,6 +4,7 @@
 //! Calling convention: global pointers (`!llvm.ptr<1>`) for tensors, in operand order, then
 //! the output, then i64 scalars. [`Launch`] says how the runtime sizes the grid.
 
+use crate::options::KernelOptions;
 use dsc_ir::{BinaryOp, DType, UnaryOp};
 use std::fmt::Write;
 
@@ -43,30 +44,11 @@ pub fn gemv_mma_tiling() -> (usize, usize) {
     (w, u)
 }
 
-/// A compile-time sweep knob: environment variable `var` as a number (None: unset or not one).
-pub fn env_num<T: std::str::FromStr>(var: &str) -> Option<T> {
-    std::env::var(var).ok()?.parse().ok()
-}
-
-/// A compile-time sweep knob: environment variable `var` as comma-separated numbers (entries
-/// that do not parse are left out; None: unset).
-pub fn env_list<T: std::str::FromStr>(var: &str) -> Option<Vec<T>> {
-    Some(std::env::var(var).ok()?.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-}
-
 /// (warps per block, K steps unrolled, 16-row A tiles per block) of the tensor-core batched
-/// GEMV; DSC_GEMV_MMA_TILING=W,U[,A] overrides (A > 1: each block computes 16·A outputs and
-/// reuses every activation fragment for A tiles — A times less activation traffic from L2,
-/// A times fewer blocks; not yet measured on the H200, so A = 1 by default).
+/// GEMV. (The emitter takes A > 1 — each block computing 16·A outputs, reusing every
+/// activation fragment for A tiles — but no plan does: never measured better; the sweep knob
+/// went with the environment variables.)
 pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
-    if let Some(p) = env_list::<usize>("DSC_GEMV_MMA_TILING") {
-        if (2..=3).contains(&p.len()) && (1..=32).contains(&p[0]) && p[1] >= 1 {
-            let a = p.get(2).copied().unwrap_or(1);
-            if (1..=8).contains(&a) {
-                return (p[0], p[1], a);
-            }
-        }
-    }
     // measured on the H200 (8B shape, b8/b32/b64 tok/s): (4,2) 795/1967/2998, (8,2)
     // 923/2357/2793, (4,4) 943/2092/2892, (8,4) 1034/2591/3019, (16,1) 993/2632/3044
     (8, 4, 1)
@@ -99,19 +81,10 @@ pub fn wide_gemv_kernel_fits(k: usize, wdtype: DType) -> Result<(), String> {
     }
 }
 
-/// Whether the lowering picks the wide GEMV where it fits (DSC_GEMV_WIDE=0 at compile time:
-/// the split-K GEMV as before).
-pub fn wide_gemv_on() -> bool {
-    env_num::<u32>("DSC_GEMV_WIDE") != Some(0)
-}
-
 /// The wide GEMV's schedule: (row groups per warp, 16-byte units per lane loaded ahead of the
-/// one being summed); DSC_GEMV_WIDE_GROUPS=g,d at compile time.
+/// one being summed).
 pub fn wide_tiling() -> (usize, usize) {
-    match env_list::<usize>("DSC_GEMV_WIDE_GROUPS") {
-        Some(p) if p.len() == 2 && (1..=64).contains(&p[0]) && (1..=32).contains(&p[1]) => (p[0], p[1]),
-        _ => (8, 12),
-    }
+    (8, 12)
 }
 
 /// Outputs (W rows) one block of the wide GEMV covers.
@@ -123,20 +96,6 @@ pub fn wide_outputs() -> usize {
 /// unrolled per loop iteration). Several outputs per block reuse each activation load; the
 /// unroll keeps several 16-byte loads per lane in flight.
 pub fn gemv_tiling(k: usize, n: usize, rows: usize) -> (usize, usize) {
-    let var = if rows == 1 { "DSC_GEMV_TILING" } else { "DSC_GEMV_FEW_TILING" };
-    if let Some(p) = env_list::<usize>(var) {
-        if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
-            return (p[0], p[1]);
-        }
-    }
-    // (wide one-row GEMVs — the lm_head — for A/B runs: DSC_GEMV_WIDE_TILING=r,u)
-    if rows == 1 && n >= GEMV_WIDE_N {
-        if let Some(p) = env_list::<usize>("DSC_GEMV_WIDE_TILING") {
-            if p.len() == 2 && p[0] >= 1 && p[1] >= 1 {
-                return (p[0], p[1]);
-            }
-        }
-    }
     if rows == 1 && k >= GEMV_LONG_K && n % 64 == 0 {
         // long rows (the 8B shape): 8 outputs, 2 chunks per loop iteration — half the blocks
         // of (4, 4), the same loads in flight per thread; measured on the H200 (8B b1,
@@ -147,12 +106,6 @@ pub fn gemv_tiling(k: usize, n: usize, rows: usize) -> (usize, usize) {
     } else {
         (8, 1)
     }
-}
-
-/// Whether the decode GEMVs load their first weights before `griddepcontrol.wait`
-/// (`emit_gemv`); DSC_GEMV_PRELOAD=0 at compile time turns it off (A/B runs).
-pub fn gemv_preload() -> bool {
-    env_num::<usize>("DSC_GEMV_PRELOAD").is_none_or(|v| v != 0)
 }
 
 /// Decode GEMVs over at most this many weight bytes prefetch their rows into L2 before
@@ -201,19 +154,8 @@ fn rms_norm_params(half: Option<bool>) -> String {
 
 /// Warps of the split-K reduce + RMSNorm kernel's block: 32, a row of d = 4096 one 16-byte
 /// piece per thread, all its partial sums' loads in flight at once (8 warps, 4 pieces per
-/// thread, made the fold lose; bench/results/swiglu-splitk-norm-2026-11-30.json);
-/// DSC_SPLITK_NORM_WARPS (1..=32) at compile time overrides.
+/// thread, made the fold lose; bench/results/swiglu-splitk-norm-2026-11-30.json).
 pub const SPLITK_NORM_WARPS: usize = 32;
-
-/// Whether the split-K reduce + RMSNorm kernel keeps each thread's summed piece in registers
-/// for the scaling pass where a row is one piece per thread (d ≤ 4 x threads), and loads its
-/// norm weights before `griddepcontrol.wait` — instead of reading back from global memory the
-/// y it stored (one more L2 round trip after the block's barrier) and loading g after the
-/// wait. DSC_SPLITK_NORM_REGS=1 at compile time; prepared, not yet run on the H200 (the 8B
-/// b32 step spends 343 µs in these kernels: bench/results/timeline-2026-11-30.json).
-fn splitk_norm_regs() -> bool {
-    std::env::var("DSC_SPLITK_NORM_REGS").is_ok_and(|v| v == "1")
-}
 
 /// The split-K reduce + RMSNorm kernel's parameters.
 fn splitk_norm_params(residual: bool, half: Option<bool>) -> String {
@@ -224,20 +166,16 @@ fn splitk_norm_params(residual: bool, half: Option<bool>) -> String {
     )
 }
 
-fn splitk_norm_warps() -> usize {
-    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *W.get_or_init(|| std::env::var("DSC_SPLITK_NORM_WARPS").ok().and_then(|v| v.parse().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(SPLITK_NORM_WARPS))
-}
-
 /// Blocks per row of the split-K reduce + RMSNorm on sm_90a ([`KernelSpec::SplitKReduceNorm`]'s
 /// `cluster`) for rows of `d` floats: a thread-block cluster of c blocks, block r taking the
 /// row's columns [r·d/c, (r+1)·d/c) as one 4-float piece per thread, so a row's loads spread
 /// over c SMs instead of one (the 8B shape's b32 step ran 63 of these kernels at 5.4 µs, 32
-/// blocks on 132 SMs, latency-bound). DSC_SPLITK_NORM_CLUSTER (1, 2, 4 or 8) at compile time;
-/// 1 where d is not a multiple of 128·c (whole warps) or a block would pass 1024 threads.
+/// blocks on 132 SMs, latency-bound). `want`: [`SPLITK_NORM_CLUSTER`] unless the options
+/// ask for another ([`crate::options::ScheduleOptions::splitk_norm_cluster`]); 1 where d is
+/// not a multiple of 128·c (whole warps) or a block would pass 1024 threads.
 /// (Only the sm_90a split-K alternatives take it: those kernels alone read the parts.)
-pub fn splitk_norm_cluster(d: usize) -> usize {
-    let c = env_num::<usize>("DSC_SPLITK_NORM_CLUSTER").filter(|c| [1, 2, 4, 8].contains(c)).unwrap_or(SPLITK_NORM_CLUSTER);
+pub fn splitk_norm_cluster(d: usize, want: Option<usize>) -> usize {
+    let c = want.unwrap_or(SPLITK_NORM_CLUSTER);
     if c > 1 && d % (128 * c) == 0 && d / 4 / c <= 1024 {
         c
     } else {
@@ -265,24 +203,18 @@ pub const ARGMAX_CLUSTER_WARPS: usize = 16;
 /// Blocks per row of the cluster argmax (a portable cluster size).
 pub const ARGMAX_CLUSTER_BLOCKS: usize = 8;
 
-/// Whether plans carry the cluster argmax beside the split one (DSC_ARGMAX_CLUSTER=0 at
-/// compile time: not; measured SmolLM2 b1 +0.35%, 8B neutral, session 18).
-pub fn argmax_cluster_on() -> bool {
-    env_num::<u32>("DSC_ARGMAX_CLUSTER") != Some(0)
-}
-
 /// Blocks per row of the split argmax over rows of `d` floats (None: one block per row, d not
 /// a multiple of 4, or a row one block's pieces already cover); at most 64 (a warp's two
-/// partials per lane in the last block's reduction). DSC_ARGMAX_SPLIT=0 at compile time: off.
+/// partials per lane in the last block's reduction).
 pub fn argmax_splits(d: usize) -> Option<usize> {
-    if env_num::<usize>("DSC_ARGMAX_SPLIT") == Some(0) || d % 4 != 0 {
+    if d % 4 != 0 {
         return None;
     }
     Some((d / 4).div_ceil(ARGMAX_SPLIT_PIECES)).filter(|&s| (2..=64).contains(&s))
 }
 
-/// Keys each warp of the decode attention kernel takes per loop step (DSC_ATTN_KEYS
-/// overrides at compile time, 1..=8, for sweeps).
+/// Keys each warp of the decode attention kernel takes per loop step (the default of
+/// [`crate::options::ScheduleOptions::attn_keys`]).
 pub const ATTN_KEYS: usize = 4;
 
 /// Activation rows per block of the batched-decode GEMV (`MatMulFew`) on the CUDA cores
@@ -846,7 +778,7 @@ impl KernelSpec {
             | KernelSpec::SeededInit { .. }
             | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
             KernelSpec::SplitKReduceNorm { d, cluster, .. } if *cluster > 1 => Launch::BlockPerRow { warps: (d / 4 / cluster / 32).max(1) as u32 },
-            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: splitk_norm_warps() as u32 },
+            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: SPLITK_NORM_WARPS as u32 },
             // (the stages' mbarriers past the tiles: 8 bytes each)
             KernelSpec::Tma { inner } => match inner.launch() {
                 Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
@@ -854,11 +786,11 @@ impl KernelSpec {
             },
             // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
             KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
-                KernelSpec::FlashAttention { h, kvh, d, bs, .. } => {
-                    let hpb = flash_wg_heads(*h, *kvh);
-                    // (TMA tiles: + the two stages' mbarriers and use counts)
+                KernelSpec::FlashAttention { d, bs, .. } => {
+                    // (a query head per block; TMA tiles: + the two stages' mbarriers and use
+                    // counts)
                     let tma = if flash_wg_tma_rows(*bs).is_some() { FLASH_WG_TMA_BYTES } else { 0 };
-                    Launch::Tile { outputs: hpb as u32, rows: 64, threads: 128 * hpb as u32, smem: (flash_wg_smem(*d) + tma) as u32 }
+                    Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: (flash_wg_smem(*d) + tma) as u32 }
                 }
                 other => other.launch(),
             },
@@ -958,6 +890,8 @@ struct Body {
     /// (`QkvAttentionO`: the attention computes its q, k and v from x — K, eps, blocks per
     /// cluster; 1: no cluster)
     qkv_in: Option<(usize, f32, usize)>,
+    /// how the body is written for this spec (the compile's `KernelOptions`)
+    o: KernelOptions,
 }
 
 impl Body {
@@ -2005,7 +1939,7 @@ impl Body {
         body: &dyn Fn(&mut Body, &[String], &[String], Option<&[W]>) -> Vec<String>,
     ) -> Vec<String> {
         let plain = |b: &mut Body, us: &[String], acc: &[String]| body(b, us, acc, None);
-        if !(self.pdl && !self.waited && jloop >= unroll && gemv_preload()) {
+        if !(self.pdl && !self.waited && jloop >= unroll && self.o.gemv_preload) {
             return self.split_k_rounds(per, jloop, rounds, unroll, base, stride, limit, &plain);
         }
         let idx: Vec<String> = (0..unroll)
@@ -2190,7 +2124,7 @@ fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, residu
             b.op(&format!("arith.muli {c}, {rowbytes} : i64"))
         })
         .collect();
-    if b.pdl && mr == 1 && n * k * esz <= GEMV_PREFETCH_MAX_BYTES && std::env::var("DSC_NO_GEMV_PREFETCH").is_err() {
+    if b.pdl && mr == 1 && n * k * esz <= GEMV_PREFETCH_MAX_BYTES && b.o.gemv_prefetch {
         // the weights do not depend on the previous kernel: while it finishes, thread j
         // prefetches this block's weight row j into L2 (one bulk prefetch), then waits.
         // Measured (bench/results/gemv-prefetch-*.json): SmolLM2 decode b1 +14%, but the 8B
@@ -2490,7 +2424,7 @@ fn emit_gemv_wide(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: bool, r
             *next += 1;
         }
     };
-    if b.pdl && !b.waited && gemv_preload() {
+    if b.pdl && !b.waited && b.o.gemv_preload {
         issue(b, &mut next, &mut inflight, depth);
         b.wait_for_previous();
     }
@@ -2863,31 +2797,6 @@ fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bo
     Ok(())
 }
 
-/// Features per warp of the fused one-token MLP kernel (`KernelSpec::SwiGluDown`; its block
-/// has fb / fpw warps): 2 by default, DSC_SWIGLU_DOWN_FPW=1 or 2 at compile time.
-pub fn swiglu_down_fpw() -> usize {
-    match env_num::<usize>("DSC_SWIGLU_DOWN_FPW") {
-        Some(v @ (1 | 2)) => v,
-        _ => 2,
-    }
-}
-
-/// Features per block of the fused one-token MLP kernel: 16 by default (W_down's 32 bytes
-/// per row at the block's features: one sector); DSC_SWIGLU_DOWN_FB=8, 16 or 32 at compile
-/// time.
-pub fn swiglu_down_fb() -> usize {
-    match env_num::<usize>("DSC_SWIGLU_DOWN_FB") {
-        Some(v @ (8 | 16 | 32)) => v,
-        _ => 16,
-    }
-}
-
-/// DSC_MLP_RED_V4=1 at compile time: the fused MLP adds its four down-projection sums per
-/// thread with one vector reduction (rows 4t..4t+3; sm_90 has `red.global.add.v4.f32`).
-fn mlp_red_v4() -> bool {
-    env_num::<u32>("DSC_MLP_RED_V4") == Some(1)
-}
-
 /// Whether the fused one-token MLP kernel (`KernelSpec::SwiGluDown`) takes a [K] x, F
 /// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
 /// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
@@ -2954,7 +2863,9 @@ fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: us
     let fo = b.op(&format!("arith.muli {f0}, {c2} : i64"));
     // (DSC_MLP_RED_V4=1 at compile time: rows 4t + i instead, the four sums added by one
     // `red.global.add.v4.f32` — a warp's instruction covers 128 consecutive floats)
-    let v4 = mlp_red_v4() && b.pdl;
+    // (`KernelOptions::mlp_red_v4`: the four down-projection sums per thread in one vector
+    // reduction, rows 4t..4t+3; sm_90 has `red.global.add.v4.f32`)
+    let v4 = b.o.mlp_red_v4 && b.pdl;
     let c4 = b.ci64(4);
     let t4 = b.op(&format!("arith.muli {tt}, {c4} : i64"));
     let mut drows: Vec<Vec<String>> = vec![];
@@ -3114,7 +3025,7 @@ pub struct PipeTiling {
 }
 
 impl PipeTiling {
-    fn fits(&self) -> bool {
+    pub fn fits(&self) -> bool {
         (matches!(self.bn, 64 | 128 | 256) || (self.bn == 224 && self.bm == 64))
             && (self.bm == PIPE_BM || (self.bm == 64 && self.a16))
             && self.stages >= 2 + self.overlap as usize
@@ -3125,30 +3036,13 @@ impl PipeTiling {
 /// The prefill matmul's tiling for N output columns: x in 16 bits, overlapped, 256-column tiles
 /// with 4 stages from N = 6144 (the 8B shape's q/k/v, gate/up, lm_head: 410-630 TFLOP/s),
 /// 128-column tiles with 6 stages below (N = 4096 at M = 512 gives 256-column tiles only 64
-/// blocks for 132 SMs); bench/results/gemm-pipe-2026-11-29.json. DSC_GEMM_PIPE=BN,S,O,A
-/// overrides (BN 64, 128 or 256; the stages must fit 227 KB of shared memory; O = 1: overlap,
-/// which needs 3+ stages; A = 1: x in 16 bits).
+/// blocks for 132 SMs); bench/results/gemm-pipe-2026-11-29.json.
 pub fn pipe_tiling(n: usize) -> PipeTiling {
-    if let Some(p) = env_list::<usize>("DSC_GEMM_PIPE") {
-        if p.len() == 4 {
-            let t = PipeTiling { bn: p[0], stages: p[1], overlap: p[2] == 1, a16: p[3] == 1, bm: PIPE_BM };
-            if t.fits() {
-                return t;
-            }
-        }
-    }
     if n >= 6144 {
         PipeTiling { bn: 256, stages: 4, overlap: true, a16: true, bm: PIPE_BM }
     } else {
         PipeTiling { bn: 128, stages: 6, overlap: true, a16: true, bm: PIPE_BM }
     }
-}
-
-/// Column groups (of 8) whose residual/bias pairs the warp-specialized matmul's epilogue loads
-/// before storing any of them ([`Body::store_d_tile`]); DSC_EPILOGUE_CHUNK=N at compile time
-/// (0: the per-element stores).
-fn epilogue_chunk() -> usize {
-    env_num::<usize>("DSC_EPILOGUE_CHUNK").unwrap_or(8)
 }
 
 /// The fixed fields of a wgmma descriptor of a K-major tile in the 128-byte swizzle: LBO 1
@@ -3167,16 +3061,8 @@ pub const TARGET_SMS: usize = 132;
 /// The batched-decode tiling of the pipelined matmul (64-row tiles, x in 16 bits) for N
 /// output columns: 256-wide tiles where that still gives 96+ of them (224-wide where those
 /// fill the SMs better), else 128-wide (more blocks for the 132 SMs); stages to fill the
-/// shared memory. DSC_GEMM_PIPE64=BN,S overrides.
+/// shared memory.
 pub fn pipe64_tiling(n: usize) -> PipeTiling {
-    if let Some(p) = env_list::<usize>("DSC_GEMM_PIPE64") {
-        if p.len() == 2 {
-            let t = PipeTiling { bn: p[0], stages: p[1], overlap: true, a16: true, bm: 64 };
-            if t.fits() {
-                return t;
-            }
-        }
-    }
     if n.div_ceil(256) >= 96 {
         // 224-wide tiles where they divide N and fill the last wave of the SMs better (the 8B
         // shape's gate/up, N = 28,672: 128 tiles for 132 SMs instead of 112, one block each)
@@ -3589,7 +3475,7 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         if b.pdl && !b.waited {
             b.wait_for_previous();
         }
-    } else if b.pdl && !b.waited && gemv_preload() {
+    } else if b.pdl && !b.waited && b.o.gemv_preload {
         // W does not depend on the previous kernel (graph weights only): its prologue copies
         // go out before `griddepcontrol.wait`, x's after it; the first commit group holds
         // them all
@@ -3794,8 +3680,11 @@ fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: b
         let fw = b.op(&format!("arith.muli {wg}, {cq} : i64"));
         let fw = b.op(&format!("arith.addi {f0}, {fw} : i64"));
         store_swiglu_fragments(b, &ra, &fw, &tq, wn / 2, &res, f16)?;
-    } else if wspec && epilogue_chunk() > 0 {
-        b.store_d_tile(&ra, &nw0, &tq, wn, &res, bias, residual, epilogue_chunk());
+    } else if wspec && b.o.epilogue_chunk > 0 {
+        // (`KernelOptions::epilogue_chunk` column groups' residual/bias pairs loaded before
+        // storing any of them)
+        let chunk = b.o.epilogue_chunk;
+        b.store_d_tile(&ra, &nw0, &tq, wn, &res, bias, residual, chunk);
     } else {
         b.store_d_fragments(&ra, &nw0, &tq, wn, &res, bias, residual);
     }
@@ -3879,120 +3768,50 @@ pub fn flash_smem(d: usize, kv: DType, warps: usize, mtiles: usize) -> usize {
 /// difference in the instructions is PV's m64n64 with V read N-major in a single swizzle atom).
 pub const FLASH_WG_D: usize = 128;
 
-/// Whether the prefill attention reduces each row's max and sum over its tile as pairwise trees
-/// (DSC_FLASH_TREE=0 at compile time: left to right, as before)
-fn flash_tree() -> bool {
-    !std::env::var("DSC_FLASH_TREE").is_ok_and(|v| v == "0")
-}
-
-/// Rows per TMA box of the wgmma prefill attention's K/V tiles for KV cache blocks of `bs`
-/// positions (`KernelSpec::FlashWgmma`: thread 0 loads each tile as boxes of (64 head-dim
+/// Rows per TMA box of the wgmma prefill attention's K/V tiles (the tiles come as boxes of 64
 /// columns x rows keys) from the pools' 4-D tensor maps, `{pool}@kvmap{rows}`, on one
 /// mbarrier per stage, in place of every thread's `cp.async` copies and their address math —
 /// ~45% of the loop's instructions; ncu: the integer pipe was the busiest). A box never
 /// crosses a cache block and starts on a 128-byte swizzle atom row group: `bs` a multiple of 8.
-/// None: `cp.async` (other block sizes, the pipelined variant, DSC_FLASH_WG_TMA=0 at compile
-/// time). On: 8B layer at 4,096 tokens 351 -> 424 TFLOP/s, 16,384 393 -> 455
-/// (bench/results/flash-tma-2026-11-30.json).
+/// None: `cp.async` (other block sizes). 8B layer at 4,096 tokens 351 -> 424 TFLOP/s, 16,384
+/// 393 -> 455 (bench/results/flash-tma-2026-11-30.json).
 pub fn flash_wg_tma_rows(bs: usize) -> Option<usize> {
-    let on = !std::env::var("DSC_FLASH_WG_TMA").is_ok_and(|v| v == "0");
     let rows = bs.min(FLASH_KEYS);
-    (on && !flash_wg_pipe() && bs % 8 == 0 && bs > 0 && FLASH_KEYS % rows == 0 && bs % rows == 0).then_some(rows)
-}
-
-/// Blocks per SM the wgmma prefill attention with TMA tiles is compiled for (`.minnctapersm`:
-/// 3 caps it at 168 registers — a few spilled — where it took 203, for 3 x 66.6 KB of shared
-/// memory; the runtime asks for the largest carveout for the prefill attention,
-/// `gpu::allow_smem`). 8B layer at 4k: 417-427 -> 457-463 TFLOP/s
-/// (bench/results/flash-tma-2026-11-30.json). DSC_FLASH_WG_MINCTA=N at compile time (0: none).
-pub fn flash_wg_blocks_per_sm() -> Option<u32> {
-    match env_num::<u32>("DSC_FLASH_WG_MINCTA") {
-        Some(0) => None,
-        Some(n) => Some(n),
-        None => Some(3),
-    }
+    (bs % 8 == 0 && bs > 0 && FLASH_KEYS % rows == 0 && bs % rows == 0).then_some(rows)
 }
 
 /// Shared memory past the wgmma attention's K/V stages when they load by TMA: two mbarriers
 /// (8 bytes each) and the two stages' use counts (4 bytes each), padded.
 pub const FLASH_WG_TMA_BYTES: usize = 64;
 
-/// Whether the wgmma prefill attention's kernel takes head dim `d`: [`FLASH_WG_D`], or (a
-/// probe for the D = 64 failure, DSC_FLASH_WG_ANY_D=1 at bundle time) any multiple of 64.
+/// Whether the wgmma prefill attention's kernel takes head dim `d`: [`FLASH_WG_D`] (D = 64
+/// failed the kernel check, above).
 pub fn flash_wg_d_ok(d: usize) -> bool {
-    d == FLASH_WG_D || (d % 64 == 0 && d > 0 && std::env::var("DSC_FLASH_WG_ANY_D").is_ok_and(|v| v == "1"))
+    d == FLASH_WG_D
 }
 
-/// The V descriptor's (LBO, SBO) in bytes for the wgmma prefill attention: (64 keys x 128
-/// bytes between head-dim column blocks, 1 KB between 8-key groups); DSC_FLASH_WG_VDESC=L,S
-/// overrides (a probe for the D = 64 failure).
-fn flash_wg_vdesc() -> (u64, u64) {
-    match env_list::<u64>("DSC_FLASH_WG_VDESC").as_deref() {
-        Some([l, s]) => (*l, *s),
-        _ => ((FLASH_KEYS * 128) as u64, 1024),
-    }
-}
-
-/// Query heads per block of the wgmma prefill attention: 1, or with DSC_FLASH_WG_HEADS=2 at
-/// compile time 2 where a KV head has an even number of them (a warpgroup each, sharing the
-/// K/V tiles: half the tile traffic per FLOP). Measured slower (bench/results/flash-wgmma-
-/// 2026-11-30.json: 8B layer at 4k 351 -> 332 TFLOP/s): two independent blocks per SM overlap
-/// one's softmax with the other's MMAs better than two warpgroups kept in step by the block's
-/// barriers, so the tile traffic is not what limits it.
-pub fn flash_wg_heads(h: usize, kvh: usize) -> usize {
-    let two = kvh > 0 && h % kvh == 0 && (h / kvh) % 2 == 0 && env_num::<usize>("DSC_FLASH_WG_HEADS") == Some(2);
-    if two {
-        2
-    } else {
-        1
-    }
-}
+/// The V descriptor's (LBO, SBO) in bytes for the wgmma prefill attention: 64 keys x 128
+/// bytes between head-dim column blocks, 1 KB between 8-key groups.
+const FLASH_WG_VDESC: (u64, u64) = ((FLASH_KEYS * 128) as u64, 1024);
 
 /// Dynamic shared memory of a [`KernelSpec::FlashWgmma`] block: two stages of the K and V
 /// tiles (64 keys x D bf16 each, in D/64 column blocks of 64 rows x 128 bytes, 128-byte
-/// swizzle), + 1 KB to align the base as the swizzle needs.
+/// swizzle), + 1 KB to align the base as the swizzle needs. (One query head per block: two
+/// heads of a KV head per block, a warpgroup each sharing the tiles, measured slower — 8B layer
+/// at 4k 351 -> 332 TFLOP/s — and so did issuing the next tile's S before this tile's softmax
+/// from three stages — one block per SM, 68% of the throughput: bench/results/
+/// flash-wgmma-2026-11-30.json; both went.)
 pub fn flash_wg_smem(d: usize) -> usize {
-    // (pipelined: three stages, + the block's Q tile, 64 rows x D bf16 in the same layout)
-    if flash_wg_pipe() {
-        // (DSC_FLASH_WG_PAD=0: without the 1 KB alignment pad, so two blocks fit an SM's
-        // 228 KB with its 1 KB per block reserved; the kernel then traps unless the base is
-        // 1 KB-aligned already)
-        3 * 2 * FLASH_KEYS * d * 2 + if flash_wg_pad() { 1024 } else { 0 } + FLASH_KEYS * d * 2
-    } else {
-        2 * 2 * FLASH_KEYS * d * 2 + 1024
-    }
+    2 * 2 * FLASH_KEYS * d * 2 + 1024
 }
 
-/// The wgmma prefill attention with the next tile's S = QKᵀ issued before this tile's
-/// softmax (Q read from shared memory through a descriptor; DSC_FLASH_WG_PIPE=1 at compile
-/// time; prepared, measured in bench/results/flash-wgmma-2026-11-30.json)
-pub fn flash_wg_pipe() -> bool {
-    std::env::var("DSC_FLASH_WG_PIPE").is_ok_and(|v| v == "1")
-}
-
-/// The wgmma prefill attention's lazy rescale (FlashAttention-4's): a row's reference max,
-/// which its probabilities are taken against, moves only where a tile's max passes it by more
-/// than this many log2 units — so P <= 2^threshold, exact after the final division (O and the
-/// sum share the reference) — and a warp rescales its O accumulators only where one of its
-/// rows moved it: after the first tiles almost never (64 multiplies per thread per tile
-/// saved). Default 8 (P <= 256); DSC_FLASH_LAZY=T at compile time (0: off, every tile
-/// rescaled as before)
-pub fn flash_lazy_threshold() -> Option<f32> {
-    match env_num::<f32>("DSC_FLASH_LAZY") {
-        Some(t) if t > 0.0 && t <= 16.0 => Some(t),
-        Some(_) => None,
-        None => Some(FLASH_LAZY_THRESHOLD),
-    }
-}
-
-/// [`flash_lazy_threshold`]'s default, in log2 units
+/// [`crate::options::KernelOptions::flash_lazy`]'s default, in log2 units: the wgmma prefill
+/// attention's lazy rescale (FlashAttention-4's) — a row's reference max, which its
+/// probabilities are taken against, moves only where a tile's max passes it by more than this
+/// many log2 units, so P <= 2^threshold, exact after the final division (O and the sum share
+/// the reference); a warp rescales its O accumulators only where one of its rows moved it:
+/// after the first tiles almost never (64 multiplies per thread per tile saved).
 pub const FLASH_LAZY_THRESHOLD: f32 = 8.0;
-
-/// Whether the pipelined wgmma prefill attention pads its shared memory by 1 KB to align its
-/// base (DSC_FLASH_WG_PAD=0: no; prepared, not yet run)
-fn flash_wg_pad() -> bool {
-    !(flash_wg_pipe() && std::env::var("DSC_FLASH_WG_PAD").is_ok_and(|v| v == "0"))
-}
 
 /// Byte offset of 16-byte chunk `chunk` (i64) of row `row` (i64) in a tile of `rows` rows
 /// laid out for wgmma's K-major 128-byte swizzle: column blocks of 8 chunks (64 16-bit
@@ -4054,14 +3873,12 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     // (wgmma: K's and V's tiles in column blocks of 64 head-dim elements, 64 keys x 128 bytes
     // each, 128-byte swizzle: what both descriptors read)
     let wg = b.flash_wg;
-    let pipe = wg && flash_wg_pipe();
     // (positions as i32, the output rows re-derived after the loops and (wgmma) the lane rows
     // read per run — ptxas: the TMA wgmma kernel's spills at 168 registers 44 -> 0 bytes, the
     // mma.sync kernels' 12 -> 0 (bs 4), 24 -> 12 (f32 pools), 52 -> 36-40 (2 m-tiles); H200,
     // 8B layer at 4k: 462-463 -> 463-467 TFLOP/s, 16k 485-505 -> 494-522, flash bundle 24/24,
-    // streams equal (bench/results/flash-pos32-2026-11-30.json); DSC_FLASH_POS32=0: i64 as
-    // before)
-    let pos32 = !std::env::var("DSC_FLASH_POS32").is_ok_and(|v| v == "0");
+    // streams equal (bench/results/flash-pos32-2026-11-30.json); `KernelOptions::flash_pos32`)
+    let pos32 = b.o.flash_pos32;
     let v_at = if wg { (KEYS * d * 2) as i64 } else { (KEYS as i64) * ks };
     // (bf16: a stage = the K tile, then the V tile)
     let stage_bytes = 2 * v_at;
@@ -4074,21 +3891,13 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
     let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
     let base = b.idx64(&base);
-    let base = if wg && flash_wg_pad() {
+    // (wgmma: the base rounded up to 1 KB, as the 128-byte swizzle needs; the 1 KB pad is in
+    // `flash_wg_smem`)
+    let base = if wg {
         let c1023 = c(b, 1023);
         let up = b.op(&format!("arith.addi {base}, {c1023} : i64"));
         let cmask = c(b, !1023);
         b.op(&format!("arith.andi {up}, {cmask} : i64"))
-    } else if wg {
-        // (unpadded: the base must be 1 KB-aligned as it is; trap, not corrupt, if not)
-        let c1023 = c(b, 1023);
-        let low = b.op(&format!("arith.andi {base}, {c1023} : i64"));
-        let c0a = c(b, 0);
-        let bad = b.op(&format!("arith.cmpi ne, {low}, {c0a} : i64"));
-        b.line(&format!("scf.if {bad} {{"));
-        b.line("llvm.inline_asm has_side_effects \"trap;\", \"\" : () -> ()");
-        b.line("}");
-        base
     } else {
         base
     };
@@ -4096,20 +3905,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let t = b.idx64(&t);
     let hq = b.op("gpu.block_id x");
     let hq = b.idx64(&hq);
-    // (wgmma: `hpb` warpgroups per block, each a query head of the same KV head over the same
-    // tokens, sharing the K/V tiles: half the tile traffic per FLOP; thread index within the
-    // warpgroup for the fragments)
-    let hpb = if wg { flash_wg_heads(h, kvh) } else { 1 };
-    let (t_mma, hq) = if hpb > 1 {
-        let c128 = c(b, 128);
-        let tl = b.op(&format!("arith.remui {t}, {c128} : i64"));
-        let wgi = b.op(&format!("arith.divui {t}, {c128} : i64"));
-        let ch = c(b, hpb as i64);
-        let h0 = b.op(&format!("arith.muli {hq}, {ch} : i64"));
-        (tl, b.op(&format!("arith.addi {h0}, {wgi} : i64")))
-    } else {
-        (t.clone(), hq)
-    };
     // (the last query tiles, which see the most keys, start first: less of a tail)
     let tile = b.op("gpu.block_id y");
     let tiles = b.op("gpu.grid_dim y");
@@ -4122,7 +3917,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let c16 = c(b, 16);
     let c2 = c(b, 2);
     let c0 = c(b, 0);
-    let (warp, lane, g, tq) = b.mma_coords(&t_mma);
+    let (warp, lane, g, tq) = b.mma_coords(&t);
     // (K/V tiles by TMA: thread 0 arms stage st's mbarrier, at 2·stage_bytes + 8·st, and
     // issues the tile's boxes on it; the stages' use counts past the mbarriers give each run's
     // wait parities — a tile mixing sequences walks the K/V loop once per sequence)
@@ -4244,24 +4039,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         });
     }
     let (qa, qb) = (qrow(b, &rows[0].1), qrow(b, &rows[1].1));
-    if pipe && hpb > 1 {
-        return Err("the pipelined wgmma prefill attention takes one head per block".into());
-    }
-    let q_base = if pipe {
-        let q_at = 3 * stage_bytes;
-        stage_q(b, &|b: &mut Body, rr: &str, cc: &str| {
-            let o = sw128_offset(b, rr, cc, KEYS);
-            let cq = b.ci64(q_at);
-            b.op(&format!("arith.addi {o}, {cq} : i64"))
-        });
-        b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
-        b.line("gpu.barrier");
-        let cq = c(b, q_at);
-        Some(b.op(&format!("arith.addi {base}, {cq} : i64")))
-    } else {
-        None
-    };
-    for kc in (0..nkc as i64).filter(|_| mt == 1 && !pipe) {
+    for kc in (0..nkc as i64).filter(|_| mt == 1) {
         for (qbase, off) in [(&qa, 0i64), (&qb, 0), (&qa, 8), (&qb, 8)] {
             let co = c(b, 16 * kc + off);
             let e = b.op(&format!("arith.addi {qbase}, {co} : i64"));
@@ -4412,8 +4190,8 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let kg = b.op("llvm.ptrtoint %kc : !llvm.ptr<1> to i64");
         let vg = b.op("llvm.ptrtoint %vc : !llvm.ptr<1> to i64");
         let cch = c(b, chunks);
-        // (every thread of the block copies: its warpgroups share the tiles)
-        let ntc = nt * hpb as i64;
+        // (every thread of the block copies)
+        let ntc = nt;
         for i in 0..(KEYS as i64 * chunks) / ntc {
             let ci = c(b, ntc * i);
             let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
@@ -4544,54 +4322,30 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         b.line(commit);
     }
     // (wgmma: S = Q Kᵀ of the K tile at `kbase`, issued and committed, not waited: per k16
-    // step kk of the head dim an m64n{KEYS}k16, A = Q's tile at `qb` (pipelined: a K-major
-    // descriptor) or this warp's Q fragments in registers (the m16n8k16 A layout), B = K's
-    // tile, K-major — start in column block kk / 4, 32 bytes per k16 inside it)
+    // step kk of the head dim an m64n{KEYS}k16, A = this warp's Q fragments in registers (the
+    // m16n8k16 A layout), B = K's tile, K-major — start in column block kk / 4, 32 bytes per
+    // k16 inside it)
     let ns = KEYS / 2;
-    let s_tys = vec!["f32"; ns].join(", ");
-    let s_issue = |b: &mut Body, kbase: &str, qb: Option<&str>| -> Vec<String> {
+    let s_issue = |b: &mut Body, kbase: &str| -> Vec<String> {
         let zero = b.cf32(0.0);
         let mut cur: Vec<String> = vec![zero; ns];
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         let klo = b.smem_desc_lo(kbase);
-        let qlo = qb.map(|qb| b.smem_desc_lo(qb));
         for kk in 0..nkc {
             let o = kk / 4 * KEYS * 128 + kk % 4 * 32;
-            let a = match &qlo {
-                Some(qlo) => vec![b.desc_at(qlo, o, SW128_K_DESC)],
-                None => qf[4 * kk..4 * kk + 4].to_vec(),
-            };
+            let a = qf[4 * kk..4 * kk + 4].to_vec();
             let db = b.desc_at(&klo, o, SW128_K_DESC);
             cur = b.wgmma(&format!("m64n{KEYS}k16"), "bf16", &cur, &a, &db, false);
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
         cur
     };
-    // (pipelined: the run's first S before the loop; the loop carries each next tile's S)
-    let s_init: Vec<String> = match &q_base {
-        Some(qb) => {
-            // (three stages: tile 1's copies go out now too, tile i + 2's in iteration i, so
-            // tile i + 1 has landed when its S is issued in iteration i)
-            let o1 = c(b, 1);
-            issue(b, &o1, &o1);
-            b.line(commit);
-            b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
-            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\" : () -> ()");
-            b.line("gpu.barrier");
-            let s0 = s_issue(b, &base, Some(qb));
-            b.wgmma_wait(0, &s0)
-        }
-        None => vec![],
-    };
     let kvl = b.v();
     let tl = b.v();
     let acc_t: Vec<String> = (0..ncar).map(|_| b.v()).collect();
-    let s_t: Vec<String> = s_init.iter().map(|_| b.v()).collect();
-    let loop_tys = if pipe { format!("{carried_tys}, {s_tys}") } else { carried_tys.clone() };
     b.line(&format!(
-        "{kvl}:{} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({loop_tys}) {{",
-        ncar + s_t.len(),
-        acc_t.iter().chain(&s_t).zip(acc_body.iter().chain(&s_init)).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
+        "{kvl}:{ncar} = scf.for {tl} = {zi} to {ntiles} step {onei} iter_args({}) -> ({carried_tys}) {{",
+        acc_t.iter().zip(acc_body.iter()).map(|(a, i)| format!("{a} = {i}")).collect::<Vec<_>>().join(", ")
     ));
     let tl64 = b.idx64(&tl);
     let j0 = b.op(&format!("arith.muli {tl64}, {ckeys} : i64"));
@@ -4689,9 +4443,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let so = b.op(&format!("arith.extui {so} : i32 to i64"));
         b.op(&format!("arith.addi {base}, {so} : i64"))
     } else {
-        // (pipelined: tile tl + 2 into stage (tl + 2) % 3; else tile tl + 1 into (tl + 1) % 2)
-        let ahead_t = c(b, if pipe { 2 } else { 1 });
-        let cstg = c(b, if pipe { 3 } else { 2 });
+        // (tile tl + 1 into stage (tl + 1) % 2)
+        let ahead_t = c(b, 1);
+        let cstg = c(b, 2);
         let nt = b.op(&format!("arith.addi {tl64}, {ahead_t} : i64"));
         let more = b.op(&format!("arith.cmpi slt, {nt}, {ntiles64} : i64"));
         b.line(&format!("scf.if {more} {{"));
@@ -4699,7 +4453,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         issue(b, &nt, &nst);
         b.line("}");
         b.line(commit);
-        // (this tile's copies have landed; pipelined: the next tile's too, for its S below)
+        // (this tile's copies have landed)
         b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 1;\", \"\" : () -> ()");
         if wg {
             // (the copies' writes, made by the generic proxy, before wgmma reads them)
@@ -4710,21 +4464,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let csb = c(b, stage_bytes);
         let so = b.op(&format!("arith.muli {cst}, {csb} : i64"));
         b.op(&format!("arith.addi {base}, {so} : i64"))
-    };
-    // (pipelined: the next tile's S, issued now, runs under this tile's softmax; past the
-    // run's last tile it reads the stale stage and is never used)
-    let s_next: Vec<String> = match &q_base {
-        Some(qb) => {
-            let c1n = c(b, 1);
-            let c3 = c(b, 3);
-            let nt = b.op(&format!("arith.addi {tl64}, {c1n} : i64"));
-            let nst = b.op(&format!("arith.remui {nt}, {c3} : i64"));
-            let csb = c(b, stage_bytes);
-            let so = b.op(&format!("arith.muli {nst}, {csb} : i64"));
-            let nbase = b.op(&format!("arith.addi {base}, {so} : i64"));
-            s_issue(b, &nbase, Some(qb))
-        }
-        None => vec![],
     };
     // S = Q K^T: 8 tiles of 8 keys (per m16 tile: sacc_t[i][n8])
     let tq4 = b.op(&format!("arith.muli {tq}, {c4} : i64"));
@@ -4767,12 +4506,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
                 }
             }
         }
-    } else if pipe {
-        // (this tile's S: computed in the previous iteration, or before the loop)
-        sacc = s_t.chunks(4).map(|x| x.to_vec()).collect();
     } else if wg {
         // S = Q Kᵀ on wgmma, Q from registers (`s_issue`)
-        let cur = s_issue(b, &sbase, None);
+        let cur = s_issue(b, &sbase);
         if uses.is_some() {
             // (TMA: the next tile's boxes go out under this S — its stage was last read by
             // the previous tile, done before that iteration's closing barrier)
@@ -4866,9 +4602,9 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     b.line(&format!("scf.yield {} : {ftys}", mvals.join(", ")));
     b.line("}");
     let mut new_state = vec![];
-    let tree = flash_tree();
-    // (wgmma: the lazy rescale, `flash_lazy_threshold`)
-    let lazy = if wg && mt == 1 { flash_lazy_threshold() } else { None };
+    let tree = b.o.flash_tree;
+    // (wgmma: the lazy rescale, `FLASH_LAZY_THRESHOLD`)
+    let lazy = if wg && mt == 1 { b.o.flash_lazy } else { None };
     let mut grows: Vec<String> = vec![];
     let mut lazy_rows: Vec<(String, String, String)> = vec![];
     let mut pvals_t: Vec<Vec<Vec<String>>> = vec![vec![vec![]; nk8]; mt];
@@ -4934,8 +4670,6 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     let pf = &pf_t[0];
     // O = O * alpha + P V
     let mut out_acc = vec![];
-    // (pipelined: the next tile's S once waited for, carried to the next iteration)
-    let mut s_done: Vec<String> = vec![];
     if wg {
         // O = O·alpha + P V on wgmma: m64n{D}k16 per 16 keys, A = P (registers), B = V's tile
         // N-major (imm-trans-b): 8 keys x 128 bytes per swizzle atom, atoms along the head dim
@@ -4976,7 +4710,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         } else {
             (0..nacc).map(|i| b.op(&format!("arith.mulf {}, {} : f32", acc_t[i], alphas[(i % 4) / 2]))).collect()
         };
-        let (lbo, sbo) = flash_wg_vdesc();
+        let (lbo, sbo) = FLASH_WG_VDESC;
         let fixed = (lbo >> 4) << 16 | ((sbo >> 4) << 32) | (1u64 << 62);
         b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
         let cva = c(b, v_at);
@@ -4987,12 +4721,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
             cur = b.wgmma(&format!("m64n{d}k16"), "bf16", &cur, a, &desc, true);
         }
         b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
-        // (pipelined: the next tile's S, in flight since before the softmax, completes here
-        // too: its values pass through the same wait)
-        let all: Vec<String> = cur.iter().chain(&s_next).cloned().collect();
-        let waited = b.wgmma_wait(0, &all);
-        out_acc = waited[..nacc].to_vec();
-        s_done = waited[nacc..].to_vec();
+        out_acc = b.wgmma_wait(0, &cur);
     } else if wide {
         let cvs = c(b, vs);
         let gv = b.op(&format!("arith.muli {g}, {cvs} : i64"));
@@ -5048,8 +4777,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
     }
     b.line("gpu.barrier");
     out_acc.extend(new_state);
-    out_acc.extend(s_done);
-    b.line(&format!("scf.yield {} : {loop_tys}", out_acc.join(", ")));
+    b.line(&format!("scf.yield {} : {carried_tys}", out_acc.join(", ")));
     b.line("}");
     if let (Some([u0, u1]), Some(first)) = (&uses, &tfirst) {
         // (TMA: the run used stage 0 for its even tiles, stage 1 for its odd ones)
@@ -5078,7 +4806,7 @@ fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize,
         let v = b.op(&format!("llvm.inline_asm has_side_effects \"mov.u32 $0, {r};\", \"=r\" : () -> i32"));
         b.op(&format!("arith.extui {v} : i32 to i64"))
     };
-    let (end_rows, end_hq, end_tq2): (Vec<(String, String)>, String, String) = if pos32 && hpb == 1 && mt == 1 {
+    let (end_rows, end_hq, end_tq2): (Vec<(String, String)>, String, String) = if pos32 && mt == 1 {
         let te = sreg(b, "%tid.x");
         let hqe = sreg(b, "%ctaid.x");
         let ye = sreg(b, "%ctaid.y");
@@ -5234,7 +4962,8 @@ fn unary_expr(b: &mut Body, u: UnaryOp, x: &str) -> Result<String, String> {
     })
 }
 
-/// The MLIR text of one kernel (a `gpu.func`), or why it cannot be generated.
+/// The MLIR text of one kernel (a `gpu.func`) with the default [`KernelOptions`], or why it
+/// cannot be generated.
 pub fn emit(spec: &KernelSpec) -> Result<String, String> {
     emit_for(spec, false)
 }
@@ -5244,11 +4973,12 @@ pub fn emit(spec: &KernelSpec) -> Result<String, String> {
 /// for the previous one to finish and its writes to be visible): launched with programmatic
 /// stream serialization, a kernel's launch and block start-up overlap its predecessor.
 pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
-    emit_named(spec, pdl, &spec.symbol())
+    emit_named(spec, pdl, &spec.symbol(), &KernelOptions::default())
 }
 
-/// [`emit_for`] under the symbol `name` (the module's: [`crate::kernel_names`]).
-pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str) -> Result<String, String> {
+/// [`emit_for`] under the symbol `name` (the module's: [`crate::kernel_names`]), the body
+/// written as `o` says.
+pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -> Result<String, String> {
     let name = name.to_string();
     let mut b = Body {
         s: String::new(),
@@ -5277,6 +5007,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str) -> Result<String, St
         attn_o_red: false,
         attn_o_splits: 1,
         qkv_in: None,
+        o: *o,
     };
     let params = emit_into(&mut b, spec)?;
     let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
@@ -5292,10 +5023,10 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str) -> Result<String, St
         _ if b.attn_o.is_some() || spec.is_fused_mlp() => {
             match spec.launch() {
                 // (the fused one-token MLP too: 512 threads with 32 features per block)
-                // (DSC_FUSED_MINCTA=2 at compile time: blocks of up to 256 threads kept to the
+                // (`KernelOptions::fused_mincta` 2: blocks of up to 256 threads kept to the
                 // registers two per SM leave, so the fused MLP and attention of one-token steps
                 // share SMs — the next one's blocks start while the last one's still run)
-                Launch::OutputsPerBlock { warps, .. } | Launch::BlockPerRow { warps } => match fused_mincta().filter(|&m| 32 * warps as usize * m <= 512) {
+                Launch::OutputsPerBlock { warps, .. } | Launch::BlockPerRow { warps } => match b.o.fused_mincta.filter(|&m| 32 * warps as usize * m <= 512) {
                     Some(m) => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>, nvvm.minctasm = {m} : i32}}", 32 * warps),
                     None => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
                 },
@@ -5319,12 +5050,6 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str) -> Result<String, St
 /// lowering fold checks before it rewrites a step to a fused kernel.
 pub fn emits(spec: &KernelSpec) -> bool {
     emit_for(spec, true).is_ok() && emit_for(spec, false).is_ok()
-}
-
-/// Blocks per SM the one-token fused kernels (the MLP, the attention with the o projection)
-/// keep registers for: DSC_FUSED_MINCTA at compile time (None: ptxas's choice).
-fn fused_mincta() -> Option<usize> {
-    env_num::<usize>("DSC_FUSED_MINCTA").filter(|&m| (2..=4).contains(&m))
 }
 
 /// Output columns one block of a matmul kernel launched as `launch` covers.
@@ -5540,21 +5265,19 @@ fn emit_paged_attention(
     // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
     // their extra registers cost the SmolLM2 shape's b128 a wave (52.4k -> 46.8k tok/s) for
     // +0.8% on the 8B's b128 (bench/results/fusion-2026-11-30-session12.json);
-    // DSC_ATTN_PIPELINE=0 at compile time off)
-    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && !std::env::var("DSC_ATTN_PIPELINE").is_ok_and(|v| v == "0");
+    // `KernelOptions::attn_pipeline`)
+    let pipelined = kv == DType::BF16 && per <= 8 && split.is_none() && group == 1 && bs % nk == 0 && b.o.attn_pipeline;
     // (rope (a one-token step), PDL, the pipelined one-pass kernel: the first warp step's K/V
     // rows — earlier positions, written by earlier steps, not by the kernel before — go out
     // before griddepcontrol.wait; a warp whose first step reaches this token's own position
     // loads it again after the cache write below (`short`: takes
     // that position's rows from shared memory). Head dims up to 64: SmolLM2 shape b1 0.377 ->
     // 0.365 ms per step, where the 8B shape's D = 128 kernel lost 0.5% (3.803 -> 3.821 ms;
-    // bench/results/attn-early-2026-11-30.json). DSC_ATTN_EARLY=0 at compile time: after;
-    // =all: every head dim)
-    let early_env = std::env::var("DSC_ATTN_EARLY").ok();
-    let early_d = match early_env.as_deref() {
-        Some("0") => false,
-        Some("all") => true,
-        _ => d <= 64,
+    // bench/results/attn-early-2026-11-30.json); `KernelOptions::attn_early`)
+    let early_d = match b.o.attn_early {
+        crate::options::AttnEarly::Off => false,
+        crate::options::AttnEarly::All => true,
+        crate::options::AttnEarly::UpTo64 => d <= 64,
     };
     let early = pipelined && rope.is_some() && split.is_none() && b.pdl && !b.waited && early_d;
     let o_at = WARPS * rep * stride;
@@ -5562,9 +5285,8 @@ fn emit_paged_attention(
     // rotated K row and its V row past the o projection's slots, as f32, for the warp whose
     // first step holds this position — it takes them from here instead of reloading its rows
     // from the pool after the cache write: one L2 round trip fewer on the kernel's path;
-    // DSC_ATTN_SHORT=0 at compile time: reloaded, and q loaded after the cache write, as
-    // before)
-    let short = !std::env::var("DSC_ATTN_SHORT").is_ok_and(|v| v == "0");
+    // `KernelOptions::attn_short`)
+    let short = b.o.attn_short;
     let new_at = o_at + if attn_o.is_some() { d + 1 } else { 0 };
     // (QkvAttentionO: x and g of the token's row, then the head's q, k and v, past the rest)
     let qkv_in = b.qkv_in;
@@ -5580,9 +5302,8 @@ fn emit_paged_attention(
     };
     // (QkvAttentionO in clusters: the cluster's blocks split the context's keys, and each
     // block's partial softmax state (m, l, acc[D]) goes to every block of the cluster, at
-    // parts_at + rank·(D + 2); DSC_QKV_ATTN_KEYS=whole at compile time: every block takes all
-    // the keys, as the blocks of a head without q/k/v did)
-    let key_split = qkv_in.map(|(_, _, c)| c).filter(|&c| c > 1 && pipelined && split.is_none() && !std::env::var("DSC_QKV_ATTN_KEYS").is_ok_and(|v| v == "whole"));
+    // parts_at + rank·(D + 2); `KernelOptions::qkv_attn_key_split`)
+    let key_split = qkv_in.map(|(_, _, c)| c).filter(|&c| c > 1 && pipelined && split.is_none() && b.o.qkv_attn_key_split);
     let parts_at = qkv_at + if qkv_in.is_some() { 3 * d } else { 0 };
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", parts_at + key_split.map_or(0, |c| c * (d + 2)));
     b.workgroup = Some(format!("%sm : {smt}"));
@@ -5961,9 +5682,8 @@ fn emit_paged_attention(
     let clast = b.op(&format!("arith.subi {hi}, {c1} : i64"));
     // (a warp step's keys j .. j + nk - 1 lie in one cache block when j is a multiple of nk
     // — the one-pass kernel's, from key 0 — and nk divides the block size: one block-table
-    // lookup per step, the keys' rows kvh·d elements apart; DSC_ATTN_TABLE_PER_KEY=1 at
-    // compile time looks up every key)
-    let one_lookup = !pipelined && split.is_none() && bs % nk == 0 && !std::env::var("DSC_ATTN_TABLE_PER_KEY").is_ok_and(|v| v == "1");
+    // lookup per step, the keys' rows kvh·d elements apart; `KernelOptions::attn_one_lookup`)
+    let one_lookup = !pipelined && split.is_none() && bs % nk == 0 && b.o.attn_one_lookup;
     let page0 = one_lookup.then(|| b.paged_key_offset(&j64, &trow, &kh, &cbs, &ckvh, &dd));
     // every key's K and V rows first (nk·2·per loads in flight), then the math
     let mut kvrows: Vec<(Vec<String>, Vec<String>, Option<String>)> = vec![];
@@ -6016,7 +5736,8 @@ fn emit_paged_attention(
             dots.push(dot);
         }
     }
-    let sums = if transposed_sums() {
+    // ([`Body::warp_sums`]: 32 shuffles instead of 80 for 4 heads x 4 keys)
+    let sums = if b.o.attn_transposed_sums {
         let lane32 = b.op(&format!("arith.index_cast {lane_i} : index to i32"));
         b.warp_sums(&dots, &lane32)
     } else {
@@ -7365,7 +7086,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             }
             b.flash_wg = true;
             if let KernelSpec::FlashAttention { bs, .. } = inner.as_ref() {
-                b.flash_mincta = flash_wg_tma_rows(*bs).and(flash_wg_blocks_per_sm());
+                b.flash_mincta = flash_wg_tma_rows(*bs).and(b.o.flash_wg_mincta);
             }
             emit_into(b, inner)?
         }
@@ -7434,13 +7155,17 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
             if d % 4 != 0 {
                 return Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}"));
             }
-            let warps = splitk_norm_warps();
+            let warps = SPLITK_NORM_WARPS;
             let r = b.open_row_pieces(*d, warps);
             let RowPieces { t, t4, dd, step, base, zero, smt, .. } = r.clone();
             // (a slice of the partial sums is [rows, d])
             let dd64 = b.ci64(*d as i64);
             let slice = b.op(&format!("arith.muli %rows, {dd64} : i64"));
-            if splitk_norm_regs() && *d <= 4 * 32 * warps {
+            // (`KernelOptions::splitk_norm_regs`: each thread's summed piece kept in registers
+            // for the scaling pass, the norm weights loaded before the wait; prepared, not yet
+            // run on the H200 — the 8B b32 step spends 343 µs in these kernels,
+            // bench/results/timeline-2026-11-30.json)
+            if b.o.splitk_norm_regs && *d <= 4 * 32 * warps {
                 emit_splitk_norm_regs(b, &r, &slice, *splits, *residual, *d, f32::from_bits(*eps_bits), *half, warps);
                 return Ok(splitk_norm_params(*residual, *half));
             }
@@ -8397,13 +8122,6 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         }
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
     })
-}
-
-/// Whether the decode attention sums its heads' and keys' dot products over the warp together
-/// ([`Body::warp_sums`]: 32 shuffles instead of 80 for 4 heads x 4 keys; on;
-/// DSC_ATTN_TRANSPOSED_SUMS=0 at compile time sums each alone).
-fn transposed_sums() -> bool {
-    !std::env::var("DSC_ATTN_TRANSPOSED_SUMS").is_ok_and(|v| v == "0")
 }
 
 /// Bytes one lane of [`KernelSpec::PrefetchL2`] prefetches per instruction.

@@ -6,9 +6,11 @@
 
 pub mod kernels;
 pub mod lower;
+pub mod options;
 pub mod pipeline;
 
 pub use kernels::{KernelSpec, Launch};
+pub use options::{CodegenOptions, KernelOptions, ScheduleOptions};
 pub use pipeline::GpuTarget;
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -65,8 +67,13 @@ pub fn kernel_names(specs: &[KernelSpec]) -> BTreeMap<String, KernelSpec> {
 /// A hash of the whole spec that does not change between builds or machines (FNV-1a over its
 /// `Debug` text, which names every field).
 pub fn spec_hash(s: &KernelSpec) -> u32 {
+    fnv1a(format!("{s:?}").as_bytes())
+}
+
+/// FNV-1a, 32 bits: a hash that is the same on every machine and build.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    for b in format!("{s:?}").bytes() {
+    for &b in bytes {
         h ^= b as u32;
         h = h.wrapping_mul(0x0100_0193);
     }
@@ -80,17 +87,24 @@ impl CompiledModule {
     }
 }
 
-pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget]) -> Result<CompiledModule, CodegenError> {
-    let seen = kernel_names(specs);
+/// The kernels' bodies are written as `o` says; with options other than the default every
+/// symbol carries their hash (`_x` + 8 hex digits), so a kernel's name never stands for two
+/// different codes across builds.
+pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget], o: &KernelOptions) -> Result<CompiledModule, CodegenError> {
+    let mut seen = kernel_names(specs);
+    if *o != KernelOptions::default() {
+        let x = o.hash();
+        seen = seen.into_iter().map(|(n, s)| (format!("{n}_x{x:08x}"), s)).collect();
+    }
     // sm_90a: every kernel, with the programmatic-dependent-launch prologue; other targets:
     // the kernels they can run, without it
     let mut funcs = vec![];
     let mut common = vec![];
     for (name, s) in &seen {
         let unsupported = |msg| CodegenError::Unsupported { kernel: name.clone(), msg };
-        funcs.push(kernels::emit_named(s, true, name).map_err(unsupported)?);
+        funcs.push(kernels::emit_named(s, true, name, o).map_err(unsupported)?);
         if !s.hopper_only() {
-            common.push(kernels::emit_named(s, false, name).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
+            common.push(kernels::emit_named(s, false, name, o).map_err(|msg| CodegenError::Unsupported { kernel: name.clone(), msg })?);
         }
     }
     let mlir = kernels::module(&funcs);
@@ -120,7 +134,7 @@ mod tests {
         let a = KernelSpec::RmsNorm { d: 64, eps_bits: 1e-5f32.to_bits() };
         let b = KernelSpec::RmsNorm { d: 64, eps_bits: 1e-6f32.to_bits() };
         assert_eq!(a.symbol(), b.symbol());
-        let m = compile_kernels(&[a.clone(), b.clone(), a.clone()], &[GpuTarget::Sm90a]).unwrap();
+        let m = compile_kernels(&[a.clone(), b.clone(), a.clone()], &[GpuTarget::Sm90a], &KernelOptions::default()).unwrap();
         assert_eq!(m.kernels.len(), 2);
         let (na, nb) = (m.symbol_of(&a).unwrap(), m.symbol_of(&b).unwrap());
         assert!(na != nb && na.starts_with("rms_norm_d64_f32_h") && nb.starts_with("rms_norm_d64_f32_h"), "{na} {nb}");
@@ -131,8 +145,12 @@ mod tests {
             assert!(m.mlir.contains(&format!("{:e}", eps)) || m.mlir.contains(&format!("{eps:?}")) || m.mlir.contains(&format!("0x{:08X}", eps.to_bits())), "eps {eps} is not in the MLIR");
         }
         // the same spec twice is one kernel, under its plain name
-        let m = compile_kernels(&[a.clone(), a.clone()], &[GpuTarget::Sm90a]).unwrap();
+        let m = compile_kernels(&[a.clone(), a.clone()], &[GpuTarget::Sm90a], &KernelOptions::default()).unwrap();
         assert_eq!((m.kernels.len(), m.symbol_of(&a)), (1, Some("rms_norm_d64_f32")));
+        // kernel options other than the default mark every symbol with their hash
+        let o = KernelOptions { flash_tree: false, ..Default::default() };
+        let m = compile_kernels(&[a.clone()], &[GpuTarget::Sm90a], &o).unwrap();
+        assert_eq!(m.symbol_of(&a), Some(format!("rms_norm_d64_f32_x{:08x}", o.hash()).as_str()));
         // attention kernels that differ only in the softmax scale (MLA's YaRN mscale)
         let names = kernel_names(&[attn(0.125), attn(0.1), attn(0.125)]);
         assert_eq!(names.len(), 2);

@@ -2,7 +2,8 @@
 //! topological order, with the kernel specs to generate. Scalars and grid sizes are
 //! expressions over node shapes, evaluated by the runtime once a step binds its symbols.
 
-use crate::kernels::{env_list, env_num, BinaryOpKey, KernelSpec, UnaryOpKey};
+use crate::kernels::{BinaryOpKey, KernelSpec, UnaryOpKey};
+pub use crate::options::{ScheduleOptions, SwiGluFusion, Tma};
 use crate::CodegenError;
 use dsc_ir::{DType, Graph, Op, RopeStyle};
 
@@ -141,13 +142,6 @@ pub struct Large {
     pub grid_y: Scalar,
 }
 
-/// Warps per block of the decode attention kernel (DSC_ATTN_WARPS overrides, 1..=32, for
-/// sweeps). 16 measured fastest on the H200 (8B b1 194 -> 213 tok/s, SmolLM2 b1 830 -> 1081 vs 4:
-/// bench/results/attn16-rope-cache-write-2026-11-29.json).
-fn attention_warps() -> usize {
-    env_num("DSC_ATTN_WARPS").filter(|w| (1..=32).contains(w)).unwrap_or(16)
-}
-
 /// The decode attention takes a block per (token, KV head) — the GQA group's query heads
 /// over K/V rows read once — from as many tokens as make this many such blocks (~ the 132
 /// SMs; a block per (token, head) below: more blocks where there are few). Measured on the
@@ -166,10 +160,10 @@ pub const ATTN_GROUP_MIN_BLOCKS: usize = 128;
 pub const ATTN_GROUP_WARPS: usize = 8;
 
 /// Warps (16 query rows each) per block of the prefill attention on bf16 pools
-/// ([`LowerOptions::flash_warps`]).
+/// ([`ScheduleOptions::flash_warps`]).
 pub const FLASH_WARPS: usize = 4;
 
-/// m16 tiles per warp of the prefill attention on bf16 pools ([`LowerOptions::flash_mtiles`]).
+/// m16 tiles per warp of the prefill attention on bf16 pools ([`ScheduleOptions::flash_mtiles`]).
 pub const FLASH_MTILES: usize = 1;
 
 /// Query heads per block of the grouped decode attention with `warps` warps: the largest
@@ -186,35 +180,13 @@ pub fn attention_group_size(h: usize, kvh: usize, d: usize, warps: usize) -> usi
 /// 8B shape's 4 x 4): past that, registers spill (512 threads of 16 warps get 128 each).
 pub const ATTN_GROUP_MAX_STATE: usize = 16;
 
-/// Warps per block of the grouped (batched) decode attention: [`ATTN_GROUP_WARPS`]
-/// (DSC_ATTN_GROUP_WARPS overrides, 1..=32, for sweeps).
-fn attention_group_warps() -> usize {
-    env_num("DSC_ATTN_GROUP_WARPS").filter(|w| (1..=32).contains(w)).unwrap_or(ATTN_GROUP_WARPS)
-}
-
-/// Keys per warp step of the grouped (batched) decode attention: [`attention_keys`]
-/// (DSC_ATTN_GROUP_KEYS overrides, 1..=8, for sweeps).
-fn attention_group_keys() -> usize {
-    env_num("DSC_ATTN_GROUP_KEYS").filter(|k| (1..=8).contains(k)).unwrap_or_else(attention_keys)
-}
-
-/// Keys per warp step of the decode attention kernel (DSC_ATTN_KEYS overrides, 1..=8).
-pub fn attention_keys() -> usize {
-    env_num("DSC_ATTN_KEYS").filter(|k| (1..=8).contains(k)).unwrap_or(crate::kernels::ATTN_KEYS)
-}
-
-/// The most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX overrides, for sweeps).
-fn few_max_rows() -> i64 {
-    env_num("DSC_GEMV_FEW_MAX").unwrap_or(128)
-}
-
 /// The fewest rows the pipelined Hopper matmul takes for N outputs in `bn`-wide tiles (it
-/// comes before the batched-decode GEMV from there; DSC_PIPE_MIN_ROWS overrides, for sweeps).
+/// comes before the batched-decode GEMV from there; `ScheduleOptions::pipe_min_rows` overrides).
 /// With 96+ column tiles (most of the 132 SMs busy on one 128-row tile) it streams the weights
 /// at 3.1-3.3 TB/s from 16 rows, where the batched GEMV (re-reading x per 16 outputs) makes
 /// 1.6-2.5 TB/s; with fewer tiles it wins from 64 rows (bench/results/few-x16-2026-11-29.json).
-fn pipe_min_rows(n: usize, bn: usize) -> i64 {
-    if let Some(r) = env_num("DSC_PIPE_MIN_ROWS").filter(|&r: &i64| r >= 2) {
+fn pipe_min_rows(o: &ScheduleOptions, n: usize, bn: usize) -> i64 {
+    if let Some(r) = o.pipe_min_rows {
         return r;
     }
     if n.div_ceil(bn) >= 96 {
@@ -225,27 +197,18 @@ fn pipe_min_rows(n: usize, bn: usize) -> i64 {
 }
 
 /// The rows (min, max) the pipelined matmul takes in 64-row tiles (`pipe64_tiling`) for N
-/// output columns, ahead of the batched GEMV; DSC_PIPE64_ROWS=MIN,MAX overrides ("0,0": off).
+/// output columns, ahead of the batched GEMV; `ScheduleOptions::pipe64_rows` overrides.
 /// Measured on the H200 (bench/results/pipe64-2026-11-29.json, 8B shape): with N ≥ 6,144
 /// (q/k/v, gate/up, lm_head) the 64-row tiles beat the batched GEMV and the 128-row tiles in
 /// isolation from 16 rows (q/k/v 24 vs 31-37 µs, gate/up 65-67 vs 72-73) and end to end from
 /// 32 (b32 +3%, b64 +39%; b16 −9%, not understood yet: so from 32); with N = 4,096 (o, down:
 /// 32 tiles) the batched GEMV is faster at 16-32 rows (o 19-23 vs 28, down 58-70 vs 73) and
 /// the tiles from 64 (o 23 vs 40, down 63 vs 129); up to 64 rows, 128-row tiles above.
-fn pipe64_rows(n: usize) -> (i64, i64) {
-    if let Some(p) = env_list::<i64>("DSC_PIPE64_ROWS") {
-        if p.len() == 2 {
-            return if p[0] >= 2 && p[1] >= p[0] { (p[0], p[1]) } else { (1, 0) };
-        }
+fn pipe64_rows(o: &ScheduleOptions, n: usize) -> (i64, i64) {
+    if let Some(p) = o.pipe64_rows {
+        return p;
     }
     (if n >= 6144 { 32 } else { 48 }, 64)
-}
-
-/// The fewest rows for which the batched-decode GEMV reads the 16-bit copy of x (with
-/// `LowerOptions::few_x16`; DSC_FEW_X16_MIN overrides): at 8 rows the f32 x kernel is 10-20%
-/// faster and needs no cast, at 32 the bf16 one 20-25% (bench/results/few-x16-2026-11-29.json).
-fn few_x16_min_rows() -> i64 {
-    env_num("DSC_FEW_X16_MIN").filter(|&r: &i64| r >= 2).unwrap_or(16)
 }
 
 /// (heads, head dim) of a RoPE input x[T, H, D], which the kernels rotate whole.
@@ -263,215 +226,10 @@ fn err(node: &str, msg: impl Into<String>) -> CodegenError {
     CodegenError::Unsupported { kernel: node.to_string(), msg: msg.into() }
 }
 
-/// Lower every compute node of `g`. Leaves (inputs, weights, states) get no step.
-pub fn lower(g: &Graph) -> Result<Vec<Step>, CodegenError> {
-    lower_with(g, !std::env::var("DSC_NORM_FUSION").is_ok_and(|v| v == "0"))
-}
-
-/// [`lower`], choosing whether RMSNorm is folded into the decode GEMVs after it (on by
-/// default since the GEMVs load their first weights before waiting for the previous kernel:
-/// SmolLM2 b1 +13-18%, 8B b1 neutral to +4%, bench/results/norm-fusion-2026-11-30.json; in
-/// session 4 it was slower, bench/results/norm-fusion-2026-11-29.json; DSC_NORM_FUSION=0 at
-/// compile time turns it off).
-pub fn lower_with(g: &Graph, norm_fusion: bool) -> Result<Vec<Step>, CodegenError> {
-    lower_opts(
-        g,
-        LowerOptions {
-            norm_fusion,
-            few_x16: !std::env::var("DSC_FEW_X16").is_ok_and(|v| v == "0"),
-            split_kv: !std::env::var("DSC_SPLIT_KV").is_ok_and(|v| v == "0"),
-            split_k: match env_num::<usize>("DSC_SPLIT_K") {
-                Some(s) if s >= 2 => Some(s),
-                Some(_) => None,
-                None => Some(SPLIT_K_PARTS),
-            },
-            norm_half: !std::env::var("DSC_NORM_HALF").is_ok_and(|v| v == "0"),
-            silu_half: !std::env::var("DSC_SILU_HALF").is_ok_and(|v| v == "0"),
-            swiglu_pipe: match std::env::var("DSC_SWIGLU_PIPE").as_deref() {
-                Ok("0") => SwiGluFusion::Off,
-                Ok("batched") => SwiGluFusion::Batched,
-                _ => SwiGluFusion::All,
-            },
-            splitk_rope: !std::env::var("DSC_SPLITK_ROPE").is_ok_and(|v| v == "0"),
-            ws: !std::env::var("DSC_GEMM_WS").is_ok_and(|v| v == "0"),
-            flash_wgmma: !std::env::var("DSC_FLASH_WGMMA").is_ok_and(|v| v == "0"),
-            ws64: !std::env::var("DSC_GEMM_WS64").is_ok_and(|v| v == "0"),
-            tma: match std::env::var("DSC_TMA").as_deref() {
-                Ok("0") => Tma::Off,
-                Ok("all") | Ok("1") => Tma::All,
-                _ => Tma::Narrow,
-            },
-            attn_group: !std::env::var("DSC_ATTN_GROUP").is_ok_and(|v| v == "0"),
-            attn_prefetch: std::env::var("DSC_ATTN_PREFETCH").is_ok_and(|v| v == "1"),
-            flash_warps: match env_num::<usize>("DSC_FLASH_WARPS") {
-                Some(8) => 8,
-                Some(4) => 4,
-                _ => FLASH_WARPS,
-            },
-            flash_mtiles: match env_num::<usize>("DSC_FLASH_MTILES") {
-                Some(m @ (1 | 2)) => m,
-                _ => FLASH_MTILES,
-            },
-            rope_attention: !std::env::var("DSC_ROPE_ATTENTION").is_ok_and(|v| v == "0"),
-            attn_o: std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1"),
-            swiglu_down: !std::env::var("DSC_SWIGLU_DOWN").is_ok_and(|v| v == "0"),
-            attn_o_red: !std::env::var("DSC_ATTN_O_RED").is_ok_and(|v| v == "0"),
-            qkv_attn: !std::env::var("DSC_QKV_ATTN").is_ok_and(|v| v == "0"),
-        },
-    )
-}
-
-/// Lowering choices with a compile-time environment switch in [`lower`] (parameters here so
-/// tests can set them without touching the process env).
-#[derive(Clone, Copy, Debug)]
-pub struct LowerOptions {
-    /// RMSNorm folded into the decode GEMVs after it, the SwiGLU GEMV included (on by
-    /// default; DSC_NORM_FUSION=0 turns it off)
-    pub norm_fusion: bool,
-    /// from [`few_x16_min_rows`] rows the batched-decode GEMV reads a 16-bit copy of x (on by
-    /// default; DSC_FEW_X16=0 turns it off)
-    pub few_x16: bool,
-    /// decode attention split over blocks along the context, then merged, for contexts from
-    /// [`ATTN_SPLIT_FROM_KEYS`] keys ([`split_attention`]; on; DSC_SPLIT_KV=0 turns it off)
-    pub split_kv: bool,
-    /// batched decode of matmuls with few column tiles in `S` K-parts over blocks
-    /// ([`split_k`]; on with [`SPLIT_K_PARTS`] parts; DSC_SPLIT_K=S at compile time picks
-    /// S, DSC_SPLIT_K=0 turns it off)
-    pub split_k: Option<usize>,
-    /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
-    /// quantize, [`insert_half_casts`]; on: measured neutral in session 7 but, with split-K
-    /// and the device argmax, 8B b32 6,322 -> 6,426, b64 10,233 -> 10,523, prefill 512
-    /// 21.7k -> 22.6k tok/s (bench/results/norm-half-2026-11-30.json); DSC_NORM_HALF=0 off)
-    pub norm_half: bool,
-    /// ... and so does a silu_mul step (`SiluMulHalf`: 32 casts fewer per 8B step from 16
-    /// rows; on: 8B b16 3,388 -> 3,426 tok/s, b32 6,460 -> 6,472, b64 10,520 -> 10,588,
-    /// bench/results/tma-silu-half-2026-11-30.json; DSC_SILU_HALF=0 at compile time turns it
-    /// off; with `norm_half` only)
-    pub silu_half: bool,
-    /// which gate/up matmul alternatives compute h = silu(gate) · up in their epilogue, the
-    /// silu_mul step not running for their rows ([`fuse_swiglu_pipe`]; with `silu_half`
-    /// only): every pipelined one that does not load W by TMA (the default, `All`: 8B b128
-    /// +8.5%, prefill 512 / 4096 +6% / +10%, bench/results/swiglu-all-2026-11-30.json;
-    /// DSC_SWIGLU_PIPE=0 at compile time off), or the batched-decode 64-row tile alone
-    /// (DSC_SWIGLU_PIPE=batched, session 12's default)
-    pub swiglu_pipe: SwiGluFusion,
-    /// the split-K reduce of a merged Q/K/V matmul folded into the `QkvRopeCache` step
-    /// reading it ([`fold_splitk_reduce_rope`]; on: 8B b32 4.619 -> 4.593 ms per step,
-    /// bench/results/swiglu-all-2026-11-30.json; DSC_SPLITK_ROPE=0 at compile time off)
-    pub splitk_rope: bool,
-    /// which pipelined wgmma matmuls load W by TMA ([`tma_wrap`], [`Tma`]; DSC_TMA=0 off,
-    /// DSC_TMA=all every one)
-    pub tma: Tma,
-    /// the pipelined matmul's 128-row tiles (prefill, b128 decode) warp-specialized, x and W
-    /// by TMA from a producer warpgroup, tiles rasterized (`KernelSpec::Ws`; on: bench-gemm
-    /// 8B down at 4,096 rows 621 -> 710 TFLOP/s, lm_head 455 -> 656,
-    /// bench/results/gemm-ws-2026-11-30.json; DSC_GEMM_WS=0 at compile time off)
-    pub ws: bool,
-    /// the prefill attention's products on wgmma where it runs on bf16 pools in its default
-    /// shape, D 128 (`KernelSpec::FlashWgmma`, a `hopper` alternative; on: 8B layer at 4,096
-    /// tokens 249 -> 351 TFLOP/s, bench/results/flash-wgmma-2026-11-30.json; DSC_FLASH_WGMMA=0
-    /// at compile time off)
-    pub flash_wgmma: bool,
-    /// the batched-decode 64-row tiles warp-specialized too from [`WS64_MIN_ROWS`] rows
-    /// (split-K and SwiGLU ones included; on: 8B b128 16.2k -> 19.1k tok/s, SmolLM2 shape
-    /// b64 51.7k -> 63.8k; DSC_GEMM_WS64=0 at compile time off)
-    pub ws64: bool,
-    /// the decode attention's grouped kernels, a block per (token, group of a KV head's query
-    /// heads) (batched decode from [`ATTN_GROUP_MIN_BLOCKS`] blocks, and the split pass where
-    /// its head groups fill them; on; DSC_ATTN_GROUP=0 turns both off)
-    pub attn_group: bool,
-    /// warps (of 16 query rows) per block of the prefill attention on bf16 pools: 4 or 8
-    /// ([`FLASH_WARPS`]; DSC_FLASH_WARPS=8 / 4 at compile time)
-    pub flash_warps: usize,
-    /// m16 tiles (of query rows) per warp of that kernel: 1, or 2 (Q from shared memory, half
-    /// the K/V fragment loads per row; [`FLASH_MTILES`]; DSC_FLASH_MTILES=2 / 1 at compile time)
-    pub flash_mtiles: usize,
-    /// one-token steps run RoPE and the K/V cache writes inside the decode attention
-    /// ([`fuse_rope_attention`]: one launch fewer per layer at batch 1; on: SmolLM2 shape b1
-    /// +3%, 8B neutral, bench/results/rope-attention-2026-11-30.json; DSC_ROPE_ATTENTION=0 at
-    /// compile time turns it off)
-    pub rope_attention: bool,
-    /// one-token steps fold the o projection and its residual into the RoPE attention
-    /// ([`fuse_attention_o`]; DSC_ATTN_O=1 at compile time; prepared, off)
-    pub attn_o: bool,
-    /// one-token steps run the MLP (norm, gate/up, SwiGLU, down + residual) as one kernel
-    /// ([`fuse_swiglu_down`]; on: SmolLM2 shape b1 2,808 -> 3,298 tok/s, 0.361 -> 0.302 ms
-    /// per step, bench/results/swiglu-down-2026-11-30.json; the 8B shape's MLP is not fused
-    /// (its norm stays a kernel); DSC_SWIGLU_DOWN=0 at compile time turns it off)
-    pub swiglu_down: bool,
-    /// ... and fold the o projection into the one-token RoPE attention, each head's blocks
-    /// adding their part into the residual stream and the MLP's accumulator
-    /// ([`fuse_attention_o_red`]; on: SmolLM2 shape b1 0.306 -> 0.300 ms per step with a block
-    /// per head, 0.315 -> 0.272 with 4 (the default; 2: 0.283, 8: 0.293),
-    /// bench/results/attn-o-red-2026-11-30.json; DSC_ATTN_O_RED=0 at compile time turns it
-    /// off, DSC_ATTN_O_SPLITS=N picks the blocks per head)
-    pub attn_o_red: bool,
-    /// ... and the q/k/v GEMV (its RMSNorm prologue included) into that attention, a head's
-    /// blocks a thread-block cluster sharing q, k and v through distributed shared memory on
-    /// sm_90a, the previous layer's fused MLP zeroing the accumulators ([`fuse_qkv_attention`]:
-    /// two kernels per layer at one token; DSC_QKV_ATTN=0 at compile time turns it off)
-    pub qkv_attn: bool,
-    /// the decode attention prefetches the next matmul's weights into L2
-    /// ([`prefetch_after_attention`]; off: measured on the H200,
-    /// bench/results/attn-prefetch-2026-11-30.json, 8B b1 259 -> 256 tok/s, b32 6,532 ->
-    /// 6,505: the o projection got ~1 µs faster per call (379.6 vs 414-439 µs per step without
-    /// graphs) but the attention ~4 µs slower (332.7 vs ~199): the 33.5 MB of prefetch compete
-    /// with the attention's own loads for a DRAM that is busy anyway; DSC_ATTN_PREFETCH=1 at
-    /// compile time turns it on)
-    pub attn_prefetch: bool,
-}
-
-/// Which pipelined wgmma matmul alternatives load their W tiles by TMA ([`tma_wrap`]).
-/// Measured on the H200 (bench-gemm, bench/results/tma-silu-half-2026-11-30.json, 8B shapes):
-/// the 128-row tiles of at most 128 columns gain (o 4096x4096x4096 346.8 -> 315.6 us, down at
-/// 512 rows 129.6 -> 104.7 us and at 4096 982.8 -> 809.6 us), the 256-column ones lose 1-4%
-/// (gate/up at 4096 rows 2,098 -> 2,179 us, lm_head 9,565 -> 9,983), and the 64-row decode
-/// tiles are within noise alone and 0.5-1.8% slower end to end (b32 6,460 -> 6,382 tok/s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tma {
-    Off,
-    /// the 128-row tiles of at most 128 columns (the default)
-    Narrow,
-    /// every pipelined matmul (DSC_TMA=all, for sweeps)
-    All,
-}
-
-/// Which gate/up matmul alternatives take the SwiGLU epilogue ([`LowerOptions::swiglu_pipe`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SwiGluFusion {
-    Off,
-    /// the first pipelined alternative in 64-row tiles (batched decode, 32-64 rows on the 8B shape)
-    Batched,
-    /// every pipelined alternative, where the rows they take form one interval
-    All,
-}
-
-impl Default for LowerOptions {
-    fn default() -> Self {
-        LowerOptions {
-            norm_fusion: false,
-            few_x16: true,
-            split_kv: true,
-            split_k: Some(SPLIT_K_PARTS),
-            norm_half: true,
-            silu_half: true,
-            swiglu_pipe: SwiGluFusion::All,
-            splitk_rope: true,
-            tma: Tma::Narrow,
-            ws: true,
-            flash_wgmma: true,
-            ws64: true,
-            attn_group: true,
-            attn_prefetch: false,
-            flash_warps: FLASH_WARPS,
-            flash_mtiles: FLASH_MTILES,
-            rope_attention: true,
-            attn_o: false,
-            swiglu_down: true,
-            attn_o_red: true,
-            qkv_attn: true,
-        }
-    }
+/// Lower every compute node of `g` with the schedule choices `o`. Leaves (inputs, weights,
+/// states) get no step.
+pub fn lower(g: &Graph, o: &ScheduleOptions) -> Result<Vec<Step>, CodegenError> {
+    lower_opts(g, *o)
 }
 
 /// The KV pool type of a cache write's or attention's pool, if the GPU kernels take it: f32,
@@ -483,8 +241,8 @@ fn gpu_kv(node: &str, dtype: DType) -> Result<DType, CodegenError> {
     }
 }
 
-/// [`lower`] with explicit [`LowerOptions`].
-pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenError> {
+/// [`lower`] with explicit [`ScheduleOptions`].
+pub fn lower_opts(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, CodegenError> {
     let norm_fusion = opts.norm_fusion;
     let order = g.topo_order().map_err(|e| err(&g.name, e.to_string()))?;
     let norms = if norm_fusion { fusable_norms(g) } else { Default::default() };
@@ -543,7 +301,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 }
                 crate::kernels::epilogue_act_fits(*act).map_err(|e| err(&name, e))?;
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
-                let mut st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, false, None, opts.few_x16)?;
+                let mut st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, false, None, &opts)?;
                 let wrap = |k: KernelSpec| KernelSpec::MatMulAct { inner: Box::new(k), act: UnaryOpKey(*act) };
                 st.kernel = st.kernel.map(wrap);
                 for l in st.alternatives_mut() {
@@ -565,7 +323,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     return Err(err(&name, GRAPH_WEIGHTS_ONLY));
                 }
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
-                let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None, opts.few_x16)?;
+                let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None, &opts)?;
                 fuse_norm(g, &norms, id, st)
             }
             Op::MatMulCat => {
@@ -584,7 +342,7 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     parts.push(nn);
                 }
                 let total = parts.iter().sum();
-                let st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts), opts.few_x16)?;
+                let st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts), &opts)?;
                 fuse_norm(g, &norms, id, st)
             }
             Op::Slice { axis, start, len } if matches!(ops[0].op, Op::MatMulCat) => {
@@ -643,13 +401,13 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                     return Err(err(&name, "paged attention needs constant heads, head dim and block size"));
                 };
                 let kv = gpu_kv(&name, ops[1].ty.dtype)?;
-                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: attention_warps(), keys: attention_keys(), group: 1, kv };
+                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: opts.attn_warps, keys: opts.attn_keys, group: 1, kv };
                 let mb = Scalar::Dim(names[5].clone(), 1);
                 // (a block per (token, head): grid x = tokens, y = heads)
                 let st = step(spec, args, vec![Scalar::Rows(name.clone()), mb.clone()], Scalar::Dim(name.clone(), 0), Scalar::Const(h as i64));
                 // prefill (more than 128 tokens: never a decode batch): FlashAttention tiles on
                 // the tensor cores, a block per (64 tokens, head). (Rows here are tokens x heads.)
-                let flash = (d % 16 == 0 && d <= 128 && std::env::var("DSC_NO_FLASH").is_err()).then(|| Large {
+                let flash = (d % 16 == 0 && d <= 128 && opts.flash).then(|| Large {
                     min_rows: 129 * h as i64,
                     max_rows: None,
                     args: None,
@@ -670,14 +428,14 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
                 // batched decode (from as many tokens as give ATTN_GROUP_MIN_BLOCKS blocks, up
                 // to the prefill kernel's rows): a block per (token, KV head) taking the KV
                 // head's query heads, each K/V row read once for them, in fewer warps
-                let gw = attention_group_warps();
+                let gw = opts.attn_group_warps;
                 let g = attention_group_size(h, kvh, d, gw);
                 let max_rows = flash.as_ref().map(|f| f.min_rows - 1);
                 let grouped = (g > 1 && opts.attn_group).then(|| Large {
                     min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
                     max_rows,
                     args: None,
-                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: gw, keys: attention_group_keys(), group: g, kv },
+                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: gw, keys: opts.attn_group_keys.unwrap_or(opts.attn_keys), group: g, kv },
                     scalars: st.scalars.clone(),
                     work: Scalar::Dim(name.clone(), 0),
                     grid_y: Scalar::Const((h / g) as i64),
@@ -754,39 +512,35 @@ pub fn lower_opts(g: &Graph, opts: LowerOptions) -> Result<Vec<Step>, CodegenErr
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         });
     }
-    if std::env::var("DSC_NO_QKV_ROPE_FUSION").is_err() {
+    if opts.qkv_rope_fusion {
         fuse_qkv_rope_cache(g, &mut steps);
     }
-    if std::env::var("DSC_NO_SWIGLU_FUSION").is_err() {
+    if opts.swiglu_fusion {
         fuse_swiglu(g, &mut steps);
     }
-    let steps = if opts.split_kv { split_attention(steps, opts.attn_group) } else { steps };
-    let steps = if opts.rope_attention { fuse_rope_attention(steps, opts.split_kv.then(split_from_keys)) } else { steps };
+    let steps = if opts.split_kv { split_attention(steps, opts.attn_group, opts.split_kv_from) } else { steps };
+    let steps = if opts.rope_attention { fuse_rope_attention(steps, opts.split_kv.then_some(opts.split_kv_from)) } else { steps };
     let steps = match opts.split_k {
         Some(sk) => split_k(steps, sk),
         None => steps,
     };
     let steps = insert_half_casts(steps, opts.norm_half, opts.silu_half);
     let steps = fuse_swiglu_pipe(steps, opts.swiglu_pipe, opts.tma, opts.ws);
-    // (on: with 32 warps per row, 8B b32 4.546 -> 4.523 ms per step, b64 5.19 -> 5.17
-    // (bench/results/swiglu-splitk-norm-2026-11-30.json); with 8 warps it lost: 8B b32 6,360 ->
-    // 6,021 tok/s, b64 10,447 -> 9,793, bench/results/splitk-norm-2026-11-30.json.
-    // DSC_SPLITK_NORM=0 at compile time keeps the reduce and the norm apart)
-    let fold = opts.split_k.is_some() && !std::env::var("DSC_SPLITK_NORM").is_ok_and(|v| v == "0");
-    let steps = if fold { fold_splitk_reduce_norm(steps) } else { steps };
+    // (with 8 warps per row instead of 32 the fold lost: 8B b32 6,360 -> 6,021 tok/s, b64
+    // 10,447 -> 9,793, bench/results/splitk-norm-2026-11-30.json)
+    let fold = opts.split_k.is_some() && opts.splitk_norm;
+    let steps = if fold { fold_splitk_reduce_norm(steps, opts.splitk_norm_cluster) } else { steps };
     let steps = if opts.splitk_rope { fold_splitk_reduce_rope(steps) } else { steps };
     let steps = tma_wrap(steps, opts.tma, opts.ws, opts.ws64);
     let steps = if opts.attn_o { fuse_attention_o(steps) } else { steps };
-    let steps = if opts.swiglu_down { fuse_swiglu_down(g, steps) } else { steps };
-    let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps) } else { steps };
+    let steps = if opts.swiglu_down { fuse_swiglu_down(g, steps, opts.swiglu_down_fb, opts.swiglu_down_fpw) } else { steps };
+    let steps = if opts.swiglu_down && opts.attn_o_red { fuse_attention_o_red(steps, opts.attn_o_splits) } else { steps };
     let steps = if opts.swiglu_down && opts.attn_o_red && opts.qkv_attn { fuse_qkv_attention(steps) } else { steps };
-    let steps = if env_num::<u32>("DSC_ROW_GATHER_NORM") == Some(0) { steps } else { fold_row_gather(g, steps) };
-    let steps = if env_num::<u32>("DSC_WIDE_NORM") == Some(0) { steps } else { fold_norm_into_wide(g, steps) };
-    // (on: SmolLM2 shape b1 3,900 -> 3,917 tok/s, session18-2026-12-01.json `gather_gemv`;
-    // DSC_GATHER_GEMV=0 at compile time off)
-    let steps = if env_num::<u32>("DSC_GATHER_GEMV") == Some(0) { steps } else { fold_embedding_gather(steps) };
-    let steps = match lm_head_prefetch_bytes() {
-        Some(bytes) => prefetch_lm_head(steps, g, bytes),
+    let steps = if opts.row_gather_norm { fold_row_gather(g, steps) } else { steps };
+    let steps = if opts.wide_norm { fold_norm_into_wide(g, steps) } else { steps };
+    let steps = if opts.gather_gemv { fold_embedding_gather(steps) } else { steps };
+    let steps = match opts.lm_head_prefetch_mb {
+        Some(mb) => prefetch_lm_head(steps, g, mb << 20),
         None => steps,
     };
     Ok(if opts.attn_prefetch { prefetch_after_attention(steps, g) } else { steps })
@@ -880,13 +634,12 @@ fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             continue;
         };
         // (the kernel zeroing the accumulators has a thread for each of their `len` floats:
-        // the fused MLP's — or, under DSC_QKV_ATTN_L0=1, the first layer's embedding gather, a
-        // thread per element of x: measured slower, SmolLM2 b1 0.255 -> 0.258 ms, as there the
-        // fused kernel's 36 blocks load their W_q/W_k/W_v rows from DRAM with no MLP before
-        // them to hide it, where the GEMV spreads them over all SMs; docs/perf.md "Session 18")
+        // the fused MLP's. (Not the first layer's embedding gather, a thread per element of x:
+        // measured slower, SmolLM2 b1 0.255 -> 0.258 ms, as there the fused kernel's 36 blocks
+        // load their W_q/W_k/W_v rows from DRAM with no MLP before them to hide it, where the
+        // GEMV spreads them over all SMs.)
         let mlp_fits = match &steps[p].kernel {
             Some(KernelSpec::SwiGluDown { f, fb, fpw, .. }) => (f / fb) * 32 * (fb / fpw) >= len,
-            Some(KernelSpec::Gather { d, .. }) => *d >= len && env_num::<u32>("DSC_QKV_ATTN_L0") == Some(1),
             _ => false,
         };
         if !mlp_fits || steps[p].node != x || steps[p].args.last() != Some(&x) {
@@ -1053,12 +806,6 @@ fn fold_embedding_gather(mut steps: Vec<Step>) -> Vec<Step> {
     steps
 }
 
-/// Bytes of the lm_head's weight the last layer's one-token attention prefetches into L2
-/// ([`prefetch_lm_head`]): DSC_LMHEAD_PREFETCH_MB at compile time (None: off).
-fn lm_head_prefetch_bytes() -> Option<usize> {
-    env_num::<usize>("DSC_LMHEAD_PREFETCH_MB").filter(|&m| m > 0).map(|m| m << 20)
-}
-
 /// Bytes of graph weight `name` where it is plain float (bf16, f16, f32): what an L2 prefetch
 /// of it moves.
 fn plain_weight_bytes(g: &Graph, name: &str) -> Option<usize> {
@@ -1111,13 +858,6 @@ fn unbounded(s: &Step) -> bool {
 /// Blocks per head of the one-token attention with the o projection added in
 /// ([`fuse_attention_o_red`]), each taking 1/ATTN_O_SPLITS of W_o's rows.
 pub const ATTN_O_SPLITS: usize = 4;
-
-/// Blocks per head of the one-token attention with the o projection added: [`ATTN_O_SPLITS`]
-/// (W_o's head columns, 74 KB for the SmolLM2 shape, over 4 SMs); DSC_ATTN_O_SPLITS at
-/// compile time (1..=16).
-pub fn attn_o_splits() -> usize {
-    env_num::<usize>("DSC_ATTN_O_SPLITS").filter(|&s| (1..=16).contains(&s)).unwrap_or(ATTN_O_SPLITS)
-}
 
 /// Most bytes of W_o one block of the fused one-token attention reads ([`fuse_attention_o`]).
 pub const ATTN_O_MAX_BYTES: usize = 128 << 10;
@@ -1180,8 +920,7 @@ fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
 /// writes (`MatMulCopy`: the residual seeded); the SwiGLU step then runs only from two rows
 /// (its alternatives), and the down step's alternatives keep their kernels. Two launches
 /// fewer per layer at batch 1. (Not where h is a graph output: it is not written at one row.)
-fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
-    let (fb, fpw) = (crate::kernels::swiglu_down_fb(), crate::kernels::swiglu_down_fpw());
+fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>, fb: usize, fpw: usize) -> Vec<Step> {
     for ci in 0..steps.len() {
         let Some(KernelSpec::NormMatMul { inner, eps_bits }) = &steps[ci].kernel else { continue };
         let KernelSpec::SwiGluGemv { k, f, wdtype: DType::BF16 } = **inner else { continue };
@@ -1247,7 +986,7 @@ fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
 /// the one-row q/k/v GEMV before it zeroes (`ZeroFill`). The o step keeps two rows and more,
 /// and one row at the contexts the split attention takes (past the fused step's
 /// `max_context`), where it writes both as before. A launch fewer per layer at batch 1.
-fn fuse_attention_o_red(mut steps: Vec<Step>) -> Vec<Step> {
+fn fuse_attention_o_red(mut steps: Vec<Step>, splits_per_head: usize) -> Vec<Step> {
     let mut i = 0;
     while i < steps.len() {
         let Some((h, hd, views)) = one_token_attention(&steps, i) else {
@@ -1282,7 +1021,7 @@ fn fuse_attention_o_red(mut steps: Vec<Step>) -> Vec<Step> {
             continue;
         }
         // (the projection's rows over `splits` blocks per head, where they divide evenly)
-        let splits = attn_o_splits();
+        let splits = splits_per_head;
         let Scalar::Const(gy) = steps[i].grid_y else {
             i += 1;
             continue;
@@ -1592,7 +1331,7 @@ fn fold_splitk_reduce_rope(mut steps: Vec<Step>) -> Vec<Step> {
 /// stream, normalized for the next matmul) is folded into that norm: the norm step gets a `hopper` alternative for the reduce's rows that sums the parts
 /// (+ the residual), writes the node, and normalizes it (`SplitKReduceNorm`; one launch
 /// instead of two). Steps between them must not read the node.
-fn fold_splitk_reduce_norm(mut steps: Vec<Step>) -> Vec<Step> {
+fn fold_splitk_reduce_norm(mut steps: Vec<Step>, cluster_want: Option<usize>) -> Vec<Step> {
     let reads = |s: &Step, y: &str| s.buffers().any(|a| a == y);
     let mut i = 0;
     while i < steps.len() {
@@ -1625,7 +1364,7 @@ fn fold_splitk_reduce_norm(mut steps: Vec<Step>) -> Vec<Step> {
         args.extend(n.args[1..].iter().cloned());
         // (on sm_90a, where this alternative runs, a cluster of blocks per row: grid y = the
         // cluster)
-        let cluster = crate::kernels::splitk_norm_cluster(d);
+        let cluster = crate::kernels::splitk_norm_cluster(d, cluster_want);
         let alt = Large {
             min_rows: r.min_rows.unwrap_or(1),
             max_rows: r.max_rows,
@@ -1654,7 +1393,8 @@ fn weight_dims(name: &str, w: &dsc_ir::TensorType) -> Result<(usize, usize), Cod
 /// matmuls) every kernel is wrapped as `MatMulParts` and takes the rows as a last scalar; an
 /// alternative whose blocks would straddle two parts is left out.
 #[allow(clippy::too_many_arguments)]
-fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>, few_x16: bool) -> Result<Step, CodegenError> {
+fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>, o: &ScheduleOptions) -> Result<Step, CodegenError> {
+    let few_x16 = o.few_x16;
     let rows = Scalar::Rows(name.to_string());
     let wrap = |spec: KernelSpec, mut scalars: Vec<Scalar>| -> Option<(KernelSpec, Vec<Scalar>)> {
         match parts {
@@ -1667,7 +1407,7 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         }
     };
     // (one row of a wide, short-rowed 16-bit matrix — a small model's lm_head: the wide GEMV)
-    let wide = parts.is_none() && crate::kernels::wide_gemv_on() && crate::kernels::wide_gemv_fits(k, nn, wdtype);
+    let wide = parts.is_none() && o.gemv_wide && crate::kernels::wide_gemv_fits(k, nn, wdtype);
     let one_row = if wide { KernelSpec::MatMulWide { k, n: nn, wdtype, bias, residual } } else { KernelSpec::MatMul { k, n: nn, wdtype, bias, residual } };
     let (kernel, scalars) = wrap(one_row, vec![Scalar::Const(nn as i64)]).ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
     let mut st = Step { kernel: Some(kernel), args, scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..Step::new(name) };
@@ -1690,24 +1430,24 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         // (batched decode: weights read once, 4x the blocks)
         // (bf16/f16 weights: the pipelined kernel, 128 x bn tiles with cp.async stages, where
         // merged parts fit its tiles)
-        let crate::kernels::PipeTiling { bn, stages, overlap, a16, bm } = crate::kernels::pipe_tiling(nn);
+        let crate::kernels::PipeTiling { bn, stages, overlap, a16, bm } = o.pipe_tiling(nn);
         let half = matches!(wdtype, DType::BF16 | DType::F16);
         // batched decode: 64-row tiles (half the padded tensor work) for pipe64_rows()
-        let (lo64, hi64) = pipe64_rows(nn);
-        let p64 = crate::kernels::pipe64_tiling(nn);
+        let (lo64, hi64) = pipe64_rows(o, nn);
+        let p64 = o.pipe64_tiling(nn);
         let small = (half && hi64 >= lo64)
             .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: p64.bn, stages: p64.stages, overlap: p64.overlap, a16: p64.a16, bm: p64.bm }, lo64, Some(hi64), nn))
             .flatten();
         // (first fit: the 128-row tiles take the rows from pipe_min_rows that the 64-row
         // ones leave, below and above their range)
         let big = half
-            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(nn, bn), None, nn))
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(o, nn, bn), None, nn))
             .flatten()
             .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64)));
         // (long prefills: 256-column tiles where N's 128-column ones would be used, from the
         // rows where the wide tiles still give WIDE_MIN_TILES blocks: half the x traffic per
         // FLOP; DSC_GEMM_WIDE=0 at compile time off)
-        let wide = (half && bn == 128 && nn % 256 == 0 && wide_tiles())
+        let wide = (half && bn == 128 && nn % 256 == 0 && o.gemm_wide)
             .then(|| {
                 let w = crate::kernels::PipeTiling { bn: 256, ..crate::kernels::pipe_tiling(6144) };
                 let from = (WIDE_MIN_TILES.div_ceil(nn / 256) * crate::kernels::PIPE_BM) as i64;
@@ -1726,20 +1466,22 @@ fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType
         // bf16/f16 weights from FEW_X16_MIN_ROWS rows: x read from its 16-bit copy (half the
         // activation bytes, which at 32 rows are twice the weight bytes a block reads:
         // bench/results/few-x16-2026-11-29.json); below, x in f32 (no cast step to pay for)
-        let x16_min = few_x16_min_rows();
-        if wdtype != DType::F32 && few_x16 && x16_min <= few_max_rows() {
+        // (from `few_x16_min` rows x in 16 bits: at 8 rows the f32 x kernel is 10-20% faster
+        // and needs no cast, at 32 the bf16 one 20-25%, bench/results/few-x16-2026-11-29.json)
+        let (x16_min, few_max) = (o.few_x16_min, o.gemv_few_max);
+        if wdtype != DType::F32 && few_x16 && x16_min <= few_max {
             if x16_min > 2 {
                 st.few.extend(large(f32x, 2, Some(x16_min - 1), nn));
             }
-            st.few.extend(large(KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }, x16_min.max(2), Some(few_max_rows()), nn));
+            st.few.extend(large(KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }, x16_min.max(2), Some(few_max), nn));
         } else {
-            st.few.extend(large(f32x, 2, Some(few_max_rows()), nn));
+            st.few.extend(large(f32x, 2, Some(few_max), nn));
         }
     }
     Ok(st)
 }
 
-/// Rows from which the batched-decode 64-row tiles are warp-specialized (`LowerOptions::ws64`):
+/// Rows from which the batched-decode 64-row tiles are warp-specialized (`ScheduleOptions::ws64`):
 /// measured on the H200 (bench/results/gemm-ws-2026-11-30.json, 8B shape) b16 -3.3%, b32
 /// -0.7%, b64 +2.8%, b128 +18% (its split-K 64-row tiles) when every 64-row tile was.
 pub const WS64_MIN_ROWS: i64 = 64;
@@ -1748,10 +1490,6 @@ pub const WS64_MIN_ROWS: i64 = 64;
 /// ones (three waves of the 132 SMs): the 8B shape's o and down projections from 3,200 rows.
 pub const WIDE_MIN_TILES: usize = 3 * crate::kernels::TARGET_SMS;
 
-fn wide_tiles() -> bool {
-    !std::env::var("DSC_GEMM_WIDE").is_ok_and(|v| v == "0")
-}
-
 /// Parts the split decode attention cuts a context into, at most, and the fewest keys per part.
 pub const ATTN_SPLITS: usize = 16;
 pub const ATTN_SPLIT_MIN_KEYS: usize = 256;
@@ -1759,17 +1497,13 @@ pub const ATTN_SPLIT_MIN_KEYS: usize = 256;
 /// Steps whose longest context has at least this many keys run the split decode attention
 /// (the one-pass kernel below). Measured on the H200 (8B shape, one token, per layer): 256
 /// keys 11.4 µs one-pass vs 13.2 split, 1k 21.1 vs 15.9, 8k 143 vs 41
-/// (bench/results/split-kv-2026-11-30.json). DSC_SPLIT_KV_FROM=N at compile time overrides.
+/// (bench/results/split-kv-2026-11-30.json). `ScheduleOptions::split_kv_from` overrides.
 pub const ATTN_SPLIT_FROM_KEYS: i64 = 512;
 
 /// ... and at most this many rows (tokens x heads): measured at a 2k context, the split
 /// path at 8B batch 8 (256 rows) and 32 was 4-7% slower than the one-pass kernel (its idle
 /// parts' blocks), at SmolLM2 batch 8 (72 rows) 44% faster.
 pub const ATTN_SPLIT_ROWS: i64 = (crate::kernels::ATTN_SPLIT_BLOCKS / 4) as i64;
-
-fn split_from_keys() -> i64 {
-    env_num("DSC_SPLIT_KV_FROM").unwrap_or(ATTN_SPLIT_FROM_KEYS)
-}
 
 /// Long-context decode attention over more of the GPU: beside each decode attention step
 /// (kept for contexts under [`ATTN_SPLIT_FROM_KEYS`] keys: `max_context`), two steps for longer
@@ -1780,9 +1514,8 @@ fn split_from_keys() -> i64 {
 /// 32 of the 132 SMs at batch 1 (8B shape), whatever the context; split 16 ways an 8k context
 /// keeps them all busy, while at short contexts the second launch and the idle parts' blocks
 /// cost more than they win.
-fn split_attention(steps: Vec<Step>, attn_group: bool) -> Vec<Step> {
+fn split_attention(steps: Vec<Step>, attn_group: bool, from: i64) -> Vec<Step> {
     let mut out = Vec::with_capacity(steps.len());
-    let from = split_from_keys();
     for s in steps {
         let Some(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, kv, .. }) = s.kernel.clone() else {
             out.push(s);
@@ -2278,8 +2011,10 @@ mod tests {
 
     /// The default options without the warp-specialized prefill matmul (whose tensor-map
     /// args the older tests do not expect; `the_long_prefill_matmuls_are_warp_specialized`).
-    fn no_ws() -> LowerOptions {
-        LowerOptions { ws: false, ws64: false, ..Default::default() }
+    /// the production options without the warp-specialized matmuls and without the norm folded
+    /// into the GEMVs (what most tests here look at in isolation)
+    fn no_ws() -> ScheduleOptions {
+        ScheduleOptions { ws: false, ws64: false, norm_fusion: false, ..Default::default() }
     }
     use dsc_ir::text;
 
@@ -2294,10 +2029,10 @@ mod tests {
     #[test]
     fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
         // (x in f32 for every batched GEMV: no cast steps)
-        let folding = LowerOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..no_ws() };
+        let folding = ScheduleOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..no_ws() };
         let steps = lower_opts(&graph(false, "bf16"), folding).unwrap();
         // off (the default): the norm runs as its own kernel
-        let plain = lower_opts(&graph(false, "bf16"), LowerOptions { norm_fusion: false, ..folding }).unwrap();
+        let plain = lower_opts(&graph(false, "bf16"), ScheduleOptions { norm_fusion: false, ..folding }).unwrap();
         assert!(plain.iter().all(|s| s.min_rows.is_none() && !matches!(s.kernel, Some(KernelSpec::NormMatMul { .. }))));
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         assert_eq!(by("xn").min_rows, Some(2));
@@ -2316,13 +2051,13 @@ mod tests {
     fn one_token_steps_run_rope_and_the_cache_writes_inside_the_attention() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %kc = state : f32[4, 4, 2, 8]\n  %vc = state : f32[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : f32[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  output o = %o\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { rope_attention: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { rope_attention: false, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::RopeAttention { .. }))));
         let steps = lower_opts(&g, no_ws()).unwrap();
         // one token (rows = H = 4): the fused kernel, reading q/k/v before RoPE and the slots
         let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::RopeAttention { .. }))).collect();
         let [f] = &fused[..] else { panic!("{fused:?}") };
-        assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(split_from_keys() - 1)));
+        assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(ATTN_SPLIT_FROM_KEYS - 1)));
         assert_eq!(f.args, ["qh", "kh", "vh", "pos", "slots", "kw", "vw", "seq", "table", "o"]);
         assert!(f.few.is_empty() && f.large.is_none());
         // more tokens: the one-pass kernel as before, from 2 tokens
@@ -2333,7 +2068,7 @@ mod tests {
         assert_eq!(qkv.len(), 2, "{qkv:?}");
         assert!(qkv.iter().all(|s| s.node == "qr" && s.alias_of.is_none()));
         assert_eq!((qkv[0].min_rows, qkv[0].max_rows, qkv[0].min_context), (Some(5), None, None));
-        assert_eq!((qkv[1].min_rows, qkv[1].max_rows, qkv[1].min_context), (None, Some(4), Some(split_from_keys())));
+        assert_eq!((qkv[1].min_rows, qkv[1].max_rows, qkv[1].min_context), (None, Some(4), Some(ATTN_SPLIT_FROM_KEYS)));
         // ... ahead of every attention step reading what it writes
         let first_attn = steps.iter().position(|s| s.node.starts_with('o') && s.kernel.is_some()).unwrap();
         assert!(steps.iter().position(|s| s.node == "qr" && s.kernel.is_some()).unwrap() < first_attn);
@@ -2345,11 +2080,11 @@ mod tests {
         let g = text::parse(src).unwrap();
         let plain = lower_opts(&g, no_ws()).unwrap();
         assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::AttentionO { .. }))));
-        let steps = lower_opts(&g, LowerOptions { attn_o: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { attn_o: true, ..no_ws() }).unwrap();
         let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::AttentionO { .. }))).collect();
         let [f] = &fused[..] else { panic!("{fused:?}") };
         assert!(matches!(&f.kernel, Some(KernelSpec::AttentionO { inner, n: 24, red: false, .. }) if matches!(inner.as_ref(), KernelSpec::RopeAttention { .. })));
-        assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(split_from_keys() - 1)));
+        assert_eq!((f.node.as_str(), f.max_rows, f.max_context), ("o", Some(4), Some(ATTN_SPLIT_FROM_KEYS - 1)));
         assert_eq!(f.args, ["qh", "kh", "vh", "pos", "slots", "kw", "vw", "seq", "table", "wo", "r", "y@splitk4", "y@sync", "y"]);
         // (the partial sums declared before it)
         let at = |n: &str, k: bool| steps.iter().position(|s| s.node == n && s.kernel.is_some() == k).unwrap();
@@ -2358,14 +2093,14 @@ mod tests {
         let mm: Vec<&Step> = steps.iter().filter(|s| s.node == "y" && matches!(s.kernel, Some(KernelSpec::MatMul { .. }))).collect();
         assert_eq!(mm.len(), 2, "{mm:?}");
         assert_eq!((mm[0].min_rows, mm[0].max_rows, mm[0].min_context), (Some(2), None, None));
-        assert_eq!((mm[1].min_rows, mm[1].max_rows, mm[1].min_context), (None, Some(1), Some(split_from_keys())));
+        assert_eq!((mm[1].min_rows, mm[1].max_rows, mm[1].min_context), (None, Some(1), Some(ATTN_SPLIT_FROM_KEYS)));
         assert!(mm.iter().all(|s| s.args == ["of", "wo", "r", "y"]));
     }
 
     #[test]
     fn rope_q_rope_cache_k_and_cache_v_run_as_one_kernel_at_the_last_of_their_steps() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %kc = state : f32[4, 4, 2, 8]\n  %vc = state : f32[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : f32[4, 4, 2, 8]\n  output q = %qr\n  output k = %kw\n  output v = %vw\n}\n";
-        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { norm_fusion: false, ..Default::default() }).unwrap();
         let idx = |n: &str| steps.iter().position(|s| s.node == n).unwrap();
         let host = idx("qr").max(idx("kw")).max(idx("vw"));
         let fused: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).collect();
@@ -2381,7 +2116,7 @@ mod tests {
         assert_eq!(steps[idx("qr")].alias_of, None);
         // another reader of k's slice: no fusion
         let other = src.replace("  output q = %qr\n", "  %k2 = neg(%k) : f32[T, 16]\n  output q = %qr\n  output k2 = %k2\n");
-        let steps = lower_with(&text::parse(&other).unwrap(), false).unwrap();
+        let steps = lower_opts(&text::parse(&other).unwrap(), ScheduleOptions { norm_fusion: false, ..Default::default() }).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))));
     }
 
@@ -2389,7 +2124,7 @@ mod tests {
     fn prefill_matmuls_read_a_16_bit_copy_of_x_made_once_before_the_first_of_them() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %wc = weight : f32[128, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  %c = matmul(%x, %wc) {transpose_b = true} : f32[T, 128]\n  output a = %a\n  output b = %b\n  output c = %c\n}\n";
         // (the batched GEMVs on f32 x: only the prefill matmuls read the copy)
-        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
         let casts: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: false }))).map(|(i, _)| i).collect();
         assert_eq!(casts.len(), 1, "one cast for the two bf16 matmuls");
         let cast = &steps[casts[0]];
@@ -2415,9 +2150,9 @@ mod tests {
     fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wa = weight : bf16[128, 64]\n  %wb = weight : bf16[256, 64]\n  %a = matmul(%x, %wa) {transpose_b = true} : f32[T, 128]\n  %b = matmul(%x, %wb) {transpose_b = true} : f32[T, 256]\n  output a = %a\n  output b = %b\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| s.few.iter().all(|l| !matches!(l.kernel, KernelSpec::MatMulFewX16 { .. }))));
-        let steps = lower_opts(&g, LowerOptions { few_x16: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { few_x16: true, ..no_ws() }).unwrap();
         let casts: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))).collect();
         assert_eq!(casts.len(), 1);
         assert_eq!(casts[0].min_rows, Some(16), "the cast runs from the 16-bit batched GEMV's rows");
@@ -2439,7 +2174,7 @@ mod tests {
         // (x in f32 for the batched GEMV here: only the Hopper list matters)
         for (n, lo64, from128) in [(6144usize, 32i64, 64i64), (28672, 32, 16), (128, 48, 64)] {
             let src = format!("graph \"t\" {{\n  %x = input : f32[T, 64]\n  %w = weight : bf16[{n}, 64]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[T, {n}]\n  output y = %y\n}}\n");
-            let steps = lower_opts(&text::parse(&src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
+            let steps = lower_opts(&text::parse(&src).unwrap(), ScheduleOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
             let s = steps.iter().find(|s| s.node == "y").unwrap();
             let [p64, p128] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
             assert!(matches!(p64.kernel, KernelSpec::MatMulPipe { bm: 64, a16: true, .. }), "{:?}", p64.kernel);
@@ -2457,9 +2192,9 @@ mod tests {
     fn norm_half_writes_the_16_bit_copy_from_the_norm_instead_of_a_cast() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 1e-5} : f32[T, 64]\n  %w = weight : bf16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { norm_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
-        let steps = lower_opts(&g, LowerOptions { norm_half: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { norm_half: true, ..no_ws() }).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
         let norm = steps.iter().find(|s| s.node == "xn").unwrap();
         assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 64, eps_bits: 1e-5f32.to_bits(), f16: false }));
@@ -2477,7 +2212,7 @@ mod tests {
         // read x in 16 bits)
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %g = weight : f32[64]\n  %b = weight : f32[64]\n  %xn = layer_norm(%x, %g, %b) {eps = 1e-5} : f32[T, 64]\n  %w = weight : f16[6144, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 6144]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { norm_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { f16: true }))));
         let steps = lower_opts(&g, no_ws()).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
@@ -2492,9 +2227,9 @@ mod tests {
     fn split_k_adds_a_partial_sums_alternative_and_its_reduce_step() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %r = input : f32[T, 4096]\n  %w = weight : bf16[4096, 4096]\n  %y = matmul_add(%x, %w, %r) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { split_k: None, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { split_k: None, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| !s.node.contains("@splitk") && s.hopper.iter().all(|h| !matches!(h.kernel, KernelSpec::SplitK { .. }))));
-        let steps = lower_opts(&g, LowerOptions { split_k: Some(4), ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { split_k: Some(4), ..no_ws() }).unwrap();
         let i = steps.iter().position(|s| s.node == "y" && s.kernel.as_ref().is_some_and(|k| matches!(k, KernelSpec::MatMul { .. }))).unwrap();
         // the partial sums' buffer declared first (then the cast of x), the reduce pass right after
         let (decl, mm, red) = (steps[..i].iter().find(|s| s.node == "y@splitk4").unwrap(), &steps[i], &steps[i + 1]);
@@ -2521,8 +2256,8 @@ mod tests {
         // the 8B shape's MLP: merged gate/up, silu_mul, down
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wg = weight : bf16[14336, 4096]\n  %wu = weight : bf16[14336, 4096]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 28672]\n  %g = slice(%gu) {axis = 1, start = 0, len = 14336} : f32[T, 14336]\n  %u = slice(%gu) {axis = 1, start = 14336, len = 14336} : f32[T, 14336]\n  %h = silu_mul(%g, %u) : f32[T, 14336]\n  %wd = weight : bf16[4096, 14336]\n  %y = matmul(%h, %wd) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Off, ..no_ws() }).unwrap();
-        let steps = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::Batched, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { swiglu_pipe: SwiGluFusion::Off, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { swiglu_pipe: SwiGluFusion::Batched, ..no_ws() }).unwrap();
         assert_eq!(plain.len(), steps.len());
         let sm = steps.iter().find(|s| s.node == "h").unwrap();
         assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
@@ -2546,7 +2281,7 @@ mod tests {
         );
         // every pipelined alternative (DSC_SWIGLU_PIPE=all): the 128-row tiles too, and the
         // silu step skips every row they and the 64-row tile take (from the first's 16 up)
-        let all = lower_opts(&g, LowerOptions { swiglu_pipe: SwiGluFusion::All, ..no_ws() }).unwrap();
+        let all = lower_opts(&g, ScheduleOptions { swiglu_pipe: SwiGluFusion::All, ..no_ws() }).unwrap();
         let mm = all.iter().find(|s| s.node == "gu").unwrap();
         let fused: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::SwiGluPipe { .. })).collect();
         let pipes = before.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMulPipe { .. }))).count();
@@ -2564,7 +2299,7 @@ mod tests {
         let g = text::parse(src).unwrap();
         // ((rows, columns) per tile, fused) of the pipelined alternatives, first fit first
         let fused = |tma: Tma| -> Vec<((usize, usize), bool)> {
-            let steps = lower_opts(&g, LowerOptions { tma, ..no_ws() }).unwrap();
+            let steps = lower_opts(&g, ScheduleOptions { tma, ..no_ws() }).unwrap();
             let mm = steps.iter().find(|s| s.node == "gu").unwrap();
             let tile = |k: &KernelSpec| match k.matmul_core().0 {
                 KernelSpec::MatMulPipe { bm, bn, .. } => (*bm, *bn),
@@ -2584,7 +2319,7 @@ mod tests {
         assert_eq!(narrow.last(), Some(&((128, 128), false)));
         assert!(fused(Tma::Off).iter().all(|&(_, f)| f));
         // warp-specialized (the default), the 128-row tiles load by TMA and take the SwiGLU too
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions::default()).unwrap();
         let mm = steps.iter().find(|s| s.node == "gu").unwrap();
         let ws: Vec<&Large> = mm.hopper.iter().filter(|l| matches!(&l.kernel, KernelSpec::Ws { inner } if matches!(inner.as_ref(), KernelSpec::SwiGluPipe { .. }))).collect();
         assert!(!ws.is_empty(), "{:?}", mm.hopper);
@@ -2602,10 +2337,10 @@ mod tests {
         // the cache writes
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %kc = state : bf16[64, 16, 8, 128]\n  %vc = state : bf16[64, 16, 8, 128]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %qh = reshape(%q) : f32[T, 32, 128]\n  %kh = reshape(%k) : f32[T, 8, 128]\n  %vh = reshape(%v) : f32[T, 8, 128]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : f32[T, 32, 128]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 128} : bf16[64, 16, 8, 128]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[64, 16, 8, 128]\n  output q = %qr\n  output k = %kw\n  output v = %vw\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { splitk_rope: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { splitk_rope: false, ..no_ws() }).unwrap();
         let red = plain.iter().find(|s| matches!(s.kernel, Some(KernelSpec::SplitKReduce { splits: 2, residual: false }))).expect("a q/k/v reduce by default");
         let (lo, hi) = (red.min_rows.unwrap(), red.max_rows.unwrap());
-        let steps = lower_opts(&g, LowerOptions { splitk_rope: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { splitk_rope: true, ..no_ws() }).unwrap();
         assert_eq!(steps.len(), plain.len() - 1);
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SplitKReduce { .. }))));
         let rope = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::QkvRopeCache { .. }))).unwrap();
@@ -2648,7 +2383,7 @@ mod tests {
     fn silu_mul_writes_the_16_bit_copy_the_down_projection_reads() {
         let src = "graph \"t\" {\n  %g = input : f32[T, 256]\n  %u = input : f32[T, 256]\n  %h = silu_mul(%g, %u) : f32[T, 256]\n  %w = weight : bf16[4096, 256]\n  %y = matmul(%h, %w) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions { silu_half: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { silu_half: true, ..no_ws() }).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))), "no cast step");
         let sm = steps.iter().find(|s| s.node == "h").unwrap();
         assert_eq!(sm.kernel, Some(KernelSpec::SiluMulHalf { f16: false }));
@@ -2657,9 +2392,9 @@ mod tests {
         assert!(y.hopper.iter().chain(&y.few).filter(|l| l.args.is_some()).all(|l| l.args.as_ref().unwrap()[0] == "h@bf16"));
         assert_eq!(steps, lower_opts(&g, no_ws()).unwrap(), "on by default");
         // (off, or without norm + quantize: the cast, and silu_mul as before)
-        let plain = lower_opts(&g, LowerOptions { norm_half: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { norm_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
-        let plain = lower_opts(&g, LowerOptions { silu_half: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { silu_half: false, ..no_ws() }).unwrap();
         assert!(plain.iter().any(|s| matches!(s.kernel, Some(KernelSpec::ToHalf { .. }))));
         assert!(plain.iter().any(|s| s.kernel == Some(KernelSpec::Binary(BinaryOpKey(dsc_ir::BinaryOp::SiluMul)))));
     }
@@ -2697,7 +2432,7 @@ mod tests {
         let norm = steps.iter().find(|s| s.node == "xn").unwrap();
         assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 4096, eps_bits: 1e-5f32.to_bits(), f16: false }));
         let [alt] = &norm.hopper[..] else { panic!("{:?}", norm.hopper) };
-        assert_eq!(alt.kernel, KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: crate::kernels::splitk_norm_cluster(4096) });
+        assert_eq!(alt.kernel, KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: crate::kernels::splitk_norm_cluster(4096, None) });
         assert_eq!(alt.args.as_deref().unwrap(), ["h2@splitk4", "h", "h2", "g", "xn", "xn@bf16"]);
         let mm = steps.iter().find(|s| s.node == "h2" && s.kernel.is_some()).unwrap();
         assert_eq!((alt.min_rows, alt.max_rows), (mm.hopper[0].min_rows, mm.hopper[0].max_rows));
@@ -2707,8 +2442,8 @@ mod tests {
     fn tma_wraps_the_pipelined_matmuls_and_names_the_weights_tensor_maps() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %wq = weight : bf16[4096, 4096]\n  %wk = weight : bf16[1024, 4096]\n  %wv = weight : bf16[1024, 4096]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 6144]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 4096} : f32[T, 4096]\n  %k = slice(%qkv) {axis = 1, start = 4096, len = 1024} : f32[T, 1024]\n  %v = slice(%qkv) {axis = 1, start = 5120, len = 1024} : f32[T, 1024]\n  %h = input : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %y = matmul_add(%q, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n  output k = %k\n  output v = %v\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { tma: Tma::Off, ..no_ws() }).unwrap();
-        let steps = lower_opts(&g, LowerOptions { tma: Tma::All, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { tma: Tma::Off, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { tma: Tma::All, ..no_ws() }).unwrap();
         assert_eq!(plain.len(), steps.len());
         let mut wrapped = 0;
         for (p, s) in plain.iter().zip(&steps) {
@@ -2737,7 +2472,7 @@ mod tests {
         // (the 8B shape's o projection: 32 MiB of bf16, over the GEMV's own prefetch limit)
         let src = "graph \"t\" {\n  %q = input : f32[T, 32, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 32, 128]\n  %a = reshape(%o) : f32[T, 4096]\n  %wo = weight : bf16[4096, 4096]\n  %h = input : f32[T, 4096]\n  %y = matmul_add(%a, %wo, %h) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions { attn_prefetch: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { attn_prefetch: true, ..no_ws() }).unwrap();
         let attn: Vec<&Step> = steps.iter().filter(|s| matches!(s.kernel, Some(KernelSpec::PrefetchL2 { .. }))).collect();
         // the one-pass steps (short and long contexts), not the split pass
         assert_eq!(attn.len(), 2, "{:?}", steps.iter().map(|s| &s.kernel).collect::<Vec<_>>());
@@ -2796,9 +2531,9 @@ mod tests {
     fn split_kv_makes_decode_attention_two_steps_and_leaves_prefill_to_flash() {
         let src = "graph \"t\" {\n  %q = input : f32[T, 8, 64]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 2, 64]\n  %vc = state : f32[NB, 16, 2, 64]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.125} : f32[T, 8, 64]\n  output o = %o\n}\n";
         let g = text::parse(src).unwrap();
-        let plain = lower_opts(&g, LowerOptions { split_kv: false, ..no_ws() }).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { split_kv: false, ..no_ws() }).unwrap();
         assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))));
-        let steps = lower_opts(&g, LowerOptions { split_kv: true, ..no_ws() }).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions { split_kv: true, ..no_ws() }).unwrap();
         let part = format!("o@split{ATTN_SPLITS}");
         let i = steps.iter().position(|s| s.node == part).expect("the first pass");
         let (one, wide, first, merge) = (&steps[i - 2], &steps[i - 1], &steps[i], &steps[i + 1]);
@@ -2838,7 +2573,7 @@ mod tests {
         // decode tiles and split-K are not
         let src = "graph \"t\" {\n  %x = input : f32[T, 4096]\n  %w = weight : bf16[4096, 4096]\n  %r = input : f32[T, 4096]\n  %y = matmul_add(%x, %w, %r) {transpose_b = true} : f32[T, 4096]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower_opts(&g, LowerOptions::default()).unwrap();
+        let steps = lower_opts(&g, ScheduleOptions::default()).unwrap();
         let y = steps.iter().find(|s| s.node == "y").unwrap();
         let ws: Vec<&Large> = y.hopper.iter().filter(|l| matches!(l.kernel, KernelSpec::Ws { .. }) && matches!(l.kernel.matmul_core().0, KernelSpec::MatMulPipe { bm: 128, .. })).collect();
         let [wide, narrow] = ws[..] else { panic!("{:?}", y.hopper) };
@@ -2872,11 +2607,11 @@ mod tests {
         let src = |d: usize| {
             format!("graph \"t\" {{\n  %q = input : f32[T, 8, {d}]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : bf16[NB, 16, 2, {d}]\n  %vc = state : bf16[NB, 16, 2, {d}]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {{scale = 0.125}} : f32[T, 8, {d}]\n  output o = %o\n}}\n")
         };
-        let attn = |d: usize, opts: LowerOptions| {
+        let attn = |d: usize, opts: ScheduleOptions| {
             let steps = lower_opts(&text::parse(&src(d)).unwrap(), opts).unwrap();
             steps.into_iter().find(|s| s.node == "o" && s.large.is_some()).unwrap()
         };
-        let s = attn(128, LowerOptions::default());
+        let s = attn(128, ScheduleOptions::default());
         let large = s.large.as_ref().unwrap();
         let [wg] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
         assert!(matches!(&wg.kernel, KernelSpec::FlashWgmma { inner } if **inner == large.kernel), "{:?}", wg.kernel);
@@ -2888,14 +2623,14 @@ mod tests {
         assert_eq!((&args[..1], &args[3..]), (&s.args[..1], &s.args[3..]));
         assert!(wg.kernel.symbol().ends_with("_wgt"), "{}", wg.kernel.symbol());
         // not for D 64 (failed the kernel check), nor when off
-        assert!(attn(64, LowerOptions::default()).hopper.is_empty());
-        assert!(attn(128, LowerOptions { flash_wgmma: false, ..LowerOptions::default() }).hopper.is_empty());
+        assert!(attn(64, ScheduleOptions::default()).hopper.is_empty());
+        assert!(attn(128, ScheduleOptions { flash_wgmma: false, ..ScheduleOptions::default() }).hopper.is_empty());
     }
 
     #[test]
     fn matmul_act_puts_the_activation_in_every_kernel_of_the_step() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : bf16[128, 64]\n  %b = weight : f32[128]\n  %y = matmul_act(%x, %w, %b) {transpose_b = true, act = gelu} : f32[T, 128]\n  output y = %y\n}\n";
-        let steps = lower_with(&text::parse(src).unwrap(), false).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { norm_fusion: false, ..Default::default() }).unwrap();
         let s = steps.iter().find(|s| s.node == "y").unwrap();
         let act = |k: &KernelSpec| matches!(k, KernelSpec::MatMulAct { act: UnaryOpKey(dsc_ir::UnaryOp::Gelu), .. });
         assert!(act(s.kernel.as_ref().unwrap()), "{:?}", s.kernel);
@@ -2916,7 +2651,7 @@ mod tests {
     #[test]
     fn swiglu_runs_in_the_merged_gate_up_gemv_for_one_row() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %wg = weight : bf16[128, 64]\n  %wu = weight : bf16[128, 64]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 256]\n  %g = slice(%gu) {axis = 1, start = 0, len = 128} : f32[T, 128]\n  %u = slice(%gu) {axis = 1, start = 128, len = 128} : f32[T, 128]\n  %h = silu_mul(%g, %u) : f32[T, 128]\n  output h = %h\n}\n";
-        let steps = lower_opts(&text::parse(src).unwrap(), LowerOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
+        let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { few_x16: false, tma: Tma::Off, ..no_ws() }).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         let cat = by("gu");
         assert_eq!(cat.kernel, Some(KernelSpec::SwiGluGemv { k: 64, f: 128, wdtype: DType::BF16 }));
@@ -2931,7 +2666,7 @@ mod tests {
         assert_eq!(by("h").min_rows, Some(2));
         // the up part first: the gate weight is still the one silu reads
         let swapped = src.replace("silu_mul(%g, %u)", "silu_mul(%u, %g)");
-        let steps = lower_with(&text::parse(&swapped).unwrap(), false).unwrap();
+        let steps = lower_opts(&text::parse(&swapped).unwrap(), ScheduleOptions { norm_fusion: false, ..Default::default() }).unwrap();
         assert_eq!(steps.iter().find(|s| s.node == "gu").unwrap().args, ["x", "wu", "wg", "h"]);
     }
 
@@ -2939,10 +2674,10 @@ mod tests {
     fn one_token_mlp_runs_as_one_kernel_seeded_by_the_o_projection() {
         let src = "graph \"t\" {\n  %a = input : f32[T, 64]\n  %x0 = input : f32[T, 64]\n  %wo = weight : bf16[64, 64]\n  %x3 = matmul_add(%a, %wo, %x0) {transpose_b = true} : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x3, %g) {eps = 0.00001} : f32[T, 64]\n  %wg = weight : bf16[128, 64]\n  %wu = weight : bf16[128, 64]\n  %gu = matmul_cat(%xn, %wg, %wu) : f32[T, 256]\n  %ga = slice(%gu) {axis = 1, start = 0, len = 128} : f32[T, 128]\n  %up = slice(%gu) {axis = 1, start = 128, len = 128} : f32[T, 128]\n  %h = silu_mul(%ga, %up) : f32[T, 128]\n  %wd = weight : bf16[64, 128]\n  %y = matmul_add(%h, %wd, %x3) {transpose_b = true} : f32[T, 64]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let opts = LowerOptions { norm_fusion: true, swiglu_down: true, ..LowerOptions::default() };
+        let opts = ScheduleOptions { norm_fusion: true, swiglu_down: true, ..ScheduleOptions::default() };
         let steps = lower_opts(&g, opts).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
-        let (fb, fpw) = (crate::kernels::swiglu_down_fb(), crate::kernels::swiglu_down_fpw());
+        let (fb, fpw) = (ScheduleOptions::default().swiglu_down_fb, ScheduleOptions::default().swiglu_down_fpw);
         assert_eq!(by("y").kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb, fpw }));
         assert_eq!(by("y").args, ["x3", "g", "wg", "wu", "wd", "y"]);
         assert!(matches!(by("x3").kernel, Some(KernelSpec::MatMulCopy { .. })), "{:?}", by("x3").kernel);
@@ -2957,7 +2692,7 @@ mod tests {
             }
         }
         // off, or with another reader of h: the three kernels stay
-        let off = lower_opts(&g, LowerOptions { swiglu_down: false, ..opts }).unwrap();
+        let off = lower_opts(&g, ScheduleOptions { swiglu_down: false, ..opts }).unwrap();
         assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SwiGluDown { .. } | KernelSpec::MatMulCopy { .. }))));
         let extra = src.replace("  output y = %y\n", "  output y = %y\n  output h = %h\n");
         let steps = lower_opts(&text::parse(&extra).unwrap(), opts).unwrap();
@@ -2968,7 +2703,7 @@ mod tests {
     fn one_token_layer_adds_the_o_projection_from_the_attention_into_both_accumulators() {
         let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %g1 = weight : f32[32]\n  %xn = rms_norm(%x, %g1) {eps = 0.00001} : f32[T, 32]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %wo = weight : bf16[32, 32]\n  %kc = state : bf16[4, 4, 2, 8]\n  %vc = state : bf16[4, 4, 2, 8]\n  %qkv = matmul_cat(%xn, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : bf16[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : bf16[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  %of = reshape(%o) : f32[T, 32]\n  %x3 = matmul_add(%of, %wo, %x) {transpose_b = true} : f32[T, 32]\n  %g2 = weight : f32[32]\n  %xn2 = rms_norm(%x3, %g2) {eps = 0.00001} : f32[T, 32]\n  %wg = weight : bf16[32, 32]\n  %wu = weight : bf16[32, 32]\n  %gu = matmul_cat(%xn2, %wg, %wu) : f32[T, 64]\n  %ga = slice(%gu) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %up = slice(%gu) {axis = 1, start = 32, len = 32} : f32[T, 32]\n  %h = silu_mul(%ga, %up) : f32[T, 32]\n  %wd = weight : bf16[32, 32]\n  %y = matmul_add(%h, %wd, %x3) {transpose_b = true} : f32[T, 32]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let opts = LowerOptions { norm_fusion: true, swiglu_down: true, attn_o_red: true, ..no_ws() };
+        let opts = ScheduleOptions { norm_fusion: true, swiglu_down: true, attn_o_red: true, ..no_ws() };
         let steps = lower_opts(&g, opts).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         let att = by("o");
@@ -2987,7 +2722,7 @@ mod tests {
             assert!(matches!(os[1].kernel, Some(KernelSpec::MatMulCopy { .. })));
         }
         // off: the o GEMV keeps one row, seeding the MLP
-        let off = lower_opts(&g, LowerOptions { attn_o_red: false, ..opts }).unwrap();
+        let off = lower_opts(&g, ScheduleOptions { attn_o_red: false, ..opts }).unwrap();
         assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::AttentionO { .. } | KernelSpec::ZeroFill { .. }))));
         assert!(matches!(off.iter().find(|s| s.node == "x3").unwrap().kernel, Some(KernelSpec::MatMulCopy { .. })));
     }
@@ -3007,7 +2742,7 @@ mod tests {
             layer("b", "ay")
         );
         let g = text::parse(&src).unwrap();
-        let opts = LowerOptions { norm_fusion: true, swiglu_down: true, attn_o_red: true, qkv_attn: true, ..no_ws() };
+        let opts = ScheduleOptions { norm_fusion: true, swiglu_down: true, attn_o_red: true, qkv_attn: true, ..no_ws() };
         let steps = lower_opts(&g, opts).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         // the first layer as before (its GEMV follows no fused MLP)
@@ -3036,7 +2771,7 @@ mod tests {
             None => assert_eq!(qkvs.len(), 1),
         }
         // off: every layer's GEMV zeroes
-        let off = lower_opts(&g, LowerOptions { qkv_attn: false, ..opts }).unwrap();
+        let off = lower_opts(&g, ScheduleOptions { qkv_attn: false, ..opts }).unwrap();
         assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::QkvAttentionO { .. }))));
         assert!(matches!(off.iter().find(|s| s.node == "bqkv").unwrap().kernel, Some(KernelSpec::ZeroFill { .. })));
     }
@@ -3044,7 +2779,7 @@ mod tests {
     #[test]
     fn rms_norm_stays_when_something_else_reads_it_or_the_gemv_cannot_take_it() {
         for (extra, dt) in [(true, "bf16"), (false, "q8_0")] {
-            let steps = lower_with(&graph(extra, dt), true).unwrap();
+            let steps = lower_opts(&graph(extra, dt), ScheduleOptions { norm_fusion: true, ..Default::default() }).unwrap();
             let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
             assert_eq!(by("xn").min_rows, None, "{dt}");
             assert!(!matches!(by("qk").kernel, Some(KernelSpec::NormMatMul { .. })));
@@ -3058,7 +2793,7 @@ mod tests {
         // a vocabulary past the GEMV's norm prologue: 25.6 MB of head, as a real lm_head)
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %rows = input : i32[R]\n  %h = gather(%x, %rows) : f32[R, 64]\n  %g = weight : f32[64]\n  %n = rms_norm(%h, %g) {eps = 0.00001} : f32[R, 64]\n  %w = weight : bf16[200000, 64]\n  %y = matmul(%n, %w) {transpose_b = true} : f32[R, 200000]\n  output y = %y\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower(&g).unwrap();
+        let steps = lower(&g, &ScheduleOptions::default()).unwrap();
         assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::Gather { .. }))), "the gather stayed");
         let n = steps.iter().find(|s| s.node == "n").unwrap();
         assert!(matches!(&n.kernel, Some(KernelSpec::RowGather { .. })), "{:?}", n.kernel);
@@ -3066,7 +2801,7 @@ mod tests {
         assert!(steps.iter().all(|s| !s.args.contains(&"h".to_string())));
         // (a gather something else reads too stays)
         let src2 = src.replace("  output y = %y", "  output y = %y\n  output h = %h");
-        let steps = lower(&text::parse(&src2).unwrap()).unwrap();
+        let steps = lower(&text::parse(&src2).unwrap(), &ScheduleOptions::default()).unwrap();
         assert!(steps.iter().any(|s| matches!(s.kernel, Some(KernelSpec::Gather { .. }))));
     }
 
@@ -3075,7 +2810,7 @@ mod tests {
         // (a small model's tail: 200,000 short bf16 rows — the wide GEMV, the gathered norm
         // folded into it at one row, the norm's own kernel from two rows)
         let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %rows = input : i32[R]\n  %h = gather(%x, %rows) : f32[R, 64]\n  %g = weight : f32[64]\n  %n = rms_norm(%h, %g) {eps = 0.00001} : f32[R, 64]\n  %w = weight : bf16[200000, 64]\n  %y = matmul(%n, %w) {transpose_b = true} : f32[R, 200000]\n  output y = %y\n}\n";
-        let steps = lower(&text::parse(src).unwrap()).unwrap();
+        let steps = lower(&text::parse(src).unwrap(), &ScheduleOptions::default()).unwrap();
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
         let y = by("y");
         let Some(KernelSpec::RowGather { inner }) = &y.kernel else { panic!("{:?}", y.kernel) };
@@ -3087,13 +2822,13 @@ mod tests {
         assert!(y.alternatives().next().is_some() && y.alternatives().all(|l| l.args.as_deref().is_some_and(|a| a.first().is_some_and(|x| x == "n" || x.starts_with("n@")))));
         // (the norm read elsewhere too: it stays, the GEMV plain wide)
         let src2 = src.replace("  output y = %y", "  output y = %y\n  output n = %n");
-        let steps = lower(&text::parse(&src2).unwrap()).unwrap();
+        let steps = lower(&text::parse(&src2).unwrap(), &ScheduleOptions::default()).unwrap();
         let y = steps.iter().find(|s| s.node == "y").unwrap();
         assert!(matches!(y.kernel, Some(KernelSpec::MatMulWide { .. })), "{:?}", y.kernel);
         assert!(steps.iter().find(|s| s.node == "n").unwrap().min_rows.is_none());
         // (rows too long for a lane's registers, K = 1024: the split-K GEMV)
         let src3 = src.replace("64]", "1024]");
-        let steps = lower(&text::parse(&src3).unwrap()).unwrap();
+        let steps = lower(&text::parse(&src3).unwrap(), &ScheduleOptions::default()).unwrap();
         let y = steps.iter().find(|s| s.node == "y").unwrap();
         assert!(matches!(y.kernel, Some(KernelSpec::MatMul { .. })), "{:?}", y.kernel);
     }
@@ -3104,7 +2839,7 @@ mod tests {
         // x is also needed after it, as the residual in a model — here a graph output)
         let src = "graph \"t\" {\n  %tok = input : i32[T]\n  %table = weight : bf16[100, 64]\n  %x = gather(%table, %tok) : f32[T, 64]\n  %g = weight : f32[64]\n  %xn = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 64]\n  %w = weight : bf16[64, 64]\n  %y = matmul(%xn, %w) {transpose_b = true} : f32[T, 64]\n  output y = %y\n  output x = %x\n}\n";
         let g = text::parse(src).unwrap();
-        let steps = lower(&g).unwrap();
+        let steps = lower(&g, &ScheduleOptions::default()).unwrap();
         // (folding twice changes nothing: the gather is bounded now)
         let steps = fold_embedding_gather(steps);
         let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();

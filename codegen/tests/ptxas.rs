@@ -207,7 +207,7 @@ pub fn all_specs() -> Vec<KernelSpec> {
 
 #[test]
 fn every_kernel_passes_ptxas_for_every_target() {
-    let m = compile_kernels(&all_specs(), &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&all_specs(), &GpuTarget::ALL, &Default::default()).unwrap();
     assert_eq!(m.kernels.len(), all_specs().len());
     let dir = tempfile::tempdir().unwrap();
     for (t, ptx) in &m.ptx {
@@ -234,6 +234,6 @@ fn every_kernel_passes_ptxas_for_every_target() {
 
 #[test]
 fn unsupported_ops_are_named() {
-    let e = compile_kernels(&[KernelSpec::MatMul { k: 64, n: 8, wdtype: DType::I8, bias: false, residual: false }], &[GpuTarget::Sm90a]).unwrap_err().to_string();
+    let e = compile_kernels(&[KernelSpec::MatMul { k: 64, n: 8, wdtype: DType::I8, bias: false, residual: false }], &[GpuTarget::Sm90a], &Default::default()).unwrap_err().to_string();
     assert!(e.contains("matmul_k64_n8_i8") && e.contains("not lowered"), "{e}");
 }

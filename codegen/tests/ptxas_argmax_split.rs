@@ -29,7 +29,7 @@ fn split_argmax_covers_the_vocabularies_and_passes_ptxas() {
     let mut all = specs.clone();
     all.push(zf.clone());
     all.push(cl.clone());
-    let m = compile_kernels(&all, &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&all, &GpuTarget::ALL, &Default::default()).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
         for s in &specs {

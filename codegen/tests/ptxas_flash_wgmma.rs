@@ -17,7 +17,7 @@ fn the_wgmma_prefill_attention_passes_ptxas_unserialized() {
     let spec = KernelSpec::FlashWgmma { inner: Box::new(flash) };
     let name = spec.symbol();
     assert!(name.ends_with("_wgt"), "{name}: K/V tiles by TMA expected for cache blocks of 16");
-    let m = compile_kernels(std::slice::from_ref(&spec), &[GpuTarget::Sm90a]).unwrap();
+    let m = compile_kernels(std::slice::from_ref(&spec), &[GpuTarget::Sm90a], &Default::default()).unwrap();
     for (t, ptx) in &m.ptx {
         let f = dir.path().join(format!("{}.ptx", t.name()));
         std::fs::write(&f, ptx).unwrap();

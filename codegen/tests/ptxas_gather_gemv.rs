@@ -13,7 +13,7 @@ fn gathered_x_gemv_passes_ptxas() {
     let mm = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMul { k: 576, n: 960, wdtype: DType::BF16, bias: false, residual: false }), parts: vec![192, 576, 192] };
     let norm = KernelSpec::NormMatMul { inner: Box::new(mm), eps_bits: 1e-5f32.to_bits() };
     let spec = KernelSpec::ZeroFill { inner: Box::new(KernelSpec::GatherX { inner: Box::new(norm) }), len: 576 };
-    let m = compile_kernels(std::slice::from_ref(&spec), &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(std::slice::from_ref(&spec), &GpuTarget::ALL, &Default::default()).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
         let body = common::body(ptx, &spec.symbol());

@@ -22,7 +22,7 @@ fn one_token_attention_with_qkv_passes_ptxas() {
     let mlp = KernelSpec::ZeroFill { inner: Box::new(KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2 }), len: 576 };
     assert_eq!(fused.cluster(), Some(4));
     assert_eq!(mlp.cluster(), None);
-    let m = compile_kernels(&[fused.clone(), mlp.clone()], &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&[fused.clone(), mlp.clone()], &GpuTarget::ALL, &Default::default()).unwrap();
     for (t, ptx) in &m.ptx {
         let f = dir.path().join(format!("{}.ptx", t.name()));
         std::fs::write(&f, ptx).unwrap();

@@ -19,7 +19,7 @@ fn splitk_norm_in_clusters_passes_ptxas() {
         KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits, half: Some(false), cluster: 8 },
         KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1024, eps_bits, half: Some(true), cluster: 8 },
     ];
-    let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
         for spec in &specs {
@@ -46,6 +46,6 @@ fn splitk_norm_clusters_refuse_rows_they_cannot_split() {
     let eps_bits = 1e-5f32.to_bits();
     // d = 1000 is not a whole number of warps per block over 2 blocks
     let bad = KernelSpec::SplitKReduceNorm { splits: 2, residual: false, d: 1000, eps_bits, half: None, cluster: 2 };
-    let e = compile_kernels(&[bad], &GpuTarget::ALL).err().expect("refused");
+    let e = compile_kernels(&[bad], &GpuTarget::ALL, &Default::default()).err().expect("refused");
     assert!(e.to_string().contains("clusters"), "{e}");
 }

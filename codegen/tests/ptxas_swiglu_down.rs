@@ -16,7 +16,7 @@ fn one_token_mlp_passes_ptxas() {
     let mlp = [KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2 }, KernelSpec::SwiGluDown { k: 256, f: 64, n: 128, eps_bits, fb: 8, fpw: 2 }];
     let copy = KernelSpec::MatMulCopy { inner: Box::new(KernelSpec::MatMul { k: 576, n: 576, wdtype: DType::BF16, bias: false, residual: true }) };
     let specs: Vec<KernelSpec> = mlp.iter().cloned().chain([copy.clone()]).collect();
-    let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
         for spec in &mlp {

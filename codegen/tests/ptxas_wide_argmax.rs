@@ -16,7 +16,7 @@ fn wide_gemv_with_the_argmax_passes_ptxas() {
     let wide = KernelSpec::MatMulWide { k: 576, n: 49152, wdtype: DType::BF16, bias: false, residual: false };
     let normed = KernelSpec::RowGather { inner: Box::new(KernelSpec::NormMatMul { inner: Box::new(wide.clone()), eps_bits: 1e-5f32.to_bits() }) };
     let specs = [KernelSpec::ArgmaxFold { inner: Box::new(normed) }, KernelSpec::ArgmaxFold { inner: Box::new(wide) }];
-    let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
     let logs = common::assemble_without_spills(&ptxas, &m, dir.path());
     for ((t, ptx), log) in m.ptx.iter().zip(&logs) {
         for spec in &specs {
@@ -38,7 +38,7 @@ fn the_argmax_folds_only_into_the_plain_wide_gemv() {
     for inner in
         [KernelSpec::MatMulWide { k: 576, n: 4096, wdtype: DType::BF16, bias: true, residual: false }, KernelSpec::MatMul { k: 576, n: 4096, wdtype: DType::BF16, bias: false, residual: false }]
     {
-        let e = compile_kernels(&[KernelSpec::ArgmaxFold { inner: Box::new(inner.clone()) }], &GpuTarget::ALL).err().unwrap_or_else(|| panic!("{} accepted", inner.symbol()));
+        let e = compile_kernels(&[KernelSpec::ArgmaxFold { inner: Box::new(inner.clone()) }], &GpuTarget::ALL, &Default::default()).err().unwrap_or_else(|| panic!("{} accepted", inner.symbol()));
         assert!(e.to_string().contains("argmax"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ fn wide_gemv_passes_ptxas() {
     let normed = KernelSpec::RowGather { inner: Box::new(KernelSpec::NormMatMul { inner: Box::new(wide.clone()), eps_bits: 1e-5f32.to_bits() }) };
     let half = KernelSpec::MatMulWide { k: 768, n: 32768, wdtype: DType::F16, bias: true, residual: false };
     let specs = [wide, normed, half];
-    let m = compile_kernels(&specs, &GpuTarget::ALL).unwrap();
+    let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
     let logs = common::assemble_without_spills(&ptxas, &m, dir.path());
     for ((t, ptx), log) in m.ptx.iter().zip(&logs) {
         for spec in &specs[..2] {

@@ -136,13 +136,15 @@ fn tma_variant(case: &Case, spec: &KernelSpec, tmaps: Vec<TmapInput>) -> (Case, 
 }
 
 pub fn write_bundle(dir: &Path, seed: u64) -> anyhow::Result<usize> {
-    write_bundle_only(dir, seed, &[])
+    write_bundle_only(dir, seed, &[], &dsc_codegen::CodegenOptions::default())
 }
 
 /// [`write_bundle`] keeping only the cases whose kernel name contains one of `only` (all when
 /// empty), and only their kernels and data: a focused check that fits one device call beside
-/// a plan.
-pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Result<usize> {
+/// a plan. The kernels' bodies are written as `opts.kernels` says; `opts.schedule` picks the
+/// variants the plans would (TMA matmuls, the attention's keys per step and o-projection
+/// blocks).
+pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_codegen::CodegenOptions) -> anyhow::Result<usize> {
     std::fs::create_dir_all(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut rand_vec = |n: usize, lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(lo..hi)).collect() };
@@ -696,9 +698,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
     // as the f32-x kernels round x on the way in)
     use dsc_codegen::kernels::PipeTiling as T;
     // (and their TMA variants, on by default for the 128-row tiles of at most 128 columns:
-    // every tiling here; DSC_TMA=0 at bundle time leaves them out. An mbarrier wait that never
-    // completes would hang the whole check: gpu-check.sh runs it under `timeout`)
-    let with_tma = !std::env::var("DSC_TMA").is_ok_and(|v| v == "0");
+    // every tiling here; `ScheduleOptions::tma` off leaves them out. An mbarrier wait that
+    // never completes would hang the whole check: gpu-check.sh runs it under `timeout`)
+    let with_tma = opts.schedule.tma != dsc_codegen::lower::Tma::Off;
     // (and the 64-row tiles of batched decode: the warpgroups split the columns)
     let tilings = [
         dsc_codegen::kernels::pipe_tiling(4096),
@@ -1873,7 +1875,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
         ]))?;
         let (o, k, v) = (outs.remove("o").context("o")?.data, outs.remove("k").context("k")?.data, outs.remove("v").context("v")?.data);
         // (the keys per warp step the plans take: DSC_ATTN_KEYS at bundle time checks another)
-        let inner = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: 16, keys: dsc_codegen::lower::attention_keys(), group: 1, kv };
+        let inner = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: 16, keys: opts.schedule.attn_keys, group: 1, kv };
         let spec = KernelSpec::RopeAttention { inner: Box::new(inner), theta_bits: theta.to_bits(), interleaved };
         let (gr, b) = grid(&spec.launch(), t);
         let (wk, wv) = (data.push(&k), data.push(&v));
@@ -1929,12 +1931,12 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
                 .collect();
             (data.push_kv(&wo, DType::BF16), data.push(&res), data.push(&y), data.push(&vec![0.0; t * nn]))
         });
-        // (q/k/v from x: in the plans' clusters, DSC_ATTN_O_SPLITS at bundle time another)
-        let qkv_splits = [(true, dsc_codegen::lower::attn_o_splits())];
+        // (q/k/v from x: in the plans' clusters, `ScheduleOptions::attn_o_splits`)
+        let qkv_splits = [(true, opts.schedule.attn_o_splits)];
         let variants: &[(bool, usize)] = if qkv.is_some() { &qkv_splits } else { &[(false, 1), (true, 1), (true, 4)] };
         for &(red, splits) in variants {
             let Some((wo_a, res_a, y_a, zeros)) = shared.clone() else { continue };
-            if !(red || std::env::var("DSC_ATTN_O").is_ok_and(|v| v == "1")) {
+            if !(red || opts.schedule.attn_o) {
                 continue;
             }
             let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits };
@@ -2350,7 +2352,14 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String]) -> anyhow::Resu
             }
         }
     }
-    let m = compile_kernels(&specs, &GpuTarget::ALL)?;
+    let m = compile_kernels(&specs, &GpuTarget::ALL, &opts.kernels)?;
+    // (kernel options other than the default: every symbol carries their hash)
+    if opts.kernels != dsc_codegen::KernelOptions::default() {
+        let x = opts.kernels.hash();
+        for c in &mut cases {
+            c.kernel = format!("{}_x{x:08x}", c.kernel);
+        }
+    }
     // the cases name kernels by their readable symbol: two bundle specs that share one (and so
     // were compiled under hashed names) would leave a case without its kernel
     let names: std::collections::BTreeSet<&str> = m.kernels.iter().map(|(n, _)| n.as_str()).collect();

@@ -30,30 +30,58 @@ pub struct Compiled {
     pub tensor_parallel: usize,
 }
 
-/// model.toml → verified, optimized graph (+ weights and tokenizer).
+/// Everything a compile can be asked to do differently. `Default`: what `dsc compile` does with
+/// no flags and no `DSC_*` variables.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// tensor-parallel ranks, overriding model.toml's `[parallel] tp` (neither: not partitioned)
+    pub tp: Option<usize>,
+    /// run the equality-saturation optimizer (`dsc compile --no-optimize` turns it off)
+    pub optimize: bool,
+    /// optimizer rules turned on or off by name (`--rule NAME=on|off`)
+    pub rules: Vec<(String, bool)>,
+    /// the code generator's choices (written into the plan)
+    pub codegen: dsc_codegen::CodegenOptions,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { tp: None, optimize: true, rules: vec![], codegen: Default::default() }
+    }
+}
+
+/// The code generator's options from the process environment's `DSC_*` variables (the one
+/// place they are read; the `dsc` CLI calls it). A bad value is an error naming the variable.
+pub fn codegen_options_from_env() -> anyhow::Result<dsc_codegen::CodegenOptions> {
+    dsc_codegen::CodegenOptions::from_vars(&|k| std::env::var(k).ok()).map_err(|e| anyhow::anyhow!("code generator options from the environment: {e}"))
+}
+
+/// model.toml → verified, optimized graph (+ weights and tokenizer), with the default options.
 pub fn compile(model_toml: &Path) -> anyhow::Result<Compiled> {
-    compile_with(model_toml, None)
+    compile_full(model_toml, &CompileOptions::default())
 }
 
 /// `optimize`: run the equality-saturation optimizer (on by default; `dsc compile
 /// --no-optimize` turns it off for A/B comparisons).
 pub fn compile_opts(model_toml: &Path, tp: Option<usize>, optimize: bool) -> anyhow::Result<Compiled> {
-    compile_inner(model_toml, tp, optimize, &[])
+    compile_full(model_toml, &CompileOptions { tp, optimize, ..Default::default() })
 }
 
 /// As [`compile_opts`], turning optimizer rules on or off by name (`dsc compile --rule
 /// NAME=on|off`; rules whose kernels are not yet checked on the GPU start off).
 pub fn compile_rules(model_toml: &Path, tp: Option<usize>, optimize: bool, rules: &[(String, bool)]) -> anyhow::Result<Compiled> {
-    compile_inner(model_toml, tp, optimize, rules)
+    compile_full(model_toml, &CompileOptions { tp, optimize, rules: rules.to_vec(), ..Default::default() })
 }
 
 /// `tp`: tensor-parallel ranks, overriding model.toml's `[parallel] tp`; with neither the
 /// graph is not partitioned. The optimizer runs.
 pub fn compile_with(model_toml: &Path, tp: Option<usize>) -> anyhow::Result<Compiled> {
-    compile_inner(model_toml, tp, true, &[])
+    compile_full(model_toml, &CompileOptions { tp, ..Default::default() })
 }
 
-fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool, rules: &[(String, bool)]) -> anyhow::Result<Compiled> {
+/// The compile with every option explicit.
+pub fn compile_full(model_toml: &Path, o: &CompileOptions) -> anyhow::Result<Compiled> {
+    let (tp, optimize, rules) = (o.tp, o.optimize, &o.rules[..]);
     let model = dsc_models::load(model_toml)?;
     let world = tp.or(model.config.toml.parallel.as_ref().map(|p| p.tp));
     if world == Some(0) {
@@ -75,7 +103,7 @@ fn compile_inner(model_toml: &Path, tp: Option<usize>, optimize: bool, rules: &[
     }
     let (graph, reports) = run_pipeline(model.graph.clone(), &passes)?;
     let tensor_parallel = world.unwrap_or(1);
-    let (gpu, gpu_skipped, kernels) = match lower_gpu(&graph) {
+    let (gpu, gpu_skipped, kernels) = match lower_gpu(&graph, &o.codegen) {
         Ok((p, m)) => (Some(p), None, Some(m)),
         Err(e) => {
             tracing::warn!(target: "dsc::codegen", "no GPU program: {e}");
@@ -97,9 +125,10 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
     }
 }
 
-/// Lower the graph to kernels and a launch schedule, and emit PTX for every target.
-pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
-    let steps = dsc_codegen::lower::lower(graph)?;
+/// Lower the graph to kernels and a launch schedule, and emit PTX for every target, as `o`
+/// says (recorded in the program).
+pub fn lower_gpu(graph: &dsc_ir::Graph, o: &dsc_codegen::CodegenOptions) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
+    let steps = dsc_codegen::lower::lower(graph, &o.schedule)?;
     let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
     specs.extend(steps.iter().flat_map(|s| s.alternatives().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
@@ -111,11 +140,11 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     // (and over several blocks per row, `argmax_split`; on sm_90a over a thread-block cluster
     // per row, `argmax_cluster`): (kernel, blocks per row)
     let split = match &argmax {
-        Some(dsc_codegen::KernelSpec::Argmax { d }) => dsc_codegen::kernels::argmax_splits(*d).map(|splits| (dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }, splits)),
+        Some(dsc_codegen::KernelSpec::Argmax { d }) if o.schedule.argmax_split => dsc_codegen::kernels::argmax_splits(*d).map(|splits| (dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }, splits)),
         _ => None,
     };
     let cluster = match (&argmax, &split) {
-        (Some(dsc_codegen::KernelSpec::Argmax { d }), Some(_)) if dsc_codegen::kernels::argmax_cluster_on() => {
+        (Some(dsc_codegen::KernelSpec::Argmax { d }), Some(_)) if o.schedule.argmax_cluster => {
             let blocks = dsc_codegen::kernels::ARGMAX_CLUSTER_BLOCKS;
             Some((dsc_codegen::KernelSpec::ArgmaxCluster { d: *d, blocks }, blocks))
         }
@@ -123,15 +152,15 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     };
     specs.extend(split.iter().chain(&cluster).map(|(k, _)| k.clone()));
     // (and folded into the logits step's default kernel where that is the wide lm_head:
-    // `KernelSpec::ArgmaxFold`, for chained multi-step graphs; DSC_ARGMAX_FOLD=0 at compile
-    // time off) — (node, kernel)
-    let fold_on = argmax.is_some() && std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0");
+    // `KernelSpec::ArgmaxFold`, for chained multi-step graphs; `ScheduleOptions::argmax_fold`)
+    // — (node, kernel)
+    let fold_on = argmax.is_some() && o.schedule.argmax_fold;
     let fold = steps.iter().filter(|s| fold_on && logits.is_some_and(|l| l.name == s.node)).find_map(|s| {
         let f = dsc_codegen::KernelSpec::ArgmaxFold { inner: Box::new(s.kernel.clone()?) };
         dsc_codegen::kernels::emits(&f).then(|| (s.node.clone(), f))
     });
     specs.extend(fold.iter().map(|(_, k)| k.clone()));
-    let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL)?;
+    let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL, &o.kernels)?;
     // (every kernel by the symbol the module compiled it under: the readable name, with a hash
     // of the whole spec where two specs share that name)
     let sym = |k: &dsc_codegen::KernelSpec| module.symbol_of(k).map(str::to_string).unwrap_or_else(|| k.symbol());
@@ -221,7 +250,8 @@ pub fn lower_gpu(graph: &dsc_ir::Graph) -> Result<(GpuProgram, dsc_codegen::Comp
     };
     let (argmax_split, argmax_cluster) = (split.map(entry), cluster.map(entry));
     let argmax = argmax.as_ref().map(sym);
-    Ok((GpuProgram { ptx, steps, buffers, argmax, argmax_block, argmax_split, argmax_cluster }, module))
+    let codegen_options = Some(serde_json::to_value(o).map_err(|e| dsc_codegen::CodegenError::Llvm(format!("the code generator's options as JSON: {e}")))?);
+    Ok((GpuProgram { ptx, steps, buffers, argmax, argmax_block, argmax_split, argmax_cluster, codegen_options }, module))
 }
 
 /// Liveness of every activation buffer over the schedule (aliases resolved to their root;

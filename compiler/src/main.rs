@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use dsc_compiler::{compile, STAGES};
+use dsc_compiler::STAGES;
 use dsc_runtime::cli;
 use std::path::{Path, PathBuf};
 
@@ -198,7 +198,8 @@ fn do_compile(
     key: Option<&ed25519_dalek::SigningKey>,
 ) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let c = dsc_compiler::compile_rules(model, tp, optimize, rules)?;
+    let codegen = dsc_compiler::codegen_options_from_env()?;
+    let c = dsc_compiler::compile_full(model, &dsc_compiler::CompileOptions { tp, optimize, rules: rules.to_vec(), codegen })?;
     if let Some(stage) = dump_ir {
         print!("{}", stage_text(&c, &stage, fmt)?);
         if output.is_none() && dump_dir.is_none() {
@@ -261,17 +262,17 @@ fn main() -> anyhow::Result<()> {
             do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules, key.as_ref())
         }
         Cmd::DumpIr { model, stage, format } => {
-            let c = compile(&model)?;
+            let c = dsc_compiler::compile_full(&model, &dsc_compiler::CompileOptions { codegen: dsc_compiler::codegen_options_from_env()?, ..Default::default() })?;
             print!("{}", stage_text(&c, &stage, format)?);
             Ok(())
         }
         Cmd::GpuBundle { dir, seed, only } => {
-            let n = dsc_compiler::gpu_bundle::write_bundle_only(&dir, seed, &only)?;
+            let n = dsc_compiler::gpu_bundle::write_bundle_only(&dir, seed, &only, &dsc_compiler::codegen_options_from_env()?)?;
             eprintln!("wrote {n} kernel checks to {}", dir.display());
             Ok(())
         }
         Cmd::Cost { model, tokens, context, tp } => {
-            let c = dsc_compiler::compile_with(&model, tp)?;
+            let c = dsc_compiler::compile_full(&model, &dsc_compiler::CompileOptions { tp, codegen: dsc_compiler::codegen_options_from_env()?, ..Default::default() })?;
             let costs = dsc_compiler::cost::step_cost(&c.graph, c.gpu.as_ref(), tokens, context);
             println!("{:<34} {:>8} {:>12} {:>12} {:>12}", "kernel class", "launches", "MB", "GFLOP", "roofline us");
             for (k, m) in &costs {

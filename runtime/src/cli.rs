@@ -125,6 +125,28 @@ pub struct InspectArgs {
     pub graph: bool,
 }
 
+/// The code generator's options a plan records (`dsc_codegen::CodegenOptions`), each section as
+/// `name=value` pairs in name order, wrapped.
+fn print_codegen_options(o: Option<&serde_json::Value>) {
+    let Some(o) = o.and_then(|o| o.as_object()) else {
+        println!("  codegen options: not recorded (a plan from before they were)");
+        return;
+    };
+    for (section, fields) in o {
+        let Some(fields) = fields.as_object() else { continue };
+        let mut line = format!("  codegen {section}:");
+        for (k, v) in fields {
+            let item = format!(" {k}={v}");
+            if line.len() + item.len() > 100 {
+                println!("{line}");
+                line = "   ".to_string();
+            }
+            line.push_str(&item);
+        }
+        println!("{line}");
+    }
+}
+
 pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     let plan = Plan::open(&a.plan)?;
     let h = &plan.header;
@@ -176,6 +198,7 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
                 g.buffers.len(),
                 sizes.join(", ")
             );
+            print_codegen_options(g.codegen_options.as_ref());
             // which kernel a matmul step runs, by its row count (GpuStep::alternative)
             let range = |l: &crate::plan::GpuLarge| match l.max_rows {
                 Some(m) => format!("{}..={m} rows", l.min_rows),

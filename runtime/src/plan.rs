@@ -119,6 +119,11 @@ pub struct GpuProgram {
     /// only); absent: the split or block-per-row argmax
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argmax_cluster: Option<ArgmaxSplit>,
+    /// the code generator's options the program was compiled with (`dsc_codegen::CodegenOptions`
+    /// as JSON: `schedule` and `kernels` sections; `dsc inspect` prints them); absent in plans
+    /// from before they were recorded
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codegen_options: Option<serde_json::Value>,
 }
 
 /// The split argmax of a plan ([`GpuProgram::argmax_split`]).
@@ -981,7 +986,7 @@ mod tests {
         assert!(one.runs_in_context(1) && one.runs_in_context(511) && !one.runs_in_context(512));
         assert!(!split.runs_in_context(511) && split.runs_in_context(512) && split.runs_in_context(1 << 20));
         let prog =
-            GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None, argmax_split: None, argmax_cluster: None };
+            GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None, argmax_split: None, argmax_cluster: None, codegen_options: None };
         assert_eq!(prog.context_bounds(), [512]);
         assert_eq!(prog.context_class(1), (0, 0));
         assert_eq!(prog.context_class(511), (0, 0));
