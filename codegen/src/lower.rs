@@ -2432,7 +2432,10 @@ mod tests {
         let norm = steps.iter().find(|s| s.node == "xn").unwrap();
         assert_eq!(norm.kernel, Some(KernelSpec::RmsNormHalf { d: 4096, eps_bits: 1e-5f32.to_bits(), f16: false }));
         let [alt] = &norm.hopper[..] else { panic!("{:?}", norm.hopper) };
-        assert_eq!(alt.kernel, KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: crate::kernels::splitk_norm_cluster(4096, None) });
+        assert_eq!(
+            alt.kernel,
+            KernelSpec::SplitKReduceNorm { splits: 4, residual: true, d: 4096, eps_bits: 1e-5f32.to_bits(), half: Some(false), cluster: crate::kernels::splitk_norm_cluster(4096, None) }
+        );
         assert_eq!(alt.args.as_deref().unwrap(), ["h2@splitk4", "h", "h2", "g", "xn", "xn@bf16"]);
         let mm = steps.iter().find(|s| s.node == "h2" && s.kernel.is_some()).unwrap();
         assert_eq!((alt.min_rows, alt.max_rows), (mm.hopper[0].min_rows, mm.hopper[0].max_rows));

@@ -140,7 +140,9 @@ pub fn lower_gpu(graph: &dsc_ir::Graph, o: &dsc_codegen::CodegenOptions) -> Resu
     // (and over several blocks per row, `argmax_split`; on sm_90a over a thread-block cluster
     // per row, `argmax_cluster`): (kernel, blocks per row)
     let split = match &argmax {
-        Some(dsc_codegen::KernelSpec::Argmax { d }) if o.schedule.argmax_split => dsc_codegen::kernels::argmax_splits(*d).map(|splits| (dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }, splits)),
+        Some(dsc_codegen::KernelSpec::Argmax { d }) if o.schedule.argmax_split => {
+            dsc_codegen::kernels::argmax_splits(*d).map(|splits| (dsc_codegen::KernelSpec::ArgmaxSplit { d: *d, splits }, splits))
+        }
         _ => None,
     };
     let cluster = match (&argmax, &split) {

@@ -985,8 +985,16 @@ mod tests {
         let split = GpuStep { min_context: Some(512), ..step.clone() };
         assert!(one.runs_in_context(1) && one.runs_in_context(511) && !one.runs_in_context(512));
         assert!(!split.runs_in_context(511) && split.runs_in_context(512) && split.runs_in_context(1 << 20));
-        let prog =
-            GpuProgram { ptx: Default::default(), steps: vec![step.clone(), one, split.clone(), split], buffers: vec![], argmax: None, argmax_block: None, argmax_split: None, argmax_cluster: None, codegen_options: None };
+        let prog = GpuProgram {
+            ptx: Default::default(),
+            steps: vec![step.clone(), one, split.clone(), split],
+            buffers: vec![],
+            argmax: None,
+            argmax_block: None,
+            argmax_split: None,
+            argmax_cluster: None,
+            codegen_options: None,
+        };
         assert_eq!(prog.context_bounds(), [512]);
         assert_eq!(prog.context_class(1), (0, 0));
         assert_eq!(prog.context_class(511), (0, 0));

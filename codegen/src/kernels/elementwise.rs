@@ -1,0 +1,333 @@
+//! Elementwise and data-movement kernels: unary/binary ops, SiLU·mul with its 16-bit copy, casts
+//! to 16 bits, seeded weight generation, slice/take-along/top-k/transpose/concat, the embedding
+//! gather, softmax and the split-K partial-sum reduce. A thread per element (or a warp per row
+//! for the row reductions); their launch is `Launch::PerElement` / `WarpPerRow`.
+
+use crate::kernels::*;
+
+/// The elementwise and data-movement kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
+pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    Ok(match spec {
+        KernelSpec::Unary(u) => {
+            let i = b.open_guarded_gid();
+            let x = b.load("%x", &i);
+            let y = unary_expr(b, u.0, &x)?;
+            b.store(&y, "%y", &i);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::SiluMulHalf { f16 } => {
+            let i = b.open_guarded_gid();
+            let z = binary_at(b, BinaryOp::SiluMul, &i)?;
+            b.store(&z, "%y", &i);
+            // (the 16-bit copy as the norm + quantize kernels round it: the low half of a pair)
+            let w = b.pack2(&z, &z, *f16);
+            let h = b.op(&format!("arith.trunci {w} : i32 to i16"));
+            let p = b.op(&format!("llvm.getelementptr %yh[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+            b.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
+            b.line("}");
+            "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %yh: !llvm.ptr<1>, %n: i64, %nb: i64".into()
+        }
+        KernelSpec::Binary(op) => {
+            let i = b.open_guarded_gid();
+            let z = binary_at(b, op.0, &i)?;
+            b.store(&z, "%y", &i);
+            b.line("}");
+            "%a: !llvm.ptr<1>, %b: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %nb: i64".into()
+        }
+        KernelSpec::SplitKReduce { splits, residual } => {
+            let i = b.open_guarded_gid();
+            let mut acc = b.load("%parts", &i);
+            for sp in 1..*splits {
+                let cs = b.ci64(sp as i64);
+                let o = b.op(&format!("arith.muli %n, {cs} : i64"));
+                let at = b.op(&format!("arith.addi {o}, {i} : i64"));
+                let v = b.load("%parts", &at);
+                acc = b.op(&format!("arith.addf {acc}, {v} : f32"));
+            }
+            if *residual {
+                let r = b.load("%res", &i);
+                acc = b.op(&format!("arith.addf {acc}, {r} : f32"));
+            }
+            b.store(&acc, "%y", &i);
+            b.line("}");
+            format!("%parts: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" })
+        }
+        KernelSpec::SeededInit { dtype } => {
+            let i = b.open_guarded_gid();
+            // a tensor-parallel shard reads element j of the full tensor's stream:
+            // j = i (contiguous, stride 0) or (i / len) * stride + col0 + i % len
+            let q = b.op(&format!("arith.divui {i}, %len : i64"));
+            let rem = b.op(&format!("arith.remui {i}, %len : i64"));
+            let qs = b.op(&format!("arith.muli {q}, %stride : i64"));
+            let j1 = b.op(&format!("arith.addi {qs}, %col0 : i64"));
+            let j2 = b.op(&format!("arith.addi {j1}, {rem} : i64"));
+            let zero = b.ci64(0);
+            let contiguous = b.op(&format!("arith.cmpi eq, %stride, {zero} : i64"));
+            let j = b.op(&format!("arith.select {contiguous}, {i}, {j2} : i64"));
+            // splitmix64(base + j)
+            let mut z = b.op(&format!("arith.addi %base, {j} : i64"));
+            let k0 = b.ci64(0x9E37_79B9_7F4A_7C15u64 as i64);
+            z = b.op(&format!("arith.addi {z}, {k0} : i64"));
+            for (sh, mul) in [(30u32, 0xBF58_476D_1CE4_E5B9u64), (27, 0x94D0_49BB_1331_11EB)] {
+                let c = b.ci64(sh as i64);
+                let t = b.op(&format!("arith.shrui {z}, {c} : i64"));
+                let x = b.op(&format!("arith.xori {z}, {t} : i64"));
+                let m = b.ci64(mul as i64);
+                z = b.op(&format!("arith.muli {x}, {m} : i64"));
+            }
+            let c31 = b.ci64(31);
+            let t = b.op(&format!("arith.shrui {z}, {c31} : i64"));
+            let r = b.op(&format!("arith.xori {z}, {t} : i64"));
+            let c40 = b.ci64(40);
+            let top = b.op(&format!("arith.shrui {r}, {c40} : i64"));
+            let uf = b.op(&format!("arith.uitofp {top} : i64 to f32"));
+            let inv = b.cf32(1.0 / (1u64 << 24) as f32);
+            let u = b.op(&format!("arith.mulf {uf}, {inv} : f32"));
+            let two = b.cf32(2.0);
+            let one = b.cf32(1.0);
+            let u2 = b.op(&format!("arith.mulf {u}, {two} : f32"));
+            let u3 = b.op(&format!("arith.subf {u2}, {one} : f32"));
+            let sb = b.op("arith.trunci %scale : i64 to i32");
+            let sc = b.op(&format!("arith.bitcast {sb} : i32 to f32"));
+            let v = b.op(&format!("arith.mulf {u3}, {sc} : f32"));
+            let c0 = b.ci64(0);
+            let is1 = b.op(&format!("arith.cmpi ne, %ones, {c0} : i64"));
+            let v = b.op(&format!("arith.select {is1}, {one}, {v} : f32"));
+            match dtype {
+                DType::F32 => b.store(&v, "%y", &i),
+                DType::BF16 => {
+                    // round to nearest even on the dropped 16 bits (no NaNs arise here)
+                    let bits = b.op(&format!("arith.bitcast {v} : f32 to i32"));
+                    let c16 = b.op("arith.constant 16 : i32");
+                    let c1 = b.op("arith.constant 1 : i32");
+                    let bias = b.op("arith.constant 32767 : i32");
+                    let lsb = b.op(&format!("arith.shrui {bits}, {c16} : i32"));
+                    let lsb = b.op(&format!("arith.andi {lsb}, {c1} : i32"));
+                    let r1 = b.op(&format!("arith.addi {bits}, {bias} : i32"));
+                    let r2 = b.op(&format!("arith.addi {r1}, {lsb} : i32"));
+                    let hi = b.op(&format!("arith.shrui {r2}, {c16} : i32"));
+                    let h = b.op(&format!("arith.trunci {hi} : i32 to i16"));
+                    let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+                    b.line(&format!("llvm.store {h}, {p} : i16, !llvm.ptr<1>"));
+                }
+                DType::F16 => {
+                    let h = b.op(&format!("arith.truncf {v} : f32 to f16"));
+                    let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16"));
+                    b.line(&format!("llvm.store {h}, {p} : f16, !llvm.ptr<1>"));
+                }
+                other => return Err(format!("seeded weights in {other} are not generated on the GPU")),
+            }
+            b.line("}");
+            "%y: !llvm.ptr<1>, %n: i64, %base: i64, %scale: i64, %ones: i64, %len: i64, %stride: i64, %col0: i64".into()
+        }
+        KernelSpec::ToHalf { f16 } => {
+            // 8 elements per thread: two 16-byte loads, one 16-byte store
+            let i = b.open_guarded_gid();
+            let c32 = b.ci64(32);
+            let c16 = b.ci64(16);
+            let o = b.op(&format!("arith.muli {i}, {c32} : i64"));
+            let o2 = b.op(&format!("arith.addi {o}, {c16} : i64"));
+            let mut v = b.load_vec("%x", &o, 4, "f32", 16);
+            v.extend(b.load_vec("%x", &o2, 4, "f32", 16));
+            let packed: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], *f16)).collect();
+            let vec_v = b.vector(&packed, "i32");
+            let so = b.op(&format!("arith.muli {i}, {c16} : i64"));
+            let p = b.op(&format!("llvm.getelementptr %y[{so}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            b.line(&format!("llvm.store {vec_v}, {p} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<1>"));
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".to_string()
+        }
+        KernelSpec::Softmax { d } => {
+            let (lane, base, dd, c32) = b.open_row(*d, 4);
+            let m = b.row_reduce(&lane, &base, &dd, &c32, &|_, x| x.to_string(), true);
+            let mm = m.clone();
+            let sum = b.row_reduce(
+                &lane,
+                &base,
+                &dd,
+                &c32,
+                &move |b, x| {
+                    let t = b.op(&format!("arith.subf {x}, {mm} : f32"));
+                    b.exp(&t)
+                },
+                false,
+            );
+            let iv = b.v();
+            b.line(&format!("scf.for {iv} = {lane} to {dd} step {c32} {{"));
+            let idx = b.op(&format!("arith.addi {base}, {iv} : index"));
+            let idx = b.op(&format!("arith.index_cast {idx} : index to i64"));
+            let x = b.load("%x", &idx);
+            let t = b.op(&format!("arith.subf {x}, {m} : f32"));
+            let e = b.exp(&t);
+            let y = b.op(&format!("arith.divf {e}, {sum} : f32"));
+            b.store(&y, "%y", &idx);
+            b.line("}");
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::Slice { inner, d, start, len } => {
+            let o = b.open_guarded_gid();
+            let ci = b.ci64(*inner as i64);
+            let cl = b.ci64(*len as i64);
+            let cd = b.ci64(*d as i64);
+            let cs = b.ci64(*start as i64);
+            let inn = b.op(&format!("arith.remui {o}, {ci} : i64"));
+            let t = b.op(&format!("arith.divui {o}, {ci} : i64"));
+            let ax = b.op(&format!("arith.remui {t}, {cl} : i64"));
+            let outer = b.op(&format!("arith.divui {t}, {cl} : i64"));
+            let r = b.op(&format!("arith.muli {outer}, {cd} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cs} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {ax} : i64"));
+            let r = b.op(&format!("arith.muli {r}, {ci} : i64"));
+            let src = b.op(&format!("arith.addi {r}, {inn} : i64"));
+            let x = b.load("%x", &src);
+            b.store(&x, "%y", &o);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::TakeAlong { n_in, k } => {
+            let o = b.open_guarded_gid();
+            let ck = b.ci64(*k as i64);
+            let cn = b.ci64(*n_in as i64);
+            let r = b.op(&format!("arith.divui {o}, {ck} : i64"));
+            let j = b.load_i32_as_i64("%idx", &o);
+            let rb = b.op(&format!("arith.muli {r}, {cn} : i64"));
+            let src = b.op(&format!("arith.addi {rb}, {j} : i64"));
+            let x = b.load("%x", &src);
+            b.store(&x, "%y", &o);
+            b.line("}");
+            "%x: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        KernelSpec::TopK { d, k } => {
+            let (lane, base, dd, c32) = b.open_row(*d, 4);
+            let row = b.op(&format!("arith.divui {base}, {dd} : index"));
+            let row = b.op(&format!("arith.index_cast {row} : index to i64"));
+            let ck = b.ci64(*k as i64);
+            let obase = b.op(&format!("arith.muli {row}, {ck} : i64"));
+            // pass p finds the largest (value desc, index asc) element after the previous pick
+            let mut pv = b.op("arith.constant 0x7F800000 : f32"); // +inf
+            let mut pi = b.op("arith.constant -1 : i32");
+            for p in 0..*k {
+                let ninf = b.op("arith.constant 0xFF800000 : f32");
+                let big = b.op("arith.constant 2147483647 : i32");
+                let res = b.v();
+                let (iv, bv, bi) = (b.v(), b.v(), b.v());
+                b.line(&format!("{res}:2 = scf.for {iv} = {lane} to {dd} step {c32} iter_args({bv} = {ninf}, {bi} = {big}) -> (f32, i32) {{"));
+                let idx = b.op(&format!("arith.addi {base}, {iv} : index"));
+                let idx = b.op(&format!("arith.index_cast {idx} : index to i64"));
+                let x = b.load("%x", &idx);
+                let xi = b.op(&format!("arith.index_cast {iv} : index to i32"));
+                // eligible: (x < pv) or (x == pv and xi > pi)
+                let lt = b.op(&format!("arith.cmpf olt, {x}, {pv} : f32"));
+                let eqv = b.op(&format!("arith.cmpf oeq, {x}, {pv} : f32"));
+                let gti = b.op(&format!("arith.cmpi sgt, {xi}, {pi} : i32"));
+                let after = b.op(&format!("arith.andi {eqv}, {gti} : i1"));
+                let elig = b.op(&format!("arith.ori {lt}, {after} : i1"));
+                // better: x > bv, or x == bv and xi < bi
+                let gt = b.op(&format!("arith.cmpf ogt, {x}, {bv} : f32"));
+                let eqb = b.op(&format!("arith.cmpf oeq, {x}, {bv} : f32"));
+                let lti = b.op(&format!("arith.cmpi slt, {xi}, {bi} : i32"));
+                let tie = b.op(&format!("arith.andi {eqb}, {lti} : i1"));
+                let better = b.op(&format!("arith.ori {gt}, {tie} : i1"));
+                let take = b.op(&format!("arith.andi {elig}, {better} : i1"));
+                let nv = b.op(&format!("arith.select {take}, {x}, {bv} : f32"));
+                let ni = b.op(&format!("arith.select {take}, {xi}, {bi} : i32"));
+                b.line(&format!("scf.yield {nv}, {ni} : f32, i32"));
+                b.line("}");
+                let (v, i) = b.warp_argmax(&format!("{res}#0"), &format!("{res}#1"));
+                let c0 = b.op("arith.constant 0 : index");
+                let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+                b.line(&format!("scf.if {first} {{"));
+                let cp = b.ci64(p as i64);
+                let oi = b.op(&format!("arith.addi {obase}, {cp} : i64"));
+                let ptr = b.op(&format!("llvm.getelementptr %y[{oi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32"));
+                b.line(&format!("llvm.store {i}, {ptr} : i32, !llvm.ptr<1>"));
+                b.line("}");
+                pv = v;
+                pi = i;
+            }
+            b.line("}");
+            "%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %rows: i64".into()
+        }
+        KernelSpec::Transpose { perm } => {
+            let r = perm.len();
+            if r == 0 || r > 4 {
+                return Err(format!("transpose of rank {r} is not lowered (1..=4)"));
+            }
+            let o = b.open_guarded_gid();
+            // input dims %d0..; output coordinate j runs over input axis perm[j]
+            let ind: Vec<String> = (0..r).map(|i| format!("%d{i}")).collect();
+            let mut rem = o.clone();
+            let mut coord = vec![String::new(); r];
+            for j in (0..r).rev() {
+                let dim = &ind[perm[j]];
+                coord[perm[j]] = b.op(&format!("arith.remui {rem}, {dim} : i64"));
+                rem = b.op(&format!("arith.divui {rem}, {dim} : i64"));
+            }
+            let mut src = coord[0].clone();
+            for i in 1..r {
+                let m = b.op(&format!("arith.muli {src}, {} : i64", ind[i]));
+                src = b.op(&format!("arith.addi {m}, {} : i64", coord[i]));
+            }
+            let x = b.load("%x", &src);
+            b.store(&x, "%y", &o);
+            b.line("}");
+            let dims: Vec<String> = (0..r).map(|i| format!("%d{i}: i64")).collect();
+            format!("%x: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, {}", dims.join(", "))
+        }
+        KernelSpec::Concat { sizes, inner } => {
+            let total: usize = sizes.iter().sum();
+            let o = b.open_guarded_gid();
+            let ci = b.ci64(*inner as i64);
+            let ct = b.ci64(total as i64);
+            let inn = b.op(&format!("arith.remui {o}, {ci} : i64"));
+            let t = b.op(&format!("arith.divui {o}, {ci} : i64"));
+            let a = b.op(&format!("arith.remui {t}, {ct} : i64"));
+            let outer = b.op(&format!("arith.divui {t}, {ct} : i64"));
+            // pick the operand by the axis coordinate; each branch loads from its own input
+            let mut val = b.cf32(0.0);
+            let mut start = 0usize;
+            for (m, &sz) in sizes.iter().enumerate() {
+                let lo = b.ci64(start as i64);
+                let hi = b.ci64((start + sz) as i64);
+                let ge = b.op(&format!("arith.cmpi uge, {a}, {lo} : i64"));
+                let lt = b.op(&format!("arith.cmpi ult, {a}, {hi} : i64"));
+                let inr = b.op(&format!("arith.andi {ge}, {lt} : i1"));
+                let la = b.op(&format!("arith.subi {a}, {lo} : i64"));
+                let csz = b.ci64(sz as i64);
+                let r0 = b.op(&format!("arith.muli {outer}, {csz} : i64"));
+                let r1 = b.op(&format!("arith.addi {r0}, {la} : i64"));
+                let r2 = b.op(&format!("arith.muli {r1}, {ci} : i64"));
+                let src = b.op(&format!("arith.addi {r2}, {inn} : i64"));
+                // clamp the index for lanes of other operands so the load stays in bounds
+                let z = b.ci64(0);
+                let safe = b.op(&format!("arith.select {inr}, {src}, {z} : i64"));
+                let x = b.load(&format!("%x{m}"), &safe);
+                val = b.op(&format!("arith.select {inr}, {x}, {val} : f32"));
+                start += sz;
+            }
+            b.store(&val, "%y", &o);
+            b.line("}");
+            let xs: Vec<String> = (0..sizes.len()).map(|m| format!("%x{m}: !llvm.ptr<1>")).collect();
+            format!("{}, %y: !llvm.ptr<1>, %n: i64", xs.join(", "))
+        }
+        KernelSpec::Gather { d, dtype } => {
+            let i = b.open_guarded_gid();
+            let dd = b.ci64(*d as i64);
+            let t = b.op(&format!("arith.divui {i}, {dd} : i64"));
+            let j = b.op(&format!("arith.remui {i}, {dd} : i64"));
+            let row = b.load_i32_as_i64("%idx", &t);
+            let rbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
+            let e = b.op(&format!("arith.addi {rbase}, {j} : i64"));
+            if dtype.is_packed() && d % 32 != 0 {
+                return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
+            }
+            let v = b.weight_elem("%table", &e, *dtype)?;
+            b.store(&v, "%y", &i);
+            b.line("}");
+            "%table: !llvm.ptr<1>, %idx: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
+        }
+        other => return Err(format!("`{}` is not one of the elementwise and data-movement kernels", other.symbol())),
+    })
+}

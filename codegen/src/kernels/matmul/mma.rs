@@ -1,0 +1,510 @@
+//! Tensor-core matmuls without the Hopper pipeline: the batched-decode GEMV on `mma.sync`
+//! (16 outputs per block, x in f32 or 16 bits), the tiled `mma.sync` matmul, and the simple
+//! wgmma matmul.
+
+use crate::kernels::*;
+
+/// (warps per block, K steps unrolled) of the tensor-core batched GEMV.
+pub fn gemv_mma_tiling() -> (usize, usize) {
+    let (w, u, _) = gemv_mma_tiling3();
+    (w, u)
+}
+
+/// (warps per block, K steps unrolled, 16-row A tiles per block) of the tensor-core batched
+/// GEMV. (The emitter takes A > 1 — each block computing 16·A outputs, reusing every
+/// activation fragment for A tiles — but no plan does: never measured better; the sweep knob
+/// went with the environment variables.)
+pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
+    // measured on the H200 (8B shape, b8/b32/b64 tok/s): (4,2) 795/1967/2998, (8,2)
+    // 923/2357/2793, (4,4) 943/2092/2892, (8,4) 1034/2591/3019, (16,1) 993/2632/3044
+    (8, 4, 1)
+}
+
+/// Activation rows per block of the tensor-core batched GEMV (`MatMulFew`, bf16/f16 weights):
+/// four 8-column B tiles of `mma.m16n8k16`, 16 outputs per block.
+pub const GEMV_MMA_ROWS: usize = 32;
+
+/// The batched-decode matmul on the tensor cores for bf16/f16 weights ("swap AB"): y^T = W x^T
+/// with `mma.sync m16n8k16`, W as the 16-row A operand and up to 32 activation rows as four
+/// 8-column B tiles. One block of [`gemv_mma_tiling`] warps per 16 outputs and 32 rows (grid
+/// (ceil(N / 16), ceil(M / 32))); the warps split K in 32-wide steps (warp w: steps w, w + W,
+/// ...), two steps per loop iteration with their loads issued first.
+///
+/// Because a dot product does not care in which order K is walked, the operands are laid out
+/// so every lane does plain 16-byte loads: lane (g = lane / 4, t = lane % 4) loads elements
+/// 8t..8t+8 of a step from W rows g and g + 8 (rows 64 bytes apart per 4 lanes: full sectors)
+/// and from activation row g of each live B tile, and the fragment's logical k = 2t + e and
+/// 2t + 8 + e map to physical 8t + e and 8t + 2 + e (first MMA) and 8t + 4 + e, 8t + 6 + e (second).
+/// B tiles past M are skipped (a warp-uniform branch); partial sums meet in shared memory and
+/// warp 0 runs the epilogue.
+pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, x16: bool) -> Result<(), String> {
+    if !k.is_multiple_of(32) {
+        return Err(format!("matmul needs K a multiple of 32, got {k}"));
+    }
+    let f16 = match wdtype {
+        DType::BF16 => false,
+        DType::F16 => true,
+        other => return Err(format!("the tensor-core batched GEMV takes bf16/f16 weights, not {other}")),
+    };
+    let (nw, unroll, na) = gemv_mma_tiling3();
+    let nt = GEMV_MMA_ROWS / 8; // B tiles
+    let steps = k / 32;
+    let (jloop, rounds) = split_k_schedule(steps, 1, nw, unroll);
+    // accumulators per lane: [A tile a][B tile j][4] at a * 4 nt + 4 j + i
+    let per = 4 * nt * na;
+    if nw * per * 32 * 4 > 48 * 1024 {
+        return Err(format!("batched GEMV tiling: {nw} warps x {na} A tiles need {} KB of shared memory for the reduction (max 48)", nw * per * 32 * 4 / 1024));
+    }
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
+    b.workgroup = Some(format!("%red : {smt}"));
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let c4 = b.ci64(4);
+    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let cout = b.ci64(16 * na as i64);
+    let col0 = b.op(&format!("arith.muli {bx64}, {cout} : i64"));
+    let cmt = b.ci64(GEMV_MMA_ROWS as i64);
+    let row0 = b.op(&format!("arith.muli {by64}, {cmt} : i64"));
+    let one = b.ci64(1);
+    let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
+    let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
+    // byte offset of this lane's 8 elements within a step: 8t elements
+    let c8 = b.ci64(8);
+    let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
+    let wrowbytes = b.ci64((k * 2) as i64);
+    // A tile a's rows g and g + 8: wbase[2 a], wbase[2 a + 1]
+    let wbase: Vec<String> = (0..na)
+        .flat_map(|a| [16 * a as i64, 16 * a as i64 + 8])
+        .map(|d| {
+            let cd = b.ci64(d);
+            let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
+            let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
+            let o = b.op(&format!("arith.muli {r}, {wrowbytes} : i64"));
+            let c2 = b.ci64(2);
+            let eb = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+            b.op(&format!("arith.addi {o}, {eb} : i64"))
+        })
+        .collect();
+    // (x16: x in 16 bits, the lane's 8 elements one 16-byte load already in pairs)
+    let xsz = if x16 { 2 } else { 4 };
+    let xrowbytes = b.ci64((k * xsz) as i64);
+    let cxsz = b.ci64(xsz as i64);
+    let mut xbase = vec![];
+    let mut live = vec![];
+    for j in 0..nt {
+        let cj = b.ci64(8 * j as i64);
+        let r0j = b.op(&format!("arith.addi {row0}, {cj} : i64"));
+        live.push(b.op(&format!("arith.cmpi slt, {r0j}, %m : i64")));
+        let r = b.op(&format!("arith.addi {r0j}, {g} : i64"));
+        let r = b.op(&format!("arith.minsi {r}, {mlast} : i64"));
+        let o = b.op(&format!("arith.muli {r}, {xrowbytes} : i64"));
+        let eb = b.op(&format!("arith.muli {e0}, {cxsz} : i64"));
+        xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
+    }
+    let ty = if f16 { "f16" } else { "bf16" };
+    // the weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
+    let load_w = |b: &mut Body, s: &str| -> Vec<Vec<Vec<String>>> {
+        let cb = b.ci64(64);
+        let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
+        let loads: Vec<Vec<String>> = wbase
+            .iter()
+            .map(|base| {
+                let off = b.op(&format!("arith.addi {base}, {so} : i64"));
+                b.load_vec("%w", &off, 4, "i32", 16)
+            })
+            .collect();
+        loads.chunks(2).map(|c| c.to_vec()).collect()
+    };
+    // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4]), with
+    // their weights loaded here or (`pre`) already
+    let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| -> Vec<String> {
+        let ws: Vec<Vec<Vec<Vec<String>>>> = match pre {
+            Some(p) => p.to_vec(),
+            None => ss.iter().map(|s| load_w(b, s)).collect(),
+        };
+        let mut out = acc.to_vec();
+        for j in 0..nt {
+            // this B tile's accumulators of every A tile
+            let idx: Vec<usize> = (0..na).flat_map(|a| (0..4).map(move |i| a * 4 * nt + 4 * j + i)).collect();
+            let cur: Vec<String> = idx.iter().map(|&i| out[i].clone()).collect();
+            let f32s = vec!["f32"; cur.len()].join(", ");
+            let res = if j > 0 {
+                let res = b.v();
+                b.line(&format!("{res}:{} = scf.if {} -> ({f32s}) {{", cur.len(), live[j]));
+                Some(res)
+            } else {
+                None
+            };
+            let mut xs = vec![];
+            for s in ss {
+                let cb = b.ci64(32 * xsz as i64);
+                let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
+                let off = b.op(&format!("arith.addi {}, {so} : i64", xbase[j]));
+                if x16 {
+                    xs.push(b.load_vec("%x", &off, 4, "i32", 16));
+                    continue;
+                }
+                let mut v = b.load_vec("%x", &off, 4, "f32", 16);
+                let c16b = b.ci64(16);
+                let off2 = b.op(&format!("arith.addi {off}, {c16b} : i64"));
+                v.extend(b.load_vec("%x", &off2, 4, "f32", 16));
+                xs.push(v);
+            }
+            let mut c = cur.clone();
+            for (si, x) in xs.iter().enumerate() {
+                for half in 0..2 {
+                    // the B fragment once, for every A tile
+                    let (b0, b1) = if x16 { (x[2 * half].clone(), x[2 * half + 1].clone()) } else { (b.pack2(&x[4 * half], &x[4 * half + 1], f16), b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16)) };
+                    for a in 0..na {
+                        let w = &ws[si][a];
+                        let av = [w[0][2 * half].as_str(), &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
+                        let acc = [c[4 * a].clone(), c[4 * a + 1].clone(), c[4 * a + 2].clone(), c[4 * a + 3].clone()];
+                        let out = b.mma_m16n8k16(ty, av, &b0, &b1, [&acc[0], &acc[1], &acc[2], &acc[3]]);
+                        c[4 * a..4 * a + 4].clone_from_slice(&out);
+                    }
+                }
+            }
+            match res {
+                Some(res) => {
+                    b.line(&format!("scf.yield {} : {f32s}", c.join(", ")));
+                    b.line("} else {");
+                    b.line(&format!("scf.yield {} : {f32s}", cur.join(", ")));
+                    b.line("}");
+                    for (q, &i) in idx.iter().enumerate() {
+                        out[i] = format!("{res}#{q}");
+                    }
+                }
+                None => {
+                    for (q, &i) in idx.iter().enumerate() {
+                        out[i] = c[q].clone();
+                    }
+                }
+            }
+        }
+        out
+    };
+    // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
+    let acc = b.split_k_rounds_preloaded(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &load_w, &steps_mma_pre);
+    // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
+    let cper = b.op(&format!("arith.constant {} : index", per * 32));
+    let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
+    for (a, v) in acc.iter().enumerate() {
+        let ca = b.op(&format!("arith.constant {} : index", a * 32));
+        let at = b.op(&format!("arith.addi {wb}, {ca} : index"));
+        let at = b.op(&format!("arith.addi {at}, {lane} : index"));
+        b.line(&format!("memref.store {v}, %red[{at}] : {smt}"));
+    }
+    b.line("gpu.barrier");
+    let c0 = b.op("arith.constant 0 : index");
+    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+    b.line(&format!("scf.if {w0} {{"));
+    // D fragment of tile j: value i at output col0 + g (+ 8 for i >= 2), row 8j + 2t + i % 2
+    let c2 = b.ci64(2);
+    let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    for (a, part) in acc.iter().enumerate() {
+        let (at, j, i) = (a / (4 * nt), (a / 4) % nt, a % 4);
+        let mut total = part.clone();
+        for w in 1..nw {
+            let ca = b.op(&format!("arith.constant {} : index", (w * per + a) * 32));
+            let at = b.op(&format!("arith.addi {ca}, {lane} : index"));
+            let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+            total = b.op(&format!("arith.addf {total}, {v} : f32"));
+        }
+        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
+        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+        let cr = b.ci64((8 * j + i % 2) as i64);
+        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
+        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
+        b.line(&format!("scf.if {ok} {{"));
+        b.matmul_store(&total, &row, &col, bias, residual);
+        b.line("}");
+    }
+    b.line("}");
+    Ok(())
+}
+
+/// The tensor-core (mma.sync, wgmma) matmul kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
+pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    Ok(match spec {
+        KernelSpec::MatMulFewX16 { k, n: _, wdtype, bias, residual } => {
+            emit_gemv_mma(b, *k, *wdtype, *bias, *residual, true)?;
+            matmul_params(*bias, *residual, true)
+        }
+        KernelSpec::MatMulMma { k, n: _, wdtype, bias, residual } => {
+            if k % 16 != 0 {
+                return Err(format!("the tensor-core matmul needs K a multiple of 16, got {k}"));
+            }
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
+            }
+            // f16 operands for f16 and block-quantized weights (their f16 scales dequantize
+            // exactly enough in f16; 4x finer than bf16), bf16 for bf16 and f32 weights
+            let f16 = tensor_core_f16(*wdtype);
+            let Launch::WarpPerTile { warps_per_block } = spec.launch() else { unreachable!() };
+            let t = b.op("gpu.thread_id x");
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let (lane, warp) = b.lane_warp(&t);
+            let lane = b.idx64(&lane);
+            let warp = b.idx64(&warp);
+            let bx = b.idx64(&bx);
+            let by = b.idx64(&by);
+            let c4 = b.ci64(4);
+            let c2 = b.ci64(2);
+            let c8 = b.ci64(8);
+            let c16 = b.ci64(16);
+            let g = b.op(&format!("arith.divui {lane}, {c4} : i64"));
+            let tig = b.op(&format!("arith.remui {lane}, {c4} : i64"));
+            let wpb = b.ci64(warps_per_block as i64);
+            let tile = b.op(&format!("arith.muli {bx}, {wpb} : i64"));
+            let tile = b.op(&format!("arith.addi {tile}, {warp} : i64"));
+            let n0 = b.op(&format!("arith.muli {tile}, {c8} : i64"));
+            let m0 = b.op(&format!("arith.muli {by}, {c16} : i64"));
+            let ok = b.op(&format!("arith.cmpi slt, {n0}, %n : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+            let kk = b.ci64(*k as i64);
+            // A rows this lane loads: m0 + g and m0 + g + 8 (clamped; masked rows read row 0)
+            let ra = b.op(&format!("arith.addi {m0}, {g} : i64"));
+            let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+            let c0 = b.ci64(0);
+            let va = b.op(&format!("arith.cmpi slt, {ra}, %m : i64"));
+            let vb = b.op(&format!("arith.cmpi slt, {rb}, %m : i64"));
+            let ra_s = b.op(&format!("arith.select {va}, {ra}, {c0} : i64"));
+            let rb_s = b.op(&format!("arith.select {vb}, {rb}, {c0} : i64"));
+            let xa = b.op(&format!("arith.muli {ra_s}, {kk} : i64"));
+            let xb = b.op(&format!("arith.muli {rb_s}, {kk} : i64"));
+            // B column (W row) this lane loads: n0 + g
+            let wn = b.op(&format!("arith.addi {n0}, {g} : i64"));
+            let wrow = b.op(&format!("arith.muli {wn}, {kk} : i64"));
+            let tig2 = b.op(&format!("arith.muli {tig}, {c2} : i64"));
+            let zero = b.cf32(0.0);
+            let c1 = b.ci64(1);
+            let ki = b.op(&format!("arith.constant {k} : index"));
+            let zi = b.op("arith.constant 0 : index");
+            let si = b.op("arith.constant 16 : index");
+            let res = b.v();
+            let kv = b.v();
+            let accs: Vec<String> = (0..4).map(|_| b.v()).collect();
+            b.line(&format!("{res}:4 = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> (f32, f32, f32, f32) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+            let k0 = b.idx64(&kv);
+            let kc = b.op(&format!("arith.addi {k0}, {tig2} : i64"));
+            let kc8 = b.op(&format!("arith.addi {kc}, {c8} : i64"));
+            // A fragment: (ra, kc..kc+1), (rb, kc..), (ra, kc+8..), (rb, kc+8..)
+            let mut areg = vec![];
+            for (xr, valid, col) in [(&xa, &va, &kc), (&xb, &vb, &kc), (&xa, &va, &kc8), (&xb, &vb, &kc8)] {
+                let i0 = b.op(&format!("arith.addi {xr}, {col} : i64"));
+                let i1 = b.op(&format!("arith.addi {i0}, {c1} : i64"));
+                let x0 = b.load("%x", &i0);
+                let x1 = b.load("%x", &i1);
+                let x0 = b.op(&format!("arith.select {valid}, {x0}, {zero} : f32"));
+                let x1 = b.op(&format!("arith.select {valid}, {x1}, {zero} : f32"));
+                areg.push(b.pack2(&x0, &x1, f16));
+            }
+            // B fragment: W[wn, kc..kc+1], W[wn, kc+8..kc+9]
+            let mut breg = vec![];
+            for col in [&kc, &kc8] {
+                let e0 = b.op(&format!("arith.addi {wrow}, {col} : i64"));
+                let e1 = b.op(&format!("arith.addi {e0}, {c1} : i64"));
+                let w0 = b.weight_elem("%w", &e0, *wdtype)?;
+                let w1 = b.weight_elem("%w", &e1, *wdtype)?;
+                breg.push(b.pack2(&w0, &w1, f16));
+            }
+            let ty = if f16 { "f16" } else { "bf16" };
+            let outs = b.mma_m16n8k16(ty, [&areg[0], &areg[1], &areg[2], &areg[3]], &breg[0], &breg[1], [&accs[0], &accs[1], &accs[2], &accs[3]]);
+            b.line(&format!("scf.yield {} : f32, f32, f32, f32", outs.join(", ")));
+            b.line("}");
+            // D: (ra, n0 + tig*2 + {0,1}) = res#0,1; (rb, ...) = res#2,3
+            let nc = b.op(&format!("arith.addi {n0}, {tig2} : i64"));
+            for (i, (row, valid)) in [(0usize, (&ra, &va)), (1, (&ra, &va)), (2, (&rb, &vb)), (3, (&rb, &vb))] {
+                let col = if i % 2 == 0 { nc.clone() } else { b.op(&format!("arith.addi {nc}, {c1} : i64")) };
+                let colok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+                let both = b.op(&format!("arith.andi {valid}, {colok} : i1"));
+                b.line(&format!("scf.if {both} {{"));
+                b.matmul_store(&format!("{res}#{i}"), row, &col, *bias, *residual);
+                b.line("}");
+            }
+            b.line("}");
+            matmul_params(*bias, *residual, true)
+        }
+        KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, residual, n_tile } => {
+            let nt = *n_tile;
+            if nt != 16 && nt != 64 {
+                return Err(format!("wgmma n_tile must be 16 or 64, got {nt}"));
+            }
+            let nacc = nt / 2;
+            if k % 64 != 0 {
+                return Err(format!("the wgmma matmul needs K a multiple of 64, got {k}"));
+            }
+            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
+            }
+            // f16 operands for f16 and block-quantized weights (their f16 scales dequantize
+            // exactly enough in f16; 4x finer than bf16), bf16 for bf16 and f32 weights
+            let f16 = tensor_core_f16(*wdtype);
+            let ty = if f16 { "f16" } else { "bf16" };
+            // shared memory: A tile [64 rows x 64 k] then B tile [64 n x 64 k], 16-bit elements
+            // packed in pairs along k (i32), in 8x8 core matrices of 128 bytes: core matrix
+            // (row / 8, k / 8) at ((row / 8) * 8 + k / 8) * 128 bytes, row r % 8 at 16 * (r % 8)
+            b.workgroup = Some("%sm : memref<4096xi32, #gpu.address_space<workgroup>>".into());
+            let t = b.op("gpu.thread_id x");
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let t = b.idx64(&t);
+            let bx = b.idx64(&bx);
+            let by = b.idx64(&by);
+            let c64 = b.ci64(64);
+            let cnt = b.ci64(nt as i64);
+            let n0 = b.op(&format!("arith.muli {bx}, {cnt} : i64"));
+            let m0 = b.op(&format!("arith.muli {by}, {c64} : i64"));
+            let kk = b.ci64(*k as i64);
+            let zero = b.cf32(0.0);
+            let c0 = b.ci64(0);
+            let c2 = b.ci64(2);
+            let c4 = b.ci64(4);
+            let c8 = b.ci64(8);
+            // the tile's shared-memory address for the descriptors
+            let base = b.op("memref.extract_aligned_pointer_as_index %sm : memref<4096xi32, #gpu.address_space<workgroup>> -> index");
+            let base = b.idx64(&base);
+            // descriptor = (addr >> 4) | (LBO 128 >> 4) << 16 | (SBO 1024 >> 4) << 32, no swizzle
+            let fixed = b.ci64(((128u64 >> 4) << 16 | (1024u64 >> 4) << 32) as i64);
+            let mk = |b: &mut Body, off: i64| -> String {
+                let o = b.ci64(off);
+                let a = b.op(&format!("arith.addi {base}, {o} : i64"));
+                let mask = b.ci64(0x3FFFF);
+                let a = b.op(&format!("arith.andi {a}, {mask} : i64"));
+                let a = b.op(&format!("arith.shrui {a}, {c4} : i64"));
+                b.op(&format!("arith.ori {a}, {fixed} : i64"))
+            };
+            let da: Vec<String> = (0..4).map(|s| mk(b, 256 * s)).collect();
+            let db: Vec<String> = (0..4).map(|s| mk(b, 8192 + 256 * s)).collect();
+            let ki = b.op(&format!("arith.constant {k} : index"));
+            let zi = b.op("arith.constant 0 : index");
+            let si = b.op("arith.constant 64 : index");
+            let res = b.v();
+            let kv = b.v();
+            let accs: Vec<String> = (0..nacc).map(|_| b.v()).collect();
+            let f32s = vec!["f32"; nacc].join(", ");
+            b.line(&format!("{res}:{nacc} = scf.for {kv} = {zi} to {ki} step {si} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+            let k0 = b.idx64(&kv);
+            // stage: each thread moves 4 core-matrix rows (8 k-values, 16 bytes in shared
+            // memory) of A and 4 of B; 8 consecutive threads cover one 64-wide row (coalesced)
+            for (is_b, off) in [(false, 0i64), (true, 8192)] {
+                // A: 64 rows x 8 chunks = 512 units; B: n_tile rows x 8 chunks
+                let units = if is_b { nt as i64 * 8 } else { 512 };
+                for i in 0..units / 128 {
+                    let ci = b.ci64(128 * i);
+                    let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+                    let row = b.op(&format!("arith.divui {u}, {c8} : i64"));
+                    let kc = b.op(&format!("arith.remui {u}, {c8} : i64"));
+                    let kl = b.op(&format!("arith.muli {kc}, {c8} : i64"));
+                    let kg = b.op(&format!("arith.addi {k0}, {kl} : i64"));
+                    let (r0, lim) = if is_b { (&n0, "%n") } else { (&m0, "%m") };
+                    let gr = b.op(&format!("arith.addi {r0}, {row} : i64"));
+                    let valid = b.op(&format!("arith.cmpi slt, {gr}, {lim} : i64"));
+                    let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
+                    let rbase = b.op(&format!("arith.muli {grs}, {kk} : i64"));
+                    let e0 = b.op(&format!("arith.addi {rbase}, {kg} : i64"));
+                    let packed: Vec<String> = if is_b && matches!(wdtype, DType::BF16 | DType::F16) {
+                        // eight 16-bit weights in one 16-byte load, already in pairs
+                        let bo = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+                        b.load_vec("%w", &bo, 4, "i32", 16)
+                    } else {
+                        let vals: Vec<String> = if is_b {
+                            let mut v = vec![];
+                            for j in 0..8 {
+                                let cj = b.ci64(j);
+                                let e = b.op(&format!("arith.addi {e0}, {cj} : i64"));
+                                v.push(b.weight_elem("%w", &e, *wdtype)?);
+                            }
+                            v
+                        } else {
+                            // rows past M are not loaded at all (batched decode has few rows)
+                            let bo = b.op(&format!("arith.muli {e0}, {c4} : i64"));
+                            let c16b = b.ci64(16);
+                            let bo2 = b.op(&format!("arith.addi {bo}, {c16b} : i64"));
+                            let r = b.v();
+                            let f8 = vec!["f32"; 8].join(", ");
+                            b.line(&format!("{r}:8 = scf.if {valid} -> ({f8}) {{"));
+                            let mut v = b.load_vec("%x", &bo, 4, "f32", 16);
+                            v.extend(b.load_vec("%x", &bo2, 4, "f32", 16));
+                            b.line(&format!("scf.yield {} : {f8}", v.join(", ")));
+                            b.line("} else {");
+                            b.line(&format!("scf.yield {} : {f8}", vec![zero.as_str(); 8].join(", ")));
+                            b.line("}");
+                            (0..8).map(|j| format!("{r}#{j}")).collect()
+                        };
+                        (0..4).map(|j| b.pack2(&vals[2 * j], &vals[2 * j + 1], f16)).collect()
+                    };
+                    let zi32 = b.op("arith.constant 0 : i32");
+                    let mut vec_v = b.op("llvm.mlir.undef : vector<4xi32>");
+                    for (j, p) in packed.iter().enumerate() {
+                        let pj = b.op(&format!("arith.select {valid}, {p}, {zi32} : i32"));
+                        let cj = b.op(&format!("arith.constant {j} : i32"));
+                        vec_v = b.op(&format!("llvm.insertelement {pj}, {vec_v}[{cj} : i32] : vector<4xi32>"));
+                    }
+                    // byte offset: ((row/8)*8 + kc) * 128 + (row%8) * 16
+                    let rg = b.op(&format!("arith.divui {row}, {c8} : i64"));
+                    let rr = b.op(&format!("arith.remui {row}, {c8} : i64"));
+                    let cm = b.op(&format!("arith.muli {rg}, {c8} : i64"));
+                    let cm = b.op(&format!("arith.addi {cm}, {kc} : i64"));
+                    let c128b = b.ci64(128);
+                    let cm = b.op(&format!("arith.muli {cm}, {c128b} : i64"));
+                    let c16b = b.ci64(16);
+                    let ri = b.op(&format!("arith.muli {rr}, {c16b} : i64"));
+                    let so = b.op(&format!("arith.addi {cm}, {ri} : i64"));
+                    let offc = b.ci64(off);
+                    let so = b.op(&format!("arith.addi {so}, {offc} : i64"));
+                    let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+                    let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+                    b.line(&format!("llvm.store {vec_v}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
+                }
+            }
+            b.line("gpu.barrier");
+            // generic-proxy stores must be visible to the async proxy wgmma reads through
+            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
+            b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+            let st = format!("!llvm.struct<({f32s})>");
+            let mut cur: Vec<String> = accs.clone();
+            for s in 0..4 {
+                let outs: Vec<String> = (0..nacc).map(|i| format!("${i}")).collect();
+                let cons = format!("{},l,l,{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+                let r = b.op(&format!(
+                    "llvm.inline_asm has_side_effects \"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.{ty}.{ty} {{{}}}, ${nacc}, ${}, 1, 1, 1, 0, 0;\", \"{cons}\" {}, {}, {} : (i64, i64, {f32s}) -> {st}",
+                    outs.join(","),
+                    nacc + 1,
+                    da[s],
+                    db[s],
+                    cur.join(", ")
+                ));
+                cur = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            }
+            b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+            // wait, passing the accumulators through so nothing reads them early
+            let cons = format!("{},{}", vec!["=f"; nacc].join(","), (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            let r = b.op(&format!("llvm.inline_asm has_side_effects \"wgmma.wait_group.sync.aligned 0;\", \"{cons}\" {} : ({f32s}) -> {st}", cur.join(", ")));
+            let done: Vec<String> = (0..nacc).map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"))).collect();
+            b.line("gpu.barrier");
+            b.line(&format!("scf.yield {} : {f32s}", done.join(", ")));
+            b.line("}");
+            // D fragment: warp w rows 16w + g (+8), columns 8j + 2 (lane % 4) (+1)
+            let (warp, _, g, tq) = b.mma_coords(&t);
+            let c16 = b.ci64(16);
+            let wr = b.op(&format!("arith.muli {warp}, {c16} : i64"));
+            let ra = b.op(&format!("arith.addi {m0}, {wr} : i64"));
+            let ra = b.op(&format!("arith.addi {ra}, {g} : i64"));
+            let vals: Vec<String> = (0..nacc).map(|i| format!("{res}#{i}")).collect();
+            b.store_d_fragments(&ra, &n0, &tq, nt, &vals, *bias, *residual);
+            matmul_params(*bias, *residual, true)
+        }
+        other => return Err(format!("`{}` is not one of the tensor-core (mma.sync, wgmma) matmul kernels", other.symbol())),
+    })
+}

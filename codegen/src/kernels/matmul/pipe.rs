@@ -1,0 +1,815 @@
+//! The pipelined Hopper matmul (prefill and batched decode from 16-64 rows): wgmma over a ring
+//! of shared-memory stages filled by `cp.async` or TMA (`Tma`), warp-specialized with a producer
+//! warpgroup (`Ws`), split-K over blocks (`SplitK`), and the SwiGLU epilogue (`SwiGluPipe`).
+//! Tilings: `pipe_tiling` (128-row tiles) and `pipe64_tiling` (64-row tiles), measured per N.
+//! `emit_gemm_pipe` (~600 lines) is one kernel's prologue, stage ring, MMA loop and epilogue
+//! over shared SSA state.
+
+use crate::kernels::*;
+
+/// Rows of x per block of the pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]): two
+/// warpgroups of 64 rows.
+pub const PIPE_BM: usize = 128;
+
+/// Dynamic shared memory of a [`KernelSpec::MatMulPipe`] block: `stages` x (x tile bm x 64
+/// f32, or 16-bit with `a16`, + W tile bn x 64 16-bit), plus 1 KB to align the tiles to the
+/// 1024 bytes the 128-byte swizzle repeats over.
+pub fn pipe_smem(bn: usize, stages: usize, a16: bool, bm: usize) -> usize {
+    stages * (bm * 64 * if a16 { 2 } else { 4 } + bn * 64 * 2) + 1024
+}
+
+/// The prefill matmul's tiling: output columns per block, pipeline stages, overlap (a wgmma
+/// group left in flight), x in 16 bits (a cast step before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PipeTiling {
+    pub bn: usize,
+    pub stages: usize,
+    pub overlap: bool,
+    pub a16: bool,
+    /// rows of x per block: 128 (two warpgroups of 64 rows) or 64 (x in 16 bits: the two
+    /// warpgroups split the columns)
+    pub bm: usize,
+}
+
+impl PipeTiling {
+    pub fn fits(&self) -> bool {
+        (matches!(self.bn, 64 | 128 | 256) || (self.bn == 224 && self.bm == 64))
+            && (self.bm == PIPE_BM || (self.bm == 64 && self.a16))
+            && self.stages >= 2 + self.overlap as usize
+            && pipe_smem(self.bn, self.stages, self.a16, self.bm) <= 227 * 1024
+    }
+}
+
+/// The prefill matmul's tiling for N output columns: x in 16 bits, overlapped, 256-column tiles
+/// with 4 stages from N = 6144 (the 8B shape's q/k/v, gate/up, lm_head: 410-630 TFLOP/s),
+/// 128-column tiles with 6 stages below (N = 4096 at M = 512 gives 256-column tiles only 64
+/// blocks for 132 SMs); bench/results/gemm-pipe-2026-11-29.json.
+pub fn pipe_tiling(n: usize) -> PipeTiling {
+    if n >= 6144 {
+        PipeTiling { bn: 256, stages: 4, overlap: true, a16: true, bm: PIPE_BM }
+    } else {
+        PipeTiling { bn: 128, stages: 6, overlap: true, a16: true, bm: PIPE_BM }
+    }
+}
+
+/// Row tiles per raster group of the warp-specialized matmul (`KernelSpec::Ws`).
+pub const RASTER_ROWS: usize = 16;
+
+/// Shared memory past a TMA pipelined matmul's stages for their mbarriers (8 bytes each).
+pub const TMA_MBAR_BYTES: usize = 128;
+
+/// The batched-decode tiling of the pipelined matmul (64-row tiles, x in 16 bits) for N
+/// output columns: 256-wide tiles where that still gives 96+ of them (224-wide where those
+/// fill the SMs better), else 128-wide (more blocks for the 132 SMs); stages to fill the
+/// shared memory.
+pub fn pipe64_tiling(n: usize) -> PipeTiling {
+    if n.div_ceil(256) >= 96 {
+        // 224-wide tiles where they divide N and fill the last wave of the SMs better (the 8B
+        // shape's gate/up, N = 28,672: 128 tiles for 132 SMs instead of 112, one block each)
+        let fill = |tiles: usize| tiles as f64 / (tiles.div_ceil(TARGET_SMS) * TARGET_SMS) as f64;
+        if n % 224 == 0 && fill(n / 224) > fill(n.div_ceil(256)) {
+            PipeTiling { bn: 224, stages: 6, overlap: true, a16: true, bm: 64 }
+        } else {
+            PipeTiling { bn: 256, stages: 5, overlap: true, a16: true, bm: 64 }
+        }
+    } else {
+        PipeTiling { bn: 128, stages: 8, overlap: true, a16: true, bm: 64 }
+    }
+}
+
+/// Whether a pipelined matmul of N = 2F columns in `bn`-column tiles of `bm` rows takes the
+/// SwiGLU epilogue ([`KernelSpec::SwiGluPipe`]): each warpgroup's columns (bn/2 with 64-row
+/// tiles, bn with 128) halve into whole 8-column groups, and the blocks' bn/2 features tile F.
+pub fn swiglu_pipe_fits(n: usize, bn: usize, bm: usize) -> bool {
+    let wn = if bm == 64 { bn / 2 } else { bn };
+    n % 2 == 0 && wn % 16 == 0 && (n / 2) % (bn / 2) == 0
+}
+
+/// The pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]).
+///
+/// Block: 256 threads = warpgroups 0 and 1, rows m0 + 64·wg .. of a 128 x bn tile. Shared
+/// memory holds `stages` K steps of 64, each an x tile (128 rows x 256 bytes of f32; the 16-byte
+/// chunk c of row r at chunk c ^ 2·(r % 8), so a warp's fragment loads hit every bank once)
+/// and a W tile (bn rows x 128 bytes of bf16/f16 in the 128-byte swizzle: chunk c of row r at
+/// c ^ (r % 8), 8-row groups 1024 bytes apart, as wgmma's K-major SW128 descriptor reads it).
+/// Every thread copies its share of both with `cp.async` (16 bytes; rows past M or N are
+/// zero-filled), one commit group per K step. Iteration kt waits for step kt's group, syncs
+/// the block, starts the copies of step kt + stages - 1 into the stage step kt - 1 used, then
+/// computes step kt: each warp loads its 16 rows' f32 fragments, converts them to bf16 pairs
+/// (the m16n8k16 A layout wgmma takes from registers), and issues 4 x `wgmma m64n{bn}k16`
+/// whose B descriptor advances 32 bytes per k16 inside the swizzle atom.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, tiling: PipeTiling) -> Result<String, String> {
+    let PipeTiling { bn, stages, overlap, a16, .. } = tiling;
+    if overlap && stages < 3 {
+        return Err("the overlapped pipelined matmul needs 3 or more stages".into());
+    }
+    // K steps the copies run ahead: with a wgmma group in flight, the stage of step kt - 1
+    // may still be read while step kt computes
+    let ahead = if overlap { stages as i64 - 2 } else { stages as i64 - 1 };
+    if k % 64 != 0 {
+        return Err(format!("the pipelined wgmma matmul needs K a multiple of 64, got {k}"));
+    }
+    if !tiling.fits() {
+        return Err(format!("pipelined wgmma matmul: bn {bn} with {stages} stages does not fit"));
+    }
+    if !matches!(wdtype, DType::BF16 | DType::F16) {
+        return Err(format!("the pipelined wgmma matmul takes bf16/f16 weights, not {wdtype}"));
+    }
+    let f16 = wdtype == DType::F16;
+    let ty = if f16 { "f16" } else { "bf16" };
+    let bm = tiling.bm;
+    // (64-row tiles: each warpgroup takes half the columns, wgmma m64n{bn/2})
+    let split_n = bm == 64;
+    let wn = if split_n { bn / 2 } else { bn };
+    let a_bytes = (bm * 64 * if a16 { 2 } else { 4 }) as i64;
+    let stage_bytes = a_bytes + (bn * 64 * 2) as i64;
+    // (split-K: this block's part of the K steps, `nk` of them from `k0`)
+    let sk = b.split_k.unwrap_or(1) as i64;
+    let nk = (k / 64) as i64 / sk;
+    let nacc = wn / 2;
+    b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
+    let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
+    let base = b.idx64(&base);
+    let c1023 = b.ci64(1023);
+    let base = b.op(&format!("arith.addi {base}, {c1023} : i64"));
+    let cmask = b.ci64(!1023);
+    let base = b.op(&format!("arith.andi {base}, {cmask} : i64"));
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let t = b.idx64(&t);
+    let bx = b.idx64(&bx);
+    let by = b.idx64(&by);
+    let c = |b: &mut Body, v: i64| b.ci64(v);
+    // split-K: block x = tile * sk + part; part s starts at K step s·nk and writes its
+    // partial sums at y + s·M·N
+    let (bx, k0) = if sk > 1 {
+        let csk = c(b, sk);
+        let part = b.op(&format!("arith.remui {bx}, {csk} : i64"));
+        let tile = b.op(&format!("arith.divui {bx}, {csk} : i64"));
+        let mn = b.op(&format!("arith.muli %m, {} : i64", b.split_n.unwrap_or("%n")));
+        let pe = b.op(&format!("arith.muli {part}, {mn} : i64"));
+        let c4 = c(b, 4);
+        let pb = b.op(&format!("arith.muli {pe}, {c4} : i64"));
+        b.line(&format!("%y = llvm.getelementptr %yparts[{pb}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        let cnk = c(b, nk);
+        (tile, Some(b.op(&format!("arith.muli {part}, {cnk} : i64"))))
+    } else {
+        (bx, None)
+    };
+    let cbn = c(b, bn as i64);
+    let cbm = c(b, bm as i64);
+    let n0 = b.op(&format!("arith.muli {bx}, {cbn} : i64"));
+    let m0 = b.op(&format!("arith.muli {by}, {cbm} : i64"));
+    let kk = c(b, k as i64);
+    let c0 = c(b, 0);
+    let c7 = c(b, 7);
+    let xint = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
+    // (SwiGLU epilogue: two weights, gate and up; block bx takes features f0 = bx · bn/2 ..)
+    let swiglu = b.swiglu_pipe;
+    let (wint, wint1) =
+        if swiglu { (b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64"), Some(b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64"))) } else { (b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64"), None) };
+    let f0 = swiglu.then(|| {
+        let ch = c(b, bn as i64 / 2);
+        b.op(&format!("arith.muli {bx}, {ch} : i64"))
+    });
+    // the copy slots of this thread: (global byte address at K step 0, byte offset in a
+    // stage, bytes to copy (16, or 0: zero fill), global bytes per K step)
+    let mut slots: Vec<(String, String, String, i64, bool)> = vec![];
+    // (x in 16 bits: the same 128-byte rows and swizzle as W)
+    // (warp-specialized: x's tiles come by TMA as well, from the producer warpgroup)
+    let wspec = b.ws;
+    let xs = if a16 { (false, if wspec { 0 } else { bm * 8 }, 8i64, 2i64) } else { (false, bm * 16, 16, 4) };
+    // (with TMA, W's tiles come as one bulk tensor copy per stage instead)
+    let tma = b.tma;
+    let ws = (true, if tma { 0 } else { bn * 8 }, 8, 2);
+    for (is_w, units, chunks, elt) in [xs, ws] {
+        for i in 0..units / 256 {
+            let ci = c(b, 256 * i as i64);
+            let u = b.op(&format!("arith.addi {t}, {ci} : i64"));
+            let cc = c(b, chunks);
+            let row = b.op(&format!("arith.divui {u}, {cc} : i64"));
+            let ch = b.op(&format!("arith.remui {u}, {cc} : i64"));
+            let (r0, lim, ptr) = if is_w { (&n0, "%n", &wint) } else { (&m0, "%m", &xint) };
+            // (SwiGLU: tile row r of warpgroup r / wn is gate feature f0 + (r / wn)·wn/2 + r % (wn/2)
+            // in its first half, that feature's up row in the second)
+            let (gr, ptr) = match (&wint1, &f0, is_w) {
+                (Some(w1), Some(f0), true) => {
+                    let cwn = c(b, wn as i64);
+                    let cq = c(b, wn as i64 / 2);
+                    let wgi = b.op(&format!("arith.divui {row}, {cwn} : i64"));
+                    let rr = b.op(&format!("arith.remui {row}, {cwn} : i64"));
+                    let up = b.op(&format!("arith.cmpi uge, {rr}, {cq} : i64"));
+                    let rq = b.op(&format!("arith.remui {rr}, {cq} : i64"));
+                    let fb = b.op(&format!("arith.muli {wgi}, {cq} : i64"));
+                    let fb = b.op(&format!("arith.addi {fb}, {rq} : i64"));
+                    let ptr = b.op(&format!("arith.select {up}, {w1}, {ptr} : i64"));
+                    (b.op(&format!("arith.addi {f0}, {fb} : i64")), ptr)
+                }
+                _ => (b.op(&format!("arith.addi {r0}, {row} : i64")), ptr.clone()),
+            };
+            let ptr = &ptr;
+            let valid = b.op(&format!("arith.cmpi slt, {gr}, {lim} : i64"));
+            let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
+            let re = b.op(&format!("arith.muli {grs}, {kk} : i64"));
+            let per = c(b, 16 / elt);
+            let ce = b.op(&format!("arith.muli {ch}, {per} : i64"));
+            let e = b.op(&format!("arith.addi {re}, {ce} : i64"));
+            let ceb = c(b, elt);
+            let eb = b.op(&format!("arith.muli {e}, {ceb} : i64"));
+            let g = b.op(&format!("arith.addi {ptr}, {eb} : i64"));
+            // swizzled position: x chunk c ^ 2(r % 8) in 256-byte rows; W c ^ (r % 8) in 128
+            let r8 = b.op(&format!("arith.andi {row}, {c7} : i64"));
+            let sw = if is_w || a16 {
+                r8
+            } else {
+                let one = c(b, 1);
+                b.op(&format!("arith.shli {r8}, {one} : i64"))
+            };
+            let pc = b.op(&format!("arith.xori {ch}, {sw} : i64"));
+            let c16 = c(b, 16);
+            let pcb = b.op(&format!("arith.muli {pc}, {c16} : i64"));
+            let rb = c(b, chunks * 16);
+            let ro = b.op(&format!("arith.muli {row}, {rb} : i64"));
+            let so = b.op(&format!("arith.addi {ro}, {pcb} : i64"));
+            let so = if is_w {
+                let ca = c(b, a_bytes);
+                b.op(&format!("arith.addi {so}, {ca} : i64"))
+            } else {
+                so
+            };
+            let s16 = b.op("arith.constant 16 : i32");
+            let s0 = b.op("arith.constant 0 : i32");
+            let sz = b.op(&format!("arith.select {valid}, {s16}, {s0} : i32"));
+            // (split-K: from this part's first K step)
+            let g = match &k0 {
+                Some(k0) => {
+                    let cst = c(b, 64 * elt);
+                    let ko = b.op(&format!("arith.muli {k0}, {cst} : i64"));
+                    b.op(&format!("arith.addi {g}, {ko} : i64"))
+                }
+                None => g,
+            };
+            slots.push((g, so, sz, 64 * elt, is_w));
+        }
+    }
+    // issue the copies of K step `ks` (i64) into stage `st` (i64): x's and W's (`which`
+    // None), or only W's (Some(true)) or x's (Some(false))
+    let issue_of = |b: &mut Body, ks: &str, st: &str, which: Option<bool>| {
+        let csb = b.ci64(stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        for (g, so, sz, step, is_w) in &slots {
+            if which.is_some_and(|w| w != *is_w) {
+                continue;
+            }
+            let cs = b.ci64(*step);
+            let ko = b.op(&format!("arith.muli {ks}, {cs} : i64"));
+            let ga = b.op(&format!("arith.addi {g}, {ko} : i64"));
+            let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
+            let sa = b.op(&format!("arith.trunci {sa} : i64 to i32"));
+            b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \"r,l,r\" {sa}, {ga}, {sz} : (i32, i64, i32) -> ()"));
+        }
+    };
+    // TMA: the mbarriers, one per stage (8 bytes each past the stages), thread 0 arming stage
+    // `st`'s with the tile's bytes and issuing the bulk copy of K step `ks` (coordinates in
+    // elements: K, then the tile's first row; rows past N arrive as zeros)
+    let mb0 = {
+        let cs = b.ci64(stages as i64 * stage_bytes);
+        b.op(&format!("arith.addi {base}, {cs} : i64"))
+    };
+    let mbar = |b: &mut Body, st: &str| -> String {
+        let c8 = b.ci64(8);
+        let o = b.op(&format!("arith.muli {st}, {c8} : i64"));
+        let a = b.op(&format!("arith.addi {mb0}, {o} : i64"));
+        b.op(&format!("arith.trunci {a} : i64 to i32"))
+    };
+    // (thread 0 arms the mbarriers and issues the copies)
+    let first = if tma {
+        let c0 = b.ci64(0);
+        b.op(&format!("arith.cmpi eq, {t}, {c0} : i64"))
+    } else {
+        String::new()
+    };
+    let tma_issue = |b: &mut Body, ks: &str, st: &str| {
+        b.line(&format!("scf.if {first} {{"));
+        let mb = mbar(b, st);
+        let csb = b.ci64(stage_bytes);
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        let cab = b.ci64(a_bytes);
+        let dst = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+        let dst = b.op(&format!("arith.trunci {dst} : i64 to i32"));
+        let kstep = match &k0 {
+            Some(k0) => b.op(&format!("arith.addi {k0}, {ks} : i64")),
+            None => ks.to_string(),
+        };
+        let c64 = b.ci64(64);
+        let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
+        let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+        let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
+        let bytes = b.op(&format!("arith.constant {} : i32", bn * 128));
+        let map = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+        b.line(&format!(
+            "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$2], [$3, {{$4, $5}}], [$0];\", \"r,r,r,l,r,r\" {mb}, {bytes}, {dst}, {map}, {kc}, {nc} : (i32, i32, i32, i64, i32, i32) -> ()"
+        ));
+        b.line("}");
+    };
+    let issue = |b: &mut Body, ks: &str, st: &str| {
+        issue_of(b, ks, st, None);
+        if tma {
+            tma_issue(b, ks, st);
+        }
+    };
+    let commit = "llvm.inline_asm has_side_effects \"cp.async.commit_group;\", \"\" : () -> ()";
+    if tma {
+        // (thread 0 initialises every stage's mbarrier, one arrival each, before any copy)
+        b.line(&format!("scf.if {first} {{"));
+        for st in 0..stages {
+            let cst = b.ci64(st as i64);
+            let mb = mbar(b, &cst);
+            b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 1;\", \"r\" {mb} : (i32) -> ()"));
+            // (warp-specialized: stage st's empty mbarrier, past the full ones, completes
+            // when all 256 consumer threads have released the stage)
+            if wspec {
+                let ce = b.ci64((stages + st) as i64);
+                let eb = mbar(b, &ce);
+                b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 256;\", \"r\" {eb} : (i32) -> ()"));
+            }
+        }
+        b.line("llvm.inline_asm has_side_effects \"fence.mbarrier_init.release.cluster;\", \"\" : () -> ()");
+        b.line("}");
+        b.line("gpu.barrier");
+    }
+    let spin = |b: &mut Body, mb: &str, par: &str| b.mbar_spin(mb, par);
+    if wspec {
+        // warp-specialized: warpgroup 2 hands its registers to the consumers and its first
+        // thread runs the loads: for K step kt in stage kt % S, wait until the consumers
+        // released the stage's previous round (the empty barrier's phase of parity
+        // (kt / S + 1) % 2: a fresh barrier's "previous" phase counts as complete), arm the
+        // full barrier with the stage's bytes and issue x's and W's bulk tensor copies on it.
+        // Under PDL the first round's W copies go out before `griddepcontrol.wait` (weights do
+        // not depend on the previous kernel), x's after it on the same armed barriers
+        let c256 = b.ci64(256);
+        let prod = b.op(&format!("arith.cmpi uge, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {prod} {{"));
+        b.line("llvm.inline_asm has_side_effects \"setmaxnreg.dec.sync.aligned.u32 40;\", \"\" : () -> ()");
+        let lead = b.op(&format!("arith.cmpi eq, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {lead} {{"));
+        let xmap = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
+        // the W boxes: (map, first row, byte offset in the W tile, rows); SwiGLU: per
+        // warpgroup column half, its gate features then the same features' up rows
+        let wmaps: Vec<(String, String, i64)> = match &f0 {
+            Some(f0) => {
+                let gmap = b.op("llvm.ptrtoint %w0 : !llvm.ptr<1> to i64");
+                let umap = b.op("llvm.ptrtoint %w1 : !llvm.ptr<1> to i64");
+                let q = wn / 2;
+                let mut v = vec![];
+                for h in 0..bn / wn {
+                    let cf = b.ci64((h * q) as i64);
+                    let fh = b.op(&format!("arith.addi {f0}, {cf} : i64"));
+                    let fh = b.op(&format!("arith.trunci {fh} : i64 to i32"));
+                    v.push((gmap.clone(), fh.clone(), (h * wn * 128) as i64));
+                    v.push((umap.clone(), fh, (h * wn * 128 + q * 128) as i64));
+                }
+                v
+            }
+            None => {
+                let wmap = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
+                let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
+                vec![(wmap, nc, 0)]
+            }
+        };
+        let copy = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
+        // one K step's copies into its stage: arm (expect the stage's bytes) and/or x and/or W
+        let tma_step = |b: &mut Body, kt: &str, arm: bool, x: bool, w: bool| {
+            let cs = b.ci64(stages as i64);
+            let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
+            let fb = mbar(b, &st);
+            let csb = b.ci64(stage_bytes);
+            let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+            let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+            let kstep = match &k0 {
+                Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
+                None => kt.to_string(),
+            };
+            let c64 = b.ci64(64);
+            let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
+            let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+            let mut asm = String::new();
+            let mut cons: Vec<&str> = vec!["r"];
+            let mut args: Vec<(String, &str)> = vec![(fb, "i32")];
+            let arg = |args: &mut Vec<(String, &'static str)>, cons: &mut Vec<&'static str>, v: String, ty: &'static str| -> usize {
+                args.push((v, ty));
+                cons.push(if ty == "i64" { "l" } else { "r" });
+                args.len() - 1
+            };
+            let ikc = arg(&mut args, &mut cons, kc, "i32");
+            if arm {
+                let bytes = b.op(&format!("arith.constant {stage_bytes} : i32"));
+                let i = arg(&mut args, &mut cons, bytes, "i32");
+                asm.push_str(&format!("{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], ${i}; }} "));
+            }
+            if x {
+                let dx = b.op(&format!("arith.trunci {sb} : i64 to i32"));
+                let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
+                let (id, im, ix) = (arg(&mut args, &mut cons, dx, "i32"), arg(&mut args, &mut cons, xmap.clone(), "i64"), arg(&mut args, &mut cons, mc, "i32"));
+                asm.push_str(&format!("{copy} [${id}], [${im}, {{${ikc}, ${ix}}}], [$0]; "));
+            }
+            if w {
+                for (map, row, off) in &wmaps {
+                    let co = b.ci64(a_bytes + off);
+                    let dw = b.op(&format!("arith.addi {sb}, {co} : i64"));
+                    let dw = b.op(&format!("arith.trunci {dw} : i64 to i32"));
+                    let (id, im, ir) = (arg(&mut args, &mut cons, dw, "i32"), arg(&mut args, &mut cons, map.clone(), "i64"), arg(&mut args, &mut cons, row.clone(), "i32"));
+                    asm.push_str(&format!("{copy} [${id}], [${im}, {{${ikc}, ${ir}}}], [$0]; "));
+                }
+            }
+            b.line(&format!(
+                "llvm.inline_asm has_side_effects \"{}\", \"{}\" {} : ({}) -> ()",
+                asm.trim_end(),
+                cons.join(","),
+                args.iter().map(|a| a.0.clone()).collect::<Vec<_>>().join(", "),
+                args.iter().map(|a| a.1).collect::<Vec<_>>().join(", ")
+            ));
+        };
+        // (the first round's W before the wait: its empty barriers are fresh)
+        let early = if b.pdl && !b.waited { (stages as i64).min(nk) } else { 0 };
+        for kt in 0..early {
+            let k = b.ci64(kt);
+            tma_step(b, &k, true, false, true);
+        }
+        if b.pdl && !b.waited {
+            b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"~{memory}\" : () -> ()");
+        }
+        for kt in 0..early {
+            let k = b.ci64(kt);
+            tma_step(b, &k, false, true, false);
+        }
+        let zi = b.op(&format!("arith.constant {early} : index"));
+        let ni = b.op(&format!("arith.constant {nk} : index"));
+        let oi = b.op("arith.constant 1 : index");
+        let kv = b.v();
+        b.line(&format!("scf.for {kv} = {zi} to {ni} step {oi} {{"));
+        let kt = b.idx64(&kv);
+        let cs = b.ci64(stages as i64);
+        let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
+        let u = b.op(&format!("arith.divui {kt}, {cs} : i64"));
+        let c1 = b.ci64(1);
+        let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
+        let par = b.op(&format!("arith.xori {par}, {c1} : i64"));
+        let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
+        let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
+        let eb = mbar(b, &se);
+        spin(b, &eb, &par);
+        tma_step(b, &kt, true, true, true);
+        b.line("}");
+        b.line("}");
+        b.line("}");
+        // the consumers: warpgroups 0 and 1 (closed after the epilogue)
+        let cons = b.op(&format!("arith.cmpi ult, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {cons} {{"));
+        b.line("llvm.inline_asm has_side_effects \"setmaxnreg.inc.sync.aligned.u32 232;\", \"\" : () -> ()");
+        // (the consumers read the residual and write y: after the previous kernel)
+        if b.pdl && !b.waited {
+            b.wait_for_previous();
+        }
+    } else if b.pdl && !b.waited && b.o.gemv_preload {
+        // W does not depend on the previous kernel (graph weights only): its prologue copies
+        // go out before `griddepcontrol.wait`, x's after it; the first commit group holds
+        // them all
+        for s in 0..ahead.min(nk) {
+            let ks = b.ci64(s);
+            issue_of(b, &ks, &ks, Some(true));
+            if tma {
+                tma_issue(b, &ks, &ks);
+            }
+        }
+        b.wait_for_previous();
+        for s in 0..ahead {
+            let ks = b.ci64(s);
+            if s < nk {
+                issue_of(b, &ks, &ks, Some(false));
+            }
+            b.line(commit);
+        }
+    } else {
+        for s in 0..ahead {
+            let ks = b.ci64(s);
+            if s < nk {
+                issue(b, &ks, &ks);
+            }
+            b.line(commit);
+        }
+    }
+    // this warp's fragment rows (the same % 8 for both halves: g)
+    let (warp, _, g, tq) = b.mma_coords(&t);
+    let c16 = c(b, 16);
+    // (64-row tiles: both warpgroups' warps cover rows 0..63)
+    let wrow = if split_n {
+        let c3 = c(b, 3);
+        b.op(&format!("arith.andi {warp}, {c3} : i64"))
+    } else {
+        warp.clone()
+    };
+    let wr = b.op(&format!("arith.muli {wrow}, {c16} : i64"));
+    let r0 = b.op(&format!("arith.addi {wr}, {g} : i64"));
+    let c8 = c(b, 8);
+    let r1 = b.op(&format!("arith.addi {r0}, {c8} : i64"));
+    let c256 = c(b, 256);
+    let rb0 = b.op(&format!("arith.muli {r0}, {c256} : i64"));
+    let rb1 = b.op(&format!("arith.muli {r1}, {c256} : i64"));
+    let c1 = c(b, 1);
+    let g2 = b.op(&format!("arith.shli {g}, {c1} : i64"));
+    let th = b.op(&format!("arith.shrui {tq}, {c1} : i64"));
+    let tl = b.op(&format!("arith.andi {tq}, {c1} : i64"));
+    let tlb = b.op(&format!("arith.muli {tl}, {c8} : i64"));
+    // (x in 16 bits) this warpgroup's rows of the x tile: 64 rows of 128 bytes per warpgroup
+    let c128t = c(b, 128);
+    let wg = b.op(&format!("arith.divui {t}, {c128t} : i64"));
+    // (64-row tiles: one x tile for both; this warpgroup's W rows bn/2·wg.., in 1024-byte
+    // groups of 8 rows)
+    let c8k = c(b, if split_n { 0 } else { 8192 });
+    let wg_off = b.op(&format!("arith.muli {wg}, {c8k} : i64"));
+    let cwb = c(b, if split_n { (bn / 2 * 128) as i64 } else { 0 });
+    let wg_woff = b.op(&format!("arith.muli {wg}, {cwb} : i64"));
+    // byte offsets in a stage of this thread's 16 fragment pairs: [k16 step][a0..a3]
+    let mut frag_off = vec![];
+    for s in 0..4i64 {
+        for (rb, kh) in [(&rb0, 0i64), (&rb1, 0), (&rb0, 2), (&rb1, 2)] {
+            let cb = c(b, 4 * s + kh);
+            let ch = b.op(&format!("arith.addi {cb}, {th} : i64"));
+            let pc = b.op(&format!("arith.xori {ch}, {g2} : i64"));
+            let pcb = b.op(&format!("arith.muli {pc}, {c16} : i64"));
+            let o = b.op(&format!("arith.addi {rb}, {pcb} : i64"));
+            frag_off.push(b.op(&format!("arith.addi {o}, {tlb} : i64")));
+        }
+    }
+    let zero = b.cf32(0.0);
+    let f32s = vec!["f32"; nacc].join(", ");
+    let cst = b.ci64(stages as i64);
+    let cnk = b.ci64(nk);
+    let cs1 = b.ci64(ahead);
+    let csb = b.ci64(stage_bytes);
+    let cab = b.ci64(a_bytes);
+    let fixed = SW128_K_DESC;
+    // one K step `kt` (i64) on accumulators `acc`: returns the new accumulators
+    let step = |b: &mut Body, kt: &str, acc: &[String]| -> Vec<String> {
+        if !wspec {
+            b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.wait_group {};\", \"\" : () -> ()", ahead - 1));
+        }
+        if tma {
+            // (this step's W tile: its stage's mbarrier completes phase kt / stages)
+            let st = b.op(&format!("arith.remui {kt}, {cst} : i64"));
+            let mb = mbar(b, &st);
+            let u = b.op(&format!("arith.divui {kt}, {cst} : i64"));
+            let c1 = b.ci64(1);
+            let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
+            let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
+            spin(b, &mb, &par);
+        }
+        if !wspec {
+            b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
+            b.line("gpu.barrier");
+            let kn = b.op(&format!("arith.addi {kt}, {cs1} : i64"));
+            let more = b.op(&format!("arith.cmpi slt, {kn}, {cnk} : i64"));
+            b.line(&format!("scf.if {more} {{"));
+            let stn = b.op(&format!("arith.remui {kn}, {cst} : i64"));
+            issue(b, &kn, &stn);
+            b.line("}");
+            b.line(commit);
+        }
+        let st = b.op(&format!("arith.remui {kt}, {cst} : i64"));
+        let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+        let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
+        // this warp's fragments (warps 4..7, warpgroup 1, cover rows 64..127: r0 = 16w + g);
+        // with x in 16 bits, this warpgroup's x descriptor instead (rows 64·wg.., 8 KB apart)
+        let mut a = vec![];
+        if a16 {
+            let xo = b.op(&format!("arith.addi {sb}, {wg_off} : i64"));
+            a.push(b.smem_desc(&xo, fixed));
+        }
+        for o in frag_off.iter().filter(|_| !a16) {
+            let p = b.op(&format!("arith.addi {sb}, {o} : i64"));
+            let p = b.op(&format!("llvm.inttoptr {p} : i64 to !llvm.ptr<3>"));
+            let v = b.op(&format!("llvm.load {p} {{alignment = 8 : i64}} : !llvm.ptr<3> -> vector<2xf32>"));
+            let i0 = b.op("arith.constant 0 : i32");
+            let i1 = b.op("arith.constant 1 : i32");
+            let lo = b.op(&format!("llvm.extractelement {v}[{i0} : i32] : vector<2xf32>"));
+            let hi = b.op(&format!("llvm.extractelement {v}[{i1} : i32] : vector<2xf32>"));
+            a.push(b.pack2(&lo, &hi, f16));
+        }
+        // W descriptors: start (>> 4), LBO 1 (unused by swizzled K-major), SBO 1024 >> 4, SW128
+        let wb = b.op(&format!("arith.addi {sb}, {cab} : i64"));
+        let wb = b.op(&format!("arith.addi {wb}, {wg_woff} : i64"));
+        let wd = b.smem_desc(&wb, fixed);
+        b.line("llvm.inline_asm has_side_effects \"wgmma.fence.sync.aligned;\", \"\"  : () -> ()");
+        let mut cur = acc.to_vec();
+        for s in 0..4usize {
+            let ds = b.ci64(2 * s as i64);
+            let d = b.op(&format!("arith.addi {wd}, {ds} : i64"));
+            cur = if a16 {
+                // both operands from shared memory, K-major (no transposes)
+                let xd = b.op(&format!("arith.addi {}, {ds} : i64", a[0]));
+                b.wgmma(&format!("m64n{wn}k16"), ty, &cur, &[xd], &d, false)
+            } else {
+                b.wgmma(&format!("m64n{bn}k16"), ty, &cur, &a[4 * s..4 * s + 4], &d, false)
+            };
+        }
+        b.line("llvm.inline_asm has_side_effects \"wgmma.commit_group.sync.aligned;\", \"\"  : () -> ()");
+        let cur = b.wgmma_wait(overlap as usize, &cur);
+        if wspec {
+            // (warp-specialized: the wgmmas of step kt - overlap are done, so this thread
+            // releases that step's stage to the producer)
+            let co = b.ci64(overlap as i64);
+            let done = b.op(&format!("arith.cmpi sge, {kt}, {co} : i64"));
+            b.line(&format!("scf.if {done} {{"));
+            let kd = b.op(&format!("arith.subi {kt}, {co} : i64"));
+            let sd = b.op(&format!("arith.remui {kd}, {cst} : i64"));
+            let se = b.op(&format!("arith.addi {sd}, {cst} : i64"));
+            let eb = mbar(b, &se);
+            b.line(&format!("llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }}\", \"r\" {eb} : (i32) -> ()"));
+            b.line("}");
+        }
+        cur
+    };
+    // the K loop; overlapped, two steps per iteration: their A fragments are distinct values
+    // (registers), and a step's fragments are written only after the wgmmas that read the
+    // previous ones (two steps back) were waited for. (With x from shared memory too: one
+    // step per iteration, a wgmma group in flight across the back edge, computed wrong on the
+    // H200 — bench/results/gemm-pipe-2026-11-29.json — so both unroll.)
+    let per = if overlap { 2 } else { 1 };
+    let ki = b.op(&format!("arith.constant {} : index", nk / per as i64 * per as i64));
+    let zi = b.op("arith.constant 0 : index");
+    let stepi = b.op(&format!("arith.constant {per} : index"));
+    let res = b.v();
+    let kv = b.v();
+    let accs: Vec<String> = (0..nacc).map(|_| b.v()).collect();
+    b.line(&format!("{res}:{nacc} = scf.for {kv} = {zi} to {ki} step {stepi} iter_args({}) -> ({f32s}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+    let kt = b.idx64(&kv);
+    let mut acc = step(b, &kt, &accs);
+    if overlap {
+        let c1 = b.ci64(1);
+        let kt1 = b.op(&format!("arith.addi {kt}, {c1} : i64"));
+        acc = step(b, &kt1, &acc);
+    }
+    b.line(&format!("scf.yield {} : {f32s}", acc.join(", ")));
+    b.line("}");
+    let mut res: Vec<String> = (0..nacc).map(|i| format!("{res}#{i}")).collect();
+    if nk % per as i64 != 0 {
+        let last = b.ci64(nk - 1);
+        res = step(b, &last, &res);
+    }
+    if overlap {
+        res = b.wgmma_wait(0, &res);
+    }
+    if !wspec {
+        b.line("llvm.inline_asm has_side_effects \"cp.async.wait_group 0;\", \"\" : () -> ()");
+    }
+    // D fragment: warp w (of 8) rows m0 + 16w + g (+8), columns 8j + 2 tq (+1); 64-row
+    // tiles: rows m0 + 16(w % 4) + g, columns from n0 + bn/2·wg
+    let ra = b.op(&format!("arith.addi {m0}, {r0} : i64"));
+    let cwn = c(b, if split_n { wn as i64 } else { 0 });
+    let nw0 = b.op(&format!("arith.muli {wg}, {cwn} : i64"));
+    let nw0 = b.op(&format!("arith.addi {n0}, {nw0} : i64"));
+    if let Some(f0) = &f0 {
+        // h = silu(gate) · up: this warpgroup's features f0 + wg·wn/2 + 8j + 2tq (+1), gate in
+        // column group j, up in j + wn/16
+        let cq = c(b, if split_n { wn as i64 / 2 } else { 0 });
+        let fw = b.op(&format!("arith.muli {wg}, {cq} : i64"));
+        let fw = b.op(&format!("arith.addi {f0}, {fw} : i64"));
+        store_swiglu_fragments(b, &ra, &fw, &tq, wn / 2, &res, f16)?;
+    } else if wspec && b.o.epilogue_chunk > 0 {
+        // (`KernelOptions::epilogue_chunk` column groups' residual/bias pairs loaded before
+        // storing any of them)
+        let chunk = b.o.epilogue_chunk;
+        b.store_d_tile(&ra, &nw0, &tq, wn, &res, bias, residual, chunk);
+    } else {
+        b.store_d_fragments(&ra, &nw0, &tq, wn, &res, bias, residual);
+    }
+    if wspec {
+        // (the consumers' scf.if)
+        b.line("}");
+    }
+    Ok(matmul_params(bias, residual, true))
+}
+
+/// The SwiGLU epilogue of [`emit_gemm_pipe`]: D fragments (rows `ra`, `ra` + 8; the gate in
+/// column groups 0..q/8, the same features' up in q/8..q/4) to h = silu(gate) · up at
+/// features `f0` + 8j + 2tq (+1): `%y` (f32) and `%yh` (16-bit, rounded as `SiluMulHalf` rounds
+/// it), rows below %m, features below %n.
+pub(crate) fn store_swiglu_fragments(b: &mut Body, ra: &str, f0: &str, tq: &str, q: usize, vals: &[String], f16: bool) -> Result<(), String> {
+    let c8 = b.ci64(8);
+    let c1 = b.ci64(1);
+    let c2 = b.ci64(2);
+    let rb = b.op(&format!("arith.addi {ra}, {c8} : i64"));
+    let tq2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    let fc = b.op(&format!("arith.addi {f0}, {tq2} : i64"));
+    let groups = q / 8;
+    for j in 0..groups {
+        let cj = b.ci64(8 * j as i64);
+        let col = b.op(&format!("arith.addi {fc}, {cj} : i64"));
+        let cok = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        for (half, row) in [(0usize, ra), (2, rb.as_str())] {
+            let rok = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+            let both = b.op(&format!("arith.andi {rok}, {cok} : i1"));
+            b.line(&format!("scf.if {both} {{"));
+            let mut hs = vec![];
+            for e in 0..2 {
+                let s = unary_expr(b, UnaryOp::Silu, &vals[4 * j + half + e])?;
+                hs.push(b.op(&format!("arith.mulf {s}, {} : f32", vals[4 * (j + groups) + half + e])));
+            }
+            let yr = b.op(&format!("arith.muli {row}, %n : i64"));
+            let yi = b.op(&format!("arith.addi {yr}, {col} : i64"));
+            let yi1 = b.op(&format!("arith.addi {yi}, {c1} : i64"));
+            b.store(&hs[0], "%y", &yi);
+            b.store(&hs[1], "%y", &yi1);
+            let w = b.pack2(&hs[0], &hs[1], f16);
+            let p = b.op(&format!("llvm.getelementptr %yh[{yi}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i16"));
+            b.line(&format!("llvm.store {w}, {p} {{alignment = 4 : i64}} : i32, !llvm.ptr<1>"));
+            b.line("}");
+        }
+    }
+    Ok(())
+}
+
+/// The pipelined Hopper matmul kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
+pub(crate) fn pipe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    Ok(match spec {
+        KernelSpec::Ws { inner } => {
+            // (also around the SwiGLU epilogue)
+            match inner.pipe_core() {
+                KernelSpec::MatMulPipe { stages, a16: true, .. } if *stages * 16 <= TMA_MBAR_BYTES && !b.tma => {}
+                other => return Err(format!("warp specialization takes the pipelined wgmma matmul with x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
+            }
+            b.tma = true;
+            b.ws = true;
+            // rasterized: the blocks, launched in x-fastest order, take their tiles in groups
+            // of RASTER_ROWS row tiles, column tile by column tile, so the ~132 blocks running
+            // at once share x's rows and a few W column tiles in L2 (x-fastest, a wave spans
+            // 132 column tiles: 264 MB of lm_head's W, re-read from HBM for every row tile)
+            let bx = b.op("gpu.block_id x");
+            let by = b.op("gpu.block_id y");
+            let gx = b.op("gpu.grid_dim x");
+            let gy = b.op("gpu.grid_dim y");
+            let lin = b.op(&format!("arith.muli {by}, {gx} : index"));
+            let lin = b.op(&format!("arith.addi {lin}, {bx} : index"));
+            let cg = b.op(&format!("arith.constant {RASTER_ROWS} : index"));
+            let gsz = b.op(&format!("arith.muli {cg}, {gx} : index"));
+            let grp = b.op(&format!("arith.divui {lin}, {gsz} : index"));
+            let first = b.op(&format!("arith.muli {grp}, {cg} : index"));
+            let left = b.op(&format!("arith.subi {gy}, {first} : index"));
+            let gs = b.op(&format!("arith.minui {left}, {cg} : index"));
+            let r = b.op(&format!("arith.remui {lin}, {gsz} : index"));
+            let ry = b.op(&format!("arith.remui {r}, {gs} : index"));
+            b.block_y = Some(b.op(&format!("arith.addi {first}, {ry} : index")));
+            b.block_x = Some(b.op(&format!("arith.divui {r}, {gs} : index")));
+            emit_into(b, inner)?
+        }
+        KernelSpec::Tma { inner } => {
+            match inner.matmul_core().0 {
+                KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
+                other => return Err(format!("TMA takes the pipelined wgmma matmul (up to {} stages), not {}", TMA_MBAR_BYTES / 8, other.symbol())),
+            }
+            b.tma = true;
+            emit_into(b, inner)?
+        }
+        KernelSpec::SplitK { inner, splits } => {
+            // (a merged matmul's parts each whole column tiles: parts_fit with the pipe's bn)
+            let pipe = match inner.as_ref() {
+                KernelSpec::MatMulParts { inner: p, parts } => parts_fit(p, parts).map(|_| p.as_ref())?,
+                other => other,
+            };
+            match pipe {
+                // (whole column tiles: the grid, N / (bn / splits) blocks, is tiles x splits)
+                KernelSpec::MatMulPipe { k, n, bias: false, residual: false, bn, .. } if *splits >= 2 && (k / 64) % splits == 0 && bn % splits == 0 && n % bn == 0 => {}
+                other => {
+                    return Err(format!(
+                        "split-K takes the pipelined matmul (or merged matmul of one) without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}",
+                        other.symbol()
+                    ))
+                }
+            }
+            b.split_k = Some(*splits);
+            emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%yparts: !llvm.ptr<1>", 1)
+        }
+        KernelSpec::SwiGluPipe { inner } => {
+            match inner.as_ref() {
+                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || b.ws) && b.split_k.is_none() && b.act.is_none() => {}
+                other => {
+                    return Err(format!(
+                        "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",
+                        other.symbol()
+                    ))
+                }
+            }
+            b.swiglu_pipe = true;
+            emit_into(b, inner)?.replacen("%w: !llvm.ptr<1>", "%w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>", 1).replacen("%y: !llvm.ptr<1>", "%y: !llvm.ptr<1>, %yh: !llvm.ptr<1>", 1)
+        }
+        KernelSpec::MatMulPipe { k, n: _, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
+            emit_gemm_pipe(b, *k, *wdtype, *bias, *residual, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm })?
+        }
+        other => return Err(format!("`{}` is not one of the pipelined Hopper matmul kernels", other.symbol())),
+    })
+}

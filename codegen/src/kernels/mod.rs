@@ -1,0 +1,172 @@
+//! Kernel generators: each emits one `gpu.func` in MLIR text, specialised to its shapes
+//! (the kernel cache keys on the spec, so identical layers share one kernel).
+//!
+//! One file per op family, each owning its kernels' emitters, tunables and `fits` checks:
+//! `norm`, `elementwise`, `rope`, `argmax`, `mlp`, `matmul/{common,gemv,mma,pipe}`,
+//! `attention/{paged,flash,qkv}`; the spec and its launch geometry in `spec`, the MLIR text
+//! builder in `body`. [`emit_into`] dispatches a spec to its family. A new family (MoE, MLA)
+//! gets its own file (or folder) and one arm there.
+//!
+//! Calling convention: global pointers (`!llvm.ptr<1>`) for tensors, in operand order, then
+//! the output, then i64 scalars. [`Launch`] says how the runtime sizes the grid.
+
+use crate::options::KernelOptions;
+use dsc_ir::{BinaryOp, DType, UnaryOp};
+use std::fmt::Write;
+
+mod argmax;
+pub mod attention;
+mod body;
+mod elementwise;
+pub mod matmul;
+mod mlp;
+mod norm;
+mod rope;
+mod spec;
+#[cfg(test)]
+mod tests;
+
+pub use argmax::*;
+pub use attention::*;
+pub(crate) use body::*;
+pub(crate) use elementwise::*;
+pub use matmul::*;
+pub use mlp::*;
+pub use norm::*;
+pub(crate) use rope::*;
+pub use spec::*;
+
+/// The MLIR text of one kernel (a `gpu.func`) with the default [`KernelOptions`], or why it
+/// cannot be generated.
+pub fn emit(spec: &KernelSpec) -> Result<String, String> {
+    emit_for(spec, false)
+}
+
+/// As [`emit`]; with `pdl` (sm_90a) the kernel starts with `griddepcontrol.launch_dependents`
+/// (the next kernel in the stream may launch now) and `griddepcontrol.wait` (this kernel waits
+/// for the previous one to finish and its writes to be visible): launched with programmatic
+/// stream serialization, a kernel's launch and block start-up overlap its predecessor.
+pub fn emit_for(spec: &KernelSpec, pdl: bool) -> Result<String, String> {
+    emit_named(spec, pdl, &spec.symbol(), &KernelOptions::default())
+}
+
+/// [`emit_for`] under the symbol `name` (the module's: [`crate::kernel_names`]), the body
+/// written as `o` says.
+pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -> Result<String, String> {
+    let name = name.to_string();
+    let mut b = Body {
+        s: String::new(),
+        n: 0,
+        workgroup: None,
+        block_x: None,
+        block_y: None,
+        pdl,
+        waited: false,
+        row_gather: false,
+        gather_x: false,
+        argmax_fold: false,
+        norm: None,
+        swiglu: false,
+        swiglu_pipe: false,
+        sum_slices: None,
+        act: None,
+        split_k: None,
+        split_n: None,
+        tma: false,
+        ws: false,
+        flash_wg: false,
+        flash_mincta: None,
+        attn_o: None,
+        copy_y: false,
+        attn_o_red: false,
+        attn_o_splits: 1,
+        qkv_in: None,
+        o: *o,
+    };
+    let params = emit_into(&mut b, spec)?;
+    let wg = b.workgroup.as_ref().map(|w| format!(" workgroup({w})")).unwrap_or_default();
+    // (the warp-specialized matmul: 384 threads, so ptxas keeps to 168 registers a thread
+    // before `setmaxnreg` redistributes them)
+    // (the wgmma prefill attention with TMA tiles: ptxas keeps to the registers
+    // FLASH_WG_BLOCKS_PER_SM blocks of 128 threads leave — `flash_wg_blocks_per_sm`)
+    let mincta = b.flash_mincta;
+    let attrs = match (b.ws, mincta) {
+        (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
+        // (the decode attention with the o projection: its block size, so ptxas keeps the
+        // registers 512 threads may have)
+        _ if b.attn_o.is_some() || spec.is_fused_mlp() => {
+            match spec.launch() {
+                // (the fused one-token MLP too: 512 threads with 32 features per block)
+                // (`KernelOptions::fused_mincta` 2: blocks of up to 256 threads kept to the
+                // registers two per SM leave, so the fused MLP and attention of one-token steps
+                // share SMs — the next one's blocks start while the last one's still run)
+                Launch::OutputsPerBlock { warps, .. } | Launch::BlockPerRow { warps } => match b.o.fused_mincta.filter(|&m| 32 * warps as usize * m <= 512) {
+                    Some(m) => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>, nvvm.minctasm = {m} : i32}}", 32 * warps),
+                    None => format!(" attributes {{known_block_size = array<i32: {}, 1, 1>}}", 32 * warps),
+                },
+                _ => String::new(),
+            }
+        }
+        (false, Some(n)) => format!(" attributes {{known_block_size = array<i32: 128, 1, 1>, nvvm.minctasm = {n} : i32}}"),
+        _ => String::new(),
+    };
+    let prologue = match (pdl, b.waited) {
+        (true, false) => {
+            "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n        llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"~{memory}\" : () -> ()\n"
+        }
+        (true, true) => "        llvm.inline_asm has_side_effects \"griddepcontrol.launch_dependents;\", \"\" : () -> ()\n",
+        _ => "",
+    };
+    Ok(format!("    gpu.func @{name}({params}){wg} kernel{attrs} {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
+}
+
+/// Whether `spec` generates with and without PDL (the sm_90a variant and the others'): what a
+/// lowering fold checks before it rewrites a step to a fused kernel.
+pub fn emits(spec: &KernelSpec) -> bool {
+    emit_for(spec, true).is_ok() && emit_for(spec, false).is_ok()
+}
+
+/// The kernel's body into `b`; returns its parameter list.
+fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    Ok(match spec {
+        KernelSpec::RmsNorm { .. } | KernelSpec::RmsNormHalf { .. } | KernelSpec::SplitKReduceNorm { .. } | KernelSpec::LayerNorm { .. } => norm_kernel(b, spec)?,
+        KernelSpec::Unary(..)
+        | KernelSpec::SiluMulHalf { .. }
+        | KernelSpec::Binary(..)
+        | KernelSpec::SplitKReduce { .. }
+        | KernelSpec::SeededInit { .. }
+        | KernelSpec::ToHalf { .. }
+        | KernelSpec::Softmax { .. }
+        | KernelSpec::Slice { .. }
+        | KernelSpec::TakeAlong { .. }
+        | KernelSpec::TopK { .. }
+        | KernelSpec::Transpose { .. }
+        | KernelSpec::Concat { .. }
+        | KernelSpec::Gather { .. } => elementwise_kernel(b, spec)?,
+        KernelSpec::QkvRopeSplitK { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::QkvRopeCache { .. } | KernelSpec::CacheWrite { .. } => rope_kernel(b, spec)?,
+        KernelSpec::ArgmaxFold { .. } | KernelSpec::Argmax { .. } | KernelSpec::ArgmaxCluster { .. } | KernelSpec::ArgmaxSplit { .. } => argmax_kernel(b, spec)?,
+        KernelSpec::MatMulParts { .. }
+        | KernelSpec::NormMatMul { .. }
+        | KernelSpec::MatMul { .. }
+        | KernelSpec::MatMulWide { .. }
+        | KernelSpec::MatMulFew { .. }
+        | KernelSpec::PrefetchL2 { .. }
+        | KernelSpec::MatMulAct { .. }
+        | KernelSpec::GatherX { .. }
+        | KernelSpec::RowGather { .. }
+        | KernelSpec::ZeroFill { .. }
+        | KernelSpec::MatMulCopy { .. }
+        | KernelSpec::SwiGluGemv { .. } => gemv_kernel(b, spec)?,
+        KernelSpec::MatMulFewX16 { .. } | KernelSpec::MatMulMma { .. } | KernelSpec::MatMulWgmma { .. } => mma_kernel(b, spec)?,
+        KernelSpec::Ws { .. } | KernelSpec::Tma { .. } | KernelSpec::SplitK { .. } | KernelSpec::SwiGluPipe { .. } | KernelSpec::MatMulPipe { .. } => pipe_kernel(b, spec)?,
+        KernelSpec::SwiGluDown { .. } => mlp_kernel(b, spec)?,
+        KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => flash_kernel(b, spec)?,
+        KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => paged_kernel(b, spec)?,
+        KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => qkv_kernel(b, spec)?,
+    })
+}
+
+/// Wrap kernels in the module the pass pipeline expects.
+pub fn module(funcs: &[String]) -> String {
+    format!("module attributes {{gpu.container_module}} {{\n  gpu.module @kernels {{\n{}  }}\n}}\n", funcs.concat())
+}

@@ -1,0 +1,64 @@
+//! The kernel generators' unit tests (ptxas and GPU checks are in codegen/tests and the
+//! kernel bundle).
+
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn rms_norm_one_pass_shapes_split_rows_evenly() {
+    assert_eq!(rms_norm_regs(4096), Some((32, 1)));
+    assert_eq!(rms_norm_regs(8192), Some((32, 2)));
+    assert_eq!(rms_norm_regs(2048), Some((16, 1)));
+    assert_eq!(rms_norm_regs(896), Some((7, 1)));
+    // 144 pieces: no multiple of 32 threads divides them; odd widths: no 16-byte pieces
+    assert_eq!(rms_norm_regs(576), None);
+    assert_eq!(rms_norm_regs(30), None);
+    for d in (4..20000).step_by(4) {
+        if let Some((w, per)) = rms_norm_regs(d) {
+            assert!((1..=32).contains(&w) && (1..=4).contains(&per) && w * 32 * per * 4 == d, "{d}");
+        }
+    }
+}
+
+#[test]
+fn merged_matmul_parts_must_fit_whole_blocks() {
+    let gemv = KernelSpec::MatMul { k: 64, n: 24, wdtype: DType::BF16, bias: false, residual: false };
+    assert!(parts_fit(&gemv, &[16, 8]).is_ok());
+    assert!(parts_fit(&gemv, &[14, 10]).unwrap_err().contains("not a multiple"));
+    assert!(parts_fit(&gemv, &[16, 4]).unwrap_err().contains("sum to N"));
+    let wg = KernelSpec::MatMulWgmma { k: 64, n: 192, wdtype: DType::BF16, bias: false, residual: false, n_tile: 64 };
+    assert!(parts_fit(&wg, &[128, 64]).is_ok() && parts_fit(&wg, &[96, 96]).is_err());
+    let res = KernelSpec::MatMul { k: 64, n: 24, wdtype: DType::BF16, bias: false, residual: true };
+    assert!(parts_fit(&res, &[16, 8]).unwrap_err().contains("residual"));
+    // the wrapper's symbol names the inner kernel and the parts; its MLIR has one weight per part
+    let spec = KernelSpec::MatMulParts { inner: Box::new(gemv), parts: vec![16, 8] };
+    assert_eq!(spec.symbol(), "matmul_k64_n24_bf16_parts_16_8");
+    let text = emit(&spec).unwrap();
+    assert!(text.contains("%w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>") && text.contains("%yall: !llvm.ptr<1>") && text.contains("%prows: i64"), "{text}");
+}
+
+proptest! {
+    /// Walking the schedule as the kernels do (unguarded rounds, then rounds guarded by
+    /// item < items) reads every item exactly once and nothing past the end, for any K.
+    #[test]
+    fn split_k_schedule_covers_every_item_once(items in 1usize..6000, wide in any::<bool>(), nw in 1usize..17, unroll in 1usize..9) {
+        let chunk = if wide { 32 } else { 1 };
+        let (jloop, rounds) = split_k_schedule(items, chunk, nw, unroll);
+        prop_assert!(jloop <= rounds && jloop % unroll == 0);
+        let mut seen = vec![0u8; items];
+        for w in 0..nw {
+            for r in 0..rounds {
+                for lane in 0..chunk {
+                    let item = (w + nw * r) * chunk + lane;
+                    if r < jloop {
+                        prop_assert!(item < items, "unguarded round {r} reads item {item} of {items}");
+                    } else if item >= items {
+                        continue;
+                    }
+                    seen[item] += 1;
+                }
+            }
+        }
+        prop_assert!(seen.iter().all(|&c| c == 1));
+    }
+}
