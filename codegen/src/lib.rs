@@ -5,9 +5,9 @@
 //! does both for a set of specs and keeps every stage's text for the dumps.
 
 pub mod kernels;
-pub mod lower;
 pub mod options;
 pub mod pipeline;
+pub mod schedule;
 
 pub use kernels::{KernelSpec, Launch};
 pub use options::{CodegenOptions, KernelOptions, ScheduleOptions};

@@ -26,7 +26,7 @@ pub struct CodegenOptions {
     pub kernels: KernelOptions,
 }
 
-/// Which pipelined wgmma matmul alternatives load their W tiles by TMA (`lower::tma_wrap`).
+/// Which pipelined wgmma matmul alternatives load their W tiles by TMA (`schedule::tma_wrap`).
 /// Measured on the H200 (bench-gemm, bench/results/tma-silu-half-2026-11-30.json, 8B shapes):
 /// the 128-row tiles of at most 128 columns gain (o 4096x4096x4096 346.8 -> 315.6 us, down at
 /// 512 rows 129.6 -> 104.7 us and at 4096 982.8 -> 809.6 us), the 256-column ones lose 1-4%
@@ -82,7 +82,7 @@ pub struct ScheduleOptions {
     /// [`ScheduleOptions::split_kv_from`] keys (`split_attention`; DSC_SPLIT_KV=0 off)
     pub split_kv: bool,
     /// batched decode of matmuls with few column tiles in `S` K-parts over blocks (`split_k`;
-    /// [`crate::lower::SPLIT_K_PARTS`] parts; DSC_SPLIT_K=S picks S, DSC_SPLIT_K=0 off)
+    /// [`crate::schedule::SPLIT_K_PARTS`] parts; DSC_SPLIT_K=S picks S, DSC_SPLIT_K=0 off)
     pub split_k: Option<usize>,
     /// an RMSNorm whose output a matmul reads in 16 bits writes that copy itself (norm +
     /// quantize, `insert_half_casts`: 8B b32 6,322 -> 6,426, b64 10,233 -> 10,523, prefill 512
@@ -111,7 +111,7 @@ pub struct ScheduleOptions {
     /// warpgroup (`KernelSpec::Ws`: 8B down at 4,096 rows 621 -> 710 TFLOP/s, lm_head 455 ->
     /// 656, bench/results/gemm-ws-2026-11-30.json; DSC_GEMM_WS=0 off)
     pub ws: bool,
-    /// the batched-decode 64-row tiles warp-specialized too from `lower::WS64_MIN_ROWS` rows
+    /// the batched-decode 64-row tiles warp-specialized too from `schedule::WS64_MIN_ROWS` rows
     /// (8B b128 16.2k -> 19.1k tok/s, SmolLM2 shape b64 51.7k -> 63.8k; DSC_GEMM_WS64=0 off)
     pub ws64: bool,
     /// 256-column prefill tiles where they give three waves of blocks (DSC_GEMM_WIDE=0 off)
@@ -122,11 +122,11 @@ pub struct ScheduleOptions {
     /// the batched-decode 64-row tiling for every N, for sweeps: (BN, stages) (None:
     /// `kernels::pipe64_tiling`; DSC_GEMM_PIPE64=BN,S)
     pub gemm_pipe64: Option<(usize, usize)>,
-    /// the fewest rows the pipelined Hopper matmul takes (None: by N, `lower::pipe_min_rows`;
+    /// the fewest rows the pipelined Hopper matmul takes (None: by N, `schedule::pipe_min_rows`;
     /// DSC_PIPE_MIN_ROWS=R, R ≥ 2)
     pub pipe_min_rows: Option<i64>,
     /// rows (min, max) the 64-row tiles take ahead of the batched GEMV (None: by N,
-    /// `lower::pipe64_rows`; Some((1, 0)): never; DSC_PIPE64_ROWS=MIN,MAX, "0,0" never)
+    /// `schedule::pipe64_rows`; Some((1, 0)): never; DSC_PIPE64_ROWS=MIN,MAX, "0,0" never)
     pub pipe64_rows: Option<(i64, i64)>,
     /// the most rows the batched-decode GEMV takes (DSC_GEMV_FEW_MAX)
     pub gemv_few_max: i64,
@@ -245,7 +245,7 @@ impl Default for ScheduleOptions {
             norm_fusion: true,
             few_x16: true,
             split_kv: true,
-            split_k: Some(crate::lower::SPLIT_K_PARTS),
+            split_k: Some(crate::schedule::SPLIT_K_PARTS),
             norm_half: true,
             silu_half: true,
             swiglu_pipe: SwiGluFusion::All,
@@ -265,14 +265,14 @@ impl Default for ScheduleOptions {
             gemv_wide: true,
             flash: true,
             flash_wgmma: true,
-            flash_warps: crate::lower::FLASH_WARPS,
-            flash_mtiles: crate::lower::FLASH_MTILES,
+            flash_warps: crate::schedule::FLASH_WARPS,
+            flash_mtiles: crate::schedule::FLASH_MTILES,
             attn_warps: 16,
             attn_keys: crate::kernels::ATTN_KEYS,
             attn_group: true,
-            attn_group_warps: crate::lower::ATTN_GROUP_WARPS,
+            attn_group_warps: crate::schedule::ATTN_GROUP_WARPS,
             attn_group_keys: None,
-            split_kv_from: crate::lower::ATTN_SPLIT_FROM_KEYS,
+            split_kv_from: crate::schedule::ATTN_SPLIT_FROM_KEYS,
             rope_attention: true,
             qkv_rope_fusion: true,
             swiglu_fusion: true,
@@ -281,7 +281,7 @@ impl Default for ScheduleOptions {
             swiglu_down_fb: 16,
             swiglu_down_fpw: 2,
             attn_o_red: true,
-            attn_o_splits: crate::lower::ATTN_O_SPLITS,
+            attn_o_splits: crate::schedule::ATTN_O_SPLITS,
             qkv_attn: true,
             row_gather_norm: true,
             wide_norm: true,

@@ -700,7 +700,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     // (and their TMA variants, on by default for the 128-row tiles of at most 128 columns:
     // every tiling here; `ScheduleOptions::tma` off leaves them out. An mbarrier wait that
     // never completes would hang the whole check: gpu-check.sh runs it under `timeout`)
-    let with_tma = opts.schedule.tma != dsc_codegen::lower::Tma::Off;
+    let with_tma = opts.schedule.tma != dsc_codegen::schedule::Tma::Off;
     // (and the 64-row tiles of batched decode: the warpgroups split the columns)
     let tilings = [
         dsc_codegen::kernels::pipe_tiling(4096),
@@ -1716,7 +1716,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
         // matmul's weights; 100,003 f32, split over the blocks — one buffer for every case),
         // the one-pass and the grouped kernel: the same outputs
         let pf = prefetched.get_or_insert_with(|| data.push(&rand_vec(100_003, -1.0, 1.0))).clone();
-        for (warps, group) in [(16usize, 1usize), (dsc_codegen::lower::ATTN_GROUP_WARPS, rep)].into_iter().filter(|_| kv == DType::F32) {
+        for (warps, group) in [(16usize, 1usize), (dsc_codegen::schedule::ATTN_GROUP_WARPS, rep)].into_iter().filter(|_| kv == DType::F32) {
             let spec = KernelSpec::PrefetchL2 { inner: Box::new(KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps, keys: 4, group, kv }) };
             let (gr, b) = grid(&spec.launch(), t);
             let mut ins = vec![pf.clone()];
@@ -1741,10 +1741,10 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
         // the split decode attention (DSC_SPLIT_KV): its first pass against partial states
         // computed here, then its merge from those states against the executor's output;
         // the plans' split (16 parts of 256+ keys) and a small one that every context fills
-        for (ns, mk, warps, keys) in [(dsc_codegen::lower::ATTN_SPLITS, dsc_codegen::lower::ATTN_SPLIT_MIN_KEYS, 16usize, 4usize), (4, 8, 4, 3)] {
+        for (ns, mk, warps, keys) in [(dsc_codegen::schedule::ATTN_SPLITS, dsc_codegen::schedule::ATTN_SPLIT_MIN_KEYS, 16usize, 4usize), (4, 8, 4, 3)] {
             // (the plans' split only where a context is long enough to be cut: the bundle
             // shares one call's 64 MiB with the runtime)
-            if pos.iter().all(|&p| (p as usize) < mk) && ns == dsc_codegen::lower::ATTN_SPLITS {
+            if pos.iter().all(|&p| (p as usize) < mk) && ns == dsc_codegen::schedule::ATTN_SPLITS {
                 continue;
             }
             let parts = split_partials(&q, &kc, &vc, &pos, &seq, &table, (h, kvh, d, bs, mb), scale, ns, mk);

@@ -15,7 +15,8 @@ use sha2::Digest;
 use std::path::Path;
 
 /// The stages `--dump-ir` knows today.
-pub const STAGES: &[&str] = &["graph", "egraph", "optimized", "mlir", "llvm", "ptx", "plan"];
+/// (`schedule` also takes `schedule@REWRITE`: the schedule right after that rewrite.)
+pub const STAGES: &[&str] = &["graph", "egraph", "optimized", "schedule", "mlir", "llvm", "ptx", "plan"];
 
 pub struct Compiled {
     pub model: LoadedModel,
@@ -26,6 +27,9 @@ pub struct Compiled {
     pub gpu_skipped: Option<String>,
     /// the kernels' MLIR, lowered MLIR, LLVM IR (the dump stages)
     pub kernels: Option<dsc_codegen::CompiledModule>,
+    /// the launch schedule as text after the first lowering and after every rewrite that ran,
+    /// by name (`--dump-ir=schedule`)
+    pub schedule: Vec<(String, String)>,
     /// ranks the graph was partitioned for (1: whole model on one GPU)
     pub tensor_parallel: usize,
 }
@@ -103,18 +107,19 @@ pub fn compile_full(model_toml: &Path, o: &CompileOptions) -> anyhow::Result<Com
     }
     let (graph, reports) = run_pipeline(model.graph.clone(), &passes)?;
     let tensor_parallel = world.unwrap_or(1);
-    let (gpu, gpu_skipped, kernels) = match lower_gpu(&graph, &o.codegen) {
+    let mut schedule = vec![];
+    let (gpu, gpu_skipped, kernels) = match lower_gpu_traced(&graph, &o.codegen, &mut |name, steps| schedule.push((name.to_string(), dsc_codegen::schedule::print(steps)))) {
         Ok((p, m)) => (Some(p), None, Some(m)),
         Err(e) => {
             tracing::warn!(target: "dsc::codegen", "no GPU program: {e}");
             (None, Some(e.to_string()), None)
         }
     };
-    Ok(Compiled { model, graph, reports, gpu, gpu_skipped, kernels, tensor_parallel })
+    Ok(Compiled { model, graph, reports, gpu, gpu_skipped, kernels, schedule, tensor_parallel })
 }
 
-fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
-    use dsc_codegen::lower::Scalar as S;
+fn scalar(s: &dsc_codegen::schedule::Scalar) -> Scalar {
+    use dsc_codegen::schedule::Scalar as S;
     match s {
         S::Const(v) => Scalar::Const(*v),
         S::Numel(n) => Scalar::Numel(n.clone()),
@@ -128,7 +133,16 @@ fn scalar(s: &dsc_codegen::lower::Scalar) -> Scalar {
 /// Lower the graph to kernels and a launch schedule, and emit PTX for every target, as `o`
 /// says (recorded in the program).
 pub fn lower_gpu(graph: &dsc_ir::Graph, o: &dsc_codegen::CodegenOptions) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
-    let steps = dsc_codegen::lower::lower(graph, &o.schedule)?;
+    lower_gpu_traced(graph, o, &mut |_, _| {})
+}
+
+/// [`lower_gpu`], handing `seen` the schedule after the first lowering and every rewrite.
+pub fn lower_gpu_traced(
+    graph: &dsc_ir::Graph,
+    o: &dsc_codegen::CodegenOptions,
+    seen: &mut dyn FnMut(&str, &[dsc_codegen::schedule::Step]),
+) -> Result<(GpuProgram, dsc_codegen::CompiledModule), dsc_codegen::CodegenError> {
+    let steps = dsc_codegen::schedule::lower_traced(graph, &o.schedule, seen)?;
     let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
     specs.extend(steps.iter().flat_map(|s| s.alternatives().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
@@ -183,7 +197,7 @@ pub fn lower_gpu(graph: &dsc_ir::Graph, o: &dsc_codegen::CodegenOptions) -> Resu
                 None => ("none", 0, 1, None),
             };
             let (launch, block, _, threads) = shape(s.kernel.as_ref().map(|k| k.launch()));
-            let big = |l: &dsc_codegen::lower::Large| {
+            let big = |l: &dsc_codegen::schedule::Large| {
                 let (launch, block, rows_per_block, threads) = shape(Some(l.kernel.launch()));
                 GpuLarge {
                     min_rows: l.min_rows,

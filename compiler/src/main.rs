@@ -27,7 +27,7 @@ enum Cmd {
         /// output plan (default: <model name>.plan); not written when only dumping
         #[arg(short, long)]
         output: Option<PathBuf>,
-        /// print one stage's IR to stdout instead of writing a plan: graph, egraph, optimized (= fused), mlir, llvm, ptx, plan
+        /// print one stage's IR to stdout instead of writing a plan: graph, egraph, optimized (= fused), schedule (or schedule@REWRITE), mlir, llvm, ptx, plan
         #[arg(long)]
         dump_ir: Option<String>,
         #[arg(long, value_enum, default_value = "text")]
@@ -128,6 +128,22 @@ fn stage_text(c: &dsc_compiler::Compiled, stage: &str, fmt: DumpFormat) -> anyho
                 t.json = format!("<{} bytes of tokenizer.json>", t.json.len());
             }
             return Ok(serde_json::to_string_pretty(&h)? + "\n");
+        }
+        s if s == "schedule" || s.starts_with("schedule@") => {
+            if fmt == DumpFormat::Dot {
+                bail!("stage `schedule` has no DOT form");
+            }
+            let Some((last, text)) = c.schedule.last() else {
+                return Ok(format!("// no GPU program: {}\n", c.gpu_skipped.as_deref().unwrap_or("?")));
+            };
+            let ran: Vec<&str> = c.schedule.iter().map(|(n, _)| n.as_str()).collect();
+            return match s.strip_prefix("schedule@") {
+                None => Ok(format!("// the launch schedule: {} (after {}); --dump-ir=schedule@NAME for the one after NAME\n{text}", ran.join(" -> "), last)),
+                Some(name) => match c.schedule.iter().find(|(n, _)| n == name) {
+                    Some((_, t)) => Ok(format!("// the launch schedule after `{name}` (of {})\n{t}", ran.join(" -> "))),
+                    None => bail!("--dump-ir=schedule@{name}: no such rewrite ran; these did: {}", ran.join(", ")),
+                },
+            };
         }
         "mlir" | "llvm" | "ptx" => {
             if fmt == DumpFormat::Dot {

@@ -79,6 +79,38 @@ fn dump_ir_prints_stages() {
     assert!(ok && out.starts_with("digraph"));
     let (ok, _, err) = dsc(&["dump-ir", "models/smollm2-135m.toml", "--stage", "nonsense"]);
     assert!(!ok && err.contains("unknown stage `nonsense`"), "{err}");
+    // the launch schedule: the rewrites that ran, then a line per step
+    let (ok, out, err) = dsc(&["compile", "models/smollm2-135m.toml", "--dump-ir", "schedule"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("// the launch schedule: initial -> qkv-rope-cache -> "), "{}", &out[..200.min(out.len())]);
+    assert!(out.contains("\nembed = gather_d576_q8_0(") && out.contains("    hopper rows "), "{}", &out[..400.min(out.len())]);
+    let (ok, after, _) = dsc(&["dump-ir", "models/smollm2-135m.toml", "--stage", "schedule@split-k"]);
+    assert!(ok && after.starts_with("// the launch schedule after `split-k`") && after != out);
+    let (ok, _, err) = dsc(&["dump-ir", "models/smollm2-135m.toml", "--stage", "schedule@nonsense"]);
+    assert!(!ok && err.contains("no such rewrite ran") && err.contains("split-k"), "{err}");
+}
+
+/// The code generator's options come from the DSC_* variables once, land in the plan and in
+/// `dsc inspect`; non-default kernel options mark every symbol; a bad value names the variable.
+#[test]
+fn codegen_options_are_recorded_in_the_plan_and_bad_ones_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let plan = d.path().join("o.plan");
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_dsc")).args(args).envs(env.iter().copied()).current_dir(root()).output().unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let p = plan.to_str().unwrap();
+    let (ok, _, err) = run(&[("DSC_FLASH_TREE", "0"), ("DSC_SPLIT_K", "0")], &["compile", "models/smollm2-shape-seeded.toml", "-o", p]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&[], &["inspect", p]);
+    assert!(ok, "{err}");
+    assert!(out.contains("flash_tree=false") && out.contains("split_k=null") && out.contains("norm_fusion=true"), "{out}");
+    let (_, dump, _) = run(&[("DSC_FLASH_TREE", "0")], &["compile", "models/smollm2-shape-seeded.toml", "--dump-ir", "plan"]);
+    let kernels: Vec<&str> = dump.lines().filter(|l| l.trim_start().starts_with("\"kernel\": \"")).collect();
+    assert!(!kernels.is_empty() && kernels.iter().all(|l| l.contains("_x")), "{:?}", &kernels[..3.min(kernels.len())]);
+    let (ok, _, err) = run(&[("DSC_TMA", "maybe")], &["compile", "models/smollm2-shape-seeded.toml", "-o", p]);
+    assert!(!ok && err.contains("DSC_TMA=\"maybe\"") && err.contains("narrow"), "{err}");
 }
 
 #[test]

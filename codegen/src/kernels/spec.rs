@@ -282,7 +282,7 @@ pub enum KernelSpec {
     /// pipelined wgmma matmul without bias or residual, with each tile's K steps cut into
     /// `splits` equal parts, one block each (grid x = tiles x splits, the part the inner index:
     /// block x = tile * splits + part); part s writes its partial sums to y + s·M·N (f32), and a
-    /// `SplitKReduce` step adds them up. On by default (`lower::SPLIT_K_PARTS`; DSC_SPLIT_K=0 off).
+    /// `SplitKReduce` step adds them up. On by default (`schedule::SPLIT_K_PARTS`; DSC_SPLIT_K=0 off).
     /// params as `inner`'s, y being the partial sums [splits, M, N]. `inner` may be a
     /// `MatMulParts` of the pipelined matmul (q/k/v): each slice is then part-major like the
     /// merged output, so the reduce is the same elementwise sum
@@ -292,7 +292,7 @@ pub enum KernelSpec {
     /// 128-byte `CUtensorMap` of that weight (bf16/f16 [N, K], box 64 x bn, 128-byte
     /// swizzle), arg `{w}@tmap{bn}`; one thread per stage issues the bulk tensor copy on
     /// the stage's mbarrier. On by default for the 128-row tiles of at most 128 columns
-    /// (`lower::Tma`; checked and measured on the H200)
+    /// (`schedule::Tma`; checked and measured on the H200)
     Tma { inner: Box<KernelSpec> },
     /// `inner` (the pipelined wgmma matmul, x in 16 bits, possibly inside `SplitK` /
     /// `MatMulParts` / `MatMulAct` or under the SwiGLU epilogue) warp-specialized: a third warpgroup, the producer
@@ -314,7 +314,7 @@ pub enum KernelSpec {
     /// RoPE — the merged Q/K/V matmul's parts — for a one-token step: each block first writes
     /// its KV head's K row (rotated) and V row into the pools at slot[t] (what `QkvRopeCache`
     /// does), then attends with q rotated as it loads it: one launch fewer per layer at batch
-    /// 1 (`lower::fuse_rope_attention`). params xq, xk, xv, pos, slots, k_cache, v_cache, seq,
+    /// 1 (`schedule::fuse_rope_attention`). params xq, xk, xv, pos, slots, k_cache, v_cache, seq,
     /// table, out, T*H, MB
     RopeAttention { inner: Box<KernelSpec>, theta_bits: u32, interleaved: bool },
     /// A one-token [`KernelSpec::RopeAttention`] (one head per block, bf16 weights) with the o
@@ -370,7 +370,7 @@ pub enum KernelSpec {
     /// first warp issuing `cp.async.bulk.prefetch.L2` of up to 64 KiB per lane and step. The
     /// attention moves little from DRAM, so the weights stream in beside it and the matmul after
     /// it reads them from L2. params %pf (the buffer), inner's, then %pfb (its bytes; 0: none).
-    /// Checked on the H200 but measured slower, so off (`lower::LowerOptions::attn_prefetch`,
+    /// Checked on the H200 but measured slower, so off (`schedule::ScheduleOptions::attn_prefetch`,
     /// DSC_ATTN_PREFETCH=1)
     PrefetchL2 { inner: Box<KernelSpec> },
     /// y[i] = sum over s of parts[s·n + i] (+ res[i]): the second pass of `SplitK`; params
