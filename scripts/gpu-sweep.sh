@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decode/prefill sweep over a folder of plans, run ON the H200 with .gpu/dsc-runtime and
 # .gpu/sweep/ carried (e.g. plans compiled with different GEMV tilings,
-# DSC_GEMV_TILING=R,U, or with and without --optimize). Checks the first plan's first decode
+# DSC_ATTN_KEYS=8, or with and without --optimize). Checks the first plan's first decode
 # steps against the CPU executor, then benches every plan; DSC_PROFILE=1 on the first plan
 # gives its per-kernel table. Results under $OUT (or .gpu/out); a table printed last.
 set -uo pipefail
