@@ -91,11 +91,8 @@ impl CompiledModule {
 /// symbol carries their hash (`_x` + 8 hex digits), so a kernel's name never stands for two
 /// different codes across builds.
 pub fn compile_kernels(specs: &[KernelSpec], targets: &[GpuTarget], o: &KernelOptions) -> Result<CompiledModule, CodegenError> {
-    let mut seen = kernel_names(specs);
-    if *o != KernelOptions::default() {
-        let x = o.hash();
-        seen = seen.into_iter().map(|(n, s)| (format!("{n}_x{x:08x}"), s)).collect();
-    }
+    let suffix = o.symbol_suffix();
+    let seen: BTreeMap<String, KernelSpec> = kernel_names(specs).into_iter().map(|(n, s)| (n + &suffix, s)).collect();
     // sm_90a: every kernel, with the programmatic-dependent-launch prologue; other targets:
     // the kernels they can run, without it
     let mut funcs = vec![];

@@ -382,6 +382,16 @@ impl KernelOptions {
     pub fn hash(&self) -> u32 {
         crate::fnv1a(serde_json::to_string(self).unwrap_or_default().as_bytes())
     }
+
+    /// What every kernel symbol of a build with these options ends in: nothing for the
+    /// default, else `_x` + their [`KernelOptions::hash`].
+    pub fn symbol_suffix(&self) -> String {
+        if *self == KernelOptions::default() {
+            String::new()
+        } else {
+            format!("_x{:08x}", self.hash())
+        }
+    }
 }
 
 /// Reads `DSC_*` variables through `get` and collects what does not parse.
@@ -419,6 +429,17 @@ impl Vars<'_> {
     fn bad(&mut self, name: &str, v: &str, want: &str) {
         self.errors.push(format!("{name}={v:?}: expected {want}"));
     }
+    /// one of `choices` by its spelling (several spellings may name one value)
+    fn choice<T: Copy>(&mut self, name: &str, choices: &[(&str, T)], default: T, want: &str) -> T {
+        let Some(v) = self.raw(name) else { return default };
+        match choices.iter().find(|(s, _)| *s == v.trim()) {
+            Some((_, t)) => *t,
+            None => {
+                self.bad(name, &v, want);
+                default
+            }
+        }
+    }
     fn num<T: std::str::FromStr + PartialOrd + Copy>(&mut self, name: &str, lo: T, hi: T, want: &str) -> Option<T> {
         let v = self.raw(name)?;
         match v.trim().parse::<T>() {
@@ -454,36 +475,16 @@ impl CodegenOptions {
             Some(s) => Some(s),
             None => s0.split_k,
         };
-        let swiglu_pipe = match v.raw("DSC_SWIGLU_PIPE").as_deref().map(str::trim) {
-            None => s0.swiglu_pipe,
-            Some("0") => SwiGluFusion::Off,
-            Some("batched") => SwiGluFusion::Batched,
-            Some("1") | Some("all") => SwiGluFusion::All,
-            Some(other) => {
-                let other = other.to_string();
-                v.bad("DSC_SWIGLU_PIPE", &other, "0, batched or all");
-                s0.swiglu_pipe
-            }
-        };
-        let tma = match v.raw("DSC_TMA").as_deref().map(str::trim) {
-            None => s0.tma,
-            Some("0") => Tma::Off,
-            Some("narrow") => Tma::Narrow,
-            Some("all") | Some("1") => Tma::All,
-            Some(other) => {
-                let other = other.to_string();
-                v.bad("DSC_TMA", &other, "0, narrow or all");
-                s0.tma
-            }
-        };
+        let swiglu_pipe =
+            v.choice("DSC_SWIGLU_PIPE", &[("0", SwiGluFusion::Off), ("batched", SwiGluFusion::Batched), ("1", SwiGluFusion::All), ("all", SwiGluFusion::All)], s0.swiglu_pipe, "0, batched or all");
+        let tma = v.choice("DSC_TMA", &[("0", Tma::Off), ("narrow", Tma::Narrow), ("1", Tma::All), ("all", Tma::All)], s0.tma, "0, narrow or all");
         let gemm_pipe = v.list::<usize>("DSC_GEMM_PIPE", 4, "BN,STAGES,OVERLAP,A16").map(|p| (p[0], p[1], p[2] == 1, p[3] == 1));
         let gemm_pipe64 = v.list::<usize>("DSC_GEMM_PIPE64", 2, "BN,STAGES").map(|p| (p[0], p[1]));
-        let mut schedule_probe = s0;
-        (schedule_probe.gemm_pipe, schedule_probe.gemm_pipe64) = (gemm_pipe, gemm_pipe64);
-        if gemm_pipe.is_some() && !schedule_probe.pipe_override().is_some_and(|t| t.fits()) {
+        let asked = ScheduleOptions { gemm_pipe, gemm_pipe64, ..s0 };
+        if asked.pipe_override().is_some_and(|t| !t.fits()) {
             v.errors.push("DSC_GEMM_PIPE: BN 64, 128 or 256, the stages within 227 KB of shared memory, 3+ with overlap".into());
         }
-        if gemm_pipe64.is_some() && !schedule_probe.pipe64_override().is_some_and(|t| t.fits()) {
+        if asked.pipe64_override().is_some_and(|t| !t.fits()) {
             v.errors.push("DSC_GEMM_PIPE64: BN 64, 128, 224 or 256, the stages within 227 KB of shared memory".into());
         }
         let pipe64_rows = v.list::<i64>("DSC_PIPE64_ROWS", 2, "MIN,MAX").map(|p| if p[0] >= 2 && p[1] >= p[0] { (p[0], p[1]) } else { (1, 0) });
@@ -544,17 +545,7 @@ impl CodegenOptions {
             argmax_cluster: v.off_if_0("DSC_ARGMAX_CLUSTER", s0.argmax_cluster),
             argmax_fold: v.off_if_0("DSC_ARGMAX_FOLD", s0.argmax_fold),
         };
-        let attn_early = match v.raw("DSC_ATTN_EARLY").as_deref().map(str::trim) {
-            None => k0.attn_early,
-            Some("0") => AttnEarly::Off,
-            Some("all") => AttnEarly::All,
-            Some("64") => AttnEarly::UpTo64,
-            Some(other) => {
-                let other = other.to_string();
-                v.bad("DSC_ATTN_EARLY", &other, "0, 64 or all");
-                k0.attn_early
-            }
-        };
+        let attn_early = v.choice("DSC_ATTN_EARLY", &[("0", AttnEarly::Off), ("64", AttnEarly::UpTo64), ("all", AttnEarly::All)], k0.attn_early, "0, 64 or all");
         let flash_wg_mincta = match v.num::<u32>("DSC_FLASH_WG_MINCTA", 0, 32, "0..=32") {
             Some(0) => None,
             Some(n) => Some(n),

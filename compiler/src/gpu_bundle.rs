@@ -2354,11 +2354,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     }
     let m = compile_kernels(&specs, &GpuTarget::ALL, &opts.kernels)?;
     // (kernel options other than the default: every symbol carries their hash)
-    if opts.kernels != dsc_codegen::KernelOptions::default() {
-        let x = opts.kernels.hash();
-        for c in &mut cases {
-            c.kernel = format!("{}_x{x:08x}", c.kernel);
-        }
+    let suffix = opts.kernels.symbol_suffix();
+    for c in &mut cases {
+        c.kernel.push_str(&suffix);
     }
     // the cases name kernels by their readable symbol: two bundle specs that share one (and so
     // were compiled under hashed names) would leave a case without its kernel

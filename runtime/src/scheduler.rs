@@ -18,6 +18,19 @@
 //! work (queuing it, sampling and detokenizing its tokens, its stop strings) runs under
 //! `catch_unwind`: a panic there fails that request alone. A failed step fails the requests in
 //! flight and the engine goes on; [`crate::health`] says when it cannot.
+//!
+//! Pipelined greedy decode (`SchedulerConfig::pipeline`; the GPU backend supports it, the CPU
+//! backend runs synchronously): a step where every sequence decodes one plain-greedy token is
+//! launched without waiting (`Backend::launch_greedy`: argmax into a device id buffer, async copy of
+//! the ids to pinned memory, an event); the next engine step launches the same rows again, their
+//! input tokens copied on the device from those ids (`fed`), and only then collects and emits the
+//! previous step's tokens (`collect_greedy`), so the host's work runs under the device's. The
+//! engine keeps the rows of the step in flight in `Engine::pending`; for those sequences
+//! `computed` == their tokens' length (the pending token's position). It resyncs — collects, then
+//! schedules afresh — whenever the rows would change: a row ends by length, a sequence ended or
+//! left, a request could be admitted, a preemption is needed, a row is no longer plain greedy. A
+//! row ended by a stop token has one discarded position computed; its blocks may be freed while
+//! that step runs, safely, because every later use of them is behind it on the same stream.
 
 use crate::engine::{Backend, StepBatch};
 use crate::error::{Result, RuntimeError};
