@@ -10,7 +10,7 @@
 # AB_ATTN=512,4096,16384: bench-attention of both plans at those prefill lengths, alternating
 # a, b, a, b (the attention kernel alone; e.g. DSC_FLASH_POS32=0 against the default).
 # AB_ENV_A / AB_ENV_B: runtime environment of the a / b runs (e.g. one plan copied to both
-# names and AB_ENV_A=DSC_IDS_SAME_STREAM=1: a runtime knob A/B'd in one call).
+# names and AB_ENV_A=DSC_PDL_MAX_TOKENS=32: a runtime knob A/B'd in one call).
 set -uo pipefail
 dir=${AB_DIR:-.gpu/ab}
 out=${OUT:-$dir/out}

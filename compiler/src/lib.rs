@@ -10,7 +10,7 @@ pub mod gpu_bundle;
 use anyhow::Context;
 use dsc_models::LoadedModel;
 use dsc_passes::{run_pipeline, Dce, PassReport, TensorParallel};
-use dsc_runtime::plan::{GpuLarge, GpuProgram, GpuStep, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION};
+use dsc_runtime::plan::{GpuLarge, GpuProgram, GpuStep, LaunchKind, ModelMeta, PlanHeader, PlanTokenizer, PlanWeights, Scalar, SeededWeight, SourceFile, WeightData, PLAN_FORMAT_VERSION};
 use sha2::Digest;
 use std::path::Path;
 
@@ -185,16 +185,16 @@ pub fn lower_gpu_traced(
         .map(|s| {
             // (launch kind, block, activation rows per block, threads when the kind needs them)
             let shape = |l: Option<dsc_codegen::Launch>| match l {
-                Some(dsc_codegen::Launch::PerElement { threads }) => ("per_element", threads, 1, None),
-                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => ("warp_per_row", rows_per_block, 1, None),
-                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => ("warp_per_output", warps_per_block, 1, None),
-                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => ("warp_per_tile", warps_per_block, 1, None),
-                Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => ("warpgroup_per_tile", 4, 1, None),
-                Some(dsc_codegen::Launch::BlockPerRow { warps }) => ("block_per_row", warps, 1, None),
-                Some(dsc_codegen::Launch::OutputsPerBlock { outputs, rows, warps }) => ("outputs_per_block", outputs, rows, Some(32 * warps)),
+                Some(dsc_codegen::Launch::PerElement { threads }) => (LaunchKind::PerElement, threads, 1, None),
+                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => (LaunchKind::WarpPerRow, rows_per_block, 1, None),
+                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => (LaunchKind::WarpPerOutput, warps_per_block, 1, None),
+                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => (LaunchKind::WarpPerTile, warps_per_block, 1, None),
+                Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => (LaunchKind::WarpgroupPerTile, 4, 1, None),
+                Some(dsc_codegen::Launch::BlockPerRow { warps }) => (LaunchKind::BlockPerRow, warps, 1, None),
+                Some(dsc_codegen::Launch::OutputsPerBlock { outputs, rows, warps }) => (LaunchKind::OutputsPerBlock, outputs, rows, Some(32 * warps)),
                 // (the same grid; its dynamic shared memory goes into `smem`)
-                Some(dsc_codegen::Launch::Tile { outputs, rows, threads, .. }) => ("outputs_per_block", outputs, rows, Some(threads)),
-                None => ("none", 0, 1, None),
+                Some(dsc_codegen::Launch::Tile { outputs, rows, threads, .. }) => (LaunchKind::OutputsPerBlock, outputs, rows, Some(threads)),
+                None => (LaunchKind::None, 0, 1, None),
             };
             let (launch, block, _, threads) = shape(s.kernel.as_ref().map(|k| k.launch()));
             let big = |l: &dsc_codegen::schedule::Large| {
@@ -211,7 +211,7 @@ pub fn lower_gpu_traced(
                     },
                     kernel: sym(&l.kernel),
                     scalars: l.scalars.iter().map(scalar).collect(),
-                    launch: launch.to_string(),
+                    launch,
                     block,
                     work: scalar(&l.work),
                     grid_y: scalar(&l.grid_y),
@@ -227,7 +227,7 @@ pub fn lower_gpu_traced(
                 kernel: s.kernel.as_ref().map(sym),
                 args: s.args.clone(),
                 scalars: s.scalars.iter().map(scalar).collect(),
-                launch: launch.to_string(),
+                launch,
                 block,
                 threads,
                 work: scalar(&s.work),
@@ -326,7 +326,7 @@ mod tests {
             kernel: Some("k".into()),
             args: args.iter().map(|a| a.to_string()).collect(),
             scalars: vec![],
-            launch: "per_element".into(),
+            launch: LaunchKind::PerElement,
             block: 256,
             threads: None,
             work: Scalar::Const(1),

@@ -261,6 +261,11 @@ fn keygen(name: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The run-time knobs (`dsc run` / `dsc serve`), read from the environment once.
+fn runtime_options() -> anyhow::Result<dsc_runtime::options::RuntimeOptions> {
+    dsc_runtime::options::RuntimeOptions::from_env().map_err(anyhow::Error::msg)
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
@@ -298,8 +303,8 @@ fn main() -> anyhow::Result<()> {
             println!("{:<34} {:>8} {:>12.2} {:>12.3} {:>12.1}", "total", t.launches, t.bytes / 1e6, t.flops / 1e9, t.roofline_s(tokens > 1) * 1e6);
             Ok(())
         }
-        Cmd::Run(a) => cli::run(&a),
+        Cmd::Run(a) => cli::run(&a, &runtime_options()?),
         Cmd::Inspect(a) => cli::inspect(&a),
-        Cmd::Serve(a) => cli::serve(&a),
+        Cmd::Serve(a) => cli::serve(&a, &runtime_options()?),
     }
 }

@@ -8,7 +8,8 @@
 use crate::engine::{Backend, Session};
 use crate::gpu::GpuBackend;
 use crate::metrics::Metrics;
-use crate::plan::Plan;
+use crate::options::RuntimeOptions;
+use crate::plan::{BufferRef, Plan};
 use crate::sampler::SamplingParams;
 use crate::scheduler::{Engine, Event, GenRequest, Priority, SchedulerConfig};
 use anyhow::Context;
@@ -55,22 +56,22 @@ fn greedy_request(prompt: Vec<u32>, max_tokens: usize, events: tokio::sync::mpsc
 /// against the same requests run synchronously, on the GPU: `seqs` sequences of
 /// `prompt_len`-token seeded prompts, sequence s generating `new - s` tokens (so they end at
 /// different steps). Ok(true) when every stream is equal and complete.
-pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usize) -> anyhow::Result<bool> {
+pub fn pipeline_check(plan_path: &Path, seqs: usize, prompt_len: usize, new: usize, ro: &RuntimeOptions) -> anyhow::Result<bool> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let bs = plan.header.model.kv_block_size;
-    let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs)?;
-    let sync = greedy_streams(&mut backend, &plan, seqs, prompt_len, new, false)?;
-    let piped = greedy_streams(&mut backend, &plan, seqs, prompt_len, new, true)?;
+    let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs, ro)?;
+    let sync = greedy_streams(&mut backend, &plan, seqs, prompt_len, new, false, ro)?;
+    let piped = greedy_streams(&mut backend, &plan, seqs, prompt_len, new, true, ro)?;
     Ok(sync == piped && sync.iter().enumerate().all(|(s, ids)| ids.len() == new.saturating_sub(s).max(1)))
 }
 
 /// The engine's greedy token streams on `backend` (of `plan`): `seqs` sequences of
 /// `prompt_len`-token seeded prompts submitted at once, sequence s generating max(new - s, 1)
 /// tokens.
-fn greedy_streams(backend: &mut GpuBackend, plan: &Plan, seqs: usize, prompt_len: usize, new: usize, pipeline: bool) -> anyhow::Result<Vec<Vec<u32>>> {
+fn greedy_streams(backend: &mut GpuBackend, plan: &Plan, seqs: usize, prompt_len: usize, new: usize, pipeline: bool, ro: &RuntimeOptions) -> anyhow::Result<Vec<Vec<u32>>> {
     let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
-    let cfg = SchedulerConfig { max_step_tokens: seqs * prompt_len, max_seqs: seqs, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, pipeline, ..Default::default() };
+    let cfg = SchedulerConfig { max_step_tokens: seqs * prompt_len, max_seqs: seqs, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, pipeline, ..SchedulerConfig::of(ro) };
     let mut e = Engine::new(Box::new(backend), cfg, None, Arc::new(Metrics::new()));
     let mut rxs = vec![];
     for s in 0..seqs {
@@ -97,21 +98,21 @@ fn greedy_streams(backend: &mut GpuBackend, plan: &Plan, seqs: usize, prompt_len
 /// Two plans of one model (e.g. compiled with and without a fusion) on the same batched greedy
 /// requests: `seqs` sequences decoding together (see [`greedy_streams`]). Returns how many of
 /// the streams are equal, of `seqs`, and the first position where each unequal one differs.
-pub fn compare_plans(a: &Path, b: &Path, seqs: usize, prompt_len: usize, new: usize) -> anyhow::Result<(usize, Vec<(usize, usize)>)> {
+pub fn compare_plans(a: &Path, b: &Path, seqs: usize, prompt_len: usize, new: usize, ro: &RuntimeOptions) -> anyhow::Result<(usize, Vec<(usize, usize)>)> {
     let mut streams = vec![];
     for p in [a, b] {
         let plan = Plan::open(p)?;
         let graph = plan.graph()?;
         let bs = plan.header.model.kv_block_size;
-        let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs)?;
-        streams.push(greedy_streams(&mut backend, &plan, seqs, prompt_len, new, true)?);
+        let mut backend = GpuBackend::new(&graph, &plan, seqs * (prompt_len + new + bs) + 4 * bs, ro)?;
+        streams.push(greedy_streams(&mut backend, &plan, seqs, prompt_len, new, true, ro)?);
     }
     let differ: Vec<(usize, usize)> =
         streams[0].iter().zip(&streams[1]).enumerate().filter(|(_, (x, y))| x != y).map(|(s, (x, y))| (s, x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count())).collect();
     Ok((seqs - differ.len(), differ))
 }
 
-pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize) -> anyhow::Result<Vec<DecodeResult>> {
+pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize, ro: &RuntimeOptions) -> anyhow::Result<Vec<DecodeResult>> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
@@ -119,10 +120,10 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
     let bs = plan.header.model.kv_block_size;
     // every sequence's blocks, plus slack
     let kv = maxb * (prompt_len + new + bs) + 4 * bs;
-    let backend = GpuBackend::new(&graph, &plan, kv)?;
-    let profiling = std::env::var_os("DSC_PROFILE").is_some();
-    let cfg = SchedulerConfig { max_step_tokens: (maxb * prompt_len).max(maxb), max_seqs: maxb, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, ..Default::default() };
-    // (multi-step launches, DSC_MULTI_STEP=k: a warm-up long enough for a bucket's first
+    let backend = GpuBackend::new(&graph, &plan, kv, ro)?;
+    let profiling = ro.measure.profile;
+    let cfg = SchedulerConfig { max_step_tokens: (maxb * prompt_len).max(maxb), max_seqs: maxb, max_seq_len: plan.header.model.max_seq_len, prefix_caching: false, ..SchedulerConfig::of(ro) };
+    // (multi-step launches, `RuntimeOptions::multi_step` = k: a warm-up long enough for a bucket's first
     // multi-step launch — after the one-step graph's first runs — so both graph instances are
     // captured before the measured run)
     let warm_new = if cfg.multi_step > 1 { 2 * cfg.multi_step + 16 } else { 3 };
@@ -201,12 +202,12 @@ pub fn decode(plan_path: &Path, batches: &[usize], prompt_len: usize, new: usize
     Ok(out)
 }
 
-pub fn prefill(plan_path: &Path, lens: &[usize]) -> anyhow::Result<Vec<PrefillResult>> {
+pub fn prefill(plan_path: &Path, lens: &[usize], ro: &RuntimeOptions) -> anyhow::Result<Vec<PrefillResult>> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
     let maxl = lens.iter().copied().max().unwrap_or(1);
-    let mut g = GpuBackend::new(&graph, &plan, maxl + 16)?;
+    let mut g = GpuBackend::new(&graph, &plan, maxl + 16, ro)?;
     let mut out = vec![];
     for &n in lens {
         let p = prompt(vocab, 7, n);
@@ -332,14 +333,17 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
         let n: usize = parts.iter().sum();
         let wdtype = ws[0].ty.dtype;
         for &m in ms {
-            let Some(l) = s.alternative(m as i64, hopper, true) else { continue };
+            let Some(l) = s.alternative(m as i64, hopper) else { continue };
             if !seen.insert((l.kernel.clone(), m)) {
                 continue;
             }
             let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
             crate::gpu::allow_smem(&l.kernel, &f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
             // (x in 16 bits where the plan casts it first: the `{x}@bf16` buffer)
-            let x16 = l.args.as_ref().is_some_and(|a| a.first().is_some_and(|x| crate::gpu::half_base(crate::gpu::xmap_base(x).map_or(x.as_str(), |(b, _)| b)).is_some()));
+            let x16 = l.args.as_ref().and_then(|a| a.first()).is_some_and(|x| match BufferRef::of(x) {
+                BufferRef::ActivationMap { x, .. } => matches!(BufferRef::of(x), BufferRef::Half { .. }),
+                r => matches!(r, BufferRef::Half { .. }),
+            });
             let xdtype = match (x16, wdtype) {
                 (false, _) => "f32",
                 (true, dsc_ir::DType::F16) => "f16",
@@ -347,14 +351,17 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             };
             // (split-K: the kernel writes S partial sums, `{node}@splitk{S}`, and the step's
             // reduce pass adds them and the residual into y: both timed)
-            let split = l.args.as_ref().and_then(|a| a.last()).and_then(|y| crate::gpu::splitk_base(y)).map(|(_, sk)| sk);
+            let split = l.args.as_ref().and_then(|a| a.last()).and_then(|y| match BufferRef::of(y) {
+                BufferRef::SplitK { parts, .. } => Some(parts),
+                _ => None,
+            });
             let reduce = match split {
                 Some(_) => {
                     let r = prog.steps.iter().find(|r| r.node == s.node && r.kernel.as_deref().is_some_and(|k| k.starts_with("splitk_reduce"))).context("a split-K matmul without its reduce step")?;
                     let k = r.kernel.clone().expect("found by its kernel");
                     // (the step's own launch over M·N elements)
                     let (gx, gy, threads) =
-                        crate::gpu::launch_dims(&r.launch, (m * n) as u32, 1, r.block, 1, r.threads.unwrap_or(128)).with_context(|| format!("{k}: unknown launch kind {}", r.launch))?;
+                        r.launch.dims((m * n) as u32, 1, r.block, 1, r.threads.unwrap_or(128)).with_context(|| format!("{k}: launch kind none"))?;
                     let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
                     Some((dev.module.load_function(&k).map_err(derr(&k))?, k, cfg))
                 }
@@ -363,18 +370,18 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
             let x = dev.random(xdtype, m * k, 11)?;
             let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&wdtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
             // (a TMA matmul takes each weight's tensor map instead: `{w}@tmap{rows}`)
-            let wbs = match l.args.as_ref().and_then(|a| a.get(1)).and_then(|w| crate::gpu::tmap_base(w)) {
-                Some((_, rows)) => wbs
+            let wbs = match l.args.as_ref().and_then(|a| a.get(1)).map(|w| BufferRef::of(w)) {
+                Some(BufferRef::WeightMap { rows, .. }) => wbs
                     .iter()
                     .zip(&parts)
                     .map(|(wb, &p)| crate::gpu::weight_tensor_map(&dev.stream, wb, p, k, wdtype == dsc_ir::DType::F16, rows).map_err(|e| anyhow::anyhow!("{}: {e}", l.kernel)))
                     .collect::<anyhow::Result<Vec<_>>>()?,
-                None => wbs,
+                _ => wbs,
             };
             // (a warp-specialized matmul takes x's tensor map too: `{x}@xmap{rows}`)
-            let xmap = match l.args.as_ref().and_then(|a| a.first()).and_then(|x| crate::gpu::xmap_base(x)) {
-                Some((_, rows)) => Some(crate::gpu::weight_tensor_map(&dev.stream, &x, m, k, xdtype == "f16", rows).map_err(|e| anyhow::anyhow!("{}: {e}", l.kernel))?),
-                None => None,
+            let xmap = match l.args.as_ref().and_then(|a| a.first()).map(|x| BufferRef::of(x)) {
+                Some(BufferRef::ActivationMap { rows, .. }) => Some(crate::gpu::weight_tensor_map(&dev.stream, &x, m, k, xdtype == "f16", rows).map_err(|e| anyhow::anyhow!("{}: {e}", l.kernel))?),
+                _ => None,
             };
             // (the SwiGLU epilogue, `SwiGluPipe`: h [M, F] f32 and its 16-bit copy instead of y)
             let swiglu = l.kernel.contains("_swiglu");
@@ -389,7 +396,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 other => anyhow::bail!("{}: unexpected work {other:?}", l.kernel),
             };
             let (gx, gy, threads) =
-                crate::gpu::launch_dims(&l.launch, work, m as u32, l.block, l.rows_per_block, l.threads.unwrap_or(128)).with_context(|| format!("{}: unknown launch kind {}", l.kernel, l.launch))?;
+                l.launch.dims(work, m as u32, l.block, l.rows_per_block, l.threads.unwrap_or(128)).with_context(|| format!("{}: launch kind none", l.kernel))?;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: l.smem.unwrap_or(0) };
             let launch = || -> anyhow::Result<()> {
                 let mut lb = dev.stream.launch_builder(&f);
@@ -466,10 +473,14 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let paged = |s: &&crate::plan::GpuStep| s.kernel.as_deref().is_some_and(|k| k.starts_with("paged_attention") && !k.contains("_rope"));
     // the one-pass kernel, and (for long contexts) the split one: a first pass into
     // `{node}@split{S}`, then the merge step
-    let step = prog.steps.iter().filter(paged).find(|s| crate::gpu::split_base(&s.node).is_none()).context("the plan has no paged attention step")?;
+    let split_of = |s: &crate::plan::GpuStep| match BufferRef::of(&s.node) {
+        BufferRef::SplitParts { node, parts } => Some((node.to_string(), parts)),
+        _ => None,
+    };
+    let step = prog.steps.iter().filter(paged).find(|s| split_of(s).is_none()).context("the plan has no paged attention step")?;
     let kernel = step.kernel.clone().expect("found by its kernel");
     let base = step.node.as_str();
-    let split_step = prog.steps.iter().filter(paged).find(|s| crate::gpu::split_base(&s.node).is_some_and(|(b, _)| b == base));
+    let split_step = prog.steps.iter().filter(paged).find(|s| split_of(s).is_some_and(|(b, _)| b == base));
     let node = graph.by_name(base).with_context(|| format!("step {} has no graph node", step.node))?;
     let ops = graph.operands(node);
     let dim = |id: dsc_ir::NodeId, i: usize| graph.node(id).ty.shape[i].as_const().with_context(|| format!("{} needs constant dims", graph.node(id).name));
@@ -482,7 +493,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     // (split: (parts, first-pass kernel and function, merge kernel and function))
     let split = match split_step {
         Some(sp) => {
-            let (_, ns) = crate::gpu::split_base(&sp.node).expect("found by its name");
+            let (_, ns) = split_of(sp).expect("found by its name");
             let merge = prog.steps.iter().find(|s| s.node == base && s.kernel.as_deref().is_some_and(|k| k.starts_with("attention_combine"))).context("the split attention has no merge step")?;
             let (k1, k2) = (sp.kernel.clone().expect("found by its kernel"), merge.kernel.clone().expect("found by its kernel"));
             let (f1, f2) = (dev.module.load_function(&k1).map_err(derr(&k1))?, dev.module.load_function(&k2).map_err(derr(&k2))?);
@@ -522,12 +533,12 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
         let y = dev.stream.alloc_zeros::<f32>(t * h * d).map_err(derr("allocating out"))?;
         let big = flash.as_ref().filter(|(l, _)| (t * h) as i64 >= l.min_rows);
         // (the wgmma kernel with TMA tiles takes the pools' tensor maps: `{pool}@kvmap{rows}`)
-        let kv_maps = match big.and_then(|(l, _)| l.args.as_ref()).and_then(|a| a.get(1)).and_then(|a| crate::gpu::kvmap_base(a)) {
-            Some((_, rows)) => {
+        let kv_maps = match big.and_then(|(l, _)| l.args.as_ref()).and_then(|a| a.get(1)).map(|a| BufferRef::of(a)) {
+            Some(BufferRef::PoolMap { rows, .. }) => {
                 let map = |p: &cudarc::driver::CudaSlice<u8>| crate::gpu::pool_tensor_map(&dev.stream, p, [mb, bs, kvh, d], rows).map_err(|e| anyhow::anyhow!("{kernel}: {e}"));
                 Some((map(&kc)?, map(&vc)?))
             }
-            None => None,
+            _ => None,
         };
         let (kc_arg, vc_arg) = kv_maps.as_ref().map_or((&kc, &vc), |(k, v)| (k, v));
         // (a block launch's grid from its step: a block per row (T·H) in older plans, per

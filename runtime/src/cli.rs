@@ -2,6 +2,7 @@
 
 use crate::engine::CpuBackend;
 use crate::generate::{generate, GenerateOptions};
+use crate::options::RuntimeOptions;
 use crate::plan::Plan;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -50,7 +51,7 @@ pub struct RunArgs {
     pub print_ids: bool,
 }
 
-pub fn run(a: &RunArgs) -> anyhow::Result<()> {
+pub fn run(a: &RunArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
     let plan = Plan::open(&a.plan)?;
     let graph = plan.graph()?;
     let tok = plan.header.tokenizer.as_ref().map(Tokenizer::new).transpose()?;
@@ -81,13 +82,13 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         let go = |r: &mut crate::tp::Ranks| generate_and_print(r, a, tok.as_ref(), &prompt_ids, &opts).map_err(|e| crate::RuntimeError::Request(format!("{e:#}")));
         return Ok(match a.backend {
             BackendKind::Cpu => crate::tp::cpu(&graph, &plan, kv, go)?,
-            // DSC_TP_LOCAL=1: every rank on GPU 0 (a check of the partition on one GPU)
-            BackendKind::Gpu => crate::tp::gpu(&graph, &plan, kv, if std::env::var_os("DSC_TP_LOCAL").is_some() { crate::tp::GpuMode::Local } else { crate::tp::GpuMode::Nccl }, go)?,
+            // (`RuntimeOptions::tp_local`: every rank on GPU 0, a check of the partition on one GPU)
+            BackendKind::Gpu => crate::tp::gpu(&graph, &plan, kv, crate::tp::GpuMode::of(ro), ro, go)?,
         });
     }
     match a.backend {
         BackendKind::Cpu => generate_and_print(&mut CpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
-        BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
+        BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv, ro)?, a, tok.as_ref(), &prompt_ids, &opts),
     }
 }
 
@@ -323,8 +324,9 @@ pub struct ServeArgs {
     pub no_pipeline: bool,
     /// greedy decode steps launched at once for steps of up to 4 sequences (GPU: k steps as
     /// one CUDA graph, each fed the previous one's token on the device); 1: one at a time
-    #[arg(long, env = "DSC_MULTI_STEP", default_value_t = crate::scheduler::MULTI_STEP)]
-    pub multi_step: usize,
+    /// (default 4, or DSC_MULTI_STEP)
+    #[arg(long)]
+    pub multi_step: Option<usize>,
     /// token-bucket limit on admitted prompt tokens of a class: CLASS=TOKENS_PER_S[:BURST],
     /// e.g. low=2000:8000 (repeatable)
     #[arg(long)]
@@ -359,7 +361,7 @@ fn parse_rates(rates: &[String]) -> anyhow::Result<[Option<(f64, f64)>; 3]> {
 }
 
 /// `serve`: the OpenAI-compatible server (see `server.rs`).
-pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
+pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
     let secs = |what: &str, v: f64| -> anyhow::Result<std::time::Duration> {
         anyhow::ensure!(v.is_finite() && v > 0.0 && v < 1e7, "--{what} {v}: a positive number of seconds");
         Ok(std::time::Duration::from_secs_f64(v))
@@ -425,8 +427,12 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         }
     };
     anyhow::ensure!(kv_tokens >= m.kv_block_size, "the KV pool would hold no block ({kv_tokens} tokens)");
-    anyhow::ensure!((1..=16).contains(&a.multi_step), "--multi-step {}: 1 to 16 steps per launch", a.multi_step);
-    let multi_step = a.multi_step;
+    let multi_step = a.multi_step.unwrap_or(ro.multi_step);
+    anyhow::ensure!((1..=16).contains(&multi_step), "--multi-step {multi_step}: 1 to 16 steps per launch");
+    let ro = RuntimeOptions { multi_step, ..ro.clone() };
+    for d in ro.differences() {
+        eprintln!("runtime option: {d}");
+    }
     let cfg = crate::scheduler::SchedulerConfig {
         max_step_tokens: a.max_step_tokens.max(1),
         max_seqs,
@@ -435,8 +441,9 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         rate: parse_rates(&a.rate)?,
         starvation,
         queue_timeout,
-        pipeline: !a.no_pipeline && std::env::var_os("DSC_NO_PIPELINE").is_none(),
+        pipeline: !a.no_pipeline && ro.pipeline,
         multi_step,
+        kv_first_block: ro.measure.kv_first_block,
         watchdog: crate::health::Watchdog { floor: step_timeout, factor: 10.0 },
     };
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
@@ -449,10 +456,10 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
             // tensor-parallel plans: one thread per rank, the scheduler stays on this one
             match (backend, tp > 1) {
                 (BackendKind::Cpu, false) => lp.run(CpuBackend::new(&graph, &plan, kv_tokens)?),
-                (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens)?.with_multi_step(multi_step)),
+                (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens, &ro)?),
                 (BackendKind::Cpu, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
                 (BackendKind::Gpu, true) => {
-                    crate::tp::gpu(&graph, &plan, kv_tokens, if std::env::var_os("DSC_TP_LOCAL").is_some() { crate::tp::GpuMode::Local } else { crate::tp::GpuMode::Nccl }, |r| lp.run(r))
+                    crate::tp::gpu(&graph, &plan, kv_tokens, crate::tp::GpuMode::of(&ro), &ro, |r| lp.run(r))
                 }
             }
         },

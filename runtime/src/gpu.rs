@@ -7,12 +7,17 @@
 
 use crate::engine::{Backend, StepBatch};
 use crate::error::{Result, RuntimeError};
-use crate::plan::{GpuProgram, Plan, Scalar};
+use crate::plan::{BufferRef, GpuProgram, Plan, Scalar};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use dsc_ir::{Graph, Op};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+/// Every buffer argument of the plan's Hopper alternatives (where its tensor maps are named).
+fn hopper_args(prog: &GpuProgram) -> impl Iterator<Item = &str> {
+    prog.steps.iter().flat_map(|s| s.hopper.iter()).filter_map(|l| l.args.as_ref()).flatten().map(String::as_str)
+}
 
 fn gerr(msg: impl Into<String>) -> RuntimeError {
     RuntimeError::Gpu(msg.into())
@@ -51,25 +56,17 @@ pub struct GpuBackend<'p> {
     context_bounds: Vec<i64>,
     /// replay decode-sized steps as CUDA graphs (captured on a bucket's second run)
     pub use_graphs: bool,
-    /// DSC_NO_WGMMA=1: take the mma.sync matmul on sm_90a too (for comparisons)
+    /// `RuntimeOptions::wgmma` off: take the mma.sync matmul on sm_90a too (for comparisons)
     pub no_wgmma: bool,
-    /// DSC_NO_FEW: skip the batched-decode GEMV (for A/B runs)
-    pub no_few: bool,
     /// launch with programmatic stream serialization (sm_90a, whose kernels start with
-    /// griddepcontrol; DSC_NO_PDL=1 turns it off)
+    /// griddepcontrol; `RuntimeOptions::pdl`)
     pub pdl: bool,
-    /// DSC_HOST_ARGMAX=1: greedy steps copy the logits back and take the argmax on the host
-    /// (A/B against the device argmax)
-    host_argmax: bool,
-    /// DSC_PACK_INPUTS=1: a step's six input arrays live at the end of the activation arena
-    /// and go up in one host-to-device copy instead of six (prepared for the launch-bound
-    /// small-model decode; not yet measured on the H200, so off)
-    pack_inputs: bool,
-    /// k of the scheduler's multi-step launches (DSC_MULTI_STEP; 1: none): a cached bucket's
+    /// k of the scheduler's multi-step launches (`RuntimeOptions::multi_step`; 1: none): a cached bucket's
     /// arena keeps room for two instances' k copies of its packed inputs right after them
     multi_k: usize,
     collective: GpuCollective,
-    /// DSC_PROFILE=1: time every launch with CUDA events (no graphs): kernel → (launches, µs)
+    /// `MeasureOptions::profile`: time every launch with CUDA events (no graphs): kernel →
+    /// (launches, µs)
     profile: Option<std::cell::RefCell<BTreeMap<String, (usize, f64)>>>,
     /// pipelined greedy steps launched and not yet collected, oldest first
     inflight: std::collections::VecDeque<Inflight>,
@@ -87,27 +84,19 @@ pub struct GpuBackend<'p> {
     /// where the ids' device-to-host copies run: a second stream (after an event on the main
     /// one), so the next step's upload and graph need not queue behind a copy that takes
     /// ~10 µs of the stream's time (bench/launch_floor.cu on the H200: 290 -> 279 µs per step
-    /// around a 273 µs graph); None (DSC_IDS_SAME_STREAM=1): on the main stream, as before
-    copy_stream: Option<Arc<CudaStream>>,
-    /// [`CACHED_MAX_TOKENS`] (DSC_CACHED_MAX_TOKENS overrides)
+    /// around a 273 µs graph)
+    copy_stream: Arc<CudaStream>,
+    /// `RuntimeOptions::cached_max_tokens`
     cached_max_tokens: usize,
-    /// steps of at most this many tokens launch with PDL (DSC_PDL_MAX_TOKENS; default
-    /// [`PDL_MAX_TOKENS`])
+    /// `RuntimeOptions::pdl_max_tokens`
     pdl_max_tokens: usize,
-    /// DSC_SKIP_KERNELS=a,b: a measurement knob only — launches whose kernel symbol contains
-    /// one of these strings are left out of every step (the results are wrong; the step's time
-    /// without them bounds what fusing them away could gain). Announced on stderr.
-    skip_kernels: Vec<String>,
-    /// DSC_FORCE_CLUSTER=substr=N: a measurement knob only — sm_90a launches whose kernel symbol
-    /// contains `substr` go in thread-block clusters of N blocks along grid y (a kernel that
-    /// does not use them runs as before: what the cluster launch alone costs). Announced on
-    /// stderr.
-    force_cluster: Option<(String, u32)>,
+    /// the measurement knobs (`skip_kernels`, `force_cluster`, `graph_repeat`, the arena's
+    /// alignment and pad), announced on stderr at start where set
+    measure: crate::options::MeasureOptions,
     /// the split argmax's partials and per-row counters (`GpuProgram::argmax_split`), for up
-    /// to [`SYNC_TOKENS`] rows; None: a block per row (the plan has no split kernel, or
-    /// DSC_ARGMAX_SPLIT=0 at run time)
+    /// to [`SYNC_TOKENS`] rows; None: a block per row (the plan has no split kernel)
     argmax_split: Option<(crate::plan::ArgmaxSplit, CudaSlice<u8>, CudaSlice<u8>)>,
-    /// DSC_L2_PERSIST_MB=N: N MB of L2 set aside for persisting lines (capped by the device's
+    /// `RuntimeOptions::l2_persist_mb`=N: N MB of L2 set aside for persisting lines (capped by the device's
     /// maximum), and the launches of the logits' matmul mark a fraction of their weight's lines
     /// persisting (an access policy window: bytes set aside / the weight's bytes): the lm_head,
     /// read once per step at the step's end, then finds that much in L2 instead of DRAM. 0: off.
@@ -120,25 +109,25 @@ pub struct GpuBackend<'p> {
     /// buffer over PCIe (mapped host memory) and the fed token ids on the device, in place of a
     /// host-to-device copy and a device-to-device one: two copy-engine operations on the
     /// stream cost ~12 µs between a decode step's argmax and its next graph (CUPTI timeline on
-    /// the H200, bench/results/timeline-2026-11-30.json); None (DSC_INPUT_COPY=1): the copies
-    inputs_kernel: Option<CudaFunction>,
-    /// [`inputs_ptx`]`(true)`'s kernel (sm_90a with PDL, unless DSC_INPUTS_PDL=0): a fed step's
+    /// the H200, bench/results/timeline-2026-11-30.json)
+    inputs_kernel: CudaFunction,
+    /// [`inputs_ptx`]`(true)`'s kernel (sm_90a with PDL): a fed step's
     /// inputs go up under programmatic dependent launch after the previous step's argmax
     inputs_pdl: Option<CudaFunction>,
 }
 
-/// DSC_L2_PERSIST_MB (see `GpuBackend::l2_persist`): sets the context's persisting-L2 limit;
-/// (bytes set aside, the device's largest access policy window), (0, 0) when off.
-fn l2_persist_from_env(ctx: &Arc<CudaContext>) -> Result<(usize, usize)> {
+/// `RuntimeOptions::l2_persist_mb` (see `GpuBackend::l2_persist`): sets the context's
+/// persisting-L2 limit; (bytes set aside, the device's largest access policy window), (0, 0)
+/// when off.
+fn l2_persist(ctx: &Arc<CudaContext>, mb: usize) -> Result<(usize, usize)> {
     use cudarc::driver::sys::CUdevice_attribute as A;
-    let mb = std::env::var("DSC_L2_PERSIST_MB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
     if mb == 0 {
         return Ok((0, 0));
     }
     let max = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE), "reading the persisting L2 size")?.max(0) as usize;
     let window = cu(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE), "reading the access policy window size")?.max(0) as usize;
     let bytes = (mb << 20).min(max);
-    eprintln!("DSC_L2_PERSIST_MB={mb}: {bytes} bytes of L2 for persisting lines (the device's most: {max}; largest window {window})");
+    eprintln!("l2_persist_mb={mb}: {bytes} bytes of L2 for persisting lines (the device's most: {max}; largest window {window})");
     if bytes == 0 || window == 0 {
         return Ok((0, 0));
     }
@@ -150,13 +139,17 @@ fn l2_persist_from_env(ctx: &Arc<CudaContext>) -> Result<(usize, usize)> {
     Ok((bytes, window))
 }
 
-/// DSC_SKIP_KERNELS (see `GpuBackend::skip_kernels`), announced on stderr when set.
-fn skip_kernels_from_env() -> Vec<String> {
-    let skip: Vec<String> = std::env::var("DSC_SKIP_KERNELS").unwrap_or_default().split(',').filter(|x| !x.is_empty()).map(str::to_string).collect();
-    if !skip.is_empty() {
-        eprintln!("DSC_SKIP_KERNELS: leaving out launches of kernels containing {skip:?} (timing only: results are wrong)");
+/// The measurement knobs that are set, announced on stderr (some make results wrong).
+fn announce(m: &crate::options::MeasureOptions) {
+    if !m.skip_kernels.is_empty() {
+        eprintln!("DSC_SKIP_KERNELS: leaving out launches of kernels containing {:?} (timing only: results are wrong)", m.skip_kernels);
     }
-    skip
+    if let Some((k, n)) = &m.force_cluster {
+        eprintln!("DSC_FORCE_CLUSTER: launching kernels containing {k:?} in clusters of {n} (timing only)");
+    }
+    if m.graph_repeat > 1 {
+        eprintln!("DSC_GRAPH_REPEAT: every CUDA graph holds its step {} times (timing only)", m.graph_repeat);
+    }
 }
 
 /// Pinned input buffers in turn: a step's inputs are written while up to two steps (the
@@ -207,13 +200,13 @@ pub fn cuda_available() -> std::result::Result<usize, String> {
 }
 
 impl<'p> GpuBackend<'p> {
-    pub fn new(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize) -> Result<Self> {
-        Self::new_rank(graph, plan, kv_tokens, RankSpec { device: 0, rank: 0, world: 1 }, |_| Ok(GpuCollective::Single))
+    pub fn new(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, opts: &RuntimeOptions) -> Result<Self> {
+        Self::new_rank(graph, plan, kv_tokens, opts, RankSpec { device: 0, rank: 0, world: 1 }, |_| Ok(GpuCollective::Single))
     }
 
     /// One rank of a tensor-parallel group: its slices of the weights on GPU `spec.device`;
     /// `collective` is made once this rank's stream exists (NCCL communicators bind to it).
-    pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, spec: RankSpec, collective: impl FnOnce(&Arc<CudaStream>) -> Result<GpuCollective>) -> Result<Self> {
+    pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, opts: &RuntimeOptions, spec: RankSpec, collective: impl FnOnce(&Arc<CudaStream>) -> Result<GpuCollective>) -> Result<Self> {
         let prog = plan.header.gpu.as_ref().ok_or_else(|| gerr("this plan has no GPU program (compile it with a GPU lowering for every op)"))?;
         cuda_available().map_err(|e| gerr(format!("{e}; use --backend cpu")))?;
         let ctx = cu(CudaContext::new(spec.device), &format!("opening CUDA device {}", spec.device))?;
@@ -223,13 +216,11 @@ impl<'p> GpuBackend<'p> {
         let target = target_for(major, minor).ok_or_else(|| gerr(format!("GPU compute capability {major}.{minor} has no target in dsc (sm_80+)")))?;
         let ptx = prog.ptx.get(target).ok_or_else(|| gerr(format!("the plan has no PTX for {target} (it has {:?})", prog.ptx.keys().collect::<Vec<_>>())))?;
         let module = cu(ctx.load_module(Ptx::from_src(ptx.clone())), "loading the plan's PTX")?;
-        let inputs_kernel = if std::env::var("DSC_INPUT_COPY").is_ok_and(|v| v == "1") {
-            None
-        } else {
+        let inputs_kernel = {
             let m = cu(ctx.load_module(Ptx::from_src(inputs_ptx(false))), "loading the input kernel")?;
-            Some(cu(m.load_function("dsc_inputs"), "kernel dsc_inputs")?)
+            cu(m.load_function("dsc_inputs"), "kernel dsc_inputs")?
         };
-        let inputs_pdl = if inputs_kernel.is_some() && target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none() && std::env::var("DSC_INPUTS_PDL").map_or(true, |v| v != "0") {
+        let inputs_pdl = if target == "sm_90a" && opts.pdl {
             let m = cu(ctx.load_module(Ptx::from_src(inputs_ptx(true))), "loading the PDL input kernel")?;
             Some(cu(m.load_function("dsc_inputs_pdl"), "kernel dsc_inputs_pdl")?)
         } else {
@@ -263,7 +254,7 @@ impl<'p> GpuBackend<'p> {
         // SAFETY: all work of this backend is ordered on `stream`.
         unsafe { ctx.disable_event_tracking() };
         let stream = cu(ctx.new_stream(), "creating a stream")?;
-        let copy_stream = if std::env::var("DSC_IDS_SAME_STREAM").is_ok_and(|v| v == "1") { None } else { Some(cu(ctx.new_stream(), "creating the ids copy stream")?) };
+        let copy_stream = cu(ctx.new_stream(), "creating the ids copy stream")?;
         let collective = collective(&stream)?;
         let mut resident = HashMap::new();
         // progress on a terminal, silent when piped (indicatif hides itself there)
@@ -315,10 +306,8 @@ impl<'p> GpuBackend<'p> {
         }
         progress.finish_and_clear();
         let block_size = plan.header.model.kv_block_size;
-        // (DSC_KV_EXTRA_BLOCKS=N: a measurement knob — N more blocks in every pool: their sizes,
-        // so their places in memory, change, the blocks a sequence gets do not)
-        let extra = std::env::var("DSC_KV_EXTRA_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
-        let blocks = kv_tokens.div_ceil(block_size).max(1) + extra;
+        // (`MeasureOptions::kv_extra_blocks`: more blocks in every pool, placed elsewhere)
+        let blocks = kv_tokens.div_ceil(block_size).max(1) + opts.measure.kv_extra_blocks;
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
         for id in graph.leaves(&Op::State) {
             let n = graph.node(id);
@@ -328,10 +317,13 @@ impl<'p> GpuBackend<'p> {
         }
         // the TMA matmuls' tensor maps (`{w}@tmap{rows}`, sm_90a): one per weight and tile height
         if hopper {
-            let names: std::collections::BTreeSet<&str> =
-                prog.steps.iter().flat_map(|s| s.hopper.iter()).filter_map(|l| l.args.as_ref()).flatten().map(String::as_str).filter(|a| tmap_base(a).is_some()).collect();
-            for name in names {
-                let (w, rows) = tmap_base(name).expect("filtered");
+            let maps: std::collections::BTreeMap<&str, (&str, u32)> = hopper_args(prog)
+                .filter_map(|a| match BufferRef::of(a) {
+                    BufferRef::WeightMap { weight, rows } => Some((a, (weight, rows))),
+                    _ => None,
+                })
+                .collect();
+            for (name, (w, rows)) in maps {
                 let node = graph.by_name(w).map(|id| graph.node(id)).ok_or_else(|| gerr(format!("tensor map {name}: no weight `{w}` in the graph")))?;
                 let dims: Vec<usize> = node.ty.shape.iter().map(|d| d.as_const().unwrap_or(0)).collect();
                 let f16 = match node.ty.dtype {
@@ -347,16 +339,19 @@ impl<'p> GpuBackend<'p> {
         }
         // the one-token attention with the o projection folded in: a u32 counter per token
         // (`{node}@sync`), zeroed once here — each use leaves it at zero again
-        let syncs: std::collections::BTreeSet<&str> = prog.steps.iter().flat_map(|s| s.args.iter()).map(String::as_str).filter(|a| a.ends_with("@sync")).collect();
+        let syncs: std::collections::BTreeSet<&str> = prog.steps.iter().flat_map(|s| s.args.iter()).map(String::as_str).filter(|a| matches!(BufferRef::of(a), BufferRef::Sync { .. })).collect();
         for name in syncs {
             resident.insert(name.to_string(), cu(stream.alloc_zeros::<u8>(4 * SYNC_TOKENS), &format!("allocating {name}"))?);
         }
         // the wgmma prefill attention's K/V pool tensor maps (`{pool}@kvmap{rows}`, sm_90a)
         if hopper {
-            let names: std::collections::BTreeSet<&str> =
-                prog.steps.iter().flat_map(|s| s.hopper.iter()).filter_map(|l| l.args.as_ref()).flatten().map(String::as_str).filter(|a| kvmap_base(a).is_some()).collect();
-            for name in names {
-                let (arg, rows) = kvmap_base(name).expect("filtered");
+            let maps: std::collections::BTreeSet<(&str, u32)> = hopper_args(prog)
+                .filter_map(|a| match BufferRef::of(a) {
+                    BufferRef::PoolMap { pool, rows } => Some((pool, rows)),
+                    _ => None,
+                })
+                .collect();
+            for (arg, rows) in maps {
                 // (the attention reads the cache writes' outputs: aliases of the pool state)
                 let mut pool = arg;
                 while let Some(of) = prog.steps.iter().find(|s| s.node == pool && s.alias_offset.is_none()).and_then(|s| s.alias_of.as_deref()) {
@@ -375,14 +370,15 @@ impl<'p> GpuBackend<'p> {
             }
         }
         // host-side reductions cannot be captured
-        let profile = std::env::var_os("DSC_PROFILE").map(|_| std::cell::RefCell::new(BTreeMap::new()));
-        let use_graphs = std::env::var_os("DSC_NO_CUDA_GRAPHS").is_none() && !matches!(collective, GpuCollective::Local(_)) && profile.is_none();
+        let profile = opts.measure.profile.then(|| std::cell::RefCell::new(BTreeMap::new()));
+        let use_graphs = opts.cuda_graphs && !matches!(collective, GpuCollective::Local(_)) && profile.is_none();
         // block tables are padded to the most blocks one sequence can have (a fixed MB keeps
         // one CUDA graph per step shape), not to the pool
         let table_width = blocks.min(plan.header.model.max_seq_len.div_ceil(block_size)).max(1);
-        let l2_persist = l2_persist_from_env(&ctx)?;
+        let l2_persist = l2_persist(&ctx, opts.l2_persist_mb)?;
+        announce(&opts.measure);
         let argmax_split = match &prog.argmax_split {
-            Some(a) if std::env::var("DSC_ARGMAX_SPLIT").map_or(true, |v| v != "0") => Some((
+            Some(a) => Some((
                 a.clone(),
                 cu(stream.alloc_zeros::<u8>(SYNC_TOKENS * a.splits as usize * 8), "allocating the argmax partials")?,
                 cu(stream.alloc_zeros::<u8>(SYNC_TOKENS * 4), "allocating the argmax counters")?,
@@ -404,12 +400,9 @@ impl<'p> GpuBackend<'p> {
             buckets: HashMap::new(),
             context_bounds: prog.context_bounds(),
             use_graphs,
-            no_wgmma: std::env::var_os("DSC_NO_WGMMA").is_some(),
-            no_few: std::env::var_os("DSC_NO_FEW").is_some(),
-            pdl: target == "sm_90a" && std::env::var_os("DSC_NO_PDL").is_none(),
-            host_argmax: std::env::var("DSC_HOST_ARGMAX").is_ok_and(|v| v == "1"),
-            pack_inputs: std::env::var("DSC_PACK_INPUTS").map_or(true, |v| v != "0"),
-            multi_k: crate::scheduler::multi_step_from_env(),
+            no_wgmma: !opts.wgmma,
+            pdl: target == "sm_90a" && opts.pdl,
+            multi_k: opts.multi_step,
             collective,
             profile,
             inflight: Default::default(),
@@ -418,29 +411,17 @@ impl<'p> GpuBackend<'p> {
             feed_at: 0,
             last_multi: None,
             copy_stream,
-            cached_max_tokens: std::env::var("DSC_CACHED_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_MAX_TOKENS),
-            pdl_max_tokens: std::env::var("DSC_PDL_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(PDL_MAX_TOKENS),
+            cached_max_tokens: opts.cached_max_tokens,
+            pdl_max_tokens: opts.pdl_max_tokens,
             staging: Default::default(),
             inputs_kernel,
             inputs_pdl,
-            skip_kernels: skip_kernels_from_env(),
-            force_cluster: std::env::var("DSC_FORCE_CLUSTER").ok().and_then(|v| {
-                let (k, n) = v.rsplit_once('=')?;
-                let n: u32 = n.parse().ok()?;
-                eprintln!("DSC_FORCE_CLUSTER: launching kernels containing {k:?} in clusters of {n} (timing only)");
-                Some((k.to_string(), n))
-            }),
+            measure: opts.measure.clone(),
             l2_persist,
             argmax_split,
         })
     }
 
-    /// k of the scheduler's multi-step launches (`SchedulerConfig::multi_step`, when it is not
-    /// DSC_MULTI_STEP's): the room buckets prepared from now on keep for them.
-    pub fn with_multi_step(mut self, k: usize) -> Self {
-        self.multi_k = k.max(1);
-        self
-    }
 
     pub fn synchronize(&self) -> Result<()> {
         cu(self.stream.synchronize(), "synchronize")
@@ -567,7 +548,7 @@ struct Bucket {
     ids: Option<CudaSlice<u8>>,
     /// launch with programmatic dependent launch (decode-sized steps on sm_90a)
     pdl: bool,
-    /// packed inputs (DSC_PACK_INPUTS): (input, arena offset, bytes), and the arena span they
+    /// packed inputs: (input, arena offset, bytes), and the arena span they
     /// fill, uploaded in one copy
     packed: Vec<(&'static str, usize, usize)>,
     packed_span: (usize, usize),
@@ -612,18 +593,7 @@ struct MultiInst {
     copied: Option<cudarc::driver::CudaEvent>,
 }
 
-/// Steps of at most this many tokens keep their bucket (and CUDA graph, and launch with PDL);
-/// longer (prefill) steps get a transient one. 128 covers batched decode up to 128 sequences
-/// (at 64, a 128-sequence decode step rebuilt its bucket every step, without a graph: ~2 ms of
-/// host work per 8B step); DSC_CACHED_MAX_TOKENS=N for A/B runs.
-const CACHED_MAX_TOKENS: usize = 128;
-
-/// Steps of at most this many tokens launch with programmatic dependent launch. Measured on the
-/// H200 (bench/results/gemm-ws-2026-11-30.json, engine bench): PDL wins at 64 tokens (8B
-/// 12.0k -> 12.4k tok/s, SmolLM2 shape 49.5k -> 52.4k) and is mixed at 128 (8B +1%, SmolLM2
-/// shape with the warp-specialized SwiGLU gate/up 57.9k -> 43.3k: the early-launched
-/// dependents hold SMs the 24-block matmul and its successors need); DSC_PDL_MAX_TOKENS=N.
-const PDL_MAX_TOKENS: usize = 64;
+use crate::options::RuntimeOptions;
 
 /// Multi-step launches for steps of at most this many rows: a graph launch is ~9 µs of a
 /// 250 µs SmolLM2-shape b1 step (multi-step +4.2% with the argmax folded in), ~1% of its b8
@@ -664,10 +634,10 @@ impl GpuBackend<'_> {
         // for a [T, H, D] node)
         // (`{node}@splitk{S}`: a split-K matmul's partial sums, [S, ..] of the node's shape)
         let shape_of = |name: &str| -> Result<Vec<usize>> {
-            let (name, split, parts) = match (splitk_base(name), split_base(name)) {
-                (Some((base, sk)), _) => (base, None, Some(sk)),
-                (None, Some((base, ns))) => (base, Some(ns), None),
-                (None, None) => (half_base(name).unwrap_or(name), None, None),
+            let (name, split, parts) = match BufferRef::of(name) {
+                BufferRef::SplitK { node, parts } => (node, None, Some(parts)),
+                BufferRef::SplitParts { node, parts } => (node, Some(parts), None),
+                r => (r.node(), None, None),
             };
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             let mut sh = g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))?;
@@ -694,33 +664,26 @@ impl GpuBackend<'_> {
             })
         };
         let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
-        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * if half_base(&b.node).is_some() { 2 } else { 4 })).collect::<Result<_>>()?;
+        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * if matches!(BufferRef::of(&b.node), BufferRef::Half { .. }) { 2 } else { 4 })).collect::<Result<_>>()?;
         let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
-        // the inputs: buffers of their own, or (DSC_PACK_INPUTS) 256-byte aligned after the
-        // activations, one span
+        // the inputs: 256-byte aligned after the activations, one span
         let mut packed = vec![];
         let mut end = total.div_ceil(256) * 256;
         let span0 = end;
         for name in INPUTS {
             if g.by_name(name).is_some() {
                 let bytes = shape_of(name)?.iter().product::<usize>().max(1) * 4;
-                if self.pack_inputs {
-                    packed.push((name, end, bytes));
-                    end += bytes.div_ceil(256) * 256;
-                } else {
-                    bufs.insert(name.to_string(), cu(self.stream.alloc_zeros::<u8>(bytes), "allocating inputs")?);
-                }
+                packed.push((name, end, bytes));
+                end += bytes.div_ceil(256) * 256;
             }
         }
         // The activations start at a 2 MiB boundary (the GPU's large page): where a bucket's
         // arena fell inside its pages changed the SmolLM2 b1 step by up to 8% (graph replay
         // 0.257 vs 0.278 ms with the same kernels: the arena placed after KV pools of
         // another size, docs/perf.md "Session 18"), aligned it is the fast one wherever the
-        // pools end. (DSC_ARENA_ALIGN=bytes, a power of two, 1: unaligned as before;
-        // DSC_ARENA_PAD=bytes: every activation that many bytes further — measurement knobs)
-        let knob = |v: &str| std::env::var(v).ok().and_then(|v| v.parse::<usize>().ok());
-        let align = knob("DSC_ARENA_ALIGN").unwrap_or(ARENA_ALIGN).max(1).next_power_of_two();
-        let pad0 = knob("DSC_ARENA_PAD").unwrap_or(0) / 256 * 256;
+        // pools end. (`MeasureOptions::arena_align` / `arena_pad` move it, to measure that)
+        let align = self.measure.arena_align.unwrap_or(ARENA_ALIGN);
+        let pad0 = self.measure.arena_pad;
         // (the multi-step inputs' and ids' room, beside the packed span in the arena's pages —
         // as separate allocations they measured the same. Reserved in every cached bucket,
         // though only steps of <= MULTI_STEP_MAX_ROWS rows use it: reserving it in those
@@ -774,7 +737,7 @@ impl GpuBackend<'_> {
             if !s.runs_on(rows, hopper) || !s.runs_in_context(context) {
                 continue;
             }
-            let alt = s.alternative(rows, hopper, !self.no_few);
+            let alt = s.alternative(rows, hopper);
             // (the argmax folds into the default kernel only)
             let argmax = if alt.is_none() { s.argmax.clone() } else { None };
             let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem, cluster) = match alt {
@@ -785,7 +748,7 @@ impl GpuBackend<'_> {
                         &l.scalars,
                         &l.work,
                         &l.grid_y,
-                        l.launch.as_str(),
+                        l.launch,
                         l.block,
                         l.rows_per_block,
                         l.threads.unwrap_or(128),
@@ -795,9 +758,9 @@ impl GpuBackend<'_> {
                     )
                 }
                 // (clusters: the sm_90a module's kernel; elsewhere the same symbol takes none)
-                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch.as_str(), s.block, 1, s.threads.unwrap_or(128), &s.args, 0, if self.target == "sm_90a" { s.cluster.unwrap_or(1) } else { 1 }),
+                None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch, s.block, 1, s.threads.unwrap_or(128), &s.args, 0, if self.target == "sm_90a" { s.cluster.unwrap_or(1) } else { 1 }),
             };
-            if self.skip_kernels.iter().any(|x| k.contains(x.as_str())) {
+            if self.measure.skip_kernels.iter().any(|x| k.contains(x.as_str())) {
                 continue;
             }
             let scalars: Vec<i64> = scal.iter().map(&eval).collect::<Result<_>>()?;
@@ -806,8 +769,8 @@ impl GpuBackend<'_> {
             if work == 0 || gy == 0 {
                 continue;
             }
-            let (grid, gy, block) = launch_dims(launch, work, gy, block, rpb, threads).ok_or_else(|| gerr(format!("step {}: unknown launch kind {launch}", s.node)))?;
-            let cluster = match &self.force_cluster {
+            let (grid, gy, block) = launch.dims(work, gy, block, rpb, threads).ok_or_else(|| gerr(format!("step {}: kernel {k} with launch kind none", s.node)))?;
+            let cluster = match &self.measure.force_cluster {
                 Some((x, n)) if self.target == "sm_90a" && k.contains(x.as_str()) && gy % n == 0 => *n,
                 _ => cluster,
             };
@@ -816,16 +779,16 @@ impl GpuBackend<'_> {
             }
             let args = args
                 .iter()
-                .map(|a| match kvmap_base(a) {
+                .map(|a| match BufferRef::of(a) {
                     // (a KV pool's tensor map: keyed by the pool state the alias resolves to)
-                    Some((p, rows)) => format!("{}@kvmap{rows}", alias.get(p).map_or(p, String::as_str)),
-                    None => alias.get(a).cloned().unwrap_or_else(|| a.clone()),
+                    BufferRef::PoolMap { pool: p, rows } => format!("{}@kvmap{rows}", alias.get(p).map_or(p, String::as_str)),
+                    _ => alias.get(a).cloned().unwrap_or_else(|| a.clone()),
                 })
                 .collect::<Vec<_>>();
             // (`{x}@xmap{rows}`: the tensor map of x's place in this bucket's arena, encoded
             // once per bucket; rows past x's are zeros, the map covering exactly its buffer)
             for a in &args {
-                let Some((x, rows)) = xmap_base(a) else { continue };
+                let BufferRef::ActivationMap { x, rows } = BufferRef::of(a) else { continue };
                 if bufs.contains_key(a) {
                     continue;
                 }
@@ -833,7 +796,7 @@ impl GpuBackend<'_> {
                 let &(o, n) = placed.get(&root).ok_or_else(|| gerr(format!("step {}: tensor map {a}: {root} is not an activation buffer", s.node)))?;
                 let sh = shape_of(x)?;
                 let k = *sh.last().ok_or_else(|| gerr(format!("tensor map {a}: {x} is a scalar")))?;
-                let f16 = x.ends_with("@f16");
+                let f16 = matches!(BufferRef::of(x), BufferRef::Half { f16: true, .. });
                 let (arena_ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&arena, &self.stream);
                 let map = tensor_map_at(&self.stream, arena_ptr + o as u64, n, n / (2 * k.max(1)), k, f16, rows);
                 drop(guard);
@@ -894,7 +857,8 @@ impl GpuBackend<'_> {
         }
     }
 
-    /// Per-kernel launch counts and total µs since the last call (DSC_PROFILE=1), largest first.
+    /// Per-kernel launch counts and total µs since the last call (`MeasureOptions::profile`),
+    /// largest first.
     pub fn take_profile(&self) -> Vec<(String, usize, f64)> {
         let Some(p) = &self.profile else { return vec![] };
         let mut v: Vec<(String, usize, f64)> = std::mem::take(&mut *p.borrow_mut()).into_iter().map(|(k, (n, t))| (k, n, t)).collect();
@@ -1044,9 +1008,9 @@ impl GpuBackend<'_> {
     fn run_bucket_greedy(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool) -> Result<Vec<u32>> {
         // a block-per-row argmax runs at every row count; the older warp-per-row kernel only
         // from 8 rows (copying a handful of rows back and scanning them on the host was faster:
-        // 8B 1.3 ms vs ~0.3 ms at one row); DSC_HOST_ARGMAX=1 scans on the host always (A/B)
+        // 8B 1.3 ms vs ~0.3 ms at one row)
         let block = self.prog.argmax_block;
-        let device = !self.host_argmax && (block.is_some() || b.logit_rows.len() >= 8);
+        let device = block.is_some() || b.logit_rows.len() >= 8;
         let Some(k) = self.prog.argmax.as_ref().filter(|_| device) else {
             return Ok(self.run_bucket(bucket, b, use_graph)?.iter().map(|r| crate::sampler::argmax(r) as u32).collect());
         };
@@ -1080,7 +1044,7 @@ impl GpuBackend<'_> {
         let logits = bucket.arena.slice(o..o + n);
         let rows64 = rows as i64;
         if let Some(a) = self.prog.argmax_cluster.as_ref().filter(|_| self.target == "sm_90a" && self.argmax_split.is_some()) {
-            // (sm_90a: a thread-block cluster per row; DSC_ARGMAX_SPLIT=0 turns it off too)
+            // (sm_90a: a thread-block cluster per row)
             let f = self.funcs.get(&a.kernel).ok_or_else(|| gerr(format!("kernel {} is not in the plan's module", a.kernel)))?;
             let (lp, g1) = cudarc::driver::DevicePtr::device_ptr(&logits, &self.stream);
             let cfg = LaunchConfig { grid_dim: (rows as u32, a.splits, 1), block_dim: (a.threads, 1, 1), shared_mem_bytes: 0 };
@@ -1221,7 +1185,7 @@ impl GpuBackend<'_> {
     /// entries.
     fn launch_multi(&self, bucket: &mut Bucket, bs: &[StepBatch], kname: &str, key: BucketKey, hosts: &mut Vec<cudarc::driver::PinnedHostSlice<u8>>) -> Result<Option<(usize, Vec<Inflight>)>> {
         let (k, rows) = (bs.len(), bs[0].logit_rows.len());
-        let Some(f) = self.inputs_kernel.as_ref() else { return Ok(None) };
+        let f = &self.inputs_kernel;
         if bucket.packed.is_empty() {
             return Ok(None);
         }
@@ -1338,12 +1302,11 @@ impl GpuBackend<'_> {
         let id = |inst: usize, i: usize| arena + m.insts[inst].ids[i] as u64;
         let s0 = bucket.packed_span.0;
         // (the logits step's argmax folded in: its partials (8 bytes per block and row) and
-        // counters; DSC_ARGMAX_FOLD=0 at run time: the argmax kernel after it)
+        // counters)
         let fold_cfg = bucket.launches.iter().find_map(|a| match a {
             Action::Launch(l) if l.argmax.is_some() => Some(l.cfg),
             _ => None,
         });
-        let fold_cfg = fold_cfg.filter(|_| std::env::var("DSC_ARGMAX_FOLD").map_or(true, |v| v != "0"));
         if let (Some(c), None) = (fold_cfg, &bucket.fold) {
             let (blocks, rows) = (c.grid_dim.0 as usize, c.grid_dim.1 as usize);
             bucket.fold =
@@ -1382,18 +1345,8 @@ impl GpuBackend<'_> {
     fn run_launches(&self, bucket: &mut Bucket, b: &StepBatch, use_graph: bool, fed: Option<&CudaSlice<u8>>) -> Result<()> {
         let table = self.padded_table(b);
         let inputs = Self::step_inputs(b, &table);
-        // (whether the input kernel took the fed ids already)
-        let mut fed_done = false;
-        if bucket.packed.is_empty() {
-            for (name, v) in inputs {
-                if fed.is_some() && name == "tokens" {
-                    continue;
-                }
-                if let Some(dst) = bucket.bufs.get_mut(name) {
-                    cu(self.stream.memcpy_htod(&i32_bytes(v), dst), "uploading inputs")?;
-                }
-            }
-        } else {
+        // (a graph without inputs has nothing to upload)
+        if !bucket.packed.is_empty() {
             // (one copy: every packed input at its place in the span, zeros past its data)
             // from pinned memory: a pageable copy may wait for the stream to drain, which would
             // serialize a pipelined step's host work with the step before it
@@ -1412,63 +1365,30 @@ impl GpuBackend<'_> {
             }
             let h = &mut cu(host.as_mut_slice(), "staging inputs")?[..s1 - s0];
             Self::pack_inputs(bucket, &inputs, h)?;
-            match &self.inputs_kernel {
-                Some(f) => {
-                    // (the fed token ids taken in the same kernel, at the tokens' words)
-                    let mut _fed_guard = None;
-                    let fed_at = match fed {
-                        Some(src) => {
-                            let n = b.tokens.len() * 4;
-                            if src.len() < n {
-                                return Err(gerr(format!("fed token ids: {} bytes for {} tokens", src.len(), b.tokens.len())));
-                            }
-                            let (p, g) = cudarc::driver::DevicePtr::device_ptr(src, &self.stream);
-                            _fed_guard = Some(g);
-                            fed_done = true;
-                            Some((p, b.tokens.len()))
-                        }
-                        None => None,
-                    };
-                    self.launch_inputs(f, bucket, h.as_ptr() as u64, fed_at)?;
+            // (the fed token ids taken in the same kernel, at the tokens' words)
+            let mut _fed_guard = None;
+            let fed_at = match fed {
+                Some(src) => {
+                    let n = b.tokens.len() * 4;
+                    if src.len() < n {
+                        return Err(gerr(format!("fed token ids: {} bytes for {} tokens", src.len(), b.tokens.len())));
+                    }
+                    let (p, g) = cudarc::driver::DevicePtr::device_ptr(src, &self.stream);
+                    _fed_guard = Some(g);
+                    Some((p, b.tokens.len()))
                 }
-                None => {
-                    use cudarc::driver::DevicePtrMut;
-                    let mut dst = bucket.arena.slice_mut(s0..s1);
-                    let (dptr, _guard) = dst.device_ptr_mut(&self.stream);
-                    // SAFETY: `h` is pinned memory the ring keeps until the event after this copy
-                    // has completed (it is reused only after synchronizing on it); `dst` spans
-                    // s1 - s0 bytes
-                    cu(unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &h[..], self.stream.cu_stream()) }, "uploading inputs")?
-                }
-            }
+                None => None,
+            };
+            self.launch_inputs(&self.inputs_kernel, bucket, h.as_ptr() as u64, fed_at)?;
             let done = cu(self.stream.record_event(None), "recording the input copy")?;
             ring.push_back((host, done));
         }
-        if let (Some(src), false) = (fed, fed_done) {
-            // (after the uploads, in stream order: the packed copy wrote zeros there)
-            let n = b.tokens.len() * 4;
-            if src.len() < n {
-                return Err(gerr(format!("fed token ids: {} bytes for {} tokens", src.len(), b.tokens.len())));
-            }
-            let from = src.slice(0..n);
-            match bucket.packed.iter().find(|p| p.0 == "tokens") {
-                Some(&(_, o, len)) if len >= n => cu(self.stream.memcpy_dtod(&from, &mut bucket.arena.slice_mut(o..o + n)), "feeding token ids")?,
-                Some(_) => return Err(gerr("fed token ids exceed the tokens input")),
-                None => {
-                    let dst = bucket.bufs.get_mut("tokens").ok_or_else(|| gerr("the step has no tokens input to feed"))?;
-                    if dst.len() < n {
-                        return Err(gerr("fed token ids exceed the tokens input"));
-                    }
-                    cu(self.stream.memcpy_dtod(&from, &mut dst.slice_mut(0..n)), "feeding token ids")?
-                }
-            }
-        }
         if use_graph && bucket.graph.is_none() && bucket.runs > 0 {
             cu(self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture")?;
-            // (DSC_GRAPH_REPEAT=n, a measurement knob: the step's launches n times in the graph —
+            // (`MeasureOptions::graph_repeat` = n: the step's launches n times in the graph —
             // the same step recomputed, every accumulator zeroed before use — to see what a
             // graph launch costs its first kernels)
-            let repeat = std::env::var("DSC_GRAPH_REPEAT").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1).clamp(1, 8);
+            let repeat = self.measure.graph_repeat.clamp(1, 8);
             let mut launched = Ok(());
             for _ in 0..repeat {
                 launched = self.launch_all(bucket);
@@ -1517,20 +1437,15 @@ impl GpuBackend<'_> {
     /// The stream the launched steps' token ids go to the host on: the copy stream, after an
     /// event at the main stream's end so far (or the main stream itself).
     fn ids_copy_stream(&self) -> Result<&Arc<CudaStream>> {
-        match &self.copy_stream {
-            Some(cs) => {
-                let ready = cu(self.stream.record_event(None), "recording the step's end")?;
-                cu(cs.wait(&ready), "ordering the token ids' copy")?;
-                Ok(cs)
-            }
-            None => Ok(&self.stream),
-        }
+        let ready = cu(self.stream.record_event(None), "recording the step's end")?;
+        cu(self.copy_stream.wait(&ready), "ordering the token ids' copy")?;
+        Ok(&self.copy_stream)
     }
 
     /// The device argmax kernel pipelined greedy steps use (None: the host picks, or
     /// tensor-parallel ranks).
     fn greedy_argmax(&self) -> Option<String> {
-        self.prog.argmax.clone().filter(|_| !self.host_argmax && self.prog.argmax_block.is_some() && !matches!(self.collective, GpuCollective::Local(_)))
+        self.prog.argmax.clone().filter(|_| self.prog.argmax_block.is_some() && !matches!(self.collective, GpuCollective::Local(_)))
     }
 
     /// The id buffer the last pipelined launch's last step wrote, when that was a multi-step
@@ -1683,7 +1598,7 @@ impl Backend for GpuBackend<'_> {
     fn greedy_steps_rows(&self) -> usize {
         // (graphs, the input kernel and the device argmax; one GPU: a tensor-parallel rank's
         // all-reduces stay out of multi-step graphs)
-        let can = self.greedy_argmax().is_some() && self.use_graphs && self.inputs_kernel.is_some() && matches!(self.collective, GpuCollective::Single);
+        let can = self.greedy_argmax().is_some() && self.use_graphs && matches!(self.collective, GpuCollective::Single);
         if can {
             self.cached_max_tokens.min(MULTI_STEP_MAX_ROWS)
         } else {
@@ -1811,30 +1726,15 @@ pub fn allow_smem(name: &str, f: &CudaFunction, bytes: u32) -> std::result::Resu
     }
     // (the prefill attention, compiled for several blocks per SM — three of 66.6 KB for the
     // wgmma kernel —, asks for the largest shared-memory carveout: the driver picked a 168 KB
-    // configuration for it, two blocks. DSC_SMEM_CARVEOUT=1: every kernel past 48 KB, a probe)
-    let all = std::env::var("DSC_SMEM_CARVEOUT").is_ok_and(|v| v == "1");
-    if bytes > 48 * 1024 && (all || name.starts_with("flash_attention")) {
+    // configuration for it, two blocks)
+    if bytes > 48 * 1024 && name.starts_with("flash_attention") {
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
     }
     Ok(())
 }
 
-/// The node and part count of a split decode attention's partial-state buffer
-/// (`{node}@split{S}`).
-pub fn split_base(name: &str) -> Option<(&str, usize)> {
-    tagged(name, "@split")
-}
 
-/// The node and part count of a split-K matmul's partial-sum buffer (`{node}@splitk{S}`).
-pub fn splitk_base(name: &str) -> Option<(&str, usize)> {
-    tagged(name, "@splitk")
-}
 
-/// The KV pool and box rows of the wgmma prefill attention's tensor-map argument
-/// (`{pool}@kvmap{rows}`).
-pub fn kvmap_base(name: &str) -> Option<(&str, u32)> {
-    tagged(name, "@kvmap")
-}
 
 /// A device buffer holding the `CUtensorMap` of a bf16 KV pool `[blocks, bs, kvh, d]` as the
 /// wgmma prefill attention loads it (`dsc_codegen::kernels::flash_wg_tma_rows`): boxes of 64
@@ -1892,23 +1792,8 @@ fn encode_sw128_map(stream: &Arc<CudaStream>, f16: bool, ptr: u64, dims: &[u64],
     cu(stream.clone_htod(&bytes), "uploading a tensor map")
 }
 
-/// The weight and tile rows of a TMA matmul's tensor-map argument (`{w}@tmap{rows}`).
-pub fn tmap_base(name: &str) -> Option<(&str, u32)> {
-    tagged(name, "@tmap")
-}
 
-/// The activation and tile rows of a warp-specialized matmul's x tensor-map argument
-/// (`{x}@xmap{rows}`; x a 16-bit [M, K] buffer of the arena).
-pub fn xmap_base(name: &str) -> Option<(&str, u32)> {
-    tagged(name, "@xmap")
-}
 
-/// `{base}{tag}{n}` -> (base, n): the buffer names the schedule derives from a node's
-/// (`@split4`, `@splitk4`, `@tmap128`, `@xmap64`, `@kvmap16`); None unless n parses.
-fn tagged<'a, T: std::str::FromStr>(name: &'a str, tag: &str) -> Option<(&'a str, T)> {
-    let (base, n) = name.rsplit_once(tag)?;
-    Some((base, n.parse().ok()?))
-}
 
 /// A device buffer holding the `CUtensorMap` of a [n, k] bf16 (or f16) weight at `w`, as the
 /// TMA pipelined matmul loads it (`KernelSpec::Tma`): boxes of 64 columns (128 bytes) x `rows`
@@ -1931,52 +1816,22 @@ pub fn tensor_map_at(stream: &Arc<CudaStream>, ptr: u64, bytes: usize, n: usize,
     encode_sw128_map(stream, f16, ptr, &[k as u64, n as u64], &[(k * 2) as u64], &[64, rows], &format!("a [{n}, {k}] matrix"))
 }
 
-/// The node a 16-bit copy buffer (`{node}@bf16` or `{node}@f16`) copies.
-pub fn half_base(name: &str) -> Option<&str> {
-    name.strip_suffix("@bf16").or_else(|| name.strip_suffix("@f16"))
-}
-
-/// (grid x, grid y, threads per block) of a launch of kind `launch` (the plan's launch
-/// kinds) covering `work` units by `rows` (grid y before tiling), with the step's `block`,
-/// `rows_per_block` and `threads`; None for an unknown kind.
-pub fn launch_dims(launch: &str, work: u32, rows: u32, block: u32, rows_per_block: u32, threads: u32) -> Option<(u32, u32, u32)> {
-    Some(match launch {
-        "per_element" => (work.div_ceil(block), rows, block),
-        "warp_per_row" | "warp_per_output" => (work.div_ceil(block), rows, 32 * block),
-        "warp_per_tile" => (work.div_ceil(block), rows.div_ceil(16), 32 * block),
-        "warpgroup_per_tile" => (work, rows.div_ceil(64), 128),
-        "block_per_row" => (work, rows, 32 * block),
-        // the decode GEMVs: `block` outputs per block of `threads` (default 4 warps)
-        "outputs_per_block" => (work.div_ceil(block), rows.div_ceil(rows_per_block.max(1)), threads),
-        _ => return None,
-    })
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn buffer_suffixes_name_their_base_and_shape() {
-        // a warp-specialized matmul's x map: the 16-bit copy's node, 64- or 128-row boxes
-        assert_eq!(xmap_base("model.layers.0.input_layernorm@bf16@xmap128"), Some(("model.layers.0.input_layernorm@bf16", 128)));
-        assert_eq!(xmap_base("h@bf16@xmap64").and_then(|(b, _)| half_base(b)), Some("h"));
-        assert_eq!(xmap_base("h@bf16@xmapx"), None);
-        assert_eq!(xmap_base("h@bf16"), None);
-        // the weights' maps (the SwiGLU tiles' half-height boxes too)
-        assert_eq!(tmap_base("model.layers.0.mlp.gate_proj.weight@tmap56"), Some(("model.layers.0.mlp.gate_proj.weight", 56)));
-        assert_eq!(tmap_base("w"), None);
-        assert_eq!(kvmap_base("model.layers.0.attn.k_cache.write@kvmap16"), Some(("model.layers.0.attn.k_cache.write", 16)));
-        assert_eq!(kvmap_base("kc@kvmap"), None);
-        assert_eq!(splitk_base("o@splitk4"), Some(("o", 4)));
-    }
-
-    #[test]
     fn launch_dims_cover_the_work() {
         // the warp-specialized tile: 384 threads, a block per 256 columns and 128 rows
-        assert_eq!(launch_dims("outputs_per_block", 4096, 4096, 256, 128, 384), Some((16, 32, 384)));
-        assert_eq!(launch_dims("outputs_per_block", 4096, 100, 256, 128, 384), Some((16, 1, 384)));
-        assert_eq!(launch_dims("no_such_kind", 1, 1, 1, 1, 1), None);
+        use crate::plan::LaunchKind;
+        assert_eq!(LaunchKind::OutputsPerBlock.dims(4096, 4096, 256, 128, 384), Some((16, 32, 384)));
+        assert_eq!(LaunchKind::OutputsPerBlock.dims(4096, 100, 256, 128, 384), Some((16, 1, 384)));
+        assert_eq!(LaunchKind::None.dims(1, 1, 1, 1, 1), None);
+        // in the plan by name; another name does not parse
+        assert_eq!(serde_json::to_string(&LaunchKind::WarpgroupPerTile).unwrap(), "\"warpgroup_per_tile\"");
+        let e = serde_json::from_str::<LaunchKind>("\"no_such_kind\"").unwrap_err().to_string();
+        assert!(e.contains("unknown variant `no_such_kind`"), "{e}");
     }
 
     #[test]

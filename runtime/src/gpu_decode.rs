@@ -27,14 +27,14 @@ pub struct DecodeReport {
     pub cpu_argmax_equal: Vec<bool>,
 }
 
-pub fn run(plan_path: &Path, prompt_len: usize, steps: usize, cpu_steps: usize) -> anyhow::Result<DecodeReport> {
+pub fn run(plan_path: &Path, prompt_len: usize, steps: usize, cpu_steps: usize, ro: &crate::options::RuntimeOptions) -> anyhow::Result<DecodeReport> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")? as u64;
     let prompt: Vec<u32> = (0..prompt_len as u64).map(|i| (dsc_ir::seeded::splitmix64(i ^ 0x5eed) % vocab) as u32).collect();
     let kv = prompt_len + steps + 1;
     let t_load = std::time::Instant::now();
-    let mut gpu = GpuBackend::new(&graph, &plan, kv)?;
+    let mut gpu = GpuBackend::new(&graph, &plan, kv, ro)?;
     gpu.synchronize()?;
     eprintln!("GPU backend ready in {:.1} s (weights generated/uploaded)", t_load.elapsed().as_secs_f64());
     let mut s = Session::new(&mut gpu);

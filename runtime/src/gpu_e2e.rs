@@ -55,12 +55,12 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-pub fn run(plan_path: &Path, reference: &Path) -> anyhow::Result<Vec<PromptReport>> {
+pub fn run(plan_path: &Path, reference: &Path, ro: &crate::options::RuntimeOptions) -> anyhow::Result<Vec<PromptReport>> {
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let refs: Vec<RefPrompt> = serde_json::from_str(&std::fs::read_to_string(reference).with_context(|| reference.display().to_string())?)?;
     let mut cpu = CpuBackend::new(&graph, &plan, 512)?;
-    let mut gpu = GpuBackend::new(&graph, &plan, 512)?;
+    let mut gpu = GpuBackend::new(&graph, &plan, 512, ro)?;
     let eos = plan.header.tokenizer.as_ref().map(|t| t.eos_ids.clone()).unwrap_or_default();
     let mut reports = vec![];
     for r in &refs {

@@ -62,14 +62,14 @@ fn stats(times: &[f64]) -> (f64, f64) {
 }
 
 /// `base`: the whole-model plan; `others`: (plan, mode) pairs to compare with it.
-pub fn run(base: &Path, others: &[(PathBuf, GpuMode)], prompt_len: usize, steps: usize) -> anyhow::Result<Vec<TpRun>> {
+pub fn run(base: &Path, others: &[(PathBuf, GpuMode)], prompt_len: usize, steps: usize, ro: &crate::options::RuntimeOptions) -> anyhow::Result<Vec<TpRun>> {
     let plan = Plan::open(base)?;
     let graph = plan.graph()?;
     let vocab = plan.header.model.dims["vocab"].as_u64().context("dims.vocab")?;
     let prompt: Vec<u32> = (0..prompt_len as u64).map(|i| (dsc_ir::seeded::splitmix64(i ^ 0x5eed) % vocab) as u32).collect();
     let kv = prompt_len + steps + 1;
     let (want, toks, prefill, times) = {
-        let mut g = GpuBackend::new(&graph, &plan, kv)?;
+        let mut g = GpuBackend::new(&graph, &plan, kv, ro)?;
         decode(&mut g, &prompt, None, steps)?
     };
     let (med, p90) = stats(&times);
@@ -96,7 +96,7 @@ pub fn run(base: &Path, others: &[(PathBuf, GpuMode)], prompt_len: usize, steps:
         anyhow::ensure!(plan.header.model.dims == dims, "{} is another model than {}", path.display(), base.display());
         let graph = plan.graph()?;
         eprintln!("{}: tensor_parallel {} ({mode:?})", path.display(), plan.header.tensor_parallel);
-        let (got, _, prefill, times) = tp::gpu(&graph, &plan, kv, *mode, |ranks| decode(ranks, &prompt, Some(&toks), steps).map_err(|e| crate::RuntimeError::Gpu(e.to_string())))?;
+        let (got, _, prefill, times) = tp::gpu(&graph, &plan, kv, *mode, ro, |ranks| decode(ranks, &prompt, Some(&toks), steps).map_err(|e| crate::RuntimeError::Gpu(e.to_string())))?;
         let (med, p90) = stats(&times);
         let rels: Vec<f64> = want.iter().zip(&got).map(|(a, b)| rel_l2(b, a)).collect();
         let rel = rels.iter().copied().fold(0f64, f64::max);

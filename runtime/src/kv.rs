@@ -81,12 +81,7 @@ impl BlockManager {
         BlockManager {
             block_size,
             refs: vec![0; num_blocks],
-            free: {
-                // (DSC_KV_FIRST_BLOCK=N: a measurement knob — hand out blocks from N on, then
-                // wrap; where a sequence's blocks lie in the pools)
-                let first = std::env::var("DSC_KV_FIRST_BLOCK").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0) % num_blocks.max(1);
-                (first..num_blocks).chain(0..first).map(|b| b as BlockId).collect()
-            },
+            free: (0..num_blocks).map(|b| b as BlockId).collect(),
             key: vec![None; num_blocks],
             cache: HashMap::new(),
             lru: BTreeMap::new(),
@@ -95,6 +90,16 @@ impl BlockManager {
             prefix_caching,
             stats: KvStats { total_blocks: num_blocks, ..Default::default() },
         }
+    }
+
+    /// Hand out free blocks from `first` on, then wrap (`MeasureOptions::kv_first_block`: where
+    /// a sequence's blocks lie in the pools, a measurement knob). Before any block is taken.
+    pub fn starting_at(mut self, first: usize) -> Self {
+        let n = self.free.len();
+        if n > 0 {
+            self.free.rotate_left(first % n);
+        }
+        self
     }
 
     pub fn block_size(&self) -> usize {

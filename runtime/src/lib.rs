@@ -20,6 +20,7 @@ pub mod health;
 pub mod kv;
 pub mod metrics;
 pub mod nvml;
+pub mod options;
 pub mod plan;
 pub mod sampler;
 pub mod scheduler;

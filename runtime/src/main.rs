@@ -121,12 +121,15 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    // (the run-time knobs: read from the environment once, here)
+    let ro = dsc_runtime::options::RuntimeOptions::from_env().map_err(anyhow::Error::msg)?;
+    let ro = &ro;
     match Cli::parse().cmd {
-        Cmd::Run(a) => cli::run(&a),
+        Cmd::Run(a) => cli::run(&a, ro),
         Cmd::Inspect(a) => cli::inspect(&a),
-        Cmd::Serve(a) => cli::serve(&a),
+        Cmd::Serve(a) => cli::serve(&a, ro),
         Cmd::GpuE2e { plan, reference, json } => {
-            let r = dsc_runtime::gpu_e2e::run(&plan, &reference)?;
+            let r = dsc_runtime::gpu_e2e::run(&plan, &reference, ro)?;
             println!("{:<8} {:>5} {:>10} {:>10} {:>9} {:>12} {:>8} {:>10}  result", "prompt", "pos", "max relL2", "mean", "argmax≠", "greedy agree", "margin", "ms/token");
             for p in &r {
                 let agree = p.first_difference.map(|i| format!("{i} of {}", p.reference_ids.len())).unwrap_or_else(|| format!("all {}", p.reference_ids.len()));
@@ -153,7 +156,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::GpuDecode { plan, prompt_len, steps, cpu_check_steps, json } => {
-            let r = dsc_runtime::gpu_decode::run(&plan, prompt_len, steps, cpu_check_steps)?;
+            let r = dsc_runtime::gpu_decode::run(&plan, prompt_len, steps, cpu_check_steps, ro)?;
             println!(
                 "{}: prompt {} tokens, prefill {:.1} ms; {} decode steps: median {:.2} ms ({:.1} tok/s), p90 {:.2} ms; logits finite: {}",
                 r.model, r.prompt_len, r.prefill_ms, r.steps, r.decode_ms_median, r.tokens_per_s, r.decode_ms_p90, r.all_logits_finite
@@ -167,13 +170,13 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(r.all_logits_finite, "non-finite logits");
             anyhow::ensure!(r.cpu_rel_l2.iter().all(|e| *e <= 2e-2), "GPU logits differ from the CPU executor");
             // the serving engine's pipelined greedy decode against its synchronous one
-            let equal = dsc_runtime::bench::pipeline_check(&plan, 4, prompt_len, 24)?;
+            let equal = dsc_runtime::bench::pipeline_check(&plan, 4, prompt_len, 24, ro)?;
             println!("pipelined engine decode (4 sequences, 21-24 tokens): token streams equal to synchronous: {equal}");
             anyhow::ensure!(equal, "pipelined decode differs from synchronous decode");
             Ok(())
         }
         Cmd::ComparePlans { a, b, seqs, prompt_len, new_tokens, min_equal } => {
-            let (equal, differ) = dsc_runtime::bench::compare_plans(&a, &b, seqs, prompt_len, new_tokens)?;
+            let (equal, differ) = dsc_runtime::bench::compare_plans(&a, &b, seqs, prompt_len, new_tokens, ro)?;
             println!("{} vs {}: {equal} of {seqs} greedy streams equal ({new_tokens} tokens); unequal (sequence, first differing token): {differ:?}", a.display(), b.display());
             anyhow::ensure!(equal >= min_equal.unwrap_or(seqs), "only {equal} of {seqs} streams equal");
             Ok(())
@@ -181,7 +184,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::GpuTp { base, nccl, local, prompt_len, steps, json } => {
             use dsc_runtime::tp::GpuMode;
             let others: Vec<_> = local.into_iter().map(|p| (p, GpuMode::Local)).chain(nccl.into_iter().map(|p| (p, GpuMode::Nccl))).collect();
-            let r = dsc_runtime::gpu_tp::run(&base, &others, prompt_len, steps)?;
+            let r = dsc_runtime::gpu_tp::run(&base, &others, prompt_len, steps, ro)?;
             println!("{:<36} {:>3} {:>7} {:>10} {:>9} {:>10} {:>9} {:>8}", "plan", "tp", "mode", "ms/token", "tok/s", "max relL2", "argmax≠", "bitwise");
             for x in &r {
                 println!(
@@ -206,8 +209,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Bench { plan, batches, prefill, prompt_len, new_tokens, json } => {
-            let d = dsc_runtime::bench::decode(&plan, &batches, prompt_len, new_tokens)?;
-            let p = dsc_runtime::bench::prefill(&plan, &prefill)?;
+            let d = dsc_runtime::bench::decode(&plan, &batches, prompt_len, new_tokens, ro)?;
+            let p = dsc_runtime::bench::prefill(&plan, &prefill, ro)?;
             for x in &d {
                 println!("{} decode batch {:>4}: {:>9.1} tok/s  {:>8.2} ms/step", x.model, x.batch, x.decode_tokens_per_s, x.ms_per_step);
             }

@@ -220,6 +220,47 @@ pub enum Scalar {
     RowsTimes(String, i64),
 }
 
+/// How a step's kernel covers its work: the grid and block the runtime launches it with
+/// ([`LaunchKind::dims`]). In the plan's JSON by its snake_case name (`"per_element"`); a plan
+/// naming another kind does not parse.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum LaunchKind {
+    /// `block` threads per block, one per unit of work
+    PerElement,
+    /// a warp per row (`block` rows per block)
+    WarpPerRow,
+    /// a warp per output (`block` warps per block)
+    WarpPerOutput,
+    /// a warp per 8-output tile, 16 activation rows per block (`block` warps per block)
+    WarpPerTile,
+    /// a warpgroup (128 threads) per tile, 64 activation rows per block
+    WarpgroupPerTile,
+    /// a block of `block` warps per row
+    BlockPerRow,
+    /// `block` outputs per block of `threads` threads, `rows_per_block` activation rows (the
+    /// decode GEMVs and the tile matmuls)
+    OutputsPerBlock,
+    /// no kernel (a pure alias)
+    None,
+}
+
+impl LaunchKind {
+    /// (grid x, grid y, threads per block) covering `work` units by `rows` (grid y before
+    /// tiling), with the step's `block`, `rows_per_block` and `threads`; None for [`LaunchKind::None`].
+    pub fn dims(self, work: u32, rows: u32, block: u32, rows_per_block: u32, threads: u32) -> Option<(u32, u32, u32)> {
+        Some(match self {
+            LaunchKind::PerElement => (work.div_ceil(block), rows, block),
+            LaunchKind::WarpPerRow | LaunchKind::WarpPerOutput => (work.div_ceil(block), rows, 32 * block),
+            LaunchKind::WarpPerTile => (work.div_ceil(block), rows.div_ceil(16), 32 * block),
+            LaunchKind::WarpgroupPerTile => (work, rows.div_ceil(64), 128),
+            LaunchKind::BlockPerRow => (work, rows, 32 * block),
+            LaunchKind::OutputsPerBlock => (work.div_ceil(block), rows.div_ceil(rows_per_block.max(1)), threads),
+            LaunchKind::None => return None,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GpuStep {
@@ -230,9 +271,8 @@ pub struct GpuStep {
     /// node buffers passed to the kernel, then `scalars` as i64
     pub args: Vec<String>,
     pub scalars: Vec<Scalar>,
-    /// "per_element", "warp_per_row", "warp_per_output", "block_per_row" or
-    /// "outputs_per_block" (grid x = ceil(work / block), 128 threads)
-    pub launch: String,
+    /// how `work` and `grid_y` map to the grid ([`LaunchKind::dims`])
+    pub launch: LaunchKind,
     /// threads (per_element), outputs (outputs_per_block) or warps (the others) per block
     pub block: u32,
     /// threads per block of an "outputs_per_block" kernel (default 128)
@@ -320,14 +360,13 @@ impl GpuStep {
     /// The kernel to run instead of `kernel` for a step of `rows` output rows, if any: on
     /// sm_90a the first `hopper` kernel whose row range holds `rows`; else the first batched
     /// GEMV (`few`) whose row range holds `rows`; else on sm_90a `hopper_small`, elsewhere
-    /// `large` from its min_rows. `few`: whether the batched GEMVs may be used (DSC_NO_FEW
-    /// turns them off).
-    pub fn alternative(&self, rows: i64, hopper: bool, few: bool) -> Option<&GpuLarge> {
+    /// `large` from its min_rows.
+    pub fn alternative(&self, rows: i64, hopper: bool) -> Option<&GpuLarge> {
         let fits = |l: &&GpuLarge| rows >= l.min_rows && l.max_rows.is_none_or(|m| rows <= m);
         if let Some(h) = self.hopper.iter().filter(|_| hopper).find(fits) {
             return Some(h);
         }
-        if let Some(f) = self.few.iter().filter(|_| few).find(fits) {
+        if let Some(f) = self.few.iter().find(fits) {
             return Some(f);
         }
         let rest = match &self.hopper_small {
@@ -343,6 +382,74 @@ fn one_u32() -> u32 {
 }
 fn is_one_u32(v: &u32) -> bool {
     *v == 1
+}
+
+/// What a step's buffer argument is. The schedule names the buffers it derives from a node by
+/// the node's name and a tag (`{node}@bf16`, `{x}@xmap64`, ...): readable in the plan, and read
+/// here only, by [`BufferRef::parse`] (the plan's validation parses every argument, so an
+/// unknown tag fails the load naming the step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferRef<'a> {
+    /// a graph node's own buffer: an activation, a weight, a KV pool, an input
+    Node(&'a str),
+    /// `{node}@bf16`, `{node}@f16`: a 16-bit copy of a node a cast step writes (the prefill
+    /// matmuls' operand), of the node's shape
+    Half { node: &'a str, f16: bool },
+    /// `{node}@split{S}`: the split decode attention's partial states, [T, H, S·(D + 2)] for a
+    /// [T, H, D] node
+    SplitParts { node: &'a str, parts: usize },
+    /// `{node}@splitk{S}`: a split-K matmul's partial sums, [S, ..] of the node's shape
+    SplitK { node: &'a str, parts: usize },
+    /// `{weight}@tmap{rows}`: the `CUtensorMap` of a 16-bit weight in `rows`-row boxes (the TMA
+    /// matmuls, sm_90a), made once at load
+    WeightMap { weight: &'a str, rows: u32 },
+    /// `{x}@xmap{rows}`: the tensor map of the 16-bit activation `x` (itself a buffer name,
+    /// e.g. `h@bf16`) at its place in a bucket's arena (the warp-specialized matmul)
+    ActivationMap { x: &'a str, rows: u32 },
+    /// `{pool}@kvmap{rows}`: the tensor map of a bf16 KV pool (the wgmma prefill attention)
+    PoolMap { pool: &'a str, rows: u32 },
+    /// `{node}@sync`: a u32 counter per token, zero between uses (the one-token attention with
+    /// the o projection folded in)
+    Sync { node: &'a str },
+}
+
+impl<'a> BufferRef<'a> {
+    /// The role of buffer `name`; Err for a tag this runtime does not know.
+    pub fn parse(name: &'a str) -> std::result::Result<Self, String> {
+        let Some((base, tag)) = name.rsplit_once('@') else { return Ok(BufferRef::Node(name)) };
+        let num = |prefix: &str| tag.strip_prefix(prefix).filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).and_then(|n| n.parse::<u32>().ok());
+        let r = match tag {
+            "bf16" | "f16" => Some(BufferRef::Half { node: base, f16: tag == "f16" }),
+            "sync" => Some(BufferRef::Sync { node: base }),
+            _ if tag.starts_with("splitk") => num("splitk").map(|s| BufferRef::SplitK { node: base, parts: s as usize }),
+            _ if tag.starts_with("split") => num("split").map(|s| BufferRef::SplitParts { node: base, parts: s as usize }),
+            _ if tag.starts_with("tmap") => num("tmap").map(|rows| BufferRef::WeightMap { weight: base, rows }),
+            _ if tag.starts_with("xmap") => num("xmap").map(|rows| BufferRef::ActivationMap { x: base, rows }),
+            _ if tag.starts_with("kvmap") => num("kvmap").map(|rows| BufferRef::PoolMap { pool: base, rows }),
+            _ => None,
+        };
+        match r {
+            Some(r) if !base.is_empty() => Ok(r),
+            _ => Err(format!("buffer `{name}`: unknown tag `@{tag}` (bf16, f16, sync, split<S>, splitk<S>, tmap<R>, xmap<R>, kvmap<R>)")),
+        }
+    }
+
+    /// [`BufferRef::parse`] of a name already validated (the plan's arguments): an unknown tag
+    /// reads as a node of that name.
+    pub fn of(name: &'a str) -> Self {
+        Self::parse(name).unwrap_or(BufferRef::Node(name))
+    }
+
+    /// The graph node whose shape (and element type, for `Half`) the buffer derives from: the
+    /// name without its tags.
+    pub fn node(self) -> &'a str {
+        match self {
+            BufferRef::Node(n) | BufferRef::Half { node: n, .. } | BufferRef::SplitParts { node: n, .. } | BufferRef::SplitK { node: n, .. } | BufferRef::Sync { node: n } => n,
+            BufferRef::WeightMap { weight, .. } => weight,
+            BufferRef::PoolMap { pool, .. } => pool,
+            BufferRef::ActivationMap { x, .. } => BufferRef::of(x).node(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -367,9 +474,8 @@ pub struct GpuLarge {
     pub smem: Option<u32>,
     pub kernel: String,
     pub scalars: Vec<Scalar>,
-    /// "warp_per_tile": grid x = ceil(work / block), grid y = ceil(grid_y / 16);
-    /// "warpgroup_per_tile": grid x = work, grid y = ceil(grid_y / 64), 128 threads
-    pub launch: String,
+    /// how `work` and `grid_y` map to the grid ([`LaunchKind::dims`])
+    pub launch: LaunchKind,
     pub block: u32,
     pub work: Scalar,
     pub grid_y: Scalar,
@@ -642,6 +748,11 @@ impl PlanHeader {
             let threads = |what: &str, t: u32| if (1..=MAX_THREADS).contains(&t) { Ok(()) } else { Err(format!("{what}: {t} threads per block (1 to {MAX_THREADS})")) };
             for st in &g.steps {
                 let at = |f: &str| format!("gpu step `{}`: {f}", st.node);
+                // (every buffer argument's role: an unknown tag is not a buffer this runtime has)
+                let args = st.args.iter().chain(std::iter::once(&st.node)).chain(st.large.iter().chain(&st.hopper).chain(&st.hopper_small).chain(&st.few).filter_map(|l| l.args.as_ref()).flatten());
+                for a in args {
+                    BufferRef::parse(a).map_err(|e| at(&e))?;
+                }
                 if st.kernel.is_some() && !(1..=1 << 20).contains(&st.block) {
                     return Err(at(&format!("block {} (1 to {})", st.block, 1 << 20)));
                 }
@@ -914,7 +1025,7 @@ mod tests {
             smem: None,
             kernel: kernel.into(),
             scalars: vec![],
-            launch: "outputs_per_block".into(),
+            launch: LaunchKind::OutputsPerBlock,
             block: 1,
             work: Scalar::Const(1),
             grid_y: Scalar::Const(1),
@@ -925,7 +1036,7 @@ mod tests {
             kernel: Some("gemv".into()),
             args: vec![],
             scalars: vec![],
-            launch: "outputs_per_block".into(),
+            launch: LaunchKind::OutputsPerBlock,
             block: 4,
             threads: Some(128),
             work: Scalar::Const(1),
@@ -946,28 +1057,30 @@ mod tests {
             cluster: None,
             argmax: None,
         };
-        let pick = |rows, hopper, few| step.alternative(rows, hopper, few).map(|l| l.kernel.as_str());
+        let pick = |rows, hopper| step.alternative(rows, hopper).map(|l| l.kernel.as_str());
         // one row: the GEMV everywhere
-        assert_eq!(pick(1, true, true), None);
-        assert_eq!(pick(1, false, true), None);
+        assert_eq!(pick(1, true), None);
+        assert_eq!(pick(1, false), None);
         // batched decode: the batched GEMVs on any target, each in its rows, up to the max
-        assert_eq!(pick(2, true, true), Some("few"));
-        assert_eq!(pick(15, false, true), Some("few"));
-        assert_eq!(pick(16, false, true), Some("few16"));
-        assert_eq!(pick(127, true, true), Some("few16"));
-        assert_eq!(pick(128, false, true), Some("few16"));
+        assert_eq!(pick(2, true), Some("few"));
+        assert_eq!(pick(15, false), Some("few"));
+        assert_eq!(pick(16, false), Some("few16"));
+        assert_eq!(pick(127, true), Some("few16"));
+        assert_eq!(pick(128, false), Some("few16"));
         // the Hopper matmuls in their rows, ahead of the batched GEMV; mma.sync past the GEMV
-        assert_eq!(pick(32, true, true), Some("pipe64"));
-        assert_eq!(pick(64, true, true), Some("pipe64"));
-        assert_eq!(pick(65, true, true), Some("few16"));
-        assert_eq!(pick(32, false, true), Some("few16"));
-        assert_eq!(pick(128, true, true), Some("wgmma64"));
-        assert_eq!(pick(129, true, true), Some("wgmma64"));
-        assert_eq!(pick(129, false, true), Some("mma"));
-        // without the batched GEMV: wgmma16 below wgmma64's rows, mma.sync from 16, else GEMV
-        assert_eq!(pick(8, true, false), Some("wgmma16"));
-        assert_eq!(pick(8, false, false), None);
-        assert_eq!(pick(16, false, false), Some("mma"));
+        assert_eq!(pick(32, true), Some("pipe64"));
+        assert_eq!(pick(64, true), Some("pipe64"));
+        assert_eq!(pick(65, true), Some("few16"));
+        assert_eq!(pick(32, false), Some("few16"));
+        assert_eq!(pick(128, true), Some("wgmma64"));
+        assert_eq!(pick(129, true), Some("wgmma64"));
+        assert_eq!(pick(129, false), Some("mma"));
+        // without batched GEMVs: wgmma16 below wgmma64's rows, mma.sync from 16, else GEMV
+        let no_few = GpuStep { few: vec![], ..step.clone() };
+        let pick = |rows, hopper| no_few.alternative(rows, hopper).map(|l| l.kernel.as_str());
+        assert_eq!(pick(8, true), Some("wgmma16"));
+        assert_eq!(pick(8, false), None);
+        assert_eq!(pick(16, false), Some("mma"));
         // a step with a row range runs only inside it (the split attention's merge)
         let merge = GpuStep { min_rows: Some(2), max_rows: Some(128), ..step.clone() };
         assert!(!merge.runs_at(1) && merge.runs_at(2) && merge.runs_at(128) && !merge.runs_at(129));
@@ -1004,22 +1117,26 @@ mod tests {
     }
 
     #[test]
-    fn derived_buffers_name_their_base_node() {
-        assert_eq!(crate::gpu::half_base("model.norm@bf16"), Some("model.norm"));
-        assert_eq!(crate::gpu::half_base("x@f16"), Some("x"));
-        assert_eq!(crate::gpu::half_base("x"), None);
-        assert_eq!(crate::gpu::split_base("layers.0.attn@split16"), Some(("layers.0.attn", 16)));
-        assert_eq!(crate::gpu::split_base("a@split"), None);
-        assert_eq!(crate::gpu::split_base("a@splitx"), None);
-        assert_eq!(crate::gpu::split_base("a"), None);
-        assert_eq!(crate::gpu::splitk_base("layers.0.mlp.down_proj@splitk4"), Some(("layers.0.mlp.down_proj", 4)));
-        assert_eq!(crate::gpu::splitk_base("a@split16"), None);
-        assert_eq!(crate::gpu::splitk_base("a@splitkx"), None);
-        // (the attention's parser does not take a split-K buffer for its own)
-        assert_eq!(crate::gpu::split_base("a@splitk4"), None);
-        assert_eq!(crate::gpu::tmap_base("model.layers.0.mlp.down_proj.weight@tmap128"), Some(("model.layers.0.mlp.down_proj.weight", 128)));
-        assert_eq!(crate::gpu::tmap_base("w@tmap"), None);
-        assert_eq!(crate::gpu::tmap_base("w@bf16"), None);
+    fn derived_buffers_name_their_role_and_base_node() {
+        use BufferRef as B;
+        let p = |n| BufferRef::parse(n).unwrap();
+        assert_eq!(p("model.norm"), B::Node("model.norm"));
+        assert_eq!(p("model.norm@bf16"), B::Half { node: "model.norm", f16: false });
+        assert_eq!(p("x@f16"), B::Half { node: "x", f16: true });
+        assert_eq!(p("layers.0.attn@split16"), B::SplitParts { node: "layers.0.attn", parts: 16 });
+        assert_eq!(p("layers.0.mlp.down_proj@splitk4"), B::SplitK { node: "layers.0.mlp.down_proj", parts: 4 });
+        assert_eq!(p("model.layers.0.mlp.down_proj.weight@tmap128"), B::WeightMap { weight: "model.layers.0.mlp.down_proj.weight", rows: 128 });
+        assert_eq!(p("model.layers.0.attn.k_cache.write@kvmap16"), B::PoolMap { pool: "model.layers.0.attn.k_cache.write", rows: 16 });
+        assert_eq!(p("layers.0.attn@sync"), B::Sync { node: "layers.0.attn" });
+        // a warp-specialized matmul's x map: of the 16-bit copy, whose node is the base
+        assert_eq!(p("model.layers.0.input_layernorm@bf16@xmap128"), B::ActivationMap { x: "model.layers.0.input_layernorm@bf16", rows: 128 });
+        assert_eq!(p("h@bf16@xmap64").node(), "h");
+        assert_eq!(p("w@tmap56").node(), "w");
+        // malformed or unknown tags are errors naming the buffer
+        for bad in ["a@split", "a@splitx", "a@splitkx", "w@tmap", "kc@kvmap", "h@bf16@xmapx", "x@nope", "@bf16", "a@split-1"] {
+            let e = BufferRef::parse(bad).unwrap_err();
+            assert!(e.contains(&format!("buffer `{bad}`")), "{e}");
+        }
     }
 
     #[test]

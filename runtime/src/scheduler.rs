@@ -93,11 +93,20 @@ pub struct SchedulerConfig {
     /// pipelined greedy steps launched at once (as one CUDA graph on the GPU: the steps chained
     /// under PDL, no graph launch or input kernel between them): up to this many positions of
     /// the same rows, each fed the previous one's token on the device, where every row is
-    /// greedy and nothing waits for admission; 1: one step at a time. [`MULTI_STEP`] by
-    /// default, DSC_MULTI_STEP=k (1..=16) overrides
+    /// greedy and nothing waits for admission; 1: one step at a time
+    /// (`RuntimeOptions::multi_step`; [`crate::options::MULTI_STEP`] by default)
     pub multi_step: usize,
+    /// `MeasureOptions::kv_first_block`: the block manager hands out blocks from this one on
+    pub kv_first_block: usize,
     /// when a step in flight counts as stalled ([`crate::health`])
     pub watchdog: crate::health::Watchdog,
+}
+
+impl SchedulerConfig {
+    /// The defaults with the run-time options' pipelining, multi-step k and KV block start.
+    pub fn of(ro: &crate::options::RuntimeOptions) -> Self {
+        SchedulerConfig { pipeline: ro.pipeline, multi_step: ro.multi_step, kv_first_block: ro.measure.kv_first_block, ..Default::default() }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -110,24 +119,14 @@ impl Default for SchedulerConfig {
             rate: [None, None, None],
             starvation: Duration::from_secs(10),
             queue_timeout: Duration::from_secs(600),
-            pipeline: std::env::var_os("DSC_NO_PIPELINE").is_none(),
-            multi_step: multi_step_from_env(),
+            pipeline: true,
+            multi_step: crate::options::MULTI_STEP,
+            kv_first_block: 0,
             watchdog: Default::default(),
         }
     }
 }
 
-/// Pipelined greedy steps launched at once by default: 4 — SmolLM2 shape b1 3,925 -> 4,005-4,013
-/// tok/s in a b1-only process, 3,930 -> 3,965 in the harness's b1-to-b128 one; k = 3, 5, 6
-/// within 0.3% of it, 2 no gain, 8 and 16 less (more of a run's steps fall back to single
-/// ones near its length limit); b8-b128 and the 8B shape neutral
-/// (bench/results/session20-2026-12-01.json).
-pub const MULTI_STEP: usize = 4;
-
-/// DSC_MULTI_STEP=k (1..=16; 1: one step at a time), else [`MULTI_STEP`].
-pub fn multi_step_from_env() -> usize {
-    std::env::var("DSC_MULTI_STEP").ok().and_then(|v| v.parse::<usize>().ok()).filter(|k| (1..=16).contains(k)).unwrap_or(MULTI_STEP)
-}
 
 /// What a client asks for (already tokenized and validated).
 pub struct GenRequest {
@@ -341,7 +340,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         let buckets = cfg.rate.map(|r| r.map(|(rate, burst)| Bucket { tokens: burst, rate, burst, at: now }));
         Engine {
             backend,
-            bm: BlockManager::new(blocks, bs, cfg.prefix_caching),
+            bm: BlockManager::new(blocks, bs, cfg.prefix_caching).starting_at(cfg.kv_first_block),
             cfg,
             tok,
             metrics,

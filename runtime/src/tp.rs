@@ -149,8 +149,19 @@ pub enum GpuMode {
     Local,
 }
 
+impl GpuMode {
+    /// `RuntimeOptions::tp_local`: every rank on GPU 0
+    pub fn of(opts: &crate::options::RuntimeOptions) -> Self {
+        if opts.tp_local {
+            GpuMode::Local
+        } else {
+            GpuMode::Nccl
+        }
+    }
+}
+
 /// Every rank on a GPU.
-pub fn gpu<R>(graph: &Graph, plan: &Plan, kv_tokens: usize, mode: GpuMode, f: impl FnOnce(&mut Ranks) -> Result<R>) -> Result<R> {
+pub fn gpu<R>(graph: &Graph, plan: &Plan, kv_tokens: usize, mode: GpuMode, opts: &crate::options::RuntimeOptions, f: impl FnOnce(&mut Ranks) -> Result<R>) -> Result<R> {
     let world = plan.header.tensor_parallel;
     let group = ThreadGroup::new(world);
     let id = if mode == GpuMode::Nccl && world > 1 {
@@ -170,7 +181,7 @@ pub fn gpu<R>(graph: &Graph, plan: &Plan, kv_tokens: usize, mode: GpuMode, f: im
         world,
         |rank| {
             let device = if mode == GpuMode::Nccl { rank } else { 0 };
-            GpuBackend::new_rank(graph, plan, kv_tokens, RankSpec { device, rank, world }, |stream| {
+            GpuBackend::new_rank(graph, plan, kv_tokens, opts, RankSpec { device, rank, world }, |stream| {
                 Ok(match (mode, world, id) {
                     (_, 1, _) => GpuCollective::Single,
                     (GpuMode::Local, _, _) => GpuCollective::Local(group.handle(rank)),

@@ -264,6 +264,8 @@ fn plans_with_out_of_bound_fields_are_clear_errors() {
         ("tensor_parallel is 100000", Box::new(|h| h.tensor_parallel = 100_000)),
         ("more than 1099511627776 elements", Box::new(|h| h.weights.tensors[0].shape = vec![1 << 32, 1 << 32, 1 << 32])),
         ("by file name only", Box::new(|h| h.weights.files.push(dsc_runtime::plan::SourceFile { path: "/etc/passwd".into(), len: 1, sha256: String::new() }))),
+        // a buffer argument whose tag names no buffer the runtime has (`plan::BufferRef`)
+        ("unknown tag `@nope`", Box::new(|h| h.gpu.as_mut().expect("a GPU program").steps[0].args.push("x@nope".into()))),
     ];
     for (want, f) in cases {
         let mut h = base.clone();
