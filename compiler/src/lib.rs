@@ -183,19 +183,7 @@ pub fn lower_gpu_traced(
     let steps: Vec<GpuStep> = steps
         .iter()
         .map(|s| {
-            // (launch kind, block, activation rows per block, threads when the kind needs them)
-            let shape = |l: Option<dsc_codegen::Launch>| match l {
-                Some(dsc_codegen::Launch::PerElement { threads }) => (LaunchKind::PerElement, threads, 1, None),
-                Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => (LaunchKind::WarpPerRow, rows_per_block, 1, None),
-                Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => (LaunchKind::WarpPerOutput, warps_per_block, 1, None),
-                Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => (LaunchKind::WarpPerTile, warps_per_block, 1, None),
-                Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => (LaunchKind::WarpgroupPerTile, 4, 1, None),
-                Some(dsc_codegen::Launch::BlockPerRow { warps }) => (LaunchKind::BlockPerRow, warps, 1, None),
-                Some(dsc_codegen::Launch::OutputsPerBlock { outputs, rows, warps }) => (LaunchKind::OutputsPerBlock, outputs, rows, Some(32 * warps)),
-                // (the same grid; its dynamic shared memory goes into `smem`)
-                Some(dsc_codegen::Launch::Tile { outputs, rows, threads, .. }) => (LaunchKind::OutputsPerBlock, outputs, rows, Some(threads)),
-                None => (LaunchKind::None, 0, 1, None),
-            };
+            let shape = launch_shape;
             let (launch, block, _, threads) = shape(s.kernel.as_ref().map(|k| k.launch()));
             let big = |l: &dsc_codegen::schedule::Large| {
                 let (launch, block, rows_per_block, threads) = shape(Some(l.kernel.launch()));
@@ -314,6 +302,24 @@ fn lifetimes(graph: &dsc_ir::Graph, steps: &[GpuStep]) -> Vec<dsc_runtime::plan:
         }
     }
     life
+}
+
+/// How the plan launches a kernel of launch `l` (None: no kernel): (launch kind, block,
+/// activation rows per block, threads where the kind needs them). With
+/// `LaunchKind::dims` this is the runtime's launch geometry; the kernel-check bundle uses the same.
+pub fn launch_shape(l: Option<dsc_codegen::Launch>) -> (LaunchKind, u32, u32, Option<u32>) {
+    match l {
+        Some(dsc_codegen::Launch::PerElement { threads }) => (LaunchKind::PerElement, threads, 1, None),
+        Some(dsc_codegen::Launch::WarpPerRow { rows_per_block }) => (LaunchKind::WarpPerRow, rows_per_block, 1, None),
+        Some(dsc_codegen::Launch::WarpPerOutput { warps_per_block }) => (LaunchKind::WarpPerOutput, warps_per_block, 1, None),
+        Some(dsc_codegen::Launch::WarpPerTile { warps_per_block }) => (LaunchKind::WarpPerTile, warps_per_block, 1, None),
+        Some(dsc_codegen::Launch::WarpgroupPerTile { .. }) => (LaunchKind::WarpgroupPerTile, 4, 1, None),
+        Some(dsc_codegen::Launch::BlockPerRow { warps }) => (LaunchKind::BlockPerRow, warps, 1, None),
+        Some(dsc_codegen::Launch::OutputsPerBlock { outputs, rows, warps }) => (LaunchKind::OutputsPerBlock, outputs, rows, Some(32 * warps)),
+        // (the same grid; its dynamic shared memory goes into `smem`)
+        Some(dsc_codegen::Launch::Tile { outputs, rows, threads, .. }) => (LaunchKind::OutputsPerBlock, outputs, rows, Some(threads)),
+        None => (LaunchKind::None, 0, 1, None),
+    }
 }
 
 #[cfg(test)]

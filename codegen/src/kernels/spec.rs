@@ -32,6 +32,19 @@ pub enum Launch {
     Tile { outputs: u32, rows: u32, threads: u32, smem: u32 },
 }
 
+impl Launch {
+    /// The work units of a step whose kernel covers `outputs` output columns, as the schedule
+    /// writes its `work` and the runtime's launch kind divides it into blocks: 8-column tiles
+    /// (warp per tile), `n_tile`-column tiles (warpgroup per tile), else the columns themselves.
+    pub fn work_units(&self, outputs: usize) -> usize {
+        match self {
+            Launch::WarpPerTile { .. } => outputs.div_ceil(8),
+            Launch::WarpgroupPerTile { n_tile } => outputs.div_ceil(*n_tile as usize),
+            _ => outputs,
+        }
+    }
+}
+
 impl KernelSpec {
     /// The matmul kernel under the wrappers that reshape its grid or arguments but not its
     /// tile (`SplitK`, `MatMulParts`, `MatMulAct`, `Tma`), and the part widths of a merged

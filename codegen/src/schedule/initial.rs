@@ -401,7 +401,9 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     let one_row = if wide { KernelSpec::MatMulWide { k, n: nn, wdtype, bias, residual } } else { KernelSpec::MatMul { k, n: nn, wdtype, bias, residual } };
     let (kernel, scalars) = wrap(one_row, vec![Scalar::Const(nn as i64)]).ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
     let mut st = Step { kernel: Some(kernel), args, scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..Step::new(name) };
-    let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>, work: usize| {
+    // (the step's work in its kernel's units: `Launch::work_units`)
+    let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>| {
+        let work = spec.launch().work_units(nn);
         wrap(spec, vec![rows.clone(), Scalar::Const(nn as i64)]).map(|(kernel, scalars)| Large {
             min_rows,
             max_rows,
@@ -413,7 +415,7 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         })
     };
     if k % 16 == 0 {
-        st.large = large(KernelSpec::MatMulMma { k, n: nn, wdtype, bias, residual }, 16, None, nn.div_ceil(8));
+        st.large = large(KernelSpec::MatMulMma { k, n: nn, wdtype, bias, residual }, 16, None);
     }
     if k % 64 == 0 {
         // Hopper: 64-column tiles from 128 rows (prefill), 16-column tiles for 2..127 rows
@@ -426,14 +428,14 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         let (lo64, hi64) = pipe64_rows(o, nn);
         let p64 = o.pipe64_tiling(nn);
         let small = (half && hi64 >= lo64)
-            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: p64.bn, stages: p64.stages, overlap: p64.overlap, a16: p64.a16, bm: p64.bm }, lo64, Some(hi64), nn))
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: p64.bn, stages: p64.stages, overlap: p64.overlap, a16: p64.a16, bm: p64.bm }, lo64, Some(hi64)))
             .flatten();
         // (first fit: the 128-row tiles take the rows from pipe_min_rows that the 64-row
         // ones leave, below and above their range)
         let big = half
-            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(o, nn, bn), None, nn))
+            .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(o, nn, bn), None))
             .flatten()
-            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None, nn.div_ceil(64)));
+            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, 128, None));
         // (long prefills: 256-column tiles where N's 128-column ones would be used, from the
         // rows where the wide tiles still give WIDE_MIN_TILES blocks: half the x traffic per
         // FLOP; DSC_GEMM_WIDE=0 at compile time off)
@@ -441,11 +443,11 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
             .then(|| {
                 let w = crate::kernels::PipeTiling { bn: 256, ..crate::kernels::pipe_tiling(6144) };
                 let from = (WIDE_MIN_TILES.div_ceil(nn / 256) * crate::kernels::PIPE_BM) as i64;
-                large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: w.bn, stages: w.stages, overlap: w.overlap, a16: w.a16, bm: w.bm }, from, None, nn)
+                large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: w.bn, stages: w.stages, overlap: w.overlap, a16: w.a16, bm: w.bm }, from, None)
             })
             .flatten();
         st.hopper = small.into_iter().chain(wide).chain(big).collect();
-        st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None, nn.div_ceil(16));
+        st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None);
     }
     if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) {
         // 2..=few_max rows (batched decode): a GEMV-shaped kernel reading each weight once per
@@ -461,11 +463,11 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         let (x16_min, few_max) = (o.few_x16_min, o.gemv_few_max);
         if wdtype != DType::F32 && few_x16 && x16_min <= few_max {
             if x16_min > 2 {
-                st.few.extend(large(f32x, 2, Some(x16_min - 1), nn));
+                st.few.extend(large(f32x, 2, Some(x16_min - 1)));
             }
-            st.few.extend(large(KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }, x16_min.max(2), Some(few_max), nn));
+            st.few.extend(large(KernelSpec::MatMulFewX16 { k, n: nn, wdtype, bias, residual }, x16_min.max(2), Some(few_max)));
         } else {
-            st.few.extend(large(f32x, 2, Some(few_max), nn));
+            st.few.extend(large(f32x, 2, Some(few_max)));
         }
     }
     Ok(st)

@@ -243,7 +243,7 @@ pub(super) fn paged_flash(cx: &mut Cx) -> anyhow::Result<()> {
                 kernel: spec.symbol(),
                 // (the wgmma kernel: heads per block as its launch says)
                 grid: grid(&spec.launch(), h).0,
-                grid_y: t.div_ceil(16 * mtiles * warps) as u32,
+                grid_y: grid_rows(&spec.launch(), t),
                 block: grid(&spec.launch(), 1).1,
                 inputs: inputs.clone(),
                 scalars: vec![t as i64, mb as i64],

@@ -132,17 +132,20 @@ fn part_major(rowmajor: &[f32], m: usize, parts: &[usize]) -> Vec<f32> {
     out
 }
 
+/// (grid x, threads per block) of a kernel launched as `launch` over `n` outputs: the
+/// runtime's launch geometry (the plan's launch kind, `crate::launch_shape`, and
+/// `LaunchKind::dims`), the work in the units the schedule gives it (`Launch::work_units`).
 fn grid(launch: &Launch, n: usize) -> (u32, u32) {
-    match launch {
-        Launch::PerElement { threads } => ((n as u32).div_ceil(*threads), *threads),
-        Launch::WarpPerRow { rows_per_block } => ((n as u32).div_ceil(*rows_per_block), 32 * rows_per_block),
-        Launch::WarpPerOutput { warps_per_block } => ((n as u32).div_ceil(*warps_per_block), 32 * warps_per_block),
-        Launch::BlockPerRow { warps } => (n as u32, 32 * warps),
-        Launch::WarpPerTile { warps_per_block } => ((n as u32).div_ceil(8).div_ceil(*warps_per_block), 32 * warps_per_block),
-        Launch::WarpgroupPerTile { n_tile } => ((n as u32).div_ceil(*n_tile), 128),
-        Launch::OutputsPerBlock { outputs, warps, .. } => ((n as u32).div_ceil(*outputs), 32 * warps),
-        Launch::Tile { outputs, threads, .. } => ((n as u32).div_ceil(*outputs), *threads),
-    }
+    let (kind, block, rows_per_block, threads) = crate::launch_shape(Some(launch.clone()));
+    let (gx, _, t) = kind.dims(launch.work_units(n) as u32, 1, block, rows_per_block, threads.unwrap_or(128)).expect("a kernel's launch");
+    (gx, t)
+}
+
+/// Grid y of a kernel launched as `launch` over `rows` activation rows (the runtime's geometry:
+/// the tiled kinds cover several rows per block).
+fn grid_rows(launch: &Launch, rows: usize) -> u32 {
+    let (kind, block, rows_per_block, threads) = crate::launch_shape(Some(launch.clone()));
+    kind.dims(1, rows as u32, block, rows_per_block, threads.unwrap_or(128)).expect("a kernel's launch").1
 }
 
 /// A pipelined-matmul check case once more warp-specialized (`KernelSpec::Ws`): x and the
