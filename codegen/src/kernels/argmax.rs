@@ -6,6 +6,30 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `argmax` kernel (`KernelSpec::symbol`).
+pub(crate) fn argmax_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::ArgmaxFold { inner } => format!("{}_argmax", inner.symbol()),
+            KernelSpec::Argmax { d } => format!("argmax_d{d}"),
+            KernelSpec::ArgmaxSplit { d, splits } => format!("argmax_split{splits}_d{d}"),
+            KernelSpec::ArgmaxCluster { d, blocks } => format!("argmax_c{blocks}_d{d}"),
+        other => unreachable!("{other:?} is not a argmax kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `argmax` kernel (`KernelSpec::launch`).
+pub(crate) fn argmax_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
+            // (grid x: the splits, grid y: the rows — set by the runtime)
+            KernelSpec::ArgmaxSplit { .. } => Launch::BlockPerRow { warps: ARGMAX_SPLIT_WARPS as u32 },
+            KernelSpec::ArgmaxCluster { .. } => Launch::BlockPerRow { warps: ARGMAX_CLUSTER_WARPS as u32 },
+            KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::ArgmaxFold { inner } => inner.launch(),
+        other => unreachable!("{other:?} is not a argmax kernel (kernels::family)"),
+    }
+}
+
 /// Warps of the argmax kernel's block (one block per row of a width that is a multiple of 4:
 /// a row of 128,256 logits is 63 16-byte loads per thread, [`ARGMAX_UNROLL`] in flight).
 pub const ARGMAX_WARPS: usize = 16;

@@ -5,6 +5,39 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `elementwise` kernel (`KernelSpec::symbol`).
+pub(crate) fn elementwise_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
+            KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
+            KernelSpec::SiluMulHalf { f16 } => format!("binary_silu_mul_f32_{}", if *f16 { "f16" } else { "bf16" }),
+            KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
+            KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
+            KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
+            KernelSpec::Softmax { d } => format!("softmax_d{d}"),
+            KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
+            KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
+            KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
+            KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
+            KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
+        other => unreachable!("{other:?} is not a elementwise kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `elementwise` kernel (`KernelSpec::launch`).
+pub(crate) fn elementwise_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::Unary(_) | KernelSpec::Binary(_) | KernelSpec::SiluMulHalf { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::Softmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::Gather { .. } | KernelSpec::SeededInit { .. } | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
+        other => unreachable!("{other:?} is not a elementwise kernel (kernels::family)"),
+    }
+}
+
 /// The elementwise and data-movement kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     Ok(match spec {

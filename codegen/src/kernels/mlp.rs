@@ -6,6 +6,24 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `mlp` kernel (`KernelSpec::symbol`).
+pub(crate) fn mlp_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
+                format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}{}", if *fpw == 2 { String::new() } else { format!("_fpw{fpw}") })
+            }
+        other => unreachable!("{other:?} is not a mlp kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `mlp` kernel (`KernelSpec::launch`).
+pub(crate) fn mlp_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
+        other => unreachable!("{other:?} is not a mlp kernel (kernels::family)"),
+    }
+}
+
 /// Whether the fused one-token MLP kernel (`KernelSpec::SwiGluDown`) takes a [K] x, F
 /// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
 /// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most

@@ -1,11 +1,13 @@
 //! Kernel generators: each emits one `gpu.func` in MLIR text, specialised to its shapes
 //! (the kernel cache keys on the spec, so identical layers share one kernel).
 //!
-//! One file per op family, each owning its kernels' emitters, tunables and `fits` checks:
+//! One file per op family, each owning its kernels' symbols (`<family>_symbol`), launch
+//! geometry (`<family>_launch`), emitters (`<family>_kernel`), tunables and `fits` checks, and
+//! the lowering of the ops it is the kernel of (`lower_rms_norm`, `lower_paged_attention`):
 //! `norm`, `elementwise`, `rope`, `argmax`, `mlp`, `matmul/{common,gemv,mma,pipe}`,
-//! `attention/{paged,flash,qkv}`; the spec and its launch geometry in `spec`, the MLIR text
-//! builder in `body`. [`emit_into`] dispatches a spec to its family. A new family (MoE, MLA)
-//! gets its own file (or folder) and one arm there.
+//! `attention/{paged,flash,qkv}`; the spec's fields in `spec`, the MLIR text builder in `body`.
+//! [`family`] maps every spec to its family (exhaustively). A new family (MoE, MLA) gets its own
+//! file (or folder), a [`Family`] variant and its arms in [`family`].
 //!
 //! Calling convention: global pointers (`!llvm.ptr<1>`) for tensors, in operand order, then
 //! the output, then i64 scalars. [`Launch`] says how the runtime sizes the grid.
@@ -126,10 +128,27 @@ pub fn emits(spec: &KernelSpec) -> bool {
     emit_for(spec, true).is_ok() && emit_for(spec, false).is_ok()
 }
 
-/// The kernel's body into `b`; returns its parameter list.
-fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
-    Ok(match spec {
-        KernelSpec::RmsNorm { .. } | KernelSpec::RmsNormHalf { .. } | KernelSpec::SplitKReduceNorm { .. } | KernelSpec::LayerNorm { .. } => norm_kernel(b, spec)?,
+/// The kernel families, one file (or folder) each: every spec belongs to one ([`family`]),
+/// whose file owns its symbol, launch geometry and emitter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    Norm,
+    Elementwise,
+    Rope,
+    Argmax,
+    Gemv,
+    Mma,
+    Pipe,
+    Mlp,
+    Flash,
+    Paged,
+    Qkv,
+}
+
+/// The family of `spec` (exhaustive: a new spec variant must pick one here).
+pub(crate) fn family(spec: &KernelSpec) -> Family {
+    match spec {
+        KernelSpec::RmsNorm { .. } | KernelSpec::RmsNormHalf { .. } | KernelSpec::SplitKReduceNorm { .. } | KernelSpec::LayerNorm { .. } => Family::Norm,
         KernelSpec::Unary(..)
         | KernelSpec::SiluMulHalf { .. }
         | KernelSpec::Binary(..)
@@ -142,9 +161,9 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         | KernelSpec::TopK { .. }
         | KernelSpec::Transpose { .. }
         | KernelSpec::Concat { .. }
-        | KernelSpec::Gather { .. } => elementwise_kernel(b, spec)?,
-        KernelSpec::QkvRopeSplitK { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::QkvRopeCache { .. } | KernelSpec::CacheWrite { .. } => rope_kernel(b, spec)?,
-        KernelSpec::ArgmaxFold { .. } | KernelSpec::Argmax { .. } | KernelSpec::ArgmaxCluster { .. } | KernelSpec::ArgmaxSplit { .. } => argmax_kernel(b, spec)?,
+        | KernelSpec::Gather { .. } => Family::Elementwise,
+        KernelSpec::QkvRopeSplitK { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::QkvRopeCache { .. } | KernelSpec::CacheWrite { .. } => Family::Rope,
+        KernelSpec::ArgmaxFold { .. } | KernelSpec::Argmax { .. } | KernelSpec::ArgmaxCluster { .. } | KernelSpec::ArgmaxSplit { .. } => Family::Argmax,
         KernelSpec::MatMulParts { .. }
         | KernelSpec::NormMatMul { .. }
         | KernelSpec::MatMul { .. }
@@ -156,13 +175,30 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         | KernelSpec::RowGather { .. }
         | KernelSpec::ZeroFill { .. }
         | KernelSpec::MatMulCopy { .. }
-        | KernelSpec::SwiGluGemv { .. } => gemv_kernel(b, spec)?,
-        KernelSpec::MatMulFewX16 { .. } | KernelSpec::MatMulMma { .. } | KernelSpec::MatMulWgmma { .. } => mma_kernel(b, spec)?,
-        KernelSpec::Ws { .. } | KernelSpec::Tma { .. } | KernelSpec::SplitK { .. } | KernelSpec::SwiGluPipe { .. } | KernelSpec::MatMulPipe { .. } => pipe_kernel(b, spec)?,
-        KernelSpec::SwiGluDown { .. } => mlp_kernel(b, spec)?,
-        KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => flash_kernel(b, spec)?,
-        KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => paged_kernel(b, spec)?,
-        KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => qkv_kernel(b, spec)?,
+        | KernelSpec::SwiGluGemv { .. } => Family::Gemv,
+        KernelSpec::MatMulFewX16 { .. } | KernelSpec::MatMulMma { .. } | KernelSpec::MatMulWgmma { .. } => Family::Mma,
+        KernelSpec::Ws { .. } | KernelSpec::Tma { .. } | KernelSpec::SplitK { .. } | KernelSpec::SwiGluPipe { .. } | KernelSpec::MatMulPipe { .. } => Family::Pipe,
+        KernelSpec::SwiGluDown { .. } => Family::Mlp,
+        KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => Family::Flash,
+        KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => Family::Paged,
+        KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => Family::Qkv,
+    }
+}
+
+/// The kernel's body into `b`; returns its parameter list.
+fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    Ok(match family(spec) {
+        Family::Norm => norm_kernel(b, spec)?,
+        Family::Elementwise => elementwise_kernel(b, spec)?,
+        Family::Rope => rope_kernel(b, spec)?,
+        Family::Argmax => argmax_kernel(b, spec)?,
+        Family::Gemv => gemv_kernel(b, spec)?,
+        Family::Mma => mma_kernel(b, spec)?,
+        Family::Pipe => pipe_kernel(b, spec)?,
+        Family::Mlp => mlp_kernel(b, spec)?,
+        Family::Flash => flash_kernel(b, spec)?,
+        Family::Paged => paged_kernel(b, spec)?,
+        Family::Qkv => qkv_kernel(b, spec)?,
     })
 }
 

@@ -3,10 +3,62 @@
 //! it (`RmsNormHalf`), LayerNorm, and the split-K reduce fused with the RMSNorm after it
 //! (`SplitKReduceNorm`: on sm_90a a cluster of blocks per row). The norm folded into a GEMV's
 //! prologue is the GEMV's (`NormMatMul`, `matmul/gemv.rs`). Semantics: `dsc_ir::exec`'s CPU
-//! executor (`rms_norm`: x · g / sqrt(mean(x²) + eps)); tests: `kernels/tests.rs`,
-//! codegen/tests/ptxas*.rs and the kernel bundle's `rms_norm` cases on the GPU.
+//! executor (`rms_norm`: x · g / sqrt(mean(x²) + eps)). This file also owns the family's
+//! symbols and launch geometry (`norm_symbol`, `norm_launch`), the lowering of `rms_norm`
+//! (`lower_rms_norm`) and its unit tests; ptxas runs over it in codegen/tests, and on the GPU
+//! the bundle's cases in compiler/src/gpu_bundle/norm.rs.
 
 use crate::kernels::*;
+use crate::schedule::{NodeCx, Scalar, Step};
+use crate::CodegenError;
+
+/// The lowering of `rms_norm`: a block (or warp) per row; `fused`: the decode GEMVs reading it
+/// normalize in their prologue, so one-row steps skip it (`schedule::fusable_norms`).
+pub(crate) fn lower_rms_norm(cx: &NodeCx, args: Vec<String>, eps: f32, fused: bool) -> Result<Step, CodegenError> {
+    let d = cx.node.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| cx.err("rms_norm needs a constant last dim"))?;
+    if cx.ops[1].ty.dtype != DType::F32 {
+        return Err(cx.err("rms_norm weight must be f32"));
+    }
+    let rows = Scalar::Rows(cx.name.to_string());
+    let st = cx.step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![rows.clone()], rows, Scalar::Const(1));
+    Ok(Step { min_rows: fused.then_some(2), ..st })
+}
+
+/// The readable symbol of a `norm` kernel (`KernelSpec::symbol`).
+pub(crate) fn norm_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
+            KernelSpec::RmsNormHalf { d, f16, .. } => format!("rms_norm_d{d}_f32_{}", if *f16 { "f16" } else { "bf16" }),
+            KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, cluster } => format!(
+                "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}{}",
+                if *residual { "_res" } else { "" },
+                match half {
+                    Some(true) => "_f16",
+                    Some(false) => "_bf16",
+                    None => "",
+                },
+                if *cluster > 1 { format!("_c{cluster}") } else { String::new() }
+            ),
+            KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
+        other => unreachable!("{other:?} is not a norm kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `norm` kernel (`KernelSpec::launch`).
+pub(crate) fn norm_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            // a block of 8 warps per row with 16-byte loads (a warp per row leaves a 4096-wide
+            // row as 128 dependent load iterations: 55 us instead of a few)
+            KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if rms_norm_regs(*d).is_some() => Launch::BlockPerRow { warps: rms_norm_regs(*d).expect("checked").0 as u32 },
+            KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
+            KernelSpec::RmsNormHalf { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::LayerNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+            KernelSpec::SplitKReduceNorm { d, cluster, .. } if *cluster > 1 => Launch::BlockPerRow { warps: (d / 4 / cluster / 32).max(1) as u32 },
+            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: SPLITK_NORM_WARPS as u32 },
+        other => unreachable!("{other:?} is not a norm kernel (kernels::family)"),
+    }
+}
 
 /// RMSNorm rows that one block covers in a single pass, 16 bytes per thread per piece kept in
 /// registers: (warps, pieces per thread), the most warps (up to 32) whose threads split the
@@ -425,4 +477,25 @@ pub(crate) fn norm_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
         }
         other => return Err(format!("`{}` is not one of the norms kernels", other.symbol())),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_one_pass_shapes_split_rows_evenly() {
+        assert_eq!(rms_norm_regs(4096), Some((32, 1)));
+        assert_eq!(rms_norm_regs(8192), Some((32, 2)));
+        assert_eq!(rms_norm_regs(2048), Some((16, 1)));
+        assert_eq!(rms_norm_regs(896), Some((7, 1)));
+        // 144 pieces: no multiple of 32 threads divides them; odd widths: no 16-byte pieces
+        assert_eq!(rms_norm_regs(576), None);
+        assert_eq!(rms_norm_regs(30), None);
+        for d in (4..20000).step_by(4) {
+            if let Some((w, per)) = rms_norm_regs(d) {
+                assert!((1..=32).contains(&w) && (1..=4).contains(&per) && w * 32 * per * 4 == d, "{d}");
+            }
+        }
+    }
 }

@@ -6,6 +6,33 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `rope` kernel (`KernelSpec::symbol`).
+pub(crate) fn rope_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::Rope { h, d, theta_bits, interleaved } => {
+                format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            }
+            KernelSpec::CacheWrite { row, kv } => format!("cache_write_row{row}{}", kv_suffix(*kv)),
+            KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
+                format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
+            }
+            KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved, kv } => {
+                format!("rope_cache_write_h{h}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
+            }
+            KernelSpec::QkvRopeSplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
+        other => unreachable!("{other:?} is not a rope kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `rope` kernel (`KernelSpec::launch`).
+pub(crate) fn rope_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::QkvRopeCache { .. } => Launch::PerElement { threads: 256 },
+            KernelSpec::QkvRopeSplitK { inner, .. } => inner.launch(),
+        other => unreachable!("{other:?} is not a rope kernel (kernels::family)"),
+    }
+}
+
 /// The RoPE and KV-cache write kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn rope_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     Ok(match spec {

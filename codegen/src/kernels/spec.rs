@@ -425,213 +425,33 @@ pub struct BinaryOpKey(pub BinaryOp);
 impl KernelSpec {
     /// A stable, readable symbol name.
     pub fn symbol(&self) -> String {
-        match self {
-            KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
-            KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
-            KernelSpec::SiluMulHalf { f16 } => format!("binary_silu_mul_f32_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::RmsNorm { d, .. } => format!("rms_norm_d{d}_f32"),
-            KernelSpec::RmsNormHalf { d, f16, .. } => format!("rms_norm_d{d}_f32_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulWide { k, n, wdtype, bias, residual } => format!("matmul_wide_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
-            KernelSpec::Rope { h, d, theta_bits, interleaved } => {
-                format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
-            }
-            KernelSpec::CacheWrite { row, kv } => format!("cache_write_row{row}{}", kv_suffix(*kv)),
-            KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
-                format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
-            }
-            KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved, kv } => {
-                format!("rope_cache_write_h{h}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
-            }
-            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, group, kv, .. } => {
-                // (16 warps, 4 keys per step and a block per head, the defaults, keep the plain
-                // name)
-                format!(
-                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}{}",
-                    if *warps == 16 { String::new() } else { format!("_w{warps}") },
-                    if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") },
-                    if *group == 1 { String::new() } else { format!("_g{group}") },
-                    kv_suffix(*kv)
-                )
-            }
-            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, group, kv, .. } => {
-                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}{}", if *group == 1 { String::new() } else { format!("_g{group}") }, kv_suffix(*kv))
-            }
-            KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
-            KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
-                format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}{}", if *fpw == 2 { String::new() } else { format!("_fpw{fpw}") })
-            }
-            KernelSpec::MatMulCopy { inner } => format!("{}_copy", inner.symbol()),
-            KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
-            KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
-            KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
-            KernelSpec::Ws { inner } => format!("{}_ws", inner.symbol()),
-            KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
-                // (K/V tiles by TMA: `_wgt`)
-                KernelSpec::FlashAttention { bs, .. } if flash_wg_tma_rows(*bs).is_some() => format!("{}_wgt", inner.symbol()),
-                _ => format!("{}_wg", inner.symbol()),
-            },
-            KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
-            KernelSpec::AttentionO { inner, n, red, splits } => format!(
-                "{}_o{n}{}",
-                inner.symbol(),
-                match (red, splits) {
-                    (false, _) => String::new(),
-                    (true, 1) => "_red".to_string(),
-                    (true, s) => format!("_red{s}"),
-                }
-            ),
-            KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
-            KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
-            KernelSpec::ArgmaxFold { inner } => format!("{}_argmax", inner.symbol()),
-            KernelSpec::GatherX { inner } => format!("{}_gx", inner.symbol()),
-            KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
-            KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
-                format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
-            }
-            KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
-            KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, cluster } => format!(
-                "splitk_reduce{splits}{}_rms_norm_d{d}_e{eps_bits:08x}{}{}",
-                if *residual { "_res" } else { "" },
-                match half {
-                    Some(true) => "_f16",
-                    Some(false) => "_bf16",
-                    None => "",
-                },
-                if *cluster > 1 { format!("_c{cluster}") } else { String::new() }
-            ),
-            KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
-            KernelSpec::SwiGluPipe { inner } => format!("{}_swiglu", inner.symbol()),
-            KernelSpec::QkvRopeSplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
-            KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
-            KernelSpec::Softmax { d } => format!("softmax_d{d}"),
-            KernelSpec::LayerNorm { d, half, .. } => format!("layer_norm_d{d}{}", half.map_or("", |f| if f { "_f16" } else { "_bf16" })),
-            KernelSpec::Argmax { d } => format!("argmax_d{d}"),
-            KernelSpec::ArgmaxSplit { d, splits } => format!("argmax_split{splits}_d{d}"),
-            KernelSpec::ArgmaxCluster { d, blocks } => format!("argmax_c{blocks}_d{d}"),
-            KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
-            KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
-            KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
-            KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
-            KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
-            KernelSpec::MatMulFewX16 { k, n, wdtype, bias, residual } => format!("matmul_few32x16_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => format!("matmul_few{rows}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
-                format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
-            }
-            KernelSpec::MatMulPipe { k, n, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
-                format!(
-                    "matmul_pipe{bn}s{stages}{}{}{}_k{k}_n{n}_{wdtype}{}{}",
-                    if *overlap { "o" } else { "" },
-                    if *a16 { "_a16" } else { "" },
-                    if *bm == PIPE_BM { String::new() } else { format!("_m{bm}") },
-                    if *bias { "_bias" } else { "" },
-                    if *residual { "_res" } else { "" }
-                )
-            }
-            KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::FlashAttention { h, kvh, d, bs, kv, warps, mtiles, .. } => {
-                format!(
-                    "flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}",
-                    if *warps == 4 { String::new() } else { format!("_w{warps}") },
-                    if *mtiles == 1 { String::new() } else { format!("_m{mtiles}") },
-                    kv_suffix(*kv)
-                )
-            }
-            KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
-            KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
+        match family(self) {
+            Family::Norm => norm_symbol(self),
+            Family::Elementwise => elementwise_symbol(self),
+            Family::Rope => rope_symbol(self),
+            Family::Argmax => argmax_symbol(self),
+            Family::Gemv => gemv_symbol(self),
+            Family::Mma => mma_symbol(self),
+            Family::Pipe => pipe_symbol(self),
+            Family::Mlp => mlp_symbol(self),
+            Family::Flash => flash_symbol(self),
+            Family::Paged => paged_symbol(self),
+            Family::Qkv => qkv_symbol(self),
         }
     }
     pub fn launch(&self) -> Launch {
-        match self {
-            KernelSpec::Unary(_) | KernelSpec::Binary(_) | KernelSpec::SiluMulHalf { .. } => Launch::PerElement { threads: 256 },
-            // a block of 8 warps per row with 16-byte loads (a warp per row leaves a 4096-wide
-            // row as 128 dependent load iterations: 55 us instead of a few)
-            KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if rms_norm_regs(*d).is_some() => Launch::BlockPerRow { warps: rms_norm_regs(*d).expect("checked").0 as u32 },
-            KernelSpec::RmsNorm { d, .. } | KernelSpec::RmsNormHalf { d, .. } if d % 4 == 0 => Launch::BlockPerRow { warps: 8 },
-            KernelSpec::RmsNormHalf { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::RmsNorm { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
-                let (w, _, a) = gemv_mma_tiling3();
-                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
-            }
-            KernelSpec::MatMulFewX16 { .. } => {
-                let (w, _, a) = gemv_mma_tiling3();
-                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: GEMV_MMA_ROWS as u32, warps: w as u32 }
-            }
-            KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
-            KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
-            KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
-            KernelSpec::MatMulPipe { bn, stages, a16, bm, .. } => Launch::Tile { outputs: *bn as u32, rows: *bm as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16, *bm) as u32 },
-            KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
-            // (half of a GEMV block's outputs: the other half are the up rows)
-            KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
-            // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
-            KernelSpec::FlashAttention { d, kv, warps, mtiles, .. } => {
-                Launch::Tile { outputs: 1, rows: (16 * *mtiles * *warps) as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv, *warps, *mtiles) as u32 }
-            }
-            KernelSpec::Argmax { d } if d % 4 == 0 => Launch::BlockPerRow { warps: ARGMAX_WARPS as u32 },
-            // (grid x: the splits, grid y: the rows — set by the runtime)
-            KernelSpec::ArgmaxSplit { .. } => Launch::BlockPerRow { warps: ARGMAX_SPLIT_WARPS as u32 },
-            KernelSpec::ArgmaxCluster { .. } => Launch::BlockPerRow { warps: ARGMAX_CLUSTER_WARPS as u32 },
-            KernelSpec::Softmax { .. } | KernelSpec::LayerNorm { .. } | KernelSpec::Argmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Gather { .. }
-            | KernelSpec::Rope { .. }
-            | KernelSpec::RopeCacheWrite { .. }
-            | KernelSpec::CacheWrite { .. }
-            | KernelSpec::QkvRopeCache { .. }
-            | KernelSpec::SeededInit { .. }
-            | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::SplitKReduceNorm { d, cluster, .. } if *cluster > 1 => Launch::BlockPerRow { warps: (d / 4 / cluster / 32).max(1) as u32 },
-            KernelSpec::SplitKReduceNorm { .. } => Launch::BlockPerRow { warps: SPLITK_NORM_WARPS as u32 },
-            // (the stages' mbarriers past the tiles: 8 bytes each)
-            KernelSpec::Tma { inner } => match inner.launch() {
-                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
-                other => other,
-            },
-            // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
-            KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
-                KernelSpec::FlashAttention { d, bs, .. } => {
-                    // (a query head per block; TMA tiles: + the two stages' mbarriers and use
-                    // counts)
-                    let tma = if flash_wg_tma_rows(*bs).is_some() { FLASH_WG_TMA_BYTES } else { 0 };
-                    Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: (flash_wg_smem(*d) + tma) as u32 }
-                }
-                other => other.launch(),
-            },
-            KernelSpec::Ws { inner } => match inner.launch() {
-                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32 },
-                other => other,
-            },
-            KernelSpec::SplitK { inner, splits } => match inner.launch() {
-                // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
-                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
-                other => other,
-            },
-            KernelSpec::PagedAttention { warps, .. } | KernelSpec::PagedAttentionSplit { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
-            KernelSpec::AttentionCombine { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::MatMulParts { inner, .. }
-            | KernelSpec::NormMatMul { inner, .. }
-            | KernelSpec::MatMulAct { inner, .. }
-            | KernelSpec::PrefetchL2 { inner }
-            | KernelSpec::SwiGluPipe { inner }
-            | KernelSpec::QkvRopeSplitK { inner, .. }
-            | KernelSpec::RopeAttention { inner, .. }
-            | KernelSpec::AttentionO { inner, .. }
-            | KernelSpec::QkvAttentionO { inner, .. }
-            | KernelSpec::ZeroFill { inner, .. }
-            | KernelSpec::RowGather { inner }
-            | KernelSpec::ArgmaxFold { inner }
-            | KernelSpec::GatherX { inner }
-            | KernelSpec::MatMulCopy { inner } => inner.launch(),
-            KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
+        match family(self) {
+            Family::Norm => norm_launch(self),
+            Family::Elementwise => elementwise_launch(self),
+            Family::Rope => rope_launch(self),
+            Family::Argmax => argmax_launch(self),
+            Family::Gemv => gemv_launch(self),
+            Family::Mma => mma_launch(self),
+            Family::Pipe => pipe_launch(self),
+            Family::Mlp => mlp_launch(self),
+            Family::Flash => flash_launch(self),
+            Family::Paged => paged_launch(self),
+            Family::Qkv => qkv_launch(self),
         }
     }
 }

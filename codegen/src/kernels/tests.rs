@@ -5,22 +5,6 @@ use super::*;
 use proptest::prelude::*;
 
 #[test]
-fn rms_norm_one_pass_shapes_split_rows_evenly() {
-    assert_eq!(rms_norm_regs(4096), Some((32, 1)));
-    assert_eq!(rms_norm_regs(8192), Some((32, 2)));
-    assert_eq!(rms_norm_regs(2048), Some((16, 1)));
-    assert_eq!(rms_norm_regs(896), Some((7, 1)));
-    // 144 pieces: no multiple of 32 threads divides them; odd widths: no 16-byte pieces
-    assert_eq!(rms_norm_regs(576), None);
-    assert_eq!(rms_norm_regs(30), None);
-    for d in (4..20000).step_by(4) {
-        if let Some((w, per)) = rms_norm_regs(d) {
-            assert!((1..=32).contains(&w) && (1..=4).contains(&per) && w * 32 * per * 4 == d, "{d}");
-        }
-    }
-}
-
-#[test]
 fn merged_matmul_parts_must_fit_whole_blocks() {
     let gemv = KernelSpec::MatMul { k: 64, n: 24, wdtype: DType::BF16, bias: false, residual: false };
     assert!(parts_fit(&gemv, &[16, 8]).is_ok());

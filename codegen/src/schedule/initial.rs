@@ -95,6 +95,27 @@ pub(crate) fn gpu_kv(node: &str, dtype: DType) -> Result<DType, CodegenError> {
     }
 }
 
+/// What a family's lowering of one compute node sees (`kernels::lower_*`): the node, its
+/// operands and their buffer names, the schedule's options.
+pub(crate) struct NodeCx<'a> {
+    pub node: &'a dsc_ir::Node,
+    pub ops: &'a [&'a dsc_ir::Node],
+    pub names: &'a [String],
+    pub name: &'a str,
+    pub opts: &'a ScheduleOptions,
+}
+
+impl NodeCx<'_> {
+    /// A step launching `kernel` for this node.
+    pub fn step(&self, kernel: KernelSpec, args: Vec<String>, scalars: Vec<Scalar>, work: Scalar, grid_y: Scalar) -> Step {
+        Step { kernel: Some(kernel), args, scalars, work, grid_y, ..Step::new(self.name) }
+    }
+    /// An error naming this node.
+    pub fn err(&self, msg: impl Into<String>) -> CodegenError {
+        err(self.name, msg)
+    }
+}
+
 /// The first schedule: a step per compute node in topological order, each with the kernel its
 /// op lowers to and the alternatives by row count (the rewrites in [`REWRITES`] come after).
 pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, CodegenError> {
@@ -119,6 +140,7 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
         }
         let mut args = names.clone();
         args.push(name.clone());
+        let cx = NodeCx { node: n, ops: &ops, names: &names, name: &name, opts: &opts };
         let one = Scalar::Const(1);
         let step = |kernel, args, scalars, work, grid_y| Step { kernel: Some(kernel), args, scalars, work, grid_y, ..Step::new(&name) };
         let alias = |of: &str| Step { alias_of: Some(of.to_string()), ..Step::new(&name) };
@@ -136,15 +158,8 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                 }
                 step(KernelSpec::Binary(BinaryOpKey(*b)), args, vec![Scalar::Numel(name.clone()), Scalar::Numel(names[1].clone())], Scalar::Numel(name.clone()), one)
             }
-            Op::RmsNorm { eps } => {
-                let d = n.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "rms_norm needs a constant last dim"))?;
-                if ops[1].ty.dtype != DType::F32 {
-                    return Err(err(&name, "rms_norm weight must be f32"));
-                }
-                let st = step(KernelSpec::RmsNorm { d, eps_bits: eps.to_bits() }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one);
-                // one-row steps: the decode GEMVs reading it normalize in their prologue
-                Step { min_rows: norms.contains(&id).then_some(2), ..st }
-            }
+            // (one-row steps: the decode GEMVs reading it normalize in their prologue)
+            Op::RmsNorm { eps } => crate::kernels::lower_rms_norm(&cx, args, *eps, norms.contains(&id))?,
             Op::MatMulAct { transpose_b, act } => {
                 // every kernel of the step (decode GEMV and the alternatives) with the bias and
                 // the activation in its epilogue
@@ -248,70 +263,7 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                 let n = Scalar::HalfNumel(names[1].clone());
                 Step { alias_of: Some(names[0].clone()), ..step(spec, vec![names[1].clone(), names[3].clone(), names[2].clone(), names[0].clone()], vec![n.clone()], n, one) }
             }
-            Op::PagedAttention { scale } => {
-                let c = |t: &dsc_ir::TensorType, i: usize| t.shape[i].as_const();
-                let (h, d) = (c(&ops[0].ty, 1), c(&ops[0].ty, 2));
-                let (bs, kvh) = (c(&ops[1].ty, 1), c(&ops[1].ty, 2));
-                let (Some(h), Some(d), Some(bs), Some(kvh)) = (h, d, bs, kvh) else {
-                    return Err(err(&name, "paged attention needs constant heads, head dim and block size"));
-                };
-                let kv = gpu_kv(&name, ops[1].ty.dtype)?;
-                let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: opts.attn_warps, keys: opts.attn_keys, group: 1, kv };
-                let mb = Scalar::Dim(names[5].clone(), 1);
-                // (a block per (token, head): grid x = tokens, y = heads)
-                let st = step(spec, args, vec![Scalar::Rows(name.clone()), mb.clone()], Scalar::Dim(name.clone(), 0), Scalar::Const(h as i64));
-                // prefill (more than 128 tokens: never a decode batch): FlashAttention tiles on
-                // the tensor cores, a block per (64 tokens, head). (Rows here are tokens x heads.)
-                let flash = (d % 16 == 0 && d <= 128 && opts.flash).then(|| Large {
-                    min_rows: 129 * h as i64,
-                    max_rows: None,
-                    args: None,
-                    kernel: KernelSpec::FlashAttention {
-                        h,
-                        kvh,
-                        d,
-                        bs,
-                        scale_bits: scale.to_bits(),
-                        kv,
-                        warps: if kv == DType::F32 || d % 32 != 0 { 4 } else { opts.flash_warps },
-                        mtiles: if kv == DType::F32 || d % 32 != 0 { 1 } else { opts.flash_mtiles },
-                    },
-                    scalars: vec![Scalar::Dim(name.clone(), 0), mb],
-                    work: Scalar::Const(h as i64),
-                    grid_y: Scalar::Dim(name.clone(), 0),
-                });
-                // batched decode (from as many tokens as give ATTN_GROUP_MIN_BLOCKS blocks, up
-                // to the prefill kernel's rows): a block per (token, KV head) taking the KV
-                // head's query heads, each K/V row read once for them, in fewer warps
-                let gw = opts.attn_group_warps;
-                let g = attention_group_size(h, kvh, d, gw);
-                let max_rows = flash.as_ref().map(|f| f.min_rows - 1);
-                let grouped = (g > 1 && opts.attn_group).then(|| Large {
-                    min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
-                    max_rows,
-                    args: None,
-                    kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: gw, keys: opts.attn_group_keys.unwrap_or(opts.attn_keys), group: g, kv },
-                    scalars: st.scalars.clone(),
-                    work: Scalar::Dim(name.clone(), 0),
-                    grid_y: Scalar::Const((h / g) as i64),
-                });
-                // (sm_90a, bf16 pools: the same tiles with both products on wgmma)
-                let wg = flash.as_ref().filter(|f| opts.flash_wgmma && matches!(f.kernel, KernelSpec::FlashAttention { kv: DType::BF16, warps: 4, mtiles: 1, d: crate::kernels::FLASH_WG_D, .. })).map(
-                    |f| {
-                        // (K/V tiles by TMA: the pools' args become their tensor maps,
-                        // `{pool}@kvmap{rows}`, encoded by the runtime once per pool)
-                        let args = crate::kernels::flash_wg_tma_rows(bs).map(|rows| {
-                            let mut a = f.args.clone().unwrap_or_else(|| st.args.clone());
-                            for p in &mut a[1..3] {
-                                *p = format!("{p}@kvmap{rows}");
-                            }
-                            a
-                        });
-                        Large { kernel: KernelSpec::FlashWgmma { inner: Box::new(f.kernel.clone()) }, args: args.or_else(|| f.args.clone()), ..f.clone() }
-                    },
-                );
-                Step { large: flash, few: grouped.into_iter().collect(), hopper: wg.into_iter().collect(), ..st }
-            }
+            Op::PagedAttention { scale } => crate::kernels::lower_paged_attention(&cx, args, *scale)?,
             Op::Softmax | Op::Argmax => {
                 let d = ops[0].ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "needs a constant last dim"))?;
                 if ops[0].ty.dtype != DType::F32 {

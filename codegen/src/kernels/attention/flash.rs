@@ -9,6 +9,47 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `flash` kernel (`KernelSpec::symbol`).
+pub(crate) fn flash_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
+                // (K/V tiles by TMA: `_wgt`)
+                KernelSpec::FlashAttention { bs, .. } if flash_wg_tma_rows(*bs).is_some() => format!("{}_wgt", inner.symbol()),
+                _ => format!("{}_wg", inner.symbol()),
+            },
+            KernelSpec::FlashAttention { h, kvh, d, bs, kv, warps, mtiles, .. } => {
+                format!(
+                    "flash_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}",
+                    if *warps == 4 { String::new() } else { format!("_w{warps}") },
+                    if *mtiles == 1 { String::new() } else { format!("_m{mtiles}") },
+                    kv_suffix(*kv)
+                )
+            }
+        other => unreachable!("{other:?} is not a flash kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `flash` kernel (`KernelSpec::launch`).
+pub(crate) fn flash_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
+            KernelSpec::FlashAttention { d, kv, warps, mtiles, .. } => {
+                Launch::Tile { outputs: 1, rows: (16 * *mtiles * *warps) as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv, *warps, *mtiles) as u32 }
+            }
+            // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
+            KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
+                KernelSpec::FlashAttention { d, bs, .. } => {
+                    // (a query head per block; TMA tiles: + the two stages' mbarriers and use
+                    // counts)
+                    let tma = if flash_wg_tma_rows(*bs).is_some() { FLASH_WG_TMA_BYTES } else { 0 };
+                    Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: (flash_wg_smem(*d) + tma) as u32 }
+                }
+                other => other.launch(),
+            },
+        other => unreachable!("{other:?} is not a flash kernel (kernels::family)"),
+    }
+}
+
 /// Keys per step of the prefill attention's K/V loop.
 pub(crate) const FLASH_KEYS: usize = 64;
 

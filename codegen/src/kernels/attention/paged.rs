@@ -5,10 +5,116 @@
 //! fusions that wrap it (RoPE, cache writes, o projection, q/k/v) are `attention/qkv.rs`'s
 //! wrappers but are written inside `emit_paged_attention`, which is one function (~750 lines)
 //! for the same reason as the prefill attention's: one kernel's loop and its carried state.
-//! Semantics: `dsc_ir::exec`'s `paged_attention`; tests: `kernels/tests.rs`, ptxas tests and
-//! the bundle's `paged_attention` cases on the GPU.
+//! Semantics: `dsc_ir::exec`'s `paged_attention`. This file also owns the family's symbols
+//! and launch geometry (`paged_symbol`, `paged_launch`), the lowering of `paged_attention`
+//! (`lower_paged_attention`: the one-pass step with its grouped and prefill alternatives) and
+//! its lowering tests; ptxas runs over it in codegen/tests, and on the GPU the bundle's cases in
+//! compiler/src/gpu_bundle/attention.rs.
 
 use crate::kernels::*;
+use crate::schedule::{attention_group_size, Large, NodeCx, Scalar, Step, ATTN_GROUP_MIN_BLOCKS};
+use crate::CodegenError;
+
+/// The lowering of `paged_attention`: the decode kernel (a block per token and head), with the
+/// alternatives by rows — the grouped kernel for batched decode (a block per token and KV head),
+/// the prefill kernel on the tensor cores (`flash`), its wgmma variant on sm_90a. The split
+/// kernel for long contexts is a rewrite (`schedule::attention`, `split-attention`).
+pub(crate) fn lower_paged_attention(cx: &NodeCx, args: Vec<String>, scale: f32) -> Result<Step, CodegenError> {
+    let (ops, names, name, opts) = (cx.ops, cx.names, cx.name, cx.opts);
+        let c = |t: &dsc_ir::TensorType, i: usize| t.shape[i].as_const();
+        let (h, d) = (c(&ops[0].ty, 1), c(&ops[0].ty, 2));
+        let (bs, kvh) = (c(&ops[1].ty, 1), c(&ops[1].ty, 2));
+        let (Some(h), Some(d), Some(bs), Some(kvh)) = (h, d, bs, kvh) else {
+            return Err(cx.err("paged attention needs constant heads, head dim and block size"));
+        };
+        let kv = crate::schedule::gpu_kv(name, ops[1].ty.dtype)?;
+        let spec = KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: opts.attn_warps, keys: opts.attn_keys, group: 1, kv };
+        let mb = Scalar::Dim(names[5].clone(), 1);
+        // (a block per (token, head): grid x = tokens, y = heads)
+        let st = cx.step(spec, args, vec![Scalar::Rows(name.to_string()), mb.clone()], Scalar::Dim(name.to_string(), 0), Scalar::Const(h as i64));
+        // prefill (more than 128 tokens: never a decode batch): FlashAttention tiles on
+        // the tensor cores, a block per (64 tokens, head). (Rows here are tokens x heads.)
+        let flash = (d % 16 == 0 && d <= 128 && opts.flash).then(|| Large {
+            min_rows: 129 * h as i64,
+            max_rows: None,
+            args: None,
+            kernel: KernelSpec::FlashAttention {
+                h,
+                kvh,
+                d,
+                bs,
+                scale_bits: scale.to_bits(),
+                kv,
+                warps: if kv == DType::F32 || d % 32 != 0 { 4 } else { opts.flash_warps },
+                mtiles: if kv == DType::F32 || d % 32 != 0 { 1 } else { opts.flash_mtiles },
+            },
+            scalars: vec![Scalar::Dim(name.to_string(), 0), mb],
+            work: Scalar::Const(h as i64),
+            grid_y: Scalar::Dim(name.to_string(), 0),
+        });
+        // batched decode (from as many tokens as give ATTN_GROUP_MIN_BLOCKS blocks, up
+        // to the prefill kernel's rows): a block per (token, KV head) taking the KV
+        // head's query heads, each K/V row read once for them, in fewer warps
+        let gw = opts.attn_group_warps;
+        let g = attention_group_size(h, kvh, d, gw);
+        let max_rows = flash.as_ref().map(|f| f.min_rows - 1);
+        let grouped = (g > 1 && opts.attn_group).then(|| Large {
+            min_rows: (ATTN_GROUP_MIN_BLOCKS.div_ceil(h / g) * h) as i64,
+            max_rows,
+            args: None,
+            kernel: KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits: scale.to_bits(), warps: gw, keys: opts.attn_group_keys.unwrap_or(opts.attn_keys), group: g, kv },
+            scalars: st.scalars.clone(),
+            work: Scalar::Dim(name.to_string(), 0),
+            grid_y: Scalar::Const((h / g) as i64),
+        });
+        // (sm_90a, bf16 pools: the same tiles with both products on wgmma)
+        let wg = flash.as_ref().filter(|f| opts.flash_wgmma && matches!(f.kernel, KernelSpec::FlashAttention { kv: DType::BF16, warps: 4, mtiles: 1, d: crate::kernels::FLASH_WG_D, .. })).map(
+            |f| {
+                // (K/V tiles by TMA: the pools' args become their tensor maps,
+                // `{pool}@kvmap{rows}`, encoded by the runtime once per pool)
+                let args = crate::kernels::flash_wg_tma_rows(bs).map(|rows| {
+                    let mut a = f.args.clone().unwrap_or_else(|| st.args.clone());
+                    for p in &mut a[1..3] {
+                        *p = format!("{p}@kvmap{rows}");
+                    }
+                    a
+                });
+                Large { kernel: KernelSpec::FlashWgmma { inner: Box::new(f.kernel.clone()) }, args: args.or_else(|| f.args.clone()), ..f.clone() }
+            },
+        );
+        Ok(Step { large: flash, few: grouped.into_iter().collect(), hopper: wg.into_iter().collect(), ..st })
+}
+
+/// The readable symbol of a `paged` kernel (`KernelSpec::symbol`).
+pub(crate) fn paged_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::PagedAttention { h, kvh, d, bs, warps, keys, group, kv, .. } => {
+                // (16 warps, 4 keys per step and a block per head, the defaults, keep the plain
+                // name)
+                format!(
+                    "paged_attention_h{h}_kv{kvh}_d{d}_bs{bs}{}{}{}{}",
+                    if *warps == 16 { String::new() } else { format!("_w{warps}") },
+                    if *keys == ATTN_KEYS { String::new() } else { format!("_u{keys}") },
+                    if *group == 1 { String::new() } else { format!("_g{group}") },
+                    kv_suffix(*kv)
+                )
+            }
+            KernelSpec::PagedAttentionSplit { h, kvh, d, bs, warps, keys, splits, min_keys, group, kv, .. } => {
+                format!("paged_attention_split{splits}x{min_keys}_h{h}_kv{kvh}_d{d}_bs{bs}_w{warps}_u{keys}{}{}", if *group == 1 { String::new() } else { format!("_g{group}") }, kv_suffix(*kv))
+            }
+            KernelSpec::AttentionCombine { h, d, splits, min_keys } => format!("attention_combine_h{h}_d{d}_s{splits}x{min_keys}"),
+        other => unreachable!("{other:?} is not a paged kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `paged` kernel (`KernelSpec::launch`).
+pub(crate) fn paged_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::PagedAttention { warps, .. } | KernelSpec::PagedAttentionSplit { warps, .. } => Launch::BlockPerRow { warps: *warps as u32 },
+            KernelSpec::AttentionCombine { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+        other => unreachable!("{other:?} is not a paged kernel (kernels::family)"),
+    }
+}
 
 /// Keys each warp of the decode attention kernel takes per loop step (the default of
 /// [`crate::options::ScheduleOptions::attn_keys`]).
@@ -886,4 +992,124 @@ pub(crate) fn paged_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, St
         KernelSpec::AttentionCombine { h, d, splits, min_keys } => emit_attention_combine(b, *h, *d, *splits, *min_keys)?,
         other => return Err(format!("`{}` is not one of the decode attention kernels", other.symbol())),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! paged_attention's lowering: the kernels and alternatives a graph's attention gets.
+    use super::*;
+    use crate::schedule::*;
+    use crate::ScheduleOptions;
+    use dsc_ir::text;
+
+    /// the production options without the warp-specialized matmuls and the norm fusion
+    fn no_ws() -> ScheduleOptions {
+        ScheduleOptions { ws: false, ws64: false, norm_fusion: false, ..Default::default() }
+    }
+
+    #[test]
+    fn bf16_kv_pools_lower_to_the_16_bit_kernels_and_f16_ones_are_refused() {
+        let src = |kv: &str| {
+            format!("graph \"t\" {{\n  %q = input : f32[T, 32, 128]\n  %k = input : f32[T, 8, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %slots = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : {kv}[NB, 16, 8, 128]\n  %vc = state : {kv}[NB, 16, 8, 128]\n  %kw = cache_write(%kc, %k, %slots) : {kv}[NB, 16, 8, 128]\n  %vw = cache_write(%vc, %k, %slots) : {kv}[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kw, %vw, %pos, %seq, %table) {{scale = 0.088}} : f32[T, 32, 128]\n  output o = %o\n}}\n")
+        };
+        let steps = lower_opts(&text::parse(&src("bf16")).unwrap(), no_ws()).unwrap();
+        let kernels: Vec<&KernelSpec> = steps.iter().flat_map(|s| s.kernel.iter().chain(s.large.iter().map(|l| &l.kernel)).chain(s.few.iter().map(|l| &l.kernel))).collect();
+        let attn = kernels.iter().filter(|k| matches!(k, KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::FlashAttention { .. })).count();
+        assert!(attn >= 3, "{kernels:?}");
+        for k in &kernels {
+            match k {
+                KernelSpec::CacheWrite { kv, .. } | KernelSpec::PagedAttention { kv, .. } | KernelSpec::PagedAttentionSplit { kv, .. } | KernelSpec::FlashAttention { kv, .. } => {
+                    assert_eq!(*kv, DType::BF16, "{k:?}");
+                    assert!(k.symbol().ends_with("_kvbf16"), "{}", k.symbol());
+                }
+                _ => {}
+            }
+        }
+        let e = lower_opts(&text::parse(&src("f16")).unwrap(), no_ws()).unwrap_err().to_string();
+        assert!(e.contains("kw") && e.contains("f16 KV caches"), "{e}");
+    }
+
+    #[test]
+    fn grouped_attention_takes_what_fits_a_lane_and_shared_memory() {
+        // the 8B shape, SmolLM2's, Llama-3-70B's (64 heads over 8), head dim 256, MHA
+        assert_eq!(attention_group_size(32, 8, 128, ATTN_GROUP_WARPS), 4);
+        assert_eq!(attention_group_size(9, 3, 64, ATTN_GROUP_WARPS), 3);
+        assert_eq!(attention_group_size(64, 8, 128, 16), 4);
+        assert_eq!(attention_group_size(16, 4, 256, 16), 2);
+        assert_eq!(attention_group_size(32, 32, 128, 16), 1);
+        // 70B-like: the batched alternative in groups of 4, grid y = 16 head groups
+        let src = "graph \"t\" {\n  %q = input : f32[T, 64, 128]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 8, 128]\n  %vc = state : f32[NB, 16, 8, 128]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.088} : f32[T, 64, 128]\n  output o = %o\n}\n";
+        let steps = lower_opts(&text::parse(src).unwrap(), no_ws()).unwrap();
+        let one = steps.iter().find(|s| s.node == "o" && s.kernel.is_some()).unwrap();
+        let [g] = &one.few[..] else { panic!("{:?}", one.few) };
+        assert!(matches!(g.kernel, KernelSpec::PagedAttention { group: 4, .. }), "{:?}", g.kernel);
+        assert_eq!((g.grid_y.clone(), g.min_rows), (Scalar::Const(16), 8 * 64));
+        let split = steps.iter().find(|s| matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))).unwrap();
+        assert!(matches!(split.kernel, Some(KernelSpec::PagedAttentionSplit { group: 4, .. })), "{:?}", split.kernel);
+        assert_eq!(split.grid_y, Scalar::Const(16 * ATTN_SPLITS as i64));
+    }
+
+    #[test]
+    fn split_kv_makes_decode_attention_two_steps_and_leaves_prefill_to_flash() {
+        let src = "graph \"t\" {\n  %q = input : f32[T, 8, 64]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : f32[NB, 16, 2, 64]\n  %vc = state : f32[NB, 16, 2, 64]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {scale = 0.125} : f32[T, 8, 64]\n  output o = %o\n}\n";
+        let g = text::parse(src).unwrap();
+        let plain = lower_opts(&g, ScheduleOptions { split_kv: false, ..no_ws() }).unwrap();
+        assert!(plain.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::PagedAttentionSplit { .. }))));
+        let steps = lower_opts(&g, ScheduleOptions { split_kv: true, ..no_ws() }).unwrap();
+        let part = format!("o@split{ATTN_SPLITS}");
+        let i = steps.iter().position(|s| s.node == part).expect("the first pass");
+        let (one, wide, first, merge) = (&steps[i - 2], &steps[i - 1], &steps[i], &steps[i + 1]);
+        // the one-pass kernel stays for shorter contexts, and for more rows than the split
+        // takes (with the prefill attention); the two passes take long contexts of few rows
+        assert_eq!((one.node.as_str(), wide.node.as_str()), ("o", "o"));
+        assert!(matches!(one.kernel, Some(KernelSpec::PagedAttention { .. })) && one.kernel == wide.kernel);
+        assert_eq!((one.min_context, one.max_context, one.min_rows), (None, Some(ATTN_SPLIT_FROM_KEYS - 1), None));
+        assert_eq!((wide.min_context, wide.max_context, wide.min_rows), (Some(ATTN_SPLIT_FROM_KEYS), None, Some(ATTN_SPLIT_ROWS + 1)));
+        assert!(one.large.is_some() && wide.large.is_some() && first.large.is_none());
+        assert_eq!((first.min_context, merge.min_context), (Some(ATTN_SPLIT_FROM_KEYS), Some(ATTN_SPLIT_FROM_KEYS)));
+        assert_eq!((first.max_context, merge.max_context), (None, None));
+        assert_eq!((first.max_rows, merge.max_rows), (Some(ATTN_SPLIT_ROWS), Some(ATTN_SPLIT_ROWS)));
+        assert!(matches!(first.kernel, Some(KernelSpec::PagedAttentionSplit { splits: ATTN_SPLITS, min_keys: ATTN_SPLIT_MIN_KEYS, .. })), "{:?}", first.kernel);
+        assert_eq!(first.args.last(), Some(&part));
+        // (a block per (token, head, part): 8 heads, 2 KV heads — too few to group)
+        assert_eq!(first.grid_y, Scalar::Const(8 * ATTN_SPLITS as i64));
+        assert_eq!((one.work.clone(), one.grid_y.clone()), (Scalar::Dim("o".into(), 0), Scalar::Const(8)));
+        // batched decode: a block per (token, KV head) from ATTN_GROUP_MIN_BLOCKS of them, up
+        // to the prefill attention's rows; the split pass has none
+        let [g] = &one.few[..] else { panic!("{:?}", one.few) };
+        assert!(matches!(g.kernel, KernelSpec::PagedAttention { group: 4, warps: ATTN_GROUP_WARPS, .. }), "{:?}", g.kernel);
+        assert_eq!((g.min_rows, g.max_rows), ((ATTN_GROUP_MIN_BLOCKS / 2 * 8) as i64, Some(one.large.as_ref().unwrap().min_rows - 1)));
+        assert_eq!((g.work.clone(), g.grid_y.clone()), (Scalar::Dim("o".into(), 0), Scalar::Const(2)));
+        assert!(first.few.is_empty() && wide.few == one.few);
+        // prefill: FlashAttention (the one-pass steps' alternative) writes o itself
+        assert!(wide.large.as_ref().unwrap().min_rows > ATTN_SPLIT_ROWS);
+        assert_eq!(merge.node, "o");
+        assert!(matches!(merge.kernel, Some(KernelSpec::AttentionCombine { h: 8, d: 64, .. })));
+        assert_eq!(merge.args, [part.as_str(), "pos", "o"]);
+    }
+
+    #[test]
+    fn the_prefill_attention_on_bf16_pools_has_a_wgmma_alternative_for_d_128() {
+        let src = |d: usize| {
+            format!("graph \"t\" {{\n  %q = input : f32[T, 8, {d}]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %kc = state : bf16[NB, 16, 2, {d}]\n  %vc = state : bf16[NB, 16, 2, {d}]\n  %o = paged_attention(%q, %kc, %vc, %pos, %seq, %table) {{scale = 0.125}} : f32[T, 8, {d}]\n  output o = %o\n}}\n")
+        };
+        let attn = |d: usize, opts: ScheduleOptions| {
+            let steps = lower_opts(&text::parse(&src(d)).unwrap(), opts).unwrap();
+            steps.into_iter().find(|s| s.node == "o" && s.large.is_some()).unwrap()
+        };
+        let s = attn(128, ScheduleOptions::default());
+        let large = s.large.as_ref().unwrap();
+        let [wg] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
+        assert!(matches!(&wg.kernel, KernelSpec::FlashWgmma { inner } if **inner == large.kernel), "{:?}", wg.kernel);
+        assert_eq!((wg.min_rows, wg.max_rows, &wg.scalars, &wg.grid_y), (large.min_rows, large.max_rows, &large.scalars, &large.grid_y));
+        // (its K/V tiles by TMA: the pools passed as their tensor maps, boxes of a 16-position
+        // cache block; the other args as the step's)
+        let args = wg.args.as_ref().expect("the TMA kernel's args");
+        assert_eq!(args[1..3], ["kc@kvmap16", "vc@kvmap16"]);
+        assert_eq!((&args[..1], &args[3..]), (&s.args[..1], &s.args[3..]));
+        assert!(wg.kernel.symbol().ends_with("_wgt"), "{}", wg.kernel.symbol());
+        // not for D 64 (failed the kernel check), nor when off
+        assert!(attn(64, ScheduleOptions::default()).hopper.is_empty());
+        assert!(attn(128, ScheduleOptions { flash_wgmma: false, ..ScheduleOptions::default() }).hopper.is_empty());
+    }
 }

@@ -6,6 +6,34 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `qkv` kernel (`KernelSpec::symbol`).
+pub(crate) fn qkv_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::AttentionO { inner, n, red, splits } => format!(
+                "{}_o{n}{}",
+                inner.symbol(),
+                match (red, splits) {
+                    (false, _) => String::new(),
+                    (true, 1) => "_red".to_string(),
+                    (true, s) => format!("_red{s}"),
+                }
+            ),
+            KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
+            KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
+                format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+            }
+        other => unreachable!("{other:?} is not a qkv kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `qkv` kernel (`KernelSpec::launch`).
+pub(crate) fn qkv_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::RopeAttention { inner, .. } | KernelSpec::AttentionO { inner, .. } | KernelSpec::QkvAttentionO { inner, .. } => inner.launch(),
+        other => unreachable!("{other:?} is not a qkv kernel (kernels::family)"),
+    }
+}
+
 /// Where a row of values is read from: a global pointer, or the kernel's shared memory `%sm`
 /// (its memref type) from an element offset.
 pub(crate) enum Src<'a> {

@@ -8,6 +8,43 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `gemv` kernel (`KernelSpec::symbol`).
+pub(crate) fn gemv_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::MatMulWide { k, n, wdtype, bias, residual } => format!("matmul_wide_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::MatMulCopy { inner } => format!("{}_copy", inner.symbol()),
+            KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
+            KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
+            KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
+            KernelSpec::GatherX { inner } => format!("{}_gx", inner.symbol()),
+            KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+            KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
+            KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => format!("matmul_few{rows}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
+            KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
+        other => unreachable!("{other:?} is not a gemv kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `gemv` kernel (`KernelSpec::launch`).
+pub(crate) fn gemv_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
+            KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
+            KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
+                let (w, _, a) = gemv_mma_tiling3();
+                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
+            }
+            KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
+            KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
+            // (half of a GEMV block's outputs: the other half are the up rows)
+            KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
+            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::PrefetchL2 { inner } | KernelSpec::ZeroFill { inner, .. } | KernelSpec::RowGather { inner } | KernelSpec::GatherX { inner } | KernelSpec::MatMulCopy { inner } => inner.launch(),
+        other => unreachable!("{other:?} is not a gemv kernel (kernels::family)"),
+    }
+}
+
 /// Warps per block of the plain-float GEMV (the runtime launches 32 x this many threads for
 /// `outputs_per_block` steps).
 pub const GEMV_WARPS: usize = 4;

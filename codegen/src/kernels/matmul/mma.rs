@@ -4,6 +4,31 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `mma` kernel (`KernelSpec::symbol`).
+pub(crate) fn mma_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::MatMulFewX16 { k, n, wdtype, bias, residual } => format!("matmul_few32x16_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+            KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
+                format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
+            }
+        other => unreachable!("{other:?} is not a mma kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `mma` kernel (`KernelSpec::launch`).
+pub(crate) fn mma_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::MatMulFewX16 { .. } => {
+                let (w, _, a) = gemv_mma_tiling3();
+                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: GEMV_MMA_ROWS as u32, warps: w as u32 }
+            }
+            KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
+            KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
+        other => unreachable!("{other:?} is not a mma kernel (kernels::family)"),
+    }
+}
+
 /// (warps per block, K steps unrolled) of the tensor-core batched GEMV.
 pub fn gemv_mma_tiling() -> (usize, usize) {
     let (w, u, _) = gemv_mma_tiling3();

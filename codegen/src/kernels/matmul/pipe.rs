@@ -7,6 +7,50 @@
 
 use crate::kernels::*;
 
+/// The readable symbol of a `pipe` kernel (`KernelSpec::symbol`).
+pub(crate) fn pipe_symbol(spec: &KernelSpec) -> String {
+    match spec {
+            KernelSpec::SplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
+            KernelSpec::Tma { inner } => format!("{}_tma", inner.symbol()),
+            KernelSpec::Ws { inner } => format!("{}_ws", inner.symbol()),
+            KernelSpec::SwiGluPipe { inner } => format!("{}_swiglu", inner.symbol()),
+            KernelSpec::MatMulPipe { k, n, wdtype, bias, residual, bn, stages, overlap, a16, bm } => {
+                format!(
+                    "matmul_pipe{bn}s{stages}{}{}{}_k{k}_n{n}_{wdtype}{}{}",
+                    if *overlap { "o" } else { "" },
+                    if *a16 { "_a16" } else { "" },
+                    if *bm == PIPE_BM { String::new() } else { format!("_m{bm}") },
+                    if *bias { "_bias" } else { "" },
+                    if *residual { "_res" } else { "" }
+                )
+            }
+        other => unreachable!("{other:?} is not a pipe kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches a `pipe` kernel (`KernelSpec::launch`).
+pub(crate) fn pipe_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+            KernelSpec::MatMulPipe { bn, stages, a16, bm, .. } => Launch::Tile { outputs: *bn as u32, rows: *bm as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16, *bm) as u32 },
+            // (the stages' mbarriers past the tiles: 8 bytes each)
+            KernelSpec::Tma { inner } => match inner.launch() {
+                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
+                other => other,
+            },
+            KernelSpec::Ws { inner } => match inner.launch() {
+                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32 },
+                other => other,
+            },
+            KernelSpec::SplitK { inner, splits } => match inner.launch() {
+                // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
+                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
+                other => other,
+            },
+            KernelSpec::SwiGluPipe { inner } => inner.launch(),
+        other => unreachable!("{other:?} is not a pipe kernel (kernels::family)"),
+    }
+}
+
 /// Rows of x per block of the pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]): two
 /// warpgroups of 64 rows.
 pub const PIPE_BM: usize = 128;
