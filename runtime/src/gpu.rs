@@ -4,6 +4,101 @@
 //! bucket: its inputs and activations allocated once, its launches resolved once, and from
 //! its second run on a CUDA graph that replays them (steps of up to 64 tokens; longer
 //! prefill steps run eagerly on a transient bucket).
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - Context classes: a step may carry `min_context` / `max_context` (plan format v4): it
+//!   launches only when the step batch's longest context (max position + 1) lies in that range
+//!   (`GpuStep::runs_in_context`). The runtime cuts contexts at `GpuProgram::context_bounds`
+//!   (every range's ends) into classes and resolves the schedule once per class, at the class's
+//!   shortest context, so the choice is made per bucket and the CUDA graph stays valid while a
+//!   sequence grows inside its class. Two steps may write one node (the one-pass attention and
+//!   the split's merge, in different classes): one buffer in the memory plan.
+//! - The runtime keeps one *bucket* per step shape and context class (T, S, R, class): input buffers, one activation
+//!   arena laid out by the plan's memory plan (`gpu.buffers`: lifetimes over the schedule;
+//!   `plan::place_buffers` gives offsets once sizes are known, never sharing bytes between
+//!   buffers live at the same step), the resolved launches, and from its second run a CUDA graph
+//!   (steps of ≤ 128 tokens: `CACHED_MAX_TOKENS`; longer ones get a transient bucket).
+//!   **Invariant**: a bucket's arena starts at a 2 MiB boundary (`gpu::ARENA_ALIGN`, the GPU's
+//!   large page; DSC_ARENA_ALIGN overrides): where it fell inside its page moved the SmolLM2
+//!   b1 step by 8% (session 18). Block tables are padded to the most blocks one sequence can have
+//!   (max_seq_len / block size) so MB is fixed.
+//! - A matmul step may carry alternatives to its default kernel (the decode GEMV), picked per
+//!   step by row count in `GpuStep::alternative` (unit-tested): first on sm_90a the first of
+//!   `hopper` (a list of row ranges) that holds the rows — `matmul_pipe*_m64` (64-row tiles, the
+//!   warpgroups splitting the columns: batched decode, `schedule::pipe64_rows(N)`: 32..=64 rows where
+//!   N ≥ 6144, 48..=64 below; tiles of `kernels::pipe64_tiling(N)`: 256, or 224 where that divides N
+//!   and fills the last wave of 132 SMs better — the 8B gate/up —, 128 below 96 tiles), then `matmul_pipe*` above (128-row tiles) from
+//!   `schedule::pipe_min_rows(N, bn)` rows — 16 where N has ≥ 96 column tiles, else 64 — or
+//!   `matmul_wgmma64_*` from 128; then the first of `few` (a list of row
+//!   ranges: the batched-decode GEMVs, any target, up to 128 rows: each weight
+//!   read once per 32 rows with swap-AB `mma.sync` for bf16/f16 weights — `matmul_few32_*` on f32
+//!   x for 2..=15 rows, `matmul_few32x16_*` on the `{x}@bf16` copy from 16 — or per 8 rows on
+//!   the CUDA cores for f32 weights) that holds the rows; then on sm_90a `hopper_small`
+//!   (`matmul_wgmma16_*`), else `large` (`matmul_mma_*`, from 16 rows). `dsc-runtime bench-gemm
+//!   --m ...` times whichever kernel this picks for each row count. The plain-float GEMV (`emit_gemv`) is a block
+//!   of 4 warps per 4 outputs (8 for K ≥ 2,048: `kernels::gemv_tiling`) splitting K, each warp reading 512 contiguous bytes per load
+//!   instruction (the layout of every load decides whether a GEMV streams: see docs/perf.md).
+//!   The tensor-core matmuls take f16 operands for f16 and block-quantized weights, bf16 for
+//!   bf16/f32 (`kernels::tensor_core_f16`). Hopper-only kernels are compiled into the sm_90a PTX alone
+//!   (`KernelSpec::hopper_only`). `gpu.argmax` names the kernel that picks greedy tokens on the
+//!   device (`Backend::step_greedy`) at every row count: a block per row (`gpu.argmax_block`
+//!   threads; plans without the field: the older warp per row, from 8 rows only), or where the
+//!   plan has `gpu.argmax_split` (since session 18: vocabularies of 4·512+ logits) that many
+//!   blocks per row (`KernelSpec::ArgmaxSplit`: partials and a u32 counter per row, allocated
+//!   once by the runtime for up to `SYNC_TOKENS` rows — zero before, reset by the last block),
+//!   and on sm_90a where the plan has
+//!   `gpu.argmax_cluster` a thread-block cluster of 8 blocks per row instead
+//!   (`KernelSpec::ArgmaxCluster`, Hopper-only: the blocks' partials into block 0's shared
+//!   memory, one cluster barrier; DSC_ARGMAX_CLUSTER=0 at compile time leaves it out).
+//!   Pipelined greedy steps
+//!   (`Backend::launch_greedy`) write their ids into two device buffers in turn and copy them to
+//!   pinned host memory on a second stream after an event (`GpuBackend::copy_stream`), so no copy-engine turn sits between a step's
+//!   argmax and the next step. A step's inputs (tokens, positions, seq ids, slots, block table,
+//!   logit rows: one packed span of the arena) go up through the runtime's own kernel
+//!   `dsc_inputs` (`gpu::inputs_ptx`, hand-written PTX loaded beside the plan's module), which
+//!   reads the pinned staging buffer as mapped host memory and, for a fed step, takes the tokens
+//!   from the previous step's ids on the device; on sm_90a a fed step launches its variant `dsc_inputs_pdl`
+//!   (`gpu::inputs_ptx(true)`, the same text with u64 parameters and the wait) with PDL right behind the previous step's argmax — only the threads
+//!   taking a fed id `griddepcontrol.wait`. The logits'
+//!   matmul can keep part of its weight in persisting L2 (`RuntimeOptions::l2_persist_mb`, an access policy
+//!   window as a launch attribute; with the wide lm_head +0.2-0.35% at 8-30 MB, session 19, not
+//!   on by default). The run-time knobs are one `RuntimeOptions` (runtime/src/options.rs: the
+//!   paths `DSC_NO_WGMMA`, `DSC_NO_PDL`, `DSC_NO_CUDA_GRAPHS`, `DSC_NO_PIPELINE`, the tunables, and
+//!   the measurement knobs in `MeasureOptions`), read once by the binaries; at compile time (`CodegenOptions`; the GEMV
+//!   tilings are constants now — A = 2 weight tiles per batched-GEMV block measured +7% for the
+//!   8B at b32 but −15% for SmolLM2, and the override went with the other tiling knobs)
+//!   `DSC_GEMM_PIPE`, `DSC_FEW_X16=1` (the batched GEMV reads the `{x}@bf16` copy: prepared, not
+//!   yet measured), `DSC_GEMV_FEW_MAX` and `DSC_ATTN_WARPS` override the GEMV tilings
+//!   and the decode attention's warps per block, and `DSC_NO_GEMV_PREFETCH=1`,
+//!   `DSC_NO_QKV_ROPE_FUSION=1`, `DSC_NORM_FUSION=1` switch codegen choices, for sweeps
+//!   (`scripts/gpu-sweep.sh`, `SWEEP_ENV` in gpu-prepare.sh; the defaults are the measured best).
+//!   Multi-step decode (on since session 20, `scheduler::MULTI_STEP` = 4; `serve --multi-step k`
+//!   or DSC_MULTI_STEP=k overrides, 1 off; `GpuBackend::with_multi_step`): the scheduler launches k fed greedy steps of the same rows at once
+//!   (`SchedulerConfig::multi_step`, `Engine::pipelined_batches`: every row greedy, nothing
+//!   waiting for admission, k tokens of room, no more rows than `Backend::greedy_steps_rows`;
+//!   `Backend::launch_greedy_steps`), the GPU backend —
+//!   for steps of at most `MULTI_STEP_MAX_ROWS` = 4 rows whose bucket's one-step graph has run
+//!   `MULTI_STEP_MIN_RUNS` = 8 times, on one GPU — as one CUDA graph per bucket in two instances
+//!   used in turn (`gpu::Multi`; both captured at the bucket's first multi-step launch,
+//!   `GpuBackend::capture_multi`). The graph is chained: one `dsc_inputs` launch copies the k
+//!   steps' staged spans (one pinned buffer of k spans) into k copies of the packed span kept in
+//!   the arena after it (`Bucket::multi_at`: room for 2 x `multi_k` spans and id buffers,
+//!   reserved at `prepare` in every cached bucket when DSC_MULTI_STEP allows — only there did the b1 arena land where it runs fast: docs/perf.md "Session 20" item 5), step i's launches take copy i by
+//!   `launch_all_over`'s address overrides and its tokens straight from step i - 1's id buffer
+//!   (also in the arena; the first step's from the other instance's last one), and the logits
+//!   step runs as its plan's `GpuStep::argmax` kernel — `KernelSpec::ArgmaxFold`: the wide
+//!   lm_head whose blocks publish (max, index) partials and whose last block to count writes the
+//!   id (partials and counters `Bucket::fold`) — or, without one, the argmax kernel under PDL: no
+//!   graph launch, input kernel or argmax launch between two steps. The k ids go to pinned host memory on the copy stream as k
+//!   in-flight entries. SmolLM2 shape b1 +4%. Pending steps may run k - 1 positions past the
+//!   tokens the host knows (`Engine::computed` commits only known tokens to the prefix cache).
+//!   Measurement knobs of the runtime: `DSC_GRAPH_REPEAT=n` captures a bucket's launches n
+//!   times in its CUDA graph (the same step recomputed; what a graph launch costs its first
+//!   kernels: ~9 µs of the SmolLM2 shape's 253, session 19), `DSC_SKIP_KERNELS=a,b` leaves out every launch whose
+//!   kernel symbol contains one of the strings (the results are wrong; the step's time without
+//!   them bounds what fusing them away can gain: `scripts/gpu-knockout.sh`), and `dsc-runtime
+//!   compare-plans A B --seqs N` runs the same batched greedy requests through two plans and
+//!   compares the token streams (how a fusion is shown not to change results at batch N).
 
 use crate::engine::{Backend, StepBatch};
 use crate::error::{Result, RuntimeError};

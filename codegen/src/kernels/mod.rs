@@ -11,6 +11,33 @@
 //!
 //! Calling convention: global pointers (`!llvm.ptr<1>`) for tensors, in operand order, then
 //! the output, then i64 scalars. [`Launch`] says how the runtime sizes the grid.
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - Calling convention of every generated kernel: global pointers (`!llvm.ptr<1>`) for the
+//!   operands in order, then the output, then i64 scalars. Launch shapes: `per_element`
+//!   (threads per block), `warp_per_row`, `warp_per_output` (the block-quantized GEMV) and
+//!   `block_per_row` (warps per block), `outputs_per_block` (the plain-float GEMVs: `block`
+//!   outputs per block of `threads` (default 128) threads, grid y = ceil(rows / rows_per_block)),
+//!   `warp_per_tile` (mma.sync matmul: 16×8 tiles, grid y = rows / 16), `warpgroup_per_tile`
+//!   (wgmma). `Launch::Tile` kernels (the pipelined matmul, the prefill attention) are written to
+//!   the plan as `outputs_per_block` with `rows_per_block`, `threads` and `smem` (bytes of dynamic
+//!   shared memory: `gpu.dynamic_shared_memory`; the runtime raises a kernel's limit past 48 KB
+//!   when it loads the plan, `gpu::allow_smem`, and passes the bytes at every launch; the kernel
+//!   check bundle carries them per kernel in `bundle.json`'s `smem`).
+//! - Programmatic dependent launch: the sm_90a module's kernels (`kernels::emit_for(spec,
+//!   true)`) start with `griddepcontrol.launch_dependents; griddepcontrol.wait`; the other
+//!   targets' module is lowered separately without it. Buckets of decode-sized steps (≤ 64
+//!   tokens, `gpu::PDL_MAX_TOKENS`, DSC_PDL_MAX_TOKENS=N; at 128 it was mixed: 8B +1%, the
+//!   SmolLM2 shape -25% with its warp-specialized SwiGLU tile) launch every kernel through `GpuBackend::launch_pdl` (`cuLaunchKernelEx` with
+//!   programmatic stream serialization; captured into the CUDA graph), so a kernel's launch
+//!   overlaps its predecessor; `wait` keeps the data dependency. A kernel launched normally
+//!   passes its `wait` at once. A body may issue the `wait` itself later (`Body::waited`): decode
+//!   GEMVs over ≤ 16 MB of weights first prefetch their weight rows into L2
+//!   (`cp.async.bulk.prefetch.L2`), and every decode GEMV, batched GEMV and pipelined wgmma
+//!   matmul issues its first unrolled round of weight loads (the pipe: its prologue's W
+//!   `cp.async` copies; x's follow the wait, in the same first commit group) before the wait
+//!   (`kernels::gemv_preload`, DSC_GEMV_PRELOAD=0 off) — right because weights never depend on
+//!   the previous kernel: the lowering gives GPU matmuls graph weights only (invariant below).
 
 use crate::options::KernelOptions;
 use dsc_ir::{BinaryOp, DType, UnaryOp};

@@ -7,6 +7,15 @@
 //! symbols and launch geometry (`norm_symbol`, `norm_launch`), the lowering of `rms_norm`
 //! (`lower_rms_norm`) and its unit tests; ptxas runs over it in codegen/tests, and on the GPU
 //! the bundle's cases in compiler/src/gpu_bundle/norm.rs.
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - RMSNorm: one pass from registers when 32·w threads split the row's 16-byte pieces evenly
+//!   (`kernels::rms_norm_regs`: d = 4096 → 32 warps × 1 piece), else a looping 8-warp block.
+//!   The one-row GEMVs reading an RMSNorm compute it in their prologue (`KernelSpec::NormMatMul`,
+//!   over a plain, merged or SwiGLU GEMV) where every reader is such a GEMV over ≤ 16 MB of
+//!   weights (`schedule::fusable_norms`; larger ones are bandwidth-bound and lose by it: measured;
+//!   DSC_NORM_FUSION=0 off): their step's default kernel reads the norm's input and weight, the
+//!   alternatives keep reading its output (`GpuLarge.args`), and the norm's step has `min_rows: 2`.
 
 use crate::kernels::*;
 use crate::schedule::{NodeCx, Scalar, Step};

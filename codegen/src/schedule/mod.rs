@@ -12,6 +12,41 @@
 //! `attention`, `matmul` and `fold` (the rewrites by what they touch), `tests`. A new op
 //! family (MoE, MLA) adds its lowering to `initial` and its rewrites to a file of its own and
 //! to [`REWRITES`].
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - A plan's `gpu.steps` replay the graph in topological order: a step launches a kernel on node
+//!   buffers, or makes the node an alias of another buffer (reshape, same-dtype cast,
+//!   cache_write's pool), optionally `alias_offset` elements in (a *view*: the runtime places the
+//!   node inside its root's buffer). Scalars and grids are expressions over node shapes (`numel`,
+//!   `rows`, `dim`, `rows_times`), evaluated per step once T/S/MB/R/NB are bound.
+//! - Lowering-level fusions (`schedule/`, after the per-node steps; the graph and the CPU oracle
+//!   keep the separate ops): `fuse_qkv_rope_cache` runs rope(q), rope_cache_write(k) and
+//!   cache_write(v) of one merged Q/K/V matmul as one `QkvRopeCache` launch placed at the *last*
+//!   of the three steps (so every buffer it writes is already live and every input still is);
+//!   the other two steps launch nothing. `DSC_NO_QKV_ROPE_FUSION=1` at compile time for A/B.
+//!   `fuse_swiglu`: where silu_mul reads both parts of a two-part gate/up `matmul_cat` with
+//!   plain-float weights, the cat's one-row kernel becomes `SwiGluGemv` (half of each GEMV
+//!   block's outputs from each weight, silu(g)·u in the epilogue) writing silu_mul's buffer —
+//!   named in the cat step's args, so its life starts there — and silu_mul's step gets
+//!   `min_rows: 2`; the cat's alternatives keep their own args and write the cat
+//!   (`DSC_NO_SWIGLU_FUSION=1` for A/B). Order: QKV fusion, SwiGLU, then the prefill casts, which
+//!   start from an alternative's own args. `fuse_rope_attention` (after the split attention; on,
+//!   DSC_ROPE_ATTENTION=0 off): where a `QkvRopeCache` feeds a one-pass decode attention of a
+//!   block per (token, head), that attention step is split — one token (rows = H): a
+//!   `RopeAttention` kernel reading q/k/v before RoPE, each block writing its KV head's rotated
+//!   K row and V row into the pools first (every block of the KV head writes the same values),
+//!   then attending with q rotated on load; more tokens: the original — and `QkvRopeCache` moves
+//!   to a step of its own on the rotated q's node for 2+ tokens, and for one token at contexts
+//!   the split attention takes. One token only: with more, a token may read another's K/V row
+//!   written in the same step. Under PDL, with bf16 pools and head dims up to 64, the pipelined kernel loads
+//!   its first warp step's K/V rows (earlier positions: written by earlier steps, never by the
+//!   kernel before) ahead of `griddepcontrol.wait`; the one warp whose first step holds the token's
+//!   own position takes that row from shared memory, where the cache-write threads also put the
+//!   rotated K and the V row (`kernels::emit_paged_attention`, `early`, `short`; DSC_ATTN_EARLY=0 /
+//!   =all; DSC_ATTN_SHORT=0: reloaded from the pool, and q loaded after the cache write's barrier). Prepared, off (measured slower): `fuse_attention_o` (DSC_ATTN_O=1) folds the o
+//!   projection into that one-token kernel (`KernelSpec::AttentionO`: per-head partials
+//!   `{y}@splitk{H}`, a per-token counter `{y}@sync` the runtime keeps resident and zeroed, the
+//!   last block summing), for W_o slices up to `ATTN_O_MAX_BYTES` per block.
 
 use crate::kernels::{BinaryOpKey, KernelSpec, UnaryOpKey};
 pub use crate::options::{ScheduleOptions, SwiGluFusion, Tma};

@@ -3,6 +3,50 @@
 //! (`AttentionO`), and the q/k/v GEMV with its RMSNorm prologue computed by the attention's own
 //! blocks — a head's blocks a thread-block cluster sharing q/k/v through distributed shared
 //! memory on sm_90a (`QkvAttentionO`). Two kernels per layer at one token.
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - The one-token layer in three kernels (small models at batch 1, where a kernel's dependent
+//!   chain after its PDL wait, not its bytes, sets its time; on by default, SmolLM2 shape b1
+//!   0.361 -> 0.272 ms per step): `fuse_swiglu_down` (DSC_SWIGLU_DOWN=0 off) — where the SwiGLU
+//!   GEMV with the norm prologue feeds the down projection's one-row GEMV (residual = the norm's
+//!   input x, nothing else reading h, h no graph output) and x comes from a one-row plain GEMV
+//!   with a residual (the o projection) — makes the down step's one-row kernel
+//!   `KernelSpec::SwiGluDown` (norm, gate/up, SwiGLU and the down projection; each block's 16
+//!   features' partial sums added into y with `red.global.add`, a warp's reductions on 32
+//!   consecutive floats) and the o step's `MatMulCopy` (its output also stored into y: the
+//!   accumulator seeded with the residual); the SwiGLU step runs from two rows only. Then
+//!   `fuse_attention_o_red` (DSC_ATTN_O_RED=0 off) folds that o GEMV into the one-token RoPE
+//!   attention: `AttentionO { red: true, splits: 4 }` — 4 blocks per head, each running its head's
+//!   attention and adding its quarter of W_o's rows (head 0: + the residual) into x and y — and
+//!   the q/k/v GEMV before it zeroes both (`ZeroFill`, after its wait); the o step keeps two rows
+//!   and more, and one row at the split attention's contexts (where `MatMulCopy` writes both).
+//!   **Invariant**: a buffer a kernel adds into with reductions is zeroed or seeded by an
+//!   earlier kernel of the same step, and no kernel between them reads or writes it; float
+//!   additions in varying order make these one-token steps non-deterministic in the last bits
+//!   (streams compared in the A/Bs: equal).
+//! - The one-token layer in two kernels (session 17; on by default, DSC_QKV_ATTN=0 off):
+//!   `fuse_qkv_attention` folds the q/k/v GEMV (the merged, bias-less bf16 `NormMatMul` that
+//!   zero-fills) into that attention where the one-row kernel before the GEMV is the previous
+//!   layer's fused MLP writing its x: the attention becomes `KernelSpec::QkvAttentionO` (args
+//!   x, g, W_q, W_k, W_v — named by which part of the merged output each view starts at — then
+//!   the rest), the MLP `ZeroFill { SwiGluDown }` (it zeroes the accumulators now), and the GEMV
+//!   runs from two rows, and at one row only past the fused attention's contexts (a plain
+//!   `NormMatMul` step with `min_context`). The first layer keeps three kernels (its GEMV follows
+//!   the embedding gather; fusing it too, the gather zeroing the accumulators, measured slower in
+//!   session 18 and went); instead the gather is folded into
+//!   that GEMV, `GatherX`: it reads the bf16 table row itself and its block 0 writes x (the
+//!   gather runs from two rows only; on since session 19, DSC_GATHER_GEMV=0 at compile time off). On sm_90a a head's 4 blocks (the o projection's splits) are a
+//!   **thread-block cluster** (`KernelSpec::cluster()` -> `GpuStep::cluster`, the runtime's and
+//!   gpu-check's `cuLaunchKernelEx` with `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION` along grid y):
+//!   block r computes elements r·D/4.. of the head's q, k and v (W rows loaded into registers
+//!   before the PDL wait; x and g through shared memory, laid out so the lanes' reads are
+//!   conflict-free), stores them into every block's shared memory (`mapa` +
+//!   `st.shared::cluster`), cluster barrier (release / acquire); then block r takes chunk r of
+//!   the context's keys, and the blocks' partial softmax states go the same way past a second
+//!   cluster barrier, each block combining them for its quarter of the o projection. On sm_80
+//!   (no clusters) the same symbol computes the head's whole q/k/v per block and takes every
+//!   key. `griddepcontrol.wait` carries a memory clobber: without it LLVM sank loads issued
+//!   before it (the attention's W_o and K/V rows) past it.
 
 use crate::kernels::*;
 

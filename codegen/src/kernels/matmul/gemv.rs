@@ -5,6 +5,27 @@
 //! accumulator (`ZeroFill`), an L2 prefetch of the next weights (`PrefetchL2`), a second output
 //! (`MatMulCopy`), an activation (`MatMulAct`) and the SwiGLU GEMV. With PDL the first weights
 //! load before `griddepcontrol.wait`.
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - The logits' row gather (the rows that need logits, `logit_rows`, out of the last hidden
+//!   state) rides on the final RMSNorm (`schedule::fold_row_gather`, `KernelSpec::RowGather`: the
+//!   block-per-row norm reads its row r at row `idx[r]`; the gather's step and buffer go) where
+//!   nothing else reads the gathered rows and they are no graph output (session 18;
+//!   DSC_ROW_GATHER_NORM=0 off).
+//! - A small model's lm_head (one row of a wide, short-rowed 16-bit matrix: N ≥ `GEMV_WIDE_N`,
+//!   K a multiple of 64 up to 768, `kernels::wide_gemv_fits`) runs as the wide GEMV
+//!   (`KernelSpec::MatMulWide`, `emit_gemv_wide`, session 19; DSC_GEMV_WIDE=0 off): 8 lanes per W
+//!   row, so a lane's share of x (9 units of 8 floats for K = 576) is the same for every row and
+//!   stays in registers; each warp walks 8 row groups of 4 rows as one stream of 16-byte units,
+//!   12 loaded ahead (the first ones before `griddepcontrol.wait`), ptxas kept to 168 registers
+//!   (`nvvm.minctasm` 3: the 384 blocks in one wave). The final RMSNorm (with the row gather
+//!   folded in) folds into it (`schedule::fold_norm_into_wide`: `RowGather { NormMatMul {
+//!   MatMulWide } }`, each warp normalizes its registers' share itself; the norm's step runs from
+//!   two rows, for the alternatives; DSC_WIDE_NORM=0 off). SmolLM2 shape: lm_head + norm 18.1 ->
+//!   14.6 µs (3.9 TB/s), 62 launches per b1 step.
+//! - L2 prefetch of the next matmul's weights by the decode attention (`KernelSpec::PrefetchL2`,
+//!   `schedule::prefetch_after_attention`: the weight as the step's first arg, its bytes as the last
+//!   scalar; checked on the H200, measured slower, off: DSC_ATTN_PREFETCH=1 at compile time).
 
 use crate::kernels::*;
 

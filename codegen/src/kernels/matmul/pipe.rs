@@ -4,6 +4,109 @@
 //! Tilings: `pipe_tiling` (128-row tiles) and `pipe64_tiling` (64-row tiles), measured per N.
 //! `emit_gemm_pipe` (~600 lines) is one kernel's prologue, stage ring, MMA loop and epilogue
 //! over shared SSA state.
+//!
+//! Design notes (what each kernel does and why, with the measurements that chose it):
+//! - Prefill matmuls on sm_90a (`hopper`, from 128 rows, bf16/f16 weights): `matmul_pipe{bn}s{S}o_a16_*`
+//!   (`KernelSpec::MatMulPipe`, `kernels::emit_gemm_pipe`): a block of two warpgroups per 128 × bn
+//!   output tile (bn = 256 with 4 stages for N ≥ 6144, 128 with 6 below: `kernels::pipe_tiling`),
+//!   every thread issuing 16-byte `cp.async` copies of x and W K-steps of 64 into a ring of stages
+//!   laid out in the 128-byte swizzle wgmma's K-major descriptors read (rows past M/N zero-filled),
+//!   one commit group per step; each step waits for its group, syncs, starts the copies `S - 2`
+//!   steps ahead, and issues 4 × `wgmma m64n{bn}k16` with both operands from shared memory,
+//!   leaving one wgmma group in flight (two steps per loop iteration: measured wrong with one —
+//!   bench/results/gemm-pipe-2026-11-29.json). x comes in bf16 (f16 for f16 weights): a `ToHalf`
+//!   step (`schedule::insert_half_casts`) writes `{x}@bf16` right before the first matmul reading x,
+//!   (by default — norm + quantize, DSC_NORM_HALF=0 turns it off — an x that an RMSNorm step writes
+//!   gets its copy from that step instead: `RmsNormHalf`, the copy's buffer declared by a
+//!   kernel-less step; a LayerNorm step likewise: `LayerNorm { half: Some(f16) }`; a silu_mul step likewise: `SiluMulHalf`, DSC_SILU_HALF=0 turns it off) with `min_rows` = the fewest rows of any alternative reading it (16: the batched GEMV on
+//!   bf16 x, and the pipelined matmul from 16/64 rows), so batch-1 decode never runs it; the alternative reads it
+//!   through `GpuLarge.args`. `@bf16`/`@f16` buffers (and the split attention's `@split{S}`) are the only step nodes
+//!   that are not graph nodes: the runtime sizes them from their base node, at 2 bytes per
+//!   element (`gpu::half_base`; `gpu::split_base`: [T, H, S·(D + 2)] f32). DSC_GEMM_PIPE=BN,S,O,A overrides the tiling (A = 0: f32 x converted in
+//!   registers, the A operand from registers). Merged matmuls whose parts are not multiples of bn
+//!   keep `matmul_wgmma64_*` (f32 x).
+//! - TMA (`schedule::tma_wrap`, `schedule::Tma`; checked on the H200: bundle cases for every pipelined
+//!   tiling): by default the pipelined wgmma alternatives in 128-row tiles of at most 128
+//!   columns (prefill o/down/q/k/v: +10-24%; the 256-column tiles measured 1-4% slower and the
+//!   64-row decode tiles no faster; DSC_TMA=all wraps every one, DSC_TMA=0 none) are wrapped as
+//!   `KernelSpec::Tma` (also around split-K / merged parts / an activation epilogue): its weight args become
+//!   `{w}@tmap{bn}` — pointers to 128-byte `CUtensorMap`s the runtime encodes once per weight and
+//!   tile height when it loads the plan (`gpu::weight_tensor_map`: box 64 x bn, 128-byte swizzle,
+//!   zero fill) — and thread 0 loads each stage's W tile with one `cp.async.bulk.tensor` on the
+//!   stage's mbarrier (`Body::tma`; x stays on cp.async).
+//! - Warp-specialized matmul (`KernelSpec::Ws`, `schedule::tma_wrap` with `ScheduleOptions::ws`, on;
+//!   DSC_GEMM_WS=0 off; checked on the H200, bundle cases "… ws"): every pipelined alternative in
+//!   128-row tiles with x in 16 bits, unsplit (prefill, b128 decode; around merged parts, an
+//!   activation epilogue or the SwiGLU epilogue) takes it instead of `Tma`; and, with
+//!   `ScheduleOptions::ws64` (on, DSC_GEMM_WS64=0 off), the 64-row batched-decode tiles from
+//!   `schedule::WS64_MIN_ROWS` rows (an alternative reaching below is split in two there, so the
+//!   rows and first fit are unchanged), split-K ones included (the producer adds the part's first
+//!   K step to the box coordinate) — x's map then in 64-row boxes (`@xmap64`), the SwiGLU W tile
+//!   as four boxes (per warpgroup wn/2 gate rows, then wn/2 up rows: `@tmap{wn/2}`). Under PDL the
+//!   producer issues the first round's W boxes before `griddepcontrol.wait` (on already-armed
+//!   full barriers; x's follow the wait); the consumers wait before their epilogue. 384 threads
+//!   (`known_block_size` → `.maxntid 384`): warpgroup 2 is the producer — `setmaxnreg.dec 40`,
+//!   its thread 256 loops over the K steps: wait for the stage's *empty* mbarrier (parity of the
+//!   previous round; a fresh barrier's counts as done), `mbarrier.arrive.expect_tx` the stage's
+//!   bytes on its *full* mbarrier, then one `cp.async.bulk.tensor` for x's tile (box 64 x 128
+//!   rows) and one for W's (the SwiGLU tile: a bn/2-row box from each of the gate and up
+//!   weights) —; warpgroups 0-1 are the consumers — `setmaxnreg.inc 232`, wait for the full
+//!   barrier, 4 wgmmas, keep one group in flight, and after `wgmma.wait_group 1` every consumer
+//!   thread arrives on the previous step's empty barrier (count 256). No block barrier in the K
+//!   loop. Args: x becomes `{x}@xmap128` — the runtime encodes a tensor map of x's place in each
+//!   bucket's arena when it builds the bucket (`gpu::tensor_map_at`; rows past x's are zeros) —
+//!   and each W `{w}@tmap{bn}` (`@tmap{bn/2}` for SwiGLU). Blocks take their tiles rasterized
+//!   (`RASTER_ROWS` = 16 row tiles per group, column by column: a wave shares x's rows and a few
+//!   W tiles in L2; `Body::block_x`/`block_y` carry the remapped indices through the parts
+//!   prologue). The epilogue (`Body::store_d_tile`) stores 8-byte pairs where the thread's rows
+//!   and the tile's columns are in bounds, loading 8 column groups' residual/bias pairs before
+//!   storing any (the per-element path waited for each load in turn: 474 -> 662 TFLOP/s at
+//!   4096³). Long prefills get 256-column tiles where N's default is 128 (`schedule::WIDE_MIN_TILES`:
+//!   from 3 waves of them; DSC_GEMM_WIDE=0 off). Measured: bench/results/gemm-ws-2026-11-30.json,
+//!   perf-2026-11-30-session13.json (4096³ 97% of cuBLAS, down 98%).
+//! - Split-K (on: `schedule::split_k`, at most `SPLIT_K_PARTS` = 4 parts; `DSC_SPLIT_K=S` at compile
+//!   time, 0 off): a plain or merged matmul whose 64-row pipelined tiles number fewer than 64
+//!   (the 8B o/down projections: 32; q/k/v: 48) gets `KernelSpec::SplitK` first in its `hopper`
+//!   list from 16 rows to 128 (`SPLIT_K_MAX_ROWS`; past the 64-row alternative's own 64: two row
+//!   tiles of K parts beat the 128-row tiles' 32-48 blocks there) — the same tile with its K steps cut into S
+//!   parts over blocks (block x = tile·S + part; S = `split_k_parts`: the most that keep tiles x S
+//!   within one wave of `kernels::TARGET_SMS` = 132, so o/down 4, q/k/v 2), part s writing f32
+//!   partial sums at `{node}@splitk{S}` + s·M·N (declared by a kernel-less step;
+//!   `gpu::splitk_base` sizes it [S, ..node]; a merged matmul's slice is part-major like its
+//!   output: `SplitK { inner: MatMulParts { MatMulPipe } }`, `Body::split_n` the slice's width) —
+//!   and a `SplitKReduce` step after it (sum of the parts + the residual into the node) for the
+//!   same rows, `hopper_only` (a `GpuStep` flag: launched only where the hopper alternatives
+//!   run). A reduce whose node an RMSNorm reads next is folded into that norm (on;
+//!   `DSC_SPLITK_NORM=0` off; `fold_splitk_reduce_norm`: a `hopper` alternative of the norm
+//!   step, `SplitKReduceNorm`, summing the parts + residual, writing the node and its normalized
+//!   bf16 copy; since session 20 a thread-block cluster of `kernels::splitk_norm_cluster` = 8
+//!   blocks per row on sm_90a (block r takes columns r·d/8.., its sum of squares goes into every
+//!   block's shared memory by `st.shared::cluster` before one cluster barrier; `GpuLarge::cluster`
+//!   tells the runtime to launch the alternative in clusters along grid y; 8B b32 +2.7%;
+//!   DSC_SPLITK_NORM_CLUSTER=1 at compile time: a block of 32 warps per row as before).
+//! - The SwiGLU in the gate/up matmul (`schedule::fuse_swiglu_pipe`, after the casts;
+//!   `ScheduleOptions::swiglu_pipe`: `SwiGluFusion::All` on — every pipelined alternative that
+//!   does not load W by TMA (`schedule::takes_tma`: the SwiGLU kernel has no TMA path, and the
+//!   SmolLM2 shape's TMA 128-row tile lost 20% at b128 when fused without it) —,
+//!   `DSC_SWIGLU_PIPE=batched` the 64-row tile alone, `DSC_SWIGLU_PIPE=0` off): where a `SiluMulHalf`
+//!   step reads both parts of a merged gate/up matmul, those `hopper` alternatives of that
+//!   matmul become
+//!   `KernelSpec::SwiGluPipe { MatMulPipe }` (args x@bf16, w_gate, w_up, h, h@bf16; scalars M, F):
+//!   each warpgroup's W tile rows are wn/2 gate rows then the same features' up rows
+//!   (`emit_gemm_pipe` maps a W row to (weight, feature); block i takes features bn/2·i..), so
+//!   a thread holds a feature's gate and up accumulators and writes h = silu(g)·u and its bf16
+//!   copy (`store_swiglu_fragments`). The silu_mul step gets `hopper_skip` = that alternative's
+//!   rows (a `GpuStep` field, plan format unchanged for plans without it:
+//!   `GpuStep::runs_on(rows, hopper)` skips it where the Hopper alternatives run). The rows are
+//!   computed as the runtime picks (`schedule::fused_rows`: where the first-fitting `hopper`
+//!   alternative is a fused one), and must be one interval (else only the 64-row tile is fused).
+//!   Likewise (on; DSC_SPLITK_ROPE=0 at compile time off):
+//!   `schedule::fold_splitk_reduce_rope` folds a merged Q/K/V matmul's split-K reduce into the
+//!   `QkvRopeCache` step reading it (`KernelSpec::QkvRopeSplitK`: q, k, v loaded as the sums of
+//!   the partial-sum slices, `Body::load_summed`), where no other step reads the merged node in
+//!   those rows (the one-token attention and RoPE steps do not). The fused
+//!   kernel writes h before h's own step: `compiler::lifetimes` extends h's life to the matmul's
+//!   step, as for every buffer an alternative names.
 
 use crate::kernels::*;
 
