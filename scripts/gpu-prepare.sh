@@ -2,7 +2,10 @@
 # Build what the GPU machine needs into .gpu/ (git-ignored), for three `run` calls:
 #   1. carry [".gpu/check", ".gpu/rtx"]: bash scripts/gpu-check.sh
 #      (the runtime xz-compressed, 2.8 MB: with the bundle's data even the gzipped one, 4.0 MB,
-#      passed a call's 64 MiB since session 21)
+#      passed a call's 64 MiB since session 21; where the tracked tree has grown past it too,
+#      carry [".gpu/rtx"] first: mkdir -p ~/cache && cp .gpu/rtx/dsc-runtime.xz ~/cache/, then
+#      carry [".gpu/check"]: mkdir -p .gpu/rtx && cp ~/cache/dsc-runtime.xz .gpu/rtx/ &&
+#      bash scripts/gpu-check.sh)
 #      (every generated kernel vs the CPU executor's outputs); then carry
 #      [".gpu/dsc-runtime", ".gpu/llama3-8b.plan"]: bash scripts/gpu-check.sh (8B decode, prefill)
 #   2. carry [".gpu/p1"]: mkdir -p ~/cache && mv .gpu/p1/smol.plan.part.aa ~/cache/
