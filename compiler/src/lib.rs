@@ -393,8 +393,12 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
         created_by: format!("dsc {}", env!("CARGO_PKG_VERSION")),
         model: ModelMeta {
             name: t.model.name.clone(),
-            architecture: "llama".into(),
-            dims: serde_json::to_value(&m.dims)?,
+            architecture: match t.model.architecture {
+                dsc_models::config::Architecture::Llama => "llama",
+                dsc_models::config::Architecture::Deepseek => "deepseek",
+            }
+            .into(),
+            dims: m.dims_json(),
             max_seq_len: t.limits.max_seq_len,
             kv_block_size: t.limits.kv_block_size,
             max_batch: t.limits.max_batch,

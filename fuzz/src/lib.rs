@@ -320,7 +320,7 @@ pub fn tiny_plan_header() -> Vec<u8> {
         model: ModelMeta {
             name: "tiny".into(),
             architecture: "llama".into(),
-            dims: serde_json::to_value(&m.dims).unwrap_or_default(),
+            dims: m.dims_json(),
             max_seq_len: 64,
             kv_block_size: 16,
             max_batch: 4,

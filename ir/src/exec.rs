@@ -4,7 +4,7 @@
 //! oracle for passes and kernels. Matmuls go through `matrixmultiply`'s sgemm so that a real
 //! model runs in seconds.
 
-use crate::op::{BinaryOp, RopeStyle, UnaryOp};
+use crate::op::{BinaryOp, MoeRouting, MoeScoring, MoeSelect, RopeStyle, UnaryOp};
 use crate::{quant, DType, Dim, Graph, IrError, NodeId, Op, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -281,16 +281,20 @@ impl<'g> Executor<'g> {
                     let x = tensor(&vals, ops[0], g, id)?;
                     Val::T(Arc::new(self.collective.all_reduce(x).map_err(|m| xerr(g, id, m))?))
                 }
-                Op::PagedAttention { scale } => {
+                Op::PagedAttention { .. } | Op::MlaAttention { .. } => {
                     let st = |v: NodeId| -> Result<&Tensor> {
                         match &vals[&v] {
                             Val::State(s) => Ok(&self.states[s]),
                             Val::T(t) => Ok(t.as_ref()),
                         }
                     };
-                    let out =
-                        paged_attention(tensor(&vals, ops[0], g, id)?, st(ops[1])?, st(ops[2])?, tensor(&vals, ops[3], g, id)?, tensor(&vals, ops[4], g, id)?, tensor(&vals, ops[5], g, id)?, *scale)
-                            .map_err(|m| xerr(g, id, m))?;
+                    let t = |i: usize| tensor(&vals, ops[i], g, id);
+                    let out = match n.op {
+                        Op::PagedAttention { scale } => paged_attention(t(0)?, st(ops[1])?, st(ops[2])?, t(3)?, t(4)?, t(5)?, scale),
+                        Op::MlaAttention { scale, kv_lora_rank } => mla_attention(t(0)?, st(ops[1])?, t(2)?, t(3)?, t(4)?, scale, kv_lora_rank),
+                        _ => unreachable!("matched above"),
+                    }
+                    .map_err(|m| xerr(g, id, m))?;
                     Val::T(Arc::new(out))
                 }
                 op => {
@@ -337,7 +341,7 @@ impl<'g> Executor<'g> {
 fn tensor<'a>(vals: &'a HashMap<NodeId, Val>, o: NodeId, g: &Graph, at: NodeId) -> Result<&'a Tensor> {
     match vals.get(&o) {
         Some(Val::T(t)) => Ok(t),
-        Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache writes and paged_attention take those", g.node(o).name))),
+        Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache writes and the attention ops take those", g.node(o).name))),
         None => Err(xerr(g, at, format!("operand `{}` was not computed", g.node(o).name))),
     }
 }
@@ -511,35 +515,47 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             Tensor::new(x.shape.clone(), out)
         }
         Op::Rope { theta, style, rotary_dim } => {
-            let (x, pos) = (a[0], a[1]);
-            let (t, h, d) = (x.shape[0], x.shape[1], x.shape[2]);
-            let half = rotary_dim / 2;
-            let inv: Vec<f64> = (0..half).map(|i| 1.0 / (*theta as f64).powf((2 * i) as f64 / *rotary_dim as f64)).collect();
-            let mut out = x.data.clone();
-            for ti in 0..t {
-                let p = pos.data[ti] as f64;
-                let cs: Vec<(f32, f32)> = inv
-                    .iter()
+            let inv: Vec<f64> = (0..rotary_dim / 2).map(|i| 1.0 / (*theta as f64).powf((2 * i) as f64 / *rotary_dim as f64)).collect();
+            rope(a[0], a[1], *style, *rotary_dim, |p| {
+                inv.iter()
                     .map(|f| {
-                        let ang = (p * f) as f32;
+                        let ang = (p as f64 * f) as f32;
                         (ang.cos(), ang.sin())
                     })
-                    .collect();
-                for hi in 0..h {
-                    let base = (ti * h + hi) * d;
-                    for (i, &(c, s)) in cs.iter().enumerate() {
-                        let (i0, i1) = match style {
-                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                            RopeStyle::Half => (i, i + half),
-                        };
-                        let (x0, x1) = (x.data[base + i0], x.data[base + i1]);
-                        out[base + i0] = x0 * c - x1 * s;
-                        out[base + i1] = x0 * s + x1 * c;
+                    .collect()
+            })
+        }
+        Op::RopeYarn { theta, style, rotary_dim, yarn } => {
+            // HF's arithmetic: f32 frequencies times the f32 position, cos/sin times the factor
+            let inv = yarn.inv_freq(*theta, *rotary_dim);
+            rope(a[0], a[1], *style, *rotary_dim, |p| {
+                inv.iter()
+                    .map(|f| {
+                        let ang = f * p;
+                        (ang.cos() * yarn.attention_factor, ang.sin() * yarn.attention_factor)
+                    })
+                    .collect()
+            })
+        }
+        Op::HeadMatMul { transpose_b } => {
+            let (x, w) = (a[0], a[1]);
+            let (t, h, k) = (x.shape[0], x.shape[1], x.shape[2]);
+            let n = if *transpose_b { w.shape[1] } else { w.shape[2] };
+            let mut out = vec![0f32; t * h * n];
+            for hi in 0..h {
+                let wh = &w.data[hi * k * n..(hi + 1) * k * n];
+                for ti in 0..t {
+                    let xr = &x.data[(ti * h + hi) * k..(ti * h + hi + 1) * k];
+                    let o = &mut out[(ti * h + hi) * n..(ti * h + hi + 1) * n];
+                    for (j, oj) in o.iter_mut().enumerate() {
+                        *oj = if *transpose_b { xr.iter().zip(&wh[j * k..(j + 1) * k]).map(|(p, q)| p * q).sum() } else { xr.iter().enumerate().map(|(i, p)| p * wh[i * n + j]).sum() };
                     }
                 }
             }
-            Tensor::new(x.shape.clone(), out)
+            Tensor::new(vec![t, h, n], out)
         }
+        Op::MoeRoute(r) => moe_route(r, a[0], a.get(1).copied())?,
+        Op::MoeExperts => moe_experts(a[0], a[1], a[2], a[3], a[4], dtype)?,
         Op::Softmax => {
             let x = a[0];
             let (_, d) = x.rows();
@@ -663,8 +679,177 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             let data = x.data.chunks_exact(d.max(1)).map(|row| row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0 as f32).collect();
             Tensor::new(x.shape[..x.shape.len() - 1].to_vec(), data)
         }
-        Op::Input | Op::Weight | Op::State | Op::CacheWrite | Op::RopeCacheWrite { .. } | Op::PagedAttention { .. } | Op::AllReduce => unreachable!("handled by the caller"),
+        Op::Input | Op::Weight | Op::State | Op::CacheWrite | Op::RopeCacheWrite { .. } | Op::PagedAttention { .. } | Op::MlaAttention { .. } | Op::AllReduce => unreachable!("handled by the caller"),
     })
+}
+
+/// RoPE over x[T, H, D] at pos[T]; `cs(p)` gives each frequency's (cos, sin) at position p.
+fn rope(x: &Tensor, pos: &Tensor, style: RopeStyle, rotary_dim: usize, cs: impl Fn(f32) -> Vec<(f32, f32)>) -> Tensor {
+    let (t, h, d) = (x.shape[0], x.shape[1], x.shape[2]);
+    let half = rotary_dim / 2;
+    let mut out = x.data.clone();
+    for ti in 0..t {
+        let cs = cs(pos.data[ti]);
+        for hi in 0..h {
+            let base = (ti * h + hi) * d;
+            for (i, &(c, s)) in cs.iter().enumerate() {
+                let (i0, i1) = match style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Half => (i, i + half),
+                };
+                let (x0, x1) = (x.data[base + i0], x.data[base + i1]);
+                out[base + i0] = x0 * c - x1 * s;
+                out[base + i1] = x0 * s + x1 * c;
+            }
+        }
+    }
+    Tensor::new(x.shape.clone(), out)
+}
+
+/// Indices of the k largest values, largest first (ties: the lower index first).
+fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&i, &j| v[j].total_cmp(&v[i]).then(i.cmp(&j)));
+    idx.truncate(k);
+    idx
+}
+
+/// DeepSeekMoE's gate, one token at a time, as HF transformers' DeepseekV2/V3TopkRouter.
+fn moe_route(r: &MoeRouting, logits: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, String> {
+    let (t, e) = (logits.shape[0], logits.shape[1]);
+    let per = e / r.n_group;
+    let mut out = vec![0f32; t * e];
+    for ti in 0..t {
+        let row = &logits.data[ti * e..(ti + 1) * e];
+        let scores: Vec<f32> = match r.scoring {
+            MoeScoring::Softmax => {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let ex: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
+                let s: f32 = ex.iter().sum();
+                ex.iter().map(|v| v / s).collect()
+            }
+            MoeScoring::Sigmoid => row.iter().map(|&v| 1.0 / (1.0 + (-v).exp())).collect(),
+        };
+        let choice: Vec<f32> = match (r.select, bias) {
+            (MoeSelect::NoauxTc, Some(b)) => scores.iter().zip(&b.data).map(|(s, b)| s + b).collect(),
+            (MoeSelect::NoauxTc, None) => return Err("noaux_tc needs the correction bias".into()),
+            _ => scores.clone(),
+        };
+        let masked: Vec<f32> = match r.select {
+            MoeSelect::Greedy => choice,
+            MoeSelect::GroupMax | MoeSelect::NoauxTc => {
+                let group_score: Vec<f32> = choice
+                    .chunks_exact(per)
+                    .map(|g| match r.select {
+                        MoeSelect::GroupMax => g.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                        _ => top_indices(g, 2).iter().map(|&i| g[i]).sum(),
+                    })
+                    .collect();
+                let keep = top_indices(&group_score, r.topk_group);
+                // V2 masks the other groups' scores to 0, V3 its biased choice to -inf
+                let off = if r.select == MoeSelect::GroupMax { 0.0 } else { f32::NEG_INFINITY };
+                choice.iter().enumerate().map(|(i, &v)| if keep.contains(&(i / per)) { v } else { off }).collect()
+            }
+        };
+        let chosen = top_indices(&masked, r.top_k);
+        let mut w: Vec<f32> = chosen.iter().map(|&i| scores[i]).collect();
+        if r.normalize {
+            let s: f32 = w.iter().sum::<f32>() + 1e-20;
+            w.iter_mut().for_each(|v| *v /= s);
+        }
+        for (&i, v) in chosen.iter().zip(w) {
+            out[ti * e + i] = v * r.scaling;
+        }
+    }
+    Ok(Tensor::new(vec![t, e], out))
+}
+
+/// The routed experts: per expert, its tokens' SwiGLU MLP weighted by their routing weight,
+/// summed in expert order (HF's `index_add_`).
+fn moe_experts(x: &Tensor, route: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor, dtype: DType) -> Result<Tensor, String> {
+    let (t, d) = (x.shape[0], x.shape[1]);
+    let (e, inter) = (gate.shape[0], gate.shape[1]);
+    let mut out = vec![0f32; t * d];
+    let slab = |w: &Tensor, i: usize, rows: usize, cols: usize| Tensor::new(vec![rows, cols], w.data[i * rows * cols..(i + 1) * rows * cols].to_vec());
+    for ei in 0..e {
+        let toks: Vec<usize> = (0..t).filter(|&ti| route.data[ti * e + ei] != 0.0).collect();
+        if toks.is_empty() {
+            continue;
+        }
+        let xs = Tensor::new(vec![toks.len(), d], toks.iter().flat_map(|&ti| x.data[ti * d..(ti + 1) * d].iter().copied()).collect());
+        let mm = |a: &Tensor, w: &Tensor| eval(&Op::MatMul { transpose_b: true }, &[a, w], dtype, None);
+        let g = mm(&xs, &slab(gate, ei, inter, d))?;
+        let u = mm(&xs, &slab(up, ei, inter, d))?;
+        let h = Tensor::new(g.shape.clone(), g.data.iter().zip(&u.data).map(|(&g, &u)| unary(UnaryOp::Silu, g) * u).collect());
+        let y = mm(&h, &slab(down, ei, d, inter))?;
+        for (j, &ti) in toks.iter().enumerate() {
+            let w = route.data[ti * e + ei];
+            for (o, v) in out[ti * d..(ti + 1) * d].iter_mut().zip(&y.data[j * d..(j + 1) * d]) {
+                *o += v * w;
+            }
+        }
+    }
+    Ok(Tensor::new(x.shape.clone(), out))
+}
+
+/// Attention over MLA's latent cache: every head reads the same rows, keys are the whole
+/// latent rows and values their first `l` elements (see `Op::MlaAttention`).
+fn mla_attention(q: &Tensor, cache: &Tensor, pos: &Tensor, seq: &Tensor, table: &Tensor, scale: f32, l: usize) -> Result<Tensor, String> {
+    let (t, h, c) = (q.shape[0], q.shape[1], q.shape[2]);
+    let (nb, bs) = (cache.shape[0], cache.shape[1]);
+    let (s, mb) = (table.shape[0], table.shape[1]);
+    let mut out = vec![0f32; t * h * l];
+    let mut scores = Vec::new();
+    for ti in 0..t {
+        let rows = context_rows(ti, pos, seq, table, nb, bs, s, mb)?;
+        for hi in 0..h {
+            let qv = &q.data[(ti * h + hi) * c..(ti * h + hi + 1) * c];
+            scores.clear();
+            for &r in &rows {
+                let kv = &cache.data[r * c..(r + 1) * c];
+                scores.push(qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale);
+            }
+            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - m).exp();
+                sum += *sc;
+            }
+            let o = &mut out[(ti * h + hi) * l..(ti * h + hi + 1) * l];
+            for (&r, &w) in rows.iter().zip(scores.iter()) {
+                for (oi, vi) in o.iter_mut().zip(&cache.data[r * c..r * c + l]) {
+                    *oi += w / sum * vi;
+                }
+            }
+        }
+    }
+    Ok(Tensor::new(vec![t, h, l], out))
+}
+
+/// The pool rows token `ti` attends to: positions 0..=pos[ti] of its sequence, through the
+/// block table.
+#[allow(clippy::too_many_arguments)]
+fn context_rows(ti: usize, pos: &Tensor, seq: &Tensor, table: &Tensor, nb: usize, bs: usize, s: usize, mb: usize) -> Result<Vec<usize>, String> {
+    let p = pos.data[ti];
+    let sq = seq.data[ti];
+    if p < 0.0 || sq < 0.0 || sq as usize >= s {
+        return Err(format!("token {ti}: position {p} / sequence {sq} out of range (S = {s})"));
+    }
+    let (p, sq) = (p as usize, sq as usize);
+    let ctx = p + 1;
+    if ctx.div_ceil(bs) > mb {
+        return Err(format!("token {ti}: position {p} needs {} blocks but the table has {mb}", ctx.div_ceil(bs)));
+    }
+    (0..ctx)
+        .map(|j| {
+            let b = table.data[sq * mb + j / bs];
+            if b < 0.0 || b as usize >= nb {
+                Err(format!("block table entry {b} out of range 0..{nb}"))
+            } else {
+                Ok(b as usize * bs + j % bs)
+            }
+        })
+        .collect()
 }
 
 fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Tensor, table: &Tensor, scale: f32) -> Result<Tensor, String> {
@@ -675,26 +860,7 @@ fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Ten
     let mut out = vec![0f32; t * h * d];
     let mut scores = Vec::new();
     for ti in 0..t {
-        let p = pos.data[ti];
-        let sq = seq.data[ti];
-        if p < 0.0 || sq < 0.0 || sq as usize >= s {
-            return Err(format!("token {ti}: position {p} / sequence {sq} out of range (S = {s})"));
-        }
-        let (p, sq) = (p as usize, sq as usize);
-        let ctx = p + 1;
-        if ctx.div_ceil(bs) > mb {
-            return Err(format!("token {ti}: position {p} needs {} blocks but the table has {mb}", ctx.div_ceil(bs)));
-        }
-        let rows: Vec<usize> = (0..ctx)
-            .map(|j| {
-                let b = table.data[sq * mb + j / bs];
-                if b < 0.0 || b as usize >= nb {
-                    Err(format!("block table entry {b} out of range 0..{nb}"))
-                } else {
-                    Ok(b as usize * bs + j % bs)
-                }
-            })
-            .collect::<Result<_, _>>()?;
+        let rows = context_rows(ti, pos, seq, table, nb, bs, s, mb)?;
         for hi in 0..h {
             let kh = hi / rep;
             let qv = &q.data[(ti * h + hi) * d..(ti * h + hi + 1) * d];

@@ -26,5 +26,5 @@ pub use dtype::DType;
 pub use error::{IrError, Result};
 pub use exec::{Collective, Executor, RankHandle, SingleRank, Tensor, ThreadGroup, WeightSource};
 pub use graph::{Graph, Node, NodeId};
-pub use op::{BinaryOp, Op, RopeStyle, UnaryOp};
+pub use op::{yarn_mscale, BinaryOp, MoeRouting, MoeScoring, MoeSelect, Op, RopeStyle, UnaryOp, Yarn};
 pub use shape::{Dim, TensorType};

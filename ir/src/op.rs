@@ -2,8 +2,10 @@
 //! ([`infer`]), and a CPU reference implementation in `exec.rs`.
 //!
 //! The set is small and orthogonal: the Llama family needs gather, matmul, elementwise,
-//! rms_norm, rope, cache_write and paged_attention; DeepSeek MoE adds top_k + take_along for
-//! routing; quantize/dequantize/cast cover the precision modes.
+//! rms_norm, rope, cache_write and paged_attention; quantize/dequantize/cast cover the
+//! precision modes. The DeepSeek family adds YaRN rope (`rope_yarn`), Multi-head Latent
+//! Attention over a latent cache (`head_matmul` for the absorbed up-projections,
+//! `mla_attention`) and DeepSeekMoE (`moe_route`, `moe_experts`).
 
 use crate::{DType, Dim, TensorType};
 
@@ -35,6 +37,86 @@ pub enum BinaryOp {
     Min,
     /// silu(a) * b: SwiGLU's gate (a fusion of silu and mul)
     SiluMul,
+}
+
+/// YaRN's frequency interpolation (Peng et al., 2023), as HF transformers'
+/// `_compute_yarn_parameters` computes it: per frequency a blend of the original and the
+/// `factor`-interpolated one, ramped between the dims that rotate `beta_fast` and `beta_slow`
+/// times over `original_max_position`; cos and sin scaled by `attention_factor`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub original_max_position: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub attention_factor: f32,
+}
+
+impl Yarn {
+    /// The inverse frequencies of a `rotary_dim`-wide head with base `theta`, in f32 as
+    /// HF computes them (its correction range truncated to whole dims).
+    pub fn inv_freq(&self, theta: f32, rotary_dim: usize) -> Vec<f32> {
+        let dim = rotary_dim as f32;
+        // the correction range in f64, as HF's Python floats
+        let corr = |rot: f32| rotary_dim as f64 * (self.original_max_position as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (theta as f64).ln());
+        let low = corr(self.beta_fast).floor().max(0.0) as f32;
+        let high = corr(self.beta_slow).ceil().min(dim as f64 - 1.0) as f32;
+        let high = if low == high { high + 0.001 } else { high };
+        (0..rotary_dim / 2)
+            .map(|i| {
+                let pos_freq = theta.powf((2 * i) as f32 / dim);
+                let (extra, inter) = (1.0 / pos_freq, 1.0 / (self.factor * pos_freq));
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let extra_w = 1.0 - ramp;
+                inter * (1.0 - extra_w) + extra * extra_w
+            })
+            .collect()
+    }
+}
+
+/// YaRN's attention-temperature term `0.1 * m * ln(factor) + 1` (1 for factor <= 1): DeepSeek
+/// multiplies its softmax scale by the square of it with `m = mscale_all_dim`.
+pub fn yarn_mscale(factor: f32, m: f32) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * factor.ln() + 1.0
+    }
+}
+
+/// How a MoE router turns its logits into scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MoeScoring {
+    Softmax,
+    Sigmoid,
+}
+
+/// How a MoE router picks its experts (DeepSeek's `topk_method`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MoeSelect {
+    /// the top-k scores (`greedy`)
+    Greedy,
+    /// DeepSeek-V2's `group_limited_greedy`: the `topk_group` groups with the largest
+    /// maximum score, then the top-k scores inside them (the rest count as 0)
+    GroupMax,
+    /// DeepSeek-V3's `noaux_tc`: choice on scores + the correction bias (the router's second
+    /// operand); groups ranked by the sum of their two best biased scores; the weights are
+    /// the unbiased scores of the chosen experts
+    NoauxTc,
+}
+
+/// A MoE router's typed configuration (`moe_route`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouting {
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub scoring: MoeScoring,
+    pub select: MoeSelect,
+    /// divide the chosen weights by their sum (+1e-20)
+    pub normalize: bool,
+    /// then multiply them by this (`routed_scaling_factor`)
+    pub scaling: f32,
 }
 
 /// How RoPE pairs the elements of a head.
@@ -81,6 +163,35 @@ pub enum Op {
     },
     /// along the last axis
     Softmax,
+    /// `rope` with YaRN's interpolated frequencies and cos/sin scaled by its attention factor
+    /// (DeepSeek-V2/V3's long-context rope).
+    RopeYarn {
+        theta: f32,
+        style: RopeStyle,
+        rotary_dim: usize,
+        yarn: Yarn,
+    },
+    /// (a[T, H, K], b[H, K, N] | b[H, N, K] when transpose_b) -> [T, H, N]: one matrix per
+    /// head (MLA's up-projections absorbed into the query and the output).
+    HeadMatMul {
+        transpose_b: bool,
+    },
+    /// Multi-head Latent Attention over a paged latent cache: (q[T, H, C], cache[NB, BS, 1, C],
+    /// pos[T], seq[T], block_table[S, MB]) -> [T, H, kv_lora_rank]. Each cache row is one
+    /// token's latent `[c_kv (kv_lora_rank) | k_rope]`; the keys are the whole rows and the
+    /// values their first `kv_lora_rank` elements, shared by every head (MQA over the
+    /// latent, as FlashMLA computes it). Causal and paged as `paged_attention`.
+    MlaAttention {
+        scale: f32,
+        kv_lora_rank: usize,
+    },
+    /// (logits[T, E], bias?[E]) -> f32 [T, E]: each token's routing weights, zero for the
+    /// experts not chosen (DeepSeekMoE's gate; see [`MoeRouting`]).
+    MoeRoute(MoeRouting),
+    /// (x[T, D], route[T, E], gate[E, I, D], up[E, I, D], down[E, D, I]) -> [T, D]:
+    /// sum over the experts e with route[t, e] != 0 of route[t, e] * down_e(silu(gate_e x) *
+    /// up_e x). Weights stacked per expert, in the checkpoint's [out, in] layout.
+    MoeExperts,
     /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T]) -> cache with row slot[t] = x[t]
     /// (slot = block * BS + offset), stored in the cache's type (a bf16 pool rounds x to
     /// nearest even: the cast is part of the write). Updates the state in place.
@@ -196,6 +307,11 @@ impl Op {
             Op::RopeCacheWrite { .. } => "rope_cache_write",
             Op::PagedAttention { .. } => "paged_attention",
             Op::TopK { .. } => "top_k",
+            Op::RopeYarn { .. } => "rope_yarn",
+            Op::HeadMatMul { .. } => "head_matmul",
+            Op::MlaAttention { .. } => "mla_attention",
+            Op::MoeRoute(_) => "moe_route",
+            Op::MoeExperts => "moe_experts",
             Op::TakeAlong => "take_along",
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
@@ -220,7 +336,47 @@ impl Op {
     /// Attributes in a fixed order, for the printer.
     pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
         match self {
-            Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
+            Op::MatMul { transpose_b } | Op::MatMulAdd { transpose_b } | Op::HeadMatMul { transpose_b } => vec![("transpose_b", Attr::Bool(*transpose_b))],
+            Op::RopeYarn { theta, style, rotary_dim, yarn } => {
+                let mut v = Op::Rope { theta: *theta, style: *style, rotary_dim: *rotary_dim }.attrs();
+                v.extend([
+                    ("factor", Attr::Float(yarn.factor)),
+                    ("original_max_position", Attr::Int(yarn.original_max_position as i64)),
+                    ("beta_fast", Attr::Float(yarn.beta_fast)),
+                    ("beta_slow", Attr::Float(yarn.beta_slow)),
+                    ("attention_factor", Attr::Float(yarn.attention_factor)),
+                ]);
+                v
+            }
+            Op::MlaAttention { scale, kv_lora_rank } => vec![("scale", Attr::Float(*scale)), ("kv_lora_rank", Attr::Int(*kv_lora_rank as i64))],
+            Op::MoeRoute(r) => vec![
+                ("top_k", Attr::Int(r.top_k as i64)),
+                ("n_group", Attr::Int(r.n_group as i64)),
+                ("topk_group", Attr::Int(r.topk_group as i64)),
+                (
+                    "scoring",
+                    Attr::Ident(
+                        match r.scoring {
+                            MoeScoring::Softmax => "softmax",
+                            MoeScoring::Sigmoid => "sigmoid",
+                        }
+                        .into(),
+                    ),
+                ),
+                (
+                    "select",
+                    Attr::Ident(
+                        match r.select {
+                            MoeSelect::Greedy => "greedy",
+                            MoeSelect::GroupMax => "group_max",
+                            MoeSelect::NoauxTc => "noaux_tc",
+                        }
+                        .into(),
+                    ),
+                ),
+                ("normalize", Attr::Bool(r.normalize)),
+                ("scaling", Attr::Float(r.scaling)),
+            ],
             Op::MatMulAct { transpose_b, act } => vec![("transpose_b", Attr::Bool(*transpose_b)), ("act", Attr::Ident(Op::Unary(*act).name().to_string()))],
             Op::RmsNorm { eps } | Op::LayerNorm { eps } => vec![("eps", Attr::Float(*eps))],
             Op::Rope { theta, style, rotary_dim } | Op::RopeCacheWrite { theta, style, rotary_dim } => vec![
@@ -262,7 +418,10 @@ impl Op {
             }
         };
         let expected: &[&str] = match name {
-            "matmul" | "matmul_add" => &["transpose_b"],
+            "matmul" | "matmul_add" | "head_matmul" => &["transpose_b"],
+            "rope_yarn" => &["theta", "style", "rotary_dim", "factor", "original_max_position", "beta_fast", "beta_slow", "attention_factor"],
+            "mla_attention" => &["scale", "kv_lora_rank"],
+            "moe_route" => &["top_k", "n_group", "topk_group", "scoring", "select", "normalize", "scaling"],
             "matmul_act" => &["transpose_b", "act"],
             "rms_norm" | "layer_norm" => &["eps"],
             "rope" | "rope_cache_write" => &["theta", "style", "rotary_dim"],
@@ -276,6 +435,18 @@ impl Op {
         if let Some((k, _)) = attrs.iter().find(|(k, _)| !expected.contains(&k.as_str())) {
             return Err(format!("op `{name}` has no attribute `{k}`"));
         }
+        let boolean = |k: &str| -> Result<bool, String> {
+            match get(k)? {
+                Attr::Bool(b) => Ok(*b),
+                other => Err(format!("attribute `{k}` of `{name}` must be true/false, got {other:?}")),
+            }
+        };
+        let ident = |k: &str| -> Result<&str, String> {
+            match get(k)? {
+                Attr::Ident(s) => Ok(s.as_str()),
+                other => Err(format!("attribute `{k}` of `{name}` must be a name, got {other:?}")),
+            }
+        };
         use BinaryOp as B;
         use UnaryOp as U;
         Ok(match name {
@@ -309,7 +480,7 @@ impl Op {
             "silu_mul" => Op::Binary(B::SiluMul),
             "rms_norm" => Op::RmsNorm { eps: float("eps")? },
             "layer_norm" => Op::LayerNorm { eps: float("eps")? },
-            "rope" | "rope_cache_write" => {
+            "rope" | "rope_cache_write" | "rope_yarn" => {
                 let (theta, rotary_dim) = (float("theta")?, uint("rotary_dim")?);
                 let style = match get("style")? {
                     Attr::Ident(s) if s == "interleaved" => RopeStyle::Interleaved,
@@ -318,6 +489,15 @@ impl Op {
                 };
                 if name == "rope" {
                     Op::Rope { theta, style, rotary_dim }
+                } else if name == "rope_yarn" {
+                    let yarn = Yarn {
+                        factor: float("factor")?,
+                        original_max_position: uint("original_max_position")?,
+                        beta_fast: float("beta_fast")?,
+                        beta_slow: float("beta_slow")?,
+                        attention_factor: float("attention_factor")?,
+                    };
+                    Op::RopeYarn { theta, style, rotary_dim, yarn }
                 } else {
                     Op::RopeCacheWrite { theta, style, rotary_dim }
                 }
@@ -327,6 +507,27 @@ impl Op {
             "paged_attention" => Op::PagedAttention { scale: float("scale")? },
             "top_k" => Op::TopK { k: uint("k")? },
             "take_along" => Op::TakeAlong,
+            "head_matmul" => Op::HeadMatMul { transpose_b: boolean("transpose_b")? },
+            "mla_attention" => Op::MlaAttention { scale: float("scale")?, kv_lora_rank: uint("kv_lora_rank")? },
+            "moe_route" => Op::MoeRoute(MoeRouting {
+                top_k: uint("top_k")?,
+                n_group: uint("n_group")?,
+                topk_group: uint("topk_group")?,
+                scoring: match ident("scoring")? {
+                    "softmax" => MoeScoring::Softmax,
+                    "sigmoid" => MoeScoring::Sigmoid,
+                    s => return Err(format!("moe_route scoring must be softmax or sigmoid, got {s}")),
+                },
+                select: match ident("select")? {
+                    "greedy" => MoeSelect::Greedy,
+                    "group_max" => MoeSelect::GroupMax,
+                    "noaux_tc" => MoeSelect::NoauxTc,
+                    s => return Err(format!("moe_route select must be greedy, group_max or noaux_tc, got {s}")),
+                },
+                normalize: boolean("normalize")?,
+                scaling: float("scaling")?,
+            }),
+            "moe_experts" => Op::MoeExperts,
             "concat" => Op::Concat { axis: uint("axis")? },
             "slice" => Op::Slice { axis: uint("axis")?, start: uint("start")?, len: uint("len")? },
             "reshape" => Op::Reshape,
@@ -376,7 +577,9 @@ impl Op {
         match self {
             Op::Input | Op::Weight | Op::State => (0, 0),
             Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce => (1, 1),
-            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::TakeAlong => (2, 2),
+            Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::RopeYarn { .. } | Op::TakeAlong | Op::HeadMatMul { .. } => (2, 2),
+            Op::MoeRoute(_) => (1, 2),
+            Op::MlaAttention { .. } | Op::MoeExperts => (5, 5),
             Op::MatMul { .. } | Op::MatMulAct { .. } => (2, 3),
             Op::MatMulAdd { .. } => (3, 4),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
@@ -516,7 +719,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             }
             Ok(x.clone())
         }
-        Op::Rope { rotary_dim, .. } => {
+        Op::Rope { rotary_dim, .. } | Op::RopeYarn { rotary_dim, .. } => {
             let (x, pos) = (args[0], args[1]);
             float_act(x, "rope input")?;
             rank(x, 3, "rope input [T, H, D]")?;
@@ -568,6 +771,85 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             index(table, "block table")?;
             rank(table, 2, "block table [S, MB]")?;
             Ok(q.clone())
+        }
+        Op::HeadMatMul { transpose_b } => {
+            let (a, b) = (args[0], args[1]);
+            float_act(a, "head_matmul lhs")?;
+            rank(a, 3, "head_matmul lhs [T, H, K]")?;
+            rank(b, 3, "head_matmul rhs [H, K, N]")?;
+            dims_eq(&a.shape[1], &b.shape[0], "head_matmul heads")?;
+            let (bk, n) = if *transpose_b { (&b.shape[2], &b.shape[1]) } else { (&b.shape[1], &b.shape[2]) };
+            dims_eq(&a.shape[2], bk, "head_matmul contraction dims differ")?;
+            Ok(TensorType::new(a.dtype, vec![a.shape[0].clone(), a.shape[1].clone(), n.clone()]))
+        }
+        Op::MlaAttention { kv_lora_rank, .. } => {
+            let (q, cache, pos, seq, table) = (args[0], args[1], args[2], args[3], args[4]);
+            float_act(q, "mla query")?;
+            rank(q, 3, "mla query [T, H, C]")?;
+            rank(cache, 4, "latent cache [NB, BS, 1, C]")?;
+            dims_eq(&cache.shape[2], &Dim::Const(1), "latent cache heads")?;
+            dims_eq(&cache.shape[3], &q.shape[2], "latent width of q vs cache")?;
+            if let Some(c) = q.shape[2].as_const() {
+                if *kv_lora_rank == 0 || *kv_lora_rank > c {
+                    return Err(format!("kv_lora_rank {kv_lora_rank} must be in 1..={c}"));
+                }
+            }
+            for (t, what) in [(pos, "positions"), (seq, "sequence index")] {
+                index(t, what)?;
+                rank(t, 1, what)?;
+                dims_eq(&t.shape[0], &q.shape[0], what)?;
+            }
+            index(table, "block table")?;
+            rank(table, 2, "block table [S, MB]")?;
+            Ok(TensorType::new(q.dtype, vec![q.shape[0].clone(), q.shape[1].clone(), Dim::Const(*kv_lora_rank)]))
+        }
+        Op::MoeRoute(r) => {
+            let logits = args[0];
+            float_act(logits, "router logits")?;
+            rank(logits, 2, "router logits [T, E]")?;
+            if let Some(e) = logits.shape[1].as_const() {
+                if r.n_group == 0 || e % r.n_group != 0 {
+                    return Err(format!("{e} experts do not split into n_group = {} groups", r.n_group));
+                }
+                if r.topk_group == 0 || r.topk_group > r.n_group {
+                    return Err(format!("topk_group = {} must be in 1..={}", r.topk_group, r.n_group));
+                }
+                if r.top_k == 0 || r.top_k > r.topk_group * (e / r.n_group) {
+                    return Err(format!("top_k = {} must be in 1..={} (the experts of topk_group groups)", r.top_k, r.topk_group * (e / r.n_group)));
+                }
+                if r.select == MoeSelect::NoauxTc && e / r.n_group < 2 {
+                    return Err("noaux_tc ranks groups by their two best experts: groups need >= 2".into());
+                }
+            }
+            match (args.get(1), r.select) {
+                (Some(b), MoeSelect::NoauxTc) => {
+                    float_act(b, "router bias")?;
+                    rank(b, 1, "router bias [E]")?;
+                    dims_eq(&b.shape[0], &logits.shape[1], "router bias length")?;
+                }
+                (None, MoeSelect::NoauxTc) => return Err("noaux_tc needs the correction bias as its second operand".into()),
+                (Some(_), _) => return Err("only noaux_tc takes a correction bias".into()),
+                (None, _) => {}
+            }
+            Ok(TensorType::new(DType::F32, logits.shape.clone()))
+        }
+        Op::MoeExperts => {
+            let (x, route, gate, up, down) = (args[0], args[1], args[2], args[3], args[4]);
+            float_act(x, "moe input")?;
+            rank(x, 2, "moe input [T, D]")?;
+            rank(route, 2, "moe routing [T, E]")?;
+            dims_eq(&route.shape[0], &x.shape[0], "moe routing rows")?;
+            for (w, what) in [(gate, "gate [E, I, D]"), (up, "up [E, I, D]"), (down, "down [E, D, I]")] {
+                rank(w, 3, what)?;
+                dims_eq(&w.shape[0], &route.shape[1], "experts")?;
+            }
+            if gate.shape != up.shape {
+                return Err(format!("gate and up stacks differ: {gate} vs {up}"));
+            }
+            dims_eq(&gate.shape[2], &x.shape[1], "expert input width")?;
+            dims_eq(&down.shape[1], &x.shape[1], "expert output width")?;
+            dims_eq(&down.shape[2], &gate.shape[1], "expert hidden width")?;
+            Ok(x.clone())
         }
         Op::TopK { k } => {
             let x = args[0];

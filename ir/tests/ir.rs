@@ -296,3 +296,171 @@ fn a_bf16_pool_stores_rows_rounded_to_bf16() {
         }
     }
 }
+
+fn run1(src: &str, inputs: Vec<(&str, Tensor)>, ws: &HashMap<String, (DType, Vec<usize>, Vec<u8>)>, fixed: BTreeMap<String, usize>) -> BTreeMap<String, Tensor> {
+    let g = text::parse(src).unwrap();
+    let mut ex = Executor::new(&g, ws, fixed).unwrap();
+    ex.run(&inputs.into_iter().map(|(n, t)| (n.to_string(), t)).collect()).unwrap()
+}
+
+#[test]
+fn moe_route_selects_as_the_deepseek_v2_and_v3_gates() {
+    // 8 experts in 4 groups of 2; the top 3 logits lie in 3 different groups
+    let logits = vec![2.0, 0.0, 1.9, 0.0, 1.8, 1.7, 0.0, 0.0];
+    let src = |attrs: &str, bias: bool| {
+        format!(
+            "graph \"r\" {{\n  %l = input : f32[T, 8]\n{}  %r = moe_route(%l{}) {{{attrs}}} : f32[T, 8]\n  output r = %r\n}}\n",
+            if bias { "  %b = weight : f32[8]\n" } else { "" },
+            if bias { ", %b" } else { "" }
+        )
+    };
+    let soft: Vec<f32> = {
+        let e: Vec<f32> = logits.iter().map(|v: &f32| v.exp()).collect();
+        let s: f32 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    };
+    let x = || vec![("l", Tensor::new(vec![1, 8], logits.clone()))];
+    let none = HashMap::new();
+    // greedy: experts 0, 2, 4 with their softmax scores, times the scaling
+    let r = run1(&src("top_k = 3, n_group = 1, topk_group = 1, scoring = softmax, select = greedy, normalize = false, scaling = 2.0", false), x(), &none, BTreeMap::new());
+    let close = |got: &[f32], want: &[f32]| assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6 && (*a == 0.0) == (*b == 0.0)), "{got:?} vs {want:?}");
+    let want: Vec<f32> = (0..8).map(|i| if [0, 2, 4].contains(&i) { 2.0 * soft[i] } else { 0.0 }).collect();
+    close(&r["r"].data, &want);
+    // V2 group-limited: groups 0 and 1 (max 2.0, 1.9) are kept, so expert 1 (a tie at 0 with 3:
+    // the lower index) replaces expert 4
+    let r = run1(&src("top_k = 3, n_group = 4, topk_group = 2, scoring = softmax, select = group_max, normalize = false, scaling = 1.0", false), x(), &none, BTreeMap::new());
+    let want: Vec<f32> = (0..8).map(|i| if [0, 1, 2].contains(&i) { soft[i] } else { 0.0 }).collect();
+    close(&r["r"].data, &want);
+    // V3 noaux_tc: a bias of 3 on group 3 makes it win; group 2's two best (1.8, 1.7) beat
+    // group 0's (2.0, 0.0) by their sum; choice 6, 7 (biased), then 4; weights unbiased, renormalized
+    let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+    let ws = weights(&[("b", DType::F32, vec![8], vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 3.0])]);
+    let r = run1(&src("top_k = 3, n_group = 4, topk_group = 2, scoring = sigmoid, select = noaux_tc, normalize = true, scaling = 2.5", true), x(), &ws, BTreeMap::new());
+    let (w6, w7, w4) = (sig(0.0), sig(0.0), sig(1.8));
+    let s = w6 + w7 + w4 + 1e-20;
+    let want: Vec<f32> = (0..8)
+        .map(|i| match i {
+            4 => w4 / s * 2.5,
+            6 => w6 / s * 2.5,
+            7 => w7 / s * 2.5,
+            _ => 0.0,
+        })
+        .collect();
+    close(&r["r"].data, &want);
+    // inconsistent configurations are verifier errors
+    let e = parse_err(&src("top_k = 5, n_group = 4, topk_group = 2, scoring = softmax, select = group_max, normalize = false, scaling = 1.0", false));
+    assert!(e.contains("top_k = 5"), "{e}");
+    let e = parse_err(&src("top_k = 2, n_group = 4, topk_group = 2, scoring = sigmoid, select = noaux_tc, normalize = true, scaling = 1.0", false));
+    assert!(e.contains("correction bias"), "{e}");
+}
+
+#[test]
+fn moe_experts_sum_the_routed_swiglu_mlps() {
+    let (t, d, e, i) = (3, 8, 4, 6);
+    let src = format!("graph \"m\" {{\n  %x = input : f32[T, {d}]\n  %r = input : f32[T, {e}]\n  %g = weight : f32[{e}, {i}, {d}]\n  %u = weight : f32[{e}, {i}, {d}]\n  %w = weight : f32[{e}, {d}, {i}]\n  %y = moe_experts(%x, %r, %g, %u, %w) : f32[T, {d}]\n  output y = %y\n}}\n");
+    let (gv, uv, dv) = (rand_vec(e * i * d, 1), rand_vec(e * i * d, 2), rand_vec(e * d * i, 3));
+    let ws = weights(&[("g", DType::F32, vec![e, i, d], gv.clone()), ("u", DType::F32, vec![e, i, d], uv.clone()), ("w", DType::F32, vec![e, d, i], dv.clone())]);
+    let x = rand_vec(t * d, 4);
+    // token 0 -> experts 1 and 3, token 1 -> none, token 2 -> expert 0
+    let route = vec![0.0, 0.7, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0, 1.5, 0.0, 0.0, 0.0];
+    let out = run1(&src, vec![("x", Tensor::new(vec![t, d], x.clone())), ("r", Tensor::new(vec![t, e], route.clone()))], &ws, BTreeMap::new());
+    let silu = |v: f32| v / (1.0 + (-v).exp());
+    for ti in 0..t {
+        for o in 0..d {
+            let mut want = 0f32;
+            for ei in 0..e {
+                let w = route[ti * e + ei];
+                if w == 0.0 {
+                    continue;
+                }
+                let h: Vec<f32> = (0..i)
+                    .map(|j| {
+                        let dot = |m: &[f32]| (0..d).map(|k| m[(ei * i + j) * d + k] * x[ti * d + k]).sum::<f32>();
+                        silu(dot(&gv)) * dot(&uv)
+                    })
+                    .collect();
+                want += w * (0..i).map(|j| dv[(ei * d + o) * i + j] * h[j]).sum::<f32>();
+            }
+            assert!((out["y"].data[ti * d + o] - want).abs() < 1e-5, "token {ti} dim {o}");
+        }
+    }
+}
+
+#[test]
+fn mla_attention_attends_over_the_latent_rows() {
+    // one sequence of 5 tokens, blocks of 2 scattered; 3 heads over a latent of 6 (4 + 2 rope)
+    let (t, h, c, l) = (5, 3, 6, 4);
+    let src = format!(
+        "graph \"mla\" {{\n  %q = input : f32[T, {h}, {c}]\n  %lat = input : f32[T, 1, {c}]\n  %pos = input : i32[T]\n  %seq = input : i32[T]\n  %slots = input : i32[T]\n  %table = input : i32[S, MB]\n  %lc = state : f32[NB, 2, 1, {c}]\n  %w = cache_write(%lc, %lat, %slots) : f32[NB, 2, 1, {c}]\n  %o = mla_attention(%q, %w, %pos, %seq, %table) {{scale = 0.4, kv_lora_rank = {l}}} : f32[T, {h}, {l}]\n  output o = %o\n}}\n"
+    );
+    let (q, lat) = (rand_vec(t * h * c, 5), rand_vec(t * c, 6));
+    let table = [3, 0, 2];
+    let slots: Vec<i32> = (0..t as i32).map(|p| table[(p / 2) as usize] * 2 + p % 2).collect();
+    let out = run1(
+        &src,
+        vec![
+            ("q", Tensor::new(vec![t, h, c], q.clone())),
+            ("lat", Tensor::new(vec![t, 1, c], lat.clone())),
+            ("pos", Tensor::from_i32(vec![t], &[0, 1, 2, 3, 4])),
+            ("seq", Tensor::from_i32(vec![t], &[0; 5])),
+            ("slots", Tensor::from_i32(vec![t], &slots)),
+            ("table", Tensor::from_i32(vec![1, 3], &table)),
+        ],
+        &HashMap::new(),
+        BTreeMap::from([("NB".to_string(), 4)]),
+    );
+    for ti in 0..t {
+        for hi in 0..h {
+            let qv = &q[(ti * h + hi) * c..(ti * h + hi + 1) * c];
+            let s: Vec<f32> = (0..=ti).map(|j| 0.4 * qv.iter().zip(&lat[j * c..(j + 1) * c]).map(|(a, b)| a * b).sum::<f32>()).collect();
+            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
+            for k in 0..l {
+                let want: f32 = (0..=ti).map(|j| (s[j] - m).exp() / z * lat[j * c + k]).sum();
+                assert!((out["o"].data[(ti * h + hi) * l + k] - want).abs() < 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn head_matmul_is_one_matmul_per_head() {
+    let (t, h, k, n) = (2, 3, 4, 5);
+    for tb in [false, true] {
+        let wshape = if tb { format!("{h}, {n}, {k}") } else { format!("{h}, {k}, {n}") };
+        let src =
+            format!("graph \"h\" {{\n  %a = input : f32[T, {h}, {k}]\n  %b = weight : f32[{wshape}]\n  %y = head_matmul(%a, %b) {{transpose_b = {tb}}} : f32[T, {h}, {n}]\n  output y = %y\n}}\n");
+        let (a, b) = (rand_vec(t * h * k, 7), rand_vec(h * k * n, 8));
+        let ws = weights(&[("b", DType::F32, if tb { vec![h, n, k] } else { vec![h, k, n] }, b.clone())]);
+        let out = run1(&src, vec![("a", Tensor::new(vec![t, h, k], a.clone()))], &ws, BTreeMap::new());
+        for ti in 0..t {
+            for hi in 0..h {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|i| a[(ti * h + hi) * k + i] * if tb { b[(hi * n + j) * k + i] } else { b[(hi * k + i) * n + j] }).sum();
+                    assert!((out["y"].data[(ti * h + hi) * n + j] - want).abs() < 1e-5);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn yarn_keeps_fast_dims_and_interpolates_slow_ones() {
+    // DeepSeek-V2's rope: 64 dims, base 10000, factor 40 over 4096 original positions
+    let y = Yarn { factor: 40.0, original_max_position: 4096, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0 };
+    let f = y.inv_freq(10000.0, 64);
+    let plain: Vec<f32> = (0..32).map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / 64.0)).collect();
+    // the correction range is dims 10..23 for these values: below it extrapolated (plain),
+    // above it interpolated (plain / factor), a linear blend between
+    for i in 0..10 {
+        assert!((f[i] - plain[i]).abs() <= 1e-6 * plain[i], "dim {i}");
+    }
+    for i in 23..32 {
+        assert!((f[i] - plain[i] / 40.0).abs() <= 1e-6 * plain[i], "dim {i}");
+    }
+    for i in 11..22 {
+        assert!(f[i] < plain[i] && f[i] > plain[i] / 40.0, "dim {i} blends");
+    }
+    assert!((yarn_mscale(40.0, 0.707) - (0.1 * 0.707 * 40f32.ln() + 1.0)).abs() < 1e-7);
+    assert_eq!(yarn_mscale(1.0, 0.707), 1.0);
+}

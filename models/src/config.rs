@@ -4,7 +4,8 @@
 //! ```toml
 //! [model]
 //! name = "smollm2-135m-instruct"   # plan and API model name
-//! architecture = "llama"           # llama family: Llama 2/3, SmolLM2, Qwen2 (attention biases)
+//! architecture = "llama"           # llama family: Llama 2/3, SmolLM2, Qwen2 (attention biases);
+//!                                  # deepseek: DeepSeek-V2/V2-Lite/V3/R1 (safetensors + config.json)
 //!
 //! [weights]
 //! format = "gguf"                  # gguf | safetensors | seeded
@@ -76,6 +77,8 @@ pub struct ModelSection {
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {
     Llama,
+    /// DeepSeek-V2/V3 (MLA + DeepSeekMoE), from an HF checkpoint's config.json
+    Deepseek,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]

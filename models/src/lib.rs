@@ -1,8 +1,10 @@
 //! Model front ends: `model.toml` ([`config`]), checkpoint importers ([`gguf`], [`hf`]),
-//! tokenizers ([`tokenizer`]) and architecture builders ([`llama`]). [`load`] turns a
-//! model.toml into a verified graph, its weights and its tokenizer.
+//! tokenizers ([`tokenizer`]) and architecture builders ([`llama`], [`deepseek`]). [`load`]
+//! turns a model.toml into a verified graph, its weights and its tokenizer.
 
+mod builder;
 pub mod config;
+pub mod deepseek;
 mod error;
 pub mod gguf;
 pub mod hf;
@@ -26,12 +28,27 @@ use weights::Bytes;
 /// A model ready for the compiler: verified graph, weights by checkpoint name, tokenizer.
 pub struct LoadedModel {
     pub config: ModelConfig,
+    /// the dims every architecture shares (for DeepSeek: hidden, layers, heads, vocab, the
+    /// dense MLP width; `head_dim` = qk_nope + qk_rope)
     pub dims: Dims,
+    /// the DeepSeek family's own configuration
+    pub deepseek: Option<deepseek::DeepseekConfig>,
     pub graph: Graph,
     pub weights: WeightSet,
     pub tokenizer: Option<TokenizerInfo>,
     /// where the weights came from (for the plan's metadata)
     pub weights_path: Option<PathBuf>,
+}
+
+impl LoadedModel {
+    /// The plan header's `dims`: the shared dims, and the DeepSeek config under `deepseek`.
+    pub fn dims_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(&self.dims).unwrap_or_default();
+        if let (Some(d), Some(obj)) = (&self.deepseek, v.as_object_mut()) {
+            obj.insert("deepseek".into(), serde_json::to_value(d).unwrap_or_default());
+        }
+        v
+    }
 }
 
 fn check_dims(path: &Path, given: &Dims, found: &Dims) -> Result<()> {
@@ -113,10 +130,10 @@ fn sha256_file(path: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-/// Convert matrices (rank-2 weights) to `to`, keeping vectors (norms, biases) as they are.
+/// Convert matrices (rank-2 weights, and stacked experts' rank-3) to `to`, keeping vectors (norms, biases) as they are.
 fn convert_weights(ws: &mut WeightSet, to: DType, path: &Path) -> Result<()> {
     for (name, t) in ws.tensors.iter_mut() {
-        if t.shape.len() != 2 || t.dtype == to {
+        if t.shape.len() < 2 || t.dtype == to {
             continue;
         }
         if t.bytes.seeded().is_some() {
@@ -178,7 +195,9 @@ fn seeded_weights(dims: &Dims, seed: u64, dtype: DType, naming: llama::Naming) -
 pub fn load(model_toml: &Path) -> Result<LoadedModel> {
     let config = ModelConfig::load(model_toml)?;
     let t = &config.toml;
-    let Architecture::Llama = t.model.architecture;
+    if t.model.architecture == Architecture::Deepseek {
+        return load_deepseek(config);
+    }
     let (dims, mut weights, tokenizer, naming, weights_path) = match t.weights.format {
         WeightFormat::Gguf => {
             let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
@@ -268,5 +287,43 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         weights_path: weights_path.clone().unwrap_or_else(|| "<seeded>".into()),
     };
     let graph = llama::build(&opts, &weights)?;
-    Ok(LoadedModel { config, dims, graph, weights, tokenizer, weights_path })
+    Ok(LoadedModel { config, dims, deepseek: None, graph, weights, tokenizer, weights_path })
+}
+
+/// The DeepSeek family: an HF checkpoint (safetensors + config.json beside them).
+fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
+    let t = &config.toml;
+    let cerr = |msg: String| ModelError::Config { path: config.path.clone(), msg };
+    if t.weights.format != WeightFormat::Safetensors {
+        return Err(cerr(format!(
+            "field `weights.format`: architecture \"deepseek\" reads HF safetensors + config.json (got {:?}; GGUF deepseek2 and seeded DeepSeek weights are not supported yet)",
+            t.weights.format
+        )));
+    }
+    if t.dims.is_some() {
+        return Err(cerr("field `dims`: architecture \"deepseek\" takes its dims from config.json".into()));
+    }
+    if t.parallel.as_ref().is_some_and(|p| p.tp > 1) {
+        return Err(cerr("field `parallel.tp`: tensor parallelism is not supported for deepseek yet".into()));
+    }
+    let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+    let files = hf::safetensors_files(&path)?;
+    let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(error::io(&cfg_path))?;
+    let ds = deepseek::config_from_json(&cfg_path, &text)?;
+    let mut weights = hf::load_safetensors(&files)?;
+    deepseek::stack_experts(&mut weights, &ds, &path)?;
+    if let Some(to) = config.weights {
+        convert_weights(&mut weights, to, &path)?;
+    }
+    let tok_path = t.tokenizer.as_ref().and_then(|s| s.path.as_ref()).map(|p| config.resolve(p)).unwrap_or_else(|| dir.join("tokenizer.json"));
+    let mut tokenizer = if tok_path.exists() { Some(tokenizer::from_json_file(&tok_path)?) } else { None };
+    if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
+        tok.chat_template = Some(tpl);
+    }
+    let opts = deepseek::BuildOptions { name: t.model.name.clone(), activations: config.activations, kv_cache: config.kv_cache, kv_block_size: t.limits.kv_block_size, weights_path: path.clone() };
+    let graph = deepseek::build(&opts, &ds, &weights)?;
+    let dims = ds.common_dims();
+    Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: Some(path) })
 }

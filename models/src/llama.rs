@@ -12,10 +12,11 @@
 //! `block_table[S, MB]`, `logit_rows[R]` (tokens whose logits are wanted). States: one K and
 //! one V pool per layer, `[NB, BS, KVH, D]`.
 
+use crate::builder::Builder;
 use crate::config::Dims;
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::weights::WeightSet;
-use dsc_ir::{shape, BinaryOp, DType, Dim, Graph, NodeId, Op, RopeStyle, TensorType, UnaryOp};
+use dsc_ir::{shape, BinaryOp, DType, Graph, Op, RopeStyle, TensorType, UnaryOp};
 use std::path::PathBuf;
 
 /// How a checkpoint names its tensors.
@@ -85,64 +86,13 @@ pub struct BuildOptions {
     pub weights_path: PathBuf,
 }
 
-struct B<'a> {
-    g: Graph,
-    w: &'a WeightSet,
-    o: &'a BuildOptions,
-}
-
-impl B<'_> {
-    fn terr(&self, tensor: &str, msg: String) -> ModelError {
-        ModelError::Tensor { path: self.o.weights_path.clone(), tensor: tensor.into(), msg }
-    }
-
-    /// Declare a weight, checking it exists with the expected shape and a usable dtype.
-    fn weight(&mut self, name: &str, shape: &[usize], matrix: bool) -> Result<NodeId> {
-        if let Some(id) = self.g.by_name(name) {
-            return Ok(id);
-        }
-        let t = self.w.get(name).ok_or_else(|| ModelError::MissingTensor { path: self.o.weights_path.clone(), tensor: name.into(), arch: "llama".into() })?;
-        if t.shape != shape {
-            return Err(self.terr(name, format!("shape {:?}, expected {shape:?} from the model's dims", t.shape)));
-        }
-        let ok = if matrix { !matches!(t.dtype, DType::I8 | DType::I32 | DType::I4) } else { matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) };
-        if !ok {
-            return Err(self.terr(name, format!("dtype {} cannot be used for a {}", t.dtype, if matrix { "weight matrix" } else { "norm weight or bias" })));
-        }
-        Ok(self.g.add(name, Op::Weight, &[], Some(TensorType::new(t.dtype, shape.iter().map(|&d| Dim::Const(d)))))?)
-    }
-
-    fn add(&mut self, name: impl Into<String>, op: Op, args: &[NodeId]) -> Result<NodeId> {
-        Ok(self.g.add(name, op, args, None)?)
-    }
-
-    fn act(&self, shape: Vec<Dim>) -> TensorType {
-        TensorType::new(self.o.activations, shape)
-    }
-
-    /// x @ W^T (+ bias): the checkpoint's [out, in] layout.
-    fn linear(&mut self, module: &str, x: NodeId, out: usize, inp: usize, bias: bool) -> Result<NodeId> {
-        let w = self.weight(&format!("{module}.weight"), &[out, inp], true)?;
-        let mut args = vec![x, w];
-        if bias {
-            args.push(self.weight(&format!("{module}.bias"), &[out], false)?);
-        }
-        self.add(module, Op::MatMul { transpose_b: true }, &args)
-    }
-}
-
 pub fn build(opts: &BuildOptions, weights: &WeightSet) -> Result<Graph> {
     let d = &opts.dims;
     let n = opts.naming;
-    let mut b = B { g: Graph::new(opts.name.clone()), w: weights, o: opts };
+    let mut b = Builder { g: Graph::new(opts.name.clone()), w: weights, path: &opts.weights_path, activations: opts.activations, arch: "llama" };
     let (h, kvh, hd, hid) = (d.heads, d.kv_heads, d.head_dim, d.hidden);
-    let i32t = |s: Vec<Dim>| Some(TensorType::new(DType::I32, s));
-    let tokens = b.g.add("tokens", Op::Input, &[], i32t(shape!["T"]))?;
-    let positions = b.g.add("positions", Op::Input, &[], i32t(shape!["T"]))?;
-    let seq_ids = b.g.add("seq_ids", Op::Input, &[], i32t(shape!["T"]))?;
-    let slots = b.g.add("slots", Op::Input, &[], i32t(shape!["T"]))?;
-    let table = b.g.add("block_table", Op::Input, &[], i32t(shape!["S", "MB"]))?;
-    let logit_rows = b.g.add("logit_rows", Op::Input, &[], i32t(shape!["R"]))?;
+    let inp = b.step_inputs()?;
+    let (tokens, positions, seq_ids, slots, table, logit_rows) = (inp.tokens, inp.positions, inp.seq_ids, inp.slots, inp.table, inp.logit_rows);
 
     let embed = b.weight(n.embed(), &[d.vocab, hid], true)?;
     let mut x = b.g.add("embed", Op::Gather, &[embed, tokens], Some(b.act(shape!["T", hid])))?;

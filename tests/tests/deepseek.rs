@@ -1,0 +1,183 @@
+//! The DeepSeek family on the CPU executor against HF transformers.
+//!
+//! The fixtures in tests/fixtures/deepseek/ are tiny DeepseekV2/V3ForCausalLM models with random
+//! weights, saved by HF itself with its f32 logits and greedy continuations
+//! (tests/fixtures/deepseek/make_fixtures.py, run with transformers 5.17):
+//! - `v2-lite-tiny`: V2-Lite's choices (no q_lora, softmax gate, greedy top-k, 2 shared experts,
+//!   YaRN with mscale 0.707);
+//! - `v2-tiny`: V2's (q_lora, group-limited greedy over 4 groups keeping 2, routed scaling 16);
+//! - `v3-tiny`: V3's (sigmoid gate, noaux_tc with the correction bias, renormalized, scaled 2.5,
+//!   YaRN).
+//!
+//! Each goes the user's way: model.toml → compile (the optimizer included) → plan file → CPU
+//! backend; the KV cache holds MLA's latent rows.
+
+use dsc_runtime::engine::{CpuBackend, Session};
+use dsc_runtime::generate::{generate, GenerateOptions};
+use dsc_runtime::plan::Plan;
+use dsc_runtime::sampler::SamplingParams;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+const FIXTURES: [&str; 3] = ["v2-lite-tiny", "v2-tiny", "v3-tiny"];
+
+#[derive(Deserialize)]
+struct Reference {
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    dsc_tests::root().join("tests/fixtures/deepseek").join(name)
+}
+
+fn reference(name: &str) -> Reference {
+    let p = fixture(name).join("reference.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+}
+
+fn model_toml(dir: &Path, weights: &Path, extra: &str) -> PathBuf {
+    let p = dir.join("model.toml");
+    let text = format!(
+        "[model]\nname = \"ds-tiny\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"safetensors\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n{extra}",
+        weights.display()
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Compile a fixture and open its plan (kept alive with the temp dir).
+fn plan(name: &str) -> (tempfile::TempDir, Plan) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = model_toml(dir.path(), &fixture(name), "");
+    let c = dsc_compiler::compile(&toml).unwrap_or_else(|e| panic!("{name}: compile: {e:#}"));
+    let path = dir.path().join("ds.plan");
+    dsc_compiler::write(&c, &path).unwrap();
+    let plan = Plan::open(&path).unwrap();
+    (dir, plan)
+}
+
+/// max |a - b| over max |b|, per row, worst row.
+fn worst_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "rows");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert_eq!(x.len(), y.len(), "vocab");
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+            x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
+        })
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn teacher_forced_logits_match_hf_f32() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let (_d, plan) = plan(name);
+        let graph = plan.graph().unwrap();
+        let mut backend = CpuBackend::new(&graph, &plan, 64).unwrap();
+        // the whole prompt in one step
+        let got = Session::new(&mut backend).feed(&r.prompt, true).unwrap();
+        let rel = worst_rel(&got, &r.logits);
+        assert!(rel < 1e-4, "{name}: one-step prefill logits differ from HF by {rel:e} (relative)");
+        // chunked: 7 tokens, then the rest reading them back from the latent cache
+        let mut s = Session::new(&mut backend);
+        let mut got = s.feed(&r.prompt[..7], true).unwrap();
+        got.extend(s.feed(&r.prompt[7..], true).unwrap());
+        let rel2 = worst_rel(&got, &r.logits);
+        assert!(rel2 < 1e-4, "{name}: chunked prefill logits differ from HF by {rel2:e}");
+        eprintln!("{name}: logits vs HF f32, worst row max-abs / max|logit|: {rel:.2e} one step, {rel2:.2e} chunked");
+    }
+}
+
+#[test]
+fn greedy_continuations_match_hf() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let (_d, plan) = plan(name);
+        let graph = plan.graph().unwrap();
+        let mut backend = CpuBackend::new(&graph, &plan, 64).unwrap();
+        let opts = GenerateOptions { max_tokens: r.greedy.len(), sampling: SamplingParams::default(), stop_ids: vec![] };
+        let g = generate(&mut backend, &r.prompt, &opts, |_| {}).unwrap();
+        assert_eq!(g.ids, r.greedy, "{name}: greedy continuation (decoding one token at a time over the latent cache)");
+    }
+}
+
+#[test]
+fn the_plan_records_the_latent_cache_and_the_moe_config() {
+    let (_d, plan) = plan("v3-tiny");
+    let graph = plan.graph().unwrap();
+    // one latent pool per layer, kv_lora_rank + qk_rope_head_dim = 32 + 8 per token
+    let pools: Vec<_> = dsc_runtime::engine::kv_pools(&graph).map(|(n, row)| (n.name.clone(), row)).collect();
+    assert_eq!(pools.len(), 3, "{pools:?}");
+    assert!(pools.iter().all(|(n, row)| n.ends_with("self_attn.latent_cache") && *row == 40), "{pools:?}");
+    assert_eq!(plan.header.model.architecture, "deepseek");
+    let ds = &plan.header.model.dims["deepseek"];
+    assert_eq!(ds["topk_method"], "noaux_tc");
+    assert_eq!(ds["kv_lora_rank"], 32);
+    let text = dsc_ir::text::print(&graph);
+    for op in ["mla_attention", "moe_route", "moe_experts", "head_matmul", "rope_yarn"] {
+        assert!(text.contains(op), "the graph text names {op}");
+    }
+    // the text form round-trips with the new ops' attributes
+    let back = dsc_ir::text::parse(&text).unwrap();
+    assert_eq!(dsc_ir::text::print(&back), text);
+}
+
+/// A fixture's config.json with `edit` applied, in a temp dir beside a link to its weights.
+fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("w");
+    std::fs::create_dir(&w).unwrap();
+    std::fs::copy(fixture(name).join("model.safetensors"), w.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(w.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let toml = model_toml(dir.path(), &w, "");
+    (dir, toml)
+}
+
+fn load_err(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let (_d, toml) = edited(name, edit);
+    match dsc_models::load(&toml) {
+        Ok(_) => panic!("{name}: the edited config loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn unsupported_config_values_name_the_field() {
+    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &str)> = vec![
+        ("v2-tiny", Box::new(|c| c["scoring_func"] = "sigmoid".into()), "field `scoring_func`"),
+        ("v3-tiny", Box::new(|c| c["topk_method"] = "greedy".into()), "field `topk_method`"),
+        ("v2-tiny", Box::new(|c| c["topk_method"] = "noaux_tc".into()), "field `topk_method`"),
+        ("v2-tiny", Box::new(|c| c["norm_topk_prob"] = true.into()), "field `norm_topk_prob`"),
+        ("v2-tiny", Box::new(|c| c["hidden_act"] = "gelu".into()), "field `hidden_act`"),
+        ("v2-tiny", Box::new(|c| c["n_group"] = 3.into()), "field `n_group`"),
+        ("v2-tiny", Box::new(|c| c["num_experts_per_tok"] = 5.into()), "field `num_experts_per_tok`"),
+        ("v3-tiny", Box::new(|c| c["rope_parameters"]["rope_type"] = "longrope".into()), "field `rope_parameters`"),
+        ("v3-tiny", Box::new(|c| c["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 2.0})), "field `rope_scaling`"),
+        ("v3-tiny", Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "fp8"})), "field `quantization_config`"),
+        ("v3-tiny", Box::new(|c| c["architectures"] = serde_json::json!(["MixtralForCausalLM"])), "field `architectures`"),
+        ("v3-tiny", Box::new(|c| c["kv_lora_rank"] = 0.into()), "field `kv_lora_rank`"),
+        ("v3-tiny", Box::new(|c| c["qk_rope_head_dim"] = serde_json::Value::Null), "field `qk_rope_head_dim`"),
+    ];
+    for (name, edit, want) in cases {
+        let e = load_err(name, edit);
+        assert!(e.contains(want) && e.contains("config.json"), "{name}: expected an error naming {want} and the file, got: {e}");
+    }
+}
+
+#[test]
+fn a_missing_or_mismatched_expert_names_the_tensor() {
+    // a config with more experts than the checkpoint holds
+    let e = load_err("v3-tiny", |c| {
+        c["n_routed_experts"] = 16.into();
+    });
+    assert!(e.contains("model.layers.1.mlp.experts.8.gate_proj.weight"), "{e}");
+    // a wider expert MLP than the weights: the stacked tensor's shape is checked against the dims
+    let e = load_err("v2-tiny", |c| c["moe_intermediate_size"] = 48.into());
+    assert!(e.contains("model.layers.1.mlp.experts.gate_proj.weight") && e.contains("expected"), "{e}");
+}
