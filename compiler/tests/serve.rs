@@ -129,3 +129,96 @@ fn hostile_clients_are_bounded_and_health_stays_responsive() {
     eprintln!("{out}");
     stop(s);
 }
+
+/// A word-level tokenizer for the 512-token DeepSeek fixtures: a few words the load test's
+/// prompts use, then `t<N>`; decoding joins tokens with spaces.
+fn word_tokenizer(d: &Path) -> (PathBuf, Vec<String>) {
+    let mut vocab: Vec<String> = ["<s>", "</s>", "[UNK]", "Story", "the", "and", "met", "by"].iter().map(|s| s.to_string()).collect();
+    vocab.extend((0..8).map(|i| format!("{i}:")));
+    vocab.extend("river stone light quiet paper garden engine window silver morning cloud music".split(' ').map(String::from));
+    let n = vocab.len();
+    vocab.extend((n..512).map(|i| format!("t{i}")));
+    let map: serde_json::Map<String, serde_json::Value> = vocab.iter().enumerate().map(|(i, w)| (w.clone(), i.into())).collect();
+    let tk = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 1, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": map, "unk_token": "[UNK]"}
+    });
+    let p = d.join("tokenizer.json");
+    std::fs::write(&p, tk.to_string()).unwrap();
+    std::fs::write(d.join("tokenizer_config.json"), r#"{"eos_token": "</s>", "add_bos_token": false}"#).unwrap();
+    (p, vocab)
+}
+
+/// The DeepSeek-V3 tiny fixture (MLA + MoE) served on the CPU: expert failover at start
+/// (`--disable-expert`) and at run time (`POST /admin/experts`) routes exactly as the CPU
+/// executor with the same mask predicts; then 64 concurrent streams complete, each equal to
+/// its solo run, and the KV pool is empty after.
+#[test]
+fn deepseek_plan_serves_with_expert_failover_and_64_streams() {
+    use dsc_runtime::engine::{Backend, CpuBackend};
+    let d = tempfile::tempdir().unwrap();
+    let (tok, vocab) = word_tokenizer(d.path());
+    let toml = d.path().join("ds.toml");
+    let weights = root().join("tests/fixtures/deepseek/v3-tiny");
+    std::fs::write(
+        &toml,
+        format!(
+            "[model]\nname = \"ds-v3-tiny\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"safetensors\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 128\nkv_block_size = 16\nmax_batch = 64\n\n[tokenizer]\npath = \"{}\"\n",
+            weights.display(),
+            tok.display()
+        ),
+    )
+    .unwrap();
+    let plan_path = d.path().join("ds.plan");
+    dsc(&["compile", toml.to_str().unwrap(), "-o", plan_path.to_str().unwrap()]);
+    // the expected continuations, from the CPU backend: unmasked, and with the expert disabled
+    // that changes this prompt's continuation
+    let prompt = "Story 3: the river and the cloud met by the engine and";
+    let ids: Vec<u32> = prompt.split(' ').map(|w| vocab.iter().position(|v| v == w).unwrap() as u32).collect();
+    let plan = dsc_runtime::plan::Plan::open(&plan_path).unwrap();
+    let graph = plan.graph().unwrap();
+    let mut be = CpuBackend::new(&graph, &plan, 256).unwrap();
+    let run = |be: &mut CpuBackend| {
+        let opts = dsc_runtime::generate::GenerateOptions { max_tokens: 12, sampling: Default::default(), stop_ids: vec![] };
+        dsc_runtime::generate::generate(be, &ids, &opts, |_| {}).unwrap().ids.iter().map(|&i| vocab[i as usize].clone()).collect::<Vec<_>>().join(" ")
+    };
+    let base = run(&mut be);
+    let (layer, expert, masked) = (0..8)
+        .find_map(|e| {
+            be.set_expert(1, e, false).unwrap();
+            let m = run(&mut be);
+            be.set_expert(1, e, true).unwrap();
+            (m != base).then_some((1usize, e, m))
+        })
+        .expect("some expert of layer 1 changes the continuation");
+    drop(be);
+    let s = serve(&plan_path, &["--disable-expert", &format!("{layer}:{expert}")]);
+    let out = python("failover.py", &[&s.base, "ds-v3-tiny", "test-key", &layer.to_string(), &expert.to_string(), prompt, "12"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    eprintln!("failover through the server: {v}\nexpected: base `{base}`, expert {expert} of layer {layer} disabled `{masked}`");
+    let words = |x: &serde_json::Value| x.as_str().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+    let listed = serde_json::json!({"object": "experts", "disabled": [{"layer": layer, "expert": expert}]});
+    assert_eq!(v["unauthorized"], 401, "{v}");
+    assert_eq!(v["at_start"], serde_json::json!([200, listed]), "{v}");
+    assert_eq!(words(&v["masked"]), masked, "--disable-expert: as the CPU executor predicts");
+    assert_eq!(v["enable"], serde_json::json!([200, {"object": "experts", "disabled": []}]), "{v}");
+    assert_eq!(words(&v["restored"]), base, "re-enabled");
+    assert_eq!(v["disable"], serde_json::json!([200, listed]), "{v}");
+    assert_eq!(words(&v["masked_again"]), masked, "disabled at run time");
+    assert_eq!(v["bad_layer"][0], 400, "{v}");
+    assert!(v["bad_layer"][1].as_str().unwrap().contains("layer 0 has no routed experts"), "{v}");
+    assert_eq!(v["bad_body"], 400, "{v}");
+    let metrics: Vec<&str> = v["metrics"].as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
+    let metric = |name: &str| metrics.iter().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|x| x.parse::<f64>().ok()).unwrap_or_else(|| panic!("{name} in {metrics:?}"));
+    assert_eq!(metric("dsc_moe_disabled_experts"), 1.0);
+    assert!(metric("dsc_moe_masked_selections_total") > 0.0, "{metrics:?}");
+    assert!(metric("dsc_moe_load_imbalance{layer=\"1\"}") >= 1.0, "{metrics:?}");
+    assert!(metric(&format!("dsc_moe_expert_tokens_total{{layer=\"2\",expert=")) > 0.0, "{metrics:?}");
+    // serving goes on at load, the expert still disabled
+    let json = d.path().join("load.json");
+    let out = python("load.py", &[&s.base, "ds-v3-tiny", "test-key", "--clients", "64", "--max-tokens", "16", "--json", json.to_str().unwrap()]);
+    assert!(out.contains("64 concurrent streams complete, 64 equal to solo runs"), "{out}");
+    stop(s);
+}

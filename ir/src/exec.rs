@@ -62,6 +62,8 @@ pub struct Executor<'g> {
     states: HashMap<String, Tensor>,
     fixed: BTreeMap<String, usize>,
     collective: Arc<dyn Collective>,
+    /// intermediates returned by `run` beside the outputs, by node name (see [`Executor::keep`])
+    kept: Vec<NodeId>,
 }
 
 /// How `all_reduce` nodes combine a tensor across the ranks of a tensor-parallel group.
@@ -165,7 +167,7 @@ impl<'g> Executor<'g> {
             let shape = n.ty.eval_shape(&fixed).ok_or_else(|| xerr(graph, id, format!("state shape {} needs every symbol bound at creation (bound: {fixed:?})", n.ty)))?;
             states.insert(n.name.clone(), Tensor::zeros(shape));
         }
-        Ok(Executor { graph, order, weights: w, states, fixed, collective: Arc::new(SingleRank) })
+        Ok(Executor { graph, order, weights: w, states, fixed, collective: Arc::new(SingleRank), kept: vec![] })
     }
 
     /// Run as one rank of a tensor-parallel group (see [`Collective`]).
@@ -176,6 +178,17 @@ impl<'g> Executor<'g> {
 
     pub fn state(&self, name: &str) -> Option<&Tensor> {
         self.states.get(name)
+    }
+
+    /// The graph this executor runs.
+    pub fn graph(&self) -> &'g Graph {
+        self.graph
+    }
+
+    /// Also return these nodes' values from [`Executor::run`], under their node names (a
+    /// backend's view of intermediates, e.g. MoE routing for the load metrics).
+    pub fn keep(&mut self, ids: &[NodeId]) {
+        self.kept = ids.to_vec();
     }
 
     /// A state pool, to fill or inspect (tests seed KV caches with random contents).
@@ -232,8 +245,8 @@ impl<'g> Executor<'g> {
                 *uses.get_mut(&o).expect("operand is a node") += 1;
             }
         }
-        for (_, o) in &g.outputs {
-            *uses.get_mut(o).expect("output node exists") += 1;
+        for o in g.outputs.iter().map(|(_, o)| o).chain(&self.kept) {
+            *uses.get_mut(o).ok_or_else(|| IrError::Input { name: format!("node {}", o.index()), msg: "kept node is not in the graph".into() })? += 1;
         }
         for &id in &self.order {
             let n = g.node(id);
@@ -327,6 +340,11 @@ impl<'g> Executor<'g> {
             }
         }
         let mut out = BTreeMap::new();
+        for id in &self.kept {
+            if let Some(Val::T(t)) = vals.get(id) {
+                out.insert(g.node(*id).name.clone(), t.as_ref().clone());
+            }
+        }
         for (name, id) in &g.outputs {
             let t = match &vals[id] {
                 Val::T(t) => t.as_ref().clone(),
@@ -554,7 +572,7 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             }
             Tensor::new(vec![t, h, n], out)
         }
-        Op::MoeRoute(r) => moe_route(r, a[0], a.get(1).copied())?,
+        Op::MoeRoute(r) => moe_route(r, a[0], a[1], a.get(2).copied())?,
         Op::MoeExperts => moe_experts(a[0], a[1], a[2], a[3], a[4], dtype)?,
         Op::Softmax => {
             let x = a[0];
@@ -714,54 +732,82 @@ fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-/// DeepSeekMoE's gate, one token at a time, as HF transformers' DeepseekV2/V3TopkRouter.
-fn moe_route(r: &MoeRouting, logits: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, String> {
+fn moe_route(r: &MoeRouting, logits: &Tensor, mask: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, String> {
+    if r.select == MoeSelect::NoauxTc && bias.is_none() {
+        return Err("noaux_tc needs the correction bias".into());
+    }
     let (t, e) = (logits.shape[0], logits.shape[1]);
-    let per = e / r.n_group;
     let mut out = vec![0f32; t * e];
     for ti in 0..t {
-        let row = &logits.data[ti * e..(ti + 1) * e];
-        let scores: Vec<f32> = match r.scoring {
-            MoeScoring::Softmax => {
-                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let ex: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
-                let s: f32 = ex.iter().sum();
-                ex.iter().map(|v| v / s).collect()
-            }
-            MoeScoring::Sigmoid => row.iter().map(|&v| 1.0 / (1.0 + (-v).exp())).collect(),
-        };
-        let choice: Vec<f32> = match (r.select, bias) {
-            (MoeSelect::NoauxTc, Some(b)) => scores.iter().zip(&b.data).map(|(s, b)| s + b).collect(),
-            (MoeSelect::NoauxTc, None) => return Err("noaux_tc needs the correction bias".into()),
-            _ => scores.clone(),
-        };
-        let masked: Vec<f32> = match r.select {
-            MoeSelect::Greedy => choice,
-            MoeSelect::GroupMax | MoeSelect::NoauxTc => {
-                let group_score: Vec<f32> = choice
-                    .chunks_exact(per)
-                    .map(|g| match r.select {
-                        MoeSelect::GroupMax => g.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-                        _ => top_indices(g, 2).iter().map(|&i| g[i]).sum(),
-                    })
-                    .collect();
-                let keep = top_indices(&group_score, r.topk_group);
-                // V2 masks the other groups' scores to 0, V3 its biased choice to -inf
-                let off = if r.select == MoeSelect::GroupMax { 0.0 } else { f32::NEG_INFINITY };
-                choice.iter().enumerate().map(|(i, &v)| if keep.contains(&(i / per)) { v } else { off }).collect()
-            }
-        };
-        let chosen = top_indices(&masked, r.top_k);
-        let mut w: Vec<f32> = chosen.iter().map(|&i| scores[i]).collect();
-        if r.normalize {
-            let s: f32 = w.iter().sum::<f32>() + 1e-20;
-            w.iter_mut().for_each(|v| *v /= s);
-        }
-        for (&i, v) in chosen.iter().zip(w) {
-            out[ti * e + i] = v * r.scaling;
+        for (i, w) in route_token(r, &logits.data[ti * e..(ti + 1) * e], &mask.data, bias.map(|b| &b.data[..])) {
+            out[ti * e + i] = w;
         }
     }
     Ok(Tensor::new(vec![t, e], out))
+}
+
+/// DeepSeekMoE's gate for one token, as HF transformers' DeepseekV2/V3TopkRouter: the chosen
+/// experts and their weights (scaling applied). Experts with `mask` 0 are disabled, with the
+/// least change to everyone else: the groups are ranked as without the mask (a group keeps
+/// its place), no choice falls on a disabled expert (its slot goes to the next best), and a
+/// softmax gate renormalizes over the enabled experts. The runtime uses it too (to count the
+/// selections a disabled expert would have had).
+pub fn route_token(r: &MoeRouting, logits: &[f32], mask: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let e = logits.len();
+    let per = e / r.n_group.max(1);
+    let on = |i: usize| mask[i] != 0.0;
+    if !(0..e).any(on) {
+        return vec![];
+    }
+    let softmax = |row: &[f32], keep: &dyn Fn(usize) -> bool| -> Vec<f32> {
+        let m = row.iter().enumerate().filter(|(i, _)| keep(*i)).map(|(_, &v)| v).fold(f32::NEG_INFINITY, f32::max);
+        let ex: Vec<f32> = row.iter().enumerate().map(|(i, v)| if keep(i) { (v - m).exp() } else { 0.0 }).collect();
+        let s: f32 = ex.iter().sum();
+        ex.iter().map(|v| v / s).collect()
+    };
+    let sigmoid = || logits.iter().map(|&v| 1.0 / (1.0 + (-v).exp())).collect::<Vec<f32>>();
+    // the scores that rank the groups (unmasked), and the weights' (renormalized over the enabled)
+    let (rank_scores, weights): (Vec<f32>, Vec<f32>) = match r.scoring {
+        MoeScoring::Softmax => (softmax(logits, &|_| true), softmax(logits, &on)),
+        MoeScoring::Sigmoid => (sigmoid(), sigmoid()),
+    };
+    let choice: Vec<f32> = match (r.select, bias) {
+        (MoeSelect::NoauxTc, Some(b)) => rank_scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+        _ => rank_scores,
+    };
+    let kept_group: Vec<bool> = match r.select {
+        MoeSelect::Greedy => vec![true; r.n_group.max(1)],
+        MoeSelect::GroupMax | MoeSelect::NoauxTc => {
+            let group_score: Vec<f32> = choice
+                .chunks_exact(per)
+                .map(|g| match r.select {
+                    MoeSelect::GroupMax => g.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                    _ => top_indices(g, 2).iter().map(|&i| g[i]).sum(),
+                })
+                .collect();
+            let keep = top_indices(&group_score, r.topk_group);
+            (0..group_score.len()).map(|g| keep.contains(&g)).collect()
+        }
+    };
+    // V2 masks the other groups' scores to 0 (HF's masked_fill), V3 its biased choice to -inf;
+    // a disabled expert is out of reach either way
+    let masked: Vec<f32> = (0..e)
+        .map(|i| match (on(i), kept_group[i / per]) {
+            (false, _) => f32::NEG_INFINITY,
+            (true, true) => choice[i],
+            (true, false) if r.select == MoeSelect::GroupMax => 0.0,
+            (true, false) => f32::NEG_INFINITY,
+        })
+        .collect();
+    // (fewer reachable experts than top_k leaves those slots empty)
+    let chosen: Vec<usize> = top_indices(&masked, r.top_k).into_iter().filter(|&i| masked[i] > f32::NEG_INFINITY).collect();
+    // V2 weighs by the group-masked scores (0 outside the kept groups), V3 by the unbiased ones
+    let mut w: Vec<f32> = chosen.iter().map(|&i| if r.select == MoeSelect::GroupMax && !kept_group[i / per] { 0.0 } else { weights[i] }).collect();
+    if r.normalize {
+        let s: f32 = w.iter().sum::<f32>() + 1e-20;
+        w.iter_mut().for_each(|v| *v /= s);
+    }
+    chosen.into_iter().zip(w).map(|(i, v)| (i, v * r.scaling)).collect()
 }
 
 /// The routed experts: per expert, its tokens' SwiGLU MLP weighted by their routing weight,

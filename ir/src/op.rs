@@ -185,8 +185,11 @@ pub enum Op {
         scale: f32,
         kv_lora_rank: usize,
     },
-    /// (logits[T, E], bias?[E]) -> f32 [T, E]: each token's routing weights, zero for the
-    /// experts not chosen (DeepSeekMoE's gate; see [`MoeRouting`]).
+    /// (logits[T, E], mask[E], bias?[E]) -> f32 [T, E]: each token's routing weights, zero
+    /// for the experts not chosen (DeepSeekMoE's gate; see [`MoeRouting`]). Experts whose mask
+    /// is 0 are disabled (expert failover): their logits count as -inf, so a softmax gate
+    /// renormalizes over the rest and no choice falls on them (a token with every expert
+    /// disabled routes nowhere).
     MoeRoute(MoeRouting),
     /// (x[T, D], route[T, E], gate[E, I, D], up[E, I, D], down[E, D, I]) -> [T, D]:
     /// sum over the experts e with route[t, e] != 0 of route[t, e] * down_e(silu(gate_e x) *
@@ -578,7 +581,7 @@ impl Op {
             Op::Input | Op::Weight | Op::State => (0, 0),
             Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce => (1, 1),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::RopeYarn { .. } | Op::TakeAlong | Op::HeadMatMul { .. } => (2, 2),
-            Op::MoeRoute(_) => (1, 2),
+            Op::MoeRoute(_) => (2, 3),
             Op::MlaAttention { .. } | Op::MoeExperts => (5, 5),
             Op::MatMul { .. } | Op::MatMulAct { .. } => (2, 3),
             Op::MatMulAdd { .. } => (3, 4),
@@ -821,13 +824,17 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
                     return Err("noaux_tc ranks groups by their two best experts: groups need >= 2".into());
                 }
             }
-            match (args.get(1), r.select) {
+            let mask = args[1];
+            float_act(mask, "expert mask")?;
+            rank(mask, 1, "expert mask [E]")?;
+            dims_eq(&mask.shape[0], &logits.shape[1], "expert mask length")?;
+            match (args.get(2), r.select) {
                 (Some(b), MoeSelect::NoauxTc) => {
                     float_act(b, "router bias")?;
                     rank(b, 1, "router bias [E]")?;
                     dims_eq(&b.shape[0], &logits.shape[1], "router bias length")?;
                 }
-                (None, MoeSelect::NoauxTc) => return Err("noaux_tc needs the correction bias as its second operand".into()),
+                (None, MoeSelect::NoauxTc) => return Err("noaux_tc needs the correction bias as its third operand".into()),
                 (Some(_), _) => return Err("only noaux_tc takes a correction bias".into()),
                 (None, _) => {}
             }

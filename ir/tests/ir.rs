@@ -309,7 +309,7 @@ fn moe_route_selects_as_the_deepseek_v2_and_v3_gates() {
     let logits = vec![2.0, 0.0, 1.9, 0.0, 1.8, 1.7, 0.0, 0.0];
     let src = |attrs: &str, bias: bool| {
         format!(
-            "graph \"r\" {{\n  %l = input : f32[T, 8]\n{}  %r = moe_route(%l{}) {{{attrs}}} : f32[T, 8]\n  output r = %r\n}}\n",
+            "graph \"r\" {{\n  %l = input : f32[T, 8]\n  %m = input : f32[8]\n{}  %r = moe_route(%l, %m{}) {{{attrs}}} : f32[T, 8]\n  output r = %r\n}}\n",
             if bias { "  %b = weight : f32[8]\n" } else { "" },
             if bias { ", %b" } else { "" }
         )
@@ -319,7 +319,7 @@ fn moe_route_selects_as_the_deepseek_v2_and_v3_gates() {
         let s: f32 = e.iter().sum();
         e.iter().map(|v| v / s).collect()
     };
-    let x = || vec![("l", Tensor::new(vec![1, 8], logits.clone()))];
+    let x = || vec![("l", Tensor::new(vec![1, 8], logits.clone())), ("m", Tensor::new(vec![8], vec![1.0; 8]))];
     let none = HashMap::new();
     // greedy: experts 0, 2, 4 with their softmax scores, times the scaling
     let r = run1(&src("top_k = 3, n_group = 1, topk_group = 1, scoring = softmax, select = greedy, normalize = false, scaling = 2.0", false), x(), &none, BTreeMap::new());
@@ -347,6 +347,33 @@ fn moe_route_selects_as_the_deepseek_v2_and_v3_gates() {
         })
         .collect();
     close(&r["r"].data, &want);
+    // failover: expert 2 disabled. Greedy softmax renormalizes over the other 7 and takes 0, 4, 5
+    let masked = |dis: usize| vec![("l", Tensor::new(vec![1, 8], logits.clone())), ("m", Tensor::new(vec![8], (0..8).map(|i| if i == dis { 0.0 } else { 1.0 }).collect()))];
+    let r = run1(&src("top_k = 3, n_group = 1, topk_group = 1, scoring = softmax, select = greedy, normalize = false, scaling = 1.0", false), masked(2), &none, BTreeMap::new());
+    let rest: Vec<f32> = {
+        let e: Vec<f32> = logits.iter().enumerate().map(|(i, v)| if i == 2 { 0.0 } else { v.exp() }).collect();
+        let s: f32 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    };
+    let want: Vec<f32> = (0..8).map(|i| if [0, 4, 5].contains(&i) { rest[i] } else { 0.0 }).collect();
+    close(&r["r"].data, &want);
+    // V3: expert 6 disabled; its group still wins on expert 7 + bias, then group 2 gives 4 and 5
+    let r = run1(&src("top_k = 3, n_group = 4, topk_group = 2, scoring = sigmoid, select = noaux_tc, normalize = true, scaling = 2.5", true), masked(6), &ws, BTreeMap::new());
+    let (w7, w4, w5) = (sig(0.0), sig(1.8), sig(1.7));
+    let s = w7 + w4 + w5 + 1e-20;
+    let want: Vec<f32> = (0..8)
+        .map(|i| match i {
+            4 => w4 / s * 2.5,
+            5 => w5 / s * 2.5,
+            7 => w7 / s * 2.5,
+            _ => 0.0,
+        })
+        .collect();
+    close(&r["r"].data, &want);
+    // every expert disabled: the token routes nowhere (only the shared experts remain)
+    let none_on = vec![("l", Tensor::new(vec![1, 8], logits.clone())), ("m", Tensor::new(vec![8], vec![0.0; 8]))];
+    let r = run1(&src("top_k = 3, n_group = 1, topk_group = 1, scoring = softmax, select = greedy, normalize = false, scaling = 1.0", false), none_on, &none, BTreeMap::new());
+    assert!(r["r"].data.iter().all(|&v| v == 0.0));
     // inconsistent configurations are verifier errors
     let e = parse_err(&src("top_k = 5, n_group = 4, topk_group = 2, scoring = softmax, select = group_max, normalize = false, scaling = 1.0", false));
     assert!(e.contains("top_k = 5"), "{e}");

@@ -429,6 +429,10 @@ pub fn stack_experts(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Res
     Ok(())
 }
 
+/// The step input that enables (1) or disables (0) each routed expert: f32 [MoE layers, E],
+/// rows in layer order.
+pub const EXPERT_MASK: &str = "expert_mask";
+
 pub struct BuildOptions {
     pub name: String,
     pub activations: DType,
@@ -457,6 +461,9 @@ pub fn build(opts: &BuildOptions, c: &DeepseekConfig, weights: &WeightSet) -> Re
     let cache_ty = TensorType::new(opts.kv_cache, shape!["NB", opts.kv_block_size, 1, c.latent_dim()]);
     let rope = c.rope_op();
     let scale = c.softmax_scale();
+    // expert failover: one row per MoE layer, 0 disables an expert (the runtime feeds it)
+    let moe_layers: Vec<usize> = (0..c.layers).filter(|&l| c.is_moe(l)).collect();
+    let mask = if moe_layers.is_empty() { None } else { Some(b.typed(EXPERT_MASK, Op::Input, &[], TensorType::new(DType::F32, shape![moe_layers.len(), c.n_routed_experts]))?) };
     for i in 0..c.layers {
         let m = |w: &str| format!("model.layers.{i}.{w}");
         let a = |w: &str| format!("model.layers.{i}.self_attn.{w}");
@@ -508,7 +515,11 @@ pub fn build(opts: &BuildOptions, c: &DeepseekConfig, weights: &WeightSet) -> Re
         let out = if c.is_moe(i) {
             let e = c.n_routed_experts;
             let logits = b.linear(&m("mlp.gate"), hn, e, hid, false)?;
-            let mut args = vec![logits];
+            let row = moe_layers.iter().position(|&l| l == i).expect("a MoE layer");
+            let mask = mask.expect("MoE layers have a mask");
+            let lm = b.add(m("mlp.gate.mask"), Op::Slice { axis: 0, start: row, len: 1 }, &[mask])?;
+            let lm = b.typed(m("mlp.gate.mask.row"), Op::Reshape, &[lm], TensorType::new(DType::F32, shape![e]))?;
+            let mut args = vec![logits, lm];
             if c.routing().select == MoeSelect::NoauxTc {
                 args.push(b.weight(&m("mlp.gate.e_score_correction_bias"), &[e], false)?);
             }

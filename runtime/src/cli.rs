@@ -337,6 +337,22 @@ pub struct ServeArgs {
     /// a request still queued after this long fails with a 408 timeout error (seconds)
     #[arg(long, default_value_t = 600.0)]
     pub queue_timeout_secs: f64,
+    /// MoE plans: start with routed expert E of layer L disabled (expert failover; the router
+    /// renormalizes over the rest): LAYER:EXPERT, repeatable. `POST /admin/experts` changes it
+    /// at run time
+    #[arg(long, value_name = "LAYER:EXPERT")]
+    pub disable_expert: Vec<String>,
+}
+
+/// `--disable-expert LAYER:EXPERT` values.
+pub fn parse_experts(v: &[String]) -> anyhow::Result<Vec<(usize, usize)>> {
+    v.iter()
+        .map(|s| {
+            let (l, e) = s.split_once(':').with_context(|| format!("--disable-expert {s}: expected LAYER:EXPERT"))?;
+            let n = |x: &str| x.trim().parse::<usize>().with_context(|| format!("--disable-expert {s}: `{x}` is not a number"));
+            Ok((n(l)?, n(e)?))
+        })
+        .collect()
 }
 
 fn parse_rates(rates: &[String]) -> anyhow::Result<[Option<(f64, f64)>; 3]> {
@@ -446,6 +462,7 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
         kv_first_block: ro.measure.kv_first_block,
         watchdog: crate::health::Watchdog { floor: step_timeout, factor: 10.0 },
     };
+    let disable = parse_experts(&a.disable_expert)?;
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     let path = a.plan.clone();
     let (engine, join) = crate::scheduler::spawn(
@@ -458,15 +475,20 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
                 (BackendKind::Cpu, false) => lp.run(CpuBackend::new(&graph, &plan, kv_tokens)?),
                 (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens, &ro)?),
                 (BackendKind::Cpu, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
-                (BackendKind::Gpu, true) => {
-                    crate::tp::gpu(&graph, &plan, kv_tokens, crate::tp::GpuMode::of(&ro), &ro, |r| lp.run(r))
-                }
+                (BackendKind::Gpu, true) => crate::tp::gpu(&graph, &plan, kv_tokens, crate::tp::GpuMode::of(&ro), &ro, |r| lp.run(r)),
             }
         },
         cfg,
         tok.clone(),
         metrics,
     )?;
+    for &(l, e) in &disable {
+        if let Err(err) = engine.set_expert(l, e, false) {
+            engine.shutdown();
+            let _ = join.join();
+            bail!("--disable-expert {l}:{e}: {err}");
+        }
+    }
     let scfg = crate::server::ServerConfig {
         api_key,
         max_body_bytes: a.max_body_bytes,

@@ -92,6 +92,32 @@ pub trait Backend {
     }
     /// Forget launched steps not yet collected (after a failure).
     fn discard_inflight(&mut self) {}
+    /// A MoE plan's routed experts: the MoE layers (model layer indices) and the experts per
+    /// layer; None for a dense plan.
+    fn moe_layout(&self) -> Option<(Vec<usize>, usize)> {
+        None
+    }
+    /// Expert failover: enable or disable routed expert `expert` of model layer `layer` for
+    /// the steps that follow (the router masks it and renormalizes over the rest).
+    fn set_expert(&mut self, layer: usize, expert: usize, _enabled: bool) -> Result<()> {
+        Err(RuntimeError::Request(format!("expert {expert} of layer {layer}: this plan has no routed experts (or its backend cannot mask them)")))
+    }
+    /// Routing counts since the backend started (None: a dense plan).
+    fn moe_stats(&self) -> Option<MoeStats> {
+        None
+    }
+}
+
+/// What a MoE backend has routed: `tokens[row * experts + e]` = token selections of expert e
+/// in the row-th MoE layer; `masked_selections` = selections a disabled expert would have had
+/// (the router gave them to the next best); `disabled` = (layer, expert) now masked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MoeStats {
+    pub layers: Vec<usize>,
+    pub experts: usize,
+    pub tokens: Vec<u64>,
+    pub masked_selections: u64,
+    pub disabled: Vec<(usize, usize)>,
 }
 
 impl<B: Backend + ?Sized> Backend for &mut B {
@@ -125,6 +151,15 @@ impl<B: Backend + ?Sized> Backend for &mut B {
     fn discard_inflight(&mut self) {
         (**self).discard_inflight()
     }
+    fn moe_layout(&self) -> Option<(Vec<usize>, usize)> {
+        (**self).moe_layout()
+    }
+    fn set_expert(&mut self, layer: usize, expert: usize, enabled: bool) -> Result<()> {
+        (**self).set_expert(layer, expert, enabled)
+    }
+    fn moe_stats(&self) -> Option<MoeStats> {
+        (**self).moe_stats()
+    }
 }
 
 /// The CPU reference backend: the IR executor over the plan's graph and weights.
@@ -132,6 +167,69 @@ pub struct CpuBackend<'p> {
     exec: Executor<'p>,
     blocks: usize,
     block_size: usize,
+    moe: Option<CpuMoe>,
+}
+
+/// The CPU backend's routed experts: the mask it feeds, the routers it reads back.
+struct CpuMoe {
+    /// per MoE layer, in mask-row order: (model layer, router node, its logits, its bias)
+    routers: Vec<(usize, dsc_ir::NodeId, dsc_ir::NodeId, Option<dsc_ir::NodeId>, dsc_ir::MoeRouting)>,
+    experts: usize,
+    mask: Vec<f32>,
+    stats: MoeStats,
+}
+
+impl CpuMoe {
+    /// The graph's routers (the `moe_route` nodes, named `model.layers.N.…`) and its
+    /// `expert_mask` input [MoE layers, E]; None for a dense graph.
+    fn of(graph: &Graph) -> Option<CpuMoe> {
+        let mask = graph.leaves(&dsc_ir::Op::Input).into_iter().find(|&i| graph.node(i).name == "expert_mask")?;
+        let experts = graph.node(mask).ty.shape.get(1)?.as_const()?;
+        let layer_of = |name: &str| name.strip_prefix("model.layers.")?.split('.').next()?.parse::<usize>().ok();
+        let mut routers: Vec<_> = graph
+            .node_ids()
+            .filter_map(|id| match &graph.node(id).op {
+                dsc_ir::Op::MoeRoute(r) => {
+                    let ops = graph.operands(id);
+                    Some((layer_of(&graph.node(id).name)?, id, ops[0], ops.get(2).copied(), *r))
+                }
+                _ => None,
+            })
+            .collect();
+        routers.sort_by_key(|r| r.0);
+        let n = routers.len();
+        let layers = routers.iter().map(|r| r.0).collect();
+        Some(CpuMoe { routers, experts, mask: vec![1.0; n * experts], stats: MoeStats { layers, experts, tokens: vec![0; n * experts], ..Default::default() } })
+    }
+
+    fn kept(&self) -> Vec<dsc_ir::NodeId> {
+        self.routers.iter().flat_map(|r| [r.1, r.2].into_iter().chain(r.3)).collect()
+    }
+
+    /// Count this step's routing: every selection, and those a disabled expert would have had.
+    fn count(&mut self, graph: &Graph, out: &BTreeMap<String, Tensor>) {
+        let e = self.experts;
+        for (row, (_, route, logits, bias, r)) in self.routers.iter().enumerate() {
+            let (Some(rt), Some(lg)) = (out.get(&graph.node(*route).name), out.get(&graph.node(*logits).name)) else { continue };
+            for ti in 0..rt.shape[0] {
+                for (k, &w) in rt.data[ti * e..(ti + 1) * e].iter().enumerate() {
+                    if w != 0.0 {
+                        self.stats.tokens[row * e + k] += 1;
+                    }
+                }
+            }
+            let mask = &self.mask[row * e..(row + 1) * e];
+            if mask.iter().all(|&m| m != 0.0) {
+                continue;
+            }
+            let b = bias.and_then(|b| out.get(&graph.node(b).name)).map(|t| &t.data[..]);
+            let ones = vec![1.0; e];
+            for ti in 0..lg.shape[0] {
+                let unmasked = dsc_ir::exec::route_token(r, &lg.data[ti * e..(ti + 1) * e], &ones, b);
+                self.stats.masked_selections += unmasked.iter().filter(|(i, _)| mask[*i] == 0.0).count() as u64;
+            }
+        }
+    }
 }
 
 impl<'p> CpuBackend<'p> {
@@ -147,8 +245,12 @@ impl<'p> CpuBackend<'p> {
         let blocks = kv_tokens.div_ceil(block_size).max(1);
         cpu_memory_check(graph, plan, blocks.saturating_mul(block_size), world)?;
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
-        let exec = if world == 1 { Executor::new(graph, plan, fixed)? } else { Executor::new(graph, &plan.rank_weights(graph, rank, world)?, fixed)? };
-        Ok(CpuBackend { exec: exec.with_collective(collective), blocks, block_size })
+        let mut exec = if world == 1 { Executor::new(graph, plan, fixed)? } else { Executor::new(graph, &plan.rank_weights(graph, rank, world)?, fixed)? };
+        let moe = CpuMoe::of(graph);
+        if let Some(m) = &moe {
+            exec.keep(&m.kept());
+        }
+        Ok(CpuBackend { exec: exec.with_collective(collective), blocks, block_size, moe })
     }
 }
 
@@ -197,7 +299,7 @@ fn ints(v: &[i32]) -> Tensor {
 impl Backend for CpuBackend<'_> {
     fn step(&mut self, b: &StepBatch) -> Result<Vec<Vec<f32>>> {
         b.validate()?;
-        let inputs = BTreeMap::from([
+        let mut inputs = BTreeMap::from([
             ("tokens".to_string(), ints(&b.tokens)),
             ("positions".to_string(), ints(&b.positions)),
             ("seq_ids".to_string(), ints(&b.seq_ids)),
@@ -205,7 +307,13 @@ impl Backend for CpuBackend<'_> {
             ("block_table".to_string(), Tensor::from_i32(vec![b.num_seqs, b.max_blocks], &b.block_table)),
             ("logit_rows".to_string(), ints(&b.logit_rows)),
         ]);
+        if let Some(m) = &self.moe {
+            inputs.insert("expert_mask".to_string(), Tensor::new(vec![m.routers.len(), m.experts], m.mask.clone()));
+        }
         let out = self.exec.run(&inputs)?;
+        if let Some(m) = &mut self.moe {
+            m.count(self.exec.graph(), &out);
+        }
         let logits = out.get("logits").ok_or_else(|| RuntimeError::Request("the plan's graph has no `logits` output".into()))?;
         let v = *logits.shape.last().unwrap_or(&0);
         Ok(logits.data.chunks_exact(v.max(1)).map(|r| r.to_vec()).collect())
@@ -217,6 +325,29 @@ impl Backend for CpuBackend<'_> {
 
     fn reset(&mut self) {
         self.exec.reset_states();
+    }
+
+    fn moe_layout(&self) -> Option<(Vec<usize>, usize)> {
+        self.moe.as_ref().map(|m| (m.stats.layers.clone(), m.experts))
+    }
+
+    fn set_expert(&mut self, layer: usize, expert: usize, enabled: bool) -> Result<()> {
+        let Some(m) = &mut self.moe else { return Err(RuntimeError::Request(format!("expert {expert} of layer {layer}: this plan has no routed experts"))) };
+        let row = m.stats.layers.iter().position(|&l| l == layer).ok_or_else(|| RuntimeError::Request(format!("layer {layer} has no routed experts (MoE layers: {:?})", m.stats.layers)))?;
+        if expert >= m.experts {
+            return Err(RuntimeError::Request(format!("expert {expert} of layer {layer}: the layer has {} experts", m.experts)));
+        }
+        m.mask[row * m.experts + expert] = if enabled { 1.0 } else { 0.0 };
+        m.stats.disabled.retain(|&d| d != (layer, expert));
+        if !enabled {
+            m.stats.disabled.push((layer, expert));
+            m.stats.disabled.sort();
+        }
+        Ok(())
+    }
+
+    fn moe_stats(&self) -> Option<MoeStats> {
+        self.moe.as_ref().map(|m| m.stats.clone())
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {

@@ -25,6 +25,17 @@ pub struct BlockState {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExpertLabel {
+    pub layer: String,
+    pub expert: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LayerLabel {
+    pub layer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabel {
     pub gpu: String,
 }
@@ -59,6 +70,14 @@ pub struct Metrics {
     pub gpu_memory_used: Family<GpuLabel, Gauge<f64, AtomicU64>>,
     pub gpu_temperature: Family<GpuLabel, Gauge<f64, AtomicU64>>,
     pub gpu_ecc_errors: Family<GpuLabel, Gauge<f64, AtomicU64>>,
+    /// MoE plans: token selections per (layer, routed expert)
+    pub moe_expert_tokens: Family<ExpertLabel, Counter>,
+    /// MoE plans: per layer, the busiest expert's selections over the mean (1 = balanced)
+    pub moe_imbalance: Family<LayerLabel, Gauge<f64, AtomicU64>>,
+    /// MoE plans: selections a disabled expert would have had (given to the next best)
+    pub moe_masked_selections: Counter,
+    /// MoE plans: routed experts disabled now (expert failover)
+    pub moe_disabled_experts: Gauge,
 }
 
 impl Default for Metrics {
@@ -96,6 +115,10 @@ impl Metrics {
             gpu_memory_used: Family::default(),
             gpu_temperature: Family::default(),
             gpu_ecc_errors: Family::default(),
+            moe_expert_tokens: Family::default(),
+            moe_imbalance: Family::default(),
+            moe_masked_selections: Counter::default(),
+            moe_disabled_experts: Gauge::default(),
             registry: Registry::default(),
         };
         r.register("time_to_first_token_seconds", "Time from arrival to the first generated token", m.ttft.clone());
@@ -122,6 +145,10 @@ impl Metrics {
         r.register("gpu_memory_used_bytes", "GPU memory used (NVML)", m.gpu_memory_used.clone());
         r.register("gpu_temperature_celsius", "GPU temperature (NVML)", m.gpu_temperature.clone());
         r.register("gpu_ecc_uncorrected_errors", "Uncorrected ECC errors, volatile (NVML)", m.gpu_ecc_errors.clone());
+        r.register("moe_expert_tokens", "Token selections per MoE layer and routed expert", m.moe_expert_tokens.clone());
+        r.register("moe_load_imbalance", "Per MoE layer: the busiest routed expert's selections / the mean (1 = balanced)", m.moe_imbalance.clone());
+        r.register("moe_masked_selections", "Router selections a disabled expert would have had (given to the next best expert)", m.moe_masked_selections.clone());
+        r.register("moe_disabled_experts", "Routed experts disabled now (expert failover)", m.moe_disabled_experts.clone());
         // series that exist from the start (dashboards and autoscalers see zeros, not gaps)
         for p in ["high", "normal", "low"] {
             let _ = m.queue_depth.get_or_create(&PriorityLabel { priority: p.into() });

@@ -32,10 +32,10 @@
 //! row ended by a stop token has one discarded position computed; its blocks may be freed while
 //! that step runs, safely, because every later use of them is behind it on the same stream.
 
-use crate::engine::{Backend, StepBatch};
+use crate::engine::{Backend, MoeStats, StepBatch};
 use crate::error::{Result, RuntimeError};
 use crate::kv::{BlockManager, KvStats, SeqBlocks};
-use crate::metrics::{BlockState, Metrics, PriorityLabel};
+use crate::metrics::{BlockState, ExpertLabel, LayerLabel, Metrics, PriorityLabel};
 use crate::sampler::{logprobs, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use std::collections::{HashMap, VecDeque};
@@ -126,7 +126,6 @@ impl Default for SchedulerConfig {
         }
     }
 }
-
 
 /// What a client asks for (already tokenized and validated).
 pub struct GenRequest {
@@ -232,6 +231,9 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 enum Command {
     Submit(GenRequest),
+    /// expert failover: (layer, expert, enabled); the reply is the disabled list after it
+    SetExpert(usize, usize, bool, std::sync::mpsc::Sender<Result<Vec<(usize, usize)>>>),
+    DisabledExperts(std::sync::mpsc::Sender<Result<Vec<(usize, usize)>>>),
     Shutdown,
 }
 
@@ -324,6 +326,8 @@ pub struct Engine<B: Backend + ?Sized> {
     running: Vec<u64>,
     buckets: [Option<Bucket>; 3],
     pool_blocks: usize,
+    /// the backend's MoE routing counts the metrics last saw
+    moe_seen: Option<MoeStats>,
     gen_window: VecDeque<(Instant, usize)>,
     /// the sequences, in row order, of the pipelined greedy step in flight (launched, its
     /// token ids not yet collected); each has `computed` == its tokens' length, the pending
@@ -350,6 +354,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             running: vec![],
             buckets,
             pool_blocks: blocks,
+            moe_seen: None,
             gen_window: VecDeque::new(),
             pending: None,
             pending_steps: 1,
@@ -893,7 +898,45 @@ impl<B: Backend + ?Sized> Engine<B> {
         }
     }
 
+    /// Expert failover (see [`EngineHandle::set_expert`]).
+    pub fn set_expert(&mut self, layer: usize, expert: usize, enabled: bool) -> Result<Vec<(usize, usize)>> {
+        self.backend.set_expert(layer, expert, enabled)?;
+        let disabled = self.backend.moe_stats().map(|s| s.disabled).unwrap_or_default();
+        self.metrics.moe_disabled_experts.set(disabled.len() as i64);
+        tracing::warn!(target: "dsc::engine", "expert {expert} of layer {layer} {}; disabled now: {disabled:?}", if enabled { "enabled" } else { "disabled" });
+        Ok(disabled)
+    }
+
+    /// The routed experts disabled now; an error for a dense plan.
+    pub fn disabled_experts(&self) -> Result<Vec<(usize, usize)>> {
+        self.backend.moe_stats().map(|s| s.disabled).ok_or_else(|| RuntimeError::Request("this plan has no routed experts".into()))
+    }
+
+    /// Bring the MoE metrics up to the backend's routing counts.
+    fn update_moe_metrics(&mut self) {
+        let Some(s) = self.backend.moe_stats() else { return };
+        let last = self.moe_seen.get_or_insert_with(|| MoeStats { tokens: vec![0; s.tokens.len()], ..Default::default() });
+        let m = &self.metrics;
+        for (row, &layer) in s.layers.iter().enumerate() {
+            let counts = &s.tokens[row * s.experts..(row + 1) * s.experts];
+            for (e, &n) in counts.iter().enumerate() {
+                let d = n.saturating_sub(last.tokens.get(row * s.experts + e).copied().unwrap_or(0));
+                if d > 0 {
+                    m.moe_expert_tokens.get_or_create(&ExpertLabel { layer: layer.to_string(), expert: e.to_string() }).inc_by(d);
+                }
+            }
+            let total: u64 = counts.iter().sum();
+            if total > 0 {
+                let max = *counts.iter().max().unwrap_or(&0) as f64;
+                m.moe_imbalance.get_or_create(&LayerLabel { layer: layer.to_string() }).set(max / (total as f64 / s.experts as f64));
+            }
+        }
+        m.moe_masked_selections.inc_by(s.masked_selections.saturating_sub(last.masked_selections));
+        *last = s;
+    }
+
     fn update_gauges(&mut self) {
+        self.update_moe_metrics();
         let m = &self.metrics;
         for p in Priority::ALL {
             m.queue_depth.get_or_create(&PriorityLabel { priority: p.name().into() }).set(self.waiting[p as usize].len() as i64);
@@ -940,6 +983,19 @@ impl EngineHandle {
     }
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
+    }
+    /// The routed experts disabled now, as (layer, expert); an error for a dense plan.
+    pub fn disabled_experts(&self) -> Result<Vec<(usize, usize)>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send(Command::DisabledExperts(tx)).map_err(|_| RuntimeError::Request("the engine has stopped".into()))?;
+        rx.recv().map_err(|_| RuntimeError::Request("the engine stopped before it answered".into()))?
+    }
+    /// Expert failover: enable or disable a routed expert from the next step on; returns the
+    /// experts disabled after it, as (layer, expert). Blocks until the engine is between steps.
+    pub fn set_expert(&self, layer: usize, expert: usize, enabled: bool) -> Result<Vec<(usize, usize)>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send(Command::SetExpert(layer, expert, enabled, tx)).map_err(|_| RuntimeError::Request("the engine has stopped".into()))?;
+        rx.recv().map_err(|_| RuntimeError::Request("the engine stopped before it answered".into()))?
     }
     pub fn alive(&self) -> bool {
         self.health.alive()
@@ -990,6 +1046,12 @@ impl EngineLoop {
                 };
                 match cmd {
                     Command::Submit(r) => e.submit_isolated(r),
+                    Command::SetExpert(layer, expert, on, reply) => {
+                        let _ = reply.send(e.set_expert(layer, expert, on));
+                    }
+                    Command::DisabledExperts(reply) => {
+                        let _ = reply.send(e.disabled_experts());
+                    }
                     Command::Shutdown => stopping = true,
                 }
             }

@@ -182,6 +182,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/admin/experts", get(admin_experts_get).post(admin_experts_set))
         .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such endpoint".into(), kind: "invalid_request_error", param: None, code: Some("not_found") } })
         .method_not_allowed_fallback(|| async {
             ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: "this endpoint does not take that method".into(), kind: "invalid_request_error", param: None, code: Some("method_not_allowed") }
@@ -211,6 +212,66 @@ async fn ready(State(s): State<Arc<AppState>>) -> Response {
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     crate::nvml::sample(&s.metrics);
     ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode()).into_response()
+}
+
+/// The admin endpoints act on the whole engine: they need an API key configured and given.
+fn admin_auth(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    if s.cfg.api_key.is_none() {
+        s.metrics.error("auth");
+        return Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            message: "the admin endpoints need the server to run with --api-key".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("admin_disabled"),
+        });
+    }
+    auth(s, headers)
+}
+
+/// The engine's answer to a failover command, off the async runtime (it waits for a step).
+async fn set_expert(s: &AppState, layer: usize, expert: usize, enabled: bool) -> Result<Vec<(usize, usize)>, ApiError> {
+    let engine = s.engine.clone();
+    tokio::task::spawn_blocking(move || engine.set_expert(layer, expert, enabled)).await.map_err(|_| ApiError::engine_gone())?.map_err(|e| ApiError::bad(e.to_string(), None))
+}
+
+fn experts_body(disabled: &[(usize, usize)]) -> Value {
+    json!({"object": "experts", "disabled": disabled.iter().map(|(l, e)| json!({"layer": l, "expert": e})).collect::<Vec<_>>()})
+}
+
+/// `GET /admin/experts`: the routed experts disabled now.
+async fn admin_experts_get(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = admin_auth(&s, &headers) {
+        return e.into_response();
+    }
+    let engine = s.engine.clone();
+    match tokio::task::spawn_blocking(move || engine.disabled_experts()).await {
+        Ok(Ok(d)) => Json(experts_body(&d)).into_response(),
+        Ok(Err(e)) => ApiError::bad(e.to_string(), None).into_response(),
+        Err(_) => ApiError::engine_gone().into_response(),
+    }
+}
+
+/// `POST /admin/experts` `{"layer": L, "expert": E, "enabled": false}`: expert failover (the
+/// router masks a disabled expert and renormalizes over the rest; requests in flight go on).
+async fn admin_experts_set(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(e) = admin_auth(&s, &headers) {
+        return e.into_response();
+    }
+    let v = match read_json(&s, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let field = |k: &'static str| v[k].as_u64().map(|x| x as usize).ok_or_else(|| ApiError::bad(format!("`{k}` must be a non-negative integer"), Some(k)));
+    let (layer, expert) = match (field("layer"), field("expert")) {
+        (Ok(l), Ok(e)) => (l, e),
+        (Err(e), _) | (_, Err(e)) => return e.into_response(),
+    };
+    let Some(enabled) = v["enabled"].as_bool() else { return ApiError::bad("`enabled` must be true or false", Some("enabled")).into_response() };
+    match set_expert(&s, layer, expert, enabled).await {
+        Ok(d) => Json(experts_body(&d)).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {

@@ -181,3 +181,84 @@ fn a_missing_or_mismatched_expert_names_the_tensor() {
     let e = load_err("v2-tiny", |c| c["moe_intermediate_size"] = 48.into());
     assert!(e.contains("model.layers.1.mlp.experts.gate_proj.weight") && e.contains("expected"), "{e}");
 }
+
+/// Greedy ids of `prompt` on a fresh session, and the backend's routing counts after.
+fn greedy(backend: &mut CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
+    let opts = GenerateOptions { max_tokens: n, sampling: SamplingParams::default(), stop_ids: vec![] };
+    generate(backend, prompt, &opts, |_| {}).unwrap().ids
+}
+
+#[test]
+fn failover_masks_an_expert_and_the_router_renormalizes_over_the_rest() {
+    use dsc_runtime::engine::Backend;
+    for name in ["v2-lite-tiny", "v3-tiny"] {
+        let r = reference(name);
+        let (_d, plan) = plan(name);
+        let graph = plan.graph().unwrap();
+        let mut be = CpuBackend::new(&graph, &plan, 64).unwrap();
+        assert_eq!(be.moe_layout(), Some((vec![1, 2], 8)));
+        let base = Session::new(&mut be).feed(&r.prompt, true).unwrap();
+        let s0 = be.moe_stats().unwrap();
+        // every token picks top_k = 3 experts in each MoE layer
+        assert_eq!(s0.tokens[..8].iter().sum::<u64>(), 3 * r.prompt.len() as u64, "{name}: {:?}", s0.tokens);
+        // disable layer 1's busiest expert
+        let x = (0..8).max_by_key(|&e| s0.tokens[e]).unwrap();
+        be.set_expert(1, x, false).unwrap();
+        let masked = Session::new(&mut be).feed(&r.prompt, true).unwrap();
+        let s1 = be.moe_stats().unwrap();
+        assert_eq!(s1.disabled, vec![(1, x)]);
+        assert_eq!(s1.tokens[x], s0.tokens[x], "{name}: no token routes to the disabled expert");
+        // still 3 experts per token in layer 1: the selections moved to the next best
+        assert_eq!(s1.tokens[..8].iter().sum::<u64>() - s0.tokens[..8].iter().sum::<u64>(), 3 * r.prompt.len() as u64);
+        // layer 1's router sees the same inputs, so exactly its selections of x were redirected
+        assert_eq!(s1.masked_selections, s0.tokens[x], "{name}");
+        assert!(worst_rel(&masked, &base) > 1e-3, "{name}: disabling expert {x} must change the logits");
+        // the executor fed the same mask directly agrees with the backend
+        let mut ex = dsc_ir::Executor::new(&graph, &plan, std::collections::BTreeMap::from([("NB".to_string(), 16)])).unwrap();
+        let t = r.prompt.len();
+        let ints = |v: Vec<i32>| dsc_ir::Tensor::from_i32(vec![v.len()], &v);
+        let mut mask = vec![1.0; 16];
+        mask[x] = 0.0;
+        let inputs = std::collections::BTreeMap::from([
+            ("tokens".to_string(), ints(r.prompt.iter().map(|&i| i as i32).collect())),
+            ("positions".to_string(), ints((0..t as i32).collect())),
+            ("seq_ids".to_string(), ints(vec![0; t])),
+            ("slots".to_string(), ints((0..t as i32).collect())),
+            ("block_table".to_string(), dsc_ir::Tensor::from_i32(vec![1, 16], &(0..16).collect::<Vec<i32>>())),
+            ("logit_rows".to_string(), ints((0..t as i32).collect())),
+            ("expert_mask".to_string(), dsc_ir::Tensor::new(vec![2, 8], mask)),
+        ]);
+        let out = ex.run(&inputs).unwrap();
+        let direct: Vec<Vec<f32>> = out["logits"].data.chunks(512).map(|c| c.to_vec()).collect();
+        assert!(worst_rel(&masked, &direct) < 1e-6, "{name}: backend vs executor with the same mask");
+        // generation goes on, and re-enabling restores the exact unmasked results
+        assert_eq!(greedy(&mut be, &r.prompt, 4).len(), 4);
+        be.set_expert(1, x, true).unwrap();
+        assert!(be.moe_stats().unwrap().disabled.is_empty());
+        let again = Session::new(&mut be).feed(&r.prompt, true).unwrap();
+        assert_eq!(again, base, "{name}: re-enabled");
+        assert_eq!(greedy(&mut be, &r.prompt, r.greedy.len()), r.greedy);
+        // an expert no token chose: with a sigmoid gate (V3) nothing changes; a softmax gate (V2)
+        // renormalizes its probability over the rest, so the weights change, the choices do not
+        if let Some(idle) = (0..8).find(|&e| s0.tokens[e] == 0) {
+            be.set_expert(1, idle, false).unwrap();
+            let before = be.moe_stats().unwrap();
+            let got = Session::new(&mut be).feed(&r.prompt, true).unwrap();
+            let after = be.moe_stats().unwrap();
+            assert_eq!(after.masked_selections, before.masked_selections, "{name}");
+            let d = worst_rel(&got, &base);
+            if name == "v3-tiny" {
+                assert_eq!(got, base, "{name}: disabling idle expert {idle}");
+            } else {
+                assert!(d > 0.0 && d < 0.5, "{name}: {d}");
+            }
+            be.set_expert(1, idle, true).unwrap();
+        }
+        // bad requests name what is wrong and change nothing
+        let e = be.set_expert(0, 1, false).unwrap_err().to_string();
+        assert!(e.contains("layer 0 has no routed experts"), "{e}");
+        let e = be.set_expert(2, 8, false).unwrap_err().to_string();
+        assert!(e.contains("expert 8") && e.contains("8 experts"), "{e}");
+        assert!(be.moe_stats().unwrap().disabled.is_empty());
+    }
+}
