@@ -74,8 +74,22 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
     // launches nothing (their work is in another node's kernel) and nodes whose step runs a
     // fused kernel
     let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().filter(|s| runs(s)).map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
+    // a weight's reshape or slice (MLA's per-head halves of kv_b_proj): constant, read by its user
+    let weight_view = |id: dsc_ir::NodeId| {
+        let mut id = id;
+        loop {
+            match g.node(id).op {
+                Op::Weight => return true,
+                Op::Reshape | Op::Slice { .. } => id = g.operands(id)[0],
+                _ => return false,
+            }
+        }
+    };
     for id in order {
         let n = g.node(id);
+        if weight_view(id) && !n.op.is_leaf() {
+            continue;
+        }
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
             continue;
         }
@@ -111,6 +125,31 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
             // ... and positions and slots
             Op::RopeCacheWrite { .. } => (n.op.name().to_string(), numel(ops[1]) as f64 * 4.0 + nbytes(n.ty.dtype, numel(ops[1])) + 8.0 * numel(ops[2]) as f64, numel(ops[1]) as f64 * 3.0),
             Op::Gather => (n.op.name().to_string(), 2.0 * out_b, 0.0),
+            // each token reads its context's latent rows once for all heads
+            Op::MlaAttention { kv_lora_rank, .. } => {
+                let cache = g.node(ops[1]);
+                let c = cache.ty.shape[3].as_const().unwrap_or(0);
+                let q = numel(ops[0]) as f64;
+                (n.op.name().to_string(), nbytes(cache.ty.dtype, tokens * context * c) + q * 4.0 + out_b, 2.0 * q / c.max(1) as f64 * context as f64 * (c + kv_lora_rank) as f64)
+            }
+            Op::HeadMatMul { .. } => {
+                let w = g.node(ops[1]);
+                let inb: f64 = ops.iter().map(|&o| nbytes(g.node(o).ty.dtype, numel(o))).sum();
+                let k = g.node(ops[0]).ty.shape[2].as_const().unwrap_or(0);
+                (format!("head_matmul {}", w.ty.dtype), inb + out_b, 2.0 * numel(id) as f64 * k as f64)
+            }
+            // the experts the tokens chose: at most tokens x top_k of them are read
+            Op::MoeExperts => {
+                let gate = g.node(ops[2]);
+                let s: Vec<usize> = gate.ty.shape.iter().filter_map(|d| d.as_const()).collect();
+                let (e, i, d) = (s[0], s[1], s[2]);
+                let k = match g.node(ops[1]).op {
+                    Op::MoeRoute(r) => r.top_k,
+                    _ => e,
+                };
+                let active = e.min(tokens * k);
+                (format!("moe_experts {e}x(3x{i}x{d}) {} top-{k}", gate.ty.dtype), nbytes(gate.ty.dtype, active * 3 * i * d) + 2.0 * numel(ops[0]) as f64 * 4.0, 6.0 * (tokens * k * i * d) as f64)
+            }
             op => {
                 let inb: f64 = ops.iter().map(|&o| nbytes(g.node(o).ty.dtype, numel(o))).sum();
                 (op.name().to_string(), inb + out_b, numel(id) as f64 * 2.0)

@@ -102,6 +102,10 @@ pub struct WeightsSection {
     pub seed: Option<u64>,
     #[serde(default)]
     pub dtype: Option<String>,
+    /// seeded DeepSeek only: the HF config.json that gives the architecture (relative to
+    /// model.toml), e.g. `deepseek-v2-lite.config.json`
+    #[serde(default)]
+    pub config: Option<PathBuf>,
 }
 
 /// Architecture dimensions (llama family).
@@ -320,9 +324,23 @@ impl ModelConfig {
             return Err(cerr(format!("fields `limits.max_seq_len` ({}, at most {}) / `limits.max_batch` ({}, at most {}) out of bounds", l.max_seq_len, bounds::SEQ, l.max_batch, bounds::BATCH)));
         }
         match toml.weights.format {
+            WeightFormat::Seeded if toml.model.architecture == Architecture::Deepseek => {
+                if toml.weights.config.is_none() {
+                    return Err(cerr("seeded deepseek weights need `weights.config` (an HF config.json giving the architecture)".into()));
+                }
+                if toml.weights.path.is_some() {
+                    return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
+                }
+                if let Some(d) = &toml.weights.dtype {
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?;
+                }
+            }
             WeightFormat::Seeded => {
                 if toml.dims.is_none() {
                     return Err(cerr("seeded weights need a [dims] table".into()));
+                }
+                if toml.weights.config.is_some() {
+                    return Err(cerr("field `weights.config` is for seeded deepseek weights (llama takes [dims])".into()));
                 }
                 if toml.weights.path.is_some() {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
@@ -335,8 +353,8 @@ impl ModelConfig {
                 if toml.weights.path.is_none() {
                     return Err(cerr("missing field `weights.path`".into()));
                 }
-                if toml.weights.seed.is_some() || toml.weights.dtype.is_some() {
-                    return Err(cerr("fields `weights.seed` / `weights.dtype` are only for format = \"seeded\"".into()));
+                if toml.weights.seed.is_some() || toml.weights.dtype.is_some() || toml.weights.config.is_some() {
+                    return Err(cerr("fields `weights.seed` / `weights.dtype` / `weights.config` are only for format = \"seeded\"".into()));
                 }
             }
         }

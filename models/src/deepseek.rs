@@ -433,6 +433,62 @@ pub fn stack_experts(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Res
 /// rows in layer order.
 pub const EXPERT_MASK: &str = "expert_mask";
 
+/// Every weight the graph reads, with its shape (the stacked experts included): what a
+/// checkpoint must hold, and what seeded weights generate.
+pub fn weight_shapes(c: &DeepseekConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hid, qk, l, r, vd) = (c.heads, c.hidden, c.qk_head_dim(), c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim);
+    let mut v: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![c.vocab, hid])];
+    let mlp = |v: &mut Vec<(String, Vec<usize>)>, m: String, ffn: usize| {
+        v.push((format!("{m}.gate_proj.weight"), vec![ffn, hid]));
+        v.push((format!("{m}.up_proj.weight"), vec![ffn, hid]));
+        v.push((format!("{m}.down_proj.weight"), vec![hid, ffn]));
+    };
+    for i in 0..c.layers {
+        let a = |w: &str| format!("model.layers.{i}.self_attn.{w}");
+        v.push((format!("model.layers.{i}.input_layernorm.weight"), vec![hid]));
+        match c.q_lora_rank {
+            None => v.push((a("q_proj.weight"), vec![h * qk, hid])),
+            Some(q) => {
+                v.push((a("q_a_proj.weight"), vec![q, hid]));
+                v.push((a("q_a_layernorm.weight"), vec![q]));
+                v.push((a("q_b_proj.weight"), vec![h * qk, q]));
+            }
+        }
+        v.push((a("kv_a_proj_with_mqa.weight"), vec![l + r, hid]));
+        v.push((a("kv_a_layernorm.weight"), vec![l]));
+        v.push((a("kv_b_proj.weight"), vec![h * (c.qk_nope_head_dim + vd), l]));
+        v.push((a("o_proj.weight"), vec![hid, h * vd]));
+        if c.attention_bias {
+            for (w, n) in [("q_a_proj", c.q_lora_rank.unwrap_or(0)), ("kv_a_proj_with_mqa", l + r), ("o_proj", hid)] {
+                if n > 0 {
+                    v.push((a(&format!("{w}.bias")), vec![n]));
+                }
+            }
+        }
+        v.push((format!("model.layers.{i}.post_attention_layernorm.weight"), vec![hid]));
+        if c.is_moe(i) {
+            let e = c.n_routed_experts;
+            v.push((format!("model.layers.{i}.mlp.gate.weight"), vec![e, hid]));
+            if c.routing().select == MoeSelect::NoauxTc {
+                v.push((format!("model.layers.{i}.mlp.gate.e_score_correction_bias"), vec![e]));
+            }
+            v.push((stacked_name(i, "gate_proj"), vec![e, c.moe_ffn, hid]));
+            v.push((stacked_name(i, "up_proj"), vec![e, c.moe_ffn, hid]));
+            v.push((stacked_name(i, "down_proj"), vec![e, hid, c.moe_ffn]));
+            if c.n_shared_experts > 0 {
+                mlp(&mut v, format!("model.layers.{i}.mlp.shared_experts"), c.moe_ffn * c.n_shared_experts);
+            }
+        } else {
+            mlp(&mut v, format!("model.layers.{i}.mlp"), c.ffn);
+        }
+    }
+    v.push(("model.norm.weight".into(), vec![hid]));
+    if !c.tie_embeddings {
+        v.push(("lm_head.weight".into(), vec![c.vocab, hid]));
+    }
+    v
+}
+
 pub struct BuildOptions {
     pub name: String,
     pub activations: DType,

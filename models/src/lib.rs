@@ -148,21 +148,24 @@ fn convert_weights(ws: &mut WeightSet, to: DType, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A seeded tensor: matrices in `dtype` scaled 1/sqrt(fan-in), vectors f32 (norm weights ones).
+fn seeded_tensor(ws: &mut WeightSet, seed: u64, dtype: DType, name: String, shape: Vec<usize>) -> Result<()> {
+    let n: usize = shape.iter().product();
+    let vector = shape.len() == 1;
+    let fan_in = *shape.last().unwrap_or(&1) as f32;
+    let dt = if vector { DType::F32 } else { dtype };
+    if dt.bytes_for(n).is_none() {
+        return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") });
+    }
+    let spec = weights::SeededSpec { seed, scale: 1.0 / fan_in.sqrt(), ones: vector && name.contains("norm") };
+    let bytes = Bytes::Seeded { spec, name: name.clone(), dtype: dt, numel: n, cache: Default::default() };
+    ws.insert(name, WeightTensor { dtype: dt, shape, bytes });
+    Ok(())
+}
+
 fn seeded_weights(dims: &Dims, seed: u64, dtype: DType, naming: llama::Naming) -> Result<WeightSet> {
     let mut ws = WeightSet::default();
-    let mut add = |name: String, shape: Vec<usize>| {
-        let n: usize = shape.iter().product();
-        let vector = shape.len() == 1;
-        let fan_in = *shape.last().unwrap_or(&1) as f32;
-        let dt = if vector { DType::F32 } else { dtype };
-        if dt.bytes_for(n).is_none() {
-            return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") });
-        }
-        let spec = weights::SeededSpec { seed, scale: 1.0 / fan_in.sqrt(), ones: vector && name.contains("norm") };
-        let bytes = Bytes::Seeded { spec, name: name.clone(), dtype: dt, numel: n, cache: Default::default() };
-        ws.insert(name, WeightTensor { dtype: dt, shape, bytes });
-        Ok::<_, ModelError>(())
-    };
+    let mut add = |name: String, shape: Vec<usize>| seeded_tensor(&mut ws, seed, dtype, name, shape);
     let (h, kvh, hd, hid) = (dims.heads, dims.kv_heads, dims.head_dim, dims.hidden);
     add(naming.embed().into(), vec![dims.vocab, hid])?;
     for i in 0..dims.layers {
@@ -294,11 +297,8 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
 fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     let t = &config.toml;
     let cerr = |msg: String| ModelError::Config { path: config.path.clone(), msg };
-    if t.weights.format != WeightFormat::Safetensors {
-        return Err(cerr(format!(
-            "field `weights.format`: architecture \"deepseek\" reads HF safetensors + config.json (got {:?}; GGUF deepseek2 and seeded DeepSeek weights are not supported yet)",
-            t.weights.format
-        )));
+    if t.weights.format == WeightFormat::Gguf {
+        return Err(cerr("field `weights.format`: GGUF files of architecture deepseek2 are not supported yet (use the HF safetensors + config.json)".into()));
     }
     if t.dims.is_some() {
         return Err(cerr("field `dims`: architecture \"deepseek\" takes its dims from config.json".into()));
@@ -306,14 +306,30 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     if t.parallel.as_ref().is_some_and(|p| p.tp > 1) {
         return Err(cerr("field `parallel.tp`: tensor parallelism is not supported for deepseek yet".into()));
     }
-    let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
-    let files = hf::safetensors_files(&path)?;
-    let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
-    let cfg_path = dir.join("config.json");
+    let seeded = t.weights.format == WeightFormat::Seeded;
+    let (path, cfg_path) = if seeded {
+        let c = config.resolve(t.weights.config.as_ref().expect("checked by ModelConfig"));
+        (PathBuf::from("<seeded>"), c)
+    } else {
+        let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+        let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+        (path, dir.join("config.json"))
+    };
+    let dir = cfg_path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let text = std::fs::read_to_string(&cfg_path).map_err(error::io(&cfg_path))?;
     let ds = deepseek::config_from_json(&cfg_path, &text)?;
-    let mut weights = hf::load_safetensors(&files)?;
-    deepseek::stack_experts(&mut weights, &ds, &path)?;
+    let mut weights = if seeded {
+        let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| cerr(e))?;
+        let mut ws = WeightSet::default();
+        for (name, shape) in deepseek::weight_shapes(&ds) {
+            seeded_tensor(&mut ws, t.weights.seed.unwrap_or(0), dtype, name, shape)?;
+        }
+        ws
+    } else {
+        let mut ws = hf::load_safetensors(&hf::safetensors_files(&path)?)?;
+        deepseek::stack_experts(&mut ws, &ds, &path)?;
+        ws
+    };
     if let Some(to) = config.weights {
         convert_weights(&mut weights, to, &path)?;
     }
@@ -325,5 +341,5 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     let opts = deepseek::BuildOptions { name: t.model.name.clone(), activations: config.activations, kv_cache: config.kv_cache, kv_block_size: t.limits.kv_block_size, weights_path: path.clone() };
     let graph = deepseek::build(&opts, &ds, &weights)?;
     let dims = ds.common_dims();
-    Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: Some(path) })
+    Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: (!seeded).then_some(path) })
 }

@@ -262,3 +262,37 @@ fn failover_masks_an_expert_and_the_router_renormalizes_over_the_rest() {
         assert!(be.moe_stats().unwrap().disabled.is_empty());
     }
 }
+
+#[test]
+fn weight_shapes_list_exactly_what_an_hf_checkpoint_holds() {
+    for name in FIXTURES {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dsc_models::load(&model_toml(dir.path(), &fixture(name), "")).unwrap();
+        let ds = m.deepseek.as_ref().unwrap();
+        let want: std::collections::BTreeMap<String, Vec<usize>> = dsc_models::deepseek::weight_shapes(ds).into_iter().collect();
+        let got: std::collections::BTreeMap<String, Vec<usize>> = m.weights.tensors.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+        assert_eq!(got, want, "{name}: the checkpoint (experts stacked) vs weight_shapes");
+    }
+}
+
+#[test]
+fn seeded_deepseek_shapes_load_with_the_real_models_dims() {
+    let root = dsc_tests::root();
+    // DeepSeek-V2-Lite: 15.7B parameters (DeepSeek's model card), 576 latent values per token
+    let m = dsc_models::load(&root.join("models/deepseek-v2-lite-seeded.toml")).unwrap();
+    let params: usize = m.weights.tensors.values().map(|t| t.shape.iter().product::<usize>()).sum();
+    assert!((params as f64 / 1e9 - 15.706).abs() < 0.001, "V2-Lite: {params} parameters");
+    let ds = m.deepseek.as_ref().unwrap();
+    assert_eq!((ds.latent_dim(), ds.layers, ds.n_routed_experts, ds.num_experts_per_tok), (576, 27, 64, 6));
+    // softmax scale: 192^-0.5 * (0.1 * 0.707 * ln 40 + 1)^2
+    let want = 192f32.powf(-0.5) * (0.1 * 0.707 * 40f32.ln() + 1.0).powi(2);
+    assert!((ds.softmax_scale() - want).abs() < 1e-7);
+    let pools: Vec<usize> = dsc_runtime::engine::kv_pools(&m.graph).map(|(_, row)| row).collect();
+    assert_eq!(pools, vec![576; 27]);
+    let m = dsc_models::load(&root.join("models/deepseek-v3-4layer-seeded.toml")).unwrap();
+    let ds = m.deepseek.as_ref().unwrap();
+    assert_eq!((ds.is_moe(2), ds.is_moe(3), ds.routing().select), (false, true, dsc_ir::MoeSelect::NoauxTc));
+    let bias = &m.weights.tensors["model.layers.3.mlp.gate.e_score_correction_bias"];
+    assert_eq!(bias.shape, vec![256]);
+    assert_eq!(m.weights.tensors["model.layers.3.mlp.experts.down_proj.weight"].shape, vec![256, 7168, 2048]);
+}
