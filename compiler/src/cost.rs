@@ -74,22 +74,8 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
     // launches nothing (their work is in another node's kernel) and nodes whose step runs a
     // fused kernel
     let lowered: std::collections::HashMap<&str, Option<&str>> = gpu.map(|p| p.steps.iter().filter(|s| runs(s)).map(|s| (s.node.as_str(), s.kernel.as_deref())).collect()).unwrap_or_default();
-    // a weight's reshape or slice (MLA's per-head halves of kv_b_proj): constant, read by its user
-    let weight_view = |id: dsc_ir::NodeId| {
-        let mut id = id;
-        loop {
-            match g.node(id).op {
-                Op::Weight => return true,
-                Op::Reshape | Op::Slice { .. } => id = g.operands(id)[0],
-                _ => return false,
-            }
-        }
-    };
     for id in order {
         let n = g.node(id);
-        if weight_view(id) && !n.op.is_leaf() {
-            continue;
-        }
         if n.op.is_leaf() || matches!(n.op, Op::Reshape | Op::AllReduce) || (matches!(n.op, Op::Cast) && g.node(g.operands(id)[0]).ty.dtype == n.ty.dtype) || dsc_passes::is_part_view(g, id) {
             continue;
         }

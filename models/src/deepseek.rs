@@ -17,10 +17,14 @@
 //!   router (`moe_route`), routed experts (`moe_experts`, weights stacked per expert), the shared
 //!   experts as one SwiGLU MLP, summed.
 //!
-//! Weight names mirror the HF checkpoint, except the routed experts' matrices, which the
-//! importer stacks ([`stack_experts`]): `model.layers.N.mlp.experts.E.gate_proj.weight` for E in
-//! 0..n_routed_experts become `model.layers.N.mlp.experts.gate_proj.weight` `[E, I, D]` (llama.cpp's
-//! GGUF layout, `blk.N.ffn_gate_exps.weight`).
+//! Weight names mirror the HF checkpoint, except two the importer derives ([`prepare`]):
+//! - the routed experts' matrices, stacked: `model.layers.N.mlp.experts.E.gate_proj.weight` for
+//!   E in 0..n_routed_experts become `model.layers.N.mlp.experts.gate_proj.weight` `[E, I, D]`
+//!   (llama.cpp's GGUF layout, `blk.N.ffn_gate_exps.weight`);
+//! - `kv_b_proj.weight` `[H * (nope + v), L]`, split per head into the absorbed forms, both in
+//!   the `x @ W^T` layout: `kv_b_proj.k_heads.weight` `[H, L, nope]` (the key half, transposed:
+//!   `q_latent = q_nope @ W_uk`) and `kv_b_proj.v_heads.weight` `[H, v, L]` (llama.cpp's
+//!   `attn_k_b` / `attn_v_b`). Exact for f32/f16/bf16 checkpoints.
 
 use crate::builder::Builder;
 use crate::error::{ModelError, Result};
@@ -396,6 +400,53 @@ pub fn stacked_name(layer: usize, proj: &str) -> String {
     format!("model.layers.{layer}.mlp.experts.{proj}.weight")
 }
 
+/// The per-head halves of a layer's `kv_b_proj` (`half`: `k` or `v`; see the module docs).
+pub fn kv_b_half_name(layer: usize, half: &str) -> String {
+    format!("model.layers.{layer}.self_attn.kv_b_proj.{half}_heads.weight")
+}
+
+/// Turn an HF checkpoint's tensors into the ones the graph reads: experts stacked, kv_b_proj
+/// split per head (see the module docs).
+pub fn prepare(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()> {
+    stack_experts(ws, c, path)?;
+    split_kv_b(ws, c, path)
+}
+
+fn split_kv_b(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()> {
+    let (h, nope, vd, l) = (c.heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
+    for layer in 0..c.layers {
+        let name = format!("model.layers.{layer}.self_attn.kv_b_proj.weight");
+        if ws.get(&kv_b_half_name(layer, "k")).is_some() {
+            continue;
+        }
+        let terr = |msg: String| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg };
+        let t = ws.tensors.remove(&name).ok_or_else(|| ModelError::MissingTensor { path: path.into(), tensor: name.clone(), arch: "deepseek".into() })?;
+        let want = vec![h * (nope + vd), l];
+        if t.shape != want {
+            return Err(terr(format!("shape {:?}, expected {want:?} from the model's dims", t.shape)));
+        }
+        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(terr(format!("dtype {}: the per-head split needs an f32/f16/bf16 kv_b_proj (quantize after import with precision.weights)", t.dtype)));
+        }
+        let v = dsc_ir::quant::decode(t.dtype, t.bytes.as_slice(), h * (nope + vd) * l).ok_or_else(|| terr("stored bytes do not match its shape".into()))?;
+        let row = |hi: usize, r: usize| &v[(hi * (nope + vd) + r) * l..(hi * (nope + vd) + r + 1) * l];
+        // k: [H, L, nope], element (h, c, n) = W[h * (nope + v) + n, c]
+        let mut k = Vec::with_capacity(h * l * nope);
+        for hi in 0..h {
+            for ci in 0..l {
+                k.extend((0..nope).map(|n| row(hi, n)[ci]));
+            }
+        }
+        // v: [H, v, L], rows h * (nope + v) + nope .. as they are
+        let vv: Vec<f32> = (0..h).flat_map(|hi| (0..vd).flat_map(move |r| row(hi, nope + r).iter().copied())).collect();
+        for (half, vals, shape) in [("k", k, vec![h, l, nope]), ("v", vv, vec![h, vd, l])] {
+            let bytes = dsc_ir::quant::encode(t.dtype, &vals).ok_or_else(|| terr(format!("re-encoding the {half} half")))?;
+            ws.insert(kv_b_half_name(layer, half), WeightTensor { dtype: t.dtype, shape, bytes: Bytes::Owned(Arc::new(bytes)) });
+        }
+    }
+    Ok(())
+}
+
 /// Stack each MoE layer's per-expert matrices of an HF checkpoint into one `[E, out, in]`
 /// tensor per projection, removing the per-expert entries. Every expert must be there with
 /// one dtype and shape; an error names the first that is not.
@@ -456,7 +507,8 @@ pub fn weight_shapes(c: &DeepseekConfig) -> Vec<(String, Vec<usize>)> {
         }
         v.push((a("kv_a_proj_with_mqa.weight"), vec![l + r, hid]));
         v.push((a("kv_a_layernorm.weight"), vec![l]));
-        v.push((a("kv_b_proj.weight"), vec![h * (c.qk_nope_head_dim + vd), l]));
+        v.push((kv_b_half_name(i, "k"), vec![h, l, c.qk_nope_head_dim]));
+        v.push((kv_b_half_name(i, "v"), vec![h, vd, l]));
         v.push((a("o_proj.weight"), vec![hid, h * vd]));
         if c.attention_bias {
             for (w, n) in [("q_a_proj", c.q_lora_rank.unwrap_or(0)), ("kv_a_proj_with_mqa", l + r), ("o_proj", hid)] {
@@ -551,14 +603,10 @@ pub fn build(opts: &BuildOptions, c: &DeepseekConfig, weights: &WeightSet) -> Re
         let cache_name = a("latent_cache");
         let cache = b.typed(cache_name.clone(), Op::State, &[], cache_ty.clone())?;
         let cache = b.add(format!("{cache_name}.write"), Op::CacheWrite, &[cache, latent, inp.slots])?;
-        // kv_b_proj [H * (nope + v), L] per head: its key rows absorb into the query, its
-        // value rows into the output
-        let wkv = b.weight(&format!("{}.weight", a("kv_b_proj")), &[h * (nope + vd), l], true)?;
-        let wkv_ty = b.g.node(wkv).ty.dtype;
-        let wkv = b.typed(a("kv_b_proj.heads"), Op::Reshape, &[wkv], TensorType::new(wkv_ty, shape![h, nope + vd, l]))?;
-        let w_uk = b.add(a("kv_b_proj.k"), Op::Slice { axis: 1, start: 0, len: nope }, &[wkv])?;
-        let w_uv = b.add(a("kv_b_proj.v"), Op::Slice { axis: 1, start: nope, len: vd }, &[wkv])?;
-        let q_lat = b.add(a("q_absorbed"), Op::HeadMatMul { transpose_b: false }, &[q_nope, w_uk])?;
+        // kv_b_proj per head: its key half absorbs into the query, its value half into the output
+        let w_uk = b.weight(&kv_b_half_name(i, "k"), &[h, l, nope], true)?;
+        let w_uv = b.weight(&kv_b_half_name(i, "v"), &[h, vd, l], true)?;
+        let q_lat = b.add(a("q_absorbed"), Op::HeadMatMul { transpose_b: true }, &[q_nope, w_uk])?;
         let q_full = b.add(a("q_latent"), Op::Concat { axis: 2 }, &[q_lat, q_pe])?;
         let o_lat = b.add(a("attention"), Op::MlaAttention { scale, kv_lora_rank: l }, &[q_full, cache, inp.positions, inp.seq_ids, inp.table])?;
         let o = b.add(a("v_absorbed"), Op::HeadMatMul { transpose_b: true }, &[o_lat, w_uv])?;

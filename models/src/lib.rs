@@ -327,7 +327,7 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
         ws
     } else {
         let mut ws = hf::load_safetensors(&hf::safetensors_files(&path)?)?;
-        deepseek::stack_experts(&mut ws, &ds, &path)?;
+        deepseek::prepare(&mut ws, &ds, &path)?;
         ws
     };
     if let Some(to) = config.weights {
