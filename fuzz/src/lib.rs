@@ -15,6 +15,31 @@ use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// The DeepSeek family's ops, for the IR parser's corpus.
+const DEEPSEEK_OPS: &str = "graph \"ds\" {
+  %x = input : f32[T, 4, 6]
+  %p = input : i32[T]
+  %s = input : i32[T]
+  %t = input : i32[S, MB]
+  %l = input : f32[T, 8]
+  %m = input : f32[8]
+  %b = weight : f32[8]
+  %w = weight : bf16[4, 4, 6]
+  %h = input : f32[T, 16]
+  %g = weight : bf16[8, 3, 16]
+  %d = weight : bf16[8, 16, 3]
+  %c = state : f32[NB, 4, 1, 6]
+  %r = rope_yarn(%x, %p) {theta = 10000.0, style = interleaved, rotary_dim = 2, factor = 40.0, original_max_position = 4096, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0} : f32[T, 4, 6]
+  %q = head_matmul(%r, %w) {transpose_b = true} : f32[T, 4, 4]
+  %a = mla_attention(%x, %c, %p, %s, %t) {scale = 0.1, kv_lora_rank = 4} : f32[T, 4, 4]
+  %k = moe_route(%l, %m, %b) {top_k = 2, n_group = 4, topk_group = 2, scoring = sigmoid, select = noaux_tc, normalize = true, scaling = 2.5} : f32[T, 8]
+  %e = moe_experts(%h, %k, %g, %g, %d) : f32[T, 16]
+  output q = %q
+  output a = %a
+  output e = %e
+}
+";
+
 pub const TARGETS: &[&str] = &["model_toml", "gguf", "safetensors", "config_json", "plan_header", "plan_file", "ir_text", "tokenizer", "chat_template", "request"];
 
 /// What one input did.
@@ -31,7 +56,15 @@ pub fn exec(target: &str, data: &[u8]) -> Outcome {
         "model_toml" => dsc_models::config::ModelConfig::parse(Path::new("fuzz/model.toml"), &String::from_utf8_lossy(data)).is_ok(),
         "gguf" => gguf(data),
         "safetensors" => dsc_models::hf::safetensors_index(Path::new("fuzz.safetensors"), data).is_ok(),
-        "config_json" => dsc_models::hf::dims_from_config_text(Path::new("config.json"), &String::from_utf8_lossy(data)).is_ok(),
+        "config_json" => {
+            let text = String::from_utf8_lossy(data);
+            let llama = dsc_models::hf::dims_from_config_text(Path::new("config.json"), &text).is_ok();
+            // the DeepSeek family's reader, and what the builder derives from its config
+            let ds = dsc_models::deepseek::config_from_json(Path::new("config.json"), &text).inspect(|c| {
+                let _ = (dsc_models::deepseek::weight_shapes(c).len(), c.softmax_scale(), c.routing(), c.common_dims());
+            });
+            llama || ds.is_ok()
+        }
         "plan_header" => plan_header(data),
         "plan_file" => plan_file(data),
         "ir_text" => dsc_ir::text::parse(&String::from_utf8_lossy(data)).is_ok_and(|g| g.verify().is_ok()),
@@ -260,10 +293,13 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             v.extend(data);
             vec![v]
         }
-        "config_json" => vec![serde_json::json!({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "max_position_embeddings": 2048}).to_string().into_bytes()],
+        "config_json" => vec![
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/deepseek/v3-tiny/config.json")).unwrap_or_default(),
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/deepseek-v2-lite.config.json")).unwrap_or_default(),
+            serde_json::json!({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "max_position_embeddings": 2048}).to_string().into_bytes()],
         "plan_header" => vec![tiny_plan_header()],
         "plan_file" => vec![plan_bytes(&tiny_plan_header())],
-        "ir_text" => vec![tiny_graph_text().into_bytes()],
+        "ir_text" => vec![tiny_graph_text().into_bytes(), DEEPSEEK_OPS.as_bytes().to_vec()],
         "tokenizer" => vec![tiny_tokenizer_json().into_bytes()],
         "chat_template" => vec![
             CHATML.as_bytes().to_vec(),

@@ -491,3 +491,33 @@ fn yarn_keeps_fast_dims_and_interpolates_slow_ones() {
     assert!((yarn_mscale(40.0, 0.707) - (0.1 * 0.707 * 40f32.ln() + 1.0)).abs() < 1e-7);
     assert_eq!(yarn_mscale(1.0, 0.707), 1.0);
 }
+
+/// The DeepSeek family's ops print and parse back (the same text seeds the IR fuzz target).
+#[test]
+fn deepseek_ops_round_trip() {
+    let src = r#"graph "ds" {
+  %x = input : f32[T, 4, 6]
+  %p = input : i32[T]
+  %s = input : i32[T]
+  %t = input : i32[S, MB]
+  %l = input : f32[T, 8]
+  %m = input : f32[8]
+  %b = weight : f32[8]
+  %w = weight : bf16[4, 4, 6]
+  %h = input : f32[T, 16]
+  %g = weight : bf16[8, 3, 16]
+  %d = weight : bf16[8, 16, 3]
+  %c = state : f32[NB, 4, 1, 6]
+  %r = rope_yarn(%x, %p) {theta = 10000.0, style = interleaved, rotary_dim = 2, factor = 40.0, original_max_position = 4096, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0} : f32[T, 4, 6]
+  %q = head_matmul(%r, %w) {transpose_b = true} : f32[T, 4, 4]
+  %a = mla_attention(%x, %c, %p, %s, %t) {scale = 0.1, kv_lora_rank = 4} : f32[T, 4, 4]
+  %k = moe_route(%l, %m, %b) {top_k = 2, n_group = 4, topk_group = 2, scoring = sigmoid, select = noaux_tc, normalize = true, scaling = 2.5} : f32[T, 8]
+  %e = moe_experts(%h, %k, %g, %g, %d) : f32[T, 16]
+  output q = %q
+  output a = %a
+  output e = %e
+}
+"#;
+    let g = text::parse(src).unwrap();
+    assert_eq!(text::print(&g), src);
+}
