@@ -165,7 +165,7 @@ fn deepseek_plan_serves_with_expert_failover_and_64_streams() {
     std::fs::write(
         &toml,
         format!(
-            "[model]\nname = \"ds-v3-tiny\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"safetensors\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 128\nkv_block_size = 16\nmax_batch = 64\n\n[tokenizer]\npath = \"{}\"\n",
+            "[model]\nname = \"ds-v3-tiny\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"safetensors\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 128\nkv_block_size = 4\nmax_batch = 64\n\n[tokenizer]\npath = \"{}\"\n",
             weights.display(),
             tok.display()
         ),
@@ -194,7 +194,8 @@ fn deepseek_plan_serves_with_expert_failover_and_64_streams() {
         })
         .expect("some expert of layer 1 changes the continuation");
     drop(be);
-    let s = serve(&plan_path, &["--disable-expert", &format!("{layer}:{expert}")]);
+    // a pool smaller than 64 streams need: the load also preempts (and the prefix cache hits)
+    let s = serve(&plan_path, &["--disable-expert", &format!("{layer}:{expert}"), "--kv-tokens", "800", "--max-step-tokens", "256"]);
     let out = python("failover.py", &[&s.base, "ds-v3-tiny", "test-key", &layer.to_string(), &expert.to_string(), prompt, "12"]);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     eprintln!("failover through the server: {v}\nexpected: base `{base}`, expert {expert} of layer {layer} disabled `{masked}`");
@@ -220,5 +221,8 @@ fn deepseek_plan_serves_with_expert_failover_and_64_streams() {
     let json = d.path().join("load.json");
     let out = python("load.py", &[&s.base, "ds-v3-tiny", "test-key", "--clients", "64", "--max-tokens", "16", "--json", json.to_str().unwrap()]);
     assert!(out.contains("64 concurrent streams complete, 64 equal to solo runs"), "{out}");
+    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    eprintln!("load on the DeepSeek-V3 tiny plan: {load}");
+    assert!(load["preemptions"].as_f64().unwrap() > 0.0 && load["prefix_cache_hit_tokens"].as_f64().unwrap() > 0.0, "{load}");
     stop(s);
 }

@@ -84,6 +84,7 @@ async def main():
     metrics = urllib.request.urlopen(a.base + "/metrics").read().decode()
     used = [l for l in metrics.splitlines() if l.startswith('dsc_kv_blocks{state="used"}')]
     running = [l for l in metrics.splitlines() if l.startswith("dsc_running_sequences")]
+    counter = lambda name: sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
     out = {
         "clients": a.clients,
         "max_tokens": a.max_tokens,
@@ -95,6 +96,8 @@ async def main():
         "equal_to_solo": a.clients - len(differ),
         "kv_used_after": used,
         "running_after": running,
+        "preemptions": counter("dsc_preemptions_total"),
+        "prefix_cache_hit_tokens": counter("dsc_prefix_cache_hit_tokens_total"),
     }
     print(json.dumps(out, indent=1))
     if a.json:
