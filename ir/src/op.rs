@@ -187,9 +187,9 @@ pub enum Op {
     },
     /// (logits[T, E], mask[E], bias?[E]) -> f32 [T, E]: each token's routing weights, zero
     /// for the experts not chosen (DeepSeekMoE's gate; see [`MoeRouting`]). Experts whose mask
-    /// is 0 are disabled (expert failover): their logits count as -inf, so a softmax gate
-    /// renormalizes over the rest and no choice falls on them (a token with every expert
-    /// disabled routes nowhere).
+    /// is 0 are disabled (expert failover): no choice falls on them (their slot goes to the
+    /// next best), the groups keep their rank, a softmax gate renormalizes over the enabled
+    /// experts; a token with every expert disabled routes nowhere (`exec::route_token`).
     MoeRoute(MoeRouting),
     /// (x[T, D], route[T, E], gate[E, I, D], up[E, I, D], down[E, D, I]) -> [T, D]:
     /// sum over the experts e with route[t, e] != 0 of route[t, e] * down_e(silu(gate_e x) *
