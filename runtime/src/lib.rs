@@ -10,6 +10,7 @@ pub mod bench;
 pub mod cli;
 pub mod engine;
 mod error;
+pub mod export;
 pub mod generate;
 pub mod gpu;
 pub mod gpu_check;

@@ -18,6 +18,14 @@ enum Cmd {
     Inspect(cli::InspectArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
     Serve(cli::ServeArgs),
+    /// Write a plan's weights as DIR/model.safetensors under the HF checkpoint's names (seeded
+    /// weights generated; DeepSeek's stacked experts and split kv_b_proj undone), for HF
+    /// transformers to load the very weights the plan runs on
+    ExportWeights {
+        plan: std::path::PathBuf,
+        #[arg(short, long)]
+        out: std::path::PathBuf,
+    },
     /// Run a model plan on the GPU beside the CPU executor along the reference continuations
     /// (../shared/reference/*-numpy-*.json) and report agreement
     GpuE2e {
@@ -128,6 +136,12 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => cli::run(&a, ro),
         Cmd::Inspect(a) => cli::inspect(&a),
         Cmd::Serve(a) => cli::serve(&a, ro),
+        Cmd::ExportWeights { plan, out } => {
+            let p = dsc_runtime::plan::Plan::open(&plan)?;
+            dsc_runtime::export::export_hf(&p, &out)?;
+            println!("wrote {}", out.join("model.safetensors").display());
+            Ok(())
+        }
         Cmd::GpuE2e { plan, reference, json } => {
             let r = dsc_runtime::gpu_e2e::run(&plan, &reference, ro)?;
             println!("{:<8} {:>5} {:>10} {:>10} {:>9} {:>12} {:>8} {:>10}  result", "prompt", "pos", "max relL2", "mean", "argmax≠", "greedy agree", "margin", "ms/token");
