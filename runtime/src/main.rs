@@ -26,6 +26,17 @@ enum Cmd {
         #[arg(short, long)]
         out: std::path::PathBuf,
     },
+    /// Teacher-forced logits of token ids on the CPU executor (every position), as JSON
+    /// {"ids": [...], "logits": [[...], ...]}: the oracle side of a comparison with another
+    /// implementation (scripts/gpu-deepseek-hf.sh)
+    CpuLogits {
+        plan: std::path::PathBuf,
+        /// comma-separated token ids
+        #[arg(long)]
+        ids: String,
+        #[arg(short, long)]
+        out: std::path::PathBuf,
+    },
     /// Run a model plan on the GPU beside the CPU executor along the reference continuations
     /// (../shared/reference/*-numpy-*.json) and report agreement
     GpuE2e {
@@ -136,6 +147,18 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => cli::run(&a, ro),
         Cmd::Inspect(a) => cli::inspect(&a),
         Cmd::Serve(a) => cli::serve(&a, ro),
+        Cmd::CpuLogits { plan, ids, out } => {
+            let ids: Vec<u32> = ids.split(',').map(|s| anyhow::Context::with_context(s.trim().parse::<u32>(), || format!("--ids: `{s}` is not a token id"))).collect::<anyhow::Result<_>>()?;
+            anyhow::ensure!(!ids.is_empty(), "--ids: no token ids");
+            let p = dsc_runtime::plan::Plan::open(&plan)?;
+            let graph = p.graph()?;
+            let mut be = dsc_runtime::engine::CpuBackend::new(&graph, &p, ids.len().next_power_of_two().max(16))?;
+            let t0 = std::time::Instant::now();
+            let logits = dsc_runtime::engine::Session::new(&mut be).feed(&ids, true)?;
+            std::fs::write(&out, serde_json::to_string(&serde_json::json!({"ids": ids, "logits": logits}))?)?;
+            println!("wrote {} ({} positions, {:.1} s)", out.display(), logits.len(), t0.elapsed().as_secs_f64());
+            Ok(())
+        }
         Cmd::ExportWeights { plan, out } => {
             let p = dsc_runtime::plan::Plan::open(&plan)?;
             dsc_runtime::export::export_hf(&p, &out)?;
