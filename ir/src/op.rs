@@ -53,15 +53,21 @@ pub struct Yarn {
 }
 
 impl Yarn {
+    /// The pair indices (low, high) between which YaRN's frequencies ramp from extrapolated to
+    /// interpolated: HF's correction range, truncated to whole dims, in f64 as its Python
+    /// floats (the GPU's RoPE kernel takes them as constants).
+    pub fn ramp(&self, theta: f32, rotary_dim: usize) -> (f32, f32) {
+        let dim = rotary_dim as f32;
+        let corr = |rot: f32| rotary_dim as f64 * (self.original_max_position as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (theta as f64).ln());
+        let low = corr(self.beta_fast).floor().max(0.0) as f32;
+        let high = corr(self.beta_slow).ceil().min(dim as f64 - 1.0) as f32;
+        (low, if low == high { high + 0.001 } else { high })
+    }
     /// The inverse frequencies of a `rotary_dim`-wide head with base `theta`, in f32 as
     /// HF computes them (its correction range truncated to whole dims).
     pub fn inv_freq(&self, theta: f32, rotary_dim: usize) -> Vec<f32> {
         let dim = rotary_dim as f32;
-        // the correction range in f64, as HF's Python floats
-        let corr = |rot: f32| rotary_dim as f64 * (self.original_max_position as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (theta as f64).ln());
-        let low = corr(self.beta_fast).floor().max(0.0) as f32;
-        let high = corr(self.beta_slow).ceil().min(dim as f64 - 1.0) as f32;
-        let high = if low == high { high + 0.001 } else { high };
+        let (low, high) = self.ramp(theta, rotary_dim);
         (0..rotary_dim / 2)
             .map(|i| {
                 let pos_freq = theta.powf((2 * i) as f32 / dim);

@@ -167,11 +167,13 @@ pub struct CpuBackend<'p> {
     exec: Executor<'p>,
     blocks: usize,
     block_size: usize,
-    moe: Option<CpuMoe>,
+    moe: Option<MoeState>,
 }
 
 /// The CPU backend's routed experts: the mask it feeds, the routers it reads back.
-struct CpuMoe {
+/// A MoE plan's routing state, kept by its backend: the routers, the failover mask (the
+/// `expert_mask` input's values) and what has been routed.
+pub(crate) struct MoeState {
     /// per MoE layer, in mask-row order: (model layer, router node, its logits, its bias)
     routers: Vec<(usize, dsc_ir::NodeId, dsc_ir::NodeId, Option<dsc_ir::NodeId>, dsc_ir::MoeRouting)>,
     experts: usize,
@@ -179,10 +181,10 @@ struct CpuMoe {
     stats: MoeStats,
 }
 
-impl CpuMoe {
+impl MoeState {
     /// The graph's routers (the `moe_route` nodes, named `model.layers.N.…`) and its
     /// `expert_mask` input [MoE layers, E]; None for a dense graph.
-    fn of(graph: &Graph) -> Option<CpuMoe> {
+    pub(crate) fn of(graph: &Graph) -> Option<MoeState> {
         let mask = graph.leaves(&dsc_ir::Op::Input).into_iter().find(|&i| graph.node(i).name == "expert_mask")?;
         let experts = graph.node(mask).ty.shape.get(1)?.as_const()?;
         let layer_of = |name: &str| name.strip_prefix("model.layers.")?.split('.').next()?.parse::<usize>().ok();
@@ -199,7 +201,39 @@ impl CpuMoe {
         routers.sort_by_key(|r| r.0);
         let n = routers.len();
         let layers = routers.iter().map(|r| r.0).collect();
-        Some(CpuMoe { routers, experts, mask: vec![1.0; n * experts], stats: MoeStats { layers, experts, tokens: vec![0; n * experts], ..Default::default() } })
+        Some(MoeState { routers, experts, mask: vec![1.0; n * experts], stats: MoeStats { layers, experts, tokens: vec![0; n * experts], ..Default::default() } })
+    }
+
+    /// Enable or disable routed expert `expert` of model layer `layer`: its mask entry, and
+    /// the disabled list; returns the entry's index in the mask ([MoE layers, E] row-major).
+    pub(crate) fn set(&mut self, layer: usize, expert: usize, enabled: bool) -> Result<usize> {
+        let row = self.stats.layers.iter().position(|&l| l == layer).ok_or_else(|| RuntimeError::Request(format!("layer {layer} has no routed experts (MoE layers: {:?})", self.stats.layers)))?;
+        if expert >= self.experts {
+            return Err(RuntimeError::Request(format!("expert {expert} of layer {layer}: the layer has {} experts", self.experts)));
+        }
+        let at = row * self.experts + expert;
+        self.mask[at] = if enabled { 1.0 } else { 0.0 };
+        self.stats.disabled.retain(|&d| d != (layer, expert));
+        if !enabled {
+            self.stats.disabled.push((layer, expert));
+            self.stats.disabled.sort();
+        }
+        Ok(at)
+    }
+
+    /// (model layers with routed experts, experts per layer)
+    pub(crate) fn layout(&self) -> (Vec<usize>, usize) {
+        (self.stats.layers.clone(), self.experts)
+    }
+
+    /// The failover mask ([MoE layers, E], 1 enabled, 0 disabled): the `expert_mask` input.
+    pub(crate) fn mask(&self) -> &[f32] {
+        &self.mask
+    }
+
+    /// What has been routed so far.
+    pub(crate) fn stats(&self) -> MoeStats {
+        self.stats.clone()
     }
 
     fn kept(&self) -> Vec<dsc_ir::NodeId> {
@@ -246,7 +280,7 @@ impl<'p> CpuBackend<'p> {
         cpu_memory_check(graph, plan, blocks.saturating_mul(block_size), world)?;
         let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
         let mut exec = if world == 1 { Executor::new(graph, plan, fixed)? } else { Executor::new(graph, &plan.rank_weights(graph, rank, world)?, fixed)? };
-        let moe = CpuMoe::of(graph);
+        let moe = MoeState::of(graph);
         if let Some(m) = &moe {
             exec.keep(&m.kept());
         }
@@ -328,26 +362,16 @@ impl Backend for CpuBackend<'_> {
     }
 
     fn moe_layout(&self) -> Option<(Vec<usize>, usize)> {
-        self.moe.as_ref().map(|m| (m.stats.layers.clone(), m.experts))
+        self.moe.as_ref().map(MoeState::layout)
     }
 
     fn set_expert(&mut self, layer: usize, expert: usize, enabled: bool) -> Result<()> {
         let Some(m) = &mut self.moe else { return Err(RuntimeError::Request(format!("expert {expert} of layer {layer}: this plan has no routed experts"))) };
-        let row = m.stats.layers.iter().position(|&l| l == layer).ok_or_else(|| RuntimeError::Request(format!("layer {layer} has no routed experts (MoE layers: {:?})", m.stats.layers)))?;
-        if expert >= m.experts {
-            return Err(RuntimeError::Request(format!("expert {expert} of layer {layer}: the layer has {} experts", m.experts)));
-        }
-        m.mask[row * m.experts + expert] = if enabled { 1.0 } else { 0.0 };
-        m.stats.disabled.retain(|&d| d != (layer, expert));
-        if !enabled {
-            m.stats.disabled.push((layer, expert));
-            m.stats.disabled.sort();
-        }
-        Ok(())
+        m.set(layer, expert, enabled).map(|_| ())
     }
 
     fn moe_stats(&self) -> Option<MoeStats> {
-        self.moe.as_ref().map(|m| m.stats.clone())
+        self.moe.as_ref().map(MoeState::stats)
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {

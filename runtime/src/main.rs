@@ -26,14 +26,17 @@ enum Cmd {
         #[arg(short, long)]
         out: std::path::PathBuf,
     },
-    /// Teacher-forced logits of token ids on the CPU executor (every position), as JSON
-    /// {"ids": [...], "logits": [[...], ...]}: the oracle side of a comparison with another
-    /// implementation (scripts/gpu-deepseek-hf.sh)
-    CpuLogits {
+    /// Teacher-forced logits of token ids (every position) on the CPU executor or the GPU, as
+    /// JSON {"ids": [...], "logits": [[...], ...]}: dsc's side of a comparison with another
+    /// implementation (scripts/gpu-deepseek-hf.sh: HF transformers)
+    Logits {
         plan: std::path::PathBuf,
         /// comma-separated token ids
         #[arg(long)]
         ids: String,
+        /// cpu (the f32 reference executor) or gpu
+        #[arg(long, default_value = "cpu")]
+        backend: String,
         #[arg(short, long)]
         out: std::path::PathBuf,
     },
@@ -147,14 +150,18 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => cli::run(&a, ro),
         Cmd::Inspect(a) => cli::inspect(&a),
         Cmd::Serve(a) => cli::serve(&a, ro),
-        Cmd::CpuLogits { plan, ids, out } => {
+        Cmd::Logits { plan, ids, backend, out } => {
             let ids: Vec<u32> = ids.split(',').map(|s| anyhow::Context::with_context(s.trim().parse::<u32>(), || format!("--ids: `{s}` is not a token id"))).collect::<anyhow::Result<_>>()?;
             anyhow::ensure!(!ids.is_empty(), "--ids: no token ids");
             let p = dsc_runtime::plan::Plan::open(&plan)?;
             let graph = p.graph()?;
-            let mut be = dsc_runtime::engine::CpuBackend::new(&graph, &p, ids.len().next_power_of_two().max(16))?;
+            let kv = ids.len().next_power_of_two().max(16);
             let t0 = std::time::Instant::now();
-            let logits = dsc_runtime::engine::Session::new(&mut be).feed(&ids, true)?;
+            let logits = match backend.as_str() {
+                "cpu" => dsc_runtime::engine::Session::new(&mut dsc_runtime::engine::CpuBackend::new(&graph, &p, kv)?).feed(&ids, true)?,
+                "gpu" => dsc_runtime::engine::Session::new(&mut dsc_runtime::gpu::GpuBackend::new(&graph, &p, kv, ro)?).feed(&ids, true)?,
+                other => anyhow::bail!("--backend: `{other}` is not cpu or gpu"),
+            };
             std::fs::write(&out, serde_json::to_string(&serde_json::json!({"ids": ids, "logits": logits}))?)?;
             println!("wrote {} ({} positions, {:.1} s)", out.display(), logits.len(), t0.elapsed().as_secs_f64());
             Ok(())

@@ -411,6 +411,9 @@ pub enum BufferRef<'a> {
     /// `{node}@sync`: a u32 counter per token, zero between uses (the one-token attention with
     /// the o projection folded in)
     Sync { node: &'a str },
+    /// `{node}@rows{W}`: an f32 scratch of `width` values per row of the node, [rows, W] (the
+    /// routed experts' hidden activations, `MoeGateUp` -> `MoeDown`)
+    RowScratch { node: &'a str, width: usize },
 }
 
 impl<'a> BufferRef<'a> {
@@ -422,6 +425,7 @@ impl<'a> BufferRef<'a> {
             "bf16" | "f16" => Some(BufferRef::Half { node: base, f16: tag == "f16" }),
             "sync" => Some(BufferRef::Sync { node: base }),
             _ if tag.starts_with("splitk") => num("splitk").map(|s| BufferRef::SplitK { node: base, parts: s as usize }),
+            _ if tag.starts_with("rows") => num("rows").filter(|&w| w > 0).map(|w| BufferRef::RowScratch { node: base, width: w as usize }),
             _ if tag.starts_with("split") => num("split").map(|s| BufferRef::SplitParts { node: base, parts: s as usize }),
             _ if tag.starts_with("tmap") => num("tmap").map(|rows| BufferRef::WeightMap { weight: base, rows }),
             _ if tag.starts_with("xmap") => num("xmap").map(|rows| BufferRef::ActivationMap { x: base, rows }),
@@ -430,7 +434,7 @@ impl<'a> BufferRef<'a> {
         };
         match r {
             Some(r) if !base.is_empty() => Ok(r),
-            _ => Err(format!("buffer `{name}`: unknown tag `@{tag}` (bf16, f16, sync, split<S>, splitk<S>, tmap<R>, xmap<R>, kvmap<R>)")),
+            _ => Err(format!("buffer `{name}`: unknown tag `@{tag}` (bf16, f16, sync, split<S>, splitk<S>, rows<W>, tmap<R>, xmap<R>, kvmap<R>)")),
         }
     }
 
@@ -444,7 +448,12 @@ impl<'a> BufferRef<'a> {
     /// name without its tags.
     pub fn node(self) -> &'a str {
         match self {
-            BufferRef::Node(n) | BufferRef::Half { node: n, .. } | BufferRef::SplitParts { node: n, .. } | BufferRef::SplitK { node: n, .. } | BufferRef::Sync { node: n } => n,
+            BufferRef::Node(n)
+            | BufferRef::Half { node: n, .. }
+            | BufferRef::SplitParts { node: n, .. }
+            | BufferRef::SplitK { node: n, .. }
+            | BufferRef::Sync { node: n }
+            | BufferRef::RowScratch { node: n, .. } => n,
             BufferRef::WeightMap { weight, .. } => weight,
             BufferRef::PoolMap { pool, .. } => pool,
             BufferRef::ActivationMap { x, .. } => BufferRef::of(x).node(),
@@ -1125,6 +1134,7 @@ mod tests {
         assert_eq!(p("x@f16"), B::Half { node: "x", f16: true });
         assert_eq!(p("layers.0.attn@split16"), B::SplitParts { node: "layers.0.attn", parts: 16 });
         assert_eq!(p("layers.0.mlp.down_proj@splitk4"), B::SplitK { node: "layers.0.mlp.down_proj", parts: 4 });
+        assert_eq!(p("model.layers.1.mlp.experts@rows8448"), B::RowScratch { node: "model.layers.1.mlp.experts", width: 8448 });
         assert_eq!(p("model.layers.0.mlp.down_proj.weight@tmap128"), B::WeightMap { weight: "model.layers.0.mlp.down_proj.weight", rows: 128 });
         assert_eq!(p("model.layers.0.attn.k_cache.write@kvmap16"), B::PoolMap { pool: "model.layers.0.attn.k_cache.write", rows: 16 });
         assert_eq!(p("layers.0.attn@sync"), B::Sync { node: "layers.0.attn" });

@@ -337,3 +337,42 @@ fn exported_weights_are_the_hf_checkpoint_and_load_back_as_the_seeded_plan() {
     assert_eq!(got, want, "the exported seeded weights, imported back");
     assert!(want.iter().flatten().all(|v| v.is_finite()));
 }
+
+/// Every DeepSeek fixture lowers to the GPU (its kernels checked against the CPU executor on
+/// the H200 by `scripts/gpu-deepseek.sh`): the router a kernel of its own, the routed experts
+/// two steps through a per-token scratch of top_k x I values, the absorbed MLA's per-head
+/// matmuls and latent attention, YaRN's rope; the KV pools hold the latent rows.
+#[test]
+fn deepseek_plans_lower_to_the_gpu() {
+    for name in FIXTURES {
+        let dir = tempfile::tempdir().unwrap();
+        let c = dsc_compiler::compile(&model_toml(dir.path(), &fixture(name), "")).unwrap();
+        let gpu = c.gpu.as_ref().unwrap_or_else(|| panic!("{name}: no GPU program: {:?}", c.gpu_skipped));
+        let kernels: Vec<&str> = gpu.steps.iter().filter_map(|s| s.kernel.as_deref()).collect();
+        let count = |p: &str| kernels.iter().filter(|k| k.starts_with(p)).count();
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
+        let layers = cfg["num_hidden_layers"].as_u64().unwrap() as usize;
+        let moe_layers = layers - cfg["first_k_dense_replace"].as_u64().unwrap() as usize;
+        let top_k = cfg["num_experts_per_tok"].as_u64().unwrap() as usize;
+        let inter = cfg["moe_intermediate_size"].as_u64().unwrap() as usize;
+        assert_eq!(count("moe_route_"), moe_layers, "{name}: {kernels:?}");
+        assert_eq!(count("moe_gate_up_"), moe_layers, "{name}");
+        assert_eq!(count("moe_down_"), moe_layers, "{name}");
+        assert_eq!(count("mla_attention_"), layers, "{name}");
+        // (q absorbed, then the output; the tiny V2/V3's q_b_proj of K = q_lora_rank 24 too)
+        assert!(count("head_matmul_") >= 2 * layers, "{name}");
+        let yarn = cfg["rope_parameters"]["rope_type"] == "yarn";
+        assert_eq!(count("rope_"), 2 * layers, "{name}: q and k rope");
+        assert_eq!(count("rope_yarn_"), if yarn { 2 * layers } else { 0 }, "{name}: YaRN's where the config has it");
+        let scratch = format!("@rows{}", top_k * inter);
+        let ups: Vec<_> = gpu.steps.iter().filter(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("moe_gate_up_"))).collect();
+        assert!(ups.iter().all(|s| s.node.ends_with(&scratch) && s.args.last() == Some(&s.node)), "{name}: the gate/up kernels write the scratch");
+        assert!(gpu.buffers.iter().any(|b| b.node.ends_with(&scratch)), "{name}: the scratch is in the memory plan");
+        // (the runtime reads every buffer role of the schedule)
+        for s in &gpu.steps {
+            for a in &s.args {
+                dsc_runtime::plan::BufferRef::parse(a).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+}

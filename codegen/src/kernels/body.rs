@@ -77,6 +77,9 @@ pub(crate) struct Body {
     /// (`QkvAttentionO`: the attention computes its q, k and v from x — K, eps, blocks per
     /// cluster; 1: no cluster)
     pub(crate) qkv_in: Option<(usize, f32, usize)>,
+    /// RoPE with YaRN's frequencies (`KernelSpec::RopeYarn`): (factor, low, high, mscale) for
+    /// [`Body::rope_cos_sin`]
+    pub(crate) yarn: Option<[f32; 4]>,
     /// how the body is written for this spec (the compile's `KernelOptions`)
     pub(crate) o: KernelOptions,
 }
@@ -181,6 +184,63 @@ impl Body {
             a = self.op(&format!("llvm.intr.fma({hi}, {}, {a}) : (f32, f32, f32) -> f32", xs[2 * q + 1]));
         }
         a
+    }
+    /// This lane's part of the dot product of a weight row (elements `woff..woff + k` of `w`,
+    /// f32/bf16/f16) with an f32 row (elements `xoff..` of `x`), for a warp that splits the
+    /// row over its lanes (`lane`, i64; sum the parts with [`Body::warp_sum`]): 8-element
+    /// chunks `lane + 32 j` by 16-byte loads where k is a multiple of 8 (both offsets then
+    /// multiples of 8), else elements `lane + 32 j`. The MoE experts and MLA's per-head
+    /// matmuls.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lane_dot(&mut self, w: &str, woff: &str, wdtype: DType, x: &str, xoff: &str, k: usize, lane: &str) -> Result<String, String> {
+        let zero = self.cf32(0.0);
+        let mut acc = zero.clone();
+        let (unit, units) = if k % 8 == 0 { (8, k / 8) } else { (1, k) };
+        let last = self.ci64(units as i64 - 1);
+        let cu = self.ci64(unit as i64);
+        for j in 0..units.div_ceil(32) {
+            let cj = self.ci64(32 * j as i64);
+            let c = self.op(&format!("arith.addi {lane}, {cj} : i64"));
+            let valid = (32 * (j + 1) > units).then(|| {
+                let cn = self.ci64(units as i64);
+                self.op(&format!("arith.cmpi slt, {c}, {cn} : i64"))
+            });
+            let c = if valid.is_some() { self.op(&format!("arith.minsi {c}, {last} : i64")) } else { c };
+            let el = self.op(&format!("arith.muli {c}, {cu} : i64"));
+            let xe = self.op(&format!("arith.addi {xoff}, {el} : i64"));
+            let we = self.op(&format!("arith.addi {woff}, {el} : i64"));
+            let mut part = zero.clone();
+            if unit == 8 {
+                let c4 = self.ci64(4);
+                let xb = self.op(&format!("arith.muli {xe}, {c4} : i64"));
+                let xs = self.load_f32s(x, &xb, 8);
+                let ws: Vec<String> = match wdtype {
+                    DType::F32 => {
+                        let wb = self.op(&format!("arith.muli {we}, {c4} : i64"));
+                        self.load_f32s(w, &wb, 8)
+                    }
+                    DType::BF16 | DType::F16 => {
+                        let c2 = self.ci64(2);
+                        let wb = self.op(&format!("arith.muli {we}, {c2} : i64"));
+                        let words = self.load_vec(w, &wb, 4, "i32", 16);
+                        words.iter().flat_map(|wd| if wdtype == DType::BF16 { self.bf16_pair(wd) } else { self.f16_pair(wd) }).collect()
+                    }
+                    other => return Err(format!("{other} is not a plain float type")),
+                };
+                for (wv, xv) in ws.iter().zip(&xs) {
+                    part = self.op(&format!("llvm.intr.fma({wv}, {xv}, {part}) : (f32, f32, f32) -> f32"));
+                }
+            } else {
+                let xv = self.load(x, &xe);
+                let wv = self.plain_as_f32(w, &we, wdtype)?;
+                part = self.op(&format!("arith.mulf {wv}, {xv} : f32"));
+            }
+            if let Some(v) = valid {
+                part = self.op(&format!("arith.select {v}, {part}, {zero} : f32"));
+            }
+            acc = self.op(&format!("arith.addf {acc}, {part} : f32"));
+        }
+        Ok(acc)
     }
     /// A cluster barrier every thread of the cluster passes: the arrival releases what the
     /// thread wrote (e.g. into another block's shared memory), the wait acquires the others'
@@ -561,6 +621,26 @@ impl Body {
         let k = b.cf32(-2.0 * f32::from_bits(theta_bits).log2() / d as f32);
         let ex = b.op(&format!("arith.mulf {pairf}, {k} : f32"));
         let inv = b.asm1("ex2.approx.ftz.f32", &ex);
+        // (YaRN: the interpolated frequency inv / factor blended in by the ramp over pairs
+        // low..high, as `dsc_ir::Yarn::inv_freq`)
+        let inv = match b.yarn {
+            Some([factor, low, high, _]) => {
+                let cf = b.cf32(factor);
+                let inter = b.op(&format!("arith.divf {inv}, {cf} : f32"));
+                let cl = b.cf32(low);
+                let cw = b.cf32(high - low);
+                let r = b.op(&format!("arith.subf {pairf}, {cl} : f32"));
+                let r = b.op(&format!("arith.divf {r}, {cw} : f32"));
+                let (z, one) = (b.cf32(0.0), b.cf32(1.0));
+                let r = b.op(&format!("arith.maximumf {r}, {z} : f32"));
+                let ramp = b.op(&format!("arith.minimumf {r}, {one} : f32"));
+                let extra_w = b.op(&format!("arith.subf {one}, {ramp} : f32"));
+                let keep = b.op(&format!("arith.subf {one}, {extra_w} : f32"));
+                let a = b.op(&format!("arith.mulf {inter}, {keep} : f32"));
+                b.op(&format!("llvm.intr.fma({inv}, {extra_w}, {a}) : (f32, f32, f32) -> f32"))
+            }
+            None => inv,
+        };
         let ang = b.op(&format!("arith.mulf {pf}, {inv} : f32"));
         // range-reduce to [-pi, pi] for the approx sin/cos
         let r2pi = b.cf32(1.0 / (2.0 * std::f32::consts::PI));
@@ -570,7 +650,13 @@ impl Body {
         let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
         let c = b.asm1("cos.approx.ftz.f32", &red);
         let sn = b.asm1("sin.approx.ftz.f32", &red);
-        (c, sn)
+        match b.yarn {
+            Some([.., mscale]) => {
+                let ms = b.cf32(mscale);
+                (b.op(&format!("arith.mulf {c}, {ms} : f32")), b.op(&format!("arith.mulf {sn}, {ms} : f32")))
+            }
+            None => (c, sn),
+        }
     }
     /// Element `e` (i64, 0..d) of a head's row at element `base` of `ptr`, rotated by RoPE at
     /// position `p`: its pair and partner element by the style (half: e and e ± d/2;

@@ -5,9 +5,10 @@
 //! geometry (`<family>_launch`), emitters (`<family>_kernel`), tunables and `fits` checks, and
 //! the lowering of the ops it is the kernel of (`lower_rms_norm`, `lower_paged_attention`):
 //! `norm`, `elementwise`, `rope`, `argmax`, `mlp`, `matmul/{common,gemv,mma,pipe}`,
-//! `attention/{paged,flash,qkv}`; the spec's fields in `spec`, the MLIR text builder in `body`.
-//! [`family`] maps every spec to its family (exhaustively). A new family (MoE, MLA) gets its own
-//! file (or folder), a [`Family`] variant and its arms in [`family`].
+//! `attention/{paged,flash,qkv}`, `moe` (DeepSeekMoE's router and routed experts), `mla`
+//! (Multi-head Latent Attention and its per-head matmuls); the spec's fields in `spec`, the
+//! MLIR text builder in `body`. [`family`] maps every spec to its family (exhaustively). A new
+//! family gets its own file (or folder), a [`Family`] variant and its arms in [`family`].
 //!
 //! Calling convention: global pointers (`!llvm.ptr<1>`) for tensors, in operand order, then
 //! the output, then i64 scalars. [`Launch`] says how the runtime sizes the grid.
@@ -48,7 +49,9 @@ pub mod attention;
 mod body;
 mod elementwise;
 pub mod matmul;
+mod mla;
 mod mlp;
+mod moe;
 mod norm;
 mod rope;
 mod spec;
@@ -60,7 +63,9 @@ pub use attention::*;
 pub(crate) use body::*;
 pub(crate) use elementwise::*;
 pub use matmul::*;
+pub use mla::*;
 pub use mlp::*;
+pub use moe::*;
 pub use norm::*;
 pub(crate) use rope::*;
 pub use spec::*;
@@ -110,6 +115,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
         attn_o_red: false,
         attn_o_splits: 1,
         qkv_in: None,
+        yarn: None,
         o: *o,
     };
     let params = emit_into(&mut b, spec)?;
@@ -170,6 +176,8 @@ pub(crate) enum Family {
     Flash,
     Paged,
     Qkv,
+    Moe,
+    Mla,
 }
 
 /// The family of `spec` (exhaustive: a new spec variant must pick one here).
@@ -189,7 +197,12 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         | KernelSpec::Transpose { .. }
         | KernelSpec::Concat { .. }
         | KernelSpec::Gather { .. } => Family::Elementwise,
-        KernelSpec::QkvRopeSplitK { .. } | KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::QkvRopeCache { .. } | KernelSpec::CacheWrite { .. } => Family::Rope,
+        KernelSpec::QkvRopeSplitK { .. }
+        | KernelSpec::Rope { .. }
+        | KernelSpec::RopeYarn { .. }
+        | KernelSpec::RopeCacheWrite { .. }
+        | KernelSpec::QkvRopeCache { .. }
+        | KernelSpec::CacheWrite { .. } => Family::Rope,
         KernelSpec::ArgmaxFold { .. } | KernelSpec::Argmax { .. } | KernelSpec::ArgmaxCluster { .. } | KernelSpec::ArgmaxSplit { .. } => Family::Argmax,
         KernelSpec::MatMulParts { .. }
         | KernelSpec::NormMatMul { .. }
@@ -209,6 +222,8 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => Family::Flash,
         KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => Family::Paged,
         KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => Family::Qkv,
+        KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } => Family::Moe,
+        KernelSpec::MlaAttention { .. } | KernelSpec::HeadMatMul { .. } => Family::Mla,
     }
 }
 
@@ -226,6 +241,8 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         Family::Flash => flash_kernel(b, spec)?,
         Family::Paged => paged_kernel(b, spec)?,
         Family::Qkv => qkv_kernel(b, spec)?,
+        Family::Moe => moe_kernel(b, spec)?,
+        Family::Mla => mla_kernel(b, spec)?,
     })
 }
 

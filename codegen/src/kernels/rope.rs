@@ -1,4 +1,5 @@
-//! RoPE and the KV-cache writes: rotating q/k (half or interleaved pairs), writing K/V rows
+//! RoPE and the KV-cache writes: rotating q/k (half or interleaved pairs; YaRN's frequencies
+//! with `RopeYarn`, DeepSeek's rope), writing K/V rows
 //! into the paged pools (f32 or bf16), the fused q/k/v RoPE + cache write beside a merged
 //! q/k/v matmul (`QkvRopeCache`) and its split-K variant summing the partial slices on the way
 //! (`QkvRopeSplitK`). The one-token RoPE inside the decode attention is the attention's
@@ -9,17 +10,22 @@ use crate::kernels::*;
 /// The readable symbol of a `rope` kernel (`KernelSpec::symbol`).
 pub(crate) fn rope_symbol(spec: &KernelSpec) -> String {
     match spec {
-            KernelSpec::Rope { h, d, theta_bits, interleaved } => {
-                format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
-            }
-            KernelSpec::CacheWrite { row, kv } => format!("cache_write_row{row}{}", kv_suffix(*kv)),
-            KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
-                format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
-            }
-            KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved, kv } => {
-                format!("rope_cache_write_h{h}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
-            }
-            KernelSpec::QkvRopeSplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
+        KernelSpec::Rope { h, d, theta_bits, interleaved } => {
+            format!("rope_h{h}_d{d}_theta{}_{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+        }
+        KernelSpec::CacheWrite { row, kv } => format!("cache_write_row{row}{}", kv_suffix(*kv)),
+        KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
+            format!("qkv_rope_cache_h{h}_kv{kvh}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
+        }
+        KernelSpec::RopeCacheWrite { h, d, theta_bits, interleaved, kv } => {
+            format!("rope_cache_write_h{h}_d{d}_theta{}_{}{}", f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" }, kv_suffix(*kv))
+        }
+        KernelSpec::QkvRopeSplitK { inner, splits } => format!("{}_splitk{splits}", inner.symbol()),
+        KernelSpec::RopeYarn { h, d, theta_bits, interleaved, factor_bits, low_bits, high_bits, mscale_bits } => format!(
+            "rope_yarn_h{h}_d{d}_theta{}_{}_f{factor_bits:08x}_r{low_bits:08x}_{high_bits:08x}_m{mscale_bits:08x}",
+            f32::from_bits(*theta_bits) as u64,
+            if *interleaved { "interleaved" } else { "half" }
+        ),
         other => unreachable!("{other:?} is not a rope kernel (kernels::family)"),
     }
 }
@@ -27,8 +33,10 @@ pub(crate) fn rope_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `rope` kernel (`KernelSpec::launch`).
 pub(crate) fn rope_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::Rope { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::QkvRopeCache { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::QkvRopeSplitK { inner, .. } => inner.launch(),
+        KernelSpec::Rope { .. } | KernelSpec::RopeYarn { .. } | KernelSpec::RopeCacheWrite { .. } | KernelSpec::CacheWrite { .. } | KernelSpec::QkvRopeCache { .. } => {
+            Launch::PerElement { threads: 256 }
+        }
+        KernelSpec::QkvRopeSplitK { inner, .. } => inner.launch(),
         other => unreachable!("{other:?} is not a rope kernel (kernels::family)"),
     }
 }
@@ -36,6 +44,12 @@ pub(crate) fn rope_launch(spec: &KernelSpec) -> Launch {
 /// The RoPE and KV-cache write kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn rope_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     Ok(match spec {
+        KernelSpec::RopeYarn { h, d, theta_bits, interleaved, factor_bits, low_bits, high_bits, mscale_bits } => {
+            b.yarn = Some([*factor_bits, *low_bits, *high_bits, *mscale_bits].map(f32::from_bits));
+            let params = rope_kernel(b, &KernelSpec::Rope { h: *h, d: *d, theta_bits: *theta_bits, interleaved: *interleaved })?;
+            b.yarn = None;
+            params
+        }
         KernelSpec::QkvRopeSplitK { inner, splits } => {
             if !matches!(inner.as_ref(), KernelSpec::QkvRopeCache { .. }) || *splits < 2 {
                 return Err(format!("the split-K Q/K/V sums fold into QkvRopeCache over 2+ slices, not {} over {splits}", inner.symbol()));

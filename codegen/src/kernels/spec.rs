@@ -415,6 +415,28 @@ pub enum KernelSpec {
     /// seeded weights generated on the device (`dsc_ir::seeded`), stored as `dtype`
     /// (f32/bf16/f16); params y, n, base, scale (f32 bits), ones
     SeededInit { dtype: DType },
+    /// `Rope` with YaRN's frequencies (`dsc_ir::Yarn`): pair i's inverse frequency blends the
+    /// original and the `factor`-interpolated one by the ramp between pairs `low` and `high`,
+    /// cos and sin scaled by `mscale` (the attention factor); params as `Rope`'s
+    RopeYarn { h: usize, d: usize, theta_bits: u32, interleaved: bool, factor_bits: u32, low_bits: u32, high_bits: u32, mscale_bits: u32 },
+    /// DeepSeekMoE's router, a warp per token (`kernels::moe`): (logits [T, E], mask [E],
+    /// [bias [E] with noaux_tc]) -> dense routing weights [T, E]; params logits, mask,
+    /// [bias], y, rows
+    MoeRoute { e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: dsc_ir::MoeScoring, select: dsc_ir::MoeSelect, normalize: bool, scaling_bits: u32 },
+    /// The routed experts' first kernel (`kernels::moe`): h[t, slot, i] = silu(gate_e[i] · x_t)
+    /// · (up_e[i] · x_t) for each token's chosen experts e (route != 0, the slot-th in expert
+    /// order); a warp per (token, i). params x, route, gate [E, I, D], up, h [T, top_k · I], I
+    MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
+    /// (down_e[n] · h[t, slot]); a warp per (token, n). params h, route, down [E, D, I], y, D
+    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// MLA's attention over the paged latent cache (`kernels::mla`): q [T, H, C], cache [NB,
+    /// BS, 1, C] of `kv` -> [T, H, L] (keys the whole rows, values their first L elements);
+    /// a block per (token, head). params q, cache, pos, seq, table, y, T, MB
+    MlaAttention { h: usize, c: usize, l: usize, bs: usize, scale_bits: u32, kv: DType },
+    /// y[t, h] = x[t, h] @ W[h]ᵀ, one [N, K] matrix per head (`kernels::mla`); a warp per
+    /// output. params x, w, y, H · N
+    HeadMatMul { h: usize, k: usize, n: usize, wdtype: DType },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -437,6 +459,8 @@ impl KernelSpec {
             Family::Flash => flash_symbol(self),
             Family::Paged => paged_symbol(self),
             Family::Qkv => qkv_symbol(self),
+            Family::Moe => moe_symbol(self),
+            Family::Mla => mla_symbol(self),
         }
     }
     pub fn launch(&self) -> Launch {
@@ -452,6 +476,8 @@ impl KernelSpec {
             Family::Flash => flash_launch(self),
             Family::Paged => paged_launch(self),
             Family::Qkv => qkv_launch(self),
+            Family::Moe => moe_launch(self),
+            Family::Mla => mla_launch(self),
         }
     }
 }

@@ -144,7 +144,7 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
         let one = Scalar::Const(1);
         let step = |kernel, args, scalars, work, grid_y| Step { kernel: Some(kernel), args, scalars, work, grid_y, ..Step::new(&name) };
         let alias = |of: &str| Step { alias_of: Some(of.to_string()), ..Step::new(&name) };
-        steps.push(match &n.op {
+        let st = match &n.op {
             Op::Reshape => alias(&names[0]),
             Op::AllReduce => Step { collective: Some("all_reduce_sum".into()), ..alias(&names[0]) },
             Op::Cast if ops[0].ty.dtype == n.ty.dtype => alias(&names[0]),
@@ -316,8 +316,37 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                 };
                 step(KernelSpec::Concat { sizes, inner }, args, vec![Scalar::Numel(name.clone())], Scalar::Numel(name.clone()), one)
             }
+            Op::RopeYarn { theta, style, rotary_dim, yarn } => {
+                let (h, d) = rope_dims(&name, &n.ty, *rotary_dim)?;
+                let (low, high) = yarn.ramp(*theta, *rotary_dim);
+                let spec = KernelSpec::RopeYarn {
+                    h,
+                    d,
+                    theta_bits: theta.to_bits(),
+                    interleaved: *style == RopeStyle::Interleaved,
+                    factor_bits: yarn.factor.to_bits(),
+                    low_bits: low.to_bits(),
+                    high_bits: high.to_bits(),
+                    mscale_bits: yarn.attention_factor.to_bits(),
+                };
+                step(spec, args, vec![Scalar::HalfNumel(name.clone())], Scalar::HalfNumel(name.clone()), one)
+            }
+            Op::HeadMatMul { transpose_b } => crate::kernels::lower_head_matmul(&cx, args, *transpose_b)?,
+            Op::MlaAttention { scale, kv_lora_rank } => crate::kernels::lower_mla_attention(&cx, args, *scale, *kv_lora_rank)?,
+            Op::MoeRoute(r) => crate::kernels::lower_moe_route(&cx, args, r)?,
+            Op::MoeExperts => {
+                // (the router's top_k bounds the experts a routing row chooses)
+                let top_k = match &ops[1].op {
+                    Op::MoeRoute(r) => r.top_k,
+                    _ => ops[1].ty.shape[1].as_const().ok_or_else(|| err(&name, "the routed experts need a constant expert count"))?,
+                };
+                let (first, second) = crate::kernels::lower_moe_experts(&cx, top_k)?;
+                steps.push(first);
+                second
+            }
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
-        });
+        };
+        steps.push(st);
     }
     Ok(steps)
 }
@@ -338,6 +367,13 @@ pub(crate) fn weight_dims(name: &str, w: &dsc_ir::TensorType) -> Result<(usize, 
 pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wdtype: DType, bias: bool, residual: bool, parts: Option<&[usize]>, o: &ScheduleOptions) -> Result<Step, CodegenError> {
     let few_x16 = o.few_x16;
     let rows = Scalar::Rows(name.to_string());
+    // (K not a multiple of 32 — the GEMVs' and tensor-core tiles' unit — in a small model,
+    // e.g. a tiny DeepSeek's q_lora_rank 24: the warp-per-output matmul, which takes any K,
+    // for every row count)
+    if k % 32 != 0 && matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) && !bias && !residual && parts.is_none() {
+        let spec = KernelSpec::HeadMatMul { h: 1, k, n: nn, wdtype };
+        return Ok(Step { kernel: Some(spec), args, scalars: vec![Scalar::Const(nn as i64)], work: Scalar::Const(nn as i64), grid_y: rows, ..Step::new(name) });
+    }
     let wrap = |spec: KernelSpec, mut scalars: Vec<Scalar>| -> Option<(KernelSpec, Vec<Scalar>)> {
         match parts {
             None => Some((spec, scalars)),

@@ -5,7 +5,8 @@
 //! `elementwise` (unary, binary, gather, seeded, index ops), `norm` (rms_norm, softmax,
 //! layer_norm), `matmul` (GEMV, mma.sync, wgmma, pipelined, split-K), `mlp` (the fused SwiGLU
 //! and one-token MLP kernels), `attention` (cache writes, decode and prefill attention, the
-//! fused Q/K/V and RoPE variants), `rope`, `argmax`. Each family function appends its cases and
+//! fused Q/K/V and RoPE variants), `rope`, `argmax`, `moe` (DeepSeekMoE's router and routed
+//! experts), `mla` (the latent attention, the per-head matmuls, YaRN's rope). Each family function appends its cases and
 //! specs to one [`Cx`]; [`write_bundle_only`] calls them in a fixed order (the random stream is
 //! drawn in that order, so the same seed gives the same bundle), then compiles the specs into
 //! one module and writes it with the data.
@@ -14,7 +15,9 @@ mod argmax;
 mod attention;
 mod elementwise;
 mod matmul;
+mod mla;
 mod mlp;
+mod moe;
 mod norm;
 mod rope;
 
@@ -204,6 +207,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     norm::softmax_layer_norm(&mut cx)?;
     argmax::cases(&mut cx)?;
     elementwise::index_ops(&mut cx)?;
+    // (the DeepSeek families last: the cases before them draw the same random stream as before)
+    moe::cases(&mut cx)?;
+    mla::cases(&mut cx)?;
     let Cx { mut data, mut cases, mut specs, .. } = cx;
     if !only.is_empty() {
         let keep = |k: &str| only.iter().any(|o| k.contains(o.as_str()));

@@ -149,6 +149,25 @@ impl Backend for GpuBackend<'_> {
         (self.blocks, self.block_size)
     }
 
+    fn moe_layout(&self) -> Option<(Vec<usize>, usize)> {
+        self.moe.as_ref().map(crate::engine::MoeState::layout)
+    }
+
+    fn set_expert(&mut self, layer: usize, expert: usize, enabled: bool) -> Result<()> {
+        let Some(m) = &mut self.moe else { return Err(crate::RuntimeError::Request(format!("expert {expert} of layer {layer}: this plan has no routed experts"))) };
+        let at = m.set(layer, expert, enabled)?;
+        let v = m.mask()[at].to_le_bytes();
+        let buf = self.resident.get_mut("expert_mask").ok_or_else(|| gerr("the expert mask is not resident"))?;
+        // (on the backend's stream: the steps after it read the new mask)
+        let mut view = buf.slice_mut(4 * at..4 * at + 4);
+        self.stream.memcpy_htod(&v, &mut view).map_err(|e| gerr(format!("updating the expert mask: {e:?}")))?;
+        Ok(())
+    }
+
+    fn moe_stats(&self) -> Option<crate::engine::MoeStats> {
+        self.moe.as_ref().map(crate::engine::MoeState::stats)
+    }
+
     fn reset(&mut self) {
         // stale KV rows are never read: attention only reads positions a sequence has written
     }

@@ -151,6 +151,10 @@ pub struct GpuBackend<'p> {
     table_width: usize,
     block_size: usize,
     pub target: String,
+    /// a MoE plan's routing state: the failover mask lives on the device as the graph input
+    /// `expert_mask` (resident, updated in place by `set_expert`); the routed-token counts
+    /// are not read back from the GPU yet
+    moe: Option<crate::engine::MoeState>,
     buckets: HashMap<BucketKey, Bucket>,
     /// where the schedule changes with the context (`GpuProgram::context_bounds`)
     context_bounds: Vec<i64>,
@@ -437,6 +441,12 @@ impl<'p> GpuBackend<'p> {
                 resident.insert(name.to_string(), map);
             }
         }
+        // a MoE plan's failover mask (the `expert_mask` input): resident, all experts enabled
+        let moe = crate::engine::MoeState::of(graph);
+        if let Some(m) = &moe {
+            let bytes: Vec<u8> = m.mask().iter().flat_map(|v| v.to_le_bytes()).collect();
+            resident.insert("expert_mask".to_string(), cu(stream.clone_htod(&bytes), "uploading the expert mask")?);
+        }
         // the one-token attention with the o projection folded in: a u32 counter per token
         // (`{node}@sync`), zeroed once here — each use leaves it at zero again
         let syncs: std::collections::BTreeSet<&str> = prog.steps.iter().flat_map(|s| s.args.iter()).map(String::as_str).filter(|a| matches!(BufferRef::of(a), BufferRef::Sync { .. })).collect();
@@ -488,6 +498,7 @@ impl<'p> GpuBackend<'p> {
         Ok(GpuBackend {
             graph,
             prog,
+            moe,
             ctx,
             stream,
             _module: module,
@@ -522,7 +533,6 @@ impl<'p> GpuBackend<'p> {
         })
     }
 
-
     pub fn synchronize(&self) -> Result<()> {
         cu(self.stream.synchronize(), "synchronize")
     }
@@ -537,7 +547,6 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
 }
 
 const INPUTS: [&str; 6] = ["tokens", "positions", "seq_ids", "slots", "block_table", "logit_rows"];
-
 
 /// One resolved action of a step: a kernel launch or an all-reduce of an arena buffer.
 enum Action {
@@ -667,13 +676,18 @@ impl GpuBackend<'_> {
         // for a [T, H, D] node)
         // (`{node}@splitk{S}`: a split-K matmul's partial sums, [S, ..] of the node's shape)
         let shape_of = |name: &str| -> Result<Vec<usize>> {
-            let (name, split, parts) = match BufferRef::of(name) {
-                BufferRef::SplitK { node, parts } => (node, None, Some(parts)),
-                BufferRef::SplitParts { node, parts } => (node, Some(parts), None),
-                r => (r.node(), None, None),
+            let (name, split, parts, width) = match BufferRef::of(name) {
+                BufferRef::SplitK { node, parts } => (node, None, Some(parts), None),
+                BufferRef::SplitParts { node, parts } => (node, Some(parts), None, None),
+                BufferRef::RowScratch { node, width } => (node, None, None, Some(width)),
+                r => (r.node(), None, None, None),
             };
             let id = g.by_name(name).ok_or_else(|| gerr(format!("schedule names unknown node {name}")))?;
             let mut sh = g.node(id).ty.eval_shape(&bind).ok_or_else(|| gerr(format!("node {name} has unbound dims {}", g.node(id).ty)))?;
+            if let Some(w) = width {
+                let rows = sh.iter().product::<usize>() / sh.last().copied().unwrap_or(1).max(1);
+                sh = vec![rows, w];
+            }
             if let (Some(ns), Some(last)) = (split, sh.last_mut()) {
                 *last = ns * (*last + 2);
             }
@@ -697,7 +711,8 @@ impl GpuBackend<'_> {
             })
         };
         let mut bufs: HashMap<String, CudaSlice<u8>> = HashMap::new();
-        let sizes: Vec<usize> = self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * if matches!(BufferRef::of(&b.node), BufferRef::Half { .. }) { 2 } else { 4 })).collect::<Result<_>>()?;
+        let sizes: Vec<usize> =
+            self.prog.buffers.iter().map(|b| Ok(shape_of(&b.node)?.iter().product::<usize>() * if matches!(BufferRef::of(&b.node), BufferRef::Half { .. }) { 2 } else { 4 })).collect::<Result<_>>()?;
         let (offsets, total) = crate::plan::place_buffers(&self.prog.buffers, &sizes);
         // the inputs: 256-byte aligned after the activations, one span
         let mut packed = vec![];
@@ -776,19 +791,7 @@ impl GpuBackend<'_> {
             let (k, scal, work, grid_y, launch, block, rpb, threads, args, smem, cluster) = match alt {
                 Some(l) => {
                     let cluster = if self.target == "sm_90a" { l.cluster.unwrap_or(1) } else { 1 };
-                    (
-                        &l.kernel,
-                        &l.scalars,
-                        &l.work,
-                        &l.grid_y,
-                        l.launch,
-                        l.block,
-                        l.rows_per_block,
-                        l.threads.unwrap_or(128),
-                        l.args.as_ref().unwrap_or(&s.args),
-                        l.smem.unwrap_or(0),
-                        cluster,
-                    )
+                    (&l.kernel, &l.scalars, &l.work, &l.grid_y, l.launch, l.block, l.rows_per_block, l.threads.unwrap_or(128), l.args.as_ref().unwrap_or(&s.args), l.smem.unwrap_or(0), cluster)
                 }
                 // (clusters: the sm_90a module's kernel; elsewhere the same symbol takes none)
                 None => (k0, &s.scalars, &s.work, &s.grid_y, s.launch, s.block, 1, s.threads.unwrap_or(128), &s.args, 0, if self.target == "sm_90a" { s.cluster.unwrap_or(1) } else { 1 }),

@@ -1,0 +1,345 @@
+//! Multi-head Latent Attention's kernels (the `mla_attention` and `head_matmul` ops):
+//! - [`KernelSpec::MlaAttention`]: attention over the paged latent cache, absorbed form —
+//!   each cache row is one token's `[c_kv (L) | k_rope]` (C values), the keys are whole rows
+//!   and the values their first L elements, shared by every head. A block per (token, head)
+//!   of [`MLA_WARPS`] warps; the query row (pre-scaled by scale · log2 e, so the softmax runs
+//!   on `ex2`) lives in registers, lane l holding the 8-element chunks l + 32 r (16-byte
+//!   loads of a bf16 row); warp w takes keys w, w + W, ... with an online softmax, and one
+//!   load of a row serves both its score and its value accumulation. The warps' partial
+//!   states (m, l, acc[L]) meet in shared memory. The softmax scale (with YaRN's mscale) is
+//!   in the spec, so two scales are two kernels.
+//! - [`KernelSpec::HeadMatMul`]: y[t, h, :] = x[t, h, :] @ W[h]ᵀ for one matrix per head (the
+//!   up-projections absorbed into the query and the output), a warp per output element
+//!   (`Body::lane_dot`), grid y = tokens.
+//!
+//! What is still to come for the H200's targets: every head of a token in one block sharing
+//! each row's load (FlashMLA's layout, on the tensor cores at 128 heads), a split over the
+//! context for long ones, and the expanded form for long prefills.
+
+use crate::kernels::*;
+use crate::schedule::{NodeCx, Scalar, Step};
+use crate::CodegenError;
+
+/// Warps per block of the MLA decode attention (each takes every W-th key).
+pub const MLA_WARPS: usize = 4;
+
+/// Warps per block of the per-head matmul (a warp per output).
+pub const HEAD_MATMUL_WARPS: u32 = 8;
+
+/// The readable symbol of an `mla` kernel (`KernelSpec::symbol`).
+pub(crate) fn mla_symbol(spec: &KernelSpec) -> String {
+    match spec {
+        KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv } => format!("mla_attention_h{h}_c{c}_l{l}_bs{bs}_s{scale_bits:08x}{}", kv_suffix(*kv)),
+        KernelSpec::HeadMatMul { h, k, n, wdtype } => format!("head_matmul_h{h}_k{k}_n{n}_{wdtype}"),
+        other => unreachable!("{other:?} is not an mla kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches an `mla` kernel (`KernelSpec::launch`): the attention a block per
+/// (token, head) — grid x = tokens, y = heads —, the per-head matmul a warp per output.
+pub(crate) fn mla_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+        KernelSpec::MlaAttention { .. } => Launch::BlockPerRow { warps: MLA_WARPS as u32 },
+        KernelSpec::HeadMatMul { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
+        other => unreachable!("{other:?} is not an mla kernel (kernels::family)"),
+    }
+}
+
+/// Whether the `mla` kernels take `spec`, without generating it: Err says why not.
+pub(crate) fn mla_fits(spec: &KernelSpec) -> Result<(), String> {
+    match spec {
+        KernelSpec::MlaAttention { h, c, l, bs, kv, .. } => {
+            if !matches!(kv, DType::F32 | DType::BF16) {
+                return Err(format!("{kv} latent caches are not lowered for the GPU (f32 or bf16)"));
+            }
+            if *h == 0 || *bs == 0 || *l == 0 || l > c {
+                return Err(format!("the latent attention needs heads, a block size and 1 <= L <= C (H {h}, C {c}, L {l}, BS {bs})"));
+            }
+            // (the query and the accumulators in registers: C / 32 and L / 32 per lane)
+            if c.div_ceil(32) > 24 {
+                return Err(format!("the latent attention keeps a row of up to 768 values in a warp's registers, not {c}"));
+            }
+            Ok(())
+        }
+        KernelSpec::HeadMatMul { h, k, n, wdtype } => {
+            if !matches!(wdtype, DType::F32 | DType::BF16 | DType::F16) {
+                return Err(format!("the per-head matmul takes f32/bf16/f16 weights, not {wdtype}"));
+            }
+            if *h == 0 || *k == 0 || *n == 0 {
+                return Err(format!("an empty per-head matmul (H {h}, K {k}, N {n})"));
+            }
+            Ok(())
+        }
+        other => Err(format!("`{}` is not an mla kernel", other.symbol())),
+    }
+}
+
+/// The `mla` kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
+pub(crate) fn mla_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    mla_fits(spec)?;
+    match spec {
+        KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv } => {
+            emit_mla_attention(b, *h, *c, *l, *bs, f32::from_bits(*scale_bits), *kv)?;
+            Ok("%q: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %mb: i64".into())
+        }
+        KernelSpec::HeadMatMul { h, k, n, wdtype } => {
+            emit_head_matmul(b, *h, *k, *n, *wdtype)?;
+            Ok("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
+        }
+        other => Err(format!("`{}` is not an mla kernel", other.symbol())),
+    }
+}
+
+/// [`KernelSpec::MlaAttention`] (see the file header). `%n` = tokens.
+fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, scale: f32, kv: DType) -> Result<(), String> {
+    let w = MLA_WARPS;
+    // (8-element chunks where both widths allow, else single elements)
+    let u = if c % 8 == 0 && l % 8 == 0 { 8 } else { 1 };
+    let chunks = c / u;
+    let rounds = chunks.div_ceil(32);
+    // (rounds holding any value element, for some lane)
+    let vrounds = (0..rounds).filter(|r| 32 * r * u < l).count();
+    let stride = l + 2;
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", w * stride);
+    b.workgroup = Some(format!("%sm : {smt}"));
+    let t = b.op("gpu.block_id x");
+    let t = b.idx64(&t);
+    let head = b.op("gpu.block_id y");
+    let head = b.idx64(&head);
+    let tid = b.op("gpu.thread_id x");
+    let (lane_i, warp_i) = b.lane_warp(&tid);
+    let lane = b.idx64(&lane_i);
+    let ok = b.op(&format!("arith.cmpi slt, {t}, %n : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    let zero = b.cf32(0.0);
+    let ninf = b.op("arith.constant 0xFF800000 : f32");
+    let (ch, cc, cu) = (b.ci64(h as i64), b.ci64(c as i64), b.ci64(u as i64));
+    let qrow = b.op(&format!("arith.muli {t}, {ch} : i64"));
+    let qrow = b.op(&format!("arith.addi {qrow}, {head} : i64"));
+    let qbase = b.op(&format!("arith.muli {qrow}, {cc} : i64"));
+    // the lane's chunks: element offsets in a row, whether in range
+    let clast = b.ci64(chunks as i64 - 1);
+    let mut eoff = vec![];
+    for r in 0..rounds {
+        let cr = b.ci64(32 * r as i64);
+        let ci = b.op(&format!("arith.addi {lane}, {cr} : i64"));
+        let valid = (32 * (r + 1) > chunks).then(|| {
+            let cn = b.ci64(chunks as i64);
+            b.op(&format!("arith.cmpi slt, {ci}, {cn} : i64"))
+        });
+        let cl = if valid.is_some() { b.op(&format!("arith.minsi {ci}, {clast} : i64")) } else { ci };
+        eoff.push((b.op(&format!("arith.muli {cl}, {cu} : i64")), valid));
+    }
+    // q, scaled into log2 units (0 outside the row)
+    let qs = b.cf32(scale * std::f32::consts::LOG2_E);
+    let mut q = vec![];
+    for (e, valid) in &eoff {
+        let at = b.op(&format!("arith.addi {qbase}, {e} : i64"));
+        for k in 0..u {
+            let ck = b.ci64(k as i64);
+            let ak = b.op(&format!("arith.addi {at}, {ck} : i64"));
+            let v = b.load("%q", &ak);
+            let v = b.op(&format!("arith.mulf {v}, {qs} : f32"));
+            q.push(match valid {
+                Some(ok) => b.op(&format!("arith.select {ok}, {v}, {zero} : f32")),
+                None => v,
+            });
+        }
+    }
+    let p = b.load_i32_as_i64("%pos", &t);
+    let sq = b.load_i32_as_i64("%seq", &t);
+    let c1 = b.ci64(1);
+    let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
+    let ctxi = b.op(&format!("arith.index_cast {ctx} : i64 to index"));
+    let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
+    let cbs = b.ci64(bs as i64);
+    let wstep = b.op(&format!("arith.constant {w} : index"));
+    let nacc = vrounds * u;
+    let tys = vec!["f32"; 2 + nacc].join(", ");
+    let (res, j) = (b.v(), b.v());
+    let (m_in, l_in) = (b.v(), b.v());
+    let acc_in: Vec<String> = (0..nacc).map(|_| b.v()).collect();
+    let mut iter = vec![format!("{m_in} = {ninf}"), format!("{l_in} = {zero}")];
+    iter.extend(acc_in.iter().map(|a| format!("{a} = {zero}")));
+    b.line(&format!("{res}:{} = scf.for {j} = {warp_i} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", 2 + nacc, iter.join(", ")));
+    let j64 = b.idx64(&j);
+    let bj = b.op(&format!("arith.divui {j64}, {cbs} : i64"));
+    let oj = b.op(&format!("arith.remui {j64}, {cbs} : i64"));
+    let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
+    let blk = b.load_i32_as_i64("%table", &ti);
+    let row = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
+    let row = b.op(&format!("arith.addi {row}, {oj} : i64"));
+    let kbase = b.op(&format!("arith.muli {row}, {cc} : i64"));
+    let mut kvals = vec![];
+    for (e, valid) in &eoff {
+        let at = b.op(&format!("arith.addi {kbase}, {e} : i64"));
+        let vs = b.load_kv("%cache", &at, u, kv)?;
+        for v in vs {
+            kvals.push(match valid {
+                Some(ok) => b.op(&format!("arith.select {ok}, {v}, {zero} : f32")),
+                None => v,
+            });
+        }
+    }
+    let mut dot = zero.clone();
+    for (qv, kvv) in q.iter().zip(&kvals) {
+        dot = b.op(&format!("llvm.intr.fma({qv}, {kvv}, {dot}) : (f32, f32, f32) -> f32"));
+    }
+    let s = b.warp_sum(&dot);
+    let mn = b.op(&format!("arith.maximumf {m_in}, {s} : f32"));
+    let d1 = b.op(&format!("arith.subf {m_in}, {mn} : f32"));
+    let corr = b.asm1("ex2.approx.ftz.f32", &d1);
+    let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
+    let pe = b.asm1("ex2.approx.ftz.f32", &d2);
+    let l2 = b.op(&format!("llvm.intr.fma({l_in}, {corr}, {pe}) : (f32, f32, f32) -> f32"));
+    let mut outs = vec![mn, l2];
+    for (a, v) in acc_in.iter().zip(&kvals) {
+        let sc = b.op(&format!("arith.mulf {a}, {corr} : f32"));
+        outs.push(b.op(&format!("llvm.intr.fma({pe}, {v}, {sc}) : (f32, f32, f32) -> f32")));
+    }
+    b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
+    b.line("}");
+    // the warp's state to shared memory: m, l, then acc at 2 + element
+    let cst = b.op(&format!("arith.constant {stride} : index"));
+    let wb = b.op(&format!("arith.muli {warp_i}, {cst} : index"));
+    let zi = b.op("arith.constant 0 : index");
+    let l0 = b.op(&format!("arith.cmpi eq, {lane_i}, {zi} : index"));
+    b.line(&format!("scf.if {l0} {{"));
+    b.line(&format!("memref.store {res}#0, %sm[{wb}] : {smt}"));
+    let c1i = b.op("arith.constant 1 : index");
+    let wb1 = b.op(&format!("arith.addi {wb}, {c1i} : index"));
+    b.line(&format!("memref.store {res}#1, %sm[{wb1}] : {smt}"));
+    b.line("}");
+    let cl = b.ci64(l as i64);
+    for (r, (e, valid)) in eoff.iter().enumerate().take(vrounds) {
+        for k in 0..u {
+            let ck = b.ci64(k as i64);
+            let ek = b.op(&format!("arith.addi {e}, {ck} : i64"));
+            let inv = b.op(&format!("arith.cmpi slt, {ek}, {cl} : i64"));
+            let inv = match valid {
+                Some(ok) => b.op(&format!("arith.andi {inv}, {ok} : i1")),
+                None => inv,
+            };
+            b.line(&format!("scf.if {inv} {{"));
+            let c2 = b.ci64(2);
+            let at = b.op(&format!("arith.addi {ek}, {c2} : i64"));
+            let at = b.op(&format!("arith.index_cast {at} : i64 to index"));
+            let at = b.op(&format!("arith.addi {wb}, {at} : index"));
+            b.line(&format!("memref.store {res}#{}, %sm[{at}] : {smt}", 2 + r * u + k));
+            b.line("}");
+        }
+    }
+    b.line("gpu.barrier");
+    // merge: thread i takes elements i, i + 32 W, ...
+    let ms: Vec<String> = (0..w)
+        .map(|wi| {
+            let at = b.op(&format!("arith.constant {} : index", wi * stride));
+            b.op(&format!("memref.load %sm[{at}] : {smt}"))
+        })
+        .collect();
+    let mut mx = ninf.clone();
+    for m in &ms {
+        mx = b.op(&format!("arith.maximumf {mx}, {m} : f32"));
+    }
+    let mut den = zero.clone();
+    let mut facs = vec![];
+    for (wi, m) in ms.iter().enumerate() {
+        let d = b.op(&format!("arith.subf {m}, {mx} : f32"));
+        let f = b.asm1("ex2.approx.ftz.f32", &d);
+        let at = b.op(&format!("arith.constant {} : index", wi * stride + 1));
+        let lw = b.op(&format!("memref.load %sm[{at}] : {smt}"));
+        den = b.op(&format!("llvm.intr.fma({lw}, {f}, {den}) : (f32, f32, f32) -> f32"));
+        facs.push(f);
+    }
+    let one = b.cf32(1.0);
+    let inv = b.op(&format!("arith.divf {one}, {den} : f32"));
+    let cl = b.op(&format!("arith.constant {l} : index"));
+    let nt = b.op(&format!("arith.constant {} : index", 32 * w));
+    let cl64 = b.ci64(l as i64);
+    let ybase = b.op(&format!("arith.muli {qrow}, {cl64} : i64"));
+    let e = b.v();
+    b.line(&format!("scf.for {e} = {tid} to {cl} step {nt} {{"));
+    let mut num = zero.clone();
+    for (wi, f) in facs.iter().enumerate() {
+        let at = b.op(&format!("arith.constant {} : index", wi * stride + 2));
+        let at = b.op(&format!("arith.addi {at}, {e} : index"));
+        let a = b.op(&format!("memref.load %sm[{at}] : {smt}"));
+        num = b.op(&format!("llvm.intr.fma({a}, {f}, {num}) : (f32, f32, f32) -> f32"));
+    }
+    let y = b.op(&format!("arith.mulf {num}, {inv} : f32"));
+    let e64 = b.idx64(&e);
+    let yi = b.op(&format!("arith.addi {ybase}, {e64} : i64"));
+    b.store(&y, "%y", &yi);
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
+/// [`KernelSpec::HeadMatMul`]: x [T, H, K] f32, W [H, N, K], y [T, H, N]; `%n` = H · N.
+fn emit_head_matmul(b: &mut Body, h: usize, k: usize, n: usize, wdtype: DType) -> Result<(), String> {
+    let _ = h;
+    let t = b.op("gpu.block_id y");
+    let t = b.idx64(&t);
+    let bx = b.op("gpu.block_id x");
+    let tid = b.op("gpu.thread_id x");
+    let (lane_i, warp_i) = b.lane_warp(&tid);
+    let cw = b.op(&format!("arith.constant {HEAD_MATMUL_WARPS} : index"));
+    let o = b.op(&format!("arith.muli {bx}, {cw} : index"));
+    let o = b.op(&format!("arith.addi {o}, {warp_i} : index"));
+    let o = b.idx64(&o);
+    let lane = b.idx64(&lane_i);
+    let ok = b.op(&format!("arith.cmpi slt, {o}, %n : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    let (cn, ck) = (b.ci64(n as i64), b.ci64(k as i64));
+    // output o = head · N + j: x's row (t, head), W's row (head, j) = o
+    let hd = b.op(&format!("arith.divui {o}, {cn} : i64"));
+    let th = b.op(&format!("arith.muli {t}, %n : i64"));
+    let xrow = b.op(&format!("arith.divui {th}, {cn} : i64"));
+    let xrow = b.op(&format!("arith.addi {xrow}, {hd} : i64"));
+    let xoff = b.op(&format!("arith.muli {xrow}, {ck} : i64"));
+    let woff = b.op(&format!("arith.muli {o}, {ck} : i64"));
+    let part = b.lane_dot("%w", &woff, wdtype, "%x", &xoff, k, &lane)?;
+    let s = b.warp_sum(&part);
+    let c0 = b.ci64(0);
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
+    b.line(&format!("scf.if {l0} {{"));
+    let yi = b.op(&format!("arith.addi {th}, {o} : i64"));
+    b.store(&s, "%y", &yi);
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
+/// The lowering of `head_matmul` (x [T, H, K], W [H, N, K] with transpose_b): a warp per
+/// output, grid y = tokens.
+pub(crate) fn lower_head_matmul(cx: &NodeCx, args: Vec<String>, transpose_b: bool) -> Result<Step, CodegenError> {
+    if !transpose_b {
+        return Err(cx.err("head_matmul needs W in [H, N, K] layout (transpose_b = true) on the GPU"));
+    }
+    if !matches!(cx.ops[1].op, dsc_ir::Op::Weight) {
+        return Err(cx.err("head_matmul's W must be a graph weight on the GPU"));
+    }
+    let c = |i: usize, j: usize| cx.ops[i].ty.shape[j].as_const();
+    let (Some(h), Some(k), Some(n)) = (c(0, 1), c(0, 2), c(1, 1)) else {
+        return Err(cx.err("head_matmul needs constant heads and widths"));
+    };
+    let spec = KernelSpec::HeadMatMul { h, k, n, wdtype: cx.ops[1].ty.dtype };
+    mla_fits(&spec).map_err(|m| cx.err(m))?;
+    let outs = Scalar::Const((h * n) as i64);
+    Ok(cx.step(spec, args, vec![outs.clone()], outs, Scalar::Dim(cx.name.to_string(), 0)))
+}
+
+/// The lowering of `mla_attention` (q [T, H, C], latent cache [NB, BS, 1, C], pos, seq, block
+/// table): a block per (token, head).
+pub(crate) fn lower_mla_attention(cx: &NodeCx, args: Vec<String>, scale: f32, l: usize) -> Result<Step, CodegenError> {
+    let c = |i: usize, j: usize| cx.ops[i].ty.shape[j].as_const();
+    let (Some(h), Some(cw), Some(bs)) = (c(0, 1), c(0, 2), c(1, 1)) else {
+        return Err(cx.err("the latent attention needs constant heads, width and block size"));
+    };
+    let kv = crate::schedule::gpu_kv(cx.name, cx.ops[1].ty.dtype)?;
+    let spec = KernelSpec::MlaAttention { h, c: cw, l, bs, scale_bits: scale.to_bits(), kv };
+    mla_fits(&spec).map_err(|m| cx.err(m))?;
+    let tokens = Scalar::Dim(cx.name.to_string(), 0);
+    let mb = Scalar::Dim(cx.names[4].clone(), 1);
+    Ok(cx.step(spec, args, vec![tokens.clone(), mb], tokens, Scalar::Const(h as i64)))
+}

@@ -1,0 +1,147 @@
+//! Kernel-check cases: DeepSeekMoE's router and routed experts (`dsc_codegen::kernels::moe`).
+
+use super::*;
+use dsc_ir::{MoeScoring, MoeSelect};
+
+/// The router on the DeepSeek gates' shapes (V2-Lite's greedy softmax, V2's group-limited
+/// softmax, V3's noaux_tc sigmoid, a tiny one), with and without disabled experts; then the
+/// two routed-expert kernels on bf16 and f32 weights.
+pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
+    // (E, top_k, n_group, topk_group, scoring, select, normalize, scaling, disabled experts)
+    let routers: [(usize, usize, usize, usize, MoeScoring, MoeSelect, bool, f32, &[usize]); 6] = [
+        (64, 6, 1, 1, MoeScoring::Softmax, MoeSelect::Greedy, false, 1.0, &[]),
+        (64, 6, 1, 1, MoeScoring::Softmax, MoeSelect::Greedy, false, 1.0, &[3, 17, 40]),
+        (160, 6, 8, 3, MoeScoring::Softmax, MoeSelect::GroupMax, false, 16.0, &[5]),
+        (256, 8, 8, 4, MoeScoring::Sigmoid, MoeSelect::NoauxTc, true, 2.5, &[]),
+        (256, 8, 8, 4, MoeScoring::Sigmoid, MoeSelect::NoauxTc, true, 2.5, &[0, 1, 2, 100, 255]),
+        (8, 3, 4, 2, MoeScoring::Sigmoid, MoeSelect::NoauxTc, true, 2.5, &[6]),
+    ];
+    for (e, top_k, n_group, topk_group, scoring, select, normalize, scaling, disabled) in routers {
+        let t = 37usize;
+        let logits = cx.r.vec(t * e, -4.0, 4.0);
+        let mask: Vec<f32> = (0..e).map(|i| if disabled.contains(&i) { 0.0 } else { 1.0 }).collect();
+        let bias = cx.r.vec(e, -0.5, 0.5);
+        let noaux = select == MoeSelect::NoauxTc;
+        let (sc, sl) = (
+            match scoring {
+                MoeScoring::Softmax => "softmax",
+                MoeScoring::Sigmoid => "sigmoid",
+            },
+            match select {
+                MoeSelect::Greedy => "greedy",
+                MoeSelect::GroupMax => "group_max",
+                MoeSelect::NoauxTc => "noaux_tc",
+            },
+        );
+        let src = format!(
+            "graph \"k\" {{\n  %l = input : f32[{t}, {e}]\n  %m = input : f32[{e}]\n{}  %y = moe_route(%l, %m{}) {{top_k = {top_k}, n_group = {n_group}, topk_group = {topk_group}, scoring = {sc}, select = {sl}, normalize = {normalize}, scaling = {scaling:?}}} : f32[{t}, {e}]\n  output y = %y\n}}\n",
+            if noaux { format!("  %b = input : f32[{e}]\n") } else { String::new() },
+            if noaux { ", %b" } else { "" }
+        );
+        let mut ins = vec![("l", Tensor::new(vec![t, e], logits.clone())), ("m", Tensor::new(vec![e], mask.clone()))];
+        if noaux {
+            ins.push(("b", Tensor::new(vec![e], bias.clone())));
+        }
+        let want = reference(&src, ins, &cx.none)?;
+        let spec = KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits: scaling.to_bits() };
+        let (g, b) = grid(&spec.launch(), t);
+        let mut inputs = vec![cx.data.push(&logits), cx.data.push(&mask)];
+        if noaux {
+            inputs.push(cx.data.push(&bias));
+        }
+        cx.cases.push(Case {
+            name: format!("moe_route E{e} top{top_k} {sl} {sc}{}", if disabled.is_empty() { String::new() } else { format!(" {} disabled", disabled.len()) }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs,
+            scalars: vec![t as i64],
+            expected: cx.data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-5,
+            cluster: None,
+        });
+        cx.specs.push(spec);
+    }
+    // the routed experts: (T, D, I, E, top_k, weights)
+    for (t, d, inter, e, top_k, wdtype) in [(5usize, 256usize, 128usize, 16usize, 4usize, DType::BF16), (3, 64, 32, 8, 3, DType::F32), (4, 40, 24, 6, 2, DType::F16), (2, 36, 20, 40, 3, DType::BF16)] {
+        let x = cx.r.vec(t * d, -1.0, 1.0);
+        // each token's top_k distinct experts with positive weights
+        let mut route = vec![0f32; t * e];
+        for ti in 0..t {
+            let mut left: Vec<usize> = (0..e).collect();
+            for _ in 0..top_k {
+                let k = cx.r.0.random_range(0..left.len());
+                route[ti * e + left.remove(k)] = cx.r.vec(1, 0.1, 1.0)[0];
+            }
+        }
+        let enc = |v: &[f32]| dsc_ir::quant::encode(wdtype, v).context("encode");
+        let dec = |b: &[u8], n: usize| dsc_ir::quant::decode(wdtype, b, n).context("decode");
+        let (gb, ub, db) = (enc(&cx.r.vec(e * inter * d, -0.1, 0.1))?, enc(&cx.r.vec(e * inter * d, -0.1, 0.1))?, enc(&cx.r.vec(e * d * inter, -0.1, 0.1))?);
+        let (gw, uw) = (dec(&gb, e * inter * d)?, dec(&ub, e * inter * d)?);
+        // h[t, slot, i] on the host (f32), slots in expert order
+        let mut h = vec![0f32; t * top_k * inter];
+        for ti in 0..t {
+            let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
+            for (s, &ei) in chosen.iter().enumerate() {
+                for i in 0..inter {
+                    let row = (ei * inter + i) * d;
+                    let xr = &x[ti * d..(ti + 1) * d];
+                    let g: f32 = gw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
+                    let u: f32 = uw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
+                    h[(ti * top_k + s) * inter + i] = g / (1.0 + (-g).exp()) * u;
+                }
+            }
+        }
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[{t}, {d}]\n  %r = input : f32[{t}, {e}]\n  %g = weight : {wdtype}[{e}, {inter}, {d}]\n  %u = weight : {wdtype}[{e}, {inter}, {d}]\n  %w = weight : {wdtype}[{e}, {d}, {inter}]\n  %y = moe_experts(%x, %r, %g, %u, %w) : f32[{t}, {d}]\n  output y = %y\n}}\n"
+        );
+        let ws: Weights =
+            [("g", &gb, vec![e, inter, d]), ("u", &ub, vec![e, inter, d]), ("w", &db, vec![e, d, inter])].into_iter().map(|(n, b, sh)| (n.to_string(), (wdtype, sh, b.clone()))).collect();
+        let want = reference(&src, vec![("x", Tensor::new(vec![t, d], x.clone())), ("r", Tensor::new(vec![t, e], route.clone()))], &ws)?;
+        let push_w = |data: &mut Data, b: &[u8]| if wdtype == DType::F32 { data.push(&le_words(b)) } else { data.push_u8(b) };
+        let (xa, ra) = (cx.data.push(&x), cx.data.push(&route));
+        let (ga, ua, da) = (push_w(&mut cx.data, &gb), push_w(&mut cx.data, &ub), push_w(&mut cx.data, &db));
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype };
+        let (g1, b1) = grid(&up.launch(), inter);
+        let ha = cx.data.push(&h);
+        cx.cases.push(Case {
+            name: format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
+            kernel: up.symbol(),
+            grid: g1,
+            grid_y: t as u32,
+            block: b1,
+            inputs: vec![xa, ra.clone(), ga, ua],
+            scalars: vec![inter as i64],
+            expected: ha.clone(),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-4,
+            cluster: None,
+        });
+        let (g2, b2) = grid(&down.launch(), d);
+        cx.cases.push(Case {
+            name: format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
+            kernel: down.symbol(),
+            grid: g2,
+            grid_y: t as u32,
+            block: b2,
+            inputs: vec![ha, ra, da],
+            scalars: vec![d as i64],
+            expected: cx.data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-4,
+            cluster: None,
+        });
+        cx.specs.push(up);
+        cx.specs.push(down);
+    }
+    Ok(())
+}

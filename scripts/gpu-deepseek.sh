@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The DeepSeek family on the GPU (H200): the MoE / MLA / YaRN kernels against the CPU
+# executor, the three tiny HF fixtures end to end (GPU vs CPU executor, teacher-forced, and the
+# GPU's free greedy continuation against HF's), the V2-Lite-dims 2-layer plan decoding with
+# its first steps checked against the CPU executor, and the V2-Lite shape's decode speed.
+# Here:  bash scripts/gpu-deepseek.sh --prepare      (fills .gpu/ds: runtime, bundle, plans)
+# There: carry [".gpu/ds"], run `bash scripts/gpu-deepseek.sh` ; results under $OUT.
+# (STAGES="check e2e decode bench" picks stages; BATCHES=1,32 the bench's batch sizes)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+D=.gpu/ds
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  cargo build --release -p dsc-compiler -p dsc-runtime
+  rm -rf $D && mkdir -p $D
+  xz -T2 -6 -c target/release/dsc-runtime > $D/dsc-runtime.xz
+  ./target/release/dsc gpu-bundle --dir $D/check --only moe_,mla_,head_matmul,rope_yarn
+  rm -f $D/check/kernels.ll $D/check/kernels.mlir $D/check/kernels.sm_80.ptx
+  xz -T2 -6 -f $D/check/data.bin
+  # the tiny HF fixtures: f32 KV pools, and V3's with bf16 pools; their reference in
+  # gpu-e2e's format (HF's prompt, greedy continuation and the margins there)
+  for f in v2-lite-tiny v2-tiny v3-tiny v3-tiny:bf16; do
+    name=${f%%:*}; kv=${f#*:}; [ "$kv" = "$f" ] && kv=f32
+    printf '[model]\nname = "%s"\narchitecture = "deepseek"\n\n[weights]\nformat = "safetensors"\npath = "%s"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n\n[precision]\nactivations = "f32"\nkv_cache = "%s"\n' \
+      "$name" "$PWD/tests/fixtures/deepseek/$name" "$kv" > .cache/ds-$name-$kv.toml
+    ./target/release/dsc compile .cache/ds-$name-$kv.toml -o $D/$name-$kv.plan
+    python3 -c "
+import json, sys
+r = json.load(open('tests/fixtures/deepseek/$name/reference.json'))
+n = len(r['prompt'])
+json.dump([{'name': '$name', 'prompt_ids': r['prompt'], 'greedy_ids': r['greedy'], 'greedy_margins': r['full_top2_margin'][n - 1:n - 1 + len(r['greedy'])]}], open('$D/$name-ref.json', 'w'))"
+  done
+  for m in v2-lite-2layer v2-lite v3-4layer; do
+    ./target/release/dsc compile models/deepseek-$m-seeded.toml -o $D/$m.plan
+  done
+  du -sh $D
+  exit 0
+fi
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+status=0
+python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/dsc-runtime.xz'), open('$D/dsc-runtime', 'wb'))" && chmod +x $D/dsc-runtime
+stages=${STAGES:-check e2e decode bench}
+if [[ " $stages " == *" check "* ]]; then
+  python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/check/data.bin.xz'), open('$D/check/data.bin', 'wb'))"
+  $D/dsc-runtime gpu-check $D/check --target sm_90a --json "$out/ds-kernels.json" 2>&1 | tail -30
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ " $stages " == *" e2e "* ]]; then
+  for p in v2-lite-tiny-f32 v2-tiny-f32 v3-tiny-f32 v3-tiny-bf16; do
+    echo "== $p"
+    $D/dsc-runtime gpu-e2e $D/$p.plan $D/${p%-*}-ref.json --json "$out/ds-e2e-$p.json" 2>&1 | tail -4
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+if [[ " $stages " == *" decode "* ]]; then
+  $D/dsc-runtime gpu-decode $D/v2-lite-2layer.plan --prompt-len 16 --steps 64 --cpu-check-steps 3 --json "$out/ds-decode-v2-lite-2layer.json" 2>&1 | tail -6
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ " $stages " == *" bench "* ]]; then
+  for m in ${BENCH_MODELS:-v2-lite}; do
+    $D/dsc-runtime bench $D/$m.plan --batches ${BATCHES:-1,32} --prefill ${PREFILL:-512} --prompt-len 32 --new-tokens 64 --json "$out/ds-bench-$m.json" 2>&1 | tail -12
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+exit $status
