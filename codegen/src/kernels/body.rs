@@ -194,47 +194,84 @@ impl Body {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn lane_dot(&mut self, w: &str, woff: &str, wdtype: DType, x: &str, xoff: &str, k: usize, lane: &str) -> Result<String, String> {
         let zero = self.cf32(0.0);
-        let mut acc = zero.clone();
         let (unit, units) = if k % 8 == 0 { (8, k / 8) } else { (1, k) };
-        let last = self.ci64(units as i64 - 1);
         let cu = self.ci64(unit as i64);
-        for j in 0..units.div_ceil(32) {
+        // one round: unit `c` (i64) of the row, this lane's part
+        let round = |b: &mut Body, c: &str| -> Result<String, String> {
+            let el = b.op(&format!("arith.muli {c}, {cu} : i64"));
+            let xe = b.op(&format!("arith.addi {xoff}, {el} : i64"));
+            let we = b.op(&format!("arith.addi {woff}, {el} : i64"));
+            let zero = b.cf32(0.0);
+            let mut part = zero;
+            if unit == 8 {
+                let c4 = b.ci64(4);
+                let xb = b.op(&format!("arith.muli {xe}, {c4} : i64"));
+                let xs = b.load_f32s(x, &xb, 8);
+                let ws: Vec<String> = match wdtype {
+                    DType::F32 => {
+                        let wb = b.op(&format!("arith.muli {we}, {c4} : i64"));
+                        b.load_f32s(w, &wb, 8)
+                    }
+                    DType::BF16 | DType::F16 => {
+                        let c2 = b.ci64(2);
+                        let wb = b.op(&format!("arith.muli {we}, {c2} : i64"));
+                        let words = b.load_vec(w, &wb, 4, "i32", 16);
+                        words.iter().flat_map(|wd| if wdtype == DType::BF16 { b.bf16_pair(wd) } else { b.f16_pair(wd) }).collect()
+                    }
+                    other => return Err(format!("{other} is not a plain float type")),
+                };
+                for (wv, xv) in ws.iter().zip(&xs) {
+                    part = b.op(&format!("llvm.intr.fma({wv}, {xv}, {part}) : (f32, f32, f32) -> f32"));
+                }
+            } else {
+                let xv = b.load(x, &xe);
+                let wv = b.plain_as_f32(w, &we, wdtype)?;
+                part = b.op(&format!("arith.mulf {wv}, {xv} : f32"));
+            }
+            Ok(part)
+        };
+        let full = units / 32;
+        // (long rows: the full rounds in a loop of DOT_UNROLL rounds a step, so the loads in
+        // flight stay within the registers — V3's 7,168-wide rows spilled fully unrolled)
+        let looped = if full > 2 * DOT_UNROLL { full / DOT_UNROLL * DOT_UNROLL } else { 0 };
+        let mut acc = zero.clone();
+        if looped > 0 {
+            let (res, iv, a) = (self.v(), self.v(), self.v());
+            let (c0, cl, cs) = (self.op("arith.constant 0 : index"), self.op(&format!("arith.constant {looped} : index")), self.op(&format!("arith.constant {DOT_UNROLL} : index")));
+            self.line(&format!("{res} = scf.for {iv} = {c0} to {cl} step {cs} iter_args({a} = {zero}) -> (f32) {{"));
+            let r0 = self.idx64(&iv);
+            let mut parts = vec![];
+            for q in 0..DOT_UNROLL {
+                let cq = self.ci64(q as i64);
+                let r = self.op(&format!("arith.addi {r0}, {cq} : i64"));
+                let c32 = self.ci64(32);
+                let c = self.op(&format!("arith.muli {r}, {c32} : i64"));
+                let c = self.op(&format!("arith.addi {c}, {lane} : i64"));
+                parts.push(round(self, &c)?);
+            }
+            let mut s = a.clone();
+            for p in parts {
+                s = self.op(&format!("arith.addf {s}, {p} : f32"));
+            }
+            self.line(&format!("scf.yield {s} : f32"));
+            self.line("}");
+            acc = res;
+        }
+        for j in looped..units.div_ceil(32) {
             let cj = self.ci64(32 * j as i64);
             let c = self.op(&format!("arith.addi {lane}, {cj} : i64"));
             let valid = (32 * (j + 1) > units).then(|| {
                 let cn = self.ci64(units as i64);
                 self.op(&format!("arith.cmpi slt, {c}, {cn} : i64"))
             });
-            let c = if valid.is_some() { self.op(&format!("arith.minsi {c}, {last} : i64")) } else { c };
-            let el = self.op(&format!("arith.muli {c}, {cu} : i64"));
-            let xe = self.op(&format!("arith.addi {xoff}, {el} : i64"));
-            let we = self.op(&format!("arith.addi {woff}, {el} : i64"));
-            let mut part = zero.clone();
-            if unit == 8 {
-                let c4 = self.ci64(4);
-                let xb = self.op(&format!("arith.muli {xe}, {c4} : i64"));
-                let xs = self.load_f32s(x, &xb, 8);
-                let ws: Vec<String> = match wdtype {
-                    DType::F32 => {
-                        let wb = self.op(&format!("arith.muli {we}, {c4} : i64"));
-                        self.load_f32s(w, &wb, 8)
-                    }
-                    DType::BF16 | DType::F16 => {
-                        let c2 = self.ci64(2);
-                        let wb = self.op(&format!("arith.muli {we}, {c2} : i64"));
-                        let words = self.load_vec(w, &wb, 4, "i32", 16);
-                        words.iter().flat_map(|wd| if wdtype == DType::BF16 { self.bf16_pair(wd) } else { self.f16_pair(wd) }).collect()
-                    }
-                    other => return Err(format!("{other} is not a plain float type")),
-                };
-                for (wv, xv) in ws.iter().zip(&xs) {
-                    part = self.op(&format!("llvm.intr.fma({wv}, {xv}, {part}) : (f32, f32, f32) -> f32"));
+            let c = match &valid {
+                Some(_) => {
+                    let last = self.ci64(units as i64 - 1);
+                    self.op(&format!("arith.minsi {c}, {last} : i64"))
                 }
-            } else {
-                let xv = self.load(x, &xe);
-                let wv = self.plain_as_f32(w, &we, wdtype)?;
-                part = self.op(&format!("arith.mulf {wv}, {xv} : f32"));
-            }
+                None => c,
+            };
+            let mut part = round(self, &c)?;
             if let Some(v) = valid {
                 part = self.op(&format!("arith.select {v}, {part}, {zero} : f32"));
             }
@@ -1315,6 +1352,9 @@ impl Body {
         self.op(&format!("arith.index_cast {i} : index to i64"))
     }
 }
+
+/// Rounds (32 lanes x 8 elements) of a [`Body::lane_dot`] per step of its loop over long rows.
+pub(crate) const DOT_UNROLL: usize = 4;
 
 /// The fixed fields of a wgmma descriptor of a K-major tile in the 128-byte swizzle: LBO 1
 /// (unused), SBO 1024 bytes (>> 4) between 8-row groups, swizzle mode 1.

@@ -4,8 +4,9 @@
 //!   and the values their first L elements, shared by every head. A block per (token, head)
 //!   of [`MLA_WARPS`] warps; the query row (pre-scaled by scale · log2 e, so the softmax runs
 //!   on `ex2`) lives in registers, lane l holding the 8-element chunks l + 32 r (16-byte
-//!   loads of a bf16 row); warp w takes keys w, w + W, ... with an online softmax, and one
-//!   load of a row serves both its score and its value accumulation. The warps' partial
+//!   loads of a bf16 row); warp w takes [`MLA_KEYS`] keys at a time (keys wK.., then W·K
+//!   further), their rows' loads in flight together, with an online softmax rescaled once
+//!   per step, and one load of a row serves both its score and its value accumulation. The warps' partial
 //!   states (m, l, acc[L]) meet in shared memory. The softmax scale (with YaRN's mscale) is
 //!   in the spec, so two scales are two kernels.
 //! - [`KernelSpec::HeadMatMul`]: y[t, h, :] = x[t, h, :] @ W[h]ᵀ for one matrix per head (the
@@ -20,8 +21,13 @@ use crate::kernels::*;
 use crate::schedule::{NodeCx, Scalar, Step};
 use crate::CodegenError;
 
-/// Warps per block of the MLA decode attention (each takes every W-th key).
-pub const MLA_WARPS: usize = 4;
+/// Warps per block of the MLA decode attention (each takes every W-th group of
+/// [`MLA_KEYS`] keys).
+pub const MLA_WARPS: usize = 8;
+
+/// Keys a warp of the MLA decode attention takes per step: their rows' loads in flight
+/// together, their scores reduced at once, one rescale of the running state.
+pub const MLA_KEYS: usize = 4;
 
 /// Warps per block of the per-head matmul (a warp per output).
 pub const HEAD_MATMUL_WARPS: u32 = 8;
@@ -153,7 +159,7 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
     let ctxi = b.op(&format!("arith.index_cast {ctx} : i64 to index"));
     let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
     let cbs = b.ci64(bs as i64);
-    let wstep = b.op(&format!("arith.constant {w} : index"));
+    let wstep = b.op(&format!("arith.constant {} : index", w * MLA_KEYS));
     let nacc = vrounds * u;
     let tys = vec!["f32"; 2 + nacc].join(", ");
     let (res, j) = (b.v(), b.v());
@@ -161,42 +167,76 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
     let acc_in: Vec<String> = (0..nacc).map(|_| b.v()).collect();
     let mut iter = vec![format!("{m_in} = {ninf}"), format!("{l_in} = {zero}")];
     iter.extend(acc_in.iter().map(|a| format!("{a} = {zero}")));
-    b.line(&format!("{res}:{} = scf.for {j} = {warp_i} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", 2 + nacc, iter.join(", ")));
+    // (warp w starts at key w·NK and steps W·NK: its NK keys' rows load together)
+    let nk = MLA_KEYS;
+    let cnk = b.op(&format!("arith.constant {nk} : index"));
+    let jstart = b.op(&format!("arith.muli {warp_i}, {cnk} : index"));
+    b.line(&format!("{res}:{} = scf.for {j} = {jstart} to {ctxi} step {wstep} iter_args({}) -> ({tys}) {{", 2 + nacc, iter.join(", ")));
     let j64 = b.idx64(&j);
-    let bj = b.op(&format!("arith.divui {j64}, {cbs} : i64"));
-    let oj = b.op(&format!("arith.remui {j64}, {cbs} : i64"));
-    let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
-    let blk = b.load_i32_as_i64("%table", &ti);
-    let row = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
-    let row = b.op(&format!("arith.addi {row}, {oj} : i64"));
-    let kbase = b.op(&format!("arith.muli {row}, {cc} : i64"));
-    let mut kvals = vec![];
-    for (e, valid) in &eoff {
-        let at = b.op(&format!("arith.addi {kbase}, {e} : i64"));
-        let vs = b.load_kv("%cache", &at, u, kv)?;
-        for v in vs {
-            kvals.push(match valid {
-                Some(ok) => b.op(&format!("arith.select {ok}, {v}, {zero} : f32")),
-                None => v,
-            });
+    let clast = b.op(&format!("arith.subi {ctx}, {c1} : i64"));
+    let mut keys: Vec<(Vec<String>, Option<String>)> = vec![];
+    for ku in 0..nk {
+        let cu_k = b.ci64(ku as i64);
+        let ju = b.op(&format!("arith.addi {j64}, {cu_k} : i64"));
+        let valid = (ku > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {ctx} : i64")));
+        let ju = if ku > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
+        let bj = b.op(&format!("arith.divui {ju}, {cbs} : i64"));
+        let oj = b.op(&format!("arith.remui {ju}, {cbs} : i64"));
+        let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
+        let blk = b.load_i32_as_i64("%table", &ti);
+        let row = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {oj} : i64"));
+        let kbase = b.op(&format!("arith.muli {row}, {cc} : i64"));
+        let mut kvals = vec![];
+        for (e, valid) in &eoff {
+            let at = b.op(&format!("arith.addi {kbase}, {e} : i64"));
+            let vs = b.load_kv("%cache", &at, u, kv)?;
+            for v in vs {
+                kvals.push(match valid {
+                    Some(ok) => b.op(&format!("arith.select {ok}, {v}, {zero} : f32")),
+                    None => v,
+                });
+            }
         }
+        keys.push((kvals, valid));
     }
-    let mut dot = zero.clone();
-    for (qv, kvv) in q.iter().zip(&kvals) {
-        dot = b.op(&format!("llvm.intr.fma({qv}, {kvv}, {dot}) : (f32, f32, f32) -> f32"));
+    // the NK scores at once (`Body::warp_sums`), keys past the context at -inf
+    let dots: Vec<String> = keys
+        .iter()
+        .map(|(kvals, _)| {
+            let mut dot = zero.clone();
+            for (qv, kvv) in q.iter().zip(kvals) {
+                dot = b.op(&format!("llvm.intr.fma({qv}, {kvv}, {dot}) : (f32, f32, f32) -> f32"));
+            }
+            dot
+        })
+        .collect();
+    let lane32 = b.op(&format!("arith.index_cast {lane_i} : index to i32"));
+    let sums = b.warp_sums(&dots, &lane32);
+    let mut mn = m_in.clone();
+    let mut ss = vec![];
+    for (sv, (_, valid)) in sums.iter().zip(&keys) {
+        let sv = match valid {
+            Some(v) => b.op(&format!("arith.select {v}, {sv}, {ninf} : f32")),
+            None => sv.clone(),
+        };
+        mn = b.op(&format!("arith.maximumf {mn}, {sv} : f32"));
+        ss.push(sv);
     }
-    let s = b.warp_sum(&dot);
-    let mn = b.op(&format!("arith.maximumf {m_in}, {s} : f32"));
     let d1 = b.op(&format!("arith.subf {m_in}, {mn} : f32"));
     let corr = b.asm1("ex2.approx.ftz.f32", &d1);
-    let d2 = b.op(&format!("arith.subf {s}, {mn} : f32"));
-    let pe = b.asm1("ex2.approx.ftz.f32", &d2);
-    let l2 = b.op(&format!("llvm.intr.fma({l_in}, {corr}, {pe}) : (f32, f32, f32) -> f32"));
-    let mut outs = vec![mn, l2];
-    for (a, v) in acc_in.iter().zip(&kvals) {
-        let sc = b.op(&format!("arith.mulf {a}, {corr} : f32"));
-        outs.push(b.op(&format!("llvm.intr.fma({pe}, {v}, {sc}) : (f32, f32, f32) -> f32")));
+    let mut l2 = b.op(&format!("arith.mulf {l_in}, {corr} : f32"));
+    let mut outs_acc: Vec<String> = acc_in.iter().map(|a| b.op(&format!("arith.mulf {a}, {corr} : f32"))).collect();
+    for (sv, (kvals, _)) in ss.iter().zip(&keys) {
+        let d2 = b.op(&format!("arith.subf {sv}, {mn} : f32"));
+        let pe = b.asm1("ex2.approx.ftz.f32", &d2);
+        l2 = b.op(&format!("arith.addf {l2}, {pe} : f32"));
+        for (a, v) in outs_acc.iter_mut().zip(kvals) {
+            *a = b.op(&format!("llvm.intr.fma({pe}, {v}, {a}) : (f32, f32, f32) -> f32"));
+        }
     }
+    let mut outs = vec![mn, l2];
+    outs.extend(outs_acc);
     b.line(&format!("scf.yield {} : {tys}", outs.join(", ")));
     b.line("}");
     // the warp's state to shared memory: m, l, then acc at 2 + element

@@ -9,8 +9,9 @@
 //!   layer; no shared memory.
 //! - The routed experts of a step in two launches that read only the chosen experts' weights
 //!   (the decode path: at batch 1 a token's `top_k` experts of the E): [`KernelSpec::MoeGateUp`]
-//!   (a warp per (token, hidden unit i): for each chosen expert e of the token, in expert
-//!   order, h[t, slot, i] = silu(gate_e[i] · x_t) · (up_e[i] · x_t)) into the step's scratch
+//!   (a warp per (token, chosen expert, hidden unit i) — grid y = tokens × top_k, the slot-th
+//!   chosen expert in expert order —: h[t, slot, i] = silu(gate_e[i] · x_t) · (up_e[i] · x_t))
+//!   into the step's scratch
 //!   `{node}@rows{top_k·I}`, then [`KernelSpec::MoeDown`] (a warp per (token, output n):
 //!   y[t, n] = Σ over the chosen experts, in expert order, of route[t, e] · (down_e[n] ·
 //!   h[t, slot])). The chosen experts are found from the dense routing row by warp ballots.
@@ -345,8 +346,16 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
 /// The routed experts' two kernels (see the file header): `gate_up` the first (params x,
 /// route, wg, wu, h, n = I), else the down projection (params h, route, wd, y, n = D).
 fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
-    let t = b.op("gpu.block_id y");
-    let t = b.idx64(&t);
+    // (gate/up: block y = token · top_k + slot, each warp one chosen expert's two rows;
+    // down: block y = token)
+    let by = b.op("gpu.block_id y");
+    let by = b.idx64(&by);
+    let (t, myslot) = if gate_up {
+        let ck = b.ci64(top_k as i64);
+        (b.op(&format!("arith.divui {by}, {ck} : i64")), Some(b.op(&format!("arith.remui {by}, {ck} : i64"))))
+    } else {
+        (by, None)
+    };
     let bx = b.op("gpu.block_id x");
     let tid = b.op("gpu.thread_id x");
     let (lane_i, warp_i) = b.lane_warp(&tid);
@@ -366,7 +375,6 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     let zero = b.cf32(0.0);
     let z32 = b.op("arith.constant 0 : i32");
     let one32 = b.op("arith.constant 1 : i32");
-    let ctk = b.ci64(top_k as i64);
     let c1 = b.ci64(1);
     let mut slot = b.ci64(0);
     let mut acc = zero.clone();
@@ -396,8 +404,10 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
         let bit = b.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {lm1} : (i32) -> i32"));
         let bit = b.op(&format!("arith.extui {bit} : i32 to i64"));
         let ex = b.op(&format!("arith.addi {cc}, {bit} : i64"));
-        let a_next = if gate_up {
-            // h[t, slot, o] = silu(gate_e[o] . x) * (up_e[o] . x)
+        let a_next = if let Some(ms) = &myslot {
+            // h[t, slot, o] = silu(gate_e[o] . x) * (up_e[o] . x), for this block's slot
+            let mine = b.op(&format!("arith.cmpi eq, {s}, {ms} : i64"));
+            b.line(&format!("scf.if {mine} {{"));
             let row = b.op(&format!("arith.muli {ex}, {ci} : i64"));
             let row = b.op(&format!("arith.addi {row}, {o} : i64"));
             let woff = b.op(&format!("arith.muli {row}, {cd} : i64"));
@@ -409,13 +419,12 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
             let hv = b.op(&format!("arith.mulf {sg}, {u} : f32"));
             let c0 = b.ci64(0);
             let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
-            let fits = b.op(&format!("arith.cmpi slt, {s}, {ctk} : i64"));
-            let w = b.op(&format!("arith.andi {l0}, {fits} : i1"));
-            b.line(&format!("scf.if {w} {{"));
+            b.line(&format!("scf.if {l0} {{"));
             let so = b.op(&format!("arith.muli {s}, {ci} : i64"));
             let hi = b.op(&format!("arith.addi {hbase}, {so} : i64"));
             let hi = b.op(&format!("arith.addi {hi}, {o} : i64"));
             b.store(&hv, "%h", &hi);
+            b.line("}");
             b.line("}");
             a.clone()
         } else {
@@ -496,9 +505,10 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<(Step, Step
     let h = format!("{}@rows{}", cx.name, top_k * inter);
     let n = cx.names;
     let tokens = Scalar::Dim(cx.names[0].clone(), 0);
+    // (gate/up: grid y = tokens x top_k, a block row per chosen expert)
     let first = Step {
         node: h.clone(),
-        ..cx.step(up, vec![n[0].clone(), n[1].clone(), n[2].clone(), n[3].clone(), h.clone()], vec![Scalar::Const(inter as i64)], Scalar::Const(inter as i64), tokens.clone())
+        ..cx.step(up, vec![n[0].clone(), n[1].clone(), n[2].clone(), n[3].clone(), h.clone()], vec![Scalar::Const(inter as i64)], Scalar::Const(inter as i64), Scalar::RowsTimes(n[0].clone(), top_k as i64))
     };
     let second = cx.step(down, vec![h, n[1].clone(), n[4].clone(), cx.name.to_string()], vec![Scalar::Const(d as i64)], Scalar::Const(d as i64), tokens);
     Ok((first, second))

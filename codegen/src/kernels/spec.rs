@@ -425,7 +425,8 @@ pub enum KernelSpec {
     MoeRoute { e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: dsc_ir::MoeScoring, select: dsc_ir::MoeSelect, normalize: bool, scaling_bits: u32 },
     /// The routed experts' first kernel (`kernels::moe`): h[t, slot, i] = silu(gate_e[i] · x_t)
     /// · (up_e[i] · x_t) for each token's chosen experts e (route != 0, the slot-th in expert
-    /// order); a warp per (token, i). params x, route, gate [E, I, D], up, h [T, top_k · I], I
+    /// order); a warp per (token, slot, i), grid y = T · top_k. params x, route, gate [E, I,
+    /// D], up, h [T, top_k · I], I
     MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
     /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
     /// (down_e[n] · h[t, slot]); a warp per (token, n). params h, route, down [E, D, I], y, D

@@ -113,7 +113,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             name: format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
             kernel: up.symbol(),
             grid: g1,
-            grid_y: t as u32,
+            grid_y: (t * top_k) as u32,
             block: b1,
             inputs: vec![xa, ra.clone(), ga, ua],
             scalars: vec![inter as i64],
