@@ -5,7 +5,9 @@
 # its first steps checked against the CPU executor, and the V2-Lite shape's decode speed.
 # Here:  bash scripts/gpu-deepseek.sh --prepare      (fills .gpu/ds: runtime, bundle, plans)
 # There: carry [".gpu/ds"], run `bash scripts/gpu-deepseek.sh` ; results under $OUT.
-# (STAGES="check e2e decode bench" picks stages; BATCHES=1,32 the bench's batch sizes)
+# (STAGES="check e2e decode bench serve" picks stages; BATCHES=1,32 the bench's batch sizes;
+# serve: the V2-Lite shape behind `dsc serve` under 64 concurrent clients, then an expert
+# disabled through POST /admin/experts and 8 more clients)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 D=.gpu/ds
@@ -33,6 +35,11 @@ json.dump([{'name': '$name', 'prompt_ids': r['prompt'], 'greedy_ids': r['greedy'
   for m in v2-lite-2layer v2-lite v3-4layer; do
     ./target/release/dsc compile models/deepseek-$m-seeded.toml -o $D/$m.plan
   done
+  # serving: the V2-Lite shape with SmolLM2's tokenizer (its vocabulary fits in 102,400)
+  sed "s#^config = \"#config = \"$PWD/models/#" models/deepseek-v2-lite-seeded.toml > .cache/ds-v2-lite-serve.toml
+  printf '\n[tokenizer]\ngguf = "%s"\n' "$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" >> .cache/ds-v2-lite-serve.toml
+  ./target/release/dsc compile .cache/ds-v2-lite-serve.toml -o $D/v2-lite-serve.plan
+  cp tests/serve/load.py $D/
   du -sh $D
   exit 0
 fi
@@ -40,7 +47,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 status=0
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/dsc-runtime.xz'), open('$D/dsc-runtime', 'wb'))" && chmod +x $D/dsc-runtime
-stages=${STAGES:-check e2e decode bench}
+stages=${STAGES:-check e2e decode bench serve}
 if [[ " $stages " == *" check "* ]]; then
   python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/check/data.bin.xz'), open('$D/check/data.bin', 'wb'))"
   $D/dsc-runtime gpu-check $D/check --target sm_90a --json "$out/ds-kernels.json" 2>&1 | tail -30
@@ -62,5 +69,20 @@ if [[ " $stages " == *" bench "* ]]; then
     $D/dsc-runtime bench $D/$m.plan --batches ${BATCHES:-1,32} --prefill ${PREFILL:-512} --prompt-len 32 --new-tokens 64 --json "$out/ds-bench-$m.json" 2>&1 | tail -12
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
+fi
+if [[ " $stages " == *" serve "* ]]; then
+  # 64 concurrent streaming clients, then expert failover at run time: disable an expert
+  # through the admin endpoint and serve on
+  port=8200
+  $D/dsc-runtime serve $D/v2-lite-serve.plan --backend gpu --port $port --api-key k --max-seqs 64 > "$out/ds-serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 240); do curl -fs localhost:$port/ready >/dev/null 2>&1 && break; sleep 0.5; done
+  model=$($D/dsc-runtime inspect $D/v2-lite-serve.plan | awk '/^model:/ {print $2; exit}')
+  python3 $D/load.py http://127.0.0.1:$port "$model" k --clients 64 --max-tokens 64 --allow-mismatch --json "$out/ds-load-c64.json" 2>&1 | tail -2 || status=1
+  curl -s -H "Authorization: Bearer k" -H "Content-Type: application/json" -d '{"layer": 1, "expert": 5, "enabled": false}' localhost:$port/admin/experts | head -c 300; echo
+  python3 $D/load.py http://127.0.0.1:$port "$model" k --clients 8 --max-tokens 32 --allow-mismatch --json "$out/ds-load-failover-c8.json" 2>&1 | tail -1 || status=1
+  curl -s localhost:$port/metrics | grep -E "^dsc_(kv_blocks|moe_disabled|preemptions|requests_total)" | head -12
+  kill -TERM $pid; wait $pid || status=1
+  tail -1 "$out/ds-serve.log"
 fi
 exit $status

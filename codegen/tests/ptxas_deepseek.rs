@@ -21,6 +21,7 @@ fn specs() -> Vec<KernelSpec> {
         v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype });
         v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype });
     }
+    v.push(KernelSpec::MoeGateUpGrouped { d: 2048, inter: 1408, e: 64, top_k: 6, wdtype: DType::BF16 });
     for (h, c, l, bs, kv) in [(16, 576, 512, 16, DType::BF16), (128, 576, 512, 64, DType::BF16), (4, 40, 32, 4, DType::F32)] {
         v.push(KernelSpec::MlaAttention { h, c, l, bs, scale_bits: 0.1352f32.to_bits(), kv });
     }
@@ -54,7 +55,7 @@ fn deepseek_kernels_pass_ptxas() {
         for s in &specs {
             let body = common::body(ptx, &s.symbol());
             match s {
-                KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } | KernelSpec::HeadMatMul { .. } => {
+                KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpGrouped { .. } | KernelSpec::MoeDown { .. } | KernelSpec::HeadMatMul { .. } => {
                     assert!(!body.contains("bar.sync") && !body.contains(".shared"), "{}: warp-level only", s.symbol());
                     assert!(body.contains("shfl.sync.bfly"), "{}: warp reductions", s.symbol());
                 }

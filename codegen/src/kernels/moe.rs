@@ -43,6 +43,7 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => format!("moe_gate_up_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => format!("moe_down_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
+        KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype } => format!("moe_gate_up_grouped_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
 }
@@ -52,7 +53,7 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
 pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MoeRoute { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-        KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
+        KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } | KernelSpec::MoeGateUpGrouped { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
 }
@@ -81,9 +82,25 @@ pub(crate) fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
+        KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype } => {
+            moe_fits(&KernelSpec::MoeGateUp { d: *d, inter: *inter, e: *e, top_k: *top_k, wdtype: *wdtype })?;
+            if !matches!(wdtype, DType::BF16 | DType::F16) || d % 256 != 0 || d / 256 > GROUPED_MAX_ROUNDS {
+                return Err(format!("the grouped gate/up keeps a warp's two 16-bit weight rows in registers: D a multiple of 256 up to {} (D {d}, {wdtype})", 256 * GROUPED_MAX_ROUNDS));
+            }
+            Ok(())
+        }
         other => Err(format!("`{}` is not a moe kernel", other.symbol())),
     }
 }
+
+/// Most 256-element rounds of a row the grouped gate/up keeps in registers (two rows: 8 · 4
+/// words each at D = 2,048).
+pub const GROUPED_MAX_ROUNDS: usize = 8;
+
+/// Fewest tokens from which the routed experts' gate/up runs expert-major
+/// ([`KernelSpec::MoeGateUpGrouped`]: each chosen expert's rows read once for all its tokens)
+/// instead of a block row per (token, chosen expert).
+pub const GROUPED_MIN_ROWS: i64 = 8;
 
 /// The `moe` kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
@@ -100,6 +117,10 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => {
             emit_experts(b, true, *d, *inter, *e, *top_k, *wdtype)?;
             Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %h: !llvm.ptr<1>, %n: i64".into())
+        }
+        KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype } => {
+            emit_gate_up_grouped(b, *d, *inter, *e, *top_k, *wdtype)?;
+            Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %h: !llvm.ptr<1>, %n: i64, %rows: i64".into())
         }
         KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => {
             emit_experts(b, false, *d, *inter, *e, *top_k, *wdtype)?;
@@ -460,6 +481,149 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     Ok(())
 }
 
+/// [`KernelSpec::MoeGateUpGrouped`]: warp (expert e = block y, row i); the tokens that chose
+/// e found by ballots over the routing column; if any, the warp's gate and up rows loaded once
+/// into registers and applied to each such token's x, h stored at the token's slot of e (the
+/// chosen experts of the token below e, counted by ballots over its routing row).
+fn emit_gate_up_grouped(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
+    let ex = b.op("gpu.block_id y");
+    let ex = b.idx64(&ex);
+    let bx = b.op("gpu.block_id x");
+    let tid = b.op("gpu.thread_id x");
+    let (lane_i, warp_i) = b.lane_warp(&tid);
+    let cw = b.op(&format!("arith.constant {MOE_WARPS} : index"));
+    let o = b.op(&format!("arith.muli {bx}, {cw} : index"));
+    let o = b.op(&format!("arith.addi {o}, {warp_i} : index"));
+    let o = b.idx64(&o);
+    let lane = b.idx64(&lane_i);
+    let ok = b.op(&format!("arith.cmpi slt, {o}, %n : i64"));
+    b.line(&format!("scf.if {ok} {{"));
+    let (ce, cd, ci) = (b.ci64(e as i64), b.ci64(d as i64), b.ci64(inter as i64));
+    let zero = b.cf32(0.0);
+    let rows_i = b.op("arith.index_cast %rows : i64 to index");
+    let (c0i, c32i) = (b.op("arith.constant 0 : index"), b.op("arith.constant 32 : index"));
+    let rlast = b.ci64(-1);
+    let rlast = b.op(&format!("arith.addi %rows, {rlast} : i64"));
+    // the ballot of the tokens tc.. tc+31 that chose e
+    let chose = |b: &mut Body, tc: &str| -> String {
+        let t = b.op(&format!("arith.addi {tc}, {lane} : i64"));
+        let inr = b.op(&format!("arith.cmpi slt, {t}, %rows : i64"));
+        let tcl = b.op(&format!("arith.minsi {t}, {rlast} : i64"));
+        let at = b.op(&format!("arith.muli {tcl}, {ce} : i64"));
+        let at = b.op(&format!("arith.addi {at}, {ex} : i64"));
+        let r = b.load("%route", &at);
+        let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
+        let nz = b.op(&format!("arith.andi {nz}, {inr} : i1"));
+        b.ballot(&nz)
+    };
+    // any token at all? (then the rows are worth loading)
+    let (anyr, tc, acc) = (b.v(), b.v(), b.v());
+    let z32 = b.op("arith.constant 0 : i32");
+    b.line(&format!("{anyr} = scf.for {tc} = {c0i} to {rows_i} step {c32i} iter_args({acc} = {z32}) -> (i32) {{"));
+    let tc64 = b.idx64(&tc);
+    let bal = chose(b, &tc64);
+    let acc2 = b.op(&format!("arith.ori {acc}, {bal} : i32"));
+    b.line(&format!("scf.yield {acc2} : i32"));
+    b.line("}");
+    let any = b.op(&format!("arith.cmpi ne, {anyr}, {z32} : i32"));
+    b.line(&format!("scf.if {any} {{"));
+    // the warp's gate and up rows: lane holds 8-element chunks lane + 32 r
+    let rounds = d / 256;
+    let row = b.op(&format!("arith.muli {ex}, {ci} : i64"));
+    let row = b.op(&format!("arith.addi {row}, {o} : i64"));
+    let woff = b.op(&format!("arith.muli {row}, {cd} : i64"));
+    let c8 = b.ci64(8);
+    let c2 = b.ci64(2);
+    let c4 = b.ci64(4);
+    let mut chunk_el = vec![];
+    let (mut gw, mut uw) = (vec![], vec![]);
+    for r in 0..rounds {
+        let cr = b.ci64(32 * r as i64);
+        let c = b.op(&format!("arith.addi {lane}, {cr} : i64"));
+        let el = b.op(&format!("arith.muli {c}, {c8} : i64"));
+        let we = b.op(&format!("arith.addi {woff}, {el} : i64"));
+        let wb = b.op(&format!("arith.muli {we}, {c2} : i64"));
+        gw.push(b.load_vec("%wg", &wb, 4, "i32", 16));
+        uw.push(b.load_vec("%wu", &wb, 4, "i32", 16));
+        chunk_el.push(el);
+    }
+    let widen = |b: &mut Body, words: &[String]| -> Vec<String> { words.iter().flat_map(|w| if wdtype == DType::BF16 { b.bf16_pair(w) } else { b.f16_pair(w) }).collect() };
+    let gs: Vec<Vec<String>> = gw.iter().map(|w| widen(b, w)).collect();
+    let us: Vec<Vec<String>> = uw.iter().map(|w| widen(b, w)).collect();
+    let tc2 = b.v();
+    b.line(&format!("scf.for {tc2} = {c0i} to {rows_i} step {c32i} {{"));
+    let tcb = b.idx64(&tc2);
+    let bal = chose(b, &tcb);
+    let one32 = b.op("arith.constant 1 : i32");
+    let (res, m_in) = (b.v(), b.v());
+    b.line(&format!("{res} = scf.while ({m_in} = {bal}) : (i32) -> i32 {{"));
+    let more = b.op(&format!("arith.cmpi ne, {m_in}, {z32} : i32"));
+    b.line(&format!("scf.condition({more}) {m_in} : i32"));
+    b.line("} do {");
+    let m = b.v();
+    b.line(&format!("^bb0({m}: i32):"));
+    let neg = b.op(&format!("arith.subi {z32}, {m} : i32"));
+    let low = b.op(&format!("arith.andi {m}, {neg} : i32"));
+    let lm1 = b.op(&format!("arith.subi {low}, {one32} : i32"));
+    let bit = b.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {lm1} : (i32) -> i32"));
+    let bit = b.op(&format!("arith.extui {bit} : i32 to i64"));
+    let t = b.op(&format!("arith.addi {tcb}, {bit} : i64"));
+    // g and u for token t
+    let xrow = b.op(&format!("arith.muli {t}, {cd} : i64"));
+    let (mut gp, mut up) = (zero.clone(), zero.clone());
+    for (r, el) in chunk_el.iter().enumerate() {
+        let xe = b.op(&format!("arith.addi {xrow}, {el} : i64"));
+        let xb = b.op(&format!("arith.muli {xe}, {c4} : i64"));
+        let xs = b.load_f32s("%x", &xb, 8);
+        for (k, xv) in xs.iter().enumerate() {
+            gp = b.op(&format!("llvm.intr.fma({}, {xv}, {gp}) : (f32, f32, f32) -> f32", gs[r][k]));
+            up = b.op(&format!("llvm.intr.fma({}, {xv}, {up}) : (f32, f32, f32) -> f32", us[r][k]));
+        }
+    }
+    let g = b.warp_sum(&gp);
+    let u = b.warp_sum(&up);
+    let sg = b.sigmoid(&g);
+    let sg = b.op(&format!("arith.mulf {g}, {sg} : f32"));
+    let hv = b.op(&format!("arith.mulf {sg}, {u} : f32"));
+    // the token's slot of e: its chosen experts below e
+    let rb = b.op(&format!("arith.muli {t}, {ce} : i64"));
+    let last = b.ci64(e as i64 - 1);
+    let mut slot = b.op("arith.constant 0 : i32");
+    for c in 0..e.div_ceil(32) {
+        let cc = b.ci64(32 * c as i64);
+        let idx = b.op(&format!("arith.addi {lane}, {cc} : i64"));
+        let below = b.op(&format!("arith.cmpi slt, {idx}, {ex} : i64"));
+        let idc = b.op(&format!("arith.minsi {idx}, {last} : i64"));
+        let at = b.op(&format!("arith.addi {rb}, {idc} : i64"));
+        let rv = b.load("%route", &at);
+        let nz = b.op(&format!("arith.cmpf une, {rv}, {zero} : f32"));
+        let nz = b.op(&format!("arith.andi {nz}, {below} : i1"));
+        let bl = b.ballot(&nz);
+        let n = b.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {bl} : (i32) -> i32"));
+        slot = b.op(&format!("arith.addi {slot}, {n} : i32"));
+    }
+    let slot = b.op(&format!("arith.extui {slot} : i32 to i64"));
+    let c0 = b.ci64(0);
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
+    let ctk = b.ci64(top_k as i64);
+    let fits = b.op(&format!("arith.cmpi slt, {slot}, {ctk} : i64"));
+    let w = b.op(&format!("arith.andi {l0}, {fits} : i1"));
+    b.line(&format!("scf.if {w} {{"));
+    let hi = b.op(&format!("arith.muli {t}, {ctk} : i64"));
+    let hi = b.op(&format!("arith.addi {hi}, {slot} : i64"));
+    let hi = b.op(&format!("arith.muli {hi}, {ci} : i64"));
+    let hi = b.op(&format!("arith.addi {hi}, {o} : i64"));
+    b.store(&hv, "%h", &hi);
+    b.line("}");
+    let m2 = b.op(&format!("arith.xori {m}, {low} : i32"));
+    b.line(&format!("scf.yield {m2} : i32"));
+    b.line("}");
+    b.line("}");
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
 /// The lowering of `moe_route` (operands logits [T, E], mask [E], V3's bias [E]): a step of
 /// [`KernelSpec::MoeRoute`], a warp per token.
 pub(crate) fn lower_moe_route(cx: &NodeCx, args: Vec<String>, r: &MoeRouting) -> Result<Step, CodegenError> {
@@ -508,8 +672,28 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<(Step, Step
     // (gate/up: grid y = tokens x top_k, a block row per chosen expert)
     let first = Step {
         node: h.clone(),
-        ..cx.step(up, vec![n[0].clone(), n[1].clone(), n[2].clone(), n[3].clone(), h.clone()], vec![Scalar::Const(inter as i64)], Scalar::Const(inter as i64), Scalar::RowsTimes(n[0].clone(), top_k as i64))
+        ..cx.step(
+            up,
+            vec![n[0].clone(), n[1].clone(), n[2].clone(), n[3].clone(), h.clone()],
+            vec![Scalar::Const(inter as i64)],
+            Scalar::Const(inter as i64),
+            Scalar::RowsTimes(n[0].clone(), top_k as i64),
+        )
     };
+    let mut first = first;
+    // (batches: expert-major, each chosen expert's rows read once for all its tokens)
+    let grouped = KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype };
+    if moe_fits(&grouped).is_ok() {
+        first.few = vec![crate::schedule::Large {
+            min_rows: GROUPED_MIN_ROWS,
+            max_rows: None,
+            args: None,
+            kernel: grouped,
+            scalars: vec![Scalar::Const(inter as i64), Scalar::Rows(n[0].clone())],
+            work: Scalar::Const(inter as i64),
+            grid_y: Scalar::Const(e as i64),
+        }];
+    }
     let second = cx.step(down, vec![h, n[1].clone(), n[4].clone(), cx.name.to_string()], vec![Scalar::Const(d as i64)], Scalar::Const(d as i64), tokens);
     Ok((first, second))
 }

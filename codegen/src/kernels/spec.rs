@@ -428,6 +428,10 @@ pub enum KernelSpec {
     /// order); a warp per (token, slot, i), grid y = T · top_k. params x, route, gate [E, I,
     /// D], up, h [T, top_k · I], I
     MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// [`KernelSpec::MoeGateUp`] expert-major for batches: a warp per (expert, i), grid y =
+    /// E, its gate and up rows in registers for every token that chose the expert. params x,
+    /// route, gate, up, h, I, T
+    MoeGateUpGrouped { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
     /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
     /// (down_e[n] · h[t, slot]); a warp per (token, n). params h, route, down [E, D, I], y, D
     MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },

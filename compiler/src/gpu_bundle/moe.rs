@@ -67,7 +67,11 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         cx.specs.push(spec);
     }
     // the routed experts: (T, D, I, E, top_k, weights)
-    for (t, d, inter, e, top_k, wdtype) in [(5usize, 256usize, 128usize, 16usize, 4usize, DType::BF16), (3, 64, 32, 8, 3, DType::F32), (4, 40, 24, 6, 2, DType::F16), (2, 36, 20, 40, 3, DType::BF16)] {
+    // (the first and the last also expert-major, `MoeGateUpGrouped`: 40 tokens take two
+    // ballots of the routing column)
+    for (t, d, inter, e, top_k, wdtype) in
+        [(5usize, 256usize, 128usize, 16usize, 4usize, DType::BF16), (3, 64, 32, 8, 3, DType::F32), (4, 40, 24, 6, 2, DType::F16), (2, 36, 20, 40, 3, DType::BF16), (40, 512, 64, 40, 6, DType::BF16)]
+    {
         let x = cx.r.vec(t * d, -1.0, 1.0);
         // each token's top_k distinct experts with positive weights
         let mut route = vec![0f32; t * e];
@@ -124,6 +128,26 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             tol: 1e-4,
             cluster: None,
         });
+        let grouped = KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype };
+        if d % 256 == 0 && wdtype != DType::F32 {
+            let (g, b) = grid(&grouped.launch(), inter);
+            cx.cases.push(Case {
+                name: format!("moe_gate_up_grouped T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
+                kernel: grouped.symbol(),
+                grid: g,
+                grid_y: e as u32,
+                block: b,
+                inputs: cx.cases.last().map(|c| c.inputs.clone()).unwrap_or_default(),
+                scalars: vec![inter as i64, t as i64],
+                expected: ha.clone(),
+                init: None,
+                written_inputs: vec![],
+                tmaps: vec![],
+                tol: 1e-4,
+                cluster: None,
+            });
+            cx.specs.push(grouped);
+        }
         let (g2, b2) = grid(&down.launch(), d);
         cx.cases.push(Case {
             name: format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
