@@ -254,18 +254,7 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         WeightFormat::Seeded => {
             let dims = t.dims.clone().expect("checked by ModelConfig");
             let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| ModelError::Config { path: config.path.clone(), msg: e })?;
-            let sec = t.tokenizer.as_ref();
-            let tok = match (sec.and_then(|s| s.path.as_ref()), sec.and_then(|s| s.gguf.as_ref())) {
-                (Some(p), _) => Some(tokenizer::from_json_file(&config.resolve(p))?),
-                (None, Some(g)) => Some(tokenizer::from_gguf(&gguf::GgufFile::open(&config.resolve(g))?)?),
-                (None, None) => None,
-            };
-            if let Some(tk) = &tok {
-                let n = tokenizers::Tokenizer::from_str(&tk.json).map(|x| x.get_vocab_size(true)).unwrap_or(0);
-                if n > dims.vocab {
-                    return Err(ModelError::Config { path: config.path.clone(), msg: format!("the tokenizer has {n} tokens but dims.vocab is {}", dims.vocab) });
-                }
-            }
+            let tok = tokenizer_section(&config, None, dims.vocab)?;
             let ws = seeded_weights(&dims, t.weights.seed.unwrap_or(0), dtype, llama::Naming::Hf)?;
             (dims, ws, tok, llama::Naming::Hf, None)
         }
@@ -291,6 +280,28 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
     };
     let graph = llama::build(&opts, &weights)?;
     Ok(LoadedModel { config, dims, deepseek: None, graph, weights, tokenizer, weights_path })
+}
+
+/// The tokenizer model.toml's `[tokenizer]` names (`path`: a tokenizer.json, `gguf`: a GGUF
+/// file's metadata), else `default_json` where that file exists; one with more tokens than
+/// the model's vocabulary (`vocab`) is an error naming model.toml.
+fn tokenizer_section(config: &ModelConfig, default_json: Option<&Path>, vocab: usize) -> Result<Option<TokenizerInfo>> {
+    let sec = config.toml.tokenizer.as_ref();
+    let tok = match (sec.and_then(|s| s.path.as_ref()), sec.and_then(|s| s.gguf.as_ref())) {
+        (Some(p), _) => Some(tokenizer::from_json_file(&config.resolve(p))?),
+        (None, Some(g)) => Some(tokenizer::from_gguf(&gguf::GgufFile::open(&config.resolve(g))?)?),
+        (None, None) => match default_json {
+            Some(p) if p.exists() => Some(tokenizer::from_json_file(p)?),
+            _ => None,
+        },
+    };
+    if let Some(tk) = &tok {
+        let n = tokenizers::Tokenizer::from_str(&tk.json).map(|x| x.get_vocab_size(true)).unwrap_or(0);
+        if n > vocab {
+            return Err(ModelError::Config { path: config.path.clone(), msg: format!("the tokenizer has {n} tokens but the model's vocabulary is {vocab}") });
+        }
+    }
+    Ok(tok)
 }
 
 /// The DeepSeek family: an HF checkpoint (safetensors + config.json beside them).
@@ -333,8 +344,8 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     if let Some(to) = config.weights {
         convert_weights(&mut weights, to, &path)?;
     }
-    let tok_path = t.tokenizer.as_ref().and_then(|s| s.path.as_ref()).map(|p| config.resolve(p)).unwrap_or_else(|| dir.join("tokenizer.json"));
-    let mut tokenizer = if tok_path.exists() { Some(tokenizer::from_json_file(&tok_path)?) } else { None };
+    // ([tokenizer] path or gguf, else a tokenizer.json beside config.json)
+    let mut tokenizer = tokenizer_section(&config, Some(&dir.join("tokenizer.json")), ds.vocab)?;
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }

@@ -376,3 +376,32 @@ fn deepseek_plans_lower_to_the_gpu() {
         }
     }
 }
+
+/// `[tokenizer]` works for the DeepSeek family as for the llama one: a seeded V2-Lite shape
+/// served with SmolLM2's GGUF tokenizer (scripts/gpu-deepseek.sh), and a tokenizer larger
+/// than the model's vocabulary is an error naming model.toml.
+#[test]
+fn a_deepseek_plan_takes_the_tokenizer_model_toml_names() {
+    let root = dsc_tests::root();
+    let gguf = root.join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let write = |cfg: &Path| {
+        let p = dir.path().join("model.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[model]\nname = \"s\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"seeded\"\nseed = 1\ndtype = \"bf16\"\nconfig = \"{}\"\n\n[tokenizer]\ngguf = \"{}\"\n",
+                cfg.display(),
+                gguf.display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let m = dsc_models::load(&write(&root.join("models/deepseek-v2-lite.config.json"))).unwrap();
+    let tok = m.tokenizer.expect("the GGUF's tokenizer");
+    assert!(tok.json.contains("\"model\""), "a tokenizer.json");
+    let e = dsc_models::load(&write(&fixture("v3-tiny").join("config.json"))).err().expect("49152 tokens into a vocabulary of 512");
+    let msg = format!("{e:#}");
+    assert!(msg.contains("model.toml") && msg.contains("the model's vocabulary is 512"), "{msg}");
+}
