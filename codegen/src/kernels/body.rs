@@ -1342,6 +1342,21 @@ impl Body {
         self.line(&format!("scf.if {ok} {{"));
         (row, lane)
     }
+    /// (output, lane) as i64 of a warp-per-output kernel (`Launch::WarpPerOutput`: output =
+    /// block x · `warps` + warp); opens `scf.if output < %n` (close it with `b.line("}")`)
+    pub(crate) fn open_guarded_warp_output(&mut self, warps: u32) -> (String, String) {
+        let bx = self.op("gpu.block_id x");
+        let tid = self.op("gpu.thread_id x");
+        let (lane_i, warp_i) = self.lane_warp(&tid);
+        let cw = self.op(&format!("arith.constant {warps} : index"));
+        let o = self.op(&format!("arith.muli {bx}, {cw} : index"));
+        let o = self.op(&format!("arith.addi {o}, {warp_i} : index"));
+        let o = self.idx64(&o);
+        let lane = self.idx64(&lane_i);
+        let ok = self.op(&format!("arith.cmpi slt, {o}, %n : i64"));
+        self.line(&format!("scf.if {ok} {{"));
+        (o, lane)
+    }
     /// global thread index as i64
     pub(crate) fn gid(&mut self) -> String {
         let b = self.op("gpu.block_id x");

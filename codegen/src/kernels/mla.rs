@@ -320,16 +320,7 @@ fn emit_head_matmul(b: &mut Body, h: usize, k: usize, n: usize, wdtype: DType) -
     let _ = h;
     let t = b.op("gpu.block_id y");
     let t = b.idx64(&t);
-    let bx = b.op("gpu.block_id x");
-    let tid = b.op("gpu.thread_id x");
-    let (lane_i, warp_i) = b.lane_warp(&tid);
-    let cw = b.op(&format!("arith.constant {HEAD_MATMUL_WARPS} : index"));
-    let o = b.op(&format!("arith.muli {bx}, {cw} : index"));
-    let o = b.op(&format!("arith.addi {o}, {warp_i} : index"));
-    let o = b.idx64(&o);
-    let lane = b.idx64(&lane_i);
-    let ok = b.op(&format!("arith.cmpi slt, {o}, %n : i64"));
-    b.line(&format!("scf.if {ok} {{"));
+    let (o, lane) = b.open_guarded_warp_output(HEAD_MATMUL_WARPS);
     let (cn, ck) = (b.ci64(n as i64), b.ci64(k as i64));
     // output o = head · N + j: x's row (t, head), W's row (head, j) = o
     let hd = b.op(&format!("arith.divui {o}, {cn} : i64"));

@@ -377,16 +377,7 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     } else {
         (by, None)
     };
-    let bx = b.op("gpu.block_id x");
-    let tid = b.op("gpu.thread_id x");
-    let (lane_i, warp_i) = b.lane_warp(&tid);
-    let cw = b.op(&format!("arith.constant {MOE_WARPS} : index"));
-    let o = b.op(&format!("arith.muli {bx}, {cw} : index"));
-    let o = b.op(&format!("arith.addi {o}, {warp_i} : index"));
-    let o = b.idx64(&o);
-    let lane = b.idx64(&lane_i);
-    let ok = b.op(&format!("arith.cmpi slt, {o}, %n : i64"));
-    b.line(&format!("scf.if {ok} {{"));
+    let (o, lane) = b.open_guarded_warp_output(MOE_WARPS);
     let ce = b.ci64(e as i64);
     let rbase = b.op(&format!("arith.muli {t}, {ce} : i64"));
     let hrow = b.ci64((top_k * inter) as i64);
@@ -488,16 +479,7 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
 fn emit_gate_up_grouped(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
     let ex = b.op("gpu.block_id y");
     let ex = b.idx64(&ex);
-    let bx = b.op("gpu.block_id x");
-    let tid = b.op("gpu.thread_id x");
-    let (lane_i, warp_i) = b.lane_warp(&tid);
-    let cw = b.op(&format!("arith.constant {MOE_WARPS} : index"));
-    let o = b.op(&format!("arith.muli {bx}, {cw} : index"));
-    let o = b.op(&format!("arith.addi {o}, {warp_i} : index"));
-    let o = b.idx64(&o);
-    let lane = b.idx64(&lane_i);
-    let ok = b.op(&format!("arith.cmpi slt, {o}, %n : i64"));
-    b.line(&format!("scf.if {ok} {{"));
+    let (o, lane) = b.open_guarded_warp_output(MOE_WARPS);
     let (ce, cd, ci) = (b.ci64(e as i64), b.ci64(d as i64), b.ci64(inter as i64));
     let zero = b.cf32(0.0);
     let rows_i = b.op("arith.index_cast %rows : i64 to index");

@@ -180,23 +180,7 @@ pub(super) fn paged_flash(cx: &mut Cx) -> anyhow::Result<()> {
         // a looser tolerance: Q's bf16 rounding is ~20x larger in the scores)
         (4, 1, 128, 16, 18, vec![(0, 150), (40, 70), (0, 1), (9, 10)], bf16_, 20.0),
     ] {
-        // seqs: (first query position, length); every sequence's queries are its positions first..len
-        let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
-        let mut table = vec![];
-        let mut free: Vec<i32> = (0..nb as i32).rev().collect();
-        for s in &seqs {
-            for j in 0..mb {
-                table.push(if j < s.1.div_ceil(bs) { free.pop().context("blocks")? } else { -1 });
-            }
-            free.reverse();
-        }
-        let (mut pos, mut seq) = (vec![], vec![]);
-        for (si, s) in seqs.iter().enumerate() {
-            for p in s.0..s.1 {
-                pos.push(p as i32);
-                seq.push(si as i32);
-            }
-        }
+        let Paged { mb, table, pos, seq } = paged(&seqs, bs, nb)?;
         let t = pos.len();
         let q = cx.r.vec(t * h * d, -qs, qs);
         let kc = kv_round(&cx.r.vec(nb * bs * kvh * d, -1.0, 1.0), kv);
@@ -479,14 +463,17 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
         let spec = KernelSpec::RopeAttention { inner: Box::new(inner), theta_bits: theta.to_bits(), interleaved };
         let (gr, b) = grid(&spec.launch(), t);
         let (wk, wv) = (cx.data.push(&k), cx.data.push(&v));
-        let qkv_args =
-            qkv_in.as_ref().map(|(_, _, x, gw, _, _, _, ws)| [cx.data.push(x), cx.data.push(gw), cx.data.push_kv(&ws[0], DType::BF16), cx.data.push_kv(&ws[1], DType::BF16), cx.data.push_kv(&ws[2], DType::BF16)]);
+        let qkv_args = qkv_in
+            .as_ref()
+            .map(|(_, _, x, gw, _, _, _, ws)| [cx.data.push(x), cx.data.push(gw), cx.data.push_kv(&ws[0], DType::BF16), cx.data.push_kv(&ws[1], DType::BF16), cx.data.push_kv(&ws[2], DType::BF16)]);
         let heads = match &qkv_args {
             Some(a) => a.to_vec(),
             None => vec![cx.data.push(&xq), cx.data.push(&xk), cx.data.push(&xv)],
         };
-        let inputs: Vec<Array> =
-            heads.into_iter().chain([cx.data.push_i32(&pos), cx.data.push_i32(&slots), cx.data.push_kv(&kc0, kv), cx.data.push_kv(&vc0, kv), cx.data.push_i32(&seq), cx.data.push_i32(&table)]).collect();
+        let inputs: Vec<Array> = heads
+            .into_iter()
+            .chain([cx.data.push_i32(&pos), cx.data.push_i32(&slots), cx.data.push_kv(&kc0, kv), cx.data.push_kv(&vc0, kv), cx.data.push_i32(&seq), cx.data.push_i32(&table)])
+            .collect();
         // (the pools' and the accumulators' places in the inputs)
         let at = inputs.len() - 9;
         if qkv.is_none() {

@@ -13,22 +13,8 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         (4, 40, 32, 4, vec![(0, 12), (5, 6)], DType::F32),
         (2, 44, 36, 8, vec![(0, 9)], DType::BF16),
     ] {
-        let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
         let nb = seqs.iter().map(|s| s.1.div_ceil(bs)).sum::<usize>() + 2;
-        let mut free: Vec<i32> = (0..nb as i32).rev().collect();
-        let mut table = vec![];
-        for s in &seqs {
-            for j in 0..mb {
-                table.push(if j < s.1.div_ceil(bs) { free.pop().context("blocks")? } else { -1 });
-            }
-        }
-        let (mut pos, mut seq) = (vec![], vec![]);
-        for (si, s) in seqs.iter().enumerate() {
-            for p in s.0..s.1 {
-                pos.push(p as i32);
-                seq.push(si as i32);
-            }
-        }
+        let Paged { mb, table, pos, seq } = paged(&seqs, bs, nb)?;
         let t = pos.len();
         let q = cx.r.vec(t * h * c, -1.0, 1.0);
         let cache = kv_round(&cx.r.vec(nb * bs * c, -1.0, 1.0), kv);

@@ -274,6 +274,39 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     Ok(n)
 }
 
+/// The paged layout of an attention case's sequences: the block table's width, the table
+/// (blocks handed out from a pool of `nb`, the free list reversed after each sequence so
+/// their blocks interleave; -1 past a sequence's blocks), and each query's position and
+/// sequence.
+struct Paged {
+    mb: usize,
+    table: Vec<i32>,
+    pos: Vec<i32>,
+    seq: Vec<i32>,
+}
+
+/// [`Paged`] of `seqs` ((first query position, length): a sequence's queries are its positions
+/// first..length) in blocks of `bs` from a pool of `nb`.
+fn paged(seqs: &[(usize, usize)], bs: usize, nb: usize) -> anyhow::Result<Paged> {
+    let mb = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1);
+    let mut table = vec![];
+    let mut free: Vec<i32> = (0..nb as i32).rev().collect();
+    for s in seqs {
+        for j in 0..mb {
+            table.push(if j < s.1.div_ceil(bs) { free.pop().context("blocks")? } else { -1 });
+        }
+        free.reverse();
+    }
+    let (mut pos, mut seq) = (vec![], vec![]);
+    for (si, s) in seqs.iter().enumerate() {
+        for p in s.0..s.1 {
+            pos.push(p as i32);
+            seq.push(si as i32);
+        }
+    }
+    Ok(Paged { mb, table, pos, seq })
+}
+
 /// `v` as a `kv` KV pool holds it (bf16: rounded to nearest even).
 fn kv_round(v: &[f32], kv: DType) -> Vec<f32> {
     v.iter().map(|&x| dsc_ir::quant::round_to(kv, x)).collect()
