@@ -216,7 +216,7 @@ impl Body {
                         let c2 = b.ci64(2);
                         let wb = b.op(&format!("arith.muli {we}, {c2} : i64"));
                         let words = b.load_vec(w, &wb, 4, "i32", 16);
-                        words.iter().flat_map(|wd| if wdtype == DType::BF16 { b.bf16_pair(wd) } else { b.f16_pair(wd) }).collect()
+                        b.half_words(&words, wdtype)
                     }
                     other => return Err(format!("{other} is not a plain float type")),
                 };
@@ -278,6 +278,26 @@ impl Body {
             acc = self.op(&format!("arith.addf {acc}, {part} : f32"));
         }
         Ok(acc)
+    }
+    /// The set bits of the i32 `x` (`popc`)
+    pub(crate) fn popc(&mut self, x: &str) -> String {
+        self.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {x} : (i32) -> i32"))
+    }
+    /// The lowest set bit of the nonzero i32 `m`: (that bit alone as i32, its index as i64) —
+    /// the walk over a ballot's lanes, lowest first (clear it with `xori m, bit`)
+    pub(crate) fn lowest_bit(&mut self, m: &str) -> (String, String) {
+        let z32 = self.op("arith.constant 0 : i32");
+        let one = self.op("arith.constant 1 : i32");
+        let neg = self.op(&format!("arith.subi {z32}, {m} : i32"));
+        let low = self.op(&format!("arith.andi {m}, {neg} : i32"));
+        let lm1 = self.op(&format!("arith.subi {low}, {one} : i32"));
+        let bit = self.popc(&lm1);
+        let bit = self.op(&format!("arith.extui {bit} : i32 to i64"));
+        (low, bit)
+    }
+    /// The two 16-bit floats of each i32 word (`dtype` bf16 or f16) as f32, low halves first
+    pub(crate) fn half_words(&mut self, words: &[String], dtype: DType) -> Vec<String> {
+        words.iter().flat_map(|w| if dtype == DType::BF16 { self.bf16_pair(w) } else { self.f16_pair(w) }).collect()
     }
     /// A cluster barrier every thread of the cluster passes: the arrival releases what the
     /// thread wrote (e.g. into another block's shared memory), the wait acquires the others'

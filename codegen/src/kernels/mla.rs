@@ -158,7 +158,7 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
     let ctx = b.op(&format!("arith.addi {p}, {c1} : i64"));
     let ctxi = b.op(&format!("arith.index_cast {ctx} : i64 to index"));
     let trow = b.op(&format!("arith.muli {sq}, %mb : i64"));
-    let cbs = b.ci64(bs as i64);
+    let (cbs, c0) = (b.ci64(bs as i64), b.ci64(0));
     let wstep = b.op(&format!("arith.constant {} : index", w * MLA_KEYS));
     let nacc = vrounds * u;
     let tys = vec!["f32"; 2 + nacc].join(", ");
@@ -180,13 +180,8 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
         let ju = b.op(&format!("arith.addi {j64}, {cu_k} : i64"));
         let valid = (ku > 0).then(|| b.op(&format!("arith.cmpi slt, {ju}, {ctx} : i64")));
         let ju = if ku > 0 { b.op(&format!("arith.minsi {ju}, {clast} : i64")) } else { ju };
-        let bj = b.op(&format!("arith.divui {ju}, {cbs} : i64"));
-        let oj = b.op(&format!("arith.remui {ju}, {cbs} : i64"));
-        let ti = b.op(&format!("arith.addi {trow}, {bj} : i64"));
-        let blk = b.load_i32_as_i64("%table", &ti);
-        let row = b.op(&format!("arith.muli {blk}, {cbs} : i64"));
-        let row = b.op(&format!("arith.addi {row}, {oj} : i64"));
-        let kbase = b.op(&format!("arith.muli {row}, {cc} : i64"));
+        // (one latent "head": the row's KV head 0 of 1)
+        let kbase = b.paged_key_offset(&ju, &trow, &c0, &cbs, &c1, &cc);
         let mut kvals = vec![];
         for (e, valid) in &eoff {
             let at = b.op(&format!("arith.addi {kbase}, {e} : i64"));
@@ -317,15 +312,14 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
 
 /// [`KernelSpec::HeadMatMul`]: x [T, H, K] f32, W [H, N, K], y [T, H, N]; `%n` = H · N.
 fn emit_head_matmul(b: &mut Body, h: usize, k: usize, n: usize, wdtype: DType) -> Result<(), String> {
-    let _ = h;
     let t = b.op("gpu.block_id y");
     let t = b.idx64(&t);
     let (o, lane) = b.open_guarded_warp_output(HEAD_MATMUL_WARPS);
-    let (cn, ck) = (b.ci64(n as i64), b.ci64(k as i64));
-    // output o = head · N + j: x's row (t, head), W's row (head, j) = o
+    let (ch, cn, ck) = (b.ci64(h as i64), b.ci64(n as i64), b.ci64(k as i64));
+    // output o = head · N + j: x's row t · H + head, W's row (head, j) = o
     let hd = b.op(&format!("arith.divui {o}, {cn} : i64"));
     let th = b.op(&format!("arith.muli {t}, %n : i64"));
-    let xrow = b.op(&format!("arith.divui {th}, {cn} : i64"));
+    let xrow = b.op(&format!("arith.muli {t}, {ch} : i64"));
     let xrow = b.op(&format!("arith.addi {xrow}, {hd} : i64"));
     let xoff = b.op(&format!("arith.muli {xrow}, {ck} : i64"));
     let woff = b.op(&format!("arith.muli {o}, {ck} : i64"));

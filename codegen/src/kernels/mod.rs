@@ -67,6 +67,7 @@ pub use mla::*;
 pub use mlp::*;
 pub use moe::*;
 pub use norm::*;
+pub use rope::rope_yarn_spec;
 pub(crate) use rope::*;
 pub use spec::*;
 

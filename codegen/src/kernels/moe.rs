@@ -15,8 +15,12 @@
 //!   `{node}@rows{top_k·I}`, then [`KernelSpec::MoeDown`] (a warp per (token, output n):
 //!   y[t, n] = Σ over the chosen experts, in expert order, of route[t, e] · (down_e[n] ·
 //!   h[t, slot])). The chosen experts are found from the dense routing row by warp ballots.
-//!   Batched steps read each chosen expert's rows once per token (L2 absorbs part of it);
-//!   the grouped tensor-core GEMM over tokens permuted by expert is still to come.
+//!   From [`GROUPED_MIN_ROWS`] tokens the gate/up runs expert-major instead
+//!   ([`KernelSpec::MoeGateUpGrouped`]: a warp per (expert, row) holding its two rows in
+//!   registers, applied to every token that chose the expert), so each chosen expert's gate
+//!   and up rows are read once per step; the down projection still reads them once per token,
+//!   and the grouped tensor-core GEMM over tokens permuted by expert (prefill, large batches)
+//!   is still to come.
 
 use crate::kernels::*;
 use crate::schedule::{NodeCx, Scalar, Step};
@@ -59,7 +63,7 @@ pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
 }
 
 /// Whether the `moe` kernels take `spec`, without generating it: Err says why not.
-pub(crate) fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
+pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
         KernelSpec::MoeRoute { e, top_k, n_group, topk_group, select, .. } => {
             if *e == 0 || *e > 1024 || *n_group == 0 || *n_group > 32 || e % n_group != 0 {
@@ -386,7 +390,6 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     let xoff = b.op(&format!("arith.muli {t}, {cd} : i64"));
     let zero = b.cf32(0.0);
     let z32 = b.op("arith.constant 0 : i32");
-    let one32 = b.op("arith.constant 1 : i32");
     let c1 = b.ci64(1);
     let mut slot = b.ci64(0);
     let mut acc = zero.clone();
@@ -410,11 +413,7 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
         b.line("} do {");
         let (m, s, a) = (b.v(), b.v(), b.v());
         b.line(&format!("^bb0({m}: i32, {s}: i64, {a}: f32):"));
-        let neg = b.op(&format!("arith.subi {z32}, {m} : i32"));
-        let low = b.op(&format!("arith.andi {m}, {neg} : i32"));
-        let lm1 = b.op(&format!("arith.subi {low}, {one32} : i32"));
-        let bit = b.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {lm1} : (i32) -> i32"));
-        let bit = b.op(&format!("arith.extui {bit} : i32 to i64"));
+        let (low, bit) = b.lowest_bit(&m);
         let ex = b.op(&format!("arith.addi {cc}, {bit} : i64"));
         let a_next = if let Some(ms) = &myslot {
             // h[t, slot, o] = silu(gate_e[o] . x) * (up_e[o] . x), for this block's slot
@@ -529,14 +528,12 @@ fn emit_gate_up_grouped(b: &mut Body, d: usize, inter: usize, e: usize, top_k: u
         uw.push(b.load_vec("%wu", &wb, 4, "i32", 16));
         chunk_el.push(el);
     }
-    let widen = |b: &mut Body, words: &[String]| -> Vec<String> { words.iter().flat_map(|w| if wdtype == DType::BF16 { b.bf16_pair(w) } else { b.f16_pair(w) }).collect() };
-    let gs: Vec<Vec<String>> = gw.iter().map(|w| widen(b, w)).collect();
-    let us: Vec<Vec<String>> = uw.iter().map(|w| widen(b, w)).collect();
+    let gs: Vec<Vec<String>> = gw.iter().map(|w| b.half_words(w, wdtype)).collect();
+    let us: Vec<Vec<String>> = uw.iter().map(|w| b.half_words(w, wdtype)).collect();
     let tc2 = b.v();
     b.line(&format!("scf.for {tc2} = {c0i} to {rows_i} step {c32i} {{"));
     let tcb = b.idx64(&tc2);
     let bal = chose(b, &tcb);
-    let one32 = b.op("arith.constant 1 : i32");
     let (res, m_in) = (b.v(), b.v());
     b.line(&format!("{res} = scf.while ({m_in} = {bal}) : (i32) -> i32 {{"));
     let more = b.op(&format!("arith.cmpi ne, {m_in}, {z32} : i32"));
@@ -544,11 +541,7 @@ fn emit_gate_up_grouped(b: &mut Body, d: usize, inter: usize, e: usize, top_k: u
     b.line("} do {");
     let m = b.v();
     b.line(&format!("^bb0({m}: i32):"));
-    let neg = b.op(&format!("arith.subi {z32}, {m} : i32"));
-    let low = b.op(&format!("arith.andi {m}, {neg} : i32"));
-    let lm1 = b.op(&format!("arith.subi {low}, {one32} : i32"));
-    let bit = b.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {lm1} : (i32) -> i32"));
-    let bit = b.op(&format!("arith.extui {bit} : i32 to i64"));
+    let (low, bit) = b.lowest_bit(&m);
     let t = b.op(&format!("arith.addi {tcb}, {bit} : i64"));
     // g and u for token t
     let xrow = b.op(&format!("arith.muli {t}, {cd} : i64"));
@@ -581,7 +574,7 @@ fn emit_gate_up_grouped(b: &mut Body, d: usize, inter: usize, e: usize, top_k: u
         let nz = b.op(&format!("arith.cmpf une, {rv}, {zero} : f32"));
         let nz = b.op(&format!("arith.andi {nz}, {below} : i1"));
         let bl = b.ballot(&nz);
-        let n = b.op(&format!("llvm.inline_asm \"popc.b32 $0, $1;\", \"=r,r\" {bl} : (i32) -> i32"));
+        let n = b.popc(&bl);
         slot = b.op(&format!("arith.addi {slot}, {n} : i32"));
     }
     let slot = b.op(&format!("arith.extui {slot} : i32 to i64"));
@@ -652,7 +645,7 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<(Step, Step
     let n = cx.names;
     let tokens = Scalar::Dim(cx.names[0].clone(), 0);
     // (gate/up: grid y = tokens x top_k, a block row per chosen expert)
-    let first = Step {
+    let mut first = Step {
         node: h.clone(),
         ..cx.step(
             up,
@@ -662,7 +655,6 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<(Step, Step
             Scalar::RowsTimes(n[0].clone(), top_k as i64),
         )
     };
-    let mut first = first;
     // (batches: expert-major, each chosen expert's rows read once for all its tokens)
     let grouped = KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype };
     if moe_fits(&grouped).is_ok() {

@@ -30,6 +30,22 @@ pub(crate) fn rope_symbol(spec: &KernelSpec) -> String {
     }
 }
 
+/// The `RopeYarn` kernel of `rope_yarn(theta, yarn)` over x[T, h, d] (every dim rotating): YaRN's
+/// ramp (`dsc_ir::Yarn::ramp`) and attention factor as the spec's constants.
+pub fn rope_yarn_spec(h: usize, d: usize, theta: f32, interleaved: bool, yarn: &dsc_ir::Yarn) -> KernelSpec {
+    let (low, high) = yarn.ramp(theta, d);
+    KernelSpec::RopeYarn {
+        h,
+        d,
+        theta_bits: theta.to_bits(),
+        interleaved,
+        factor_bits: yarn.factor.to_bits(),
+        low_bits: low.to_bits(),
+        high_bits: high.to_bits(),
+        mscale_bits: yarn.attention_factor.to_bits(),
+    }
+}
+
 /// How the runtime launches a `rope` kernel (`KernelSpec::launch`).
 pub(crate) fn rope_launch(spec: &KernelSpec) -> Launch {
     match spec {

@@ -318,17 +318,7 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
             }
             Op::RopeYarn { theta, style, rotary_dim, yarn } => {
                 let (h, d) = rope_dims(&name, &n.ty, *rotary_dim)?;
-                let (low, high) = yarn.ramp(*theta, *rotary_dim);
-                let spec = KernelSpec::RopeYarn {
-                    h,
-                    d,
-                    theta_bits: theta.to_bits(),
-                    interleaved: *style == RopeStyle::Interleaved,
-                    factor_bits: yarn.factor.to_bits(),
-                    low_bits: low.to_bits(),
-                    high_bits: high.to_bits(),
-                    mscale_bits: yarn.attention_factor.to_bits(),
-                };
+                let spec = crate::kernels::rope_yarn_spec(h, d, *theta, *style == RopeStyle::Interleaved, yarn);
                 step(spec, args, vec![Scalar::HalfNumel(name.clone())], Scalar::HalfNumel(name.clone()), one)
             }
             Op::HeadMatMul { transpose_b } => crate::kernels::lower_head_matmul(&cx, args, *transpose_b)?,

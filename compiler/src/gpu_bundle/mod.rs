@@ -6,7 +6,7 @@
 //! layer_norm), `matmul` (GEMV, mma.sync, wgmma, pipelined, split-K), `mlp` (the fused SwiGLU
 //! and one-token MLP kernels), `attention` (cache writes, decode and prefill attention, the
 //! fused Q/K/V and RoPE variants), `rope`, `argmax`, `moe` (DeepSeekMoE's router and routed
-//! experts), `mla` (the latent attention, the per-head matmuls, YaRN's rope). Each family function appends its cases and
+//! experts), `mla` (the latent attention, the per-head matmuls). Each family function appends its cases and
 //! specs to one [`Cx`]; [`write_bundle_only`] calls them in a fixed order (the random stream is
 //! drawn in that order, so the same seed gives the same bundle), then compiles the specs into
 //! one module and writes it with the data.
@@ -210,6 +210,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     // (the DeepSeek families last: the cases before them draw the same random stream as before)
     moe::cases(&mut cx)?;
     mla::cases(&mut cx)?;
+    rope::yarn_cases(&mut cx)?;
     let Cx { mut data, mut cases, mut specs, .. } = cx;
     if !only.is_empty() {
         let keep = |k: &str| only.iter().any(|o| k.contains(o.as_str()));
@@ -305,6 +306,14 @@ fn paged(seqs: &[(usize, usize)], bs: usize, nb: usize) -> anyhow::Result<Paged>
         }
     }
     Ok(Paged { mb, table, pos, seq })
+}
+
+/// A check case of one launch of `spec` with a freshly poisoned output and nothing else
+/// (no initial output, no written inputs, no tensor maps, no cluster): `(grid x, threads)` as
+/// [`grid`] gives them.
+#[allow(clippy::too_many_arguments)]
+fn case(name: String, spec: &KernelSpec, (grid, block): (u32, u32), grid_y: u32, inputs: Vec<Array>, scalars: Vec<i64>, expected: Array, tol: f32) -> Case {
+    Case { name, kernel: spec.symbol(), grid, grid_y, block, inputs, scalars, expected, init: None, written_inputs: vec![], tmaps: vec![], tol, cluster: None }
 }
 
 /// `v` as a `kv` KV pool holds it (bf16: rounded to nearest even).

@@ -44,26 +44,13 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         }
         let want = reference(&src, ins, &cx.none)?;
         let spec = KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits: scaling.to_bits() };
-        let (g, b) = grid(&spec.launch(), t);
         let mut inputs = vec![cx.data.push(&logits), cx.data.push(&mask)];
         if noaux {
             inputs.push(cx.data.push(&bias));
         }
-        cx.cases.push(Case {
-            name: format!("moe_route E{e} top{top_k} {sl} {sc}{}", if disabled.is_empty() { String::new() } else { format!(" {} disabled", disabled.len()) }),
-            kernel: spec.symbol(),
-            grid: g,
-            grid_y: 1,
-            block: b,
-            inputs,
-            scalars: vec![t as i64],
-            expected: cx.data.push(&want),
-            init: None,
-            written_inputs: vec![],
-            tmaps: vec![],
-            tol: 1e-5,
-            cluster: None,
-        });
+        let expected = cx.data.push(&want);
+        let name = format!("moe_route E{e} top{top_k} {sl} {sc}{}", if disabled.is_empty() { String::new() } else { format!(" {} disabled", disabled.len()) });
+        cx.cases.push(case(name, &spec, grid(&spec.launch(), t), 1, inputs, vec![t as i64], expected, 1e-5));
         cx.specs.push(spec);
     }
     // the routed experts: (T, D, I, E, top_k, weights)
@@ -106,65 +93,22 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let ws: Weights =
             [("g", &gb, vec![e, inter, d]), ("u", &ub, vec![e, inter, d]), ("w", &db, vec![e, d, inter])].into_iter().map(|(n, b, sh)| (n.to_string(), (wdtype, sh, b.clone()))).collect();
         let want = reference(&src, vec![("x", Tensor::new(vec![t, d], x.clone())), ("r", Tensor::new(vec![t, e], route.clone()))], &ws)?;
-        let push_w = |data: &mut Data, b: &[u8]| if wdtype == DType::F32 { data.push(&le_words(b)) } else { data.push_u8(b) };
         let (xa, ra) = (cx.data.push(&x), cx.data.push(&route));
-        let (ga, ua, da) = (push_w(&mut cx.data, &gb), push_w(&mut cx.data, &ub), push_w(&mut cx.data, &db));
-        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype };
-        let (g1, b1) = grid(&up.launch(), inter);
+        let (ga, ua, da) = (cx.data.push_u8(&gb), cx.data.push_u8(&ub), cx.data.push_u8(&db));
         let ha = cx.data.push(&h);
-        cx.cases.push(Case {
-            name: format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
-            kernel: up.symbol(),
-            grid: g1,
-            grid_y: (t * top_k) as u32,
-            block: b1,
-            inputs: vec![xa, ra.clone(), ga, ua],
-            scalars: vec![inter as i64],
-            expected: ha.clone(),
-            init: None,
-            written_inputs: vec![],
-            tmaps: vec![],
-            tol: 1e-4,
-            cluster: None,
-        });
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
+        let ins = vec![xa, ra.clone(), ga, ua];
+        cx.cases.push(case(format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &up, grid(&up.launch(), inter), (t * top_k) as u32, ins.clone(), vec![inter as i64], ha.clone(), 1e-4));
+        cx.specs.push(up);
         let grouped = KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype };
-        if d % 256 == 0 && wdtype != DType::F32 {
-            let (g, b) = grid(&grouped.launch(), inter);
-            cx.cases.push(Case {
-                name: format!("moe_gate_up_grouped T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
-                kernel: grouped.symbol(),
-                grid: g,
-                grid_y: e as u32,
-                block: b,
-                inputs: cx.cases.last().map(|c| c.inputs.clone()).unwrap_or_default(),
-                scalars: vec![inter as i64, t as i64],
-                expected: ha.clone(),
-                init: None,
-                written_inputs: vec![],
-                tmaps: vec![],
-                tol: 1e-4,
-                cluster: None,
-            });
+        if dsc_codegen::kernels::moe_fits(&grouped).is_ok() {
+            let name = format!("moe_gate_up_grouped T{t} D{d} I{inter} E{e} top{top_k} {wdtype}");
+            cx.cases.push(case(name, &grouped, grid(&grouped.launch(), inter), e as u32, ins, vec![inter as i64, t as i64], ha.clone(), 1e-4));
             cx.specs.push(grouped);
         }
-        let (g2, b2) = grid(&down.launch(), d);
-        cx.cases.push(Case {
-            name: format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
-            kernel: down.symbol(),
-            grid: g2,
-            grid_y: t as u32,
-            block: b2,
-            inputs: vec![ha, ra, da],
-            scalars: vec![d as i64],
-            expected: cx.data.push(&want),
-            init: None,
-            written_inputs: vec![],
-            tmaps: vec![],
-            tol: 1e-4,
-            cluster: None,
-        });
-        cx.specs.push(up);
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype };
+        let expected = cx.data.push(&want);
+        cx.cases.push(case(format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &down, grid(&down.launch(), d), t as u32, vec![ha, ra, da], vec![d as i64], expected, 1e-4));
         cx.specs.push(down);
     }
     Ok(())
