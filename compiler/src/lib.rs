@@ -173,7 +173,7 @@ pub fn lower_gpu_traced(
     let fold_on = argmax.is_some() && o.schedule.argmax_fold;
     let fold = steps.iter().filter(|s| fold_on && logits.is_some_and(|l| l.name == s.node)).find_map(|s| {
         let f = dsc_codegen::KernelSpec::ArgmaxFold { inner: Box::new(s.kernel.clone()?) };
-        dsc_codegen::kernels::emits(&f).then(|| (s.node.clone(), f))
+        dsc_codegen::kernels::fits(&f).is_ok().then(|| (s.node.clone(), f))
     });
     specs.extend(fold.iter().map(|(_, k)| k.clone()));
     let module = dsc_codegen::compile_kernels(&specs, &dsc_codegen::GpuTarget::ALL, &o.kernels)?;
@@ -197,6 +197,7 @@ pub fn lower_gpu_traced(
                         dsc_codegen::Launch::Tile { smem, .. } => Some(smem),
                         _ => None,
                     },
+                    carveout: matches!(l.kernel.launch(), dsc_codegen::Launch::Tile { carveout: true, .. }),
                     kernel: sym(&l.kernel),
                     scalars: l.scalars.iter().map(scalar).collect(),
                     launch,

@@ -338,7 +338,7 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 continue;
             }
             let f = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
-            crate::gpu::allow_smem(&l.kernel, &f, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
+            crate::gpu::allow_smem(&f, l.smem.unwrap_or(0), l.carveout).map_err(derr(&l.kernel))?;
             // (x in 16 bits where the plan casts it first: the `{x}@bf16` buffer)
             let x16 = l.args.as_ref().and_then(|a| a.first()).is_some_and(|x| match BufferRef::of(x) {
                 BufferRef::ActivationMap { x, .. } => matches!(BufferRef::of(x), BufferRef::Half { .. }),
@@ -507,7 +507,7 @@ pub fn attention(plan_path: &Path, prefill: &[usize], contexts: &[usize]) -> any
     let flash = match hopper_flash.or(step.large.as_ref()) {
         Some(l) => {
             let ff = dev.module.load_function(&l.kernel).map_err(derr(&l.kernel))?;
-            crate::gpu::allow_smem(&l.kernel, &ff, l.smem.unwrap_or(0)).map_err(derr(&l.kernel))?;
+            crate::gpu::allow_smem(&ff, l.smem.unwrap_or(0), l.carveout).map_err(derr(&l.kernel))?;
             Some((l, ff))
         }
         None => None,

@@ -481,6 +481,9 @@ pub struct GpuLarge {
     /// the kernel's limit past the default 48 KB when it loads the plan)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smem: Option<u32>,
+    /// the kernel asks for the largest shared-memory carveout (the prefill attention)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub carveout: bool,
     pub kernel: String,
     pub scalars: Vec<Scalar>,
     /// how `work` and `grid_y` map to the grid ([`LaunchKind::dims`])
@@ -1032,6 +1035,7 @@ mod tests {
             rows_per_block: 1,
             threads: None,
             smem: None,
+            carveout: false,
             kernel: kernel.into(),
             scalars: vec![],
             launch: LaunchKind::OutputsPerBlock,

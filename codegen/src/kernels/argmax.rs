@@ -235,17 +235,12 @@ pub(crate) fn argmax_take(b: &mut Body, v: &str, i: &str, pv: &str, pi: &str) ->
 /// the index's bits as f32), a cluster barrier, then block 0's warp 0 reduces the blocks'
 /// partials (ties by index) and writes y[row] (0 for a row with nothing above -inf).
 pub(crate) fn emit_argmax_cluster(b: &mut Body, d: usize, blocks: usize) -> Result<(), String> {
-    if d % 4 != 0 || !(2..=8).contains(&blocks) || !b.pdl {
-        return Err(format!("the cluster argmax: sm_90a, D a multiple of 4 and 2..=8 blocks (D {d}, {blocks})"));
-    }
+    argmax_cluster_fits(d, blocks, b.pdl)?;
     let warps = ARGMAX_CLUSTER_WARPS;
     let nt = 32 * warps;
     let nvec = d / 4;
     let per = nvec.div_ceil(blocks);
     let loads = per.div_ceil(nt);
-    if loads > 16 {
-        return Err(format!("the cluster argmax: {loads} 16-byte loads per thread (at most 16)"));
-    }
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", 2 * warps + 2 * blocks);
     b.workgroup = Some(format!("%sm : {smt}"));
     let t = b.op("gpu.thread_id x");
@@ -335,9 +330,7 @@ pub(crate) fn emit_argmax_cluster(b: &mut Body, d: usize, blocks: usize) -> Resu
 /// index), writes y[row] (0 for a row with nothing above -inf, as the host argmax) and resets
 /// the counter.
 pub(crate) fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result<(), String> {
-    if d % 4 != 0 || !(1..=64).contains(&splits) || splits * ARGMAX_SPLIT_PIECES < d / 4 {
-        return Err(format!("split argmax: {splits} blocks of {ARGMAX_SPLIT_PIECES} pieces do not cover a row of {d}"));
-    }
+    argmax_split_fits(d, splits)?;
     let warps = ARGMAX_SPLIT_WARPS;
     let nt = 32 * warps;
     let nvec = d / 4;
@@ -362,11 +355,31 @@ pub(crate) fn emit_argmax_split(b: &mut Body, d: usize, splits: usize) -> Result
     Ok(())
 }
 
-/// The argmax kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
-pub(crate) fn argmax_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
-    Ok(match spec {
+/// The cluster argmax: sm_90a (`pdl`), 2..=8 blocks per row, at most 16 16-byte loads a thread.
+fn argmax_cluster_fits(d: usize, blocks: usize, pdl: bool) -> Result<(), String> {
+    if d % 4 != 0 || !(2..=8).contains(&blocks) || !pdl {
+        return Err(format!("the cluster argmax: sm_90a, D a multiple of 4 and 2..=8 blocks (D {d}, {blocks})"));
+    }
+    let loads = (d / 4).div_ceil(blocks).div_ceil(32 * ARGMAX_CLUSTER_WARPS);
+    if loads > 16 {
+        return Err(format!("the cluster argmax: {loads} 16-byte loads per thread (at most 16)"));
+    }
+    Ok(())
+}
+
+/// The split argmax: 1..=64 blocks of [`ARGMAX_SPLIT_PIECES`] 16-byte pieces covering the row.
+fn argmax_split_fits(d: usize, splits: usize) -> Result<(), String> {
+    if d % 4 != 0 || !(1..=64).contains(&splits) || splits * ARGMAX_SPLIT_PIECES < d / 4 {
+        return Err(format!("split argmax: {splits} blocks of {ARGMAX_SPLIT_PIECES} pieces do not cover a row of {d}"));
+    }
+    Ok(())
+}
+
+/// Whether an argmax kernel generates ([`fits`]); the fold rides on the wide GEMV (under its
+/// norm prologue and row gather), which refuses bias, residual and activations with it.
+pub(crate) fn argmax_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
         KernelSpec::ArgmaxFold { inner } => {
-            // (bias, residual and activations: refused by `emit_gemv_wide`)
             let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMulWide { .. });
             let normed = |k: &KernelSpec| match k {
                 KernelSpec::NormMatMul { inner: mm, .. } => plain(mm),
@@ -379,6 +392,19 @@ pub(crate) fn argmax_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, S
             if !ok {
                 return Err(format!("the argmax folds into the wide GEMV, not {}", inner.symbol()));
             }
+            fits_in(inner, Outer { argmax_fold: true, ..o })
+        }
+        KernelSpec::ArgmaxCluster { d, blocks } => argmax_cluster_fits(*d, *blocks, o.pdl),
+        KernelSpec::ArgmaxSplit { d, splits } => argmax_split_fits(*d, *splits),
+        _ => Ok(()),
+    }
+}
+
+/// The argmax kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
+pub(crate) fn argmax_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    argmax_fits(spec, b.outer())?;
+    Ok(match spec {
+        KernelSpec::ArgmaxFold { inner } => {
             b.argmax_fold = true;
             format!("%apart: !llvm.ptr<1>, %async: !llvm.ptr<1>, %aids: !llvm.ptr<1>, {}", emit_into(b, inner)?)
         }

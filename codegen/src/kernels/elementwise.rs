@@ -43,8 +43,27 @@ pub(crate) fn elementwise_launch(spec: &KernelSpec) -> Launch {
     }
 }
 
+/// Whether an elementwise or data-movement kernel generates ([`fits`]): seeded weights in
+/// f32/bf16/f16, transposes of rank 1..=4, gathers from the weight types the kernels read
+/// (packed blocks whole in a row).
+pub(crate) fn elementwise_fits(spec: &KernelSpec) -> Result<(), String> {
+    match spec {
+        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) => Err(format!("seeded weights in {dtype} are not generated on the GPU")),
+        KernelSpec::Transpose { perm } if perm.is_empty() || perm.len() > 4 => Err(format!("transpose of rank {} is not lowered (1..=4)", perm.len())),
+        KernelSpec::Gather { d, dtype } => {
+            weight_elem_fits(*dtype)?;
+            if dtype.is_packed() && d % 32 != 0 {
+                return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The elementwise and data-movement kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    elementwise_fits(spec)?;
     Ok(match spec {
         KernelSpec::Unary(u) => {
             let i = b.open_guarded_gid();
@@ -154,7 +173,7 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16"));
                     b.line(&format!("llvm.store {h}, {p} : f16, !llvm.ptr<1>"));
                 }
-                other => return Err(format!("seeded weights in {other} are not generated on the GPU")),
+                other => unreachable!("elementwise_fits refuses seeded {other}"),
             }
             b.line("}");
             "%y: !llvm.ptr<1>, %n: i64, %base: i64, %scale: i64, %ones: i64, %len: i64, %stride: i64, %col0: i64".into()
@@ -290,9 +309,6 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
         }
         KernelSpec::Transpose { perm } => {
             let r = perm.len();
-            if r == 0 || r > 4 {
-                return Err(format!("transpose of rank {r} is not lowered (1..=4)"));
-            }
             let o = b.open_guarded_gid();
             // input dims %d0..; output coordinate j runs over input axis perm[j]
             let ind: Vec<String> = (0..r).map(|i| format!("%d{i}")).collect();
@@ -358,9 +374,6 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
             let row = b.load_i32_as_i64("%idx", &t);
             let rbase = b.op(&format!("arith.muli {row}, {dd} : i64"));
             let e = b.op(&format!("arith.addi {rbase}, {j} : i64"));
-            if dtype.is_packed() && d % 32 != 0 {
-                return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
-            }
             let v = b.weight_elem("%table", &e, *dtype)?;
             b.store(&v, "%y", &i);
             b.line("}");

@@ -210,11 +210,19 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
     Ok(())
 }
 
+/// Whether a fused one-token MLP kernel generates ([`fits`]): [`swiglu_down_fits`].
+pub(crate) fn mlp_fits(spec: &KernelSpec) -> Result<(), String> {
+    match spec {
+        KernelSpec::SwiGluDown { k, f, n, fb, fpw, .. } => swiglu_down_fits(*k, *f, *n, *fb, *fpw),
+        other => Err(format!("`{}` is not one of the fused one-token MLP kernels", other.symbol())),
+    }
+}
+
 /// The fused one-token MLP kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn mlp_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    mlp_fits(spec)?;
     Ok(match spec {
         KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
-            swiglu_down_fits(*k, *f, *n, *fb, *fpw)?;
             emit_swiglu_down(b, *k, *f, *n, f32::from_bits(*eps_bits), *fb, *fpw)?;
             "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %wd: !llvm.ptr<1>, %y: !llvm.ptr<1>, %f: i64".into()
         }

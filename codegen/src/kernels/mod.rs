@@ -156,10 +156,68 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
     Ok(format!("    gpu.func @{name}({params}){wg} kernel{attrs} {{\n{prologue}{}        gpu.return\n    }}\n", b.s))
 }
 
-/// Whether `spec` generates with and without PDL (the sm_90a variant and the others'): what a
-/// lowering fold checks before it rewrites a step to a fused kernel.
-pub fn emits(spec: &KernelSpec) -> bool {
-    emit_for(spec, true).is_ok() && emit_for(spec, false).is_ok()
+/// Whether `spec` generates, with and without PDL (the sm_90a variant and the others'), or why
+/// not — its family's preconditions, checked without generating MLIR: what a schedule rewrite
+/// asks before it turns a step into a fused kernel. Each family's `<family>_fits` states what
+/// its emitters require, and the emitters call the same checks (`emits_as_fits` in
+/// kernels/tests.rs holds the two to agreement over every spec the tests know).
+pub fn fits(spec: &KernelSpec) -> Result<(), String> {
+    fits_in(spec, Outer { pdl: true, ..Outer::default() })?;
+    fits_in(spec, Outer::default())
+}
+
+/// What the kernels around a kernel ask of it: the [`Body`] flags a wrapper sets before it
+/// emits its inner kernel that change what that kernel's emitter accepts. [`fits_in`] passes
+/// them down as `emit_into` passes the body.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Outer {
+    /// the sm_90a variant (programmatic dependent launch; clusters)
+    pub(crate) pdl: bool,
+    /// `NormMatMul`: the RMSNorm prologue
+    pub(crate) norm: bool,
+    /// `GatherX`: x from the embedding table
+    pub(crate) gather_x: bool,
+    /// `ArgmaxFold`
+    pub(crate) argmax_fold: bool,
+    /// `MatMulAct`: an activation epilogue
+    pub(crate) act: bool,
+    /// `Tma` / `Ws`
+    pub(crate) tma: bool,
+    pub(crate) ws: bool,
+    /// `SplitK`
+    pub(crate) split_k: bool,
+    /// `AttentionO` (with `red`)
+    pub(crate) attn_o: bool,
+    pub(crate) attn_o_red: bool,
+    /// `QkvAttentionO`: (K, blocks per head on this target)
+    pub(crate) qkv_in: Option<(usize, usize)>,
+}
+
+/// [`fits`] inside the wrappers `o` describes: the family's check.
+pub(crate) fn fits_in(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match family(spec) {
+        Family::Norm => norm_fits(spec, o),
+        Family::Elementwise => elementwise_fits(spec),
+        Family::Rope => rope_fits(spec, o),
+        Family::Argmax => argmax_fits(spec, o),
+        Family::Gemv => gemv_fits(spec, o),
+        Family::Mma => mma_fits(spec),
+        Family::Pipe => pipe_fits(spec, o),
+        Family::Mlp => mlp_fits(spec),
+        Family::Flash => flash_fits(spec, o),
+        Family::Paged => paged_fits(spec, o),
+        Family::Qkv => qkv_fits(spec, o),
+        Family::Moe => moe_fits(spec),
+        Family::Mla => mla_fits(spec),
+    }
+}
+
+/// A KV pool's element type the kernels read and write (`Body::load_kv` / `store_kv`).
+pub(crate) fn kv_fits(kv: DType) -> Result<(), String> {
+    match kv {
+        DType::F32 | DType::BF16 => Ok(()),
+        other => Err(format!("{other} KV caches are not lowered for the GPU (f32 or bf16)")),
+    }
 }
 
 /// The kernel families, one file (or folder) each: every spec belongs to one ([`family`]),

@@ -200,10 +200,8 @@ pub(crate) fn emit_splitk_norm_regs(b: &mut Body, r: &RowPieces, slice: &str, sp
 /// block) and writes y · inv_rms · g from its registers (+ the 16-bit copy).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_splitk_norm_cluster(b: &mut Body, splits: usize, residual: bool, d: usize, eps: f32, half: Option<bool>, c: usize) -> Result<(), String> {
+    splitk_norm_cluster_fits(d, c, b.pdl)?;
     let nt = d / 4 / c.max(1);
-    if !(2..=8).contains(&c) || d % (128 * c) != 0 || nt > 1024 || !b.pdl {
-        return Err(format!("the split-K reduce + RMSNorm in clusters: sm_90a, 2..=8 blocks per row, a whole number of warps of at most 1024 threads per block (D {d}, {c} blocks)"));
-    }
     let warps = nt / 32;
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", warps + c);
     b.workgroup = Some(format!("%sm : {smt}"));
@@ -261,8 +259,31 @@ pub(crate) fn emit_splitk_norm_cluster(b: &mut Body, splits: usize, residual: bo
     Ok(())
 }
 
+/// The split-K reduce + RMSNorm in clusters of `c` blocks per row (sm_90a: `pdl`): a whole
+/// number of warps of at most 1024 threads per block.
+fn splitk_norm_cluster_fits(d: usize, c: usize, pdl: bool) -> Result<(), String> {
+    let nt = d / 4 / c.max(1);
+    if !(2..=8).contains(&c) || d % (128 * c) != 0 || nt > 1024 || !pdl {
+        return Err(format!("the split-K reduce + RMSNorm in clusters: sm_90a, 2..=8 blocks per row, a whole number of warps of at most 1024 threads per block (D {d}, {c} blocks)"));
+    }
+    Ok(())
+}
+
+/// Whether a norms kernel generates ([`fits`]): the 16-bit copy and the split-K reduce need D
+/// a multiple of 4 (16-byte pieces); the cluster variant fits its blocks.
+pub(crate) fn norm_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
+        KernelSpec::RmsNormHalf { d, .. } if rms_norm_regs(*d).is_none() && d % 4 != 0 => Err(format!("the RMSNorm with a 16-bit copy needs D a multiple of 4, got {d}")),
+        KernelSpec::SplitKReduceNorm { d, cluster, .. } if *cluster > 1 => splitk_norm_cluster_fits(*d, *cluster, o.pdl),
+        KernelSpec::SplitKReduceNorm { d, .. } if d % 4 != 0 => Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}")),
+        KernelSpec::RmsNorm { .. } | KernelSpec::RmsNormHalf { .. } | KernelSpec::SplitKReduceNorm { .. } | KernelSpec::LayerNorm { .. } => Ok(()),
+        other => Err(format!("`{}` is not one of the norms kernels", other.symbol())),
+    }
+}
+
 /// The norms kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn norm_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    norm_fits(spec, b.outer())?;
     Ok(match spec {
         KernelSpec::RmsNorm { d, eps_bits } | KernelSpec::RmsNormHalf { d, eps_bits, .. } if rms_norm_regs(*d).is_some() => {
             // one pass: every thread loads its 16-byte pieces once and keeps them in registers
@@ -358,7 +379,7 @@ pub(crate) fn norm_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
             b.line("}");
             rms_norm_params(half)
         }
-        KernelSpec::RmsNormHalf { d, .. } => return Err(format!("the RMSNorm with a 16-bit copy needs D a multiple of 4, got {d}")),
+        KernelSpec::RmsNormHalf { .. } => unreachable!("norm_fits refuses the 16-bit copy of a row not in 16-byte pieces"),
         KernelSpec::RmsNorm { d, eps_bits } => {
             let eps = f32::from_bits(*eps_bits);
             let t = b.op("gpu.thread_id x");
@@ -408,9 +429,6 @@ pub(crate) fn norm_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
             splitk_norm_params(*residual, *half)
         }
         KernelSpec::SplitKReduceNorm { splits, residual, d, eps_bits, half, .. } => {
-            if d % 4 != 0 {
-                return Err(format!("the split-K reduce + RMSNorm needs D a multiple of 4, got {d}"));
-            }
             let warps = SPLITK_NORM_WARPS;
             let r = b.open_row_pieces(*d, warps);
             let RowPieces { t, t4, dd, step, base, zero, smt, .. } = r.clone();

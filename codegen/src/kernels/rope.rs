@@ -57,8 +57,30 @@ pub(crate) fn rope_launch(spec: &KernelSpec) -> Launch {
     }
 }
 
+/// Whether a RoPE or KV-cache write kernel generates ([`fits`]): pools of f32 or bf16, an
+/// even head dim for the fused q/k/v kernel, whose split-K form sums 2+ slices.
+pub(crate) fn rope_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
+        KernelSpec::QkvRopeSplitK { inner, splits } => {
+            if !matches!(inner.as_ref(), KernelSpec::QkvRopeCache { .. }) || *splits < 2 {
+                return Err(format!("the split-K Q/K/V sums fold into QkvRopeCache over 2+ slices, not {} over {splits}", inner.symbol()));
+            }
+            fits_in(inner, o)
+        }
+        KernelSpec::QkvRopeCache { d, kv, .. } => {
+            if d % 2 != 0 {
+                return Err(format!("rope needs an even head dim, got {d}"));
+            }
+            kv_fits(*kv)
+        }
+        KernelSpec::RopeCacheWrite { kv, .. } | KernelSpec::CacheWrite { kv, .. } => kv_fits(*kv),
+        _ => Ok(()),
+    }
+}
+
 /// The RoPE and KV-cache write kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn rope_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    rope_fits(spec, b.outer())?;
     Ok(match spec {
         KernelSpec::RopeYarn { h, d, theta_bits, interleaved, factor_bits, low_bits, high_bits, mscale_bits } => {
             b.yarn = Some([*factor_bits, *low_bits, *high_bits, *mscale_bits].map(f32::from_bits));
@@ -67,9 +89,6 @@ pub(crate) fn rope_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
             params
         }
         KernelSpec::QkvRopeSplitK { inner, splits } => {
-            if !matches!(inner.as_ref(), KernelSpec::QkvRopeCache { .. }) || *splits < 2 {
-                return Err(format!("the split-K Q/K/V sums fold into QkvRopeCache over 2+ slices, not {} over {splits}", inner.symbol()));
-            }
             for (x, o) in [("%xq", "%oq"), ("%xk", "%ok"), ("%xv", "%ov")] {
                 b.line(&format!("{x} = llvm.getelementptr %parts[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f32"));
             }
@@ -106,9 +125,6 @@ pub(crate) fn rope_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
             }
         }
         KernelSpec::QkvRopeCache { h, kvh, d, theta_bits, interleaved, kv } => {
-            if d % 2 != 0 {
-                return Err(format!("rope needs an even head dim, got {d}"));
-            }
             let i = b.open_guarded_gid();
             let isq = b.op(&format!("arith.cmpi slt, {i}, %nq : i64"));
             b.line(&format!("scf.if {isq} {{"));

@@ -28,8 +28,10 @@ pub enum Launch {
     OutputsPerBlock { outputs: u32, rows: u32, warps: u32 },
     /// tiled matmul with dynamic shared memory: a block of `threads` per `rows` x `outputs`
     /// output tile; grid (ceil(N / outputs), ceil(M / rows)), `smem` bytes of dynamic shared
-    /// memory (the runtime raises the kernel's limit past 48 KB)
-    Tile { outputs: u32, rows: u32, threads: u32, smem: u32 },
+    /// memory (the runtime raises the kernel's limit past 48 KB); `carveout`: the kernel asks
+    /// for the largest shared-memory carveout (the prefill attention, compiled for several
+    /// blocks per SM)
+    Tile { outputs: u32, rows: u32, threads: u32, smem: u32, carveout: bool },
 }
 
 impl Launch {

@@ -105,7 +105,7 @@ pub(crate) fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             continue;
         }
         let fused = KernelSpec::QkvAttentionO { inner: Box::new(steps[i].kernel.clone().expect("matched")), k, eps_bits: *eps_bits, cluster: splits };
-        if !crate::kernels::emits(&fused) {
+        if crate::kernels::fits(&fused).is_err() {
             i += 1;
             continue;
         }

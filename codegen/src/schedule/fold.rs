@@ -82,7 +82,7 @@ pub(crate) fn fold_norm_into_wide(g: &Graph, mut steps: Vec<Step>) -> Vec<Step> 
     let Some(wide) = steps[j].kernel.clone() else { return steps };
     let inner = KernelSpec::NormMatMul { inner: Box::new(wide), eps_bits };
     let kernel = if gather { KernelSpec::RowGather { inner: Box::new(inner) } } else { inner };
-    if !crate::kernels::emits(&kernel) {
+    if crate::kernels::fits(&kernel).is_err() {
         return steps;
     }
     let pre = steps[i].args[..nargs - nout].to_vec();
@@ -120,7 +120,7 @@ pub(crate) fn fold_embedding_gather(mut steps: Vec<Step>) -> Vec<Step> {
         other => KernelSpec::GatherX { inner: Box::new(other) },
     };
     let Some(k) = steps[z].kernel.clone().map(fused) else { return steps };
-    if !crate::kernels::emits(&k) {
+    if crate::kernels::fits(&k).is_err() {
         return steps;
     }
     let (table, tok) = (steps[i].args[0].clone(), steps[i].args[1].clone());

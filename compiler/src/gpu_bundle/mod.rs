@@ -271,7 +271,8 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
             _ => None,
         })
         .collect();
-    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases, smem })?)?;
+    let carveout = specs.iter().filter(|s| matches!(s.launch(), Launch::Tile { carveout: true, .. })).map(|s| s.symbol()).collect();
+    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&Bundle { ptx, cases, smem, carveout })?)?;
     Ok(n)
 }
 

@@ -141,16 +141,17 @@ pub unsafe fn launch_kernel_ex(
     unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
-/// Let kernel `name` (`f`) use `bytes` of dynamic shared memory (past the default 48 KB a
-/// kernel may take without opting in).
-pub fn allow_smem(name: &str, f: &CudaFunction, bytes: u32) -> std::result::Result<(), cudarc::driver::DriverError> {
+/// Let kernel `f` use `bytes` of dynamic shared memory (past the default 48 KB a kernel may
+/// take without opting in); with `carveout` (the plan's `GpuLarge::carveout`) it also asks for
+/// the largest shared-memory carveout.
+pub fn allow_smem(f: &CudaFunction, bytes: u32, carveout: bool) -> std::result::Result<(), cudarc::driver::DriverError> {
     if bytes > 48 * 1024 {
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)?;
     }
     // (the prefill attention, compiled for several blocks per SM — three of 66.6 KB for the
-    // wgmma kernel —, asks for the largest shared-memory carveout: the driver picked a 168 KB
-    // configuration for it, two blocks)
-    if bytes > 48 * 1024 && name.starts_with("flash_attention") {
+    // wgmma kernel —, asks for it: else the driver picked a 168 KB configuration for it, two
+    // blocks)
+    if bytes > 48 * 1024 && carveout {
         f.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
     }
     Ok(())

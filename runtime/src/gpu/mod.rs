@@ -350,7 +350,7 @@ impl<'p> GpuBackend<'p> {
         // kernels with more than the default 48 KB of dynamic shared memory opt in
         for l in prog.steps.iter().flat_map(|s| s.large.iter().chain(s.hopper.iter().chain(s.hopper_small.iter()).filter(|_| hopper)).chain(s.few.iter())) {
             if let (Some(bytes), Some(f)) = (l.smem, funcs.get(&l.kernel)) {
-                cu(allow_smem(&l.kernel, f, bytes), &format!("kernel {}: {bytes} bytes of shared memory", l.kernel))?;
+                cu(allow_smem(f, bytes, l.carveout), &format!("kernel {}: {bytes} bytes of shared memory", l.kernel))?;
             }
         }
         // one stream for everything, so cudarc's per-buffer event tracking is not needed (and

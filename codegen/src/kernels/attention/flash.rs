@@ -4,8 +4,10 @@
 //! TMA and a lazy rescale (`FlashWgmma`: 8B layer at 4k 463-467 TFLOP/s vs SDPA 484).
 //! `emit_flash_attention` is one function (~1,000 lines) because it writes one kernel whose
 //! loop carries every accumulator: its phases (Q fragments, the K/V stage ring, S = QKᵀ, the
-//! online softmax, O += PV, the epilogue) share the loop's SSA values; splitting it by phase is
-//! the next step for this file. Semantics: `dsc_ir::exec`'s `paged_attention`.
+//! online softmax, O += PV, the epilogue), marked in order by its comments, share the loop's
+//! SSA values and the closures that issue the K/V copies — cut into functions, each would take
+//! and return dozens of them. Its preconditions are `flash_attention_fits`. Semantics:
+//! `dsc_ir::exec`'s `paged_attention`.
 
 use crate::kernels::*;
 
@@ -34,7 +36,7 @@ pub(crate) fn flash_launch(spec: &KernelSpec) -> Launch {
     match spec {
             // (grid x = heads: work H with 1 "output" per block; y = tiles of 64 tokens)
             KernelSpec::FlashAttention { d, kv, warps, mtiles, .. } => {
-                Launch::Tile { outputs: 1, rows: (16 * *mtiles * *warps) as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv, *warps, *mtiles) as u32 }
+                Launch::Tile { outputs: 1, rows: (16 * *mtiles * *warps) as u32, threads: 32 * *warps as u32, smem: flash_smem(*d, *kv, *warps, *mtiles) as u32, carveout: true }
             }
             // (+ the producer warpgroup, and a full and an empty mbarrier per stage)
             KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
@@ -42,7 +44,7 @@ pub(crate) fn flash_launch(spec: &KernelSpec) -> Launch {
                     // (a query head per block; TMA tiles: + the two stages' mbarriers and use
                     // counts)
                     let tma = if flash_wg_tma_rows(*bs).is_some() { FLASH_WG_TMA_BYTES } else { 0 };
-                    Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: (flash_wg_smem(*d) + tma) as u32 }
+                    Launch::Tile { outputs: 1, rows: 64, threads: 128, smem: (flash_wg_smem(*d) + tma) as u32, carveout: true }
                 }
                 other => other.launch(),
             },
@@ -145,20 +147,9 @@ pub const FLASH_LAZY_THRESHOLD: f32 = 8.0;
 /// no registers) into two stages, tile i + 1's copies in flight while tile i is computed, and
 /// the mma B fragments come from `ldmatrix` (K) and `ldmatrix.trans` (V, stored key-major).
 pub(crate) fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize, bs: usize, scale_bits: u32, kv: DType, warps: usize, mt: usize) -> Result<String, String> {
-    if d % 16 != 0 || d > 128 || kvh == 0 || h % kvh != 0 || bs == 0 {
-        return Err(format!("the prefill attention needs D a multiple of 16 up to 128 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
-    }
-    if !matches!(kv, DType::F32 | DType::BF16) {
-        return Err(format!("{kv} KV caches are not lowered for the GPU (f32 or bf16)"));
-    }
+    flash_attention_fits(h, kvh, d, bs, kv, warps, mt)?;
     let wide = kv == DType::F32;
     let nt = 32 * warps as i64; // threads
-    if !(warps == 4 || (!wide && warps == 8)) || (!wide && (flash_keys(mt) as i64 * (d / 8) as i64) % nt != 0) {
-        return Err(format!("the prefill attention takes 4 warps (f32 pools) or 4 / 8 (bf16, D a multiple of 32 then), not {warps} (D {d})"));
-    }
-    if !(mt == 1 || (mt == 2 && !wide && d % 32 == 0)) {
-        return Err(format!("the prefill attention takes 1 m16 tile per warp, or 2 from bf16 pools with D a multiple of 32, not {mt} (D {d})"));
-    }
     // keys per K/V tile: 64, or 32 with 2 m16 tiles per warp (its S and P registers halved)
     #[allow(non_snake_case)]
     let KEYS: usize = flash_keys(mt);
@@ -1159,14 +1150,42 @@ pub(crate) fn emit_flash_attention(b: &mut Body, h: usize, kvh: usize, d: usize,
     Ok("%q: !llvm.ptr<1>, %kc: !llvm.ptr<1>, %vc: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64, %mb: i64".into())
 }
 
+/// What [`emit_flash_attention`] takes: D a multiple of 16 up to 128, H a multiple of KVH,
+/// f32 or bf16 pools; 4 warps (8 from bf16 pools where the K/V tile copies divide evenly), 1
+/// m16 tile per warp or 2 from bf16 pools at D a multiple of 32.
+fn flash_attention_fits(h: usize, kvh: usize, d: usize, bs: usize, kv: DType, warps: usize, mt: usize) -> Result<(), String> {
+    if d % 16 != 0 || d > 128 || kvh == 0 || h % kvh != 0 || bs == 0 {
+        return Err(format!("the prefill attention needs D a multiple of 16 up to 128 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
+    }
+    kv_fits(kv)?;
+    let wide = kv == DType::F32;
+    if !(warps == 4 || (!wide && warps == 8)) || (!wide && (flash_keys(mt) as i64 * (d / 8) as i64) % (32 * warps as i64) != 0) {
+        return Err(format!("the prefill attention takes 4 warps (f32 pools) or 4 / 8 (bf16, D a multiple of 32 then), not {warps} (D {d})"));
+    }
+    if !(mt == 1 || (mt == 2 && !wide && d % 32 == 0)) {
+        return Err(format!("the prefill attention takes 1 m16 tile per warp, or 2 from bf16 pools with D a multiple of 32, not {mt} (D {d})"));
+    }
+    Ok(())
+}
+
+/// Whether a prefill attention kernel generates ([`fits`]); the wgmma variant takes the
+/// 4-warp, one-tile kernel on bf16 pools at its head dims.
+pub(crate) fn flash_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
+        KernelSpec::FlashWgmma { inner } => match inner.as_ref() {
+            KernelSpec::FlashAttention { d, kv: DType::BF16, warps: 4, mtiles: 1, .. } if flash_wg_d_ok(*d) => fits_in(inner, o),
+            other => Err(format!("the wgmma prefill attention takes FlashAttention on bf16 pools, 4 warps, 1 m-tile, D {FLASH_WG_D}, not {}", other.symbol())),
+        },
+        KernelSpec::FlashAttention { h, kvh, d, bs, kv, warps, mtiles, .. } => flash_attention_fits(*h, *kvh, *d, *bs, *kv, *warps, *mtiles),
+        other => Err(format!("`{}` is not one of the prefill attention kernels", other.symbol())),
+    }
+}
+
 /// The prefill attention kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn flash_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    flash_fits(spec, b.outer())?;
     Ok(match spec {
         KernelSpec::FlashWgmma { inner } => {
-            match inner.as_ref() {
-                KernelSpec::FlashAttention { d, kv: DType::BF16, warps: 4, mtiles: 1, .. } if flash_wg_d_ok(*d) => {}
-                other => return Err(format!("the wgmma prefill attention takes FlashAttention on bf16 pools, 4 warps, 1 m-tile, D {FLASH_WG_D}, not {}", other.symbol())),
-            }
             b.flash_wg = true;
             if let KernelSpec::FlashAttention { bs, .. } = inner.as_ref() {
                 b.flash_mincta = flash_wg_tma_rows(*bs).and(b.o.flash_wg_mincta);

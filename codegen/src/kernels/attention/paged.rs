@@ -120,6 +120,40 @@ pub(crate) fn paged_launch(spec: &KernelSpec) -> Launch {
 /// [`crate::options::ScheduleOptions::attn_keys`]).
 pub const ATTN_KEYS: usize = 4;
 
+/// What [`emit_paged_attention`] takes (`split`: the split pass; `rope`: the one-token kernel
+/// with RoPE and the cache writes): D a multiple of 32, H of KVH, 1..=32 warps of 1..=8 keys,
+/// groups within a KV head's query heads, f32 or bf16 pools; RoPE with a thread per head-dim
+/// element; the o projection (`o.attn_o`) and q/k/v computed inside (`o.qkv_in`) on the
+/// one-token RoPE kernel of a head per block, the latter's rows and K within its warps.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_attention_fits(h: usize, kvh: usize, d: usize, warps: usize, keys: usize, group: usize, kv: DType, split: bool, rope: bool, o: Outer) -> Result<(), String> {
+    if rope && (split || 32 * warps < d || d % 2 != 0) {
+        return Err(format!("the decode attention takes RoPE and the cache writes in with one pass and a thread per head-dim element (D {d}, {warps} warps)"));
+    }
+    if d % 32 != 0 || kvh == 0 || h % kvh != 0 {
+        return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
+    }
+    if !(1..=32).contains(&warps) {
+        return Err(format!("paged attention takes 1..=32 warps per block, not {warps}"));
+    }
+    if !(1..=8).contains(&keys) {
+        return Err(format!("paged attention takes 1..=8 keys per warp step, not {keys}"));
+    }
+    if group == 0 || (h / kvh) % group != 0 {
+        return Err(format!("paged attention takes groups of query heads within one KV head's (H {h}, KVH {kvh}), not {group}"));
+    }
+    kv_fits(kv)?;
+    if o.attn_o && (!rope || split || group != 1 || h / kvh < 1) {
+        return Err("the o projection folds into the one-token RoPE attention of a head per block".into());
+    }
+    if let Some((k, c)) = o.qkv_in {
+        if !(o.attn_o_red && group == 1 && rope) || k % 8 != 0 || c == 0 || d % c != 0 || (3 * d / c).div_ceil(warps) * c > 32 || k / 4 > 32 * warps {
+            return Err(format!("the attention computes q, k and v itself in the one-token RoPE attention with the o projection added, a head per block, D / {c} elements per block, at most 32 rows times blocks per warp, K a multiple of 8 (K {k}, D {d}, {warps} warps)"));
+        }
+    }
+    Ok(())
+}
+
 /// The decode attention ([`KernelSpec::PagedAttention`]; with `split` = (S, min keys), the
 /// [`KernelSpec::PagedAttentionSplit`] pass: block (token, head group, s) takes split s of the
 /// rows' context and writes their partial softmax states to `%out` instead of the output).
@@ -138,23 +172,9 @@ pub(crate) fn emit_paged_attention(
     split: Option<(usize, usize)>,
     rope: Option<(u32, bool)>,
 ) -> Result<String, String> {
-    if rope.is_some() && (split.is_some() || 32 * warps < d || d % 2 != 0) {
-        return Err(format!("the decode attention takes RoPE and the cache writes in with one pass and a thread per head-dim element (D {d}, {warps} warps)"));
-    }
-    if d % 32 != 0 || kvh == 0 || h % kvh != 0 {
-        return Err(format!("paged attention needs D a multiple of 32 and H a multiple of KVH (D {d}, H {h}, KVH {kvh})"));
-    }
-    if !(1..=32).contains(&warps) {
-        return Err(format!("paged attention takes 1..=32 warps per block, not {warps}"));
-    }
-    if !(1..=8).contains(&keys) {
-        return Err(format!("paged attention takes 1..=8 keys per warp step, not {keys}"));
-    }
+    paged_attention_fits(h, kvh, d, warps, keys, group, kv, split.is_some(), rope.is_some(), b.outer())?;
     let nk = keys;
     let per = d / 32;
-    if group == 0 || (h / kvh) % group != 0 {
-        return Err(format!("paged attention takes groups of query heads within one KV head's (H {h}, KVH {kvh}), not {group}"));
-    }
     let rep = group;
     // one block per (token, group of `rep` query heads of one KV head) — grid x = tokens, y =
     // H / rep (x the split's parts) —: each K/V row is loaded once for the group (GQA). The
@@ -166,9 +186,6 @@ pub(crate) fn emit_paged_attention(
     // (the o projection folded in: the head's output (D floats) and the last-block flag past
     // the partial states)
     let attn_o = b.attn_o;
-    if attn_o.is_some() && (rope.is_none() || split.is_some() || group != 1 || h / kvh < 1) {
-        return Err("the o projection folds into the one-token RoPE attention of a head per block".into());
-    }
     // (bf16 pools, the one-pass kernels of a block per head: the next warp step's K/V rows are
     // loaded before this step's math, carried through the loop as raw 16-bit vectors. On: 8B
     // b1 3.836 -> 3.796 ms, SmolLM2 shape b1 -0.8%, b32 -1.6%; not for the grouped kernels:
@@ -201,12 +218,7 @@ pub(crate) fn emit_paged_attention(
     let qkv_in = b.qkv_in;
     let xs_at = new_at + if short && early { 2 * d } else { 0 };
     let (gs_at, qkv_at) = match qkv_in {
-        Some((k, _, c)) => {
-            if !(b.attn_o_red && rep == 1 && rope.is_some()) || k % 8 != 0 || c == 0 || d % c != 0 || (3 * d / c).div_ceil(WARPS) * c > 32 || k / 4 > 32 * WARPS {
-                return Err(format!("the attention computes q, k and v itself in the one-token RoPE attention with the o projection added, a head per block, D / {c} elements per block, at most 32 rows times blocks per warp, K a multiple of 8 (K {k}, D {d}, {WARPS} warps)"));
-            }
-            (xs_at + k, xs_at + 2 * k)
-        }
+        Some((k, _, _)) => (xs_at + k, xs_at + 2 * k),
         None => (xs_at, xs_at),
     };
     // (QkvAttentionO in clusters: the cluster's blocks split the context's keys, and each
@@ -916,9 +928,7 @@ pub(crate) fn split_extent(b: &mut Body, ctx: &str, ns: usize, min_keys: usize) 
 /// per (token, head) row merges the row's se partial softmax states (m, l, acc) into the
 /// output, out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M) with M = max m_s.
 pub(crate) fn emit_attention_combine(b: &mut Body, h: usize, d: usize, ns: usize, min_keys: usize) -> Result<String, String> {
-    if d % 32 != 0 || h == 0 || !(1..=32).contains(&ns) || min_keys <= ns + 1 {
-        return Err(format!("attention combine needs D a multiple of 32, 1..=32 splits and min keys > splits + 1 (D {d}, S {ns}, min keys {min_keys})"));
-    }
+    attention_combine_fits(h, d, ns, min_keys)?;
     let per = d / 32;
     let stride = (d + 2) as i64;
     let (row, lane) = b.open_guarded_warp_row();
@@ -980,6 +990,25 @@ pub(crate) fn emit_attention_combine(b: &mut Body, h: usize, d: usize, ns: usize
     }
     b.line("}");
     Ok("%part: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %out: !llvm.ptr<1>, %n: i64".into())
+}
+
+/// What [`emit_attention_combine`] takes: D a multiple of 32, 1..=32 splits, more keys than
+/// splits + 1.
+fn attention_combine_fits(h: usize, d: usize, ns: usize, min_keys: usize) -> Result<(), String> {
+    if d % 32 != 0 || h == 0 || !(1..=32).contains(&ns) || min_keys <= ns + 1 {
+        return Err(format!("attention combine needs D a multiple of 32, 1..=32 splits and min keys > splits + 1 (D {d}, S {ns}, min keys {min_keys})"));
+    }
+    Ok(())
+}
+
+/// Whether a decode attention kernel generates ([`fits`]).
+pub(crate) fn paged_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
+        KernelSpec::PagedAttention { h, kvh, d, warps, keys, group, kv, .. } => paged_attention_fits(*h, *kvh, *d, *warps, *keys, *group, *kv, false, false, o),
+        KernelSpec::PagedAttentionSplit { h, kvh, d, warps, keys, group, kv, .. } => paged_attention_fits(*h, *kvh, *d, *warps, *keys, *group, *kv, true, false, o),
+        KernelSpec::AttentionCombine { h, d, splits, min_keys } => attention_combine_fits(*h, *d, *splits, *min_keys),
+        other => Err(format!("`{}` is not one of the decode attention kernels", other.symbol())),
+    }
 }
 
 /// The decode attention kernels' bodies: [`emit_into`] for their specs; returns the parameter list.

@@ -477,20 +477,45 @@ pub(crate) fn o_projection(
     Ok(())
 }
 
-/// The fused one-token attention kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
-pub(crate) fn qkv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
-    Ok(match spec {
+/// Whether a fused one-token attention kernel generates ([`fits`]): each wrapper's inner
+/// kernel (the o projection on the RoPE attention of a head per block, q/k/v on that with
+/// `red`, in clusters of its blocks per head on sm_90a), then the decode attention under the
+/// flags they set.
+pub(crate) fn qkv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
         KernelSpec::AttentionO { inner, n, red, splits } => match inner.as_ref() {
             KernelSpec::RopeAttention { inner: att, .. } if matches!(att.as_ref(), KernelSpec::PagedAttention { group: 1, .. }) => {
                 if *splits == 0 || n % splits != 0 || (*splits > 1 && !*red) {
                     return Err(format!("the o projection splits its {n} rows over blocks evenly, with `red` only (not {splits})"));
                 }
+                fits_in(inner, Outer { attn_o: true, attn_o_red: *red, ..o })
+            }
+            other => Err(format!("the o projection folds into the one-token RoPE attention of a head per block, not {}", other.symbol())),
+        },
+        KernelSpec::QkvAttentionO { inner, k, cluster, .. } => match inner.as_ref() {
+            KernelSpec::AttentionO { red: true, splits, .. } if *cluster == 1 || cluster == splits => fits_in(inner, Outer { qkv_in: Some((*k, if o.pdl { *cluster } else { 1 })), ..o }),
+            other => Err(format!("q, k and v fold into the one-token attention with the o projection added, in clusters of its blocks per head, not {} in clusters of {cluster}", other.symbol())),
+        },
+        KernelSpec::RopeAttention { inner, .. } => match inner.as_ref() {
+            KernelSpec::PagedAttention { h, kvh, d, warps, keys, group, kv, .. } => paged_attention_fits(*h, *kvh, *d, *warps, *keys, *group, *kv, false, true, o),
+            other => Err(format!("RoPE and the cache writes fold into the decode attention, not {}", other.symbol())),
+        },
+        other => Err(format!("`{}` is not one of the fused one-token attention kernels", other.symbol())),
+    }
+}
+
+/// The fused one-token attention kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
+pub(crate) fn qkv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    qkv_fits(spec, b.outer())?;
+    Ok(match spec {
+        KernelSpec::AttentionO { inner, n, red, splits } => match inner.as_ref() {
+            KernelSpec::RopeAttention { inner: att, .. } if matches!(att.as_ref(), KernelSpec::PagedAttention { group: 1, .. }) => {
                 b.attn_o = Some(*n);
                 b.attn_o_red = *red;
                 b.attn_o_splits = *splits;
                 emit_into(b, inner)?
             }
-            other => return Err(format!("the o projection folds into the one-token RoPE attention of a head per block, not {}", other.symbol())),
+            _ => unreachable!("qkv_fits: the o projection on the RoPE attention of a head per block"),
         },
         KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => match inner.as_ref() {
             KernelSpec::AttentionO { red: true, splits, .. } if *cluster == 1 || cluster == splits => {
@@ -502,16 +527,14 @@ pub(crate) fn qkv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                     1,
                 )
             }
-            other => {
-                return Err(format!("q, k and v fold into the one-token attention with the o projection added, in clusters of its blocks per head, not {} in clusters of {cluster}", other.symbol()))
-            }
+            _ => unreachable!("qkv_fits: q, k and v on the attention with the o projection"),
         },
         KernelSpec::RopeAttention { inner, theta_bits, interleaved } => match inner.as_ref() {
             KernelSpec::PagedAttention { h, kvh, d, bs, scale_bits, warps, keys, group, kv } => {
                 emit_paged_attention(b, *h, *kvh, *d, *bs, *scale_bits, *warps, *keys, *group, *kv, None, Some((*theta_bits, *interleaved)))?
             }
-            other => return Err(format!("RoPE and the cache writes fold into the decode attention, not {}", other.symbol())),
+            _ => unreachable!("qkv_fits: RoPE on the decode attention"),
         },
-        other => return Err(format!("`{}` is not one of the fused one-token attention kernels", other.symbol())),
+        _ => unreachable!("qkv_fits: a fused one-token attention kernel"),
     })
 }

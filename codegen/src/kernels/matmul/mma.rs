@@ -49,6 +49,54 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
 /// four 8-column B tiles of `mma.m16n8k16`, 16 outputs per block.
 pub const GEMV_MMA_ROWS: usize = 32;
 
+/// What [`emit_gemv_mma`] takes: bf16/f16 weights, K a multiple of 32, a reduction within 48 KB
+/// of shared memory.
+pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
+    if !k.is_multiple_of(32) {
+        return Err(format!("matmul needs K a multiple of 32, got {k}"));
+    }
+    if !matches!(wdtype, DType::BF16 | DType::F16) {
+        return Err(format!("the tensor-core batched GEMV takes bf16/f16 weights, not {wdtype}"));
+    }
+    let (nw, _, na) = gemv_mma_tiling3();
+    let per = 4 * (GEMV_MMA_ROWS / 8) * na;
+    if nw * per * 32 * 4 > 48 * 1024 {
+        return Err(format!("batched GEMV tiling: {nw} warps x {na} A tiles need {} KB of shared memory for the reduction (max 48)", nw * per * 32 * 4 / 1024));
+    }
+    Ok(())
+}
+
+/// Whether a tensor-core matmul generates ([`fits`]): K and the weight types each kernel
+/// takes, wgmma's column tiles of 16 or 64.
+pub(crate) fn mma_fits(spec: &KernelSpec) -> Result<(), String> {
+    let lowered = |w: &DType| matches!(w, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1);
+    match spec {
+        KernelSpec::MatMulFewX16 { k, wdtype, .. } => gemv_mma_fits(*k, *wdtype),
+        KernelSpec::MatMulMma { k, wdtype, .. } => {
+            if k % 16 != 0 {
+                return Err(format!("the tensor-core matmul needs K a multiple of 16, got {k}"));
+            }
+            if !lowered(wdtype) {
+                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
+            }
+            Ok(())
+        }
+        KernelSpec::MatMulWgmma { k, wdtype, n_tile, .. } => {
+            if *n_tile != 16 && *n_tile != 64 {
+                return Err(format!("wgmma n_tile must be 16 or 64, got {n_tile}"));
+            }
+            if k % 64 != 0 {
+                return Err(format!("the wgmma matmul needs K a multiple of 64, got {k}"));
+            }
+            if !lowered(wdtype) {
+                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
+            }
+            Ok(())
+        }
+        other => Err(format!("`{}` is not one of the tensor-core (mma.sync, wgmma) matmul kernels", other.symbol())),
+    }
+}
+
 /// The batched-decode matmul on the tensor cores for bf16/f16 weights ("swap AB"): y^T = W x^T
 /// with `mma.sync m16n8k16`, W as the 16-row A operand and up to 32 activation rows as four
 /// 8-column B tiles. One block of [`gemv_mma_tiling`] warps per 16 outputs and 32 rows (grid
@@ -63,23 +111,14 @@ pub const GEMV_MMA_ROWS: usize = 32;
 /// B tiles past M are skipped (a warp-uniform branch); partial sums meet in shared memory and
 /// warp 0 runs the epilogue.
 pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, x16: bool) -> Result<(), String> {
-    if !k.is_multiple_of(32) {
-        return Err(format!("matmul needs K a multiple of 32, got {k}"));
-    }
-    let f16 = match wdtype {
-        DType::BF16 => false,
-        DType::F16 => true,
-        other => return Err(format!("the tensor-core batched GEMV takes bf16/f16 weights, not {other}")),
-    };
+    gemv_mma_fits(k, wdtype)?;
+    let f16 = wdtype == DType::F16;
     let (nw, unroll, na) = gemv_mma_tiling3();
     let nt = GEMV_MMA_ROWS / 8; // B tiles
     let steps = k / 32;
     let (jloop, rounds) = split_k_schedule(steps, 1, nw, unroll);
     // accumulators per lane: [A tile a][B tile j][4] at a * 4 nt + 4 j + i
     let per = 4 * nt * na;
-    if nw * per * 32 * 4 > 48 * 1024 {
-        return Err(format!("batched GEMV tiling: {nw} warps x {na} A tiles need {} KB of shared memory for the reduction (max 48)", nw * per * 32 * 4 / 1024));
-    }
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
     b.workgroup = Some(format!("%red : {smt}"));
     let t = b.op("gpu.thread_id x");
@@ -259,18 +298,13 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
 
 /// The tensor-core (mma.sync, wgmma) matmul kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    mma_fits(spec)?;
     Ok(match spec {
         KernelSpec::MatMulFewX16 { k, n: _, wdtype, bias, residual } => {
             emit_gemv_mma(b, *k, *wdtype, *bias, *residual, true)?;
             matmul_params(*bias, *residual, true)
         }
         KernelSpec::MatMulMma { k, n: _, wdtype, bias, residual } => {
-            if k % 16 != 0 {
-                return Err(format!("the tensor-core matmul needs K a multiple of 16, got {k}"));
-            }
-            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
-                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
-            }
             // f16 operands for f16 and block-quantized weights (their f16 scales dequantize
             // exactly enough in f16; 4x finer than bf16), bf16 for bf16 and f32 weights
             let f16 = tensor_core_f16(*wdtype);
@@ -362,16 +396,7 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
         }
         KernelSpec::MatMulWgmma { k, n: _, wdtype, bias, residual, n_tile } => {
             let nt = *n_tile;
-            if nt != 16 && nt != 64 {
-                return Err(format!("wgmma n_tile must be 16 or 64, got {nt}"));
-            }
             let nacc = nt / 2;
-            if k % 64 != 0 {
-                return Err(format!("the wgmma matmul needs K a multiple of 64, got {k}"));
-            }
-            if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
-                return Err(format!("matmul weights in {wdtype} are not lowered yet"));
-            }
             // f16 operands for f16 and block-quantized weights (their f16 scales dequantize
             // exactly enough in f16; 4x finer than bf16), bf16 for bf16 and f32 weights
             let f16 = tensor_core_f16(*wdtype);

@@ -134,19 +134,19 @@ pub(crate) fn pipe_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `pipe` kernel (`KernelSpec::launch`).
 pub(crate) fn pipe_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::MatMulPipe { bn, stages, a16, bm, .. } => Launch::Tile { outputs: *bn as u32, rows: *bm as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16, *bm) as u32 },
+            KernelSpec::MatMulPipe { bn, stages, a16, bm, .. } => Launch::Tile { outputs: *bn as u32, rows: *bm as u32, threads: 256, smem: pipe_smem(*bn, *stages, *a16, *bm) as u32, carveout: false },
             // (the stages' mbarriers past the tiles: 8 bytes each)
             KernelSpec::Tma { inner } => match inner.launch() {
-                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32 },
+                Launch::Tile { outputs, rows, threads, smem, carveout } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32, carveout },
                 other => other,
             },
             KernelSpec::Ws { inner } => match inner.launch() {
-                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32 },
+                Launch::Tile { outputs, rows, threads, smem, carveout } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32, carveout },
                 other => other,
             },
             KernelSpec::SplitK { inner, splits } => match inner.launch() {
                 // (a tile's columns over `splits` blocks: grid x = N / (bn / splits))
-                Launch::Tile { outputs, rows, threads, smem } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem },
+                Launch::Tile { outputs, rows, threads, smem, carveout } => Launch::Tile { outputs: outputs / *splits as u32, rows, threads, smem, carveout },
                 other => other,
             },
             KernelSpec::SwiGluPipe { inner } => inner.launch(),
@@ -234,6 +234,80 @@ pub fn swiglu_pipe_fits(n: usize, bn: usize, bm: usize) -> bool {
 
 /// The pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]).
 ///
+/// What [`emit_gemm_pipe`] takes: K a multiple of 64, bf16/f16 weights, a tiling whose stages
+/// fit shared memory (3+ when overlapped).
+fn pipe_gemm_fits(k: usize, wdtype: DType, tiling: PipeTiling) -> Result<(), String> {
+    let PipeTiling { bn, stages, overlap, .. } = tiling;
+    if overlap && stages < 3 {
+        return Err("the overlapped pipelined matmul needs 3 or more stages".into());
+    }
+    if k % 64 != 0 {
+        return Err(format!("the pipelined wgmma matmul needs K a multiple of 64, got {k}"));
+    }
+    if !tiling.fits() {
+        return Err(format!("pipelined wgmma matmul: bn {bn} with {stages} stages does not fit"));
+    }
+    if !matches!(wdtype, DType::BF16 | DType::F16) {
+        return Err(format!("the pipelined wgmma matmul takes bf16/f16 weights, not {wdtype}"));
+    }
+    Ok(())
+}
+
+/// Whether a pipelined Hopper matmul generates ([`fits`]): the wrappers' conditions on the
+/// matmul inside (warp specialization and TMA within the mbarrier bytes, split-K over whole
+/// tiles, the SwiGLU epilogue outside split-K, activations and TMA without warp
+/// specialization), then the matmul itself.
+pub(crate) fn pipe_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
+    match spec {
+        KernelSpec::Ws { inner } => {
+            match inner.pipe_core() {
+                KernelSpec::MatMulPipe { stages, a16: true, .. } if *stages * 16 <= TMA_MBAR_BYTES && !o.tma => {}
+                other => return Err(format!("warp specialization takes the pipelined wgmma matmul with x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
+            }
+            fits_in(inner, Outer { tma: true, ws: true, ..o })
+        }
+        KernelSpec::Tma { inner } => {
+            match inner.matmul_core().0 {
+                KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
+                other => return Err(format!("TMA takes the pipelined wgmma matmul (up to {} stages), not {}", TMA_MBAR_BYTES / 8, other.symbol())),
+            }
+            fits_in(inner, Outer { tma: true, ..o })
+        }
+        KernelSpec::SplitK { inner, splits } => {
+            // (a merged matmul's parts each whole column tiles: parts_fit with the pipe's bn)
+            let pipe = match inner.as_ref() {
+                KernelSpec::MatMulParts { inner: p, parts } => parts_fit(p, parts).map(|_| p.as_ref())?,
+                other => other,
+            };
+            match pipe {
+                // (whole column tiles: the grid, N / (bn / splits) blocks, is tiles x splits)
+                KernelSpec::MatMulPipe { k, n, bias: false, residual: false, bn, .. } if *splits >= 2 && (k / 64) % splits == 0 && bn % splits == 0 && n % bn == 0 => {}
+                other => {
+                    return Err(format!(
+                        "split-K takes the pipelined matmul (or merged matmul of one) without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}",
+                        other.symbol()
+                    ))
+                }
+            }
+            fits_in(inner, Outer { split_k: true, ..o })
+        }
+        KernelSpec::SwiGluPipe { inner } => {
+            match inner.as_ref() {
+                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && (!o.tma || o.ws) && !o.split_k && !o.act => {}
+                other => {
+                    return Err(format!(
+                        "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",
+                        other.symbol()
+                    ))
+                }
+            }
+            fits_in(inner, o)
+        }
+        KernelSpec::MatMulPipe { k, wdtype, bn, stages, overlap, a16, bm, .. } => pipe_gemm_fits(*k, *wdtype, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm }),
+        other => Err(format!("`{}` is not one of the pipelined Hopper matmul kernels", other.symbol())),
+    }
+}
+
 /// Block: 256 threads = warpgroups 0 and 1, rows m0 + 64·wg .. of a 128 x bn tile. Shared
 /// memory holds `stages` K steps of 64, each an x tile (128 rows x 256 bytes of f32; the 16-byte
 /// chunk c of row r at chunk c ^ 2·(r % 8), so a warp's fragment loads hit every bank once)
@@ -247,22 +321,11 @@ pub fn swiglu_pipe_fits(n: usize, bn: usize, bm: usize) -> bool {
 /// whose B descriptor advances 32 bytes per k16 inside the swizzle atom.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, tiling: PipeTiling) -> Result<String, String> {
+    pipe_gemm_fits(k, wdtype, tiling)?;
     let PipeTiling { bn, stages, overlap, a16, .. } = tiling;
-    if overlap && stages < 3 {
-        return Err("the overlapped pipelined matmul needs 3 or more stages".into());
-    }
     // K steps the copies run ahead: with a wgmma group in flight, the stage of step kt - 1
     // may still be read while step kt computes
     let ahead = if overlap { stages as i64 - 2 } else { stages as i64 - 1 };
-    if k % 64 != 0 {
-        return Err(format!("the pipelined wgmma matmul needs K a multiple of 64, got {k}"));
-    }
-    if !tiling.fits() {
-        return Err(format!("pipelined wgmma matmul: bn {bn} with {stages} stages does not fit"));
-    }
-    if !matches!(wdtype, DType::BF16 | DType::F16) {
-        return Err(format!("the pipelined wgmma matmul takes bf16/f16 weights, not {wdtype}"));
-    }
     let f16 = wdtype == DType::F16;
     let ty = if f16 { "f16" } else { "bf16" };
     let bm = tiling.bm;
@@ -883,13 +946,10 @@ pub(crate) fn store_swiglu_fragments(b: &mut Body, ra: &str, f0: &str, tq: &str,
 
 /// The pipelined Hopper matmul kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn pipe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    pipe_fits(spec, b.outer())?;
     Ok(match spec {
         KernelSpec::Ws { inner } => {
             // (also around the SwiGLU epilogue)
-            match inner.pipe_core() {
-                KernelSpec::MatMulPipe { stages, a16: true, .. } if *stages * 16 <= TMA_MBAR_BYTES && !b.tma => {}
-                other => return Err(format!("warp specialization takes the pipelined wgmma matmul with x in 16 bits, up to {} stages, not {}", TMA_MBAR_BYTES / 16, other.symbol())),
-            }
             b.tma = true;
             b.ws = true;
             // rasterized: the blocks, launched in x-fastest order, take their tiles in groups
@@ -915,42 +975,14 @@ pub(crate) fn pipe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
             emit_into(b, inner)?
         }
         KernelSpec::Tma { inner } => {
-            match inner.matmul_core().0 {
-                KernelSpec::MatMulPipe { stages, .. } if *stages * 8 <= TMA_MBAR_BYTES => {}
-                other => return Err(format!("TMA takes the pipelined wgmma matmul (up to {} stages), not {}", TMA_MBAR_BYTES / 8, other.symbol())),
-            }
             b.tma = true;
             emit_into(b, inner)?
         }
         KernelSpec::SplitK { inner, splits } => {
-            // (a merged matmul's parts each whole column tiles: parts_fit with the pipe's bn)
-            let pipe = match inner.as_ref() {
-                KernelSpec::MatMulParts { inner: p, parts } => parts_fit(p, parts).map(|_| p.as_ref())?,
-                other => other,
-            };
-            match pipe {
-                // (whole column tiles: the grid, N / (bn / splits) blocks, is tiles x splits)
-                KernelSpec::MatMulPipe { k, n, bias: false, residual: false, bn, .. } if *splits >= 2 && (k / 64) % splits == 0 && bn % splits == 0 && n % bn == 0 => {}
-                other => {
-                    return Err(format!(
-                        "split-K takes the pipelined matmul (or merged matmul of one) without bias or residual, K / 64 and bn multiples of the {splits} parts and N of bn, not {}",
-                        other.symbol()
-                    ))
-                }
-            }
             b.split_k = Some(*splits);
             emit_into(b, inner)?.replacen("%y: !llvm.ptr<1>", "%yparts: !llvm.ptr<1>", 1)
         }
         KernelSpec::SwiGluPipe { inner } => {
-            match inner.as_ref() {
-                KernelSpec::MatMulPipe { n, bias: false, residual: false, bn, bm, .. } if swiglu_pipe_fits(*n, *bn, *bm) && (!b.tma || b.ws) && b.split_k.is_none() && b.act.is_none() => {}
-                other => {
-                    return Err(format!(
-                        "the SwiGLU epilogue takes an unsplit pipelined matmul without bias or residual whose warpgroup columns halve into 8-column groups and tile F, not {}",
-                        other.symbol()
-                    ))
-                }
-            }
             b.swiglu_pipe = true;
             emit_into(b, inner)?.replacen("%w: !llvm.ptr<1>", "%w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>", 1).replacen("%y: !llvm.ptr<1>", "%y: !llvm.ptr<1>, %yh: !llvm.ptr<1>", 1)
         }
