@@ -221,14 +221,17 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
         specs.retain(|s| cases.iter().any(|c| c.kernel == s.symbol()));
         // (the kept cases' arrays copied into a fresh data.bin, offsets remapped)
         let old = std::mem::replace(&mut data, Data(vec![]));
-        let mut moved: HashMap<usize, usize> = HashMap::new();
+        // (keyed by offset and length: cases share an input's prefix — one row of a matrix
+        // another case reads whole —, and a copy of the shorter would cut the longer short)
+        let mut moved: HashMap<(usize, usize), usize> = HashMap::new();
         let mut relocate = |a: &mut Array| -> anyhow::Result<()> {
-            let at = match moved.get(&a.offset) {
+            let key = (a.offset, a.byte_len()?);
+            let at = match moved.get(&key) {
                 Some(&at) => at,
                 None => {
-                    let bytes = old.0.get(a.offset..a.offset + a.byte_len()?).context("array outside the data")?;
+                    let bytes = old.0.get(a.offset..a.offset + key.1).context("array outside the data")?;
                     let at = data.push_u8(bytes).offset;
-                    moved.insert(a.offset, at);
+                    moved.insert(key, at);
                     at
                 }
             };
