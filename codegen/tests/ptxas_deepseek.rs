@@ -28,6 +28,19 @@ fn specs() -> Vec<KernelSpec> {
     for (h, k, n, wdtype) in [(16, 128, 512, DType::BF16), (16, 512, 128, DType::BF16), (1, 24, 96, DType::F32), (3, 20, 12, DType::F16)] {
         v.push(KernelSpec::HeadMatMul { h, k, n, wdtype });
     }
+    // (the latent row in one launch: V2-Lite's with YaRN into bf16, a tiny f32 one)
+    v.push(KernelSpec::MlaLatentCache {
+        l: 512,
+        r: 64,
+        eps_bits: 1e-6f32.to_bits(),
+        theta_bits: 10000f32.to_bits(),
+        interleaved: true,
+        yarn: Some([40f32, 10.0, 23.0, 1.0].map(f32::to_bits)),
+        kv: DType::BF16,
+    });
+    v.push(KernelSpec::MlaLatentCache { l: 40, r: 6, eps_bits: 1e-6f32.to_bits(), theta_bits: 10000f32.to_bits(), interleaved: false, yarn: None, kv: DType::F32 });
+    v.push(KernelSpec::MlaQuery { h: 16, nope: 128, r: 64, l: 512, wdtype: DType::BF16, theta_bits: 10000f32.to_bits(), interleaved: true, yarn: Some([40f32, 10.0, 23.0, 1.0].map(f32::to_bits)) });
+    v.push(KernelSpec::MlaQuery { h: 3, nope: 12, r: 6, l: 20, wdtype: DType::F32, theta_bits: 10000f32.to_bits(), interleaved: false, yarn: None });
     let yarn = |factor: f32| KernelSpec::RopeYarn {
         h: 16,
         d: 64,
@@ -55,6 +68,10 @@ fn deepseek_kernels_pass_ptxas() {
         for s in &specs {
             let body = common::body(ptx, &s.symbol());
             match s {
+                // (the 16-bit gate/up as the SwiGLU GEMV: its expert found by ballots, the warps' sums met in shared memory)
+                KernelSpec::MoeGateUp { .. } if matches!(s.launch(), dsc_codegen::Launch::OutputsPerBlock { .. }) => {
+                    assert!(body.contains("vote.sync.ballot") && body.contains("bar.sync") && body.contains("shfl.sync.bfly"), "{}: the GEMV on the slot's expert", s.symbol());
+                }
                 KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpGrouped { .. } | KernelSpec::MoeDown { .. } | KernelSpec::HeadMatMul { .. } => {
                     assert!(!body.contains("bar.sync") && !body.contains(".shared"), "{}: warp-level only", s.symbol());
                     assert!(body.contains("shfl.sync.bfly"), "{}: warp reductions", s.symbol());

@@ -77,6 +77,9 @@ pub(crate) struct Body {
     /// (`QkvAttentionO`: the attention computes its q, k and v from x — K, eps, blocks per
     /// cluster; 1: no cluster)
     pub(crate) qkv_in: Option<(usize, f32, usize)>,
+    /// the one-row GEMV's x row is its block row / this (the routed experts' gate/up:
+    /// `top_k` block rows per token)
+    pub(crate) x_row_div: Option<usize>,
     /// RoPE with YaRN's frequencies (`KernelSpec::RopeYarn`): (factor, low, high, mscale) for
     /// [`Body::rope_cos_sin`]
     pub(crate) yarn: Option<[f32; 4]>,
@@ -815,13 +818,17 @@ impl Body {
         };
         let x0 = b.load_summed(ptr, &i0);
         let x1 = b.load_summed(ptr, &i1);
-        // y0 = x0 c - x1 s, y1 = x1 c + x0 s
-        let x1s = b.op(&format!("arith.mulf {x1}, {sn} : f32"));
-        let nx1s = b.op(&format!("arith.negf {x1s} : f32"));
-        let y0 = b.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
-        let x0s = b.op(&format!("arith.mulf {x0}, {sn} : f32"));
-        let y1 = b.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
+        let (y0, y1) = b.rotate_pair(&x0, &x1, &c, &sn);
         (t, i0, i1, y0, y1)
+    }
+    /// A RoPE pair (x0, x1) rotated by (cos, sin): y0 = x0 c - x1 s, y1 = x1 c + x0 s.
+    pub(crate) fn rotate_pair(&mut self, x0: &str, x1: &str, c: &str, sn: &str) -> (String, String) {
+        let x1s = self.op(&format!("arith.mulf {x1}, {sn} : f32"));
+        let nx1s = self.op(&format!("arith.negf {x1s} : f32"));
+        let y0 = self.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
+        let x0s = self.op(&format!("arith.mulf {x0}, {sn} : f32"));
+        let y1 = self.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
+        (y0, y1)
     }
     /// (lane, warp) of thread index `t` (index values)
     /// `mma.sync m16n8k16` (f32 accumulators, `ty` = bf16 or f16 operands): A fragment `a`

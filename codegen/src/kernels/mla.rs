@@ -12,6 +12,11 @@
 //! - [`KernelSpec::HeadMatMul`]: y[t, h, :] = x[t, h, :] @ W[h]ᵀ for one matrix per head (the
 //!   up-projections absorbed into the query and the output), a warp per output element
 //!   (`Body::lane_dot`), grid y = tokens.
+//! - [`KernelSpec::MlaLatentCache`] and [`KernelSpec::MlaQuery`]: what the schedule's
+//!   `mla-fusions` (schedule/mla.rs) put in place of the latent row's six launches (slices,
+//!   norm, k's rope, concat, cache write: a warp per token) and the absorbed query's five
+//!   (slices, W_uk, q's rope, concat: a warp per output, then a warp per head's rotation pairs)
+//!   — launches cost ~2-3 us each at decode whatever their work.
 //!
 //! What is still to come for the H200's targets: every head of a token in one block sharing
 //! each row's load (FlashMLA's layout, on the tensor cores at 128 heads), a split over the
@@ -37,6 +42,19 @@ pub(crate) fn mla_symbol(spec: &KernelSpec) -> String {
     match spec {
         KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv } => format!("mla_attention_h{h}_c{c}_l{l}_bs{bs}_s{scale_bits:08x}{}", kv_suffix(*kv)),
         KernelSpec::HeadMatMul { h, k, n, wdtype } => format!("head_matmul_h{h}_k{k}_n{n}_{wdtype}"),
+        KernelSpec::MlaLatentCache { l, r, eps_bits, theta_bits, interleaved, yarn, kv } => format!(
+            "mla_latent_cache_l{l}_r{r}_e{eps_bits:08x}_theta{}{}{}{}",
+            f32::from_bits(*theta_bits),
+            if *interleaved { "_interleaved" } else { "" },
+            yarn.map(|[f, lo, hi, m]| format!("_yarn{f:08x}_{lo:08x}_{hi:08x}_{m:08x}")).unwrap_or_default(),
+            kv_suffix(*kv)
+        ),
+        KernelSpec::MlaQuery { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } => format!(
+            "mla_query_h{h}_k{nope}_r{r}_l{l}_{wdtype}_theta{}{}{}",
+            f32::from_bits(*theta_bits),
+            if *interleaved { "_interleaved" } else { "" },
+            yarn.map(|[f, lo, hi, m]| format!("_yarn{f:08x}_{lo:08x}_{hi:08x}_{m:08x}")).unwrap_or_default()
+        ),
         other => unreachable!("{other:?} is not an mla kernel (kernels::family)"),
     }
 }
@@ -47,6 +65,8 @@ pub(crate) fn mla_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MlaAttention { .. } => Launch::BlockPerRow { warps: MLA_WARPS as u32 },
         KernelSpec::HeadMatMul { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
+        KernelSpec::MlaLatentCache { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+        KernelSpec::MlaQuery { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
         other => unreachable!("{other:?} is not an mla kernel (kernels::family)"),
     }
 }
@@ -76,6 +96,22 @@ pub(crate) fn mla_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
+        KernelSpec::MlaLatentCache { l, r, kv, .. } => {
+            kv_fits(*kv)?;
+            // (a warp per token: L / 32 values a lane in registers, a rotation pair a lane)
+            if *l == 0 || l.div_ceil(32) > 32 || *r == 0 || r % 2 != 0 || *r > 64 {
+                return Err(format!("the latent cache write keeps up to 1,024 normed values a warp and rotates up to 32 pairs (L {l}, R {r})"));
+            }
+            Ok(())
+        }
+        KernelSpec::MlaQuery { h, nope, r, l, wdtype, .. } => {
+            mla_fits(&KernelSpec::HeadMatMul { h: *h, k: *nope, n: *l, wdtype: *wdtype })?;
+            // (a rotation pair a lane; q's rows in 8-element chunks where the dot takes them)
+            if *r == 0 || r % 2 != 0 || *r > 64 || (nope % 8 == 0 && (nope + r) % 8 != 0) {
+                return Err(format!("the fused query rotates up to 32 pairs a head and reads q's rows in 8-element chunks (NOPE {nope}, R {r})"));
+            }
+            Ok(())
+        }
         other => Err(format!("`{}` is not an mla kernel", other.symbol())),
     }
 }
@@ -92,8 +128,160 @@ pub(crate) fn mla_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             emit_head_matmul(b, *h, *k, *n, *wdtype)?;
             Ok("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
         }
+        KernelSpec::MlaQuery { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } => {
+            b.yarn = yarn.map(|y| y.map(f32::from_bits));
+            emit_query(b, *h, *nope, *r, *l, *wdtype, *theta_bits, *interleaved)?;
+            b.yarn = None;
+            Ok("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
+        }
+        KernelSpec::MlaLatentCache { l, r, eps_bits, theta_bits, interleaved, yarn, kv } => {
+            b.yarn = yarn.map(|y| y.map(f32::from_bits));
+            emit_latent_cache(b, *l, *r, f32::from_bits(*eps_bits), *theta_bits, *interleaved, *kv)?;
+            b.yarn = None;
+            Ok("%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %rows: i64".into())
+        }
         other => Err(format!("`{}` is not an mla kernel", other.symbol())),
     }
+}
+
+/// [`KernelSpec::MlaQuery`]: token t = block y; warp output o < H·L is head o / L's output
+/// o % L — x's row (t, head) at its first NOPE values dotted with W's row o (`Body::lane_dot`),
+/// stored at y's row (t, head) — and o = H·L + head rotates that head's last R values into
+/// y's row past its L (lane p: pair p, as [`emit_latent_cache`]).
+#[allow(clippy::too_many_arguments)]
+fn emit_query(b: &mut Body, h: usize, nope: usize, r: usize, l: usize, wdtype: DType, theta_bits: u32, interleaved: bool) -> Result<(), String> {
+    let t = b.op("gpu.block_id y");
+    let t = b.idx64(&t);
+    let (o, lane) = b.open_guarded_warp_output(HEAD_MATMUL_WARPS);
+    let (ch, cl, cxw, cyw) = (b.ci64(h as i64), b.ci64(l as i64), b.ci64((nope + r) as i64), b.ci64((l + r) as i64));
+    let hl = b.ci64((h * l) as i64);
+    let th = b.op(&format!("arith.muli {t}, {ch} : i64"));
+    let mm = b.op(&format!("arith.cmpi slt, {o}, {hl} : i64"));
+    b.line(&format!("scf.if {mm} {{"));
+    {
+        let hd = b.op(&format!("arith.divui {o}, {cl} : i64"));
+        let j = b.op(&format!("arith.remui {o}, {cl} : i64"));
+        let row = b.op(&format!("arith.addi {th}, {hd} : i64"));
+        let xoff = b.op(&format!("arith.muli {row}, {cxw} : i64"));
+        let ck = b.ci64(nope as i64);
+        let woff = b.op(&format!("arith.muli {o}, {ck} : i64"));
+        let part = b.lane_dot("%w", &woff, wdtype, "%x", &xoff, nope, &lane)?;
+        let s = b.warp_sum(&part);
+        let c0 = b.ci64(0);
+        let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
+        b.line(&format!("scf.if {l0} {{"));
+        let yi = b.op(&format!("arith.muli {row}, {cyw} : i64"));
+        let yi = b.op(&format!("arith.addi {yi}, {j} : i64"));
+        b.store(&s, "%y", &yi);
+        b.line("}");
+    }
+    b.line("} else {");
+    {
+        let hd = b.op(&format!("arith.subi {o}, {hl} : i64"));
+        let row = b.op(&format!("arith.addi {th}, {hd} : i64"));
+        let half = b.ci64((r / 2) as i64);
+        let mine = b.op(&format!("arith.cmpi slt, {lane}, {half} : i64"));
+        b.line(&format!("scf.if {mine} {{"));
+        let p = b.load_i32_as_i64("%pos", &t);
+        let (co, sn) = b.rope_cos_sin(&lane, &p, r, theta_bits);
+        let (i0, i1) = if interleaved {
+            let c2 = b.ci64(2);
+            let a0 = b.op(&format!("arith.muli {lane}, {c2} : i64"));
+            let c1 = b.ci64(1);
+            (a0.clone(), b.op(&format!("arith.addi {a0}, {c1} : i64")))
+        } else {
+            (lane.clone(), b.op(&format!("arith.addi {lane}, {half} : i64")))
+        };
+        let xb = b.op(&format!("arith.muli {row}, {cxw} : i64"));
+        let cn = b.ci64(nope as i64);
+        let xb = b.op(&format!("arith.addi {xb}, {cn} : i64"));
+        let yb = b.op(&format!("arith.muli {row}, {cyw} : i64"));
+        let yb = b.op(&format!("arith.addi {yb}, {cl} : i64"));
+        let (a0, a1) = (b.op(&format!("arith.addi {xb}, {i0} : i64")), b.op(&format!("arith.addi {xb}, {i1} : i64")));
+        let (x0, x1) = (b.load("%x", &a0), b.load("%x", &a1));
+        let (y0, y1) = b.rotate_pair(&x0, &x1, &co, &sn);
+        for (y, i) in [(y0, i0), (y1, i1)] {
+            let at = b.op(&format!("arith.addi {yb}, {i} : i64"));
+            b.store(&y, "%y", &at);
+        }
+        b.line("}");
+    }
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
+/// [`KernelSpec::MlaLatentCache`]: warp `row` takes token t's x row (L + R values): lane l
+/// holds x[l + 32 i] of the first L (loads clamped, the lanes past L contributing zero), their
+/// squares summed over the warp give 1 / rms, and each is stored as x · (1/rms) · g (the CPU
+/// executor's order) into pool row slot[t]; then lane p < R/2 rotates pair p of the last R
+/// (`Body::rope_cos_sin` at pos[t], YaRN's through `Body::yarn`) as `Body::rope_pair` does.
+fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32, interleaved: bool, kv: DType) -> Result<(), String> {
+    let c = l + r;
+    let (lane, base, _, _) = b.open_row(c, 4);
+    let lane = b.idx64(&lane);
+    let base = b.idx64(&base);
+    let cc = b.ci64(c as i64);
+    let t = b.op(&format!("arith.divui {base}, {cc} : i64"));
+    let slot = b.load_i32_as_i64("%slots", &t);
+    let dst = b.op(&format!("arith.muli {slot}, {cc} : i64"));
+    let zero = b.cf32(0.0);
+    let last = b.ci64(l as i64 - 1);
+    let cl = b.ci64(l as i64);
+    let mut xs = vec![];
+    let mut ss = zero.clone();
+    for i in 0..l.div_ceil(32) {
+        let ci = b.ci64(32 * i as i64);
+        let j = b.op(&format!("arith.addi {lane}, {ci} : i64"));
+        let inside = b.op(&format!("arith.cmpi slt, {j}, {cl} : i64"));
+        let jc = b.op(&format!("arith.minsi {j}, {last} : i64"));
+        let at = b.op(&format!("arith.addi {base}, {jc} : i64"));
+        let x = b.load("%x", &at);
+        let x = b.op(&format!("arith.select {inside}, {x}, {zero} : f32"));
+        ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
+        xs.push((j, jc, inside, x));
+    }
+    let ss = b.warp_sum(&ss);
+    let inv = b.inv_rms(&ss, l, eps);
+    for (j, jc, inside, x) in xs {
+        b.line(&format!("scf.if {inside} {{"));
+        let g = b.load("%g", &jc);
+        let y = b.op(&format!("arith.mulf {x}, {inv} : f32"));
+        let y = b.op(&format!("arith.mulf {y}, {g} : f32"));
+        let at = b.op(&format!("arith.addi {dst}, {j} : i64"));
+        b.store_kv(&y, "%cache", &at, kv)?;
+        b.line("}");
+    }
+    // the rotation pairs of the last R values
+    let half = r / 2;
+    let ch = b.ci64(half as i64);
+    let mine = b.op(&format!("arith.cmpi slt, {lane}, {ch} : i64"));
+    b.line(&format!("scf.if {mine} {{"));
+    let p = b.load_i32_as_i64("%pos", &t);
+    let (co, sn) = b.rope_cos_sin(&lane, &p, r, theta_bits);
+    let (i0, i1) = if interleaved {
+        let c2 = b.ci64(2);
+        let a0 = b.op(&format!("arith.muli {lane}, {c2} : i64"));
+        let c1 = b.ci64(1);
+        let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
+        (a0, a1)
+    } else {
+        let a1 = b.op(&format!("arith.addi {lane}, {ch} : i64"));
+        (lane.clone(), a1)
+    };
+    let (i0, i1) = (b.op(&format!("arith.addi {i0}, {cl} : i64")), b.op(&format!("arith.addi {i1}, {cl} : i64")));
+    let x0 = b.op(&format!("arith.addi {base}, {i0} : i64"));
+    let x0 = b.load("%x", &x0);
+    let x1 = b.op(&format!("arith.addi {base}, {i1} : i64"));
+    let x1 = b.load("%x", &x1);
+    let (y0, y1) = b.rotate_pair(&x0, &x1, &co, &sn);
+    for (y, i) in [(y0, i0), (y1, i1)] {
+        let at = b.op(&format!("arith.addi {dst}, {i} : i64"));
+        b.store_kv(&y, "%cache", &at, kv)?;
+    }
+    b.line("}");
+    b.line("}");
+    Ok(())
 }
 
 /// [`KernelSpec::MlaAttention`] (see the file header). `%n` = tokens.

@@ -116,6 +116,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
         attn_o_red: false,
         attn_o_splits: 1,
         qkv_in: None,
+        x_row_div: None,
         yarn: None,
         o: *o,
     };
@@ -282,7 +283,7 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => Family::Paged,
         KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => Family::Qkv,
         KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpGrouped { .. } | KernelSpec::MoeDown { .. } => Family::Moe,
-        KernelSpec::MlaAttention { .. } | KernelSpec::HeadMatMul { .. } => Family::Mla,
+        KernelSpec::MlaAttention { .. } | KernelSpec::HeadMatMul { .. } | KernelSpec::MlaLatentCache { .. } | KernelSpec::MlaQuery { .. } => Family::Mla,
     }
 }
 

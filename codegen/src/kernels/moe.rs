@@ -9,8 +9,10 @@
 //!   layer; no shared memory.
 //! - The routed experts of a step in two launches that read only the chosen experts' weights
 //!   (the decode path: at batch 1 a token's `top_k` experts of the E): [`KernelSpec::MoeGateUp`]
-//!   (a warp per (token, chosen expert, hidden unit i) — grid y = tokens × top_k, the slot-th
-//!   chosen expert in expert order —: h[t, slot, i] = silu(gate_e[i] · x_t) · (up_e[i] · x_t))
+//!   (grid y = tokens × top_k, the slot-th chosen expert in expert order: h[t, slot, i] =
+//!   silu(gate_e[i] · x_t) · (up_e[i] · x_t); for 16-bit weights the dense SwiGLU GEMV's body
+//!   on that expert's rows — [`gate_up_gemv`]: a block per tile of hidden units, its warps
+//!   splitting D, x loaded once per block for all its rows —, else a warp per hidden unit)
 //!   into the step's scratch
 //!   `{node}@rows{top_k·I}`, then [`KernelSpec::MoeDown`] (a warp per (token, output n):
 //!   y[t, n] = Σ over the chosen experts, in expert order, of route[t, e] · (down_e[n] ·
@@ -57,6 +59,7 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
 pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MoeRoute { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+        KernelSpec::MoeGateUp { d, inter, wdtype, .. } if gate_up_gemv(*d, *inter, *wdtype) => KernelSpec::SwiGluGemv { k: *d, f: *inter, wdtype: *wdtype }.launch(),
         KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } | KernelSpec::MoeGateUpGrouped { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
@@ -101,6 +104,84 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
 /// words each at D = 2,048).
 pub const GROUPED_MAX_ROUNDS: usize = 8;
 
+/// Whether the routed experts' gate/up ([`KernelSpec::MoeGateUp`]) runs as the decode SwiGLU
+/// GEMV (`emit_gemv`: a block per (token, slot, tile of hidden units), its warps splitting D,
+/// x loaded once per block for all its gate and up rows) on the slot's expert's rows; else a
+/// warp per (token, slot, hidden unit) (`emit_experts`: any D, f32 weights). The GEMV's
+/// launch is the dense SwiGLU GEMV's, whose tiling must agree for I and 2·I.
+pub(crate) fn gate_up_gemv(d: usize, inter: usize, wdtype: DType) -> bool {
+    matches!(wdtype, DType::BF16 | DType::F16)
+        && swiglu_fits(d, inter, wdtype).is_ok()
+        && gemv_body_fits(d, inter, wdtype, 1, Outer::default(), true).is_ok()
+        && gemv_tiling(d, inter, 1) == gemv_tiling(d, 2 * inter, 1)
+}
+
+/// [`KernelSpec::MoeGateUp`] as the SwiGLU GEMV: after `griddepcontrol.wait` (the routing row
+/// is the previous kernel's output), block row y = token · top_k + slot finds the slot-th
+/// chosen expert of its token (in expert order: per 32-expert chunk a ballot of the nonzero
+/// routing weights, and the lane whose set bits below it number slot − (the chunks' count so
+/// far) holds it; expert 0 where the row chose fewer — that slot's h row is never read), points
+/// `%w0` / `%w1` at its gate and up rows, and runs the dense SwiGLU GEMV with x row = y / top_k
+/// into h row y.
+fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
+    if b.pdl {
+        b.wait_for_previous();
+    }
+    let by = b.op("gpu.block_id y");
+    let by = b.idx64(&by);
+    let ck = b.ci64(top_k as i64);
+    let t = b.op(&format!("arith.divui {by}, {ck} : i64"));
+    let slot = b.op(&format!("arith.remui {by}, {ck} : i64"));
+    let slot = b.op(&format!("arith.trunci {slot} : i64 to i32"));
+    let tid = b.op("gpu.thread_id x");
+    let tid = b.idx64(&tid);
+    let c31 = b.ci64(31);
+    let lane = b.op(&format!("arith.andi {tid}, {c31} : i64"));
+    let lane32 = b.op(&format!("arith.trunci {lane} : i64 to i32"));
+    let one = b.op("arith.constant 1 : i32");
+    let below = b.op(&format!("arith.shli {one}, {lane32} : i32"));
+    let below = b.op(&format!("arith.subi {below}, {one} : i32"));
+    let ce = b.ci64(e as i64);
+    let rbase = b.op(&format!("arith.muli {t}, {ce} : i64"));
+    let last = b.ci64(e as i64 - 1);
+    let zero = b.cf32(0.0);
+    let z32 = b.op("arith.constant 0 : i32");
+    let mut count = z32.clone();
+    let mut expert = b.ci64(0);
+    for c in 0..e.div_ceil(32) {
+        let cc = b.ci64(32 * c as i64);
+        let ei = b.op(&format!("arith.addi {lane}, {cc} : i64"));
+        let ec = b.op(&format!("arith.minsi {ei}, {last} : i64"));
+        let at = b.op(&format!("arith.addi {rbase}, {ec} : i64"));
+        let r = b.load("%route", &at);
+        let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
+        let inr = b.op(&format!("arith.cmpi slt, {ei}, {ce} : i64"));
+        let nz = b.op(&format!("arith.andi {nz}, {inr} : i1"));
+        let bal = b.ballot(&nz);
+        // (this lane's expert is the slot's when the chosen ones below it, here and in the
+        // chunks before, number `slot`)
+        let under = b.op(&format!("arith.andi {bal}, {below} : i32"));
+        let under = b.popc(&under);
+        let under = b.op(&format!("arith.addi {under}, {count} : i32"));
+        let is = b.op(&format!("arith.cmpi eq, {under}, {slot} : i32"));
+        let is = b.op(&format!("arith.andi {is}, {nz} : i1"));
+        let hit = b.ballot(&is);
+        let found = b.op(&format!("arith.cmpi ne, {hit}, {z32} : i32"));
+        let (_, bit) = b.lowest_bit(&hit);
+        let ex = b.op(&format!("arith.addi {cc}, {bit} : i64"));
+        expert = b.op(&format!("arith.select {found}, {ex}, {expert} : i64"));
+        let pc = b.popc(&bal);
+        count = b.op(&format!("arith.addi {count}, {pc} : i32"));
+    }
+    let stride = b.ci64((inter * d * wdtype.block().1) as i64);
+    let off = b.op(&format!("arith.muli {expert}, {stride} : i64"));
+    b.line(&format!("%w0 = llvm.getelementptr %wg[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    b.line(&format!("%w1 = llvm.getelementptr %wu[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    b.x_row_div = Some(top_k);
+    b.swiglu = true;
+    emit_gemv(b, d, inter, wdtype, false, false, 1)
+}
+
 /// Fewest tokens from which the routed experts' gate/up runs expert-major
 /// ([`KernelSpec::MoeGateUpGrouped`]: each chosen expert's rows read once for all its tokens)
 /// instead of a block row per (token, chosen expert).
@@ -117,6 +198,10 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             } else {
                 "%logits: !llvm.ptr<1>, %mask: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
             })
+        }
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } if gate_up_gemv(*d, *inter, *wdtype) => {
+            emit_gate_up_gemv(b, *d, *inter, *e, *top_k, *wdtype)?;
+            Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => {
             emit_experts(b, true, *d, *inter, *e, *top_k, *wdtype)?;

@@ -444,6 +444,17 @@ pub enum KernelSpec {
     /// y[t, h] = x[t, h] @ W[h]ᵀ, one [N, K] matrix per head (`kernels::mla`); a warp per
     /// output. params x, w, y, H · N
     HeadMatMul { h: usize, k: usize, n: usize, wdtype: DType },
+    /// MLA's latent cache rows from the kv_a projection's output x [T, L + R]
+    /// (`kernels::mla`): RMSNorm (eps, weight g [L]) of each row's first L values and RoPE of
+    /// its last R (YaRN's when `yarn` = [factor, low, high, mscale] as bits), written to pool
+    /// row slot[t] of `kv` — slice, rms_norm, slice, rope, concat and cache_write in one launch,
+    /// a warp per token. params x, g, pos, slots, cache, T
+    MlaLatentCache { l: usize, r: usize, eps_bits: u32, theta_bits: u32, interleaved: bool, yarn: Option<[u32; 4]>, kv: DType },
+    /// MLA's absorbed query from q [T, H, NOPE + R] (`kernels::mla`): y[t, h] = [q_nope @
+    /// W_uk[h]ᵀ (L values, W [H, L, NOPE]) | RoPE of q's last R (YaRN's when `yarn`)] — slice,
+    /// head_matmul, slice, rope and concat in one launch: a warp per output of the matmul, then
+    /// a warp per head for its rotation pairs; grid y = tokens. params x, w, pos, y, H · L + H
+    MlaQuery { h: usize, nope: usize, r: usize, l: usize, wdtype: DType, theta_bits: u32, interleaved: bool, yarn: Option<[u32; 4]> },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -8,7 +8,7 @@
 //! `dsc compile --dump-ir=schedule` prints the final schedule ([`print`]) with the rewrites
 //! that ran; `--dump-ir=schedule@NAME` the schedule right after rewrite NAME.
 //!
-//! Files: `initial` (graph → steps, the matmul alternatives, the norm folded into GEMVs),
+//! Files: `initial` (graph → steps, the matmul alternatives, the norm folded into GEMVs), `mla` (MLA's launch fusions),
 //! `attention`, `matmul` and `fold` (the rewrites by what they touch), `tests`. A new op
 //! family (MoE, MLA) adds its lowering to `initial` and its rewrites to a file of its own and
 //! to [`REWRITES`].
@@ -57,6 +57,7 @@ mod attention;
 mod fold;
 mod initial;
 mod matmul;
+mod mla;
 #[cfg(test)]
 mod tests;
 
@@ -234,6 +235,15 @@ pub const REWRITES: &[Rewrite] = &[
         on: |o| o.qkv_rope_fusion,
         run: |g, mut s, _| {
             fuse_qkv_rope_cache(g, &mut s);
+            s
+        },
+    },
+    Rewrite {
+        name: "mla-fusions",
+        on: |_| true,
+        run: |g, mut s, _| {
+            mla::fuse_mla_latent_cache(g, &mut s);
+            mla::fuse_mla_query(g, &mut s);
             s
         },
     },

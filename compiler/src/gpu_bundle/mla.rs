@@ -42,6 +42,106 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         cx.cases.push(case(name, &spec, grid(&spec.launch(), t), grid_rows(&spec.launch(), h), inputs, vec![t as i64, mb as i64], expected, 1e-4));
         cx.specs.push(spec);
     }
+    // the latent cache rows in one launch (`MlaLatentCache`, the schedule's
+    // `mla-latent-cache`): V2-Lite's 512 + 64 with YaRN into a bf16 pool, a tiny f32 one with
+    // plain RoPE, one whose L is no multiple of 32 — checked against the six ops it replaces
+    for (l, r, kv, yarn, interleaved) in [(512usize, 64usize, DType::BF16, Some((40.0f32, 4096usize)), true), (32, 8, DType::F32, None, false), (40, 6, DType::BF16, Some((4.0, 64)), false)] {
+        let (nb, bs, c) = (6usize, 4usize, l + r);
+        let slots = [13i32, 2, 21, 7, 0];
+        let pos = [1999i32, 0, 17, 300, 5];
+        let t = slots.len();
+        let x = cx.r.vec(t * c, -2.0, 2.0);
+        let gw = cx.r.vec(l, 0.5, 1.5);
+        let init = kv_round(&cx.r.vec(nb * bs * c, -1.0, 1.0), kv);
+        let (theta, eps) = (10000.0f32, 1e-6f32);
+        let style = if interleaved { "interleaved" } else { "half" };
+        let rope = match yarn {
+            Some((factor, orig)) => format!("rope_yarn(%pr, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {r}, factor = {factor:?}, original_max_position = {orig}, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0}}"),
+            None => format!("rope(%pr, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {r}}}"),
+        };
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[{t}, {c}]\n  %g = weight : f32[{l}]\n  %p = input : i32[{t}]\n  %s = input : i32[{t}]\n  %lc = state : {kv}[{nb}, {bs}, 1, {c}]\n  %a = slice(%x) {{axis = 1, start = 0, len = {l}}} : f32[{t}, {l}]\n  %pe = slice(%x) {{axis = 1, start = {l}, len = {r}}} : f32[{t}, {r}]\n  %n = rms_norm(%a, %g) {{eps = {eps:?}}} : f32[{t}, {l}]\n  %nr = reshape(%n) : f32[{t}, 1, {l}]\n  %pr = reshape(%pe) : f32[{t}, 1, {r}]\n  %rr = {rope} : f32[{t}, 1, {r}]\n  %lat = concat(%nr, %rr) {{axis = 2}} : f32[{t}, 1, {c}]\n  %w = cache_write(%lc, %lat, %s) : {kv}[{nb}, {bs}, 1, {c}]\n  output c = %w\n}}\n"
+        );
+        let g = text::parse(&src)?;
+        let ws: Weights = [("g".to_string(), (DType::F32, vec![l], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?))].into_iter().collect();
+        let mut ex = Executor::new(&g, &ws, BTreeMap::new())?;
+        ex.state_mut("lc").context("lc")?.data.copy_from_slice(&init);
+        let want = ex
+            .run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![t, c], x.clone())), ("p".to_string(), Tensor::from_i32(vec![t], &pos)), ("s".to_string(), Tensor::from_i32(vec![t], &slots))]))?
+            .remove("c")
+            .context("output")?
+            .data;
+        let yarn_bits = yarn.map(|(factor, orig)| {
+            let y = dsc_ir::Yarn { factor, original_max_position: orig, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0 };
+            match dsc_codegen::kernels::rope_yarn_spec(1, r, theta, interleaved, &y) {
+                KernelSpec::RopeYarn { factor_bits, low_bits, high_bits, mscale_bits, .. } => [factor_bits, low_bits, high_bits, mscale_bits],
+                other => unreachable!("{other:?}"),
+            }
+        });
+        let spec = KernelSpec::MlaLatentCache { l, r, eps_bits: eps.to_bits(), theta_bits: theta.to_bits(), interleaved, yarn: yarn_bits, kv };
+        let (gr, b) = grid(&spec.launch(), t);
+        let init_arr = cx.data.push_kv(&init, kv);
+        cx.cases.push(Case {
+            name: format!("mla_latent_cache T{t} L{l} R{r} {style}{}{}", if yarn.is_some() { " yarn" } else { "" }, kv_label(kv)),
+            kernel: spec.symbol(),
+            grid: gr,
+            grid_y: 1,
+            block: b,
+            inputs: vec![cx.data.push(&x), cx.data.push(&gw), cx.data.push_i32(&pos), cx.data.push_i32(&slots)],
+            scalars: vec![t as i64],
+            expected: cx.data.push(&want),
+            init: Some(init_arr),
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: kv_tol(kv, 1e-4),
+            cluster: None,
+        });
+        cx.specs.push(spec);
+    }
+    // the absorbed query in one launch (`MlaQuery`, the schedule's `mla-fusions`): V2-Lite's
+    // 16 heads of 128 + 64 onto 512 with YaRN, a tiny f32 one with plain RoPE and K no
+    // multiple of 8 — checked against the five ops it replaces
+    for (h, nope, r, l, wdtype, yarn, interleaved) in [(16usize, 128usize, 64usize, 512usize, DType::BF16, Some((40.0f32, 4096usize)), true), (3, 12, 6, 20, DType::F32, None, false)] {
+        let pos = [1999i32, 0, 17];
+        let t = pos.len();
+        let qw = nope + r;
+        let x = cx.r.vec(t * h * qw, -1.0, 1.0);
+        let wb = dsc_ir::quant::encode(wdtype, &cx.r.vec(h * l * nope, -0.2, 0.2)).context("encode")?;
+        let theta = 10000.0f32;
+        let style = if interleaved { "interleaved" } else { "half" };
+        let rope = match yarn {
+            Some((factor, orig)) => format!("rope_yarn(%qp, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {r}, factor = {factor:?}, original_max_position = {orig}, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0}}"),
+            None => format!("rope(%qp, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {r}}}"),
+        };
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[{t}, {h}, {qw}]\n  %w = weight : {wdtype}[{h}, {l}, {nope}]\n  %p = input : i32[{t}]\n  %qn = slice(%x) {{axis = 2, start = 0, len = {nope}}} : f32[{t}, {h}, {nope}]\n  %qp = slice(%x) {{axis = 2, start = {nope}, len = {r}}} : f32[{t}, {h}, {r}]\n  %qa = head_matmul(%qn, %w) {{transpose_b = true}} : f32[{t}, {h}, {l}]\n  %qr = {rope} : f32[{t}, {h}, {r}]\n  %y = concat(%qa, %qr) {{axis = 2}} : f32[{t}, {h}, {}]\n  output y = %y\n}}\n",
+            l + r
+        );
+        let ws: Weights = [("w".to_string(), (wdtype, vec![h, l, nope], wb.clone()))].into_iter().collect();
+        let want = reference(&src, vec![("x", Tensor::new(vec![t, h, qw], x.clone())), ("p", Tensor::from_i32(vec![t], &pos))], &ws)?;
+        let yarn_bits = yarn.map(|(factor, orig)| {
+            let y = dsc_ir::Yarn { factor, original_max_position: orig, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0 };
+            match dsc_codegen::kernels::rope_yarn_spec(1, r, theta, interleaved, &y) {
+                KernelSpec::RopeYarn { factor_bits, low_bits, high_bits, mscale_bits, .. } => [factor_bits, low_bits, high_bits, mscale_bits],
+                other => unreachable!("{other:?}"),
+            }
+        });
+        let spec = KernelSpec::MlaQuery { h, nope, r, l, wdtype, theta_bits: theta.to_bits(), interleaved, yarn: yarn_bits };
+        let inputs = vec![cx.data.push(&x), cx.data.push_u8(&wb), cx.data.push_i32(&pos)];
+        let expected = cx.data.push(&want);
+        let outs = h * l + h;
+        cx.cases.push(case(
+            format!("mla_query T{t} H{h} NOPE{nope} R{r} L{l} {wdtype} {style}{}", if yarn.is_some() { " yarn" } else { "" }),
+            &spec,
+            grid(&spec.launch(), outs),
+            t as u32,
+            inputs,
+            vec![outs as i64],
+            expected,
+            1e-4,
+        ));
+        cx.specs.push(spec);
+    }
     // the absorbed form's per-head matmuls: (T, H, K, N, weights)
     for (t, h, k, n, wdtype) in [(3usize, 16usize, 128usize, 512usize, DType::BF16), (3, 16, 512, 128, DType::BF16), (5, 4, 16, 32, DType::F32), (2, 3, 20, 12, DType::F16)] {
         let x = cx.r.vec(t * h * k, -1.0, 1.0);

@@ -32,18 +32,18 @@ use crate::kernels::*;
 /// The readable symbol of a `gemv` kernel (`KernelSpec::symbol`).
 pub(crate) fn gemv_symbol(spec: &KernelSpec) -> String {
     match spec {
-            KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulWide { k, n, wdtype, bias, residual } => format!("matmul_wide_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulCopy { inner } => format!("{}_copy", inner.symbol()),
-            KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
-            KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
-            KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
-            KernelSpec::GatherX { inner } => format!("{}_gx", inner.symbol()),
-            KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
-            KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
-            KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => format!("matmul_few{rows}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
-            KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
+        KernelSpec::MatMul { k, n, wdtype, bias, residual } => format!("matmul_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+        KernelSpec::MatMulWide { k, n, wdtype, bias, residual } => format!("matmul_wide_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+        KernelSpec::MatMulCopy { inner } => format!("{}_copy", inner.symbol()),
+        KernelSpec::PrefetchL2 { inner } => format!("{}_pf", inner.symbol()),
+        KernelSpec::ZeroFill { inner, len } => format!("{}_zero{len}", inner.symbol()),
+        KernelSpec::RowGather { inner } => format!("{}_rows", inner.symbol()),
+        KernelSpec::GatherX { inner } => format!("{}_gx", inner.symbol()),
+        KernelSpec::MatMulParts { inner, parts } => format!("{}_parts_{}", inner.symbol(), parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+        KernelSpec::NormMatMul { inner, .. } => format!("rms_{}", inner.symbol()),
+        KernelSpec::MatMulFew { k, n, wdtype, bias, residual, rows } => format!("matmul_few{rows}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+        KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
+        KernelSpec::MatMulAct { inner, act } => format!("{}_{}", inner.symbol(), dsc_ir::Op::Unary(act.0).name()),
         other => unreachable!("{other:?} is not a gemv kernel (kernels::family)"),
     }
 }
@@ -51,17 +51,24 @@ pub(crate) fn gemv_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `gemv` kernel (`KernelSpec::launch`).
 pub(crate) fn gemv_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
-                let (w, _, a) = gemv_mma_tiling3();
-                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
-            }
-            KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
-            // (half of a GEMV block's outputs: the other half are the up rows)
-            KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
-            KernelSpec::MatMulParts { inner, .. } | KernelSpec::NormMatMul { inner, .. } | KernelSpec::MatMulAct { inner, .. } | KernelSpec::PrefetchL2 { inner } | KernelSpec::ZeroFill { inner, .. } | KernelSpec::RowGather { inner } | KernelSpec::GatherX { inner } | KernelSpec::MatMulCopy { inner } => inner.launch(),
+        KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
+        KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
+        KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16, rows, .. } => {
+            let (w, _, a) = gemv_mma_tiling3();
+            Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
+        }
+        KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
+        KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
+        // (half of a GEMV block's outputs: the other half are the up rows)
+        KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
+        KernelSpec::MatMulParts { inner, .. }
+        | KernelSpec::NormMatMul { inner, .. }
+        | KernelSpec::MatMulAct { inner, .. }
+        | KernelSpec::PrefetchL2 { inner }
+        | KernelSpec::ZeroFill { inner, .. }
+        | KernelSpec::RowGather { inner }
+        | KernelSpec::GatherX { inner }
+        | KernelSpec::MatMulCopy { inner } => inner.launch(),
         other => unreachable!("{other:?} is not a gemv kernel (kernels::family)"),
     }
 }
@@ -201,7 +208,7 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
             b.op(&format!("arith.muli {c}, {rowbytes} : i64"))
         })
         .collect();
-    if b.pdl && mr == 1 && n * k * esz <= GEMV_PREFETCH_MAX_BYTES && b.o.gemv_prefetch {
+    if b.pdl && mr == 1 && n * k * esz <= GEMV_PREFETCH_MAX_BYTES && b.o.gemv_prefetch && b.x_row_div.is_none() {
         // the weights do not depend on the previous kernel: while it finishes, thread j
         // prefetches this block's weight row j into L2 (one bulk prefetch), then waits.
         // Measured (bench/results/gemv-prefetch-*.json): SmolLM2 decode b1 +14%, but the 8B
@@ -233,7 +240,10 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
     };
     let xbase: Vec<String> = (0..mr)
         .map(|i| {
-            let row = if mr == 1 {
+            let row = if let (1, Some(dv)) = (mr, b.x_row_div) {
+                let c = b.ci64(dv as i64);
+                b.op(&format!("arith.divui {row0}, {c} : i64"))
+            } else if mr == 1 {
                 row0.clone()
             } else {
                 let ci = b.ci64(i as i64);
@@ -633,7 +643,7 @@ pub(crate) fn emit_l2_prefetch(b: &mut Body) {
 /// What [`emit_gemv`] takes for `mr` rows a block: K a multiple of 32, a tiling within the
 /// block's threads; the norm prologue (`o.norm`) and the gathered x (`o.gather_x`, 16-bit
 /// weights) at one row; the SwiGLU epilogue at one row with an even tiling.
-fn gemv_body_fits(k: usize, n: usize, wdtype: DType, mr: usize, o: Outer, swiglu: bool) -> Result<(), String> {
+pub(crate) fn gemv_body_fits(k: usize, n: usize, wdtype: DType, mr: usize, o: Outer, swiglu: bool) -> Result<(), String> {
     if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
