@@ -144,6 +144,27 @@ pub(crate) fn mla_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
     }
 }
 
+/// Lane `lane` (i64) < R/2 takes RoPE pair `lane` of an R-wide row of token `t` (opens `scf.if`;
+/// close it): (cos, sin) at pos[t] (YaRN's through `Body::yarn`) and the pair's two element
+/// indices in the row (interleaved: 2p, 2p + 1; else p, p + R/2).
+fn open_lane_pair(b: &mut Body, lane: &str, t: &str, r: usize, theta_bits: u32, interleaved: bool) -> (String, String, String, String) {
+    let half = b.ci64((r / 2) as i64);
+    let mine = b.op(&format!("arith.cmpi slt, {lane}, {half} : i64"));
+    b.line(&format!("scf.if {mine} {{"));
+    let p = b.load_i32_as_i64("%pos", t);
+    let (co, sn) = b.rope_cos_sin(lane, &p, r, theta_bits);
+    let (i0, i1) = if interleaved {
+        let c2 = b.ci64(2);
+        let a0 = b.op(&format!("arith.muli {lane}, {c2} : i64"));
+        let c1 = b.ci64(1);
+        let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
+        (a0, a1)
+    } else {
+        (lane.to_string(), b.op(&format!("arith.addi {lane}, {half} : i64")))
+    };
+    (co, sn, i0, i1)
+}
+
 /// [`KernelSpec::MlaQuery`]: token t = block y; warp output o < H·L is head o / L's output
 /// o % L — x's row (t, head) at its first NOPE values dotted with W's row o (`Body::lane_dot`),
 /// stored at y's row (t, head) — and o = H·L + head rotates that head's last R values into
@@ -179,19 +200,7 @@ fn emit_query(b: &mut Body, h: usize, nope: usize, r: usize, l: usize, wdtype: D
     {
         let hd = b.op(&format!("arith.subi {o}, {hl} : i64"));
         let row = b.op(&format!("arith.addi {th}, {hd} : i64"));
-        let half = b.ci64((r / 2) as i64);
-        let mine = b.op(&format!("arith.cmpi slt, {lane}, {half} : i64"));
-        b.line(&format!("scf.if {mine} {{"));
-        let p = b.load_i32_as_i64("%pos", &t);
-        let (co, sn) = b.rope_cos_sin(&lane, &p, r, theta_bits);
-        let (i0, i1) = if interleaved {
-            let c2 = b.ci64(2);
-            let a0 = b.op(&format!("arith.muli {lane}, {c2} : i64"));
-            let c1 = b.ci64(1);
-            (a0.clone(), b.op(&format!("arith.addi {a0}, {c1} : i64")))
-        } else {
-            (lane.clone(), b.op(&format!("arith.addi {lane}, {half} : i64")))
-        };
+        let (co, sn, i0, i1) = open_lane_pair(b, &lane, &t, r, theta_bits, interleaved);
         let xb = b.op(&format!("arith.muli {row}, {cxw} : i64"));
         let cn = b.ci64(nope as i64);
         let xb = b.op(&format!("arith.addi {xb}, {cn} : i64"));
@@ -253,22 +262,7 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
         b.line("}");
     }
     // the rotation pairs of the last R values
-    let half = r / 2;
-    let ch = b.ci64(half as i64);
-    let mine = b.op(&format!("arith.cmpi slt, {lane}, {ch} : i64"));
-    b.line(&format!("scf.if {mine} {{"));
-    let p = b.load_i32_as_i64("%pos", &t);
-    let (co, sn) = b.rope_cos_sin(&lane, &p, r, theta_bits);
-    let (i0, i1) = if interleaved {
-        let c2 = b.ci64(2);
-        let a0 = b.op(&format!("arith.muli {lane}, {c2} : i64"));
-        let c1 = b.ci64(1);
-        let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
-        (a0, a1)
-    } else {
-        let a1 = b.op(&format!("arith.addi {lane}, {ch} : i64"));
-        (lane.clone(), a1)
-    };
+    let (co, sn, i0, i1) = open_lane_pair(b, &lane, &t, r, theta_bits, interleaved);
     let (i0, i1) = (b.op(&format!("arith.addi {i0}, {cl} : i64")), b.op(&format!("arith.addi {i1}, {cl} : i64")));
     let x0 = b.op(&format!("arith.addi {base}, {i0} : i64"));
     let x0 = b.load("%x", &x0);

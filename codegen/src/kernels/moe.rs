@@ -104,6 +104,22 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
 /// words each at D = 2,048).
 pub const GROUPED_MAX_ROUNDS: usize = 8;
 
+/// Chunk `c` of a dense routing row (experts 32c.., the row at `rbase` of `%route`; `last` = E
+/// − 1, `ce` = E, `zero` = 0.0): lane l's expert 32c + l chosen (weight ≠ 0, inside E) and the
+/// warp's ballot of them — (32c, the lane's bit, the ballot).
+fn chosen_ballot(b: &mut Body, c: usize, lane: &str, rbase: &str, last: &str, ce: &str, zero: &str) -> (String, String, String) {
+    let cc = b.ci64(32 * c as i64);
+    let ei = b.op(&format!("arith.addi {lane}, {cc} : i64"));
+    let ec = b.op(&format!("arith.minsi {ei}, {last} : i64"));
+    let at = b.op(&format!("arith.addi {rbase}, {ec} : i64"));
+    let r = b.load("%route", &at);
+    let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
+    let inr = b.op(&format!("arith.cmpi slt, {ei}, {ce} : i64"));
+    let nz = b.op(&format!("arith.andi {nz}, {inr} : i1"));
+    let bal = b.ballot(&nz);
+    (cc, nz, bal)
+}
+
 /// Whether the routed experts' gate/up ([`KernelSpec::MoeGateUp`]) runs as the decode SwiGLU
 /// GEMV (`emit_gemv`: a block per (token, slot, tile of hidden units), its warps splitting D,
 /// x loaded once per block for all its gate and up rows) on the slot's expert's rows; else a
@@ -149,15 +165,7 @@ fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usiz
     let mut count = z32.clone();
     let mut expert = b.ci64(0);
     for c in 0..e.div_ceil(32) {
-        let cc = b.ci64(32 * c as i64);
-        let ei = b.op(&format!("arith.addi {lane}, {cc} : i64"));
-        let ec = b.op(&format!("arith.minsi {ei}, {last} : i64"));
-        let at = b.op(&format!("arith.addi {rbase}, {ec} : i64"));
-        let r = b.load("%route", &at);
-        let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
-        let inr = b.op(&format!("arith.cmpi slt, {ei}, {ce} : i64"));
-        let nz = b.op(&format!("arith.andi {nz}, {inr} : i1"));
-        let bal = b.ballot(&nz);
+        let (cc, nz, bal) = chosen_ballot(b, c, &lane, &rbase, &last, &ce, &zero);
         // (this lane's expert is the slot's when the chosen ones below it, here and in the
         // chunks before, number `slot`)
         let under = b.op(&format!("arith.andi {bal}, {below} : i32"));
@@ -480,16 +488,7 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     let mut acc = zero.clone();
     let last = b.ci64(e as i64 - 1);
     for c in 0..e.div_ceil(32) {
-        // the chunk's chosen experts (route != 0), a ballot bit each
-        let cc = b.ci64(32 * c as i64);
-        let ei = b.op(&format!("arith.addi {lane}, {cc} : i64"));
-        let ec = b.op(&format!("arith.minsi {ei}, {last} : i64"));
-        let at = b.op(&format!("arith.addi {rbase}, {ec} : i64"));
-        let r = b.load("%route", &at);
-        let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
-        let inr = b.op(&format!("arith.cmpi slt, {ei}, {ce} : i64"));
-        let nz = b.op(&format!("arith.andi {nz}, {inr} : i1"));
-        let bal = b.ballot(&nz);
+        let (cc, _, bal) = chosen_ballot(b, c, &lane, &rbase, &last, &ce, &zero);
         // over the set bits, lowest first (expert order)
         let (res, m_in, s_in, a_in) = (b.v(), b.v(), b.v(), b.v());
         b.line(&format!("{res}:3 = scf.while ({m_in} = {bal}, {s_in} = {slot}, {a_in} = {acc}) : (i32, i64, f32) -> (i32, i64, f32) {{"));
