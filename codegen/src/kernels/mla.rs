@@ -222,9 +222,10 @@ fn emit_query(b: &mut Body, h: usize, nope: usize, r: usize, l: usize, wdtype: D
 
 /// [`KernelSpec::MlaLatentCache`]: warp `row` takes token t's x row (L + R values): lane l
 /// holds x[l + 32 i] of the first L (loads clamped, the lanes past L contributing zero), their
-/// squares summed over the warp give 1 / rms, and each is stored as x · (1/rms) · g (the CPU
-/// executor's order) into pool row slot[t]; then lane p < R/2 rotates pair p of the last R
-/// (`Body::rope_cos_sin` at pos[t], YaRN's through `Body::yarn`) as `Body::rope_pair` does.
+/// squares summed over the warp give 1 / rms; lane p < R/2 rotates pair p of the last R
+/// (`Body::rope_cos_sin` at pos[t], YaRN's through `Body::yarn`) as `Body::rope_pair` does, and
+/// each normed value is stored as x · (1/rms) · g (the CPU executor's order) into pool row
+/// slot[t] — every load (x, g, the pair) ahead of the first store.
 fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32, interleaved: bool, kv: DType) -> Result<(), String> {
     let c = l + r;
     let (lane, base, _, _) = b.open_row(c, 4);
@@ -237,6 +238,8 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
     let zero = b.cf32(0.0);
     let last = b.ci64(l as i64 - 1);
     let cl = b.ci64(l as i64);
+    // (every load before the first store: a store may alias the next load, so a load placed
+    // after one waits its own round trip — 16 in a row at L = 512)
     let mut xs = vec![];
     let mut ss = zero.clone();
     for i in 0..l.div_ceil(32) {
@@ -247,21 +250,13 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
         let at = b.op(&format!("arith.addi {base}, {jc} : i64"));
         let x = b.load("%x", &at);
         let x = b.op(&format!("arith.select {inside}, {x}, {zero} : f32"));
+        let g = b.load("%g", &jc);
         ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
-        xs.push((j, jc, inside, x));
+        xs.push((j, inside, x, g));
     }
     let ss = b.warp_sum(&ss);
     let inv = b.inv_rms(&ss, l, eps);
-    for (j, jc, inside, x) in xs {
-        b.line(&format!("scf.if {inside} {{"));
-        let g = b.load("%g", &jc);
-        let y = b.op(&format!("arith.mulf {x}, {inv} : f32"));
-        let y = b.op(&format!("arith.mulf {y}, {g} : f32"));
-        let at = b.op(&format!("arith.addi {dst}, {j} : i64"));
-        b.store_kv(&y, "%cache", &at, kv)?;
-        b.line("}");
-    }
-    // the rotation pairs of the last R values
+    // the rotation pairs of the last R values (their loads ahead of the normed stores too)
     let (co, sn, i0, i1) = open_lane_pair(b, &lane, &t, r, theta_bits, interleaved);
     let (i0, i1) = (b.op(&format!("arith.addi {i0}, {cl} : i64")), b.op(&format!("arith.addi {i1}, {cl} : i64")));
     let x0 = b.op(&format!("arith.addi {base}, {i0} : i64"));
@@ -274,6 +269,14 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
         b.store_kv(&y, "%cache", &at, kv)?;
     }
     b.line("}");
+    for (j, inside, x, g) in xs {
+        b.line(&format!("scf.if {inside} {{"));
+        let y = b.op(&format!("arith.mulf {x}, {inv} : f32"));
+        let y = b.op(&format!("arith.mulf {y}, {g} : f32"));
+        let at = b.op(&format!("arith.addi {dst}, {j} : i64"));
+        b.store_kv(&y, "%cache", &at, kv)?;
+        b.line("}");
+    }
     b.line("}");
     Ok(())
 }
