@@ -194,6 +194,35 @@ pub(crate) struct Outer {
     pub(crate) qkv_in: Option<(usize, usize)>,
 }
 
+impl Body {
+    /// What the wrappers emitted so far ask of the kernel inside them ([`fits_in`]'s view of
+    /// this body's flags).
+    pub(crate) fn outer(&self) -> Outer {
+        Outer {
+            pdl: self.pdl,
+            norm: self.norm.is_some(),
+            gather_x: self.gather_x,
+            argmax_fold: self.argmax_fold,
+            act: self.act.is_some(),
+            tma: self.tma,
+            ws: self.ws,
+            split_k: self.split_k.is_some(),
+            attn_o: self.attn_o.is_some(),
+            attn_o_red: self.attn_o_red,
+            qkv_in: self.qkv_in.map(|(k, _, c)| (k, c)),
+        }
+    }
+}
+
+/// Whether [`Body::weight_elem`] reads `dtype`: plain floats and the GGUF blocks Q8_0, Q4_0,
+/// Q4_1.
+pub(crate) fn weight_elem_fits(dtype: DType) -> Result<(), String> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Ok(()),
+        other => Err(format!("{other} weights are not lowered yet")),
+    }
+}
+
 /// [`fits`] inside the wrappers `o` describes: the family's check.
 pub(crate) fn fits_in(spec: &KernelSpec, o: Outer) -> Result<(), String> {
     match family(spec) {
