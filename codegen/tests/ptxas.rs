@@ -299,6 +299,17 @@ fn fits_answers_as_the_emitters_do() {
     base.push(KernelSpec::MatMul { k: 100, n: 64, wdtype: DType::BF16, bias: false, residual: false });
     base.push(KernelSpec::MatMulPipe { k: 4096, n: 28672, wdtype: DType::BF16, bias: false, residual: false, bn: 128, stages: 4, overlap: true, a16: true, bm: 128 });
     base.push(KernelSpec::FlashAttention { h: 32, kvh: 8, d: 128, bs: 64, scale_bits: 0.088f32.to_bits(), kv: DType::BF16, warps: 4, mtiles: 1 });
+    // (the batched DeepSeek kernels on the tensor cores: 16-bit weights and K a multiple of 32
+    // fit, f32 weights or K of 20 do not)
+    for (d, inter, wdtype) in [(256, 64, DType::BF16), (256, 64, DType::F32), (256, 20, DType::BF16)] {
+        base.push(KernelSpec::MoeGateUpMma { d, inter, e: 8, top_k: 2, wdtype });
+        base.push(KernelSpec::MoeDownMma { d, inter, e: 8, top_k: 2, wdtype });
+    }
+    base.push(KernelSpec::MoeCombine { d: 36, e: 10, top_k: 3 });
+    for (k, wdtype) in [(512, DType::BF16), (512, DType::F32), (20, DType::F16)] {
+        base.push(KernelSpec::HeadMatMulMma { h: 4, k, n: 40, wdtype });
+    }
+    base.push(KernelSpec::MlaQueryMma { h: 4, nope: 32, r: 8, l: 40, wdtype: DType::BF16, theta_bits: 10000f32.to_bits(), interleaved: true, yarn: None });
     let mut tried = 0;
     let mut fit = 0;
     let mut check = |s: &KernelSpec| {

@@ -21,13 +21,22 @@ fn specs() -> Vec<KernelSpec> {
         v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype });
         v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype });
     }
-    v.push(KernelSpec::MoeGateUpGrouped { d: 2048, inter: 1408, e: 64, top_k: 6, wdtype: DType::BF16 });
+    for (d, inter, e, top_k, wdtype) in [(2048, 1408, 64, 6, DType::BF16), (7168, 2048, 256, 8, DType::BF16), (128, 64, 10, 2, DType::F16)] {
+        v.push(KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype });
+        v.push(KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype });
+    }
+    v.push(KernelSpec::MoeCombine { d: 2048, e: 64, top_k: 6 });
+    v.push(KernelSpec::MoeCombine { d: 36, e: 10, top_k: 3 });
     for (h, c, l, bs, kv) in [(16, 576, 512, 16, DType::BF16), (128, 576, 512, 64, DType::BF16), (4, 40, 32, 4, DType::F32)] {
         v.push(KernelSpec::MlaAttention { h, c, l, bs, scale_bits: 0.1352f32.to_bits(), kv });
     }
     for (h, k, n, wdtype) in [(16, 128, 512, DType::BF16), (16, 512, 128, DType::BF16), (1, 24, 96, DType::F32), (3, 20, 12, DType::F16)] {
         v.push(KernelSpec::HeadMatMul { h, k, n, wdtype });
     }
+    for (h, k, n, wdtype) in [(16, 512, 128, DType::BF16), (128, 512, 128, DType::BF16), (3, 64, 40, DType::F16)] {
+        v.push(KernelSpec::HeadMatMulMma { h, k, n, wdtype });
+    }
+    v.push(KernelSpec::MlaQueryMma { h: 16, nope: 128, r: 64, l: 512, wdtype: DType::BF16, theta_bits: 10000f32.to_bits(), interleaved: true, yarn: Some([40f32, 10.0, 23.0, 1.0].map(f32::to_bits)) });
     // (the latent row in one launch: V2-Lite's with YaRN into bf16, a tiny f32 one)
     v.push(KernelSpec::MlaLatentCache {
         l: 512,
@@ -72,7 +81,14 @@ fn deepseek_kernels_pass_ptxas() {
                 KernelSpec::MoeGateUp { .. } if matches!(s.launch(), dsc_codegen::Launch::OutputsPerBlock { .. }) => {
                     assert!(body.contains("vote.sync.ballot") && body.contains("bar.sync") && body.contains("shfl.sync.bfly"), "{}: the GEMV on the slot's expert", s.symbol());
                 }
-                KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpGrouped { .. } | KernelSpec::MoeDown { .. } | KernelSpec::HeadMatMul { .. } => {
+                // (the grouped experts: tokens gathered by ballots and `fns`, tensor-core MMAs,
+                // the warps' sums met in shared memory)
+                KernelSpec::MoeGateUpMma { .. } | KernelSpec::MoeDownMma { .. } => {
+                    for what in ["vote.sync.ballot", "fns.b32", "mma.sync.aligned.m16n8k16", "bar.sync"] {
+                        assert!(body.contains(what), "{}: {what}", s.symbol());
+                    }
+                }
+                KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } | KernelSpec::HeadMatMul { .. } => {
                     assert!(!body.contains("bar.sync") && !body.contains(".shared"), "{}: warp-level only", s.symbol());
                     assert!(body.contains("shfl.sync.bfly"), "{}: warp reductions", s.symbol());
                 }

@@ -383,6 +383,41 @@ fn deepseek_plans_lower_to_the_gpu() {
     }
 }
 
+/// With 16-bit weights (here a tiny fixture's, converted to bf16: D 64, I 32) the routed
+/// experts from 16 tokens run expert-major on the tensor cores: the gate/up's alternative reads
+/// x's bf16 copy, the down projection's writes the route-weighted partials
+/// `{experts}@splitk{top_k}`, and a combine step for those rows sums them into the node; below
+/// 16 tokens the per-token kernels run.
+#[test]
+fn bf16_routed_experts_go_expert_major_on_the_tensor_cores_from_16_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dsc_compiler::compile(&model_toml(dir.path(), &fixture("v3-tiny"), "\n[precision]\nweights = \"bf16\"\n")).unwrap();
+    let gpu = c.gpu.as_ref().expect("a GPU program");
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("v3-tiny").join("config.json")).unwrap()).unwrap();
+    let top_k = cfg["num_experts_per_tok"].as_u64().unwrap() as usize;
+    let moe_layers = (cfg["num_hidden_layers"].as_u64().unwrap() - cfg["first_k_dense_replace"].as_u64().unwrap()) as usize;
+    let kernel = |s: &dsc_runtime::plan::GpuStep, p: &str| s.kernel.as_deref().is_some_and(|k| k.starts_with(p));
+    let ups: Vec<_> = gpu.steps.iter().filter(|s| kernel(s, "moe_gate_up_")).collect();
+    assert_eq!(ups.len(), moe_layers);
+    for up in ups {
+        let alt = up.few.iter().find(|l| l.kernel.starts_with("moe_gate_up_mma_")).expect("the grouped gate/up");
+        assert_eq!(alt.min_rows, 16);
+        assert!(alt.args.as_ref().is_some_and(|a| a[0].ends_with("@bf16")), "x in 16 bits: {:?}", alt.args);
+    }
+    let downs: Vec<usize> = gpu.steps.iter().enumerate().filter(|(_, s)| kernel(s, "moe_down_")).map(|(i, _)| i).collect();
+    assert_eq!(downs.len(), moe_layers);
+    for i in downs {
+        let (down, next) = (&gpu.steps[i], &gpu.steps[i + 1]);
+        let alt = down.few.iter().find(|l| l.kernel.starts_with("moe_down_mma_")).expect("the grouped down projection");
+        let parts = format!("{}@splitk{top_k}", down.node);
+        assert_eq!(alt.args.as_ref().and_then(|a| a.last()), Some(&parts), "the partials");
+        assert!(kernel(next, "moe_combine_") && next.node == down.node && next.min_rows == Some(16) && next.args[0] == parts, "the combine after it: {next:?}");
+    }
+    // (f32 weights keep the per-token kernels only)
+    let f32c = dsc_compiler::compile(&model_toml(dir.path(), &fixture("v3-tiny"), "")).unwrap();
+    assert!(f32c.gpu.as_ref().unwrap().steps.iter().all(|s| !kernel(s, "moe_combine_") && s.few.iter().all(|l| !l.kernel.contains("_mma_"))));
+}
+
 /// `[tokenizer]` works for the DeepSeek family as for the llama one: a seeded V2-Lite shape
 /// served with SmolLM2's GGUF tokenizer (scripts/gpu-deepseek.sh), and a tokenizer larger
 /// than the model's vocabulary is an error naming model.toml.

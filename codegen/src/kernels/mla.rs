@@ -42,6 +42,7 @@ pub(crate) fn mla_symbol(spec: &KernelSpec) -> String {
     match spec {
         KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv } => format!("mla_attention_h{h}_c{c}_l{l}_bs{bs}_s{scale_bits:08x}{}", kv_suffix(*kv)),
         KernelSpec::HeadMatMul { h, k, n, wdtype } => format!("head_matmul_h{h}_k{k}_n{n}_{wdtype}"),
+        KernelSpec::HeadMatMulMma { h, k, n, wdtype } => format!("head_matmul_mma_h{h}_k{k}_n{n}_{wdtype}"),
         KernelSpec::MlaLatentCache { l, r, eps_bits, theta_bits, interleaved, yarn, kv } => format!(
             "mla_latent_cache_l{l}_r{r}_e{eps_bits:08x}_theta{}{}{}{}",
             f32::from_bits(*theta_bits),
@@ -49,8 +50,9 @@ pub(crate) fn mla_symbol(spec: &KernelSpec) -> String {
             yarn.map(|[f, lo, hi, m]| format!("_yarn{f:08x}_{lo:08x}_{hi:08x}_{m:08x}")).unwrap_or_default(),
             kv_suffix(*kv)
         ),
-        KernelSpec::MlaQuery { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } => format!(
-            "mla_query_h{h}_k{nope}_r{r}_l{l}_{wdtype}_theta{}{}{}",
+        KernelSpec::MlaQuery { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } | KernelSpec::MlaQueryMma { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } => format!(
+            "mla_query{}_h{h}_k{nope}_r{r}_l{l}_{wdtype}_theta{}{}{}",
+            if matches!(spec, KernelSpec::MlaQueryMma { .. }) { "_mma" } else { "" },
             f32::from_bits(*theta_bits),
             if *interleaved { "_interleaved" } else { "" },
             yarn.map(|[f, lo, hi, m]| format!("_yarn{f:08x}_{lo:08x}_{hi:08x}_{m:08x}")).unwrap_or_default()
@@ -67,6 +69,8 @@ pub(crate) fn mla_launch(spec: &KernelSpec) -> Launch {
         KernelSpec::HeadMatMul { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
         KernelSpec::MlaLatentCache { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         KernelSpec::MlaQuery { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
+        // (grid y = H: `rows` 1)
+        KernelSpec::HeadMatMulMma { .. } | KernelSpec::MlaQueryMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: HEAD_MMA_WARPS as u32 },
         other => unreachable!("{other:?} is not an mla kernel (kernels::family)"),
     }
 }
@@ -112,6 +116,22 @@ pub(crate) fn mla_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
+        KernelSpec::HeadMatMulMma { h, k, n, wdtype } => {
+            mla_fits(&KernelSpec::HeadMatMul { h: *h, k: *k, n: *n, wdtype: *wdtype })?;
+            if !matches!(wdtype, DType::BF16 | DType::F16) || k % 32 != 0 {
+                return Err(format!("the per-head tensor-core matmul takes 16-bit weights and K a multiple of 32 (K {k}, {wdtype})"));
+            }
+            Ok(())
+        }
+        KernelSpec::MlaQueryMma { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } => {
+            mla_fits(&KernelSpec::MlaQuery { h: *h, nope: *nope, r: *r, l: *l, wdtype: *wdtype, theta_bits: *theta_bits, interleaved: *interleaved, yarn: *yarn })?;
+            mla_fits(&KernelSpec::HeadMatMulMma { h: *h, k: *nope, n: *l, wdtype: *wdtype })?;
+            // (x's rows read in 16-byte pieces)
+            if (nope + r) % 4 != 0 {
+                return Err(format!("the batched fused query reads q's rows in 16-byte pieces (NOPE + R {})", nope + r));
+            }
+            Ok(())
+        }
         other => Err(format!("`{}` is not an mla kernel", other.symbol())),
     }
 }
@@ -133,6 +153,16 @@ pub(crate) fn mla_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             emit_query(b, *h, *nope, *r, *l, *wdtype, *theta_bits, *interleaved)?;
             b.yarn = None;
             Ok("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
+        }
+        KernelSpec::HeadMatMulMma { h, k, n, wdtype } => {
+            emit_head_mma(b, *h, *k, *n, *k, *n, *wdtype, None)?;
+            Ok("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %m: i64".into())
+        }
+        KernelSpec::MlaQueryMma { h, nope, r, l, wdtype, theta_bits, interleaved, yarn } => {
+            b.yarn = yarn.map(|y| y.map(f32::from_bits));
+            emit_head_mma(b, *h, *nope, *l, nope + r, l + r, *wdtype, Some((*r, *theta_bits, *interleaved)))?;
+            b.yarn = None;
+            Ok("%x: !llvm.ptr<1>, %w: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %m: i64".into())
         }
         KernelSpec::MlaLatentCache { l, r, eps_bits, theta_bits, interleaved, yarn, kv } => {
             b.yarn = yarn.map(|y| y.map(f32::from_bits));
@@ -163,6 +193,28 @@ fn open_lane_pair(b: &mut Body, lane: &str, t: &str, r: usize, theta_bits: u32, 
         (lane.to_string(), b.op(&format!("arith.addi {lane}, {half} : i64")))
     };
     (co, sn, i0, i1)
+}
+
+/// Lane `lane` < R/2 rotates RoPE pair `lane` (at token `t`'s position) of x's row `row`
+/// (width, start of the R values) into y's row `row` (width, start): the fused query's
+/// rotation of each head's last R values.
+#[allow(clippy::too_many_arguments)]
+fn rotate_row_tail(b: &mut Body, lane: &str, t: &str, row: &str, (xw, xs): (&str, usize), (yw, ys): (&str, usize), r: usize, theta_bits: u32, interleaved: bool) {
+    let (co, sn, i0, i1) = open_lane_pair(b, lane, t, r, theta_bits, interleaved);
+    let cxs = b.ci64(xs as i64);
+    let xb = b.op(&format!("arith.muli {row}, {xw} : i64"));
+    let xb = b.op(&format!("arith.addi {xb}, {cxs} : i64"));
+    let cys = b.ci64(ys as i64);
+    let yb = b.op(&format!("arith.muli {row}, {yw} : i64"));
+    let yb = b.op(&format!("arith.addi {yb}, {cys} : i64"));
+    let (a0, a1) = (b.op(&format!("arith.addi {xb}, {i0} : i64")), b.op(&format!("arith.addi {xb}, {i1} : i64")));
+    let (x0, x1) = (b.load("%x", &a0), b.load("%x", &a1));
+    let (y0, y1) = b.rotate_pair(&x0, &x1, &co, &sn);
+    for (y, i) in [(y0, i0), (y1, i1)] {
+        let at = b.op(&format!("arith.addi {yb}, {i} : i64"));
+        b.store(&y, "%y", &at);
+    }
+    b.line("}");
 }
 
 /// [`KernelSpec::MlaQuery`]: token t = block y; warp output o < H·L is head o / L's output
@@ -200,20 +252,7 @@ fn emit_query(b: &mut Body, h: usize, nope: usize, r: usize, l: usize, wdtype: D
     {
         let hd = b.op(&format!("arith.subi {o}, {hl} : i64"));
         let row = b.op(&format!("arith.addi {th}, {hd} : i64"));
-        let (co, sn, i0, i1) = open_lane_pair(b, &lane, &t, r, theta_bits, interleaved);
-        let xb = b.op(&format!("arith.muli {row}, {cxw} : i64"));
-        let cn = b.ci64(nope as i64);
-        let xb = b.op(&format!("arith.addi {xb}, {cn} : i64"));
-        let yb = b.op(&format!("arith.muli {row}, {cyw} : i64"));
-        let yb = b.op(&format!("arith.addi {yb}, {cl} : i64"));
-        let (a0, a1) = (b.op(&format!("arith.addi {xb}, {i0} : i64")), b.op(&format!("arith.addi {xb}, {i1} : i64")));
-        let (x0, x1) = (b.load("%x", &a0), b.load("%x", &a1));
-        let (y0, y1) = b.rotate_pair(&x0, &x1, &co, &sn);
-        for (y, i) in [(y0, i0), (y1, i1)] {
-            let at = b.op(&format!("arith.addi {yb}, {i} : i64"));
-            b.store(&y, "%y", &at);
-        }
-        b.line("}");
+        rotate_row_tail(b, &lane, &t, &row, (&cxw, nope), (&cyw, l), r, theta_bits, interleaved);
     }
     b.line("}");
     b.line("}");
@@ -495,6 +534,115 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
     Ok(())
 }
 
+/// Warps per block of the per-head tensor-core matmul (each its own 32-token passes).
+pub const HEAD_MMA_WARPS: usize = 4;
+
+/// [`KernelSpec::HeadMatMulMma`] (and the absorbed part of [`KernelSpec::MlaQueryMma`]): block
+/// (16 rows of head `by`'s W [N, K], head by); warp w takes the tokens in 32-token passes w, w
+/// + W, ... as the B tiles of the `mma.sync` GEMV ([`MmaTiles`], x in f32: row (t, head) of
+/// x, `xs` values apart, its first K) over all of K, and stores its D fragments at y's row (t,
+/// head), `ys` apart, its first N. With `rope` = (R, theta, interleaved) the block column past
+/// N's tiles rotates each head's last R values of x into y past N (a warp per token, lane p
+/// pair p, as `emit_query`). `%n` = N, `%m` = T.
+#[allow(clippy::too_many_arguments)]
+fn emit_head_mma(b: &mut Body, h: usize, k: usize, n: usize, xs: usize, ys: usize, wdtype: DType, rope: Option<(usize, u32, bool)>) -> Result<(), String> {
+    let f16 = wdtype == DType::F16;
+    let nw = HEAD_MMA_WARPS;
+    let nt = GEMV_MMA_ROWS / 8;
+    let steps = k / 32;
+    let unroll = 4.min(steps);
+    let (jloop, rounds) = split_k_schedule(steps, 1, 1, unroll);
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, hd, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let tiles_n = n.div_ceil(16);
+    // (constants both branches use, defined ahead of them)
+    let ch = b.ci64(h as i64);
+    let (cxs, cys, cn) = (b.ci64(xs as i64), b.ci64(ys as i64), b.ci64(n as i64));
+    if rope.is_some() {
+        let ct = b.ci64(tiles_n as i64);
+        let mm = b.op(&format!("arith.cmpi slt, {bx64}, {ct} : i64"));
+        b.line(&format!("scf.if {mm} {{"));
+    }
+    let (c1, c2, c4, c8, c16) = (b.ci64(1), b.ci64(2), b.ci64(4), b.ci64(8), b.ci64(16));
+    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let col0 = b.op(&format!("arith.muli {bx64}, {c16} : i64"));
+    let nlast = b.ci64(n as i64 - 1);
+    let mlast = b.op(&format!("arith.subi %m, {c1} : i64"));
+    let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
+    let hrow = b.op(&format!("arith.muli {hd}, {cn} : i64"));
+    let (r0, r8) = MmaTiles::row_offsets(b, &hrow, &col0, &g, &nlast, &e0, k, 0);
+    // the warp's passes: tokens p0.. p0 + 31
+    let c32 = b.ci64(32);
+    let p0w = b.op(&format!("arith.muli {warp64}, {c32} : i64"));
+    let p0w = b.op(&format!("arith.index_cast {p0w} : i64 to index"));
+    let m_i = b.op("arith.index_cast %m : i64 to index");
+    let stp = b.op(&format!("arith.constant {} : index", 32 * nw));
+    let p0 = b.v();
+    b.line(&format!("scf.for {p0} = {p0w} to {m_i} step {stp} {{"));
+    let p064 = b.idx64(&p0);
+    let (mut xoff, mut live) = (vec![], vec![]);
+    for j in 0..nt {
+        let cj = b.ci64(8 * j as i64);
+        let r0j = b.op(&format!("arith.addi {p064}, {cj} : i64"));
+        live.push(b.op(&format!("arith.cmpi slt, {r0j}, %m : i64")));
+        let t = b.op(&format!("arith.addi {r0j}, {g} : i64"));
+        let t = b.op(&format!("arith.minsi {t}, {mlast} : i64"));
+        let row = b.op(&format!("arith.muli {t}, {ch} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {hd} : i64"));
+        let o = b.op(&format!("arith.muli {row}, {cxs} : i64"));
+        let o = b.op(&format!("arith.addi {o}, {e0} : i64"));
+        xoff.push(b.op(&format!("arith.muli {o}, {c4} : i64")));
+    }
+    let tiles = MmaTiles { w: vec![("%w".to_string(), r0, r8)], x: xoff, live: live.clone(), x16: false, f16 };
+    let c0 = b.ci64(0);
+    let acc = b.split_k_rounds(4 * nt, jloop, rounds, unroll, &c0, 1, steps as i64, &|b: &mut Body, ss: &[String], acc: &[String]| tiles.steps(b, ss, acc, None));
+    // D fragment value i of tile j: W row col0 + g (+ 8 for i >= 2), token p0 + 8j + 2 tq + i % 2
+    let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    for j in 0..nt {
+        b.line(&format!("scf.if {} {{", live[j]));
+        for i in 0..4 {
+            let cr = b.ci64((8 * j + i % 2) as i64);
+            let tt = b.op(&format!("arith.addi {p064}, {t2} : i64"));
+            let tt = b.op(&format!("arith.addi {tt}, {cr} : i64"));
+            let cc = b.ci64(if i >= 2 { 8 } else { 0 });
+            let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let col = b.op(&format!("arith.addi {col}, {cc} : i64"));
+            let okr = b.op(&format!("arith.cmpi slt, {tt}, %m : i64"));
+            let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+            let ok = b.op(&format!("arith.andi {okr}, {okc} : i1"));
+            b.line(&format!("scf.if {ok} {{"));
+            let row = b.op(&format!("arith.muli {tt}, {ch} : i64"));
+            let row = b.op(&format!("arith.addi {row}, {hd} : i64"));
+            let yi = b.op(&format!("arith.muli {row}, {cys} : i64"));
+            let yi = b.op(&format!("arith.addi {yi}, {col} : i64"));
+            b.store(&acc[4 * j + i], "%y", &yi);
+            b.line("}");
+        }
+        b.line("}");
+    }
+    b.line("}");
+    if let Some((r, theta_bits, interleaved)) = rope {
+        b.line("} else {");
+        // the rotation block: warp w takes tokens w, w + W, ...
+        let w_i = b.op(&format!("arith.index_cast {warp64} : i64 to index"));
+        let m_i = b.op("arith.index_cast %m : i64 to index");
+        let stp = b.op(&format!("arith.constant {nw} : index"));
+        let tv = b.v();
+        b.line(&format!("scf.for {tv} = {w_i} to {m_i} step {stp} {{"));
+        let t = b.idx64(&tv);
+        let row = b.op(&format!("arith.muli {t}, {ch} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {hd} : i64"));
+        rotate_row_tail(b, &lane64, &t, &row, (&cxs, k), (&cys, n), r, theta_bits, interleaved);
+        b.line("}");
+        b.line("}");
+    }
+    Ok(())
+}
+
 /// [`KernelSpec::HeadMatMul`]: x [T, H, K] f32, W [H, N, K], y [T, H, N]; `%n` = H · N.
 fn emit_head_matmul(b: &mut Body, h: usize, k: usize, n: usize, wdtype: DType) -> Result<(), String> {
     let t = b.op("gpu.block_id y");
@@ -533,10 +681,37 @@ pub(crate) fn lower_head_matmul(cx: &NodeCx, args: Vec<String>, transpose_b: boo
     let (Some(h), Some(k), Some(n)) = (c(0, 1), c(0, 2), c(1, 1)) else {
         return Err(cx.err("head_matmul needs constant heads and widths"));
     };
-    let spec = KernelSpec::HeadMatMul { h, k, n, wdtype: cx.ops[1].ty.dtype };
+    let wdtype = cx.ops[1].ty.dtype;
+    let spec = KernelSpec::HeadMatMul { h, k, n, wdtype };
     mla_fits(&spec).map_err(|m| cx.err(m))?;
     let outs = Scalar::Const((h * n) as i64);
-    Ok(cx.step(spec, args, vec![outs.clone()], outs, Scalar::Dim(cx.name.to_string(), 0)))
+    let tokens = Scalar::Dim(cx.name.to_string(), 0);
+    let mut step = cx.step(spec, args, vec![outs.clone()], outs, tokens.clone());
+    // (batches: each head's W read once per 32 tokens, on the tensor cores)
+    let mma = KernelSpec::HeadMatMulMma { h, k, n, wdtype };
+    if mla_fits(&mma).is_ok() {
+        step.few = vec![head_mma_large(mma, n, h, tokens)];
+    }
+    Ok(step)
+}
+
+/// Fewest tokens from which the per-head matmuls (and the fused query) run on the tensor
+/// cores ([`KernelSpec::HeadMatMulMma`], [`KernelSpec::MlaQueryMma`]).
+pub const HEAD_MMA_MIN_ROWS: i64 = 8;
+
+/// The batched alternative `kernel` of a per-head step: `work` outputs of 16-row tiles a head
+/// (N, + 16 for the fused query's rotation column), grid y = H; scalars N and T.
+pub(crate) fn head_mma_large(kernel: KernelSpec, n: usize, h: usize, tokens: Scalar) -> crate::schedule::Large {
+    let work = if matches!(kernel, KernelSpec::MlaQueryMma { .. }) { n.div_ceil(16) * 16 + 16 } else { n };
+    crate::schedule::Large {
+        min_rows: HEAD_MMA_MIN_ROWS,
+        max_rows: None,
+        args: None,
+        kernel,
+        scalars: vec![Scalar::Const(n as i64), tokens],
+        work: Scalar::Const(work as i64),
+        grid_y: Scalar::Const(h as i64),
+    }
 }
 
 /// The lowering of `mla_attention` (q [T, H, C], latent cache [NB, BS, 1, C], pos, seq, block

@@ -311,8 +311,15 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => Family::Flash,
         KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => Family::Paged,
         KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => Family::Qkv,
-        KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpGrouped { .. } | KernelSpec::MoeDown { .. } => Family::Moe,
-        KernelSpec::MlaAttention { .. } | KernelSpec::HeadMatMul { .. } | KernelSpec::MlaLatentCache { .. } | KernelSpec::MlaQuery { .. } => Family::Mla,
+        KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpMma { .. } | KernelSpec::MoeDown { .. } | KernelSpec::MoeDownMma { .. } | KernelSpec::MoeCombine { .. } => {
+            Family::Moe
+        }
+        KernelSpec::MlaAttention { .. }
+        | KernelSpec::HeadMatMul { .. }
+        | KernelSpec::HeadMatMulMma { .. }
+        | KernelSpec::MlaLatentCache { .. }
+        | KernelSpec::MlaQuery { .. }
+        | KernelSpec::MlaQueryMma { .. } => Family::Mla,
     }
 }
 

@@ -17,12 +17,15 @@
 //!   `{node}@rows{top_k·I}`, then [`KernelSpec::MoeDown`] (a warp per (token, output n):
 //!   y[t, n] = Σ over the chosen experts, in expert order, of route[t, e] · (down_e[n] ·
 //!   h[t, slot])). The chosen experts are found from the dense routing row by warp ballots.
-//!   From [`GROUPED_MIN_ROWS`] tokens the gate/up runs expert-major instead
-//!   ([`KernelSpec::MoeGateUpGrouped`]: a warp per (expert, row) holding its two rows in
-//!   registers, applied to every token that chose the expert), so each chosen expert's gate
-//!   and up rows are read once per step; the down projection still reads them once per token,
-//!   and the grouped tensor-core GEMM over tokens permuted by expert (prefill, large batches)
-//!   is still to come.
+//!   From [`GROUPED_MIN_ROWS`] tokens (16-bit weights) both run expert-major on the tensor
+//!   cores instead ([`KernelSpec::MoeGateUpMma`], [`KernelSpec::MoeDownMma`]: a block per (16
+//!   weight rows, expert), the tokens that chose the expert gathered 32 at a time from the
+//!   routing column as the B tiles of the `mma.sync` GEMV ([`MmaTiles`]), so each chosen
+//!   expert's weights are read once per 32 of its tokens — the grouped GEMM over tokens
+//!   permuted by expert, the permutation found by each block from the routing weights rather
+//!   than a separate launch), the down projection into route-weighted partials per slot
+//!   (`{node}@splitk{top_k}`, part-major) that [`KernelSpec::MoeCombine`] sums per token in
+//!   expert order.
 
 use crate::kernels::*;
 use crate::schedule::{NodeCx, Scalar, Step};
@@ -49,7 +52,9 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => format!("moe_gate_up_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => format!("moe_down_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
-        KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype } => format!("moe_gate_up_grouped_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
+        KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } => format!("moe_gate_up_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
+        KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => format!("moe_down_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
+        KernelSpec::MoeCombine { d, e, top_k } => format!("moe_combine_e{e}_k{top_k}_d{d}"),
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
 }
@@ -60,7 +65,11 @@ pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MoeRoute { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         KernelSpec::MoeGateUp { d, inter, wdtype, .. } if gate_up_gemv(*d, *inter, *wdtype) => KernelSpec::SwiGluGemv { k: *d, f: *inter, wdtype: *wdtype }.launch(),
-        KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } | KernelSpec::MoeGateUpGrouped { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
+        KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
+        // (grid y = E: `rows` 1)
+        KernelSpec::MoeGateUpMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
+        KernelSpec::MoeDownMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
+        KernelSpec::MoeCombine { .. } => Launch::BlockPerRow { warps: MOE_COMBINE_WARPS as u32 },
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
 }
@@ -89,20 +98,22 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
-        KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype } => {
+        KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } | KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => {
             moe_fits(&KernelSpec::MoeGateUp { d: *d, inter: *inter, e: *e, top_k: *top_k, wdtype: *wdtype })?;
-            if !matches!(wdtype, DType::BF16 | DType::F16) || d % 256 != 0 || d / 256 > GROUPED_MAX_ROUNDS {
-                return Err(format!("the grouped gate/up keeps a warp's two 16-bit weight rows in registers: D a multiple of 256 up to {} (D {d}, {wdtype})", 256 * GROUPED_MAX_ROUNDS));
+            if !matches!(wdtype, DType::BF16 | DType::F16) || d % 32 != 0 || inter % 32 != 0 {
+                return Err(format!("the grouped tensor-core experts take 16-bit weights and D, I multiples of 32 (D {d}, I {inter}, {wdtype})"));
+            }
+            Ok(())
+        }
+        KernelSpec::MoeCombine { d, e, top_k } => {
+            if *d == 0 || *e == 0 || *top_k == 0 || top_k > e {
+                return Err(format!("empty routed-expert combine (D {d}, E {e}, top_k {top_k})"));
             }
             Ok(())
         }
         other => Err(format!("`{}` is not a moe kernel", other.symbol())),
     }
 }
-
-/// Most 256-element rounds of a row the grouped gate/up keeps in registers (two rows: 8 · 4
-/// words each at D = 2,048).
-pub const GROUPED_MAX_ROUNDS: usize = 8;
 
 /// Chunk `c` of a dense routing row (experts 32c.., the row at `rbase` of `%route`; `last` = E
 /// − 1, `ce` = E, `zero` = 0.0): lane l's expert 32c + l chosen (weight ≠ 0, inside E) and the
@@ -190,10 +201,12 @@ fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usiz
     emit_gemv(b, d, inter, wdtype, false, false, 1)
 }
 
-/// Fewest tokens from which the routed experts' gate/up runs expert-major
-/// ([`KernelSpec::MoeGateUpGrouped`]: each chosen expert's rows read once for all its tokens)
-/// instead of a block row per (token, chosen expert).
-pub const GROUPED_MIN_ROWS: i64 = 8;
+/// Fewest tokens from which the routed experts run expert-major on the tensor cores
+/// ([`KernelSpec::MoeGateUpMma`], [`KernelSpec::MoeDownMma`], [`KernelSpec::MoeCombine`]:
+/// each chosen expert's weights read once per 32 of its tokens) instead of per (token,
+/// chosen expert). Measured on the H200 (V2-Lite shape, tok/s, per-token / expert-major):
+/// b8 1,231 / 1,117, b16 1,409 / 1,752, b24 1,468 / 2,276.
+pub const GROUPED_MIN_ROWS: i64 = 16;
 
 /// The `moe` kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
 pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
@@ -215,9 +228,17 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             emit_experts(b, true, *d, *inter, *e, *top_k, *wdtype)?;
             Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %h: !llvm.ptr<1>, %n: i64".into())
         }
-        KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype } => {
-            emit_gate_up_grouped(b, *d, *inter, *e, *top_k, *wdtype)?;
-            Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %h: !llvm.ptr<1>, %n: i64, %rows: i64".into())
+        KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } => {
+            emit_moe_mma(b, true, *d, *inter, *e, *top_k, *wdtype)?;
+            Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %m: i64".into())
+        }
+        KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => {
+            emit_moe_mma(b, false, *d, *inter, *e, *top_k, *wdtype)?;
+            Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %m: i64".into())
+        }
+        KernelSpec::MoeCombine { d, e, top_k } => {
+            emit_moe_combine(b, *d, *e, *top_k);
+            Ok("%p: !llvm.ptr<1>, %route: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
         }
         KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => {
             emit_experts(b, false, *d, *inter, *e, *top_k, *wdtype)?;
@@ -555,133 +576,404 @@ fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     Ok(())
 }
 
-/// [`KernelSpec::MoeGateUpGrouped`]: warp (expert e = block y, row i); the tokens that chose
-/// e found by ballots over the routing column; if any, the warp's gate and up rows loaded once
-/// into registers and applied to each such token's x, h stored at the token's slot of e (the
-/// chosen experts of the token below e, counted by ballots over its routing row).
-fn emit_gate_up_grouped(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
-    let ex = b.op("gpu.block_id y");
-    let ex = b.idx64(&ex);
-    let (o, lane) = b.open_guarded_warp_output(MOE_WARPS);
-    let (ce, cd, ci) = (b.ci64(e as i64), b.ci64(d as i64), b.ci64(inter as i64));
+/// Warps per block of the grouped tensor-core experts ([`KernelSpec::MoeGateUpMma`],
+/// [`KernelSpec::MoeDownMma`]); they split K. Measured on the H200 (V2-Lite shape, b32 /
+/// b128 / prefill 512 tok/s): 8 warps 1,951 / 5,111 / 6,564, 4 warps 2,840 / 6,958 / 8,613,
+/// 2 warps 2,812 / 6,844 / 7,232 — a block's gather and epilogue are fixed costs, and
+/// smaller blocks (4 resident a SM) overlap them with each other's weight streams.
+pub const MOE_MMA_WARPS: usize = 4;
+/// Rounds of 32 candidate tokens whose routing weights the grouped experts' gather loads at once.
+const GATHER_ROUNDS: usize = 4;
+
+/// `fns.b32`: the bit position of the `nth` (1-based, i32) set bit of the i32 `mask`
+/// (0xffffffff when it has fewer).
+fn nth_set_bit(b: &mut Body, mask: &str, nth: &str) -> String {
+    b.op(&format!("llvm.inline_asm \"fns.b32 $0, $1, 0, $2;\", \"=r,r,r\" {mask}, {nth} : (i32, i32) -> i32"))
+}
+
+/// The chosen experts below expert `ex` (i64) in routing row `tok` (i64) of an E-wide dense
+/// routing `%route`: the slot of `ex` in the token's expert-order list (i32). One lane's own
+/// walk over the whole row, unrolled: 16-byte loads where E is a multiple of 4, issued 16 at
+/// a time before any is compared (a loop waiting for each load in turn cost ~16 round trips).
+fn slot_below(b: &mut Body, tok: &str, ex: &str, e: usize) -> String {
+    let ce = b.ci64(e as i64);
+    let rb = b.op(&format!("arith.muli {tok}, {ce} : i64"));
     let zero = b.cf32(0.0);
-    let rows_i = b.op("arith.index_cast %rows : i64 to index");
-    let (c0i, c32i) = (b.op("arith.constant 0 : index"), b.op("arith.constant 32 : index"));
-    let rlast = b.ci64(-1);
-    let rlast = b.op(&format!("arith.addi %rows, {rlast} : i64"));
-    // the ballot of the tokens tc.. tc+31 that chose e
-    let chose = |b: &mut Body, tc: &str| -> String {
-        let t = b.op(&format!("arith.addi {tc}, {lane} : i64"));
-        let inr = b.op(&format!("arith.cmpi slt, {t}, %rows : i64"));
-        let tcl = b.op(&format!("arith.minsi {t}, {rlast} : i64"));
-        let at = b.op(&format!("arith.muli {tcl}, {ce} : i64"));
-        let at = b.op(&format!("arith.addi {at}, {ex} : i64"));
-        let r = b.load("%route", &at);
-        let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
-        let nz = b.op(&format!("arith.andi {nz}, {inr} : i1"));
-        b.ballot(&nz)
-    };
-    // any token at all? (then the rows are worth loading)
-    let (anyr, tc, acc) = (b.v(), b.v(), b.v());
-    let z32 = b.op("arith.constant 0 : i32");
-    b.line(&format!("{anyr} = scf.for {tc} = {c0i} to {rows_i} step {c32i} iter_args({acc} = {z32}) -> (i32) {{"));
-    let tc64 = b.idx64(&tc);
-    let bal = chose(b, &tc64);
-    let acc2 = b.op(&format!("arith.ori {acc}, {bal} : i32"));
-    b.line(&format!("scf.yield {acc2} : i32"));
-    b.line("}");
-    let any = b.op(&format!("arith.cmpi ne, {anyr}, {z32} : i32"));
-    b.line(&format!("scf.if {any} {{"));
-    // the warp's gate and up rows: lane holds 8-element chunks lane + 32 r
-    let rounds = d / 256;
-    let row = b.op(&format!("arith.muli {ex}, {ci} : i64"));
-    let row = b.op(&format!("arith.addi {row}, {o} : i64"));
-    let woff = b.op(&format!("arith.muli {row}, {cd} : i64"));
-    let c8 = b.ci64(8);
-    let c2 = b.ci64(2);
-    let c4 = b.ci64(4);
-    let mut chunk_el = vec![];
-    let (mut gw, mut uw) = (vec![], vec![]);
-    for r in 0..rounds {
-        let cr = b.ci64(32 * r as i64);
-        let c = b.op(&format!("arith.addi {lane}, {cr} : i64"));
-        let el = b.op(&format!("arith.muli {c}, {c8} : i64"));
-        let we = b.op(&format!("arith.addi {woff}, {el} : i64"));
-        let wb = b.op(&format!("arith.muli {we}, {c2} : i64"));
-        gw.push(b.load_vec("%wg", &wb, 4, "i32", 16));
-        uw.push(b.load_vec("%wu", &wb, 4, "i32", 16));
-        chunk_el.push(el);
-    }
-    let gs: Vec<Vec<String>> = gw.iter().map(|w| b.half_words(w, wdtype)).collect();
-    let us: Vec<Vec<String>> = uw.iter().map(|w| b.half_words(w, wdtype)).collect();
-    let tc2 = b.v();
-    b.line(&format!("scf.for {tc2} = {c0i} to {rows_i} step {c32i} {{"));
-    let tcb = b.idx64(&tc2);
-    let bal = chose(b, &tcb);
-    let (res, m_in) = (b.v(), b.v());
-    b.line(&format!("{res} = scf.while ({m_in} = {bal}) : (i32) -> i32 {{"));
-    let more = b.op(&format!("arith.cmpi ne, {m_in}, {z32} : i32"));
-    b.line(&format!("scf.condition({more}) {m_in} : i32"));
-    b.line("} do {");
-    let m = b.v();
-    b.line(&format!("^bb0({m}: i32):"));
-    let (low, bit) = b.lowest_bit(&m);
-    let t = b.op(&format!("arith.addi {tcb}, {bit} : i64"));
-    // g and u for token t
-    let xrow = b.op(&format!("arith.muli {t}, {cd} : i64"));
-    let (mut gp, mut up) = (zero.clone(), zero.clone());
-    for (r, el) in chunk_el.iter().enumerate() {
-        let xe = b.op(&format!("arith.addi {xrow}, {el} : i64"));
-        let xb = b.op(&format!("arith.muli {xe}, {c4} : i64"));
-        let xs = b.load_f32s("%x", &xb, 8);
-        for (k, xv) in xs.iter().enumerate() {
-            gp = b.op(&format!("llvm.intr.fma({}, {xv}, {gp}) : (f32, f32, f32) -> f32", gs[r][k]));
-            up = b.op(&format!("llvm.intr.fma({}, {xv}, {up}) : (f32, f32, f32) -> f32", us[r][k]));
+    let w = if e % 4 == 0 { 4 } else { 1 };
+    let mut slot = b.op("arith.constant 0 : i32");
+    let loads: Vec<usize> = (0..e / w).collect();
+    for group in loads.chunks(16) {
+        let vals: Vec<Vec<String>> = group
+            .iter()
+            .map(|&q| {
+                let cq = b.ci64((q * w) as i64);
+                let at = b.op(&format!("arith.addi {rb}, {cq} : i64"));
+                if w == 4 {
+                    let c4 = b.ci64(4);
+                    let bo = b.op(&format!("arith.muli {at}, {c4} : i64"));
+                    b.load_vec("%route", &bo, 4, "f32", 16)
+                } else {
+                    vec![b.load("%route", &at)]
+                }
+            })
+            .collect();
+        for (&q, vs) in group.iter().zip(&vals) {
+            for (i, v) in vs.iter().enumerate() {
+                let idx = b.ci64((q * w + i) as i64);
+                let below = b.op(&format!("arith.cmpi slt, {idx}, {ex} : i64"));
+                let nz = b.op(&format!("arith.cmpf une, {v}, {zero} : f32"));
+                let both = b.op(&format!("arith.andi {below}, {nz} : i1"));
+                let one = b.op(&format!("arith.extui {both} : i1 to i32"));
+                slot = b.op(&format!("arith.addi {slot}, {one} : i32"));
+            }
         }
     }
-    let g = b.warp_sum(&gp);
-    let u = b.warp_sum(&up);
-    let sg = b.sigmoid(&g);
-    let sg = b.op(&format!("arith.mulf {g}, {sg} : f32"));
-    let hv = b.op(&format!("arith.mulf {sg}, {u} : f32"));
-    // the token's slot of e: its chosen experts below e
-    let rb = b.op(&format!("arith.muli {t}, {ce} : i64"));
-    let last = b.ci64(e as i64 - 1);
-    let mut slot = b.op("arith.constant 0 : i32");
-    for c in 0..e.div_ceil(32) {
-        let cc = b.ci64(32 * c as i64);
-        let idx = b.op(&format!("arith.addi {lane}, {cc} : i64"));
-        let below = b.op(&format!("arith.cmpi slt, {idx}, {ex} : i64"));
-        let idc = b.op(&format!("arith.minsi {idx}, {last} : i64"));
-        let at = b.op(&format!("arith.addi {rb}, {idc} : i64"));
-        let rv = b.load("%route", &at);
-        let nz = b.op(&format!("arith.cmpf une, {rv}, {zero} : f32"));
-        let nz = b.op(&format!("arith.andi {nz}, {below} : i1"));
-        let bl = b.ballot(&nz);
-        let n = b.popc(&bl);
-        slot = b.op(&format!("arith.addi {slot}, {n} : i32"));
+    slot
+}
+
+/// `gpu.shuffle idx` of the i32 `v` from lane `src` (i32)
+fn shuffle_i32(b: &mut Body, v: &str, src: &str) -> String {
+    let w32 = b.op("arith.constant 32 : i32");
+    let (r, ok) = (b.v(), b.v());
+    b.line(&format!("{r}, {ok} = gpu.shuffle idx {v}, {src}, {w32} : i32"));
+    r
+}
+
+/// The grouped routed experts on the tensor cores ([`KernelSpec::MoeGateUpMma`] when
+/// `gate_up`, else [`KernelSpec::MoeDownMma`]): block (16 rows of expert e = block y's
+/// weights, its [`MOE_MMA_WARPS`] warps splitting K). Its tokens — those whose routing row chose e — are
+/// gathered in passes of up to 32 by ballots over the routing column (every warp alike: lane
+/// l holds the l-th token, found with `fns`), each pass the `mma.sync` GEMV of
+/// [`MmaTiles`] with those tokens' rows as the B tiles (x in 16 bits for the gate/up, the f32
+/// h rows at the token's slot of e for the down projection), the warps' sums met in shared
+/// memory and stored by warp 0: h[t, slot, i] = silu(g)·u, or the route-weighted partial
+/// p[slot, t, n] = route[t, e] · (down_e[n] · h[t, slot]) that [`KernelSpec::MoeCombine`]
+/// sums. A token's slot is its chosen experts below e (expert order, as the CPU executor
+/// sums). Each expert's weights are read once per pass: once per step up to 32 tokens an
+/// expert (batch 32: ~3 each), and experts no token chose cost a scan of the column.
+fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
+    let f16 = wdtype == DType::F16;
+    let k = if gate_up { d } else { inter };
+    // (A tiles: the gate's and the up's 16 rows, or 16 rows of the down projection — 32 rows
+    // there, in two tiles, measured slower: b32 5.0 -> 6.7 ms a step)
+    let (nw, nt, na) = (MOE_MMA_WARPS, GEMV_MMA_ROWS / 8, if gate_up { 2 } else { 1 });
+    let rows = 16;
+    let per = 4 * nt * na;
+    let steps = k / 32;
+    // (K steps a warp's loop iteration loads: 4 weight rows' 16 bytes each a lane)
+    let unroll = 4 / na;
+    let (jloop, rounds) = split_k_schedule(steps, 1, nw, unroll);
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
+    b.workgroup = Some(format!("%red : {smt}"));
+    if b.pdl {
+        b.wait_for_previous();
     }
-    let slot = b.op(&format!("arith.extui {slot} : i32 to i64"));
-    let c0 = b.ci64(0);
-    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
-    let ctk = b.ci64(top_k as i64);
-    let fits = b.op(&format!("arith.cmpi slt, {slot}, {ctk} : i64"));
-    let w = b.op(&format!("arith.andi {l0}, {fits} : i1"));
-    b.line(&format!("scf.if {w} {{"));
-    let hi = b.op(&format!("arith.muli {t}, {ctk} : i64"));
-    let hi = b.op(&format!("arith.addi {hi}, {slot} : i64"));
-    let hi = b.op(&format!("arith.muli {hi}, {ci} : i64"));
-    let hi = b.op(&format!("arith.addi {hi}, {o} : i64"));
-    b.store(&hv, "%h", &hi);
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, ex, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let lane32 = b.op(&format!("arith.trunci {lane64} : i64 to i32"));
+    let (c1, c2, c4, c8) = (b.ci64(1), b.ci64(2), b.ci64(4), b.ci64(8));
+    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let crows = b.ci64(rows as i64);
+    let col0 = b.op(&format!("arith.muli {bx64}, {crows} : i64"));
+    let nlast = b.op(&format!("arith.subi %n, {c1} : i64"));
+    let mlast = b.op(&format!("arith.subi %m, {c1} : i64"));
+    let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
+    // this lane's weight rows g and g + 8 of the expert's tile (row stride K 16-bit values)
+    let cre = b.ci64(if gate_up { inter } else { d } as i64);
+    let erow = b.op(&format!("arith.muli {ex}, {cre} : i64"));
+    let rowoff = |b: &mut Body, dd: i64| MmaTiles::row_offsets(b, &erow, &col0, &g, &nlast, &e0, k, dd);
+    let (r0, r8) = rowoff(b, 0);
+    let a_tiles: Vec<(String, String, String)> = if gate_up { vec![("%wg".into(), r0.clone(), r8.clone()), ("%wu".into(), r0, r8)] } else { vec![("%w".into(), r0, r8)] };
+    let ce = b.ci64(e as i64);
+    let zero = b.cf32(0.0);
+    let (z32, one32, c32x) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 1 : i32"), b.op("arith.constant 32 : i32"));
+    let (c0, neg1, c32) = (b.ci64(0), b.ci64(-1), b.ci64(32));
+    // gather from token `start`: (the next pass's start, the count, the lane's token)
+    let gather = |b: &mut Body, start: &str| -> (String, String, String) {
+        // gather: GATHER_ROUNDS rounds of 32 candidates an iteration (their routing weights loaded
+        // first), until 32 tokens or the end
+        let (gr, gc, gn, gt) = (b.v(), b.v(), b.v(), b.v());
+        b.line(&format!("{gr}:3 = scf.while ({gc} = {start}, {gn} = {z32}, {gt} = {neg1}) : (i64, i32, i64) -> (i64, i32, i64) {{"));
+        let room = b.op(&format!("arith.cmpi slt, {gn}, {c32x} : i32"));
+        let cands = b.op(&format!("arith.cmpi slt, {gc}, %m : i64"));
+        let go = b.op(&format!("arith.andi {room}, {cands} : i1"));
+        b.line(&format!("scf.condition({go}) {gc}, {gn}, {gt} : i64, i32, i64"));
+        b.line("} do {");
+        let (c, cnt0, tk0) = (b.v(), b.v(), b.v());
+        b.line(&format!("^bb0({c}: i64, {cnt0}: i32, {tk0}: i64):"));
+        let nz: Vec<String> = (0..GATHER_ROUNDS)
+            .map(|q| {
+                let cq = b.ci64(32 * q as i64);
+                let cand = b.op(&format!("arith.addi {c}, {cq} : i64"));
+                let cand = b.op(&format!("arith.addi {cand}, {lane64} : i64"));
+                let inr = b.op(&format!("arith.cmpi slt, {cand}, %m : i64"));
+                let cl = b.op(&format!("arith.minsi {cand}, {mlast} : i64"));
+                let at = b.op(&format!("arith.muli {cl}, {ce} : i64"));
+                let at = b.op(&format!("arith.addi {at}, {ex} : i64"));
+                let r = b.load("%route", &at);
+                let nz = b.op(&format!("arith.cmpf une, {r}, {zero} : f32"));
+                b.op(&format!("arith.andi {nz}, {inr} : i1"))
+            })
+            .collect();
+        let f = b.op("arith.constant false");
+        let (mut cnt, mut tk, mut cn, mut stopped) = (cnt0.clone(), tk0.clone(), c.clone(), f);
+        for (q, nzq) in nz.iter().enumerate() {
+            let bal = b.ballot(nzq);
+            let n = b.popc(&bal);
+            let space = b.op(&format!("arith.subi {c32x}, {cnt} : i32"));
+            let take = b.op(&format!("arith.minui {n}, {space} : i32"));
+            let take = b.op(&format!("arith.select {stopped}, {z32}, {take} : i32"));
+            // (lane l takes the (l - cnt)-th chosen candidate of the round)
+            let kk = b.op(&format!("arith.subi {lane32}, {cnt} : i32"));
+            let k_ge = b.op(&format!("arith.cmpi sge, {kk}, {z32} : i32"));
+            let k_lt = b.op(&format!("arith.cmpi slt, {kk}, {take} : i32"));
+            let mine = b.op(&format!("arith.andi {k_ge}, {k_lt} : i1"));
+            let kp = b.op(&format!("arith.maxsi {kk}, {z32} : i32"));
+            let kp = b.op(&format!("arith.addi {kp}, {one32} : i32"));
+            // (0xffffffff where the lane takes none: its token is then not used)
+            let pos = nth_set_bit(b, &bal, &kp);
+            let pos64 = b.op(&format!("arith.extui {pos} : i32 to i64"));
+            let cq = b.ci64(32 * q as i64);
+            let base = b.op(&format!("arith.addi {c}, {cq} : i64"));
+            let tokn = b.op(&format!("arith.addi {base}, {pos64} : i64"));
+            tk = b.op(&format!("arith.select {mine}, {tokn}, {tk} : i64"));
+            // (a round with more than fit: the next pass starts at the first one left; else past
+            // the round, unless an earlier round stopped)
+            let more = b.op(&format!("arith.cmpi ult, {take}, {n} : i32"));
+            let t1 = b.op(&format!("arith.addi {take}, {one32} : i32"));
+            let stop = nth_set_bit(b, &bal, &t1);
+            let stop = b.op(&format!("arith.extui {stop} : i32 to i64"));
+            let stop = b.op(&format!("arith.addi {base}, {stop} : i64"));
+            let past = b.op(&format!("arith.addi {base}, {c32} : i64"));
+            let here = b.op(&format!("arith.select {more}, {stop}, {past} : i64"));
+            cn = b.op(&format!("arith.select {stopped}, {cn}, {here} : i64"));
+            stopped = b.op(&format!("arith.ori {stopped}, {more} : i1"));
+            cnt = b.op(&format!("arith.addi {cnt}, {take} : i32"));
+        }
+        b.line(&format!("scf.yield {cn}, {cnt}, {tk} : i64, i32, i64"));
+        b.line("}");
+        (format!("{gr}#0"), format!("{gr}#1"), format!("{gr}#2"))
+    };
+    // a pass over `count` gathered tokens (lane l's `tok`)
+    let pass = |b: &mut Body, count: &str, tok: &str| {
+        // the lane's token (lanes past the count take entry 0's: read, never stored), its slot
+        // of e and (down) its routing weight
+        let valid = b.op(&format!("arith.cmpi slt, {lane32}, {count} : i32"));
+        let tok32 = b.op(&format!("arith.trunci {tok} : i64 to i32"));
+        let t0 = shuffle_i32(b, &tok32, &z32);
+        let tokc32 = b.op(&format!("arith.select {valid}, {tok32}, {t0} : i32"));
+        let tokc = b.op(&format!("arith.extui {tokc32} : i32 to i64"));
+        // (the gate/up needs it only to store: warp 0 finds it after the K loop)
+        let slot_early = (!gate_up).then(|| slot_below(b, &tokc, &ex, e));
+        let wt = (!gate_up).then(|| {
+            let at = b.op(&format!("arith.muli {tokc}, {ce} : i64"));
+            let at = b.op(&format!("arith.addi {at}, {ex} : i64"));
+            b.load("%route", &at)
+        });
+        // the B tiles: entry 8j + g's x row (gate/up: x [T, D] in 16 bits; down: h [T, top_k, I] f32 at the slot)
+        let g32 = b.op(&format!("arith.trunci {g} : i64 to i32"));
+        let (mut xoff, mut live) = (vec![], vec![]);
+        for j in 0..nt {
+            let cj = b.op(&format!("arith.constant {} : i32", 8 * j));
+            live.push(b.op(&format!("arith.cmpi slt, {cj}, {count} : i32")));
+            let ej = b.op(&format!("arith.addi {cj}, {g32} : i32"));
+            let tj = shuffle_i32(b, &tokc32, &ej);
+            let tj = b.op(&format!("arith.extui {tj} : i32 to i64"));
+            let (row, rowbytes, esz) = if gate_up {
+                (tj, d * 2, c2.clone())
+            } else {
+                let sj = shuffle_i32(b, slot_early.as_ref().expect("down: the slot"), &ej);
+                let sj = b.op(&format!("arith.extui {sj} : i32 to i64"));
+                let ck = b.ci64(top_k as i64);
+                let hr = b.op(&format!("arith.muli {tj}, {ck} : i64"));
+                (b.op(&format!("arith.addi {hr}, {sj} : i64")), inter * 4, c4.clone())
+            };
+            let crb = b.ci64(rowbytes as i64);
+            let o = b.op(&format!("arith.muli {row}, {crb} : i64"));
+            let eo = b.op(&format!("arith.muli {e0}, {esz} : i64"));
+            xoff.push(b.op(&format!("arith.addi {o}, {eo} : i64")));
+        }
+        let tiles = MmaTiles { w: a_tiles.clone(), x: xoff, live: live.clone(), x16: gate_up, f16 };
+        // (the first round's weights loaded ahead of the gather, under PDL before the wait,
+        // measured slower: b32 gate/up 8.3 -> 9.6 ms a step)
+        let acc = b.split_k_rounds(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &|b: &mut Body, ss: &[String], acc: &[String]| tiles.steps(b, ss, acc, None));
+        // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
+        MmaTiles::meet_in_shared(b, &acc, &warp, &lane, per, &smt);
+        let slot32 = match &slot_early {
+            Some(s) => s.clone(),
+            None => slot_below(b, &tokc, &ex, e),
+        };
+        let total = |b: &mut Body, a: usize| MmaTiles::warps_total(b, &acc[a], a, nw, per, &lane, &smt);
+        let tq32 = b.op(&format!("arith.trunci {tq} : i64 to i32"));
+        let two32 = b.op("arith.constant 2 : i32");
+        let t2 = b.op(&format!("arith.muli {tq32}, {two32} : i32"));
+        let ctk = b.ci64(top_k as i64);
+        for j in 0..nt {
+            b.line(&format!("scf.if {} {{", live[j]));
+            for i in 0..4 {
+                // D fragment value i: weight row col0 + 16 a + g (+ 8 for i >= 2) of A tile a,
+                // entry 8j + 2 tq + i % 2
+                let ce_ = b.op(&format!("arith.constant {} : i32", 8 * j + i % 2));
+                let r = b.op(&format!("arith.addi {t2}, {ce_} : i32"));
+                let tr = shuffle_i32(b, &tokc32, &r);
+                let tr = b.op(&format!("arith.extui {tr} : i32 to i64"));
+                let sr = shuffle_i32(b, &slot32, &r);
+                let sr = b.op(&format!("arith.extui {sr} : i32 to i64"));
+                let okr = b.op(&format!("arith.cmpi slt, {r}, {count} : i32"));
+                let oks = b.op(&format!("arith.cmpi slt, {sr}, {ctk} : i64"));
+                let okrs = b.op(&format!("arith.andi {okr}, {oks} : i1"));
+                let wr = (!gate_up).then(|| {
+                    let (wr, okv) = (b.v(), b.v());
+                    let w32 = b.op("arith.constant 32 : i32");
+                    b.line(&format!("{wr}, {okv} = gpu.shuffle idx {}, {r}, {w32} : f32", wt.as_ref().expect("down: the routing weight")));
+                    wr
+                });
+                // (gate/up: silu(gate) · up; down: route-weighted)
+                for o in 0..(if gate_up { 1 } else { na }) {
+                    let cc = b.ci64(16 * o as i64 + if i >= 2 { 8 } else { 0 });
+                    let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+                    let col = b.op(&format!("arith.addi {col}, {cc} : i64"));
+                    let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+                    let ok = b.op(&format!("arith.andi {okrs}, {okc} : i1"));
+                    let val = match &wr {
+                        None => {
+                            let gv = total(b, 4 * j + i);
+                            let uv = total(b, 4 * nt + 4 * j + i);
+                            let sg = b.sigmoid(&gv);
+                            let sg = b.op(&format!("arith.mulf {gv}, {sg} : f32"));
+                            b.op(&format!("arith.mulf {sg}, {uv} : f32"))
+                        }
+                        Some(wr) => {
+                            let v = total(b, o * 4 * nt + 4 * j + i);
+                            b.op(&format!("arith.mulf {v}, {wr} : f32"))
+                        }
+                    };
+                    b.line(&format!("scf.if {ok} {{"));
+                    let at = if gate_up {
+                        let hi = b.op(&format!("arith.muli {tr}, {ctk} : i64"));
+                        let hi = b.op(&format!("arith.addi {hi}, {sr} : i64"));
+                        let ci = b.ci64(inter as i64);
+                        let hi = b.op(&format!("arith.muli {hi}, {ci} : i64"));
+                        b.op(&format!("arith.addi {hi}, {col} : i64"))
+                    } else {
+                        let pi = b.op(&format!("arith.muli {sr}, %m : i64"));
+                        let pi = b.op(&format!("arith.addi {pi}, {tr} : i64"));
+                        let cd = b.ci64(d as i64);
+                        let pi = b.op(&format!("arith.muli {pi}, {cd} : i64"));
+                        b.op(&format!("arith.addi {pi}, {col} : i64"))
+                    };
+                    b.store(&val, "%y", &at);
+                    b.line("}");
+                }
+            }
+            b.line("}");
+        }
+        b.line("}");
+        // (the next pass reuses the shared memory)
+        b.line("gpu.barrier");
+    };
+    // the passes: from token 0 until every candidate is gathered
+    let (pres, cur) = (b.v(), b.v());
+    b.line(&format!("{pres} = scf.while ({cur} = {c0}) : (i64) -> i64 {{"));
+    let left = b.op(&format!("arith.cmpi slt, {cur}, %m : i64"));
+    b.line(&format!("scf.condition({left}) {cur} : i64"));
+    b.line("} do {");
+    let cur2 = b.v();
+    b.line(&format!("^bb0({cur2}: i64):"));
+    let (next, count, tok) = gather(b, &cur2);
+    let any = b.op(&format!("arith.cmpi sgt, {count}, {z32} : i32"));
+    b.line(&format!("scf.if {any} {{"));
+    pass(b, &count, &tok);
     b.line("}");
-    let m2 = b.op(&format!("arith.xori {m}, {low} : i32"));
-    b.line(&format!("scf.yield {m2} : i32"));
-    b.line("}");
-    b.line("}");
-    b.line("}");
+    b.line(&format!("scf.yield {next} : i64"));
     b.line("}");
     Ok(())
 }
+
+/// [`KernelSpec::MoeCombine`]: a block per token; y[t, n] = the sum of the token's route-weighted
+/// partials p[s, t, n] over its chosen experts' slots s (in expert order; a row that chose
+/// fewer than `top_k` — disabled experts — leaves the last slots unwritten and unread). The
+/// count by ballots over the routing row.
+fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize) {
+    let row = b.op("gpu.block_id x");
+    let row = b.idx64(&row);
+    let t = b.op("gpu.thread_id x");
+    let (lane, _) = b.lane_warp(&t);
+    let lane = b.idx64(&lane);
+    let t64 = b.idx64(&t);
+    let ce = b.ci64(e as i64);
+    let rb = b.op(&format!("arith.muli {row}, {ce} : i64"));
+    let last = b.ci64(e as i64 - 1);
+    let zero = b.cf32(0.0);
+    let mut cnt = b.op("arith.constant 0 : i32");
+    for c in 0..e.div_ceil(32) {
+        let (_, _, bal) = chosen_ballot(b, c, &lane, &rb, &last, &ce, &zero);
+        let n = b.popc(&bal);
+        cnt = b.op(&format!("arith.addi {cnt}, {n} : i32"));
+    }
+    let threads = 32 * MOE_COMBINE_WARPS;
+    let w = if d % 4 == 0 { 4 } else { 1 };
+    let units = d / w;
+    let cd = b.ci64(d as i64);
+    let yrow = b.op(&format!("arith.muli {row}, {cd} : i64"));
+    let keep: Vec<String> = (0..top_k)
+        .map(|s| {
+            let cs = b.op(&format!("arith.constant {s} : i32"));
+            b.op(&format!("arith.cmpi slt, {cs}, {cnt} : i32"))
+        })
+        .collect();
+    for u0 in (0..units).step_by(threads) {
+        let cu = b.ci64(u0 as i64);
+        let u = b.op(&format!("arith.addi {t64}, {cu} : i64"));
+        let guard = u0 + threads > units;
+        if guard {
+            let cn = b.ci64(units as i64);
+            let ok = b.op(&format!("arith.cmpi slt, {u}, {cn} : i64"));
+            b.line(&format!("scf.if {ok} {{"));
+        }
+        let cw = b.ci64(w as i64);
+        let el = b.op(&format!("arith.muli {u}, {cw} : i64"));
+        let mut acc = vec![zero.clone(); w];
+        for (s, k) in keep.iter().enumerate() {
+            let cs = b.ci64(s as i64);
+            let pr = b.op(&format!("arith.muli {cs}, %n : i64"));
+            let pr = b.op(&format!("arith.addi {pr}, {row} : i64"));
+            let pr = b.op(&format!("arith.muli {pr}, {cd} : i64"));
+            let pe = b.op(&format!("arith.addi {pr}, {el} : i64"));
+            let vs = if w == 4 {
+                let c4 = b.ci64(4);
+                let bo = b.op(&format!("arith.muli {pe}, {c4} : i64"));
+                b.load_vec("%p", &bo, 4, "f32", 16)
+            } else {
+                vec![b.load("%p", &pe)]
+            };
+            for (a, v) in acc.iter_mut().zip(&vs) {
+                let v = b.op(&format!("arith.select {k}, {v}, {zero} : f32"));
+                *a = b.op(&format!("arith.addf {a}, {v} : f32"));
+            }
+        }
+        let ye = b.op(&format!("arith.addi {yrow}, {el} : i64"));
+        if w == 4 {
+            let v = b.vector(&acc, "f32");
+            let c4 = b.ci64(4);
+            let bo = b.op(&format!("arith.muli {ye}, {c4} : i64"));
+            let p = b.op(&format!("llvm.getelementptr %y[{bo}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            b.line(&format!("llvm.store {v}, {p} {{alignment = 16 : i64}} : vector<4xf32>, !llvm.ptr<1>"));
+        } else {
+            b.store(&acc[0], "%y", &ye);
+        }
+        if guard {
+            b.line("}");
+        }
+    }
+}
+
+/// Warps per block of [`KernelSpec::MoeCombine`] (a block per token).
+pub const MOE_COMBINE_WARPS: usize = 4;
 
 /// The lowering of `moe_route` (operands logits [T, E], mask [E], V3's bias [E]): a step of
 /// [`KernelSpec::MoeRoute`], a warp per token.
@@ -700,10 +992,13 @@ pub(crate) fn lower_moe_route(cx: &NodeCx, args: Vec<String>, r: &MoeRouting) ->
 }
 
 /// The lowering of `moe_experts` (operands x [T, D], route [T, E], gate/up [E, I, D], down
-/// [E, D, I], stacked weights): two steps, the gate/up kernel into the scratch
-/// `{node}@rows{top_k·I}` and the down projection into the node. `top_k` is the router's (the
-/// most nonzero weights a routing row holds).
-pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<(Step, Step), CodegenError> {
+/// [E, D, I], stacked weights): the gate/up kernel into the scratch `{node}@rows{top_k·I}`
+/// and the down projection into the node — from [`GROUPED_MIN_ROWS`] tokens (16-bit weights)
+/// the grouped tensor-core pair instead, its down projection into the partials
+/// `{node}@splitk{top_k}` (declared by a kernel-less step) and a [`KernelSpec::MoeCombine`]
+/// step for those rows. `top_k` is the router's (the most nonzero weights a routing row
+/// holds).
+pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<Vec<Step>, CodegenError> {
     let c = |i: usize, j: usize| cx.ops[i].ty.shape[j].as_const();
     let (Some(d), Some(e), Some(inter)) = (c(0, 1), c(1, 1), c(2, 1)) else {
         return Err(cx.err("the routed experts need constant dims"));
@@ -739,19 +1034,30 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<(Step, Step
             Scalar::RowsTimes(n[0].clone(), top_k as i64),
         )
     };
-    // (batches: expert-major, each chosen expert's rows read once for all its tokens)
-    let grouped = KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype };
-    if moe_fits(&grouped).is_ok() {
-        first.few = vec![crate::schedule::Large {
-            min_rows: GROUPED_MIN_ROWS,
-            max_rows: None,
-            args: None,
-            kernel: grouped,
-            scalars: vec![Scalar::Const(inter as i64), Scalar::Rows(n[0].clone())],
-            work: Scalar::Const(inter as i64),
-            grid_y: Scalar::Const(e as i64),
-        }];
+    let mut second = cx.step(down, vec![h.clone(), n[1].clone(), n[4].clone(), cx.name.to_string()], vec![Scalar::Const(d as i64)], Scalar::Const(d as i64), tokens);
+    // (batches: expert-major on the tensor cores, each chosen expert's weights read once a
+    // pass of up to 32 of its tokens)
+    let (up_mma, down_mma) = (KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype }, KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype });
+    if moe_fits(&up_mma).is_err() {
+        return Ok(vec![first, second]);
     }
-    let second = cx.step(down, vec![h, n[1].clone(), n[4].clone(), cx.name.to_string()], vec![Scalar::Const(d as i64)], Scalar::Const(d as i64), tokens);
-    Ok((first, second))
+    let rows = Scalar::Rows(n[0].clone());
+    let grouped = |kernel: KernelSpec, args: Option<Vec<String>>, width: usize| crate::schedule::Large {
+        min_rows: GROUPED_MIN_ROWS,
+        max_rows: None,
+        args,
+        kernel,
+        scalars: vec![Scalar::Const(width as i64), rows.clone()],
+        work: Scalar::Const(width as i64),
+        grid_y: Scalar::Const(e as i64),
+    };
+    let parts = format!("{}@splitk{top_k}", cx.name);
+    first.few = vec![grouped(up_mma, None, inter)];
+    second.few = vec![grouped(down_mma, Some(vec![h, n[1].clone(), n[4].clone(), parts.clone()]), d)];
+    let node_rows = Scalar::Rows(cx.name.to_string());
+    let combine = Step {
+        min_rows: Some(GROUPED_MIN_ROWS),
+        ..cx.step(KernelSpec::MoeCombine { d, e, top_k }, vec![parts.clone(), n[1].clone(), cx.name.to_string()], vec![node_rows.clone()], node_rows, Scalar::Const(1))
+    };
+    Ok(vec![first, Step::new(&parts), second, combine])
 }

@@ -430,13 +430,21 @@ pub enum KernelSpec {
     /// order); a warp per (token, slot, i), grid y = T · top_k. params x, route, gate [E, I,
     /// D], up, h [T, top_k · I], I
     MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
-    /// [`KernelSpec::MoeGateUp`] expert-major for batches: a warp per (expert, i), grid y =
-    /// E, its gate and up rows in registers for every token that chose the expert. params x,
-    /// route, gate, up, h, I, T
-    MoeGateUpGrouped { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// [`KernelSpec::MoeGateUp`] expert-major on the tensor cores for batches: a block per (16
+    /// hidden units, expert), grid y = E; the tokens that chose the expert gathered 32 at a
+    /// time as `mma.sync` B tiles, the expert's gate and up rows read once per pass. params x
+    /// (16-bit), route, gate, up, h, I, T
+    MoeGateUpMma { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
     /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
     /// (down_e[n] · h[t, slot]); a warp per (token, n). params h, route, down [E, D, I], y, D
     MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// [`KernelSpec::MoeDown`] expert-major on the tensor cores (as `MoeGateUpMma`): the
+    /// route-weighted partial p[slot, t, n] = route[t, e] · (down_e[n] · h[t, slot]) into the
+    /// part-major `{node}@splitk{top_k}`. params h, route, down, p, D, T
+    MoeDownMma { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// The sum of `MoeDownMma`'s partials over each token's chosen slots (their count from its
+    /// routing row), a block per token. params p, route, y, T
+    MoeCombine { d: usize, e: usize, top_k: usize },
     /// MLA's attention over the paged latent cache (`kernels::mla`): q [T, H, C], cache [NB,
     /// BS, 1, C] of `kv` -> [T, H, L] (keys the whole rows, values their first L elements);
     /// a block per (token, head). params q, cache, pos, seq, table, y, T, MB
@@ -444,6 +452,10 @@ pub enum KernelSpec {
     /// y[t, h] = x[t, h] @ W[h]ᵀ, one [N, K] matrix per head (`kernels::mla`); a warp per
     /// output. params x, w, y, H · N
     HeadMatMul { h: usize, k: usize, n: usize, wdtype: DType },
+    /// [`KernelSpec::HeadMatMul`] for batches on the tensor cores (16-bit W, K a multiple of
+    /// 32): a block per (16 rows of one head's W, head), grid y = H, its warps taking 32-token
+    /// passes as `mma.sync` B tiles. params x, w, y, N, T
+    HeadMatMulMma { h: usize, k: usize, n: usize, wdtype: DType },
     /// MLA's latent cache rows from the kv_a projection's output x [T, L + R]
     /// (`kernels::mla`): RMSNorm (eps, weight g [L]) of each row's first L values and RoPE of
     /// its last R (YaRN's when `yarn` = [factor, low, high, mscale] as bits), written to pool
@@ -455,6 +467,10 @@ pub enum KernelSpec {
     /// head_matmul, slice, rope and concat in one launch: a warp per output of the matmul, then
     /// a warp per head for its rotation pairs; grid y = tokens. params x, w, pos, y, H · L + H
     MlaQuery { h: usize, nope: usize, r: usize, l: usize, wdtype: DType, theta_bits: u32, interleaved: bool, yarn: Option<[u32; 4]> },
+    /// [`KernelSpec::MlaQuery`] for batches: the absorbed part as `HeadMatMulMma` (x's rows
+    /// their first NOPE values, y's their first L), one more block column rotating each
+    /// head's last R values. params as `MlaQuery`'s, then T
+    MlaQueryMma { h: usize, nope: usize, r: usize, l: usize, wdtype: DType, theta_bits: u32, interleaved: bool, yarn: Option<[u32; 4]> },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -330,9 +330,10 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                     Op::MoeRoute(r) => r.top_k,
                     _ => ops[1].ty.shape[1].as_const().ok_or_else(|| err(&name, "the routed experts need a constant expert count"))?,
                 };
-                let (first, second) = crate::kernels::lower_moe_experts(&cx, top_k)?;
-                steps.push(first);
-                second
+                let mut all = crate::kernels::lower_moe_experts(&cx, top_k)?;
+                let last = all.pop().expect("the routed experts' steps");
+                steps.extend(all);
+                last
             }
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         };

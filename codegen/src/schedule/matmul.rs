@@ -422,7 +422,7 @@ pub(crate) fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bo
             // (through the wrappers: split-K over a merged matmul is two deep)
             let inner = h.kernel.matmul_core().0;
             let (k, wdtype) = match inner {
-                KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } | KernelSpec::MatMulFewX16 { k, wdtype, .. } => (*k, *wdtype),
+                KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } | KernelSpec::MatMulFewX16 { k, wdtype, .. } | KernelSpec::MoeGateUpMma { d: k, wdtype, .. } => (*k, *wdtype),
                 _ => continue,
             };
             let f16 = wdtype == DType::F16;

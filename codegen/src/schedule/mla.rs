@@ -73,7 +73,9 @@ pub(crate) fn fuse_mla_query(g: &Graph, steps: &mut [Step]) {
         }
         let Some(&host) = at.get(&name(qf)) else { continue };
         let idx: Vec<usize> = [qn, qa, qp, qr].iter().filter_map(|&n| at.get(&name(n)).copied()).collect();
-        if idx.len() != 4 || !plain(steps, &idx) || !plain(steps, &[host]) {
+        // (the absorbed matmul's own batched alternative gives way to the fused query's)
+        let own = |s: &Step| s.alternatives().all(|l| matches!(l.kernel, KernelSpec::HeadMatMulMma { .. })) && s.min_rows.is_none() && s.max_rows.is_none();
+        if idx.len() != 4 || !plain(steps, &[idx[0], idx[2], idx[3]]) || !own(&steps[idx[1]]) || !plain(steps, &[host]) {
             continue;
         }
         let spec = KernelSpec::MlaQuery { h, nope, r, l, wdtype: wt.dtype, theta_bits: theta.to_bits(), interleaved: style == RopeStyle::Interleaved, yarn };
@@ -82,6 +84,7 @@ pub(crate) fn fuse_mla_query(g: &Graph, steps: &mut [Step]) {
         }
         for &i in &idx {
             steps[i].kernel = None;
+            steps[i].few.clear();
         }
         let outs = Scalar::Const((h * l + h) as i64);
         let s = &mut steps[host];
@@ -90,6 +93,10 @@ pub(crate) fn fuse_mla_query(g: &Graph, steps: &mut [Step]) {
         s.scalars = vec![outs.clone()];
         s.work = outs;
         s.grid_y = Scalar::Dim(name(qf), 0);
+        let mma = KernelSpec::MlaQueryMma { h, nope, r, l, wdtype: wt.dtype, theta_bits: theta.to_bits(), interleaved: style == RopeStyle::Interleaved, yarn };
+        if crate::kernels::fits(&mma).is_ok() {
+            s.few = vec![crate::kernels::head_mma_large(mma, l, h, Scalar::Dim(name(qf), 0))];
+        }
     }
 }
 

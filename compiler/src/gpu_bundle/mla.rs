@@ -101,8 +101,14 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
     // the absorbed query in one launch (`MlaQuery`, the schedule's `mla-fusions`): V2-Lite's
     // 16 heads of 128 + 64 onto 512 with YaRN, a tiny f32 one with plain RoPE and K no
     // multiple of 8 — checked against the five ops it replaces
-    for (h, nope, r, l, wdtype, yarn, interleaved) in [(16usize, 128usize, 64usize, 512usize, DType::BF16, Some((40.0f32, 4096usize)), true), (3, 12, 6, 20, DType::F32, None, false)] {
-        let pos = [1999i32, 0, 17];
+    // (and batched, `MlaQueryMma`, where it fits: 40 tokens, two warps' passes; the per-head
+    // matmul's case below takes several passes a warp)
+    let many: Vec<i32> = (0..40).map(|i| (i * 811 % 4000) as i32).collect();
+    for (h, nope, r, l, wdtype, yarn, interleaved, pos) in [
+        (16usize, 128usize, 64usize, 512usize, DType::BF16, Some((40.0f32, 4096usize)), true, vec![1999i32, 0, 17]),
+        (16, 128, 64, 512, DType::BF16, Some((40.0f32, 4096usize)), true, many.clone()),
+        (3, 12, 6, 20, DType::F32, None, false, vec![1999, 0, 17]),
+    ] {
         let t = pos.len();
         let qw = nope + r;
         let x = cx.r.vec(t * h * qw, -1.0, 1.0);
@@ -129,21 +135,29 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let spec = KernelSpec::MlaQuery { h, nope, r, l, wdtype, theta_bits: theta.to_bits(), interleaved, yarn: yarn_bits };
         let inputs = vec![cx.data.push(&x), cx.data.push_u8(&wb), cx.data.push_i32(&pos)];
         let expected = cx.data.push(&want);
+        let name = format!("mla_query T{t} H{h} NOPE{nope} R{r} L{l} {wdtype} {style}{}", if yarn.is_some() { " yarn" } else { "" });
+        if t > 8 {
+            // (q's rows rounded to bf16 on the way into the MMAs)
+            let mma = KernelSpec::MlaQueryMma { h, nope, r, l, wdtype, theta_bits: theta.to_bits(), interleaved, yarn: yarn_bits };
+            let work = l.div_ceil(16) * 16 + 16;
+            cx.cases.push(case(format!("{name} mma"), &mma, grid(&mma.launch(), work), h as u32, inputs, vec![l as i64, t as i64], expected, 1e-2));
+            cx.specs.push(mma);
+            continue;
+        }
         let outs = h * l + h;
-        cx.cases.push(case(
-            format!("mla_query T{t} H{h} NOPE{nope} R{r} L{l} {wdtype} {style}{}", if yarn.is_some() { " yarn" } else { "" }),
-            &spec,
-            grid(&spec.launch(), outs),
-            t as u32,
-            inputs,
-            vec![outs as i64],
-            expected,
-            1e-4,
-        ));
+        cx.cases.push(case(name, &spec, grid(&spec.launch(), outs), t as u32, inputs, vec![outs as i64], expected, 1e-4));
         cx.specs.push(spec);
     }
     // the absorbed form's per-head matmuls: (T, H, K, N, weights)
-    for (t, h, k, n, wdtype) in [(3usize, 16usize, 128usize, 512usize, DType::BF16), (3, 16, 512, 128, DType::BF16), (5, 4, 16, 32, DType::F32), (2, 3, 20, 12, DType::F16)] {
+    // (and batched on the tensor cores, `HeadMatMulMma`: 37 and 150 tokens)
+    for (t, h, k, n, wdtype) in [
+        (3usize, 16usize, 128usize, 512usize, DType::BF16),
+        (3, 16, 512, 128, DType::BF16),
+        (5, 4, 16, 32, DType::F32),
+        (2, 3, 20, 12, DType::F16),
+        (150, 16, 512, 128, DType::BF16),
+        (37, 3, 64, 40, DType::F16),
+    ] {
         let x = cx.r.vec(t * h * k, -1.0, 1.0);
         let wb = dsc_ir::quant::encode(wdtype, &cx.r.vec(h * n * k, -0.2, 0.2)).context("encode")?;
         let src = format!(
@@ -155,6 +169,12 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let wa = cx.data.push_u8(&wb);
         let inputs = vec![cx.data.push(&x), wa];
         let expected = cx.data.push(&want);
+        if t > 8 {
+            let mma = KernelSpec::HeadMatMulMma { h, k, n, wdtype };
+            cx.cases.push(case(format!("head_matmul_mma T{t} H{h} K{k} N{n} {wdtype}"), &mma, grid(&mma.launch(), n), h as u32, inputs, vec![n as i64, t as i64], expected, 1e-2));
+            cx.specs.push(mma);
+            continue;
+        }
         cx.cases.push(case(format!("head_matmul T{t} H{h} K{k} N{n} {wdtype}"), &spec, grid(&spec.launch(), h * n), t as u32, inputs, vec![(h * n) as i64], expected, 1e-5));
         cx.specs.push(spec);
     }

@@ -54,11 +54,18 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         cx.specs.push(spec);
     }
     // the routed experts: (T, D, I, E, top_k, weights)
-    // (the first and the last also expert-major, `MoeGateUpGrouped`: 40 tokens take two
-    // ballots of the routing column)
-    for (t, d, inter, e, top_k, wdtype) in
-        [(5usize, 256usize, 128usize, 16usize, 4usize, DType::BF16), (3, 64, 32, 8, 3, DType::F32), (4, 40, 24, 6, 2, DType::F16), (2, 36, 20, 40, 3, DType::BF16), (40, 512, 64, 40, 6, DType::BF16)]
-    {
+    // (those with 16-bit weights and D, I multiples of 32 also expert-major on the tensor
+    // cores, `MoeGateUpMma` / `MoeDownMma`: 40 tokens take two ballots of the routing column,
+    // 100 tokens over 8 experts more than one 32-token pass of an expert)
+    for (t, d, inter, e, top_k, wdtype) in [
+        (5usize, 256usize, 128usize, 16usize, 4usize, DType::BF16),
+        (3, 64, 32, 8, 3, DType::F32),
+        (4, 40, 24, 6, 2, DType::F16),
+        (2, 36, 20, 40, 3, DType::BF16),
+        (40, 512, 64, 40, 6, DType::BF16),
+        (100, 256, 96, 8, 3, DType::BF16),
+        (40, 128, 64, 16, 2, DType::F16),
+    ] {
         let x = cx.r.vec(t * d, -1.0, 1.0);
         // each token's top_k distinct experts with positive weights
         let mut route = vec![0f32; t * e];
@@ -97,19 +104,84 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let (ga, ua, da) = (cx.data.push_u8(&gb), cx.data.push_u8(&ub), cx.data.push_u8(&db));
         let ha = cx.data.push(&h);
         let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
-        let ins = vec![xa, ra.clone(), ga, ua];
-        cx.cases.push(case(format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &up, grid(&up.launch(), inter), (t * top_k) as u32, ins.clone(), vec![inter as i64], ha.clone(), 1e-4));
+        let ins = vec![xa, ra.clone(), ga.clone(), ua.clone()];
+        cx.cases.push(case(format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &up, grid(&up.launch(), inter), (t * top_k) as u32, ins, vec![inter as i64], ha.clone(), 1e-4));
         cx.specs.push(up);
-        let grouped = KernelSpec::MoeGateUpGrouped { d, inter, e, top_k, wdtype };
-        if dsc_codegen::kernels::moe_fits(&grouped).is_ok() {
-            let name = format!("moe_gate_up_grouped T{t} D{d} I{inter} E{e} top{top_k} {wdtype}");
-            cx.cases.push(case(name, &grouped, grid(&grouped.launch(), inter), e as u32, ins, vec![inter as i64, t as i64], ha.clone(), 1e-4));
-            cx.specs.push(grouped);
+        let up_mma = KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype };
+        if dsc_codegen::kernels::moe_fits(&up_mma).is_ok() {
+            // (x in 16 bits, as the tensor-core kernel reads it: h from the rounded x)
+            let x16: Vec<f32> = x.iter().map(|&v| dsc_ir::quant::round_to(wdtype, v)).collect();
+            let mut h16 = vec![0f32; t * top_k * inter];
+            for ti in 0..t {
+                let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
+                let xr = &x16[ti * d..(ti + 1) * d];
+                for (s, &ei) in chosen.iter().enumerate() {
+                    for i in 0..inter {
+                        let row = (ei * inter + i) * d;
+                        let g: f32 = gw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
+                        let u: f32 = uw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
+                        h16[(ti * top_k + s) * inter + i] = g / (1.0 + (-g).exp()) * u;
+                    }
+                }
+            }
+            let xb = cx.data.push_u8(&enc(&x16)?);
+            let name = format!("moe_gate_up_mma T{t} D{d} I{inter} E{e} top{top_k} {wdtype}");
+            let want = cx.data.push(&h16);
+            cx.cases.push(case(name, &up_mma, grid(&up_mma.launch(), inter), e as u32, vec![xb, ra.clone(), ga, ua], vec![inter as i64, t as i64], want, 1e-4));
+            cx.specs.push(up_mma);
+            // the down projection's route-weighted partials [slot, T, D] (h rounded to 16
+            // bits in the kernel: the tolerance of a bf16 operand)
+            let dw = dec(&db, e * d * inter)?;
+            let mut p = vec![0f32; top_k * t * d];
+            for ti in 0..t {
+                let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
+                for (s, &ei) in chosen.iter().enumerate() {
+                    let hr = &h[(ti * top_k + s) * inter..(ti * top_k + s + 1) * inter];
+                    for n in 0..d {
+                        let row = (ei * d + n) * inter;
+                        let v: f32 = dw[row..row + inter].iter().zip(hr).map(|(a, b)| a * b).sum();
+                        p[(s * t + ti) * d + n] = route[ti * e + ei] * v;
+                    }
+                }
+            }
+            let down_mma = KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype };
+            let want = cx.data.push(&p);
+            let name = format!("moe_down_mma T{t} D{d} I{inter} E{e} top{top_k} {wdtype}");
+            cx.cases.push(case(name, &down_mma, grid(&down_mma.launch(), d), e as u32, vec![ha.clone(), ra.clone(), da.clone()], vec![d as i64, t as i64], want, 1e-2));
+            cx.specs.push(down_mma);
         }
         let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype };
         let expected = cx.data.push(&want);
         cx.cases.push(case(format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &down, grid(&down.launch(), d), t as u32, vec![ha, ra, da], vec![d as i64], expected, 1e-4));
         cx.specs.push(down);
+    }
+    // the partials' sum: token 2 chose one expert fewer (a disabled one), its last slot NaN
+    // — never read
+    for (t, d, e, top_k) in [(7usize, 2048usize, 64usize, 6usize), (5, 36, 10, 3)] {
+        let mut route = vec![0f32; t * e];
+        let mut p = cx.r.vec(top_k * t * d, -1.0, 1.0);
+        for ti in 0..t {
+            let k = if ti == 2 { top_k - 1 } else { top_k };
+            for j in 0..k {
+                route[ti * e + (j * 7 + ti) % e] = 0.5;
+            }
+            if k < top_k {
+                for n in 0..d {
+                    p[((top_k - 1) * t + ti) * d + n] = f32::NAN;
+                }
+            }
+        }
+        let y: Vec<f32> = (0..t * d)
+            .map(|i| {
+                let (ti, n) = (i / d, i % d);
+                let k = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).count();
+                (0..k).map(|s| p[(s * t + ti) * d + n]).sum()
+            })
+            .collect();
+        let spec = KernelSpec::MoeCombine { d, e, top_k };
+        let (pa, ra, want) = (cx.data.push(&p), cx.data.push(&route), cx.data.push(&y));
+        cx.cases.push(case(format!("moe_combine T{t} D{d} E{e} top{top_k}"), &spec, grid(&spec.launch(), t), 1, vec![pa, ra], vec![t as i64], want, 1e-6));
+        cx.specs.push(spec);
     }
     Ok(())
 }

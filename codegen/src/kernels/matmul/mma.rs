@@ -7,11 +7,11 @@ use crate::kernels::*;
 /// The readable symbol of a `mma` kernel (`KernelSpec::symbol`).
 pub(crate) fn mma_symbol(spec: &KernelSpec) -> String {
     match spec {
-            KernelSpec::MatMulFewX16 { k, n, wdtype, bias, residual } => format!("matmul_few32x16_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-            KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
-                format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
-            }
+        KernelSpec::MatMulFewX16 { k, n, wdtype, bias, residual } => format!("matmul_few32x16_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+        KernelSpec::MatMulMma { k, n, wdtype, bias, residual } => format!("matmul_mma_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+        KernelSpec::MatMulWgmma { k, n, wdtype, bias, residual, n_tile } => {
+            format!("matmul_wgmma{n_tile}_k{k}_n{n}_{wdtype}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
+        }
         other => unreachable!("{other:?} is not a mma kernel (kernels::family)"),
     }
 }
@@ -19,12 +19,12 @@ pub(crate) fn mma_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `mma` kernel (`KernelSpec::launch`).
 pub(crate) fn mma_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::MatMulFewX16 { .. } => {
-                let (w, _, a) = gemv_mma_tiling3();
-                Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: GEMV_MMA_ROWS as u32, warps: w as u32 }
-            }
-            KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
-            KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
+        KernelSpec::MatMulFewX16 { .. } => {
+            let (w, _, a) = gemv_mma_tiling3();
+            Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: GEMV_MMA_ROWS as u32, warps: w as u32 }
+        }
+        KernelSpec::MatMulMma { .. } => Launch::WarpPerTile { warps_per_block: 4 },
+        KernelSpec::MatMulWgmma { n_tile, .. } => Launch::WarpgroupPerTile { n_tile: *n_tile as u32 },
         other => unreachable!("{other:?} is not a mma kernel (kernels::family)"),
     }
 }
@@ -170,26 +170,129 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
         let eb = b.op(&format!("arith.muli {e0}, {cxsz} : i64"));
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
-    let ty = if f16 { "f16" } else { "bf16" };
-    // the weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
-    let load_w = |b: &mut Body, s: &str| -> Vec<Vec<Vec<String>>> {
+    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16 };
+    let load_w = |b: &mut Body, s: &str| tiles.load_w(b, s);
+    let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| tiles.steps(b, ss, acc, pre);
+    // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
+    let acc = b.split_k_rounds_preloaded(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &load_w, &steps_mma_pre);
+    // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
+    MmaTiles::meet_in_shared(b, &acc, &warp, &lane, per, &smt);
+    // D fragment of tile j: value i at output col0 + g (+ 8 for i >= 2), row 8j + 2t + i % 2
+    let c2 = b.ci64(2);
+    let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    for (a, part) in acc.iter().enumerate() {
+        let (at, j, i) = (a / (4 * nt), (a / 4) % nt, a % 4);
+        let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
+        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
+        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+        let cr = b.ci64((8 * j + i % 2) as i64);
+        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
+        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
+        b.line(&format!("scf.if {ok} {{"));
+        b.matmul_store(&total, &row, &col, bias, residual);
+        b.line("}");
+    }
+    b.line("}");
+    Ok(())
+}
+
+/// The K loop of the `mma.sync` GEMVs ("swap AB": weights as the 16-row A operand, up to
+/// [`GEMV_MMA_ROWS`] activation rows as 8-column B tiles), for [`emit_gemv_mma`] and the
+/// grouped routed experts (`kernels::moe`): each A tile's weight pointer and the byte offsets
+/// of this lane's 8 elements of K step 0 in its rows g and g + 8; each B tile's x offset (its
+/// row g) and whether it is live (tile 0 always is; a dead tile is skipped, warp-uniformly).
+/// x in 16 bits (`x16`: one 16-byte load per step, already in pairs) or f32 (two, packed).
+pub(crate) struct MmaTiles {
+    pub w: Vec<(String, String, String)>,
+    pub x: Vec<String>,
+    pub live: Vec<String>,
+    pub x16: bool,
+    pub f16: bool,
+}
+
+impl MmaTiles {
+    /// Byte offsets of this lane's 8 elements of K step 0 (`e0` = 8 · (lane % 4)) in rows g
+    /// and g + 8 of the 16-row A tile at row `col0` (+ `dd`) of a 16-bit [rows, K] matrix
+    /// starting at row `base` (an expert's or a head's), rows past `nlast` clamped to it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn row_offsets(b: &mut Body, base: &str, col0: &str, g: &str, nlast: &str, e0: &str, k: usize, dd: i64) -> (String, String) {
+        let wrowbytes = b.ci64((k * 2) as i64);
+        let c2 = b.ci64(2);
+        let eb = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+        let mut at = |d: i64| {
+            let cd = b.ci64(d);
+            let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
+            let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {base} : i64"));
+            let o = b.op(&format!("arith.muli {r}, {wrowbytes} : i64"));
+            b.op(&format!("arith.addi {o}, {eb} : i64"))
+        };
+        (at(dd), at(dd + 8))
+    }
+
+    /// The warps' accumulators `acc` (`per` a lane) to the shared `%red` (type `smt`) at
+    /// [warp][value][lane], a barrier, then `scf.if warp == 0` opened (close it): the caller
+    /// adds the warps' values with [`MmaTiles::warps_total`].
+    pub(crate) fn meet_in_shared(b: &mut Body, acc: &[String], warp: &str, lane: &str, per: usize, smt: &str) {
+        let cper = b.op(&format!("arith.constant {} : index", per * 32));
+        let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
+        for (a, v) in acc.iter().enumerate() {
+            let ca = b.op(&format!("arith.constant {} : index", a * 32));
+            let at = b.op(&format!("arith.addi {wb}, {ca} : index"));
+            let at = b.op(&format!("arith.addi {at}, {lane} : index"));
+            b.line(&format!("memref.store {v}, %red[{at}] : {smt}"));
+        }
+        b.line("gpu.barrier");
+        let c0 = b.op("arith.constant 0 : index");
+        let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
+        b.line(&format!("scf.if {w0} {{"));
+    }
+
+    /// In warp 0 after [`MmaTiles::meet_in_shared`]: value `a`'s sum over the `nw` warps (warp
+    /// 0's own `own` first).
+    pub(crate) fn warps_total(b: &mut Body, own: &str, a: usize, nw: usize, per: usize, lane: &str, smt: &str) -> String {
+        let mut total = own.to_string();
+        for w in 1..nw {
+            let ca = b.op(&format!("arith.constant {} : index", (w * per + a) * 32));
+            let at = b.op(&format!("arith.addi {ca}, {lane} : index"));
+            let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+            total = b.op(&format!("arith.addf {total}, {v} : f32"));
+        }
+        total
+    }
+
+    /// The weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
+    pub(crate) fn load_w(&self, b: &mut Body, s: &str) -> Vec<Vec<Vec<String>>> {
         let cb = b.ci64(64);
         let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
-        let loads: Vec<Vec<String>> = wbase
+        self.w
             .iter()
-            .map(|base| {
-                let off = b.op(&format!("arith.addi {base}, {so} : i64"));
-                b.load_vec("%w", &off, 4, "i32", 16)
+            .map(|(ptr, g0, g8)| {
+                [g0, g8]
+                    .iter()
+                    .map(|base| {
+                        let off = b.op(&format!("arith.addi {base}, {so} : i64"));
+                        b.load_vec(ptr, &off, 4, "i32", 16)
+                    })
+                    .collect()
             })
-            .collect();
-        loads.chunks(2).map(|c| c.to_vec()).collect()
-    };
-    // the MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([tile][4]), with
-    // their weights loaded here or (`pre`) already
-    let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| -> Vec<String> {
+            .collect()
+    }
+
+    /// The MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([A tile a][B tile
+    /// j][4] at a · 4 nt + 4 j + i), with their weights loaded here or (`pre`) already.
+    pub(crate) fn steps(&self, b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>) -> Vec<String> {
+        let (na, nt) = (self.w.len(), self.x.len());
+        let ty = if self.f16 { "f16" } else { "bf16" };
+        let xsz = if self.x16 { 2 } else { 4 };
         let ws: Vec<Vec<Vec<Vec<String>>>> = match pre {
             Some(p) => p.to_vec(),
-            None => ss.iter().map(|s| load_w(b, s)).collect(),
+            None => ss.iter().map(|s| self.load_w(b, s)).collect(),
         };
         let mut out = acc.to_vec();
         for j in 0..nt {
@@ -199,7 +302,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
             let f32s = vec!["f32"; cur.len()].join(", ");
             let res = if j > 0 {
                 let res = b.v();
-                b.line(&format!("{res}:{} = scf.if {} -> ({f32s}) {{", cur.len(), live[j]));
+                b.line(&format!("{res}:{} = scf.if {} -> ({f32s}) {{", cur.len(), self.live[j]));
                 Some(res)
             } else {
                 None
@@ -208,8 +311,8 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
             for s in ss {
                 let cb = b.ci64(32 * xsz as i64);
                 let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
-                let off = b.op(&format!("arith.addi {}, {so} : i64", xbase[j]));
-                if x16 {
+                let off = b.op(&format!("arith.addi {}, {so} : i64", self.x[j]));
+                if self.x16 {
                     xs.push(b.load_vec("%x", &off, 4, "i32", 16));
                     continue;
                 }
@@ -223,7 +326,11 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
             for (si, x) in xs.iter().enumerate() {
                 for half in 0..2 {
                     // the B fragment once, for every A tile
-                    let (b0, b1) = if x16 { (x[2 * half].clone(), x[2 * half + 1].clone()) } else { (b.pack2(&x[4 * half], &x[4 * half + 1], f16), b.pack2(&x[4 * half + 2], &x[4 * half + 3], f16)) };
+                    let (b0, b1) = if self.x16 {
+                        (x[2 * half].clone(), x[2 * half + 1].clone())
+                    } else {
+                        (b.pack2(&x[4 * half], &x[4 * half + 1], self.f16), b.pack2(&x[4 * half + 2], &x[4 * half + 3], self.f16))
+                    };
                     for a in 0..na {
                         let w = &ws[si][a];
                         let av = [w[0][2 * half].as_str(), &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
@@ -251,49 +358,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
             }
         }
         out
-    };
-    // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
-    let acc = b.split_k_rounds_preloaded(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &load_w, &steps_mma_pre);
-    // partial sums to shared memory at [warp][value][lane]; warp 0 adds them up and stores
-    let cper = b.op(&format!("arith.constant {} : index", per * 32));
-    let wb = b.op(&format!("arith.muli {warp}, {cper} : index"));
-    for (a, v) in acc.iter().enumerate() {
-        let ca = b.op(&format!("arith.constant {} : index", a * 32));
-        let at = b.op(&format!("arith.addi {wb}, {ca} : index"));
-        let at = b.op(&format!("arith.addi {at}, {lane} : index"));
-        b.line(&format!("memref.store {v}, %red[{at}] : {smt}"));
     }
-    b.line("gpu.barrier");
-    let c0 = b.op("arith.constant 0 : index");
-    let w0 = b.op(&format!("arith.cmpi eq, {warp}, {c0} : index"));
-    b.line(&format!("scf.if {w0} {{"));
-    // D fragment of tile j: value i at output col0 + g (+ 8 for i >= 2), row 8j + 2t + i % 2
-    let c2 = b.ci64(2);
-    let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-    for (a, part) in acc.iter().enumerate() {
-        let (at, j, i) = (a / (4 * nt), (a / 4) % nt, a % 4);
-        let mut total = part.clone();
-        for w in 1..nw {
-            let ca = b.op(&format!("arith.constant {} : index", (w * per + a) * 32));
-            let at = b.op(&format!("arith.addi {ca}, {lane} : index"));
-            let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
-            total = b.op(&format!("arith.addf {total}, {v} : f32"));
-        }
-        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
-        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
-        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
-        let cr = b.ci64((8 * j + i % 2) as i64);
-        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
-        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
-        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
-        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
-        b.line(&format!("scf.if {ok} {{"));
-        b.matmul_store(&total, &row, &col, bias, residual);
-        b.line("}");
-    }
-    b.line("}");
-    Ok(())
 }
 
 /// The tensor-core (mma.sync, wgmma) matmul kernels' bodies: [`emit_into`] for their specs; returns the parameter list.
