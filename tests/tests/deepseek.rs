@@ -413,6 +413,12 @@ fn bf16_routed_experts_go_expert_major_on_the_tensor_cores_from_16_tokens() {
         assert_eq!(alt.args.as_ref().and_then(|a| a.last()), Some(&parts), "the partials");
         assert!(kernel(next, "moe_combine_") && next.node == down.node && next.min_rows == Some(16) && next.args[0] == parts, "the combine after it: {next:?}");
     }
+    // (the MLA per-head matmuls too, from 8 tokens, where K is a multiple of 32: the v
+    // projection's K = kv_lora_rank 32, not q_b's K = q_lora_rank 24)
+    let heads: Vec<_> = gpu.steps.iter().filter(|s| kernel(s, "head_matmul_")).collect();
+    let batched = |s: &dsc_runtime::plan::GpuStep| s.few.iter().any(|l| l.kernel.starts_with("head_matmul_mma_") && l.min_rows == 8);
+    assert_eq!(heads.iter().filter(|s| batched(s)).count(), cfg["num_hidden_layers"].as_u64().unwrap() as usize, "the v projections");
+    assert!(heads.iter().filter(|s| s.kernel.as_deref().is_some_and(|k| k.contains("_k24_"))).all(|s| !batched(s)), "q_b's K of 24 stays per token");
     // (f32 weights keep the per-token kernels only)
     let f32c = dsc_compiler::compile(&model_toml(dir.path(), &fixture("v3-tiny"), "")).unwrap();
     assert!(f32c.gpu.as_ref().unwrap().steps.iter().all(|s| !kernel(s, "moe_combine_") && s.few.iter().all(|l| !l.kernel.contains("_mma_"))));
