@@ -4,6 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+// (GGUF's names: Q4_K, not Q4K)
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -23,10 +25,19 @@ pub enum DType {
     Q4_0,
     /// GGUF Q4_1: blocks of 32, f16 scale d, f16 min m + 16 bytes of nibbles; x = d * q + m.
     Q4_1,
+    /// GGUF Q4_K: super-blocks of 256 (144 bytes): f16 d, f16 dmin, 12 bytes of 6-bit scales
+    /// and mins for 8 sub-blocks of 32, 128 bytes of nibbles; x = (d · sc) · q − dmin · m.
+    Q4_K,
+    /// GGUF Q5_K: as Q4_K (176 bytes) with a fifth bit per value in 32 bytes of high bits.
+    Q5_K,
+    /// GGUF Q6_K: super-blocks of 256 (210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs,
+    /// 16 i8 scales of 16-value groups, f16 d; x = (d · scale) · (q − 32).
+    Q6_K,
 }
 
 impl DType {
-    pub const ALL: [DType; 11] = [DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F8E5M2, DType::I8, DType::I32, DType::I4, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    pub const ALL: [DType; 14] =
+        [DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F8E5M2, DType::I8, DType::I32, DType::I4, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +52,9 @@ impl DType {
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
             DType::Q4_1 => "q4_1",
+            DType::Q4_K => "q4_k",
+            DType::Q5_K => "q5_k",
+            DType::Q6_K => "q6_k",
         }
     }
 
@@ -55,6 +69,9 @@ impl DType {
             DType::Q8_0 => (32, 34),
             DType::Q4_0 => (32, 18),
             DType::Q4_1 => (32, 20),
+            DType::Q4_K => (256, 144),
+            DType::Q5_K => (256, 176),
+            DType::Q6_K => (256, 210),
         }
     }
 

@@ -50,8 +50,68 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
                 out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
             }
         }
+        // (the K-quants in ggml's order of operations, f32 products rounded one at a time:
+        // equal to the `gguf` Python package's dequantization bit for bit)
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            for blk in bytes.chunks_exact(dtype.block().1) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let dmin = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+                let (sc, mn) = k_scale_min(&blk[4..16]);
+                let (qh, qs) = if five { (&blk[16..48], &blk[48..176]) } else { (&blk[16..16], &blk[16..144]) };
+                for j in 0..8 {
+                    let (dj, mj) = (d * sc[j] as f32, dmin * mn[j] as f32);
+                    let (chunk, shift) = (&qs[32 * (j / 2)..32 * (j / 2) + 32], 4 * (j % 2));
+                    for (i, &b) in chunk.iter().enumerate() {
+                        let hi = if five { ((qh[i] >> j) & 1) << 4 } else { 0 };
+                        let q = ((b >> shift) & 0xF) | hi;
+                        out.push(dj * q as f32 - mj);
+                    }
+                }
+            }
+        }
+        DType::Q6_K => {
+            for blk in bytes.chunks_exact(210) {
+                let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
+                let d = f16::from_le_bytes([blk[208], blk[209]]).to_f32();
+                for e in 0..256 {
+                    // (halves of 128: the low nibbles of ql's 64 bytes, then the high ones;
+                    // qh's 32 bytes four 2-bit fields)
+                    let (h, r) = (e / 128, e % 128);
+                    let low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
+                    let high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+                    let q = ((low | (high << 4)) as i8 - 32) as f32;
+                    out.push(d * scales[e / 16] as i8 as f32 * q);
+                }
+            }
+        }
     }
     Some(out)
+}
+
+/// The 8 six-bit scales and mins of a Q4_K / Q5_K super-block from its 12 packed bytes:
+/// sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins), 4-7 in bytes 8-11's
+/// nibbles with their top 2 bits in the top bits of bytes 0-7.
+fn k_scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        sc[j] = s[j] & 0x3F;
+        mn[j] = s[j + 4] & 0x3F;
+        sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+    }
+    (sc, mn)
+}
+
+/// Pack 8 six-bit scales and mins as [`k_scale_min`] reads them.
+fn k_pack_scale_min(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for j in 0..4 {
+        s[j] = sc[j] | ((sc[j + 4] & 0x30) << 2);
+        s[j + 4] = mn[j] | ((mn[j + 4] & 0x30) << 2);
+        s[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
+    }
+    s
 }
 
 /// Encode f32 values as `dtype` (round to nearest even; FP8 and ints saturate). Block formats
@@ -102,6 +162,78 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
         }
+        // (plain min/max quantizers in the K-quant layouts — llama.cpp's iterative scale search
+        // is not reproduced: these are for tests and seeded shapes; real files come quantized)
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let qmax = if five { 31.0 } else { 15.0 };
+            for blk in x.chunks_exact(256) {
+                // per sub-block: scale (max - min) / qmax and min (as a positive offset)
+                let (mut scale, mut min) = ([0f32; 8], [0f32; 8]);
+                for j in 0..8 {
+                    let sb = &blk[32 * j..32 * j + 32];
+                    let lo = sb.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
+                    let hi = sb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    scale[j] = (hi - lo) / qmax;
+                    min[j] = -lo;
+                }
+                let smax = scale.iter().copied().fold(0f32, f32::max);
+                let mmax = min.iter().copied().fold(0f32, f32::max);
+                let d = f16::from_f32(smax / 63.0);
+                let dmin = f16::from_f32(mmax / 63.0);
+                let (df, mf) = (d.to_f32(), dmin.to_f32());
+                let six = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+                let sc: [u8; 8] = std::array::from_fn(|j| six(scale[j], df));
+                let mn: [u8; 8] = std::array::from_fn(|j| six(min[j], mf));
+                out.extend(d.to_le_bytes());
+                out.extend(dmin.to_le_bytes());
+                out.extend(k_pack_scale_min(&sc, &mn));
+                let q: Vec<u8> = (0..256)
+                    .map(|e| {
+                        let j = e / 32;
+                        let (dj, mj) = (df * sc[j] as f32, mf * mn[j] as f32);
+                        if dj > 0.0 {
+                            ((blk[e] + mj) / dj).round().clamp(0.0, qmax) as u8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                if five {
+                    out.extend((0..32).map(|i| (0..8).fold(0u8, |a, j| a | (((q[32 * j + i] >> 4) & 1) << j))));
+                }
+                out.extend((0..128).map(|i| {
+                    let (c, l) = (i / 32, i % 32);
+                    (q[64 * c + l] & 0xF) | ((q[64 * c + 32 + l] & 0xF) << 4)
+                }));
+            }
+        }
+        DType::Q6_K => {
+            for blk in x.chunks_exact(256) {
+                let amax: Vec<f32> = blk.chunks(16).map(|g| g.iter().fold(0f32, |a, v| a.max(v.abs()))).collect();
+                let gmax = amax.iter().copied().fold(0f32, f32::max);
+                let d = f16::from_f32(gmax / 31.0 / 127.0);
+                let df = d.to_f32();
+                let scales: Vec<i8> = amax.iter().map(|&a| if df > 0.0 { (a / 31.0 / df).round().clamp(-128.0, 127.0) as i8 } else { 0 }).collect();
+                let q: Vec<u8> = (0..256)
+                    .map(|e| {
+                        let s = df * scales[e / 16] as f32;
+                        let v = if s != 0.0 { (blk[e] / s).round().clamp(-32.0, 31.0) } else { 0.0 };
+                        (v as i32 + 32) as u8
+                    })
+                    .collect();
+                let (mut ql, mut qh) = (vec![0u8; 128], vec![0u8; 64]);
+                for (e, &v) in q.iter().enumerate() {
+                    let (h, r) = (e / 128, e % 128);
+                    ql[64 * h + r % 64] |= (v & 0xF) << (4 * (r / 64));
+                    qh[32 * h + r % 32] |= ((v >> 4) & 3) << (2 * (r / 32));
+                }
+                out.extend(ql);
+                out.extend(qh);
+                out.extend(scales.iter().map(|&s| s as u8));
+                out.extend(d.to_le_bytes());
+            }
+        }
     }
     Some(out)
 }
@@ -118,7 +250,7 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
         DType::I8 => x.round_ties_even().clamp(-128.0, 127.0),
         DType::I4 => x.round_ties_even().clamp(-8.0, 7.0),
         DType::I32 => x.round_ties_even(),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => x,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => x,
     }
 }
 

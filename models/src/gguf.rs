@@ -90,6 +90,9 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
         2 => DType::Q4_0,
         3 => DType::Q4_1,
         8 => DType::Q8_0,
+        12 => DType::Q4_K,
+        13 => DType::Q5_K,
+        14 => DType::Q6_K,
         24 => DType::I8,
         26 => DType::I32,
         30 => DType::BF16,
@@ -100,9 +103,6 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
                 9 => "Q8_1",
                 10 => "Q2_K",
                 11 => "Q3_K",
-                12 => "Q4_K",
-                13 => "Q5_K",
-                14 => "Q6_K",
                 15 => "Q8_K",
                 16..=23 | 29 => "IQ*",
                 25 => "I16",
@@ -110,7 +110,7 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
                 28 => "F64",
                 _ => "unknown",
             };
-            return Err(format!("unsupported GGUF tensor type {other} ({name}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, I8, I32"));
+            return Err(format!("unsupported GGUF tensor type {other} ({name}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, I8, I32"));
         }
     })
 }
@@ -271,6 +271,11 @@ pub fn parse(path: &Path, map: &[u8]) -> Result<GgufHeader> {
         let dtype = ggml_type(ty).map_err(terr)?;
         let numel = ne.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| terr(format!("shape {ne:?} overflows")))?;
         let nbytes = dtype.bytes_for(numel).ok_or_else(|| terr(format!("{numel} elements are not whole {dtype} blocks")))?;
+        // (ggml stores each row in whole blocks: a block never straddles two rows)
+        let row = ne.first().copied().unwrap_or(1);
+        if row % dtype.block().0 != 0 {
+            return Err(terr(format!("rows of {row} values are not whole {dtype} blocks of {} values", dtype.block().0)));
+        }
         let offset = data_start.checked_add(off).ok_or_else(|| terr("offset overflows".into()))?;
         if offset.checked_add(nbytes).is_none_or(|end| end > map.len()) {
             return Err(terr(format!("data at bytes {offset}..{} lies past the end of the file ({} bytes): the file is truncated", offset.saturating_add(nbytes), map.len())));
@@ -378,6 +383,9 @@ pub fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, DTy
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
         DType::Q8_0 => 8,
+        DType::Q4_K => 12,
+        DType::Q5_K => 13,
+        DType::Q6_K => 14,
         DType::I8 => 24,
         DType::I32 => 26,
         DType::BF16 => 30,

@@ -125,15 +125,19 @@ fn unsupported_gguf_type() {
     let t = good_gguf(d.path());
     let p = d.path().join("m.gguf");
     let mut bytes = std::fs::read(&p).unwrap();
-    // rewrite the type id of `blk.0.ffn_up.weight` in the tensor directory to 12 (Q4_K)
+    // rewrite the type id of `blk.0.ffn_up.weight` in the tensor directory to 10 (Q2_K)
     let name = b"blk.0.ffn_up.weight";
     let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     let nd = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
     let ty_at = at + 4 + 8 * nd;
     assert_eq!(u32::from_le_bytes(bytes[ty_at..ty_at + 4].try_into().unwrap()), 8, "Q8_0 before the edit");
+    bytes[ty_at..ty_at + 4].copy_from_slice(&10u32.to_le_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["blk.0.ffn_up.weight", "unsupported GGUF tensor type 10 (Q2_K)"]);
+    // (a K-quant is read, but its 96 x 64 matrix is no whole number of 256-value super-blocks)
     bytes[ty_at..ty_at + 4].copy_from_slice(&12u32.to_le_bytes());
     std::fs::write(&p, &bytes).unwrap();
-    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["blk.0.ffn_up.weight", "unsupported GGUF tensor type 12 (Q4_K)"]);
+    assert_has(&err_of(&model_toml(d.path(), "gguf", "m.gguf")), &["blk.0.ffn_up.weight", "rows of 64 values are not whole q4_k blocks of 256"]);
     let _ = t;
 }
 

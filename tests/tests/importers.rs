@@ -2,6 +2,7 @@
 //! - the same weights as HF safetensors (rotate_half RoPE) and as GGUF (llama.cpp's permuted
 //!   Q/K, interleaved RoPE) give the same logits;
 //! - sharded safetensors (model.safetensors.index.json) load like one file;
+//! - GGUF K-quant weights (Q4_K, Q5_K, Q6_K) run as their dequantized values;
 //! - prefill in one step == token by token == two sequences batched in one step.
 
 use dsc_ir::{DType, Executor, Tensor};
@@ -53,6 +54,77 @@ fn safetensors_and_gguf_of_the_same_weights_agree() {
         let got = prefill_logits(&gg);
         let e = rel_err(&got.data, &reference.data);
         assert!(e < tol, "{dtype} GGUF vs safetensors: relative error {e} > {tol}");
+    }
+}
+
+/// A GGUF of K-quant matrices (hidden 256: K-quants take rows of whole 256-value super-blocks)
+/// gives the logits of the same file with those matrices stored dequantized as f32: the CPU
+/// executor reads the packed blocks as `quant::decode` does (equal to the `gguf` package's,
+/// ir/tests/kquants.rs). The GPU lowering refuses them by name.
+#[test]
+fn k_quant_ggufs_run_as_their_dequantized_weights() {
+    let d = tempfile::tempdir().unwrap();
+    let (h, f, v) = (256usize, 512usize, 80usize);
+    let meta = vec![
+        ("general.architecture", dsc_models::gguf::Value::Str("llama".into())),
+        ("llama.block_count", dsc_models::gguf::Value::U32(1)),
+        ("llama.embedding_length", dsc_models::gguf::Value::U32(h as u32)),
+        ("llama.feed_forward_length", dsc_models::gguf::Value::U32(f as u32)),
+        ("llama.attention.head_count", dsc_models::gguf::Value::U32(4)),
+        ("llama.attention.head_count_kv", dsc_models::gguf::Value::U32(2)),
+        ("llama.rope.freq_base", dsc_models::gguf::Value::F32(10000.0)),
+        ("llama.attention.layer_norm_rms_epsilon", dsc_models::gguf::Value::F32(1e-5)),
+        ("llama.vocab_size", dsc_models::gguf::Value::U32(v as u32)),
+    ];
+    let mut seed = 7u32;
+    let mut rand = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                ((seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    };
+    let mats: Vec<(&str, Vec<usize>)> = vec![
+        ("blk.0.attn_q.weight", vec![h, h]),
+        ("blk.0.attn_k.weight", vec![h / 2, h]),
+        ("blk.0.attn_v.weight", vec![h / 2, h]),
+        ("blk.0.attn_output.weight", vec![h, h]),
+        ("blk.0.ffn_gate.weight", vec![f, h]),
+        ("blk.0.ffn_up.weight", vec![f, h]),
+        ("blk.0.ffn_down.weight", vec![h, f]),
+        ("output.weight", vec![v, h]),
+    ];
+    let values: Vec<Vec<f32>> = mats.iter().map(|(_, s)| rand(s[0] * s[1], 0.08)).collect();
+    let plain: Vec<(String, DType, Vec<usize>, Vec<u8>)> = vec![
+        ("token_embd.weight".into(), DType::F32, vec![v, h], dsc_ir::quant::encode(DType::F32, &rand(v * h, 1.0)).unwrap()),
+        ("blk.0.attn_norm.weight".into(), DType::F32, vec![h], dsc_ir::quant::encode(DType::F32, &vec![1.0; h]).unwrap()),
+        ("blk.0.ffn_norm.weight".into(), DType::F32, vec![h], dsc_ir::quant::encode(DType::F32, &vec![1.0; h]).unwrap()),
+        ("output_norm.weight".into(), DType::F32, vec![h], dsc_ir::quant::encode(DType::F32, &vec![1.0; h]).unwrap()),
+    ];
+    for dt in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        let (mut packed, mut widened) = (plain.clone(), plain.clone());
+        for ((name, shape), x) in mats.iter().zip(&values) {
+            let b = dsc_ir::quant::encode(dt, x).unwrap();
+            let deq = dsc_ir::quant::decode(dt, &b, x.len()).unwrap();
+            packed.push((name.to_string(), dt, shape.clone(), b));
+            widened.push((name.to_string(), DType::F32, shape.clone(), dsc_ir::quant::encode(DType::F32, &deq).unwrap()));
+        }
+        let logits = |tensors: &[(String, DType, Vec<usize>, Vec<u8>)], sub: &str| {
+            let dir = d.path().join(sub);
+            std::fs::create_dir_all(&dir).unwrap();
+            write_tiny_gguf(&dir.join("m.gguf"), &meta, tensors);
+            let m = dsc_models::load(&model_toml(&dir, "gguf", "m.gguf")).unwrap();
+            assert!(m.weights.tensors.values().any(|t| t.dtype == tensors[4].1), "{sub}: the matrices stay {}", tensors[4].1);
+            (prefill_logits(&m), dir)
+        };
+        let (got, dir) = logits(&packed, dt.name());
+        let (want, _) = logits(&widened, &format!("{}-f32", dt.name()));
+        let e = rel_err(&got.data, &want.data);
+        assert!(e < 1e-6 && got.data.iter().all(|x| x.is_finite()), "{dt} GGUF vs its dequantized f32: relative error {e}");
+        // (the GPU program is not built for K-quant weights yet; the plan says why)
+        let c = dsc_compiler::compile(&model_toml(&dir, "gguf", "m.gguf")).unwrap();
+        assert!(c.gpu.is_none() && c.gpu_skipped.as_deref().is_some_and(|w| w.contains(dt.name())), "{dt}: {:?}", c.gpu_skipped);
     }
 }
 
