@@ -67,8 +67,7 @@ pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
         KernelSpec::MoeGateUp { d, inter, wdtype, .. } if gate_up_gemv(*d, *inter, *wdtype) => KernelSpec::SwiGluGemv { k: *d, f: *inter, wdtype: *wdtype }.launch(),
         KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
         // (grid y = E: `rows` 1)
-        KernelSpec::MoeGateUpMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
-        KernelSpec::MoeDownMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
+        KernelSpec::MoeGateUpMma { .. } | KernelSpec::MoeDownMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
         KernelSpec::MoeCombine { .. } => Launch::BlockPerRow { warps: MOE_COMBINE_WARPS as u32 },
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
@@ -657,7 +656,6 @@ fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     // (A tiles: the gate's and the up's 16 rows, or 16 rows of the down projection — 32 rows
     // there, in two tiles, measured slower: b32 5.0 -> 6.7 ms a step)
     let (nw, nt, na) = (MOE_MMA_WARPS, GEMV_MMA_ROWS / 8, if gate_up { 2 } else { 1 });
-    let rows = 16;
     let per = 4 * nt * na;
     let steps = k / 32;
     // (K steps a warp's loop iteration loads: 4 weight rows' 16 bytes each a lane)
@@ -674,19 +672,17 @@ fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
     let (lane, warp) = b.lane_warp(&t);
     let (bx64, ex, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
     let lane32 = b.op(&format!("arith.trunci {lane64} : i64 to i32"));
-    let (c1, c2, c4, c8) = (b.ci64(1), b.ci64(2), b.ci64(4), b.ci64(8));
+    let (c1, c2, c4, c8, c16) = (b.ci64(1), b.ci64(2), b.ci64(4), b.ci64(8), b.ci64(16));
     let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
     let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
-    let crows = b.ci64(rows as i64);
-    let col0 = b.op(&format!("arith.muli {bx64}, {crows} : i64"));
+    let col0 = b.op(&format!("arith.muli {bx64}, {c16} : i64"));
     let nlast = b.op(&format!("arith.subi %n, {c1} : i64"));
     let mlast = b.op(&format!("arith.subi %m, {c1} : i64"));
     let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
     // this lane's weight rows g and g + 8 of the expert's tile (row stride K 16-bit values)
     let cre = b.ci64(if gate_up { inter } else { d } as i64);
     let erow = b.op(&format!("arith.muli {ex}, {cre} : i64"));
-    let rowoff = |b: &mut Body, dd: i64| MmaTiles::row_offsets(b, &erow, &col0, &g, &nlast, &e0, k, dd);
-    let (r0, r8) = rowoff(b, 0);
+    let (r0, r8) = MmaTiles::row_offsets(b, &erow, &col0, &g, &nlast, &e0, k, 0);
     let a_tiles: Vec<(String, String, String)> = if gate_up { vec![("%wg".into(), r0.clone(), r8.clone()), ("%wu".into(), r0, r8)] } else { vec![("%w".into(), r0, r8)] };
     let ce = b.ci64(e as i64);
     let zero = b.cf32(0.0);
@@ -815,8 +811,7 @@ fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
         for j in 0..nt {
             b.line(&format!("scf.if {} {{", live[j]));
             for i in 0..4 {
-                // D fragment value i: weight row col0 + 16 a + g (+ 8 for i >= 2) of A tile a,
-                // entry 8j + 2 tq + i % 2
+                // D fragment value i: weight row col0 + g (+ 8 for i >= 2), entry 8j + 2 tq + i % 2
                 let ce_ = b.op(&format!("arith.constant {} : i32", 8 * j + i % 2));
                 let r = b.op(&format!("arith.addi {t2}, {ce_} : i32"));
                 let tr = shuffle_i32(b, &tokc32, &r);
@@ -833,42 +828,40 @@ fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
                     wr
                 });
                 // (gate/up: silu(gate) · up; down: route-weighted)
-                for o in 0..(if gate_up { 1 } else { na }) {
-                    let cc = b.ci64(16 * o as i64 + if i >= 2 { 8 } else { 0 });
-                    let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
-                    let col = b.op(&format!("arith.addi {col}, {cc} : i64"));
-                    let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-                    let ok = b.op(&format!("arith.andi {okrs}, {okc} : i1"));
-                    let val = match &wr {
-                        None => {
-                            let gv = total(b, 4 * j + i);
-                            let uv = total(b, 4 * nt + 4 * j + i);
-                            let sg = b.sigmoid(&gv);
-                            let sg = b.op(&format!("arith.mulf {gv}, {sg} : f32"));
-                            b.op(&format!("arith.mulf {sg}, {uv} : f32"))
-                        }
-                        Some(wr) => {
-                            let v = total(b, o * 4 * nt + 4 * j + i);
-                            b.op(&format!("arith.mulf {v}, {wr} : f32"))
-                        }
-                    };
-                    b.line(&format!("scf.if {ok} {{"));
-                    let at = if gate_up {
-                        let hi = b.op(&format!("arith.muli {tr}, {ctk} : i64"));
-                        let hi = b.op(&format!("arith.addi {hi}, {sr} : i64"));
-                        let ci = b.ci64(inter as i64);
-                        let hi = b.op(&format!("arith.muli {hi}, {ci} : i64"));
-                        b.op(&format!("arith.addi {hi}, {col} : i64"))
-                    } else {
-                        let pi = b.op(&format!("arith.muli {sr}, %m : i64"));
-                        let pi = b.op(&format!("arith.addi {pi}, {tr} : i64"));
-                        let cd = b.ci64(d as i64);
-                        let pi = b.op(&format!("arith.muli {pi}, {cd} : i64"));
-                        b.op(&format!("arith.addi {pi}, {col} : i64"))
-                    };
-                    b.store(&val, "%y", &at);
-                    b.line("}");
-                }
+                let cc = b.ci64(if i >= 2 { 8 } else { 0 });
+                let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+                let col = b.op(&format!("arith.addi {col}, {cc} : i64"));
+                let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+                let ok = b.op(&format!("arith.andi {okrs}, {okc} : i1"));
+                let val = match &wr {
+                    None => {
+                        let gv = total(b, 4 * j + i);
+                        let uv = total(b, 4 * nt + 4 * j + i);
+                        let sg = b.sigmoid(&gv);
+                        let sg = b.op(&format!("arith.mulf {gv}, {sg} : f32"));
+                        b.op(&format!("arith.mulf {sg}, {uv} : f32"))
+                    }
+                    Some(wr) => {
+                        let v = total(b, 4 * j + i);
+                        b.op(&format!("arith.mulf {v}, {wr} : f32"))
+                    }
+                };
+                b.line(&format!("scf.if {ok} {{"));
+                let at = if gate_up {
+                    let hi = b.op(&format!("arith.muli {tr}, {ctk} : i64"));
+                    let hi = b.op(&format!("arith.addi {hi}, {sr} : i64"));
+                    let ci = b.ci64(inter as i64);
+                    let hi = b.op(&format!("arith.muli {hi}, {ci} : i64"));
+                    b.op(&format!("arith.addi {hi}, {col} : i64"))
+                } else {
+                    let pi = b.op(&format!("arith.muli {sr}, %m : i64"));
+                    let pi = b.op(&format!("arith.addi {pi}, {tr} : i64"));
+                    let cd = b.ci64(d as i64);
+                    let pi = b.op(&format!("arith.muli {pi}, {cd} : i64"));
+                    b.op(&format!("arith.addi {pi}, {col} : i64"))
+                };
+                b.store(&val, "%y", &at);
+                b.line("}");
             }
             b.line("}");
         }

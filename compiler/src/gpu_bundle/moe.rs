@@ -80,20 +80,24 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let dec = |b: &[u8], n: usize| dsc_ir::quant::decode(wdtype, b, n).context("decode");
         let (gb, ub, db) = (enc(&cx.r.vec(e * inter * d, -0.1, 0.1))?, enc(&cx.r.vec(e * inter * d, -0.1, 0.1))?, enc(&cx.r.vec(e * d * inter, -0.1, 0.1))?);
         let (gw, uw) = (dec(&gb, e * inter * d)?, dec(&ub, e * inter * d)?);
-        // h[t, slot, i] on the host (f32), slots in expert order
-        let mut h = vec![0f32; t * top_k * inter];
-        for ti in 0..t {
-            let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
-            for (s, &ei) in chosen.iter().enumerate() {
-                for i in 0..inter {
-                    let row = (ei * inter + i) * d;
-                    let xr = &x[ti * d..(ti + 1) * d];
-                    let g: f32 = gw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
-                    let u: f32 = uw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
-                    h[(ti * top_k + s) * inter + i] = g / (1.0 + (-g).exp()) * u;
+        // h[t, slot, i] on the host (f32) from the tokens' rows `x`, slots in expert order
+        let host_h = |x: &[f32]| {
+            let mut h = vec![0f32; t * top_k * inter];
+            for ti in 0..t {
+                let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
+                for (s, &ei) in chosen.iter().enumerate() {
+                    for i in 0..inter {
+                        let row = (ei * inter + i) * d;
+                        let xr = &x[ti * d..(ti + 1) * d];
+                        let g: f32 = gw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
+                        let u: f32 = uw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
+                        h[(ti * top_k + s) * inter + i] = g / (1.0 + (-g).exp()) * u;
+                    }
                 }
             }
-        }
+            h
+        };
+        let h = host_h(&x);
         let src = format!(
             "graph \"k\" {{\n  %x = input : f32[{t}, {d}]\n  %r = input : f32[{t}, {e}]\n  %g = weight : {wdtype}[{e}, {inter}, {d}]\n  %u = weight : {wdtype}[{e}, {inter}, {d}]\n  %w = weight : {wdtype}[{e}, {d}, {inter}]\n  %y = moe_experts(%x, %r, %g, %u, %w) : f32[{t}, {d}]\n  output y = %y\n}}\n"
         );
@@ -111,19 +115,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         if dsc_codegen::kernels::moe_fits(&up_mma).is_ok() {
             // (x in 16 bits, as the tensor-core kernel reads it: h from the rounded x)
             let x16: Vec<f32> = x.iter().map(|&v| dsc_ir::quant::round_to(wdtype, v)).collect();
-            let mut h16 = vec![0f32; t * top_k * inter];
-            for ti in 0..t {
-                let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
-                let xr = &x16[ti * d..(ti + 1) * d];
-                for (s, &ei) in chosen.iter().enumerate() {
-                    for i in 0..inter {
-                        let row = (ei * inter + i) * d;
-                        let g: f32 = gw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
-                        let u: f32 = uw[row..row + d].iter().zip(xr).map(|(a, b)| a * b).sum();
-                        h16[(ti * top_k + s) * inter + i] = g / (1.0 + (-g).exp()) * u;
-                    }
-                }
-            }
+            let h16 = host_h(&x16);
             let xb = cx.data.push_u8(&enc(&x16)?);
             let name = format!("moe_gate_up_mma T{t} D{d} I{inter} E{e} top{top_k} {wdtype}");
             let want = cx.data.push(&h16);
