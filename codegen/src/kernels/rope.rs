@@ -173,3 +173,143 @@ pub(crate) fn rope_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
         other => return Err(format!("`{}` is not one of the RoPE and KV-cache write kernels", other.symbol())),
     })
 }
+
+/// The RoPE arithmetic the rope, MLA and attention families share: (cos, sin) of a pair (with
+/// YaRN's frequencies through `Body::yarn`), a rotated element or pair of a row in global or
+/// shared memory.
+impl Body {
+    /// (cos, sin) of RoPE rotation pair `pair` (i64) at position `p` (i64) for head dim `d`
+    pub(crate) fn rope_cos_sin(&mut self, pair: &str, p: &str, d: usize, theta_bits: u32) -> (String, String) {
+        let b = self;
+        let pf = b.op(&format!("arith.sitofp {p} : i64 to f32"));
+        let pairf = b.op(&format!("arith.uitofp {pair} : i64 to f32"));
+        // inv_freq = theta^(-2 pair / d) = exp2(-(2 pair / d) log2 theta)
+        let k = b.cf32(-2.0 * f32::from_bits(theta_bits).log2() / d as f32);
+        let ex = b.op(&format!("arith.mulf {pairf}, {k} : f32"));
+        let inv = b.asm1("ex2.approx.ftz.f32", &ex);
+        // (YaRN: the interpolated frequency inv / factor blended in by the ramp over pairs
+        // low..high, as `dsc_ir::Yarn::inv_freq`)
+        let inv = match b.yarn {
+            Some([factor, low, high, _]) => {
+                let cf = b.cf32(factor);
+                let inter = b.op(&format!("arith.divf {inv}, {cf} : f32"));
+                let cl = b.cf32(low);
+                let cw = b.cf32(high - low);
+                let r = b.op(&format!("arith.subf {pairf}, {cl} : f32"));
+                let r = b.op(&format!("arith.divf {r}, {cw} : f32"));
+                let (z, one) = (b.cf32(0.0), b.cf32(1.0));
+                let r = b.op(&format!("arith.maximumf {r}, {z} : f32"));
+                let ramp = b.op(&format!("arith.minimumf {r}, {one} : f32"));
+                let extra_w = b.op(&format!("arith.subf {one}, {ramp} : f32"));
+                let keep = b.op(&format!("arith.subf {one}, {extra_w} : f32"));
+                let a = b.op(&format!("arith.mulf {inter}, {keep} : f32"));
+                b.op(&format!("llvm.intr.fma({inv}, {extra_w}, {a}) : (f32, f32, f32) -> f32"))
+            }
+            None => inv,
+        };
+        let ang = b.op(&format!("arith.mulf {pf}, {inv} : f32"));
+        // range-reduce to [-pi, pi] for the approx sin/cos
+        let r2pi = b.cf32(1.0 / (2.0 * std::f32::consts::PI));
+        let q = b.op(&format!("arith.mulf {ang}, {r2pi} : f32"));
+        let qr = b.asm1("cvt.rni.f32.f32", &q);
+        let m2pi = b.cf32(-2.0 * std::f32::consts::PI);
+        let red = b.op(&format!("llvm.intr.fma({qr}, {m2pi}, {ang}) : (f32, f32, f32) -> f32"));
+        let c = b.asm1("cos.approx.ftz.f32", &red);
+        let sn = b.asm1("sin.approx.ftz.f32", &red);
+        match b.yarn {
+            Some([.., mscale]) => {
+                let ms = b.cf32(mscale);
+                (b.op(&format!("arith.mulf {c}, {ms} : f32")), b.op(&format!("arith.mulf {sn}, {ms} : f32")))
+            }
+            None => (c, sn),
+        }
+    }
+    /// Element `e` (i64, 0..d) of a head's row at element `base` of `ptr`, rotated by RoPE at
+    /// position `p`: its pair and partner element by the style (half: e and e ± d/2;
+    /// interleaved: e and e ^ 1), y = x c - x' s for the pair's first element, x c + x' s for
+    /// its second (as [`Body::rope_pair`] computes them).
+    pub(crate) fn rope_elem(&mut self, ptr: &str, base: &str, e: &str, p: &str, d: usize, theta_bits: u32, interleaved: bool) -> String {
+        self.rope_elem_src(&Src::Global(ptr), base, e, p, d, theta_bits, interleaved)
+    }
+    /// f32 element `i` (i64) of `src`
+    pub(crate) fn load_src(&mut self, src: &Src, i: &str) -> String {
+        match src {
+            Src::Global(ptr) => self.load(ptr, i),
+            Src::Shared(smt, at) => {
+                let ca = self.ci64(*at as i64);
+                let j = self.op(&format!("arith.addi {ca}, {i} : i64"));
+                let j = self.op(&format!("arith.index_cast {j} : i64 to index"));
+                self.op(&format!("memref.load %sm[{j}] : {smt}"))
+            }
+        }
+    }
+    /// [`Body::rope_elem`] of a row in global memory or in shared memory
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_elem_src(&mut self, src: &Src, base: &str, e: &str, p: &str, d: usize, theta_bits: u32, interleaved: bool) -> String {
+        let b = self;
+        let (pair, partner, second) = if interleaved {
+            let c1 = b.ci64(1);
+            let pair = b.op(&format!("arith.shrui {e}, {c1} : i64"));
+            let partner = b.op(&format!("arith.xori {e}, {c1} : i64"));
+            let odd = b.op(&format!("arith.andi {e}, {c1} : i64"));
+            let c0 = b.ci64(0);
+            (pair, partner, b.op(&format!("arith.cmpi ne, {odd}, {c0} : i64")))
+        } else {
+            let ch = b.ci64((d / 2) as i64);
+            let second = b.op(&format!("arith.cmpi sge, {e}, {ch} : i64"));
+            let pair = b.op(&format!("arith.remui {e}, {ch} : i64"));
+            let up = b.op(&format!("arith.addi {e}, {ch} : i64"));
+            let down = b.op(&format!("arith.subi {e}, {ch} : i64"));
+            (pair, b.op(&format!("arith.select {second}, {down}, {up} : i64")), second)
+        };
+        let (c, sn) = b.rope_cos_sin(&pair, p, d, theta_bits);
+        let i = b.op(&format!("arith.addi {base}, {e} : i64"));
+        let ip = b.op(&format!("arith.addi {base}, {partner} : i64"));
+        let x = b.load_src(src, &i);
+        let xp = b.load_src(src, &ip);
+        let xps = b.op(&format!("arith.mulf {xp}, {sn} : f32"));
+        let nxps = b.op(&format!("arith.negf {xps} : f32"));
+        let t = b.op(&format!("arith.select {second}, {xps}, {nxps} : f32"));
+        b.op(&format!("llvm.intr.fma({x}, {c}, {t}) : (f32, f32, f32) -> f32"))
+    }
+    /// RoPE of rotation pair `i` (i64) of x[T, h, d] at `ptr` (positions in `%pos`): returns
+    /// (token, element index of the pair's two values, their rotated values)
+    pub(crate) fn rope_pair(&mut self, i: &str, ptr: &str, h: usize, d: usize, theta_bits: u32, interleaved: bool) -> (String, String, String, String, String) {
+        let b = self;
+        let half = d / 2;
+        let ch = b.ci64(half as i64);
+        let pair = b.op(&format!("arith.remui {i}, {ch} : i64"));
+        let th = b.op(&format!("arith.divui {i}, {ch} : i64"));
+        let hh = b.ci64(h as i64);
+        let t = b.op(&format!("arith.divui {th}, {hh} : i64"));
+        let p = b.load_i32_as_i64("%pos", &t);
+        let (c, sn) = b.rope_cos_sin(&pair, &p, d, theta_bits);
+        let dd = b.ci64(d as i64);
+        let base = b.op(&format!("arith.muli {th}, {dd} : i64"));
+        let (i0, i1) = if interleaved {
+            let c2 = b.ci64(2);
+            let p2 = b.op(&format!("arith.muli {pair}, {c2} : i64"));
+            let a0 = b.op(&format!("arith.addi {base}, {p2} : i64"));
+            let c1 = b.ci64(1);
+            let a1 = b.op(&format!("arith.addi {a0}, {c1} : i64"));
+            (a0, a1)
+        } else {
+            let a0 = b.op(&format!("arith.addi {base}, {pair} : i64"));
+            let a1 = b.op(&format!("arith.addi {a0}, {ch} : i64"));
+            (a0, a1)
+        };
+        let x0 = b.load_summed(ptr, &i0);
+        let x1 = b.load_summed(ptr, &i1);
+        let (y0, y1) = b.rotate_pair(&x0, &x1, &c, &sn);
+        (t, i0, i1, y0, y1)
+    }
+    /// A RoPE pair (x0, x1) rotated by (cos, sin): y0 = x0 c - x1 s, y1 = x1 c + x0 s.
+    pub(crate) fn rotate_pair(&mut self, x0: &str, x1: &str, c: &str, sn: &str) -> (String, String) {
+        let x1s = self.op(&format!("arith.mulf {x1}, {sn} : f32"));
+        let nx1s = self.op(&format!("arith.negf {x1s} : f32"));
+        let y0 = self.op(&format!("llvm.intr.fma({x0}, {c}, {nx1s}) : (f32, f32, f32) -> f32"));
+        let x0s = self.op(&format!("arith.mulf {x0}, {sn} : f32"));
+        let y1 = self.op(&format!("llvm.intr.fma({x1}, {c}, {x0s}) : (f32, f32, f32) -> f32"));
+        (y0, y1)
+    }
+}
