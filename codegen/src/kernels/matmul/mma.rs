@@ -170,7 +170,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
         let eb = b.op(&format!("arith.muli {e0}, {cxsz} : i64"));
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
-    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16 };
+    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16, split: false };
     let load_w = |b: &mut Body, s: &str| tiles.load_w(b, s);
     let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| tiles.steps(b, ss, acc, pre);
     // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
@@ -205,13 +205,17 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
 /// grouped routed experts (`kernels::moe`): each A tile's weight pointer and the byte offsets
 /// of this lane's 8 elements of K step 0 in its rows g and g + 8; each B tile's x offset (its
 /// row g) and whether it is live (tile 0 always is; a dead tile is skipped, warp-uniformly).
-/// x in 16 bits (`x16`: one 16-byte load per step, already in pairs) or f32 (two, packed).
+/// x in 16 bits (`x16`: one 16-byte load per step, already in pairs) or f32 (two, packed;
+/// with `split` as two 16-bit halves, hi = x rounded and lo = x − hi, each its own MMA: the
+/// product of 16-bit weights and f32 x to ~2^-16 instead of bf16's 2^-8, for twice the MMAs of
+/// a memory-bound kernel).
 pub(crate) struct MmaTiles {
     pub w: Vec<(String, String, String)>,
     pub x: Vec<String>,
     pub live: Vec<String>,
     pub x16: bool,
     pub f16: bool,
+    pub split: bool,
 }
 
 impl MmaTiles {
@@ -325,18 +329,36 @@ impl MmaTiles {
             let mut c = cur.clone();
             for (si, x) in xs.iter().enumerate() {
                 for half in 0..2 {
-                    // the B fragment once, for every A tile
-                    let (b0, b1) = if self.x16 {
-                        (x[2 * half].clone(), x[2 * half + 1].clone())
+                    // the B fragment once, for every A tile (and, split, the rounding's remainder)
+                    let mut frags = vec![];
+                    if self.x16 {
+                        frags.push((x[2 * half].clone(), x[2 * half + 1].clone()));
                     } else {
-                        (b.pack2(&x[4 * half], &x[4 * half + 1], self.f16), b.pack2(&x[4 * half + 2], &x[4 * half + 3], self.f16))
-                    };
-                    for a in 0..na {
-                        let w = &ws[si][a];
-                        let av = [w[0][2 * half].as_str(), &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
-                        let acc = [c[4 * a].clone(), c[4 * a + 1].clone(), c[4 * a + 2].clone(), c[4 * a + 3].clone()];
-                        let out = b.mma_m16n8k16(ty, av, &b0, &b1, [&acc[0], &acc[1], &acc[2], &acc[3]]);
-                        c[4 * a..4 * a + 4].clone_from_slice(&out);
+                        let v = &x[4 * half..4 * half + 4];
+                        let (b0, b1) = (b.pack2(&v[0], &v[1], self.f16), b.pack2(&v[2], &v[3], self.f16));
+                        if self.split {
+                            let mut rest = vec![];
+                            for (word, pair) in [(&b0, &v[0..2]), (&b1, &v[2..4])] {
+                                let hi = if self.f16 { b.f16_pair(word) } else { b.bf16_pair(word) };
+                                for (xv, h) in pair.iter().zip(&hi) {
+                                    rest.push(b.op(&format!("arith.subf {xv}, {h} : f32")));
+                                }
+                            }
+                            let lo = (b.pack2(&rest[0], &rest[1], self.f16), b.pack2(&rest[2], &rest[3], self.f16));
+                            frags.push((b0, b1));
+                            frags.push(lo);
+                        } else {
+                            frags.push((b0, b1));
+                        }
+                    }
+                    for (b0, b1) in &frags {
+                        for a in 0..na {
+                            let w = &ws[si][a];
+                            let av = [w[0][2 * half].as_str(), &w[1][2 * half], &w[0][2 * half + 1], &w[1][2 * half + 1]];
+                            let acc = [c[4 * a].clone(), c[4 * a + 1].clone(), c[4 * a + 2].clone(), c[4 * a + 3].clone()];
+                            let out = b.mma_m16n8k16(ty, av, b0, b1, [&acc[0], &acc[1], &acc[2], &acc[3]]);
+                            c[4 * a..4 * a + 4].clone_from_slice(&out);
+                        }
                     }
                 }
             }
