@@ -147,6 +147,9 @@ pub fn lower_gpu_traced(
     specs.extend(steps.iter().flat_map(|s| s.alternatives().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
     specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
+    // (and Q4_1 where the graph has Q4_1 weights: the quantized shapes' benchmark plans)
+    let q4_1 = graph.node_ids().any(|id| matches!(graph.node(id).op, dsc_ir::Op::Weight) && graph.node(id).ty.dtype == dsc_ir::DType::Q4_1);
+    specs.extend(q4_1.then_some(dsc_codegen::KernelSpec::SeededInit { dtype: dsc_ir::DType::Q4_1 }));
     // greedy decoding picks tokens on the device: an argmax over the logits rows
     let logits = graph.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| graph.node(*id));
     let argmax = logits.and_then(|l| l.ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });

@@ -123,6 +123,10 @@ fn decode(bytes: &[u8], dtype: &str) -> anyhow::Result<Vec<f32>> {
         anyhow::ensure!(bytes.len() % 4 == 0, "{} bytes are not whole i32 values", bytes.len());
         return Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect());
     }
+    // (u8: packed weights a kernel wrote, compared byte by byte as numbers)
+    if dtype == "u8" {
+        return Ok(bytes.iter().map(|&b| b as f32).collect());
+    }
     let (dt, w) = if dtype == "bf16" { (dsc_ir::DType::BF16, 2) } else { (dsc_ir::DType::F32, 4) };
     dsc_ir::quant::decode(dt, bytes, bytes.len() / w).with_context(|| format!("{} bytes are not whole {dtype} values", bytes.len()))
 }

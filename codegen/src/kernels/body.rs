@@ -669,6 +669,31 @@ impl Body {
         let ins = if f16 { "cvt.rn.f16x2.f32" } else { "cvt.rn.bf16x2.f32" };
         self.op(&format!("llvm.inline_asm \"{ins} $0, $1, $2;\", \"=r,f,f\" {hi}, {lo} : (f32, f32) -> i32"))
     }
+    /// `prmt.b32`: the bytes of (`a`, `b`) picked by `sel` (one nibble per result byte, 0-3 `a`'s, 4-7 `b`'s)
+    pub(crate) fn prmt(&mut self, a: &str, b: &str, sel: u32) -> String {
+        self.op(&format!("llvm.inline_asm \"prmt.b32 $0, $1, $2, {sel:#x};\", \"=r,r,r\" {a}, {b} : (i32, i32) -> i32"))
+    }
+    /// A GGUF Q4_1 block's 8 elements held by one i32 `qs` word (bytes 4t..4t+3 of its 16
+    /// nibble bytes: elements 4t+i in the low nibbles, 16+4t+i in the high ones) dequantized
+    /// to f16 pairs d·q + m (`hdr`: the block's f16 d, low half, and m): the words (4t, 4t+2),
+    /// (4t+1, 4t+3), (16+4t, 16+4t+2), (16+4t+1, 16+4t+3), each pair low element first. Each
+    /// nibble pair becomes 1024 + q exactly (or-ed into f16 1024's bits), 1024 is taken off
+    /// exactly, and one `fma.rn.f16x2` rounds d·q + m once.
+    pub(crate) fn q4_1_f16_words(&mut self, qs: &str, hdr: &str) -> [String; 4] {
+        let st = "!llvm.struct<(i32, i32, i32, i32)>";
+        let mut asm = String::from("{ .reg .b32 d2, m2, k, t, u; prmt.b32 d2, $5, $5, 0x1010; prmt.b32 m2, $5, $5, 0x3232; mov.b32 k, 0x64006400; ");
+        for (o, shift) in [0, 8, 4, 12].iter().enumerate() {
+            if *shift == 0 {
+                asm.push_str("mov.b32 u, $4; ");
+            } else {
+                asm.push_str(&format!("shr.u32 u, $4, {shift}; "));
+            }
+            asm.push_str(&format!("lop3.b32 t, u, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, k; fma.rn.f16x2 ${o}, t, d2, m2; "));
+        }
+        asm.push('}');
+        let r = self.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r,r\" {qs}, {hdr} : (i32, i32) -> {st}"));
+        [0, 1, 2, 3].map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
+    }
     /// `mma.sync m16n8k16` (f32 accumulators, `ty` = bf16 or f16 operands): A fragment `a`
     /// (4 x i32), B fragment `b0`, `b1`, accumulators `acc` (4 x f32); returns the new four.
     pub(crate) fn mma_m16n8k16(&mut self, ty: &str, a: [&str; 4], b0: &str, b1: &str, acc: [&str; 4]) -> Vec<String> {

@@ -13,19 +13,19 @@ use crate::kernels::*;
 /// The readable symbol of a `elementwise` kernel (`KernelSpec::symbol`).
 pub(crate) fn elementwise_symbol(spec: &KernelSpec) -> String {
     match spec {
-            KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
-            KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
-            KernelSpec::SiluMulHalf { f16 } => format!("binary_silu_mul_f32_{}", if *f16 { "f16" } else { "bf16" }),
-            KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
-            KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
-            KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
-            KernelSpec::Softmax { d } => format!("softmax_d{d}"),
-            KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
-            KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
-            KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
-            KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
-            KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
-            KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
+        KernelSpec::Unary(u) => format!("unary_{}_f32", dsc_ir::Op::Unary(u.0).name()),
+        KernelSpec::Binary(b) => format!("binary_{}_f32", dsc_ir::Op::Binary(b.0).name()),
+        KernelSpec::SiluMulHalf { f16 } => format!("binary_silu_mul_f32_{}", if *f16 { "f16" } else { "bf16" }),
+        KernelSpec::Gather { d, dtype } => format!("gather_d{d}_{dtype}"),
+        KernelSpec::SeededInit { dtype } => format!("seeded_init_{dtype}"),
+        KernelSpec::SplitKReduce { splits, residual } => format!("splitk_reduce{splits}{}", if *residual { "_res" } else { "" }),
+        KernelSpec::Softmax { d } => format!("softmax_d{d}"),
+        KernelSpec::Slice { inner, d, start, len } => format!("slice_i{inner}_d{d}_{start}_{len}"),
+        KernelSpec::TakeAlong { n_in, k } => format!("take_along_n{n_in}_k{k}"),
+        KernelSpec::TopK { d, k } => format!("top_k_d{d}_k{k}"),
+        KernelSpec::Transpose { perm } => format!("transpose_{}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("")),
+        KernelSpec::Concat { sizes, inner } => format!("concat_{}_i{inner}", sizes.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("_")),
+        KernelSpec::ToHalf { f16 } => format!("to_{}", if *f16 { "f16" } else { "bf16" }),
         other => unreachable!("{other:?} is not a elementwise kernel (kernels::family)"),
     }
 }
@@ -33,22 +33,22 @@ pub(crate) fn elementwise_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `elementwise` kernel (`KernelSpec::launch`).
 pub(crate) fn elementwise_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::Unary(_) | KernelSpec::Binary(_) | KernelSpec::SiluMulHalf { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::Softmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
-            KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
-            KernelSpec::Gather { .. } | KernelSpec::SeededInit { .. } | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
+        KernelSpec::Unary(_) | KernelSpec::Binary(_) | KernelSpec::SiluMulHalf { .. } => Launch::PerElement { threads: 256 },
+        KernelSpec::ToHalf { .. } => Launch::PerElement { threads: 256 },
+        KernelSpec::Softmax { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+        KernelSpec::Slice { .. } | KernelSpec::TakeAlong { .. } | KernelSpec::Transpose { .. } | KernelSpec::Concat { .. } => Launch::PerElement { threads: 256 },
+        KernelSpec::TopK { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+        KernelSpec::Gather { .. } | KernelSpec::SeededInit { .. } | KernelSpec::SplitKReduce { .. } => Launch::PerElement { threads: 256 },
         other => unreachable!("{other:?} is not a elementwise kernel (kernels::family)"),
     }
 }
 
 /// Whether an elementwise or data-movement kernel generates ([`fits`]): seeded weights in
-/// f32/bf16/f16, transposes of rank 1..=4, gathers from the weight types the kernels read
+/// f32/bf16/f16/q4_1, transposes of rank 1..=4, gathers from the weight types the kernels read
 /// (packed blocks whole in a row).
 pub(crate) fn elementwise_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) => Err(format!("seeded weights in {dtype} are not generated on the GPU")),
+        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1) => Err(format!("seeded weights in {dtype} are not generated on the GPU")),
         KernelSpec::Transpose { perm } if perm.is_empty() || perm.len() > 4 => Err(format!("transpose of rank {} is not lowered (1..=4)", perm.len())),
         KernelSpec::Gather { d, dtype } => {
             weight_elem_fits(*dtype)?;
@@ -172,6 +172,65 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     let h = b.op(&format!("arith.truncf {v} : f32 to f16"));
                     let p = b.op(&format!("llvm.getelementptr %y[{i}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, f16"));
                     b.line(&format!("llvm.store {h}, {p} : f16, !llvm.ptr<1>"));
+                }
+                DType::Q4_1 => {
+                    // a warp per 32-element block (N a multiple of 32: whole warps in the
+                    // guard), as `dsc_ir::quant::encode` does it: min and max over the block
+                    // (order-free), d = (max - min) / 15 and q = trunc((v - min) · (1/d) + 0.5)
+                    // clamped, each f32 operation rounded on its own (no contraction), d and
+                    // the min stored as f16; lane j < 16 writes byte j (q_j | q_{j+16} << 4)
+                    let lo = b.xor_reduce(&v, "arith.minimumf", &[16, 8, 4, 2, 1]);
+                    let hi = b.xor_reduce(&v, "arith.maximumf", &[16, 8, 4, 2, 1]);
+                    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
+                    let span = rn(b, "sub", &hi, &lo);
+                    let c15 = b.cf32(15.0);
+                    let d = rn(b, "div", &span, &c15);
+                    let zero = b.cf32(0.0);
+                    let nz = b.op(&format!("arith.cmpf une, {d}, {zero} : f32"));
+                    let rd = rn(b, "div", &one, &d);
+                    let id = b.op(&format!("arith.select {nz}, {rd}, {zero} : f32"));
+                    let dv = rn(b, "sub", &v, &lo);
+                    let sc = rn(b, "mul", &dv, &id);
+                    let half = b.cf32(0.5);
+                    let r = rn(b, "add", &sc, &half);
+                    let qi = b.op(&format!("arith.fptosi {r} : f32 to i32"));
+                    let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
+                    let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));
+                    let qi = b.op(&format!("arith.minsi {qi}, {c15i} : i32"));
+                    let w32 = b.op("arith.constant 32 : i32");
+                    let c16 = b.op("arith.constant 16 : i32");
+                    let (up, valid) = (b.v(), b.v());
+                    b.line(&format!("{up}, {valid} = gpu.shuffle down {qi}, {c16}, {w32} : i32"));
+                    let c4 = b.op("arith.constant 4 : i32");
+                    let hi4 = b.op(&format!("arith.shli {up}, {c4} : i32"));
+                    let byte = b.op(&format!("arith.ori {qi}, {hi4} : i32"));
+                    let byte = b.op(&format!("arith.trunci {byte} : i32 to i8"));
+                    // block i / 32 at byte 20 (i / 32); lane = i % 32
+                    let c32 = b.ci64(32);
+                    let blk = b.op(&format!("arith.divui {i}, {c32} : i64"));
+                    let lane = b.op(&format!("arith.remui {i}, {c32} : i64"));
+                    let c20 = b.ci64(20);
+                    let at = b.op(&format!("arith.muli {blk}, {c20} : i64"));
+                    let c16l = b.ci64(16);
+                    let low = b.op(&format!("arith.cmpi ult, {lane}, {c16l} : i64"));
+                    b.line(&format!("scf.if {low} {{"));
+                    let c4l = b.ci64(4);
+                    let o = b.op(&format!("arith.addi {at}, {c4l} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {lane} : i64"));
+                    let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                    b.line(&format!("llvm.store {byte}, {p} : i8, !llvm.ptr<1>"));
+                    b.line("}");
+                    let c0l = b.ci64(0);
+                    let first = b.op(&format!("arith.cmpi eq, {lane}, {c0l} : i64"));
+                    b.line(&format!("scf.if {first} {{"));
+                    for (val, off) in [(&d, 0i64), (&lo, 2)] {
+                        let h = b.op(&format!("arith.truncf {val} : f32 to f16"));
+                        let co = b.ci64(off);
+                        let o = b.op(&format!("arith.addi {at}, {co} : i64"));
+                        let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                        b.line(&format!("llvm.store {h}, {p} {{alignment = 2 : i64}} : f16, !llvm.ptr<1>"));
+                    }
+                    b.line("}");
                 }
                 other => unreachable!("elementwise_fits refuses seeded {other}"),
             }

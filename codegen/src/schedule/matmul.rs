@@ -425,7 +425,7 @@ pub(crate) fn insert_half_casts(steps: Vec<Step>, norm_half: bool, silu_half: bo
                 KernelSpec::MatMulPipe { k, wdtype, a16: true, .. } | KernelSpec::MatMulFewX16 { k, wdtype, .. } | KernelSpec::MoeGateUpMma { d: k, wdtype, .. } => (*k, *wdtype),
                 _ => continue,
             };
-            let f16 = wdtype == DType::F16;
+            let f16 = crate::kernels::tensor_core_f16(wdtype);
             let half = format!("{x}@{}", if f16 { "f16" } else { "bf16" });
             // (for a new copy: the RMSNorm — or silu_mul — step writing x, where it can write the
             // copy too)

@@ -161,6 +161,23 @@ fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
 }
 
 #[test]
+fn q4_1_batched_decode_runs_the_tensor_core_gemv_up_to_few_max_rows_on_an_f16_copy() {
+    let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : q4_1[128, 64]\n  %a = matmul(%x, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
+    let g = text::parse(src).unwrap();
+    let steps = lower_opts(&g, ScheduleOptions { few_x16: true, ..no_ws() }).unwrap();
+    let s = steps.iter().find(|s| s.node == "a").unwrap();
+    let [f32x, x16] = &s.few[..] else { panic!("{:?}", s.few) };
+    assert!(matches!(f32x.kernel, KernelSpec::MatMulFew { wdtype: DType::Q4_1, rows: 32, .. }) && (f32x.min_rows, f32x.max_rows) == (2, Some(15)));
+    assert!(matches!(x16.kernel, KernelSpec::MatMulFewX16 { wdtype: DType::Q4_1, .. }) && (x16.min_rows, x16.max_rows) == (16, Some(128)));
+    // x copied in f16 (the dequantized Q4_1 operands are f16)
+    assert_eq!(x16.args.as_ref().unwrap()[0], "x@f16");
+    assert!(steps.iter().any(|s| s.node == "x@f16"));
+    // the wgmma prefill kernel only past the batched GEMV's rows
+    let [h] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
+    assert!(matches!(h.kernel, KernelSpec::MatMulWgmma { n_tile: 64, .. }) && h.min_rows == 129, "{h:?}");
+}
+
+#[test]
 fn batched_decode_rows_go_to_64_row_tiles_then_128_row_tiles_by_width() {
     // (x in f32 for the batched GEMV here: only the Hopper list matters)
     for (n, lo64, from128) in [(6144usize, 32i64, 64i64), (28672, 32, 16), (128, 48, 64)] {

@@ -193,6 +193,32 @@ pub(super) fn seeded(cx: &mut Cx) -> anyhow::Result<()> {
             cx.specs.push(spec);
         }
     }
+    // Q4_1 (a warp per block, the host encoder's min/max quantizer): its bytes compared one
+    // by one, exactly (written over a 0xAB fill)
+    {
+        let (n, seed, name, scale) = (100_000usize - 32 * 7, 7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
+        let host = dsc_ir::quant::encode(DType::Q4_1, &dsc_ir::seeded::values(seed, name, n, scale, false)).context("encode")?;
+        let spec = KernelSpec::SeededInit { dtype: DType::Q4_1 };
+        let (g, b) = grid(&spec.launch(), n);
+        let bytes: Vec<f32> = host.iter().map(|&v| v as f32).collect();
+        let init = cx.data.push_u8(&vec![0xAB; host.len()]);
+        cx.cases.push(Case {
+            name: format!("seeded_init {n} q4_1"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![],
+            scalars: vec![n as i64, dsc_ir::seeded::base(seed, name) as i64, scale.to_bits() as i64, 0, n as i64, 0, 0],
+            expected: cx.data.push(&bytes),
+            init: Some(init),
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 0.0,
+            cluster: None,
+        });
+        cx.specs.push(spec);
+    }
     // a tensor-parallel shard of a seeded weight: rank 1 of 2 of the columns of [rows, cols]
     {
         let (rows, cols, seed, name, scale) = (301usize, 512usize, 7u64, "blk.0.ffn_down.weight", 1.0f32 / 64.0);

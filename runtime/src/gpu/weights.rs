@@ -29,7 +29,7 @@ pub(super) fn upload(graph: &Graph, plan: &Plan, module: &Arc<CudaModule>, strea
             Some(sw) => {
                 // generate on the device (a shard reads its part of the full tensor's stream)
                 let k = format!("seeded_init_{}", e.dtype);
-                let f = cu(module.load_function(&k), &format!("kernel {k}"))?;
+                let f = module.load_function(&k).map_err(|_| gerr(format!("weight `{}`: seeded {} weights are not generated on the GPU (the plan has no `{k}` kernel)", n.name, e.dtype)))?;
                 let numel: i64 = local.iter().product::<usize>() as i64;
                 let d: dsc_ir::DType = e.dtype.parse().map_err(gerr)?;
                 let nbytes = d.bytes_for(numel as usize).ok_or_else(|| gerr(format!("weight `{}`: {numel} {d} elements", n.name)))?;

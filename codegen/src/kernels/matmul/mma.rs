@@ -49,14 +49,14 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
 /// four 8-column B tiles of `mma.m16n8k16`, 16 outputs per block.
 pub const GEMV_MMA_ROWS: usize = 32;
 
-/// What [`emit_gemv_mma`] takes: bf16/f16 weights, K a multiple of 32, a reduction within 48 KB
+/// What [`emit_gemv_mma`] takes: bf16/f16 or Q4_1 weights, K a multiple of 32, a reduction within 48 KB
 /// of shared memory.
 pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
     if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
-    if !matches!(wdtype, DType::BF16 | DType::F16) {
-        return Err(format!("the tensor-core batched GEMV takes bf16/f16 weights, not {wdtype}"));
+    if !matches!(wdtype, DType::BF16 | DType::F16 | DType::Q4_1) {
+        return Err(format!("the tensor-core batched GEMV takes bf16/f16/q4_1 weights, not {wdtype}"));
     }
     let (nw, _, na) = gemv_mma_tiling3();
     let per = 4 * (GEMV_MMA_ROWS / 8) * na;
@@ -112,7 +112,8 @@ pub(crate) fn mma_fits(spec: &KernelSpec) -> Result<(), String> {
 /// warp 0 runs the epilogue.
 pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, x16: bool) -> Result<(), String> {
     gemv_mma_fits(k, wdtype)?;
-    let f16 = wdtype == DType::F16;
+    let f16 = tensor_core_f16(wdtype);
+    let q4 = wdtype == DType::Q4_1;
     let (nw, unroll, na) = gemv_mma_tiling3();
     let nt = GEMV_MMA_ROWS / 8; // B tiles
     let steps = k / 32;
@@ -136,10 +137,13 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
     let one = b.ci64(1);
     let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
     let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
-    // byte offset of this lane's 8 elements within a step: 8t elements
-    let c8 = b.ci64(8);
+    // this lane's first element within a step: 8t (16-bit weights), 4t (Q4_1: and 16 + 4t);
+    // its weights' byte offset inside a step: 16t, or 4 + 4t inside the Q4_1 block
+    let c8 = b.ci64(if q4 { 4 } else { 8 });
     let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
-    let wrowbytes = b.ci64((k * 2) as i64);
+    let wrowbytes = b.ci64(if q4 { (k / 32 * 20) as i64 } else { (k * 2) as i64 });
+    let c4b = b.ci64(4);
+    let q4off = q4.then(|| b.op(&format!("arith.addi {e0}, {c4b} : i64")));
     // A tile a's rows g and g + 8: wbase[2 a], wbase[2 a + 1]
     let wbase: Vec<String> = (0..na)
         .flat_map(|a| [16 * a as i64, 16 * a as i64 + 8])
@@ -149,8 +153,13 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
             let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
             let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
             let o = b.op(&format!("arith.muli {r}, {wrowbytes} : i64"));
-            let c2 = b.ci64(2);
-            let eb = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+            let eb = match &q4off {
+                Some(q) => q.clone(),
+                None => {
+                    let c2 = b.ci64(2);
+                    b.op(&format!("arith.muli {e0}, {c2} : i64"))
+                }
+            };
             b.op(&format!("arith.addi {o}, {eb} : i64"))
         })
         .collect();
@@ -170,7 +179,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
         let eb = b.op(&format!("arith.muli {e0}, {cxsz} : i64"));
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
-    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16, split: false };
+    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16, split: false, q4_1: q4off };
     let load_w = |b: &mut Body, s: &str| tiles.load_w(b, s);
     let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| tiles.steps(b, ss, acc, pre);
     // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
@@ -209,6 +218,11 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
 /// with `split` as two 16-bit halves, hi = x rounded and lo = x − hi, each its own MMA: the
 /// product of 16-bit weights and f32 x to ~2^-16 instead of bf16's 2^-8, for twice the MMAs of
 /// a memory-bound kernel).
+///
+/// Q4_1 weights (`q4_1`: this lane's byte offset 4 + 4t of its nibble word inside a block,
+/// i64): a K step is one 20-byte GGUF block per row; the lane's 8 elements are 4t..4t+3 and
+/// 16+4t..16+4t+3 (one i32 of nibbles, [`Body::q4_1_f16_words`] dequantizes them to f16 pairs
+/// next to the MMAs), and x is loaded in that order (its offsets in `x` at element 4t).
 pub(crate) struct MmaTiles {
     pub w: Vec<(String, String, String)>,
     pub x: Vec<String>,
@@ -216,6 +230,7 @@ pub(crate) struct MmaTiles {
     pub x16: bool,
     pub f16: bool,
     pub split: bool,
+    pub q4_1: Option<String>,
 }
 
 impl MmaTiles {
@@ -271,8 +286,9 @@ impl MmaTiles {
     }
 
     /// The weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
+    /// (Q4_1: [nibble word, header word] per row, dequantized by [`MmaTiles::a_words`].)
     pub(crate) fn load_w(&self, b: &mut Body, s: &str) -> Vec<Vec<Vec<String>>> {
-        let cb = b.ci64(64);
+        let cb = b.ci64(if self.q4_1.is_some() { 20 } else { 64 });
         let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
         self.w
             .iter()
@@ -281,11 +297,28 @@ impl MmaTiles {
                     .iter()
                     .map(|base| {
                         let off = b.op(&format!("arith.addi {base}, {so} : i64"));
-                        b.load_vec(ptr, &off, 4, "i32", 16)
+                        match &self.q4_1 {
+                            Some(lane_off) => {
+                                let qs = b.load_vec(ptr, &off, 1, "i32", 4).remove(0);
+                                let hoff = b.op(&format!("arith.subi {off}, {lane_off} : i64"));
+                                let hdr = b.load_vec(ptr, &hoff, 1, "i32", 4).remove(0);
+                                vec![qs, hdr]
+                            }
+                            None => b.load_vec(ptr, &off, 4, "i32", 16),
+                        }
                     })
                     .collect()
             })
             .collect()
+    }
+
+    /// One row's A words of a K step as [`MmaTiles::load_w`] loaded them: the 4 words the
+    /// MMAs take (half h: words 2h and 2h + 1).
+    fn a_words(&self, b: &mut Body, raw: &[String]) -> Vec<String> {
+        match self.q4_1 {
+            Some(_) => b.q4_1_f16_words(&raw[0], &raw[1]).to_vec(),
+            None => raw.to_vec(),
+        }
     }
 
     /// The MMAs of the 32-wide K steps `ss` (i64 step indices) into `acc` ([A tile a][B tile
@@ -294,10 +327,11 @@ impl MmaTiles {
         let (na, nt) = (self.w.len(), self.x.len());
         let ty = if self.f16 { "f16" } else { "bf16" };
         let xsz = if self.x16 { 2 } else { 4 };
-        let ws: Vec<Vec<Vec<Vec<String>>>> = match pre {
+        let raw: Vec<Vec<Vec<Vec<String>>>> = match pre {
             Some(p) => p.to_vec(),
             None => ss.iter().map(|s| self.load_w(b, s)).collect(),
         };
+        let ws: Vec<Vec<Vec<Vec<String>>>> = raw.iter().map(|step| step.iter().map(|tile| tile.iter().map(|row| self.a_words(b, row)).collect()).collect()).collect();
         let mut out = acc.to_vec();
         for j in 0..nt {
             // this B tile's accumulators of every A tile
@@ -316,6 +350,22 @@ impl MmaTiles {
                 let cb = b.ci64(32 * xsz as i64);
                 let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
                 let off = b.op(&format!("arith.addi {}, {so} : i64", self.x[j]));
+                if self.q4_1.is_some() {
+                    // elements 4t..4t+3 and 16+4t..16+4t+3, as the words pair them
+                    let c16e = b.ci64(16 * xsz as i64);
+                    let off2 = b.op(&format!("arith.addi {off}, {c16e} : i64"));
+                    if self.x16 {
+                        let mut u = b.load_vec("%x", &off, 2, "i32", 8);
+                        u.extend(b.load_vec("%x", &off2, 2, "i32", 8));
+                        let w = vec![b.prmt(&u[0], &u[1], 0x5410), b.prmt(&u[0], &u[1], 0x7632), b.prmt(&u[2], &u[3], 0x5410), b.prmt(&u[2], &u[3], 0x7632)];
+                        xs.push(w);
+                    } else {
+                        let mut v = b.load_vec("%x", &off, 4, "f32", 16);
+                        v.extend(b.load_vec("%x", &off2, 4, "f32", 16));
+                        xs.push([0, 2, 1, 3, 4, 6, 5, 7].iter().map(|&i| v[i].clone()).collect());
+                    }
+                    continue;
+                }
                 if self.x16 {
                     xs.push(b.load_vec("%x", &off, 4, "i32", 16));
                     continue;
