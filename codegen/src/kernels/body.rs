@@ -673,25 +673,51 @@ impl Body {
     pub(crate) fn prmt(&mut self, a: &str, b: &str, sel: u32) -> String {
         self.op(&format!("llvm.inline_asm \"prmt.b32 $0, $1, $2, {sel:#x};\", \"=r,r,r\" {a}, {b} : (i32, i32) -> i32"))
     }
-    /// A GGUF Q4_1 block's 8 elements held by one i32 `qs` word (bytes 4t..4t+3 of its 16
-    /// nibble bytes: elements 4t+i in the low nibbles, 16+4t+i in the high ones) dequantized
-    /// to f16 pairs d·q + m (`hdr`: the block's f16 d, low half, and m): the words (4t, 4t+2),
-    /// (4t+1, 4t+3), (16+4t, 16+4t+2), (16+4t+1, 16+4t+3), each pair low element first. Each
-    /// nibble pair becomes 1024 + q exactly (or-ed into f16 1024's bits), 1024 is taken off
-    /// exactly, and one `fma.rn.f16x2` rounds d·q + m once.
-    pub(crate) fn q4_1_f16_words(&mut self, qs: &str, hdr: &str) -> [String; 4] {
+    /// One row's 8 elements of a GGUF block as f16 pairs, from the words [`MmaTiles`] loads
+    /// (`raw`: the quant word(s), then the header: Q4_1's i32 (f16 d low, f16 min high), the
+    /// others' i16 d), each value rounded once:
+    /// - Q4_0 / Q4_1: the nibble word holds bytes 4t..4t+3 (elements 4t+i low, 16+4t+i high);
+    ///   the words are (4t, 4t+2), (4t+1, 4t+3), (16+4t, 16+4t+2), (16+4t+1, 16+4t+3). Each
+    ///   nibble pair is or-ed into f16 1024's bits (1024 + q exactly), 1024 (Q4_0: 1032) taken
+    ///   off exactly, then one `fma.rn.f16x2` d·q + m (Q4_0: `mul` d·(q − 8)).
+    /// - Q8_0: words (8t, 8t+1) .. (8t+6, 8t+7): each byte xor 0x80 under f16 1024's high byte
+    ///   (`prmt`: 1024 + q + 128 exactly), 1152 taken off, one `mul.rn.f16x2` by d.
+    ///
+    /// [`MmaTiles`]: crate::kernels::MmaTiles
+    pub(crate) fn gguf_f16_words(&mut self, dtype: DType, raw: &[String]) -> [String; 4] {
         let st = "!llvm.struct<(i32, i32, i32, i32)>";
-        let mut asm = String::from("{ .reg .b32 d2, m2, k, t, u; prmt.b32 d2, $5, $5, 0x1010; prmt.b32 m2, $5, $5, 0x3232; mov.b32 k, 0x64006400; ");
-        for (o, shift) in [0, 8, 4, 12].iter().enumerate() {
-            if *shift == 0 {
-                asm.push_str("mov.b32 u, $4; ");
-            } else {
-                asm.push_str(&format!("shr.u32 u, $4, {shift}; "));
+        let asm = match dtype {
+            DType::Q4_0 | DType::Q4_1 => {
+                let q1 = dtype == DType::Q4_1;
+                let hdr = if q1 { raw[1].clone() } else { self.op(&format!("arith.extui {} : i16 to i32", raw[1])) };
+                let mut asm = format!("{{ .reg .b32 d2, m2, k, t, u; prmt.b32 d2, $5, $5, 0x1010; prmt.b32 m2, $5, $5, 0x3232; mov.b32 k, {}; ", if q1 { "0x64006400" } else { "0x64086408" });
+                for (o, shift) in [0, 8, 4, 12].iter().enumerate() {
+                    if *shift == 0 {
+                        asm.push_str("mov.b32 u, $4; ");
+                    } else {
+                        asm.push_str(&format!("shr.u32 u, $4, {shift}; "));
+                    }
+                    asm.push_str("lop3.b32 t, u, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, k; ");
+                    asm.push_str(&if q1 { format!("fma.rn.f16x2 ${o}, t, d2, m2; ") } else { format!("mul.rn.f16x2 ${o}, t, d2; ") });
+                }
+                asm.push('}');
+                format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r,r\" {}, {hdr} : (i32, i32) -> {st}", raw[0])
             }
-            asm.push_str(&format!("lop3.b32 t, u, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, k; fma.rn.f16x2 ${o}, t, d2, m2; "));
-        }
-        asm.push('}');
-        let r = self.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r,r\" {qs}, {hdr} : (i32, i32) -> {st}"));
+            DType::Q8_0 => {
+                let hdr = self.op(&format!("arith.extui {} : i16 to i32", raw[2]));
+                let mut asm = String::from("{ .reg .b32 d2, k, h, t, u; prmt.b32 d2, $6, $6, 0x1010; mov.b32 k, 0x64806480; mov.b32 h, 0x64646464; ");
+                for w in 0..2 {
+                    asm.push_str(&format!("xor.b32 u, ${}, 0x80808080; ", 4 + w));
+                    for (half, sel) in [(0, "0x4140"), (1, "0x4342")] {
+                        asm.push_str(&format!("prmt.b32 t, u, h, {sel}; sub.f16x2 t, t, k; mul.rn.f16x2 ${}, t, d2; ", 2 * w + half));
+                    }
+                }
+                asm.push('}');
+                format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r,r,r\" {}, {}, {hdr} : (i32, i32, i32) -> {st}", raw[0], raw[1])
+            }
+            other => unreachable!("gguf_f16_words: {other} is not a GGUF block format the batched GEMV takes"),
+        };
+        let r = self.op(&asm);
         [0, 1, 2, 3].map(|i| self.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
     }
     /// `mma.sync m16n8k16` (f32 accumulators, `ty` = bf16 or f16 operands): A fragment `a`

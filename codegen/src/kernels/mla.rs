@@ -597,7 +597,7 @@ fn emit_head_mma(b: &mut Body, h: usize, k: usize, n: usize, xs: usize, ys: usiz
         let o = b.op(&format!("arith.addi {o}, {e0} : i64"));
         xoff.push(b.op(&format!("arith.muli {o}, {c4} : i64")));
     }
-    let tiles = MmaTiles { w: vec![("%w".to_string(), r0, r8)], x: xoff, live: live.clone(), x16: false, f16, split: true, q4_1: None };
+    let tiles = MmaTiles { w: vec![("%w".to_string(), r0, r8)], x: xoff, live: live.clone(), x16: false, f16, split: true, packed: None };
     let c0 = b.ci64(0);
     let acc = b.split_k_rounds(4 * nt, jloop, rounds, unroll, &c0, 1, steps as i64, &|b: &mut Body, ss: &[String], acc: &[String]| tiles.steps(b, ss, acc, None));
     // D fragment value i of tile j: W row col0 + g (+ 8 for i >= 2), token p0 + 8j + 2 tq + i % 2

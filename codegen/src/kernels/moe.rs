@@ -793,7 +793,7 @@ fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
             let eo = b.op(&format!("arith.muli {e0}, {esz} : i64"));
             xoff.push(b.op(&format!("arith.addi {o}, {eo} : i64")));
         }
-        let tiles = MmaTiles { w: a_tiles.clone(), x: xoff, live: live.clone(), x16: gate_up, f16, split: !gate_up, q4_1: None };
+        let tiles = MmaTiles { w: a_tiles.clone(), x: xoff, live: live.clone(), x16: gate_up, f16, split: !gate_up, packed: None };
         // (the first round's weights loaded ahead of the gather, under PDL before the wait,
         // measured slower: b32 gate/up 8.3 -> 9.6 ms a step)
         let acc = b.split_k_rounds(per, jloop, rounds, unroll, &warp64, nw as i64, steps as i64, &|b: &mut Body, ss: &[String], acc: &[String]| tiles.steps(b, ss, acc, None));

@@ -414,9 +414,9 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         let big = half
             .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(o, nn, bn), None))
             .flatten()
-            // (Q4_1: the batched GEMV dequantizing in registers holds up to few_max rows —
-            // at 128 rows 5.6 ms a SmolLM2 step against its 1.1 ms at 32)
-            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, if wdtype == DType::Q4_1 { (o.gemv_few_max + 1).max(128) } else { 128 }, None));
+            // (GGUF blocks: the batched GEMV dequantizing in registers holds up to few_max rows
+            // — Q4_1 at 128 rows: 5.6 ms a SmolLM2 step here, 1.6 there)
+            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, if wdtype.is_packed() { (o.gemv_few_max + 1).max(128) } else { 128 }, None));
         // (long prefills: 256-column tiles where N's 128-column ones would be used, from the
         // rows where the wide tiles still give WIDE_MIN_TILES blocks: half the x traffic per
         // FLOP; DSC_GEMM_WIDE=0 at compile time off)
@@ -430,9 +430,10 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         st.hopper = small.into_iter().chain(wide).chain(big).collect();
         st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None);
     }
-    if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1) {
+    if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
         // 2..=few_max rows (batched decode): a GEMV-shaped kernel reading each weight once per
-        // 8 (f32) or 32 (bf16/f16/q4_1, tensor cores) rows beats the tiled tensor-core kernels there
+        // 8 (f32) or 32 (bf16/f16 and GGUF blocks, tensor cores) rows beats the tiled
+        // tensor-core kernels there
         // (bench/results, docs/perf.md)
         let rows_per_block = crate::kernels::few_rows(wdtype);
         let f32x = KernelSpec::MatMulFew { k, n: nn, wdtype, bias, residual, rows: rows_per_block };

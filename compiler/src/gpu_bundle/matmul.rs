@@ -124,10 +124,10 @@ pub(super) fn gemv_mma(cx: &mut Cx) -> anyhow::Result<()> {
             }
         }
         // the batched-decode GEMV (8 activation rows per block): a partial second row block
-        if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1) {
+        if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
             let rows = dsc_codegen::kernels::few_rows(wdtype);
             let spec = KernelSpec::MatMulFew { k, n, wdtype, bias: false, residual: false, rows };
-            // bf16/f16/q4_1 run on the tensor cores (activations rounded): bf16-level tolerance
+            // bf16/f16 and GGUF blocks run on the tensor cores (activations rounded): bf16-level tolerance
             let tol = if wdtype == DType::F32 { 1e-5 } else { 1e-2 };
             for m in [2usize, 13, 37] {
                 let x = cx.r.vec(m * k, -1.0, 1.0);
@@ -537,13 +537,15 @@ pub(super) fn pipe(cx: &mut Cx) -> anyhow::Result<()> {
         }
     }
     // the batched-decode GEMV reading x in 16 bits (MatMulFewX16, DSC_FEW_X16=1): partial B
-    // tiles, both 16-bit formats and Q4_1 (x in f16), a residual, merged parts
+    // tiles, both 16-bit formats and the GGUF blocks (x in f16), a residual, merged parts
     for (wdtype, m, n, residual, parts) in [
         (DType::BF16, 11usize, 192usize, false, None),
         (DType::F16, 29, 64, true, None),
         (DType::BF16, 7, 384, false, Some([128usize, 256])),
         (DType::Q4_1, 37, 192, true, None),
         (DType::Q4_1, 7, 384, false, Some([128usize, 256])),
+        (DType::Q8_0, 21, 192, true, None),
+        (DType::Q4_0, 16, 64, false, None),
     ] {
         let k = 576usize;
         let x = cx.r.vec(m * k, -1.0, 1.0);

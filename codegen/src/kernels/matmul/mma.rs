@@ -1,6 +1,7 @@
 //! Tensor-core matmuls without the Hopper pipeline: the batched-decode GEMV on `mma.sync`
-//! (16 outputs per block, x in f32 or 16 bits), the tiled `mma.sync` matmul, and the simple
-//! wgmma matmul.
+//! (16 outputs per block, x in f32 or 16 bits; 16-bit weights, or GGUF Q8_0/Q4_0/Q4_1 blocks
+//! dequantized to f16 in registers next to the MMAs — docs/perf.md, "Quantized weights"), the
+//! tiled `mma.sync` matmul, and the simple wgmma matmul.
 
 use crate::kernels::*;
 
@@ -49,14 +50,14 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
 /// four 8-column B tiles of `mma.m16n8k16`, 16 outputs per block.
 pub const GEMV_MMA_ROWS: usize = 32;
 
-/// What [`emit_gemv_mma`] takes: bf16/f16 or Q4_1 weights, K a multiple of 32, a reduction within 48 KB
+/// What [`emit_gemv_mma`] takes: bf16/f16 or GGUF Q8_0/Q4_0/Q4_1 weights, K a multiple of 32, a reduction within 48 KB
 /// of shared memory.
 pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
     if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
-    if !matches!(wdtype, DType::BF16 | DType::F16 | DType::Q4_1) {
-        return Err(format!("the tensor-core batched GEMV takes bf16/f16/q4_1 weights, not {wdtype}"));
+    if !matches!(wdtype, DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+        return Err(format!("the tensor-core batched GEMV takes bf16/f16/q8_0/q4_0/q4_1 weights, not {wdtype}"));
     }
     let (nw, _, na) = gemv_mma_tiling3();
     let per = 4 * (GEMV_MMA_ROWS / 8) * na;
@@ -97,7 +98,8 @@ pub(crate) fn mma_fits(spec: &KernelSpec) -> Result<(), String> {
     }
 }
 
-/// The batched-decode matmul on the tensor cores for bf16/f16 weights ("swap AB"): y^T = W x^T
+/// The batched-decode matmul on the tensor cores for bf16/f16 weights and GGUF blocks (see
+/// [`MmaTiles`]) ("swap AB"): y^T = W x^T
 /// with `mma.sync m16n8k16`, W as the 16-row A operand and up to 32 activation rows as four
 /// 8-column B tiles. One block of [`gemv_mma_tiling`] warps per 16 outputs and 32 rows (grid
 /// (ceil(N / 16), ceil(M / 32))); the warps split K in 32-wide steps (warp w: steps w, w + W,
@@ -113,7 +115,10 @@ pub(crate) fn mma_fits(spec: &KernelSpec) -> Result<(), String> {
 pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, x16: bool) -> Result<(), String> {
     gemv_mma_fits(k, wdtype)?;
     let f16 = tensor_core_f16(wdtype);
-    let q4 = wdtype == DType::Q4_1;
+    // (GGUF blocks: one per K step and row; the nibble formats give lane t elements 4t.. and
+    // 16+4t.., the others 8t..8t+7)
+    let packed = wdtype.is_packed();
+    let nibbles = matches!(wdtype, DType::Q4_0 | DType::Q4_1);
     let (nw, unroll, na) = gemv_mma_tiling3();
     let nt = GEMV_MMA_ROWS / 8; // B tiles
     let steps = k / 32;
@@ -139,11 +144,12 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
     let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
     // this lane's first element within a step: 8t (16-bit weights), 4t (Q4_1: and 16 + 4t);
     // its weights' byte offset inside a step: 16t, or 4 + 4t inside the Q4_1 block
-    let c8 = b.ci64(if q4 { 4 } else { 8 });
+    let c8 = b.ci64(if nibbles { 4 } else { 8 });
     let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
-    let wrowbytes = b.ci64(if q4 { (k / 32 * 20) as i64 } else { (k * 2) as i64 });
-    let c4b = b.ci64(4);
-    let q4off = q4.then(|| b.op(&format!("arith.addi {e0}, {c4b} : i64")));
+    let wrowbytes = b.ci64(if packed { (k / 32 * wdtype.block().1) as i64 } else { (k * 2) as i64 });
+    // (a block's quants start past its f16 d, and for Q4_1 its f16 min)
+    let chdr = b.ci64(if wdtype == DType::Q4_1 { 4 } else { 2 });
+    let qoff = packed.then(|| b.op(&format!("arith.addi {e0}, {chdr} : i64")));
     // A tile a's rows g and g + 8: wbase[2 a], wbase[2 a + 1]
     let wbase: Vec<String> = (0..na)
         .flat_map(|a| [16 * a as i64, 16 * a as i64 + 8])
@@ -153,7 +159,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
             let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
             let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
             let o = b.op(&format!("arith.muli {r}, {wrowbytes} : i64"));
-            let eb = match &q4off {
+            let eb = match &qoff {
                 Some(q) => q.clone(),
                 None => {
                     let c2 = b.ci64(2);
@@ -179,7 +185,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
         let eb = b.op(&format!("arith.muli {e0}, {cxsz} : i64"));
         xbase.push(b.op(&format!("arith.addi {o}, {eb} : i64")));
     }
-    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16, split: false, q4_1: q4off };
+    let tiles = MmaTiles { w: wbase.chunks(2).map(|c| ("%w".to_string(), c[0].clone(), c[1].clone())).collect(), x: xbase, live, x16, f16, split: false, packed: qoff.map(|o| (wdtype, o)) };
     let load_w = |b: &mut Body, s: &str| tiles.load_w(b, s);
     let steps_mma_pre = |b: &mut Body, ss: &[String], acc: &[String], pre: Option<&[Vec<Vec<Vec<String>>>]>| tiles.steps(b, ss, acc, pre);
     // K steps: warp w takes steps w, w + W, ...; the last rounds are guarded (idle warps)
@@ -219,10 +225,12 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
 /// product of 16-bit weights and f32 x to ~2^-16 instead of bf16's 2^-8, for twice the MMAs of
 /// a memory-bound kernel).
 ///
-/// Q4_1 weights (`q4_1`: this lane's byte offset 4 + 4t of its nibble word inside a block,
-/// i64): a K step is one 20-byte GGUF block per row; the lane's 8 elements are 4t..4t+3 and
-/// 16+4t..16+4t+3 (one i32 of nibbles, [`Body::q4_1_f16_words`] dequantizes them to f16 pairs
-/// next to the MMAs), and x is loaded in that order (its offsets in `x` at element 4t).
+/// GGUF block weights (`packed`: Q8_0, Q4_0 or Q4_1 and this lane's byte offset of its quants
+/// inside a block, i64): a K step is one block per row, its f16 d (and Q4_1's min) loaded
+/// beside the quants and [`Body::gguf_f16_words`] dequantizing them to f16 pairs next to the
+/// MMAs. Q8_0: the lane's 8 elements are 8t..8t+7 (two words at 2 + 8t, 2-byte aligned), as
+/// for 16-bit weights; Q4_0/Q4_1: 4t..4t+3 and 16+4t..16+4t+3 (one word of nibbles at
+/// 2 + 4t / 4 + 4t), and x is loaded in that order (its offsets in `x` at element 4t).
 pub(crate) struct MmaTiles {
     pub w: Vec<(String, String, String)>,
     pub x: Vec<String>,
@@ -230,7 +238,7 @@ pub(crate) struct MmaTiles {
     pub x16: bool,
     pub f16: bool,
     pub split: bool,
-    pub q4_1: Option<String>,
+    pub packed: Option<(DType, String)>,
 }
 
 impl MmaTiles {
@@ -286,9 +294,9 @@ impl MmaTiles {
     }
 
     /// The weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
-    /// (Q4_1: [nibble word, header word] per row, dequantized by [`MmaTiles::a_words`].)
+    /// (GGUF blocks: [quant words.., header] per row, dequantized by [`MmaTiles::a_words`].)
     pub(crate) fn load_w(&self, b: &mut Body, s: &str) -> Vec<Vec<Vec<String>>> {
-        let cb = b.ci64(if self.q4_1.is_some() { 20 } else { 64 });
+        let cb = b.ci64(self.packed.as_ref().map_or(64, |(d, _)| d.block().1 as i64));
         let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
         self.w
             .iter()
@@ -297,12 +305,18 @@ impl MmaTiles {
                     .iter()
                     .map(|base| {
                         let off = b.op(&format!("arith.addi {base}, {so} : i64"));
-                        match &self.q4_1 {
-                            Some(lane_off) => {
-                                let qs = b.load_vec(ptr, &off, 1, "i32", 4).remove(0);
+                        match &self.packed {
+                            Some((d, lane_off)) => {
+                                // (Q8_0 and Q4_0 blocks are 2-byte aligned: their words load in halves)
+                                let (n, al) = match d {
+                                    DType::Q4_1 => (1, 4),
+                                    DType::Q4_0 => (1, 2),
+                                    _ => (2, 2),
+                                };
+                                let mut w = b.load_vec(ptr, &off, n, "i32", al);
                                 let hoff = b.op(&format!("arith.subi {off}, {lane_off} : i64"));
-                                let hdr = b.load_vec(ptr, &hoff, 1, "i32", 4).remove(0);
-                                vec![qs, hdr]
+                                w.push(b.load_vec(ptr, &hoff, 1, if *d == DType::Q4_1 { "i32" } else { "i16" }, al).remove(0));
+                                w
                             }
                             None => b.load_vec(ptr, &off, 4, "i32", 16),
                         }
@@ -315,8 +329,8 @@ impl MmaTiles {
     /// One row's A words of a K step as [`MmaTiles::load_w`] loaded them: the 4 words the
     /// MMAs take (half h: words 2h and 2h + 1).
     fn a_words(&self, b: &mut Body, raw: &[String]) -> Vec<String> {
-        match self.q4_1 {
-            Some(_) => b.q4_1_f16_words(&raw[0], &raw[1]).to_vec(),
+        match &self.packed {
+            Some((d, _)) => b.gguf_f16_words(*d, raw).to_vec(),
             None => raw.to_vec(),
         }
     }
@@ -350,7 +364,7 @@ impl MmaTiles {
                 let cb = b.ci64(32 * xsz as i64);
                 let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
                 let off = b.op(&format!("arith.addi {}, {so} : i64", self.x[j]));
-                if self.q4_1.is_some() {
+                if matches!(self.packed, Some((DType::Q4_0 | DType::Q4_1, _))) {
                     // elements 4t..4t+3 and 16+4t..16+4t+3, as the words pair them
                     let c16e = b.ci64(16 * xsz as i64);
                     let off2 = b.op(&format!("arith.addi {off}, {c16e} : i64"));
