@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# On the GPU machine (second of two calls; the first moved .gpu/p1/* to ~/cache): rebuild the
+# On the GPU machine (third of three calls; the first two moved .gpu/p1/* and .gpu/p1b/* to ~/cache): rebuild the
 # SmolLM2 plan from its parts, check its sha256, and run the end-to-end GPU check against the
 # CPU executor and the reference continuations. Results under $OUT.
 set -uo pipefail
 out=${OUT:-.gpu/out}; mkdir -p "$out"
-cat ~/cache/smol.plan.part.aa .gpu/p2/smol.plan.part.ab > ~/cache/smol.plan
+cat ~/cache/smol.plan.part.aa ~/cache/smol.plan.part.ab .gpu/p2/smol.plan.part.ac > ~/cache/smol.plan
 # (the runtime travels gzipped, see gpu-prepare.sh)
 [ -f .gpu/p2/dsc-runtime.gz ] && { gunzip -c .gpu/p2/dsc-runtime.gz > .gpu/p2/dsc-runtime; chmod +x .gpu/p2/dsc-runtime; }
 echo "$(cat .gpu/p2/plan.sha256)  $HOME/cache/smol.plan" | sha256sum -c - || exit 1
