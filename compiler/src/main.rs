@@ -97,6 +97,8 @@ enum Cmd {
     },
     /// Generate text from a plan
     Run(cli::RunArgs),
+    /// Perplexity of a plan on a text file (windows of the plan's context, each from an empty cache)
+    Ppl(dsc_runtime::ppl::PplArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
@@ -304,6 +306,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Run(a) => cli::run(&a, &runtime_options()?),
+        Cmd::Ppl(a) => dsc_runtime::ppl::run(&a, &runtime_options()?).map(|_| ()),
         Cmd::Inspect(a) => cli::inspect(&a),
         Cmd::Serve(a) => cli::serve(&a, &runtime_options()?),
     }

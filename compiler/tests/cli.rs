@@ -69,6 +69,22 @@ fn compile_inspect_and_run() {
     // a server asked for more steps per launch than it takes fails before it listens
     let (ok, _, err) = dsc(&["serve", &plan, "--backend", "cpu", "--multi-step", "17"]);
     assert!(!ok && err.contains("--multi-step 17"), "{err}");
+
+    // perplexity on the shipped text: the first 160 tokens in windows of 64 (BOS-less: the
+    // first token of each window is context only)
+    let json = d.path().join("ppl.json");
+    let (ok, out, err) = dsc(&["ppl", &plan, "data/coriolanus-act1.txt", "--max-tokens", "160", "--ctx", "64", "--json", json.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("perplexity") && out.contains("over 157 tokens") && out.contains("3 window(s) of 64 tokens"), "{out}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ppl = r["report"]["ppl"].as_f64().unwrap();
+    // (a 135M instruct model on Shakespeare: far better than chance over 49,152 tokens, far from perfect)
+    assert!((5.0..500.0).contains(&ppl), "{r}");
+    // and its failures name what is wrong
+    let (ok, _, err) = dsc(&["ppl", &plan, "no/such.txt"]);
+    assert!(!ok && err.contains("no/such.txt"), "{err}");
+    let (ok, _, err) = dsc(&["ppl", &plan, "data/coriolanus-act1.txt", "--ctx", "4096"]);
+    assert!(!ok && err.contains("--ctx 4096") && err.contains("max_seq_len (2048)"), "{err}");
 }
 
 #[test]

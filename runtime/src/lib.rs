@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod nvml;
 pub mod options;
 pub mod plan;
+pub mod ppl;
 pub mod sampler;
 pub mod scheduler;
 pub mod server;

@@ -14,6 +14,8 @@ struct Cli {
 enum Cmd {
     /// Generate text from a prompt
     Run(cli::RunArgs),
+    /// Perplexity of a plan on a text file (windows of the plan's context, each from an empty cache)
+    Ppl(dsc_runtime::ppl::PplArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
@@ -148,6 +150,7 @@ fn main() -> anyhow::Result<()> {
     let ro = &ro;
     match Cli::parse().cmd {
         Cmd::Run(a) => cli::run(&a, ro),
+        Cmd::Ppl(a) => dsc_runtime::ppl::run(&a, ro).map(|_| ()),
         Cmd::Inspect(a) => cli::inspect(&a),
         Cmd::Serve(a) => cli::serve(&a, ro),
         Cmd::Logits { plan, ids, backend, out } => {

@@ -452,3 +452,29 @@ fn a_deepseek_plan_takes_the_tokenizer_model_toml_names() {
     let msg = format!("{e:#}");
     assert!(msg.contains("model.toml") && msg.contains("the model's vocabulary is 512"), "{msg}");
 }
+
+#[test]
+fn perplexity_equals_the_one_hf_logits_give() {
+    // the oracle: HF's own f32 logits of the prompt, scored the same way (every token after the
+    // first, from the whole prompt's context)
+    for name in FIXTURES {
+        let r = reference(name);
+        let (_d, plan) = plan(name);
+        let graph = plan.graph().unwrap();
+        let mut backend = CpuBackend::new(&graph, &plan, 64).unwrap();
+        let n = r.prompt.len();
+        let want: f64 = (0..n - 1).map(|i| dsc_runtime::ppl::nll(&r.logits[i], r.prompt[i + 1])).sum::<f64>() / (n - 1) as f64;
+        let got = dsc_runtime::ppl::perplexity(&mut backend, &r.prompt, 64, None).unwrap();
+        assert_eq!((got.windows, got.scored_tokens, got.text_tokens), (1, n - 1, n));
+        assert!((got.mean_nll - want).abs() < 1e-4 * want.abs().max(1.0), "{name}: mean NLL {} vs HF's {want}", got.mean_nll);
+        assert!((got.ppl - want.exp()).abs() < 1e-3 * want.exp(), "{name}: ppl {} vs {}", got.ppl, want.exp());
+        // windows of 5 tokens, each from an empty cache: the first of each is context only;
+        // with a BOS opening every window, every token is scored
+        let w = dsc_runtime::ppl::perplexity(&mut backend, &r.prompt, 5, None).unwrap();
+        let parts: Vec<usize> = r.prompt.chunks(5).map(|c| c.len()).filter(|&l| l >= 2).collect();
+        assert_eq!((w.windows, w.scored_tokens), (parts.len(), parts.iter().map(|l| l - 1).sum()), "{name}");
+        let b = dsc_runtime::ppl::perplexity(&mut backend, &r.prompt, 5, Some(r.prompt[0])).unwrap();
+        assert_eq!((b.windows, b.scored_tokens), (n.div_ceil(4), n), "{name}");
+        assert!(dsc_runtime::ppl::perplexity(&mut backend, &r.prompt, 1, None).is_err());
+    }
+}
