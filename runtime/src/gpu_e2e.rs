@@ -59,8 +59,14 @@ pub fn run(plan_path: &Path, reference: &Path, ro: &crate::options::RuntimeOptio
     let plan = Plan::open(plan_path)?;
     let graph = plan.graph()?;
     let refs: Vec<RefPrompt> = serde_json::from_str(&std::fs::read_to_string(reference).with_context(|| reference.display().to_string())?)?;
-    let mut cpu = CpuBackend::new(&graph, &plan, 512)?;
-    let mut gpu = GpuBackend::new(&graph, &plan, 512, ro)?;
+    // (KV for the longest reference, up to the plan's context: not a fixed 512)
+    let max_seq = plan.header.model.max_seq_len;
+    if let Some(r) = refs.iter().find(|r| r.prompt_ids.len() + r.greedy_ids.len() > max_seq) {
+        anyhow::bail!("{}: prompt `{}` ({} tokens) and its continuation ({}) exceed the plan's max_seq_len ({max_seq})", reference.display(), r.name, r.prompt_ids.len(), r.greedy_ids.len());
+    }
+    let kv = refs.iter().map(|r| r.prompt_ids.len() + r.greedy_ids.len()).max().unwrap_or(0).max(16);
+    let mut cpu = CpuBackend::new(&graph, &plan, kv)?;
+    let mut gpu = GpuBackend::new(&graph, &plan, kv, ro)?;
     let eos = plan.header.tokenizer.as_ref().map(|t| t.eos_ids.clone()).unwrap_or_default();
     let mut reports = vec![];
     for r in &refs {

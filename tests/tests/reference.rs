@@ -55,7 +55,10 @@ fn runs() -> &'static Vec<Run> {
         let tok = Tokenizer::new(plan.header.tokenizer.as_ref().expect("tokenizer in plan")).unwrap();
         let texts: Vec<PromptText> = load("prompts-public.json");
         let refs: Vec<RefPrompt> = load("smollm2-q4_1-numpy-public.json");
-        let mut backend = CpuBackend::new(&graph, &plan, 512).unwrap();
+        // (KV for the longest reference, within the plan's context)
+        let kv = refs.iter().map(|r| r.prompt_ids.len() + r.greedy_ids.len()).max().unwrap();
+        assert!(kv <= plan.header.model.max_seq_len, "a reference longer than the plan's context");
+        let mut backend = CpuBackend::new(&graph, &plan, kv.max(16)).unwrap();
         texts
             .iter()
             .map(|t| {
