@@ -146,10 +146,15 @@ pub fn lower_gpu_traced(
     let mut specs: Vec<dsc_codegen::KernelSpec> = steps.iter().filter_map(|s| s.kernel.clone()).collect();
     specs.extend(steps.iter().flat_map(|s| s.alternatives().map(|l| l.kernel.clone())));
     // generators for seeded weights (benchmark plans generate their weights on the device)
-    specs.extend([dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16].map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }));
-    // (and Q4_1 where the graph has Q4_1 weights: the quantized shapes' benchmark plans)
-    let q4_1 = graph.node_ids().any(|id| matches!(graph.node(id).op, dsc_ir::Op::Weight) && graph.node(id).ty.dtype == dsc_ir::DType::Q4_1);
-    specs.extend(q4_1.then_some(dsc_codegen::KernelSpec::SeededInit { dtype: dsc_ir::DType::Q4_1 }));
+    // (f32/bf16/f16 always; any other weight format of the graph the generator takes, e.g.
+    // Q4_1: the quantized shapes' benchmark plans)
+    let mut seeded = vec![dsc_ir::DType::F32, dsc_ir::DType::BF16, dsc_ir::DType::F16];
+    for n in graph.node_ids().map(|id| graph.node(id)).filter(|n| matches!(n.op, dsc_ir::Op::Weight)) {
+        if !seeded.contains(&n.ty.dtype) {
+            seeded.push(n.ty.dtype);
+        }
+    }
+    specs.extend(seeded.into_iter().map(|dtype| dsc_codegen::KernelSpec::SeededInit { dtype }).filter(|s| dsc_codegen::kernels::fits(s).is_ok()));
     // greedy decoding picks tokens on the device: an argmax over the logits rows
     let logits = graph.outputs.iter().find(|(n, _)| n == "logits").map(|(_, id)| graph.node(*id));
     let argmax = logits.and_then(|l| l.ty.shape.last().and_then(|d| d.as_const())).map(|d| dsc_codegen::KernelSpec::Argmax { d });

@@ -430,7 +430,7 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         st.hopper = small.into_iter().chain(wide).chain(big).collect();
         st.hopper_small = large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 16 }, 2, None);
     }
-    if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+    if wdtype == DType::F32 || crate::kernels::gemv_mma_weights(wdtype) {
         // 2..=few_max rows (batched decode): a GEMV-shaped kernel reading each weight once per
         // 8 (f32) or 32 (bf16/f16 and GGUF blocks, tensor cores) rows beats the tiled
         // tensor-core kernels there

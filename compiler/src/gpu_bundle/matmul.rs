@@ -124,7 +124,7 @@ pub(super) fn gemv_mma(cx: &mut Cx) -> anyhow::Result<()> {
             }
         }
         // the batched-decode GEMV (8 activation rows per block): a partial second row block
-        if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+        if wdtype == DType::F32 || dsc_codegen::kernels::gemv_mma_weights(wdtype) {
             let rows = dsc_codegen::kernels::few_rows(wdtype);
             let spec = KernelSpec::MatMulFew { k, n, wdtype, bias: false, residual: false, rows };
             // bf16/f16 and GGUF blocks run on the tensor cores (activations rounded): bf16-level tolerance

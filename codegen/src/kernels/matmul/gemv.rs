@@ -53,7 +53,7 @@ pub(crate) fn gemv_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
         KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
-        KernelSpec::MatMulFew { wdtype: DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1, rows, .. } => {
+        KernelSpec::MatMulFew { wdtype, rows, .. } if gemv_mma_weights(*wdtype) => {
             let (w, _, a) = gemv_mma_tiling3();
             Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
         }
@@ -140,7 +140,7 @@ pub const GEMV_PREFETCH_MAX_BYTES: usize = 16 << 20;
 pub const GEMV_FEW_ROWS: usize = 8;
 /// Activation rows per block `MatMulFew` uses for weights of `wdtype`.
 pub fn few_rows(wdtype: DType) -> usize {
-    if matches!(wdtype, DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+    if gemv_mma_weights(wdtype) {
         GEMV_MMA_ROWS
     } else {
         GEMV_FEW_ROWS
@@ -703,7 +703,7 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             Ok(())
         }
         KernelSpec::MatMulFew { k, n, wdtype, rows, .. } => {
-            if !plain_float(wdtype) && !matches!(wdtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+            if *wdtype != DType::F32 && !gemv_mma_weights(*wdtype) {
                 return Err(format!("the batched GEMV takes f32/f16/bf16/q8_0/q4_0/q4_1 weights, not {wdtype}"));
             }
             if *rows != few_rows(*wdtype) {

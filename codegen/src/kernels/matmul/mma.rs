@@ -50,13 +50,19 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
 /// four 8-column B tiles of `mma.m16n8k16`, 16 outputs per block.
 pub const GEMV_MMA_ROWS: usize = 32;
 
-/// What [`emit_gemv_mma`] takes: bf16/f16 or GGUF Q8_0/Q4_0/Q4_1 weights, K a multiple of 32, a reduction within 48 KB
-/// of shared memory.
+/// The weights the tensor-core batched GEMV ([`emit_gemv_mma`]) reads: bf16/f16, or the GGUF
+/// blocks Q8_0/Q4_0/Q4_1 dequantized in registers ([`MmaTiles`]).
+pub fn gemv_mma_weights(wdtype: DType) -> bool {
+    matches!(wdtype, DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+}
+
+/// What [`emit_gemv_mma`] takes: [`gemv_mma_weights`], K a multiple of 32, a reduction within
+/// 48 KB of shared memory.
 pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
     if !k.is_multiple_of(32) {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
-    if !matches!(wdtype, DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+    if !gemv_mma_weights(wdtype) {
         return Err(format!("the tensor-core batched GEMV takes bf16/f16/q8_0/q4_0/q4_1 weights, not {wdtype}"));
     }
     let (nw, _, na) = gemv_mma_tiling3();
