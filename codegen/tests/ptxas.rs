@@ -287,7 +287,7 @@ fn fits_answers_as_the_emitters_do() {
     // (the one-token kernels the wrappers take: RoPE attention of a head per block, the fused MLP, the wide GEMV, the SwiGLU pipe)
     let att = KernelSpec::PagedAttention { h: 9, kvh: 3, d: 64, bs: 16, scale_bits: 0.125f32.to_bits(), warps: 16, keys: 4, group: 1, kv: DType::BF16 };
     base.push(KernelSpec::RopeAttention { inner: Box::new(att), theta_bits: 100000f32.to_bits(), interleaved: false });
-    base.push(KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2 });
+    base.push(KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2, wdtype: DType::BF16 });
     base.push(KernelSpec::MatMulWide { k: 576, n: 49152, wdtype: DType::BF16, bias: false, residual: false });
     base.push(KernelSpec::MatMulWide { k: 576, n: 49152, wdtype: DType::BF16, bias: true, residual: false });
     base.push(KernelSpec::Gather { d: 576, dtype: DType::BF16 });

@@ -19,7 +19,7 @@ fn one_token_attention_with_qkv_passes_ptxas() {
     let rope = KernelSpec::RopeAttention { inner: Box::new(att), theta_bits: 100000f32.to_bits(), interleaved: false };
     let o = KernelSpec::AttentionO { inner: Box::new(rope), n: 576, red: true, splits: 4 };
     let fused = KernelSpec::QkvAttentionO { inner: Box::new(o), k: 576, eps_bits, cluster: 4 };
-    let mlp = KernelSpec::ZeroFill { inner: Box::new(KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2 }), len: 576 };
+    let mlp = KernelSpec::ZeroFill { inner: Box::new(KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2, wdtype: DType::BF16 }), len: 576 };
     assert_eq!(fused.cluster(), Some(4));
     assert_eq!(mlp.cluster(), None);
     let m = compile_kernels(&[fused.clone(), mlp.clone()], &GpuTarget::ALL, &Default::default()).unwrap();

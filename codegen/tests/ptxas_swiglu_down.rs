@@ -12,8 +12,13 @@ fn one_token_mlp_passes_ptxas() {
     let ptxas = common::ptxas();
     let dir = tempfile::tempdir().unwrap();
     let eps_bits = 1e-5f32.to_bits();
-    // the SmolLM2 shape (K 576: a partial last round of 16-byte pieces), and K 256
-    let mlp = [KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2 }, KernelSpec::SwiGluDown { k: 256, f: 64, n: 128, eps_bits, fb: 8, fpw: 2 }];
+    // the SmolLM2 shape (K 576: a partial last round of 16-byte pieces), and K 256; bf16 and
+    // Q4_1 (the GGUF model's)
+    let mlp = [
+        KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2, wdtype: DType::BF16 },
+        KernelSpec::SwiGluDown { k: 256, f: 64, n: 128, eps_bits, fb: 8, fpw: 2, wdtype: DType::BF16 },
+        KernelSpec::SwiGluDown { k: 576, f: 1536, n: 576, eps_bits, fb: 16, fpw: 2, wdtype: DType::Q4_1 },
+    ];
     let copy = KernelSpec::MatMulCopy { inner: Box::new(KernelSpec::MatMul { k: 576, n: 576, wdtype: DType::BF16, bias: false, residual: true }) };
     let specs: Vec<KernelSpec> = mlp.iter().cloned().chain([copy.clone()]).collect();
     let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();

@@ -23,7 +23,7 @@ pub const CHUNK: usize = 256;
 pub struct PplArgs {
     /// the compiled plan
     pub plan: PathBuf,
-    /// a UTF-8 text file (e.g. data/text/coriolanus-act1.txt)
+    /// a UTF-8 text file (e.g. data/coriolanus-act1.txt)
     pub text: PathBuf,
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: crate::cli::BackendKind,

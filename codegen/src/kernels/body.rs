@@ -326,6 +326,59 @@ impl Body {
             self.op(&format!("arith.extf {f} : f16 to f32"))
         })
     }
+    /// Q4_1 (GGUF: 20-byte blocks of 32 elements, f16 d and min, then 16 nibble bytes —
+    /// element i the low nibble of byte i, 16 + i its high nibble) in units of 8 elements, as a
+    /// 16-byte bf16 piece has: unit `u` (i64) of a row is quarter t = u % 4 of block u / 4, its
+    /// elements 4t..4t+3 and 16+4t..16+4t+3. Returns (the block's byte offset in the row, the
+    /// unit's first element).
+    pub(crate) fn q4_1_unit(&mut self, u: &str) -> (String, String) {
+        let (c4, c20, c32) = (self.ci64(4), self.ci64(20), self.ci64(32));
+        let blk = self.op(&format!("arith.divui {u}, {c4} : i64"));
+        let t = self.op(&format!("arith.remui {u}, {c4} : i64"));
+        let bo = self.op(&format!("arith.muli {blk}, {c20} : i64"));
+        let eo = self.op(&format!("arith.muli {blk}, {c32} : i64"));
+        let t4 = self.op(&format!("arith.muli {t}, {c4} : i64"));
+        (bo, self.op(&format!("arith.addi {eo}, {t4} : i64")))
+    }
+    /// A Q4_1 unit's two words from the row at byte `base` of `ptr` ([`Body::q4_1_unit`]'s
+    /// block offset `bo` and first element `e0`): the nibble word (bytes 4 + 4t..), then the
+    /// block's d/min word
+    pub(crate) fn q4_1_words(&mut self, ptr: &str, base: &str, bo: &str, e0: &str) -> Vec<String> {
+        let (c4, c16) = (self.ci64(4), self.ci64(16));
+        let t4 = self.op(&format!("arith.remui {e0}, {c16} : i64"));
+        let qo = self.op(&format!("arith.addi {bo}, {t4} : i64"));
+        let qo = self.op(&format!("arith.addi {qo}, {c4} : i64"));
+        let off = self.op(&format!("arith.addi {base}, {qo} : i64"));
+        let hoff = self.op(&format!("arith.addi {base}, {bo} : i64"));
+        let mut w = self.load_vec(ptr, &off, 1, "i32", 4);
+        w.extend(self.load_vec(ptr, &hoff, 1, "i32", 4));
+        w
+    }
+    /// A Q4_1 unit's 8 weights from its two words ([`Body::q4_1_words`]): d·q + m, the bytes'
+    /// low nibbles (elements 4t + i) first, then the high ones (16 + 4t + i)
+    pub(crate) fn q4_1_weights(&mut self, words: &[String]) -> Vec<String> {
+        let [d, m] = self.f16_pair(&words[1]);
+        let c15 = self.op("arith.constant 15 : i32");
+        [0, 8, 16, 24, 4, 12, 20, 28]
+            .iter()
+            .map(|shift| {
+                let cs = self.op(&format!("arith.constant {shift} : i32"));
+                let q = self.op(&format!("arith.shrui {}, {cs} : i32", words[0]));
+                let q = self.op(&format!("arith.andi {q}, {c15} : i32"));
+                let q = self.op(&format!("arith.uitofp {q} : i32 to f32"));
+                self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
+            })
+            .collect()
+    }
+    /// The f32 of `ptr` at a Q4_1 unit's elements, `at` the byte offset of its first: 4 from
+    /// there and 4 from 16 elements on
+    pub(crate) fn q4_1_f32s(&mut self, ptr: &str, at: &str) -> Vec<String> {
+        let mut v = self.load_vec(ptr, at, 4, "f32", 16);
+        let c64 = self.ci64(64);
+        let o2 = self.op(&format!("arith.addi {at}, {c64} : i64"));
+        v.extend(self.load_vec(ptr, &o2, 4, "f32", 16));
+        v
+    }
     /// the two bf16 of an i32 word as f32: the low half shifted up, the high half masked
     pub(crate) fn bf16_pair(&mut self, word: &str) -> [String; 2] {
         let c16 = self.op("arith.constant 16 : i32");

@@ -9,9 +9,10 @@ use crate::kernels::*;
 /// The readable symbol of a `mlp` kernel (`KernelSpec::symbol`).
 pub(crate) fn mlp_symbol(spec: &KernelSpec) -> String {
     match spec {
-            KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
-                format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}{}", if *fpw == 2 { String::new() } else { format!("_fpw{fpw}") })
-            }
+        KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw, wdtype } => {
+            let q = if *wdtype == DType::BF16 { String::new() } else { format!("_{}", wdtype.name()) };
+            format!("rms_swiglu_down_k{k}_f{f}_n{n}_e{eps_bits:08x}_fb{fb}{}{q}", if *fpw == 2 { String::new() } else { format!("_fpw{fpw}") })
+        }
         other => unreachable!("{other:?} is not a mlp kernel (kernels::family)"),
     }
 }
@@ -19,7 +20,7 @@ pub(crate) fn mlp_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `mlp` kernel (`KernelSpec::launch`).
 pub(crate) fn mlp_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
+        KernelSpec::SwiGluDown { fb, fpw, .. } => Launch::OutputsPerBlock { outputs: *fb as u32, rows: 1, warps: (*fb / (*fpw).max(1)) as u32 },
         other => unreachable!("{other:?} is not a mlp kernel (kernels::family)"),
     }
 }
@@ -27,10 +28,17 @@ pub(crate) fn mlp_launch(spec: &KernelSpec) -> Launch {
 /// Whether the fused one-token MLP kernel (`KernelSpec::SwiGluDown`) takes a [K] x, F
 /// features and N outputs in blocks of `fb` features: whole 16-byte pieces of every row
 /// (K and fb multiples of 8), a feature per warp at least, a thread per 4 outputs, and at most
-/// 64 registers of preloaded gate/up weights per thread.
-pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize) -> Result<(), String> {
+/// 64 registers of preloaded gate/up weights per thread; Q4_1 weights: whole blocks (K and F
+/// multiples of 32) and whole halves of W_down's blocks per feature block (fb a multiple of 16).
+pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize, wdtype: DType) -> Result<(), String> {
     if fpw == 0 || k == 0 || k % 8 != 0 || fb == 0 || fb % 8 != 0 || fb % fpw != 0 || fb / fpw > 32 || f % fb != 0 {
         return Err(format!("the fused MLP needs K and the features per block multiples of 8 (at most 64), and F a multiple of them (K {k}, F {f}, {fb} per block)"));
+    }
+    match wdtype {
+        DType::BF16 => {}
+        DType::Q4_1 if k % 32 == 0 && f % 32 == 0 && fb % 16 == 0 => {}
+        DType::Q4_1 => return Err(format!("the fused MLP on Q4_1 needs K and F multiples of 32 and 16 features per block at least (K {k}, F {f}, {fb} per block)")),
+        other => return Err(format!("the fused MLP takes bf16 or Q4_1 weights, not {}", other.name())),
     }
     let threads = 32 * fb / fpw;
     if n == 0 || n % 4 != 0 || n / 4 > threads {
@@ -46,7 +54,9 @@ pub fn swiglu_down_fits(k: usize, f: usize, n: usize, fb: usize, fpw: usize) -> 
 /// l, l + 32, .. of K (clamped, x zeroed past K) of its warp's gate and up rows, then
 /// (t < N/4) W_down's rows t + i·N/4 at the block's features; every weight and g loaded before
 /// `griddepcontrol.wait`, x after it.
-pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: usize, fpw: usize) -> Result<(), String> {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: f32, fb: usize, fpw: usize, wdtype: DType) -> Result<(), String> {
+    let q4 = wdtype == DType::Q4_1;
     let rounds = (k / 8).div_ceil(32);
     let smt = format!("memref<{fb}xf32, #gpu.address_space<workgroup>>");
     b.workgroup = Some(format!("%red : {smt}"));
@@ -65,7 +75,9 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
     let c16 = b.ci64(16);
     let c32 = b.ci64(32);
     // gate rows fw..fw+fpw, then the same features' up rows: per row, per round, 4 words
-    let rowbytes = b.ci64((k * 2) as i64);
+    // (Q4_1: the piece is a quarter block, its nibble word and the block's d/min word)
+    let rowbytes = b.ci64(if q4 { (k / 32 * 20) as i64 } else { (k * 2) as i64 });
+    let q4_units: Vec<(String, String)> = if q4 { uoff.iter().map(|u| b.q4_1_unit(u)).collect() } else { vec![] };
     let mut wrows: Vec<Vec<Vec<String>>> = vec![];
     for ptr in ["%wg", "%wu"] {
         for j in 0..fpw {
@@ -73,7 +85,12 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
             let fr = b.op(&format!("arith.addi {fw}, {cj} : i64"));
             let base = b.op(&format!("arith.muli {fr}, {rowbytes} : i64"));
             let mut row = vec![];
-            for u in &uoff {
+            for (r, u) in uoff.iter().enumerate() {
+                if q4 {
+                    let (bo, e0) = &q4_units[r];
+                    row.push(b.q4_1_words(ptr, &base, bo, e0));
+                    continue;
+                }
                 let o = b.op(&format!("arith.muli {u}, {c16} : i64"));
                 let off = b.op(&format!("arith.addi {base}, {o} : i64"));
                 row.push(b.load_vec(ptr, &off, 4, "i32", 16));
@@ -85,9 +102,34 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
     // reductions then cover 32 consecutive floats: 4 sectors per instruction)
     let cq = b.ci64((n / 4) as i64 - 1);
     let tt = b.op(&format!("arith.minsi {t64}, {cq} : i64"));
-    let dbytes = b.ci64((f * 2) as i64);
-    let c2 = b.ci64(2);
-    let fo = b.op(&format!("arith.muli {f0}, {c2} : i64"));
+    let dbytes = b.ci64(if q4 { (f / 32 * 20) as i64 } else { (f * 2) as i64 });
+    let fo = if q4 {
+        // (Q4_1: the block's 16-feature halves h = 0..fb/16 of W_down's blocks; their byte
+        // offsets and nibble shifts, below)
+        b.ci64(0)
+    } else {
+        let c2 = b.ci64(2);
+        b.op(&format!("arith.muli {f0}, {c2} : i64"))
+    };
+    // (Q4_1: half j at features f0 + 16j: block (f0 + 16j) / 32 at byte 20 of each, its nibbles
+    // the low ones for an even half, the high ones for an odd)
+    let halves: Vec<(String, String)> = if q4 {
+        (0..fb / 16)
+            .map(|j| {
+                let cj = b.ci64(16 * j as i64);
+                let fj = b.op(&format!("arith.addi {f0}, {cj} : i64"));
+                let (c16, c32, c20, c1, c4) = (b.ci64(16), b.ci64(32), b.ci64(20), b.ci64(1), b.ci64(4));
+                let blk = b.op(&format!("arith.divui {fj}, {c32} : i64"));
+                let bo = b.op(&format!("arith.muli {blk}, {c20} : i64"));
+                let hf = b.op(&format!("arith.divui {fj}, {c16} : i64"));
+                let odd = b.op(&format!("arith.andi {hf}, {c1} : i64"));
+                let sh = b.op(&format!("arith.muli {odd}, {c4} : i64"));
+                (bo, b.op(&format!("arith.trunci {sh} : i64 to i32")))
+            })
+            .collect()
+    } else {
+        vec![]
+    };
     // (DSC_MLP_RED_V4=1 at compile time: rows 4t + i instead, the four sums added by one
     // `red.global.add.v4.f32` — a warp's instruction covers 128 consecutive floats)
     // (`KernelOptions::mlp_red_v4`: the four down-projection sums per thread in one vector
@@ -102,6 +144,18 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
         let base = b.op(&format!("arith.muli {o}, {dbytes} : i64"));
         let base = b.op(&format!("arith.addi {base}, {fo} : i64"));
         let mut words = vec![];
+        if q4 {
+            // per half: its block's 4 nibble words, then the d/min word
+            for (bo, _) in &halves {
+                let hb = b.op(&format!("arith.addi {base}, {bo} : i64"));
+                let c4 = b.ci64(4);
+                let qb = b.op(&format!("arith.addi {hb}, {c4} : i64"));
+                words.extend(b.load_vec("%wd", &qb, 4, "i32", 4));
+                words.extend(b.load_vec("%wd", &hb, 1, "i32", 4));
+            }
+            drows.push(words);
+            continue;
+        }
         for q in 0..fb * 2 / 16 {
             let cqo = b.ci64(16 * q as i64);
             let off = b.op(&format!("arith.addi {base}, {cqo} : i64"));
@@ -110,13 +164,25 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
         drows.push(words);
     }
     // (a piece's 8 f32 of g, and after the wait of x)
-    let gs: Vec<Vec<String>> = uoff
-        .iter()
-        .map(|u| {
-            let o = b.op(&format!("arith.muli {u}, {c32} : i64"));
-            b.load_f32s("%g", &o, 8)
-        })
-        .collect();
+    // (Q4_1: at the piece's elements 4t.. and 16 + 4t.. of its block)
+    let piece_f32s = |b: &mut Body, r: usize, ptr: &str, base: Option<&str>| -> Vec<String> {
+        let o = if q4 {
+            let c4 = b.ci64(4);
+            b.op(&format!("arith.muli {}, {c4} : i64", q4_units[r].1))
+        } else {
+            b.op(&format!("arith.muli {}, {c32} : i64", uoff[r]))
+        };
+        let o = match base {
+            Some(base) => b.op(&format!("arith.addi {base}, {o} : i64")),
+            None => o,
+        };
+        if q4 {
+            b.q4_1_f32s(ptr, &o)
+        } else {
+            b.load_f32s(ptr, &o, 8)
+        }
+    };
+    let gs: Vec<Vec<String>> = (0..uoff.len()).map(|r| piece_f32s(b, r, "%g", None)).collect();
     if b.pdl {
         b.wait_for_previous();
     }
@@ -125,13 +191,11 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
     let zero = b.cf32(0.0);
     let mut acc = vec![zero.clone(); 2 * fpw];
     let mut ss = zero.clone();
-    let xs: Vec<Vec<String>> = uoff
+    let xs: Vec<Vec<String>> = valid
         .iter()
-        .zip(&valid)
-        .map(|(u, ok)| {
-            let o = b.op(&format!("arith.muli {u}, {c32} : i64"));
-            let o = b.op(&format!("arith.addi {xbase}, {o} : i64"));
-            let v = b.load_f32s("%x", &o, 8);
+        .enumerate()
+        .map(|(r, ok)| {
+            let v = piece_f32s(b, r, "%x", Some(&xbase));
             match ok {
                 Some(ok) => v.iter().map(|x| b.op(&format!("arith.select {ok}, {x}, {zero} : f32"))).collect(),
                 None => v,
@@ -144,7 +208,12 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
             ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
         }
         for (a, row) in acc.iter_mut().zip(&wrows) {
-            *a = b.fma_bf16_words(a, &row[r], &xg);
+            *a = if q4 {
+                let ws = b.q4_1_weights(&row[r]);
+                ws.iter().zip(&xg).fold(a.clone(), |acc, (w, x)| b.op(&format!("llvm.intr.fma({w}, {x}, {acc}) : (f32, f32, f32) -> f32")))
+            } else {
+                b.fma_bf16_words(a, &row[r], &xg)
+            };
         }
     }
     let lane32 = b.op(&format!("arith.index_cast {lane} : index to i32"));
@@ -182,7 +251,31 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
         .collect();
     let mut parts = vec![];
     for words in &drows {
-        parts.push(b.fma_bf16_words(&zero, words, &h));
+        if !q4 {
+            parts.push(b.fma_bf16_words(&zero, words, &h));
+            continue;
+        }
+        // Q4_1: per half, the 16 nibbles at its shift (byte i: feature 16j + i), d·q + m
+        let mut a = zero.clone();
+        let mask = b.op("arith.constant 252645135 : i32"); // 0x0F0F0F0F
+        for (j, (_, sh)) in halves.iter().enumerate() {
+            let hw = &words[5 * j..5 * j + 5];
+            let [d, m] = b.f16_pair(&hw[4]);
+            let c15 = b.op("arith.constant 15 : i32");
+            for (q, word) in hw[..4].iter().enumerate() {
+                let nib = b.op(&format!("arith.shrui {word}, {sh} : i32"));
+                let nib = b.op(&format!("arith.andi {nib}, {mask} : i32"));
+                for i in 0..4 {
+                    let cs = b.op(&format!("arith.constant {} : i32", 8 * i));
+                    let v = b.op(&format!("arith.shrui {nib}, {cs} : i32"));
+                    let v = b.op(&format!("arith.andi {v}, {c15} : i32"));
+                    let v = b.op(&format!("arith.uitofp {v} : i32 to f32"));
+                    let w = b.op(&format!("llvm.intr.fma({d}, {v}, {m}) : (f32, f32, f32) -> f32"));
+                    a = b.op(&format!("llvm.intr.fma({w}, {}, {a}) : (f32, f32, f32) -> f32", h[16 * j + 4 * q + i]));
+                }
+            }
+        }
+        parts.push(a);
     }
     // y[row, t + i·N/4] += the four sums (v4: y[row, 4t + i], one instruction)
     let cn = b.ci64(n as i64);
@@ -213,7 +306,7 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
 /// Whether a fused one-token MLP kernel generates ([`fits`]): [`swiglu_down_fits`].
 pub(crate) fn mlp_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::SwiGluDown { k, f, n, fb, fpw, .. } => swiglu_down_fits(*k, *f, *n, *fb, *fpw),
+        KernelSpec::SwiGluDown { k, f, n, fb, fpw, wdtype, .. } => swiglu_down_fits(*k, *f, *n, *fb, *fpw, *wdtype),
         other => Err(format!("`{}` is not one of the fused one-token MLP kernels", other.symbol())),
     }
 }
@@ -222,8 +315,8 @@ pub(crate) fn mlp_fits(spec: &KernelSpec) -> Result<(), String> {
 pub(crate) fn mlp_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     mlp_fits(spec)?;
     Ok(match spec {
-        KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw } => {
-            emit_swiglu_down(b, *k, *f, *n, f32::from_bits(*eps_bits), *fb, *fpw)?;
+        KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw, wdtype } => {
+            emit_swiglu_down(b, *k, *f, *n, f32::from_bits(*eps_bits), *fb, *fpw, *wdtype)?;
             "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %wd: !llvm.ptr<1>, %y: !llvm.ptr<1>, %f: i64".into()
         }
         other => return Err(format!("`{}` is not one of the fused one-token MLP kernels", other.symbol())),

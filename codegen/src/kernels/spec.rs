@@ -407,9 +407,11 @@ pub enum KernelSpec {
     /// four partial sums into y (`red.global.add`, one per sum): y must hold the
     /// residual before the launch (the o projection before it writes it, `MatMulCopy`). Every
     /// weight is loaded before `griddepcontrol.wait`. The order of the blocks' additions
-    /// varies run to run (float sums: results may differ in the last bits). bf16 weights;
+    /// varies run to run (float sums: results may differ in the last bits). bf16 or Q4_1
+    /// weights (`wdtype`; Q4_1: a gate/up piece is a quarter block, as in the decode GEMV, and
+    /// the block's features are whole 16-element halves of W_down's blocks);
     /// grid (F / fb, rows). params x, g, wg, wu, wd, y, f (= F)
-    SwiGluDown { k: usize, f: usize, n: usize, eps_bits: u32, fb: usize, fpw: usize },
+    SwiGluDown { k: usize, f: usize, n: usize, eps_bits: u32, fb: usize, fpw: usize, wdtype: DType },
     /// `inner` (the one-row plain-float decode GEMV) also storing its output into `%y2`,
     /// passed before `%y`: the o projection seeding the fused MLP's accumulator
     /// (`SwiGluDown`) with the residual stream. params inner's with %y2 before %y

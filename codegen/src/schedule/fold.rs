@@ -167,9 +167,9 @@ pub(crate) fn prefetch_lm_head(mut steps: Vec<Step>, g: &Graph, bytes: usize) ->
 }
 
 /// The one-token MLP as one kernel (`KernelSpec::SwiGluDown`): where the SwiGLU GEMV with the
-/// norm prologue (`NormMatMul` over `SwiGluGemv`, bf16, reading x and writing h) feeds the
-/// down projection's one-row GEMV (bf16, bias-less, its residual that same x, nothing else
-/// reading h), and x is the output of a one-row bias-less GEMV with a residual (the o
+/// norm prologue (`NormMatMul` over `SwiGluGemv`, bf16 or Q4_1, reading x and writing h) feeds
+/// the down projection's one-row GEMV (the same weight format, bias-less, its residual that
+/// same x, nothing else reading h), and x is the output of a one-row bias-less GEMV with a residual (the o
 /// projection), the down step's one-row kernel becomes the fused MLP reading x, g and the
 /// three weights and adding into its output, which the o projection's one-row kernel also
 /// writes (`MatMulCopy`: the residual seeded); the SwiGLU step then runs only from two rows
@@ -178,7 +178,10 @@ pub(crate) fn prefetch_lm_head(mut steps: Vec<Step>, g: &Graph, bytes: usize) ->
 pub(crate) fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>, fb: usize, fpw: usize) -> Vec<Step> {
     for ci in 0..steps.len() {
         let Some(KernelSpec::NormMatMul { inner, eps_bits }) = &steps[ci].kernel else { continue };
-        let KernelSpec::SwiGluGemv { k, f, wdtype: DType::BF16 } = **inner else { continue };
+        let KernelSpec::SwiGluGemv { k, f, wdtype } = **inner else { continue };
+        if !matches!(wdtype, DType::BF16 | DType::Q4_1) {
+            continue;
+        }
         let eps_bits = *eps_bits;
         if steps[ci].min_rows.is_some() || steps[ci].args.len() != 5 {
             continue;
@@ -191,7 +194,7 @@ pub(crate) fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>, fb: usize, fpw: 
         // the one reader of h on the one-row path: the down projection, residual x
         let readers: Vec<usize> = (0..steps.len()).filter(|&i| i != ci && steps[i].buffers().any(|a| *a == h)).collect();
         let down = readers.iter().copied().find(|&i| {
-            matches!(steps[i].kernel, Some(KernelSpec::MatMul { k: dk, wdtype: DType::BF16, bias: false, residual: true, .. }) if dk == f)
+            matches!(steps[i].kernel, Some(KernelSpec::MatMul { k: dk, wdtype: dw, bias: false, residual: true, .. }) if dk == f && dw == wdtype)
                 && steps[i].args.len() == 4
                 && steps[i].args[0] == h
                 && steps[i].args[2] == x
@@ -204,14 +207,14 @@ pub(crate) fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>, fb: usize, fpw: 
             continue;
         }
         let Some(KernelSpec::MatMul { n, .. }) = steps[di].kernel else { unreachable!("matched") };
-        if crate::kernels::swiglu_down_fits(k, f, n, fb, fpw).is_err() {
+        if crate::kernels::swiglu_down_fits(k, f, n, fb, fpw, wdtype).is_err() {
             continue;
         }
         // x's producer: the one-row plain GEMV with a residual, nothing between it and the
         // MLP writing x
         let Some(oi) = steps[..ci].iter().rposition(|s| s.node == x) else { continue };
         let o = &steps[oi];
-        let plain = matches!(o.kernel, Some(KernelSpec::MatMul { bias: false, residual: true, wdtype: DType::F32 | DType::F16 | DType::BF16, .. }));
+        let plain = matches!(o.kernel, Some(KernelSpec::MatMul { bias: false, residual: true, wdtype: DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1, .. }));
         if !plain || o.args.len() != 4 || o.args[3] != x || !unbounded(o) {
             continue;
         }
@@ -226,7 +229,7 @@ pub(crate) fn fuse_swiglu_down(g: &Graph, mut steps: Vec<Step>, fb: usize, fpw: 
         steps[ci].min_rows = Some(2);
         let d = &mut steps[di];
         d.keep_alternative_args();
-        d.kernel = Some(KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw });
+        d.kernel = Some(KernelSpec::SwiGluDown { k, f, n, eps_bits, fb, fpw, wdtype });
         d.args = vec![x, gn, wg, wu, wd, y];
         d.scalars = vec![Scalar::Const(f as i64)];
         d.work = Scalar::Const(f as i64);
@@ -262,7 +265,7 @@ pub(crate) fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
         let (Some((cat, s0, f)), Some((cat1, s1, f1))) = (part(ops[0]), part(ops[1])) else { continue };
         let ws = &g.operands(cat)[1..];
         let wdt = g.node(ws[0]).ty.dtype;
-        if cat != cat1 || f != f1 || ws.len() != 2 || s0 == s1 || s0 % f != 0 || s1 % f != 0 || !matches!(wdt, DType::F32 | DType::F16 | DType::BF16) {
+        if cat != cat1 || f != f1 || ws.len() != 2 || s0 == s1 || s0 % f != 0 || s1 % f != 0 || !matches!(wdt, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1) {
             continue;
         }
         let Some(k) = g.node(ws[0]).ty.shape.get(1).and_then(|d| d.as_const()) else { continue };

@@ -482,7 +482,8 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
         if g.node(ops[1]).ty.dtype != DType::F32 || d.is_none_or(|d| d % 32 != 0) {
             continue;
         }
-        let plain = |w: dsc_ir::NodeId| matches!(g.node(w).ty.dtype, DType::F32 | DType::F16 | DType::BF16);
+        // (plain floats, or Q4_1: the decode GEMV's prologue is the same)
+        let plain = |w: dsc_ir::NodeId| matches!(g.node(w).ty.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1);
         // (only ahead of short GEMVs, as the L2 prefetch: those are latency-bound and gain
         // from one launch less; a long one is bandwidth-bound and every block's re-read of
         // x and g costs — measured on the 8B shape: b1 239 -> 231 with the gate/up norm fused)

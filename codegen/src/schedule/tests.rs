@@ -39,6 +39,17 @@ fn rms_norm_folds_into_the_decode_gemv_and_runs_only_for_more_rows() {
 }
 
 #[test]
+fn q4_1_one_row_gemvs_take_the_norm_prologue() {
+    // (the decode GEMV dequantizes Q4_1 in its units: the RMSNorm folds in as for bf16)
+    let folding = ScheduleOptions { norm_fusion: true, few_x16: false, split_kv: false, split_k: None, norm_half: false, silu_half: false, tma: Tma::Off, rope_attention: false, ..no_ws() };
+    let steps = lower_opts(&graph(false, "q4_1"), folding).unwrap();
+    let mm = steps.iter().find(|s| s.node == "qk").unwrap();
+    let Some(KernelSpec::NormMatMul { inner, .. }) = &mm.kernel else { panic!("{:?}", mm.kernel) };
+    assert!(matches!(inner.as_ref(), KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMul { wdtype: DType::Q4_1, .. })), "{inner:?}");
+    assert_eq!(steps.iter().find(|s| s.node == "xn").unwrap().min_rows, Some(2));
+}
+
+#[test]
 fn one_token_steps_run_rope_and_the_cache_writes_inside_the_attention() {
     let src = "graph \"t\" {\n  %x = input : f32[T, 32]\n  %pos = input : i32[T]\n  %slots = input : i32[T]\n  %seq = input : i32[T]\n  %table = input : i32[S, MB]\n  %wq = weight : bf16[32, 32]\n  %wk = weight : bf16[16, 32]\n  %wv = weight : bf16[16, 32]\n  %kc = state : f32[4, 4, 2, 8]\n  %vc = state : f32[4, 4, 2, 8]\n  %qkv = matmul_cat(%x, %wq, %wk, %wv) : f32[T, 64]\n  %q = slice(%qkv) {axis = 1, start = 0, len = 32} : f32[T, 32]\n  %k = slice(%qkv) {axis = 1, start = 32, len = 16} : f32[T, 16]\n  %v = slice(%qkv) {axis = 1, start = 48, len = 16} : f32[T, 16]\n  %qh = reshape(%q) : f32[T, 4, 8]\n  %kh = reshape(%k) : f32[T, 2, 8]\n  %vh = reshape(%v) : f32[T, 2, 8]\n  %qr = rope(%qh, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[T, 4, 8]\n  %kw = rope_cache_write(%kc, %kh, %slots, %pos) {theta = 10000.0, style = half, rotary_dim = 8} : f32[4, 4, 2, 8]\n  %vw = cache_write(%vc, %vh, %slots) : f32[4, 4, 2, 8]\n  %o = paged_attention(%qr, %kw, %vw, %pos, %seq, %table) {scale = 0.35} : f32[T, 4, 8]\n  output o = %o\n}\n";
     let g = text::parse(src).unwrap();
@@ -575,7 +586,7 @@ fn one_token_mlp_runs_as_one_kernel_seeded_by_the_o_projection() {
     let steps = lower_opts(&g, opts).unwrap();
     let by = |n: &str| steps.iter().find(|s| s.node == n).unwrap();
     let (fb, fpw) = (ScheduleOptions::default().swiglu_down_fb, ScheduleOptions::default().swiglu_down_fpw);
-    assert_eq!(by("y").kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb, fpw }));
+    assert_eq!(by("y").kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb, fpw, wdtype: DType::BF16 }));
     assert_eq!(by("y").args, ["x3", "g", "wg", "wu", "wd", "y"]);
     assert!(matches!(by("x3").kernel, Some(KernelSpec::MatMulCopy { .. })), "{:?}", by("x3").kernel);
     assert_eq!(by("x3").args, ["a", "wo", "x0", "y", "x3"]);
@@ -594,6 +605,15 @@ fn one_token_mlp_runs_as_one_kernel_seeded_by_the_o_projection() {
     let extra = src.replace("  output y = %y\n", "  output y = %y\n  output h = %h\n");
     let steps = lower_opts(&text::parse(&extra).unwrap(), opts).unwrap();
     assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SwiGluDown { .. } | KernelSpec::MatMulCopy { .. }))));
+    // Q4_1 weights (GGUF): the same kernel on Q4_1; a down projection of another format keeps
+    // the separate kernels
+    let q4 = src.replace(" bf16[", " q4_1[");
+    let steps = lower_opts(&text::parse(&q4).unwrap(), opts).unwrap();
+    let y = steps.iter().find(|s| s.node == "y").unwrap();
+    assert_eq!(y.kernel, Some(KernelSpec::SwiGluDown { k: 64, f: 128, n: 64, eps_bits: 0.00001f32.to_bits(), fb, fpw, wdtype: DType::Q4_1 }));
+    let mixed = q4.replace("%wd = weight : q4_1[", "%wd = weight : bf16[");
+    let steps = lower_opts(&text::parse(&mixed).unwrap(), opts).unwrap();
+    assert!(steps.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::SwiGluDown { .. }))));
 }
 
 #[test]

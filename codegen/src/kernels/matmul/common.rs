@@ -16,8 +16,8 @@ pub fn split_k_schedule(items: usize, chunk: usize, nw: usize, unroll: usize) ->
 /// Whether the decode GEMV can carry the SwiGLU epilogue (`KernelSpec::SwiGluGemv`):
 /// plain-float weights, K a multiple of 32, an even number of outputs per block.
 pub fn swiglu_fits(k: usize, f: usize, wdtype: DType) -> Result<(), String> {
-    if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) || !k.is_multiple_of(32) || gemv_tiling(k, 2 * f, 1).0 % 2 != 0 {
-        return Err(format!("the SwiGLU GEMV takes plain-float weights, K a multiple of 32 and an even GEMV tiling (K {k}, {wdtype})"));
+    if !matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1) || !k.is_multiple_of(32) || gemv_tiling(k, 2 * f, 1).0 % 2 != 0 {
+        return Err(format!("the SwiGLU GEMV takes plain-float or q4_1 weights, K a multiple of 32 and an even GEMV tiling (K {k}, {wdtype})"));
     }
     Ok(())
 }

@@ -51,7 +51,9 @@ pub(crate) fn gemv_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `gemv` kernel (`KernelSpec::launch`).
 pub(crate) fn gemv_launch(spec: &KernelSpec) -> Launch {
     match spec {
-        KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 },
+        KernelSpec::MatMul { k, n, wdtype: DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1, .. } => {
+            Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, 1).0 as u32, rows: 1, warps: GEMV_WARPS as u32 }
+        }
         KernelSpec::MatMulWide { .. } => Launch::OutputsPerBlock { outputs: wide_outputs() as u32, rows: 1, warps: GEMV_WARPS as u32 },
         KernelSpec::MatMulFew { wdtype, rows, .. } if gemv_mma_weights(*wdtype) => {
             let (w, _, a) = gemv_mma_tiling3();
@@ -165,8 +167,12 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
     let (r, unroll) = gemv_tiling(k, n, mr);
     let nw = GEMV_WARPS;
     let esz = wdtype.block().1;
-    let e = 16 / esz; // elements per 16-byte unit
+    // Q4_1: a unit is a quarter of a 20-byte GGUF block — the nibble word of bytes 4t..4t+3
+    // (elements 4t+i, 16+4t+i) and the block's d/min word — 8 elements, as a bf16 unit has
+    let q4 = wdtype == DType::Q4_1;
+    let e = if q4 { 8 } else { 16 / esz }; // elements per unit (16 bytes of plain floats)
     let units = k / e;
+    let row_bytes = if q4 { k / 32 * esz } else { k * esz };
     let (jloop, rounds) = split_k_schedule(units, 32, nw, unroll);
     let norm = if mr == 1 { b.norm } else { None };
     let per = r * mr; // partial sums per lane: [row i][output j] at i * r + j
@@ -199,7 +205,7 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
     let row0 = b.op(&format!("arith.muli {by64}, {cmr} : i64"));
     let one = b.ci64(1);
     let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
-    let rowbytes = b.ci64((k * esz) as i64);
+    let rowbytes = b.ci64(row_bytes as i64);
     let wbase: Vec<String> = (0..r)
         .map(|j| {
             let cj = b.ci64((j % half) as i64);
@@ -208,16 +214,30 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
             b.op(&format!("arith.muli {c}, {rowbytes} : i64"))
         })
         .collect();
-    if b.pdl && mr == 1 && n * k * esz <= GEMV_PREFETCH_MAX_BYTES && b.o.gemv_prefetch && b.x_row_div.is_none() {
+    if b.pdl && mr == 1 && n * row_bytes <= GEMV_PREFETCH_MAX_BYTES && b.o.gemv_prefetch && b.x_row_div.is_none() {
         // the weights do not depend on the previous kernel: while it finishes, thread j
         // prefetches this block's weight row j into L2 (one bulk prefetch), then waits.
         // Measured (bench/results/gemv-prefetch-*.json): SmolLM2 decode b1 +14%, but the 8B
         // shape's 33-235 MB GEMVs 15% slower (down_proj 31 -> 44 us), hence the size limit
-        let rb = b.op(&format!("arith.constant {} : i32", k * esz));
+        let rb = b.op(&format!("arith.constant {} : i32", row_bytes));
         for (j, wb) in wbase.iter().enumerate() {
             let cj = b.ci64(j as i64);
             let me = b.op(&format!("arith.cmpi eq, {t64}, {cj} : i64"));
             b.line(&format!("scf.if {me} {{"));
+            // (the bulk prefetch takes 16-byte aligned spans: Q4_1 rows of K/32 20-byte blocks
+            // are not, so the aligned span around the row)
+            let (wb, rb) = if q4 {
+                let (m16, c15) = (b.ci64(-16), b.ci64(15));
+                let lo = b.op(&format!("arith.andi {wb}, {m16} : i64"));
+                let crb = b.ci64(row_bytes as i64);
+                let hi = b.op(&format!("arith.addi {wb}, {crb} : i64"));
+                let hi = b.op(&format!("arith.addi {hi}, {c15} : i64"));
+                let hi = b.op(&format!("arith.andi {hi}, {m16} : i64"));
+                let len = b.op(&format!("arith.subi {hi}, {lo} : i64"));
+                (lo, b.op(&format!("arith.trunci {len} : i64 to i32")))
+            } else {
+                (wb.clone(), rb.clone())
+            };
             let p = b.op(&format!("llvm.getelementptr {}[{wb}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8", wptr[j]));
             b.line(&format!("llvm.inline_asm has_side_effects \"cp.async.bulk.prefetch.L2.global [$0], $1;\", \"l,r\" {p}, {rb} : (!llvm.ptr<1>, i32) -> ()"));
             b.line("}");
@@ -227,7 +247,7 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
     let xrow = b.ci64((k * 4) as i64);
     // (GatherX: x from row tok[row] of the 16-bit table, 2 bytes an element; block 0 writes it
     // as f32 at the row's own place, `xout`)
-    let gather = b.gather_x && mr == 1 && e == 8;
+    let gather = b.gather_x && mr == 1 && e == 8 && !q4;
     let (xout, bx0, tbase) = if gather {
         let xw = b.op(&format!("arith.muli {row0}, {xrow} : i64"));
         let c0 = b.ci64(0);
@@ -257,8 +277,13 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
     let c32l = b.ci64(32);
     let wl = b.op(&format!("arith.muli {warp64}, {c32l} : i64"));
     let u0 = b.op(&format!("arith.addi {wl}, {lane64} : i64"));
-    // the weights of the 16-byte unit `u` (i64 unit index): per output j, its words
+    // the weights of unit `u` (i64 unit index): per output j, its words (Q4_1: the nibble
+    // word, then the block's d/min word)
     let load_w = |b: &mut Body, u: &str| -> Vec<Vec<String>> {
+        if q4 {
+            let (bo, e0) = b.q4_1_unit(u);
+            return wbase.iter().zip(&wptr).map(|(base, ptr)| b.q4_1_words(ptr, base, &bo, &e0)).collect();
+        }
         let c16 = b.ci64(16);
         let wo = b.op(&format!("arith.muli {u}, {c16} : i64"));
         wbase
@@ -270,13 +295,28 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
             })
             .collect()
     };
+    // x (or g) at the unit's elements: e f32 from byte offset `xo`, or Q4_1's two groups of 4
+    // (elements 4t.. and 16+4t.. of the block)
+    let unit_f32s = |b: &mut Body, ptr: &str, xo: &str| -> Vec<String> {
+        if q4 {
+            b.q4_1_f32s(ptr, xo)
+        } else {
+            b.load_f32s(ptr, xo, e)
+        }
+    };
     // the FMAs of the 16-byte units `us` (i64 unit indices) into `acc`, with their weights
     // loaded here or (`pre`) already
     let units_fma_pre = |b: &mut Body, us: &[String], acc: &[String], pre: Option<&[Vec<Vec<String>>]>| -> Vec<String> {
         let mut loaded = vec![];
         for (ui, u) in us.iter().enumerate() {
-            let xb = b.ci64((e * 4) as i64);
-            let xo = b.op(&format!("arith.muli {u}, {xb} : i64"));
+            let xo = if q4 {
+                let (_, e0) = b.q4_1_unit(u);
+                let c4 = b.ci64(4);
+                b.op(&format!("arith.muli {e0}, {c4} : i64"))
+            } else {
+                let xb = b.ci64((e * 4) as i64);
+                b.op(&format!("arith.muli {u}, {xb} : i64"))
+            };
             // (the unit's e f32 values, 16 bytes at a time; gathered: its 8 bf16 in one 16-byte
             // load, block 0 storing them as f32 into %x)
             let xs: Vec<Vec<String>> = match (&xout, &bx0) {
@@ -302,12 +342,12 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
                     .iter()
                     .map(|base| {
                         let xo = b.op(&format!("arith.addi {base}, {xo} : i64"));
-                        b.load_f32s("%x", &xo, e)
+                        unit_f32s(b, "%x", &xo)
                     })
                     .collect(),
             };
             // the norm prologue: g for these elements (x's offsets without the row base)
-            let gs: Vec<String> = if norm.is_some() { b.load_f32s("%g", &xo, e) } else { vec![] };
+            let gs: Vec<String> = if norm.is_some() { unit_f32s(b, "%g", &xo) } else { vec![] };
             let ws = match pre {
                 Some(p) => p[ui].clone(),
                 None => load_w(b, u),
@@ -327,7 +367,10 @@ pub(crate) fn emit_gemv(b: &mut Body, k: usize, n: usize, wdtype: DType, bias: b
             };
             for (j, words) in ws.iter().enumerate() {
                 let mut wf = vec![];
-                for word in words {
+                if q4 {
+                    wf = b.q4_1_weights(words);
+                }
+                for word in words.iter().filter(|_| !q4) {
                     match wdtype {
                         DType::F32 => wf.push(word.clone()),
                         DType::BF16 => wf.extend(b.bf16_pair(word)),
@@ -673,7 +716,7 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             fits_in(inner, o)
         }
         KernelSpec::NormMatMul { inner, .. } => {
-            let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16, bias: false, .. });
+            let plain = |k: &KernelSpec| matches!(k, KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1, bias: false, .. });
             let ok = match inner.as_ref() {
                 KernelSpec::MatMulParts { inner: i, .. } => plain(i),
                 KernelSpec::SwiGluGemv { .. } => true,
@@ -685,7 +728,7 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             }
             fits_in(inner, Outer { norm: true, ..o })
         }
-        KernelSpec::MatMul { k, n, wdtype, .. } if plain_float(wdtype) => gemv_body_fits(*k, *n, *wdtype, 1, o, false),
+        KernelSpec::MatMul { k, n, wdtype, .. } if plain_float(wdtype) || *wdtype == DType::Q4_1 => gemv_body_fits(*k, *n, *wdtype, 1, o, false),
         KernelSpec::MatMul { k, wdtype, .. } => {
             if k % 32 != 0 {
                 return Err(format!("matmul needs K a multiple of 32, got {k}"));
@@ -766,8 +809,8 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             fits_in(inner, o)
         }
         KernelSpec::MatMulCopy { inner } => {
-            if !matches!(inner.as_ref(), KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16, .. }) {
-                return Err(format!("the output copy is for the plain-float decode GEMV, not {}", inner.symbol()));
+            if !matches!(inner.as_ref(), KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1, .. }) {
+                return Err(format!("the output copy is for the plain-float or Q4_1 decode GEMV, not {}", inner.symbol()));
             }
             fits_in(inner, o)
         }
@@ -788,7 +831,7 @@ pub(crate) fn gemv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
             b.norm = Some(f32::from_bits(*eps_bits));
             emit_into(b, inner)?.replacen("%x: !llvm.ptr<1>, ", "%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, ", 1)
         }
-        KernelSpec::MatMul { k, n, wdtype, bias, residual } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16) => {
+        KernelSpec::MatMul { k, n, wdtype, bias, residual } if matches!(wdtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1) => {
             emit_gemv(b, *k, *n, *wdtype, *bias, *residual, 1)?;
             matmul_params(*bias, *residual, false)
         }
