@@ -262,7 +262,7 @@ fn wrapped(s: &KernelSpec) -> Vec<KernelSpec> {
         KernelSpec::FlashWgmma { inner: b() },
     ];
     for (n, red, splits) in [(576, true, 4), (4096, true, 2), (4096, false, 1), (4096, false, 2), (100, true, 3)] {
-        v.push(KernelSpec::AttentionO { inner: b(), n, red, splits });
+        v.push(KernelSpec::AttentionO { inner: b(), n, red, splits, wdtype: DType::BF16 });
     }
     for (k, cluster) in [(576, 4), (576, 1), (4096, 2), (4096, 1), (100, 1)] {
         v.push(KernelSpec::QkvAttentionO { inner: b(), k, eps_bits, cluster });

@@ -75,9 +75,13 @@ pub(crate) struct Body {
     /// blocks per head)
     pub(crate) attn_o_red: bool,
     pub(crate) attn_o_splits: usize,
+    /// (`AttentionO`: W_o's format, bf16 or Q4_1)
+    pub(crate) attn_o_wdtype: DType,
     /// (`QkvAttentionO`: the attention computes its q, k and v from x — K, eps, blocks per
     /// cluster; 1: no cluster)
     pub(crate) qkv_in: Option<(usize, f32, usize)>,
+    /// (`QkvAttentionO`: W_q, W_k and W_v's format, bf16 or Q4_1)
+    pub(crate) qkv_wdtype: DType,
     /// the one-row GEMV's x row is its block row / this (the routed experts' gate/up:
     /// `top_k` block rows per token)
     pub(crate) x_row_div: Option<usize>,
@@ -369,6 +373,11 @@ impl Body {
                 self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
             })
             .collect()
+    }
+    /// `acc` + the dot of a Q4_1 unit's two words ([`Body::q4_1_words`]) with its 8 f32 `xs`
+    pub(crate) fn fma_q4_1_words(&mut self, acc: &str, words: &[String], xs: &[String]) -> String {
+        let ws = self.q4_1_weights(words);
+        ws.iter().zip(xs).fold(acc.to_string(), |a, (w, x)| self.op(&format!("llvm.intr.fma({w}, {x}, {a}) : (f32, f32, f32) -> f32")))
     }
     /// The f32 of `ptr` at a Q4_1 unit's elements, `at` the byte offset of its first: 4 from
     /// there and 4 from 16 elements on

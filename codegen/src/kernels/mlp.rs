@@ -208,12 +208,7 @@ pub(crate) fn emit_swiglu_down(b: &mut Body, k: usize, f: usize, n: usize, eps: 
             ss = b.op(&format!("llvm.intr.fma({x}, {x}, {ss}) : (f32, f32, f32) -> f32"));
         }
         for (a, row) in acc.iter_mut().zip(&wrows) {
-            *a = if q4 {
-                let ws = b.q4_1_weights(&row[r]);
-                ws.iter().zip(&xg).fold(a.clone(), |acc, (w, x)| b.op(&format!("llvm.intr.fma({w}, {x}, {acc}) : (f32, f32, f32) -> f32")))
-            } else {
-                b.fma_bf16_words(a, &row[r], &xg)
-            };
+            *a = if q4 { b.fma_q4_1_words(a, &row[r], &xg) } else { b.fma_bf16_words(a, &row[r], &xg) };
         }
     }
     let lane32 = b.op(&format!("arith.index_cast {lane} : index to i32"));

@@ -345,7 +345,7 @@ pub enum KernelSpec {
     /// With `red`, `splits` blocks per head (grid y = H · splits), block s of head h taking the
     /// N/splits rows [s·N/splits, (s+1)·N/splits) of the projection (each running the whole
     /// attention of its head: cheap at the one-pass contexts) — fewer W_o bytes per SM.
-    AttentionO { inner: Box<KernelSpec>, n: usize, red: bool, splits: usize },
+    AttentionO { inner: Box<KernelSpec>, n: usize, red: bool, splits: usize, wdtype: DType },
     /// `inner` ([`KernelSpec::AttentionO`] with `red`) computing its head's q, k and v itself:
     /// the RMSNorm of x ([T, K] f32, weight g) times the head's rows of W_q and its KV head's
     /// of W_k and W_v (bf16, no bias), instead of reading a q/k/v GEMV's output. On sm_90a the
@@ -357,7 +357,7 @@ pub enum KernelSpec {
     /// its part of the o projection (DSC_QKV_ATTN_KEYS=whole: every block every key).
     /// Elsewhere (no clusters) every block computes all 3·D and takes every key. Params: %x,
     /// %g, %wq, %wk, %wv in place of %xq, %xk, %xv, then the rest of inner's.
-    QkvAttentionO { inner: Box<KernelSpec>, k: usize, eps_bits: u32, cluster: usize },
+    QkvAttentionO { inner: Box<KernelSpec>, k: usize, eps_bits: u32, cluster: usize, wdtype: DType },
     /// `inner` (the one-row decode GEMV with the norm prologue, or the fused MLP) that also
     /// zeroes the first `len` floats of `%z0` and `%z1` (after `griddepcontrol.wait`): the
     /// accumulators a later kernel adds into (`AttentionO` with `red`). params %z0, %z1, then

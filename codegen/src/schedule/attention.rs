@@ -6,7 +6,7 @@ use crate::schedule::*;
 
 /// The q/k/v GEMV folded into the one-token attention with the o projection added
 /// ([`fuse_attention_o_red`]; `KernelSpec::QkvAttentionO`): where that attention's q, k and v
-/// are the three parts of a merged bias-less bf16 GEMV with the norm prologue (which zeroes the
+/// are the three parts of a merged bias-less bf16 or Q4_1 GEMV with the norm prologue (which zeroes the
 /// attention's accumulators, `ZeroFill`), and the one-row kernel before that GEMV is the
 /// previous layer's fused MLP writing the GEMV's x, the attention's one-row kernel reads x, g
 /// and the three weights instead (each head's blocks a cluster on sm_90a), the MLP zeroes the
@@ -60,7 +60,7 @@ pub(crate) fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             i += 1;
             continue;
         };
-        let KernelSpec::MatMul { k, wdtype: DType::BF16, bias: false, residual: false, .. } = **core else {
+        let KernelSpec::MatMul { k, wdtype: wdtype @ (DType::BF16 | DType::Q4_1), bias: false, residual: false, .. } = **core else {
             i += 1;
             continue;
         };
@@ -104,7 +104,7 @@ pub(crate) fn fuse_qkv_attention(mut steps: Vec<Step>) -> Vec<Step> {
             i += 1;
             continue;
         }
-        let fused = KernelSpec::QkvAttentionO { inner: Box::new(steps[i].kernel.clone().expect("matched")), k, eps_bits: *eps_bits, cluster: splits };
+        let fused = KernelSpec::QkvAttentionO { inner: Box::new(steps[i].kernel.clone().expect("matched")), k, eps_bits: *eps_bits, cluster: splits, wdtype };
         if crate::kernels::fits(&fused).is_err() {
             i += 1;
             continue;
@@ -160,7 +160,7 @@ pub const ATTN_O_MAX_BYTES: usize = 128 << 10;
 
 /// The o projection folded into the one-token RoPE attention (`KernelSpec::AttentionO`, sm_90a
 /// and sm_80 alike): where a `RopeAttention` step (a head per block, one token) feeds, through
-/// views, a bias-less bf16 matmul with a residual whose K is H·D, the attention step takes the
+/// views, a bias-less bf16 or Q4_1 matmul with a residual whose K is H·D, the attention step takes the
 /// matmul's weight, residual and output, plus `{y}@splitk{H}` (the heads' partial sums,
 /// [H, T, N], declared by a kernel-less step before it) and `{y}@sync` (a counter per token,
 /// resident, zeroed once by the runtime), and the matmul's step keeps the other cases: two or
@@ -174,13 +174,16 @@ pub(crate) fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
             continue;
         };
         let o = steps.iter().position(|s| {
-            matches!(s.kernel, Some(KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. }) if k == hd) && s.args.len() == 4 && views.contains(&s.args[0]) && unbounded(s)
+            matches!(s.kernel, Some(KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16 | DType::Q4_1, .. }) if k == hd)
+                && s.args.len() == 4
+                && views.contains(&s.args[0])
+                && unbounded(s)
         });
         let Some(o) = o.filter(|&o| o > i) else {
             i += 1;
             continue;
         };
-        let Some(KernelSpec::MatMul { n, .. }) = steps[o].kernel else { unreachable!("matched") };
+        let Some(KernelSpec::MatMul { n, wdtype, .. }) = steps[o].kernel else { unreachable!("matched") };
         // (each block reads its head's columns of W_o: small models only — the 8B shape's
         // would be 1 MB per block on 32 SMs, where its o GEMV streams on all of them)
         if n * (hd / h) * 2 > ATTN_O_MAX_BYTES {
@@ -193,7 +196,7 @@ pub(crate) fn fuse_attention_o(mut steps: Vec<Step>) -> Vec<Step> {
         let fused = &mut steps[i];
         let max_context = fused.max_context;
         let inner = fused.kernel.take().expect("matched");
-        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(inner), n, red: false, splits: 1 });
+        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(inner), n, red: false, splits: 1, wdtype });
         fused.args.truncate(9);
         fused.args.extend([w, res, parts.clone(), format!("{y}@sync"), y.clone()]);
         // (the matmul for two or more tokens, and for one at the split attention's contexts)
@@ -222,7 +225,7 @@ pub(crate) fn fuse_attention_o_red(mut steps: Vec<Step>, splits_per_head: usize)
             continue;
         };
         let o = steps.iter().position(|s| {
-            matches!(&s.kernel, Some(KernelSpec::MatMulCopy { inner }) if matches!(inner.as_ref(), KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16, .. } if *k == hd))
+            matches!(&s.kernel, Some(KernelSpec::MatMulCopy { inner }) if matches!(inner.as_ref(), KernelSpec::MatMul { k, residual: true, bias: false, wdtype: DType::BF16 | DType::Q4_1, .. } if *k == hd))
                 && s.args.len() == 5
                 && views.contains(&s.args[0])
                 && unbounded(s)
@@ -235,7 +238,7 @@ pub(crate) fn fuse_attention_o_red(mut steps: Vec<Step>, splits_per_head: usize)
             continue;
         };
         let Some(KernelSpec::MatMulCopy { inner }) = &steps[o].kernel else { unreachable!("matched") };
-        let KernelSpec::MatMul { n, .. } = **inner else { unreachable!("matched") };
+        let KernelSpec::MatMul { n, wdtype, .. } = **inner else { unreachable!("matched") };
         let threads = |k: &KernelSpec| -> Option<usize> {
             let KernelSpec::NormMatMul { inner, .. } = k else { return None };
             let (core, parts) = inner.matmul_core();
@@ -260,7 +263,7 @@ pub(crate) fn fuse_attention_o_red(mut steps: Vec<Step>, splits_per_head: usize)
         let fused = &mut steps[i];
         let max_context = fused.max_context;
         let att = fused.kernel.take().expect("matched");
-        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(att), n, red: true, splits });
+        fused.kernel = Some(KernelSpec::AttentionO { inner: Box::new(att), n, red: true, splits, wdtype });
         fused.grid_y = Scalar::Const(gy * splits as i64);
         fused.args.truncate(9);
         fused.args.extend([wo, res, y.clone(), x.clone()]);

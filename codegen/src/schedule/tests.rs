@@ -691,6 +691,13 @@ fn second_layer_computes_its_qkv_in_the_attention_in_clusters() {
     let off = lower_opts(&g, ScheduleOptions { qkv_attn: false, ..opts }).unwrap();
     assert!(off.iter().all(|s| !matches!(s.kernel, Some(KernelSpec::QkvAttentionO { .. }))));
     assert!(matches!(off.iter().find(|s| s.node == "bqkv").unwrap().kernel, Some(KernelSpec::ZeroFill { .. })));
+    // Q4_1 weights (the GGUF plans): the same two kernels a layer, on Q4_1
+    let q4 = src.replace("weight : bf16[", "weight : q4_1[");
+    let steps = lower_opts(&text::parse(&q4).unwrap(), opts).unwrap();
+    let att = steps.iter().find(|s| s.node == "bo").unwrap();
+    let Some(KernelSpec::QkvAttentionO { inner, wdtype: DType::Q4_1, .. }) = &att.kernel else { panic!("{:?}", att.kernel) };
+    assert!(matches!(inner.as_ref(), KernelSpec::AttentionO { wdtype: DType::Q4_1, red: true, .. }), "{inner:?}");
+    assert!(matches!(&steps.iter().find(|s| s.node == "ay").unwrap().kernel, Some(KernelSpec::ZeroFill { inner, .. }) if matches!(inner.as_ref(), KernelSpec::SwiGluDown { wdtype: DType::Q4_1, .. })));
 }
 
 #[test]

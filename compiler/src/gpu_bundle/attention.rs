@@ -386,14 +386,20 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
     // shares one call's 64 MiB —; SmolLM2's shape with f32 pools, as its real model's plan;
     // and bf16 pools)
     // (last: the SmolLM2 plans' one-token layer — q, k and v from x by the attention itself,
-    // `QkvAttentionO` over a K = 576 x, the only case of that configuration)
+    // `QkvAttentionO` over a K = 576 x, the only case of that configuration; and with Q4_1
+    // W_q/W_k/W_v and W_o, as the GGUF plans: bf16 pools as the seeded Q4_1 shape's, f32 as the
+    // real SmolLM2 plan's)
     for (h, kvh, d, bs, interleaved, kv, qkv) in [
         (8usize, 2usize, 128usize, 16usize, false, DType::F32, None),
         (8, 2, 128, 16, false, DType::BF16, None),
         (9, 3, 64, 16, false, DType::F32, None),
         (9, 3, 64, 4, true, DType::BF16, None),
-        (9, 3, 64, 16, false, DType::BF16, Some(264usize)),
+        (9, 3, 64, 16, false, DType::BF16, Some((264usize, DType::BF16))),
+        (9, 3, 64, 16, false, DType::BF16, Some((288, DType::Q4_1))),
+        (9, 3, 64, 16, false, DType::F32, Some((288, DType::Q4_1))),
     ] {
+        let wdt = qkv.map_or(DType::BF16, |(_, w)| w);
+        let qkv = qkv.map(|(kk, _)| kk);
         let theta = 500000.0f32;
         // (q/k/v from x: also 300 keys, past one warp step of every warp of every block of the
         // cluster that splits them — 4 x 16 x 4 —, so the loop's later steps and this token's
@@ -416,12 +422,23 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
         let seq: Vec<i32> = (0..t as i32).collect();
         let slots: Vec<i32> = (0..t).map(|i| table[i * mb + pos[i] as usize / bs] * bs as i32 + pos[i] % bs as i32).collect();
         let (mut xq, mut xk, mut xv) = (cx.r.vec(t * h * d, -1.0, 1.0), cx.r.vec(t * kvh * d, -1.0, 1.0), cx.r.vec(t * kvh * d, -1.0, 1.0));
-        // (QkvAttentionO: q, k and v = RMSNorm(x) · g times bf16 W_q, W_k, W_v, as the
-        // graph's rms_norm + matmul compute them on the host)
+        // (QkvAttentionO: q, k and v = RMSNorm(x) · g times bf16 (or Q4_1) W_q, W_k, W_v, as
+        // the graph's rms_norm + matmul compute them on the host; `ws` the weights' values,
+        // `wenc` their bytes)
+        let mut wenc: Vec<Vec<u8>> = vec![];
         let qkv_in = qkv.map(|kk| {
             let x = cx.r.vec(t * kk, -1.0, 1.0);
             let gw = cx.r.vec(kk, 0.5, 1.5);
-            let ws: Vec<Vec<f32>> = [h, kvh, kvh].iter().map(|&heads| kv_round(&cx.r.vec(heads * d * kk, -0.05, 0.05), DType::BF16)).collect();
+            let ws: Vec<Vec<f32>> = [h, kvh, kvh]
+                .iter()
+                .map(|&heads| {
+                    let w = cx.r.vec(heads * d * kk, -0.05, 0.05);
+                    let e = dsc_ir::quant::encode(wdt, &w).expect("bf16 and Q4_1 encode any K-multiple-of-32 rows");
+                    let v = dsc_ir::quant::decode(wdt, &e, w.len()).expect("decodes what it encoded");
+                    wenc.push(e);
+                    v
+                })
+                .collect();
             let eps = 1e-5f32;
             let xn: Vec<f32> = (0..t * kk)
                 .map(|i| {
@@ -463,9 +480,7 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
         let spec = KernelSpec::RopeAttention { inner: Box::new(inner), theta_bits: theta.to_bits(), interleaved };
         let (gr, b) = grid(&spec.launch(), t);
         let (wk, wv) = (cx.data.push(&k), cx.data.push(&v));
-        let qkv_args = qkv_in
-            .as_ref()
-            .map(|(_, _, x, gw, _, _, _, ws)| [cx.data.push(x), cx.data.push(gw), cx.data.push_kv(&ws[0], DType::BF16), cx.data.push_kv(&ws[1], DType::BF16), cx.data.push_kv(&ws[2], DType::BF16)]);
+        let qkv_args = qkv_in.as_ref().map(|(_, _, x, gw, ..)| [cx.data.push(x), cx.data.push(gw), cx.data.push_u8(&wenc[0]), cx.data.push_u8(&wenc[1]), cx.data.push_u8(&wenc[2])]);
         let heads = match &qkv_args {
             Some(a) => a.to_vec(),
             None => vec![cx.data.push(&xq), cx.data.push(&xk), cx.data.push(&xv)],
@@ -507,8 +522,9 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
         // (one W_o, residual and result for every variant: the bundle's data is near the
         // 64 MiB a call carries)
         let nn = if qkv.is_some() { 128usize } else { 520 };
-        let shared = (kv == DType::BF16 && d == 64).then(|| {
-            let wo = kv_round(&cx.r.vec(nn * h * d, -0.1, 0.1), DType::BF16);
+        let shared = ((kv == DType::BF16 || qkv.is_some()) && d == 64).then(|| {
+            let we = dsc_ir::quant::encode(wdt, &cx.r.vec(nn * h * d, -0.1, 0.1)).expect("bf16 and Q4_1 encode H·D-wide rows");
+            let wo = dsc_ir::quant::decode(wdt, &we, nn * h * d).expect("decodes what it encoded");
             let res = cx.r.vec(t * nn, -1.0, 1.0);
             let y: Vec<f32> = (0..t * nn)
                 .map(|i| {
@@ -516,7 +532,7 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
                     res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
                 })
                 .collect();
-            (cx.data.push_kv(&wo, DType::BF16), cx.data.push(&res), cx.data.push(&y), cx.data.push(&vec![0.0; t * nn]))
+            (cx.data.push_u8(&we), cx.data.push(&res), cx.data.push(&y), cx.data.push(&vec![0.0; t * nn]))
         });
         // (q/k/v from x: in the plans' clusters, `ScheduleOptions::attn_o_splits`)
         let qkv_splits = [(true, cx.opts.schedule.attn_o_splits)];
@@ -526,13 +542,13 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
             if !(red || cx.opts.schedule.attn_o) {
                 continue;
             }
-            let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits };
+            let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red, splits, wdtype: wdt };
             if red {
                 // (q/k/v from x: a head's blocks a cluster on sm_90a)
                 let (fk, name, cluster) = match &qkv_in {
                     Some((kk, eps, ..)) => (
-                        KernelSpec::QkvAttentionO { inner: Box::new(fused), k: *kk, eps_bits: eps.to_bits(), cluster: splits },
-                        format!("paged_attn + q/k/v from x (K {kk}) + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} clusters of {splits} {style}{}", kv_label(kv)),
+                        KernelSpec::QkvAttentionO { inner: Box::new(fused), k: *kk, eps_bits: eps.to_bits(), cluster: splits, wdtype: wdt },
+                        format!("paged_attn + q/k/v from x (K {kk}, {wdt}) + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} clusters of {splits} {style}{}", kv_label(kv)),
                         Some(splits as u32),
                     ),
                     None => (fused, format!("paged_attn + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} {splits} block(s) per head {style}{}", kv_label(kv)), None),
@@ -568,6 +584,40 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
                 expected: y_a,
                 init: None,
                 written_inputs: vec![(5, wk.clone()), (6, wv.clone()), (12, cx.data.push(&vec![0.0; t]))],
+                tmaps: vec![],
+                tol: kv_tol(kv, 1e-4),
+                cluster: None,
+            });
+            cx.specs.push(fused);
+        }
+        // ... with Q4_1 W_o (the GGUF plans; their KV pools bf16 from seeded shapes, f32 in
+        // the real SmolLM2 plan): the plans' 4 blocks per head adding into both accumulators
+        if qkv.is_none() && d == 64 {
+            let nn = 128usize;
+            let wq = dsc_ir::quant::encode(DType::Q4_1, &cx.r.vec(nn * h * d, -0.1, 0.1)).context("encode")?;
+            let wo = dsc_ir::quant::decode(DType::Q4_1, &wq, nn * h * d).context("decode")?;
+            let res = cx.r.vec(t * nn, -1.0, 1.0);
+            let y: Vec<f32> = (0..t * nn)
+                .map(|i| {
+                    let (ti, j) = (i / nn, i % nn);
+                    res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
+                })
+                .collect();
+            let splits = 4;
+            let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red: true, splits, wdtype: DType::Q4_1 };
+            let zeros = cx.data.push(&vec![0.0; t * nn]);
+            let y_a = cx.data.push(&y);
+            cx.cases.push(Case {
+                name: format!("paged_attn + rope + cache writes + o projection added T{t} H{h}/{kvh} D{d} N{nn} q4_1, {splits} blocks per head {style}{}", kv_label(kv)),
+                kernel: fused.symbol(),
+                grid: gr,
+                grid_y: (h * splits) as u32,
+                block: b,
+                inputs: inputs.iter().cloned().chain([cx.data.push_u8(&wq), cx.data.push(&res), zeros.clone()]).collect(),
+                scalars: vec![(t * h) as i64, mb as i64],
+                expected: y_a.clone(),
+                init: Some(zeros),
+                written_inputs: vec![(at + 5, wk.clone()), (at + 6, wv.clone()), (at + 11, y_a)],
                 tmaps: vec![],
                 tol: kv_tol(kv, 1e-4),
                 cluster: None,

@@ -184,7 +184,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             }
             // (merged: also as the zero fill of a one-token layer's accumulators, `ZeroFill`,
             // two inputs it writes: 200 zeros each, the narrowest part's blocks covering them)
-            if parts.len() > 1 && wdtype != DType::Q4_1 {
+            if parts.len() > 1 {
                 let len = 200usize;
                 let zf = KernelSpec::ZeroFill { inner: Box::new(spec.clone()), len };
                 let nan = cx.data.push(&vec![f32::NAN; len]);

@@ -343,15 +343,7 @@ pub(crate) fn emit_paged_attention(
                     let e0 = b.op(&format!("arith.addi {e0}, {hoff} : i64"));
                     // (round 0 only: a second round's rows load in `o_projection`, so 512
                     // threads keep to 128 registers)
-                    let vs = (0..if r == 0 { d / 8 } else { 0 })
-                        .map(|c8| {
-                            let co = b.ci64(8 * c8 as i64);
-                            let e = b.op(&format!("arith.addi {e0}, {co} : i64"));
-                            let c2b = b.ci64(2);
-                            let by = b.op(&format!("arith.muli {e}, {c2b} : i64"));
-                            b.load_vector("%wo", &by, 8, "i16", 16)
-                        })
-                        .collect();
+                    let vs = if r == 0 { o_row_load(b, &e0, d) } else { vec![] };
                     (j, valid, vs, e0)
                 })
                 .collect()

@@ -53,19 +53,23 @@ use crate::kernels::*;
 /// The readable symbol of a `qkv` kernel (`KernelSpec::symbol`).
 pub(crate) fn qkv_symbol(spec: &KernelSpec) -> String {
     match spec {
-            KernelSpec::AttentionO { inner, n, red, splits } => format!(
-                "{}_o{n}{}",
-                inner.symbol(),
-                match (red, splits) {
-                    (false, _) => String::new(),
-                    (true, 1) => "_red".to_string(),
-                    (true, s) => format!("_red{s}"),
-                }
-            ),
-            KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => format!("{}_qkv{k}_e{eps_bits:x}_c{cluster}", inner.symbol()),
-            KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
-                format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+        KernelSpec::AttentionO { inner, n, red, splits, wdtype } => format!(
+            "{}_o{n}{}{}",
+            inner.symbol(),
+            if *wdtype == DType::BF16 { String::new() } else { format!("_{}", wdtype.name()) },
+            match (red, splits) {
+                (false, _) => String::new(),
+                (true, 1) => "_red".to_string(),
+                (true, s) => format!("_red{s}"),
             }
+        ),
+        KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster, wdtype } => {
+            let q = if *wdtype == DType::BF16 { String::new() } else { format!("_{}", wdtype.name()) };
+            format!("{}_qkv{k}{q}_e{eps_bits:x}_c{cluster}", inner.symbol())
+        }
+        KernelSpec::RopeAttention { inner, theta_bits, interleaved } => {
+            format!("{}_rope{}_{}", inner.symbol(), f32::from_bits(*theta_bits) as u64, if *interleaved { "interleaved" } else { "half" })
+        }
         other => unreachable!("{other:?} is not a qkv kernel (kernels::family)"),
     }
 }
@@ -73,7 +77,7 @@ pub(crate) fn qkv_symbol(spec: &KernelSpec) -> String {
 /// How the runtime launches a `qkv` kernel (`KernelSpec::launch`).
 pub(crate) fn qkv_launch(spec: &KernelSpec) -> Launch {
     match spec {
-            KernelSpec::RopeAttention { inner, .. } | KernelSpec::AttentionO { inner, .. } | KernelSpec::QkvAttentionO { inner, .. } => inner.launch(),
+        KernelSpec::RopeAttention { inner, .. } | KernelSpec::AttentionO { inner, .. } | KernelSpec::QkvAttentionO { inner, .. } => inner.launch(),
         other => unreachable!("{other:?} is not a qkv kernel (kernels::family)"),
     }
 }
@@ -115,6 +119,17 @@ pub(crate) fn lane_pieces(b: &mut Body, k: usize, lane_i: &str) -> (Vec<String>,
 
 /// A bf16 row's 16-byte pieces at `uoff` (piece indices, i64) from `ptr`: 4 words each.
 pub(crate) fn row_words(b: &mut Body, ptr: &str, uoff: &[String]) -> Vec<Vec<String>> {
+    // (Q4_1, `b.qkv_wdtype`: a unit's nibble word and its block's d/min word)
+    if b.qkv_wdtype == DType::Q4_1 {
+        let c0 = b.ci64(0);
+        return uoff
+            .iter()
+            .map(|u| {
+                let (bo, e0) = b.q4_1_unit(u);
+                b.q4_1_words(ptr, &c0, &bo, &e0)
+            })
+            .collect();
+    }
     let c16 = b.ci64(16);
     uoff.iter()
         .map(|u| {
@@ -160,7 +175,7 @@ pub(crate) fn qkv_prologue(
     let dd = b.ci64(d as i64);
     let q0 = b.op(&format!("arith.muli {head0}, {dd} : i64"));
     let k0 = b.op(&format!("arith.muli {kh}, {dd} : i64"));
-    let rowb = b.ci64(2 * k as i64);
+    let rowb = b.ci64(if b.qkv_wdtype == DType::Q4_1 { (k / 32 * 20) as i64 } else { 2 * k as i64 });
     let (cper, clast, c0, c1) = (b.ci64(per as i64), b.ci64(nrows as i64 - 1), b.ci64(0), b.ci64(1));
     let preload = b.pdl && rpw <= 3;
     let (uoff, _) = lane_pieces(b, k, lane_i);
@@ -216,9 +231,19 @@ pub(crate) fn st_cluster(b: &mut Body, smt: &str, at: &str, rank: &str, val: &st
 /// at + (e mod 8)·K/8 + e / 8: the reads of [`qkv_compute`] (lane l: elements 8l + q) then hit
 /// consecutive words, no bank conflicts.
 pub(crate) fn store_quad(b: &mut Body, v: &[String], at: usize, k: usize, t64: &str, smt: &str) {
-    let c2 = b.ci64(2);
-    let u = b.op(&format!("arith.divui {t64}, {c2} : i64"));
-    let odd = b.op(&format!("arith.remui {t64}, {c2} : i64"));
+    // (Q4_1: lane l's unit l of a round is quarter t of block l / 4, elements 4t + i and
+    // 16 + 4t + i: floats 4T + i at (4·half + i)·K/8 + u, T = 8·blk + 4·half + t, u = 4·blk + t)
+    let (u, odd) = if b.qkv_wdtype == DType::Q4_1 {
+        let (c8, c4) = (b.ci64(8), b.ci64(4));
+        let blk = b.op(&format!("arith.divui {t64}, {c8} : i64"));
+        let t8 = b.op(&format!("arith.remui {t64}, {c8} : i64"));
+        let t = b.op(&format!("arith.remui {t8}, {c4} : i64"));
+        let u = b.op(&format!("arith.muli {blk}, {c4} : i64"));
+        (b.op(&format!("arith.addi {u}, {t} : i64")), b.op(&format!("arith.divui {t8}, {c4} : i64")))
+    } else {
+        let c2 = b.ci64(2);
+        (b.op(&format!("arith.divui {t64}, {c2} : i64")), b.op(&format!("arith.remui {t64}, {c2} : i64")))
+    };
     let cq = b.ci64((4 * (k / 8)) as i64);
     let q0 = b.op(&format!("arith.muli {odd}, {cq} : i64"));
     let base = b.op(&format!("arith.addi {q0}, {u} : i64"));
@@ -286,7 +311,7 @@ pub(crate) fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, r
                 xg.push(b.op(&format!("arith.mulf {x}, {g} : f32")));
             }
             for (a, w) in cacc.iter_mut().zip(&words) {
-                *a = b.fma_bf16_words(a, &w[r], &xg);
+                *a = if b.qkv_wdtype == DType::Q4_1 { b.fma_q4_1_words(a, &w[r], &xg) } else { b.fma_bf16_words(a, &w[r], &xg) };
             }
         }
         acc.extend(cacc);
@@ -338,6 +363,61 @@ pub(crate) fn qkv_compute(b: &mut Body, k: usize, eps: f32, c: usize, t: &str, r
     }
 }
 
+/// W_o's row at the head's D columns, from element `e0` (row·H·D + head·D): bf16, D/8 16-byte
+/// vectors of 8 i16; Q4_1 (`b.attn_o_wdtype`), per block of 32 columns its five words (d/min,
+/// then the 16 nibble bytes: 20-byte blocks, 4-byte aligned)
+pub(crate) fn o_row_load(b: &mut Body, e0: &str, d: usize) -> Vec<String> {
+    if b.attn_o_wdtype == DType::Q4_1 {
+        let (c32, c20) = (b.ci64(32), b.ci64(20));
+        let blk = b.op(&format!("arith.divui {e0}, {c32} : i64"));
+        let by = b.op(&format!("arith.muli {blk}, {c20} : i64"));
+        let mut words = vec![];
+        for w in 0..d / 32 * 5 {
+            let co = b.ci64(4 * w as i64);
+            let at = b.op(&format!("arith.addi {by}, {co} : i64"));
+            words.extend(b.load_vec("%wo", &at, 1, "i32", 4));
+        }
+        return words;
+    }
+    (0..d / 8)
+        .map(|c8| {
+            let co = b.ci64(8 * c8 as i64);
+            let e = b.op(&format!("arith.addi {e0}, {co} : i64"));
+            let c2b = b.ci64(2);
+            let by = b.op(&format!("arith.muli {e}, {c2b} : i64"));
+            b.load_vector("%wo", &by, 8, "i16", 16)
+        })
+        .collect()
+}
+
+/// The D weights (f32, column order) of a row [`o_row_load`] loaded
+fn o_row_weights(b: &mut Body, vs: &[String], d: usize) -> Vec<String> {
+    if b.attn_o_wdtype == DType::Q4_1 {
+        let c15 = b.op("arith.constant 15 : i32");
+        let mut ws = vec![];
+        for words in vs.chunks(5).take(d / 32) {
+            let [dd, m] = b.f16_pair(&words[0]);
+            for e in 0..32 {
+                let byte = e % 16;
+                let cs = b.op(&format!("arith.constant {} : i32", 8 * (byte % 4) + if e >= 16 { 4 } else { 0 }));
+                let q = b.op(&format!("arith.shrui {}, {cs} : i32", words[1 + byte / 4]));
+                let q = b.op(&format!("arith.andi {q}, {c15} : i32"));
+                let q = b.op(&format!("arith.uitofp {q} : i32 to f32"));
+                ws.push(b.op(&format!("llvm.intr.fma({dd}, {q}, {m}) : (f32, f32, f32) -> f32")));
+            }
+        }
+        return ws;
+    }
+    let mut ws = vec![];
+    for v in vs {
+        for e in 0..8 {
+            let w = b.element(v, e, 8, "i16");
+            ws.push(b.bf16_to_f32(&w));
+        }
+    }
+    ws
+}
+
 /// The o projection folded into the one-token decode attention ([`KernelSpec::AttentionO`]),
 /// after the head's output is in shared memory at `o_at` (D floats; the flag slot after them):
 /// each thread's rows of W_o's head columns (`o_rows`: row, valid, its D/8 loaded 16-byte
@@ -375,27 +455,10 @@ pub(crate) fn o_projection(
     let pbase = b.op(&format!("arith.muli {prow}, {cn} : i64"));
     for (j, valid, vs, e0) in o_rows {
         // (rows past the first round: their loads now)
-        let loaded: Vec<String> = if vs.is_empty() {
-            (0..d / 8)
-                .map(|c8| {
-                    let co = b.ci64(8 * c8 as i64);
-                    let e = b.op(&format!("arith.addi {e0}, {co} : i64"));
-                    let c2b = b.ci64(2);
-                    let by = b.op(&format!("arith.muli {e}, {c2b} : i64"));
-                    b.load_vector("%wo", &by, 8, "i16", 16)
-                })
-                .collect()
-        } else {
-            vs.clone()
-        };
-        let vs = &loaded;
+        let loaded: Vec<String> = if vs.is_empty() { o_row_load(b, e0, d) } else { vs.clone() };
         let mut acc = b.cf32(0.0);
-        for (c8, v) in vs.iter().enumerate() {
-            for e in 0..8 {
-                let w = b.element(v, e, 8, "i16");
-                let w = b.bf16_to_f32(&w);
-                acc = b.op(&format!("llvm.intr.fma({w}, {}, {acc}) : (f32, f32, f32) -> f32", ys[8 * c8 + e]));
-            }
+        for (w, y) in o_row_weights(b, &loaded, d).iter().zip(&ys) {
+            acc = b.op(&format!("llvm.intr.fma({w}, {y}, {acc}) : (f32, f32, f32) -> f32"));
         }
         if b.attn_o_red {
             // (head 0 adds the residual; every head adds into both accumulators)
@@ -483,17 +546,30 @@ pub(crate) fn o_projection(
 /// flags they set.
 pub(crate) fn qkv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
     match spec {
-        KernelSpec::AttentionO { inner, n, red, splits } => match inner.as_ref() {
+        KernelSpec::AttentionO { inner, n, red, splits, wdtype } => match inner.as_ref() {
             KernelSpec::RopeAttention { inner: att, .. } if matches!(att.as_ref(), KernelSpec::PagedAttention { group: 1, .. }) => {
                 if *splits == 0 || n % splits != 0 || (*splits > 1 && !*red) {
                     return Err(format!("the o projection splits its {n} rows over blocks evenly, with `red` only (not {splits})"));
+                }
+                // (Q4_1: a head's D columns are whole blocks, D a multiple of 32 as the
+                // attention needs anyway)
+                if !matches!(wdtype, DType::BF16 | DType::Q4_1) {
+                    return Err(format!("the o projection in the attention reads bf16 or Q4_1 weights, not {}", wdtype.name()));
                 }
                 fits_in(inner, Outer { attn_o: true, attn_o_red: *red, ..o })
             }
             other => Err(format!("the o projection folds into the one-token RoPE attention of a head per block, not {}", other.symbol())),
         },
-        KernelSpec::QkvAttentionO { inner, k, cluster, .. } => match inner.as_ref() {
-            KernelSpec::AttentionO { red: true, splits, .. } if *cluster == 1 || cluster == splits => fits_in(inner, Outer { qkv_in: Some((*k, if o.pdl { *cluster } else { 1 })), ..o }),
+        KernelSpec::QkvAttentionO { inner, k, cluster, wdtype, .. } => match inner.as_ref() {
+            KernelSpec::AttentionO { red: true, splits, .. } if *cluster == 1 || cluster == splits => {
+                // (Q4_1: a lane's unit is a quarter block, as in the decode GEMV)
+                match wdtype {
+                    DType::BF16 => {}
+                    DType::Q4_1 if k % 32 == 0 => {}
+                    other => return Err(format!("q, k and v in the attention take bf16 weights or Q4_1 with K a multiple of 32, not {} (K {k})", other.name())),
+                }
+                fits_in(inner, Outer { qkv_in: Some((*k, if o.pdl { *cluster } else { 1 })), ..o })
+            }
             other => Err(format!("q, k and v fold into the one-token attention with the o projection added, in clusters of its blocks per head, not {} in clusters of {cluster}", other.symbol())),
         },
         KernelSpec::RopeAttention { inner, .. } => match inner.as_ref() {
@@ -508,17 +584,19 @@ pub(crate) fn qkv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
 pub(crate) fn qkv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     qkv_fits(spec, b.outer())?;
     Ok(match spec {
-        KernelSpec::AttentionO { inner, n, red, splits } => match inner.as_ref() {
+        KernelSpec::AttentionO { inner, n, red, splits, wdtype } => match inner.as_ref() {
             KernelSpec::RopeAttention { inner: att, .. } if matches!(att.as_ref(), KernelSpec::PagedAttention { group: 1, .. }) => {
                 b.attn_o = Some(*n);
+                b.attn_o_wdtype = *wdtype;
                 b.attn_o_red = *red;
                 b.attn_o_splits = *splits;
                 emit_into(b, inner)?
             }
             _ => unreachable!("qkv_fits: the o projection on the RoPE attention of a head per block"),
         },
-        KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster } => match inner.as_ref() {
+        KernelSpec::QkvAttentionO { inner, k, eps_bits, cluster, wdtype } => match inner.as_ref() {
             KernelSpec::AttentionO { red: true, splits, .. } if *cluster == 1 || cluster == splits => {
+                b.qkv_wdtype = *wdtype;
                 // (clusters on sm_90a alone; elsewhere every block computes the head's 3·D)
                 b.qkv_in = Some((*k, f32::from_bits(*eps_bits), if b.pdl { *cluster } else { 1 }));
                 emit_into(b, inner)?.replacen(
