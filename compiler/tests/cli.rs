@@ -38,10 +38,11 @@ fn compile_inspect_and_run() {
     // and its f16 copy from there, the wgmma matmul past them, no pipelined matmul; attention
     // steps of 129+ tokens (x 9 heads) run FlashAttention, and from 43 tokens (128 blocks of a
     // token and one of the 3 KV heads) up to there the grouped decode attention: the one-pass
-    // attention has two steps per layer, short contexts and many rows at long ones)
+    // attention has two steps per layer, short contexts and many rows at long ones; the
+    // one-token fusions keep each fused GEMV's 2+-row kernels on its own step)
     assert!(
         out.contains(
-            "kernel alternatives by step rows: few (any target, after hopper): matmul_few32 (2..=15 rows) on 121 steps, matmul_few32x16 (16..=128 rows) on 121 steps, paged_attention (387..=1160 rows) on 60 steps; hopper (sm_90a): matmul_wgmma64 (>= 129 rows) on 121 steps"
+            "kernel alternatives by step rows: few (any target, after hopper): matmul_few32 (2..=15 rows) on 151 steps, matmul_few32x16 (16..=128 rows) on 151 steps, paged_attention (387..=1160 rows) on 60 steps; hopper (sm_90a): matmul_wgmma64 (>= 129 rows) on 151 steps"
         ) && out.contains("flash_attention (>= 1161 rows) on 60 steps"),
         "{out}"
     );
