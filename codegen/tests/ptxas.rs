@@ -265,7 +265,7 @@ fn wrapped(s: &KernelSpec) -> Vec<KernelSpec> {
         v.push(KernelSpec::AttentionO { inner: b(), n, red, splits, wdtype: DType::BF16 });
     }
     for (k, cluster) in [(576, 4), (576, 1), (4096, 2), (4096, 1), (100, 1)] {
-        v.push(KernelSpec::QkvAttentionO { inner: b(), k, eps_bits, cluster });
+        v.push(KernelSpec::QkvAttentionO { inner: b(), k, eps_bits, cluster, wdtype: DType::BF16 });
     }
     if let KernelSpec::MatMul { n, .. } | KernelSpec::MatMulPipe { n, .. } | KernelSpec::MatMulFew { n, .. } = s {
         v.push(KernelSpec::MatMulParts { inner: b(), parts: vec![n / 2, n - n / 2] });
