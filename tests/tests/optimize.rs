@@ -61,7 +61,16 @@ fn optimized_models_compute_the_same_logits_with_fewer_kernels() {
             if toml == default_model() {
                 assert_eq!(folded, layers, "RoPE + cache writes inside each layer's one-token attention");
             }
-            assert_eq!(launches(&base) - launches(&all), 9 * layers + folded, "launches per step: {note}");
+            if toml == default_model() {
+                // the default model's Q4_1 layers take every one-token fusion of the lowering
+                // on the optimized graph (RMSNorm into the merged GEMVs, SwiGLU + W_down as
+                // one kernel, W_q/W_k/W_v and W_o inside the attention): two launches per
+                // layer, plus the embedding gather, the final norm, the lm_head and the argmax
+                assert_eq!(launches(&all), 2 * layers + 4, "launches per step: {note}");
+                assert!(launches(&base) - launches(&all) > 9 * layers + folded, "launches per step: {note}");
+            } else {
+                assert_eq!(launches(&base) - launches(&all), 9 * layers + folded, "launches per step: {note}");
+            }
         }
         let c = logits(&all, d.path(), "all.plan", &prompt);
         let err = a.iter().zip(&c).map(|(x, y)| dsc_runtime::gpu_e2e::rel_l2(y, x)).fold(0.0, f64::max);

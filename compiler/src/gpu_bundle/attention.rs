@@ -526,12 +526,7 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
             let we = dsc_ir::quant::encode(wdt, &cx.r.vec(nn * h * d, -0.1, 0.1)).expect("bf16 and Q4_1 encode H·D-wide rows");
             let wo = dsc_ir::quant::decode(wdt, &we, nn * h * d).expect("decodes what it encoded");
             let res = cx.r.vec(t * nn, -1.0, 1.0);
-            let y: Vec<f32> = (0..t * nn)
-                .map(|i| {
-                    let (ti, j) = (i / nn, i % nn);
-                    res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
-                })
-                .collect();
+            let y = o_projected(&o, &wo, &res, nn, h * d);
             (cx.data.push_u8(&we), cx.data.push(&res), cx.data.push(&y), cx.data.push(&vec![0.0; t * nn]))
         });
         // (q/k/v from x: in the plans' clusters, `ScheduleOptions::attn_o_splits`)
@@ -597,12 +592,7 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
             let wq = dsc_ir::quant::encode(DType::Q4_1, &cx.r.vec(nn * h * d, -0.1, 0.1)).context("encode")?;
             let wo = dsc_ir::quant::decode(DType::Q4_1, &wq, nn * h * d).context("decode")?;
             let res = cx.r.vec(t * nn, -1.0, 1.0);
-            let y: Vec<f32> = (0..t * nn)
-                .map(|i| {
-                    let (ti, j) = (i / nn, i % nn);
-                    res[i] + (0..h * d).map(|c| wo[j * h * d + c] * o[ti * h * d + c]).sum::<f32>()
-                })
-                .collect();
+            let y = o_projected(&o, &wo, &res, nn, h * d);
             let splits = 4;
             let fused = KernelSpec::AttentionO { inner: Box::new(spec.clone()), n: nn, red: true, splits, wdtype: DType::Q4_1 };
             let zeros = cx.data.push(&vec![0.0; t * nn]);
@@ -626,4 +616,15 @@ pub(super) fn rope_qkv_attention(cx: &mut Cx) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The o projection's reference with its residual: y[t, j] = res[t, j] + Σ_c W_o[j, c] · o[t, c]
+/// (o: [T, H·D], W_o: [N, H·D], res and y: [T, N])
+fn o_projected(o: &[f32], wo: &[f32], res: &[f32], nn: usize, hd: usize) -> Vec<f32> {
+    (0..res.len())
+        .map(|i| {
+            let (ti, j) = (i / nn, i % nn);
+            res[i] + (0..hd).map(|c| wo[j * hd + c] * o[ti * hd + c]).sum::<f32>()
+        })
+        .collect()
 }
