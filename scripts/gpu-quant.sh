@@ -4,7 +4,8 @@
 # against the CPU executor, and its decode speed beside the bf16 shape's in the same run.
 # Here:  bash scripts/gpu-quant.sh --prepare      (fills .gpu/quant: runtime, bundle, plans)
 # There: carry [".gpu/quant"], run `bash scripts/gpu-quant.sh` ; results under $OUT.
-# (STAGES="check decode bench" picks stages; BATCHES=1,8,32,128 the bench's batch sizes)
+# (STAGES="check decode bench bench8b policy" picks stages; BATCHES=1,8,32,128 the bench's batch
+# sizes; `policy` takes PLANS="q-int4-awq ..." whose parts were carried to ~/cache beforehand)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 D=.gpu/quant
@@ -18,6 +19,9 @@ if [ "${1:-}" = "--prepare" ]; then
   xz -T2 -6 -f $D/check/data.bin
   ./target/release/dsc compile models/smollm2-shape-seeded.toml -o $D/smollm2-bf16.plan
   ./target/release/dsc compile models/smollm2-shape-q4_1-seeded.toml -o $D/smollm2-q4_1.plan
+  ./target/release/dsc compile models/llama3-8b-seeded.toml -o $D/llama3-8b-bf16.plan
+  ./target/release/dsc compile models/llama3-8b-q4_1-seeded.toml -o $D/llama3-8b-q4_1.plan
+  cp data/coriolanus-act1.txt $D/
   du -sh $D
   exit 0
 fi
@@ -40,6 +44,24 @@ fi
 if [[ " $stages " == *" bench "* ]]; then
   for p in smollm2-bf16 smollm2-q4_1; do
     $D/dsc-runtime bench $D/$p.plan --batches ${BATCHES:-1,8,32,128} --prefill ${PREFILL:-512} --prompt-len 32 --new-tokens 64 --json "$out/quant-bench-$p.json" 2>&1 | grep -E "batch|prefill +[0-9]+ tokens"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+if [[ " $stages " == *" bench8b "* ]]; then
+  # the Llama-3-8B shape: bf16 beside every matrix in Q4_1 (int4 in 32-value blocks)
+  for p in llama3-8b-bf16 llama3-8b-q4_1; do
+    $D/dsc-runtime bench $D/$p.plan --batches ${BATCHES8B:-1,32} --prefill 512 --prompt-len 32 --new-tokens 32 --json "$out/quant-bench-$p.json" 2>&1 | grep -E "batch|prefill +[0-9]+ tokens"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+if [[ " $stages " == *" policy "* ]]; then
+  # plans `dsc compile --quant` made of the real SmolLM2 GGUF, carried in parts to ~/cache
+  # (PLANS="q-int4-awq ..."): perplexity on the H200 and decode speed
+  for p in ${PLANS:-}; do
+    cat ~/cache/$p.plan.part.* > ~/cache/$p.plan
+    $D/dsc-runtime ppl ~/cache/$p.plan $D/coriolanus-act1.txt --backend gpu 2>&1 | tee "$out/ppl-$p.txt" | tail -1
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    $D/dsc-runtime bench ~/cache/$p.plan --batches 1,8,32,128 --prefill 512 --prompt-len 32 --new-tokens 64 --json "$out/quant-bench-$p.json" 2>&1 | grep -E "batch|prefill +[0-9]+ tokens"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
 fi

@@ -46,11 +46,13 @@ pub struct CompileOptions {
     pub rules: Vec<(String, bool)>,
     /// the code generator's choices (written into the plan)
     pub codegen: dsc_codegen::CodegenOptions,
+    /// `--quant` / `--calibration` over model.toml's `[precision]`
+    pub precision: dsc_models::PrecisionOverride,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { tp: None, optimize: true, rules: vec![], codegen: Default::default() }
+        CompileOptions { tp: None, optimize: true, rules: vec![], codegen: Default::default(), precision: Default::default() }
     }
 }
 
@@ -86,7 +88,7 @@ pub fn compile_with(model_toml: &Path, tp: Option<usize>) -> anyhow::Result<Comp
 /// The compile with every option explicit.
 pub fn compile_full(model_toml: &Path, o: &CompileOptions) -> anyhow::Result<Compiled> {
     let (tp, optimize, rules) = (o.tp, o.optimize, &o.rules[..]);
-    let model = dsc_models::load(model_toml)?;
+    let model = dsc_models::load_with(model_toml, &o.precision)?;
     let world = tp.or(model.config.toml.parallel.as_ref().map(|p| p.tp));
     if world == Some(0) {
         anyhow::bail!("--tp must be at least 1");
@@ -428,6 +430,7 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
             total_bytes: 0,
             tensors: vec![],
             files: vec![],
+            precision: m.precision.clone(),
         },
         gpu: c.gpu.clone(),
         tensor_parallel: c.tensor_parallel,

@@ -55,6 +55,20 @@ enum Cmd {
         /// --trusted-key` then accepts it
         #[arg(long, value_name = "KEY")]
         sign: Option<PathBuf>,
+        /// weight format for matrices, over model.toml's `precision.weights`: int8[-gN],
+        /// int4[-sym|-asym][-gN] (groups of N, default 128), q8_0, q4_0, q4_1, bf16, f16, f32,
+        /// stored; Q/K/V, lm_head, router and embeddings stay stored unless `[precision.layers]`
+        /// names them
+        #[arg(long, value_name = "FORMAT")]
+        quant: Option<String>,
+        /// `awq`: activation-aware scale search before integer rounding (over
+        /// `precision.calibration`); `none`: round to nearest
+        #[arg(long, value_name = "none|awq")]
+        calibration: Option<String>,
+        /// one layer type's format, over `[precision.layers]` (repeatable): KIND=FORMAT with
+        /// KIND one of attn_qkv, attn_o, mlp, experts, router, lm_head, embeddings
+        #[arg(long = "quant-layer", value_name = "KIND=FORMAT")]
+        quant_layers: Vec<String>,
     },
     /// Make an ed25519 key pair for signing plans: NAME.key (secret, mode 0600) and NAME.pub
     Keygen {
@@ -190,8 +204,9 @@ fn summary(c: &dsc_compiler::Compiled) -> String {
     let costs = dsc_compiler::cost::step_cost(&c.graph, c.gpu.as_ref(), 1, 1024);
     let t = dsc_compiler::cost::total(&costs);
     let gpu = format!("{gpu}; cost model, decode token at context 1024: {:.1} MB moved, {:.2} GFLOP, roofline {:.2} ms", t.bytes / 1e6, t.flops / 1e9, t.roofline_s(false) * 1e3);
+    let precision = c.model.precision.as_ref().map(|p| format!("\n{p}")).unwrap_or_default();
     format!(
-        "{}: {} layers, {} nodes ({} ops, ~{} per layer), weights {:.1} MB; passes: {}; {gpu}",
+        "{}: {} layers, {} nodes ({} ops, ~{} per layer), weights {:.1} MB; passes: {}; {gpu}{precision}",
         c.model.config.toml.model.name,
         c.model.dims.layers,
         c.graph.node_count(),
@@ -214,10 +229,11 @@ fn do_compile(
     optimize: bool,
     rules: &[(String, bool)],
     key: Option<&ed25519_dalek::SigningKey>,
+    precision: dsc_models::PrecisionOverride,
 ) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let codegen = dsc_compiler::codegen_options_from_env()?;
-    let c = dsc_compiler::compile_full(model, &dsc_compiler::CompileOptions { tp, optimize, rules: rules.to_vec(), codegen })?;
+    let c = dsc_compiler::compile_full(model, &dsc_compiler::CompileOptions { tp, optimize, rules: rules.to_vec(), codegen, precision })?;
     if let Some(stage) = dump_ir {
         print!("{}", stage_text(&c, &stage, fmt)?);
         if output.is_none() && dump_dir.is_none() {
@@ -272,7 +288,7 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
         Cmd::Keygen { name } => keygen(&name),
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _, rules, sign } => {
+        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _, rules, sign, quant, calibration, quant_layers } => {
             let rules = rules
                 .iter()
                 .map(|r| match r.split_once('=') {
@@ -282,7 +298,12 @@ fn main() -> anyhow::Result<()> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let key = sign.map(|k| dsc_runtime::plan::read_key_file(&k).map(|b| ed25519_dalek::SigningKey::from_bytes(&b))).transpose()?;
-            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules, key.as_ref())
+            let layers = quant_layers
+                .iter()
+                .map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| anyhow::anyhow!("--quant-layer {l}: expected KIND=FORMAT")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let precision = dsc_models::PrecisionOverride { weights: quant, calibration, layers };
+            do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules, key.as_ref(), precision)
         }
         Cmd::DumpIr { model, stage, format } => {
             let c = dsc_compiler::compile_full(&model, &dsc_compiler::CompileOptions { codegen: dsc_compiler::codegen_options_from_env()?, ..Default::default() })?;

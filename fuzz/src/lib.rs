@@ -366,7 +366,7 @@ pub fn tiny_plan_header() -> Vec<u8> {
         targets: vec!["cpu".into()],
         graph: tiny_graph_text(),
         tokenizer: Some(tiny_plan_tokenizer()),
-        weights: PlanWeights { source: "seeded (seed 1)".into(), source_sha256: None, total_bytes: tensors.iter().map(|t| t.nbytes).sum(), tensors, files: vec![] },
+        weights: PlanWeights { source: "seeded (seed 1)".into(), source_sha256: None, total_bytes: tensors.iter().map(|t| t.nbytes).sum(), tensors, files: vec![], precision: None },
         gpu: None,
         tensor_parallel: 1,
     };

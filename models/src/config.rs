@@ -26,6 +26,13 @@
 //! activations = "f32"   # f32 | bf16 | f16
 //! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (the GPU kernels: f32 or bf16, half the bytes)
 //! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1
+//!                       # | int8[-gN] | int4[-sym|-asym][-gN] (groups of N, default 128)
+//! calibration = "none"  # none | awq (activation-aware scales before integer rounding)
+//! # calibration_text = "calib.txt"; calibration_tokens = 512
+//!
+//! [precision.layers]    # optional, per layer type over `weights` (quantize.rs): attn_qkv,
+//! mlp = "int4-g128"     # attn_o, mlp, experts, router, lm_head, embeddings; with a quantized
+//!                       # `weights`, attn_qkv / router / lm_head / embeddings stay stored
 //!
 //! [parallel]            # optional
 //! tp = 2                # tensor-parallel ranks (one GPU each); `dsc compile --tp N` overrides
@@ -37,6 +44,7 @@
 //! ```
 
 use crate::error::{ModelError, Result};
+use crate::quantize::{Format, LayerKind, Policy};
 use dsc_ir::DType;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -249,6 +257,22 @@ pub struct Precision {
     pub kv_cache: String,
     #[serde(default = "d_stored")]
     pub weights: String,
+    /// `none` | `awq` (the activation-aware scale search before integer rounding)
+    #[serde(default = "d_none")]
+    pub calibration: String,
+    /// the calibration text (default: the first tokens of the text `dsc ppl` scores,
+    /// data/coriolanus-act1.txt, built in)
+    #[serde(default)]
+    pub calibration_text: Option<PathBuf>,
+    /// calibration tokens (default 512)
+    #[serde(default)]
+    pub calibration_tokens: Option<usize>,
+    /// per layer type: attn_qkv, attn_o, mlp, experts, router, lm_head, embeddings → a format
+    #[serde(default)]
+    pub layers: std::collections::BTreeMap<String, String>,
+}
+fn d_none() -> String {
+    "none".into()
 }
 fn d_f32() -> String {
     "f32".into()
@@ -258,7 +282,7 @@ fn d_stored() -> String {
 }
 impl Default for Precision {
     fn default() -> Self {
-        Precision { activations: d_f32(), kv_cache: d_f32(), weights: d_stored() }
+        Precision { activations: d_f32(), kv_cache: d_f32(), weights: d_stored(), calibration: d_none(), calibration_text: None, calibration_tokens: None, layers: Default::default() }
     }
 }
 
@@ -282,19 +306,48 @@ pub struct ModelConfig {
     pub toml: ModelToml,
     pub activations: DType,
     pub kv_cache: DType,
-    /// None = keep the stored dtype
-    pub weights: Option<DType>,
+    /// what each weight matrix becomes
+    pub policy: Policy,
+}
+
+/// `dsc compile` flags over model.toml's `[precision]`.
+#[derive(Clone, Debug, Default)]
+pub struct PrecisionOverride {
+    /// `--quant FORMAT`: `precision.weights`
+    pub weights: Option<String>,
+    /// `--calibration none|awq`: `precision.calibration`
+    pub calibration: Option<String>,
+    /// `--quant-layer KIND=FORMAT`: entries of `[precision.layers]`
+    pub layers: Vec<(String, String)>,
 }
 
 impl ModelConfig {
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, &PrecisionOverride::default())
+    }
+
+    /// As [`ModelConfig::load`], with `dsc compile`'s precision flags over the file's.
+    pub fn load_with(path: &Path, ov: &PrecisionOverride) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(crate::error::io(path))?;
-        Self::parse(path, &text)
+        Self::parse_with(path, &text, ov)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        Self::parse_with(path, text, &PrecisionOverride::default())
+    }
+
+    fn parse_with(path: &Path, text: &str, ov: &PrecisionOverride) -> Result<Self> {
         let cerr = |msg: String| ModelError::Config { path: path.to_path_buf(), msg };
-        let toml: ModelToml = toml::from_str(text).map_err(|e| cerr(e.to_string().trim_end().to_string()))?;
+        let mut toml: ModelToml = toml::from_str(text).map_err(|e| cerr(e.to_string().trim_end().to_string()))?;
+        if let Some(w) = &ov.weights {
+            toml.precision.weights = w.clone();
+        }
+        if let Some(c) = &ov.calibration {
+            toml.precision.calibration = c.clone();
+        }
+        for (k, v) in &ov.layers {
+            toml.precision.layers.insert(k.clone(), v.clone());
+        }
         let dt = |field: &str, v: &str, allowed: &[DType]| -> Result<DType> {
             let d: DType = v.parse().map_err(|e: String| cerr(format!("field `{field}`: {e}")))?;
             if !allowed.contains(&d) {
@@ -306,10 +359,7 @@ impl ModelConfig {
         use DType::*;
         let activations = dt("precision.activations", &toml.precision.activations, &[F32, BF16, F16])?;
         let kv_cache = dt("precision.kv_cache", &toml.precision.kv_cache, &[F32, BF16, F16, F8E4M3])?;
-        let weights = match toml.precision.weights.as_str() {
-            "stored" => None,
-            w => Some(dt("precision.weights", w, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?),
-        };
+        let policy = Self::policy(&toml.precision).map_err(cerr)?;
         let l = &toml.limits;
         if l.kv_block_size == 0 || !l.kv_block_size.is_power_of_two() {
             return Err(cerr(format!("field `limits.kv_block_size`: {} must be a power of two", l.kv_block_size)));
@@ -366,7 +416,35 @@ impl ModelConfig {
         if let Some(d) = &toml.dims {
             d.check(&TOML_NAMES).map_err(cerr)?;
         }
-        Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, weights })
+        if policy.converts() && toml.weights.format == WeightFormat::Seeded {
+            return Err(cerr("seeded weights are generated in `weights.dtype`; `precision.weights` / `[precision.layers]` convert checkpoints".into()));
+        }
+        Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, policy })
+    }
+
+    fn policy(p: &Precision) -> std::result::Result<Policy, String> {
+        let default = Format::parse(&p.weights).map_err(|e| format!("field `precision.weights`: {e}"))?;
+        let mut layers = std::collections::BTreeMap::new();
+        for (k, v) in &p.layers {
+            let kind = LayerKind::ALL.into_iter().find(|l| l.key() == k).ok_or_else(|| {
+                let keys: Vec<_> = LayerKind::ALL.iter().map(|l| l.key()).collect();
+                format!("field `precision.layers.{k}`: not a layer type (one of {})", keys.join(", "))
+            })?;
+            layers.insert(kind, Format::parse(v).map_err(|e| format!("field `precision.layers.{k}`: {e}"))?);
+        }
+        let awq = match p.calibration.as_str() {
+            "none" => false,
+            "awq" => true,
+            c => return Err(format!("field `precision.calibration`: `{c}` (none or awq)")),
+        };
+        let policy = Policy { default, layers, awq };
+        if awq && !LayerKind::ALL.iter().any(|k| matches!(policy.format_for(Some(*k)), Format::Int(_))) {
+            return Err(format!("field `precision.calibration`: awq scales integer formats, and no layer type gets one (precision.weights is `{}`)", p.weights));
+        }
+        if p.calibration_tokens == Some(0) {
+            return Err("field `precision.calibration_tokens`: must be positive".into());
+        }
+        Ok(policy)
     }
 
     /// A path from model.toml, resolved against the file's folder.

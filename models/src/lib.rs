@@ -2,6 +2,7 @@
 //! tokenizers ([`tokenizer`]) and architecture builders ([`llama`], [`deepseek`]). [`load`]
 //! turns a model.toml into a verified graph, its weights and its tokenizer.
 
+pub mod awq;
 mod builder;
 pub mod config;
 pub mod deepseek;
@@ -9,6 +10,7 @@ mod error;
 pub mod gguf;
 pub mod hf;
 pub mod llama;
+pub mod quantize;
 pub mod tokenizer;
 pub mod weights;
 
@@ -17,9 +19,12 @@ pub use error::{ModelError, Result};
 pub use tokenizer::TokenizerInfo;
 pub use weights::{WeightSet, WeightTensor};
 
+pub use config::PrecisionOverride;
 use config::{Architecture, WeightFormat};
 use dsc_ir::{quant, DType, Graph};
+use quantize::{Format, LayerKind, Policy};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -38,6 +43,8 @@ pub struct LoadedModel {
     pub tokenizer: Option<TokenizerInfo>,
     /// where the weights came from (for the plan's metadata)
     pub weights_path: Option<PathBuf>,
+    /// what the precision policy did (None: every weight as stored)
+    pub precision: Option<String>,
 }
 
 impl LoadedModel {
@@ -130,22 +137,67 @@ fn sha256_file(path: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-/// Convert matrices (rank-2 weights, and stacked experts' rank-3) to `to`, keeping vectors (norms, biases) as they are.
-fn convert_weights(ws: &mut WeightSet, to: DType, path: &Path) -> Result<()> {
+/// Re-encode matrices (rank-2 weights, and stacked experts' rank-3) as the policy says, from
+/// their values (`stored`: each tensor's dtype before any AWQ rewrite, what `stored` keeps);
+/// vectors (norms, biases) stay as they are. Returns how many tensors each format took.
+fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, DType>, path: &Path) -> Result<BTreeMap<String, usize>> {
+    let tied = !ws.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
+    let mut counts = BTreeMap::new();
     for (name, t) in ws.tensors.iter_mut() {
-        if t.shape.len() < 2 || t.dtype == to {
+        if t.shape.len() < 2 {
+            continue;
+        }
+        let orig = stored.get(name).copied().unwrap_or(t.dtype);
+        let fmt = policy.format_for(LayerKind::of(name, tied));
+        let want = fmt.dtype(orig);
+        let requant = matches!(fmt, Format::Int(_));
+        *counts.entry(if fmt == Format::Stored { format!("stored {orig}") } else { fmt.name() }).or_insert(0) += 1;
+        if want == t.dtype && !requant {
             continue;
         }
         if t.bytes.seeded().is_some() {
             return Err(ModelError::Config { path: path.into(), msg: format!("seeded weights are generated in weights.dtype; set that instead of precision.weights (tensor `{name}`)") });
         }
         let n: usize = t.shape.iter().product();
-        let vals = quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: "stored bytes do not match its shape".into() })?;
-        let enc = quant::encode(to, &vals).ok_or_else(|| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: format!("{n} elements are not whole {to} blocks") })?;
-        t.dtype = to;
+        let terr = |msg: String| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg };
+        let vals = quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| terr("stored bytes do not match its shape".into()))?;
+        let enc = fmt.encode(orig, &vals, *t.shape.last().unwrap_or(&1)).map_err(|m| terr(format!("{}: {m}", fmt.name())))?;
+        t.dtype = want;
         t.bytes = Bytes::Owned(Arc::new(enc));
     }
-    Ok(())
+    Ok(counts)
+}
+
+/// The compile summary's line on what the policy did.
+fn precision_note(policy: &Policy, counts: &BTreeMap<String, usize>, awq: Option<&awq::AwqReport>) -> String {
+    let c: Vec<String> = counts.iter().map(|(f, n)| format!("{n} {f}")).collect();
+    let mut s = format!("weights: {} (matrices: {})", policy.summary(), c.join(", "));
+    if let Some(a) = awq {
+        s.push_str("; ");
+        s.push_str(&a.summary());
+    }
+    s
+}
+
+/// The calibration tokens: `precision.calibration_text` (default: the text `dsc ppl` scores,
+/// built in), its first `calibration_tokens` (default 512).
+fn calibration_tokens(config: &ModelConfig, tok: Option<&TokenizerInfo>) -> Result<Vec<u32>> {
+    let p = &config.toml.precision;
+    let cerr = |msg: String| ModelError::Config { path: config.path.clone(), msg };
+    let text = match &p.calibration_text {
+        Some(f) => {
+            let f = config.resolve(f);
+            std::fs::read_to_string(&f).map_err(error::io(&f))?
+        }
+        None => include_str!("../../data/coriolanus-act1.txt").to_string(),
+    };
+    let tok = tok.ok_or_else(|| cerr("precision.calibration = \"awq\" needs a tokenizer for the calibration text".into()))?;
+    let t = tokenizers::Tokenizer::from_str(&tok.json).map_err(|e| cerr(format!("tokenizer: {e}")))?;
+    let enc = t.encode(text.as_str(), false).map_err(|e| cerr(format!("calibration text: {e}")))?;
+    let mut ids: Vec<u32> = tok.bos_id.filter(|_| tok.add_bos).into_iter().collect();
+    ids.extend(enc.get_ids());
+    ids.truncate(p.calibration_tokens.unwrap_or(512).min(config.toml.limits.max_seq_len));
+    Ok(ids)
 }
 
 /// A seeded tensor: matrices in `dtype` scaled 1/sqrt(fan-in), vectors f32 (norm weights ones).
@@ -196,7 +248,12 @@ fn seeded_weights(dims: &Dims, seed: u64, dtype: DType, naming: llama::Naming) -
 /// Load a model.toml: read and check the config, import weights and tokenizer, build and
 /// verify the graph.
 pub fn load(model_toml: &Path) -> Result<LoadedModel> {
-    let config = ModelConfig::load(model_toml)?;
+    load_with(model_toml, &PrecisionOverride::default())
+}
+
+/// As [`load`], with `dsc compile`'s precision flags over model.toml's `[precision]`.
+pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedModel> {
+    let config = ModelConfig::load_with(model_toml, ov)?;
     let t = &config.toml;
     if t.model.architecture == Architecture::Deepseek {
         return load_deepseek(config);
@@ -262,9 +319,6 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
     if let Some(given) = &t.dims {
         check_dims(&config.path, given, &dims)?;
     }
-    if let Some(to) = config.weights {
-        convert_weights(&mut weights, to, weights_path.as_deref().unwrap_or(Path::new("<seeded>")))?;
-    }
     let mut tokenizer = tokenizer;
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
@@ -278,8 +332,23 @@ pub fn load(model_toml: &Path) -> Result<LoadedModel> {
         kv_block_size: t.limits.kv_block_size,
         weights_path: weights_path.clone().unwrap_or_else(|| "<seeded>".into()),
     };
-    let graph = llama::build(&opts, &weights)?;
-    Ok(LoadedModel { config, dims, deepseek: None, graph, weights, tokenizer, weights_path })
+    let mut graph = llama::build(&opts, &weights)?;
+    let mut precision = None;
+    if config.policy.converts() {
+        let wpath = weights_path.clone().unwrap_or_else(|| "<seeded>".into());
+        let stored: BTreeMap<String, DType> = weights.tensors.iter().map(|(n, t)| (n.clone(), t.dtype)).collect();
+        let report = match config.policy.awq {
+            true => {
+                let toks = calibration_tokens(&config, tokenizer.as_ref())?;
+                Some(awq::search_and_scale(&graph, &mut weights, &toks, naming, &dims, t.limits.kv_block_size, &config.policy, &wpath)?)
+            }
+            false => None,
+        };
+        let counts = apply_policy(&mut weights, &config.policy, &stored, &wpath)?;
+        precision = Some(precision_note(&config.policy, &counts, report.as_ref()));
+        graph = llama::build(&opts, &weights)?;
+    }
+    Ok(LoadedModel { config, dims, deepseek: None, graph, weights, tokenizer, weights_path, precision })
 }
 
 /// The tokenizer model.toml's `[tokenizer]` names (`path`: a tokenizer.json, `gguf`: a GGUF
@@ -341,8 +410,14 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
         deepseek::prepare(&mut ws, &ds, &path)?;
         ws
     };
-    if let Some(to) = config.weights {
-        convert_weights(&mut weights, to, &path)?;
+    if config.policy.awq {
+        return Err(cerr("field `precision.calibration`: awq is built for the llama family (deepseek: round-to-nearest only)".into()));
+    }
+    let mut precision = None;
+    if config.policy.converts() {
+        let stored: BTreeMap<String, DType> = weights.tensors.iter().map(|(n, t)| (n.clone(), t.dtype)).collect();
+        let counts = apply_policy(&mut weights, &config.policy, &stored, &path)?;
+        precision = Some(precision_note(&config.policy, &counts, None));
     }
     // ([tokenizer] path or gguf, else a tokenizer.json beside config.json)
     let mut tokenizer = tokenizer_section(&config, Some(&dir.join("tokenizer.json")), ds.vocab)?;
@@ -352,5 +427,5 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     let opts = deepseek::BuildOptions { name: t.model.name.clone(), activations: config.activations, kv_cache: config.kv_cache, kv_block_size: t.limits.kv_block_size, weights_path: path.clone() };
     let graph = deepseek::build(&opts, &ds, &weights)?;
     let dims = ds.common_dims();
-    Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: (!seeded).then_some(path) })
+    Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: (!seeded).then_some(path), precision })
 }

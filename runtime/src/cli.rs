@@ -184,6 +184,9 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     };
     println!("weights: {} tensors, {:.1} MB, {how} ({})", h.weights.tensors.len(), h.weights.total_bytes as f64 / 1e6, d.join("; "));
     println!("  source: {}{}", h.weights.source, h.weights.source_sha256.as_ref().map(|s| format!(" (sha256 {s})")).unwrap_or_default());
+    if let Some(p) = &h.weights.precision {
+        println!("  {p}");
+    }
     match &h.gpu {
         Some(g) => {
             let kernels: std::collections::BTreeSet<&String> =

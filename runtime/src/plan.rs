@@ -533,6 +533,10 @@ pub struct PlanWeights {
     /// checkpoint files that referenced weights are read from (`WeightEntry::file`)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<SourceFile>,
+    /// what model.toml's precision policy (`dsc compile --quant`) made of the checkpoint's
+    /// matrices, per layer type (absent: every weight as stored)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
 }
 
 /// A checkpoint file a plan reads weights from instead of embedding them.

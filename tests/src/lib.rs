@@ -21,7 +21,9 @@ pub fn default_model() -> PathBuf {
 }
 
 use dsc_ir::DType;
+use dsc_ir::{Executor, Tensor};
 use dsc_models::gguf::{write_gguf, Value};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// A tiny llama (2 layers, hidden 64, 4 heads / 2 KV heads of 16, ffn 96, vocab 80) with
@@ -147,4 +149,33 @@ pub fn model_toml(dir: &Path, format: &str, weights: &str) -> std::path::PathBuf
     )
     .unwrap();
     p
+}
+
+/// A step's inputs for the CPU executor: one entry per token, the block table as (entries, sequences, blocks each).
+pub fn inputs(tokens: &[i32], positions: &[i32], seq: &[i32], slots: &[i32], table: (&[i32], usize, usize), rows: &[i32]) -> BTreeMap<String, Tensor> {
+    let t = |v: &[i32]| Tensor::from_i32(vec![v.len()], v);
+    BTreeMap::from([
+        ("tokens".into(), t(tokens)),
+        ("positions".into(), t(positions)),
+        ("seq_ids".into(), t(seq)),
+        ("slots".into(), t(slots)),
+        ("block_table".into(), Tensor::from_i32(vec![table.1, table.2], table.0)),
+        ("logit_rows".into(), t(rows)),
+    ])
+}
+
+/// Logits after every prompt token, prefilled in one step (blocks 0, 1 of the pool; the
+/// prompt fits two blocks).
+pub fn prefill_logits(m: &dsc_models::LoadedModel, prompt: &[i32]) -> Tensor {
+    let mut ex = Executor::new(&m.graph, &m.weights, BTreeMap::from([("NB".into(), 8)])).unwrap();
+    let n = prompt.len() as i32;
+    let pos: Vec<i32> = (0..n).collect();
+    let table: Vec<i32> = (0..2).collect();
+    ex.run(&inputs(prompt, &pos, &vec![0; n as usize], &pos, (&table, 1, 2), &pos)).unwrap().remove("logits").unwrap()
+}
+
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f32 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
 }

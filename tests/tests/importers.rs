@@ -5,38 +5,11 @@
 //! - GGUF K-quant weights (Q4_K, Q5_K, Q6_K) run as their dequantized values;
 //! - prefill in one step == token by token == two sequences batched in one step.
 
-use dsc_ir::{DType, Executor, Tensor};
+use dsc_ir::{DType, Executor};
 use dsc_tests::*;
 use std::collections::BTreeMap;
 
 const PROMPT: [i32; 7] = [3, 17, 42, 8, 79, 0, 23];
-
-fn inputs(tokens: &[i32], positions: &[i32], seq: &[i32], slots: &[i32], table: (&[i32], usize, usize), rows: &[i32]) -> BTreeMap<String, Tensor> {
-    let t = |v: &[i32]| Tensor::from_i32(vec![v.len()], v);
-    BTreeMap::from([
-        ("tokens".into(), t(tokens)),
-        ("positions".into(), t(positions)),
-        ("seq_ids".into(), t(seq)),
-        ("slots".into(), t(slots)),
-        ("block_table".into(), Tensor::from_i32(vec![table.1, table.2], table.0)),
-        ("logit_rows".into(), t(rows)),
-    ])
-}
-
-/// Logits after every prompt token, prefilled in one step (block size 4, blocks 0..).
-fn prefill_logits(m: &dsc_models::LoadedModel) -> Tensor {
-    let mut ex = Executor::new(&m.graph, &m.weights, BTreeMap::from([("NB".into(), 8)])).unwrap();
-    let n = PROMPT.len() as i32;
-    let pos: Vec<i32> = (0..n).collect();
-    let table: Vec<i32> = (0..2).collect();
-    ex.run(&inputs(&PROMPT, &pos, &vec![0; n as usize], &pos, (&table, 1, 2), &pos)).unwrap().remove("logits").unwrap()
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f32 = b.iter().map(|y| y * y).sum();
-    (num / den).sqrt()
-}
 
 #[test]
 fn safetensors_and_gguf_of_the_same_weights_agree() {
@@ -44,14 +17,14 @@ fn safetensors_and_gguf_of_the_same_weights_agree() {
     let w = tiny_llama_hf(11);
     write_tiny_hf(&d.path().join("hf"), &w);
     let hf = dsc_models::load(&model_toml(d.path(), "safetensors", "hf")).unwrap();
-    let reference = prefill_logits(&hf);
+    let reference = prefill_logits(&hf, &PROMPT);
     assert_eq!(reference.shape, vec![7, 80]);
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::F16, 2e-3), (DType::BF16, 2e-2), (DType::Q8_0, 3e-2)] {
         let sub = d.path().join(dtype.name());
         std::fs::create_dir_all(&sub).unwrap();
         write_tiny_gguf(&sub.join("m.gguf"), &tiny_gguf_metadata(), &tiny_gguf_tensors(&w, dtype));
         let gg = dsc_models::load(&model_toml(&sub, "gguf", "m.gguf")).unwrap();
-        let got = prefill_logits(&gg);
+        let got = prefill_logits(&gg, &PROMPT);
         let e = rel_err(&got.data, &reference.data);
         assert!(e < tol, "{dtype} GGUF vs safetensors: relative error {e} > {tol}");
     }
@@ -116,7 +89,7 @@ fn k_quant_ggufs_run_as_their_dequantized_weights() {
             write_tiny_gguf(&dir.join("m.gguf"), &meta, tensors);
             let m = dsc_models::load(&model_toml(&dir, "gguf", "m.gguf")).unwrap();
             assert!(m.weights.tensors.values().any(|t| t.dtype == tensors[4].1), "{sub}: the matrices stay {}", tensors[4].1);
-            (prefill_logits(&m), dir)
+            (prefill_logits(&m, &PROMPT), dir)
         };
         let (got, dir) = logits(&packed, dt.name());
         let (want, _) = logits(&widened, &format!("{}-f32", dt.name()));
@@ -146,7 +119,7 @@ fn sharded_safetensors_load_like_one_file() {
     std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
     let m1 = dsc_models::load(&model_toml(&one, "safetensors", ".")).unwrap();
     let m2 = dsc_models::load(&model_toml(&sharded, "safetensors", ".")).unwrap();
-    assert_eq!(prefill_logits(&m1), prefill_logits(&m2));
+    assert_eq!(prefill_logits(&m1, &PROMPT), prefill_logits(&m2, &PROMPT));
 }
 
 #[test]
@@ -154,7 +127,7 @@ fn prefill_decode_and_batching_agree() {
     let d = tempfile::tempdir().unwrap();
     write_tiny_hf(&d.path().join("hf"), &tiny_llama_hf(3));
     let m = dsc_models::load(&model_toml(d.path(), "safetensors", "hf")).unwrap();
-    let full = prefill_logits(&m);
+    let full = prefill_logits(&m, &PROMPT);
     let v = 80;
 
     // token by token, with the sequence's blocks scattered in the pool (block table [5, 2])

@@ -1,0 +1,129 @@
+//! Weight quantization at compile time (model.toml `[precision]`, `dsc compile --quant`):
+//! - the policy converts the layer types it names, keeps Q/K/V and the lm_head as stored under
+//!   a quantized default, and a bad format or layer type is an error naming the field;
+//! - the activation-aware scales fold into the norms and W_up without changing what the model
+//!   computes, and never raise a group's error over round-to-nearest on the calibration tokens;
+//! - SmolLM2 compiled with `--quant int4-g128 --calibration awq` runs close to the GGUF as
+//!   shipped.
+
+use dsc_ir::DType;
+use dsc_models::quantize::{Format, Policy};
+use dsc_models::{load, load_with, PrecisionOverride};
+use dsc_tests::*;
+use std::path::Path;
+
+const PROMPT: [i32; 7] = [3, 17, 42, 8, 79, 0, 23];
+
+/// The tiny HF model's model.toml with `extra` appended.
+fn tiny(dir: &Path, extra: &str) -> std::path::PathBuf {
+    write_tiny_hf(&dir.join("hf"), &tiny_llama_hf(5));
+    let p = model_toml(dir, "safetensors", "hf");
+    let mut t = std::fs::read_to_string(&p).unwrap();
+    t.push_str(extra);
+    std::fs::write(&p, t).unwrap();
+    p
+}
+
+fn dtype(m: &dsc_models::LoadedModel, name: &str) -> DType {
+    m.weights.get(name).unwrap_or_else(|| panic!("{name}")).dtype
+}
+
+#[test]
+fn the_policy_converts_the_layer_types_it_names() {
+    let d = tempfile::tempdir().unwrap();
+    let float = load(&tiny(d.path(), "")).unwrap();
+    let want = prefill_logits(&float, &PROMPT);
+    let m = load(&tiny(d.path(), "\n[precision]\nweights = \"int4-g64\"\n")).unwrap();
+    let l0 = |w: &str| format!("model.layers.0.{w}.weight");
+    // sensitive layers stay as stored; the rest become int4 in Q4_1 blocks
+    for (w, dt) in [("self_attn.q_proj", DType::F32), ("self_attn.o_proj", DType::Q4_1), ("mlp.gate_proj", DType::Q4_1), ("mlp.down_proj", DType::Q4_1)] {
+        assert_eq!(dtype(&m, &l0(w)), dt, "{w}");
+    }
+    assert_eq!(dtype(&m, "lm_head.weight"), DType::F32);
+    assert_eq!(dtype(&m, "model.embed_tokens.weight"), DType::F32);
+    assert_eq!(dtype(&m, "model.layers.0.input_layernorm.weight"), DType::F32, "vectors are never converted");
+    let e = rel_err(&prefill_logits(&m, &PROMPT).data, &want.data);
+    assert!(e > 1e-4 && e < 0.2, "int4-g64 MLP and W_o: logits relative error {e}");
+    assert!(m.precision.as_ref().unwrap().contains("attn_qkv stored, attn_o int4-g64"), "{:?}", m.precision);
+
+    // named layer types, and the command line's flags over the file
+    let p = tiny(d.path(), "\n[precision]\nweights = \"int4-g64\"\n\n[precision.layers]\nattn_qkv = \"int8-g32\"\nlm_head = \"int4-sym-g32\"\n");
+    let m = load(&p).unwrap();
+    assert_eq!(dtype(&m, &l0("self_attn.k_proj")), DType::Q8_0);
+    assert_eq!(dtype(&m, "lm_head.weight"), DType::Q4_0);
+    let ov = PrecisionOverride { weights: Some("int8".into()), calibration: None, layers: vec![("mlp".into(), "bf16".into())] };
+    let m = load_with(&p, &ov).unwrap();
+    assert_eq!(dtype(&m, &l0("self_attn.o_proj")), DType::Q8_0);
+    assert_eq!(dtype(&m, &l0("mlp.up_proj")), DType::BF16);
+    let e = rel_err(&prefill_logits(&m, &PROMPT).data, &want.data);
+    assert!(e < 0.15, "int8 / bf16 / int4-sym lm_head: {e}");
+
+    // errors name the field
+    for (extra, field) in [
+        ("weights = \"int4-g100\"", "precision.weights"),
+        ("weights = \"int4\"\n[precision.layers]\nattention = \"int8\"", "precision.layers.attention"),
+        ("weights = \"bf16\"\ncalibration = \"awq\"", "precision.calibration"),
+        ("weights = \"int8-asym\"", "precision.weights"),
+    ] {
+        let err = load(&tiny(d.path(), &format!("\n[precision]\n{extra}\n"))).err().expect(extra).to_string();
+        assert!(err.contains(field) && err.contains("model.toml"), "{extra}: {err}");
+    }
+}
+
+#[test]
+fn awq_scales_keep_the_function_and_never_lose_to_round_to_nearest() {
+    let d = tempfile::tempdir().unwrap();
+    let m = load(&tiny(d.path(), "")).unwrap();
+    let want = prefill_logits(&m, &PROMPT);
+    let policy = Policy { default: Format::parse("int4-g32").unwrap(), layers: [(dsc_models::quantize::LayerKind::AttnQkv, Format::parse("int4-g32").unwrap())].into(), awq: true };
+    let mut ws = m.weights.clone();
+    let tokens: Vec<u32> = (0..48).map(|i| (i * 29 + 7) % 80).collect();
+    let report = dsc_models::awq::search_and_scale(&m.graph, &mut ws, &tokens, dsc_models::llama::Naming::Hf, &m.dims, 4, &policy, Path::new("tiny")).unwrap();
+    // two layers: Q/K/V, gate/up and down (W_o not: two query heads share a KV head)
+    assert_eq!(report.groups.len(), 6, "{:?}", report.groups);
+    assert!(report.groups.iter().all(|g| g.2 <= 1.0 + 1e-9), "{:?}", report.groups);
+    assert!(report.groups.iter().any(|g| g.1 > 0.0 && g.2 < 1.0), "some group found scales better than none: {:?}", report.groups);
+    // the scaled weights, unrounded, compute what the model did
+    let opts = dsc_models::llama::BuildOptions {
+        name: "tiny".into(),
+        dims: m.dims.clone(),
+        naming: dsc_models::llama::Naming::Hf,
+        activations: DType::F32,
+        kv_cache: DType::F32,
+        kv_block_size: 4,
+        weights_path: "tiny".into(),
+    };
+    let scaled = dsc_models::LoadedModel { graph: dsc_models::llama::build(&opts, &ws).unwrap(), weights: ws, ..m };
+    assert_ne!(
+        scaled.weights.get("model.layers.0.input_layernorm.weight").unwrap().bytes.as_slice(),
+        load(&tiny(d.path(), "")).unwrap().weights.get("model.layers.0.input_layernorm.weight").unwrap().bytes.as_slice()
+    );
+    let e = rel_err(&prefill_logits(&scaled, &PROMPT).data, &want.data);
+    assert!(e < 1e-5, "scales folded into the norms and W_up change the logits by {e}");
+}
+
+/// The default model with int4-g128 MLP and W_o, scales searched on 64 tokens of the shipped
+/// text: the plan records the policy, and its logits stay near the GGUF's own.
+#[test]
+fn smollm2_int4_awq_stays_near_the_shipped_weights() {
+    let d = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(default_model()).unwrap();
+    let gguf = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let toml = src
+        .replace("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", &gguf.display().to_string())
+        .replace("weights = \"stored\"", "weights = \"int4-g128\"\ncalibration = \"awq\"\ncalibration_tokens = 64");
+    assert!(toml.contains(&gguf.display().to_string()) && toml.contains("calibration_tokens"), "models/smollm2-135m.toml: the GGUF's path and `weights = \"stored\"`");
+    let p = d.path().join("model.toml");
+    std::fs::write(&p, toml).unwrap();
+    let prompt = [1, 504, 3458, 282, 4649, 314, 260];
+    let shipped = prefill_logits(&load(&default_model()).unwrap(), &prompt);
+    let c = dsc_compiler::compile(&p).unwrap();
+    let note = c.model.precision.clone().unwrap();
+    assert!(note.contains("awq: 60 matrix groups scaled on 64 calibration tokens") && note.contains("120 int4-g128"), "{note}");
+    let e = rel_err(&prefill_logits(&c.model, &prompt).data, &shipped.data);
+    assert!(e > 1e-4 && e < 0.15, "int4-g128 awq vs the GGUF's Q4_1: relative error {e}");
+    let out = d.path().join("q.plan");
+    dsc_compiler::write(&c, &out).unwrap();
+    let plan = dsc_runtime::plan::Plan::open(&out).unwrap();
+    assert_eq!(plan.header.weights.precision.as_deref(), Some(note.as_str()));
+}
