@@ -115,6 +115,8 @@ enum Cmd {
     Ppl(dsc_runtime::ppl::PplArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
+    /// The token ids a plan's tokenizer gives a text, as JSON
+    Tokenize(cli::TokenizeArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
     Serve(cli::ServeArgs),
 }
@@ -329,6 +331,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => cli::run(&a, &runtime_options()?),
         Cmd::Ppl(a) => dsc_runtime::ppl::run(&a, &runtime_options()?).map(|_| ()),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::Tokenize(a) => cli::tokenize(&a),
         Cmd::Serve(a) => cli::serve(&a, &runtime_options()?),
     }
 }

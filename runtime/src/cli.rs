@@ -119,6 +119,40 @@ fn generate_and_print<B: crate::engine::Backend + ?Sized>(backend: &mut B, a: &R
 }
 
 #[derive(Debug, Args)]
+pub struct TokenizeArgs {
+    /// the compiled plan (its embedded tokenizer)
+    pub plan: PathBuf,
+    /// the text (tokenized as-is, special tokens recognized)
+    #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+    pub text: Option<String>,
+    /// a UTF-8 text file instead of --text
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// only the first this many characters of the text
+    #[arg(long)]
+    pub chars: Option<usize>,
+}
+
+/// Prints `{"tokens": N, "ids": [...]}`: the ids the plan's tokenizer gives the text (how a
+/// reference made by another implementation gets the very prompt ids dsc will run).
+pub fn tokenize(a: &TokenizeArgs) -> anyhow::Result<()> {
+    let plan = Plan::open(&a.plan)?;
+    let tok = Tokenizer::new(plan.header.tokenizer.as_ref().with_context(|| format!("{}: the plan has no tokenizer", a.plan.display()))?)?;
+    let text = match (&a.text, &a.file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("{}: not readable as UTF-8 text", f.display()))?,
+        (None, None) => bail!("give --text or --file"),
+    };
+    let text: String = match a.chars {
+        Some(n) => text.chars().take(n).collect(),
+        None => text,
+    };
+    let ids = tok.encode(&text)?;
+    println!("{}", serde_json::json!({ "tokens": ids.len(), "ids": ids }));
+    Ok(())
+}
+
+#[derive(Debug, Args)]
 pub struct InspectArgs {
     pub plan: PathBuf,
     /// also print the whole graph

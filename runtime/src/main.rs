@@ -18,6 +18,8 @@ enum Cmd {
     Ppl(dsc_runtime::ppl::PplArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
+    /// The token ids a plan's tokenizer gives a text, as JSON
+    Tokenize(cli::TokenizeArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
     Serve(cli::ServeArgs),
     /// Write a plan's weights as DIR/model.safetensors under the HF checkpoint's names (seeded
@@ -152,6 +154,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => cli::run(&a, ro),
         Cmd::Ppl(a) => dsc_runtime::ppl::run(&a, ro).map(|_| ()),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::Tokenize(a) => cli::tokenize(&a),
         Cmd::Serve(a) => cli::serve(&a, ro),
         Cmd::Logits { plan, ids, backend, out } => {
             let ids: Vec<u32> = ids.split(',').map(|s| anyhow::Context::with_context(s.trim().parse::<u32>(), || format!("--ids: `{s}` is not a token id"))).collect::<anyhow::Result<_>>()?;

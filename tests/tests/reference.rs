@@ -42,15 +42,24 @@ fn load<T: for<'de> Deserialize<'de>>(file: &str) -> T {
     serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Compile the default model to a plan, load it, and run every reference prompt once.
-fn runs() -> &'static Vec<Run> {
-    static RUNS: OnceLock<Vec<Run>> = OnceLock::new();
-    RUNS.get_or_init(|| {
+/// The default model compiled to a plan file once (kept for the tests' lifetime).
+fn plan_path() -> &'static std::path::Path {
+    static PLAN: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
+    let (_, p) = PLAN.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let plan_path = dir.path().join("smollm2.plan");
         let c = dsc_compiler::compile(&dsc_tests::default_model()).expect("compile");
         dsc_compiler::write(&c, &plan_path).expect("write plan");
-        let plan = Plan::open(&plan_path).expect("open plan");
+        (dir, plan_path)
+    });
+    p
+}
+
+/// Load the default model's plan and run every reference prompt once.
+fn runs() -> &'static Vec<Run> {
+    static RUNS: OnceLock<Vec<Run>> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let plan = Plan::open(plan_path()).expect("open plan");
         let graph = plan.graph().expect("plan graph");
         let tok = Tokenizer::new(plan.header.tokenizer.as_ref().expect("tokenizer in plan")).unwrap();
         let texts: Vec<PromptText> = load("prompts-public.json");
@@ -132,4 +141,48 @@ fn agreement_with_llamacpp_is_reported() {
         assert!(max_d < 0.5, "prompt `{}`: llama.cpp's top-5 logits differ from ours by {max_d}", run.name);
     }
     assert_eq!(top1_same, runs().len(), "first-token top-1 should agree with llama.cpp on every prompt");
+}
+
+#[derive(Deserialize)]
+struct LongRef {
+    name: String,
+    prompt_ids: Vec<u32>,
+    top5_first: Vec<(u32, f32)>,
+    greedy_ids: Vec<u32>,
+    greedy_margins: Vec<f32>,
+    text_file: String,
+    text_chars: usize,
+}
+
+/// The long case (tests/fixtures/reference/, made by scripts/long-reference.sh with the same
+/// numpy reference): ~1,600 tokens of data/coriolanus-act1.txt as one prompt, near the
+/// model's 2,048-token context, and its 32-token greedy continuation. The KV cache is sized
+/// from the case, not a fixed 512.
+#[test]
+fn long_prompt_matches_numpy_reference() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let p = root.join("tests/fixtures/reference/smollm2-q4_1-numpy-long.json");
+    let refs: Vec<LongRef> = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let plan = Plan::open(plan_path()).expect("open plan");
+    let graph = plan.graph().unwrap();
+    let tok = Tokenizer::new(plan.header.tokenizer.as_ref().unwrap()).unwrap();
+    for r in &refs {
+        assert!(r.prompt_ids.len() >= 1500, "`{}`: the long case is {} tokens", r.name, r.prompt_ids.len());
+        let text: String = std::fs::read_to_string(root.join(&r.text_file)).unwrap().chars().take(r.text_chars).collect();
+        assert_eq!(tok.encode(&text).unwrap(), r.prompt_ids, "`{}`: the tokenizer's ids for the text changed", r.name);
+        let kv = r.prompt_ids.len() + r.greedy_ids.len();
+        assert!(kv <= plan.header.model.max_seq_len);
+        let mut backend = CpuBackend::new(&graph, &plan, kv).unwrap();
+        let opts = GenerateOptions { max_tokens: r.greedy_ids.len(), sampling: SamplingParams::default(), stop_ids: tok.info.eos_ids.clone() };
+        let g = generate(&mut backend, &r.prompt_ids, &opts, |_| {}).unwrap();
+        for &(id, logit) in &r.top5_first {
+            let got = g.first_logits[id as usize];
+            assert!((got - logit).abs() <= 1e-2, "`{}`: logit of token {id} is {got}, reference {logit}", r.name);
+        }
+        // greedy identical up to the first step whose reference margin is below 1e-2 (a tie
+        // f32 summation order may break either way; none in today's case)
+        let sure = r.greedy_margins.iter().position(|&m| m < 1e-2).unwrap_or(r.greedy_ids.len());
+        assert_eq!(&g.ids[..sure.min(g.ids.len())], &r.greedy_ids[..sure], "`{}`: greedy continuation differs (margins {:?})", r.name, g.margins);
+        assert_eq!(g.ids.len(), r.greedy_ids.len(), "`{}`: continuation length", r.name);
+    }
 }
