@@ -37,8 +37,11 @@ struct Run {
 }
 
 fn load<T: for<'de> Deserialize<'de>>(file: &str) -> T {
-    let p = dsc_tests::reference_dir().join(file);
-    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    read_json(&dsc_tests::reference_dir().join(file))
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(p: &std::path::Path) -> T {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -160,9 +163,8 @@ struct LongRef {
 /// from the case, not a fixed 512.
 #[test]
 fn long_prompt_matches_numpy_reference() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let p = root.join("tests/fixtures/reference/smollm2-q4_1-numpy-long.json");
-    let refs: Vec<LongRef> = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let root = dsc_tests::root();
+    let refs: Vec<LongRef> = read_json(&root.join("tests/fixtures/reference/smollm2-q4_1-numpy-long.json"));
     let plan = Plan::open(plan_path()).expect("open plan");
     let graph = plan.graph().unwrap();
     let tok = Tokenizer::new(plan.header.tokenizer.as_ref().unwrap()).unwrap();
