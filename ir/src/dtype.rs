@@ -33,11 +33,34 @@ pub enum DType {
     /// GGUF Q6_K: super-blocks of 256 (210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs,
     /// 16 i8 scales of 16-value groups, f16 d; x = (d · scale) · (q − 32).
     Q6_K,
+    /// Int4 with one f16 scale d and one f16 minimum m per group of 128 values (x = d · q + m;
+    /// symmetric int4 is m = −8d): super-blocks of 512 values (272 bytes, 4.25 bits a value) —
+    /// the four groups' (d, m) pairs, then each group's 64 bytes of nibbles, in the order the
+    /// tensor-core GEMV's lanes read them (`kernels/matmul/int4.rs`): 16-byte chunk c of a group
+    /// is lane c's, its word w the values 32w + 4c + (0..4) and 32w + 16 + 4c + (0..4), value i
+    /// of a word in nibble i / 2 (even i) or 4 + i / 2 (`dsc_ir::quant::i4g128_nibble`). dsc's
+    /// own layout, written by `dsc compile --quant int4-g128`.
+    I4G128,
 }
 
 impl DType {
-    pub const ALL: [DType; 14] =
-        [DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F8E5M2, DType::I8, DType::I32, DType::I4, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+    pub const ALL: [DType; 15] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::F8E5M2,
+        DType::I8,
+        DType::I32,
+        DType::I4,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::I4G128,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +78,7 @@ impl DType {
             DType::Q4_K => "q4_k",
             DType::Q5_K => "q5_k",
             DType::Q6_K => "q6_k",
+            DType::I4G128 => "i4g128",
         }
     }
 
@@ -72,6 +96,7 @@ impl DType {
             DType::Q4_K => (256, 144),
             DType::Q5_K => (256, 176),
             DType::Q6_K => (256, 210),
+            DType::I4G128 => (512, 272),
         }
     }
 

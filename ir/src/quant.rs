@@ -50,6 +50,19 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
                 out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
             }
         }
+        DType::I4G128 => {
+            for sb in bytes.chunks_exact(272) {
+                for gi in 0..4 {
+                    let d = f16::from_le_bytes([sb[4 * gi], sb[4 * gi + 1]]).to_f32();
+                    let m = f16::from_le_bytes([sb[4 * gi + 2], sb[4 * gi + 3]]).to_f32();
+                    let qs = &sb[16 + 64 * gi..80 + 64 * gi];
+                    out.extend((0..128).map(|p| {
+                        let (byte, shift) = i4g128_nibble(p);
+                        d * ((qs[byte] >> shift) & 0xF) as f32 + m
+                    }));
+                }
+            }
+        }
         // (the K-quants in ggml's order of operations, f32 products rounded one at a time:
         // equal to the `gguf` Python package's dequantization bit for bit)
         DType::Q4_K | DType::Q5_K => {
@@ -114,6 +127,39 @@ fn k_pack_scale_min(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
     s
 }
 
+/// Where value `p` (0..128) of an [`DType::I4G128`] group sits in the group's 64 bytes: (byte,
+/// shift). Chunk c (bytes 16c..16c+16) holds words w = 0..3 at 16c + 4w, word (c, w) the values
+/// 32w + 4c + (0..4) then 32w + 16 + 4c + (0..4) (i = 0..7 in that order), value i in nibble
+/// i / 2 (i even) or 4 + i / 2 (odd).
+pub fn i4g128_nibble(p: usize) -> (usize, u32) {
+    let (w, r) = (p / 32, p % 32);
+    let (c, i) = ((r % 16) / 4, r % 4 + 4 * (r / 16));
+    let nib = if i % 2 == 0 { i / 2 } else { 4 + i / 2 };
+    (16 * c + 4 * w + nib / 2, 4 * (nib % 2) as u32)
+}
+
+/// [`DType::I4G128`] bytes of groups of 128 (scale d, minimum m, quants 0..=15), four a
+/// super-block (the group count must be a multiple of 4).
+pub fn pack_i4g128(groups: impl IntoIterator<Item = (f16, f16, [u8; 128])>) -> Vec<u8> {
+    let groups: Vec<_> = groups.into_iter().collect();
+    let mut out = Vec::with_capacity(groups.len() / 4 * 272);
+    for sb in groups.chunks(4) {
+        for (d, m, _) in sb {
+            out.extend(d.to_le_bytes());
+            out.extend(m.to_le_bytes());
+        }
+        for (_, _, q) in sb {
+            let mut bytes = [0u8; 64];
+            for (p, &v) in q.iter().enumerate() {
+                let (byte, shift) = i4g128_nibble(p);
+                bytes[byte] |= (v & 0xF) << shift;
+            }
+            out.extend(bytes);
+        }
+    }
+    out
+}
+
 /// Encode f32 values as `dtype` (round to nearest even; FP8 and ints saturate). Block formats
 /// use llama.cpp's reference quantizers. Returns None when `x.len()` is not a whole number of
 /// blocks.
@@ -161,6 +207,21 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
                 let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
+        }
+        DType::I4G128 => {
+            // (Q4_1's rounding, per group of 128)
+            let groups = x.chunks_exact(128).map(|g| {
+                let min = g.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let mut q = [0u8; 128];
+                for (qi, &v) in q.iter_mut().zip(g) {
+                    *qi = (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+                }
+                (f16::from_f32(d), f16::from_f32(min), q)
+            });
+            out.extend(pack_i4g128(groups));
         }
         // (plain min/max quantizers in the K-quant layouts — llama.cpp's iterative scale search
         // is not reproduced: these are for tests and seeded shapes; real files come quantized)
@@ -250,7 +311,7 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
         DType::I8 => x.round_ties_even().clamp(-128.0, 127.0),
         DType::I4 => x.round_ties_even().clamp(-8.0, 7.0),
         DType::I32 => x.round_ties_even(),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => x,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 => x,
     }
 }
 
@@ -358,6 +419,38 @@ mod tests {
         }
         assert!(decode(DType::Q4_1, &[0u8; 19], 32).is_none());
         assert!(encode(DType::Q8_0, &[0.0; 31]).is_none());
+    }
+
+    #[test]
+    fn i4g128_layout_and_roundtrip() {
+        // (the documented byte layout: group g's d and m at 4g, its chunk c's word w at
+        // 16 + 64g + 16c + 4w, holding values 32w + 4c + (0..4) and 32w + 16 + 4c + (0..4))
+        let q: Vec<u8> = (0..512).map(|i| ((i * 7 + i / 128) % 16) as u8).collect();
+        let groups: Vec<_> = (0..4).map(|g| (f16::from_f32(0.5 + g as f32), f16::from_f32(-(g as f32)), q[128 * g..128 * g + 128].try_into().unwrap())).collect();
+        let enc = pack_i4g128(groups);
+        assert_eq!(enc.len(), 272);
+        assert_eq!(f16::from_le_bytes([enc[8], enc[9]]).to_f32(), 2.5);
+        let nib = |e: usize, n: usize| -> u8 {
+            let (g, p) = (e / 128, e % 128);
+            let (w, c) = (p / 32, (p % 16) / 4);
+            let word = u32::from_le_bytes(enc[16 + 64 * g + 16 * c + 4 * w..][..4].try_into().unwrap());
+            ((word >> (4 * n)) & 0xF) as u8
+        };
+        for e in 0..512 {
+            let i = e % 4 + 4 * ((e % 32) / 16);
+            assert_eq!(nib(e, if i % 2 == 0 { i / 2 } else { 4 + i / 2 }), q[e], "value {e}");
+        }
+        let dec = decode(DType::I4G128, &enc, 512).unwrap();
+        for (e, v) in dec.iter().enumerate() {
+            let g = e / 128;
+            assert_eq!(*v, (0.5 + g as f32) * q[e] as f32 - g as f32, "value {e}");
+        }
+        let x: Vec<f32> = (0..1024).map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0).collect();
+        let y = decode(DType::I4G128, &encode(DType::I4G128, &x).unwrap(), 1024).unwrap();
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= 0.38, "{a} vs {b}"); // (half a step: 100 / 9 / 15 / 2)
+        }
+        assert!(encode(DType::I4G128, &x[..256]).is_none(), "not whole super-blocks");
     }
 
     #[test]

@@ -382,7 +382,7 @@ impl ModelConfig {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
-                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?;
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128])?;
                 }
             }
             WeightFormat::Seeded => {
@@ -396,7 +396,7 @@ impl ModelConfig {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
-                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1])?;
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128])?;
                 }
             }
             _ => {

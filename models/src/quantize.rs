@@ -161,12 +161,12 @@ impl Format {
         }
     }
 
-    /// The stored dtype a tensor of `stored` dtype ends up with.
-    pub fn dtype(&self, stored: DType) -> DType {
+    /// The stored dtype a tensor of `stored` dtype and rows of `row` values ends up with.
+    pub fn dtype(&self, stored: DType, row: usize) -> DType {
         match self {
             Format::Stored => stored,
             Format::DType(d) => *d,
-            Format::Int(i) => i.dtype(),
+            Format::Int(i) => i.dtype(row),
         }
     }
 
@@ -174,7 +174,7 @@ impl Format {
     pub fn encode(&self, stored: DType, x: &[f32], row: usize) -> Result<Vec<u8>, String> {
         match self {
             Format::Stored | Format::DType(_) => {
-                let d = self.dtype(stored);
+                let d = self.dtype(stored, row);
                 dsc_ir::quant::encode(d, x).ok_or_else(|| format!("{} elements are not whole {d} blocks", x.len()))
             }
             Format::Int(i) => i.encode(x, row),
@@ -183,10 +183,14 @@ impl Format {
 }
 
 impl IntSpec {
-    /// The block layout the values are stored in.
-    pub fn dtype(&self) -> DType {
+    /// The block layout values in rows of `row` are stored in: int4 in groups of 128 over rows
+    /// of whole 512-value super-blocks in dsc's own [`DType::I4G128`] (4.25 bits a value, the
+    /// tensor-core GEMV's layout; symmetric as m = −8d), else the GGUF block of 32 that
+    /// carries the numbers (every block of a group its group's scale).
+    pub fn dtype(&self, row: usize) -> DType {
         match (self.bits, self.symmetric) {
             (8, _) => DType::Q8_0,
+            (4, _) if self.group == 128 && row > 0 && row % 512 == 0 => DType::I4G128,
             (_, true) => DType::Q4_0,
             _ => DType::Q4_1,
         }
@@ -200,7 +204,9 @@ impl IntSpec {
         if row == 0 || row % 32 != 0 || x.len() % row != 0 {
             return Err(format!("rows of {row} values are not whole blocks of 32"));
         }
-        let mut out = Vec::with_capacity(self.dtype().bytes_for(x.len()).unwrap_or(0));
+        let mut out = Vec::with_capacity(self.dtype(row).bytes_for(x.len()).unwrap_or(0));
+        let i4g = self.dtype(row) == DType::I4G128;
+        let mut groups = vec![];
         for grp in x.chunks_exact(row).flat_map(|r| r.chunks(g)) {
             match (self.bits, self.symmetric) {
                 (8, _) => {
@@ -218,6 +224,11 @@ impl IntSpec {
                     let d = f16::from_f32(max / -8.0);
                     let id = inv(d.to_f32());
                     let q = |v: f32| ((v * id).round() + 8.0).clamp(0.0, 15.0) as u8;
+                    if i4g {
+                        // (d · (q − 8) = d · q + m with m = −8d, exact in f16)
+                        groups.push((d, f16::from_f32(-8.0 * d.to_f32()), std::array::from_fn(|j| q(grp[j]))));
+                        continue;
+                    }
                     for blk in grp.chunks_exact(32) {
                         out.extend(d.to_le_bytes());
                         out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
@@ -229,6 +240,10 @@ impl IntSpec {
                     let (d, m) = (f16::from_f32((max - min) / 15.0), f16::from_f32(min));
                     let (id, mf) = (inv(d.to_f32()), m.to_f32());
                     let q = |v: f32| ((v - mf) * id).round().clamp(0.0, 15.0) as u8;
+                    if i4g {
+                        groups.push((d, m, std::array::from_fn(|j| q(grp[j]))));
+                        continue;
+                    }
                     for blk in grp.chunks_exact(32) {
                         out.extend(d.to_le_bytes());
                         out.extend(m.to_le_bytes());
@@ -237,13 +252,16 @@ impl IntSpec {
                 }
             }
         }
+        if i4g {
+            out = dsc_ir::quant::pack_i4g128(groups);
+        }
         Ok(out)
     }
 
     /// `x` after a round trip through this format (what the kernels will multiply by).
     pub fn round_trip(&self, x: &[f32], row: usize) -> Result<Vec<f32>, String> {
         let enc = self.encode(x, row)?;
-        dsc_ir::quant::decode(self.dtype(), &enc, x.len()).ok_or_else(|| "decode of what was encoded".into())
+        dsc_ir::quant::decode(self.dtype(row), &enc, x.len()).ok_or_else(|| "decode of what was encoded".into())
     }
 }
 
@@ -344,8 +362,8 @@ mod tests {
         for s in ["int4-g128", "int4-sym-g64", "int8-g256", "int4-g32"] {
             let Format::Int(spec) = Format::parse(s).unwrap() else { unreachable!() };
             let enc = spec.encode(&x, 256).unwrap();
-            assert_eq!(enc.len(), spec.dtype().bytes_for(512).unwrap(), "{s}");
-            let bs = spec.dtype().block().1;
+            assert_eq!(enc.len(), spec.dtype(256).bytes_for(512).unwrap(), "{s}");
+            let bs = spec.dtype(256).block().1;
             // every 32-block of a group carries the group's scale
             for g in 0..512 / spec.group {
                 let blocks = spec.group / 32;
@@ -376,5 +394,13 @@ mod tests {
         let d = |b: usize| &enc[b * 20..b * 20 + 4];
         assert!(d(0) == d(3) && d(4) == d(5) && d(0) != d(4) && d(6) == d(9) && d(10) == d(11), "groups [0..4) [4..6) per row");
         assert!(spec.encode(&x, 100).is_err(), "rows of 100 are not whole 32-blocks");
+        // rows of whole 512-value super-blocks at g128: dsc's I4G128 (4.25 bits), the same numbers
+        for s in ["int4-g128", "int4-sym-g128"] {
+            let Format::Int(spec) = Format::parse(s).unwrap() else { unreachable!() };
+            assert_eq!((spec.dtype(512), spec.dtype(256), spec.dtype(0)), (DType::I4G128, if spec.symmetric { DType::Q4_0 } else { DType::Q4_1 }, spec.dtype(256)));
+            let enc = spec.encode(&x, 512).unwrap();
+            assert_eq!(enc.len(), 272, "{s}");
+            assert_eq!(spec.round_trip(&x, 512).unwrap(), spec.round_trip(&x, 256).unwrap(), "{s}: the groups' values as the 32-blocks carry them");
+        }
     }
 }

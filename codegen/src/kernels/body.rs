@@ -689,8 +689,123 @@ impl Body {
                     }
                 }
             }
+            DType::I4G128 => {
+                // super-block e / 512 (272 bytes): group g's d, m at 4g; its value p (0..128)
+                // at 16 + 64g: chunk c = p % 16 / 4, word w = p / 32, i = p % 4 + 4 (p % 32 / 16)
+                // in nibble i / 2 (+ 4 when odd) (`dsc_ir::quant::i4g128_nibble`)
+                let c512 = self.ci64(512);
+                let sb = self.op(&format!("arith.divui {e}, {c512} : i64"));
+                let r = self.op(&format!("arith.remui {e}, {c512} : i64"));
+                let c272 = self.ci64(272);
+                let base = self.op(&format!("arith.muli {sb}, {c272} : i64"));
+                let c128 = self.ci64(128);
+                let g = self.op(&format!("arith.divui {r}, {c128} : i64"));
+                let p = self.op(&format!("arith.remui {r}, {c128} : i64"));
+                let c4 = self.ci64(4);
+                let so = self.op(&format!("arith.muli {g}, {c4} : i64"));
+                let so = self.op(&format!("arith.addi {base}, {so} : i64"));
+                let d = self.f16_at_byte(ptr, &so);
+                let c2 = self.ci64(2);
+                let mo = self.op(&format!("arith.addi {so}, {c2} : i64"));
+                let m = self.f16_at_byte(ptr, &mo);
+                let c64 = self.ci64(64);
+                let c16 = self.ci64(16);
+                let c32 = self.ci64(32);
+                let go = self.op(&format!("arith.muli {g}, {c64} : i64"));
+                let o = self.op(&format!("arith.addi {base}, {c16} : i64"));
+                let o = self.op(&format!("arith.addi {o}, {go} : i64"));
+                let w = self.op(&format!("arith.divui {p}, {c32} : i64"));
+                let r32 = self.op(&format!("arith.remui {p}, {c32} : i64"));
+                let half = self.op(&format!("arith.divui {r32}, {c16} : i64"));
+                let r16 = self.op(&format!("arith.remui {r32}, {c16} : i64"));
+                let c = self.op(&format!("arith.divui {r16}, {c4} : i64"));
+                let co = self.op(&format!("arith.muli {c}, {c16} : i64"));
+                let wo = self.op(&format!("arith.muli {w}, {c4} : i64"));
+                let o = self.op(&format!("arith.addi {o}, {co} : i64"));
+                let o = self.op(&format!("arith.addi {o}, {wo} : i64"));
+                let i4 = self.op(&format!("arith.remui {r32}, {c4} : i64"));
+                let h4 = self.op(&format!("arith.muli {half}, {c4} : i64"));
+                let i8 = self.op(&format!("arith.addi {i4}, {h4} : i64"));
+                let j = self.op(&format!("arith.divui {i8}, {c2} : i64"));
+                let odd = self.op(&format!("arith.remui {i8}, {c2} : i64"));
+                let o4 = self.op(&format!("arith.muli {odd}, {c4} : i64"));
+                let nib = self.op(&format!("arith.addi {j}, {o4} : i64"));
+                let bo = self.op(&format!("arith.divui {nib}, {c2} : i64"));
+                let o = self.op(&format!("arith.addi {o}, {bo} : i64"));
+                let byte = self.u8_at_byte(ptr, &o);
+                let hi = self.op(&format!("arith.remui {nib}, {c2} : i64"));
+                let sh = self.op(&format!("arith.muli {hi}, {c4} : i64"));
+                let sh = self.op(&format!("arith.trunci {sh} : i64 to i32"));
+                let shifted = self.op(&format!("arith.shrui {byte}, {sh} : i32"));
+                let m15 = self.op("arith.constant 15 : i32");
+                let q = self.op(&format!("arith.andi {shifted}, {m15} : i32"));
+                let q = self.op(&format!("arith.uitofp {q} : i32 to f32"));
+                self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
+            }
             other => return Err(weight_elem_fits(other).expect_err("not a weight type the kernels read")),
         })
+    }
+    /// The eight [`DType::I4G128`] values at flat element `e0` (i64, a multiple of 8) as f32:
+    /// in group p = e0 % 128 = 8a they are word a / 4 of chunks c and c + 1 (c = 2 (a % 2)),
+    /// values i = 4 (a % 4 / 2) .. + 4 of each (`dsc_ir::quant::i4g128_nibble`), d · q + m
+    pub(crate) fn i4g128_eight(&mut self, ptr: &str, e0: &str) -> Vec<String> {
+        let c512 = self.ci64(512);
+        let sb = self.op(&format!("arith.divui {e0}, {c512} : i64"));
+        let r = self.op(&format!("arith.remui {e0}, {c512} : i64"));
+        let c272 = self.ci64(272);
+        let base = self.op(&format!("arith.muli {sb}, {c272} : i64"));
+        let c128 = self.ci64(128);
+        let g = self.op(&format!("arith.divui {r}, {c128} : i64"));
+        let p = self.op(&format!("arith.remui {r}, {c128} : i64"));
+        let c4 = self.ci64(4);
+        let so = self.op(&format!("arith.muli {g}, {c4} : i64"));
+        let so = self.op(&format!("arith.addi {base}, {so} : i64"));
+        let sw = self.load_vec(ptr, &so, 1, "i32", 4).remove(0);
+        let lo = self.op(&format!("arith.trunci {sw} : i32 to i16"));
+        let c16i = self.op("arith.constant 16 : i32");
+        let hi = self.op(&format!("arith.shrui {sw}, {c16i} : i32"));
+        let hi = self.op(&format!("arith.trunci {hi} : i32 to i16"));
+        let [d, m] = [lo, hi].map(|h| {
+            let x = self.op(&format!("arith.bitcast {h} : i16 to f16"));
+            self.op(&format!("arith.extf {x} : f16 to f32"))
+        });
+        // a = p / 8: word a / 4, chunk 2 (a % 2), half a % 4 / 2
+        let c8 = self.ci64(8);
+        let a = self.op(&format!("arith.divui {p}, {c8} : i64"));
+        let w = self.op(&format!("arith.divui {a}, {c4} : i64"));
+        let c2 = self.ci64(2);
+        let a2 = self.op(&format!("arith.remui {a}, {c2} : i64"));
+        let c32 = self.ci64(32);
+        let co = self.op(&format!("arith.muli {a2}, {c32} : i64"));
+        let a4 = self.op(&format!("arith.remui {a}, {c4} : i64"));
+        let half = self.op(&format!("arith.divui {a4}, {c2} : i64"));
+        let c64 = self.ci64(64);
+        let go = self.op(&format!("arith.muli {g}, {c64} : i64"));
+        let c16 = self.ci64(16);
+        let o = self.op(&format!("arith.addi {base}, {c16} : i64"));
+        let o = self.op(&format!("arith.addi {o}, {go} : i64"));
+        let o = self.op(&format!("arith.addi {o}, {co} : i64"));
+        let wo = self.op(&format!("arith.muli {w}, {c4} : i64"));
+        let o = self.op(&format!("arith.addi {o}, {wo} : i64"));
+        let o2 = self.op(&format!("arith.addi {o}, {c16} : i64"));
+        let words = [self.load_vec(ptr, &o, 1, "i32", 4).remove(0), self.load_vec(ptr, &o2, 1, "i32", 4).remove(0)];
+        // values i = 4 half + (0..4): nibbles (0, 4, 1, 5) + 2 half; shift 4 nib
+        let h32 = self.op(&format!("arith.trunci {half} : i64 to i32"));
+        let c8i = self.op("arith.constant 8 : i32");
+        let hs = self.op(&format!("arith.muli {h32}, {c8i} : i32"));
+        let m15 = self.op("arith.constant 15 : i32");
+        let mut out = vec![];
+        for wd in &words {
+            let ws = self.op(&format!("arith.shrui {wd}, {hs} : i32"));
+            for nib in [0, 4, 1, 5] {
+                let c = self.op(&format!("arith.constant {} : i32", 4 * nib));
+                let q = self.op(&format!("arith.shrui {ws}, {c} : i32"));
+                let q = self.op(&format!("arith.andi {q}, {m15} : i32"));
+                let q = self.op(&format!("arith.uitofp {q} : i32 to f32"));
+                out.push(self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32")));
+            }
+        }
+        out
     }
     /// `vector<N x ty>` of the scalars `elems` (N = elems.len())
     pub(crate) fn vector(&mut self, elems: &[String], ty: &str) -> String {

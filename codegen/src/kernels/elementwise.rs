@@ -44,11 +44,13 @@ pub(crate) fn elementwise_launch(spec: &KernelSpec) -> Launch {
 }
 
 /// Whether an elementwise or data-movement kernel generates ([`fits`]): seeded weights in
-/// f32/bf16/f16/q4_1, transposes of rank 1..=4, gathers from the weight types the kernels read
+/// f32/bf16/f16/q4_1/i4g128, transposes of rank 1..=4, gathers from the weight types the kernels read
 /// (packed blocks whole in a row).
 pub(crate) fn elementwise_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1) => Err(format!("seeded weights in {dtype} are not generated on the GPU")),
+        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1 | DType::I4G128) => {
+            Err(format!("seeded weights in {dtype} are not generated on the GPU"))
+        }
         KernelSpec::Transpose { perm } if perm.is_empty() || perm.len() > 4 => Err(format!("transpose of rank {} is not lowered (1..=4)", perm.len())),
         KernelSpec::Gather { d, dtype } => {
             weight_elem_fits(*dtype)?;
@@ -227,6 +229,120 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                         let h = b.op(&format!("arith.truncf {val} : f32 to f16"));
                         let co = b.ci64(off);
                         let o = b.op(&format!("arith.addi {at}, {co} : i64"));
+                        let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                        b.line(&format!("llvm.store {h}, {p} {{alignment = 2 : i64}} : f16, !llvm.ptr<1>"));
+                    }
+                    b.line("}");
+                }
+                DType::I4G128 => {
+                    // a group of 128 is 4 warps (the 256-thread block two groups; N a multiple
+                    // of 512: whole blocks in the guard), numbers as `dsc_ir::quant::encode` makes
+                    // them (Q4_1's above, per group): min and max through shared memory, each
+                    // value's nibble or-ed into its word by shuffles, lane 8w writes word w
+                    b.workgroup = Some("%red : memref<16xf32, #gpu.address_space<workgroup>>".into());
+                    let smt = "memref<16xf32, #gpu.address_space<workgroup>>";
+                    let lo_w = b.xor_reduce(&v, "arith.minimumf", &[16, 8, 4, 2, 1]);
+                    let hi_w = b.xor_reduce(&v, "arith.maximumf", &[16, 8, 4, 2, 1]);
+                    let t = b.op("gpu.thread_id x");
+                    let (lane, warp) = b.lane_warp(&t);
+                    let c0x = b.op("arith.constant 0 : index");
+                    let c8x = b.op("arith.constant 8 : index");
+                    let first_lane = b.op(&format!("arith.cmpi eq, {lane}, {c0x} : index"));
+                    b.line(&format!("scf.if {first_lane} {{"));
+                    let wh = b.op(&format!("arith.addi {warp}, {c8x} : index"));
+                    b.line(&format!("memref.store {lo_w}, %red[{warp}] : {smt}"));
+                    b.line(&format!("memref.store {hi_w}, %red[{wh}] : {smt}"));
+                    b.line("}");
+                    b.line("gpu.barrier");
+                    let c4x = b.op("arith.constant 4 : index");
+                    let g0 = b.op(&format!("arith.divui {warp}, {c4x} : index"));
+                    let g0 = b.op(&format!("arith.muli {g0}, {c4x} : index"));
+                    let (mut lo, mut hi) = (lo_w.clone(), hi_w.clone());
+                    for k in 0..4 {
+                        let ck = b.op(&format!("arith.constant {k} : index"));
+                        let at = b.op(&format!("arith.addi {g0}, {ck} : index"));
+                        let ah = b.op(&format!("arith.addi {at}, {c8x} : index"));
+                        let l = b.op(&format!("memref.load %red[{at}] : {smt}"));
+                        let h = b.op(&format!("memref.load %red[{ah}] : {smt}"));
+                        lo = b.op(&format!("arith.minimumf {lo}, {l} : f32"));
+                        hi = b.op(&format!("arith.maximumf {hi}, {h} : f32"));
+                    }
+                    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
+                    let span = rn(b, "sub", &hi, &lo);
+                    let c15 = b.cf32(15.0);
+                    let d = rn(b, "div", &span, &c15);
+                    let zero = b.cf32(0.0);
+                    let nz = b.op(&format!("arith.cmpf une, {d}, {zero} : f32"));
+                    let rd = rn(b, "div", &one, &d);
+                    let id = b.op(&format!("arith.select {nz}, {rd}, {zero} : f32"));
+                    let dv = rn(b, "sub", &v, &lo);
+                    let sc = rn(b, "mul", &dv, &id);
+                    let half = b.cf32(0.5);
+                    let r = rn(b, "add", &sc, &half);
+                    let qi = b.op(&format!("arith.fptosi {r} : f32 to i32"));
+                    let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
+                    let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));
+                    let qi = b.op(&format!("arith.minsi {qi}, {c15i} : i32"));
+                    // value p = i % 128 of its group (`dsc_ir::quant::i4g128_nibble`): chunk
+                    // c = p % 16 / 4, word w = p / 32 (the warp), i = p % 4 + 4 (p % 32 / 16) in
+                    // nibble i / 2 (+ 4 when odd); a word's lanes 4c.. and 16 + 4c.. or their
+                    // nibbles together, lane 4c writes it
+                    let c2 = b.ci64(2);
+                    let c4 = b.ci64(4);
+                    let c16l = b.ci64(16);
+                    let c32l = b.ci64(32);
+                    let r32 = b.op(&format!("arith.remui {i}, {c32l} : i64"));
+                    let half = b.op(&format!("arith.divui {r32}, {c16l} : i64"));
+                    let i4 = b.op(&format!("arith.remui {r32}, {c4} : i64"));
+                    let h4 = b.op(&format!("arith.muli {half}, {c4} : i64"));
+                    let i8 = b.op(&format!("arith.addi {i4}, {h4} : i64"));
+                    let j = b.op(&format!("arith.divui {i8}, {c2} : i64"));
+                    let odd = b.op(&format!("arith.remui {i8}, {c2} : i64"));
+                    let o4 = b.op(&format!("arith.muli {odd}, {c4} : i64"));
+                    let nib = b.op(&format!("arith.addi {j}, {o4} : i64"));
+                    let sh = b.op(&format!("arith.muli {nib}, {c4} : i64"));
+                    let sh = b.op(&format!("arith.trunci {sh} : i64 to i32"));
+                    let mut word = b.op(&format!("arith.shli {qi}, {sh} : i32"));
+                    let w32 = b.op("arith.constant 32 : i32");
+                    for off in [1, 2, 16] {
+                        let o = b.op(&format!("arith.constant {off} : i32"));
+                        let (x, valid) = (b.v(), b.v());
+                        b.line(&format!("{x}, {valid} = gpu.shuffle xor {word}, {o}, {w32} : i32"));
+                        word = b.op(&format!("arith.ori {word}, {x} : i32"));
+                    }
+                    // super-block i / 512 at 272 (i / 512); group gi = i % 512 / 128
+                    let c512 = b.ci64(512);
+                    let c128 = b.ci64(128);
+                    let sb = b.op(&format!("arith.divui {i}, {c512} : i64"));
+                    let c272 = b.ci64(272);
+                    let at = b.op(&format!("arith.muli {sb}, {c272} : i64"));
+                    let r512 = b.op(&format!("arith.remui {i}, {c512} : i64"));
+                    let gi = b.op(&format!("arith.divui {r512}, {c128} : i64"));
+                    let p = b.op(&format!("arith.remui {i}, {c128} : i64"));
+                    let c0l = b.ci64(0);
+                    let lead = b.op(&format!("arith.cmpi eq, {i8}, {c0l} : i64"));
+                    b.line(&format!("scf.if {lead} {{"));
+                    let c64 = b.ci64(64);
+                    let go = b.op(&format!("arith.muli {gi}, {c64} : i64"));
+                    let o = b.op(&format!("arith.addi {at}, {c16l} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {go} : i64"));
+                    // (lane 4c: r32 = 4c, so chunk offset 16c = 4 r32; word w = p / 32 at 4w)
+                    let co = b.op(&format!("arith.muli {r32}, {c4} : i64"));
+                    let w = b.op(&format!("arith.divui {p}, {c32l} : i64"));
+                    let wo = b.op(&format!("arith.muli {w}, {c4} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {co} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {wo} : i64"));
+                    let pp = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                    b.line(&format!("llvm.store {word}, {pp} {{alignment = 4 : i64}} : i32, !llvm.ptr<1>"));
+                    b.line("}");
+                    let first = b.op(&format!("arith.cmpi eq, {p}, {c0l} : i64"));
+                    b.line(&format!("scf.if {first} {{"));
+                    let so = b.op(&format!("arith.muli {gi}, {c4} : i64"));
+                    let so = b.op(&format!("arith.addi {at}, {so} : i64"));
+                    for (val, off) in [(&d, 0i64), (&lo, 2)] {
+                        let h = b.op(&format!("arith.truncf {val} : f32 to f16"));
+                        let co = b.ci64(off);
+                        let o = b.op(&format!("arith.addi {so}, {co} : i64"));
                         let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
                         b.line(&format!("llvm.store {h}, {p} {{alignment = 2 : i64}} : f16, !llvm.ptr<1>"));
                     }

@@ -377,8 +377,18 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     };
     // (one row of a wide, short-rowed 16-bit matrix — a small model's lm_head: the wide GEMV)
     let wide = parts.is_none() && o.gemv_wide && crate::kernels::wide_gemv_fits(k, nn, wdtype);
-    let one_row = if wide { KernelSpec::MatMulWide { k, n: nn, wdtype, bias, residual } } else { KernelSpec::MatMul { k, n: nn, wdtype, bias, residual } };
-    let (kernel, scalars) = wrap(one_row, vec![Scalar::Const(nn as i64)]).ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
+    // (int4 in dsc's i4g128: the tensor-core int4 GEMV for every decode row count, taking
+    // the rows as a scalar)
+    let i4 = |tiles: usize| KernelSpec::MatMulI4 { k, n: nn, tiles, bias, residual };
+    let (one_row, one_scalars) = if wdtype == DType::I4G128 {
+        // (one row: x staged in shared memory where K allows)
+        (i4(if k <= crate::kernels::I4_ONE_ROW_MAX_K { 0 } else { 1 }), vec![rows.clone(), Scalar::Const(nn as i64)])
+    } else if wide {
+        (KernelSpec::MatMulWide { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
+    } else {
+        (KernelSpec::MatMul { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
+    };
+    let (kernel, scalars) = wrap(one_row, one_scalars).ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
     let mut st = Step { kernel: Some(kernel), args, scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..Step::new(name) };
     // (the step's work in its kernel's units: `Launch::work_units`)
     let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>| {
@@ -393,6 +403,16 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
             grid_y: rows.clone(),
         })
     };
+    if wdtype == DType::I4G128 {
+        // 8 rows and 16 outputs a block up to 8 rows, then 16 rows and 64 outputs (x read
+        // once for 64 outputs: from 16 rows x outweighs a block's weights)
+        let few_max = o.gemv_few_max;
+        for (tiles, lo, hi) in [(1usize, 2i64, 8i64), (2, 9, few_max)] {
+            if lo <= few_max {
+                st.few.extend(large(i4(tiles), lo, Some(hi.min(few_max))));
+            }
+        }
+    }
     if k % 16 == 0 {
         st.large = large(KernelSpec::MatMulMma { k, n: nn, wdtype, bias, residual }, 16, None);
     }

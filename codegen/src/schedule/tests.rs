@@ -172,6 +172,29 @@ fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
 }
 
 #[test]
+fn i4g128_decode_runs_the_int4_tensor_core_gemv_at_every_decode_row_count() {
+    // one row: x staged in shared memory (t0); 2..8 rows one 8-row tile; 9..few_max 16 rows
+    // a block over 64 outputs; prefill the wgmma matmul; K past the staging limit: t1 at one row
+    for (k, one) in [(1024usize, 0usize), (crate::kernels::I4_ONE_ROW_MAX_K + 512, 1)] {
+        let src = format!("graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %w = weight : i4g128[128, {k}]\n  %a = matmul(%x, %w) {{transpose_b = true}} : f32[T, 128]\n  output a = %a\n}}\n");
+        let g = text::parse(&src).unwrap();
+        let steps = lower_opts(&g, no_ws()).unwrap();
+        let s = steps.iter().find(|s| s.node == "a").unwrap();
+        assert_eq!(s.kernel, Some(KernelSpec::MatMulI4 { k, n: 128, tiles: one, bias: false, residual: false }));
+        assert_eq!(s.scalars.len(), 2, "rows and N");
+        let [t1, t2] = &s.few[..] else { panic!("{:?}", s.few) };
+        assert!(matches!(t1.kernel, KernelSpec::MatMulI4 { tiles: 1, .. }) && (t1.min_rows, t1.max_rows) == (2, Some(8)));
+        assert!(matches!(t2.kernel, KernelSpec::MatMulI4 { tiles: 2, .. }) && (t2.min_rows, t2.max_rows) == (9, Some(128)));
+        assert_eq!(t2.kernel.launch(), crate::kernels::Launch::OutputsPerBlock { outputs: 64, rows: 16, warps: 8 });
+        let [h] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
+        assert!(matches!(h.kernel, KernelSpec::MatMulWgmma { wdtype: DType::I4G128, n_tile: 64, .. }) && h.min_rows == 129, "{h:?}");
+        assert!(crate::kernels::fits(s.kernel.as_ref().unwrap()).is_ok());
+    }
+    // rows not whole 512-value super-blocks have no int4 GEMV
+    assert!(crate::kernels::fits(&KernelSpec::MatMulI4 { k: 576, n: 128, tiles: 1, bias: false, residual: false }).is_err());
+}
+
+#[test]
 fn q4_1_batched_decode_runs_the_tensor_core_gemv_up_to_few_max_rows_on_an_f16_copy() {
     let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : q4_1[128, 64]\n  %a = matmul(%x, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
     let g = text::parse(src).unwrap();

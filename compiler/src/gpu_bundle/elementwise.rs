@@ -193,17 +193,17 @@ pub(super) fn seeded(cx: &mut Cx) -> anyhow::Result<()> {
             cx.specs.push(spec);
         }
     }
-    // Q4_1 (a warp per block, the host encoder's min/max quantizer): its bytes compared one
-    // by one, exactly (written over a 0xAB fill)
-    {
-        let (n, seed, name, scale) = (100_000usize - 32 * 7, 7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
-        let host = dsc_ir::quant::encode(DType::Q4_1, &dsc_ir::seeded::values(seed, name, n, scale, false)).context("encode")?;
-        let spec = KernelSpec::SeededInit { dtype: DType::Q4_1 };
+    // Q4_1 (a warp per block, the host encoder's min/max quantizer) and i4g128 (4 warps a
+    // group): their bytes compared one by one, exactly (written over a 0xAB fill)
+    for (dtype, n) in [(DType::Q4_1, 100_000usize - 32 * 7), (DType::I4G128, 512 * 37)] {
+        let (seed, name, scale) = (7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
+        let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, false)).context("encode")?;
+        let spec = KernelSpec::SeededInit { dtype };
         let (g, b) = grid(&spec.launch(), n);
         let bytes: Vec<f32> = host.iter().map(|&v| v as f32).collect();
         let init = cx.data.push_u8(&vec![0xAB; host.len()]);
         cx.cases.push(Case {
-            name: format!("seeded_init {n} q4_1"),
+            name: format!("seeded_init {n} {dtype}"),
             kernel: spec.symbol(),
             grid: g,
             grid_y: 1,

@@ -825,3 +825,101 @@ pub(super) fn split_k(cx: &mut Cx) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The int4 GEMV on the tensor cores (`MatMulI4`, dsc's i4g128 weights) at every tile count,
+/// with a partial block of outputs, rows past a tile, bias and residual; the wgmma prefill
+/// matmul and the embedding gather on the same format.
+pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
+    let (k, n) = (1536usize, 100usize);
+    let wdtype = DType::I4G128;
+    let wf = cx.r.vec(n * k, -0.1, 0.1);
+    let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+    let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+    let warr = cx.data.push_u8(&wb);
+    let bias = cx.r.vec(n, -1.0, 1.0);
+    let (ba, mut specs) = (cx.data.push(&bias), vec![]);
+    for (tiles, m, extra) in [(0usize, 1usize, false), (0, 3, true), (1, 1, false), (1, 5, true), (2, 13, false), (2, 29, false), (2, 40, true)] {
+        let x = cx.r.vec(m * k, -1.0, 1.0);
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+        let mut want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+        let spec = KernelSpec::MatMulI4 { k, n, tiles, bias: extra, residual: extra };
+        let mut inputs = vec![cx.data.push(&x), warr.clone()];
+        if extra {
+            let res = cx.r.vec(m * n, -1.0, 1.0);
+            for (i, w) in want.iter_mut().enumerate() {
+                *w += bias[i % n] + res[i];
+            }
+            inputs.push(ba.clone());
+            inputs.push(cx.data.push(&res));
+        }
+        let (g, b) = grid(&spec.launch(), n);
+        cx.cases.push(Case {
+            name: format!("matmul_i4 t{tiles} {m}x{k}x{n}{}", if extra { " bias res" } else { "" }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: grid_rows(&spec.launch(), m),
+            block: b,
+            inputs,
+            scalars: vec![m as i64, n as i64],
+            expected: cx.data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-2,
+            cluster: None,
+        });
+        if !specs.contains(&spec) {
+            specs.push(spec);
+        }
+        if m == 40 {
+            // prefill-sized rows: the wgmma matmul dequantizing i4g128 per element
+            let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, residual: false, n_tile: 64 };
+            let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+            let (g, b) = grid(&spec.launch(), n);
+            cx.cases.push(Case {
+                name: format!("wgmma64 {m}x{k}x{n} {wdtype}"),
+                kernel: spec.symbol(),
+                grid: g,
+                grid_y: grid_rows(&spec.launch(), m),
+                block: b,
+                inputs: vec![cx.data.push(&x), warr.clone()],
+                scalars: vec![m as i64, n as i64],
+                expected: cx.data.push(&want),
+                init: None,
+                written_inputs: vec![],
+                tmaps: vec![],
+                tol: 1e-2,
+                cluster: None,
+            });
+            specs.push(spec);
+        }
+    }
+    cx.specs.extend(specs);
+    // the embedding gather from an i4g128 table
+    let (v, d, t) = (37usize, 1024usize, 5usize);
+    let table = cx.r.vec(v * d, -1.0, 1.0);
+    let tb = dsc_ir::quant::encode(wdtype, &table).context("encode")?;
+    let idx: Vec<i32> = vec![0, 36, 7, 19, 36];
+    let ws: Weights = HashMap::from([("table".to_string(), (wdtype, vec![v, d], tb.clone()))]);
+    let src = format!("graph \"k\" {{\n  %idx = input : i32[{t}]\n  %table = weight : {wdtype}[{v}, {d}]\n  %y = gather(%table, %idx) : f32[{t}, {d}]\n  output y = %y\n}}\n");
+    let want = reference(&src, vec![("idx", Tensor::from_i32(vec![t], &idx))], &ws)?;
+    let spec = KernelSpec::Gather { d, dtype: wdtype };
+    let (g, b) = grid(&spec.launch(), t * d);
+    cx.cases.push(Case {
+        name: format!("gather {t}x{d} {wdtype}"),
+        kernel: spec.symbol(),
+        grid: g,
+        grid_y: 1,
+        block: b,
+        inputs: vec![cx.data.push_u8(&tb), cx.data.push_i32(&idx)],
+        scalars: vec![(t * d) as i64],
+        expected: cx.data.push(&want),
+        init: None,
+        written_inputs: vec![],
+        tmaps: vec![],
+        tol: 1e-6,
+        cluster: None,
+    });
+    cx.specs.push(spec);
+    Ok(())
+}

@@ -211,6 +211,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     moe::cases(&mut cx)?;
     mla::cases(&mut cx)?;
     rope::yarn_cases(&mut cx)?;
+    matmul::int4(&mut cx)?;
     let Cx { mut data, mut cases, mut specs, .. } = cx;
     if !only.is_empty() {
         let keep = |k: &str| only.iter().any(|o| k.contains(o.as_str()));

@@ -57,7 +57,8 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
         | KernelSpec::MatMulFewX16 { n, bias, residual, .. }
         | KernelSpec::MatMulMma { n, bias, residual, .. }
         | KernelSpec::MatMulWgmma { n, bias, residual, .. }
-        | KernelSpec::MatMulPipe { n, bias, residual, .. } => (*n, *bias, *residual),
+        | KernelSpec::MatMulPipe { n, bias, residual, .. }
+        | KernelSpec::MatMulI4 { n, bias, residual, .. } => (*n, *bias, *residual),
         other => return Err(format!("{} is not a matmul kernel", other.symbol())),
     };
     if bias || residual {

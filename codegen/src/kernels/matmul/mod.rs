@@ -1,5 +1,5 @@
-//! The matmul kernel families: the decode GEMVs (`gemv`), the tensor-core matmuls on
-//! mma.sync and wgmma (`mma`), the pipelined Hopper matmul with its TMA, warp-specialized,
+//! The matmul kernel families: the decode GEMVs (`gemv`), the int4 GEMV on the tensor cores
+//! (`int4`, dsc's i4g128 weights), the tensor-core matmuls on mma.sync and wgmma (`mma`), the pipelined Hopper matmul with its TMA, warp-specialized,
 //! split-K and SwiGLU variants (`pipe`), and what they share (`common`).
 //!
 //! Design notes (what each kernel does and why, with the measurements that chose it):
@@ -18,10 +18,12 @@
 
 mod common;
 mod gemv;
+mod int4;
 mod mma;
 mod pipe;
 
 pub use common::*;
 pub use gemv::*;
+pub use int4::*;
 pub use mma::*;
 pub use pipe::*;

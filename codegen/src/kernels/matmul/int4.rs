@@ -1,0 +1,480 @@
+//! The int4 GEMV on the tensor cores (`KernelSpec::MatMulI4`): y = x W^T for weights in dsc's
+//! [`DType::I4G128`] (f16 scale d and minimum m per group of 128, 4.25 bits a value) and up to
+//! 16 activation rows a block — the decode step of int4 plans at every batch up to
+//! `gemv_few_max`.
+//!
+//! Why it looks like this (docs/perf.md, "int4"): the GGUF-block GEMV spent ~10.5 instructions a
+//! weight (address arithmetic, 4-byte loads, shift/and/I2F/FMA per value) and ran at 22% of the
+//! H200's bandwidth, issue-bound. Here a weight costs ~1.5 instructions:
+//! - "swap AB" `mma.sync m16n8k16` (bf16 operands, f32 accumulators): 16 weight rows as A, 8
+//!   activation rows (tokens) as each B tile; one row (b1) fills the B tile's 8 columns with
+//!   copies of itself (the row index is clamped), whose results are simply not stored.
+//! - Each lane loads 16 bytes of a group from rows g and g + 8 (lane t: chunk t, so the 4
+//!   lanes of a row read its group's 64 contiguous bytes). Chunk t's word w holds the values
+//!   32w + 4t + (0..4) and 32w + 16 + 4t + (0..4), value i in nibble i / 2 (even) or 4 + i / 2,
+//!   so one `lop3` per shift (0, 4, 8, 12) or-s a nibble pair into bf16 128.0's bits: the bf16
+//!   pairs (128 + q) of consecutive values with no conversion instruction, matching x's
+//!   consecutive pairs; and x's loads of a row's 4 lanes are 64 contiguous bytes (one
+//!   wavefront where 4 lines each were measured L1-bound: 31 us, 21% of DRAM).
+//! - The offset and scales come after the MMAs, per group: with S = Σ x over the group (one
+//!   more MMA per K step with an all-ones A: the B fragments' column sums), the group adds
+//!   d · acc + (m − 128 d) · S to the output (acc = Σ (128 + q) x exactly in the products; the
+//!   f32 cancellation of 128 S costs ~2^-24 · 15 relative).
+//! - Warps split K by groups (warp w: groups w, w + W, ...), partial sums meet in shared memory;
+//!   the first round's weights load before `griddepcontrol.wait` (PDL), as the other GEMVs do.
+//!
+//! Activations are f32 here (the plans' activations), rounded to bf16 for the MMAs (the bf16
+//! kernels' precision, ~2^-9 per product, f32 sums).
+
+use crate::kernels::*;
+
+/// Warps per block (they split K by 128-value groups).
+pub const I4_WARPS: usize = 8;
+
+/// The readable symbol of an int4 kernel (`KernelSpec::symbol`).
+pub(crate) fn int4_symbol(spec: &KernelSpec) -> String {
+    match spec {
+        KernelSpec::MatMulI4 { k, n, tiles, bias, residual } => format!("matmul_i4_t{tiles}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
+        other => unreachable!("{other:?} is not an int4 kernel (kernels::family)"),
+    }
+}
+
+/// How the runtime launches an int4 kernel: 16 outputs and 8 · `tiles` rows per block.
+pub(crate) fn int4_launch(spec: &KernelSpec) -> Launch {
+    match spec {
+        KernelSpec::MatMulI4 { tiles, .. } => Launch::OutputsPerBlock { outputs: 16 * i4_a_tiles(*tiles) as u32, rows: (8 * *tiles).max(1) as u32, warps: I4_WARPS as u32 },
+        other => unreachable!("{other:?} is not an int4 kernel (kernels::family)"),
+    }
+}
+
+/// 16-row A tiles each warp computes for `tiles` B tiles: 4 from 16 rows (x, which from 16 rows
+/// outweighs a block's weights, read once for 64 outputs), else 1.
+pub fn i4_a_tiles(tiles: usize) -> usize {
+    if tiles >= 2 {
+        4
+    } else {
+        1
+    }
+}
+
+/// Largest K of the one-row int4 GEMV (`tiles` 0): x's bf16 copy in shared memory beside the
+/// reduction within the 48 KB of static shared memory.
+pub const I4_ONE_ROW_MAX_K: usize = 20480;
+
+/// What the int4 GEMV takes: K whole 512-value super-blocks, 1 or 2 B tiles of 8 rows, or
+/// 0: one row a block with x staged in shared memory (K up to [`I4_ONE_ROW_MAX_K`]).
+pub(crate) fn int4_fits(spec: &KernelSpec) -> Result<(), String> {
+    match spec {
+        KernelSpec::MatMulI4 { k, tiles, .. } => {
+            if *k == 0 || k % 512 != 0 {
+                return Err(format!("the int4 GEMV needs K a multiple of 512 (i4g128 super-blocks), got {k}"));
+            }
+            if !matches!(tiles, 0..=2) {
+                return Err(format!("the int4 GEMV takes 1 or 2 tiles of 8 rows (or 0: one row), not {tiles}"));
+            }
+            if *tiles == 0 && *k > I4_ONE_ROW_MAX_K {
+                return Err(format!("the one-row int4 GEMV stages x in shared memory: K up to {I4_ONE_ROW_MAX_K}, got {k}"));
+            }
+            Ok(())
+        }
+        other => Err(format!("`{}` is not the int4 GEMV", other.symbol())),
+    }
+}
+
+/// The int4 kernel's body; returns its parameter list (x, w, [bias], [res], y, M, N).
+pub(crate) fn int4_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    int4_fits(spec)?;
+    let KernelSpec::MatMulI4 { k, tiles, bias, residual, .. } = spec else { unreachable!("checked") };
+    emit_gemv_i4(b, *k, *tiles, *bias, *residual);
+    Ok(matmul_params(*bias, *residual, true))
+}
+
+/// One group's weights for this lane as loaded: [row g, row g + 8] x (4 nibble words, the
+/// (d, m) word).
+type GroupW = Vec<Vec<String>>;
+
+fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool) {
+    let nw = I4_WARPS;
+    let groups = k / 128;
+    // (one row: x from shared memory, four groups' weights in flight a warp)
+    let staged = tiles == 0;
+    let tiles = tiles.max(1);
+    let unroll = if staged {
+        4
+    } else if tiles == 1 {
+        2
+    } else {
+        1
+    };
+    let (jloop, rounds) = split_k_schedule(groups, 1, nw, unroll);
+    // 16-row A tiles a warp computes (x read once for all: 64 outputs a block from 16 rows)
+    let na = if staged { 1 } else { i4_a_tiles(tiles) };
+    let per = 4 * tiles * na;
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
+    let xst = format!("memref<{}xi32, #gpu.address_space<workgroup>>", k / 2);
+    b.workgroup = Some(if staged { format!("%red : {smt}, %xs : {xst}") } else { format!("%red : {smt}") });
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let c4 = b.ci64(4);
+    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let c16 = b.ci64(16);
+    let cout = b.ci64(16 * na as i64);
+    let col0 = b.op(&format!("arith.muli {bx64}, {cout} : i64"));
+    let crows = b.ci64(8 * tiles as i64);
+    let row0 = b.op(&format!("arith.muli {by64}, {crows} : i64"));
+    let one = b.ci64(1);
+    let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
+    let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
+    // weight rows g and g + 8 (clamped), and this lane's 16 bytes within a group's 64
+    let rowbytes = b.ci64((k / 512 * 272) as i64);
+    let lane_b = b.op(&format!("arith.muli {tq}, {c16} : i64"));
+    let wrow: Vec<String> = (0..na as i64)
+        .flat_map(|a| [16 * a, 16 * a + 8])
+        .map(|d| {
+            let cd = b.ci64(d);
+            let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
+            let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
+            b.op(&format!("arith.muli {r}, {rowbytes} : i64"))
+        })
+        .collect();
+    // activation row of B tile j: row0 + 8j + g (clamped); this lane's 32 values of a group
+    // are 16q + 4t + (0..4) for q = 0..7, at 4 (128 gi + 16 q + 4 t) bytes (the four lanes of
+    // a row read 64 contiguous bytes a load)
+    let xrowbytes = b.ci64((k * 4) as i64);
+    let lane_x = b.op(&format!("arith.muli {tq}, {c16} : i64"));
+    let xrow: Vec<String> = (0..tiles)
+        .map(|j| {
+            let cj = b.ci64(8 * j as i64);
+            let r = b.op(&format!("arith.addi {row0}, {cj} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {g} : i64"));
+            let r = b.op(&format!("arith.minsi {r}, {mlast} : i64"));
+            let o = b.op(&format!("arith.muli {r}, {xrowbytes} : i64"));
+            b.op(&format!("arith.addi {o}, {lane_x} : i64"))
+        })
+        .collect();
+    // group gi: nibbles at 16 + 16 (gi / 4) + 64 gi (+ 16 t), (d, m) at 256 (gi / 4) + 4 gi
+    let load_w = |b: &mut Body, gi: &str| -> GroupW {
+        let c2 = b.ci64(2);
+        let sb = b.op(&format!("arith.shrui {gi}, {c2} : i64"));
+        let c16 = b.ci64(16);
+        let c64 = b.ci64(64);
+        let c256 = b.ci64(256);
+        let c4 = b.ci64(4);
+        let s16 = b.op(&format!("arith.muli {sb}, {c16} : i64"));
+        let g64 = b.op(&format!("arith.muli {gi}, {c64} : i64"));
+        let no = b.op(&format!("arith.addi {s16}, {g64} : i64"));
+        let no = b.op(&format!("arith.addi {no}, {c16} : i64"));
+        let no = b.op(&format!("arith.addi {no}, {lane_b} : i64"));
+        let s256 = b.op(&format!("arith.muli {sb}, {c256} : i64"));
+        let g4 = b.op(&format!("arith.muli {gi}, {c4} : i64"));
+        let so = b.op(&format!("arith.addi {s256}, {g4} : i64"));
+        wrow.iter()
+            .map(|r| {
+                let o = b.op(&format!("arith.addi {r}, {no} : i64"));
+                let mut w = b.load_vec("%w", &o, 4, "i32", 16);
+                let o = b.op(&format!("arith.addi {r}, {so} : i64"));
+                w.push(b.load_vec("%w", &o, 1, "i32", 4).remove(0));
+                w
+            })
+            .collect()
+    };
+    // (staged: the shared address of this lane's x pairs in group 0: 8 t bytes into %xs)
+    let xsm = staged.then(|| {
+        let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
+        let base = b.idx64(&base);
+        let c8 = b.ci64(8);
+        let lo = b.op(&format!("arith.muli {tq}, {c8} : i64"));
+        b.op(&format!("arith.addi {base}, {lo} : i64"))
+    });
+    let xbase = staged.then(|| {
+        let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
+        b.idx64(&base)
+    });
+    let ones = b.op(&format!("arith.constant {} : i32", 0x3F80_3F80u32 as i32));
+    let m128 = b.cf32(-128.0);
+    let zero = b.cf32(0.0);
+    // one group's math into `acc`; `valid` false: a clamped group past K, adding nothing
+    let math = |b: &mut Body, gi: &str, valid: Option<&str>, w: &GroupW, acc: &[String]| -> Vec<String> {
+        let mut out = acc.to_vec();
+        {
+            // x: per tile the lane's 32 values of the group, as 16 bf16 pairs
+            let c512 = b.ci64(512);
+            let xo = b.op(&format!("arith.muli {gi}, {c512} : i64"));
+            let xs: Vec<Vec<String>> = if let Some(xb) = &xsm {
+                // staged: the lane's word w pairs at bf16 128 gi + 32 w + 4 t (and + 16)
+                let c256 = b.ci64(256);
+                let go = b.op(&format!("arith.muli {gi}, {c256} : i64"));
+                let base = b.op(&format!("arith.addi {xb}, {go} : i64"));
+                let mut v = vec![];
+                for q in 0..8 {
+                    let c = b.ci64(32 * q);
+                    let o = b.op(&format!("arith.addi {base}, {c} : i64"));
+                    let p = b.op(&format!("llvm.inttoptr {o} : i64 to !llvm.ptr<3>"));
+                    let r = b.op(&format!("llvm.load {p} {{alignment = 8 : i64}} : !llvm.ptr<3> -> vector<2xi32>"));
+                    v.extend(b.elements(&r, 2, "i32"));
+                }
+                vec![v]
+            } else {
+                xrow.iter()
+                    .map(|r| {
+                        let base = b.op(&format!("arith.addi {r}, {xo} : i64"));
+                        let mut v = vec![];
+                        for q in 0..8 {
+                            let c = b.ci64(64 * q);
+                            let o = b.op(&format!("arith.addi {base}, {c} : i64"));
+                            v.extend(b.load_vec("%x", &o, 4, "f32", 16));
+                        }
+                        (0..16).map(|p| b.pack2(&v[2 * p], &v[2 * p + 1], false)).collect()
+                    })
+                    .collect()
+            };
+            // the rows' nibble words as bf16 pairs (128 + q): [row][word][4]
+            let a: Vec<Vec<[String; 4]>> = w.iter().map(|row| (0..4).map(|wi| i4_bf16_words(b, &row[wi])).collect()).collect();
+            // rows g and g + 8: (d, m - 128 d)
+            let sc: Vec<(String, String)> = w
+                .iter()
+                .map(|row| {
+                    let (d, m) = i4_scale(b, &row[4]);
+                    let mp = b.op(&format!("llvm.intr.fma({m128}, {d}, {m}) : (f32, f32, f32) -> f32"));
+                    match valid {
+                        Some(v) => (b.op(&format!("arith.select {v}, {d}, {zero} : f32")), b.op(&format!("arith.select {v}, {mp}, {zero} : f32"))),
+                        None => (d, mp),
+                    }
+                })
+                .collect();
+            for (j, x) in xs.iter().enumerate() {
+                // S over the group once per B tile, then each A tile's products
+                let mut s = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
+                for wi in 0..4 {
+                    for half in 0..2 {
+                        let (b0, b1) = (&x[4 * wi + 2 * half], &x[4 * wi + 2 * half + 1]);
+                        let r = b.mma_m16n8k16("bf16", [&ones, &ones, &ones, &ones], b0, b1, [&s[0], &s[1], &s[2], &s[3]]);
+                        s = [r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()];
+                    }
+                }
+                for at in 0..na {
+                    let mut c = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
+                    for wi in 0..4 {
+                        for half in 0..2 {
+                            let (b0, b1) = (&x[4 * wi + 2 * half], &x[4 * wi + 2 * half + 1]);
+                            let (p, q) = (&a[2 * at][wi][2 * half], &a[2 * at][wi][2 * half + 1]);
+                            let (p8, q8) = (&a[2 * at + 1][wi][2 * half], &a[2 * at + 1][wi][2 * half + 1]);
+                            let r = b.mma_m16n8k16("bf16", [p, p8, q, q8], b0, b1, [&c[0], &c[1], &c[2], &c[3]]);
+                            c = [r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()];
+                        }
+                    }
+                    // value i: row g (+ 8 for i >= 2), token 2t + i % 2: y += d acc + (m - 128 d) S
+                    for i in 0..4 {
+                        let (d, mp) = &sc[2 * at + i / 2];
+                        let o = at * 4 * tiles + 4 * j + i;
+                        let y = b.op(&format!("llvm.intr.fma({d}, {}, {}) : (f32, f32, f32) -> f32", c[i], out[o]));
+                        out[o] = b.op(&format!("llvm.intr.fma({mp}, {}, {y}) : (f32, f32, f32) -> f32", s[i]));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let body = |b: &mut Body, us: &[String], acc: &[String], pre: Option<&[GroupW]>| -> Vec<String> {
+        let ws: Vec<GroupW> = match pre {
+            Some(p) => p.to_vec(),
+            None => us.iter().map(|u| load_w(b, u)).collect(),
+        };
+        let mut out = acc.to_vec();
+        for (gi, w) in us.iter().zip(&ws) {
+            out = math(b, gi, None, w, &out);
+        }
+        out
+    };
+    let acc = if xsm.is_some() {
+        // software-pipelined rounds of `unroll` groups: round r + 1's weights are loaded
+        // before round r's math (two rounds in flight a warp); round 0's before the wait
+        // (PDL), then x staged. Group q of round r is warp + W (U r + q), clamped to the last
+        // group (an L2 hit) and adding nothing past it.
+        let nr = groups.div_ceil(nw * unroll);
+        let at = |b: &mut Body, r: &str, q: usize| -> (String, String) {
+            let cu = b.ci64((nw * unroll) as i64);
+            let o = b.op(&format!("arith.muli {r}, {cu} : i64"));
+            let cq = b.ci64((nw * q) as i64);
+            let o = b.op(&format!("arith.addi {o}, {cq} : i64"));
+            let u = b.op(&format!("arith.addi {warp64}, {o} : i64"));
+            let cg = b.ci64(groups as i64);
+            let valid = b.op(&format!("arith.cmpi slt, {u}, {cg} : i64"));
+            let cl = b.ci64(groups as i64 - 1);
+            (b.op(&format!("arith.minsi {u}, {cl} : i64")), valid)
+        };
+        let r0 = b.ci64(0);
+        let first: Vec<(String, String)> = (0..unroll).map(|q| at(b, &r0, q)).collect();
+        let mut pre: Vec<GroupW> = first.iter().map(|(u, _)| load_w(b, u)).collect();
+        if b.pdl && !b.waited {
+            b.wait_for_previous();
+        }
+        stage_x(b, k, &by64, &t, xbase.as_ref().expect("staged"));
+        let zero = b.cf32(0.0);
+        let mut acc: Vec<String> = vec![zero; per];
+        if nr > 1 {
+            // the loop carries the accumulators and the next round's weights
+            let flat: Vec<String> = pre.iter().flatten().flatten().cloned().collect();
+            let (res, rv) = (b.v(), b.v());
+            let args: Vec<String> = (0..per + flat.len()).map(|_| b.v()).collect();
+            let inits: Vec<String> = args.iter().zip(acc.iter().chain(&flat)).map(|(a, z)| format!("{a} = {z}")).collect();
+            let tys = vec!["f32"; per].into_iter().chain(vec!["i32"; flat.len()]).collect::<Vec<_>>().join(", ");
+            let lo = b.op("arith.constant 0 : index");
+            let hi = b.op(&format!("arith.constant {} : index", nr - 1));
+            let st = b.op("arith.constant 1 : index");
+            b.line(&format!("{res}:{} = scf.for {rv} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", args.len(), inits.join(", ")));
+            let r = b.idx64(&rv);
+            let cur: Vec<GroupW> = args[per..].chunks(10).map(|g| g.chunks(5).map(|c| c.to_vec()).collect()).collect();
+            let one = b.ci64(1);
+            let r1 = b.op(&format!("arith.addi {r}, {one} : i64"));
+            let next: Vec<GroupW> = (0..unroll)
+                .map(|q| {
+                    let (u, _) = at(b, &r1, q);
+                    load_w(b, &u)
+                })
+                .collect();
+            let mut out: Vec<String> = args[..per].to_vec();
+            for (q, w) in cur.iter().enumerate() {
+                let (u, valid) = at(b, &r, q);
+                out = math(b, &u, Some(&valid), w, &out);
+            }
+            let ys: Vec<String> = out.into_iter().chain(next.iter().flatten().flatten().cloned()).collect();
+            b.line(&format!("scf.yield {} : {tys}", ys.join(", ")));
+            b.line("}");
+            acc = (0..per).map(|i| format!("{res}#{i}")).collect();
+            pre = (per..args.len()).map(|i| format!("{res}#{i}")).collect::<Vec<_>>().chunks(10).map(|g| g.chunks(5).map(|c| c.to_vec()).collect()).collect();
+        }
+        let rl = b.ci64(nr as i64 - 1);
+        for (q, w) in pre.iter().enumerate() {
+            let (u, valid) = at(b, &rl, q);
+            acc = math(b, &u, Some(&valid), w, &acc);
+        }
+        acc
+    } else {
+        b.split_k_rounds_preloaded(per, jloop, rounds, unroll, &warp64, nw as i64, groups as i64, &load_w, &body)
+    };
+    MmaTiles::meet_in_shared(b, &acc, &warp, &lane, per, &smt);
+    let c2 = b.ci64(2);
+    let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    for (a, part) in acc.iter().enumerate() {
+        let (at, j, i) = (a / (4 * tiles), (a / 4) % tiles, a % 4);
+        if staged {
+            // (one row: every column of the D fragment is it; lanes t = 0 store columns 0)
+            if i % 2 == 1 {
+                continue;
+            }
+            let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
+            let co = b.ci64(if i >= 2 { 8 } else { 0 });
+            let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+            let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+            let z = b.ci64(0);
+            let t0 = b.op(&format!("arith.cmpi eq, {tq}, {z} : i64"));
+            let ok = b.op(&format!("arith.andi {okc}, {t0} : i1"));
+            b.line(&format!("scf.if {ok} {{"));
+            b.matmul_store(&total, &by64, &col, bias, residual);
+            b.line("}");
+            continue;
+        }
+        let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
+        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
+        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+        let cr = b.ci64((8 * j + i % 2) as i64);
+        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
+        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
+        b.line(&format!("scf.if {ok} {{"));
+        b.matmul_store(&total, &row, &col, bias, residual);
+        b.line("}");
+    }
+    b.line("}");
+}
+
+/// A nibble word (values e0..e7: e_2j in nibble j, e_2j+1 in nibble 4 + j) as four bf16 pairs
+/// (128 + q): (e0, e1), (e2, e3), (e4, e5), (e6, e7) — a shift and a `lop3` each.
+fn i4_bf16_words(b: &mut Body, w: &str) -> [String; 4] {
+    let st = "!llvm.struct<(i32, i32, i32, i32)>";
+    let mut asm = String::from("{ .reg .b32 u; ");
+    for (o, shift) in [0, 4, 8, 12].iter().enumerate() {
+        if *shift == 0 {
+            asm.push_str(&format!("lop3.b32 ${o}, $4, 0x000F000F, 0x43004300, 0xEA; "));
+        } else {
+            asm.push_str(&format!("shr.u32 u, $4, {shift}; lop3.b32 ${o}, u, 0x000F000F, 0x43004300, 0xEA; "));
+        }
+    }
+    asm.push('}');
+    let r = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r\" {w} : (i32) -> {st}"));
+    [0, 1, 2, 3].map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
+}
+
+/// A group's (d, m) word (f16 d low, f16 m high) as two f32.
+fn i4_scale(b: &mut Body, w: &str) -> (String, String) {
+    let lo = b.op(&format!("arith.trunci {w} : i32 to i16"));
+    let c16 = b.op("arith.constant 16 : i32");
+    let hi = b.op(&format!("arith.shrui {w}, {c16} : i32"));
+    let hi = b.op(&format!("arith.trunci {hi} : i32 to i16"));
+    let f = |b: &mut Body, h: &str| {
+        let x = b.op(&format!("arith.bitcast {h} : i16 to f16"));
+        b.op(&format!("arith.extf {x} : f16 to f32"))
+    };
+    (f(b, &lo), f(b, &hi))
+}
+
+/// x's row `row` (f32, K values) into the shared `%xs` at byte address `base` as bf16 pairs
+/// (natural order), by the block's threads: every thread's 16-byte pieces loaded at once,
+/// then converted and stored; a barrier after.
+fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str) {
+    let threads = 32 * I4_WARPS;
+    let chunks = k / 8;
+    let t64 = b.idx64(t);
+    let xrowbytes = b.ci64((k * 4) as i64);
+    let xo = b.op(&format!("arith.muli {row}, {xrowbytes} : i64"));
+    let c32 = b.ci64(32);
+    let c16 = b.ci64(16);
+    let mut loaded = vec![];
+    for r in 0..chunks.div_ceil(threads) {
+        let cr = b.ci64((r * threads) as i64);
+        let c = b.op(&format!("arith.addi {t64}, {cr} : i64"));
+        let ok = (r * threads + threads > chunks).then(|| {
+            let lim = b.ci64(chunks as i64);
+            b.op(&format!("arith.cmpi slt, {c}, {lim} : i64"))
+        });
+        // (a thread past the end loads chunk 0 and stores nothing)
+        let cc = match &ok {
+            Some(ok) => {
+                let z = b.ci64(0);
+                b.op(&format!("arith.select {ok}, {c}, {z} : i64"))
+            }
+            None => c.clone(),
+        };
+        let o = b.op(&format!("arith.muli {cc}, {c32} : i64"));
+        let o = b.op(&format!("arith.addi {xo}, {o} : i64"));
+        let o2 = b.op(&format!("arith.addi {o}, {c16} : i64"));
+        let mut v = b.load_vec("%x", &o, 4, "f32", 16);
+        v.extend(b.load_vec("%x", &o2, 4, "f32", 16));
+        loaded.push((c, ok, v));
+    }
+    for (c, ok, v) in loaded {
+        let words: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
+        let vec_v = b.vector(&words, "i32");
+        let so = b.op(&format!("arith.muli {c}, {c16} : i64"));
+        let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
+        let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+        if let Some(ok) = &ok {
+            b.line(&format!("scf.if {ok} {{"));
+        }
+        b.line(&format!("llvm.store {vec_v}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
+        if ok.is_some() {
+            b.line("}");
+        }
+    }
+    b.line("gpu.barrier");
+}
