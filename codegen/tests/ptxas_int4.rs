@@ -1,7 +1,8 @@
 //! The int4 GEMV on the tensor cores (`KernelSpec::MatMulI4`, dsc's i4g128 weights) at each of
 //! its tilings passes ptxas on both targets without spills, and is what it claims to be: the
 //! products on `mma.sync` bf16, nibbles turned into bf16 pairs by `lop3` (no conversion
-//! instruction per weight), the weights read in 16-byte loads; one row stages x in shared memory.
+//! instruction per weight), the weights read in 16-byte loads; one row stages x in shared memory
+//! (with the RMSNorm folded in under `NormMatMul`).
 
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
 mod common;
@@ -10,7 +11,10 @@ mod common;
 fn int4_gemv_passes_ptxas_without_spills() {
     let ptxas = common::ptxas();
     let dir = tempfile::tempdir().unwrap();
-    let specs: Vec<KernelSpec> = [(0usize, false), (1, true), (2, false)].iter().map(|&(tiles, res)| KernelSpec::MatMulI4 { k: 14336, n: 4096, tiles, bias: false, residual: res }).collect();
+    let mut specs: Vec<KernelSpec> = [(0usize, false), (1, true), (2, false)].iter().map(|&(tiles, res)| KernelSpec::MatMulI4 { k: 14336, n: 4096, tiles, bias: false, residual: res }).collect();
+    // (one row with the RMSNorm folded into x's staging, merged q/k/v parts)
+    let qkv = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulI4 { k: 4096, n: 6144, tiles: 0, bias: false, residual: false }), parts: vec![4096, 1024, 1024] };
+    specs.push(KernelSpec::NormMatMul { inner: Box::new(qkv), eps_bits: 1e-5f32.to_bits() });
     let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
     for (t, ptx) in &m.ptx {
@@ -20,7 +24,7 @@ fn int4_gemv_passes_ptxas_without_spills() {
             assert!(body.contains("lop3.b32") && body.contains("0x43004300"), "no magic-number nibble unpacking in {}", spec.symbol());
             assert!(body.contains("ld.global.v4.u32") || body.contains("ld.global.v4.b32"), "no 16-byte weight loads in {}", spec.symbol());
             assert!(!body.contains("cvt.rn.f32.u32") && !body.contains("cvt.rn.f32.s32"), "an int-to-float conversion per weight in {}", spec.symbol());
-            let staged = matches!(spec, KernelSpec::MatMulI4 { tiles: 0, .. });
+            let staged = matches!(spec, KernelSpec::MatMulI4 { tiles: 0, .. } | KernelSpec::NormMatMul { .. });
             assert_eq!(body.contains("st.shared.v4"), staged, "x staged in shared memory exactly for one row: {}", spec.symbol());
         }
     }

@@ -502,11 +502,17 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
         if g.node(ops[1]).ty.dtype != DType::F32 || d.is_none_or(|d| d % 32 != 0) {
             continue;
         }
-        // (plain floats, or Q4_1: the decode GEMV's prologue is the same)
-        let plain = |w: dsc_ir::NodeId| matches!(g.node(w).ty.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1);
+        // (plain floats, or Q4_1: the decode GEMV's prologue is the same; i4g128 where its
+        // one-row kernel stages x, which normalizes it on the way: 8B b1 496 -> 506 tok/s)
+        let plain = |w: dsc_ir::NodeId| match g.node(w).ty.dtype {
+            DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1 => true,
+            DType::I4G128 => d.is_some_and(|d| d <= crate::kernels::I4_ONE_ROW_MAX_K),
+            _ => false,
+        };
         // (only ahead of short GEMVs, as the L2 prefetch: those are latency-bound and gain
         // from one launch less; a long one is bandwidth-bound and every block's re-read of
-        // x and g costs — measured on the 8B shape: b1 239 -> 231 with the gate/up norm fused)
+        // x and g costs — measured on the 8B shape: b1 239 -> 231 with the gate/up norm fused;
+        // i4g128, whose blocks read x whole anyway: 506 -> 487)
         let bytes = |w: dsc_ir::NodeId| {
             let t = &g.node(w).ty;
             let numel = t.shape.iter().map(|d| d.as_const().unwrap_or(usize::MAX)).fold(1usize, |a, b| a.saturating_mul(b));

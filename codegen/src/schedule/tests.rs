@@ -190,6 +190,13 @@ fn i4g128_decode_runs_the_int4_tensor_core_gemv_at_every_decode_row_count() {
         assert!(matches!(h.kernel, KernelSpec::MatMulWgmma { wdtype: DType::I4G128, n_tile: 64, .. }) && h.min_rows == 129, "{h:?}");
         assert!(crate::kernels::fits(s.kernel.as_ref().unwrap()).is_ok());
     }
+    // an RMSNorm whose users are i4g128 GEMVs folds into the one-row kernel's staging of x
+    let src = "graph \"t\" {\n  %x = input : f32[T, 1024]\n  %g = weight : f32[1024]\n  %n = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 1024]\n  %w = weight : i4g128[128, 1024]\n  %a = matmul(%n, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
+    let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { norm_fusion: true, ..no_ws() }).unwrap();
+    let a = steps.iter().find(|s| s.node == "a").unwrap();
+    assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulI4 { tiles: 0, .. })), "{:?}", a.kernel);
+    assert_eq!(&a.args[..2], ["x".to_string(), "g".to_string()]);
+    assert_eq!(steps.iter().find(|s| s.node == "n").unwrap().min_rows, Some(2), "the norm's own kernel from two rows");
     // rows not whole 512-value super-blocks have no int4 GEMV
     assert!(crate::kernels::fits(&KernelSpec::MatMulI4 { k: 576, n: 128, tiles: 1, bias: false, residual: false }).is_err());
 }

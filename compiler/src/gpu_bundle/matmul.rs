@@ -895,6 +895,34 @@ pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
         }
     }
     cx.specs.extend(specs);
+    // one row with the RMSNorm folded into the staging of x (`NormMatMul`), two rows
+    {
+        let m = 2usize;
+        let x = cx.r.vec(m * k, -2.0, 2.0);
+        let gw = cx.r.vec(k, 0.5, 1.5);
+        let mut wsn = ws.clone();
+        wsn.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%xn, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &wsn)?;
+        let spec = KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulI4 { k, n, tiles: 0, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() };
+        let (g, b) = grid(&spec.launch(), n);
+        cx.cases.push(Case {
+            name: format!("rms_norm+matmul_i4 t0 {m}x{k}x{n}"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: grid_rows(&spec.launch(), m),
+            block: b,
+            inputs: vec![cx.data.push(&x), cx.data.push(&gw), warr.clone()],
+            scalars: vec![m as i64, n as i64],
+            expected: cx.data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-2,
+            cluster: None,
+        });
+        cx.specs.push(spec);
+    }
     // the embedding gather from an i4g128 table
     let (v, d, t) = (37usize, 1024usize, 5usize);
     let table = cx.r.vec(v * d, -1.0, 1.0);

@@ -314,7 +314,7 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
         if b.pdl && !b.waited {
             b.wait_for_previous();
         }
-        stage_x(b, k, &by64, &t, xbase.as_ref().expect("staged"));
+        stage_x(b, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
         let zero = b.cf32(0.0);
         let mut acc: Vec<String> = vec![zero; per];
         if nr > 1 {
@@ -430,8 +430,10 @@ fn i4_scale(b: &mut Body, w: &str) -> (String, String) {
 
 /// x's row `row` (f32, K values) into the shared `%xs` at byte address `base` as bf16 pairs
 /// (natural order), by the block's threads: every thread's 16-byte pieces loaded at once,
-/// then converted and stored; a barrier after.
-fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str) {
+/// then converted and stored; a barrier after. Under `NormMatMul` (`Body::norm`) the row is
+/// RMS-normalized on the way (its sum of squares over the block in `%red[0..W]`, then
+/// x · (1 / rms) · g[k]): the norm's own launch is skipped at one row.
+fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str, smt: &str) {
     let threads = 32 * I4_WARPS;
     let chunks = k / 8;
     let t64 = b.idx64(t);
@@ -439,6 +441,8 @@ fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str) {
     let xo = b.op(&format!("arith.muli {row}, {xrowbytes} : i64"));
     let c32 = b.ci64(32);
     let c16 = b.ci64(16);
+    let norm = b.norm;
+    let zero = b.cf32(0.0);
     let mut loaded = vec![];
     for r in 0..chunks.div_ceil(threads) {
         let cr = b.ci64((r * threads) as i64);
@@ -447,7 +451,7 @@ fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str) {
             let lim = b.ci64(chunks as i64);
             b.op(&format!("arith.cmpi slt, {c}, {lim} : i64"))
         });
-        // (a thread past the end loads chunk 0 and stores nothing)
+        // (a thread past the end loads chunk 0, counts nothing and stores nothing)
         let cc = match &ok {
             Some(ok) => {
                 let z = b.ci64(0);
@@ -455,14 +459,61 @@ fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str) {
             }
             None => c.clone(),
         };
-        let o = b.op(&format!("arith.muli {cc}, {c32} : i64"));
-        let o = b.op(&format!("arith.addi {xo}, {o} : i64"));
+        let co = b.op(&format!("arith.muli {cc}, {c32} : i64"));
+        let o = b.op(&format!("arith.addi {xo}, {co} : i64"));
         let o2 = b.op(&format!("arith.addi {o}, {c16} : i64"));
         let mut v = b.load_vec("%x", &o, 4, "f32", 16);
         v.extend(b.load_vec("%x", &o2, 4, "f32", 16));
-        loaded.push((c, ok, v));
+        let gv = norm.map(|_| {
+            let g2 = b.op(&format!("arith.addi {co}, {c16} : i64"));
+            let mut g = b.load_vec("%g", &co, 4, "f32", 16);
+            g.extend(b.load_vec("%g", &g2, 4, "f32", 16));
+            g
+        });
+        loaded.push((c, ok, v, gv));
     }
-    for (c, ok, v) in loaded {
+    let scale = norm.map(|eps| {
+        // this thread's sum of squares, the warp's, the block's through %red[0..W]
+        let mut ss = zero.clone();
+        for (_, ok, v, _) in &loaded {
+            let mut part = zero.clone();
+            for x in v {
+                part = b.op(&format!("llvm.intr.fma({x}, {x}, {part}) : (f32, f32, f32) -> f32"));
+            }
+            if let Some(ok) = ok {
+                part = b.op(&format!("arith.select {ok}, {part}, {zero} : f32"));
+            }
+            ss = b.op(&format!("arith.addf {ss}, {part} : f32"));
+        }
+        let ws = b.warp_sum(&ss);
+        let (lane, warp) = b.lane_warp(t);
+        let c0 = b.op("arith.constant 0 : index");
+        let first = b.op(&format!("arith.cmpi eq, {lane}, {c0} : index"));
+        b.line(&format!("scf.if {first} {{"));
+        b.line(&format!("memref.store {ws}, %red[{warp}] : {smt}"));
+        b.line("}");
+        b.line("gpu.barrier");
+        let parts: Vec<String> = (0..I4_WARPS)
+            .map(|w| {
+                let cw = b.op(&format!("arith.constant {w} : index"));
+                b.op(&format!("memref.load %red[{cw}] : {smt}"))
+            })
+            .collect();
+        let total = b.chain_reduce(&parts, "arith.addf");
+        b.inv_rms(&total, k, eps)
+    });
+    for (c, ok, v, gv) in loaded {
+        let v: Vec<String> = match (&scale, &gv) {
+            (Some(inv), Some(g)) => v
+                .iter()
+                .zip(g)
+                .map(|(x, g)| {
+                    let y = b.op(&format!("arith.mulf {x}, {inv} : f32"));
+                    b.op(&format!("arith.mulf {y}, {g} : f32"))
+                })
+                .collect(),
+            _ => v,
+        };
         let words: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
         let vec_v = b.vector(&words, "i32");
         let so = b.op(&format!("arith.muli {c}, {c16} : i64"));
