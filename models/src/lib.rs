@@ -142,6 +142,13 @@ fn sha256_file(path: &Path) -> Result<String> {
 /// vectors (norms, biases) stay as they are. Returns how many tensors each format took.
 fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, DType>, path: &Path) -> Result<BTreeMap<String, usize>> {
     let tied = !ws.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
+    // one int4 layout a model: i4g128 where every matrix int4-g128 takes has rows of whole
+    // 512-value super-blocks, else the Q4_1 / Q4_0 blocks throughout (quantize::IntSpec::dtype_in)
+    let i4g128 = ws.tensors.iter().filter(|(_, t)| t.shape.len() >= 2).all(|(name, t)| {
+        let fmt = policy.format_for(LayerKind::of(name, tied));
+        let row = *t.shape.last().unwrap_or(&1);
+        !matches!(fmt, Format::Int(i) if i.bits == 4 && i.group == 128) || row % 512 == 0
+    });
     let mut counts = BTreeMap::new();
     for (name, t) in ws.tensors.iter_mut() {
         if t.shape.len() < 2 {
@@ -149,7 +156,7 @@ fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, D
         }
         let orig = stored.get(name).copied().unwrap_or(t.dtype);
         let fmt = policy.format_for(LayerKind::of(name, tied));
-        let want = fmt.dtype(orig, *t.shape.last().unwrap_or(&1));
+        let want = fmt.dtype(orig, *t.shape.last().unwrap_or(&1), i4g128);
         let requant = matches!(fmt, Format::Int(_));
         *counts.entry(if fmt == Format::Stored { format!("stored {orig}") } else { fmt.name() }).or_insert(0) += 1;
         if want == t.dtype && !requant {
@@ -161,7 +168,7 @@ fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, D
         let n: usize = t.shape.iter().product();
         let terr = |msg: String| ModelError::Tensor { path: path.into(), tensor: name.clone(), msg };
         let vals = quant::decode(t.dtype, t.bytes.as_slice(), n).ok_or_else(|| terr("stored bytes do not match its shape".into()))?;
-        let enc = fmt.encode(orig, &vals, *t.shape.last().unwrap_or(&1)).map_err(|m| terr(format!("{}: {m}", fmt.name())))?;
+        let enc = fmt.encode(orig, &vals, *t.shape.last().unwrap_or(&1), i4g128).map_err(|m| terr(format!("{}: {m}", fmt.name())))?;
         t.dtype = want;
         t.bytes = Bytes::Owned(Arc::new(enc));
     }

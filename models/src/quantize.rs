@@ -161,23 +161,25 @@ impl Format {
         }
     }
 
-    /// The stored dtype a tensor of `stored` dtype and rows of `row` values ends up with.
-    pub fn dtype(&self, stored: DType, row: usize) -> DType {
+    /// The stored dtype a tensor of `stored` dtype and rows of `row` values ends up with
+    /// (`i4g128`: int4-g128 may take dsc's i4g128 layout — see [`IntSpec::dtype_in`]).
+    pub fn dtype(&self, stored: DType, row: usize, i4g128: bool) -> DType {
         match self {
             Format::Stored => stored,
             Format::DType(d) => *d,
-            Format::Int(i) => i.dtype(row),
+            Format::Int(i) => i.dtype_in(row, i4g128),
         }
     }
 
-    /// Encode `x` (a tensor's values, rows of `row` values) in this format.
-    pub fn encode(&self, stored: DType, x: &[f32], row: usize) -> Result<Vec<u8>, String> {
+    /// Encode `x` (a tensor's values, rows of `row` values) in this format (`i4g128` as for
+    /// [`Format::dtype`]).
+    pub fn encode(&self, stored: DType, x: &[f32], row: usize, i4g128: bool) -> Result<Vec<u8>, String> {
         match self {
             Format::Stored | Format::DType(_) => {
-                let d = self.dtype(stored, row);
+                let d = self.dtype(stored, row, i4g128);
                 dsc_ir::quant::encode(d, x).ok_or_else(|| format!("{} elements are not whole {d} blocks", x.len()))
             }
-            Format::Int(i) => i.encode(x, row),
+            Format::Int(i) => i.encode_in(x, row, i4g128),
         }
     }
 }
@@ -188,9 +190,17 @@ impl IntSpec {
     /// tensor-core GEMV's layout; symmetric as m = −8d), else the GGUF block of 32 that
     /// carries the numbers (every block of a group its group's scale).
     pub fn dtype(&self, row: usize) -> DType {
+        self.dtype_in(row, true)
+    }
+
+    /// [`IntSpec::dtype`], with i4g128 only where `i4g128` allows it: a model takes one int4
+    /// layout (`lib.rs::apply_policy`: i4g128 where every int4-g128 matrix's rows are whole
+    /// super-blocks, else Q4_1 blocks throughout — the one-token fusions of small models take
+    /// Q4_1, and a layer mixing the two would lose them).
+    pub fn dtype_in(&self, row: usize, i4g128: bool) -> DType {
         match (self.bits, self.symmetric) {
             (8, _) => DType::Q8_0,
-            (4, _) if self.group == 128 && row > 0 && row % 512 == 0 => DType::I4G128,
+            (4, _) if i4g128 && self.group == 128 && row > 0 && row % 512 == 0 => DType::I4G128,
             (_, true) => DType::Q4_0,
             _ => DType::Q4_1,
         }
@@ -200,12 +210,17 @@ impl IntSpec {
     /// block of a group stores the group's scale. Rows must be whole 32-value blocks; where a
     /// row is not whole groups (SmolLM2's 576 at 128), its last group is the rest (64).
     pub fn encode(&self, x: &[f32], row: usize) -> Result<Vec<u8>, String> {
+        self.encode_in(x, row, true)
+    }
+
+    /// [`IntSpec::encode`] in the layout [`IntSpec::dtype_in`] picks.
+    pub fn encode_in(&self, x: &[f32], row: usize, i4g128: bool) -> Result<Vec<u8>, String> {
         let g = self.group;
         if row == 0 || row % 32 != 0 || x.len() % row != 0 {
             return Err(format!("rows of {row} values are not whole blocks of 32"));
         }
-        let mut out = Vec::with_capacity(self.dtype(row).bytes_for(x.len()).unwrap_or(0));
-        let i4g = self.dtype(row) == DType::I4G128;
+        let mut out = Vec::with_capacity(self.dtype_in(row, i4g128).bytes_for(x.len()).unwrap_or(0));
+        let i4g = self.dtype_in(row, i4g128) == DType::I4G128;
         let mut groups = vec![];
         for grp in x.chunks_exact(row).flat_map(|r| r.chunks(g)) {
             match (self.bits, self.symmetric) {
@@ -398,6 +413,9 @@ mod tests {
         for s in ["int4-g128", "int4-sym-g128"] {
             let Format::Int(spec) = Format::parse(s).unwrap() else { unreachable!() };
             assert_eq!((spec.dtype(512), spec.dtype(256), spec.dtype(0)), (DType::I4G128, if spec.symmetric { DType::Q4_0 } else { DType::Q4_1 }, spec.dtype(256)));
+            // (a model whose other int4 rows are not whole super-blocks keeps the blocks throughout)
+            assert_eq!(spec.dtype_in(512, false), spec.dtype(256));
+            assert_eq!(spec.encode_in(&x, 512, false).unwrap(), spec.encode(&x, 256).unwrap());
             let enc = spec.encode(&x, 512).unwrap();
             assert_eq!(enc.len(), 272, "{s}");
             assert_eq!(spec.round_trip(&x, 512).unwrap(), spec.round_trip(&x, 256).unwrap(), "{s}: the groups' values as the 32-blocks carry them");
