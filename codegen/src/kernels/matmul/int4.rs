@@ -22,6 +22,13 @@
 //!   f32 cancellation of 128 S costs ~2^-24 · 15 relative).
 //! - Warps split K by groups (warp w: groups w, w + W, ...), partial sums meet in shared memory;
 //!   the first round's weights load before `griddepcontrol.wait` (PDL), as the other GEMVs do.
+//! - Tilings (`tiles`): 0 = one row a block (b1): x staged once in shared memory as bf16 (the
+//!   RMSNorm applied on the way under `NormMatMul`), rounds of 4 groups software-pipelined (the
+//!   next round's weights loaded before this round's math); 1 = up to 8 rows, 16 outputs;
+//!   2 = 16 rows, and 4 A tiles a warp (64 outputs a block) so x, which from 16 rows outweighs
+//!   the weights a block reads, is read once for 64 outputs (b32 2,785 -> 5,005 tok/s on the 8B
+//!   shape). Measured and removed: 2 A tiles in the one-row kernel for wide N; the gate/up
+//!   norm fold (docs/perf.md).
 //!
 //! Activations are f32 here (the plans' activations), rounded to bf16 for the MMAs (the bf16
 //! kernels' precision, ~2^-9 per product, f32 sums).
