@@ -183,22 +183,7 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     // the min stored as f16; lane j < 16 writes byte j (q_j | q_{j+16} << 4)
                     let lo = b.xor_reduce(&v, "arith.minimumf", &[16, 8, 4, 2, 1]);
                     let hi = b.xor_reduce(&v, "arith.maximumf", &[16, 8, 4, 2, 1]);
-                    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
-                    let span = rn(b, "sub", &hi, &lo);
-                    let c15 = b.cf32(15.0);
-                    let d = rn(b, "div", &span, &c15);
-                    let zero = b.cf32(0.0);
-                    let nz = b.op(&format!("arith.cmpf une, {d}, {zero} : f32"));
-                    let rd = rn(b, "div", &one, &d);
-                    let id = b.op(&format!("arith.select {nz}, {rd}, {zero} : f32"));
-                    let dv = rn(b, "sub", &v, &lo);
-                    let sc = rn(b, "mul", &dv, &id);
-                    let half = b.cf32(0.5);
-                    let r = rn(b, "add", &sc, &half);
-                    let qi = b.op(&format!("arith.fptosi {r} : f32 to i32"));
-                    let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
-                    let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));
-                    let qi = b.op(&format!("arith.minsi {qi}, {c15i} : i32"));
+                    let (d, qi) = seeded_nibble(b, &v, &lo, &hi, &one);
                     let w32 = b.op("arith.constant 32 : i32");
                     let c16 = b.op("arith.constant 16 : i32");
                     let (up, valid) = (b.v(), b.v());
@@ -267,22 +252,7 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                         lo = b.op(&format!("arith.minimumf {lo}, {l} : f32"));
                         hi = b.op(&format!("arith.maximumf {hi}, {h} : f32"));
                     }
-                    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
-                    let span = rn(b, "sub", &hi, &lo);
-                    let c15 = b.cf32(15.0);
-                    let d = rn(b, "div", &span, &c15);
-                    let zero = b.cf32(0.0);
-                    let nz = b.op(&format!("arith.cmpf une, {d}, {zero} : f32"));
-                    let rd = rn(b, "div", &one, &d);
-                    let id = b.op(&format!("arith.select {nz}, {rd}, {zero} : f32"));
-                    let dv = rn(b, "sub", &v, &lo);
-                    let sc = rn(b, "mul", &dv, &id);
-                    let half = b.cf32(0.5);
-                    let r = rn(b, "add", &sc, &half);
-                    let qi = b.op(&format!("arith.fptosi {r} : f32 to i32"));
-                    let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
-                    let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));
-                    let qi = b.op(&format!("arith.minsi {qi}, {c15i} : i32"));
+                    let (d, qi) = seeded_nibble(b, &v, &lo, &hi, &one);
                     // value p = i % 128 of its group (`dsc_ir::quant::i4g128_nibble`): chunk
                     // c = p % 16 / 4, word w = p / 32 (the warp), i = p % 4 + 4 (p % 32 / 16) in
                     // nibble i / 2 (+ 4 when odd); a word's lanes 4c.. and 16 + 4c.. or their
@@ -556,4 +526,26 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
         }
         other => return Err(format!("`{}` is not one of the elementwise and data-movement kernels", other.symbol())),
     })
+}
+
+/// The seeded 4-bit quantizers' value `v` of a group spanning `lo..=hi` (Q4_1's block,
+/// i4g128's group), as `dsc_ir::quant::encode` computes it, each f32 operation rounded on its
+/// own: (d = (hi − lo) / 15, q = trunc((v − lo) · (1 / d) + 0.5) clamped to 0..=15 as i32).
+fn seeded_nibble(b: &mut Body, v: &str, lo: &str, hi: &str, one: &str) -> (String, String) {
+    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
+    let span = rn(b, "sub", hi, lo);
+    let c15 = b.cf32(15.0);
+    let d = rn(b, "div", &span, &c15);
+    let zero = b.cf32(0.0);
+    let nz = b.op(&format!("arith.cmpf une, {d}, {zero} : f32"));
+    let rd = rn(b, "div", one, &d);
+    let id = b.op(&format!("arith.select {nz}, {rd}, {zero} : f32"));
+    let dv = rn(b, "sub", v, lo);
+    let sc = rn(b, "mul", &dv, &id);
+    let half = b.cf32(0.5);
+    let r = rn(b, "add", &sc, &half);
+    let qi = b.op(&format!("arith.fptosi {r} : f32 to i32"));
+    let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
+    let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));
+    (d, b.op(&format!("arith.minsi {qi}, {c15i} : i32")))
 }

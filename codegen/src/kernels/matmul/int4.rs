@@ -536,3 +536,120 @@ fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str, smt: &str) {
     }
     b.line("gpu.barrier");
 }
+
+/// The addressing every reader of an [`DType::I4G128`] element starts with: for flat element
+/// `e` (i64), its super-block's byte offset, its group (0..4) and place in it (0..128), and the
+/// byte offset of the group's (d, m) word (`c4`: the constant 4, reused).
+struct I4Group {
+    base: String,
+    g: String,
+    p: String,
+    so: String,
+    c4: String,
+}
+
+fn i4g128_group(b: &mut Body, e: &str) -> I4Group {
+    let c512 = b.ci64(512);
+    let sb = b.op(&format!("arith.divui {e}, {c512} : i64"));
+    let r = b.op(&format!("arith.remui {e}, {c512} : i64"));
+    let c272 = b.ci64(272);
+    let base = b.op(&format!("arith.muli {sb}, {c272} : i64"));
+    let c128 = b.ci64(128);
+    let g = b.op(&format!("arith.divui {r}, {c128} : i64"));
+    let p = b.op(&format!("arith.remui {r}, {c128} : i64"));
+    let c4 = b.ci64(4);
+    let so = b.op(&format!("arith.muli {g}, {c4} : i64"));
+    let so = b.op(&format!("arith.addi {base}, {so} : i64"));
+    I4Group { base, g, p, so, c4 }
+}
+
+/// One [`DType::I4G128`] value at flat element `e` (i64) of `ptr` as f32 (`Body::weight_elem`).
+pub(crate) fn i4g128_elem(b: &mut Body, ptr: &str, e: &str) -> String {
+    // super-block e / 512 (272 bytes): group g's d, m at 4g; its value p (0..128)
+    // at 16 + 64g: chunk c = p % 16 / 4, word w = p / 32, i = p % 4 + 4 (p % 32 / 16)
+    // in nibble i / 2 (+ 4 when odd) (`dsc_ir::quant::i4g128_nibble`)
+    let I4Group { base, g, p, so, c4 } = i4g128_group(b, e);
+    let d = b.f16_at_byte(ptr, &so);
+    let c2 = b.ci64(2);
+    let mo = b.op(&format!("arith.addi {so}, {c2} : i64"));
+    let m = b.f16_at_byte(ptr, &mo);
+    let c64 = b.ci64(64);
+    let c16 = b.ci64(16);
+    let c32 = b.ci64(32);
+    let go = b.op(&format!("arith.muli {g}, {c64} : i64"));
+    let o = b.op(&format!("arith.addi {base}, {c16} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {go} : i64"));
+    let w = b.op(&format!("arith.divui {p}, {c32} : i64"));
+    let r32 = b.op(&format!("arith.remui {p}, {c32} : i64"));
+    let half = b.op(&format!("arith.divui {r32}, {c16} : i64"));
+    let r16 = b.op(&format!("arith.remui {r32}, {c16} : i64"));
+    let c = b.op(&format!("arith.divui {r16}, {c4} : i64"));
+    let co = b.op(&format!("arith.muli {c}, {c16} : i64"));
+    let wo = b.op(&format!("arith.muli {w}, {c4} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {co} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {wo} : i64"));
+    let i4 = b.op(&format!("arith.remui {r32}, {c4} : i64"));
+    let h4 = b.op(&format!("arith.muli {half}, {c4} : i64"));
+    let i8 = b.op(&format!("arith.addi {i4}, {h4} : i64"));
+    let j = b.op(&format!("arith.divui {i8}, {c2} : i64"));
+    let odd = b.op(&format!("arith.remui {i8}, {c2} : i64"));
+    let o4 = b.op(&format!("arith.muli {odd}, {c4} : i64"));
+    let nib = b.op(&format!("arith.addi {j}, {o4} : i64"));
+    let bo = b.op(&format!("arith.divui {nib}, {c2} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {bo} : i64"));
+    let byte = b.u8_at_byte(ptr, &o);
+    let hi = b.op(&format!("arith.remui {nib}, {c2} : i64"));
+    let sh = b.op(&format!("arith.muli {hi}, {c4} : i64"));
+    let sh = b.op(&format!("arith.trunci {sh} : i64 to i32"));
+    let shifted = b.op(&format!("arith.shrui {byte}, {sh} : i32"));
+    let m15 = b.op("arith.constant 15 : i32");
+    let q = b.op(&format!("arith.andi {shifted}, {m15} : i32"));
+    let q = b.op(&format!("arith.uitofp {q} : i32 to f32"));
+    b.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
+}
+
+/// The eight [`DType::I4G128`] values at flat element `e0` (i64, a multiple of 8) as f32:
+/// in group p = e0 % 128 = 8a they are word a / 4 of chunks c and c + 1 (c = 2 (a % 2)),
+/// values i = 4 (a % 4 / 2) .. + 4 of each (`dsc_ir::quant::i4g128_nibble`), d · q + m
+pub(crate) fn i4g128_eight(b: &mut Body, ptr: &str, e0: &str) -> Vec<String> {
+    let I4Group { base, g, p, so, c4 } = i4g128_group(b, e0);
+    let sw = b.load_vec(ptr, &so, 1, "i32", 4).remove(0);
+    let (d, m) = i4_scale(b, &sw);
+    // a = p / 8: word a / 4, chunk 2 (a % 2), half a % 4 / 2
+    let c8 = b.ci64(8);
+    let a = b.op(&format!("arith.divui {p}, {c8} : i64"));
+    let w = b.op(&format!("arith.divui {a}, {c4} : i64"));
+    let c2 = b.ci64(2);
+    let a2 = b.op(&format!("arith.remui {a}, {c2} : i64"));
+    let c32 = b.ci64(32);
+    let co = b.op(&format!("arith.muli {a2}, {c32} : i64"));
+    let a4 = b.op(&format!("arith.remui {a}, {c4} : i64"));
+    let half = b.op(&format!("arith.divui {a4}, {c2} : i64"));
+    let c64 = b.ci64(64);
+    let go = b.op(&format!("arith.muli {g}, {c64} : i64"));
+    let c16 = b.ci64(16);
+    let o = b.op(&format!("arith.addi {base}, {c16} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {go} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {co} : i64"));
+    let wo = b.op(&format!("arith.muli {w}, {c4} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {wo} : i64"));
+    let o2 = b.op(&format!("arith.addi {o}, {c16} : i64"));
+    let words = [b.load_vec(ptr, &o, 1, "i32", 4).remove(0), b.load_vec(ptr, &o2, 1, "i32", 4).remove(0)];
+    // values i = 4 half + (0..4): nibbles (0, 4, 1, 5) + 2 half; shift 4 nib
+    let h32 = b.op(&format!("arith.trunci {half} : i64 to i32"));
+    let c8i = b.op("arith.constant 8 : i32");
+    let hs = b.op(&format!("arith.muli {h32}, {c8i} : i32"));
+    let m15 = b.op("arith.constant 15 : i32");
+    let mut out = vec![];
+    for wd in &words {
+        let ws = b.op(&format!("arith.shrui {wd}, {hs} : i32"));
+        for nib in [0, 4, 1, 5] {
+            let c = b.op(&format!("arith.constant {} : i32", 4 * nib));
+            let q = b.op(&format!("arith.shrui {ws}, {c} : i32"));
+            let q = b.op(&format!("arith.andi {q}, {m15} : i32"));
+            let q = b.op(&format!("arith.uitofp {q} : i32 to f32"));
+            out.push(b.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32")));
+        }
+    }
+    out
+}

@@ -627,7 +627,7 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                     } else {
                         let vals: Vec<String> = if is_b && *wdtype == DType::I4G128 {
                             // (eight values from two words and one scale)
-                            b.i4g128_eight("%w", &e0)
+                            i4g128_eight(b, "%w", &e0)
                         } else if is_b {
                             let mut v = vec![];
                             for j in 0..8 {
