@@ -41,10 +41,17 @@ pub enum DType {
     /// of a word in nibble i / 2 (even i) or 4 + i / 2 (`dsc_ir::quant::i4g128_nibble`). dsc's
     /// own layout, written by `dsc compile --quant int4-g128`.
     I4G128,
+    /// FP8 e4m3 with one f32 scale per group of 128 values (x = s · e4m3; s = the group's
+    /// |max| / 448): super-blocks of 512 values (528 bytes, 8.25 bits a value) — the four
+    /// groups' f32 scales, then the 512 e4m3 bytes in natural order. DeepSeek-V3's 128x128
+    /// block scales are this with the block's scale in each of its 128 rows (exact); dsc's own
+    /// layout, written by `dsc compile --quant fp8` and read by the tensor-core GEMV
+    /// (`kernels/matmul/packed.rs`) and every other weight reader.
+    F8G128,
 }
 
 impl DType {
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -60,6 +67,7 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
         DType::I4G128,
+        DType::F8G128,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +87,7 @@ impl DType {
             DType::Q5_K => "q5_k",
             DType::Q6_K => "q6_k",
             DType::I4G128 => "i4g128",
+            DType::F8G128 => "f8g128",
         }
     }
 
@@ -97,6 +106,7 @@ impl DType {
             DType::Q5_K => (256, 176),
             DType::Q6_K => (256, 210),
             DType::I4G128 => (512, 272),
+            DType::F8G128 => (512, 528),
         }
     }
 

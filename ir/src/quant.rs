@@ -63,6 +63,14 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
                 }
             }
         }
+        DType::F8G128 => {
+            for sb in bytes.chunks_exact(528) {
+                for gi in 0..4 {
+                    let s = f32::from_le_bytes([sb[4 * gi], sb[4 * gi + 1], sb[4 * gi + 2], sb[4 * gi + 3]]);
+                    out.extend(sb[16 + 128 * gi..144 + 128 * gi].iter().map(|&q| s * f8e4m3_to_f32(q)));
+                }
+            }
+        }
         // (the K-quants in ggml's order of operations, f32 products rounded one at a time:
         // equal to the `gguf` Python package's dequantization bit for bit)
         DType::Q4_K | DType::Q5_K => {
@@ -125,6 +133,36 @@ fn k_pack_scale_min(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
         s[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
     }
     s
+}
+
+/// One group of 128 values as [`DType::F8G128`] stores it: s = |max| / 448 (0 for a group of
+/// zeros), each value e4m3(v / s) rounded to nearest even — the GPU's seeded generator
+/// (`cvt.rn.satfinite.e4m3x2.f32` of the same f32 quotient) writes the same bytes.
+pub fn f8g128_group(g: &[f32]) -> (f32, [u8; 128]) {
+    let amax = g.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let s = amax / 448.0;
+    let mut q = [0u8; 128];
+    if s != 0.0 {
+        for (qi, &v) in q.iter_mut().zip(g) {
+            *qi = f32_to_f8e4m3(v / s);
+        }
+    }
+    (s, q)
+}
+
+/// [`DType::F8G128`] bytes of groups of 128 (f32 scale, e4m3 codes), four a super-block.
+pub fn pack_f8g128(groups: impl IntoIterator<Item = (f32, [u8; 128])>) -> Vec<u8> {
+    let groups: Vec<_> = groups.into_iter().collect();
+    let mut out = Vec::with_capacity(groups.len() / 4 * 528);
+    for sb in groups.chunks(4) {
+        for (s, _) in sb {
+            out.extend(s.to_le_bytes());
+        }
+        for (_, q) in sb {
+            out.extend(q);
+        }
+    }
+    out
 }
 
 /// Where value `p` (0..128) of an [`DType::I4G128`] group sits in the group's 64 bytes: (byte,
@@ -223,6 +261,10 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
             });
             out.extend(pack_i4g128(groups));
         }
+        DType::F8G128 => {
+            let groups: Vec<(f32, [u8; 128])> = x.chunks_exact(128).map(f8g128_group).collect();
+            out.extend(pack_f8g128(groups));
+        }
         // (plain min/max quantizers in the K-quant layouts — llama.cpp's iterative scale search
         // is not reproduced: these are for tests and seeded shapes; real files come quantized)
         DType::Q4_K | DType::Q5_K => {
@@ -311,7 +353,7 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
         DType::I8 => x.round_ties_even().clamp(-128.0, 127.0),
         DType::I4 => x.round_ties_even().clamp(-8.0, 7.0),
         DType::I32 => x.round_ties_even(),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 => x,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 | DType::F8G128 => x,
     }
 }
 
@@ -451,6 +493,32 @@ mod tests {
             assert!((a - b).abs() <= 0.38, "{a} vs {b}"); // (half a step: 100 / 9 / 15 / 2)
         }
         assert!(encode(DType::I4G128, &x[..256]).is_none(), "not whole super-blocks");
+    }
+
+    #[test]
+    fn f8g128_layout_and_roundtrip() {
+        // four f32 scales, then the groups' e4m3 codes in natural order; value = s · e4m3
+        let x: Vec<f32> = (0..1024).map(|i| ((i * 37 % 101) as f32 - 50.0) / (9.0 + (i / 128) as f32)).collect();
+        let enc = encode(DType::F8G128, &x).unwrap();
+        assert_eq!(enc.len(), 2 * 528);
+        for g in 0..8 {
+            let grp = &x[128 * g..128 * g + 128];
+            let amax = grp.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let sb = &enc[528 * (g / 4)..];
+            let s = f32::from_le_bytes(sb[4 * (g % 4)..4 * (g % 4) + 4].try_into().unwrap());
+            assert_eq!(s, amax / 448.0, "group {g}'s scale");
+            for p in 0..128 {
+                assert_eq!(sb[16 + 128 * (g % 4) + p], f32_to_f8e4m3(grp[p] / s), "value {p} of group {g}");
+            }
+        }
+        let y = decode(DType::F8G128, &enc, 1024).unwrap();
+        for (a, b) in x.iter().zip(&y) {
+            // (e4m3 keeps 3 mantissa bits: half a step is 1/16 relative; subnormals below 2^-6 s)
+            assert!((a - b).abs() <= a.abs() / 16.0 + 1e-3, "{a} vs {b}");
+        }
+        let z = encode(DType::F8G128, &[0.0; 512]).unwrap();
+        assert!(decode(DType::F8G128, &z, 512).unwrap().iter().all(|v| *v == 0.0), "a group of zeros: scale 0, no NaN");
+        assert!(encode(DType::F8G128, &x[..256]).is_none(), "not whole super-blocks");
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! activations = "f32"   # f32 | bf16 | f16
 //! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (the GPU kernels: f32 or bf16, half the bytes)
 //! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1
+//!                       # | fp8 (e4m3, an f32 scale per 128 values of a row: dsc's f8g128)
 //!                       # | int8[-gN] | int4[-sym|-asym][-gN] (groups of N, default 128)
 //! calibration = "none"  # none | awq (activation-aware scales before integer rounding)
 //! # calibration_text = "calib.txt"; calibration_tokens = 512
@@ -382,7 +383,7 @@ impl ModelConfig {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
-                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128])?;
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128, F8G128])?;
                 }
             }
             WeightFormat::Seeded => {
@@ -396,7 +397,7 @@ impl ModelConfig {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
-                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128])?;
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128, F8G128])?;
                 }
             }
             _ => {

@@ -158,7 +158,8 @@ fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, D
         let fmt = policy.format_for(LayerKind::of(name, tied));
         let want = fmt.dtype(orig, *t.shape.last().unwrap_or(&1), i4g128);
         let requant = matches!(fmt, Format::Int(_));
-        *counts.entry(if fmt == Format::Stored { format!("stored {orig}") } else { fmt.name() }).or_insert(0) += 1;
+        let kept = fmt == Format::Stored || (fmt == Format::DType(DType::F8G128) && want != DType::F8G128);
+        *counts.entry(if kept { format!("stored {orig}") } else { fmt.name() }).or_insert(0) += 1;
         if want == t.dtype && !requant {
             continue;
         }
@@ -216,8 +217,8 @@ fn seeded_tensor(ws: &mut WeightSet, seed: u64, dtype: DType, name: String, shap
     if dt.bytes_for(n).is_none() {
         return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") });
     }
-    if dt == DType::I4G128 && !(fan_in as usize).is_multiple_of(512) {
-        return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("i4g128 rows are whole 512-value super-blocks; this one has {fan_in} values") });
+    if matches!(dt, DType::I4G128 | DType::F8G128) && !(fan_in as usize).is_multiple_of(512) {
+        return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{dt} rows are whole 512-value super-blocks; this one has {fan_in} values") });
     }
     let spec = weights::SeededSpec { seed, scale: 1.0 / fan_in.sqrt(), ones: vector && name.contains("norm") };
     let bytes = Bytes::Seeded { spec, name: name.clone(), dtype: dt, numel: n, cache: Default::default() };

@@ -111,6 +111,9 @@ impl Format {
         if s == "stored" {
             return Ok(Format::Stored);
         }
+        if s == "fp8" {
+            return Ok(Format::DType(DType::F8G128));
+        }
         if let Some(rest) = s.strip_prefix("int") {
             let mut parts = rest.split('-');
             let bits: u8 = match parts.next() {
@@ -138,8 +141,8 @@ impl Format {
             return Ok(Format::Int(IntSpec { bits, group, symmetric }));
         }
         let d: DType = s.parse().map_err(|e: String| format!("{e}; or stored, int8[-gN], int4[-sym|-asym][-gN]"))?;
-        if !matches!(d, DType::F32 | DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
-            return Err(format!("`{s}` is not a weight format dsc converts to (stored, f32, bf16, f16, q8_0, q4_0, q4_1, int8[-gN], int4[-sym|-asym][-gN])"));
+        if !matches!(d, DType::F32 | DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::F8G128) {
+            return Err(format!("`{s}` is not a weight format dsc converts to (stored, f32, bf16, f16, q8_0, q4_0, q4_1, fp8, int8[-gN], int4[-sym|-asym][-gN])"));
         }
         Ok(Format::DType(d))
     }
@@ -147,6 +150,7 @@ impl Format {
     pub fn name(&self) -> String {
         match self {
             Format::Stored => "stored".into(),
+            Format::DType(DType::F8G128) => "fp8".into(),
             Format::DType(d) => d.name().into(),
             Format::Int(i) => format!("int{}{}-g{}", i.bits, if i.bits == 4 && i.symmetric { "-sym" } else { "" }, i.group),
         }
@@ -162,10 +166,13 @@ impl Format {
     }
 
     /// The stored dtype a tensor of `stored` dtype and rows of `row` values ends up with
-    /// (`i4g128`: int4-g128 may take dsc's i4g128 layout — see [`IntSpec::dtype_in`]).
+    /// (`i4g128`: int4-g128 may take dsc's i4g128 layout — see [`IntSpec::dtype_in`]). fp8
+    /// ([`DType::F8G128`]) takes rows of whole 512-value super-blocks; other rows keep their
+    /// stored type (SmolLM2's 576-wide rows; the compile summary counts them).
     pub fn dtype(&self, stored: DType, row: usize, i4g128: bool) -> DType {
         match self {
             Format::Stored => stored,
+            Format::DType(DType::F8G128) if row == 0 || row % 512 != 0 => stored,
             Format::DType(d) => *d,
             Format::Int(i) => i.dtype_in(row, i4g128),
         }
@@ -341,6 +348,11 @@ mod tests {
         assert_eq!(Format::parse("int4-sym-g64").unwrap().name(), "int4-sym-g64");
         assert_eq!(Format::parse("int8").unwrap(), Format::Int(IntSpec { bits: 8, group: 128, symmetric: true }));
         assert_eq!(Format::parse("q4_1").unwrap(), Format::DType(DType::Q4_1));
+        assert_eq!(Format::parse("fp8").unwrap(), Format::DType(DType::F8G128));
+        assert_eq!(Format::parse("f8g128").unwrap().name(), "fp8");
+        // fp8 takes rows of whole 512-value super-blocks; others keep their stored type
+        let f = Format::parse("fp8").unwrap();
+        assert_eq!((f.dtype(DType::BF16, 4096, true), f.dtype(DType::BF16, 576, true), f.dtype(DType::Q4_1, 576, true)), (DType::F8G128, DType::BF16, DType::Q4_1));
         for bad in ["int4-g100", "int3", "int8-asym", "int4-x", "f8e4m3", "q6_k", "int4-g0"] {
             assert!(Format::parse(bad).is_err(), "{bad}");
         }

@@ -690,6 +690,7 @@ impl Body {
                 }
             }
             DType::I4G128 => i4g128_elem(self, ptr, e),
+            DType::F8G128 => f8g128_elem(self, ptr, e),
             other => return Err(weight_elem_fits(other).expect_err("not a weight type the kernels read")),
         })
     }

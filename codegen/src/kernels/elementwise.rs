@@ -44,11 +44,11 @@ pub(crate) fn elementwise_launch(spec: &KernelSpec) -> Launch {
 }
 
 /// Whether an elementwise or data-movement kernel generates ([`fits`]): seeded weights in
-/// f32/bf16/f16/q4_1/i4g128, transposes of rank 1..=4, gathers from the weight types the kernels read
+/// f32/bf16/f16/q4_1/i4g128/f8g128, transposes of rank 1..=4, gathers from the weight types the kernels read
 /// (packed blocks whole in a row).
 pub(crate) fn elementwise_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1 | DType::I4G128) => {
+        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1 | DType::I4G128 | DType::F8G128) => {
             Err(format!("seeded weights in {dtype} are not generated on the GPU"))
         }
         KernelSpec::Transpose { perm } if perm.is_empty() || perm.len() > 4 => Err(format!("transpose of rank {} is not lowered (1..=4)", perm.len())),
@@ -318,6 +318,70 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     }
                     b.line("}");
                 }
+                DType::F8G128 => {
+                    // a group of 128 is 4 warps (N a multiple of 512), numbers as
+                    // `dsc_ir::quant::f8g128_group` makes them: |max| through shared memory,
+                    // s = amax / 448, each value e4m3(v / s) rounded to nearest even (the
+                    // host's integer rounding, so sm_80 needs no FP8 instruction); each thread
+                    // writes its byte, the group's first its scale
+                    b.workgroup = Some("%red : memref<8xf32, #gpu.address_space<workgroup>>".into());
+                    let smt = "memref<8xf32, #gpu.address_space<workgroup>>";
+                    let av = b.op(&format!("math.absf {v} : f32"));
+                    let amax_w = b.xor_reduce(&av, "arith.maximumf", &[16, 8, 4, 2, 1]);
+                    let t = b.op("gpu.thread_id x");
+                    let (lane, warp) = b.lane_warp(&t);
+                    let c0x = b.op("arith.constant 0 : index");
+                    let first_lane = b.op(&format!("arith.cmpi eq, {lane}, {c0x} : index"));
+                    b.line(&format!("scf.if {first_lane} {{"));
+                    b.line(&format!("memref.store {amax_w}, %red[{warp}] : {smt}"));
+                    b.line("}");
+                    b.line("gpu.barrier");
+                    let c4x = b.op("arith.constant 4 : index");
+                    let g0 = b.op(&format!("arith.divui {warp}, {c4x} : index"));
+                    let g0 = b.op(&format!("arith.muli {g0}, {c4x} : index"));
+                    let mut amax = amax_w.clone();
+                    for k in 0..4 {
+                        let ck = b.op(&format!("arith.constant {k} : index"));
+                        let at = b.op(&format!("arith.addi {g0}, {ck} : index"));
+                        let l = b.op(&format!("memref.load %red[{at}] : {smt}"));
+                        amax = b.op(&format!("arith.maximumf {amax}, {l} : f32"));
+                    }
+                    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
+                    let c448 = b.cf32(448.0);
+                    let sc = rn(b, "div", &amax, &c448);
+                    let zf = b.cf32(0.0);
+                    let nz = b.op(&format!("arith.cmpf une, {sc}, {zf} : f32"));
+                    let one_f = b.cf32(1.0);
+                    let den = b.op(&format!("arith.select {nz}, {sc}, {one_f} : f32"));
+                    let qv = rn(b, "div", &v, &den);
+                    let code = f32_to_e4m3_bits(b, &qv);
+                    let z32 = b.op("arith.constant 0 : i32");
+                    let code = b.op(&format!("arith.select {nz}, {code}, {z32} : i32"));
+                    let byte = b.op(&format!("arith.trunci {code} : i32 to i8"));
+                    // super-block i / 512 at 528 (i / 512): scale of group gi at 4 gi, value r at 16 + r
+                    let c512 = b.ci64(512);
+                    let sb = b.op(&format!("arith.divui {i}, {c512} : i64"));
+                    let c528 = b.ci64(528);
+                    let at = b.op(&format!("arith.muli {sb}, {c528} : i64"));
+                    let r = b.op(&format!("arith.remui {i}, {c512} : i64"));
+                    let c16 = b.ci64(16);
+                    let o = b.op(&format!("arith.addi {at}, {c16} : i64"));
+                    let o = b.op(&format!("arith.addi {o}, {r} : i64"));
+                    let pp = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                    b.line(&format!("llvm.store {byte}, {pp} : i8, !llvm.ptr<1>"));
+                    let c128 = b.ci64(128);
+                    let p = b.op(&format!("arith.remui {i}, {c128} : i64"));
+                    let c0l = b.ci64(0);
+                    let first = b.op(&format!("arith.cmpi eq, {p}, {c0l} : i64"));
+                    b.line(&format!("scf.if {first} {{"));
+                    let gi = b.op(&format!("arith.divui {r}, {c128} : i64"));
+                    let c4 = b.ci64(4);
+                    let so = b.op(&format!("arith.muli {gi}, {c4} : i64"));
+                    let so = b.op(&format!("arith.addi {at}, {so} : i64"));
+                    let sp = b.op(&format!("llvm.getelementptr %y[{so}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+                    b.line(&format!("llvm.store {sc}, {sp} {{alignment = 4 : i64}} : f32, !llvm.ptr<1>"));
+                    b.line("}");
+                }
                 other => unreachable!("elementwise_fits refuses seeded {other}"),
             }
             b.line("}");
@@ -548,4 +612,45 @@ fn seeded_nibble(b: &mut Body, v: &str, lo: &str, hi: &str, one: &str) -> (Strin
     let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
     let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));
     (d, b.op(&format!("arith.minsi {qi}, {c15i} : i32")))
+}
+
+/// e4m3fn bits (i32) of the finite f32 `x` as `dsc_ir::quant::f32_to_f8e4m3` computes them:
+/// round to nearest even, saturating to ±448 (0x7E), multiples of 2^-9 below 2^-6.
+fn f32_to_e4m3_bits(b: &mut Body, x: &str) -> String {
+    let bits = b.op(&format!("arith.bitcast {x} : f32 to i32"));
+    let c24 = b.op("arith.constant 24 : i32");
+    let c80 = b.op("arith.constant 128 : i32");
+    let sign = b.op(&format!("arith.shrui {bits}, {c24} : i32"));
+    let sign = b.op(&format!("arith.andi {sign}, {c80} : i32"));
+    let cabs = b.op(&format!("arith.constant {} : i32", 0x7FFF_FFFF));
+    let ab = b.op(&format!("arith.andi {bits}, {cabs} : i32"));
+    // normal: keep 3 mantissa bits, ties to even on the 20 dropped
+    let c20 = b.op("arith.constant 20 : i32");
+    let c1 = b.op("arith.constant 1 : i32");
+    let half = b.op(&format!("arith.constant {} : i32", (1 << 19) - 1));
+    let lsb = b.op(&format!("arith.shrui {ab}, {c20} : i32"));
+    let lsb = b.op(&format!("arith.andi {lsb}, {c1} : i32"));
+    let r = b.op(&format!("arith.addi {ab}, {half} : i32"));
+    let r = b.op(&format!("arith.addi {r}, {lsb} : i32"));
+    let c23 = b.op("arith.constant 23 : i32");
+    let e = b.op(&format!("arith.shrui {r}, {c23} : i32"));
+    let c120 = b.op("arith.constant 120 : i32");
+    let e = b.op(&format!("arith.subi {e}, {c120} : i32"));
+    let c3 = b.op("arith.constant 3 : i32");
+    let e = b.op(&format!("arith.shli {e}, {c3} : i32"));
+    let m = b.op(&format!("arith.shrui {r}, {c20} : i32"));
+    let c7 = b.op("arith.constant 7 : i32");
+    let m = b.op(&format!("arith.andi {m}, {c7} : i32"));
+    let normal = b.op(&format!("arith.ori {e}, {m} : i32"));
+    let c7e = b.op("arith.constant 126 : i32");
+    let normal = b.op(&format!("arith.minsi {normal}, {c7e} : i32"));
+    // subnormal: |x| · 512 rounded to nearest even
+    let a = b.op(&format!("arith.bitcast {ab} : i32 to f32"));
+    let c512 = b.cf32(512.0);
+    let a512 = b.op(&format!("arith.mulf {a}, {c512} : f32"));
+    let sub = b.op(&format!("llvm.inline_asm \"cvt.rni.u32.f32 $0, $1;\", \"=r,f\" {a512} : (f32) -> i32"));
+    let tiny = b.cf32(1.0 / 64.0);
+    let is_sub = b.op(&format!("arith.cmpf olt, {a}, {tiny} : f32"));
+    let code = b.op(&format!("arith.select {is_sub}, {sub}, {normal} : i32"));
+    b.op(&format!("arith.ori {code}, {sign} : i32"))
 }

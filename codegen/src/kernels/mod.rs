@@ -217,10 +217,10 @@ impl Body {
 }
 
 /// Whether [`Body::weight_elem`] reads `dtype`: plain floats, the GGUF blocks Q8_0, Q4_0,
-/// Q4_1 and dsc's I4G128.
+/// Q4_1 and dsc's I4G128 and F8G128.
 pub(crate) fn weight_elem_fits(dtype: DType) -> Result<(), String> {
     match dtype {
-        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128 => Ok(()),
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128 | DType::F8G128 => Ok(()),
         other => Err(format!("{other} weights are not lowered yet")),
     }
 }
@@ -234,7 +234,7 @@ pub(crate) fn fits_in(spec: &KernelSpec, o: Outer) -> Result<(), String> {
         Family::Argmax => argmax_fits(spec, o),
         Family::Gemv => gemv_fits(spec, o),
         Family::Mma => mma_fits(spec),
-        Family::Int4 => int4_fits(spec),
+        Family::Packed => packed_fits(spec),
         Family::Pipe => pipe_fits(spec, o),
         Family::Mlp => mlp_fits(spec),
         Family::Flash => flash_fits(spec, o),
@@ -262,7 +262,7 @@ pub(crate) enum Family {
     Rope,
     Argmax,
     Gemv,
-    Int4,
+    Packed,
     Mma,
     Pipe,
     Mlp,
@@ -310,7 +310,7 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         | KernelSpec::MatMulCopy { .. }
         | KernelSpec::SwiGluGemv { .. } => Family::Gemv,
         KernelSpec::MatMulFewX16 { .. } | KernelSpec::MatMulMma { .. } | KernelSpec::MatMulWgmma { .. } => Family::Mma,
-        KernelSpec::MatMulI4 { .. } => Family::Int4,
+        KernelSpec::MatMulPacked { .. } => Family::Packed,
         KernelSpec::Ws { .. } | KernelSpec::Tma { .. } | KernelSpec::SplitK { .. } | KernelSpec::SwiGluPipe { .. } | KernelSpec::MatMulPipe { .. } => Family::Pipe,
         KernelSpec::SwiGluDown { .. } => Family::Mlp,
         KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => Family::Flash,
@@ -337,7 +337,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         Family::Argmax => argmax_kernel(b, spec)?,
         Family::Gemv => gemv_kernel(b, spec)?,
         Family::Mma => mma_kernel(b, spec)?,
-        Family::Int4 => int4_kernel(b, spec)?,
+        Family::Packed => packed_kernel(b, spec)?,
         Family::Pipe => pipe_kernel(b, spec)?,
         Family::Mlp => mlp_kernel(b, spec)?,
         Family::Flash => flash_kernel(b, spec)?,

@@ -234,7 +234,7 @@ pub enum KernelSpec {
     /// int4 GEMV on `mma.sync` (`kernels/matmul/int4.rs`), 16 outputs and `tiles` B tiles of 8
     /// rows per block (0: one row a block, x staged in shared memory as bf16); every row count
     /// up to the batched-decode limit. params x, w, [bias], [res], y, M, N
-    MatMulI4 { k: usize, n: usize, tiles: usize, bias: bool, residual: bool },
+    MatMulPacked { wdtype: DType, k: usize, n: usize, tiles: usize, bias: bool, residual: bool },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -495,7 +495,7 @@ impl KernelSpec {
             Family::Argmax => argmax_symbol(self),
             Family::Gemv => gemv_symbol(self),
             Family::Mma => mma_symbol(self),
-            Family::Int4 => int4_symbol(self),
+            Family::Packed => packed_symbol(self),
             Family::Pipe => pipe_symbol(self),
             Family::Mlp => mlp_symbol(self),
             Family::Flash => flash_symbol(self),
@@ -513,7 +513,7 @@ impl KernelSpec {
             Family::Argmax => argmax_launch(self),
             Family::Gemv => gemv_launch(self),
             Family::Mma => mma_launch(self),
-            Family::Int4 => int4_launch(self),
+            Family::Packed => packed_launch(self),
             Family::Pipe => pipe_launch(self),
             Family::Mlp => mlp_launch(self),
             Family::Flash => flash_launch(self),

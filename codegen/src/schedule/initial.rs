@@ -377,12 +377,13 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     };
     // (one row of a wide, short-rowed 16-bit matrix — a small model's lm_head: the wide GEMV)
     let wide = parts.is_none() && o.gemv_wide && crate::kernels::wide_gemv_fits(k, nn, wdtype);
-    // (int4 in dsc's i4g128: the tensor-core int4 GEMV for every decode row count, taking
-    // the rows as a scalar)
-    let i4 = |tiles: usize| KernelSpec::MatMulI4 { k, n: nn, tiles, bias, residual };
-    let (one_row, one_scalars) = if wdtype == DType::I4G128 {
+    // (int4 in dsc's i4g128, fp8 in its f8g128: the tensor-core packed GEMV for every decode
+    // row count, taking the rows as a scalar)
+    let packed = matches!(wdtype, DType::I4G128 | DType::F8G128);
+    let i4 = |tiles: usize| KernelSpec::MatMulPacked { wdtype, k, n: nn, tiles, bias, residual };
+    let (one_row, one_scalars) = if packed {
         // (one row: x staged in shared memory where K allows)
-        (i4(if k <= crate::kernels::I4_ONE_ROW_MAX_K { 0 } else { 1 }), vec![rows.clone(), Scalar::Const(nn as i64)])
+        (i4(if k <= crate::kernels::PACKED_ONE_ROW_MAX_K { 0 } else { 1 }), vec![rows.clone(), Scalar::Const(nn as i64)])
     } else if wide {
         (KernelSpec::MatMulWide { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
     } else {
@@ -403,7 +404,7 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
             grid_y: rows.clone(),
         })
     };
-    if wdtype == DType::I4G128 {
+    if packed {
         // 8 rows and 16 outputs a block up to 8 rows, then 16 rows and 64 outputs (x read
         // once for 64 outputs: from 16 rows x outweighs a block's weights)
         let few_max = o.gemv_few_max;
@@ -506,7 +507,7 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
         // one-row kernel stages x, which normalizes it on the way: 8B b1 496 -> 506 tok/s)
         let plain = |w: dsc_ir::NodeId| match g.node(w).ty.dtype {
             DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1 => true,
-            DType::I4G128 => d.is_some_and(|d| d <= crate::kernels::I4_ONE_ROW_MAX_K),
+            DType::I4G128 | DType::F8G128 => d.is_some_and(|d| d <= crate::kernels::PACKED_ONE_ROW_MAX_K),
             _ => false,
         };
         // (only ahead of short GEMVs, as the L2 prefetch: those are latency-bound and gain

@@ -172,33 +172,39 @@ fn batched_decode_reads_the_16_bit_copy_when_asked_and_one_cast_serves_both() {
 }
 
 #[test]
-fn i4g128_decode_runs_the_int4_tensor_core_gemv_at_every_decode_row_count() {
+fn packed_decode_runs_the_tensor_core_gemv_at_every_decode_row_count() {
+    for wdtype in [DType::I4G128, DType::F8G128] {
+        packed_decode_schedule(wdtype);
+    }
+}
+
+fn packed_decode_schedule(wdtype: DType) {
     // one row: x staged in shared memory (t0); 2..8 rows one 8-row tile; 9..few_max 16 rows
     // a block over 64 outputs; prefill the wgmma matmul; K past the staging limit: t1 at one row
-    for (k, one) in [(1024usize, 0usize), (crate::kernels::I4_ONE_ROW_MAX_K + 512, 1)] {
-        let src = format!("graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %w = weight : i4g128[128, {k}]\n  %a = matmul(%x, %w) {{transpose_b = true}} : f32[T, 128]\n  output a = %a\n}}\n");
+    for (k, one) in [(1024usize, 0usize), (crate::kernels::PACKED_ONE_ROW_MAX_K + 512, 1)] {
+        let src = format!("graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %w = weight : {wdtype}[128, {k}]\n  %a = matmul(%x, %w) {{transpose_b = true}} : f32[T, 128]\n  output a = %a\n}}\n");
         let g = text::parse(&src).unwrap();
         let steps = lower_opts(&g, no_ws()).unwrap();
         let s = steps.iter().find(|s| s.node == "a").unwrap();
-        assert_eq!(s.kernel, Some(KernelSpec::MatMulI4 { k, n: 128, tiles: one, bias: false, residual: false }));
+        assert_eq!(s.kernel, Some(KernelSpec::MatMulPacked { wdtype, k, n: 128, tiles: one, bias: false, residual: false }));
         assert_eq!(s.scalars.len(), 2, "rows and N");
         let [t1, t2] = &s.few[..] else { panic!("{:?}", s.few) };
-        assert!(matches!(t1.kernel, KernelSpec::MatMulI4 { tiles: 1, .. }) && (t1.min_rows, t1.max_rows) == (2, Some(8)));
-        assert!(matches!(t2.kernel, KernelSpec::MatMulI4 { tiles: 2, .. }) && (t2.min_rows, t2.max_rows) == (9, Some(128)));
+        assert!(matches!(t1.kernel, KernelSpec::MatMulPacked { tiles: 1, .. }) && (t1.min_rows, t1.max_rows) == (2, Some(8)));
+        assert!(matches!(t2.kernel, KernelSpec::MatMulPacked { tiles: 2, .. }) && (t2.min_rows, t2.max_rows) == (9, Some(128)));
         assert_eq!(t2.kernel.launch(), crate::kernels::Launch::OutputsPerBlock { outputs: 64, rows: 16, warps: 8 });
         let [h] = &s.hopper[..] else { panic!("{:?}", s.hopper) };
-        assert!(matches!(h.kernel, KernelSpec::MatMulWgmma { wdtype: DType::I4G128, n_tile: 64, .. }) && h.min_rows == 129, "{h:?}");
+        assert!(matches!(h.kernel, KernelSpec::MatMulWgmma { wdtype: w, n_tile: 64, .. } if w == wdtype) && h.min_rows == 129, "{h:?}");
         assert!(crate::kernels::fits(s.kernel.as_ref().unwrap()).is_ok());
     }
-    // an RMSNorm whose users are i4g128 GEMVs folds into the one-row kernel's staging of x
-    let src = "graph \"t\" {\n  %x = input : f32[T, 1024]\n  %g = weight : f32[1024]\n  %n = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 1024]\n  %w = weight : i4g128[128, 1024]\n  %a = matmul(%n, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
-    let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { norm_fusion: true, ..no_ws() }).unwrap();
+    // an RMSNorm whose users are packed GEMVs folds into the one-row kernel's staging of x
+    let src = format!("graph \"t\" {{\n  %x = input : f32[T, 1024]\n  %g = weight : f32[1024]\n  %n = rms_norm(%x, %g) {{eps = 0.00001}} : f32[T, 1024]\n  %w = weight : {wdtype}[128, 1024]\n  %a = matmul(%n, %w) {{transpose_b = true}} : f32[T, 128]\n  output a = %a\n}}\n");
+    let steps = lower_opts(&text::parse(&src).unwrap(), ScheduleOptions { norm_fusion: true, ..no_ws() }).unwrap();
     let a = steps.iter().find(|s| s.node == "a").unwrap();
-    assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulI4 { tiles: 0, .. })), "{:?}", a.kernel);
+    assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulPacked { tiles: 0, .. })), "{:?}", a.kernel);
     assert_eq!(&a.args[..2], ["x".to_string(), "g".to_string()]);
     assert_eq!(steps.iter().find(|s| s.node == "n").unwrap().min_rows, Some(2), "the norm's own kernel from two rows");
-    // rows not whole 512-value super-blocks have no int4 GEMV
-    assert!(crate::kernels::fits(&KernelSpec::MatMulI4 { k: 576, n: 128, tiles: 1, bias: false, residual: false }).is_err());
+    // rows not whole 512-value super-blocks have no packed GEMV
+    assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype, k: 576, n: 128, tiles: 1, bias: false, residual: false }).is_err());
 }
 
 #[test]

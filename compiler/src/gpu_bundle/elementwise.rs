@@ -196,28 +196,7 @@ pub(super) fn seeded(cx: &mut Cx) -> anyhow::Result<()> {
     // Q4_1 (a warp per block, the host encoder's min/max quantizer) and i4g128 (4 warps a
     // group): their bytes compared one by one, exactly (written over a 0xAB fill)
     for (dtype, n) in [(DType::Q4_1, 100_000usize - 32 * 7), (DType::I4G128, 512 * 37)] {
-        let (seed, name, scale) = (7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
-        let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, false)).context("encode")?;
-        let spec = KernelSpec::SeededInit { dtype };
-        let (g, b) = grid(&spec.launch(), n);
-        let bytes: Vec<f32> = host.iter().map(|&v| v as f32).collect();
-        let init = cx.data.push_u8(&vec![0xAB; host.len()]);
-        cx.cases.push(Case {
-            name: format!("seeded_init {n} {dtype}"),
-            kernel: spec.symbol(),
-            grid: g,
-            grid_y: 1,
-            block: b,
-            inputs: vec![],
-            scalars: vec![n as i64, dsc_ir::seeded::base(seed, name) as i64, scale.to_bits() as i64, 0, n as i64, 0, 0],
-            expected: cx.data.push(&bytes),
-            init: Some(init),
-            written_inputs: vec![],
-            tmaps: vec![],
-            tol: 0.0,
-            cluster: None,
-        });
-        cx.specs.push(spec);
+        seeded_bytes(cx, dtype, n)?;
     }
     // a tensor-parallel shard of a seeded weight: rank 1 of 2 of the columns of [rows, cols]
     {
@@ -380,4 +359,38 @@ pub(super) fn index_ops(cx: &mut Cx) -> anyhow::Result<()> {
         cx.specs.push(spec);
     }
     Ok(())
+}
+
+/// A seeded weight in a block format generated on the GPU, its bytes compared with the host
+/// encoder's one by one, exactly (written over a 0xAB fill).
+fn seeded_bytes(cx: &mut Cx, dtype: DType, n: usize) -> anyhow::Result<()> {
+    let (seed, name, scale) = (7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
+    let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, false)).context("encode")?;
+    let spec = KernelSpec::SeededInit { dtype };
+    let (g, b) = grid(&spec.launch(), n);
+    let bytes: Vec<f32> = host.iter().map(|&v| v as f32).collect();
+    let init = cx.data.push_u8(&vec![0xAB; host.len()]);
+    cx.cases.push(Case {
+        name: format!("seeded_init {n} {dtype}"),
+        kernel: spec.symbol(),
+        grid: g,
+        grid_y: 1,
+        block: b,
+        inputs: vec![],
+        scalars: vec![n as i64, dsc_ir::seeded::base(seed, name) as i64, scale.to_bits() as i64, 0, n as i64, 0, 0],
+        expected: cx.data.push(&bytes),
+        init: Some(init),
+        written_inputs: vec![],
+        tmaps: vec![],
+        tol: 0.0,
+        cluster: None,
+    });
+    cx.specs.push(spec);
+    Ok(())
+}
+
+/// The seeded f8g128 generator (4 warps a group: |max|, s = amax / 448, e4m3 by integer
+/// rounding), byte-exact with `dsc_ir::quant::encode`.
+pub(super) fn seeded_f8g128(cx: &mut Cx) -> anyhow::Result<()> {
+    seeded_bytes(cx, DType::F8G128, 512 * 37)
 }

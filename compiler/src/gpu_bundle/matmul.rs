@@ -826,12 +826,12 @@ pub(super) fn split_k(cx: &mut Cx) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The int4 GEMV on the tensor cores (`MatMulI4`, dsc's i4g128 weights) at every tile count,
-/// with a partial block of outputs, rows past a tile, bias and residual; the wgmma prefill
-/// matmul and the embedding gather on the same format.
-pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
+/// The packed GEMV on the tensor cores (`MatMulPacked`, dsc's i4g128 or f8g128 weights) at
+/// every tile count, with a partial block of outputs, rows past a tile, bias and residual; the
+/// RMSNorm fold, the wgmma prefill matmul and the embedding gather on the same format.
+pub(super) fn packed(cx: &mut Cx, wdtype: DType) -> anyhow::Result<()> {
     let (k, n) = (1536usize, 100usize);
-    let wdtype = DType::I4G128;
+    let f = if wdtype == DType::F8G128 { "f8" } else { "i4" };
     let wf = cx.r.vec(n * k, -0.1, 0.1);
     let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
     let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
@@ -842,7 +842,7 @@ pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
         let x = cx.r.vec(m * k, -1.0, 1.0);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let mut want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::MatMulI4 { k, n, tiles, bias: extra, residual: extra };
+        let spec = KernelSpec::MatMulPacked { wdtype, k, n, tiles, bias: extra, residual: extra };
         let mut inputs = vec![cx.data.push(&x), warr.clone()];
         if extra {
             let res = cx.r.vec(m * n, -1.0, 1.0);
@@ -854,7 +854,7 @@ pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
         }
         let (g, b) = grid(&spec.launch(), n);
         cx.cases.push(Case {
-            name: format!("matmul_i4 t{tiles} {m}x{k}x{n}{}", if extra { " bias res" } else { "" }),
+            name: format!("matmul_{f} t{tiles} {m}x{k}x{n}{}", if extra { " bias res" } else { "" }),
             kernel: spec.symbol(),
             grid: g,
             grid_y: grid_rows(&spec.launch(), m),
@@ -872,7 +872,7 @@ pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
             specs.push(spec);
         }
         if m == 40 {
-            // prefill-sized rows: the wgmma matmul dequantizing i4g128 per element
+            // prefill-sized rows: the wgmma matmul dequantizing eight values at a time
             let spec = KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, residual: false, n_tile: 64 };
             let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
             let (g, b) = grid(&spec.launch(), n);
@@ -904,10 +904,10 @@ pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
         wsn.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%xn, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &wsn)?;
-        let spec = KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulI4 { k, n, tiles: 0, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() };
+        let spec = KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() };
         let (g, b) = grid(&spec.launch(), n);
         cx.cases.push(Case {
-            name: format!("rms_norm+matmul_i4 t0 {m}x{k}x{n}"),
+            name: format!("rms_norm+matmul_{f} t0 {m}x{k}x{n}"),
             kernel: spec.symbol(),
             grid: g,
             grid_y: grid_rows(&spec.launch(), m),
@@ -923,7 +923,7 @@ pub(super) fn int4(cx: &mut Cx) -> anyhow::Result<()> {
         });
         cx.specs.push(spec);
     }
-    // the embedding gather from an i4g128 table
+    // the embedding gather from a table in the format
     let (v, d, t) = (37usize, 1024usize, 5usize);
     let table = cx.r.vec(v * d, -1.0, 1.0);
     let tb = dsc_ir::quant::encode(wdtype, &table).context("encode")?;

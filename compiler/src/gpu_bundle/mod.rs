@@ -211,7 +211,9 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     moe::cases(&mut cx)?;
     mla::cases(&mut cx)?;
     rope::yarn_cases(&mut cx)?;
-    matmul::int4(&mut cx)?;
+    matmul::packed(&mut cx, DType::I4G128)?;
+    elementwise::seeded_f8g128(&mut cx)?;
+    matmul::packed(&mut cx, DType::F8G128)?;
     let Cx { mut data, mut cases, mut specs, .. } = cx;
     if !only.is_empty() {
         let keep = |k: &str| only.iter().any(|o| k.contains(o.as_str()));

@@ -58,7 +58,7 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
         | KernelSpec::MatMulMma { n, bias, residual, .. }
         | KernelSpec::MatMulWgmma { n, bias, residual, .. }
         | KernelSpec::MatMulPipe { n, bias, residual, .. }
-        | KernelSpec::MatMulI4 { n, bias, residual, .. } => (*n, *bias, *residual),
+        | KernelSpec::MatMulPacked { n, bias, residual, .. } => (*n, *bias, *residual),
         other => return Err(format!("{} is not a matmul kernel", other.symbol())),
     };
     if bias || residual {

@@ -717,8 +717,9 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
         }
         KernelSpec::NormMatMul { inner, .. } => {
             // (the int4 GEMV's one-row kernel: the norm applied where it stages x)
-            let plain =
-                |k: &KernelSpec| matches!(k, KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1, bias: false, .. } | KernelSpec::MatMulI4 { tiles: 0, bias: false, .. });
+            let plain = |k: &KernelSpec| {
+                matches!(k, KernelSpec::MatMul { wdtype: DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1, bias: false, .. } | KernelSpec::MatMulPacked { tiles: 0, bias: false, .. })
+            };
             let ok = match inner.as_ref() {
                 KernelSpec::MatMulParts { inner: i, .. } => plain(i),
                 KernelSpec::SwiGluGemv { .. } => true,

@@ -76,7 +76,7 @@ pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
 /// Whether a tensor-core matmul generates ([`fits`]): K and the weight types each kernel
 /// takes, wgmma's column tiles of 16 or 64.
 pub(crate) fn mma_fits(spec: &KernelSpec) -> Result<(), String> {
-    let lowered = |w: &DType| matches!(w, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128);
+    let lowered = |w: &DType| matches!(w, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128 | DType::F8G128);
     match spec {
         KernelSpec::MatMulFewX16 { k, wdtype, .. } => gemv_mma_fits(*k, *wdtype),
         KernelSpec::MatMulMma { k, wdtype, .. } => {
@@ -628,6 +628,8 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                         let vals: Vec<String> = if is_b && *wdtype == DType::I4G128 {
                             // (eight values from two words and one scale)
                             i4g128_eight(b, "%w", &e0)
+                        } else if is_b && *wdtype == DType::F8G128 {
+                            f8g128_eight(b, "%w", &e0)
                         } else if is_b {
                             let mut v = vec![];
                             for j in 0..8 {

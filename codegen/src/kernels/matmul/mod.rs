@@ -18,12 +18,12 @@
 
 mod common;
 mod gemv;
-mod int4;
 mod mma;
+mod packed;
 mod pipe;
 
 pub use common::*;
 pub use gemv::*;
-pub use int4::*;
 pub use mma::*;
+pub use packed::*;
 pub use pipe::*;

@@ -1,62 +1,75 @@
-//! The int4 GEMV on the tensor cores (`KernelSpec::MatMulI4`): y = x W^T for weights in dsc's
-//! [`DType::I4G128`] (f16 scale d and minimum m per group of 128, 4.25 bits a value) and up to
-//! 16 activation rows a block — the decode step of int4 plans at every batch up to
-//! `gemv_few_max`.
+//! The packed-weight GEMV on the tensor cores (`KernelSpec::MatMulPacked`): y = x W^T for
+//! weights in dsc's group-scaled layouts — [`DType::I4G128`] (int4, f16 scale d and minimum m
+//! per group of 128, 4.25 bits a value) and [`DType::F8G128`] (FP8 e4m3, an f32 scale per group
+//! of 128, 8.25 bits) — and up to 16 activation rows a block: the decode step of int4 and fp8
+//! plans at every batch up to `gemv_few_max`.
 //!
 //! Why it looks like this (docs/perf.md, "int4"): the GGUF-block GEMV spent ~10.5 instructions a
 //! weight (address arithmetic, 4-byte loads, shift/and/I2F/FMA per value) and ran at 22% of the
 //! H200's bandwidth, issue-bound. Here a weight costs ~1.5 instructions:
-//! - "swap AB" `mma.sync m16n8k16` (bf16 operands, f32 accumulators): 16 weight rows as A, 8
-//!   activation rows (tokens) as each B tile; one row (b1) fills the B tile's 8 columns with
-//!   copies of itself (the row index is clamped), whose results are simply not stored.
-//! - Each lane loads 16 bytes of a group from rows g and g + 8 (lane t: chunk t, so the 4
-//!   lanes of a row read its group's 64 contiguous bytes). Chunk t's word w holds the values
-//!   32w + 4t + (0..4) and 32w + 16 + 4t + (0..4), value i in nibble i / 2 (even) or 4 + i / 2,
-//!   so one `lop3` per shift (0, 4, 8, 12) or-s a nibble pair into bf16 128.0's bits: the bf16
-//!   pairs (128 + q) of consecutive values with no conversion instruction, matching x's
-//!   consecutive pairs; and x's loads of a row's 4 lanes are 64 contiguous bytes (one
-//!   wavefront where 4 lines each were measured L1-bound: 31 us, 21% of DRAM).
-//! - The offset and scales come after the MMAs, per group: with S = Σ x over the group (one
-//!   more MMA per K step with an all-ones A: the B fragments' column sums), the group adds
-//!   d · acc + (m − 128 d) · S to the output (acc = Σ (128 + q) x exactly in the products; the
-//!   f32 cancellation of 128 S costs ~2^-24 · 15 relative).
+//! - "swap AB" `mma.sync m16n8k16` (f32 accumulators): 16 weight rows as A, 8 activation rows
+//!   (tokens) as each B tile; one row (b1) fills the B tile's 8 columns with copies of itself
+//!   (the row index is clamped), whose results are simply not stored.
+//! - Each lane loads 16-byte chunks of a group from rows g and g + 8, the 4 lanes of a row
+//!   contiguous 64 bytes a load. The dot product does not care which K slot of the MMA a value
+//!   takes as long as x takes the same one, so each format's bytes become MMA operands with
+//!   no shuffles:
+//!   - int4 (bf16 MMAs): chunk t of a group is lane t's, its word w holding the values
+//!     32w + 4t + (0..4) and 32w + 16 + 4t + (0..4), value i in nibble i / 2 (even) or 4 + i / 2,
+//!     so one `lop3` per shift (0, 4, 8, 12) or-s a nibble pair into bf16 128.0's bits: the bf16
+//!     pairs (128 + q) of consecutive values with no conversion instruction. The offset and
+//!     scales come after the MMAs, per group: with S = Σ x over the group (one more MMA per K
+//!     step with an all-ones A: the B fragments' column sums), the group adds
+//!     d · acc + (m − 128 d) · S (acc = Σ (128 + q) x exactly in the products; the f32
+//!     cancellation of 128 S costs ~2^-24 · 15 relative).
+//!   - fp8 (f16 MMAs): natural order, lane t's chunks the values 64j + 16t + (0..16) (j = 0, 1);
+//!     a word's bytes (v0..v3) become the f16 pairs (v0, v2) and (v1, v3) by masks and shifts
+//!     (sign in place, exponent and mantissa one bit down: e4m3 · 2^-8 exactly as f16, its
+//!     subnormals too; no conversion instruction, which sm_80 lacks), x staged in the same
+//!     order (x0, x2), (x1, x3) a quad; the group adds 256 s · acc.
 //! - Warps split K by groups (warp w: groups w, w + W, ...), partial sums meet in shared memory;
 //!   the first round's weights load before `griddepcontrol.wait` (PDL), as the other GEMVs do.
-//! - Tilings (`tiles`): 0 = one row a block (b1): x staged once in shared memory as bf16 (the
-//!   RMSNorm applied on the way under `NormMatMul`), rounds of 4 groups software-pipelined (the
-//!   next round's weights loaded before this round's math); 1 = up to 8 rows, 16 outputs;
+//! - Tilings (`tiles`): 0 = one row a block (b1): x staged once in shared memory in 16 bits
+//!   (bf16 for int4, f16 for fp8; the RMSNorm applied on the way under `NormMatMul`), rounds of
+//!   4 int4 / 2 fp8 groups software-pipelined (the next round's weights loaded before this
+//!   round's math: 128 bytes a lane in flight either way); 1 = up to 8 rows, 16 outputs;
 //!   2 = 16 rows, and 4 A tiles a warp (64 outputs a block) so x, which from 16 rows outweighs
 //!   the weights a block reads, is read once for 64 outputs (b32 2,785 -> 5,005 tok/s on the 8B
-//!   shape). Measured and removed: 2 A tiles in the one-row kernel for wide N; the gate/up
+//!   int4 shape). Measured and removed: 2 A tiles in the one-row kernel for wide N; the gate/up
 //!   norm fold (docs/perf.md).
 //!
-//! Activations are f32 here (the plans' activations), rounded to bf16 for the MMAs (the bf16
-//! kernels' precision, ~2^-9 per product, f32 sums).
+//! Activations are f32 here (the plans' activations), rounded to bf16 (int4) or f16 (fp8:
+//! e4m3's range needs f16's mantissa to keep W8A16 at bf16-plan accuracy; saturating at
+//! ±65,504) for the MMAs, f32 sums.
 
 use crate::kernels::*;
 
 /// Warps per block (they split K by 128-value groups).
-pub const I4_WARPS: usize = 8;
+pub const PACKED_WARPS: usize = 8;
 
-/// The readable symbol of an int4 kernel (`KernelSpec::symbol`).
-pub(crate) fn int4_symbol(spec: &KernelSpec) -> String {
+/// The readable symbol of a packed-weight GEMV (`KernelSpec::symbol`): `matmul_i4_...` for
+/// i4g128, `matmul_f8_...` for f8g128.
+pub(crate) fn packed_symbol(spec: &KernelSpec) -> String {
     match spec {
-        KernelSpec::MatMulI4 { k, n, tiles, bias, residual } => format!("matmul_i4_t{tiles}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" }),
-        other => unreachable!("{other:?} is not an int4 kernel (kernels::family)"),
+        KernelSpec::MatMulPacked { wdtype, k, n, tiles, bias, residual } => {
+            let f = if *wdtype == DType::F8G128 { "f8" } else { "i4" };
+            format!("matmul_{f}_t{tiles}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
+        }
+        other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
     }
 }
 
-/// How the runtime launches an int4 kernel: 16 outputs and 8 · `tiles` rows per block.
-pub(crate) fn int4_launch(spec: &KernelSpec) -> Launch {
+/// How the runtime launches a packed-weight GEMV: 16 outputs and 8 · `tiles` rows per block.
+pub(crate) fn packed_launch(spec: &KernelSpec) -> Launch {
     match spec {
-        KernelSpec::MatMulI4 { tiles, .. } => Launch::OutputsPerBlock { outputs: 16 * i4_a_tiles(*tiles) as u32, rows: (8 * *tiles).max(1) as u32, warps: I4_WARPS as u32 },
-        other => unreachable!("{other:?} is not an int4 kernel (kernels::family)"),
+        KernelSpec::MatMulPacked { tiles, .. } => Launch::OutputsPerBlock { outputs: 16 * packed_a_tiles(*tiles) as u32, rows: (8 * *tiles).max(1) as u32, warps: PACKED_WARPS as u32 },
+        other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
     }
 }
 
 /// 16-row A tiles each warp computes for `tiles` B tiles: 4 from 16 rows (x, which from 16 rows
 /// outweighs a block's weights, read once for 64 outputs), else 1.
-pub fn i4_a_tiles(tiles: usize) -> usize {
+pub fn packed_a_tiles(tiles: usize) -> usize {
     if tiles >= 2 {
         4
     } else {
@@ -64,58 +77,63 @@ pub fn i4_a_tiles(tiles: usize) -> usize {
     }
 }
 
-/// Largest K of the one-row int4 GEMV (`tiles` 0): x's bf16 copy in shared memory beside the
+/// Largest K of the one-row packed GEMV (`tiles` 0): x's bf16 copy in shared memory beside the
 /// reduction within the 48 KB of static shared memory.
-pub const I4_ONE_ROW_MAX_K: usize = 20480;
+pub const PACKED_ONE_ROW_MAX_K: usize = 20480;
 
-/// What the int4 GEMV takes: K whole 512-value super-blocks, 1 or 2 B tiles of 8 rows, or
-/// 0: one row a block with x staged in shared memory (K up to [`I4_ONE_ROW_MAX_K`]).
-pub(crate) fn int4_fits(spec: &KernelSpec) -> Result<(), String> {
+/// What the packed GEMV takes: i4g128 or f8g128 weights, K whole 512-value super-blocks, 1 or
+/// 2 B tiles of 8 rows, or 0: one row a block with x staged in shared memory (K up to
+/// [`PACKED_ONE_ROW_MAX_K`]).
+pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::MatMulI4 { k, tiles, .. } => {
+        KernelSpec::MatMulPacked { wdtype, k, tiles, .. } => {
+            if !matches!(wdtype, DType::I4G128 | DType::F8G128) {
+                return Err(format!("the packed GEMV reads i4g128 or f8g128 weights, not {wdtype}"));
+            }
             if *k == 0 || k % 512 != 0 {
-                return Err(format!("the int4 GEMV needs K a multiple of 512 (i4g128 super-blocks), got {k}"));
+                return Err(format!("the packed GEMV needs K a multiple of 512 ({wdtype} super-blocks), got {k}"));
             }
             if !matches!(tiles, 0..=2) {
-                return Err(format!("the int4 GEMV takes 1 or 2 tiles of 8 rows (or 0: one row), not {tiles}"));
+                return Err(format!("the packed GEMV takes 1 or 2 tiles of 8 rows (or 0: one row), not {tiles}"));
             }
-            if *tiles == 0 && *k > I4_ONE_ROW_MAX_K {
-                return Err(format!("the one-row int4 GEMV stages x in shared memory: K up to {I4_ONE_ROW_MAX_K}, got {k}"));
+            if *tiles == 0 && *k > PACKED_ONE_ROW_MAX_K {
+                return Err(format!("the one-row packed GEMV stages x in shared memory: K up to {PACKED_ONE_ROW_MAX_K}, got {k}"));
             }
             Ok(())
         }
-        other => Err(format!("`{}` is not the int4 GEMV", other.symbol())),
+        other => Err(format!("`{}` is not the packed GEMV", other.symbol())),
     }
 }
 
-/// The int4 kernel's body; returns its parameter list (x, w, [bias], [res], y, M, N).
-pub(crate) fn int4_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
-    int4_fits(spec)?;
-    let KernelSpec::MatMulI4 { k, tiles, bias, residual, .. } = spec else { unreachable!("checked") };
-    emit_gemv_i4(b, *k, *tiles, *bias, *residual);
+/// The packed GEMV's body; returns its parameter list (x, w, [bias], [res], y, M, N).
+pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
+    packed_fits(spec)?;
+    let KernelSpec::MatMulPacked { wdtype, k, tiles, bias, residual, .. } = spec else { unreachable!("checked") };
+    emit_gemv_packed(b, *wdtype == DType::F8G128, *k, *tiles, *bias, *residual);
     Ok(matmul_params(*bias, *residual, true))
 }
 
-/// One group's weights for this lane as loaded: [row g, row g + 8] x (4 nibble words, the
-/// (d, m) word).
+/// One group's weights for this lane as loaded: [row g, row g + 8] x (int4: 4 nibble words,
+/// the (d, m) word; fp8: 8 e4m3 words, the f32 scale's bits).
 type GroupW = Vec<Vec<String>>;
 
-fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool) {
-    let nw = I4_WARPS;
+fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, residual: bool) {
+    let nw = PACKED_WARPS;
     let groups = k / 128;
-    // (one row: x from shared memory, four groups' weights in flight a warp)
+    // (one row: x from shared memory, 128 bytes of weights a lane in flight: 4 int4 groups
+    // or 2 fp8 groups)
     let staged = tiles == 0;
     let tiles = tiles.max(1);
-    let unroll = if staged {
-        4
-    } else if tiles == 1 {
-        2
-    } else {
-        1
+    let unroll = match (staged, tiles, f8) {
+        (true, _, false) => 4,
+        (true, _, true) | (false, 1, false) => 2,
+        _ => 1,
     };
+    // words a row's group takes in registers (the scale word last)
+    let wl = if f8 { 9 } else { 5 };
     let (jloop, rounds) = split_k_schedule(groups, 1, nw, unroll);
     // 16-row A tiles a warp computes (x read once for all: 64 outputs a block from 16 rows)
-    let na = if staged { 1 } else { i4_a_tiles(tiles) };
+    let na = if staged { 1 } else { packed_a_tiles(tiles) };
     let per = 4 * tiles * na;
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
     let xst = format!("memref<{}xi32, #gpu.address_space<workgroup>>", k / 2);
@@ -137,7 +155,7 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
     let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
     let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
     // weight rows g and g + 8 (clamped), and this lane's 16 bytes within a group's 64
-    let rowbytes = b.ci64((k / 512 * 272) as i64);
+    let rowbytes = b.ci64((k / 512 * if f8 { 528 } else { 272 }) as i64);
     let lane_b = b.op(&format!("arith.muli {tq}, {c16} : i64"));
     let wrow: Vec<String> = (0..na as i64)
         .flat_map(|a| [16 * a, 16 * a + 8])
@@ -150,10 +168,11 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
         })
         .collect();
     // activation row of B tile j: row0 + 8j + g (clamped); this lane's 32 values of a group
-    // are 16q + 4t + (0..4) for q = 0..7, at 4 (128 gi + 16 q + 4 t) bytes (the four lanes of
-    // a row read 64 contiguous bytes a load)
+    // are (int4) 16q + 4t + (0..4) for q = 0..7, at 4 (128 gi + 16 q + 4 t) bytes (the four
+    // lanes of a row read 64 contiguous bytes a load), (fp8) 64j + 16t + (0..16), j = 0, 1
     let xrowbytes = b.ci64((k * 4) as i64);
-    let lane_x = b.op(&format!("arith.muli {tq}, {c16} : i64"));
+    let c64 = b.ci64(64);
+    let lane_x = b.op(&format!("arith.muli {tq}, {} : i64", if f8 { &c64 } else { &c16 }));
     let xrow: Vec<String> = (0..tiles)
         .map(|j| {
             let cj = b.ci64(8 * j as i64);
@@ -164,26 +183,46 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
             b.op(&format!("arith.addi {o}, {lane_x} : i64"))
         })
         .collect();
-    // group gi: nibbles at 16 + 16 (gi / 4) + 64 gi (+ 16 t), (d, m) at 256 (gi / 4) + 4 gi
+    // int4 group gi: nibbles at 16 + 16 (gi / 4) + 64 gi (+ 16 t), (d, m) at 256 (gi / 4) + 4 gi;
+    // fp8: e4m3 at 528 (gi / 4) + 16 + 128 (gi % 4) (+ 16 t, + 64), the scale at 528 (gi / 4) + 4 (gi % 4)
     let load_w = |b: &mut Body, gi: &str| -> GroupW {
         let c2 = b.ci64(2);
         let sb = b.op(&format!("arith.shrui {gi}, {c2} : i64"));
         let c16 = b.ci64(16);
-        let c64 = b.ci64(64);
-        let c256 = b.ci64(256);
         let c4 = b.ci64(4);
-        let s16 = b.op(&format!("arith.muli {sb}, {c16} : i64"));
-        let g64 = b.op(&format!("arith.muli {gi}, {c64} : i64"));
-        let no = b.op(&format!("arith.addi {s16}, {g64} : i64"));
-        let no = b.op(&format!("arith.addi {no}, {c16} : i64"));
-        let no = b.op(&format!("arith.addi {no}, {lane_b} : i64"));
-        let s256 = b.op(&format!("arith.muli {sb}, {c256} : i64"));
-        let g4 = b.op(&format!("arith.muli {gi}, {c4} : i64"));
-        let so = b.op(&format!("arith.addi {s256}, {g4} : i64"));
+        let (no, so) = if f8 {
+            let c3 = b.ci64(3);
+            let gq = b.op(&format!("arith.andi {gi}, {c3} : i64"));
+            let c528 = b.ci64(528);
+            let c128 = b.ci64(128);
+            let base = b.op(&format!("arith.muli {sb}, {c528} : i64"));
+            let q128 = b.op(&format!("arith.muli {gq}, {c128} : i64"));
+            let no = b.op(&format!("arith.addi {base}, {q128} : i64"));
+            let no = b.op(&format!("arith.addi {no}, {c16} : i64"));
+            let no = b.op(&format!("arith.addi {no}, {lane_b} : i64"));
+            let q4 = b.op(&format!("arith.muli {gq}, {c4} : i64"));
+            (no, b.op(&format!("arith.addi {base}, {q4} : i64")))
+        } else {
+            let c64 = b.ci64(64);
+            let c256 = b.ci64(256);
+            let s16 = b.op(&format!("arith.muli {sb}, {c16} : i64"));
+            let g64 = b.op(&format!("arith.muli {gi}, {c64} : i64"));
+            let no = b.op(&format!("arith.addi {s16}, {g64} : i64"));
+            let no = b.op(&format!("arith.addi {no}, {c16} : i64"));
+            let no = b.op(&format!("arith.addi {no}, {lane_b} : i64"));
+            let s256 = b.op(&format!("arith.muli {sb}, {c256} : i64"));
+            let g4 = b.op(&format!("arith.muli {gi}, {c4} : i64"));
+            (no, b.op(&format!("arith.addi {s256}, {g4} : i64")))
+        };
+        let c64 = b.ci64(64);
         wrow.iter()
             .map(|r| {
                 let o = b.op(&format!("arith.addi {r}, {no} : i64"));
                 let mut w = b.load_vec("%w", &o, 4, "i32", 16);
+                if f8 {
+                    let o2 = b.op(&format!("arith.addi {o}, {c64} : i64"));
+                    w.extend(b.load_vec("%w", &o2, 4, "i32", 16));
+                }
                 let o = b.op(&format!("arith.addi {r}, {so} : i64"));
                 w.push(b.load_vec("%w", &o, 1, "i32", 4).remove(0));
                 w
@@ -194,8 +233,8 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
     let xsm = staged.then(|| {
         let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
         let base = b.idx64(&base);
-        let c8 = b.ci64(8);
-        let lo = b.op(&format!("arith.muli {tq}, {c8} : i64"));
+        let c = b.ci64(if f8 { 32 } else { 8 });
+        let lo = b.op(&format!("arith.muli {tq}, {c} : i64"));
         b.op(&format!("arith.addi {base}, {lo} : i64"))
     });
     let xbase = staged.then(|| {
@@ -204,84 +243,110 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
     });
     let ones = b.op(&format!("arith.constant {} : i32", 0x3F80_3F80u32 as i32));
     let m128 = b.cf32(-128.0);
+    let c256f = b.cf32(256.0);
     let zero = b.cf32(0.0);
     // one group's math into `acc`; `valid` false: a clamped group past K, adding nothing
     let math = |b: &mut Body, gi: &str, valid: Option<&str>, w: &GroupW, acc: &[String]| -> Vec<String> {
         let mut out = acc.to_vec();
-        {
-            // x: per tile the lane's 32 values of the group, as 16 bf16 pairs
-            let c512 = b.ci64(512);
-            let xo = b.op(&format!("arith.muli {gi}, {c512} : i64"));
-            let xs: Vec<Vec<String>> = if let Some(xb) = &xsm {
-                // staged: the lane's word w pairs at bf16 128 gi + 32 w + 4 t (and + 16)
-                let c256 = b.ci64(256);
-                let go = b.op(&format!("arith.muli {gi}, {c256} : i64"));
-                let base = b.op(&format!("arith.addi {xb}, {go} : i64"));
-                let mut v = vec![];
-                for q in 0..8 {
-                    let c = b.ci64(32 * q);
-                    let o = b.op(&format!("arith.addi {base}, {c} : i64"));
-                    let p = b.op(&format!("llvm.inttoptr {o} : i64 to !llvm.ptr<3>"));
-                    let r = b.op(&format!("llvm.load {p} {{alignment = 8 : i64}} : !llvm.ptr<3> -> vector<2xi32>"));
-                    v.extend(b.elements(&r, 2, "i32"));
-                }
-                vec![v]
-            } else {
-                xrow.iter()
-                    .map(|r| {
-                        let base = b.op(&format!("arith.addi {r}, {xo} : i64"));
-                        let mut v = vec![];
-                        for q in 0..8 {
-                            let c = b.ci64(64 * q);
-                            let o = b.op(&format!("arith.addi {base}, {c} : i64"));
-                            v.extend(b.load_vec("%x", &o, 4, "f32", 16));
-                        }
+        // x: per B tile the lane's 32 values of the group as 16 16-bit pairs, in the order the
+        // MMAs take them (K step u: pairs 2u and 2u + 1)
+        let c512 = b.ci64(512);
+        let xo = b.op(&format!("arith.muli {gi}, {c512} : i64"));
+        let xs: Vec<Vec<String>> = if let Some(xb) = &xsm {
+            // staged, 256 bytes a group: int4 the lane's word w pairs at 16-bit 128 gi + 32 w +
+            // 4 t (and + 16); fp8 its 16 values at 128 gi + 64 j + 16 t, already in pair order
+            let c256 = b.ci64(256);
+            let go = b.op(&format!("arith.muli {gi}, {c256} : i64"));
+            let base = b.op(&format!("arith.addi {xb}, {go} : i64"));
+            let (n, step, width) = if f8 { (4, 16, 4) } else { (8, 32, 2) };
+            let mut v = vec![];
+            for q in 0..n {
+                let off = if f8 { 128 * (q / 2) + 16 * (q % 2) } else { step * q };
+                let c = b.ci64(off as i64);
+                let o = b.op(&format!("arith.addi {base}, {c} : i64"));
+                let p = b.op(&format!("llvm.inttoptr {o} : i64 to !llvm.ptr<3>"));
+                let r = b.op(&format!("llvm.load {p} {{alignment = {} : i64}} : !llvm.ptr<3> -> vector<{width}xi32>", 4 * width));
+                v.extend(b.elements(&r, width, "i32"));
+            }
+            vec![v]
+        } else {
+            xrow.iter()
+                .map(|r| {
+                    let base = b.op(&format!("arith.addi {r}, {xo} : i64"));
+                    let mut v = vec![];
+                    for q in 0..8 {
+                        let c = b.ci64(if f8 { 256 * (q / 4) + 16 * (q % 4) } else { 64 * q });
+                        let o = b.op(&format!("arith.addi {base}, {c} : i64"));
+                        v.extend(b.load_vec("%x", &o, 4, "f32", 16));
+                    }
+                    if f8 {
+                        // (x0, x2), (x1, x3) per 4 values, as the e4m3 words unpack
+                        (0..16).map(|p| b.pack2(&v[4 * (p / 2) + p % 2], &v[4 * (p / 2) + p % 2 + 2], true)).collect()
+                    } else {
                         (0..16).map(|p| b.pack2(&v[2 * p], &v[2 * p + 1], false)).collect()
-                    })
-                    .collect()
-            };
-            // the rows' nibble words as bf16 pairs (128 + q): [row][word][4]
-            let a: Vec<Vec<[String; 4]>> = w.iter().map(|row| (0..4).map(|wi| i4_bf16_words(b, &row[wi])).collect()).collect();
-            // rows g and g + 8: (d, m - 128 d)
-            let sc: Vec<(String, String)> = w
-                .iter()
-                .map(|row| {
-                    let (d, m) = i4_scale(b, &row[4]);
-                    let mp = b.op(&format!("llvm.intr.fma({m128}, {d}, {m}) : (f32, f32, f32) -> f32"));
-                    match valid {
-                        Some(v) => (b.op(&format!("arith.select {v}, {d}, {zero} : f32")), b.op(&format!("arith.select {v}, {mp}, {zero} : f32"))),
-                        None => (d, mp),
                     }
                 })
-                .collect();
-            for (j, x) in xs.iter().enumerate() {
-                // S over the group once per B tile, then each A tile's products
-                let mut s = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
-                for wi in 0..4 {
-                    for half in 0..2 {
-                        let (b0, b1) = (&x[4 * wi + 2 * half], &x[4 * wi + 2 * half + 1]);
-                        let r = b.mma_m16n8k16("bf16", [&ones, &ones, &ones, &ones], b0, b1, [&s[0], &s[1], &s[2], &s[3]]);
-                        s = [r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()];
-                    }
+                .collect()
+        };
+        // the rows' weights as 16-bit pairs, [row][K step u][a0 slot, a2 slot]: int4 bf16
+        // (128 + q), fp8 f16 e4m3 · 2^-8
+        let a: Vec<Vec<[String; 2]>> = w
+            .iter()
+            .map(|row| {
+                if f8 {
+                    (0..8).map(|u| f8_f16_pairs(b, &row[u])).collect()
+                } else {
+                    (0..4)
+                        .flat_map(|wi| {
+                            let [p0, p1, p2, p3] = i4_bf16_words(b, &row[wi]);
+                            [[p0, p1], [p2, p3]]
+                        })
+                        .collect()
                 }
-                for at in 0..na {
-                    let mut c = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
-                    for wi in 0..4 {
-                        for half in 0..2 {
-                            let (b0, b1) = (&x[4 * wi + 2 * half], &x[4 * wi + 2 * half + 1]);
-                            let (p, q) = (&a[2 * at][wi][2 * half], &a[2 * at][wi][2 * half + 1]);
-                            let (p8, q8) = (&a[2 * at + 1][wi][2 * half], &a[2 * at + 1][wi][2 * half + 1]);
-                            let r = b.mma_m16n8k16("bf16", [p, p8, q, q8], b0, b1, [&c[0], &c[1], &c[2], &c[3]]);
-                            c = [r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()];
-                        }
-                    }
-                    // value i: row g (+ 8 for i >= 2), token 2t + i % 2: y += d acc + (m - 128 d) S
-                    for i in 0..4 {
-                        let (d, mp) = &sc[2 * at + i / 2];
-                        let o = at * 4 * tiles + 4 * j + i;
-                        let y = b.op(&format!("llvm.intr.fma({d}, {}, {}) : (f32, f32, f32) -> f32", c[i], out[o]));
-                        out[o] = b.op(&format!("llvm.intr.fma({mp}, {}, {y}) : (f32, f32, f32) -> f32", s[i]));
-                    }
+            })
+            .collect();
+        // rows g and g + 8: int4 (d, m - 128 d), fp8 (256 s, -)
+        let sc: Vec<(String, String)> = w
+            .iter()
+            .map(|row| {
+                let (d, mp) = if f8 {
+                    let s = b.op(&format!("arith.bitcast {} : i32 to f32", row[wl - 1]));
+                    (b.op(&format!("arith.mulf {s}, {c256f} : f32")), zero.clone())
+                } else {
+                    let (d, m) = i4_scale(b, &row[wl - 1]);
+                    let mp = b.op(&format!("llvm.intr.fma({m128}, {d}, {m}) : (f32, f32, f32) -> f32"));
+                    (d, mp)
+                };
+                match valid {
+                    Some(v) => (b.op(&format!("arith.select {v}, {d}, {zero} : f32")), b.op(&format!("arith.select {v}, {mp}, {zero} : f32"))),
+                    None => (d, mp),
+                }
+            })
+            .collect();
+        let (ty, steps) = if f8 { ("f16", 8) } else { ("bf16", 8) };
+        for (j, x) in xs.iter().enumerate() {
+            // int4: S over the group once per B tile
+            let mut s = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
+            if !f8 {
+                for u in 0..steps {
+                    let r = b.mma_m16n8k16("bf16", [&ones, &ones, &ones, &ones], &x[2 * u], &x[2 * u + 1], [&s[0], &s[1], &s[2], &s[3]]);
+                    s = [r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()];
+                }
+            }
+            for at in 0..na {
+                let mut c = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
+                for u in 0..steps {
+                    let (p, q) = (&a[2 * at][u][0], &a[2 * at][u][1]);
+                    let (p8, q8) = (&a[2 * at + 1][u][0], &a[2 * at + 1][u][1]);
+                    let r = b.mma_m16n8k16(ty, [p, p8, q, q8], &x[2 * u], &x[2 * u + 1], [&c[0], &c[1], &c[2], &c[3]]);
+                    c = [r[0].clone(), r[1].clone(), r[2].clone(), r[3].clone()];
+                }
+                // value i: row g (+ 8 for i >= 2), token 2t + i % 2: y += d acc (+ (m - 128 d) S)
+                for i in 0..4 {
+                    let (d, mp) = &sc[2 * at + i / 2];
+                    let o = at * 4 * tiles + 4 * j + i;
+                    let y = b.op(&format!("llvm.intr.fma({d}, {}, {}) : (f32, f32, f32) -> f32", c[i], out[o]));
+                    out[o] = if f8 { y } else { b.op(&format!("llvm.intr.fma({mp}, {}, {y}) : (f32, f32, f32) -> f32", s[i])) };
                 }
             }
         }
@@ -321,7 +386,7 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
         if b.pdl && !b.waited {
             b.wait_for_previous();
         }
-        stage_x(b, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
+        stage_x(b, f8, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
         let zero = b.cf32(0.0);
         let mut acc: Vec<String> = vec![zero; per];
         if nr > 1 {
@@ -336,7 +401,7 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
             let st = b.op("arith.constant 1 : index");
             b.line(&format!("{res}:{} = scf.for {rv} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", args.len(), inits.join(", ")));
             let r = b.idx64(&rv);
-            let cur: Vec<GroupW> = args[per..].chunks(10).map(|g| g.chunks(5).map(|c| c.to_vec()).collect()).collect();
+            let cur: Vec<GroupW> = args[per..].chunks(2 * wl).map(|g| g.chunks(wl).map(|c| c.to_vec()).collect()).collect();
             let one = b.ci64(1);
             let r1 = b.op(&format!("arith.addi {r}, {one} : i64"));
             let next: Vec<GroupW> = (0..unroll)
@@ -354,7 +419,7 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
             b.line(&format!("scf.yield {} : {tys}", ys.join(", ")));
             b.line("}");
             acc = (0..per).map(|i| format!("{res}#{i}")).collect();
-            pre = (per..args.len()).map(|i| format!("{res}#{i}")).collect::<Vec<_>>().chunks(10).map(|g| g.chunks(5).map(|c| c.to_vec()).collect()).collect();
+            pre = (per..args.len()).map(|i| format!("{res}#{i}")).collect::<Vec<_>>().chunks(2 * wl).map(|g| g.chunks(wl).map(|c| c.to_vec()).collect()).collect();
         }
         let rl = b.ci64(nr as i64 - 1);
         for (q, w) in pre.iter().enumerate() {
@@ -405,6 +470,16 @@ fn emit_gemv_i4(b: &mut Body, k: usize, tiles: usize, bias: bool, residual: bool
     b.line("}");
 }
 
+/// An e4m3 word (bytes v0..v3, v0 lowest) as the f16 pairs (v0, v2) and (v1, v3), each value
+/// e4m3 · 2^-8 exactly (f16 bits: the sign in place, exponent and mantissa one bit down;
+/// e4m3's subnormals land on f16's): the other byte of each half shifted out of the way first.
+fn f8_f16_pairs(b: &mut Body, w: &str) -> [String; 2] {
+    let st = "!llvm.struct<(i32, i32)>";
+    let asm = "{ .reg .b32 u, v; shl.b32 u, $2, 8; shr.b32 v, u, 1; lop3.b32 v, v, 0x3F803F80, 0, 0xC0; lop3.b32 $0, u, 0x80008000, v, 0xEA; shr.b32 v, $2, 1; lop3.b32 v, v, 0x3F803F80, 0, 0xC0; lop3.b32 $1, $2, 0x80008000, v, 0xEA; }";
+    let r = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,r\" {w} : (i32) -> {st}"));
+    [0, 1].map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
+}
+
 /// A nibble word (values e0..e7: e_2j in nibble j, e_2j+1 in nibble 4 + j) as four bf16 pairs
 /// (128 + q): (e0, e1), (e2, e3), (e4, e5), (e6, e7) — a shift and a `lop3` each.
 fn i4_bf16_words(b: &mut Body, w: &str) -> [String; 4] {
@@ -435,13 +510,13 @@ fn i4_scale(b: &mut Body, w: &str) -> (String, String) {
     (f(b, &lo), f(b, &hi))
 }
 
-/// x's row `row` (f32, K values) into the shared `%xs` at byte address `base` as bf16 pairs
-/// (natural order), by the block's threads: every thread's 16-byte pieces loaded at once,
+/// x's row `row` (f32, K values) into the shared `%xs` at byte address `base` as 16-bit pairs
+/// (int4: bf16 in natural order; fp8: f16 pairs (x0, x2), (x1, x3) a quad), by the block's threads: every thread's 16-byte pieces loaded at once,
 /// then converted and stored; a barrier after. Under `NormMatMul` (`Body::norm`) the row is
 /// RMS-normalized on the way (its sum of squares over the block in `%red[0..W]`, then
 /// x · (1 / rms) · g[k]): the norm's own launch is skipped at one row.
-fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str, smt: &str) {
-    let threads = 32 * I4_WARPS;
+fn stage_x(b: &mut Body, f8: bool, k: usize, row: &str, t: &str, base: &str, smt: &str) {
+    let threads = 32 * PACKED_WARPS;
     let chunks = k / 8;
     let t64 = b.idx64(t);
     let xrowbytes = b.ci64((k * 4) as i64);
@@ -500,7 +575,7 @@ fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str, smt: &str) {
         b.line(&format!("memref.store {ws}, %red[{warp}] : {smt}"));
         b.line("}");
         b.line("gpu.barrier");
-        let parts: Vec<String> = (0..I4_WARPS)
+        let parts: Vec<String> = (0..PACKED_WARPS)
             .map(|w| {
                 let cw = b.op(&format!("arith.constant {w} : index"));
                 b.op(&format!("memref.load %red[{cw}] : {smt}"))
@@ -521,7 +596,10 @@ fn stage_x(b: &mut Body, k: usize, row: &str, t: &str, base: &str, smt: &str) {
                 .collect(),
             _ => v,
         };
-        let words: Vec<String> = (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect();
+        // (int4: bf16 pairs in order; fp8: f16 (x0, x2), (x1, x3) per 4 values, as its weight
+        // words unpack)
+        let words: Vec<String> =
+            if f8 { (0..4).map(|j| b.pack2(&v[4 * (j / 2) + j % 2], &v[4 * (j / 2) + j % 2 + 2], true)).collect() } else { (0..4).map(|j| b.pack2(&v[2 * j], &v[2 * j + 1], false)).collect() };
         let vec_v = b.vector(&words, "i32");
         let so = b.op(&format!("arith.muli {c}, {c16} : i64"));
         let sa = b.op(&format!("arith.addi {base}, {so} : i64"));
@@ -649,6 +727,74 @@ pub(crate) fn i4g128_eight(b: &mut Body, ptr: &str, e0: &str) -> Vec<String> {
             let q = b.op(&format!("arith.andi {q}, {m15} : i32"));
             let q = b.op(&format!("arith.uitofp {q} : i32 to f32"));
             out.push(b.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32")));
+        }
+    }
+    out
+}
+
+/// The f32 value of e4m3 bits `byte` (i32, 0..256) times `scale` (f32): the byte as f16 bits
+/// (e4m3 · 2^-8 exactly, as the GEMV unpacks it) widened, times 256 · scale.
+fn e4m3_scaled(b: &mut Body, byte: &str, scale256: &str) -> String {
+    let c80 = b.op("arith.constant 128 : i32");
+    let c7f = b.op("arith.constant 127 : i32");
+    let sg = b.op(&format!("arith.andi {byte}, {c80} : i32"));
+    let c8 = b.op("arith.constant 8 : i32");
+    let sg = b.op(&format!("arith.shli {sg}, {c8} : i32"));
+    let mg = b.op(&format!("arith.andi {byte}, {c7f} : i32"));
+    let c7 = b.op("arith.constant 7 : i32");
+    let mg = b.op(&format!("arith.shli {mg}, {c7} : i32"));
+    let h = b.op(&format!("arith.ori {sg}, {mg} : i32"));
+    let h = b.op(&format!("arith.trunci {h} : i32 to i16"));
+    let h = b.op(&format!("arith.bitcast {h} : i16 to f16"));
+    let v = b.op(&format!("arith.extf {h} : f16 to f32"));
+    b.op(&format!("arith.mulf {v}, {scale256} : f32"))
+}
+
+/// For flat element `e` (i64) of an [`DType::F8G128`] tensor: (its super-block's byte offset,
+/// its place in the super-block 0..512, 256 x its group's scale).
+fn f8g128_at(b: &mut Body, ptr: &str, e: &str) -> (String, String, String) {
+    let c512 = b.ci64(512);
+    let sb = b.op(&format!("arith.divui {e}, {c512} : i64"));
+    let r = b.op(&format!("arith.remui {e}, {c512} : i64"));
+    let c528 = b.ci64(528);
+    let base = b.op(&format!("arith.muli {sb}, {c528} : i64"));
+    let c128 = b.ci64(128);
+    let g = b.op(&format!("arith.divui {r}, {c128} : i64"));
+    let c4 = b.ci64(4);
+    let so = b.op(&format!("arith.muli {g}, {c4} : i64"));
+    let so = b.op(&format!("arith.addi {base}, {so} : i64"));
+    let sw = b.load_vec(ptr, &so, 1, "f32", 4).remove(0);
+    let c256 = b.cf32(256.0);
+    let s256 = b.op(&format!("arith.mulf {sw}, {c256} : f32"));
+    (base, r, s256)
+}
+
+/// One [`DType::F8G128`] value at flat element `e` (i64) of `ptr` as f32 (`Body::weight_elem`).
+pub(crate) fn f8g128_elem(b: &mut Body, ptr: &str, e: &str) -> String {
+    let (base, r, s256) = f8g128_at(b, ptr, e);
+    let c16 = b.ci64(16);
+    let o = b.op(&format!("arith.addi {base}, {c16} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {r} : i64"));
+    let byte = b.u8_at_byte(ptr, &o);
+    e4m3_scaled(b, &byte, &s256)
+}
+
+/// The eight [`DType::F8G128`] values at flat element `e0` (i64, a multiple of 8: one group's,
+/// 8-byte aligned) as f32.
+pub(crate) fn f8g128_eight(b: &mut Body, ptr: &str, e0: &str) -> Vec<String> {
+    let (base, r, s256) = f8g128_at(b, ptr, e0);
+    let c16 = b.ci64(16);
+    let o = b.op(&format!("arith.addi {base}, {c16} : i64"));
+    let o = b.op(&format!("arith.addi {o}, {r} : i64"));
+    let words = b.load_vec(ptr, &o, 2, "i32", 8);
+    let cff = b.op("arith.constant 255 : i32");
+    let mut out = vec![];
+    for w in &words {
+        for i in 0..4 {
+            let c = b.op(&format!("arith.constant {} : i32", 8 * i));
+            let v = b.op(&format!("arith.shrui {w}, {c} : i32"));
+            let v = b.op(&format!("arith.andi {v}, {cff} : i32"));
+            out.push(e4m3_scaled(b, &v, &s256));
         }
     }
     out
