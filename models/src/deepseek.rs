@@ -24,7 +24,10 @@
 //! - `kv_b_proj.weight` `[H * (nope + v), L]`, split per head into the absorbed forms, both in
 //!   the `x @ W^T` layout: `kv_b_proj.k_heads.weight` `[H, L, nope]` (the key half, transposed:
 //!   `q_latent = q_nope @ W_uk`) and `kv_b_proj.v_heads.weight` `[H, v, L]` (llama.cpp's
-//!   `attn_k_b` / `attn_v_b`). Exact for f32/f16/bf16 checkpoints.
+//!   `attn_k_b` / `attn_v_b`). Exact for f32/f16/bf16 checkpoints; an FP8 one's halves are bf16.
+//!
+//! DeepSeek's FP8 release (`quantization_config` quant_method fp8, 128x128 blocks) imports as
+//! shipped ([`import_fp8`]): e4m3 matrices with their `weight_scale_inv` become dsc's f8g128.
 
 use crate::builder::Builder;
 use crate::error::{ModelError, Result};
@@ -225,8 +228,17 @@ pub fn config_from_json(path: &Path, text: &str) -> Result<DeepseekConfig> {
         return Err(ferr(format!("field `hidden_act`: `{act}` is not supported (DeepSeek's MLPs are SwiGLU: silu)")));
     }
     if !v["quantization_config"].is_null() {
-        let method = v["quantization_config"]["quant_method"].as_str().unwrap_or("?");
-        return Err(ferr(format!("field `quantization_config`: `{method}` checkpoints are not supported yet (dequantize to bf16 first; FP8 block scales are a later issue)")));
+        // DeepSeek-V3/R1's FP8 release: e4m3 weights with an f32 `weight_scale_inv` per 128x128
+        // block (`prepare` turns them into f8g128, exactly)
+        let q = &v["quantization_config"];
+        let method = q["quant_method"].as_str().unwrap_or("?");
+        let block = q["weight_block_size"].as_array().map(|b| b.iter().map(|x| x.as_u64()).collect::<Vec<_>>());
+        let fmt = q["fmt"].as_str().unwrap_or("e4m3");
+        if method != "fp8" || block != Some(vec![Some(128), Some(128)]) || fmt != "e4m3" {
+            return Err(ferr(format!(
+                "field `quantization_config`: {q} is not supported (dsc imports DeepSeek's FP8 release: quant_method \"fp8\", fmt \"e4m3\", weight_block_size [128, 128]; dequantize other checkpoints to bf16 first)"
+            )));
+        }
     }
     // rope: released checkpoints carry `rope_scaling`, transformers 5 writes `rope_parameters`
     let (rope_key, rope) = if !v["rope_scaling"].is_null() { ("rope_scaling", &v["rope_scaling"]) } else { ("rope_parameters", &v["rope_parameters"]) };
@@ -405,11 +417,52 @@ pub fn kv_b_half_name(layer: usize, half: &str) -> String {
     format!("model.layers.{layer}.self_attn.kv_b_proj.{half}_heads.weight")
 }
 
-/// Turn an HF checkpoint's tensors into the ones the graph reads: experts stacked, kv_b_proj
-/// split per head (see the module docs).
+/// Turn an HF checkpoint's tensors into the ones the graph reads: FP8 block-scaled weights
+/// into f8g128, experts stacked, kv_b_proj split per head (see the module docs).
 pub fn prepare(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()> {
+    import_fp8(ws, path)?;
     stack_experts(ws, c, path)?;
     split_kv_b(ws, c, path)
+}
+
+/// DeepSeek's FP8 checkpoints: each e4m3 `X.weight` `[N, K]` with its f32 `X.weight_scale_inv`
+/// `[ceil(N / 128), ceil(K / 128)]` (value = e4m3 · scale of its 128x128 block) becomes one
+/// tensor — dsc's [`DType::F8G128`] where K is whole 512-value super-blocks (every V3/R1
+/// matrix: the bytes as shipped, each row's group scale its block's, exact), else bf16 (the
+/// products e4m3 · scale rounded once, as DeepSeek's own `weight_dequant` gives them).
+pub fn import_fp8(ws: &mut WeightSet, path: &Path) -> Result<()> {
+    let scales: Vec<String> = ws.tensors.keys().filter(|n| n.ends_with(".weight_scale_inv")).cloned().collect();
+    for sname in scales {
+        let wname = sname.trim_end_matches("_scale_inv").to_string();
+        let terr = |tensor: &str, msg: String| ModelError::Tensor { path: path.into(), tensor: tensor.to_string(), msg };
+        let st = ws.tensors.remove(&sname).expect("listed");
+        let w = ws.get(&wname).ok_or_else(|| terr(&sname, format!("a scale without its weight `{wname}`")))?.clone();
+        let [n, k] = w.shape[..] else { return Err(terr(&wname, format!("shape {:?}: block-scaled FP8 weights are matrices", w.shape))) };
+        if w.dtype != DType::F8E4M3 {
+            return Err(terr(&wname, format!("dtype {} beside a weight_scale_inv: DeepSeek's FP8 weights are F8_E4M3", w.dtype)));
+        }
+        let (bn, bk) = (n.div_ceil(128), k.div_ceil(128));
+        if st.shape != [bn, bk] || !matches!(st.dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(terr(&sname, format!("{}{:?}, expected f32[{bn}, {bk}] (one scale per 128x128 block of {wname}'s [{n}, {k}])", st.dtype, st.shape)));
+        }
+        let sv = dsc_ir::quant::decode(st.dtype, st.bytes.as_slice(), bn * bk).ok_or_else(|| terr(&sname, "stored bytes do not match its shape".into()))?;
+        let q = w.bytes.as_slice();
+        if q.len() != n * k {
+            return Err(terr(&wname, "stored bytes do not match its shape".into()));
+        }
+        let (dtype, bytes) = if k % 512 == 0 {
+            let groups = (0..n).flat_map(|r| (0..k / 128).map(move |g| (r, g))).map(|(r, g)| (sv[(r / 128) * bk + g], q[r * k + 128 * g..r * k + 128 * g + 128].try_into().expect("128 bytes")));
+            (DType::F8G128, dsc_ir::quant::pack_f8g128(groups))
+        } else {
+            let vals: Vec<f32> = (0..n * k).map(|i| dsc_ir::quant::f8e4m3_to_f32(q[i]) * sv[(i / k / 128) * bk + (i % k) / 128]).collect();
+            (DType::BF16, dsc_ir::quant::encode(DType::BF16, &vals).expect("whole"))
+        };
+        ws.insert(wname, WeightTensor { dtype, shape: vec![n, k], bytes: Bytes::Owned(Arc::new(bytes)) });
+    }
+    if let Some((name, _)) = ws.tensors.iter().find(|(_, t)| t.dtype == DType::F8E4M3) {
+        return Err(ModelError::Tensor { path: path.into(), tensor: name.clone(), msg: "an F8_E4M3 weight without its weight_scale_inv".into() });
+    }
+    Ok(())
 }
 
 fn split_kv_b(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()> {
@@ -425,9 +478,13 @@ fn split_kv_b(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()>
         if t.shape != want {
             return Err(terr(format!("shape {:?}, expected {want:?} from the model's dims", t.shape)));
         }
-        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(terr(format!("dtype {}: the per-head split needs an f32/f16/bf16 kv_b_proj (quantize after import with precision.weights)", t.dtype)));
-        }
+        // (an FP8 kv_b_proj splits into bf16 halves: the key half's rows are qk_nope_head_dim
+        // values, not f8g128 super-blocks)
+        let out_dt = match t.dtype {
+            DType::F32 | DType::F16 | DType::BF16 => t.dtype,
+            DType::F8G128 => DType::BF16,
+            d => return Err(terr(format!("dtype {d}: the per-head split needs an f32/f16/bf16 (or FP8) kv_b_proj (quantize after import with precision.weights)"))),
+        };
         let v = dsc_ir::quant::decode(t.dtype, t.bytes.as_slice(), h * (nope + vd) * l).ok_or_else(|| terr("stored bytes do not match its shape".into()))?;
         let row = |hi: usize, r: usize| &v[(hi * (nope + vd) + r) * l..(hi * (nope + vd) + r + 1) * l];
         // k: [H, L, nope], element (h, c, n) = W[h * (nope + v) + n, c]
@@ -440,8 +497,8 @@ fn split_kv_b(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()>
         // v: [H, v, L], rows h * (nope + v) + nope .. as they are
         let vv: Vec<f32> = (0..h).flat_map(|hi| (0..vd).flat_map(move |r| row(hi, nope + r).iter().copied())).collect();
         for (half, vals, shape) in [("k", k, vec![h, l, nope]), ("v", vv, vec![h, vd, l])] {
-            let bytes = dsc_ir::quant::encode(t.dtype, &vals).ok_or_else(|| terr(format!("re-encoding the {half} half")))?;
-            ws.insert(kv_b_half_name(layer, half), WeightTensor { dtype: t.dtype, shape, bytes: Bytes::Owned(Arc::new(bytes)) });
+            let bytes = dsc_ir::quant::encode(out_dt, &vals).ok_or_else(|| terr(format!("re-encoding the {half} half")))?;
+            ws.insert(kv_b_half_name(layer, half), WeightTensor { dtype: out_dt, shape, bytes: Bytes::Owned(Arc::new(bytes)) });
         }
     }
     Ok(())
@@ -652,4 +709,50 @@ pub fn build(opts: &BuildOptions, c: &DeepseekConfig, weights: &WeightSet) -> Re
     b.g.set_output("logits", logits);
     b.g.verify()?;
     Ok(b.g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> WeightTensor {
+        WeightTensor { dtype, shape, bytes: Bytes::Owned(Arc::new(bytes)) }
+    }
+
+    #[test]
+    fn fp8_block_scaled_weights_import_exactly() {
+        // [200, 512]: whole super-blocks -> f8g128, the bytes as shipped; [130, 256] -> bf16
+        let mut ws = WeightSet::default();
+        let codes = |n: usize| -> Vec<u8> { (0..n).map(|i| ((i * 37 + i / 512) % 255) as u8).map(|b| if b & 0x7F == 0x7F { 0x3C } else { b }).collect() };
+        let (q1, q2) = (codes(200 * 512), codes(130 * 256));
+        let s1: Vec<f32> = (0..2 * 4).map(|i| 0.001 * (i + 1) as f32).collect();
+        let s2: Vec<f32> = (0..2 * 2).map(|i| 0.5 + i as f32).collect();
+        ws.insert("a.weight", owned(DType::F8E4M3, vec![200, 512], q1.clone()));
+        ws.insert("a.weight_scale_inv", owned(DType::F32, vec![2, 4], dsc_ir::quant::encode(DType::F32, &s1).unwrap()));
+        ws.insert("b.weight", owned(DType::F8E4M3, vec![130, 256], q2.clone()));
+        ws.insert("b.weight_scale_inv", owned(DType::F32, vec![2, 2], dsc_ir::quant::encode(DType::F32, &s2).unwrap()));
+        import_fp8(&mut ws, Path::new("x")).unwrap();
+        assert!(ws.get("a.weight_scale_inv").is_none() && ws.get("b.weight_scale_inv").is_none());
+        let a = ws.get("a.weight").unwrap();
+        assert_eq!((a.dtype, a.shape.clone()), (DType::F8G128, vec![200, 512]));
+        let av = dsc_ir::quant::decode(a.dtype, a.bytes.as_slice(), 200 * 512).unwrap();
+        for i in 0..200 * 512 {
+            let (r, c) = (i / 512, i % 512);
+            assert_eq!(av[i].to_bits(), (dsc_ir::quant::f8e4m3_to_f32(q1[i]) * s1[(r / 128) * 4 + c / 128]).to_bits(), "a[{r}, {c}]");
+        }
+        let b = ws.get("b.weight").unwrap();
+        assert_eq!(b.dtype, DType::BF16);
+        let bv = dsc_ir::quant::decode(b.dtype, b.bytes.as_slice(), 130 * 256).unwrap();
+        for i in 0..130 * 256 {
+            let want = half::bf16::from_f32(dsc_ir::quant::f8e4m3_to_f32(q2[i]) * s2[(i / 256 / 128) * 2 + (i % 256) / 128]).to_f32();
+            assert_eq!(bv[i], want, "b element {i}");
+        }
+        // a weight without its scale, a scale of the wrong shape: errors naming the tensor
+        let mut ws = WeightSet::default();
+        ws.insert("c.weight", owned(DType::F8E4M3, vec![4, 512], vec![0; 2048]));
+        assert!(import_fp8(&mut ws, Path::new("x")).unwrap_err().to_string().contains("c.weight"));
+        ws.insert("c.weight_scale_inv", owned(DType::F32, vec![1, 1], vec![0; 4]));
+        let e = import_fp8(&mut ws, Path::new("x")).unwrap_err().to_string();
+        assert!(e.contains("c.weight_scale_inv") && e.contains("[1, 4]"), "{e}");
+    }
 }

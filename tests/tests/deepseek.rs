@@ -159,7 +159,7 @@ fn unsupported_config_values_name_the_field() {
         ("v2-tiny", Box::new(|c| c["num_experts_per_tok"] = 5.into()), "field `num_experts_per_tok`"),
         ("v3-tiny", Box::new(|c| c["rope_parameters"]["rope_type"] = "longrope".into()), "field `rope_parameters`"),
         ("v3-tiny", Box::new(|c| c["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 2.0})), "field `rope_scaling`"),
-        ("v3-tiny", Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "fp8"})), "field `quantization_config`"),
+        ("v3-tiny", Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [1, 128]})), "field `quantization_config`"),
         ("v3-tiny", Box::new(|c| c["architectures"] = serde_json::json!(["MixtralForCausalLM"])), "field `architectures`"),
         ("v3-tiny", Box::new(|c| c["kv_lora_rank"] = 0.into()), "field `kv_lora_rank`"),
         ("v3-tiny", Box::new(|c| c["qk_rope_head_dim"] = serde_json::Value::Null), "field `qk_rope_head_dim`"),

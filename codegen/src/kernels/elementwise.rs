@@ -326,7 +326,11 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     // writes its byte, the group's first its scale
                     b.workgroup = Some("%red : memref<8xf32, #gpu.address_space<workgroup>>".into());
                     let smt = "memref<8xf32, #gpu.address_space<workgroup>>";
-                    let av = b.op(&format!("math.absf {v} : f32"));
+                    // (|v| by its bits: math.absf would call libdevice)
+                    let vb = b.op(&format!("arith.bitcast {v} : f32 to i32"));
+                    let cabs = b.op(&format!("arith.constant {} : i32", 0x7FFF_FFFF));
+                    let ab = b.op(&format!("arith.andi {vb}, {cabs} : i32"));
+                    let av = b.op(&format!("arith.bitcast {ab} : i32 to f32"));
                     let amax_w = b.xor_reduce(&av, "arith.maximumf", &[16, 8, 4, 2, 1]);
                     let t = b.op("gpu.thread_id x");
                     let (lane, warp) = b.lane_warp(&t);
