@@ -41,6 +41,11 @@ fn packed_gemv_passes_ptxas_without_spills(wdtype: DType) {
             assert!(!body.contains("cvt.rn.f32.u32") && !body.contains("cvt.rn.f32.s32"), "an int-to-float conversion per weight in {}", spec.symbol());
             let staged = matches!(spec, KernelSpec::MatMulPacked { tiles: 0, .. } | KernelSpec::NormMatMul { .. });
             assert_eq!(body.contains("st.shared.v4"), staged, "x staged in shared memory exactly for one row: {}", spec.symbol());
+            // (one row: ptxas told 256 threads and two blocks an SM, so it keeps the next
+            // round's loads ahead of the math instead of sinking them to the loop's end)
+            let head = &ptx[ptx.find(&format!(".entry {}(", spec.symbol())).unwrap()..];
+            let head = &head[..head.find('{').unwrap()];
+            assert_eq!(head.contains(".maxntid 256, 1, 1") && head.contains(".minnctapersm 2"), staged, "launch bounds of {}: {head}", spec.symbol());
         }
     }
 }

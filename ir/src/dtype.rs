@@ -36,7 +36,7 @@ pub enum DType {
     /// Int4 with one f16 scale d and one f16 minimum m per group of 128 values (x = d · q + m;
     /// symmetric int4 is m = −8d): super-blocks of 512 values (272 bytes, 4.25 bits a value) —
     /// the four groups' (d, m) pairs, then each group's 64 bytes of nibbles, in the order the
-    /// tensor-core GEMV's lanes read them (`kernels/matmul/int4.rs`): 16-byte chunk c of a group
+    /// tensor-core GEMV's lanes read them (`kernels/matmul/packed.rs`): 16-byte chunk c of a group
     /// is lane c's, its word w the values 32w + 4c + (0..4) and 32w + 16 + 4c + (0..4), value i
     /// of a word in nibble i / 2 (even i) or 4 + i / 2 (`dsc_ir::quant::i4g128_nibble`). dsc's
     /// own layout, written by `dsc compile --quant int4-g128`.

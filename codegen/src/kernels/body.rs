@@ -65,8 +65,11 @@ pub(crate) struct Body {
     pub(crate) ws: bool,
     /// the prefill attention's products on wgmma (`KernelSpec::FlashWgmma`)
     pub(crate) flash_wg: bool,
-    /// (the wgmma prefill attention: `.minnctapersm` for ptxas, `flash_wg_blocks_per_sm`)
-    pub(crate) flash_mincta: Option<u32>,
+    /// (threads a block, blocks an SM) for ptxas (`.maxntid`, `.minnctapersm`): the registers
+    /// it may take, and — where loads must stay ahead of the math they feed — room to keep
+    /// them there (the packed GEMV: without it ptxas sank the next round's loads to the loop's
+    /// end, exposing a DRAM round trip per round)
+    pub(crate) launch_bounds: Option<(u32, u32)>,
     /// (the decode attention with the o projection folded in: its N, `KernelSpec::AttentionO`)
     pub(crate) attn_o: Option<usize>,
     /// the GEMV also stores its output into `%y2` (`KernelSpec::MatMulCopy`)

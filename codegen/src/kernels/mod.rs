@@ -110,7 +110,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
         tma: false,
         ws: false,
         flash_wg: false,
-        flash_mincta: None,
+        launch_bounds: None,
         attn_o: None,
         copy_y: false,
         attn_o_red: false,
@@ -128,7 +128,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
     // before `setmaxnreg` redistributes them)
     // (the wgmma prefill attention with TMA tiles: ptxas keeps to the registers
     // FLASH_WG_BLOCKS_PER_SM blocks of 128 threads leave — `flash_wg_blocks_per_sm`)
-    let mincta = b.flash_mincta;
+    let mincta = b.launch_bounds;
     let attrs = match (b.ws, mincta) {
         (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
         // (the decode attention with the o projection: its block size, so ptxas keeps the
@@ -146,7 +146,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
                 _ => String::new(),
             }
         }
-        (false, Some(n)) => format!(" attributes {{known_block_size = array<i32: 128, 1, 1>, nvvm.minctasm = {n} : i32}}"),
+        (false, Some((threads, n))) => format!(" attributes {{known_block_size = array<i32: {threads}, 1, 1>, nvvm.minctasm = {n} : i32}}"),
         _ => String::new(),
     };
     let prologue = match (pdl, b.waited) {

@@ -230,10 +230,11 @@ pub enum KernelSpec {
     /// half the activation bytes, which bound batched decode (docs/perf.md); 32 rows per block;
     /// params as `MatMulFew`
     MatMulFewX16 { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
-    /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) (+ res) for [`DType::I4G128`] weights: the
-    /// int4 GEMV on `mma.sync` (`kernels/matmul/int4.rs`), 16 outputs and `tiles` B tiles of 8
-    /// rows per block (0: one row a block, x staged in shared memory as bf16); every row count
-    /// up to the batched-decode limit. params x, w, [bias], [res], y, M, N
+    /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) (+ res) for [`DType::I4G128`] or
+    /// [`DType::F8G128`] weights: the packed GEMV on `mma.sync` (`kernels/matmul/packed.rs`),
+    /// 16 outputs and `tiles` B tiles of 8 rows per block (0: one row a block, x staged in
+    /// shared memory in 16 bits); every row count up to the batched-decode limit. params x, w,
+    /// [bias], [res], y, M, N
     MatMulPacked { wdtype: DType, k: usize, n: usize, tiles: usize, bias: bool, residual: bool },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },

@@ -493,6 +493,10 @@ pub(crate) const GRAPH_WEIGHTS_ONLY: &str = "matmul W must be a graph weight on 
 /// RMSNorm nodes whose every user is a matmul (or merged matmul) that takes it as x with
 /// plain-float weights and no bias: their decode GEMVs compute the norm in their prologue
 /// (`KernelSpec::NormMatMul`), so one-row steps skip the norm's own kernel.
+/// Most weight rows (outputs) the RMSNorm folds into a packed one-row GEMV over (see
+/// [`fusable_norms`]): the 8B shape's q/k/v (6,144), not its gate/up (28,672).
+pub(crate) const PACKED_NORM_FOLD_MAX_ROWS: usize = 8192;
+
 pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::NodeId> {
     let mut out = std::collections::HashSet::new();
     for id in g.node_ids() {
@@ -519,6 +523,17 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
             let numel = t.shape.iter().map(|d| d.as_const().unwrap_or(usize::MAX)).fold(1usize, |a, b| a.saturating_mul(b));
             t.dtype.bytes_for(numel).unwrap_or(usize::MAX)
         };
+        // (the packed GEMV's blocks stage x whole either way: what counts there is how many
+        // blocks re-read g — 16 rows a block, i4g128's q/k/v (384 blocks) gained, its gate/up
+        // (1,792) lost — so packed weights are bounded by rows, the same for fp8's twice the bytes)
+        let rows = |w: dsc_ir::NodeId| g.node(w).ty.shape.first().and_then(|d| d.as_const()).unwrap_or(usize::MAX);
+        let short = |ws: &[dsc_ir::NodeId]| {
+            if ws.iter().all(|&w| matches!(g.node(w).ty.dtype, DType::I4G128 | DType::F8G128)) {
+                ws.iter().map(|&w| rows(w)).fold(0usize, |a, b| a.saturating_add(b)) <= PACKED_NORM_FOLD_MAX_ROWS
+            } else {
+                ws.iter().map(|&w| bytes(w)).fold(0usize, |a, b| a.saturating_add(b)) <= crate::kernels::GEMV_PREFETCH_MAX_BYTES
+            }
+        };
         let users = g.users(id);
         let ok = !users.is_empty()
             && !g.outputs.iter().any(|(_, o)| *o == id)
@@ -526,7 +541,7 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
                 let uo = g.operands(u);
                 uo[0] == id
                     && !uo[1..].contains(&id)
-                    && uo[1..].iter().map(|&w| bytes(w)).fold(0usize, |a, b| a.saturating_add(b)) <= crate::kernels::GEMV_PREFETCH_MAX_BYTES
+                    && short(&uo[1..])
                     && match g.node(u).op {
                         Op::MatMul { transpose_b: true } => uo.len() == 2 && plain(uo[1]),
                         Op::MatMulCat => uo[1..].iter().all(|&w| plain(w)),

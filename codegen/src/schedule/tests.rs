@@ -203,6 +203,14 @@ fn packed_decode_schedule(wdtype: DType) {
     assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulPacked { tiles: 0, .. })), "{:?}", a.kernel);
     assert_eq!(&a.args[..2], ["x".to_string(), "g".to_string()]);
     assert_eq!(steps.iter().find(|s| s.node == "n").unwrap().min_rows, Some(2), "the norm's own kernel from two rows");
+    // ... up to 8,192 weight rows (the blocks re-reading g), whatever the bytes: fp8's q/k/v
+    // (26 MB) folds like int4's (13 MB), a gate/up's 28,672 rows do not
+    for (rows, folds) in [(6144usize, true), (8704, false)] {
+        let src = format!("graph \"t\" {{\n  %x = input : f32[T, 1024]\n  %g = weight : f32[1024]\n  %n = rms_norm(%x, %g) {{eps = 0.00001}} : f32[T, 1024]\n  %w = weight : {wdtype}[{rows}, 1024]\n  %a = matmul(%n, %w) {{transpose_b = true}} : f32[T, {rows}]\n  output a = %a\n}}\n");
+        let steps = lower_opts(&text::parse(&src).unwrap(), ScheduleOptions { norm_fusion: true, ..no_ws() }).unwrap();
+        let a = steps.iter().find(|s| s.node == "a").unwrap();
+        assert_eq!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { .. })), folds, "{wdtype} {rows} rows: {:?}", a.kernel);
+    }
     // rows not whole 512-value super-blocks have no packed GEMV
     assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype, k: 576, n: 128, tiles: 1, bias: false, residual: false }).is_err());
 }

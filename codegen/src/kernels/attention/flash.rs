@@ -1188,7 +1188,7 @@ pub(crate) fn flash_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, St
         KernelSpec::FlashWgmma { inner } => {
             b.flash_wg = true;
             if let KernelSpec::FlashAttention { bs, .. } = inner.as_ref() {
-                b.flash_mincta = flash_wg_tma_rows(*bs).and(b.o.flash_wg_mincta);
+                b.launch_bounds = flash_wg_tma_rows(*bs).and(b.o.flash_wg_mincta).map(|m| (128, m));
             }
             emit_into(b, inner)?
         }

@@ -494,7 +494,7 @@ pub(crate) fn emit_gemv_wide(b: &mut Body, k: usize, n: usize, wdtype: DType, bi
     let opb = nw * rpw * groups;
     // (ptxas keeps to the registers 3 blocks of 128 threads per SM leave: the grid in one wave
     // on 132 SMs; x, g and the early weights would take ~230 with the norm prologue)
-    b.flash_mincta = Some(3);
+    b.launch_bounds = Some((128, 3));
     let t = b.op("gpu.thread_id x");
     let bx = b.op("gpu.block_id x");
     let by = b.op("gpu.block_id y");

@@ -131,6 +131,12 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
     };
     // words a row's group takes in registers (the scale word last)
     let wl = if f8 { 9 } else { 5 };
+    if staged {
+        // (256 threads, two blocks an SM: up to 128 registers, so ptxas keeps the next round's
+        // loads at the top of the loop — left to itself it kept to ~80 and sank them to the
+        // loop's end, behind the math, a DRAM round trip exposed per round)
+        b.launch_bounds = Some(((32 * nw) as u32, 2));
+    }
     let (jloop, rounds) = split_k_schedule(groups, 1, nw, unroll);
     // 16-row A tiles a warp computes (x read once for all: 64 outputs a block from 16 rows)
     let na = if staged { 1 } else { packed_a_tiles(tiles) };
