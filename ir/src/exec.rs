@@ -284,7 +284,15 @@ impl<'g> Executor<'g> {
                         let s = s as usize;
                         let dst = &mut cache.data[s * row..(s + 1) * row];
                         dst.copy_from_slice(&x.data[t * row..(t + 1) * row]);
-                        if pool != DType::F32 {
+                        if pool == DType::F8E4M3 {
+                            // (an e4m3 pool keeps one f32 scale per token and KV head, amax / 448:
+                            // each head's row in e4m3's normal range, none saturated)
+                            for h in dst.chunks_mut(cache.shape[3]) {
+                                let sc = h.iter().fold(0f32, |a, v| a.max(v.abs())) / 448.0;
+                                let inv = if sc > 0.0 { 1.0 / sc } else { 0.0 };
+                                h.iter_mut().for_each(|v| *v = quant::round_to(pool, *v * inv) * sc);
+                            }
+                        } else if pool != DType::F32 {
                             dst.iter_mut().for_each(|v| *v = quant::round_to(pool, *v));
                         }
                     }

@@ -297,6 +297,29 @@ fn a_bf16_pool_stores_rows_rounded_to_bf16() {
     }
 }
 
+#[test]
+fn an_e4m3_pool_keeps_a_scale_per_token_and_head() {
+    // each head's row scaled by its |max| / 448 before rounding: a head of tiny values keeps
+    // e4m3's relative precision (unscaled, its values would be e4m3 subnormals or zero)
+    let src = "graph \"w\" {\n  %x = input : f32[2, 2, 4]\n  %s = input : i32[2]\n  %c = state : f8e4m3[2, 2, 2, 4]\n  %w = cache_write(%c, %x, %s) : f8e4m3[2, 2, 2, 4]\n  output c = %w\n}\n";
+    let g = text::parse(src).unwrap();
+    let mut ex = Executor::new(&g, &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(), BTreeMap::new()).unwrap();
+    let x: Vec<f32> = (0..16).map(|i| if (i / 4) % 2 == 0 { 1e-4 * (i + 1) as f32 } else { -300.0 + 97.0 * i as f32 }).collect();
+    let slots = [3i32, 0];
+    let out = ex.run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![2, 2, 4], x.clone())), ("s".to_string(), Tensor::from_i32(vec![2], &slots))])).unwrap().remove("c").unwrap();
+    for (t, &s) in slots.iter().enumerate() {
+        for e in 0..8 {
+            let (got, v) = (out.data[s as usize * 8 + e], x[t * 8 + e]);
+            assert!((got - v).abs() <= v.abs() / 16.0, "slot {s} element {e}: {got} for {v}");
+        }
+        // (the head's largest value maps to 448 and back: exact up to the scale's rounding)
+        let h = &x[t * 8..t * 8 + 4];
+        let m = h.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let at = h.iter().position(|v| v.abs() == m).unwrap();
+        assert!((out.data[s as usize * 8 + at].abs() - m).abs() <= m * 1e-6);
+    }
+}
+
 fn run1(src: &str, inputs: Vec<(&str, Tensor)>, ws: &HashMap<String, (DType, Vec<usize>, Vec<u8>)>, fixed: BTreeMap<String, usize>) -> BTreeMap<String, Tensor> {
     let g = text::parse(src).unwrap();
     let mut ex = Executor::new(&g, ws, fixed).unwrap();

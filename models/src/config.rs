@@ -24,7 +24,8 @@
 //!
 //! [precision]
 //! activations = "f32"   # f32 | bf16 | f16
-//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (the GPU kernels: f32 or bf16, half the bytes)
+//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (a scale per token and head; the GPU kernels:
+//!                       # f32 or bf16, half the bytes)
 //! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1
 //!                       # | fp8 (e4m3, an f32 scale per 128 values of a row: dsc's f8g128)
 //!                       # | int8[-gN] | int4[-sym|-asym][-gN] (groups of N, default 128)
