@@ -478,3 +478,73 @@ fn perplexity_equals_the_one_hf_logits_give() {
         assert!(dsc_runtime::ppl::perplexity(&mut backend, &r.prompt, 1, None).is_err());
     }
 }
+
+/// DeepSeek's FP8 release as it ships (e4m3 `weight` + f32 `weight_scale_inv` per 128x128 block
+/// for every linear projection, `quantization_config` fp8): v3-tiny's weights quantized that
+/// way load, and the plan's logits are those of the same weights dequantized to f32 (up to the
+/// bf16 rounding of the products the tiny matrices import as: rows shorter than f8g128's
+/// 512-value super-blocks)
+#[test]
+fn fp8_block_scaled_checkpoints_import_as_shipped() {
+    use safetensors::tensor::{Dtype, TensorView};
+    use safetensors::SafeTensors;
+    let bytes = std::fs::read(fixture("v3-tiny").join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (fp8, deq) = (dir.path().join("fp8"), dir.path().join("deq"));
+    let mut out_fp8: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![];
+    let mut out_deq: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![];
+    let mut quantized = 0;
+    for (name, t) in st.tensors() {
+        let shape = t.shape().to_vec();
+        let linear = shape.len() == 2 && name.ends_with("_proj.weight");
+        if !linear {
+            out_fp8.push((name.clone(), t.dtype(), shape.clone(), t.data().to_vec()));
+            out_deq.push((name, t.dtype(), shape, t.data().to_vec()));
+            continue;
+        }
+        assert_eq!(t.dtype(), Dtype::F32, "{name}");
+        let v: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let (n, k) = (shape[0], shape[1]);
+        let (bn, bk) = (n.div_ceil(128), k.div_ceil(128));
+        let mut scale = vec![0f32; bn * bk];
+        for i in 0..n * k {
+            let b = (i / k / 128) * bk + (i % k) / 128;
+            scale[b] = scale[b].max(v[i].abs() / 448.0);
+        }
+        let q: Vec<u8> = (0..n * k).map(|i| dsc_ir::quant::f32_to_f8e4m3(v[i] / scale[(i / k / 128) * bk + (i % k) / 128])).collect();
+        let dq: Vec<f32> = (0..n * k).map(|i| dsc_ir::quant::f8e4m3_to_f32(q[i]) * scale[(i / k / 128) * bk + (i % k) / 128]).collect();
+        out_fp8.push((name.clone(), Dtype::F8_E4M3, shape.clone(), q));
+        out_fp8.push((format!("{name}_scale_inv"), Dtype::F32, vec![bn, bk], scale.iter().flat_map(|s| s.to_le_bytes()).collect()));
+        out_deq.push((name, Dtype::F32, shape, dq.iter().flat_map(|s| s.to_le_bytes()).collect()));
+        quantized += 1;
+    }
+    assert!(quantized >= 10, "{quantized} linear projections");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("v3-tiny").join("config.json")).unwrap()).unwrap();
+    for (d, tensors, q) in [(&fp8, &out_fp8, true), (&deq, &out_deq, false)] {
+        std::fs::create_dir(d).unwrap();
+        let views: Vec<(String, TensorView)> = tensors.iter().map(|(n, dt, s, b)| (n.clone(), TensorView::new(*dt, s.clone(), b).unwrap())).collect();
+        safetensors::serialize_to_file(views, None, &d.join("model.safetensors")).unwrap();
+        if q {
+            cfg["quantization_config"] = serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]});
+        } else {
+            cfg.as_object_mut().unwrap().remove("quantization_config");
+        }
+        std::fs::write(d.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    }
+    let logits = |w: &Path, tag: &str| {
+        let sub = dir.path().join(tag);
+        std::fs::create_dir(&sub).unwrap();
+        let c = dsc_compiler::compile(&model_toml(&sub, w, "")).unwrap_or_else(|e| panic!("{tag}: {e:#}"));
+        let out = sub.join("p.plan");
+        dsc_compiler::write(&c, &out).unwrap();
+        let plan = Plan::open(&out).unwrap();
+        let graph = plan.graph().unwrap();
+        let mut be = CpuBackend::new(&graph, &plan, 64).unwrap();
+        Session::new(&mut be).feed(&[3, 14, 15, 92, 65, 35], true).unwrap()
+    };
+    let (got, want) = (logits(&fp8, "a"), logits(&deq, "b"));
+    let rel = worst_rel(&got, &want);
+    assert!(rel < 2e-2, "FP8 checkpoint vs its dequantized f32 twin: {rel}");
+    assert!(rel > 0.0, "the import rounds the tiny matrices' products to bf16");
+}
