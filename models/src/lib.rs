@@ -213,11 +213,19 @@ fn seeded_tensor(ws: &mut WeightSet, seed: u64, dtype: DType, name: String, shap
     let n: usize = shape.iter().product();
     let vector = shape.len() == 1;
     let fan_in = *shape.last().unwrap_or(&1) as f32;
-    let dt = if vector { DType::F32 } else { dtype };
+    // (f8g128 where rows are whole 512-value super-blocks, else bf16 — as DeepSeek's FP8 release
+    // imports, `deepseek::import_fp8`, whose kv_b_proj halves are bf16 per head)
+    let dt = if vector {
+        DType::F32
+    } else if dtype == DType::F8G128 && (!(fan_in as usize).is_multiple_of(512) || name.contains("kv_b_proj")) {
+        DType::BF16
+    } else {
+        dtype
+    };
     if dt.bytes_for(n).is_none() {
         return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{n} elements are not whole {dt} blocks") });
     }
-    if matches!(dt, DType::I4G128 | DType::F8G128) && !(fan_in as usize).is_multiple_of(512) {
+    if dt == DType::I4G128 && !(fan_in as usize).is_multiple_of(512) {
         return Err(ModelError::Tensor { path: "<seeded>".into(), tensor: name.clone(), msg: format!("{dt} rows are whole 512-value super-blocks; this one has {fan_in} values") });
     }
     let spec = weights::SeededSpec { seed, scale: 1.0 / fan_in.sqrt(), ones: vector && name.contains("norm") };

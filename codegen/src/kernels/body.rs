@@ -229,6 +229,8 @@ impl Body {
                         let words = b.load_vec(w, &wb, 4, "i32", 16);
                         b.half_words(&words, wdtype)
                     }
+                    // (rows of whole super-blocks: eight values of one group, one 8-byte load)
+                    DType::F8G128 => f8g128_eight(b, w, &we),
                     other => return Err(format!("{other} is not a plain float type")),
                 };
                 for (wv, xv) in ws.iter().zip(&xs) {

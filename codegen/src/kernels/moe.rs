@@ -89,8 +89,11 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             Ok(())
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => {
-            if !matches!(wdtype, DType::F32 | DType::BF16 | DType::F16) {
-                return Err(format!("the routed experts take f32/bf16/f16 weights, not {wdtype}"));
+            // (fp8 experts in f8g128 — DeepSeek-V3's FP8 release as imported — where D and I are
+            // whole 512-value super-blocks: the warp-per-output kernel, eight values a load)
+            let f8 = *wdtype == DType::F8G128 && d % 512 == 0 && inter % 512 == 0;
+            if !matches!(wdtype, DType::F32 | DType::BF16 | DType::F16) && !f8 {
+                return Err(format!("the routed experts take f32/bf16/f16 weights, or f8g128 with D and I multiples of 512, not {wdtype} (D {d}, I {inter})"));
             }
             if *d == 0 || *inter == 0 || *e == 0 || *top_k == 0 || top_k > e {
                 return Err(format!("empty routed experts (D {d}, I {inter}, E {e}, top_k {top_k})"));

@@ -21,6 +21,20 @@ fn merged_matmul_parts_must_fit_whole_blocks() {
     assert!(text.contains("%w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>") && text.contains("%yall: !llvm.ptr<1>") && text.contains("%prows: i64"), "{text}");
 }
 
+#[test]
+fn fp8_routed_experts_take_whole_super_blocks() {
+    // DeepSeek-V3's experts (D 7,168, I 2,048) in f8g128 take the warp-per-output kernels;
+    // V2-Lite's I 1,408 is not whole 512-value super-blocks; the grouped tensor-core ones
+    // stay 16-bit
+    let up = |d, inter, wdtype| KernelSpec::MoeGateUp { d, inter, e: 256, top_k: 8, wdtype };
+    assert!(fits(&up(7168, 2048, DType::F8G128)).is_ok());
+    assert!(fits(&KernelSpec::MoeDown { d: 7168, inter: 2048, e: 256, top_k: 8, wdtype: DType::F8G128 }).is_ok());
+    assert!(fits(&up(2048, 1408, DType::F8G128)).unwrap_err().contains("multiples of 512"));
+    assert!(fits(&KernelSpec::MoeGateUpMma { d: 7168, inter: 2048, e: 256, top_k: 8, wdtype: DType::F8G128 }).is_err());
+    let text = emit(&up(1024, 512, DType::F8G128)).unwrap();
+    assert!(text.contains("vector<2xi32>"), "eight e4m3 values a load");
+}
+
 proptest! {
     /// Walking the schedule as the kernels do (unguarded rounds, then rounds guarded by
     /// item < items) reads every item exactly once and nothing past the end, for any K.

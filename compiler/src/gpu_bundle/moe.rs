@@ -65,6 +65,8 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         (40, 512, 64, 40, 6, DType::BF16),
         (100, 256, 96, 8, 3, DType::BF16),
         (40, 128, 64, 16, 2, DType::F16),
+        // (fp8 experts, f8g128: the warp-per-output kernels)
+        (3, 512, 512, 8, 2, DType::F8G128),
     ] {
         let x = cx.r.vec(t * d, -1.0, 1.0);
         // each token's top_k distinct experts with positive weights
