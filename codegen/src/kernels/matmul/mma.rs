@@ -202,20 +202,8 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
     let c2 = b.ci64(2);
     let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
     for (a, part) in acc.iter().enumerate() {
-        let (at, j, i) = (a / (4 * nt), (a / 4) % nt, a % 4);
         let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
-        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
-        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
-        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
-        let cr = b.ci64((8 * j + i % 2) as i64);
-        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
-        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
-        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
-        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
-        b.line(&format!("scf.if {ok} {{"));
-        b.matmul_store(&total, &row, &col, bias, residual);
-        b.line("}");
+        MmaTiles::store_swap_ab(b, &total, a, nt, (&col0, &g), (&row0, &t2), bias, residual);
     }
     b.line("}");
     Ok(())
@@ -297,6 +285,26 @@ impl MmaTiles {
             total = b.op(&format!("arith.addf {total}, {v} : f32"));
         }
         total
+    }
+
+    /// Store value `a` of a swap-AB accumulator set (A tile `a / (4 nt)`, B tile `a / 4 % nt`,
+    /// fragment element `a % 4`) once summed: output column col0 + g + 16 (A tile) (+ 8 for
+    /// elements 2, 3), row row0 + 2t + 8 (B tile) + a % 2, guarded by N and M.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn store_swap_ab(b: &mut Body, total: &str, a: usize, nt: usize, (col0, g): (&str, &str), (row0, t2): (&str, &str), bias: bool, residual: bool) {
+        let (at, j, i) = (a / (4 * nt), (a / 4) % nt, a % 4);
+        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
+        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+        let cr = b.ci64((8 * j + i % 2) as i64);
+        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
+        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
+        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
+        b.line(&format!("scf.if {ok} {{"));
+        b.matmul_store(total, &row, &col, bias, residual);
+        b.line("}");
     }
 
     /// The weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]

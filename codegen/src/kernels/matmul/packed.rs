@@ -440,7 +440,7 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
     let c2 = b.ci64(2);
     let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
     for (a, part) in acc.iter().enumerate() {
-        let (at, j, i) = (a / (4 * tiles), (a / 4) % tiles, a % 4);
+        let i = a % 4;
         if staged {
             // (one row: every column of the D fragment is it; lanes t = 0 store columns 0)
             if i % 2 == 1 {
@@ -460,18 +460,7 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
             continue;
         }
         let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
-        let co = b.ci64(16 * at as i64 + if i >= 2 { 8 } else { 0 });
-        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
-        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
-        let cr = b.ci64((8 * j + i % 2) as i64);
-        let row = b.op(&format!("arith.addi {row0}, {t2} : i64"));
-        let row = b.op(&format!("arith.addi {row}, {cr} : i64"));
-        let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-        let okr = b.op(&format!("arith.cmpi slt, {row}, %m : i64"));
-        let ok = b.op(&format!("arith.andi {okc}, {okr} : i1"));
-        b.line(&format!("scf.if {ok} {{"));
-        b.matmul_store(&total, &row, &col, bias, residual);
-        b.line("}");
+        MmaTiles::store_swap_ab(b, &total, a, tiles, (&col0, &g), (&row0, &t2), bias, residual);
     }
     b.line("}");
 }
