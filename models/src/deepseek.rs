@@ -417,6 +417,18 @@ pub fn kv_b_half_name(layer: usize, half: &str) -> String {
     format!("model.layers.{layer}.self_attn.kv_b_proj.{half}_heads.weight")
 }
 
+/// The dtype the importer gives a tensor it derives from one of `dtype`: kv_b_proj's per-head
+/// halves of an FP8 checkpoint are bf16 (the key half's rows are qk_nope_head_dim values, not
+/// f8g128 super-blocks; [`split_kv_b`]); every other tensor keeps `dtype`. Seeded DeepSeek
+/// weights follow it, so a seeded FP8 plan is the plan an FP8 checkpoint makes.
+pub fn derived_dtype(name: &str, dtype: DType) -> DType {
+    if dtype == DType::F8G128 && name.contains(".kv_b_proj.") {
+        DType::BF16
+    } else {
+        dtype
+    }
+}
+
 /// Turn an HF checkpoint's tensors into the ones the graph reads: FP8 block-scaled weights
 /// into f8g128, experts stacked, kv_b_proj split per head (see the module docs).
 pub fn prepare(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()> {
@@ -450,7 +462,7 @@ pub fn import_fp8(ws: &mut WeightSet, path: &Path) -> Result<()> {
         if q.len() != n * k {
             return Err(terr(&wname, "stored bytes do not match its shape".into()));
         }
-        let (dtype, bytes) = if k % 512 == 0 {
+        let (dtype, bytes) = if DType::F8G128.bytes_for(k).is_some() {
             let groups = (0..n).flat_map(|r| (0..k / 128).map(move |g| (r, g))).map(|(r, g)| (sv[(r / 128) * bk + g], q[r * k + 128 * g..r * k + 128 * g + 128].try_into().expect("128 bytes")));
             (DType::F8G128, dsc_ir::quant::pack_f8g128(groups))
         } else {
@@ -478,13 +490,10 @@ fn split_kv_b(ws: &mut WeightSet, c: &DeepseekConfig, path: &Path) -> Result<()>
         if t.shape != want {
             return Err(terr(format!("shape {:?}, expected {want:?} from the model's dims", t.shape)));
         }
-        // (an FP8 kv_b_proj splits into bf16 halves: the key half's rows are qk_nope_head_dim
-        // values, not f8g128 super-blocks)
-        let out_dt = match t.dtype {
-            DType::F32 | DType::F16 | DType::BF16 => t.dtype,
-            DType::F8G128 => DType::BF16,
-            d => return Err(terr(format!("dtype {d}: the per-head split needs an f32/f16/bf16 (or FP8) kv_b_proj (quantize after import with precision.weights)"))),
-        };
+        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F8G128) {
+            return Err(terr(format!("dtype {}: the per-head split needs an f32/f16/bf16 (or FP8) kv_b_proj (quantize after import with precision.weights)", t.dtype)));
+        }
+        let out_dt = derived_dtype(&kv_b_half_name(layer, "k"), t.dtype);
         let v = dsc_ir::quant::decode(t.dtype, t.bytes.as_slice(), h * (nope + vd) * l).ok_or_else(|| terr("stored bytes do not match its shape".into()))?;
         let row = |hi: usize, r: usize| &v[(hi * (nope + vd) + r) * l..(hi * (nope + vd) + r + 1) * l];
         // k: [H, L, nope], element (h, c, n) = W[h * (nope + v) + n, c]

@@ -213,11 +213,11 @@ fn seeded_tensor(ws: &mut WeightSet, seed: u64, dtype: DType, name: String, shap
     let n: usize = shape.iter().product();
     let vector = shape.len() == 1;
     let fan_in = *shape.last().unwrap_or(&1) as f32;
-    // (f8g128 where rows are whole 512-value super-blocks, else bf16 — as DeepSeek's FP8 release
-    // imports, `deepseek::import_fp8`, whose kv_b_proj halves are bf16 per head)
+    // (f8g128 where rows are whole 512-value super-blocks, else bf16, as `--quant fp8` and
+    // DeepSeek's FP8 import keep such rows high)
     let dt = if vector {
         DType::F32
-    } else if dtype == DType::F8G128 && (!(fan_in as usize).is_multiple_of(512) || name.contains("kv_b_proj")) {
+    } else if dtype == DType::F8G128 && dtype.bytes_for(fan_in as usize).is_none() {
         DType::BF16
     } else {
         dtype
@@ -421,6 +421,7 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
         let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| cerr(e))?;
         let mut ws = WeightSet::default();
         for (name, shape) in deepseek::weight_shapes(&ds) {
+            let dtype = deepseek::derived_dtype(&name, dtype);
             seeded_tensor(&mut ws, t.weights.seed.unwrap_or(0), dtype, name, shape)?;
         }
         ws

@@ -172,7 +172,7 @@ impl Format {
     pub fn dtype(&self, stored: DType, row: usize, i4g128: bool) -> DType {
         match self {
             Format::Stored => stored,
-            Format::DType(DType::F8G128) if row == 0 || row % 512 != 0 => stored,
+            Format::DType(DType::F8G128) if row == 0 || DType::F8G128.bytes_for(row).is_none() => stored,
             Format::DType(d) => *d,
             Format::Int(i) => i.dtype_in(row, i4g128),
         }

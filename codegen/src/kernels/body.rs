@@ -652,48 +652,7 @@ impl Body {
     pub(crate) fn weight_elem(&mut self, ptr: &str, e: &str, dtype: DType) -> Result<String, String> {
         Ok(match dtype {
             DType::F32 | DType::F16 | DType::BF16 => self.plain_as_f32(ptr, e, dtype)?,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-                let c32 = self.ci64(32);
-                let blk = self.op(&format!("arith.divui {e}, {c32} : i64"));
-                let jj = self.op(&format!("arith.remui {e}, {c32} : i64"));
-                let cb = self.ci64(dtype.block().1 as i64);
-                let base = self.op(&format!("arith.muli {blk}, {cb} : i64"));
-                let d = self.f16_at_byte(ptr, &base);
-                if dtype == DType::Q8_0 {
-                    let c2 = self.ci64(2);
-                    let o = self.op(&format!("arith.addi {base}, {c2} : i64"));
-                    let o = self.op(&format!("arith.addi {o}, {jj} : i64"));
-                    let byte = self.u8_at_byte(ptr, &o);
-                    let t8 = self.op(&format!("arith.trunci {byte} : i32 to i8"));
-                    let q = self.op(&format!("arith.sitofp {t8} : i8 to f32"));
-                    self.op(&format!("arith.mulf {d}, {q} : f32"))
-                } else {
-                    let c16 = self.ci64(16);
-                    let qo = self.ci64(if dtype == DType::Q4_1 { 4 } else { 2 });
-                    let jm = self.op(&format!("arith.remui {jj}, {c16} : i64"));
-                    let o = self.op(&format!("arith.addi {base}, {qo} : i64"));
-                    let o = self.op(&format!("arith.addi {o}, {jm} : i64"));
-                    let byte = self.u8_at_byte(ptr, &o);
-                    let hi_half = self.op(&format!("arith.cmpi uge, {jj}, {c16} : i64"));
-                    let c4 = self.op("arith.constant 4 : i32");
-                    let c0 = self.op("arith.constant 0 : i32");
-                    let sh = self.op(&format!("arith.select {hi_half}, {c4}, {c0} : i32"));
-                    let shifted = self.op(&format!("arith.shrui {byte}, {sh} : i32"));
-                    let m15 = self.op("arith.constant 15 : i32");
-                    let nib = self.op(&format!("arith.andi {shifted}, {m15} : i32"));
-                    let q = self.op(&format!("arith.uitofp {nib} : i32 to f32"));
-                    if dtype == DType::Q4_1 {
-                        let c2 = self.ci64(2);
-                        let mo = self.op(&format!("arith.addi {base}, {c2} : i64"));
-                        let m = self.f16_at_byte(ptr, &mo);
-                        self.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
-                    } else {
-                        let c8 = self.cf32(8.0);
-                        let q8 = self.op(&format!("arith.subf {q}, {c8} : f32"));
-                        self.op(&format!("arith.mulf {d}, {q8} : f32"))
-                    }
-                }
-            }
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => gguf_block_elem(self, ptr, e, dtype),
             DType::I4G128 => i4g128_elem(self, ptr, e),
             DType::F8G128 => f8g128_elem(self, ptr, e),
             other => return Err(weight_elem_fits(other).expect_err("not a weight type the kernels read")),

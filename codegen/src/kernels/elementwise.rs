@@ -224,34 +224,7 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     // of 512: whole blocks in the guard), numbers as `dsc_ir::quant::encode` makes
                     // them (Q4_1's above, per group): min and max through shared memory, each
                     // value's nibble or-ed into its word by shuffles, lane 8w writes word w
-                    b.workgroup = Some("%red : memref<16xf32, #gpu.address_space<workgroup>>".into());
-                    let smt = "memref<16xf32, #gpu.address_space<workgroup>>";
-                    let lo_w = b.xor_reduce(&v, "arith.minimumf", &[16, 8, 4, 2, 1]);
-                    let hi_w = b.xor_reduce(&v, "arith.maximumf", &[16, 8, 4, 2, 1]);
-                    let t = b.op("gpu.thread_id x");
-                    let (lane, warp) = b.lane_warp(&t);
-                    let c0x = b.op("arith.constant 0 : index");
-                    let c8x = b.op("arith.constant 8 : index");
-                    let first_lane = b.op(&format!("arith.cmpi eq, {lane}, {c0x} : index"));
-                    b.line(&format!("scf.if {first_lane} {{"));
-                    let wh = b.op(&format!("arith.addi {warp}, {c8x} : index"));
-                    b.line(&format!("memref.store {lo_w}, %red[{warp}] : {smt}"));
-                    b.line(&format!("memref.store {hi_w}, %red[{wh}] : {smt}"));
-                    b.line("}");
-                    b.line("gpu.barrier");
-                    let c4x = b.op("arith.constant 4 : index");
-                    let g0 = b.op(&format!("arith.divui {warp}, {c4x} : index"));
-                    let g0 = b.op(&format!("arith.muli {g0}, {c4x} : index"));
-                    let (mut lo, mut hi) = (lo_w.clone(), hi_w.clone());
-                    for k in 0..4 {
-                        let ck = b.op(&format!("arith.constant {k} : index"));
-                        let at = b.op(&format!("arith.addi {g0}, {ck} : index"));
-                        let ah = b.op(&format!("arith.addi {at}, {c8x} : index"));
-                        let l = b.op(&format!("memref.load %red[{at}] : {smt}"));
-                        let h = b.op(&format!("memref.load %red[{ah}] : {smt}"));
-                        lo = b.op(&format!("arith.minimumf {lo}, {l} : f32"));
-                        hi = b.op(&format!("arith.maximumf {hi}, {h} : f32"));
-                    }
+                    let [lo, hi]: [String; 2] = group_reduce(b, &[(&v, "arith.minimumf"), (&v, "arith.maximumf")]).try_into().expect("two");
                     let (d, qi) = seeded_nibble(b, &v, &lo, &hi, &one);
                     // value p = i % 128 of its group (`dsc_ir::quant::i4g128_nibble`): chunk
                     // c = p % 16 / 4, word w = p / 32 (the warp), i = p % 4 + 4 (p % 32 / 16) in
@@ -324,40 +297,19 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     // s = amax / 448, each value e4m3(v / s) rounded to nearest even (the
                     // host's integer rounding, so sm_80 needs no FP8 instruction); each thread
                     // writes its byte, the group's first its scale
-                    b.workgroup = Some("%red : memref<8xf32, #gpu.address_space<workgroup>>".into());
-                    let smt = "memref<8xf32, #gpu.address_space<workgroup>>";
                     // (|v| by its bits: math.absf would call libdevice)
                     let vb = b.op(&format!("arith.bitcast {v} : f32 to i32"));
                     let cabs = b.op(&format!("arith.constant {} : i32", 0x7FFF_FFFF));
                     let ab = b.op(&format!("arith.andi {vb}, {cabs} : i32"));
                     let av = b.op(&format!("arith.bitcast {ab} : i32 to f32"));
-                    let amax_w = b.xor_reduce(&av, "arith.maximumf", &[16, 8, 4, 2, 1]);
-                    let t = b.op("gpu.thread_id x");
-                    let (lane, warp) = b.lane_warp(&t);
-                    let c0x = b.op("arith.constant 0 : index");
-                    let first_lane = b.op(&format!("arith.cmpi eq, {lane}, {c0x} : index"));
-                    b.line(&format!("scf.if {first_lane} {{"));
-                    b.line(&format!("memref.store {amax_w}, %red[{warp}] : {smt}"));
-                    b.line("}");
-                    b.line("gpu.barrier");
-                    let c4x = b.op("arith.constant 4 : index");
-                    let g0 = b.op(&format!("arith.divui {warp}, {c4x} : index"));
-                    let g0 = b.op(&format!("arith.muli {g0}, {c4x} : index"));
-                    let mut amax = amax_w.clone();
-                    for k in 0..4 {
-                        let ck = b.op(&format!("arith.constant {k} : index"));
-                        let at = b.op(&format!("arith.addi {g0}, {ck} : index"));
-                        let l = b.op(&format!("memref.load %red[{at}] : {smt}"));
-                        amax = b.op(&format!("arith.maximumf {amax}, {l} : f32"));
-                    }
-                    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
+                    let amax = group_reduce(b, &[(&av, "arith.maximumf")]).remove(0);
                     let c448 = b.cf32(448.0);
-                    let sc = rn(b, "div", &amax, &c448);
+                    let sc = rn_f32(b, "div", &amax, &c448);
                     let zf = b.cf32(0.0);
                     let nz = b.op(&format!("arith.cmpf une, {sc}, {zf} : f32"));
                     let one_f = b.cf32(1.0);
                     let den = b.op(&format!("arith.select {nz}, {sc}, {one_f} : f32"));
-                    let qv = rn(b, "div", &v, &den);
+                    let qv = rn_f32(b, "div", &v, &den);
                     let code = f32_to_e4m3_bits(b, &qv);
                     let z32 = b.op("arith.constant 0 : i32");
                     let code = b.op(&format!("arith.select {nz}, {code}, {z32} : i32"));
@@ -596,22 +548,63 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
     })
 }
 
+/// `ins.rn.f32` (sub, mul, div, add) of `x` and `y`: one IEEE rounding, no contraction — the
+/// seeded quantizers' arithmetic step for step as the host's.
+fn rn_f32(b: &mut Body, ins: &str, x: &str, y: &str) -> String {
+    b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"))
+}
+
+/// The reductions over a 128-value group of a seeded block-format generator, where a group is
+/// four consecutive warps of the 256-thread block: each `(value, op)` reduced over the warp by
+/// shuffles, then over the group's four warps through `%red` (part p in slots 8p..8p + 8).
+fn group_reduce(b: &mut Body, parts: &[(&str, &str)]) -> Vec<String> {
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", 8 * parts.len());
+    b.workgroup = Some(format!("%red : {smt}"));
+    let own: Vec<String> = parts.iter().map(|(v, op)| b.xor_reduce(v, op, &[16, 8, 4, 2, 1])).collect();
+    let t = b.op("gpu.thread_id x");
+    let (lane, warp) = b.lane_warp(&t);
+    let c0x = b.op("arith.constant 0 : index");
+    let offs: Vec<String> = (1..parts.len()).map(|p| b.op(&format!("arith.constant {} : index", 8 * p))).collect();
+    let first_lane = b.op(&format!("arith.cmpi eq, {lane}, {c0x} : index"));
+    b.line(&format!("scf.if {first_lane} {{"));
+    let slots: Vec<String> = offs.iter().map(|o| b.op(&format!("arith.addi {warp}, {o} : index"))).collect();
+    for (p, w) in own.iter().enumerate() {
+        let slot = if p == 0 { &warp } else { &slots[p - 1] };
+        b.line(&format!("memref.store {w}, %red[{slot}] : {smt}"));
+    }
+    b.line("}");
+    b.line("gpu.barrier");
+    let c4x = b.op("arith.constant 4 : index");
+    let g0 = b.op(&format!("arith.divui {warp}, {c4x} : index"));
+    let g0 = b.op(&format!("arith.muli {g0}, {c4x} : index"));
+    let mut acc = own.clone();
+    for k in 0..4 {
+        let ck = b.op(&format!("arith.constant {k} : index"));
+        let at = b.op(&format!("arith.addi {g0}, {ck} : index"));
+        let ats: Vec<String> = offs.iter().map(|o| b.op(&format!("arith.addi {at}, {o} : index"))).collect();
+        let vals: Vec<String> = (0..parts.len()).map(|p| b.op(&format!("memref.load %red[{}] : {smt}", if p == 0 { &at } else { &ats[p - 1] }))).collect();
+        for (p, val) in vals.iter().enumerate() {
+            acc[p] = b.op(&format!("{} {}, {val} : f32", parts[p].1, acc[p]));
+        }
+    }
+    acc
+}
+
 /// The seeded 4-bit quantizers' value `v` of a group spanning `lo..=hi` (Q4_1's block,
 /// i4g128's group), as `dsc_ir::quant::encode` computes it, each f32 operation rounded on its
 /// own: (d = (hi − lo) / 15, q = trunc((v − lo) · (1 / d) + 0.5) clamped to 0..=15 as i32).
 fn seeded_nibble(b: &mut Body, v: &str, lo: &str, hi: &str, one: &str) -> (String, String) {
-    let rn = |b: &mut Body, ins: &str, x: &str, y: &str| b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"));
-    let span = rn(b, "sub", hi, lo);
+    let span = rn_f32(b, "sub", hi, lo);
     let c15 = b.cf32(15.0);
-    let d = rn(b, "div", &span, &c15);
+    let d = rn_f32(b, "div", &span, &c15);
     let zero = b.cf32(0.0);
     let nz = b.op(&format!("arith.cmpf une, {d}, {zero} : f32"));
-    let rd = rn(b, "div", one, &d);
+    let rd = rn_f32(b, "div", one, &d);
     let id = b.op(&format!("arith.select {nz}, {rd}, {zero} : f32"));
-    let dv = rn(b, "sub", v, lo);
-    let sc = rn(b, "mul", &dv, &id);
+    let dv = rn_f32(b, "sub", v, lo);
+    let sc = rn_f32(b, "mul", &dv, &id);
     let half = b.cf32(0.5);
-    let r = rn(b, "add", &sc, &half);
+    let r = rn_f32(b, "add", &sc, &half);
     let qi = b.op(&format!("arith.fptosi {r} : f32 to i32"));
     let (z32, c15i) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 15 : i32"));
     let qi = b.op(&format!("arith.maxsi {qi}, {z32} : i32"));

@@ -1036,3 +1036,48 @@ pub(crate) fn gemv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
         other => return Err(format!("`{}` is not one of the decode GEMV kernels", other.symbol())),
     })
 }
+
+/// One element of a GGUF Q8_0 / Q4_0 / Q4_1 weight (blocks of 32: f16 d, [f16 m,] the quants)
+/// at flat element `e` (i64) of `ptr`, as f32 (`Body::weight_elem`).
+pub(crate) fn gguf_block_elem(b: &mut Body, ptr: &str, e: &str, dtype: DType) -> String {
+    let c32 = b.ci64(32);
+    let blk = b.op(&format!("arith.divui {e}, {c32} : i64"));
+    let jj = b.op(&format!("arith.remui {e}, {c32} : i64"));
+    let cb = b.ci64(dtype.block().1 as i64);
+    let base = b.op(&format!("arith.muli {blk}, {cb} : i64"));
+    let d = b.f16_at_byte(ptr, &base);
+    if dtype == DType::Q8_0 {
+        let c2 = b.ci64(2);
+        let o = b.op(&format!("arith.addi {base}, {c2} : i64"));
+        let o = b.op(&format!("arith.addi {o}, {jj} : i64"));
+        let byte = b.u8_at_byte(ptr, &o);
+        let t8 = b.op(&format!("arith.trunci {byte} : i32 to i8"));
+        let q = b.op(&format!("arith.sitofp {t8} : i8 to f32"));
+        b.op(&format!("arith.mulf {d}, {q} : f32"))
+    } else {
+        let c16 = b.ci64(16);
+        let qo = b.ci64(if dtype == DType::Q4_1 { 4 } else { 2 });
+        let jm = b.op(&format!("arith.remui {jj}, {c16} : i64"));
+        let o = b.op(&format!("arith.addi {base}, {qo} : i64"));
+        let o = b.op(&format!("arith.addi {o}, {jm} : i64"));
+        let byte = b.u8_at_byte(ptr, &o);
+        let hi_half = b.op(&format!("arith.cmpi uge, {jj}, {c16} : i64"));
+        let c4 = b.op("arith.constant 4 : i32");
+        let c0 = b.op("arith.constant 0 : i32");
+        let sh = b.op(&format!("arith.select {hi_half}, {c4}, {c0} : i32"));
+        let shifted = b.op(&format!("arith.shrui {byte}, {sh} : i32"));
+        let m15 = b.op("arith.constant 15 : i32");
+        let nib = b.op(&format!("arith.andi {shifted}, {m15} : i32"));
+        let q = b.op(&format!("arith.uitofp {nib} : i32 to f32"));
+        if dtype == DType::Q4_1 {
+            let c2 = b.ci64(2);
+            let mo = b.op(&format!("arith.addi {base}, {c2} : i64"));
+            let m = b.f16_at_byte(ptr, &mo);
+            b.op(&format!("llvm.intr.fma({d}, {q}, {m}) : (f32, f32, f32) -> f32"))
+        } else {
+            let c8 = b.cf32(8.0);
+            let q8 = b.op(&format!("arith.subf {q}, {c8} : f32"));
+            b.op(&format!("arith.mulf {d}, {q8} : f32"))
+        }
+    }
+}

@@ -319,7 +319,8 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
                     let s = b.op(&format!("arith.bitcast {} : i32 to f32", row[wl - 1]));
                     (b.op(&format!("arith.mulf {s}, {c256f} : f32")), zero.clone())
                 } else {
-                    let (d, m) = i4_scale(b, &row[wl - 1]);
+                    // (the (d, m) word: f16 d low, f16 m high)
+                    let [d, m] = b.f16_pair(&row[wl - 1]);
                     let mp = b.op(&format!("llvm.intr.fma({m128}, {d}, {m}) : (f32, f32, f32) -> f32"));
                     (d, mp)
                 };
@@ -329,7 +330,7 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
                 }
             })
             .collect();
-        let (ty, steps) = if f8 { ("f16", 8) } else { ("bf16", 8) };
+        let (ty, steps) = (if f8 { "f16" } else { "bf16" }, 8);
         for (j, x) in xs.iter().enumerate() {
             // int4: S over the group once per B tile
             let mut s = [zero.clone(), zero.clone(), zero.clone(), zero.clone()];
@@ -490,19 +491,6 @@ fn i4_bf16_words(b: &mut Body, w: &str) -> [String; 4] {
     asm.push('}');
     let r = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r\" {w} : (i32) -> {st}"));
     [0, 1, 2, 3].map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
-}
-
-/// A group's (d, m) word (f16 d low, f16 m high) as two f32.
-fn i4_scale(b: &mut Body, w: &str) -> (String, String) {
-    let lo = b.op(&format!("arith.trunci {w} : i32 to i16"));
-    let c16 = b.op("arith.constant 16 : i32");
-    let hi = b.op(&format!("arith.shrui {w}, {c16} : i32"));
-    let hi = b.op(&format!("arith.trunci {hi} : i32 to i16"));
-    let f = |b: &mut Body, h: &str| {
-        let x = b.op(&format!("arith.bitcast {h} : i16 to f16"));
-        b.op(&format!("arith.extf {x} : f16 to f32"))
-    };
-    (f(b, &lo), f(b, &hi))
 }
 
 /// x's row `row` (f32, K values) into the shared `%xs` at byte address `base` as 16-bit pairs
@@ -687,7 +675,7 @@ pub(crate) fn i4g128_elem(b: &mut Body, ptr: &str, e: &str) -> String {
 pub(crate) fn i4g128_eight(b: &mut Body, ptr: &str, e0: &str) -> Vec<String> {
     let I4Group { base, g, p, so, c4 } = i4g128_group(b, e0);
     let sw = b.load_vec(ptr, &so, 1, "i32", 4).remove(0);
-    let (d, m) = i4_scale(b, &sw);
+    let [d, m] = b.f16_pair(&sw);
     // a = p / 8: word a / 4, chunk 2 (a % 2), half a % 4 / 2
     let c8 = b.ci64(8);
     let a = b.op(&format!("arith.divui {p}, {c8} : i64"));
@@ -727,27 +715,10 @@ pub(crate) fn i4g128_eight(b: &mut Body, ptr: &str, e0: &str) -> Vec<String> {
     out
 }
 
-/// The f32 value of e4m3 bits `byte` (i32, 0..256) times `scale` (f32): the byte as f16 bits
-/// (e4m3 · 2^-8 exactly, as the GEMV unpacks it) widened, times 256 · scale.
-fn e4m3_scaled(b: &mut Body, byte: &str, scale256: &str) -> String {
-    let c80 = b.op("arith.constant 128 : i32");
-    let c7f = b.op("arith.constant 127 : i32");
-    let sg = b.op(&format!("arith.andi {byte}, {c80} : i32"));
-    let c8 = b.op("arith.constant 8 : i32");
-    let sg = b.op(&format!("arith.shli {sg}, {c8} : i32"));
-    let mg = b.op(&format!("arith.andi {byte}, {c7f} : i32"));
-    let c7 = b.op("arith.constant 7 : i32");
-    let mg = b.op(&format!("arith.shli {mg}, {c7} : i32"));
-    let h = b.op(&format!("arith.ori {sg}, {mg} : i32"));
-    let h = b.op(&format!("arith.trunci {h} : i32 to i16"));
-    let h = b.op(&format!("arith.bitcast {h} : i16 to f16"));
-    let v = b.op(&format!("arith.extf {h} : f16 to f32"));
-    b.op(&format!("arith.mulf {v}, {scale256} : f32"))
-}
-
-/// For flat element `e` (i64) of an [`DType::F8G128`] tensor: (its super-block's byte offset,
-/// its place in the super-block 0..512, 256 x its group's scale).
-fn f8g128_at(b: &mut Body, ptr: &str, e: &str) -> (String, String, String) {
+/// For flat element `e` (i64) of an [`DType::F8G128`] tensor: (the byte offset of its e4m3
+/// code, 256 x its group's scale: the codes unpack to e4m3 · 2^-8, [`f8_f16_pairs`]).
+fn f8g128_at(b: &mut Body, ptr: &str, e: &str) -> (String, String) {
+    // super-block e / 512 (528 bytes): group g's scale at 4g, value r (0..512) at 16 + r
     let c512 = b.ci64(512);
     let sb = b.op(&format!("arith.divui {e}, {c512} : i64"));
     let r = b.op(&format!("arith.remui {e}, {c512} : i64"));
@@ -761,35 +732,33 @@ fn f8g128_at(b: &mut Body, ptr: &str, e: &str) -> (String, String, String) {
     let sw = b.load_vec(ptr, &so, 1, "f32", 4).remove(0);
     let c256 = b.cf32(256.0);
     let s256 = b.op(&format!("arith.mulf {sw}, {c256} : f32"));
-    (base, r, s256)
-}
-
-/// One [`DType::F8G128`] value at flat element `e` (i64) of `ptr` as f32 (`Body::weight_elem`).
-pub(crate) fn f8g128_elem(b: &mut Body, ptr: &str, e: &str) -> String {
-    let (base, r, s256) = f8g128_at(b, ptr, e);
     let c16 = b.ci64(16);
     let o = b.op(&format!("arith.addi {base}, {c16} : i64"));
-    let o = b.op(&format!("arith.addi {o}, {r} : i64"));
+    (b.op(&format!("arith.addi {o}, {r} : i64")), s256)
+}
+
+/// One [`DType::F8G128`] value at flat element `e` (i64) of `ptr` as f32 (`Body::weight_elem`):
+/// its byte as the low value of the GEMV's unpack.
+pub(crate) fn f8g128_elem(b: &mut Body, ptr: &str, e: &str) -> String {
+    let (o, s256) = f8g128_at(b, ptr, e);
     let byte = b.u8_at_byte(ptr, &o);
-    e4m3_scaled(b, &byte, &s256)
+    let [p02, _] = f8_f16_pairs(b, &byte);
+    let [v, _] = b.f16_pair(&p02);
+    b.op(&format!("arith.mulf {v}, {s256} : f32"))
 }
 
 /// The eight [`DType::F8G128`] values at flat element `e0` (i64, a multiple of 8: one group's,
-/// 8-byte aligned) as f32.
+/// 8-byte aligned) as f32: two words unpacked as the GEMV unpacks them.
 pub(crate) fn f8g128_eight(b: &mut Body, ptr: &str, e0: &str) -> Vec<String> {
-    let (base, r, s256) = f8g128_at(b, ptr, e0);
-    let c16 = b.ci64(16);
-    let o = b.op(&format!("arith.addi {base}, {c16} : i64"));
-    let o = b.op(&format!("arith.addi {o}, {r} : i64"));
+    let (o, s256) = f8g128_at(b, ptr, e0);
     let words = b.load_vec(ptr, &o, 2, "i32", 8);
-    let cff = b.op("arith.constant 255 : i32");
     let mut out = vec![];
     for w in &words {
-        for i in 0..4 {
-            let c = b.op(&format!("arith.constant {} : i32", 8 * i));
-            let v = b.op(&format!("arith.shrui {w}, {c} : i32"));
-            let v = b.op(&format!("arith.andi {v}, {cff} : i32"));
-            out.push(e4m3_scaled(b, &v, &s256));
+        // (the pairs are (v0, v2) and (v1, v3))
+        let [p02, p13] = f8_f16_pairs(b, w);
+        let ([v0, v2], [v1, v3]) = (b.f16_pair(&p02), b.f16_pair(&p13));
+        for v in [v0, v1, v2, v3] {
+            out.push(b.op(&format!("arith.mulf {v}, {s256} : f32")));
         }
     }
     out
