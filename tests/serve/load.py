@@ -81,9 +81,15 @@ async def main():
     incomplete = [r["i"] for r in res if not r["done"] or r["reason"] != "length"]
     differ = [r["i"] for r in res if r["text"] != want[r["i"]]]
     bad = sorted(set(incomplete + ([] if a.allow_mismatch else differ)))
-    metrics = urllib.request.urlopen(a.base + "/metrics").read().decode()
-    used = [l for l in metrics.splitlines() if l.startswith('dsc_kv_blocks{state="used"}')]
-    running = [l for l in metrics.splitlines() if l.startswith("dsc_running_sequences")]
+    # the engine sends a stream's last event before it refreshes its gauges at the end of that
+    # step: read them until they settle (for up to 3 s; a leaked block or sequence stays)
+    for _ in range(30):
+        metrics = urllib.request.urlopen(a.base + "/metrics").read().decode()
+        used = [l for l in metrics.splitlines() if l.startswith('dsc_kv_blocks{state="used"}')]
+        running = [l for l in metrics.splitlines() if l.startswith("dsc_running_sequences")]
+        if used == ['dsc_kv_blocks{state="used"} 0'] and running == ["dsc_running_sequences 0"]:
+            break
+        await asyncio.sleep(0.1)
     counter = lambda name: sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
     out = {
         "clients": a.clients,
