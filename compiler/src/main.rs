@@ -69,6 +69,20 @@ enum Cmd {
         /// KIND one of attn_qkv, attn_o, mlp, experts, router, lm_head, embeddings
         #[arg(long = "quant-layer", value_name = "KIND=FORMAT")]
         quant_layers: Vec<String>,
+        /// 8-bit activations for the matmuls whose weights the policy quantizes (W8A8, W4A8),
+        /// over `precision.act_quant`: none, fp8 (e4m3, a scale per token), fp8-gN (per N
+        /// values of a token, e.g. fp8-g128), int8, int8-gN. CPU executor only for now
+        #[arg(long = "act-quant", value_name = "none|fp8[-gN]|int8[-gN]")]
+        act_quant: Option<String>,
+        /// N:M structured sparsity for `precision.sparse_layers` (default attn_o and mlp), over
+        /// `precision.sparsity`: none, 2:4 (stored compressed: sp24_bf16), 4:8. CPU executor
+        /// only for now
+        #[arg(long, value_name = "none|2:4|4:8")]
+        sparsity: Option<String>,
+        /// how pruned values are chosen, over `precision.sparsity_method`: magnitude, or wanda
+        /// (|W| times its input feature's norm over the calibration text)
+        #[arg(long = "sparsity-method", value_name = "magnitude|wanda")]
+        sparsity_method: Option<String>,
     },
     /// Make an ed25519 key pair for signing plans: NAME.key (secret, mode 0600) and NAME.pub
     Keygen {
@@ -290,7 +304,25 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
         Cmd::Keygen { name } => keygen(&name),
-        Cmd::Compile { model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, no_optimize, optimize: _, rules, sign, quant, calibration, quant_layers } => {
+        Cmd::Compile {
+            model,
+            output,
+            dump_ir,
+            dump_format,
+            dump_dir,
+            reference_weights,
+            tp,
+            no_optimize,
+            optimize: _,
+            rules,
+            sign,
+            quant,
+            calibration,
+            quant_layers,
+            act_quant,
+            sparsity,
+            sparsity_method,
+        } => {
             let rules = rules
                 .iter()
                 .map(|r| match r.split_once('=') {
@@ -304,7 +336,7 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| anyhow::anyhow!("--quant-layer {l}: expected KIND=FORMAT")))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let precision = dsc_models::PrecisionOverride { weights: quant, calibration, layers };
+            let precision = dsc_models::PrecisionOverride { weights: quant, calibration, layers, act_quant, sparsity, sparsity_method };
             do_compile(&model, output, dump_ir, dump_format, dump_dir, reference_weights, tp, !no_optimize, &rules, key.as_ref(), precision)
         }
         Cmd::DumpIr { model, stage, format } => {

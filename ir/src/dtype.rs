@@ -48,10 +48,24 @@ pub enum DType {
     /// layout, written by `dsc compile --quant fp8` and read by the tensor-core GEMV
     /// (`kernels/matmul/packed.rs`) and every other weight reader.
     F8G128,
+    /// FP8 e4m3 in blocks of 32 values, each block an f32 scale then its 32 e4m3 bytes (36
+    /// bytes, 9 bits a value; x = s · e4m3): `--quant fp8` for rows that are not whole
+    /// 512-value super-blocks (SmolLM2's 576, DeepSeek-V2-Lite's 1,408-wide experts), every
+    /// block carrying its 128-value group's scale (`dsc_ir::quant::f8g32_rows`). The CPU
+    /// executor reads it; no GPU kernel yet.
+    F8G32,
+    /// 2:4 structured-sparse bf16: of every 4 consecutive values of a row at most 2 are
+    /// nonzero, and only those are stored. Blocks of 32 values (36 bytes, 9 bits a value): the
+    /// 16 kept values as bf16 (group g's two at 2g, 2g + 1), then a little-endian u32 of
+    /// positions — group g's in bits 4g..4g+4, the first kept value's index (0..4) in the low
+    /// two bits and the second's (greater) in the high two, the 2-bit indices sparse tensor
+    /// cores read beside the values. Written by `precision.sparsity = "2:4"`
+    /// (`models/src/sparsity.rs`); the CPU executor reads it; no GPU kernel yet.
+    Sp24Bf16,
 }
 
 impl DType {
-    pub const ALL: [DType; 16] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -68,6 +82,8 @@ impl DType {
         DType::Q6_K,
         DType::I4G128,
         DType::F8G128,
+        DType::F8G32,
+        DType::Sp24Bf16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +104,8 @@ impl DType {
             DType::Q6_K => "q6_k",
             DType::I4G128 => "i4g128",
             DType::F8G128 => "f8g128",
+            DType::F8G32 => "f8g32",
+            DType::Sp24Bf16 => "sp24_bf16",
         }
     }
 
@@ -107,6 +125,8 @@ impl DType {
             DType::Q6_K => (256, 210),
             DType::I4G128 => (512, 272),
             DType::F8G128 => (512, 528),
+            DType::F8G32 => (32, 36),
+            DType::Sp24Bf16 => (32, 36),
         }
     }
 

@@ -266,6 +266,16 @@ pub enum Op {
     /// Sum of this tensor over every rank of the tensor-parallel group (identity at world
     /// size 1). Inserted by the partitioner after row-parallel matmuls.
     AllReduce,
+    /// (x[..., D]) -> x as an 8-bit-activation matmul multiplies it (W8A8, W4A8): each row's
+    /// groups of `group` values (0: the whole row, per token; the last group may be shorter)
+    /// scaled by s = max|x| / qmax and rounded to `dtype` — f8e4m3 (qmax 448, nearest even,
+    /// saturating) or i8 (qmax 127) — the result s · q in x's type (`quant::act_quant_rows`).
+    /// Inserted before the matmuls whose weights the precision policy quantizes when
+    /// `precision.act_quant` asks for it.
+    ActQuant {
+        dtype: DType,
+        group: usize,
+    },
 }
 
 /// An attribute value as it appears in the text format.
@@ -331,6 +341,7 @@ impl Op {
             Op::Cast => "cast",
             Op::Argmax => "argmax",
             Op::AllReduce => "all_reduce",
+            Op::ActQuant { .. } => "act_quant",
             Op::MatMulAdd { .. } => "matmul_add",
             Op::MatMulAct { .. } => "matmul_act",
             Op::MatMulCat => "matmul_cat",
@@ -400,6 +411,7 @@ impl Op {
                 ("rotary_dim", Attr::Int(*rotary_dim as i64)),
             ],
             Op::PagedAttention { scale } => vec![("scale", Attr::Float(*scale))],
+            Op::ActQuant { dtype, group } => vec![("dtype", Attr::Ident(dtype.name().into())), ("group", Attr::Int(*group as i64))],
             Op::TopK { k } => vec![("k", Attr::Int(*k as i64))],
             Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
             Op::Slice { axis, start, len } => vec![("axis", Attr::Int(*axis as i64)), ("start", Attr::Int(*start as i64)), ("len", Attr::Int(*len as i64))],
@@ -435,6 +447,7 @@ impl Op {
             "rms_norm" | "layer_norm" => &["eps"],
             "rope" | "rope_cache_write" => &["theta", "style", "rotary_dim"],
             "paged_attention" => &["scale"],
+            "act_quant" => &["dtype", "group"],
             "top_k" => &["k"],
             "concat" => &["axis"],
             "slice" => &["axis", "start", "len"],
@@ -551,6 +564,14 @@ impl Op {
             "cast" => Op::Cast,
             "argmax" => Op::Argmax,
             "all_reduce" => Op::AllReduce,
+            "act_quant" => Op::ActQuant {
+                dtype: match ident("dtype")? {
+                    "f8e4m3" => DType::F8E4M3,
+                    "i8" => DType::I8,
+                    other => return Err(format!("attribute `dtype` of `act_quant` is f8e4m3 or i8, got {other}")),
+                },
+                group: uint("group")?,
+            },
             "matmul_cat" => Op::MatMulCat,
             "matmul_act" => Op::MatMulAct {
                 transpose_b: match get("transpose_b")? {
@@ -585,7 +606,7 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input | Op::Weight | Op::State => (0, 0),
-            Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce => (1, 1),
+            Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce | Op::ActQuant { .. } => (1, 1),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::RopeYarn { .. } | Op::TakeAlong | Op::HeadMatMul { .. } => (2, 2),
             Op::MoeRoute(_) => (2, 3),
             Op::MlaAttention { .. } | Op::MoeExperts => (5, 5),
@@ -695,6 +716,16 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
         }
         Op::Unary(_) | Op::Softmax => {
             float_act(args[0], "operand")?;
+            Ok(args[0].clone())
+        }
+        Op::ActQuant { dtype, group } => {
+            float_act(args[0], "act_quant operand")?;
+            if !matches!(dtype, DType::F8E4M3 | DType::I8) {
+                return Err(format!("act_quant rounds to f8e4m3 or i8, not {dtype}"));
+            }
+            if !group.is_multiple_of(32) {
+                return Err(format!("act_quant's group is 0 (a whole row) or a multiple of 32, not {group}"));
+            }
             Ok(args[0].clone())
         }
         Op::Binary(_) => {

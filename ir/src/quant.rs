@@ -63,6 +63,25 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
                 }
             }
         }
+        DType::Sp24Bf16 => {
+            for blk in bytes.chunks_exact(36) {
+                let meta = u32::from_le_bytes(blk[32..36].try_into().expect("4 bytes"));
+                for g in 0..8 {
+                    let mut grp = [0f32; 4];
+                    for j in 0..2 {
+                        let i = ((meta >> (4 * g + 2 * j)) & 3) as usize;
+                        grp[i] = bf16::from_le_bytes([blk[4 * g + 2 * j], blk[4 * g + 2 * j + 1]]).to_f32();
+                    }
+                    out.extend(grp);
+                }
+            }
+        }
+        DType::F8G32 => {
+            for blk in bytes.chunks_exact(36) {
+                let s = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
+                out.extend(blk[4..].iter().map(|&q| s * f8e4m3_to_f32(q)));
+            }
+        }
         DType::F8G128 => {
             for sb in bytes.chunks_exact(528) {
                 for gi in 0..4 {
@@ -165,6 +184,90 @@ pub fn pack_f8g128(groups: impl IntoIterator<Item = (f32, [u8; 128])>) -> Vec<u8
     out
 }
 
+/// [`DType::F8G32`] bytes of `x` in rows of `row` values (a multiple of 32): each row's groups
+/// of `group` values (a multiple of 32; the row's last group may be shorter) scaled as
+/// [`f8g128_group`] scales its 128 (s = |max| / 448, e4m3(v / s) to nearest even), every
+/// 32-value block of a group carrying the group's scale.
+pub fn f8g32_rows(x: &[f32], row: usize, group: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 36);
+    for r in x.chunks(row.max(1)) {
+        for g in r.chunks(group.max(32)) {
+            let amax = g.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let s = amax / 448.0;
+            for blk in g.chunks(32) {
+                out.extend(s.to_le_bytes());
+                out.extend(blk.iter().map(|&v| if s != 0.0 { f32_to_f8e4m3(v / s) } else { 0 }));
+            }
+        }
+    }
+    out
+}
+
+/// [`DType::Sp24Bf16`] bytes of `x` (whole 32-value blocks): each group of 4 keeps its two
+/// values of largest magnitude (the earlier one on a tie) in bf16, so values already pruned to
+/// 2:4 are kept exactly (up to bf16) and a dense group loses its two smallest.
+pub fn pack_sp24_bf16(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 36);
+    for blk in x.chunks_exact(32) {
+        let mut meta = 0u32;
+        for (g, grp) in blk.chunks_exact(4).enumerate() {
+            let mut idx = [0usize, 1, 2, 3];
+            idx.sort_by(|&a, &b| grp[b].abs().total_cmp(&grp[a].abs()).then(a.cmp(&b)));
+            let (i0, i1) = (idx[0].min(idx[1]), idx[0].max(idx[1]));
+            for v in [grp[i0], grp[i1]] {
+                out.extend(bf16::from_f32(v).to_le_bytes());
+            }
+            meta |= ((i0 as u32) | ((i1 as u32) << 2)) << (4 * g);
+        }
+        out.extend(meta.to_le_bytes());
+    }
+    out
+}
+
+/// The normalized Walsh-Hadamard transform of `x` in place (length a power of two): H x with
+/// H = H^T = H^-1, entries ±1/√n.
+pub fn hadamard(x: &mut [f32]) {
+    let n = x.len();
+    let mut h = 1;
+    while h < n {
+        for i in (0..n).step_by(2 * h) {
+            for j in i..i + h {
+                let (a, b) = (x[j], x[j + h]);
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+    let s = 1.0 / (n as f32).sqrt();
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// Activations rounded to 8 bits the way a W8A8 / W4A8 matmul multiplies them (the reference
+/// semantics of [`crate::Op::ActQuant`]): each row of `d` values in groups of `group` (0: the
+/// whole row; the last group may be shorter) gets the dynamic scale s = |max| / qmax (448 for
+/// e4m3, 127 for int8) and each value becomes s · q(v / s) — e4m3 rounded to nearest even and
+/// saturating, int8 rounded to nearest even in [-127, 127]. A group of zeros stays zero.
+pub fn act_quant_rows(x: &mut [f32], d: usize, group: usize, dtype: DType) {
+    let qmax = if dtype == DType::I8 { 127.0 } else { 448.0 };
+    let g = if group == 0 { d.max(1) } else { group };
+    for row in x.chunks_mut(d.max(1)) {
+        for grp in row.chunks_mut(g) {
+            let amax = grp.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let s = amax / qmax;
+            if s == 0.0 || !s.is_finite() {
+                continue;
+            }
+            for v in grp.iter_mut() {
+                *v = s * match dtype {
+                    DType::I8 => (*v / s).round_ties_even().clamp(-127.0, 127.0),
+                    _ => f8e4m3_to_f32(f32_to_f8e4m3(*v / s)),
+                };
+            }
+        }
+    }
+}
+
 /// Where value `p` (0..128) of an [`DType::I4G128`] group sits in the group's 64 bytes: (byte,
 /// shift). Chunk c (bytes 16c..16c+16) holds words w = 0..3 at 16c + 4w, word (c, w) the values
 /// 32w + 4c + (0..4) then 32w + 16 + 4c + (0..4) (i = 0..7 in that order), value i in nibble
@@ -265,6 +368,9 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
             let groups: Vec<(f32, [u8; 128])> = x.chunks_exact(128).map(f8g128_group).collect();
             out.extend(pack_f8g128(groups));
         }
+        DType::Sp24Bf16 => out.extend(pack_sp24_bf16(x)),
+        // (one block a group: see `f8g32_rows` for 128-value groups carried by 32-value blocks)
+        DType::F8G32 => out.extend(f8g32_rows(x, x.len(), 32)),
         // (plain min/max quantizers in the K-quant layouts — llama.cpp's iterative scale search
         // is not reproduced: these are for tests and seeded shapes; real files come quantized)
         DType::Q4_K | DType::Q5_K => {
@@ -353,7 +459,7 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
         DType::I8 => x.round_ties_even().clamp(-128.0, 127.0),
         DType::I4 => x.round_ties_even().clamp(-8.0, 7.0),
         DType::I32 => x.round_ties_even(),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 | DType::F8G128 => x,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 | DType::F8G128 | DType::F8G32 | DType::Sp24Bf16 => x,
     }
 }
 
@@ -420,6 +526,73 @@ pub fn f32_to_f8e5m2(x: f32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sp24_keeps_two_of_every_four_with_their_positions() {
+        // 128 values: groups already 2:4 (kept exactly, bf16 values) and dense groups (the two
+        // largest magnitudes survive, in order)
+        let x: Vec<f32> = (0..128)
+            .map(|i| {
+                let (g, j) = (i / 4, i % 4);
+                if g % 2 == 0 {
+                    if j == (g / 2) % 4 || j == 3 - (g / 2) % 4 || (g / 2) % 4 == 3 - (g / 2) % 4 {
+                        (i as f32 - 60.0) * 0.5
+                    } else {
+                        0.0
+                    }
+                } else {
+                    [0.25f32, -4.0, 1.5, -0.5][(j + g) % 4]
+                }
+            })
+            .collect();
+        let enc = encode(DType::Sp24Bf16, &x).unwrap();
+        assert_eq!(enc.len(), 4 * 36);
+        let y = decode(DType::Sp24Bf16, &enc, 128).unwrap();
+        for (g, (a, b)) in x.chunks(4).zip(y.chunks(4)).enumerate() {
+            assert!(b.iter().filter(|v| **v != 0.0).count() <= 2, "group {g}: {b:?}");
+            if g % 2 == 0 {
+                assert_eq!(a, b, "group {g}: a 2:4 group is kept as it is");
+            } else {
+                let kept: Vec<f32> = a.iter().map(|v| if v.abs() >= 1.5 { *v } else { 0.0 }).collect();
+                assert_eq!(b, kept.as_slice(), "group {g}: the two largest magnitudes");
+            }
+        }
+        // group 1 of block 0 is [-4.0, 1.5, -0.5, 0.25] rotated by one: values at 0 and 1
+        let meta = u32::from_le_bytes(enc[32..36].try_into().unwrap());
+        assert_eq!((meta >> 4) & 0xF, 0b0100, "first index 0 in the low bits, second 1 in the high");
+        assert!(encode(DType::Sp24Bf16, &x[..48]).is_none(), "whole 32-value blocks");
+    }
+
+    #[test]
+    fn act_quant_rounds_each_group_with_its_own_dynamic_scale() {
+        // two rows of 80: groups of 32, 32 and the row's last 16
+        let mut x: Vec<f32> = (0..160).map(|i| ((i * 29 % 61) as f32 - 30.0) * if i % 80 >= 64 { 100.0 } else { 0.01 }).collect();
+        x[32..64].iter_mut().for_each(|v| *v = 0.0);
+        let orig = x.clone();
+        act_quant_rows(&mut x, 80, 32, DType::F8E4M3);
+        assert!(x[32..64].iter().all(|v| *v == 0.0), "a group of zeros stays zero (no NaN)");
+        for (r, g) in [(0usize, 0..32), (0, 64..80), (1, 0..32), (1, 64..80)] {
+            let (a, b) = (80 * r + g.start, 80 * r + g.end);
+            let amax = orig[a..b].iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = amax / 448.0;
+            for i in a..b {
+                assert_eq!(x[i], s * f8e4m3_to_f32(f32_to_f8e4m3(orig[i] / s)), "value {i}");
+                assert!((x[i] - orig[i]).abs() <= orig[i].abs() / 16.0 + s / 512.0, "value {i}: {} vs {}", x[i], orig[i]);
+            }
+            assert!(x[a..b].iter().any(|v| v.abs() == amax), "the group's largest value is exact (448 s)");
+        }
+        // int8 per token (group 0): one scale per row, |q| <= 127
+        let mut y = orig.clone();
+        act_quant_rows(&mut y, 80, 0, DType::I8);
+        for r in 0..2 {
+            let s = orig[80 * r..80 * r + 80].iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for i in 80 * r..80 * r + 80 {
+                assert_eq!(y[i], s * (orig[i] / s).round_ties_even(), "value {i}");
+            }
+        }
+        // the small first groups round to zero under the row's scale set by the 100x tail
+        assert!(y[..32].iter().all(|v| *v == 0.0) && x[..32].iter().any(|v| *v != 0.0), "per token vs per group");
+    }
 
     #[test]
     fn fp8_e4m3_roundtrips_every_finite_code() {

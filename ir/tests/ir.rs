@@ -47,12 +47,14 @@ const ALL_OPS: &str = r#"graph "all-ops" {
   %cast = cast(%dq) : bf16[T, 4]
   %am = argmax(%e) : i32[T]
   %ar = all_reduce(%e) : f32[T, 32]
+  %aq = act_quant(%h) {dtype = f8e4m3, group = 32} : f32[T, 32]
   %last = gather(%e, %rows) : f32[R, 32]
   output last = %last
   output cast = %cast
   output argmax = %am
   output reduced = %ar
   output t = %t
+  output aq = %aq
 }
 "#;
 
@@ -83,6 +85,10 @@ fn parse_errors_name_the_line_and_problem() {
     assert!(e.contains("line 2") && e.contains("unknown dtype `f33`"), "{e}");
     let e = parse_err("graph \"g\" {\n  %x = input : f32[4, 8]\n  %y = rms_norm(%x, %x) : f32[4, 8]\n}\n");
     assert!(e.contains("needs attribute `eps`"), "{e}");
+    let e = parse_err("graph \"g\" {\n  %x = input : f32[T, 48]\n  %y = act_quant(%x) {dtype = i8, group = 48} : f32[T, 48]\n}\n");
+    assert!(e.contains("line 3") && e.contains("multiple of 32"), "{e}");
+    let e = parse_err("graph \"g\" {\n  %x = input : f32[T, 64]\n  %y = act_quant(%x) {dtype = f16, group = 32} : f32[T, 64]\n}\n");
+    assert!(e.contains("line 3") && e.contains("f8e4m3 or i8"), "{e}");
     let e = parse_err("graph \"g\" {\n  %x = input : f32[4]\n");
     assert!(e.contains("missing closing"), "{e}");
     let e = parse_err("graph \"g\" {\n  %x = input : f32[4]\n  %x = input : f32[4]\n}\n");
@@ -107,6 +113,12 @@ fn verifier_rejects_wrong_declared_types_and_shapes() {
 
 fn weights(spec: &[(&str, DType, Vec<usize>, Vec<f32>)]) -> HashMap<String, (DType, Vec<usize>, Vec<u8>)> {
     spec.iter().map(|(n, d, s, v)| (n.to_string(), (*d, s.clone(), quant::encode(*d, v).unwrap()))).collect()
+}
+
+/// Relative L2 distance of a from b.
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    let d: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    (d / b.iter().map(|y| y * y).sum::<f32>()).sqrt()
 }
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -212,19 +224,24 @@ fn rope_rotates_pairs_and_keeps_norms() {
 
 #[test]
 fn matmul_with_packed_weights_equals_dequantized_f32() {
-    let src = "graph \"m\" {\n  %x = input : f32[T, 64]\n  %w = weight : q4_1[16, 64]\n  %y = matmul(%x, %w) {transpose_b = true} : f32[T, 16]\n  output y = %y\n}\n";
-    let g = text::parse(src).unwrap();
     let wv = rand_vec(16 * 64, 9);
-    let ws = weights(&[("w", DType::Q4_1, vec![16, 64], wv.clone())]);
-    let deq = quant::decode(DType::Q4_1, &ws["w"].2, 16 * 64).unwrap();
     let x = rand_vec(3 * 64, 4);
-    let out = Executor::new(&g, &ws, BTreeMap::new()).unwrap().run(&BTreeMap::from([("x".into(), Tensor::new(vec![3, 64], x.clone()))])).unwrap();
-    for r in 0..3 {
-        for n in 0..16 {
-            let want: f32 = (0..64).map(|k| x[r * 64 + k] * deq[n * 64 + k]).sum();
-            assert!((out["y"].data[r * 16 + n] - want).abs() < 1e-4);
+    for dt in [DType::Q4_1, DType::F8G32] {
+        let src = format!("graph \"m\" {{\n  %x = input : f32[T, 64]\n  %w = weight : {dt}[16, 64]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[T, 16]\n  output y = %y\n}}\n");
+        let g = text::parse(&src).unwrap();
+        let ws = weights(&[("w", dt, vec![16, 64], wv.clone())]);
+        let deq = quant::decode(dt, &ws["w"].2, 16 * 64).unwrap();
+        assert!(rel(&deq, &wv) < 0.1, "{dt}");
+        let out = Executor::new(&g, &ws, BTreeMap::new()).unwrap().run(&BTreeMap::from([("x".into(), Tensor::new(vec![3, 64], x.clone()))])).unwrap();
+        for r in 0..3 {
+            for n in 0..16 {
+                let want: f32 = (0..64).map(|k| x[r * 64 + k] * deq[n * 64 + k]).sum();
+                assert!((out["y"].data[r * 16 + n] - want).abs() < 1e-4, "{dt}");
+            }
         }
     }
+    let src = "graph \"m\" {\n  %x = input : f32[T, 64]\n  %w = weight : q4_1[16, 64]\n  %y = matmul(%x, %w) {transpose_b = true} : f32[T, 16]\n  output y = %y\n}\n";
+    let g = text::parse(src).unwrap();
     // a weight whose stored dtype disagrees with the graph is an error naming it
     let bad = weights(&[("w", DType::Q8_0, vec![16, 64], wv)]);
     let e = Executor::new(&g, &bad, BTreeMap::new()).err().expect("dtype mismatch").to_string();
@@ -299,25 +316,41 @@ fn a_bf16_pool_stores_rows_rounded_to_bf16() {
 
 #[test]
 fn an_e4m3_pool_keeps_a_scale_per_token_and_head() {
-    // each head's row scaled by its |max| / 448 before rounding: a head of tiny values keeps
-    // e4m3's relative precision (unscaled, its values would be e4m3 subnormals or zero)
+    // each head's row rotated by the normalized Hadamard transform, scaled by its |max| / 448,
+    // rounded to e4m3, rotated back: a head of tiny values keeps e4m3's relative precision
+    // (unscaled, its values would be e4m3 subnormals or zero), and an outlier channel's error
+    // spreads over the row
     let src = "graph \"w\" {\n  %x = input : f32[2, 2, 4]\n  %s = input : i32[2]\n  %c = state : f8e4m3[2, 2, 2, 4]\n  %w = cache_write(%c, %x, %s) : f8e4m3[2, 2, 2, 4]\n  output c = %w\n}\n";
     let g = text::parse(src).unwrap();
     let mut ex = Executor::new(&g, &HashMap::<String, (DType, Vec<usize>, Vec<u8>)>::new(), BTreeMap::new()).unwrap();
     let x: Vec<f32> = (0..16).map(|i| if (i / 4) % 2 == 0 { 1e-4 * (i + 1) as f32 } else { -300.0 + 97.0 * i as f32 }).collect();
     let slots = [3i32, 0];
     let out = ex.run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![2, 2, 4], x.clone())), ("s".to_string(), Tensor::from_i32(vec![2], &slots))])).unwrap().remove("c").unwrap();
+    let had = |v: &[f32]| -> Vec<f32> {
+        let mut h = v.to_vec();
+        dsc_ir::quant::hadamard(&mut h);
+        h
+    };
     for (t, &s) in slots.iter().enumerate() {
-        for e in 0..8 {
-            let (got, v) = (out.data[s as usize * 8 + e], x[t * 8 + e]);
-            assert!((got - v).abs() <= v.abs() / 16.0, "slot {s} element {e}: {got} for {v}");
+        for hd in 0..2 {
+            let (got, v) = (&out.data[s as usize * 8 + 4 * hd..][..4], &x[t * 8 + 4 * hd..][..4]);
+            // the stored row, rotated, is e4m3 times the row's scale exactly
+            let r = had(v);
+            let sc = r.iter().fold(0f32, |a, v| a.max(v.abs())) / 448.0;
+            let q: Vec<f32> = r.iter().map(|v| dsc_ir::quant::round_to(DType::F8E4M3, v / sc) * sc).collect();
+            let want = had(&q);
+            for e in 0..4 {
+                assert!((got[e] - want[e]).abs() <= 1e-6 * want[e].abs().max(sc), "slot {s} head {hd} element {e}: {} vs {}", got[e], want[e]);
+            }
+            // within e4m3's relative error of the row's norm
+            let norm = v.iter().map(|a| a * a).sum::<f32>().sqrt();
+            let err = got.iter().zip(v).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
+            assert!(err <= norm / 16.0, "slot {s} head {hd}: error {err} of norm {norm}");
         }
-        // (the head's largest value maps to 448 and back: exact up to the scale's rounding)
-        let h = &x[t * 8..t * 8 + 4];
-        let m = h.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let at = h.iter().position(|v| v.abs() == m).unwrap();
-        assert!((out.data[s as usize * 8 + at].abs() - m).abs() <= m * 1e-6);
     }
+    // (H is its own inverse)
+    let v = [1.0f32, -2.0, 0.5, 4.0, 3.0, 0.0, -1.0, 2.5];
+    assert!(had(&had(&v)).iter().zip(&v).all(|(a, b)| (a - b).abs() < 1e-6));
 }
 
 fn run1(src: &str, inputs: Vec<(&str, Tensor)>, ws: &HashMap<String, (DType, Vec<usize>, Vec<u8>)>, fixed: BTreeMap<String, usize>) -> BTreeMap<String, Tensor> {

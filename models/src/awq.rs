@@ -197,12 +197,18 @@ fn output_error(x: &[f32], t: usize, k: usize, delta: &[f32]) -> f64 {
 
 /// One prefill of `tokens` on the CPU executor, returning the groups' input activations.
 fn calibrate(graph: &Graph, ws: &WeightSet, tokens: &[u32], kv_block: usize, groups: &[Group], path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let keep: Vec<_> = groups.iter().filter_map(|g| graph.by_name(&g.input)).collect();
+    run_prompt(graph, ws, tokens, kv_block, &keep, "awq calibration", path)
+}
+
+/// Run `tokens` as one prompt through the CPU executor and return the `keep` nodes' values
+/// (calibration: AWQ here, Wanda in `sparsity`); errors say `what` ran.
+pub(crate) fn run_prompt(graph: &Graph, ws: &WeightSet, tokens: &[u32], kv_block: usize, keep: &[dsc_ir::NodeId], what: &str, path: &Path) -> Result<BTreeMap<String, Tensor>> {
     let t = tokens.len();
     let blocks = t.div_ceil(kv_block).max(1);
-    let xerr = |e: dsc_ir::IrError| ModelError::Format { path: path.to_path_buf(), msg: format!("awq calibration run: {e}") };
+    let xerr = |e: dsc_ir::IrError| ModelError::Format { path: path.to_path_buf(), msg: format!("{what} run: {e}") };
     let mut exec = Executor::new(graph, ws, BTreeMap::from([("NB".to_string(), blocks)])).map_err(xerr)?;
-    let keep: Vec<_> = groups.iter().filter_map(|g| graph.by_name(&g.input)).collect();
-    exec.keep(&keep);
+    exec.keep(keep);
     let ints = |v: Vec<i32>| Tensor::from_i32(vec![v.len()], &v);
     let seq: Vec<i32> = (0..t as i32).collect();
     let inputs = BTreeMap::from([

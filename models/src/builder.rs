@@ -14,6 +14,9 @@ pub(crate) struct Builder<'a> {
     pub activations: DType,
     /// the builder's name in "tensor not found (the <arch> builder needs it)"
     pub arch: &'static str,
+    /// `precision.act_quant` and the weights whose matmuls take it
+    pub act_quant: Option<(DType, usize)>,
+    pub act_quant_weights: &'a std::collections::BTreeSet<String>,
 }
 
 impl Builder<'_> {
@@ -51,14 +54,28 @@ impl Builder<'_> {
         TensorType::new(self.activations, shape)
     }
 
-    /// x @ W^T (+ bias): the checkpoint's [out, in] layout.
+    /// x @ W^T (+ bias): the checkpoint's [out, in] layout; x in 8 bits first where
+    /// `precision.act_quant` names this weight's layer type.
     pub fn linear(&mut self, module: &str, x: NodeId, out: usize, inp: usize, bias: bool) -> Result<NodeId> {
-        let w = self.weight(&format!("{module}.weight"), &[out, inp], true)?;
+        let wname = format!("{module}.weight");
+        let w = self.weight(&wname, &[out, inp], true)?;
+        let x = self.act_quant_input(x, &wname)?;
         let mut args = vec![x, w];
         if bias {
             args.push(self.weight(&format!("{module}.bias"), &[out], false)?);
         }
         self.add(module, Op::MatMul { transpose_b: true }, &args)
+    }
+
+    /// `x` as the matmul with weight `weight` reads it: rounded to 8 bits by an `act_quant`
+    /// node (one per x, shared by every matmul reading it) where the policy says so.
+    pub fn act_quant_input(&mut self, x: NodeId, weight: &str) -> Result<NodeId> {
+        let Some((dtype, group)) = self.act_quant.filter(|_| self.act_quant_weights.contains(weight)) else { return Ok(x) };
+        let name = format!("{}.act_quant", self.g.node(x).name);
+        if let Some(id) = self.g.by_name(&name) {
+            return Ok(id);
+        }
+        self.add(name, Op::ActQuant { dtype, group }, &[x])
     }
 
     /// The step inputs every builder's graph takes (see `llama`'s module docs).

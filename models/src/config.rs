@@ -24,10 +24,17 @@
 //!
 //! [precision]
 //! activations = "f32"   # f32 | bf16 | f16
-//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (a scale per token and head; the GPU kernels:
-//!                       # f32 or bf16, half the bytes)
+//! kv_cache = "f32"      # f32 | bf16 | f16 | f8e4m3 (each token's head row Hadamard-rotated, a
+//!                       # scale per token and head; CPU executor only — the GPU kernels: f32
+//!                       # or bf16, half the bytes)
+//! act_quant = "none"    # none | fp8[-gN] | int8[-gN]: 8-bit activations (dynamic scale per
+//!                       # token or per N values) for the matmuls with weights below 16 bits
+//!                       # (W8A8, W4A8); CPU executor only
+//! sparsity = "none"     # none | 2:4 | 4:8 over sparse_layers (default ["attn_o", "mlp"]),
+//! sparsity_method = "magnitude"  # | wanda; 2:4 stored as sp24_bf16; CPU executor only
 //! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1
-//!                       # | fp8 (e4m3, an f32 scale per 128 values of a row: dsc's f8g128)
+//!                       # | fp8 (e4m3, an f32 scale per 128 values of a row: dsc's f8g128,
+//!                       #   or f8g32 blocks for rows not whole 512-value super-blocks)
 //!                       # | int8[-gN] | int4[-sym|-asym][-gN] (groups of N, default 128)
 //! calibration = "none"  # none | awq (activation-aware scales before integer rounding)
 //! # calibration_text = "calib.txt"; calibration_tokens = 512
@@ -272,6 +279,24 @@ pub struct Precision {
     /// per layer type: attn_qkv, attn_o, mlp, experts, router, lm_head, embeddings → a format
     #[serde(default)]
     pub layers: std::collections::BTreeMap<String, String>,
+    /// 8-bit activations for the matmuls whose weights are below 16 bits (W8A8, W4A8; not
+    /// the sensitive layer types unless `[precision.layers]` names them):
+    /// `none` | `fp8` (e4m3, a dynamic scale per token) | `fp8-gN` (per N values of a token,
+    /// DeepSeek-V3's 1x128) | `int8` | `int8-gN`
+    #[serde(default = "d_none")]
+    pub act_quant: String,
+    /// N:M structured sparsity for `sparse_layers`: `none` | `2:4` | `4:8` (sparsity.rs)
+    #[serde(default = "d_none")]
+    pub sparsity: String,
+    /// `magnitude` | `wanda` (|W| times its input's norm over the calibration text)
+    #[serde(default = "d_magnitude")]
+    pub sparsity_method: String,
+    /// layer types pruned (default attn_o and mlp)
+    #[serde(default)]
+    pub sparse_layers: Option<Vec<String>>,
+}
+fn d_magnitude() -> String {
+    "magnitude".into()
 }
 fn d_none() -> String {
     "none".into()
@@ -284,7 +309,19 @@ fn d_stored() -> String {
 }
 impl Default for Precision {
     fn default() -> Self {
-        Precision { activations: d_f32(), kv_cache: d_f32(), weights: d_stored(), calibration: d_none(), calibration_text: None, calibration_tokens: None, layers: Default::default() }
+        Precision {
+            activations: d_f32(),
+            kv_cache: d_f32(),
+            weights: d_stored(),
+            calibration: d_none(),
+            calibration_text: None,
+            calibration_tokens: None,
+            layers: Default::default(),
+            act_quant: d_none(),
+            sparsity: d_none(),
+            sparsity_method: d_magnitude(),
+            sparse_layers: None,
+        }
     }
 }
 
@@ -310,6 +347,10 @@ pub struct ModelConfig {
     pub kv_cache: DType,
     /// what each weight matrix becomes
     pub policy: Policy,
+    /// `precision.act_quant`: (f8e4m3 or i8, values per scale — 0: a whole row)
+    pub act_quant: Option<(DType, usize)>,
+    /// `precision.sparsity` with its method and layer types
+    pub sparsity: Option<crate::sparsity::SparsitySpec>,
 }
 
 /// `dsc compile` flags over model.toml's `[precision]`.
@@ -321,6 +362,11 @@ pub struct PrecisionOverride {
     pub calibration: Option<String>,
     /// `--quant-layer KIND=FORMAT`: entries of `[precision.layers]`
     pub layers: Vec<(String, String)>,
+    /// `--act-quant`: `precision.act_quant`
+    pub act_quant: Option<String>,
+    /// `--sparsity`, `--sparsity-method`: `precision.sparsity`, `precision.sparsity_method`
+    pub sparsity: Option<String>,
+    pub sparsity_method: Option<String>,
 }
 
 impl ModelConfig {
@@ -350,6 +396,15 @@ impl ModelConfig {
         for (k, v) in &ov.layers {
             toml.precision.layers.insert(k.clone(), v.clone());
         }
+        if let Some(a) = &ov.act_quant {
+            toml.precision.act_quant = a.clone();
+        }
+        if let Some(a) = &ov.sparsity {
+            toml.precision.sparsity = a.clone();
+        }
+        if let Some(a) = &ov.sparsity_method {
+            toml.precision.sparsity_method = a.clone();
+        }
         let dt = |field: &str, v: &str, allowed: &[DType]| -> Result<DType> {
             let d: DType = v.parse().map_err(|e: String| cerr(format!("field `{field}`: {e}")))?;
             if !allowed.contains(&d) {
@@ -362,6 +417,9 @@ impl ModelConfig {
         let activations = dt("precision.activations", &toml.precision.activations, &[F32, BF16, F16])?;
         let kv_cache = dt("precision.kv_cache", &toml.precision.kv_cache, &[F32, BF16, F16, F8E4M3])?;
         let policy = Self::policy(&toml.precision).map_err(cerr)?;
+        let act_quant = parse_act_quant(&toml.precision.act_quant).map_err(|e| cerr(format!("field `precision.act_quant`: {e}")))?;
+        let p = &toml.precision;
+        let sparsity = crate::sparsity::SparsitySpec::parse(&p.sparsity, &p.sparsity_method, p.sparse_layers.as_deref()).map_err(cerr)?;
         let l = &toml.limits;
         if l.kv_block_size == 0 || !l.kv_block_size.is_power_of_two() {
             return Err(cerr(format!("field `limits.kv_block_size`: {} must be a power of two", l.kv_block_size)));
@@ -421,7 +479,10 @@ impl ModelConfig {
         if policy.converts() && toml.weights.format == WeightFormat::Seeded {
             return Err(cerr("seeded weights are generated in `weights.dtype`; `precision.weights` / `[precision.layers]` convert checkpoints".into()));
         }
-        Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, policy })
+        if sparsity.is_some() && toml.weights.format == WeightFormat::Seeded {
+            return Err(cerr("field `precision.sparsity`: seeded weights are not pruned (prune a checkpoint)".into()));
+        }
+        Ok(ModelConfig { path: path.to_path_buf(), toml, activations, kv_cache, policy, act_quant, sparsity })
     }
 
     fn policy(p: &Precision) -> std::result::Result<Policy, String> {
@@ -449,6 +510,34 @@ impl ModelConfig {
         Ok(policy)
     }
 
+    /// The weight matrices whose matmuls take 8-bit activations under `precision.act_quant`,
+    /// from each matrix's (name, stored dtype, row length): those whose weights end up below
+    /// 16 bits (stored so, or by the policy), except the sensitive layer types (Q/K/V, router,
+    /// lm_head, embeddings) unless `[precision.layers]` names them. `tied`: the embedding
+    /// table is the lm_head. An error naming the field when `act_quant` is set and no matrix
+    /// takes it.
+    pub fn act_quant_weights<'a>(&self, mats: impl Iterator<Item = (&'a String, DType, usize)>, tied: bool) -> Result<std::collections::BTreeSet<String>> {
+        let Some(_) = self.act_quant else { return Ok(Default::default()) };
+        let set: std::collections::BTreeSet<String> = mats
+            .filter(|(n, stored, row)| {
+                let Some(k) = LayerKind::of(n, tied) else { return false };
+                let low = !matches!(self.policy.format_for(Some(k)).dtype(*stored, *row, true), DType::F32 | DType::F16 | DType::BF16);
+                low && (!k.sensitive() || self.policy.layers.contains_key(&k))
+            })
+            .map(|(n, _, _)| n.clone())
+            .collect();
+        if set.is_empty() {
+            return Err(ModelError::Config {
+                path: self.path.clone(),
+                msg: format!(
+                    "field `precision.act_quant`: `{}` rounds the activations of matmuls whose weights are below 16 bits, and no matrix outside the sensitive layer types is (quantize some with `precision.weights` / `[precision.layers]`)",
+                    self.toml.precision.act_quant
+                ),
+            });
+        }
+        Ok(set)
+    }
+
     /// A path from model.toml, resolved against the file's folder.
     pub fn resolve(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
@@ -457,4 +546,27 @@ impl ModelConfig {
             self.path.parent().unwrap_or(Path::new(".")).join(p)
         }
     }
+}
+
+/// `precision.act_quant`: `none`, `fp8[-gN]` or `int8[-gN]` → (dtype, values per scale; 0: a
+/// whole row).
+fn parse_act_quant(s: &str) -> std::result::Result<Option<(DType, usize)>, String> {
+    if s == "none" {
+        return Ok(None);
+    }
+    let (dt, rest) = if let Some(r) = s.strip_prefix("fp8") {
+        (DType::F8E4M3, r)
+    } else if let Some(r) = s.strip_prefix("int8") {
+        (DType::I8, r)
+    } else {
+        return Err(format!("`{s}` (none, fp8, fp8-gN, int8, int8-gN)"));
+    };
+    let group = match rest {
+        "" => 0,
+        g => match g.strip_prefix("-g").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) if n > 0 && n.is_multiple_of(32) => n,
+            _ => return Err(format!("`{s}`: the group is -gN with N a positive multiple of 32 (e.g. fp8-g128)")),
+        },
+    };
+    Ok(Some((dt, group)))
 }

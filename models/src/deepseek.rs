@@ -610,6 +610,10 @@ pub fn weight_shapes(c: &DeepseekConfig) -> Vec<(String, Vec<usize>)> {
 pub struct BuildOptions {
     pub name: String,
     pub activations: DType,
+    /// `precision.act_quant` and the weights whose matmuls take it
+    /// (`ModelConfig::act_quant_weights`)
+    pub act_quant: Option<(DType, usize)>,
+    pub act_quant_weights: std::collections::BTreeSet<String>,
     pub kv_cache: DType,
     pub kv_block_size: usize,
     /// for error messages
@@ -626,7 +630,15 @@ fn mlp(b: &mut Builder, module: &str, x: NodeId, hid: usize, ffn: usize) -> Resu
 }
 
 pub fn build(opts: &BuildOptions, c: &DeepseekConfig, weights: &WeightSet) -> Result<Graph> {
-    let mut b = Builder { g: Graph::new(opts.name.clone()), w: weights, path: &opts.weights_path, activations: opts.activations, arch: "deepseek" };
+    let mut b = Builder {
+        g: Graph::new(opts.name.clone()),
+        w: weights,
+        path: &opts.weights_path,
+        activations: opts.activations,
+        arch: "deepseek",
+        act_quant: opts.act_quant,
+        act_quant_weights: &opts.act_quant_weights,
+    };
     let inp = b.step_inputs()?;
     let (h, hid, nope, rope_d, vd, l) = (c.heads, c.hidden, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank);
     let qk = c.qk_head_dim();

@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod hf;
 pub mod llama;
 pub mod quantize;
+pub mod sparsity;
 pub mod tokenizer;
 pub mod weights;
 
@@ -158,7 +159,7 @@ fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, D
         let fmt = policy.format_for(LayerKind::of(name, tied));
         let want = fmt.dtype(orig, *t.shape.last().unwrap_or(&1), i4g128);
         let requant = matches!(fmt, Format::Int(_));
-        let kept = fmt == Format::Stored || (fmt == Format::DType(DType::F8G128) && want != DType::F8G128);
+        let kept = fmt == Format::Stored || (fmt == Format::DType(DType::F8G128) && !matches!(want, DType::F8G128 | DType::F8G32));
         *counts.entry(if kept { format!("stored {orig}") } else { fmt.name() }).or_insert(0) += 1;
         if want == t.dtype && !requant {
             continue;
@@ -174,6 +175,23 @@ fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, D
         t.bytes = Bytes::Owned(Arc::new(enc));
     }
     Ok(counts)
+}
+
+/// `precision.sparsity` over the weights as the policy left them (Wanda calibrated on the
+/// calibration text through `graph`); the compile summary's words on it.
+fn prune_weights(config: &ModelConfig, spec: &sparsity::SparsitySpec, graph: &Graph, ws: &mut WeightSet, tok: Option<&TokenizerInfo>, tied: bool, path: &Path) -> Result<String> {
+    let toks = match spec.method {
+        sparsity::Method::Wanda => calibration_tokens(config, tok)?,
+        sparsity::Method::Magnitude => vec![],
+    };
+    let r = sparsity::prune(config, spec, graph, ws, &toks, config.toml.limits.kv_block_size, tied, path)?;
+    Ok(format!(
+        "sparsity {}: {} matrices, {:.1}% of their values zeroed{}",
+        spec.name(),
+        r.matrices,
+        100.0 * r.pruned_values as f64 / r.total_values.max(1) as f64,
+        if r.calibration_tokens > 0 { format!(", scored on {} calibration tokens", r.calibration_tokens) } else { String::new() }
+    ))
 }
 
 /// The compile summary's line on what the policy did.
@@ -199,7 +217,7 @@ fn calibration_tokens(config: &ModelConfig, tok: Option<&TokenizerInfo>) -> Resu
         }
         None => include_str!("../../data/coriolanus-act1.txt").to_string(),
     };
-    let tok = tok.ok_or_else(|| cerr("precision.calibration = \"awq\" needs a tokenizer for the calibration text".into()))?;
+    let tok = tok.ok_or_else(|| cerr("the calibration text (`precision.calibration = \"awq\"`, `precision.sparsity_method = \"wanda\"`) needs a tokenizer".into()))?;
     let t = tokenizers::Tokenizer::from_str(&tok.json).map_err(|e| cerr(format!("tokenizer: {e}")))?;
     let enc = t.encode(text.as_str(), false).map_err(|e| cerr(format!("calibration text: {e}")))?;
     let mut ids: Vec<u32> = tok.bos_id.filter(|_| tok.add_bos).into_iter().collect();
@@ -342,11 +360,14 @@ pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedMode
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }
+    let tied = !weights.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
     let opts = llama::BuildOptions {
         name: t.model.name.clone(),
         dims: dims.clone(),
         naming,
         activations: config.activations,
+        act_quant: config.act_quant,
+        act_quant_weights: config.act_quant_weights(weights.tensors.iter().filter(|(_, t)| t.shape.len() >= 2).map(|(n, t)| (n, t.dtype, *t.shape.last().unwrap_or(&1))), tied)?,
         kv_cache: config.kv_cache,
         kv_block_size: t.limits.kv_block_size,
         weights_path: weights_path.clone().unwrap_or_else(|| "<seeded>".into()),
@@ -365,6 +386,12 @@ pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedMode
         };
         let counts = apply_policy(&mut weights, &config.policy, &stored, &wpath)?;
         precision = Some(precision_note(&config.policy, &counts, report.as_ref()));
+        graph = llama::build(&opts, &weights)?;
+    }
+    if let Some(spec) = &config.sparsity {
+        let wpath = weights_path.clone().unwrap_or_else(|| "<seeded>".into());
+        let note = prune_weights(&config, spec, &graph, &mut weights, tokenizer.as_ref(), tied, &wpath)?;
+        precision = Some(precision.map_or(note.clone(), |p| format!("{p}; {note}")));
         graph = llama::build(&opts, &weights)?;
     }
     Ok(LoadedModel { config, dims, deepseek: None, graph, weights, tokenizer, weights_path, precision })
@@ -444,8 +471,22 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }
-    let opts = deepseek::BuildOptions { name: t.model.name.clone(), activations: config.activations, kv_cache: config.kv_cache, kv_block_size: t.limits.kv_block_size, weights_path: path.clone() };
-    let graph = deepseek::build(&opts, &ds, &weights)?;
+    let tied = !weights.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
+    let opts = deepseek::BuildOptions {
+        name: t.model.name.clone(),
+        activations: config.activations,
+        act_quant: config.act_quant,
+        act_quant_weights: config.act_quant_weights(weights.tensors.iter().filter(|(_, t)| t.shape.len() >= 2).map(|(n, t)| (n, t.dtype, *t.shape.last().unwrap_or(&1))), tied)?,
+        kv_cache: config.kv_cache,
+        kv_block_size: t.limits.kv_block_size,
+        weights_path: path.clone(),
+    };
+    let mut graph = deepseek::build(&opts, &ds, &weights)?;
+    if let Some(spec) = &config.sparsity {
+        let note = prune_weights(&config, spec, &graph, &mut weights, tokenizer.as_ref(), tied, &path)?;
+        precision = Some(precision.map_or(note.clone(), |p| format!("{p}; {note}")));
+        graph = deepseek::build(&opts, &ds, &weights)?;
+    }
     let dims = ds.common_dims();
     Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: (!seeded).then_some(path), precision })
 }

@@ -80,6 +80,10 @@ pub struct BuildOptions {
     pub dims: Dims,
     pub naming: Naming,
     pub activations: DType,
+    /// `precision.act_quant` and the weights whose matmuls take it
+    /// (`ModelConfig::act_quant_weights`)
+    pub act_quant: Option<(DType, usize)>,
+    pub act_quant_weights: std::collections::BTreeSet<String>,
     pub kv_cache: DType,
     pub kv_block_size: usize,
     /// for error messages
@@ -89,7 +93,15 @@ pub struct BuildOptions {
 pub fn build(opts: &BuildOptions, weights: &WeightSet) -> Result<Graph> {
     let d = &opts.dims;
     let n = opts.naming;
-    let mut b = Builder { g: Graph::new(opts.name.clone()), w: weights, path: &opts.weights_path, activations: opts.activations, arch: "llama" };
+    let mut b = Builder {
+        g: Graph::new(opts.name.clone()),
+        w: weights,
+        path: &opts.weights_path,
+        activations: opts.activations,
+        arch: "llama",
+        act_quant: opts.act_quant,
+        act_quant_weights: &opts.act_quant_weights,
+    };
     let (h, kvh, hd, hid) = (d.heads, d.kv_heads, d.head_dim, d.hidden);
     let inp = b.step_inputs()?;
     let (tokens, positions, seq_ids, slots, table, logit_rows) = (inp.tokens, inp.positions, inp.seq_ids, inp.slots, inp.table, inp.logit_rows);

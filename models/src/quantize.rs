@@ -167,12 +167,15 @@ impl Format {
 
     /// The stored dtype a tensor of `stored` dtype and rows of `row` values ends up with
     /// (`i4g128`: int4-g128 may take dsc's i4g128 layout — see [`IntSpec::dtype_in`]). fp8
-    /// ([`DType::F8G128`]) takes rows of whole 512-value super-blocks; other rows keep their
-    /// stored type (SmolLM2's 576-wide rows; the compile summary counts them).
+    /// (groups of 128 a row) takes [`DType::F8G128`] for rows of whole 512-value super-blocks,
+    /// [`DType::F8G32`] blocks carrying the groups' scales for other rows of whole 32-value
+    /// blocks (SmolLM2's 576), and keeps the stored type of any other row (the compile summary
+    /// counts those).
     pub fn dtype(&self, stored: DType, row: usize, i4g128: bool) -> DType {
         match self {
             Format::Stored => stored,
-            Format::DType(DType::F8G128) if row == 0 || DType::F8G128.bytes_for(row).is_none() => stored,
+            Format::DType(DType::F8G128) if row == 0 || !row.is_multiple_of(32) => stored,
+            Format::DType(DType::F8G128) if row % 512 != 0 => DType::F8G32,
             Format::DType(d) => *d,
             Format::Int(i) => i.dtype_in(row, i4g128),
         }
@@ -182,6 +185,7 @@ impl Format {
     /// [`Format::dtype`]).
     pub fn encode(&self, stored: DType, x: &[f32], row: usize, i4g128: bool) -> Result<Vec<u8>, String> {
         match self {
+            Format::DType(DType::F8G128) if self.dtype(stored, row, i4g128) == DType::F8G32 => Ok(dsc_ir::quant::f8g32_rows(x, row, 128)),
             Format::Stored | Format::DType(_) => {
                 let d = self.dtype(stored, row, i4g128);
                 dsc_ir::quant::encode(d, x).ok_or_else(|| format!("{} elements are not whole {d} blocks", x.len()))
@@ -352,7 +356,17 @@ mod tests {
         assert_eq!(Format::parse("f8g128").unwrap().name(), "fp8");
         // fp8 takes rows of whole 512-value super-blocks; others keep their stored type
         let f = Format::parse("fp8").unwrap();
-        assert_eq!((f.dtype(DType::BF16, 4096, true), f.dtype(DType::BF16, 576, true), f.dtype(DType::Q4_1, 576, true)), (DType::F8G128, DType::BF16, DType::Q4_1));
+        assert_eq!((f.dtype(DType::BF16, 4096, true), f.dtype(DType::BF16, 576, true), f.dtype(DType::Q4_1, 100, true)), (DType::F8G128, DType::F8G32, DType::Q4_1));
+        // (576-wide rows: groups of 128, 128, 128, 128, 64, each 32-value block its group's scale)
+        let x: Vec<f32> = (0..1152).map(|i| ((i * 37 % 101) as f32 - 50.0) * if i % 576 < 512 { 0.01 } else { 3.0 }).collect();
+        let enc = f.encode(DType::BF16, &x, 576, true).unwrap();
+        assert_eq!(enc.len(), 1152 / 32 * 36);
+        let scale = |blk: usize| f32::from_le_bytes(enc[36 * blk..36 * blk + 4].try_into().unwrap());
+        assert_eq!((scale(0), scale(3)), (scale(0), scale(0)), "a group's four blocks share its scale");
+        let tail = x[512..576].iter().fold(0f32, |a, v| a.max(v.abs())) / 448.0;
+        assert!(scale(16) == tail && scale(17) == tail && scale(15) < tail / 100.0, "the row's last group (64 values) scales alone: {} vs {tail}", scale(16));
+        let y = dsc_ir::quant::decode(DType::F8G32, &enc, 1152).unwrap();
+        assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() <= a.abs() / 16.0 + 1e-6), "e4m3 keeps 3 mantissa bits");
         for bad in ["int4-g100", "int3", "int8-asym", "int4-x", "f8e4m3", "q6_k", "int4-g0"] {
             assert!(Format::parse(bad).is_err(), "{bad}");
         }

@@ -24,6 +24,22 @@ fn tiny(dir: &Path, extra: &str) -> std::path::PathBuf {
     p
 }
 
+/// The tiny model's build options (f32, no 8-bit activations), to rebuild its graph over
+/// rewritten weights.
+fn tiny_opts(dims: &dsc_models::config::Dims) -> dsc_models::llama::BuildOptions {
+    dsc_models::llama::BuildOptions {
+        name: "tiny".into(),
+        dims: dims.clone(),
+        naming: dsc_models::llama::Naming::Hf,
+        activations: DType::F32,
+        act_quant: None,
+        act_quant_weights: Default::default(),
+        kv_cache: DType::F32,
+        kv_block_size: 4,
+        weights_path: "tiny".into(),
+    }
+}
+
 fn dtype(m: &dsc_models::LoadedModel, name: &str) -> DType {
     m.weights.get(name).unwrap_or_else(|| panic!("{name}")).dtype
 }
@@ -51,7 +67,7 @@ fn the_policy_converts_the_layer_types_it_names() {
     let m = load(&p).unwrap();
     assert_eq!(dtype(&m, &l0("self_attn.k_proj")), DType::Q8_0);
     assert_eq!(dtype(&m, "lm_head.weight"), DType::Q4_0);
-    let ov = PrecisionOverride { weights: Some("int8".into()), calibration: None, layers: vec![("mlp".into(), "bf16".into())] };
+    let ov = PrecisionOverride { weights: Some("int8".into()), calibration: None, layers: vec![("mlp".into(), "bf16".into())], ..Default::default() };
     let m = load_with(&p, &ov).unwrap();
     assert_eq!(dtype(&m, &l0("self_attn.o_proj")), DType::Q8_0);
     assert_eq!(dtype(&m, &l0("mlp.up_proj")), DType::BF16);
@@ -71,6 +87,103 @@ fn the_policy_converts_the_layer_types_it_names() {
 }
 
 #[test]
+fn eight_bit_activations_take_the_matmuls_with_quantized_weights() {
+    use dsc_ir::Op;
+    let d = tempfile::tempdir().unwrap();
+    let w8 = load(&tiny(d.path(), "\n[precision]\nweights = \"fp8\"\n")).unwrap();
+    // (64- and 96-wide rows: fp8 in 32-value blocks, each carrying its 128-group's scale)
+    assert_eq!(dtype(&w8, "model.layers.0.mlp.down_proj.weight"), DType::F8G32);
+    assert!(w8.graph.node_ids().all(|id| !matches!(w8.graph.node(id).op, Op::ActQuant { .. })));
+    let m = load(&tiny(d.path(), "\n[precision]\nweights = \"fp8\"\nact_quant = \"fp8-g32\"\n")).unwrap();
+    let g = &m.graph;
+    let quantized: Vec<&str> = g.node_ids().filter(|&id| matches!(g.node(id).op, Op::ActQuant { dtype: DType::F8E4M3, group: 32 })).map(|id| g.node(id).name.as_str()).collect();
+    // per layer: the attention output's input, the MLP's normed input (shared by gate and up)
+    // and down's input; Q/K/V (sensitive: stored) and the lm_head read their inputs as they are
+    assert_eq!(quantized.len(), 6, "{quantized:?}");
+    for id in g.node_ids() {
+        let n = g.node(id);
+        if let Op::MatMul { .. } = n.op {
+            let w = &g.node(g.operands(id)[1]).name;
+            let aq = matches!(g.node(g.operands(id)[0]).op, Op::ActQuant { .. });
+            assert_eq!(aq, w.contains("o_proj") || w.contains("mlp."), "{} reads {}", n.name, w);
+        }
+    }
+    let (base, e4m3) = (prefill_logits(&w8, &PROMPT), prefill_logits(&m, &PROMPT));
+    let e = rel_err(&e4m3.data, &base.data);
+    assert!(e > 1e-5 && e < 0.05, "e4m3 activations in groups of 32 move the fp8-weight logits by {e}");
+    // int8 per token: the same places, another rounding
+    let i8 = load(&tiny(d.path(), "\n[precision]\nweights = \"fp8\"\nact_quant = \"int8\"\n")).unwrap();
+    let e8 = rel_err(&prefill_logits(&i8, &PROMPT).data, &base.data);
+    assert!(e8 > 1e-5 && e8 < 0.05 && e8 != e, "int8 per-token activations: {e8}");
+    for extra in ["weights = \"fp8\"\nact_quant = \"fp8-g100\"", "weights = \"fp8\"\nact_quant = \"fp4\"", "act_quant = \"fp8\""] {
+        let err = load(&tiny(d.path(), &format!("\n[precision]\n{extra}\n"))).err().expect(extra).to_string();
+        assert!(err.contains("precision.act_quant") && err.contains("model.toml"), "{extra}: {err}");
+    }
+}
+
+#[test]
+fn sparsity_prunes_two_of_four_by_magnitude_or_wanda() {
+    let d = tempfile::tempdir().unwrap();
+    let dense = load(&tiny(d.path(), "")).unwrap();
+    let values = |m: &dsc_models::LoadedModel, name: &str| {
+        let t = m.weights.get(name).unwrap();
+        dsc_ir::quant::decode(t.dtype, t.bytes.as_slice(), t.shape.iter().product()).unwrap()
+    };
+    let mag = load(&tiny(d.path(), "\n[precision]\nsparsity = \"2:4\"\n")).unwrap();
+    // (Wanda through the pass itself: the tiny model has no tokenizer for the calibration text)
+    let spec = dsc_models::sparsity::SparsitySpec::parse("2:4", "wanda", None).unwrap().unwrap();
+    let mut ws = dense.weights.clone();
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 31 + 5) % 80).collect();
+    let r = dsc_models::sparsity::prune(&dense.config, &spec, &dense.graph, &mut ws, &tokens, 4, false, Path::new("tiny")).unwrap();
+    assert_eq!((r.matrices, r.calibration_tokens), (8, 40));
+    let opts = tiny_opts(&dense.dims);
+    let wanda = dsc_models::LoadedModel { graph: dsc_models::llama::build(&opts, &ws).unwrap(), weights: ws, ..load(&tiny(d.path(), "")).unwrap() };
+    let bf = |v: f32| half::bf16::from_f32(v).to_f32();
+    let mut differ = 0;
+    for w in ["self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
+        let name = format!("model.layers.1.{w}.weight");
+        assert_eq!((dtype(&mag, &name), dtype(&wanda, &name)), (DType::Sp24Bf16, DType::Sp24Bf16), "{w}");
+        let (orig, m, wv) = (values(&dense, &name), values(&mag, &name), values(&wanda, &name));
+        for ((o, a), b) in orig.chunks(4).zip(m.chunks(4)).zip(wv.chunks(4)) {
+            // magnitude keeps exactly the two largest |w| of each group
+            let mut idx = [0usize, 1, 2, 3];
+            idx.sort_by(|&x, &y| o[y].abs().total_cmp(&o[x].abs()));
+            let want: Vec<f32> = (0..4).map(|j| if idx[..2].contains(&j) { bf(o[j]) } else { 0.0 }).collect();
+            assert_eq!(a, want.as_slice(), "{w}: {o:?}");
+            // wanda keeps two of the group's own values
+            assert_eq!(b.iter().filter(|v| **v != 0.0).count(), 2);
+            assert!(b.iter().zip(o).all(|(v, x)| *v == 0.0 || *v == bf(*x)));
+            differ += (a != b) as usize;
+        }
+    }
+    assert!(differ > 0, "the input norms change some groups' choice");
+    // Q/K/V and the lm_head stay dense
+    assert_eq!(dtype(&mag, "model.layers.0.self_attn.q_proj.weight"), DType::F32);
+    assert_eq!(dtype(&mag, "lm_head.weight"), DType::F32);
+    assert!(mag.precision.as_ref().unwrap().contains("2:4 magnitude"), "{:?}", mag.precision);
+    let err = load(&tiny(d.path(), "\n[precision]\nsparsity = \"2:4\"\nsparsity_method = \"wanda\"\n")).err().unwrap().to_string();
+    assert!(err.contains("sparsity_method") && err.contains("tokenizer"), "{err}");
+    let want = prefill_logits(&dense, &PROMPT);
+    let (em, ew) = (rel_err(&prefill_logits(&mag, &PROMPT).data, &want.data), rel_err(&prefill_logits(&wanda, &PROMPT).data, &want.data));
+    assert!(em > 1e-3 && ew > 1e-3 && em < 2.0 && ew < 2.0, "half the MLP and W_o gone: {em} / {ew}");
+    // 4:8: bf16 with four zeros in every eight
+    let m48 = load(&tiny(d.path(), "\n[precision]\nsparsity = \"4:8\"\nsparse_layers = [\"mlp\"]\n")).unwrap();
+    assert_eq!(dtype(&m48, "model.layers.0.mlp.up_proj.weight"), DType::BF16);
+    assert_eq!(dtype(&m48, "model.layers.0.self_attn.o_proj.weight"), DType::F32);
+    assert!(values(&m48, "model.layers.0.mlp.up_proj.weight").chunks(8).all(|g| g.iter().filter(|v| **v == 0.0).count() >= 4));
+    // errors name the field or the tensor
+    for (extra, what) in [
+        ("sparsity = \"3:4\"", "precision.sparsity"),
+        ("sparsity = \"2:4\"\nsparsity_method = \"sparsegpt\"", "precision.sparsity_method"),
+        ("sparsity = \"2:4\"\nsparse_layers = [\"ffn\"]", "precision.sparse_layers"),
+        ("sparsity = \"2:4\"\nweights = \"fp8\"", "a sparse layer keeps 16-bit values"),
+    ] {
+        let err = load(&tiny(d.path(), &format!("\n[precision]\n{extra}\n"))).err().expect(extra).to_string();
+        assert!(err.contains(what), "{extra}: {err}");
+    }
+}
+
+#[test]
 fn awq_scales_keep_the_function_and_never_lose_to_round_to_nearest() {
     let d = tempfile::tempdir().unwrap();
     let m = load(&tiny(d.path(), "")).unwrap();
@@ -84,15 +197,7 @@ fn awq_scales_keep_the_function_and_never_lose_to_round_to_nearest() {
     assert!(report.groups.iter().all(|g| g.2 <= 1.0 + 1e-9), "{:?}", report.groups);
     assert!(report.groups.iter().any(|g| g.1 > 0.0 && g.2 < 1.0), "some group found scales better than none: {:?}", report.groups);
     // the scaled weights, unrounded, compute what the model did
-    let opts = dsc_models::llama::BuildOptions {
-        name: "tiny".into(),
-        dims: m.dims.clone(),
-        naming: dsc_models::llama::Naming::Hf,
-        activations: DType::F32,
-        kv_cache: DType::F32,
-        kv_block_size: 4,
-        weights_path: "tiny".into(),
-    };
+    let opts = tiny_opts(&m.dims);
     let scaled = dsc_models::LoadedModel { graph: dsc_models::llama::build(&opts, &ws).unwrap(), weights: ws, ..m };
     assert_ne!(
         scaled.weights.get("model.layers.0.input_layernorm.weight").unwrap().bytes.as_slice(),

@@ -335,6 +335,7 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                 steps.extend(all);
                 last
             }
+            Op::ActQuant { .. } => return Err(err(&name, "8-bit activations (`precision.act_quant`) have no GPU kernels yet: the plan runs on the CPU executor")),
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         };
         steps.push(st);
