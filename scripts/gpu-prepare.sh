@@ -63,7 +63,7 @@ rm -rf .gpu/serve && mkdir -p .gpu/serve
 sed "s/^name = .*/name = \"llama3-8b-seeded\"/" models/llama3-8b-seeded.toml > .cache/llama3-8b-serve.toml
 printf '\n[tokenizer]\ngguf = "%s"\n' "$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" >> .cache/llama3-8b-serve.toml
 ./target/release/dsc compile .cache/llama3-8b-serve.toml -o .gpu/serve/llama3-8b.plan
-cp tests/serve/load.py .gpu/serve/
+cp tests/serve/load.py bench/serve.py .gpu/serve/
 # the performance harness (bench/run.sh): bench plans, the PyTorch peer scripts, the chart
 rm -rf .gpu/bench && mkdir -p .gpu/bench
 cp .gpu/llama3-8b.plan .gpu/bench/llama3-8b.plan

@@ -5,6 +5,9 @@
 # (64 concurrent streaming clients, then 1 client for single-stream latency), graceful stop.
 # RUNTIME=path serves with another runtime binary (e.g. the previous commit's, for a same-call
 # A/B); TAG=name goes into the output files' names; REPEAT=n runs the 64-client load n times.
+# SERVE_BENCH=1 also runs the serving benchmark (bench/serve.py, copied as .gpu/serve/serve.py)
+# on each plan: 1,000 requests of 128 in / 128 out at max throughput, then a sweep of request
+# rates drawn as a PNG (SWEEP=rates, default 8,16,32,64,inf; IN/OUT/PROMPTS override).
 set -uo pipefail
 out=${OUT:-.gpu/out}
 rt=${RUNTIME:-.gpu/dsc-runtime}
@@ -30,6 +33,10 @@ r = json.load(open(sys.argv[1]))
 print(f"  clients {r['clients']}: {r['generated_tokens_per_s']:.0f} tok/s, TTFT p50 {r['ttft_s']['p50']*1e3:.0f} ms p99 {r['ttft_s']['p99']*1e3:.0f} ms, e2e p50 {r['e2e_s']['p50']*1e3:.0f} ms p99 {r['e2e_s']['p99']*1e3:.0f} ms, complete {r['complete']}, equal to solo {r['equal_to_solo']}")
 PY
   done
+  if [ -n "${SERVE_BENCH:-}" ]; then
+    python3 .gpu/serve/serve.py --base http://127.0.0.1:$port --model "$model" --api-key k --num-prompts ${PROMPTS:-1000} --input-len ${IN:-128} --output-len ${OUT_LEN:-128} --rate inf --json "$out/bench-serve-$name-max.json" || status=1
+    python3 .gpu/serve/serve.py --base http://127.0.0.1:$port --model "$model" --api-key k --num-prompts ${PROMPTS:-1000} --input-len ${IN:-128} --output-len ${OUT_LEN:-128} --sweep ${SWEEP:-8,16,32,64,inf} --goodput ttft=1000,tpot=50 --json "$out/bench-serve-$name-sweep.json" --png "$out/bench-serve-$name-sweep.png" || status=1
+  fi
   curl -s localhost:$port/metrics > "$out/metrics-$name.txt"
   grep -E "^dsc_(gpu_utilization|gpu_memory_used|kv_blocks|preemptions|engine_steps)" "$out/metrics-$name.txt" | head -12
   kill -TERM $pid; wait $pid || status=1

@@ -115,6 +115,50 @@ fn sixty_four_concurrent_streams_match_solo_runs() {
     stop(s);
 }
 
+/// The serving benchmark (bench/serve.py) against the tiny plan: Poisson arrivals with a
+/// priority mix, every request generating exactly its tokens, the report's counts and
+/// percentiles consistent; a request past the context fails the run with the server's error.
+#[test]
+fn serving_benchmark_reports_what_it_measured() {
+    let d = tempfile::tempdir().unwrap();
+    let plan = tiny_plan(d.path());
+    let s = serve(&plan, &[]);
+    let json = d.path().join("serve.json");
+    let bench = |extra: &[&str]| {
+        Command::new("python3")
+            .arg(root().join("bench/serve.py"))
+            .args(["--base", &s.base, "--model", "tiny-seeded", "--api-key", "test-key", "--vocab", "49152"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = bench(&["--num-prompts", "24", "--input-len", "24", "--output-len", "8", "--sweep", "200,inf", "--max-concurrency", "16", "--priority-mix", "high=0.25,normal=0.5,low=0.25", "--goodput", "ttft=60000,tpot=60000", "--json", json.to_str().unwrap()]);
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{out}");
+    for r in runs {
+        assert_eq!((r["completed"].as_u64(), r["failed"].as_u64()), (Some(24), Some(0)), "{r}");
+        assert_eq!((r["input_tokens"].as_u64(), r["output_tokens"].as_u64()), (Some(24 * 24), Some(24 * 8)), "ignore_eos: exactly the tokens asked for");
+        for k in ["ttft_s", "tpot_s", "itl_s", "e2e_s"] {
+            let p = |q: &str| r[k][q].as_f64().unwrap();
+            assert!(0.0 < p("p50") && p("p50") <= p("p90") && p("p90") <= p("p99"), "{k}: {}", r[k]);
+        }
+        assert!(r["ttft_s"]["p99"].as_f64() <= r["e2e_s"]["p99"].as_f64(), "{r}");
+        let by: u64 = ["high", "normal", "low"].iter().map(|p| r["by_priority"][p]["completed"].as_u64().unwrap()).sum();
+        assert_eq!(by, 24);
+        assert_eq!(r["goodput"]["share"].as_f64(), Some(1.0), "a 60 s SLO holds");
+        let wall = r["wall_s"].as_f64().unwrap();
+        assert!((r["output_tok_s"].as_f64().unwrap() * wall - 192.0).abs() < 1e-6);
+    }
+    // a prompt past the 256-token context: the run fails and says why
+    let o = bench(&["--num-prompts", "2", "--input-len", "300", "--output-len", "4"]);
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(!o.status.success() && out.contains("FAILED: 2 requests failed") && out.contains("maximum context length"), "{out}");
+    stop(s);
+}
+
 /// Stalled heads and bodies closed by the timeouts with /health answering within 1 s
 /// throughout, idle keep-alive closed, the connection cap and the bounded queue answering 503
 /// with Retry-After, 405/408 in OpenAI's shape, the bearer scheme case-insensitive, and the
