@@ -115,24 +115,38 @@ fn sixty_four_concurrent_streams_match_solo_runs() {
     stop(s);
 }
 
-/// The serving benchmark (bench/serve.py) against the tiny plan: Poisson arrivals with a
-/// priority mix, every request generating exactly its tokens, the report's counts and
-/// percentiles consistent; a request past the context fails the run with the server's error.
+/// The serving benchmark (bench/serve.py) against the tiny plan served with vLLM's flag names:
+/// Poisson arrivals with a priority mix, every request generating exactly its tokens, the
+/// report's counts and percentiles consistent; a request past `--max-model-len` fails the run
+/// with the server's error, and a `--max-model-len` past the plan's stops `dsc serve`.
 #[test]
 fn serving_benchmark_reports_what_it_measured() {
     let d = tempfile::tempdir().unwrap();
     let plan = tiny_plan(d.path());
-    let s = serve(&plan, &[]);
+    // (vLLM's flag names; the context cut to 128 of the plan's 256)
+    let s = serve(&plan, &["--max-num-seqs", "16", "--max-num-batched-tokens", "256", "--gpu-memory-utilization", "0.5", "--enable-prefix-caching", "--max-model-len", "128"]);
     let json = d.path().join("serve.json");
     let bench = |extra: &[&str]| {
-        Command::new("python3")
-            .arg(root().join("bench/serve.py"))
-            .args(["--base", &s.base, "--model", "tiny-seeded", "--api-key", "test-key", "--vocab", "49152"])
-            .args(extra)
-            .output()
-            .unwrap()
+        Command::new("python3").arg(root().join("bench/serve.py")).args(["--base", &s.base, "--model", "tiny-seeded", "--api-key", "test-key", "--vocab", "49152"]).args(extra).output().unwrap()
     };
-    let o = bench(&["--num-prompts", "24", "--input-len", "24", "--output-len", "8", "--sweep", "200,inf", "--max-concurrency", "16", "--priority-mix", "high=0.25,normal=0.5,low=0.25", "--goodput", "ttft=60000,tpot=60000", "--json", json.to_str().unwrap()]);
+    let o = bench(&[
+        "--num-prompts",
+        "24",
+        "--input-len",
+        "24",
+        "--output-len",
+        "8",
+        "--sweep",
+        "200,inf",
+        "--max-concurrency",
+        "16",
+        "--priority-mix",
+        "high=0.25,normal=0.5,low=0.25",
+        "--goodput",
+        "ttft=60000,tpot=60000",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{out}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -152,11 +166,15 @@ fn serving_benchmark_reports_what_it_measured() {
         let wall = r["wall_s"].as_f64().unwrap();
         assert!((r["output_tok_s"].as_f64().unwrap() * wall - 192.0).abs() < 1e-6);
     }
-    // a prompt past the 256-token context: the run fails and says why
-    let o = bench(&["--num-prompts", "2", "--input-len", "300", "--output-len", "4"]);
+    // a prompt past the 128-token context: the run fails and says why
+    let o = bench(&["--num-prompts", "2", "--input-len", "130", "--output-len", "4"]);
     let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(!o.status.success() && out.contains("FAILED: 2 requests failed") && out.contains("maximum context length"), "{out}");
+    assert!(!o.status.success() && out.contains("FAILED: 2 requests failed") && out.contains("maximum context length is 128 tokens"), "{out}");
     stop(s);
+    // a context past the plan's is refused at start
+    let o = Command::new(env!("CARGO_BIN_EXE_dsc")).args(["serve", plan.to_str().unwrap(), "--backend", "cpu", "--port", "0", "--max-model-len", "4096"]).current_dir(root()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--max-model-len 4096") && err.contains("1 to 256"), "{err}");
 }
 
 /// Stalled heads and bodies closed by the timeouts with /health answering within 1 s

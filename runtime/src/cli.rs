@@ -340,21 +340,29 @@ pub struct ServeArgs {
     /// cap on the KV pool in tokens (default: GPU: sized from free memory; CPU: max_batch x max_seq_len, at most 65536)
     #[arg(long)]
     pub kv_tokens: Option<usize>,
-    /// share of free GPU memory the KV pool may take
-    #[arg(long, default_value_t = 0.8)]
+    /// share of free GPU memory the KV pool may take (vLLM's name: --gpu-memory-utilization)
+    #[arg(long, visible_alias = "gpu-memory-utilization", default_value_t = 0.8)]
     pub gpu_memory_fraction: f64,
-    /// tokens per engine step (prefill chunks + decodes)
-    #[arg(long, default_value_t = 512)]
+    /// tokens per engine step (prefill chunks + decodes; vLLM's name: --max-num-batched-tokens)
+    #[arg(long, visible_alias = "max-num-batched-tokens", default_value_t = 512)]
     pub max_step_tokens: usize,
-    /// sequences per step (default: the plan's max_batch)
-    #[arg(long)]
+    /// sequences per step (default: the plan's max_batch; vLLM's name: --max-num-seqs)
+    #[arg(long, visible_alias = "max-num-seqs")]
     pub max_seqs: Option<usize>,
+    /// the longest sequence (prompt + completion) served, up to the plan's max_seq_len
+    /// (default: the plan's)
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
     #[arg(long, default_value_t = 8)]
     pub max_n: usize,
-    #[arg(long)]
+    /// turn off prefix caching (vLLM's name: --no-enable-prefix-caching)
+    #[arg(long, visible_alias = "no-enable-prefix-caching", conflicts_with = "enable_prefix_caching")]
     pub no_prefix_caching: bool,
+    /// prefix caching (on by default; vLLM's flag, accepted)
+    #[arg(long)]
+    pub enable_prefix_caching: bool,
     /// run greedy decode steps synchronously (no pipelining of the host's work under the
     /// device's; also DSC_NO_PIPELINE=1)
     #[arg(long)]
@@ -463,6 +471,11 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
     let m = &plan.header.model;
     let tok = plan.header.tokenizer.as_ref().map(Tokenizer::new).transpose()?.map(std::sync::Arc::new);
     let max_seqs = a.max_seqs.unwrap_or(m.max_batch).max(1);
+    let max_len = match a.max_model_len {
+        None => m.max_seq_len,
+        Some(l) if (1..=m.max_seq_len).contains(&l) => l,
+        Some(l) => bail!("--max-model-len {l}: the plan serves 1 to {} tokens a sequence (its limits.max_seq_len)", m.max_seq_len),
+    };
     let kv_tokens = match (backend, a.kv_tokens) {
         (BackendKind::Cpu, k) => k.unwrap_or((m.max_batch * m.max_seq_len).min(65536)),
         (BackendKind::Gpu, k) => {
@@ -489,7 +502,7 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
     let cfg = crate::scheduler::SchedulerConfig {
         max_step_tokens: a.max_step_tokens.max(1),
         max_seqs,
-        max_seq_len: m.max_seq_len,
+        max_seq_len: max_len,
         prefix_caching: !a.no_prefix_caching,
         rate: parse_rates(&a.rate)?,
         starvation,
@@ -533,7 +546,7 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
         max_pending: a.max_pending,
         allow_special_in_content: a.allow_special_tokens_in_content,
         http: crate::server::HttpLimits { header_timeout, body_timeout, max_connections: a.max_connections },
-        ..crate::server::ServerConfig::new(a.served_model_name.clone().unwrap_or_else(|| m.name.clone()), m.max_seq_len)
+        ..crate::server::ServerConfig::new(a.served_model_name.clone().unwrap_or_else(|| m.name.clone()), max_len)
     };
     let state = crate::server::AppState::new(scfg, engine, tok);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -29,11 +29,14 @@ pub struct SamplingParams {
     /// 0 = off: subtract presence_penalty once for any generated token (OpenAI)
     pub presence_penalty: f32,
     pub seed: u64,
+    /// added to the logits of these tokens before anything else (OpenAI's `logit_bias`,
+    /// each in [-100, 100]; -100 bans a token, 100 all but forces it)
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, frequency_penalty: 0.0, presence_penalty: 0.0, seed: 0 }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, frequency_penalty: 0.0, presence_penalty: 0.0, seed: 0, logit_bias: vec![] }
     }
 }
 
@@ -57,11 +60,14 @@ impl SamplingParams {
                 return bad(format!("{n} must be in [-2, 2], got {v}"));
             }
         }
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return bad(format!("logit_bias of token {t} must be in [-100, 100], got {b}"));
+        }
         Ok(())
     }
 
     fn penalized(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0 || !self.logit_bias.is_empty()
     }
 }
 
@@ -117,6 +123,11 @@ impl Sampler {
         let adjusted;
         let logits = if p.penalized() {
             let mut l = logits.to_vec();
+            for &(t, b) in &p.logit_bias {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x += b;
+                }
+            }
             let mut counts: HashMap<u32, usize> = HashMap::new();
             for &t in output {
                 *counts.entry(t).or_default() += 1;
@@ -220,6 +231,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_rejected() {
+        assert!(Sampler::new(SamplingParams { logit_bias: vec![(3, 101.0)], ..Default::default() }).is_err());
         assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
         assert!(Sampler::new(SamplingParams { top_p: 0.0, ..Default::default() }).is_err());
         assert!(Sampler::new(SamplingParams { temperature: f32::NAN, ..Default::default() }).is_err());
@@ -236,6 +248,12 @@ mod tests {
         assert_eq!(s.sample_with(&logits, &[], &[0, 0]), 1);
         let mut s = Sampler::new(SamplingParams { presence_penalty: 0.2, ..Default::default() }).unwrap();
         assert_eq!(s.sample_with(&logits, &[], &[0]), 1);
+        // logit_bias: -100 bans the top token, +3 lifts the smallest past it; out-of-range ids
+        // are no-ops
+        let mut s = Sampler::new(SamplingParams { logit_bias: vec![(0, -100.0), (99, 5.0)], ..Default::default() }).unwrap();
+        assert_eq!(s.sample(&logits), 1);
+        let mut s = Sampler::new(SamplingParams { logit_bias: vec![(2, 3.5)], ..Default::default() }).unwrap();
+        assert_eq!(s.sample(&logits), 2);
         // min_p = 0.9 keeps only tokens within 10% of the top probability: 0 and 1 (e^-0.1 = 0.905)
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.9, seed: 3, ..Default::default() }).unwrap();
         let picks: std::collections::BTreeSet<u32> = (0..200).map(|_| s.sample(&logits)).collect();

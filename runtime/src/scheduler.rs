@@ -281,7 +281,7 @@ impl Seq {
     /// The next token is the argmax of the raw logits (nothing else needs them).
     fn greedy_only(&self) -> bool {
         let p = &self.req.sampling;
-        (p.temperature == 0.0 || p.top_k == 1) && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && self.req.logprobs.is_none()
+        (p.temperature == 0.0 || p.top_k == 1) && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && p.logit_bias.is_empty() && self.req.logprobs.is_none()
     }
 }
 

@@ -1,7 +1,8 @@
 //! `dsc serve`: an OpenAI-compatible HTTP server over the engine (axum on tokio).
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true`
-//! over server-sent events), `GET /v1/models`, `GET /health` (liveness: the engine can serve —
+//! over server-sent events), `GET /v1/models` (with vLLM's `max_model_len`), `GET
+//! /v1/models/{id}`, vLLM's `POST /tokenize`, `POST /detokenize` and `GET /version`, `GET /health` (liveness: the engine can serve —
 //! its thread runs, it has not given up after failed steps, no step is stalled past the
 //! watchdog; [`crate::health`]), `GET /ready` (readiness: that, and loaded and not draining),
 //! `GET /metrics` (Prometheus).
@@ -14,7 +15,9 @@
 //! streamed ends with an error event (`data: {"error": ...}`) then `[DONE]`.
 //! Extensions: `priority` ("high" | "normal" | "low", or the `x-priority` header), `timeout`
 //! (seconds until the request is ended with a 408 error), `min_p`, `top_k`,
-//! `repetition_penalty`, `stop_token_ids`.
+//! `repetition_penalty`, `stop_token_ids`, `ignore_eos`. `logit_bias` is honoured; `best_of`
+//! (other than n), `echo`, `suffix`, `tools`, `functions` and a `response_format` other than
+//! text are refused with a 400 naming the field (not implemented yet), never ignored.
 //!
 //! Connections ([`serve`]): HTTP/1.1 by hyper with a header-read timeout that also bounds the
 //! idle wait between requests on a kept-alive connection, a body-read timeout (tower-http), and a
@@ -179,6 +182,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_by_id))
+        .route("/version", get(version))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -274,11 +281,100 @@ async fn admin_experts_set(State(s): State<Arc<AppState>>, headers: HeaderMap, b
     }
 }
 
+/// The served model as `/v1/models` lists it (vLLM's fields: `root`, `max_model_len`).
+fn model_card(s: &AppState) -> Value {
+    json!({"id": s.cfg.model_name, "object": "model", "created": 0, "owned_by": "dsc", "root": s.cfg.model_name, "max_model_len": s.cfg.max_seq_len})
+}
+
 async fn models(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     if let Err(e) = auth(&s, &headers) {
         return e.into_response();
     }
-    Json(json!({"object": "list", "data": [{"id": s.cfg.model_name, "object": "model", "created": 0, "owned_by": "dsc"}]})).into_response()
+    Json(json!({"object": "list", "data": [model_card(&s)]})).into_response()
+}
+
+async fn model_by_id(State(s): State<Arc<AppState>>, headers: HeaderMap, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    if let Err(e) = auth(&s, &headers) {
+        return e.into_response();
+    }
+    if id != s.cfg.model_name {
+        return model_not_found(&id, &s.cfg.model_name).into_response();
+    }
+    Json(model_card(&s)).into_response()
+}
+
+fn model_not_found(model: &str, served: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("The model `{model}` does not exist (this server serves `{served}`)"),
+        kind: "invalid_request_error",
+        param: Some("model"),
+        code: Some("model_not_found"),
+    }
+}
+
+/// `GET /version` (vLLM's): dsc's version.
+async fn version() -> Response {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `POST /tokenize` (vLLM's): `{"prompt": text}` (with `add_special_tokens`, default true) or
+/// `{"messages": [...]}` through the chat template -> `{"tokens", "count", "max_model_len"}`.
+async fn tokenize(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let v = match read_json(&s, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let st = s.clone();
+    let r = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
+        if let Some(m) = v.get("model").and_then(|m| m.as_str()).filter(|m| *m != st.cfg.model_name) {
+            return Err(model_not_found(m, &st.cfg.model_name));
+        }
+        let tk = tokenizer(st.tok.as_deref())?;
+        if v.get("messages").is_some() {
+            return chat_prompt(&st.cfg, st.tok.as_deref(), &v);
+        }
+        let text = v.get("prompt").and_then(|p| p.as_str()).ok_or_else(|| ApiError::bad("`prompt` (a string) or `messages` is required", Some("prompt")))?;
+        let special = match v.get("add_special_tokens") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ApiError::bad("`add_special_tokens` must be true or false", Some("add_special_tokens"))),
+        };
+        // (add_special_tokens: the BOS the model asks for, as vLLM's flag means)
+        let mut ids = tk.encode(text).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?;
+        if !special && tk.info.add_bos && tk.info.bos_id.is_some() && ids.first() == tk.info.bos_id.as_ref() {
+            ids.remove(0);
+        }
+        Ok(ids)
+    })
+    .await;
+    match r {
+        Ok(Ok(t)) => Json(json!({"count": t.len(), "max_model_len": s.cfg.max_seq_len, "tokens": t})).into_response(),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => ApiError::from_failure(&Failure::new(FailKind::Server, format!("internal error while tokenizing: {e}"))).into_response(),
+    }
+}
+
+/// `POST /detokenize` (vLLM's): `{"tokens": [ids]}` -> `{"prompt": text}`.
+async fn detokenize(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let v = match read_json(&s, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let r = (|| -> Result<String, ApiError> {
+        if let Some(m) = v.get("model").and_then(|m| m.as_str()).filter(|m| *m != s.cfg.model_name) {
+            return Err(model_not_found(m, &s.cfg.model_name));
+        }
+        let tk = tokenizer(s.tok.as_deref())?;
+        let bad = || ApiError::bad(format!("`tokens` must be a list of token ids below the vocabulary size ({})", tk.vocab_size()), Some("tokens"));
+        let ids = v.get("tokens").and_then(|t| t.as_array()).ok_or_else(bad)?;
+        let ids: Vec<u32> = ids.iter().map(|x| x.as_u64().filter(|&t| (t as usize) < tk.vocab_size()).map(|t| t as u32).ok_or_else(bad)).collect::<Result<_, _>>()?;
+        tk.decode(&ids, false).map_err(|e| ApiError::bad(e.to_string(), Some("tokens")))
+    })();
+    match r {
+        Ok(t) => Json(json!({"prompt": t})).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `Authorization: Bearer <key>` (the scheme case-insensitive), compared in constant time.
@@ -401,14 +497,9 @@ fn uint(v: &Value, key: &'static str) -> Result<Option<usize>, ApiError> {
 fn common(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &HeaderMap, prompt: Vec<u32>, chat: bool, seed: u64) -> Result<Common, ApiError> {
     let model = v.get("model").and_then(|m| m.as_str()).ok_or_else(|| ApiError::bad("`model` is required", Some("model")))?;
     if model != cfg.model_name {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("The model `{model}` does not exist (this server serves `{}`)", cfg.model_name),
-            kind: "invalid_request_error",
-            param: Some("model"),
-            code: Some("model_not_found"),
-        });
+        return Err(model_not_found(model, &cfg.model_name));
     }
+    unsupported(v, chat)?;
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty", Some("prompt")));
     }
@@ -461,6 +552,19 @@ fn common(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &Head
     if let Some(p) = num(v, "presence_penalty")? {
         sp.presence_penalty = p as f32;
     }
+    if let Some(b) = v.get("logit_bias").filter(|b| !b.is_null()) {
+        let bad = |m: String| ApiError::bad(m, Some("logit_bias"));
+        let map = b.as_object().ok_or_else(|| bad("`logit_bias` must map token ids to numbers in [-100, 100]".into()))?;
+        if map.len() > 300 {
+            return Err(bad(format!("`logit_bias` takes at most 300 tokens, got {}", map.len())));
+        }
+        let vocab = tok.map(|t| t.vocab_size()).unwrap_or(usize::MAX);
+        for (k, x) in map {
+            let t = k.parse::<u32>().ok().filter(|&t| (t as usize) < vocab).ok_or_else(|| bad(format!("`logit_bias` key `{k}` is not a token id below the vocabulary size")))?;
+            let b = x.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| bad(format!("`logit_bias` of `{k}` must be a number in [-100, 100], got {x}")))?;
+            sp.logit_bias.push((t, b as f32));
+        }
+    }
     sp.seed = match v.get("seed") {
         None | Some(Value::Null) => seed,
         Some(x) => x.as_i64().ok_or_else(|| ApiError::bad("`seed` must be an integer", Some("seed")))? as u64,
@@ -509,6 +613,36 @@ fn common(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &Head
     let stream = v.get("stream").and_then(|x| x.as_bool()).unwrap_or(false);
     let include_usage = v.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|x| x.as_bool()).unwrap_or(false);
     Ok(Common { prompt, sampling: sp, max_tokens, stop_ids, stop_strings, logprobs, n, stream, priority, deadline, include_usage })
+}
+
+/// Fields dsc does not implement yet are refused with a 400 naming them, never ignored: a
+/// client asking for tools, a JSON format, more candidates than it gets back, the prompt
+/// echoed or a suffix would otherwise get an answer that silently is not what it asked for.
+fn unsupported(v: &Value, chat: bool) -> Result<(), ApiError> {
+    let set = |k: &str| v.get(k).is_some_and(|x| !x.is_null());
+    let no = |k: &'static str, why: &str| Err(ApiError::bad(format!("`{k}` is not supported yet{why}"), Some(k)));
+    if set("best_of") && v.get("best_of") != v.get("n").filter(|n| !n.is_null()).or(Some(&json!(1))) {
+        return no("best_of", " (more candidates than returned); omit it or set it to n");
+    }
+    if set("echo") && v.get("echo") != Some(&json!(false)) {
+        return no("echo", "");
+    }
+    if set("suffix") {
+        return no("suffix", "");
+    }
+    let tools_empty = v.get("tools").is_none_or(|t| t.is_null() || t.as_array().is_some_and(|a| a.is_empty()));
+    if chat && (!tools_empty && v.get("tool_choice") != Some(&json!("none"))) {
+        return no("tools", " (tool calling); send no tools or tool_choice \"none\"");
+    }
+    if set("functions") || set("function_call") {
+        return no(if set("functions") { "functions" } else { "function_call" }, " (tool calling)");
+    }
+    if let Some(f) = v.get("response_format").filter(|f| !f.is_null()) {
+        if f.get("type").and_then(|t| t.as_str()) != Some("text") {
+            return no("response_format", " beyond {\"type\": \"text\"} (structured output)");
+        }
+    }
+    Ok(())
 }
 
 fn tokenizer(tok: Option<&Tokenizer>) -> Result<&Tokenizer, ApiError> {

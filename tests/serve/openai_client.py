@@ -108,6 +108,41 @@ def raw(path, data=None):
         return e.code, e.read().decode()
 
 
+# vLLM's endpoints: the model card with max_model_len, /version, /tokenize and /detokenize
+card = client.models.retrieve(model)
+check(card.id == model and card.model_extra.get("max_model_len") == 2048, f"models/{model}: {card}")
+check(raw("/v1/models/no-such-model")[0] == 404, "an unknown model id is a 404")
+code, text = raw("/version")
+check(code == 200 and json.loads(text)["version"], f"/version {code} {text}")
+code, text = raw("/tokenize", json.dumps({"model": model, "prompt": "The capital of France is"}).encode())
+tok = json.loads(text)
+check(code == 200 and tok["count"] == len(tok["tokens"]) > 3 and tok["max_model_len"] == 2048, f"/tokenize {code} {text}")
+code, text = raw("/detokenize", json.dumps({"model": model, "tokens": tok["tokens"]}).encode())
+check(code == 200 and json.loads(text)["prompt"] == "The capital of France is", f"/detokenize {code} {text}")
+code, text = raw("/tokenize", json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
+check(code == 200 and json.loads(text)["count"] > 3, f"/tokenize of messages {code} {text}")
+code, text = raw("/detokenize", json.dumps({"tokens": [10**9]}).encode())
+check(code == 400 and "vocabulary" in text, f"/detokenize of a bad id {code} {text}")
+# logit_bias is honoured: banning the greedy first token changes it; a tokenized prompt is the same prompt
+g = client.completions.create(model=model, prompt=tok["tokens"], max_tokens=1, temperature=0, logprobs=1)
+first = g.choices[0].text
+ids = json.loads(raw("/tokenize", json.dumps({"prompt": first, "add_special_tokens": False}).encode())[1])["tokens"]
+b = client.completions.create(model=model, prompt="The capital of France is", max_tokens=1, temperature=0, logit_bias={str(ids[0]): -100})
+check(b.choices[0].text != first, f"logit_bias -100 on {ids} ({first!r}) -> {b.choices[0].text!r}")
+code, body = status_of(lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, logit_bias={"3": 500}))
+check(code == 400 and body["param"] == "logit_bias", f"logit_bias out of range -> {code} {body}")
+# what dsc does not do yet is refused by name, never ignored
+for what, call in [
+    ("tools", lambda: client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+    ("response_format", lambda: client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "json_object"})),
+    ("best_of", lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, best_of=3)),
+    ("echo", lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, echo=True)),
+]:
+    code, body = status_of(call)
+    check(code == 400 and body["param"] == what and "not supported" in body["message"], f"{what} -> {code} {body}")
+c = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "text"}, tools=[], temperature=0)
+check(c.choices[0].finish_reason == "length", "a text response_format and no tools are fine")
+
 code, text = raw("/v1/completions", b"{not json")
 check(code == 400 and json.loads(text)["error"]["type"] == "invalid_request_error", f"malformed JSON -> {code} {text}")
 code, _ = raw("/v1/completions", b"x" * (2 << 20))
