@@ -76,6 +76,10 @@ fn openai_client_completes_chats_and_streams_against_smollm2() {
     let out = python("openai_client.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
     assert!(out.contains("checks passed"), "{out}");
     stop(s);
+    let s = serve(&plan, &["--reasoning-parser", "deepseek_r1"]);
+    let out = python("reasoning.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
+    assert!(out.contains("3 checks passed"), "{out}");
+    stop(s);
 }
 
 /// A tiny seeded model with SmolLM2's tokenizer (from its plan), compiled into `d`.

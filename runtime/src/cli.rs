@@ -387,6 +387,10 @@ pub struct ServeArgs {
     /// at run time
     #[arg(long, value_name = "LAYER:EXPERT")]
     pub disable_expert: Vec<String>,
+    /// split chat output into `reasoning_content` and `content` (vLLM's flag): deepseek_r1
+    /// (DeepSeek-R1's `<think>` ... `</think>`)
+    #[arg(long, value_name = "deepseek_r1")]
+    pub reasoning_parser: Option<String>,
 }
 
 /// `--disable-expert LAYER:EXPERT` values.
@@ -545,6 +549,10 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
         max_n: a.max_n,
         max_pending: a.max_pending,
         allow_special_in_content: a.allow_special_tokens_in_content,
+        reasoning: match a.reasoning_parser.as_deref() {
+            None => None,
+            Some(p) => Some(crate::reasoning::ReasoningParser::parse(p).with_context(|| format!("--reasoning-parser {p}: the parsers are deepseek_r1"))?),
+        },
         http: crate::server::HttpLimits { header_timeout, body_timeout, max_connections: a.max_connections },
         ..crate::server::ServerConfig::new(a.served_model_name.clone().unwrap_or_else(|| m.name.clone()), max_len)
     };

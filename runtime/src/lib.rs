@@ -24,6 +24,7 @@ pub mod nvml;
 pub mod options;
 pub mod plan;
 pub mod ppl;
+pub mod reasoning;
 pub mod sampler;
 pub mod scheduler;
 pub mod server;

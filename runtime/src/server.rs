@@ -18,6 +18,8 @@
 //! `repetition_penalty`, `stop_token_ids`, `ignore_eos`. `logit_bias` is honoured; `best_of`
 //! (other than n), `echo`, `suffix`, `tools`, `functions` and a `response_format` other than
 //! text are refused with a 400 naming the field (not implemented yet), never ignored.
+//! With `--reasoning-parser deepseek_r1` chat output is split into `reasoning_content` and
+//! `content` at `</think>` (`crate::reasoning`), in whole responses and stream deltas alike.
 //!
 //! Connections ([`serve`]): HTTP/1.1 by hyper with a header-read timeout that also bounds the
 //! idle wait between requests on a kept-alive connection, a body-read timeout (tower-http), and a
@@ -57,6 +59,8 @@ pub struct ServerConfig {
     pub max_pending: usize,
     /// let special tokens written in user text act as special tokens (off: they are text)
     pub allow_special_in_content: bool,
+    /// chat output split into `reasoning_content` and `content` (`--reasoning-parser`)
+    pub reasoning: Option<crate::reasoning::ReasoningParser>,
     /// HTTP limits ([`serve`])
     pub http: HttpLimits,
 }
@@ -90,6 +94,7 @@ impl ServerConfig {
             max_n: 8,
             max_pending: 1024,
             allow_special_in_content: false,
+            reasoning: None,
             http: HttpLimits::default(),
         }
     }
@@ -817,7 +822,12 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
         .map(|(i, c)| {
             let reason = c.reason.unwrap_or_default();
             if chat {
-                json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": if c.lps.is_empty() { Value::Null } else { json!({"content": c.lps}) }, "finish_reason": reason})
+                let mut msg = json!({"role": "assistant", "content": c.text});
+                if s.cfg.reasoning.is_some() {
+                    let (r, content) = crate::reasoning::split(&c.text);
+                    msg = json!({"role": "assistant", "content": content, "reasoning_content": r});
+                }
+                json!({"index": i, "message": msg, "logprobs": if c.lps.is_empty() { Value::Null } else { json!({"content": c.lps}) }, "finish_reason": reason})
             } else {
                 let lp = if c.lps.is_empty() {
                     Value::Null
@@ -855,16 +865,23 @@ fn stream(
         finished: bool,
         include_usage: bool,
         pending: std::collections::VecDeque<String>,
+        /// per choice, with `--reasoning-parser` (chat)
+        split: Option<Vec<crate::reasoning::ReasoningSplit>>,
     }
     let created = now_secs();
-    let st = St { _guard: guard, rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default() };
-    let chunk = move |st: &St, choice: usize, text: &str, reason: Option<&str>, lp: Option<Value>, role: bool| -> String {
+    let split = (chat && s.cfg.reasoning.is_some()).then(|| (0..n).map(|_| Default::default()).collect());
+    let st = St { _guard: guard, rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default(), split };
+    // (`reasoning`: the delta's reasoning_content, with --reasoning-parser)
+    let chunk = move |st: &St, choice: usize, reasoning: &str, text: &str, reason: Option<&str>, lp: Option<Value>, role: bool| -> String {
         let c = if st.chat {
             let mut delta = serde_json::Map::new();
             if role {
                 delta.insert("role".into(), json!("assistant"));
             }
-            if !text.is_empty() || reason.is_none() {
+            if !reasoning.is_empty() {
+                delta.insert("reasoning_content".into(), json!(reasoning));
+            }
+            if !text.is_empty() || (reason.is_none() && reasoning.is_empty()) {
                 delta.insert("content".into(), json!(text));
             }
             json!({"index": choice, "delta": delta, "logprobs": lp.map(|l| json!({"content": [l]})), "finish_reason": reason})
@@ -886,8 +903,12 @@ fn stream(
                     let role = !st.started[choice];
                     st.started[choice] = true;
                     let lp = logprob.as_ref().map(|l| logprob_json(&st.s, st.chat, t, l));
-                    if !text.is_empty() || role || lp.is_some() {
-                        let c = chunk(&st, choice, &text, None, lp, role);
+                    let (r, text) = match &mut st.split {
+                        Some(sp) => sp[choice].feed(&text),
+                        None => (String::new(), text),
+                    };
+                    if !text.is_empty() || !r.is_empty() || role || lp.is_some() {
+                        let c = chunk(&st, choice, &r, &text, None, lp, role);
                         st.pending.push_back(c);
                     }
                 }
@@ -897,7 +918,15 @@ fn stream(
                     st.prompt_tokens = prompt_tokens;
                     let role = !st.started[choice];
                     st.started[choice] = true;
-                    let c = chunk(&st, choice, &text, Some(&reason), None, role);
+                    let (r, text) = match &mut st.split {
+                        Some(sp) => {
+                            let (r1, c1) = sp[choice].feed(&text);
+                            let (r2, c2) = sp[choice].finish();
+                            (r1 + &r2, c1 + &c2)
+                        }
+                        None => (String::new(), text),
+                    };
+                    let c = chunk(&st, choice, &r, &text, Some(&reason), None, role);
                     st.pending.push_back(c);
                     if st.done == st.n {
                         if st.include_usage {
