@@ -104,7 +104,9 @@ pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
 }
 
 /// Load an HF `tokenizer.json`, with ids and the chat template from the
-/// `tokenizer_config.json` beside it when present.
+/// `tokenizer_config.json` beside it when present, and the end-of-sequence ids of the
+/// `generation_config.json` beside it (HF's `eos_token_id`, one id or a list: Llama-3.1's ends
+/// a turn on any of three) after the tokenizer's own.
 pub fn from_json_file(path: &Path) -> Result<TokenizerInfo> {
     let json = std::fs::read_to_string(path).map_err(crate::error::io(path))?;
     check_loads(&json, path)?;
@@ -119,15 +121,50 @@ pub fn from_json_file(path: &Path) -> Result<TokenizerInfo> {
         let s = v.as_str().or_else(|| v["content"].as_str())?;
         tk.token_to_id(s)
     };
-    Ok(TokenizerInfo {
-        json,
-        bos_id: tok_id("bos_token"),
-        eos_ids: tok_id("eos_token").into_iter().collect(),
-        add_bos: cfg["add_bos_token"].as_bool().unwrap_or(false),
-        chat_template: cfg["chat_template"].as_str().map(String::from),
-    })
+    let mut eos_ids: Vec<u32> = tok_id("eos_token").into_iter().collect();
+    let gen_path = path.with_file_name("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&gen_path) {
+        let bad = |msg: String| ModelError::Tokenizer { path: gen_path.clone(), msg };
+        let g: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let ids: Vec<&Value> = match &g["eos_token_id"] {
+            Value::Null => vec![],
+            Value::Array(a) => a.iter().collect(),
+            v => vec![v],
+        };
+        let vocab = tk.get_vocab_size(true);
+        for v in ids {
+            let id = v.as_u64().filter(|&i| (i as usize) < vocab).ok_or_else(|| bad(format!("`eos_token_id` {v} is not a token id of the tokenizer (vocabulary {vocab})")))? as u32;
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+    }
+    Ok(TokenizerInfo { json, bos_id: tok_id("bos_token"), eos_ids, add_bos: cfg["add_bos_token"].as_bool().unwrap_or(false), chat_template: cfg["chat_template"].as_str().map(String::from) })
 }
 
 fn check_loads(json: &str, path: &Path) -> Result<()> {
     tokenizers::Tokenizer::from_str(json).map(|_| ()).map_err(|e| ModelError::Tokenizer { path: path.into(), msg: format!("does not load: {e}") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_config_adds_its_end_of_sequence_ids() {
+        let d = tempfile::tempdir().unwrap();
+        let vocab: serde_json::Map<String, Value> = ["<unk>", "<s>", "</s>", "<|eot|>", "<|eom|>", "a", "b"].iter().enumerate().map(|(i, w)| (w.to_string(), i.into())).collect();
+        let tk = serde_json::json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}});
+        let p = d.path().join("tokenizer.json");
+        std::fs::write(&p, tk.to_string()).unwrap();
+        std::fs::write(d.path().join("tokenizer_config.json"), r#"{"eos_token": "</s>", "bos_token": "<s>"}"#).unwrap();
+        assert_eq!(from_json_file(&p).unwrap().eos_ids, vec![2]);
+        std::fs::write(d.path().join("generation_config.json"), r#"{"bos_token_id": 1, "eos_token_id": [2, 3, 4]}"#).unwrap();
+        assert_eq!(from_json_file(&p).unwrap().eos_ids, vec![2, 3, 4]);
+        std::fs::write(d.path().join("generation_config.json"), r#"{"eos_token_id": 4}"#).unwrap();
+        assert_eq!(from_json_file(&p).unwrap().eos_ids, vec![2, 4]);
+        std::fs::write(d.path().join("generation_config.json"), r#"{"eos_token_id": [2, 900]}"#).unwrap();
+        let e = from_json_file(&p).unwrap_err().to_string();
+        assert!(e.contains("generation_config.json") && e.contains("900"), "{e}");
+    }
 }
