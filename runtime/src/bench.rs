@@ -49,7 +49,7 @@ fn prompt(vocab: u64, seed: u64, len: usize) -> Vec<u32> {
 
 /// A plain greedy request of `max_tokens` tokens (no stops, normal priority).
 fn greedy_request(prompt: Vec<u32>, max_tokens: usize, events: tokio::sync::mpsc::UnboundedSender<Event>) -> GenRequest {
-    GenRequest { prompt, sampling: SamplingParams::default(), max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events }
+    GenRequest { prompt, sampling: SamplingParams::default(), max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events, constraint: None }
 }
 
 /// The engine's greedy token streams with pipelined decode (`SchedulerConfig::pipeline`)

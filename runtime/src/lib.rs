@@ -29,6 +29,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod server;
 pub mod stop;
+pub mod structured;
 pub mod tokenizer;
 pub mod tp;
 

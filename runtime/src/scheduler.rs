@@ -143,6 +143,8 @@ pub struct GenRequest {
     pub priority: Priority,
     pub deadline: Option<Instant>,
     pub events: UnboundedSender<Event>,
+    /// structured output: the grammar each sampled token must follow (`crate::structured`)
+    pub constraint: Option<crate::structured::Constraint>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -271,6 +273,8 @@ struct Seq {
     last_token: Option<Instant>,
     /// arrival in its queue (for starvation), reset on preemption
     queued: Instant,
+    /// structured output's grammar state (this choice's own)
+    constraint: Option<crate::structured::Constraint>,
 }
 
 impl Seq {
@@ -281,7 +285,13 @@ impl Seq {
     /// The next token is the argmax of the raw logits (nothing else needs them).
     fn greedy_only(&self) -> bool {
         let p = &self.req.sampling;
-        (p.temperature == 0.0 || p.top_k == 1) && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && p.logit_bias.is_empty() && self.req.logprobs.is_none()
+        (p.temperature == 0.0 || p.top_k == 1)
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty()
+            && self.req.logprobs.is_none()
+            && self.constraint.is_none()
     }
 }
 
@@ -425,6 +435,7 @@ impl<B: Backend + ?Sized> Engine<B> {
                 first_token: None,
                 last_token: None,
                 queued: now,
+                constraint: r.constraint,
             },
         );
         self.waiting[r.priority as usize].push_back(id);
@@ -835,6 +846,7 @@ impl<B: Backend + ?Sized> Engine<B> {
                 first_token: None,
                 last_token: None,
                 queued: s.queued,
+                constraint: s.constraint.as_ref().map(|c| c.fork()),
             };
             let cid = self.next_id;
             self.next_id += 1;
@@ -850,10 +862,25 @@ impl<B: Backend + ?Sized> Engine<B> {
     fn emit(&mut self, id: u64, pick: Pick) {
         let now = Instant::now();
         let s = self.seqs.get_mut(&id).expect("seq");
-        let (t, logits) = match pick {
-            Pick::Logits(l) => (s.sampler.sample_with(l, &s.tokens[..s.req.prompt_len], &s.tokens[s.req.prompt_len..]), Some(l)),
-            Pick::Token(t) => (t, None),
+        let mut failed = None;
+        let (t, logits) = match (pick, &mut s.constraint) {
+            (Pick::Logits(l), Some(c)) => {
+                // structured output: only what the grammar allows next
+                let mut masked = l.to_vec();
+                let r = c.mask(&mut masked);
+                let t = s.sampler.sample_with(&masked, &s.tokens[..s.req.prompt_len], &s.tokens[s.req.prompt_len..]);
+                failed = r.and_then(|_| c.consume(t)).err();
+                (t, Some(l))
+            }
+            (Pick::Logits(l), None) => (s.sampler.sample_with(l, &s.tokens[..s.req.prompt_len], &s.tokens[s.req.prompt_len..]), Some(l)),
+            (Pick::Token(t), _) => (t, None),
         };
+        if let Some(e) = failed {
+            self.fail(id, Failure::new(FailKind::Server, e));
+            return;
+        }
+        // (the grammar complete: the sequence ends with this token)
+        let grammar_done = s.constraint.as_ref().is_some_and(|c| c.done());
         s.tokens.push(t);
         match s.last_token {
             None => self.metrics.ttft.observe(now.duration_since(s.req.arrival).as_secs_f64()),
@@ -868,7 +895,7 @@ impl<B: Backend + ?Sized> Engine<B> {
             _ => None,
         };
         let stop_id = s.req.stop_ids.contains(&t);
-        let done_len = s.generated().len() >= s.req.max_tokens || s.tokens.len() >= self.cfg.max_seq_len;
+        let done_len = s.generated().len() >= s.req.max_tokens || s.tokens.len() >= self.cfg.max_seq_len || grammar_done;
         // text: the generated text grows by what the new token adds (incremental
         // detokenization: a short window, not the whole generation, is decoded per token);
         // hold back what may still become a stop string or is an incomplete character
@@ -893,7 +920,7 @@ impl<B: Backend + ?Sized> Engine<B> {
         let _ = s.req.events.send(Event::Token { choice, id: t, text: delta, logprob: lp });
         if finished {
             let tail = if visible.starts_with(&s.sent) { visible[s.sent.len()..].to_string() } else { String::new() };
-            let end = if stop_id || stop_at.is_some() { End::Stop } else { End::Length };
+            let end = if stop_id || stop_at.is_some() || grammar_done { End::Stop } else { End::Length };
             self.finish(id, end, tail);
         }
     }

@@ -18,6 +18,8 @@
 //! `repetition_penalty`, `stop_token_ids`, `ignore_eos`. `logit_bias` is honoured; `best_of`
 //! (other than n), `echo`, `suffix`, `tools`, `functions` and a `response_format` other than
 //! text are refused with a 400 naming the field (not implemented yet), never ignored.
+//! `response_format` json_object / json_schema and `guided_regex` constrain the output
+//! (`crate::structured`).
 //! With `--reasoning-parser deepseek_r1` chat output is split into `reasoning_content` and
 //! `content` at `</think>` (`crate::reasoning`), in whole responses and stream deltas alike.
 //!
@@ -109,12 +111,25 @@ pub struct AppState {
     next_id: AtomicU64,
     /// requests handed to the engine and not yet finished
     pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// structured output's token trie and grammar compiler, built at the first request that asks
+    grammars: std::sync::OnceLock<Result<crate::structured::Grammars, String>>,
 }
 
 impl AppState {
     pub fn new(cfg: ServerConfig, engine: EngineHandle, tok: Option<Arc<Tokenizer>>) -> Arc<Self> {
         let metrics = engine.metrics.clone();
-        Arc::new(AppState { cfg, engine, tok, metrics, ready: AtomicBool::new(true), next_id: AtomicU64::new(0), pending: Default::default() })
+        Arc::new(AppState { cfg, engine, tok, metrics, ready: AtomicBool::new(true), next_id: AtomicU64::new(0), pending: Default::default(), grammars: Default::default() })
+    }
+
+    /// The grammar constraint a request body asks for (`response_format`, `guided_regex`).
+    fn constraint(&self, v: &Value) -> Result<Option<crate::structured::Constraint>, ApiError> {
+        let Some(f) = crate::structured::format_of(v).map_err(|(m, p)| ApiError::bad(m, Some(p)))? else { return Ok(None) };
+        tokenizer(self.tok.as_deref())?;
+        let tok = self.tok.clone().expect("checked");
+        let g = self.grammars.get_or_init(|| crate::structured::Grammars::new(tok));
+        let g = g.as_ref().map_err(|e| ApiError::bad(format!("structured output is not available for this model: {e}"), Some("response_format")))?;
+        let param = if matches!(f, crate::structured::Format::Regex(_)) { "guided_regex" } else { "response_format" };
+        g.constraint(&f).map(Some).map_err(|e| ApiError::bad(format!("`{param}`: {e}"), Some(param)))
     }
 }
 
@@ -482,6 +497,7 @@ pub struct Common {
     priority: Priority,
     deadline: Option<Instant>,
     include_usage: bool,
+    constraint: Option<crate::structured::Constraint>,
 }
 
 fn num(v: &Value, key: &'static str) -> Result<Option<f64>, ApiError> {
@@ -617,12 +633,12 @@ fn common(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &Head
     };
     let stream = v.get("stream").and_then(|x| x.as_bool()).unwrap_or(false);
     let include_usage = v.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|x| x.as_bool()).unwrap_or(false);
-    Ok(Common { prompt, sampling: sp, max_tokens, stop_ids, stop_strings, logprobs, n, stream, priority, deadline, include_usage })
+    Ok(Common { prompt, sampling: sp, max_tokens, stop_ids, stop_strings, logprobs, n, stream, priority, deadline, include_usage, constraint: None })
 }
 
 /// Fields dsc does not implement yet are refused with a 400 naming them, never ignored: a
-/// client asking for tools, a JSON format, more candidates than it gets back, the prompt
-/// echoed or a suffix would otherwise get an answer that silently is not what it asked for.
+/// client asking for tools, more candidates than it gets back, the prompt echoed or a suffix
+/// would otherwise get an answer that silently is not what it asked for.
 fn unsupported(v: &Value, chat: bool) -> Result<(), ApiError> {
     let set = |k: &str| v.get(k).is_some_and(|x| !x.is_null());
     let no = |k: &'static str, why: &str| Err(ApiError::bad(format!("`{k}` is not supported yet{why}"), Some(k)));
@@ -641,11 +657,6 @@ fn unsupported(v: &Value, chat: bool) -> Result<(), ApiError> {
     }
     if set("functions") || set("function_call") {
         return no(if set("functions") { "functions" } else { "function_call" }, " (tool calling)");
-    }
-    if let Some(f) = v.get("response_format").filter(|f| !f.is_null()) {
-        if f.get("type").and_then(|t| t.as_str()) != Some("text") {
-            return no("response_format", " beyond {\"type\": \"text\"} (structured output)");
-        }
     }
     Ok(())
 }
@@ -719,7 +730,12 @@ async fn handle(s: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool) ->
     let seed = s.next_id.load(Ordering::Relaxed).wrapping_mul(0x9E37_79B9);
     // (tokenizing and rendering the template are CPU work: off the async workers)
     let st = s.clone();
-    let prepared = tokio::task::spawn_blocking(move || prepare(&st.cfg, st.tok.as_deref(), &v, &headers, chat, seed)).await;
+    let prepared = tokio::task::spawn_blocking(move || {
+        let mut c = prepare(&st.cfg, st.tok.as_deref(), &v, &headers, chat, seed)?;
+        c.constraint = st.constraint(&v)?;
+        Ok::<_, ApiError>(c)
+    })
+    .await;
     match prepared {
         Ok(Ok(c)) => run(s, c, chat).await,
         Ok(Err(e)) => {
@@ -761,6 +777,7 @@ async fn run(s: Arc<AppState>, c: Common, chat: bool) -> Response {
         priority: c.priority,
         deadline: c.deadline,
         events: tx,
+        constraint: c.constraint,
     };
     // the bounded queue: past `max_pending` requests accepted and not finished, 503
     let n = s.pending.fetch_add(1, Ordering::SeqCst);

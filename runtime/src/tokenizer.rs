@@ -129,6 +129,54 @@ impl Tokenizer {
         self.tk.get_vocab_size(true)
     }
 
+    /// Token ids of `text` with special-token text left as text, no BOS.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_plain(text)
+    }
+
+    /// Every token's bytes, by id (structured output's token trie): byte-level BPE tokens
+    /// (GPT-2's byte-to-character map: SmolLM2, Llama-3, Qwen) mapped back to their bytes,
+    /// SentencePiece byte tokens `<0xNN>` as that byte and `▁` as a space, special tokens as
+    /// 0xFF then their text (the trie's marker: never produced by text), ids without a token
+    /// empty.
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        let byte_level = self.info.json.contains("\"ByteLevel\"");
+        // GPT-2's bytes_to_unicode, inverted: printable bytes stand for themselves, the rest
+        // for 256 + their rank
+        let mut map = std::collections::HashMap::new();
+        let mut next = 0u32;
+        for b in 0u32..256 {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+            let c = if printable {
+                b
+            } else {
+                next += 1;
+                255 + next
+            };
+            map.insert(char::from_u32(c).expect("a valid char"), b as u8);
+        }
+        let special: std::collections::HashMap<u32, &str> = self.specials.iter().map(|(t, id)| (*id, t.as_str())).collect();
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                if let Some(t) = special.get(&id) {
+                    return [&[0xFFu8][..], t.as_bytes()].concat();
+                }
+                let Some(t) = self.tk.id_to_token(id) else { return vec![] };
+                if byte_level {
+                    if let Some(b) = t.chars().map(|c| map.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+                        return b;
+                    }
+                }
+                if t.len() == 6 && t.starts_with("<0x") && t.ends_with('>') {
+                    if let Ok(b) = u8::from_str_radix(&t[3..5], 16) {
+                        return vec![b];
+                    }
+                }
+                t.replace('\u{2581}', " ").into_bytes()
+            })
+            .collect()
+    }
+
     pub fn token_to_id(&self, s: &str) -> Option<u32> {
         self.tk.token_to_id(s)
     }

@@ -134,7 +134,6 @@ check(code == 400 and body["param"] == "logit_bias", f"logit_bias out of range -
 # what dsc does not do yet is refused by name, never ignored
 for what, call in [
     ("tools", lambda: client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
-    ("response_format", lambda: client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "json_object"})),
     ("best_of", lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, best_of=3)),
     ("echo", lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, echo=True)),
 ]:
@@ -142,6 +141,36 @@ for what, call in [
     check(code == 400 and body["param"] == what and "not supported" in body["message"], f"{what} -> {code} {body}")
 c = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "text"}, tools=[], temperature=0)
 check(c.choices[0].finish_reason == "length", "a text response_format and no tools are fine")
+
+# structured output: every sample is what the schema says, whole and streamed; a regex on completions
+person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}
+
+
+def valid(text):
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(d, dict) and set(d) == {"name", "age"} and isinstance(d["name"], str) and len(d["name"]) <= 12 and type(d["age"]) is int and 0 <= d["age"] <= 120
+
+
+msgs = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
+r = client.chat.completions.create(model=model, messages=msgs, max_tokens=60, temperature=0.9, n=3, seed=5, response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": person}})
+for ch in r.choices:
+    check(ch.finish_reason == "stop" and valid(ch.message.content), f"json_schema sample {ch.message.content!r} ({ch.finish_reason})")
+parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(model=model, messages=msgs, max_tokens=60, temperature=0, stream=True, response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": person}}) if ch.choices]
+check(valid("".join(parts)), f"streamed json_schema {''.join(parts)!r}")
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "List three colours."}], max_tokens=40, temperature=0, response_format={"type": "json_object"})
+obj = r.choices[0].message.content
+check(r.choices[0].finish_reason == "stop" and isinstance(json.loads(obj), dict), f"json_object {obj!r}")
+code, text = raw("/v1/completions", json.dumps({"model": model, "prompt": "My phone number is", "max_tokens": 12, "temperature": 0, "guided_regex": " [0-9]{3}-[0-9]{4}"}).encode())
+import re
+t = json.loads(text)["choices"][0]["text"] if code == 200 else text
+check(code == 200 and re.fullmatch(r" [0-9]{3}-[0-9]{4}", t), f"guided_regex -> {code} {t!r}")
+code, body = status_of(lambda: client.completions.create(model=model, prompt="hi", max_tokens=2, extra_body={"guided_regex": "(["}))
+check(code == 400 and body["param"] == "guided_regex", f"a bad regex -> {code} {body}")
+code, body = status_of(lambda: client.chat.completions.create(model=model, messages=msgs, max_tokens=2, response_format={"type": "json_schema", "json_schema": {"name": "x"}}))
+check(code == 400 and body["param"] == "response_format", f"json_schema without a schema -> {code} {body}")
 
 code, text = raw("/v1/completions", b"{not json")
 check(code == 400 and json.loads(text)["error"]["type"] == "invalid_request_error", f"malformed JSON -> {code} {text}")

@@ -66,7 +66,7 @@ fn engine(watchdog_ms: u64) -> EngineHandle {
 /// A request for `max_tokens` of `prompt` (no stops, normal priority) and its events.
 fn request(prompt: Vec<u32>, sampling: SamplingParams, max_tokens: usize) -> (GenRequest, UnboundedReceiver<Event>) {
     let (tx, rx) = unbounded_channel();
-    (GenRequest { prompt, sampling, max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events: tx }, rx)
+    (GenRequest { prompt, sampling, max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority: Priority::Normal, deadline: None, events: tx, constraint: None }, rx)
 }
 
 fn submit(e: &EngineHandle, prompt: Vec<u32>) -> UnboundedReceiver<Event> {

@@ -31,7 +31,7 @@ fn solo(plan: &Plan, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
 
 fn request(prompt: Vec<u32>, max_tokens: usize, priority: Priority) -> (GenRequest, UnboundedReceiver<Event>) {
     let (tx, rx) = unbounded_channel();
-    (GenRequest { prompt, sampling: SamplingParams::default(), max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority, deadline: None, events: tx }, rx)
+    (GenRequest { prompt, sampling: SamplingParams::default(), max_tokens, stop_ids: vec![], stop_strings: vec![], logprobs: None, n: 1, priority, deadline: None, events: tx, constraint: None }, rx)
 }
 
 /// (token ids per choice, finish reasons per choice) from a finished request's events.
