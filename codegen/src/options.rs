@@ -588,11 +588,10 @@ impl CodegenOptions {
         let mut out = vec![];
         for section in ["schedule", "kernels"] {
             if let (Some(x), Some(y)) = (a[section].as_object(), b[section].as_object()) {
-                for (k, v) in x {
-                    if y.get(k) != Some(v) {
-                        out.push(format!("{section}.{k} = {v} (default {})", y.get(k).cloned().unwrap_or_default()));
-                    }
-                }
+                let mut lines: Vec<String> = x.iter().filter(|(k, v)| y.get(*k) != Some(v)).map(|(k, v)| format!("{section}.{k} = {v} (default {})", y.get(k).cloned().unwrap_or_default())).collect();
+                // (by name whatever serde_json's map order: llguidance turns on preserve_order)
+                lines.sort();
+                out.extend(lines);
             }
         }
         out

@@ -181,6 +181,8 @@ impl RuntimeOptions {
                 _ => {}
             }
         }
+        // (by name: serde_json keeps insertion order under llguidance's preserve_order)
+        out.sort();
         out
     }
 }
