@@ -75,6 +75,8 @@ fn openai_client_completes_chats_and_streams_against_smollm2() {
     let s = serve(&plan, &[]);
     let out = python("openai_client.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
     assert!(out.contains("checks passed"), "{out}");
+    let out = python("tools.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
+    assert!(out.contains("tools: 9 checks passed"), "{out}");
     stop(s);
     let s = serve(&plan, &["--reasoning-parser", "deepseek_r1"]);
     let out = python("reasoning.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);

@@ -31,6 +31,7 @@ pub mod server;
 pub mod stop;
 pub mod structured;
 pub mod tokenizer;
+pub mod tools;
 pub mod tp;
 
 pub use error::{Result, RuntimeError};

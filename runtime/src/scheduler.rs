@@ -232,7 +232,7 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 enum Command {
-    Submit(GenRequest),
+    Submit(Box<GenRequest>),
     /// expert failover: (layer, expert, enabled); the reply is the disabled list after it
     SetExpert(usize, usize, bool, std::sync::mpsc::Sender<Result<Vec<(usize, usize)>>>),
     DisabledExperts(std::sync::mpsc::Sender<Result<Vec<(usize, usize)>>>),
@@ -1006,7 +1006,7 @@ impl EngineHandle {
     /// go on, or stalled).
     pub fn submit(&self, r: GenRequest) -> Result<()> {
         self.health.status().map_err(|why| RuntimeError::Request(format!("the engine is unavailable: {why}")))?;
-        self.tx.send(Command::Submit(r)).map_err(|_| RuntimeError::Request("the engine has stopped".into()))
+        self.tx.send(Command::Submit(Box::new(r))).map_err(|_| RuntimeError::Request("the engine has stopped".into()))
     }
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
@@ -1072,7 +1072,7 @@ impl EngineLoop {
                     }
                 };
                 match cmd {
-                    Command::Submit(r) => e.submit_isolated(r),
+                    Command::Submit(r) => e.submit_isolated(*r),
                     Command::SetExpert(layer, expert, on, reply) => {
                         let _ = reply.send(e.set_expert(layer, expert, on));
                     }

@@ -16,8 +16,9 @@
 //! Extensions: `priority` ("high" | "normal" | "low", or the `x-priority` header), `timeout`
 //! (seconds until the request is ended with a 408 error), `min_p`, `top_k`,
 //! `repetition_penalty`, `stop_token_ids`, `ignore_eos`. `logit_bias` is honoured; `best_of`
-//! (other than n), `echo`, `suffix`, `tools`, `functions` and a `response_format` other than
-//! text are refused with a 400 naming the field (not implemented yet), never ignored.
+//! (other than n), `echo`, `suffix`, `functions` (and `tools` on completions) are refused with
+//! a 400 naming the field (not implemented), never ignored. Chat `tools` / `tool_choice`:
+//! `crate::tools` (Hermes-format calls, held to a valid call by grammar when required or named).
 //! `response_format` json_object / json_schema and `guided_regex` constrain the output
 //! (`crate::structured`).
 //! With `--reasoning-parser deepseek_r1` chat output is split into `reasoning_content` and
@@ -124,12 +125,17 @@ impl AppState {
     /// The grammar constraint a request body asks for (`response_format`, `guided_regex`).
     fn constraint(&self, v: &Value) -> Result<Option<crate::structured::Constraint>, ApiError> {
         let Some(f) = crate::structured::format_of(v).map_err(|(m, p)| ApiError::bad(m, Some(p)))? else { return Ok(None) };
+        let param = if matches!(f, crate::structured::Format::Regex(_)) { "guided_regex" } else { "response_format" };
+        self.grammar(&f, param).map(Some)
+    }
+
+    /// A constraint for `f`; errors name `param`.
+    fn grammar(&self, f: &crate::structured::Format, param: &'static str) -> Result<crate::structured::Constraint, ApiError> {
         tokenizer(self.tok.as_deref())?;
         let tok = self.tok.clone().expect("checked");
         let g = self.grammars.get_or_init(|| crate::structured::Grammars::new(tok));
-        let g = g.as_ref().map_err(|e| ApiError::bad(format!("structured output is not available for this model: {e}"), Some("response_format")))?;
-        let param = if matches!(f, crate::structured::Format::Regex(_)) { "guided_regex" } else { "response_format" };
-        g.constraint(&f).map(Some).map_err(|e| ApiError::bad(format!("`{param}`: {e}"), Some(param)))
+        let g = g.as_ref().map_err(|e| ApiError::bad(format!("structured output is not available for this model: {e}"), Some(param)))?;
+        g.constraint(f).map_err(|e| ApiError::bad(format!("`{param}`: {e}"), Some(param)))
     }
 }
 
@@ -352,7 +358,7 @@ async fn tokenize(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body
         }
         let tk = tokenizer(st.tok.as_deref())?;
         if v.get("messages").is_some() {
-            return chat_prompt(&st.cfg, st.tok.as_deref(), &v);
+            return chat_prompt(&st.cfg, st.tok.as_deref(), &v, v.get("tools").filter(|t| t.is_array()));
         }
         let text = v.get("prompt").and_then(|p| p.as_str()).ok_or_else(|| ApiError::bad("`prompt` (a string) or `messages` is required", Some("prompt")))?;
         let special = match v.get("add_special_tokens") {
@@ -498,6 +504,8 @@ pub struct Common {
     deadline: Option<Instant>,
     include_usage: bool,
     constraint: Option<crate::structured::Constraint>,
+    /// chat with tools: output parsed into `tool_calls`
+    tools: Option<crate::tools::Tools>,
 }
 
 fn num(v: &Value, key: &'static str) -> Result<Option<f64>, ApiError> {
@@ -633,7 +641,7 @@ fn common(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &Head
     };
     let stream = v.get("stream").and_then(|x| x.as_bool()).unwrap_or(false);
     let include_usage = v.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|x| x.as_bool()).unwrap_or(false);
-    Ok(Common { prompt, sampling: sp, max_tokens, stop_ids, stop_strings, logprobs, n, stream, priority, deadline, include_usage, constraint: None })
+    Ok(Common { prompt, sampling: sp, max_tokens, stop_ids, stop_strings, logprobs, n, stream, priority, deadline, include_usage, constraint: None, tools: None })
 }
 
 /// Fields dsc does not implement yet are refused with a 400 naming them, never ignored: a
@@ -652,8 +660,8 @@ fn unsupported(v: &Value, chat: bool) -> Result<(), ApiError> {
         return no("suffix", "");
     }
     let tools_empty = v.get("tools").is_none_or(|t| t.is_null() || t.as_array().is_some_and(|a| a.is_empty()));
-    if chat && (!tools_empty && v.get("tool_choice") != Some(&json!("none"))) {
-        return no("tools", " (tool calling); send no tools or tool_choice \"none\"");
+    if !chat && !tools_empty {
+        return no("tools", " on /v1/completions (use /v1/chat/completions)");
     }
     if set("functions") || set("function_call") {
         return no(if set("functions") { "functions" } else { "function_call" }, " (tool calling)");
@@ -684,7 +692,7 @@ fn completion_prompt(tok: Option<&Tokenizer>, v: &Value) -> Result<Vec<u32>, Api
 /// A `/v1/chat/completions` body's messages through the chat template, as token ids: the
 /// template's own text carries special tokens, the messages' text does not (unless the server
 /// allows it: `--allow-special-tokens-in-content`).
-fn chat_prompt(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value) -> Result<Vec<u32>, ApiError> {
+fn chat_prompt(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, tools: Option<&Value>) -> Result<Vec<u32>, ApiError> {
     let tk = tokenizer(tok)?;
     let Some(msgs) = v.get("messages").and_then(|m| m.as_array()).filter(|m| !m.is_empty()) else {
         return Err(ApiError::bad("`messages` must be a non-empty list", Some("messages")));
@@ -698,20 +706,30 @@ fn chat_prompt(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value) -> Result
             Some(Value::Array(parts)) => Some(parts.iter().filter_map(|p| p.get("text").and_then(|t| t.as_str())).collect::<Vec<_>>().join("")),
             _ => None,
         };
+        // (an assistant turn's past tool calls, in the format the model writes them)
+        let calls = m.get("tool_calls").and_then(|c| c.as_array()).filter(|c| !c.is_empty());
+        let content = match (role, content, calls) {
+            (Some("assistant"), c, Some(calls)) => Some([c.unwrap_or_default(), crate::tools::render_calls(calls)].into_iter().filter(|x| !x.is_empty()).collect::<Vec<_>>().join("\n")),
+            (_, c, _) => c,
+        };
         match (role, content) {
-            (Some(r @ ("system" | "user" | "assistant" | "developer")), Some(c)) => conv.push((if r == "developer" { "system".into() } else { r.to_string() }, c)),
-            _ => return Err(ApiError::bad("each message needs a `role` (system, user, assistant) and text `content`", Some("messages"))),
+            (Some(r @ ("system" | "user" | "assistant" | "developer" | "tool")), Some(c)) => conv.push((if r == "developer" { "system".into() } else { r.to_string() }, c)),
+            _ => return Err(ApiError::bad("each message needs a `role` (system, user, assistant, tool) and text `content` (an assistant's may be `tool_calls`)", Some("messages"))),
         }
     }
-    let r = if cfg.allow_special_in_content { tk.apply_chat_template(&conv).and_then(|t| tk.encode(&t)) } else { tk.encode_chat(&conv) };
+    let r = if cfg.allow_special_in_content { tk.render_chat(&conv, tools).and_then(|t| tk.encode(&t)) } else { tk.encode_chat_with(&conv, tools) };
     r.map_err(|e| ApiError::bad(e.to_string(), Some("messages")))
 }
 
 /// A request body checked and turned into what the engine runs (everything but the channel):
 /// the prompt tokenized, every field validated. `seed`: the seed where the body gives none.
 pub fn prepare(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &HeaderMap, chat: bool, seed: u64) -> Result<Common, ApiError> {
-    let prompt = if chat { chat_prompt(cfg, tok, v)? } else { completion_prompt(tok, v)? };
-    common(cfg, tok, v, headers, prompt, chat, seed)
+    let tools = if chat { crate::tools::parse(v).map_err(|(m, p)| ApiError::bad(m, Some(p)))? } else { None };
+    let list = tools.as_ref().map(|t| Value::Array(t.list.clone()));
+    let prompt = if chat { chat_prompt(cfg, tok, v, list.as_ref())? } else { completion_prompt(tok, v)? };
+    let mut c = common(cfg, tok, v, headers, prompt, chat, seed)?;
+    c.tools = tools;
+    Ok(c)
 }
 
 async fn completions(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
@@ -732,7 +750,14 @@ async fn handle(s: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool) ->
     let st = s.clone();
     let prepared = tokio::task::spawn_blocking(move || {
         let mut c = prepare(&st.cfg, st.tok.as_deref(), &v, &headers, chat, seed)?;
-        c.constraint = st.constraint(&v)?;
+        c.constraint = match c.tools.as_ref().and_then(|t| t.grammar()) {
+            // (a required or named tool call: the call's grammar)
+            Some(_) if crate::structured::format_of(&v).ok().flatten().is_some() => {
+                return Err(ApiError::bad("a required tool call and `response_format` / `guided_regex` cannot both hold", Some("tool_choice")))
+            }
+            Some(g) => Some(st.grammar(&crate::structured::Format::Lark(g), "tool_choice")?),
+            None => st.constraint(&v)?,
+        };
         Ok::<_, ApiError>(c)
     })
     .await;
@@ -791,9 +816,9 @@ async fn run(s: Arc<AppState>, c: Common, chat: bool) -> Response {
         return ApiError::unavailable(e.to_string()).into_response();
     }
     if c.stream {
-        stream(s, rx, id, chat, c.n, c.include_usage, guard).into_response()
+        stream(s, rx, id, chat, c.n, c.include_usage, c.tools.is_some(), guard).into_response()
     } else {
-        let r = collect(s, rx, id, chat, c.n).await;
+        let r = collect(s, rx, id, chat, c.n, c.tools.is_some()).await;
         drop(guard);
         r
     }
@@ -805,7 +830,7 @@ struct Choice {
     lps: Vec<Value>,
 }
 
-async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String, chat: bool, n: usize) -> Response {
+async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String, chat: bool, n: usize, tools: bool) -> Response {
     let mut ch: Vec<Choice> = (0..n).map(|_| Choice { text: String::new(), reason: None, lps: vec![] }).collect();
     let (mut prompt_tokens, mut completion, mut cached) = (0, 0, 0);
     while let Some(e) = rx.recv().await {
@@ -839,10 +864,22 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
         .map(|(i, c)| {
             let reason = c.reason.unwrap_or_default();
             if chat {
-                let mut msg = json!({"role": "assistant", "content": c.text});
+                let (r, content) = match s.cfg.reasoning {
+                    Some(_) => crate::reasoning::split(&c.text),
+                    None => (None, Some(c.text.clone())),
+                };
+                let mut msg = json!({"role": "assistant", "content": content});
                 if s.cfg.reasoning.is_some() {
-                    let (r, content) = crate::reasoning::split(&c.text);
-                    msg = json!({"role": "assistant", "content": content, "reasoning_content": r});
+                    msg["reasoning_content"] = json!(r);
+                }
+                let mut reason = reason;
+                if tools {
+                    let (content, calls) = crate::tools::extract(content.as_deref().unwrap_or_default(), &format!("{id}_{i}"));
+                    msg["content"] = json!(content);
+                    if !calls.is_empty() {
+                        msg["tool_calls"] = json!(calls);
+                        reason = "tool_calls".into();
+                    }
                 }
                 json!({"index": i, "message": msg, "logprobs": if c.lps.is_empty() { Value::Null } else { json!({"content": c.lps}) }, "finish_reason": reason})
             } else {
@@ -859,6 +896,7 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
     Json(json!({"id": id, "object": if chat { "chat.completion" } else { "text_completion" }, "created": now_secs(), "model": s.cfg.model_name, "choices": choices, "usage": usage})).into_response()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn stream(
     s: Arc<AppState>,
     rx: UnboundedReceiver<Event>,
@@ -866,6 +904,7 @@ fn stream(
     chat: bool,
     n: usize,
     include_usage: bool,
+    tools: bool,
     guard: PendingGuard,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
     struct St {
@@ -884,10 +923,13 @@ fn stream(
         pending: std::collections::VecDeque<String>,
         /// per choice, with `--reasoning-parser` (chat)
         split: Option<Vec<crate::reasoning::ReasoningSplit>>,
+        /// per choice, with tools (chat)
+        calls: Option<Vec<crate::tools::ToolStream>>,
     }
     let created = now_secs();
     let split = (chat && s.cfg.reasoning.is_some()).then(|| (0..n).map(|_| Default::default()).collect());
-    let st = St { _guard: guard, rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default(), split };
+    let calls = (chat && tools).then(|| (0..n).map(|_| Default::default()).collect());
+    let st = St { _guard: guard, rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default(), split, calls };
     // (`reasoning`: the delta's reasoning_content, with --reasoning-parser)
     let chunk = move |st: &St, choice: usize, reasoning: &str, text: &str, reason: Option<&str>, lp: Option<Value>, role: bool| -> String {
         let c = if st.chat {
@@ -924,6 +966,10 @@ fn stream(
                         Some(sp) => sp[choice].feed(&text),
                         None => (String::new(), text),
                     };
+                    let text = match &mut st.calls {
+                        Some(cs) => cs[choice].feed(&text),
+                        None => text,
+                    };
                     if !text.is_empty() || !r.is_empty() || role || lp.is_some() {
                         let c = chunk(&st, choice, &r, &text, None, lp, role);
                         st.pending.push_back(c);
@@ -942,6 +988,39 @@ fn stream(
                             (r1 + &r2, c1 + &c2)
                         }
                         None => (String::new(), text),
+                    };
+                    // (tools: the held text parsed; calls go out as one delta before the end)
+                    let mut role = role;
+                    let (text, reason) = match &mut st.calls {
+                        Some(cs) => {
+                            let mut t = cs[choice].feed(&text);
+                            let (rest, calls) = cs[choice].finish(&format!("{}_{choice}", st.id));
+                            t.push_str(&rest);
+                            if calls.is_empty() {
+                                (t, reason)
+                            } else {
+                                let calls: Vec<Value> = calls
+                                    .into_iter()
+                                    .enumerate()
+                                    .map(|(k, mut c)| {
+                                        c["index"] = json!(k);
+                                        c
+                                    })
+                                    .collect();
+                                if !t.is_empty() {
+                                    st.pending.push_back(chunk(&st, choice, "", &t, None, None, role));
+                                }
+                                let mut delta = json!({"tool_calls": calls});
+                                if role && t.is_empty() {
+                                    delta["role"] = json!("assistant");
+                                }
+                                let c = json!({"index": choice, "delta": delta, "logprobs": Value::Null, "finish_reason": Value::Null});
+                                st.pending.push_back(json!({"id": st.id, "object": "chat.completion.chunk", "created": created, "model": st.s.cfg.model_name, "choices": [c]}).to_string());
+                                role = false;
+                                (String::new(), "tool_calls".to_string())
+                            }
+                        }
+                        None => (text, reason),
                     };
                     let c = chunk(&st, choice, &r, &text, Some(&reason), None, role);
                     st.pending.push_back(c);

@@ -22,6 +22,8 @@ pub enum Format {
     JsonSchema(Value),
     /// text matching this regular expression (vLLM's `guided_regex`)
     Regex(String),
+    /// a Lark grammar (llguidance's dialect; a required tool call's, `crate::tools`)
+    Lark(String),
 }
 
 /// The token trie and grammar compiler of one tokenizer (built once per server).
@@ -64,6 +66,7 @@ impl Grammars {
             Format::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
             Format::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
             Format::Regex(r) => TopLevelGrammar::from_regex(r),
+            Format::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         };
         let parser = self.factory.create_parser(g).map_err(|e| e.to_string())?;
         let m = Matcher::new(Ok(parser));

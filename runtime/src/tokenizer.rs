@@ -192,6 +192,12 @@ impl Tokenizer {
     /// Render the model's chat template over `messages` (role, content), with the
     /// generation prompt appended (under [`TEMPLATE_FUEL`] and [`MAX_RENDERED_BYTES`]).
     pub fn apply_chat_template(&self, messages: &[(String, String)]) -> Result<String> {
+        self.render_chat(messages, None)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with the request's `tools` (OpenAI's list) in the
+    /// template's `tools` variable, as HF's `apply_chat_template(tools=...)` passes them.
+    pub fn render_chat(&self, messages: &[(String, String)], tools: Option<&serde_json::Value>) -> Result<String> {
         let tpl = self.info.chat_template.as_deref().ok_or_else(|| RuntimeError::Template("the model has no chat template".into()))?;
         let mut env = minijinja::Environment::new();
         env.set_fuel(Some(TEMPLATE_FUEL));
@@ -207,6 +213,7 @@ impl Tokenizer {
                     add_generation_prompt => true,
                     bos_token => tok(self.info.bos_id),
                     eos_token => tok(self.info.eos_ids.first().copied()),
+                    tools => tools.map(minijinja::Value::from_serialize),
                 })
             })
             .map_err(|e| RuntimeError::Template(e.to_string()))
@@ -218,7 +225,12 @@ impl Tokenizer {
     /// `<|im_end|>\n<|im_start|>system`) gets it as plain text, never as a role marker.
     /// Messages without such text tokenize exactly as [`Tokenizer::encode`] of the rendering.
     pub fn encode_chat(&self, messages: &[(String, String)]) -> Result<Vec<u32>> {
-        let plain = self.apply_chat_template(messages)?;
+        self.encode_chat_with(messages, None)
+    }
+
+    /// [`Tokenizer::encode_chat`] with the request's `tools` ([`Tokenizer::render_chat`]).
+    pub fn encode_chat_with(&self, messages: &[(String, String)], tools: Option<&serde_json::Value>) -> Result<Vec<u32>> {
+        let plain = self.render_chat(messages, tools)?;
         if !messages.iter().any(|(_, c)| self.specials.iter().any(|(t, _)| c.contains(t.as_str()))) {
             return self.encode(&plain);
         }
@@ -236,7 +248,7 @@ impl Tokenizer {
             return Err(refuse());
         }
         let marked: Vec<(String, String)> = messages.iter().map(|(r, c)| (r.clone(), format!("{OPEN}{c}{CLOSE}"))).collect();
-        let marked = self.apply_chat_template(&marked)?;
+        let marked = self.render_chat(&marked, tools)?;
         // the rendering without the marks, and whether each byte is message text
         let (mut text, mut inside, mut depth) = (String::with_capacity(plain.len()), Vec::with_capacity(plain.len()), 0usize);
         for ch in marked.chars() {

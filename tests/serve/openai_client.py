@@ -133,7 +133,6 @@ code, body = status_of(lambda: client.completions.create(model=model, prompt="hi
 check(code == 400 and body["param"] == "logit_bias", f"logit_bias out of range -> {code} {body}")
 # what dsc does not do yet is refused by name, never ignored
 for what, call in [
-    ("tools", lambda: client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
     ("best_of", lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, best_of=3)),
     ("echo", lambda: client.completions.create(model=model, prompt="hi", max_tokens=1, echo=True)),
 ]:
