@@ -510,21 +510,23 @@ impl ModelConfig {
         Ok(policy)
     }
 
-    /// The weight matrices whose matmuls take 8-bit activations under `precision.act_quant`,
-    /// from each matrix's (name, stored dtype, row length): those whose weights end up below
-    /// 16 bits (stored so, or by the policy), except the sensitive layer types (Q/K/V, router,
-    /// lm_head, embeddings) unless `[precision.layers]` names them. `tied`: the embedding
-    /// table is the lm_head. An error naming the field when `act_quant` is set and no matrix
-    /// takes it.
-    pub fn act_quant_weights<'a>(&self, mats: impl Iterator<Item = (&'a String, DType, usize)>, tied: bool) -> Result<std::collections::BTreeSet<String>> {
+    /// The weight matrices of `ws` (stored dtypes, before the policy) whose matmuls take 8-bit
+    /// activations under `precision.act_quant`: those whose weights end up below 16 bits
+    /// (stored so, or by the policy), except the sensitive layer types (Q/K/V, router, lm_head,
+    /// embeddings) unless `[precision.layers]` names them. An error naming the field when
+    /// `act_quant` is set and no matrix takes it.
+    pub fn act_quant_weights(&self, ws: &crate::WeightSet) -> Result<std::collections::BTreeSet<String>> {
         let Some(_) = self.act_quant else { return Ok(Default::default()) };
-        let set: std::collections::BTreeSet<String> = mats
-            .filter(|(n, stored, row)| {
-                let Some(k) = LayerKind::of(n, tied) else { return false };
-                let low = !matches!(self.policy.format_for(Some(k)).dtype(*stored, *row, true), DType::F32 | DType::F16 | DType::BF16);
+        let tied = crate::tied(ws);
+        let set: std::collections::BTreeSet<String> = ws
+            .tensors
+            .iter()
+            .filter(|(n, t)| {
+                let Some(k) = LayerKind::of(n, tied).filter(|_| t.shape.len() >= 2) else { return false };
+                let low = !matches!(self.policy.format_for(Some(k)).dtype(t.dtype, *t.shape.last().unwrap_or(&1), true), DType::F32 | DType::F16 | DType::BF16);
                 low && (!k.sensitive() || self.policy.layers.contains_key(&k))
             })
-            .map(|(n, _, _)| n.clone())
+            .map(|(n, _)| n.clone())
             .collect();
         if set.is_empty() {
             return Err(ModelError::Config {

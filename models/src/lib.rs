@@ -138,11 +138,16 @@ fn sha256_file(path: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
+/// Whether the embedding table is also the lm_head (no separate lm_head tensor).
+pub(crate) fn tied(ws: &WeightSet) -> bool {
+    !ws.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead))
+}
+
 /// Re-encode matrices (rank-2 weights, and stacked experts' rank-3) as the policy says, from
 /// their values (`stored`: each tensor's dtype before any AWQ rewrite, what `stored` keeps);
 /// vectors (norms, biases) stay as they are. Returns how many tensors each format took.
 fn apply_policy(ws: &mut WeightSet, policy: &Policy, stored: &BTreeMap<String, DType>, path: &Path) -> Result<BTreeMap<String, usize>> {
-    let tied = !ws.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
+    let tied = tied(ws);
     // one int4 layout a model: i4g128 where every matrix int4-g128 takes has rows of whole
     // 512-value super-blocks, else the Q4_1 / Q4_0 blocks throughout (quantize::IntSpec::dtype_in)
     let i4g128 = ws.tensors.iter().filter(|(_, t)| t.shape.len() >= 2).all(|(name, t)| {
@@ -360,14 +365,14 @@ pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedMode
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }
-    let tied = !weights.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
+    let tied = tied(&weights);
     let opts = llama::BuildOptions {
         name: t.model.name.clone(),
         dims: dims.clone(),
         naming,
         activations: config.activations,
         act_quant: config.act_quant,
-        act_quant_weights: config.act_quant_weights(weights.tensors.iter().filter(|(_, t)| t.shape.len() >= 2).map(|(n, t)| (n, t.dtype, *t.shape.last().unwrap_or(&1))), tied)?,
+        act_quant_weights: config.act_quant_weights(&weights)?,
         kv_cache: config.kv_cache,
         kv_block_size: t.limits.kv_block_size,
         weights_path: weights_path.clone().unwrap_or_else(|| "<seeded>".into()),
@@ -471,12 +476,12 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }
-    let tied = !weights.tensors.keys().any(|n| LayerKind::of(n, false) == Some(LayerKind::LmHead));
+    let tied = tied(&weights);
     let opts = deepseek::BuildOptions {
         name: t.model.name.clone(),
         activations: config.activations,
         act_quant: config.act_quant,
-        act_quant_weights: config.act_quant_weights(weights.tensors.iter().filter(|(_, t)| t.shape.len() >= 2).map(|(n, t)| (n, t.dtype, *t.shape.last().unwrap_or(&1))), tied)?,
+        act_quant_weights: config.act_quant_weights(&weights)?,
         kv_cache: config.kv_cache,
         kv_block_size: t.limits.kv_block_size,
         weights_path: path.clone(),

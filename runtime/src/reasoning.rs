@@ -66,7 +66,7 @@ impl ReasoningSplit {
             return (reasoning, content);
         }
         // keep the longest suffix that could begin `</think>`
-        let keep = (1..END.len()).rev().find(|&k| self.held.len() >= k && self.held.is_char_boundary(self.held.len() - k) && END.starts_with(&self.held[self.held.len() - k..])).unwrap_or(0);
+        let keep = crate::stop::partial_suffix(&self.held, END);
         let out = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
         (out, String::new())

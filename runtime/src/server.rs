@@ -329,6 +329,14 @@ async fn model_by_id(State(s): State<Arc<AppState>>, headers: HeaderMap, axum::e
     Json(model_card(&s)).into_response()
 }
 
+/// A `model` field where it is optional (/tokenize, /detokenize): if given, this server's.
+fn optional_model(v: &Value, cfg: &ServerConfig) -> Result<(), ApiError> {
+    match v.get("model").and_then(|m| m.as_str()) {
+        Some(m) if m != cfg.model_name => Err(model_not_found(m, &cfg.model_name)),
+        _ => Ok(()),
+    }
+}
+
 fn model_not_found(model: &str, served: &str) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
@@ -353,9 +361,7 @@ async fn tokenize(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body
     };
     let st = s.clone();
     let r = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
-        if let Some(m) = v.get("model").and_then(|m| m.as_str()).filter(|m| *m != st.cfg.model_name) {
-            return Err(model_not_found(m, &st.cfg.model_name));
-        }
+        optional_model(&v, &st.cfg)?;
         let tk = tokenizer(st.tok.as_deref())?;
         if v.get("messages").is_some() {
             return chat_prompt(&st.cfg, st.tok.as_deref(), &v, v.get("tools").filter(|t| t.is_array()));
@@ -388,9 +394,7 @@ async fn detokenize(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bo
         Err(e) => return e.into_response(),
     };
     let r = (|| -> Result<String, ApiError> {
-        if let Some(m) = v.get("model").and_then(|m| m.as_str()).filter(|m| *m != s.cfg.model_name) {
-            return Err(model_not_found(m, &s.cfg.model_name));
-        }
+        optional_model(&v, &s.cfg)?;
         let tk = tokenizer(s.tok.as_deref())?;
         let bad = || ApiError::bad(format!("`tokens` must be a list of token ids below the vocabulary size ({})", tk.vocab_size()), Some("tokens"));
         let ids = v.get("tokens").and_then(|t| t.as_array()).ok_or_else(bad)?;

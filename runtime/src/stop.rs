@@ -17,6 +17,13 @@ pub struct Scan {
     pub safe: usize,
 }
 
+/// Bytes of the longest suffix of `text` that is a proper prefix of `marker` (0: none) — what
+/// to hold back while `marker` may still be arriving. The cut `text.len() - k` is a char
+/// boundary of `text` (its k bytes start at a char boundary of `marker`).
+pub fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1)).rev().find(|&k| marker.is_char_boundary(k) && text.ends_with(&marker[..k])).unwrap_or(0)
+}
+
 /// Scan `text` (which was `old_len` bytes before the newest piece) for `stops`. A stop string
 /// found before would have ended the text then, so only matches that end in the new piece are
 /// looked for. `finished`: nothing more will be appended, so nothing is held back.
@@ -46,13 +53,7 @@ pub fn scan(text: &str, old_len: usize, stops: &[String], finished: bool) -> Sca
     // any suffix of the whole text that begins a stop string (measured from the text's end:
     // each stop string's longest such prefix; the earliest cut wins)
     for st in stops {
-        for k in (1..st.len().min(text.len() + 1)).rev() {
-            if st.is_char_boundary(k) && text.ends_with(&st[..k]) {
-                // (text ends with k bytes that start at a char boundary of `st`, hence of `text`)
-                safe = safe.min(text.len() - k);
-                break;
-            }
-        }
+        safe = safe.min(text.len() - partial_suffix(text, st));
     }
     debug_assert!(text.is_char_boundary(safe));
     Scan { stop_at, safe }

@@ -140,7 +140,7 @@ impl ToolStream {
             self.held.drain(..i);
             return out;
         }
-        let keep = (1..OPEN.len()).rev().find(|&k| self.held.len() >= k && self.held.is_char_boundary(self.held.len() - k) && OPEN.starts_with(&self.held[self.held.len() - k..])).unwrap_or(0);
+        let keep = crate::stop::partial_suffix(&self.held, OPEN);
         let out = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
         out
