@@ -71,7 +71,8 @@ enum Cmd {
         quant_layers: Vec<String>,
         /// 8-bit activations for the matmuls whose weights the policy quantizes (W8A8, W4A8),
         /// over `precision.act_quant`: none, fp8 (e4m3, a scale per token), fp8-gN (per N
-        /// values of a token, e.g. fp8-g128), int8, int8-gN. CPU executor only for now
+        /// values of a token, e.g. fp8-g128), int8, int8-gN. On the GPU: fp8-g128 (with fp8 weights
+        /// the FP8 tensor-core GEMM on Hopper); the others CPU executor only
         #[arg(long = "act-quant", value_name = "none|fp8[-gN]|int8[-gN]")]
         act_quant: Option<String>,
         /// N:M structured sparsity for `precision.sparse_layers` (default attn_o and mlp), over

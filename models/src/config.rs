@@ -29,7 +29,8 @@
 //!                       # or bf16, half the bytes)
 //! act_quant = "none"    # none | fp8[-gN] | int8[-gN]: 8-bit activations (dynamic scale per
 //!                       # token or per N values) for the matmuls with weights below 16 bits
-//!                       # (W8A8, W4A8); CPU executor only
+//!                       # (W8A8, W4A8); the GPU takes fp8-g128 (FP8 GEMM with
+//!                       # f8g128 weights on sm_90a), the rest CPU executor only
 //! sparsity = "none"     # none | 2:4 | 4:8 over sparse_layers (default ["attn_o", "mlp"]),
 //! sparsity_method = "magnitude"  # | wanda; 2:4 stored as sp24_bf16; CPU executor only
 //! weights = "stored"    # stored (as in the checkpoint) | f32 | bf16 | f16 | q8_0 | q4_0 | q4_1

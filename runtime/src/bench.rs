@@ -367,7 +367,12 @@ pub fn gemm(plan_path: &Path, ms: &[usize]) -> anyhow::Result<Vec<GemmResult>> {
                 }
                 None => None,
             };
-            let x = dev.random(xdtype, m * k, 11)?;
+            // (the FP8 GEMM reads x's e4m3 copy, `{x}@rows{W}`: W f32 slots a row of codes and
+            // scales; random words time the same)
+            let x = match l.args.as_ref().and_then(|a| a.first()).map(|x| BufferRef::of(x)) {
+                Some(BufferRef::RowScratch { width, .. }) => dev.random("f32", m * width, 11)?,
+                _ => dev.random(xdtype, m * k, 11)?,
+            };
             let wbs: Vec<_> = parts.iter().enumerate().map(|(i, &p)| dev.random(&wdtype.to_string(), p * k, 12 + i as i64)).collect::<anyhow::Result<_>>()?;
             // (a TMA matmul takes each weight's tensor map instead: `{w}@tmap{rows}`)
             let wbs = match l.args.as_ref().and_then(|a| a.get(1)).map(|w| BufferRef::of(w)) {

@@ -550,7 +550,7 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
 
 /// `ins.rn.f32` (sub, mul, div, add) of `x` and `y`: one IEEE rounding, no contraction — the
 /// seeded quantizers' arithmetic step for step as the host's.
-fn rn_f32(b: &mut Body, ins: &str, x: &str, y: &str) -> String {
+pub(crate) fn rn_f32(b: &mut Body, ins: &str, x: &str, y: &str) -> String {
     b.op(&format!("llvm.inline_asm \"{ins}.rn.f32 $0, $1, $2;\", \"=f,f,f\" {x}, {y} : (f32, f32) -> f32"))
 }
 
@@ -613,7 +613,7 @@ fn seeded_nibble(b: &mut Body, v: &str, lo: &str, hi: &str, one: &str) -> (Strin
 
 /// e4m3fn bits (i32) of the finite f32 `x` as `dsc_ir::quant::f32_to_f8e4m3` computes them:
 /// round to nearest even, saturating to ±448 (0x7E), multiples of 2^-9 below 2^-6.
-fn f32_to_e4m3_bits(b: &mut Body, x: &str) -> String {
+pub(crate) fn f32_to_e4m3_bits(b: &mut Body, x: &str) -> String {
     let bits = b.op(&format!("arith.bitcast {x} : f32 to i32"));
     let c24 = b.op("arith.constant 24 : i32");
     let c80 = b.op("arith.constant 128 : i32");

@@ -48,6 +48,7 @@ mod argmax;
 pub mod attention;
 mod body;
 mod elementwise;
+mod fp8;
 pub mod matmul;
 mod mla;
 mod mlp;
@@ -62,6 +63,7 @@ pub use argmax::*;
 pub use attention::*;
 pub(crate) use body::*;
 pub(crate) use elementwise::*;
+pub use fp8::*;
 pub use matmul::*;
 pub use mla::*;
 pub use mlp::*;
@@ -235,6 +237,7 @@ pub(crate) fn fits_in(spec: &KernelSpec, o: Outer) -> Result<(), String> {
         Family::Gemv => gemv_fits(spec, o),
         Family::Mma => mma_fits(spec),
         Family::Packed => packed_fits(spec),
+        Family::Fp8 => fp8_fits(spec),
         Family::Pipe => pipe_fits(spec, o),
         Family::Mlp => mlp_fits(spec),
         Family::Flash => flash_fits(spec, o),
@@ -263,6 +266,7 @@ pub(crate) enum Family {
     Argmax,
     Gemv,
     Packed,
+    Fp8,
     Mma,
     Pipe,
     Mlp,
@@ -311,6 +315,7 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         | KernelSpec::SwiGluGemv { .. } => Family::Gemv,
         KernelSpec::MatMulFewX16 { .. } | KernelSpec::MatMulMma { .. } | KernelSpec::MatMulWgmma { .. } => Family::Mma,
         KernelSpec::MatMulPacked { .. } => Family::Packed,
+        KernelSpec::ActQuantF8 { .. } | KernelSpec::MatMulF8 { .. } => Family::Fp8,
         KernelSpec::Ws { .. } | KernelSpec::Tma { .. } | KernelSpec::SplitK { .. } | KernelSpec::SwiGluPipe { .. } | KernelSpec::MatMulPipe { .. } => Family::Pipe,
         KernelSpec::SwiGluDown { .. } => Family::Mlp,
         KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => Family::Flash,
@@ -338,6 +343,7 @@ fn emit_into(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
         Family::Gemv => gemv_kernel(b, spec)?,
         Family::Mma => mma_kernel(b, spec)?,
         Family::Packed => packed_kernel(b, spec)?,
+        Family::Fp8 => fp8_kernel(b, spec)?,
         Family::Pipe => pipe_kernel(b, spec)?,
         Family::Mlp => mlp_kernel(b, spec)?,
         Family::Flash => flash_kernel(b, spec)?,

@@ -111,7 +111,7 @@ impl KernelSpec {
             // (it reads the partial sums that only the Hopper split-K alternative writes)
             KernelSpec::Tma { .. } | KernelSpec::Ws { .. } | KernelSpec::FlashWgmma { .. } | KernelSpec::QkvRopeSplitK { .. } | KernelSpec::ArgmaxCluster { .. } => true,
             KernelSpec::SplitKReduceNorm { cluster, .. } if *cluster > 1 => true,
-            other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. }),
+            other => matches!(other, KernelSpec::MatMulWgmma { .. } | KernelSpec::MatMulPipe { .. } | KernelSpec::MatMulF8 { .. }),
         }
     }
 }
@@ -236,6 +236,15 @@ pub enum KernelSpec {
     /// shared memory in 16 bits); every row count up to the batched-decode limit. params x, w,
     /// [bias], [res], y, M, N
     MatMulPacked { wdtype: DType, k: usize, n: usize, tiles: usize, bias: bool, residual: bool },
+    /// 8-bit activations (`act_quant`, e4m3 in groups of `group` values of a row of `d`):
+    /// y = the node in f32 (s · e4m3(x / s)) and q = its e4m3 copy `{y}@rows{W}` (per row d
+    /// bytes, then d / group f32 scales) for the FP8 GEMM (`kernels/fp8.rs`); params x, y, q,
+    /// rows · d / 4
+    ActQuantF8 { d: usize, group: usize },
+    /// y[M, N] = x @ W^T (+ res), x an `ActQuantF8` copy (e4m3 + 1x128 scales), W f8g128: the
+    /// FP8 wgmma GEMM (`kernels/fp8.rs`, sm_90a), 128 x bn tiles, `stages` cp.async stages;
+    /// params x, w, [res], y, M, N
+    MatMulF8 { k: usize, n: usize, residual: bool, bn: usize, stages: usize },
     /// softmax over rows of `d` (warp per row); params x, y, rows
     Softmax { d: usize },
     /// layer norm over rows of `d` (warp per row); params x, w, b, y, rows
@@ -497,6 +506,7 @@ impl KernelSpec {
             Family::Gemv => gemv_symbol(self),
             Family::Mma => mma_symbol(self),
             Family::Packed => packed_symbol(self),
+            Family::Fp8 => fp8_symbol(self),
             Family::Pipe => pipe_symbol(self),
             Family::Mlp => mlp_symbol(self),
             Family::Flash => flash_symbol(self),
@@ -515,6 +525,7 @@ impl KernelSpec {
             Family::Gemv => gemv_launch(self),
             Family::Mma => mma_launch(self),
             Family::Packed => packed_launch(self),
+            Family::Fp8 => fp8_launch(self),
             Family::Pipe => pipe_launch(self),
             Family::Mlp => mlp_launch(self),
             Family::Flash => flash_launch(self),

@@ -193,7 +193,10 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                     return Err(err(&name, GRAPH_WEIGHTS_ONLY));
                 }
                 let (nn, k) = weight_dims(&name, &ops[1].ty)?;
-                let st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None, &opts)?;
+                let mut st = matmul_step(&name, args, k, nn, ops[1].ty.dtype, ops.len() > 2, residual, None, &opts)?;
+                if ops.len() == 2 {
+                    add_fp8_gemm(ops[0], ops[1].ty.dtype, k, nn, residual, None, &mut st, &opts);
+                }
                 fuse_norm(g, &norms, id, st)
             }
             Op::MatMulCat => {
@@ -212,7 +215,8 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                     parts.push(nn);
                 }
                 let total = parts.iter().sum();
-                let st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts), &opts)?;
+                let mut st = matmul_step(&name, args, k, total, ops[1].ty.dtype, false, false, Some(&parts), &opts)?;
+                add_fp8_gemm(ops[0], ops[1].ty.dtype, k, total, false, Some(&parts), &mut st, &opts);
                 fuse_norm(g, &norms, id, st)
             }
             Op::Slice { axis, start, len } if matches!(ops[0].op, Op::MatMulCat) => {
@@ -335,12 +339,63 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                 steps.extend(all);
                 last
             }
-            Op::ActQuant { .. } => return Err(err(&name, "8-bit activations (`precision.act_quant`) have no GPU kernels yet: the plan runs on the CPU executor")),
+            Op::ActQuant { dtype, group } => {
+                // (e4m3 in DeepSeek's 1x128 groups: the node in f32 for the GEMVs, its e4m3 copy
+                // `{node}@rows{W}` for the FP8 GEMM)
+                let d = n.ty.shape.last().and_then(|d| d.as_const()).ok_or_else(|| err(&name, "8-bit activations need a constant row width"))?;
+                if *dtype != DType::F8E4M3 || *group != crate::kernels::F8_GROUP {
+                    return Err(err(
+                        &name,
+                        format!(
+                            "8-bit activations on the GPU are fp8-g{} (e4m3, a scale per 128 values of a token); {dtype} in groups of {group} runs on the CPU executor only",
+                            crate::kernels::F8_GROUP
+                        ),
+                    ));
+                }
+                let spec = KernelSpec::ActQuantF8 { d, group: *group };
+                crate::kernels::fits(&spec).map_err(|e| err(&name, e))?;
+                let q = format!("{name}@rows{}", crate::kernels::f8_rows_width(d));
+                let work = Scalar::RowsTimes(name.clone(), (d / 4) as i64);
+                // (the copy's buffer, declared by a kernel-less step: `compiler::lifetimes`)
+                steps.push(Step::new(&q));
+                step(spec, vec![names[0].clone(), name.clone(), q], vec![work.clone()], work, one)
+            }
             other => return Err(err(&name, format!("op `{}` has no GPU lowering yet", other.name()))),
         };
         steps.push(st);
     }
     Ok(steps)
+}
+
+/// W8A8: where x is an `act_quant` to e4m3 in groups of 128 and the weights f8g128, the FP8
+/// GEMM (`KernelSpec::MatMulF8`, reading x's e4m3 copy `{x}@rows{W}`) comes first among the
+/// Hopper alternatives from the rows past the packed GEMV's (`gemv_few_max` + 1: prefill and
+/// large batches); below, the GEMVs read x's f32 values as they do any x.
+#[allow(clippy::too_many_arguments)]
+fn add_fp8_gemm(x: &dsc_ir::Node, wdtype: DType, k: usize, nn: usize, residual: bool, parts: Option<&[usize]>, st: &mut Step, o: &ScheduleOptions) {
+    let Op::ActQuant { dtype: DType::F8E4M3, group } = x.op else { return };
+    if group != crate::kernels::F8_GROUP || wdtype != DType::F8G128 {
+        return;
+    }
+    let (bn, stages) = crate::kernels::f8_tiling(nn);
+    let spec = KernelSpec::MatMulF8 { k, n: nn, residual, bn, stages };
+    if crate::kernels::fits(&spec).is_err() {
+        return;
+    }
+    let rows = Scalar::Rows(st.node.clone());
+    let work = Scalar::Const(spec.launch().work_units(nn) as i64);
+    let (kernel, scalars) = match parts {
+        None => (spec, vec![rows.clone(), Scalar::Const(nn as i64)]),
+        Some(p) => {
+            if crate::kernels::parts_fit(&spec, p).is_err() {
+                return;
+            }
+            (KernelSpec::MatMulParts { inner: Box::new(spec), parts: p.to_vec() }, vec![rows.clone(), Scalar::Const(nn as i64), rows.clone()])
+        }
+    };
+    let mut args = st.args.clone();
+    args[0] = format!("{}@rows{}", x.name, crate::kernels::f8_rows_width(k));
+    st.hopper.insert(0, Large { min_rows: o.gemv_few_max + 1, max_rows: None, args: Some(args), kernel, scalars, work, grid_y: rows });
 }
 
 /// (N, K) of a matmul weight in [N, K] layout.

@@ -861,3 +861,43 @@ fn verify_names_what_a_broken_schedule_breaks() {
     let bad: Vec<Step> = good.iter().filter(|s| s.node != "y").cloned().collect();
     assert!(verify(&g, &bad).unwrap_err().contains("graph output `y`"));
 }
+
+/// W8A8: an `act_quant` to e4m3 in groups of 128 lowers to the quantizer (the node in f32 and
+/// its e4m3 copy `{node}@rows{W}`), and a matmul reading it with f8g128 weights gets the FP8
+/// GEMM first among its Hopper alternatives from the rows past the packed GEMV's, on the copy
+/// (also merged); other groups, int8 activations or another weight format keep the GPU out
+/// (a clear error) or the FP8 GEMM out.
+#[test]
+fn fp8_activations_lower_to_the_quantizer_and_the_fp8_gemm() {
+    let (k, n) = (1024usize, 256usize);
+    let src = format!(
+        "graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %q = act_quant(%x) {{dtype = f8e4m3, group = 128}} : f32[T, {k}]\n  %w = weight : f8g128[{n}, {k}]\n  %r = input : f32[T, {n}]\n  %a = matmul_add(%q, %w, %r) {{transpose_b = true}} : f32[T, {n}]\n  %w0 = weight : f8g128[128, {k}]\n  %w1 = weight : f8g128[128, {k}]\n  %c = matmul_cat(%q, %w0, %w1) : f32[T, 256]\n  %c0 = slice(%c) {{axis = 1, start = 0, len = 128}} : f32[T, 128]\n  output a = %a\n  output c0 = %c0\n}}\n"
+    );
+    let g = text::parse(&src).unwrap();
+    let steps = lower_opts(&g, no_ws()).unwrap();
+    let q = steps.iter().find(|s| s.node == "q").unwrap();
+    assert_eq!(q.kernel, Some(KernelSpec::ActQuantF8 { d: k, group: 128 }));
+    let copy = format!("q@rows{}", crate::kernels::f8_rows_width(k));
+    assert_eq!(q.args, ["x".to_string(), "q".to_string(), copy.clone()]);
+    let few_max = ScheduleOptions::default().gemv_few_max;
+    let a = steps.iter().find(|s| s.node == "a").unwrap();
+    let h = &a.hopper[0];
+    assert!(matches!(h.kernel, KernelSpec::MatMulF8 { k: 1024, n: 256, residual: true, .. }), "{h:?}");
+    assert_eq!((h.min_rows, h.max_rows), (few_max + 1, None));
+    assert_eq!(h.args.as_ref().unwrap()[0], copy, "the GEMM reads the e4m3 copy");
+    assert_eq!(a.args[0], "q", "the GEMVs read the f32 node");
+    assert!(a.kernel.as_ref().unwrap().hopper_only() == false && h.kernel.hopper_only());
+    let c = steps.iter().find(|s| s.node == "c").unwrap();
+    assert!(matches!(&c.hopper[0].kernel, KernelSpec::MatMulParts { inner, parts } if matches!(inner.as_ref(), KernelSpec::MatMulF8 { .. }) && parts == &[128, 128]), "{:?}", c.hopper[0]);
+    // int8 activations, or groups other than 128: the GPU lowering refuses, naming the node
+    for attrs in ["dtype = i8, group = 128", "dtype = f8e4m3, group = 0"] {
+        let src = format!("graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %q = act_quant(%x) {{{attrs}}} : f32[T, {k}]\n  %w = weight : f8g128[{n}, {k}]\n  %a = matmul(%q, %w) {{transpose_b = true}} : f32[T, {n}]\n  output a = %a\n}}\n");
+        let e = lower_opts(&text::parse(&src).unwrap(), no_ws()).unwrap_err().to_string();
+        assert!(e.contains("q") && e.contains("fp8-g128"), "{e}");
+    }
+    // bf16 weights behind e4m3 activations: no FP8 GEMM (W8A8 needs both in 8 bits)
+    let src = format!("graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %q = act_quant(%x) {{dtype = f8e4m3, group = 128}} : f32[T, {k}]\n  %w = weight : bf16[{n}, {k}]\n  %a = matmul(%q, %w) {{transpose_b = true}} : f32[T, {n}]\n  output a = %a\n}}\n");
+    let steps = lower_opts(&text::parse(&src).unwrap(), no_ws()).unwrap();
+    let a = steps.iter().find(|s| s.node == "a").unwrap();
+    assert!(a.hopper.iter().all(|h| !matches!(h.kernel, KernelSpec::MatMulF8 { .. })));
+}

@@ -59,6 +59,7 @@ pub fn parts_fit(inner: &KernelSpec, parts: &[usize]) -> Result<(), String> {
         | KernelSpec::MatMulWgmma { n, bias, residual, .. }
         | KernelSpec::MatMulPipe { n, bias, residual, .. }
         | KernelSpec::MatMulPacked { n, bias, residual, .. } => (*n, *bias, *residual),
+        KernelSpec::MatMulF8 { n, residual, .. } => (*n, false, *residual),
         other => return Err(format!("{} is not a matmul kernel", other.symbol())),
     };
     if bias || residual {
