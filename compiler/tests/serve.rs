@@ -78,6 +78,11 @@ fn openai_client_completes_chats_and_streams_against_smollm2() {
     let out = python("tools.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
     assert!(out.contains("tools: 9 checks passed"), "{out}");
     stop(s);
+    // (the same checks in Llama-3's format: bare {"name", "parameters"} calls, by grammar)
+    let s = serve(&plan, &["--tool-call-parser", "llama3_json"]);
+    let out = python("tools.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
+    assert!(out.contains("tools: 9 checks passed"), "llama3_json: {out}");
+    stop(s);
     let s = serve(&plan, &["--reasoning-parser", "deepseek_r1"]);
     let out = python("reasoning.py", &[&s.base, "smollm2-135m-instruct", "test-key"]);
     assert!(out.contains("3 checks passed"), "{out}");

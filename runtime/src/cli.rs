@@ -391,6 +391,10 @@ pub struct ServeArgs {
     /// (DeepSeek-R1's `<think>` ... `</think>`)
     #[arg(long, value_name = "deepseek_r1")]
     pub reasoning_parser: Option<String>,
+    /// the model's tool-call format (vLLM's flag): hermes (Hermes, Qwen2.5; default),
+    /// llama3_json (Llama-3.1/3.2), deepseek_v3 (DeepSeek-V3/R1's tool-call tokens)
+    #[arg(long, value_name = "hermes|llama3_json|deepseek_v3")]
+    pub tool_call_parser: Option<String>,
 }
 
 /// `--disable-expert LAYER:EXPERT` values.
@@ -552,6 +556,10 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
         reasoning: match a.reasoning_parser.as_deref() {
             None => None,
             Some(p) => Some(crate::reasoning::ReasoningParser::parse(p).with_context(|| format!("--reasoning-parser {p}: the parsers are deepseek_r1"))?),
+        },
+        tool_parser: match a.tool_call_parser.as_deref() {
+            None => Default::default(),
+            Some(p) => crate::tools::Parser::parse(p).with_context(|| format!("--tool-call-parser {p}: the parsers are {}", crate::tools::Parser::NAMES))?,
         },
         http: crate::server::HttpLimits { header_timeout, body_timeout, max_connections: a.max_connections },
         ..crate::server::ServerConfig::new(a.served_model_name.clone().unwrap_or_else(|| m.name.clone()), max_len)

@@ -64,6 +64,8 @@ pub struct ServerConfig {
     pub allow_special_in_content: bool,
     /// chat output split into `reasoning_content` and `content` (`--reasoning-parser`)
     pub reasoning: Option<crate::reasoning::ReasoningParser>,
+    /// the served model's tool-call format (`--tool-call-parser`)
+    pub tool_parser: crate::tools::Parser,
     /// HTTP limits ([`serve`])
     pub http: HttpLimits,
 }
@@ -98,6 +100,7 @@ impl ServerConfig {
             max_pending: 1024,
             allow_special_in_content: false,
             reasoning: None,
+            tool_parser: Default::default(),
             http: HttpLimits::default(),
         }
     }
@@ -713,7 +716,9 @@ fn chat_prompt(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, tools: Op
         // (an assistant turn's past tool calls, in the format the model writes them)
         let calls = m.get("tool_calls").and_then(|c| c.as_array()).filter(|c| !c.is_empty());
         let content = match (role, content, calls) {
-            (Some("assistant"), c, Some(calls)) => Some([c.unwrap_or_default(), crate::tools::render_calls(calls)].into_iter().filter(|x| !x.is_empty()).collect::<Vec<_>>().join("\n")),
+            (Some("assistant"), c, Some(calls)) => {
+                Some([c.unwrap_or_default(), crate::tools::render_calls(cfg.tool_parser, calls)].into_iter().filter(|x| !x.is_empty()).collect::<Vec<_>>().join("\n"))
+            }
             (_, c, _) => c,
         };
         match (role, content) {
@@ -728,7 +733,7 @@ fn chat_prompt(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, tools: Op
 /// A request body checked and turned into what the engine runs (everything but the channel):
 /// the prompt tokenized, every field validated. `seed`: the seed where the body gives none.
 pub fn prepare(cfg: &ServerConfig, tok: Option<&Tokenizer>, v: &Value, headers: &HeaderMap, chat: bool, seed: u64) -> Result<Common, ApiError> {
-    let tools = if chat { crate::tools::parse(v).map_err(|(m, p)| ApiError::bad(m, Some(p)))? } else { None };
+    let tools = if chat { crate::tools::parse(v, cfg.tool_parser).map_err(|(m, p)| ApiError::bad(m, Some(p)))? } else { None };
     let list = tools.as_ref().map(|t| Value::Array(t.list.clone()));
     let prompt = if chat { chat_prompt(cfg, tok, v, list.as_ref())? } else { completion_prompt(tok, v)? };
     let mut c = common(cfg, tok, v, headers, prompt, chat, seed)?;
@@ -878,7 +883,7 @@ async fn collect(s: Arc<AppState>, mut rx: UnboundedReceiver<Event>, id: String,
                 }
                 let mut reason = reason;
                 if tools {
-                    let (content, calls) = crate::tools::extract(content.as_deref().unwrap_or_default(), &format!("{id}_{i}"));
+                    let (content, calls) = crate::tools::extract(s.cfg.tool_parser, content.as_deref().unwrap_or_default(), &format!("{id}_{i}"));
                     msg["content"] = json!(content);
                     if !calls.is_empty() {
                         msg["tool_calls"] = json!(calls);
@@ -932,7 +937,7 @@ fn stream(
     }
     let created = now_secs();
     let split = (chat && s.cfg.reasoning.is_some()).then(|| (0..n).map(|_| Default::default()).collect());
-    let calls = (chat && tools).then(|| (0..n).map(|_| Default::default()).collect());
+    let calls = (chat && tools).then(|| (0..n).map(|_| crate::tools::ToolStream::new(s.cfg.tool_parser)).collect());
     let st = St { _guard: guard, rx, s, id, chat, n, started: vec![false; n], done: 0, completion: 0, prompt_tokens: 0, finished: false, include_usage, pending: Default::default(), split, calls };
     // (`reasoning`: the delta's reasoning_content, with --reasoning-parser)
     let chunk = move |st: &St, choice: usize, reasoning: &str, text: &str, reason: Option<&str>, lp: Option<Value>, role: bool| -> String {

@@ -1,15 +1,49 @@
-//! Tool calling in OpenAI's shape (`tools`, `tool_choice`, `tool_calls`), in the Hermes/Qwen
-//! format: the model writes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, which the
-//! server turns into `tool_calls` (vLLM's `hermes` parser; `--tool-call-parser hermes`). The
-//! tools reach the model through the chat template's `tools` variable; past calls in the
-//! history are rendered back in the same format. `tool_choice` "required" or a named function
-//! constrains the output to such a call by a grammar (structured output), so the call parses
-//! whatever the model; "auto" lets the model choose; "none" drops the tools.
+//! Tool calling in OpenAI's shape (`tools`, `tool_choice`, `tool_calls`), in the format the
+//! model's template teaches it (`dsc serve --tool-call-parser`, vLLM's names):
+//! - `hermes` (Hermes, Qwen2.5; the default): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
+//! - `llama3_json` (Llama-3.1/3.2): the reply is the call itself, `{"name": ..., "parameters":
+//!   {...}}` (or "arguments"), after an optional `<|python_tag|>`, several joined by `;`;
+//! - `deepseek_v3` (DeepSeek-V3/R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`
+//!   then the arguments in a ```json fence, `<｜tool▁call▁end｜>` each, `<｜tool▁calls▁end｜>`.
+//! The server turns them into `tool_calls`. The tools reach the model through the chat
+//! template's `tools` variable; past calls in the history are rendered back in the same format.
+//! `tool_choice` "required" or a named function constrains the output to such a call by a
+//! grammar (structured output), so the call parses whatever the model (hermes, llama3_json;
+//! DeepSeek's markers are special tokens the grammar's text cannot name: a 400); "auto" lets
+//! the model choose; "none" drops the tools.
 
 use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const PYTHON_TAG: &str = "<|python_tag|>";
+const DS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const DS_END: &str = "<｜tool▁calls▁end｜>";
+const DS_CALL: &str = "<｜tool▁call▁begin｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
+
+/// The tool-call format of the served model (`--tool-call-parser`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Parser {
+    #[default]
+    Hermes,
+    Llama3Json,
+    DeepseekV3,
+}
+
+impl Parser {
+    /// vLLM's parser name; None for an unknown one.
+    pub fn parse(name: &str) -> Option<Parser> {
+        match name {
+            "hermes" => Some(Parser::Hermes),
+            "llama3_json" => Some(Parser::Llama3Json),
+            "deepseek_v3" => Some(Parser::DeepseekV3),
+            _ => None,
+        }
+    }
+    pub const NAMES: &'static str = "hermes, llama3_json, deepseek_v3";
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Choice {
@@ -24,10 +58,11 @@ pub struct Tools {
     /// the `tools` list as sent (type function)
     pub list: Vec<Value>,
     pub choice: Choice,
+    pub parser: Parser,
 }
 
 /// The `tools` / `tool_choice` of a chat body; errors name the field.
-pub fn parse(v: &Value) -> Result<Option<Tools>, (String, &'static str)> {
+pub fn parse(v: &Value, parser: Parser) -> Result<Option<Tools>, (String, &'static str)> {
     let list = match v.get("tools") {
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a.clone(),
@@ -57,7 +92,10 @@ pub fn parse(v: &Value) -> Result<Option<Tools>, (String, &'static str)> {
             _ => Err(("`tool_choice` asks for a tool call and `tools` is empty".into(), "tool_choice")),
         };
     }
-    Ok(Some(Tools { list, choice }))
+    if parser == Parser::DeepseekV3 && choice != Choice::Auto {
+        return Err(("`tool_choice` required or named is not available with the deepseek_v3 tool-call format (its markers are special tokens a grammar cannot spell); use auto".into(), "tool_choice"));
+    }
+    Ok(Some(Tools { list, choice, parser }))
 }
 
 impl Tools {
@@ -69,19 +107,35 @@ impl Tools {
             let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
             json!({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false})
         };
+        // (Llama-3 names the arguments "parameters")
+        let key = if self.parser == Parser::Llama3Json { "parameters" } else { "arguments" };
+        let call = |t: &Value| {
+            let mut c = call(t);
+            if key != "arguments" {
+                let props = c["properties"].as_object_mut().expect("built above");
+                let a = props.remove("arguments").expect("built above");
+                props.insert(key.into(), a);
+                c["required"] = json!(["name", key]);
+            }
+            c
+        };
         let schema = match &self.choice {
             Choice::Auto => return None,
             Choice::Named(n) => call(self.list.iter().find(|t| t["function"]["name"] == json!(n)).expect("checked in parse")),
             Choice::Required => json!({"anyOf": self.list.iter().map(call).collect::<Vec<_>>()}),
         };
-        Some(format!("start: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n"))
+        match self.parser {
+            Parser::Hermes => Some(format!("start: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n")),
+            Parser::Llama3Json => Some(format!("start: call\ncall: %json {schema}\n")),
+            Parser::DeepseekV3 => None,
+        }
     }
 }
 
 /// The text of past calls, as the model writes them (an assistant message's `tool_calls` in the
 /// history).
-pub fn render_calls(calls: &[Value]) -> String {
-    calls
+pub fn render_calls(parser: Parser, calls: &[Value]) -> String {
+    let each: Vec<String> = calls
         .iter()
         .map(|c| {
             let f = &c["function"];
@@ -90,15 +144,116 @@ pub fn render_calls(calls: &[Value]) -> String {
                 Value::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
                 other => other.clone(),
             };
-            format!("{OPEN}\n{}\n{CLOSE}", json!({"name": f["name"], "arguments": args}))
+            match parser {
+                Parser::Hermes => format!("{OPEN}\n{}\n{CLOSE}", json!({"name": f["name"], "arguments": args})),
+                Parser::Llama3Json => json!({"name": f["name"], "parameters": args}).to_string(),
+                Parser::DeepseekV3 => format!("{DS_CALL}function{DS_SEP}{}\n```json\n{args}\n```{DS_CALL_END}", f["name"].as_str().unwrap_or_default()),
+            }
         })
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    match parser {
+        Parser::Hermes => each.join("\n"),
+        Parser::Llama3Json => each.join("; "),
+        Parser::DeepseekV3 => format!("{DS_BEGIN}{}{DS_END}", each.concat()),
+    }
 }
 
 /// Split a completion into its content (None when only calls) and its `tool_calls` (OpenAI's
 /// shape, ids `call_{id}_{k}`). A block that is not a JSON call stays in the content.
-pub fn extract(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
+pub fn extract(parser: Parser, text: &str, id: &str) -> (Option<String>, Vec<Value>) {
+    match parser {
+        Parser::Hermes => extract_hermes(text, id),
+        Parser::Llama3Json => extract_llama3(text, id),
+        Parser::DeepseekV3 => extract_deepseek(text, id),
+    }
+}
+
+/// One call in OpenAI's shape.
+fn call_value(id: &str, k: usize, name: &Value, args: &Value) -> Value {
+    let args = if args.is_null() { json!({}) } else { args.clone() };
+    json!({"id": format!("call_{id}_{k}"), "type": "function", "function": {"name": name, "arguments": args.to_string()}})
+}
+
+/// Llama-3: the whole reply (after an optional `<|python_tag|>`) is one JSON call or several
+/// joined by `;`, each {"name", "parameters" | "arguments"}; anything else is content.
+fn extract_llama3(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
+    let body = text.trim_start();
+    let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim();
+    let pieces = || -> Option<Vec<Value>> {
+        let mut out = vec![];
+        for piece in split_top_level(body, ';') {
+            let c: Value = serde_json::from_str(piece.trim()).ok()?;
+            let args = if c["parameters"].is_null() { &c["arguments"] } else { &c["parameters"] };
+            if !c["name"].is_string() || !(args.is_object() || args.is_null()) {
+                return None;
+            }
+            out.push(call_value(id, out.len(), &c["name"], args));
+        }
+        Some(out)
+    };
+    match pieces() {
+        Some(calls) if !body.is_empty() => (None, calls),
+        _ => (Some(text.to_string()), vec![]),
+    }
+}
+
+/// `s` split at `sep` outside JSON strings and brackets.
+fn split_top_level(s: &str, sep: char) -> Vec<&str> {
+    let (mut out, mut depth, mut in_str, mut esc, mut start) = (vec![], 0i32, false, false, 0);
+    for (i, ch) in s.char_indices() {
+        if in_str {
+            match (esc, ch) {
+                (true, _) => esc = false,
+                (false, '\\') => esc = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match ch {
+            '"' => in_str = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            c if c == sep && depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// DeepSeek-V3: the content before `<｜tool▁calls▁begin｜>`, then each
+/// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`.
+fn extract_deepseek(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
+    let Some(i) = text.find(DS_BEGIN) else { return (Some(text.to_string()), vec![]) };
+    let (content, mut rest) = (&text[..i], &text[i + DS_BEGIN.len()..]);
+    let mut calls = vec![];
+    while let Some(j) = rest.find(DS_CALL) {
+        let after = &rest[j + DS_CALL.len()..];
+        let Some(e) = after.find(DS_CALL_END) else { break };
+        let one = &after[..e];
+        let parsed = one.split_once(DS_SEP).and_then(|(_, r)| {
+            let (name, args) = r.split_once('\n')?;
+            let args = args.trim().strip_prefix("```json").unwrap_or(args.trim()).trim_end().strip_suffix("```").unwrap_or(args.trim()).trim();
+            Some((name.trim().to_string(), serde_json::from_str::<Value>(args).ok()?))
+        });
+        match parsed {
+            Some((name, args)) => calls.push(call_value(id, calls.len(), &json!(name), &args)),
+            None => return (Some(text.to_string()), vec![]),
+        }
+        rest = &after[e + DS_CALL_END.len()..];
+    }
+    if calls.is_empty() {
+        return (Some(text.to_string()), vec![]);
+    }
+    (Some(content.to_string()).filter(|c| !c.trim().is_empty()), calls)
+}
+
+/// Hermes: each `<tool_call>` block that holds a JSON call; others stay in the content.
+fn extract_hermes(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
     let (mut content, mut calls, mut rest) = (String::new(), vec![], text);
     while let Some(i) = rest.find(OPEN) {
         let after = &rest[i + OPEN.len()..];
@@ -107,8 +262,7 @@ pub fn extract(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
         match call {
             Some(c) => {
                 content.push_str(&rest[..i]);
-                let args = if c["arguments"].is_null() { json!({}) } else { c["arguments"].clone() };
-                calls.push(json!({"id": format!("call_{id}_{}", calls.len()), "type": "function", "function": {"name": c["name"], "arguments": args.to_string()}}));
+                calls.push(call_value(id, calls.len(), &c["name"], &c["arguments"]));
             }
             None => content.push_str(&rest[..i + OPEN.len() + j + CLOSE.len()]),
         }
@@ -119,28 +273,56 @@ pub fn extract(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
     (content, calls)
 }
 
-/// Streaming with tools: text goes out as content until a `<tool_call>` may be starting; from
-/// there it is held and, at the end, parsed ([`extract`]) into the calls.
+/// Streaming with tools: text goes out as content until a call may be starting (hermes: a
+/// `<tool_call>`, deepseek_v3: `<｜tool▁calls▁begin｜>`; llama3_json: a reply whose first
+/// non-space text is `{` or `<|python_tag|>`); from there it is held and, at the end, parsed
+/// ([`extract`]) into the calls.
 #[derive(Debug, Default)]
 pub struct ToolStream {
+    parser: Parser,
     held: String,
     in_call: bool,
+    /// (llama3_json) the reply's start was seen to be plain content
+    content: bool,
 }
 
 impl ToolStream {
+    pub fn new(parser: Parser) -> ToolStream {
+        ToolStream { parser, ..Default::default() }
+    }
+
     /// The content a delta adds now.
     pub fn feed(&mut self, delta: &str) -> String {
         self.held.push_str(delta);
         if self.in_call {
             return String::new();
         }
-        if let Some(i) = self.held.find(OPEN) {
+        let open = match self.parser {
+            Parser::Hermes => OPEN,
+            Parser::DeepseekV3 => DS_BEGIN,
+            Parser::Llama3Json => {
+                if self.content {
+                    return std::mem::take(&mut self.held);
+                }
+                let t = self.held.trim_start();
+                if t.is_empty() || (PYTHON_TAG.starts_with(t) && t.len() < PYTHON_TAG.len()) {
+                    return String::new();
+                }
+                if t.starts_with('{') || t.starts_with(PYTHON_TAG) {
+                    self.in_call = true;
+                    return String::new();
+                }
+                self.content = true;
+                return std::mem::take(&mut self.held);
+            }
+        };
+        if let Some(i) = self.held.find(open) {
             self.in_call = true;
             let out = self.held[..i].to_string();
             self.held.drain(..i);
             return out;
         }
-        let keep = crate::stop::partial_suffix(&self.held, OPEN);
+        let keep = crate::stop::partial_suffix(&self.held, open);
         let out = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
         out
@@ -148,7 +330,7 @@ impl ToolStream {
 
     /// At the end: (the rest of the content, the calls).
     pub fn finish(&mut self, id: &str) -> (String, Vec<Value>) {
-        let (c, calls) = extract(&std::mem::take(&mut self.held), id);
+        let (c, calls) = extract(self.parser, &std::mem::take(&mut self.held), id);
         (c.unwrap_or_default(), calls)
     }
 }
@@ -157,38 +339,42 @@ impl ToolStream {
 mod tests {
     use super::*;
 
+    fn parse_h(v: &Value) -> Result<Option<Tools>, (String, &'static str)> {
+        parse(v, Parser::Hermes)
+    }
+
     fn body(choice: Value) -> Value {
         json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "now"}}], "tool_choice": choice})
     }
 
     #[test]
     fn choices_parse_and_bad_ones_name_the_field() {
-        assert_eq!(parse(&body(json!("auto"))).unwrap().unwrap().choice, Choice::Auto);
-        assert_eq!(parse(&body(json!("none"))).unwrap(), None);
-        assert_eq!(parse(&body(json!({"type": "function", "function": {"name": "now"}}))).unwrap().unwrap().choice, Choice::Named("now".into()));
-        assert_eq!(parse(&body(json!({"type": "function", "function": {"name": "fly"}}))).unwrap_err().1, "tool_choice");
-        assert_eq!(parse(&json!({"tools": [{"type": "function"}]})).unwrap_err().1, "tools");
-        assert_eq!(parse(&json!({"tool_choice": "required"})).unwrap_err().1, "tool_choice");
-        assert_eq!(parse(&json!({})).unwrap(), None);
-        let g = parse(&body(json!("required"))).unwrap().unwrap().grammar().unwrap();
+        assert_eq!(parse_h(&body(json!("auto"))).unwrap().unwrap().choice, Choice::Auto);
+        assert_eq!(parse_h(&body(json!("none"))).unwrap(), None);
+        assert_eq!(parse_h(&body(json!({"type": "function", "function": {"name": "now"}}))).unwrap().unwrap().choice, Choice::Named("now".into()));
+        assert_eq!(parse_h(&body(json!({"type": "function", "function": {"name": "fly"}}))).unwrap_err().1, "tool_choice");
+        assert_eq!(parse_h(&json!({"tools": [{"type": "function"}]})).unwrap_err().1, "tools");
+        assert_eq!(parse_h(&json!({"tool_choice": "required"})).unwrap_err().1, "tool_choice");
+        assert_eq!(parse_h(&json!({})).unwrap(), None);
+        let g = parse_h(&body(json!("required"))).unwrap().unwrap().grammar().unwrap();
         assert!(g.starts_with("start: \"<tool_call>\\n\" call") && g.contains("anyOf") && g.contains("\"const\":\"now\""), "{g}");
-        assert_eq!(parse(&body(json!("auto"))).unwrap().unwrap().grammar(), None);
+        assert_eq!(parse_h(&body(json!("auto"))).unwrap().unwrap().grammar(), None);
     }
 
     #[test]
     fn calls_extract_whole_and_streamed() {
         let text =
             "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call><tool_call>not json</tool_call>";
-        let (c, calls) = extract(text, "7");
+        let (c, calls) = extract(Parser::Hermes, text, "7");
         assert_eq!(c.as_deref(), Some("Let me check.\n<tool_call>not json</tool_call>"));
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0], json!({"id": "call_7_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}));
         assert_eq!(calls[1]["function"]["arguments"], json!("{}"));
-        assert_eq!(extract("<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>", "1").0, None, "only a call: no content");
-        assert_eq!(extract("plain", "1"), (Some("plain".into()), vec![]));
+        assert_eq!(extract(Parser::Hermes, "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>", "1").0, None, "only a call: no content");
+        assert_eq!(extract(Parser::Hermes, "plain", "1"), (Some("plain".into()), vec![]));
         // streamed at every cut: the content before the call goes out, the call at the end
         for i in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
-            let mut s = ToolStream::default();
+            let mut s = ToolStream::new(Parser::Hermes);
             let mut out = s.feed(&text[..i]);
             out.push_str(&s.feed(&text[i..]));
             let (rest, calls) = s.finish("7");
@@ -196,7 +382,68 @@ mod tests {
             assert_eq!((out.as_str(), calls.len()), ("Let me check.\n<tool_call>not json</tool_call>", 2), "cut at {i}");
         }
         // past calls render back in the model's format
-        let h = render_calls(&[json!({"id": "c", "type": "function", "function": {"name": "now", "arguments": "{}"}})]);
+        let h = render_calls(Parser::Hermes, &[json!({"id": "c", "type": "function", "function": {"name": "now", "arguments": "{}"}})]);
         assert_eq!(h, "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>", "name first (serde_json keeps insertion order: llguidance turns on preserve_order)");
+    }
+
+    /// Text split into content and calls, whole and streamed at every cut (the same either way).
+    fn both_ways(parser: Parser, text: &str) -> (String, Vec<Value>) {
+        let (c, calls) = extract(parser, text, "9");
+        let whole = (c.unwrap_or_default(), calls);
+        for i in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+            let mut s = ToolStream::new(parser);
+            let mut out = s.feed(&text[..i]);
+            out.push_str(&s.feed(&text[i..]));
+            let (rest, calls) = s.finish("9");
+            out.push_str(&rest);
+            assert_eq!((&out, &calls), (&whole.0, &whole.1), "{parser:?} cut at {i} of {text:?}");
+        }
+        whole
+    }
+
+    #[test]
+    fn llama3_json_calls_parse_render_and_stream() {
+        let p = Parser::Llama3Json;
+        let (c, calls) = both_ways(p, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris; France\"}}; {\"name\": \"now\", \"parameters\": {}}");
+        assert_eq!(c, "");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0]["function"], json!({"name": "get_weather", "arguments": "{\"city\":\"Paris; France\"}"}));
+        assert_eq!(calls[1]["id"], json!("call_9_1"));
+        let (c, calls) = both_ways(p, "  {\"name\": \"now\", \"arguments\": {}}");
+        assert_eq!((c.as_str(), calls.len()), ("", 1), "arguments accepted for parameters, leading space");
+        // prose, or a JSON object that is not a call: all content
+        assert_eq!(both_ways(p, "It is sunny {really}."), ("It is sunny {really}.".to_string(), vec![]));
+        assert_eq!(both_ways(p, "{\"city\": \"Paris\"}").1, Vec::<Value>::new());
+        assert_eq!(both_ways(p, "{\"name\": \"now\"} and more").1, Vec::<Value>::new());
+        // past calls as the model writes them; they parse back
+        let past = [json!({"function": {"name": "now", "arguments": "{}"}}), json!({"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}})];
+        let r = render_calls(p, &past);
+        assert_eq!(r, "{\"name\":\"now\",\"parameters\":{}}; {\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}");
+        assert_eq!(extract(p, &r, "1").1.len(), 2);
+        // required: the grammar is the bare call with "parameters"
+        let g = parse(&body(json!("required")), p).unwrap().unwrap().grammar().unwrap();
+        assert!(g.starts_with("start: call\ncall: %json") && g.contains("\"parameters\"") && !g.contains("tool_call"), "{g}");
+    }
+
+    #[test]
+    fn deepseek_v3_calls_parse_render_and_stream() {
+        let p = Parser::DeepseekV3;
+        let text = "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let (c, calls) = both_ways(p, text);
+        assert_eq!(c, "Checking.");
+        assert_eq!(calls.iter().map(|c| c["function"]["name"].as_str().unwrap()).collect::<Vec<_>>(), ["get_weather", "now"]);
+        assert_eq!(calls[0]["function"]["arguments"], json!("{\"city\":\"Paris\"}"));
+        assert_eq!(both_ways(p, "no calls here").1, Vec::<Value>::new());
+        // a broken call leaves everything as content
+        assert_eq!(both_ways(p, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{oops\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>").1, Vec::<Value>::new());
+        let past = [json!({"function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}})];
+        let r = render_calls(p, &past);
+        assert_eq!(r, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+        assert_eq!(extract(p, &r, "1").1[0]["function"]["name"], json!("get_weather"));
+        // required / named need a grammar over special tokens: refused, naming tool_choice
+        assert_eq!(parse(&body(json!("required")), p).unwrap_err().1, "tool_choice");
+        assert!(parse(&body(json!("auto")), p).unwrap().is_some());
+        assert_eq!(Parser::parse("deepseek_v3"), Some(p));
+        assert_eq!(Parser::parse("mistral"), None);
     }
 }
