@@ -59,6 +59,116 @@ pub const MAX_CHAT_TEMPLATE_BYTES: usize = 256 << 10;
 /// minijinja instructions one chat-template rendering may take (a template that loops forever
 /// fails instead of hanging the request)
 pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// The environment chat templates render in, as HF's `apply_chat_template` builds it
+/// (transformers' `_compile_jinja_template`): `trim_blocks` and `lstrip_blocks` on, loop
+/// controls (`{% break %}`, `{% continue %}`), `raise_exception`, `strftime_now` and its own
+/// `tojson` (Python's `json.dumps`: ", " and ": " separators, non-ASCII kept, no HTML escaping,
+/// `indent`); Python's str / dict / list methods templates call (`.strip()`, `.split()`,
+/// `.items()`, `.startswith()`, ...) by minijinja-contrib's pycompat. Fuel and recursion bounded.
+pub fn chat_environment() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
+    env.set_recursion_limit(64);
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> { Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg)) });
+    env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+    env.add_filter("tojson", tojson);
+    env
+}
+
+/// HF's `tojson`: `json.dumps(x, ensure_ascii=False, indent=indent)`.
+fn tojson(v: minijinja::Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<String, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let j = serde_json::to_value(&v).map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = vec![];
+    let r = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            serde::Serialize::serialize(&j, &mut serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad)))
+        }
+        None => serde::Serialize::serialize(&j, &mut serde_json::Serializer::with_formatter(&mut out, PyJson)),
+    };
+    r.map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
+}
+
+/// Python's `json.dumps` separators without indent: ", " between items, ": " after keys.
+struct PyJson;
+
+impl serde_json::ser::Formatter for PyJson {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// HF's `strftime_now(format)`: the current UTC time in strftime's %Y %y %m %d %e %B %b %H %M %S
+/// %j %%; another directive is an error naming it.
+fn strftime_now(fmt: &str) -> std::result::Result<String, minijinja::Error> {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format_utc(secs, fmt)
+}
+
+/// strftime of `secs` since the epoch (UTC) for [`strftime_now`].
+fn format_utc(secs: u64, fmt: &str) -> std::result::Result<String, minijinja::Error> {
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // civil from days (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cum[(m - 1) as usize] + d + (leap && m > 2) as i64;
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y % 100)),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:>2}")),
+            Some('B') => out.push_str(MONTHS[(m - 1) as usize]),
+            Some('b') => out.push_str(&MONTHS[(m - 1) as usize][..3]),
+            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rem / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('%') => out.push('%'),
+            other => return Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: %{} is not supported", other.map(String::from).unwrap_or_default()))),
+        }
+    }
+    Ok(out)
+}
 /// bytes a rendered chat prompt may have
 pub const MAX_RENDERED_BYTES: usize = 16 << 20;
 
@@ -199,10 +309,7 @@ impl Tokenizer {
     /// template's `tools` variable, as HF's `apply_chat_template(tools=...)` passes them.
     pub fn render_chat(&self, messages: &[(String, String)], tools: Option<&serde_json::Value>) -> Result<String> {
         let tpl = self.info.chat_template.as_deref().ok_or_else(|| RuntimeError::Template("the model has no chat template".into()))?;
-        let mut env = minijinja::Environment::new();
-        env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_recursion_limit(64);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> { Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg)) });
+        let mut env = chat_environment();
         env.add_template("chat", tpl).map_err(|e| RuntimeError::Template(e.to_string()))?;
         let msgs: Vec<_> = messages.iter().map(|(r, c)| minijinja::context! { role => r, content => c }).collect();
         let tok = |id: Option<u32>| id.and_then(|i| self.tk.id_to_token(i)).unwrap_or_default();
@@ -294,5 +401,35 @@ impl Tokenizer {
             return Ok(vec![]);
         }
         Ok(self.plain.encode(text, false).map_err(|e| RuntimeError::Tokenizer(e.to_string()))?.get_ids().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+
+    /// dsc's chat environment renders a template using the Jinja features HF chat templates
+    /// lean on (whitespace control as HF sets it, loop controls, Python string/dict methods,
+    /// HF's tojson with and without indent, slicing) exactly as HF's environment does
+    /// (tests/fixtures/chat/features-expected.json, written by hf_render.py with jinja2).
+    #[test]
+    fn chat_templates_render_as_hf_renders_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat");
+        let tpl = std::fs::read_to_string(dir.join("features.jinja")).unwrap();
+        let expected: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(dir.join("features-expected.json")).unwrap()).unwrap();
+        let mut env = chat_environment();
+        env.add_template("t", &tpl).unwrap();
+        for e in &expected {
+            let got = env.get_template("t").unwrap().render(minijinja::Value::from_serialize(&e["case"])).unwrap();
+            assert_eq!(got, e["rendered"].as_str().unwrap(), "case {}", e["case"]);
+        }
+        // strftime_now (Llama-3.1/3.2's date line) and an unknown directive named
+        assert_eq!(format_utc(1_733_486_400, "%d %b %Y, %B %e %H:%M:%S %j %y %%").unwrap(), "06 Dec 2024, December  6 12:00:00 341 24 %");
+        assert_eq!(format_utc(951_782_400, "%Y-%m-%d").unwrap(), "2000-02-29");
+        assert!(format_utc(0, "%Q").unwrap_err().to_string().contains("%Q"));
+        let year = env.render_str("{{ strftime_now('%Y') }}", ()).unwrap();
+        assert!(year.len() == 4 && year.as_str() >= "2024", "{year}");
+        // raise_exception stops the render with its message
+        assert!(env.render_str("{{ raise_exception('no tools here') }}", ()).unwrap_err().to_string().contains("no tools here"));
     }
 }
