@@ -797,6 +797,17 @@ impl Body {
             }
         }
     }
+    /// The dynamic shared memory (`%dsm`) and its address rounded up to 1 KB (i64): where the
+    /// 128-byte swizzle's 1024-byte atoms start (the kernel's launch asks for the 1 KB pad)
+    pub(crate) fn smem_base_1k(&mut self) -> String {
+        self.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
+        let base = self.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
+        let base = self.idx64(&base);
+        let c1023 = self.ci64(1023);
+        let base = self.op(&format!("arith.addi {base}, {c1023} : i64"));
+        let cmask = self.ci64(!1023);
+        self.op(&format!("arith.andi {base}, {cmask} : i64"))
+    }
     /// A wgmma shared-memory matrix descriptor of the byte address `addr` (i64): bits 4..17 of
     /// it as the start field, OR'd with `fixed` (LBO, SBO and the swizzle mode)
     pub(crate) fn smem_desc(&mut self, addr: &str, fixed: u64) -> String {

@@ -338,13 +338,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
     let sk = b.split_k.unwrap_or(1) as i64;
     let nk = (k / 64) as i64 / sk;
     let nacc = wn / 2;
-    b.line("%dsm = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>");
-    let base = b.op("memref.extract_aligned_pointer_as_index %dsm : memref<?xi8, #gpu.address_space<workgroup>> -> index");
-    let base = b.idx64(&base);
-    let c1023 = b.ci64(1023);
-    let base = b.op(&format!("arith.addi {base}, {c1023} : i64"));
-    let cmask = b.ci64(!1023);
-    let base = b.op(&format!("arith.andi {base}, {cmask} : i64"));
+    let base = b.smem_base_1k();
     let t = b.op("gpu.thread_id x");
     let bx = b.op("gpu.block_id x");
     let by = b.op("gpu.block_id y");
