@@ -119,54 +119,20 @@ impl serde_json::ser::Formatter for PyJson {
     }
 }
 
-/// HF's `strftime_now(format)`: the current UTC time in strftime's %Y %y %m %d %e %B %b %H %M %S
-/// %j %%; another directive is an error naming it.
+/// HF's `strftime_now(format)`: the current UTC time in strftime's format.
 fn strftime_now(fmt: &str) -> std::result::Result<String, minijinja::Error> {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format_utc(secs, fmt)
 }
 
-/// strftime of `secs` since the epoch (UTC) for [`strftime_now`].
+/// strftime of `secs` since the epoch (UTC) for [`strftime_now`] (chrono's strftime); a
+/// directive it does not know is an error naming the format.
 fn format_utc(secs: u64, fmt: &str) -> std::result::Result<String, minijinja::Error> {
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // civil from days (Howard Hinnant's algorithm)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + (m <= 2) as i64;
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = cum[(m - 1) as usize] + d + (leap && m > 2) as i64;
+    use std::fmt::Write;
+    let bad = || minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: `{fmt}` is not a strftime format"));
+    let t = chrono::DateTime::from_timestamp(secs as i64, 0).ok_or_else(bad)?;
     let mut out = String::new();
-    let mut chars = fmt.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('y') => out.push_str(&format!("{:02}", y % 100)),
-            Some('m') => out.push_str(&format!("{m:02}")),
-            Some('d') => out.push_str(&format!("{d:02}")),
-            Some('e') => out.push_str(&format!("{d:>2}")),
-            Some('B') => out.push_str(MONTHS[(m - 1) as usize]),
-            Some('b') => out.push_str(&MONTHS[(m - 1) as usize][..3]),
-            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
-            Some('M') => out.push_str(&format!("{:02}", rem / 60 % 60)),
-            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
-            Some('j') => out.push_str(&format!("{yday:03}")),
-            Some('%') => out.push('%'),
-            other => return Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: %{} is not supported", other.map(String::from).unwrap_or_default()))),
-        }
-    }
+    write!(out, "{}", t.format(fmt)).map_err(|_| bad())?;
     Ok(out)
 }
 /// bytes a rendered chat prompt may have

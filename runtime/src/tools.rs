@@ -179,50 +179,28 @@ fn call_value(id: &str, k: usize, name: &Value, args: &Value) -> Value {
 fn extract_llama3(text: &str, id: &str) -> (Option<String>, Vec<Value>) {
     let body = text.trim_start();
     let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim();
+    // (JSON values one at a time, `;` between them: a `;` inside a string stays there)
     let pieces = || -> Option<Vec<Value>> {
-        let mut out = vec![];
-        for piece in split_top_level(body, ';') {
-            let c: Value = serde_json::from_str(piece.trim()).ok()?;
+        let (mut out, mut rest) = (vec![], body);
+        loop {
+            let mut de = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            let c = de.next()?.ok()?;
             let args = if c["parameters"].is_null() { &c["arguments"] } else { &c["parameters"] };
             if !c["name"].is_string() || !(args.is_object() || args.is_null()) {
                 return None;
             }
             out.push(call_value(id, out.len(), &c["name"], args));
+            rest = rest[de.byte_offset()..].trim_start();
+            if rest.is_empty() {
+                return Some(out);
+            }
+            rest = rest.strip_prefix(';')?.trim_start();
         }
-        Some(out)
     };
     match pieces() {
         Some(calls) if !body.is_empty() => (None, calls),
         _ => (Some(text.to_string()), vec![]),
     }
-}
-
-/// `s` split at `sep` outside JSON strings and brackets.
-fn split_top_level(s: &str, sep: char) -> Vec<&str> {
-    let (mut out, mut depth, mut in_str, mut esc, mut start) = (vec![], 0i32, false, false, 0);
-    for (i, ch) in s.char_indices() {
-        if in_str {
-            match (esc, ch) {
-                (true, _) => esc = false,
-                (false, '\\') => esc = true,
-                (false, '"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
-        match ch {
-            '"' => in_str = true,
-            '{' | '[' => depth += 1,
-            '}' | ']' => depth -= 1,
-            c if c == sep && depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + c.len_utf8();
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
 }
 
 /// DeepSeek-V3: the content before `<｜tool▁calls▁begin｜>`, then each

@@ -251,8 +251,9 @@ fn emit_gemm_f8(b: &mut Body, k: usize, residual: bool, bn: usize, stages: usize
     let wint = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
     let xstride = b.ci64((k + k / 32) as i64);
     let wstride = b.ci64((k / 512 * 528) as i64);
-    // this thread's copies: (global byte address at K step 0, byte offset in a stage, bytes
-    // (16 or 4, 0 past M / N: zero fill), W's layout (the step's place in its super-block))
+    // this thread's 16-byte copies: (global byte address at K step 0, byte offset in a stage,
+    // bytes (16, or 0 past M / N: zero fill), whether W's (its step offset follows the
+    // super-blocks))
     let mut slots: Vec<(String, String, String, bool)> = vec![];
     for (is_w, rows) in [(false, F8_BM), (true, bn)] {
         for i in 0..rows * 8 / 256 {
