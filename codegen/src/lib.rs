@@ -4,6 +4,7 @@
 //! MLIR passes, translates to LLVM IR and emits PTX per [`GpuTarget`]; [`compile_kernels`]
 //! does both for a set of specs and keeps every stage's text for the dumps.
 
+pub mod cpu;
 pub mod kernels;
 pub mod options;
 pub mod pipeline;

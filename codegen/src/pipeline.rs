@@ -46,7 +46,7 @@ impl GpuTarget {
     }
 }
 
-fn mlir_context() -> Context {
+pub(crate) fn mlir_context() -> Context {
     static PASSES: Once = Once::new();
     PASSES.call_once(register_all_passes);
     let registry = DialectRegistry::new();

@@ -32,6 +32,9 @@ pub struct Compiled {
     pub schedule: Vec<(String, String)>,
     /// ranks the graph was partitioned for (1: whole model on one GPU)
     pub tensor_parallel: usize,
+    /// the CPU program (compiled x86-64 matmul kernels), or why there is none
+    pub cpu: Option<dsc_runtime::plan::CpuProgram>,
+    pub cpu_skipped: Option<String>,
 }
 
 /// Everything a compile can be asked to do differently. `Default`: what `dsc compile` does with
@@ -117,7 +120,54 @@ pub fn compile_full(model_toml: &Path, o: &CompileOptions) -> anyhow::Result<Com
             (None, Some(e.to_string()), None)
         }
     };
-    Ok(Compiled { model, graph, reports, gpu, gpu_skipped, kernels, schedule, tensor_parallel })
+    let (cpu, cpu_skipped) = match lower_cpu(&graph) {
+        Ok(Some(p)) => (Some(p), None),
+        Ok(None) => (None, Some("no matmul weight the CPU kernels take".to_string())),
+        Err(e) => {
+            tracing::warn!(target: "dsc::codegen", "no CPU program: {e}");
+            (None, Some(e.to_string()))
+        }
+    };
+    Ok(Compiled { model, graph, reports, gpu, gpu_skipped, kernels, schedule, tensor_parallel, cpu, cpu_skipped })
+}
+
+/// The weight types of the graph's `x · Wᵀ` matmuls that the CPU kernels take
+/// (`dsc_codegen::cpu::matmul::fits`), in first-use order.
+pub fn cpu_matmul_dtypes(graph: &dsc_ir::Graph) -> Vec<dsc_ir::DType> {
+    let mut out = vec![];
+    for id in graph.node_ids() {
+        let n = graph.node(id);
+        let ops = graph.operands(id);
+        let weights: &[dsc_ir::NodeId] = match n.op {
+            dsc_ir::Op::MatMul { transpose_b: true } | dsc_ir::Op::MatMulAct { transpose_b: true, .. } | dsc_ir::Op::MatMulAdd { transpose_b: true } => &ops[1..2],
+            dsc_ir::Op::MatMulCat => &ops[1..],
+            _ => continue,
+        };
+        for &w in weights {
+            let wn = graph.node(w);
+            let dims: Option<Vec<usize>> = wn.ty.shape.iter().map(|d| d.as_const()).collect();
+            if let (dsc_ir::Op::Weight, Some([r, c])) = (&wn.op, dims.as_deref()) {
+                if dsc_codegen::cpu::matmul::fits(wn.ty.dtype, *r, *c) && !out.contains(&wn.ty.dtype) {
+                    out.push(wn.ty.dtype);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Build the CPU kernels the graph's matmuls use, for every x86-64 level (None: none apply).
+pub fn lower_cpu(graph: &dsc_ir::Graph) -> Result<Option<dsc_runtime::plan::CpuProgram>, dsc_codegen::CodegenError> {
+    use base64::Engine as _;
+    let dtypes = cpu_matmul_dtypes(graph);
+    if dtypes.is_empty() {
+        return Ok(None);
+    }
+    let m = dsc_codegen::cpu::compile_cpu(&dtypes)?;
+    Ok(Some(dsc_runtime::plan::CpuProgram {
+        matmul_dtypes: m.dtypes.iter().map(|d| d.name().to_string()).collect(),
+        libraries: m.libraries.iter().map(|(t, so)| (t.name().to_string(), base64::engine::general_purpose::STANDARD.encode(so))).collect(),
+    }))
 }
 
 fn scalar(s: &dsc_codegen::schedule::Scalar) -> Scalar {
@@ -433,6 +483,7 @@ pub fn plan_header(c: &Compiled) -> anyhow::Result<PlanHeader> {
             precision: m.precision.clone(),
         },
         gpu: c.gpu.clone(),
+        cpu: c.cpu.clone(),
         tensor_parallel: c.tensor_parallel,
     })
 }

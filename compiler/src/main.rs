@@ -130,6 +130,9 @@ enum Cmd {
     Ppl(dsc_runtime::ppl::PplArgs),
     /// Print what a plan holds
     Inspect(cli::InspectArgs),
+    /// Prefill and decode tokens/s of a plan on this CPU (the compiled kernels, or
+    /// `--reference`); bench/cpu.sh runs it beside llama.cpp
+    BenchCpu(cli::BenchCpuArgs),
     /// The token ids a plan's tokenizer gives a text, as JSON
     Tokenize(cli::TokenizeArgs),
     /// Serve a plan over an OpenAI-compatible HTTP API
@@ -364,6 +367,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => cli::run(&a, &runtime_options()?),
         Cmd::Ppl(a) => dsc_runtime::ppl::run(&a, &runtime_options()?).map(|_| ()),
         Cmd::Inspect(a) => cli::inspect(&a),
+        Cmd::BenchCpu(a) => cli::bench_cpu(&a).map(|_| ()),
         Cmd::Tokenize(a) => cli::tokenize(&a),
         Cmd::Serve(a) => cli::serve(&a, &runtime_options()?),
     }

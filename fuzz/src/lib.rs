@@ -368,6 +368,7 @@ pub fn tiny_plan_header() -> Vec<u8> {
         tokenizer: Some(tiny_plan_tokenizer()),
         weights: PlanWeights { source: "seeded (seed 1)".into(), source_sha256: None, total_bytes: tensors.iter().map(|t| t.nbytes).sum(), tensors, files: vec![], precision: None },
         gpu: None,
+        cpu: None,
         tensor_parallel: 1,
     };
     serde_json::to_vec_pretty(&h).expect("serialize")

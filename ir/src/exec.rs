@@ -53,6 +53,36 @@ enum Val {
     T(Arc<Tensor>),
     /// a state pool, updated in place
     State(String),
+    /// a weight kept as stored, for the matmul kernels only ([`PackedMatMul`])
+    Packed,
+}
+
+/// Matmuls a backend runs itself on weights as stored (the compiled CPU kernels of a plan):
+/// the executor keeps those weights' bytes instead of widening them to f32, and hands each
+/// `x · Wᵀ` of a matmul op (plain, with activation, residual or bias, or a concatenation)
+/// to [`PackedMatMul::matmul`]; the op's epilogue stays the executor's.
+pub trait PackedMatMul: Send + Sync {
+    /// Whether the kernels take a weight of `dtype` and shape [n, k].
+    fn takes(&self, dtype: DType, n: usize, k: usize) -> bool;
+    /// y[m, n] = x[m, k] · W[n, k]ᵀ with W as stored (`w`: its bytes).
+    fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String>;
+}
+
+/// A weight held as stored for [`PackedMatMul`].
+struct PackedWeight {
+    dtype: DType,
+    n: usize,
+    k: usize,
+    bytes: Vec<u8>,
+}
+
+/// Whether operand `at` of `op` is the weight of an `x · Wᵀ` the matmul kernels can take.
+fn packed_operand(op: &Op, at: usize) -> bool {
+    match op {
+        Op::MatMul { transpose_b: true } | Op::MatMulAct { transpose_b: true, .. } | Op::MatMulAdd { transpose_b: true } => at == 1,
+        Op::MatMulCat => at >= 1,
+        _ => false,
+    }
 }
 
 pub struct Executor<'g> {
@@ -64,6 +94,9 @@ pub struct Executor<'g> {
     collective: Arc<dyn Collective>,
     /// intermediates returned by `run` beside the outputs, by node name (see [`Executor::keep`])
     kept: Vec<NodeId>,
+    /// weights kept as stored for `kernels` (a weight used elsewhere too is also in `weights`)
+    packed: HashMap<NodeId, PackedWeight>,
+    kernels: Option<Arc<dyn PackedMatMul>>,
 }
 
 /// How `all_reduce` nodes combine a tensor across the ranks of a tensor-parallel group.
@@ -142,9 +175,21 @@ impl<'g> Executor<'g> {
     /// the graph) and allocate zeroed state pools. `fixed` binds the symbols that state
     /// shapes use (e.g. `NB`, the KV blocks in the pool).
     pub fn new(graph: &'g Graph, weights: &dyn WeightSource, fixed: BTreeMap<String, usize>) -> Result<Self> {
+        Self::build(graph, weights, fixed, None)
+    }
+
+    /// [`Executor::new`] with matmul kernels that read weights as stored: every weight that only
+    /// feeds the `x · Wᵀ` of matmul ops and that `kernels` takes stays packed (one used elsewhere
+    /// too, e.g. a tied embedding's gather, is also widened for those uses).
+    pub fn with_kernels(graph: &'g Graph, weights: &dyn WeightSource, fixed: BTreeMap<String, usize>, kernels: Arc<dyn PackedMatMul>) -> Result<Self> {
+        Self::build(graph, weights, fixed, Some(kernels))
+    }
+
+    fn build(graph: &'g Graph, weights: &dyn WeightSource, fixed: BTreeMap<String, usize>, kernels: Option<Arc<dyn PackedMatMul>>) -> Result<Self> {
         graph.verify()?;
         let order = graph.topo_order()?;
         let mut w = HashMap::new();
+        let mut packed = HashMap::new();
         for id in graph.leaves(&Op::Weight) {
             let n = graph.node(id);
             let (dtype, shape, bytes) = weights.weight(&n.name).ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: "not found in the weight source".into() })?;
@@ -158,6 +203,33 @@ impl<'g> Executor<'g> {
                 return Err(IrError::Weight { name: n.name.clone(), msg: format!("source has {dtype}{shape:?}, graph expects {}", n.ty) });
             }
             let numel = want.iter().product();
+            if dtype.bytes_for(numel) != Some(bytes.len()) {
+                return Err(IrError::Weight { name: n.name.clone(), msg: format!("{} bytes do not hold {numel} {dtype} elements", bytes.len()) });
+            }
+            // (per use: operand positions the matmul kernels can take it at, and any other)
+            let (mut kernel_uses, mut other_uses) = (false, false);
+            for u in graph.users(id) {
+                for (at, o) in graph.operands(u).into_iter().enumerate() {
+                    if o == id {
+                        if packed_operand(&graph.node(u).op, at) {
+                            kernel_uses = true;
+                        } else {
+                            other_uses = true;
+                        }
+                    }
+                }
+            }
+            if graph.outputs.iter().any(|(_, o)| *o == id) {
+                other_uses = true;
+            }
+            if let (Some(kern), [rows, cols]) = (&kernels, want.as_slice()) {
+                if kernel_uses && kern.takes(dtype, *rows, *cols) {
+                    packed.insert(id, PackedWeight { dtype, n: *rows, k: *cols, bytes: bytes.to_vec() });
+                    if !other_uses {
+                        continue;
+                    }
+                }
+            }
             let data = quant::decode(dtype, bytes, numel).ok_or_else(|| IrError::Weight { name: n.name.clone(), msg: format!("{} bytes do not hold {numel} {dtype} elements", bytes.len()) })?;
             w.insert(id, Arc::new(Tensor::new(want, data)));
         }
@@ -167,7 +239,7 @@ impl<'g> Executor<'g> {
             let shape = n.ty.eval_shape(&fixed).ok_or_else(|| xerr(graph, id, format!("state shape {} needs every symbol bound at creation (bound: {fixed:?})", n.ty)))?;
             states.insert(n.name.clone(), Tensor::zeros(shape));
         }
-        Ok(Executor { graph, order, weights: w, states, fixed, collective: Arc::new(SingleRank), kept: vec![] })
+        Ok(Executor { graph, order, weights: w, states, fixed, collective: Arc::new(SingleRank), kept: vec![], packed, kernels })
     }
 
     /// Run as one rank of a tensor-parallel group (see [`Collective`]).
@@ -253,12 +325,15 @@ impl<'g> Executor<'g> {
             let ops = g.operands(id);
             let val = match &n.op {
                 Op::Input => Val::T(Arc::new(inputs[&n.name].clone())),
-                Op::Weight => Val::T(self.weights[&id].clone()),
+                Op::Weight => match self.weights.get(&id) {
+                    Some(t) => Val::T(t.clone()),
+                    None => Val::Packed,
+                },
                 Op::State => Val::State(n.name.clone()),
                 Op::CacheWrite | Op::RopeCacheWrite { .. } => {
                     let name = match &vals[&ops[0]] {
                         Val::State(s) => s.clone(),
-                        Val::T(_) => return Err(xerr(g, id, "cache operand is not a state")),
+                        Val::T(_) | Val::Packed => return Err(xerr(g, id, "cache operand is not a state")),
                     };
                     let x = tensor(&vals, ops[1], g, id)?;
                     // rope_cache_write: the rows written are rope(x, pos)
@@ -319,6 +394,7 @@ impl<'g> Executor<'g> {
                         match &vals[&v] {
                             Val::State(s) => Ok(&self.states[s]),
                             Val::T(t) => Ok(t.as_ref()),
+                            Val::Packed => Err(xerr(g, id, "a packed weight is not a cache")),
                         }
                     };
                     let t = |i: usize| tensor(&vals, ops[i], g, id);
@@ -330,6 +406,7 @@ impl<'g> Executor<'g> {
                     .map_err(|m| xerr(g, id, m))?;
                     Val::T(Arc::new(out))
                 }
+                op if packed_operand(op, 1) && ops[1..].iter().any(|o| self.packed.contains_key(o)) => Val::T(Arc::new(self.packed_matmul(op, &ops, &vals, id)?)),
                 op => {
                     let args: Vec<&Tensor> = ops.iter().map(|&o| tensor(&vals, o, g, id)).collect::<Result<_>>()?;
                     let want = n.ty.eval_shape(&bind);
@@ -369,6 +446,7 @@ impl<'g> Executor<'g> {
             let t = match &vals[id] {
                 Val::T(t) => t.as_ref().clone(),
                 Val::State(s) => self.states[s].clone(),
+                Val::Packed => return Err(xerr(g, *id, "a packed weight is not an output")),
             };
             out.insert(name.clone(), t);
         }
@@ -376,9 +454,79 @@ impl<'g> Executor<'g> {
     }
 }
 
+impl Executor<'_> {
+    /// A matmul op whose weight operand(s) are held packed: `x · Wᵀ` by the kernels (an f32
+    /// weight of a concatenation by the reference product), then the op's bias, activation or
+    /// residual as [`eval`] applies them.
+    fn packed_matmul(&self, op: &Op, ops: &[NodeId], vals: &HashMap<NodeId, Val>, id: NodeId) -> Result<Tensor> {
+        let g = self.graph;
+        let kern = self.kernels.as_ref().ok_or_else(|| xerr(g, id, "packed weights without kernels"))?;
+        let x = tensor(vals, ops[0], g, id)?;
+        let k = *x.shape.last().ok_or_else(|| xerr(g, id, "a scalar operand"))?;
+        let m = x.numel() / k.max(1);
+        let product = |w: NodeId| -> Result<Tensor> {
+            let out_shape = |n: usize| {
+                let mut s = x.shape[..x.shape.len() - 1].to_vec();
+                s.push(n);
+                s
+            };
+            match self.packed.get(&w) {
+                Some(p) => {
+                    if p.k != k {
+                        return Err(xerr(g, id, format!("x has {k} columns, weight `{}` {}", g.node(w).name, p.k)));
+                    }
+                    let y = kern.matmul(p.dtype, &p.bytes, p.n, p.k, &x.data, m).map_err(|e| xerr(g, id, format!("weight `{}`: {e}", g.node(w).name)))?;
+                    Ok(Tensor::new(out_shape(p.n), y))
+                }
+                None => eval(&Op::MatMul { transpose_b: true }, &[x, tensor(vals, w, g, id)?], DType::F32, None).map_err(|e| xerr(g, id, e)),
+            }
+        };
+        if matches!(op, Op::MatMulCat) {
+            let parts: Vec<Tensor> = ops[1..].iter().map(|&w| product(w)).collect::<Result<_>>()?;
+            let total: usize = parts.iter().map(|p| *p.shape.last().expect("rank >= 1")).sum();
+            let mut data = Vec::with_capacity(m * total);
+            for r in 0..m {
+                for p in &parts {
+                    let n = *p.shape.last().expect("rank >= 1");
+                    data.extend_from_slice(&p.data[r * n..(r + 1) * n]);
+                }
+            }
+            let mut shape = parts[0].shape.clone();
+            *shape.last_mut().expect("rank >= 1") = total;
+            return Ok(Tensor::new(shape, data));
+        }
+        // operands: x, W, [bias], [residual (MatMulAdd)]
+        let (mm, resid) = match op {
+            Op::MatMulAdd { .. } => (&ops[..ops.len() - 1], ops.last()),
+            _ => (ops, None),
+        };
+        let mut y = product(mm[1])?;
+        let n = *y.shape.last().expect("rank >= 1");
+        if let Some(&b) = mm.get(2) {
+            let bias = tensor(vals, b, g, id)?;
+            if bias.numel() != n {
+                return Err(xerr(g, id, format!("bias of {} for {n} columns", bias.numel())));
+            }
+            y.data.chunks_exact_mut(n.max(1)).for_each(|row| row.iter_mut().zip(&bias.data).for_each(|(p, q)| *p += q));
+        }
+        if let Op::MatMulAct { act, .. } = op {
+            y.data.iter_mut().for_each(|p| *p = unary(*act, *p));
+        }
+        if let Some(&r) = resid {
+            let r = tensor(vals, r, g, id)?;
+            if r.numel() != y.numel() {
+                return Err(xerr(g, id, format!("residual of {} values for {}", r.numel(), y.numel())));
+            }
+            y.data.iter_mut().zip(&r.data).for_each(|(p, q)| *p += q);
+        }
+        Ok(y)
+    }
+}
+
 fn tensor<'a>(vals: &'a HashMap<NodeId, Val>, o: NodeId, g: &Graph, at: NodeId) -> Result<&'a Tensor> {
     match vals.get(&o) {
         Some(Val::T(t)) => Ok(t),
+        Some(Val::Packed) => Err(xerr(g, at, format!("operand `{}` is a weight held packed for the matmul kernels", g.node(o).name))),
         Some(Val::State(_)) => Err(xerr(g, at, format!("operand `{}` is a state pool; only cache writes and the attention ops take those", g.node(o).name))),
         None => Err(xerr(g, at, format!("operand `{}` was not computed", g.node(o).name))),
     }

@@ -24,7 +24,7 @@ pub mod text;
 
 pub use dtype::DType;
 pub use error::{IrError, Result};
-pub use exec::{Collective, Executor, RankHandle, SingleRank, Tensor, ThreadGroup, WeightSource};
+pub use exec::{Collective, Executor, PackedMatMul, RankHandle, SingleRank, Tensor, ThreadGroup, WeightSource};
 pub use graph::{Graph, Node, NodeId};
 pub use op::{yarn_mscale, BinaryOp, MoeRouting, MoeScoring, MoeSelect, Op, RopeStyle, UnaryOp, Yarn};
 pub use shape::{Dim, TensorType};

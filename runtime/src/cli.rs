@@ -13,8 +13,11 @@ use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum BackendKind {
-    /// the CPU reference executor (f32)
+    /// the plan's compiled CPU kernels (x86-64, the weights as stored) under the executor;
+    /// the reference executor where the plan has none this CPU runs
     Cpu,
+    /// the CPU reference executor alone (f32 weights): the oracle the kernels are checked against
+    Reference,
     /// the plan's generated kernels on CUDA device 0
     Gpu,
 }
@@ -81,13 +84,13 @@ pub fn run(a: &RunArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
         // one thread per rank; this thread drives generation through rank 0
         let go = |r: &mut crate::tp::Ranks| generate_and_print(r, a, tok.as_ref(), &prompt_ids, &opts).map_err(|e| crate::RuntimeError::Request(format!("{e:#}")));
         return Ok(match a.backend {
-            BackendKind::Cpu => crate::tp::cpu(&graph, &plan, kv, go)?,
+            BackendKind::Cpu | BackendKind::Reference => crate::tp::cpu(&graph, &plan, kv, go)?,
             // (`RuntimeOptions::tp_local`: every rank on GPU 0, a check of the partition on one GPU)
             BackendKind::Gpu => crate::tp::gpu(&graph, &plan, kv, crate::tp::GpuMode::of(ro), ro, go)?,
         });
     }
     match a.backend {
-        BackendKind::Cpu => generate_and_print(&mut CpuBackend::new(&graph, &plan, kv)?, a, tok.as_ref(), &prompt_ids, &opts),
+        BackendKind::Cpu | BackendKind::Reference => generate_and_print(&mut CpuBackend::of_kind(&graph, &plan, kv, a.backend == BackendKind::Reference)?, a, tok.as_ref(), &prompt_ids, &opts),
         BackendKind::Gpu => generate_and_print(&mut crate::gpu::GpuBackend::new(&graph, &plan, kv, ro)?, a, tok.as_ref(), &prompt_ids, &opts),
     }
 }
@@ -274,6 +277,14 @@ pub fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
             }
         }
         None => println!("gpu: none (CPU backend only)"),
+    }
+    match &h.cpu {
+        Some(c) => {
+            let libs: Vec<String> = c.libraries.iter().map(|(t, b)| format!("{t} ({} KB)", b.len() * 3 / 4 / 1024)).collect();
+            let runs = crate::plan::CPU_TARGETS.iter().rev().find(|t| c.libraries.contains_key(**t) && crate::cpu_kernels::cpu_runs(t));
+            println!("cpu: compiled matmul kernels for {} weights; libraries {}; this CPU runs {}", c.matmul_dtypes.join(", "), libs.join(", "), runs.map_or("none of them", |t| t));
+        }
+        None => println!("cpu: no compiled kernels (the reference executor)"),
     }
     match &h.tokenizer {
         Some(t) => println!("tokenizer: embedded, bos {:?}, eos {:?}, chat template {}", t.bos_id, t.eos_ids, if t.chat_template.is_some() { "yes" } else { "no" }),
@@ -474,7 +485,7 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
     if plan.signer.is_none() {
         eprintln!("dsc serve: {} is not signed (a plan carries the kernels the GPU runs: `dsc compile --sign` and `--trusted-key` accept only yours)", a.plan.display());
     }
-    anyhow::ensure!(backend == BackendKind::Cpu || plan.header.gpu.is_some(), "{}: the plan has no GPU program; use --backend cpu", a.plan.display());
+    anyhow::ensure!(backend != BackendKind::Gpu || plan.header.gpu.is_some(), "{}: the plan has no GPU program; use --backend cpu", a.plan.display());
     let tp = plan.header.tensor_parallel;
     let m = &plan.header.model;
     let tok = plan.header.tokenizer.as_ref().map(Tokenizer::new).transpose()?.map(std::sync::Arc::new);
@@ -485,7 +496,7 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
         Some(l) => bail!("--max-model-len {l}: the plan serves 1 to {} tokens a sequence (its limits.max_seq_len)", m.max_seq_len),
     };
     let kv_tokens = match (backend, a.kv_tokens) {
-        (BackendKind::Cpu, k) => k.unwrap_or((m.max_batch * m.max_seq_len).min(65536)),
+        (BackendKind::Cpu | BackendKind::Reference, k) => k.unwrap_or((m.max_batch * m.max_seq_len).min(65536)),
         (BackendKind::Gpu, k) => {
             let per_token = kv_bytes_per_token(&plan)?;
             let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| anyhow::anyhow!("opening CUDA device 0: {e:?}"))?;
@@ -530,9 +541,9 @@ pub fn serve(a: &ServeArgs, ro: &RuntimeOptions) -> anyhow::Result<()> {
             let graph = plan.graph()?;
             // tensor-parallel plans: one thread per rank, the scheduler stays on this one
             match (backend, tp > 1) {
-                (BackendKind::Cpu, false) => lp.run(CpuBackend::new(&graph, &plan, kv_tokens)?),
+                (BackendKind::Cpu | BackendKind::Reference, false) => lp.run(CpuBackend::of_kind(&graph, &plan, kv_tokens, backend == BackendKind::Reference)?),
                 (BackendKind::Gpu, false) => lp.run(crate::gpu::GpuBackend::new(&graph, &plan, kv_tokens, &ro)?),
-                (BackendKind::Cpu, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
+                (BackendKind::Cpu | BackendKind::Reference, true) => crate::tp::cpu(&graph, &plan, kv_tokens, |r| lp.run(r)),
                 (BackendKind::Gpu, true) => crate::tp::gpu(&graph, &plan, kv_tokens, crate::tp::GpuMode::of(&ro), &ro, |r| lp.run(r)),
             }
         },
@@ -606,4 +617,86 @@ mod tests {
             assert!(e.contains(&format!("--rate {bad}")), "{bad}: {e}");
         }
     }
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCpuArgs {
+    /// the compiled plan
+    pub plan: PathBuf,
+    /// prompt tokens prefilled in one step (median of 3)
+    #[arg(long, default_value_t = 500)]
+    pub prefill: usize,
+    /// greedy tokens decoded one step each, after a 16-token prompt
+    #[arg(long, default_value_t = 128)]
+    pub decode: usize,
+    /// worker threads of the CPU kernels (0: one per core)
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// time the reference executor (`--backend reference`) instead of the compiled kernels
+    #[arg(long)]
+    pub reference: bool,
+    /// also write the result here as JSON
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The token ids both benchmarks feed (bench/cpu_peer.py feeds llama.cpp the same): spread over
+/// the vocabulary, fixed.
+pub fn bench_ids(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919) % vocab.saturating_sub(1000).max(1) + 500.min(vocab - 1)) as u32).collect()
+}
+
+/// `bench-cpu`: prefill and decode tokens/s of a plan on this CPU, one sequence.
+pub fn bench_cpu(a: &BenchCpuArgs) -> anyhow::Result<serde_json::Value> {
+    use crate::engine::{Backend, Session};
+    let plan = Plan::open(&a.plan)?;
+    let graph = plan.graph()?;
+    let kv = (a.prefill.max(16 + a.decode) + 16).min(plan.header.model.max_seq_len);
+    anyhow::ensure!(a.prefill + 1 <= plan.header.model.max_seq_len && 16 + a.decode <= plan.header.model.max_seq_len, "--prefill/--decode beyond the plan's max_seq_len");
+    let (mut backend, target, threads) = if a.reference {
+        (CpuBackend::new(&graph, &plan, kv)?, "reference executor".to_string(), 1)
+    } else {
+        let k = crate::cpu_kernels::CpuKernels::load(&plan, a.threads)?;
+        let (t, n) = (k.target().to_string(), k.threads());
+        (CpuBackend::with_kernels(&graph, &plan, kv, std::sync::Arc::new(k))?, t, n)
+    };
+    let vocab = {
+        let mut s = Session::new(&mut backend);
+        s.feed(&[1], false)?[0].len()
+    };
+    let argmax = |l: &[f32]| l.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+    let mut prefill_s = vec![];
+    for _ in 0..3 {
+        let ids = bench_ids(a.prefill, vocab);
+        let mut s = Session::new(&mut backend);
+        let t0 = std::time::Instant::now();
+        s.feed(&ids, false)?;
+        prefill_s.push(t0.elapsed().as_secs_f64());
+    }
+    prefill_s.sort_by(f64::total_cmp);
+    let prefill = prefill_s[1];
+    let mut s = Session::new(&mut backend);
+    let mut last = argmax(&s.feed(&bench_ids(16, vocab), false)?[0]);
+    let t0 = std::time::Instant::now();
+    for _ in 0..a.decode {
+        last = argmax(&s.feed(&[last], false)?[0]);
+    }
+    let decode = t0.elapsed().as_secs_f64();
+    let _ = backend.kv_geometry();
+    let r = serde_json::json!({
+        "plan": a.plan.display().to_string(),
+        "backend": if a.reference { "reference" } else { "cpu" },
+        "target": target,
+        "threads": threads,
+        "prefill_tokens": a.prefill,
+        "prefill_tokens_per_s": a.prefill as f64 / prefill,
+        "decode_tokens": a.decode,
+        "decode_tokens_per_s": a.decode as f64 / decode,
+        "decode_ms_per_token": decode * 1e3 / a.decode as f64,
+    });
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&r)?).with_context(|| p.display().to_string())?;
+    }
+    Ok(r)
 }

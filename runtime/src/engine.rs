@@ -272,6 +272,33 @@ impl<'p> CpuBackend<'p> {
         Self::new_rank(graph, plan, kv_tokens, 0, 1, Arc::new(SingleRank))
     }
 
+    /// `--backend cpu` (`reference`: false): the executor with the plan's compiled CPU matmul
+    /// kernels on the weights as stored, where the plan has a library this CPU runs; otherwise,
+    /// saying why on stderr, the reference executor alone (`--backend reference`: true).
+    pub fn of_kind(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, reference: bool) -> Result<Self> {
+        if !reference {
+            match crate::cpu_kernels::CpuKernels::load(plan, 0) {
+                Ok(k) => return Self::with_kernels(graph, plan, kv_tokens, Arc::new(k)),
+                Err(e) => eprintln!("dsc: {e}; running the reference executor"),
+            }
+        }
+        Self::new(graph, plan, kv_tokens)
+    }
+
+    /// The executor with `kernels` for the matmuls whose weights they take (kept as stored).
+    pub fn with_kernels(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, kernels: Arc<dyn dsc_ir::PackedMatMul>) -> Result<Self> {
+        let block_size = plan.header.model.kv_block_size;
+        let blocks = kv_tokens.div_ceil(block_size).max(1);
+        cpu_memory_check(graph, plan, blocks.saturating_mul(block_size), 1)?;
+        let fixed = BTreeMap::from([("NB".to_string(), blocks)]);
+        let mut exec = Executor::with_kernels(graph, plan, fixed, kernels)?;
+        let moe = MoeState::of(graph);
+        if let Some(m) = &moe {
+            exec.keep(&m.kept());
+        }
+        Ok(CpuBackend { exec, blocks, block_size, moe })
+    }
+
     /// Rank `rank` of a tensor-parallel group of `world` (the plan's graph is partitioned;
     /// this rank holds its slices of the weights and meets the others through `collective`).
     pub fn new_rank(graph: &'p Graph, plan: &'p Plan, kv_tokens: usize, rank: usize, world: usize, collective: Arc<dyn Collective>) -> Result<Self> {

@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cpu_kernels;
 pub mod engine;
 mod error;
 pub mod export;

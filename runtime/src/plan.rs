@@ -81,6 +81,10 @@ pub struct PlanHeader {
     /// The GPU program: PTX per target and the launch schedule. Absent when some op of the
     /// graph has no GPU lowering yet (the plan then runs on the CPU backend only).
     pub gpu: Option<GpuProgram>,
+    /// The CPU program: compiled x86-64 kernels (`--backend cpu`). Absent: the CPU runs the
+    /// reference executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuProgram>,
     /// Tensor-parallel ranks the graph is partitioned for. Every rank runs the same graph;
     /// rank r's weights are its slices of the stored full tensors (`dsc_ir::shard`).
     #[serde(default = "one")]
@@ -125,6 +129,21 @@ pub struct GpuProgram {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codegen_options: Option<serde_json::Value>,
 }
+
+/// The compiled CPU kernels of a plan (`dsc_codegen::cpu`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CpuProgram {
+    /// weight types the matmul kernels read as stored ("q4_1", ...): every library exports
+    /// `dsc_cpu_matmul_<type>_gemv` and `_gemm` for each
+    pub matmul_dtypes: Vec<String>,
+    /// x86-64 level ("x86-64-v3", "x86-64-v4") → the shared library (ELF, base64), built
+    /// from the same LLVM IR; the runtime loads the highest level the CPU has
+    pub libraries: std::collections::BTreeMap<String, String>,
+}
+
+/// The x86-64 levels a plan's CPU libraries may be built for, lowest first.
+pub const CPU_TARGETS: [&str; 2] = ["x86-64-v3", "x86-64-v4"];
 
 /// The split argmax of a plan ([`GpuProgram::argmax_split`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -754,6 +773,19 @@ impl PlanHeader {
                 if !sw.scale.is_finite() {
                     return Err(format!("weight `{}`: seeded scale {} is not finite", e.name, sw.scale));
                 }
+            }
+        }
+        if let Some(c) = &self.cpu {
+            for (t, lib) in &c.libraries {
+                if !CPU_TARGETS.contains(&t.as_str()) {
+                    return Err(format!("cpu.libraries: unknown target `{t}` (known: {CPU_TARGETS:?})"));
+                }
+                if lib.len() > 64 << 20 {
+                    return Err(format!("cpu.libraries.{t}: {} bytes of base64 (at most 64 MiB)", lib.len()));
+                }
+            }
+            for d in &c.matmul_dtypes {
+                d.parse::<DType>().map_err(|_| format!("cpu.matmul_dtypes: unknown type `{d}`"))?;
             }
         }
         for f in &self.weights.files {

@@ -120,7 +120,9 @@ pub fn run(a: &PplArgs, ro: &crate::options::RuntimeOptions) -> anyhow::Result<P
     }
     let t0 = std::time::Instant::now();
     let r = match a.backend {
-        crate::cli::BackendKind::Cpu => perplexity(&mut crate::engine::CpuBackend::new(&graph, &plan, ctx)?, &ids, ctx, bos)?,
+        b @ (crate::cli::BackendKind::Cpu | crate::cli::BackendKind::Reference) => {
+            perplexity(&mut crate::engine::CpuBackend::of_kind(&graph, &plan, ctx, b == crate::cli::BackendKind::Reference)?, &ids, ctx, bos)?
+        }
         crate::cli::BackendKind::Gpu => perplexity(&mut crate::gpu::GpuBackend::new(&graph, &plan, ctx, ro)?, &ids, ctx, bos)?,
     };
     println!(

@@ -4,8 +4,11 @@
 //! activations to 8 bits) is reported and loosely checked.
 //!
 //! The model goes the whole way a user's does: model.toml → compile → plan file → load plan →
-//! CPU backend.
+//! CPU backend. The same prompts also run with the plan's compiled x86-64 matmul kernels
+//! (`--backend cpu`), held to the numpy reference (top-5 within 2e-2, greedy identical) and to
+//! the reference executor.
 
+use dsc_runtime::cpu_kernels::CpuKernels;
 use dsc_runtime::engine::CpuBackend;
 use dsc_runtime::generate::{generate, GenerateOptions};
 use dsc_runtime::plan::Plan;
@@ -58,10 +61,20 @@ fn plan_path() -> &'static std::path::Path {
     p
 }
 
-/// Load the default model's plan and run every reference prompt once.
+/// Load the default model's plan and run every reference prompt once on the reference executor.
 fn runs() -> &'static Vec<Run> {
-    static RUNS: OnceLock<Vec<Run>> = OnceLock::new();
-    RUNS.get_or_init(|| {
+    runs_on(false)
+}
+
+/// The same with the plan's compiled CPU matmul kernels (the weights as stored).
+fn kernel_runs() -> &'static Vec<Run> {
+    runs_on(true)
+}
+
+fn runs_on(kernels: bool) -> &'static Vec<Run> {
+    static REFERENCE: OnceLock<Vec<Run>> = OnceLock::new();
+    static KERNELS: OnceLock<Vec<Run>> = OnceLock::new();
+    (if kernels { &KERNELS } else { &REFERENCE }).get_or_init(|| {
         let plan = Plan::open(plan_path()).expect("open plan");
         let graph = plan.graph().expect("plan graph");
         let tok = Tokenizer::new(plan.header.tokenizer.as_ref().expect("tokenizer in plan")).unwrap();
@@ -70,7 +83,12 @@ fn runs() -> &'static Vec<Run> {
         // (KV for the longest reference, within the plan's context)
         let kv = refs.iter().map(|r| r.prompt_ids.len() + r.greedy_ids.len()).max().unwrap();
         assert!(kv <= plan.header.model.max_seq_len, "a reference longer than the plan's context");
-        let mut backend = CpuBackend::new(&graph, &plan, kv.max(16)).unwrap();
+        let mut backend = if kernels {
+            let k = CpuKernels::load(&plan, 0).expect("the plan's CPU kernels load on this machine");
+            CpuBackend::with_kernels(&graph, &plan, kv.max(16), std::sync::Arc::new(k)).unwrap()
+        } else {
+            CpuBackend::new(&graph, &plan, kv.max(16)).unwrap()
+        };
         texts
             .iter()
             .map(|t| {
@@ -124,6 +142,29 @@ fn greedy_continuations_match_numpy_reference() {
     for run in runs() {
         let r = refs.iter().find(|r| r.name == run.name).unwrap();
         assert_eq!(run.greedy, r.greedy_ids, "prompt `{}`: greedy continuation differs (margins {:?})", run.name, run.margins);
+    }
+}
+
+#[test]
+fn compiled_cpu_kernels_match_the_numpy_reference() {
+    let refs: Vec<RefPrompt> = load("smollm2-q4_1-numpy-public.json");
+    for run in kernel_runs() {
+        let r = refs.iter().find(|r| r.name == run.name).unwrap();
+        for &(id, logit) in &r.top5_first {
+            let got = run.first_logits[id as usize];
+            assert!((got - logit).abs() <= 2e-2, "prompt `{}`: with the CPU kernels the logit of token {id} is {got}, reference {logit}", run.name);
+        }
+        assert_eq!(run.greedy, r.greedy_ids, "prompt `{}`: greedy continuation with the CPU kernels differs (margins {:?})", run.name, run.margins);
+    }
+}
+
+#[test]
+fn compiled_cpu_kernels_match_the_reference_executor() {
+    for (k, r) in kernel_runs().iter().zip(runs()) {
+        let max_d = k.first_logits.iter().zip(&r.first_logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        // (the same f32 weights, summed in another order: differences in the last bits)
+        assert!(max_d <= 2e-3, "prompt `{}`: first-token logits differ from the reference executor's by up to {max_d}", k.name);
+        assert_eq!(k.greedy, r.greedy, "prompt `{}`", k.name);
     }
 }
 

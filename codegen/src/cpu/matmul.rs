@@ -1,0 +1,334 @@
+//! The CPU matmul family: `y[i, j] = sum_k x[i, k] · W[j, k]` for output columns `n0..n1`,
+//! W read in its stored (packed) form — GGUF Q4_0 / Q4_1 / Q8_0 blocks, f16, bf16 or f32 rows —
+//! and widened to f32 in registers, 16 lanes at a time (one zmm on AVX-512; two ymm on AVX2,
+//! where LLVM splits the vectors).
+//!
+//! Two functions per weight type, same C signature
+//! `(x: *const f32, w: *const u8, y: *mut f32, scratch: *mut f32, m, k, n0, n1, ldy: i64)`:
+//! - `<sym>_gemv` (decode, m < 4): for each column, every block is widened in registers and
+//!   fused into the dot product with each x row (two accumulators per row); no scratch.
+//! - `<sym>_gemm` (prefill, m ≥ 4): four weight rows are widened into `scratch` (4·k floats,
+//!   the caller's, per thread), then a 4×4 register tile — four x rows by four weight rows,
+//!   sixteen accumulators — walks k 16 at a time (8 loads for 16 FMAs); leftover x rows take a
+//!   1×4 tile. `n1 - n0` must be a multiple of 4 there.
+//!
+//! The caller splits columns over threads; `fits` says which shapes the kernels take.
+
+use dsc_ir::DType;
+use std::fmt::Write;
+
+/// The weight types the family reads packed, with their block (elements, bytes).
+pub const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+
+/// Whether the kernels take weight `dtype` of shape [n, k]: a type above, k a whole number of
+/// 32-element blocks (the widening step), n a multiple of 4 (the gemm's column tile).
+pub fn fits(dtype: DType, n: usize, k: usize) -> bool {
+    DTYPES.contains(&dtype) && k > 0 && k % 32 == 0 && n % 4 == 0 && n > 0
+}
+
+/// The exported symbol stem of the kernels for `dtype` (`dsc_cpu_matmul_q4_1`).
+pub fn symbol(dtype: DType) -> String {
+    format!("dsc_cpu_matmul_{}", dtype.name())
+}
+
+/// Bytes of one 32-element block of a weight row.
+fn block_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 128,
+        DType::F16 | DType::BF16 => 64,
+        other => other.block().1,
+    }
+}
+
+/// SSA-name generator and text sink for one function.
+struct F {
+    s: String,
+    n: usize,
+}
+
+impl F {
+    fn v(&mut self) -> String {
+        self.n += 1;
+        format!("%v{}", self.n)
+    }
+    /// emit `%new = <rhs>`; returns %new
+    fn op(&mut self, rhs: impl AsRef<str>) -> String {
+        let v = self.v();
+        let _ = writeln!(self.s, "    {v} = {}", rhs.as_ref());
+        v
+    }
+    fn line(&mut self, l: impl AsRef<str>) {
+        let _ = writeln!(self.s, "    {}", l.as_ref());
+    }
+    fn c64(&mut self, c: i64) -> String {
+        self.op(format!("arith.constant {c} : i64"))
+    }
+    fn cidx(&mut self, c: i64) -> String {
+        self.op(format!("arith.constant {c} : index"))
+    }
+    fn idx(&mut self, v: &str) -> String {
+        self.op(format!("arith.index_cast {v} : i64 to index"))
+    }
+    fn i64(&mut self, v: &str) -> String {
+        self.op(format!("arith.index_cast {v} : index to i64"))
+    }
+    fn gep(&mut self, base: &str, off: &str, elem: &str) -> String {
+        self.op(format!("llvm.getelementptr {base}[{off}] : (!llvm.ptr, i64) -> !llvm.ptr, {elem}"))
+    }
+    fn load(&mut self, p: &str, ty: &str, align: u32) -> String {
+        self.op(format!("llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr -> {ty}"))
+    }
+    fn mul(&mut self, a: &str, b: &str) -> String {
+        self.op(format!("arith.muli {a}, {b} : i64"))
+    }
+    fn add(&mut self, a: &str, b: &str) -> String {
+        self.op(format!("arith.addi {a}, {b} : i64"))
+    }
+}
+
+const V: &str = "vector<16xf32>";
+
+/// Widen block `b` (i64 SSA value) of the weight row at `row` (ptr) into two vector<16xf32>:
+/// elements 0..16 and 16..32 of the block, exactly as `dsc_ir::quant::decode` widens them
+/// (d·q + m by one FMA for Q4_1).
+fn widen(f: &mut F, dtype: DType, row: &str, b: &str) -> (String, String) {
+    let bb = f.c64(block_bytes(dtype) as i64);
+    let off = f.mul(b, &bb);
+    let p = f.gep(row, &off, "i8");
+    let scale = |f: &mut F, at: i64| {
+        let q = f.c64(at);
+        let pp = f.gep(&p, &q, "i8");
+        let h = f.load(&pp, "f16", 1);
+        let s = f.op(format!("arith.extf {h} : f16 to f32"));
+        f.op(format!("vector.broadcast {s} : f32 to {V}"))
+    };
+    let bytes16 = |f: &mut F, at: i64| {
+        let q = f.c64(at);
+        let pp = f.gep(&p, &q, "i8");
+        f.load(&pp, "vector<16xi8>", 1)
+    };
+    match dtype {
+        DType::F32 => {
+            let lo = f.load(&p, V, 4);
+            let q = f.c64(64);
+            let ph = f.gep(&p, &q, "i8");
+            let hi = f.load(&ph, V, 4);
+            (lo, hi)
+        }
+        DType::F16 => {
+            let q = f.c64(32);
+            let ph = f.gep(&p, &q, "i8");
+            let (l, h) = (f.load(&p, "vector<16xf16>", 2), f.load(&ph, "vector<16xf16>", 2));
+            (f.op(format!("arith.extf {l} : vector<16xf16> to {V}")), f.op(format!("arith.extf {h} : vector<16xf16> to {V}")))
+        }
+        DType::BF16 => {
+            // bf16 → f32: the 16 bits become the high half
+            let q = f.c64(32);
+            let ph = f.gep(&p, &q, "i8");
+            let sh = f.op("arith.constant dense<16> : vector<16xi32>");
+            let mut out = vec![];
+            for src in [p.clone(), ph] {
+                let h = f.load(&src, "vector<16xi16>", 2);
+                let w = f.op(format!("arith.extui {h} : vector<16xi16> to vector<16xi32>"));
+                let s = f.op(format!("arith.shli {w}, {sh} : vector<16xi32>"));
+                out.push(f.op(format!("arith.bitcast {s} : vector<16xi32> to {V}")));
+            }
+            (out[0].clone(), out[1].clone())
+        }
+        DType::Q8_0 => {
+            let d = scale(f, 0);
+            let (l, h) = (bytes16(f, 2), bytes16(f, 18));
+            let lf = f.op(format!("arith.sitofp {l} : vector<16xi8> to {V}"));
+            let hf = f.op(format!("arith.sitofp {h} : vector<16xi8> to {V}"));
+            (f.op(format!("arith.mulf {d}, {lf} : {V}")), f.op(format!("arith.mulf {d}, {hf} : {V}")))
+        }
+        DType::Q4_0 | DType::Q4_1 => {
+            let d = scale(f, 0);
+            let (q, qat) = if dtype == DType::Q4_1 { (None, 4) } else { (Some(()), 2) };
+            let qs = bytes16(f, qat);
+            let m15 = f.op("arith.constant dense<15> : vector<16xi8>");
+            let s4 = f.op("arith.constant dense<4> : vector<16xi8>");
+            let lo = f.op(format!("arith.andi {qs}, {m15} : vector<16xi8>"));
+            let hi = f.op(format!("arith.shrui {qs}, {s4} : vector<16xi8>"));
+            let lf = f.op(format!("arith.uitofp {lo} : vector<16xi8> to {V}"));
+            let hf = f.op(format!("arith.uitofp {hi} : vector<16xi8> to {V}"));
+            match q {
+                // Q4_0: d·(q − 8)
+                Some(()) => {
+                    let eight = f.op(format!("arith.constant dense<8.0> : {V}"));
+                    let (l8, h8) = (f.op(format!("arith.subf {lf}, {eight} : {V}")), f.op(format!("arith.subf {hf}, {eight} : {V}")));
+                    (f.op(format!("arith.mulf {d}, {l8} : {V}")), f.op(format!("arith.mulf {d}, {h8} : {V}")))
+                }
+                // Q4_1: d·q + m
+                None => {
+                    let m = scale(f, 2);
+                    (f.op(format!("vector.fma {d}, {lf}, {m} : {V}")), f.op(format!("vector.fma {d}, {hf}, {m} : {V}")))
+                }
+            }
+        }
+        other => unreachable!("{other} is not in DTYPES (fits refuses it)"),
+    }
+}
+
+const SIG: &str = "%x: !llvm.ptr, %w: !llvm.ptr, %y: !llvm.ptr, %scratch: !llvm.ptr, %m: i64, %k: i64, %n0: i64, %n1: i64, %ldy: i64";
+
+/// The prologue both functions share: block count and weight-row bytes.
+fn prologue(f: &mut F, dtype: DType) -> (String, String) {
+    let c32 = f.c64(32);
+    let nb = f.op(format!("arith.divui %k, {c32} : i64"));
+    let bb = f.c64(block_bytes(dtype) as i64);
+    let rowb = f.mul(&nb, &bb);
+    (nb, rowb)
+}
+
+fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
+    let p = f.gep(base, at, "f32");
+    f.line(format!("llvm.store {v}, {p} {{alignment = 4 : i64}} : f32, !llvm.ptr"));
+}
+
+/// `<sym>_gemv`: columns outermost, each x row's dot product with the column's widened blocks.
+fn emit_gemv(dtype: DType) -> String {
+    let mut f = F { s: String::new(), n: 0 };
+    let (nb, rowb) = prologue(&mut f, dtype);
+    let (n0, n1, m, nbi) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"), f.idx(&nb));
+    let (c0, c1) = (f.cidx(0), f.cidx(1));
+    let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
+    let c16 = f.c64(16);
+    let c32 = f.c64(32);
+    f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
+    let j = f.i64("%j");
+    let roff = f.mul(&j, &rowb);
+    let row = f.gep("%w", &roff, "i8");
+    f.line(format!("scf.for %i = {c0} to {m} step {c1} {{"));
+    let i = f.i64("%i");
+    let xoff = f.mul(&i, "%k");
+    let xr = f.gep("%x", &xoff, "f32");
+    f.line(format!("%acc:2 = scf.for %b = {c0} to {nbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}) -> ({V}, {V}) {{"));
+    let b = f.i64("%b");
+    let (wl, wh) = widen(&mut f, dtype, &row, &b);
+    let e = f.mul(&b, &c32);
+    let px = f.gep(&xr, &e, "f32");
+    let xl = f.load(&px, V, 4);
+    let px2 = f.gep(&px, &c16, "f32");
+    let xh = f.load(&px2, V, 4);
+    let a0 = f.op(format!("vector.fma {wl}, {xl}, %a0 : {V}"));
+    let a1 = f.op(format!("vector.fma {wh}, {xh}, %a1 : {V}"));
+    f.line(format!("scf.yield {a0}, {a1} : {V}, {V}"));
+    f.line("}");
+    let s = f.op(format!("arith.addf %acc#0, %acc#1 : {V}"));
+    let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
+    let yo = f.mul(&i, "%ldy");
+    let yo = f.add(&yo, &j);
+    store_f32(&mut f, "%y", &yo, &r);
+    f.line("}");
+    f.line("}");
+    format!("  func.func @{}_gemv({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+}
+
+/// `<sym>_gemm`: four weight rows widened into scratch, then 4×4 (and 1×4) register tiles.
+fn emit_gemm(dtype: DType) -> String {
+    let mut f = F { s: String::new(), n: 0 };
+    let (nb, rowb) = prologue(&mut f, dtype);
+    let (n0, n1, nbi) = (f.idx("%n0"), f.idx("%n1"), f.idx(&nb));
+    let (c0, c1, c4) = (f.cidx(0), f.cidx(1), f.cidx(4));
+    let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
+    let (c16, c32) = (f.c64(16), f.c64(32));
+    let mask = f.c64(-4);
+    let m4 = f.op(format!("arith.andi %m, {mask} : i64"));
+    let (m4i, mi, ki) = (f.idx(&m4), f.idx("%m"), f.idx("%k"));
+    let c16i = f.cidx(16);
+    f.line(format!("scf.for %jt = {n0} to {n1} step {c4} {{"));
+    let jt = f.i64("%jt");
+    // widen four weight rows into scratch[r * k ..]
+    f.line(format!("scf.for %r = {c0} to {c4} step {c1} {{"));
+    let r = f.i64("%r");
+    let jr = f.add(&jt, &r);
+    let roff = f.mul(&jr, &rowb);
+    let row = f.gep("%w", &roff, "i8");
+    let soff = f.mul(&r, "%k");
+    let srow = f.gep("%scratch", &soff, "f32");
+    f.line(format!("scf.for %b = {c0} to {nbi} step {c1} {{"));
+    let b = f.i64("%b");
+    let (wl, wh) = widen(&mut f, dtype, &row, &b);
+    let e = f.mul(&b, &c32);
+    let ps = f.gep(&srow, &e, "f32");
+    f.line(format!("llvm.store {wl}, {ps} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
+    let ps2 = f.gep(&ps, &c16, "f32");
+    f.line(format!("llvm.store {wh}, {ps2} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
+    f.line("}");
+    f.line("}");
+    // the four scratch rows
+    let srows: Vec<String> = (0..4)
+        .map(|r| {
+            let c = f.c64(r);
+            let o = f.mul(&c, "%k");
+            f.gep("%scratch", &o, "f32")
+        })
+        .collect();
+    // a tile of `rows` x rows (1 or 4) starting at x row %i
+    let tile = |f: &mut F, rows: usize, iv: &str| {
+        let i = f.i64(iv);
+        let xrows: Vec<String> = (0..rows as i64)
+            .map(|q| {
+                let c = f.c64(q);
+                let ii = f.add(&i, &c);
+                let o = f.mul(&ii, "%k");
+                f.gep("%x", &o, "f32")
+            })
+            .collect();
+        let nacc = rows * 4;
+        let names: Vec<String> = (0..nacc).map(|a| format!("%t{a}")).collect();
+        let init: Vec<String> = names.iter().map(|n| format!("{n} = {zero}")).collect();
+        let tys = vec![V; nacc].join(", ");
+        let res = f.v();
+        f.line(format!("{res}:{nacc} = scf.for %kk = {c0} to {ki} step {c16i} iter_args({}) -> ({tys}) {{", init.join(", ")));
+        let kk = f.i64("%kk");
+        let xs: Vec<String> = xrows
+            .iter()
+            .map(|xr| {
+                let p = f.gep(xr, &kk, "f32");
+                f.load(&p, V, 4)
+            })
+            .collect();
+        let ws: Vec<String> = srows
+            .iter()
+            .map(|sr| {
+                let p = f.gep(sr, &kk, "f32");
+                f.load(&p, V, 4)
+            })
+            .collect();
+        let mut outs = vec![];
+        for (q, xv) in xs.iter().enumerate() {
+            for (c, wv) in ws.iter().enumerate() {
+                outs.push(f.op(format!("vector.fma {xv}, {wv}, {} : {V}", names[q * 4 + c])));
+            }
+        }
+        f.line(format!("scf.yield {} : {tys}", outs.join(", ")));
+        f.line("}");
+        for q in 0..rows {
+            let c = f.c64(q as i64);
+            let ii = f.add(&i, &c);
+            let yrow = f.mul(&ii, "%ldy");
+            for cc in 0..4 {
+                let s = f.op(format!("vector.reduction <add>, {res}#{} : {V} into f32", q * 4 + cc));
+                let col = f.c64(cc as i64);
+                let jc = f.add(&jt, &col);
+                let at = f.add(&yrow, &jc);
+                store_f32(f, "%y", &at, &s);
+            }
+        }
+    };
+    f.line(format!("scf.for %i4 = {c0} to {m4i} step {c4} {{"));
+    tile(&mut f, 4, "%i4");
+    f.line("}");
+    f.line(format!("scf.for %i1 = {m4i} to {mi} step {c1} {{"));
+    tile(&mut f, 1, "%i1");
+    f.line("}");
+    f.line("}");
+    format!("  func.func @{}_gemm({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+}
+
+/// Both functions for `dtype`, as MLIR `func.func`s (the module body).
+pub fn emit(dtype: DType) -> String {
+    format!("{}{}", emit_gemv(dtype), emit_gemm(dtype))
+}

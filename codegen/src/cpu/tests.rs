@@ -1,0 +1,84 @@
+//! The CPU matmul kernels, built and run here: every weight type, both functions, against
+//! the weights widened by `dsc_ir::quant::decode` and an f64 dot product.
+
+use super::*;
+use rand::{Rng, SeedableRng};
+
+type Kernel = unsafe extern "C" fn(*const f32, *const u8, *mut f32, *mut f32, i64, i64, i64, i64, i64);
+
+fn host_runs(t: CpuTarget) -> bool {
+    match t {
+        CpuTarget::X86_64V3 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+        CpuTarget::X86_64V4 => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512dq"),
+    }
+}
+
+#[test]
+fn matmul_kernels_match_the_widened_weights_for_every_type_and_target() {
+    let module = compile_cpu(&matmul::DTYPES).expect("the CPU kernels compile and link");
+    assert!(module.llvm.contains("dsc_cpu_matmul_q4_1_gemm"), "the LLVM IR has the kernels");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (n, k) = (12usize, 96usize);
+    let mut ran = 0;
+    for (t, so) in &module.libraries {
+        assert!(so.starts_with(b"\x7fELF"), "{}: an ELF shared library", t.name());
+        if !host_runs(*t) {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{}.so", t.name()));
+        std::fs::write(&path, so).unwrap();
+        // SAFETY: the library is ours, just built; it has no initializers.
+        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen");
+        for &dt in &matmul::DTYPES {
+            let wf: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let packed = dsc_ir::quant::encode(dt, &wf).unwrap();
+            let w = dsc_ir::quant::decode(dt, &packed, n * k).unwrap();
+            for m in [1usize, 3, 4, 6] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                for (f, min_m) in [("gemv", 1), ("gemm", 4)] {
+                    if m < min_m {
+                        continue;
+                    }
+                    let name = format!("{}_{f}", matmul::symbol(dt));
+                    // SAFETY: the signature is the family's (matmul.rs); the buffers below
+                    // cover m*k, n*k (packed), m*n and 4*k floats.
+                    let kern: libloading::Symbol<Kernel> = unsafe { lib.get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let mut y = vec![f32::NAN; m * n];
+                    let mut scratch = vec![0f32; 4 * k];
+                    // columns 4..12 only: the kernel leaves 0..4 alone
+                    unsafe { kern(x.as_ptr(), packed.as_ptr(), y.as_mut_ptr(), scratch.as_mut_ptr(), m as i64, k as i64, 4, n as i64, n as i64) };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let got = y[i * n + j];
+                            if j < 4 {
+                                assert!(got.is_nan(), "{name} m={m}: column {j} outside n0..n1 was written");
+                                continue;
+                            }
+                            let want: f64 = (0..k).map(|q| x[i * k + q] as f64 * w[j * k + q] as f64).sum();
+                            let scale: f64 = (0..k).map(|q| (x[i * k + q] as f64 * w[j * k + q] as f64).abs()).sum();
+                            assert!(((got as f64) - want).abs() <= 1e-5 * scale.max(1e-3), "{} {name} m={m} y[{i},{j}] = {got}, want {want}", t.name());
+                        }
+                    }
+                    ran += 1;
+                }
+            }
+        }
+    }
+    assert!(ran > 0, "no library runs on this CPU (it needs AVX2 at least)");
+}
+
+#[test]
+fn the_v4_library_keeps_512_bit_vectors() {
+    let llvm = lower(&module_mlir(&[DType::Q4_1])).unwrap();
+    let asm = String::from_utf8(emit_object(&llvm, CpuTarget::X86_64V4, FileType::Assembly).unwrap()).unwrap();
+    assert!(asm.contains("zmm"), "v4 code uses zmm registers");
+    let asm3 = String::from_utf8(emit_object(&llvm, CpuTarget::X86_64V3, FileType::Assembly).unwrap()).unwrap();
+    assert!(!asm3.contains("zmm") && asm3.contains("ymm"), "v3 code stays on AVX2");
+}
+
+#[test]
+fn other_weight_types_are_refused_by_name() {
+    let e = compile_cpu(&[DType::Q6_K]).unwrap_err().to_string();
+    assert!(e.contains("q6_k"), "{e}");
+}

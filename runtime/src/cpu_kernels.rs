@@ -1,0 +1,149 @@
+//! The plan's compiled CPU kernels (`--backend cpu`): the shared library of the highest x86-64
+//! level this CPU runs, loaded with `dlopen` (no compiler here), its matmuls handed to the
+//! executor as [`PackedMatMul`] so that weights stay as stored (Q4_1 blocks read in place).
+//!
+//! Launch: the output columns are split over a rayon pool in runs of a multiple of 4 (the gemm's
+//! column tile); `_gemv` for fewer than 4 rows, `_gemm` (with a 4·k scratch per run) otherwise.
+//! Products too small to pay a hand-off run on the calling thread.
+
+use crate::error::{Result, RuntimeError};
+use crate::plan::Plan;
+use base64::Engine as _;
+use dsc_ir::{DType, PackedMatMul};
+use std::collections::HashMap;
+
+/// `(x, w, y, scratch, m, k, n0, n1, ldy)` — `dsc_codegen::cpu::matmul`'s signature.
+type Kernel = unsafe extern "C" fn(*const f32, *const u8, *mut f32, *mut f32, i64, i64, i64, i64, i64);
+
+/// Multiply-adds below which a product runs on one thread.
+const SERIAL_MACS: usize = 1 << 17;
+
+pub struct CpuKernels {
+    /// (gemv, gemm) per weight type
+    fns: HashMap<DType, (Kernel, Kernel)>,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    target: String,
+    // keeps the functions above mapped
+    _lib: libloading::Library,
+}
+
+/// Whether this CPU runs code built for x86-64 level `target`.
+pub fn cpu_runs(target: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let v3 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") && is_x86_feature_detected!("bmi2");
+        match target {
+            "x86-64-v3" => v3,
+            "x86-64-v4" => {
+                v3 && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512cd")
+            }
+            _ => false,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = target;
+        false
+    }
+}
+
+impl CpuKernels {
+    /// Load the plan's library for this CPU; `threads` workers (0: one per core).
+    pub fn load(plan: &Plan, threads: usize) -> Result<CpuKernels> {
+        let err = |msg: String| RuntimeError::Plan { path: plan.path.clone(), msg };
+        let prog = plan.header.cpu.as_ref().ok_or_else(|| err("the plan has no compiled CPU kernels (compiled before they existed, or without a C compiler); `--backend reference` runs it".into()))?;
+        let target = crate::plan::CPU_TARGETS.iter().rev().find(|t| prog.libraries.contains_key(**t) && cpu_runs(t)).ok_or_else(|| {
+            err(format!("this CPU runs none of the plan's CPU libraries ({:?}; x86-64-v3 needs AVX2, FMA and F16C); `--backend reference` runs it", prog.libraries.keys().collect::<Vec<_>>()))
+        })?;
+        let so = base64::engine::general_purpose::STANDARD.decode(&prog.libraries[*target]).map_err(|e| err(format!("cpu.libraries.{target}: not base64: {e}")))?;
+        // dlopen needs a file: a private one, removed once mapped
+        let dir = tempfile::Builder::new().prefix("dsc-cpu-").tempdir().map_err(|e| err(format!("a temporary directory for the CPU library: {e}")))?;
+        let path = dir.path().join(format!("{target}.so"));
+        std::fs::write(&path, &so).map_err(|e| err(format!("{}: {e}", path.display())))?;
+        // SAFETY: the library comes from the plan (checksummed, and signed where the server
+        // asks for it) and has no initializers: loading runs none of its code.
+        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| err(format!("loading the {target} CPU library: {e}")))?;
+        let mut fns = HashMap::new();
+        for name in &prog.matmul_dtypes {
+            let dtype: DType = name.parse().map_err(|_| err(format!("cpu.matmul_dtypes: unknown type `{name}`")))?;
+            let get = |f: &str| -> Result<Kernel> {
+                let sym = format!("dsc_cpu_matmul_{name}_{f}");
+                // SAFETY: the symbol is a function of the family's signature (the compiler
+                // emits every listed type's pair with it).
+                unsafe { lib.get::<Kernel>(sym.as_bytes()) }.map(|s| *s).map_err(|e| err(format!("the {target} CPU library lacks `{sym}`: {e}")))
+            };
+            fns.insert(dtype, (get("gemv")?, get("gemm")?));
+        }
+        let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("dsc-cpu-{i}")).build().map_err(|e| err(format!("the CPU thread pool: {e}")))?;
+        Ok(CpuKernels { fns, pool, threads, target: target.to_string(), _lib: lib })
+    }
+
+    /// The x86-64 level whose library runs ("x86-64-v4").
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+/// A raw output pointer shared by the runs, each writing its own columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: runs write disjoint columns of the buffer, which outlives the scope.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    // (a method, so that closures capture the whole Out, not its raw pointer field)
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl PackedMatMul for CpuKernels {
+    fn takes(&self, dtype: DType, n: usize, k: usize) -> bool {
+        self.fns.contains_key(&dtype) && k > 0 && k % 32 == 0 && n % 4 == 0 && n > 0
+    }
+
+    fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
+        let &(gemv, gemm) = self.fns.get(&dtype).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
+        if !self.takes(dtype, n, k) || dtype.bytes_for(n * k) != Some(w.len()) || x.len() != m * k {
+            return Err(format!("CPU matmul: {m}x{k} by {dtype} [{n}, {k}] ({} weight bytes, {} x values) does not fit the kernels", w.len(), x.len()));
+        }
+        let mut y = vec![0f32; m * n];
+        if m == 0 {
+            return Ok(y);
+        }
+        let f = if m < 4 { gemv } else { gemm };
+        let out = Out(y.as_mut_ptr());
+        let run = |n0: usize, n1: usize| {
+            let mut scratch = if m < 4 { vec![] } else { vec![0f32; 4 * k] };
+            // SAFETY: x holds m*k floats, w the n*k weights as stored (checked above), y m*n
+            // floats of which this run writes columns n0..n1 only, scratch 4*k floats (gemm).
+            unsafe { f(x.as_ptr(), w.as_ptr(), out.ptr(), scratch.as_mut_ptr(), m as i64, k as i64, n0 as i64, n1 as i64, n as i64) };
+        };
+        let runs = if m * n * k < SERIAL_MACS { 1 } else { self.threads.min(n / 4) };
+        if runs <= 1 {
+            run(0, n);
+        } else {
+            // columns in `runs` runs of whole 4-column tiles
+            let tiles = n / 4;
+            self.pool.scope(|s| {
+                for r in 0..runs {
+                    let (t0, t1) = (tiles * r / runs, tiles * (r + 1) / runs);
+                    let run = &run;
+                    s.spawn(move |_| run(4 * t0, 4 * t1));
+                }
+            });
+        }
+        Ok(y)
+    }
+}
