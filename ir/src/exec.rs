@@ -66,6 +66,12 @@ pub trait PackedMatMul: Send + Sync {
     fn takes(&self, dtype: DType, n: usize, k: usize) -> bool;
     /// y[m, n] = x[m, k] · W[n, k]ᵀ with W as stored (`w`: its bytes).
     fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String>;
+    /// Run `step` (a whole [`Executor::run`]) where the kernels' workers are, so that the
+    /// step's serial work and its matmuls share those threads rather than compete with them
+    /// (the default: on the calling thread).
+    fn on_workers(&self, step: &mut (dyn FnMut() + Send)) {
+        step()
+    }
 }
 
 /// A weight held as stored for [`PackedMatMul`].
@@ -284,6 +290,17 @@ impl<'g> Executor<'g> {
 
     /// Run one step. Every graph input must be given; returns the graph's named outputs.
     pub fn run(&mut self, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        match self.kernels.clone() {
+            Some(k) => {
+                let mut out = None;
+                k.on_workers(&mut || out = Some(self.run_step(inputs)));
+                out.unwrap_or_else(|| Err(IrError::Input { name: "step".into(), msg: "the matmul kernels' workers did not run the step".into() }))
+            }
+            None => self.run_step(inputs),
+        }
+    }
+
+    fn run_step(&mut self, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
         let g = self.graph;
         let mut bind = self.fixed.clone();
         for id in g.leaves(&Op::Input) {
@@ -1074,14 +1091,17 @@ fn context_rows(ti: usize, pos: &Tensor, seq: &Tensor, table: &Tensor, nb: usize
 }
 
 fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Tensor, table: &Tensor, scale: f32) -> Result<Tensor, String> {
+    use rayon::prelude::*;
     let (t, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
     let (nb, bs, kvh) = (kc.shape[0], kc.shape[1], kc.shape[2]);
     let (s, mb) = (table.shape[0], table.shape[1]);
     let rep = h / kvh;
     let mut out = vec![0f32; t * h * d];
-    let mut scores = Vec::new();
-    for ti in 0..t {
+    // (tokens in parallel — on the CPU kernels' pool inside their step, else rayon's global
+    // one; each token's sums keep their order, so the result does not depend on the threads)
+    out.par_chunks_mut((h * d).max(1)).enumerate().try_for_each(|(ti, out_t)| -> Result<(), String> {
         let rows = context_rows(ti, pos, seq, table, nb, bs, s, mb)?;
+        let mut scores = Vec::with_capacity(rows.len());
         for hi in 0..h {
             let kh = hi / rep;
             let qv = &q.data[(ti * h + hi) * d..(ti * h + hi + 1) * d];
@@ -1096,7 +1116,7 @@ fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Ten
                 *sc = (*sc - m).exp();
                 sum += *sc;
             }
-            let o = &mut out[(ti * h + hi) * d..(ti * h + hi + 1) * d];
+            let o = &mut out_t[hi * d..(hi + 1) * d];
             for (&r, &w) in rows.iter().zip(scores.iter()) {
                 let vv = &vc.data[(r * kvh + kh) * d..(r * kvh + kh + 1) * d];
                 for (oi, vi) in o.iter_mut().zip(vv) {
@@ -1104,6 +1124,7 @@ fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Ten
                 }
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(Tensor::new(q.shape.clone(), out))
 }

@@ -2,9 +2,11 @@
 //! level this CPU runs, loaded with `dlopen` (no compiler here), its matmuls handed to the
 //! executor as [`PackedMatMul`] so that weights stay as stored (Q4_1 blocks read in place).
 //!
-//! Launch: the output columns are split over a rayon pool in runs of a multiple of 4 (the gemm's
-//! column tile); `_gemv` for fewer than 4 rows, `_gemm` (with a 4·k scratch per run) otherwise.
-//! Products too small to pay a hand-off run on the calling thread.
+//! Launch: the whole step runs on a worker of a rayon pool (one thread per core: the executor's
+//! own work does not compete with idle workers for the cores); each product's output columns
+//! are split over the pool in runs of a multiple of 4 (the gemm's column tile); `_gemv` (with an m·k/32 scratch) for
+//! fewer than 4 rows, `_gemm` (with a 4·k scratch per run) otherwise. Products too small to pay
+//! a hand-off run on the calling thread.
 
 use crate::error::{Result, RuntimeError};
 use crate::plan::Plan;
@@ -109,6 +111,11 @@ impl Out {
 }
 
 impl PackedMatMul for CpuKernels {
+    fn on_workers(&self, step: &mut (dyn FnMut() + Send)) {
+        // (the step runs on a worker; its matmuls' runs go to the others and this one)
+        self.pool.install(step)
+    }
+
     fn takes(&self, dtype: DType, n: usize, k: usize) -> bool {
         self.fns.contains_key(&dtype) && k > 0 && k % 32 == 0 && n % 4 == 0 && n > 0
     }
@@ -125,9 +132,10 @@ impl PackedMatMul for CpuKernels {
         let f = if m < 4 { gemv } else { gemm };
         let out = Out(y.as_mut_ptr());
         let run = |n0: usize, n1: usize| {
-            let mut scratch = if m < 4 { vec![] } else { vec![0f32; 4 * k] };
+            let mut scratch = if m < 4 { vec![0f32; m * k / 32] } else { vec![0f32; 4 * k] };
             // SAFETY: x holds m*k floats, w the n*k weights as stored (checked above), y m*n
-            // floats of which this run writes columns n0..n1 only, scratch 4*k floats (gemm).
+            // floats of which this run writes columns n0..n1 only, scratch m*k/32 (gemv) or
+            // 4*k floats (gemm).
             unsafe { f(x.as_ptr(), w.as_ptr(), out.ptr(), scratch.as_mut_ptr(), m as i64, k as i64, n0 as i64, n1 as i64, n as i64) };
         };
         let runs = if m * n * k < SERIAL_MACS { 1 } else { self.threads.min(n / 4) };

@@ -6,7 +6,8 @@
 //! Two functions per weight type, same C signature
 //! `(x: *const f32, w: *const u8, y: *mut f32, scratch: *mut f32, m, k, n0, n1, ldy: i64)`:
 //! - `<sym>_gemv` (decode, m < 4): for each column, every block is widened in registers and
-//!   fused into the dot product with each x row (two accumulators per row); no scratch.
+//!   fused into the dot product with each x row (two accumulators per row); Q4_1 keeps its
+//!   min apart (`d·(q·x) + m·Σx`, the x block sums in `scratch`: m·k/32 floats).
 //! - `<sym>_gemm` (prefill, m ≥ 4): four weight rows are widened into `scratch` (4·k floats,
 //!   the caller's, per thread), then a 4×4 register tile — four x rows by four weight rows,
 //!   sixteen accumulators — walks k 16 at a time (8 loads for 16 FMAs); leftover x rows take a
@@ -187,14 +188,39 @@ fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
 }
 
 /// `<sym>_gemv`: columns outermost, each x row's dot product with the column's widened blocks.
+/// Q4_1 splits the block's d·q + m: `d · (q·x) + m · Σx`, the x block sums computed once per
+/// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first.
 fn emit_gemv(dtype: DType) -> String {
     let mut f = F { s: String::new(), n: 0 };
     let (nb, rowb) = prologue(&mut f, dtype);
     let (n0, n1, m, nbi) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"), f.idx(&nb));
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
+    let fzero = f.op("arith.constant 0.0 : f32");
     let c16 = f.c64(16);
     let c32 = f.c64(32);
+    let split = dtype == DType::Q4_1;
+    if split {
+        // scratch[i * nb + b] = sum of x row i's block b
+        f.line(format!("scf.for %si = {c0} to {m} step {c1} {{"));
+        let i = f.i64("%si");
+        let xoff = f.mul(&i, "%k");
+        let xr = f.gep("%x", &xoff, "f32");
+        let soff = f.mul(&i, &nb);
+        let sr = f.gep("%scratch", &soff, "f32");
+        f.line(format!("scf.for %sb = {c0} to {nbi} step {c1} {{"));
+        let b = f.i64("%sb");
+        let e = f.mul(&b, &c32);
+        let px = f.gep(&xr, &e, "f32");
+        let xl = f.load(&px, V, 4);
+        let px2 = f.gep(&px, &c16, "f32");
+        let xh = f.load(&px2, V, 4);
+        let t = f.op(format!("arith.addf {xl}, {xh} : {V}"));
+        let r = f.op(format!("vector.reduction <add>, {t} : {V} into f32"));
+        store_f32(&mut f, &sr, &b, &r);
+        f.line("}");
+        f.line("}");
+    }
     f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
     let j = f.i64("%j");
     let roff = f.mul(&j, &rowb);
@@ -203,20 +229,53 @@ fn emit_gemv(dtype: DType) -> String {
     let i = f.i64("%i");
     let xoff = f.mul(&i, "%k");
     let xr = f.gep("%x", &xoff, "f32");
-    f.line(format!("%acc:2 = scf.for %b = {c0} to {nbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}) -> ({V}, {V}) {{"));
+    let soff = f.mul(&i, &nb);
+    let sr = f.gep("%scratch", &soff, "f32");
+    f.line(format!("%acc:3 = scf.for %b = {c0} to {nbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms = {fzero}) -> ({V}, {V}, f32) {{"));
     let b = f.i64("%b");
-    let (wl, wh) = widen(&mut f, dtype, &row, &b);
     let e = f.mul(&b, &c32);
     let px = f.gep(&xr, &e, "f32");
     let xl = f.load(&px, V, 4);
     let px2 = f.gep(&px, &c16, "f32");
     let xh = f.load(&px2, V, 4);
-    let a0 = f.op(format!("vector.fma {wl}, {xl}, %a0 : {V}"));
-    let a1 = f.op(format!("vector.fma {wh}, {xh}, %a1 : {V}"));
-    f.line(format!("scf.yield {a0}, {a1} : {V}, {V}"));
+    if split {
+        let bb = f.c64(block_bytes(dtype) as i64);
+        let off = f.mul(&b, &bb);
+        let p = f.gep(&row, &off, "i8");
+        let dh = f.load(&p, "f16", 1);
+        let d = f.op(format!("arith.extf {dh} : f16 to f32"));
+        let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+        let c2 = f.c64(2);
+        let pm = f.gep(&p, &c2, "i8");
+        let mh = f.load(&pm, "f16", 1);
+        let mm = f.op(format!("arith.extf {mh} : f16 to f32"));
+        let c4 = f.c64(4);
+        let pq = f.gep(&p, &c4, "i8");
+        let qs = f.load(&pq, "vector<16xi8>", 1);
+        let m15 = f.op("arith.constant dense<15> : vector<16xi8>");
+        let s4 = f.op("arith.constant dense<4> : vector<16xi8>");
+        let lo = f.op(format!("arith.andi {qs}, {m15} : vector<16xi8>"));
+        let hi = f.op(format!("arith.shrui {qs}, {s4} : vector<16xi8>"));
+        let lf = f.op(format!("arith.uitofp {lo} : vector<16xi8> to {V}"));
+        let hf = f.op(format!("arith.uitofp {hi} : vector<16xi8> to {V}"));
+        let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
+        let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
+        let a0 = f.op(format!("vector.fma {dv}, {t}, %a0 : {V}"));
+        let ps = f.gep(&sr, &b, "f32");
+        let sx = f.load(&ps, "f32", 4);
+        let msx = f.op(format!("arith.mulf {mm}, {sx} : f32"));
+        let ms = f.op(format!("arith.addf %ms, {msx} : f32"));
+        f.line(format!("scf.yield {a0}, %a1, {ms} : {V}, {V}, f32"));
+    } else {
+        let (wl, wh) = widen(&mut f, dtype, &row, &b);
+        let a0 = f.op(format!("vector.fma {wl}, {xl}, %a0 : {V}"));
+        let a1 = f.op(format!("vector.fma {wh}, {xh}, %a1 : {V}"));
+        f.line(format!("scf.yield {a0}, {a1}, %ms : {V}, {V}, f32"));
+    }
     f.line("}");
     let s = f.op(format!("arith.addf %acc#0, %acc#1 : {V}"));
     let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
+    let r = f.op(format!("arith.addf {r}, %acc#2 : f32"));
     let yo = f.mul(&i, "%ldy");
     let yo = f.add(&yo, &j);
     store_f32(&mut f, "%y", &yo, &r);
