@@ -64,7 +64,13 @@ enum Val {
 pub trait PackedMatMul: Send + Sync {
     /// Whether the kernels take a weight of `dtype` and shape [n, k].
     fn takes(&self, dtype: DType, n: usize, k: usize) -> bool;
-    /// y[m, n] = x[m, k] · W[n, k]ᵀ with W as stored (`w`: its bytes).
+    /// The bytes the kernels read for a weight they take, from its stored bytes, once at load
+    /// (a layout of their own; the default: as stored).
+    fn prepare(&self, dtype: DType, n: usize, k: usize, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let _ = (dtype, n, k);
+        Ok(stored.to_vec())
+    }
+    /// y[m, n] = x[m, k] · W[n, k]ᵀ (`w`: the bytes [`PackedMatMul::prepare`] gave).
     fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String>;
     /// Run `step` (a whole [`Executor::run`]) where the kernels' workers are, so that the
     /// step's serial work and its matmuls share those threads rather than compete with them
@@ -230,7 +236,8 @@ impl<'g> Executor<'g> {
             }
             if let (Some(kern), [rows, cols]) = (&kernels, want.as_slice()) {
                 if kernel_uses && kern.takes(dtype, *rows, *cols) {
-                    packed.insert(id, PackedWeight { dtype, n: *rows, k: *cols, bytes: bytes.to_vec() });
+                    let prepared = kern.prepare(dtype, *rows, *cols, bytes).map_err(|msg| IrError::Weight { name: n.name.clone(), msg })?;
+                    packed.insert(id, PackedWeight { dtype, n: *rows, k: *cols, bytes: prepared });
                     if !other_uses {
                         continue;
                     }

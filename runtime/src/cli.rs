@@ -635,6 +635,10 @@ pub struct BenchCpuArgs {
     /// time the reference executor (`--backend reference`) instead of the compiled kernels
     #[arg(long)]
     pub reference: bool,
+    /// the x86-64 level whose library runs (x86-64-v3, x86-64-v4; default: the highest this
+    /// CPU runs)
+    #[arg(long)]
+    pub target: Option<String>,
     /// also write the result here as JSON
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -656,7 +660,7 @@ pub fn bench_cpu(a: &BenchCpuArgs) -> anyhow::Result<serde_json::Value> {
     let (mut backend, target, threads) = if a.reference {
         (CpuBackend::new(&graph, &plan, kv)?, "reference executor".to_string(), 1)
     } else {
-        let k = crate::cpu_kernels::CpuKernels::load(&plan, a.threads)?;
+        let k = crate::cpu_kernels::CpuKernels::load_target(&plan, a.threads, a.target.as_deref())?;
         let (t, n) = (k.target().to_string(), k.threads());
         (CpuBackend::with_kernels(&graph, &plan, kv, std::sync::Arc::new(k))?, t, n)
     };

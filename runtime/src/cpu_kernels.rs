@@ -57,10 +57,20 @@ pub fn cpu_runs(target: &str) -> bool {
 impl CpuKernels {
     /// Load the plan's library for this CPU; `threads` workers (0: one per core).
     pub fn load(plan: &Plan, threads: usize) -> Result<CpuKernels> {
+        Self::load_target(plan, threads, None)
+    }
+
+    /// [`CpuKernels::load`], with the library of x86-64 level `target` where given (it must
+    /// be in the plan and run on this CPU) instead of the highest one that runs.
+    pub fn load_target(plan: &Plan, threads: usize, target: Option<&str>) -> Result<CpuKernels> {
         let err = |msg: String| RuntimeError::Plan { path: plan.path.clone(), msg };
         let prog = plan.header.cpu.as_ref().ok_or_else(|| err("the plan has no compiled CPU kernels (compiled before they existed, or without a C compiler); `--backend reference` runs it".into()))?;
-        let target = crate::plan::CPU_TARGETS.iter().rev().find(|t| prog.libraries.contains_key(**t) && cpu_runs(t)).ok_or_else(|| {
-            err(format!("this CPU runs none of the plan's CPU libraries ({:?}; x86-64-v3 needs AVX2, FMA and F16C); `--backend reference` runs it", prog.libraries.keys().collect::<Vec<_>>()))
+        let target = crate::plan::CPU_TARGETS.iter().rev().find(|t| prog.libraries.contains_key(**t) && cpu_runs(t) && target.is_none_or(|w| w == **t)).ok_or_else(|| {
+            err(format!(
+                "this CPU runs none of the plan's CPU libraries{} ({:?}; x86-64-v3 needs AVX2, FMA and F16C); `--backend reference` runs it",
+                target.map(|t| format!(" asked for ({t})")).unwrap_or_default(),
+                prog.libraries.keys().collect::<Vec<_>>()
+            ))
         })?;
         let so = base64::engine::general_purpose::STANDARD.decode(&prog.libraries[*target]).map_err(|e| err(format!("cpu.libraries.{target}: not base64: {e}")))?;
         // dlopen needs a file: a private one, removed once mapped
@@ -120,9 +130,18 @@ impl PackedMatMul for CpuKernels {
         self.fns.contains_key(&dtype) && k > 0 && k % 32 == 0 && n % 4 == 0 && n > 0
     }
 
+    fn prepare(&self, dtype: DType, n: usize, k: usize, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        match dtype {
+            // (Q4_1 in the kernels' layout: f32 scales apart from the nibbles)
+            DType::Q4_1 => dsc_ir::quant::q4_1_cpu_layout(stored, n, k).ok_or_else(|| format!("{} bytes are not q4_1 [{n}, {k}]", stored.len())),
+            _ => Ok(stored.to_vec()),
+        }
+    }
+
     fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
         let &(gemv, gemm) = self.fns.get(&dtype).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
-        if !self.takes(dtype, n, k) || dtype.bytes_for(n * k) != Some(w.len()) || x.len() != m * k {
+        let want = if dtype == DType::Q4_1 { Some(n * (k / 32) * 24) } else { dtype.bytes_for(n * k) };
+        if !self.takes(dtype, n, k) || want != Some(w.len()) || x.len() != m * k {
             return Err(format!("CPU matmul: {m}x{k} by {dtype} [{n}, {k}] ({} weight bytes, {} x values) does not fit the kernels", w.len(), x.len()));
         }
         let mut y = vec![0f32; m * n];

@@ -1,7 +1,8 @@
 //! The CPU matmul family: `y[i, j] = sum_k x[i, k] · W[j, k]` for output columns `n0..n1`,
-//! W read in its stored (packed) form — GGUF Q4_0 / Q4_1 / Q8_0 blocks, f16, bf16 or f32 rows —
-//! and widened to f32 in registers, 16 lanes at a time (one zmm on AVX-512; two ymm on AVX2,
-//! where LLVM splits the vectors).
+//! W read packed — GGUF Q4_0 / Q8_0 blocks, f16, bf16 or f32 rows as stored; Q4_1 in the CPU
+//! layout `dsc_ir::quant::q4_1_cpu_layout` makes of it at load (a row's nibbles, then its f32
+//! scales, then its f32 minima) — and widened to f32 in registers, 16 lanes at a time (one zmm
+//! on AVX-512; two ymm on AVX2, where LLVM splits the vectors).
 //!
 //! Two functions per weight type, same C signature
 //! `(x: *const f32, w: *const u8, y: *mut f32, scratch: *mut f32, m, k, n0, n1, ldy: i64)`:
@@ -32,13 +33,43 @@ pub fn symbol(dtype: DType) -> String {
     format!("dsc_cpu_matmul_{}", dtype.name())
 }
 
-/// Bytes of one 32-element block of a weight row.
+/// Bytes of one 32-element block of a weight row as the kernels read it (Q4_1: 24, the CPU
+/// layout of `dsc_ir::quant::q4_1_cpu_layout`).
 fn block_bytes(dtype: DType) -> usize {
     match dtype {
         DType::F32 => 128,
         DType::F16 | DType::BF16 => 64,
+        DType::Q4_1 => 24,
         other => other.block().1,
     }
+}
+
+/// 16 bytes of nibbles at `p` → (low nibbles, high nibbles) as vector<16xf32>: the bytes
+/// widened once, the nibbles split in the 32-bit lanes (one widening per 16 bytes).
+fn nibbles(f: &mut F, p: &str) -> (String, String) {
+    let qs = f.load(p, "vector<16xi8>", 1);
+    let q32 = f.op(format!("arith.extui {qs} : vector<16xi8> to vector<16xi32>"));
+    let m15 = f.op("arith.constant dense<15> : vector<16xi32>");
+    let s4 = f.op("arith.constant dense<4> : vector<16xi32>");
+    let lo = f.op(format!("arith.andi {q32}, {m15} : vector<16xi32>"));
+    let hi = f.op(format!("arith.shrui {q32}, {s4} : vector<16xi32>"));
+    (f.op(format!("arith.sitofp {lo} : vector<16xi32> to {V}")), f.op(format!("arith.sitofp {hi} : vector<16xi32> to {V}")))
+}
+
+/// Block `b` of a Q4_1 row in the CPU layout (`nb` blocks: nibbles, then f32 d, then f32 m):
+/// (low nibbles, high nibbles as f32, d, m).
+fn q4_1_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, String, String) {
+    let c16 = f.c64(16);
+    let off = f.mul(b, &c16);
+    let pq = f.gep(row, &off, "i8");
+    let (lf, hf) = nibbles(f, &pq);
+    let qbytes = f.mul(nb, &c16);
+    let pd0 = f.gep(row, &qbytes, "i8");
+    let pd = f.gep(&pd0, b, "f32");
+    let d = f.load(&pd, "f32", 4);
+    let pm = f.gep(&pd, nb, "f32");
+    let m = f.load(&pm, "f32", 4);
+    (lf, hf, d, m)
 }
 
 /// SSA-name generator and text sink for one function.
@@ -92,7 +123,14 @@ const V: &str = "vector<16xf32>";
 /// Widen block `b` (i64 SSA value) of the weight row at `row` (ptr) into two vector<16xf32>:
 /// elements 0..16 and 16..32 of the block, exactly as `dsc_ir::quant::decode` widens them
 /// (d·q + m by one FMA for Q4_1).
-fn widen(f: &mut F, dtype: DType, row: &str, b: &str) -> (String, String) {
+fn widen(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> (String, String) {
+    if dtype == DType::Q4_1 {
+        // d·q + m
+        let (lf, hf, d, m) = q4_1_block(f, row, nb, b);
+        let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+        let mv = f.op(format!("vector.broadcast {m} : f32 to {V}"));
+        return (f.op(format!("vector.fma {dv}, {lf}, {mv} : {V}")), f.op(format!("vector.fma {dv}, {hf}, {mv} : {V}")));
+    }
     let bb = f.c64(block_bytes(dtype) as i64);
     let off = f.mul(b, &bb);
     let p = f.gep(row, &off, "i8");
@@ -143,29 +181,15 @@ fn widen(f: &mut F, dtype: DType, row: &str, b: &str) -> (String, String) {
             let hf = f.op(format!("arith.sitofp {h} : vector<16xi8> to {V}"));
             (f.op(format!("arith.mulf {d}, {lf} : {V}")), f.op(format!("arith.mulf {d}, {hf} : {V}")))
         }
-        DType::Q4_0 | DType::Q4_1 => {
+        DType::Q4_0 => {
+            // d·(q − 8)
             let d = scale(f, 0);
-            let (q, qat) = if dtype == DType::Q4_1 { (None, 4) } else { (Some(()), 2) };
-            let qs = bytes16(f, qat);
-            let m15 = f.op("arith.constant dense<15> : vector<16xi8>");
-            let s4 = f.op("arith.constant dense<4> : vector<16xi8>");
-            let lo = f.op(format!("arith.andi {qs}, {m15} : vector<16xi8>"));
-            let hi = f.op(format!("arith.shrui {qs}, {s4} : vector<16xi8>"));
-            let lf = f.op(format!("arith.uitofp {lo} : vector<16xi8> to {V}"));
-            let hf = f.op(format!("arith.uitofp {hi} : vector<16xi8> to {V}"));
-            match q {
-                // Q4_0: d·(q − 8)
-                Some(()) => {
-                    let eight = f.op(format!("arith.constant dense<8.0> : {V}"));
-                    let (l8, h8) = (f.op(format!("arith.subf {lf}, {eight} : {V}")), f.op(format!("arith.subf {hf}, {eight} : {V}")));
-                    (f.op(format!("arith.mulf {d}, {l8} : {V}")), f.op(format!("arith.mulf {d}, {h8} : {V}")))
-                }
-                // Q4_1: d·q + m
-                None => {
-                    let m = scale(f, 2);
-                    (f.op(format!("vector.fma {d}, {lf}, {m} : {V}")), f.op(format!("vector.fma {d}, {hf}, {m} : {V}")))
-                }
-            }
+            let c2 = f.c64(2);
+            let pq = f.gep(&p, &c2, "i8");
+            let (lf, hf) = nibbles(f, &pq);
+            let eight = f.op(format!("arith.constant dense<8.0> : {V}"));
+            let (l8, h8) = (f.op(format!("arith.subf {lf}, {eight} : {V}")), f.op(format!("arith.subf {hf}, {eight} : {V}")));
+            (f.op(format!("arith.mulf {d}, {l8} : {V}")), f.op(format!("arith.mulf {d}, {h8} : {V}")))
         }
         other => unreachable!("{other} is not in DTYPES (fits refuses it)"),
     }
@@ -239,25 +263,8 @@ fn emit_gemv(dtype: DType) -> String {
     let px2 = f.gep(&px, &c16, "f32");
     let xh = f.load(&px2, V, 4);
     if split {
-        let bb = f.c64(block_bytes(dtype) as i64);
-        let off = f.mul(&b, &bb);
-        let p = f.gep(&row, &off, "i8");
-        let dh = f.load(&p, "f16", 1);
-        let d = f.op(format!("arith.extf {dh} : f16 to f32"));
+        let (lf, hf, d, mm) = q4_1_block(&mut f, &row, &nb, &b);
         let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
-        let c2 = f.c64(2);
-        let pm = f.gep(&p, &c2, "i8");
-        let mh = f.load(&pm, "f16", 1);
-        let mm = f.op(format!("arith.extf {mh} : f16 to f32"));
-        let c4 = f.c64(4);
-        let pq = f.gep(&p, &c4, "i8");
-        let qs = f.load(&pq, "vector<16xi8>", 1);
-        let m15 = f.op("arith.constant dense<15> : vector<16xi8>");
-        let s4 = f.op("arith.constant dense<4> : vector<16xi8>");
-        let lo = f.op(format!("arith.andi {qs}, {m15} : vector<16xi8>"));
-        let hi = f.op(format!("arith.shrui {qs}, {s4} : vector<16xi8>"));
-        let lf = f.op(format!("arith.uitofp {lo} : vector<16xi8> to {V}"));
-        let hf = f.op(format!("arith.uitofp {hi} : vector<16xi8> to {V}"));
         let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
         let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
         let a0 = f.op(format!("vector.fma {dv}, {t}, %a0 : {V}"));
@@ -267,7 +274,7 @@ fn emit_gemv(dtype: DType) -> String {
         let ms = f.op(format!("arith.addf %ms, {msx} : f32"));
         f.line(format!("scf.yield {a0}, %a1, {ms} : {V}, {V}, f32"));
     } else {
-        let (wl, wh) = widen(&mut f, dtype, &row, &b);
+        let (wl, wh) = widen(&mut f, dtype, &row, &nb, &b);
         let a0 = f.op(format!("vector.fma {wl}, {xl}, %a0 : {V}"));
         let a1 = f.op(format!("vector.fma {wh}, {xh}, %a1 : {V}"));
         f.line(format!("scf.yield {a0}, {a1}, %ms : {V}, {V}, f32"));
@@ -308,7 +315,7 @@ fn emit_gemm(dtype: DType) -> String {
     let srow = f.gep("%scratch", &soff, "f32");
     f.line(format!("scf.for %b = {c0} to {nbi} step {c1} {{"));
     let b = f.i64("%b");
-    let (wl, wh) = widen(&mut f, dtype, &row, &b);
+    let (wl, wh) = widen(&mut f, dtype, &row, &nb, &b);
     let e = f.mul(&b, &c32);
     let ps = f.gep(&srow, &e, "f32");
     f.line(format!("llvm.store {wl}, {ps} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
