@@ -301,26 +301,45 @@ pub fn pack_i4g128(groups: impl IntoIterator<Item = (f16, f16, [u8; 128])>) -> V
     out
 }
 
-/// Q4_1 rows [n, k] in the CPU kernels' layout (`dsc_codegen::cpu::matmul`): per row, the
-/// k/32 blocks' 16 nibble bytes back to back, then their scales d as f32, then their minima m
-/// as f32 (24 bytes a block instead of 20: the kernels broadcast the scales straight from
-/// memory instead of converting two f16 per block). None when the bytes are not n rows of k.
-pub fn q4_1_cpu_layout(bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
-    if k % 32 != 0 || bytes.len() != n.checked_mul(k / 32)?.checked_mul(20)? {
+/// Weights [n, k] of `dtype` in the CPU kernels' layout (`dsc_codegen::cpu::matmul`), for the
+/// block formats that have one: per row, the k/32 blocks' quants back to back (Q4_1: 16 nibble
+/// bytes, Q8_0: 32 bytes), then their scales d as f32, then (Q4_1) their minima m as f32 — the
+/// kernels broadcast scales straight from memory instead of converting f16 per block. None:
+/// the type is read as stored, or the bytes are not n rows of k.
+pub fn cpu_layout(dtype: DType, bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
+    let (qb, mins) = match dtype {
+        DType::Q4_1 => (16, true),
+        DType::Q8_0 => (32, false),
+        _ => return None,
+    };
+    let stored = dtype.block().1;
+    if k % 32 != 0 || bytes.len() != n.checked_mul(k / 32)?.checked_mul(stored)? {
         return None;
     }
     let nb = k / 32;
-    let mut out = vec![0u8; n * nb * 24];
-    for (src, dst) in bytes.chunks_exact(nb * 20).zip(out.chunks_exact_mut(nb * 24)) {
-        let (qs, rest) = dst.split_at_mut(nb * 16);
+    let row = nb * (qb + 4 + 4 * mins as usize);
+    let mut out = vec![0u8; n * row];
+    for (src, dst) in bytes.chunks_exact(nb * stored).zip(out.chunks_exact_mut(row)) {
+        let (qs, rest) = dst.split_at_mut(nb * qb);
         let (ds, ms) = rest.split_at_mut(nb * 4);
-        for (b, blk) in src.chunks_exact(20).enumerate() {
-            qs[b * 16..b * 16 + 16].copy_from_slice(&blk[4..]);
+        for (b, blk) in src.chunks_exact(stored).enumerate() {
+            qs[b * qb..(b + 1) * qb].copy_from_slice(&blk[stored - qb..]);
             ds[b * 4..b * 4 + 4].copy_from_slice(&f16::from_le_bytes([blk[0], blk[1]]).to_f32().to_le_bytes());
-            ms[b * 4..b * 4 + 4].copy_from_slice(&f16::from_le_bytes([blk[2], blk[3]]).to_f32().to_le_bytes());
+            if mins {
+                ms[b * 4..b * 4 + 4].copy_from_slice(&f16::from_le_bytes([blk[2], blk[3]]).to_f32().to_le_bytes());
+            }
         }
     }
     Some(out)
+}
+
+/// Bytes of [n, k] weights of `dtype` as the CPU kernels read them ([`cpu_layout`] or stored).
+pub fn cpu_layout_bytes(dtype: DType, n: usize, k: usize) -> Option<usize> {
+    match dtype {
+        DType::Q4_1 => n.checked_mul(k / 32)?.checked_mul(24),
+        DType::Q8_0 => n.checked_mul(k / 32)?.checked_mul(36),
+        _ => dtype.bytes_for(n.checked_mul(k)?),
+    }
 }
 
 /// Encode f32 values as `dtype` (round to nearest even; FP8 and ints saturate). Block formats

@@ -132,15 +132,15 @@ impl PackedMatMul for CpuKernels {
 
     fn prepare(&self, dtype: DType, n: usize, k: usize, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
         match dtype {
-            // (Q4_1 in the kernels' layout: f32 scales apart from the nibbles)
-            DType::Q4_1 => dsc_ir::quant::q4_1_cpu_layout(stored, n, k).ok_or_else(|| format!("{} bytes are not q4_1 [{n}, {k}]", stored.len())),
+            // (Q4_1 and Q8_0 in the kernels' layout: f32 scales apart from the quants)
+            DType::Q4_1 | DType::Q8_0 => dsc_ir::quant::cpu_layout(dtype, stored, n, k).ok_or_else(|| format!("{} bytes are not {dtype} [{n}, {k}]", stored.len())),
             _ => Ok(stored.to_vec()),
         }
     }
 
     fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
         let &(gemv, gemm) = self.fns.get(&dtype).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
-        let want = if dtype == DType::Q4_1 { Some(n * (k / 32) * 24) } else { dtype.bytes_for(n * k) };
+        let want = dsc_ir::quant::cpu_layout_bytes(dtype, n, k);
         if !self.takes(dtype, n, k) || want != Some(w.len()) || x.len() != m * k {
             return Err(format!("CPU matmul: {m}x{k} by {dtype} [{n}, {k}] ({} weight bytes, {} x values) does not fit the kernels", w.len(), x.len()));
         }

@@ -1,7 +1,7 @@
 //! The CPU matmul family: `y[i, j] = sum_k x[i, k] · W[j, k]` for output columns `n0..n1`,
-//! W read packed — GGUF Q4_0 / Q8_0 blocks, f16, bf16 or f32 rows as stored; Q4_1 in the CPU
-//! layout `dsc_ir::quant::q4_1_cpu_layout` makes of it at load (a row's nibbles, then its f32
-//! scales, then its f32 minima) — and widened to f32 in registers, 16 lanes at a time (one zmm
+//! W read packed — GGUF Q4_0 blocks, f16, bf16 or f32 rows as stored; Q4_1 and Q8_0 in the CPU
+//! layout `dsc_ir::quant::cpu_layout` makes of them at load (a row's quants, then its f32
+//! scales, then (Q4_1) its f32 minima) — and widened to f32 in registers, 16 lanes at a time (one zmm
 //! on AVX-512; two ymm on AVX2, where LLVM splits the vectors).
 //!
 //! Two functions per weight type, same C signature
@@ -33,13 +33,14 @@ pub fn symbol(dtype: DType) -> String {
     format!("dsc_cpu_matmul_{}", dtype.name())
 }
 
-/// Bytes of one 32-element block of a weight row as the kernels read it (Q4_1: 24, the CPU
-/// layout of `dsc_ir::quant::q4_1_cpu_layout`).
+/// Bytes of one 32-element block of a weight row as the kernels read it (Q4_1: 24, Q8_0: 36,
+/// the CPU layout of `dsc_ir::quant::cpu_layout`).
 fn block_bytes(dtype: DType) -> usize {
     match dtype {
         DType::F32 => 128,
         DType::F16 | DType::BF16 => 64,
         DType::Q4_1 => 24,
+        DType::Q8_0 => 36,
         other => other.block().1,
     }
 }
@@ -54,6 +55,23 @@ fn nibbles(f: &mut F, p: &str) -> (String, String) {
     let lo = f.op(format!("arith.andi {q32}, {m15} : vector<16xi32>"));
     let hi = f.op(format!("arith.shrui {q32}, {s4} : vector<16xi32>"));
     (f.op(format!("arith.sitofp {lo} : vector<16xi32> to {V}")), f.op(format!("arith.sitofp {hi} : vector<16xi32> to {V}")))
+}
+
+/// Block `b` of a Q8_0 row in the CPU layout (`nb` blocks: 32-byte quants, then f32 d):
+/// (elements 0..16 and 16..32 as f32, d).
+fn q8_0_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, String) {
+    let (c16, c32) = (f.c64(16), f.c64(32));
+    let off = f.mul(b, &c32);
+    let pq = f.gep(row, &off, "i8");
+    let pq2 = f.gep(&pq, &c16, "i8");
+    let (l, h) = (f.load(&pq, "vector<16xi8>", 1), f.load(&pq2, "vector<16xi8>", 1));
+    let lf = f.op(format!("arith.sitofp {l} : vector<16xi8> to {V}"));
+    let hf = f.op(format!("arith.sitofp {h} : vector<16xi8> to {V}"));
+    let qbytes = f.mul(nb, &c32);
+    let pd0 = f.gep(row, &qbytes, "i8");
+    let pd = f.gep(&pd0, b, "f32");
+    let d = f.load(&pd, "f32", 4);
+    (lf, hf, d)
 }
 
 /// Block `b` of a Q4_1 row in the CPU layout (`nb` blocks: nibbles, then f32 d, then f32 m):
@@ -141,11 +159,6 @@ fn widen(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> (String, Stri
         let s = f.op(format!("arith.extf {h} : f16 to f32"));
         f.op(format!("vector.broadcast {s} : f32 to {V}"))
     };
-    let bytes16 = |f: &mut F, at: i64| {
-        let q = f.c64(at);
-        let pp = f.gep(&p, &q, "i8");
-        f.load(&pp, "vector<16xi8>", 1)
-    };
     match dtype {
         DType::F32 => {
             let lo = f.load(&p, V, 4);
@@ -175,11 +188,9 @@ fn widen(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> (String, Stri
             (out[0].clone(), out[1].clone())
         }
         DType::Q8_0 => {
-            let d = scale(f, 0);
-            let (l, h) = (bytes16(f, 2), bytes16(f, 18));
-            let lf = f.op(format!("arith.sitofp {l} : vector<16xi8> to {V}"));
-            let hf = f.op(format!("arith.sitofp {h} : vector<16xi8> to {V}"));
-            (f.op(format!("arith.mulf {d}, {lf} : {V}")), f.op(format!("arith.mulf {d}, {hf} : {V}")))
+            let (lf, hf, d) = q8_0_block(f, row, nb, b);
+            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+            (f.op(format!("arith.mulf {dv}, {lf} : {V}")), f.op(format!("arith.mulf {dv}, {hf} : {V}")))
         }
         DType::Q4_0 => {
             // d·(q − 8)
@@ -213,7 +224,8 @@ fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
 
 /// `<sym>_gemv`: columns outermost, each x row's dot product with the column's widened blocks.
 /// Q4_1 splits the block's d·q + m: `d · (q·x) + m · Σx`, the x block sums computed once per
-/// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first.
+/// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first; Q8_0
+/// likewise takes `d · (q·x)`.
 fn emit_gemv(dtype: DType) -> String {
     let mut f = F { s: String::new(), n: 0 };
     let (nb, rowb) = prologue(&mut f, dtype);
@@ -273,6 +285,14 @@ fn emit_gemv(dtype: DType) -> String {
         let msx = f.op(format!("arith.mulf {mm}, {sx} : f32"));
         let ms = f.op(format!("arith.addf %ms, {msx} : f32"));
         f.line(format!("scf.yield {a0}, %a1, {ms} : {V}, {V}, f32"));
+    } else if dtype == DType::Q8_0 {
+        // d · (q·x)
+        let (lf, hf, d) = q8_0_block(&mut f, &row, &nb, &b);
+        let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+        let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
+        let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
+        let a0 = f.op(format!("vector.fma {dv}, {t}, %a0 : {V}"));
+        f.line(format!("scf.yield {a0}, %a1, %ms : {V}, {V}, f32"));
     } else {
         let (wl, wh) = widen(&mut f, dtype, &row, &nb, &b);
         let a0 = f.op(format!("vector.fma {wl}, {xl}, %a0 : {V}"));

@@ -34,8 +34,8 @@ fn matmul_kernels_match_the_widened_weights_for_every_type_and_target() {
             let wf: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
             let stored = dsc_ir::quant::encode(dt, &wf).unwrap();
             let w = dsc_ir::quant::decode(dt, &stored, n * k).unwrap();
-            // (Q4_1 as the runtime prepares it: the CPU layout)
-            let packed = if dt == DType::Q4_1 { dsc_ir::quant::q4_1_cpu_layout(&stored, n, k).unwrap() } else { stored };
+            // (as the runtime prepares it: the CPU layout where the type has one)
+            let packed = dsc_ir::quant::cpu_layout(dt, &stored, n, k).unwrap_or(stored);
             for m in [1usize, 3, 4, 6] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
                 for (f, min_m) in [("gemv", 1), ("gemm", 4)] {
