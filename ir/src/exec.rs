@@ -72,6 +72,20 @@ pub trait PackedMatMul: Send + Sync {
     }
     /// y[m, n] = x[m, k] · W[n, k]ᵀ (`w`: the bytes [`PackedMatMul::prepare`] gave).
     fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String>;
+    /// y[m, Σn] = x · [W₁; W₂; …]ᵀ: the parts' products side by side in each row (a
+    /// concatenating matmul, e.g. Q, K and V), as the kernels can in one hand-off. The
+    /// default: one [`PackedMatMul::matmul`] each, interleaved.
+    fn matmul_cat(&self, parts: &[(DType, &[u8], usize)], k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
+        let ys = parts.iter().map(|&(d, w, n)| self.matmul(d, w, n, k, x, m)).collect::<std::result::Result<Vec<_>, _>>()?;
+        let total: usize = parts.iter().map(|p| p.2).sum();
+        let mut y = Vec::with_capacity(m * total);
+        for r in 0..m {
+            for (p, yp) in parts.iter().zip(&ys) {
+                y.extend_from_slice(&yp[r * p.2..(r + 1) * p.2]);
+            }
+        }
+        Ok(y)
+    }
     /// Run `step` (a whole [`Executor::run`]) where the kernels' workers are, so that the
     /// step's serial work and its matmuls share those threads rather than compete with them
     /// (the default: on the calling thread).
@@ -506,6 +520,16 @@ impl Executor<'_> {
             }
         };
         if matches!(op, Op::MatMulCat) {
+            // every weight packed: one hand-off for all parts
+            let packed: Option<Vec<&PackedWeight>> = ops[1..].iter().map(|w| self.packed.get(w)).collect();
+            if let Some(ps) = packed.filter(|ps| ps.iter().all(|p| p.k == k)) {
+                let parts: Vec<(DType, &[u8], usize)> = ps.iter().map(|p| (p.dtype, &p.bytes[..], p.n)).collect();
+                let total: usize = ps.iter().map(|p| p.n).sum();
+                let y = kern.matmul_cat(&parts, k, &x.data, m).map_err(|e| xerr(g, id, e))?;
+                let mut shape = x.shape[..x.shape.len() - 1].to_vec();
+                shape.push(total);
+                return Ok(Tensor::new(shape, y));
+            }
             let parts: Vec<Tensor> = ops[1..].iter().map(|&w| product(w)).collect::<Result<_>>()?;
             let total: usize = parts.iter().map(|p| *p.shape.last().expect("rank >= 1")).sum();
             let mut data = Vec::with_capacity(m * total);

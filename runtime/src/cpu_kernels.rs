@@ -139,30 +139,49 @@ impl PackedMatMul for CpuKernels {
     }
 
     fn matmul(&self, dtype: DType, w: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
-        let &(gemv, gemm) = self.fns.get(&dtype).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
-        let want = dsc_ir::quant::cpu_layout_bytes(dtype, n, k);
-        if !self.takes(dtype, n, k) || want != Some(w.len()) || x.len() != m * k {
-            return Err(format!("CPU matmul: {m}x{k} by {dtype} [{n}, {k}] ({} weight bytes, {} x values) does not fit the kernels", w.len(), x.len()));
+        self.matmul_cat(&[(dtype, w, n)], k, x, m)
+    }
+
+    fn matmul_cat(&self, parts: &[(DType, &[u8], usize)], k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
+        let mut fns = Vec::with_capacity(parts.len());
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut total = 0usize;
+        for &(dtype, w, n) in parts {
+            let &(gemv, gemm) = self.fns.get(&dtype).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
+            if !self.takes(dtype, n, k) || dsc_ir::quant::cpu_layout_bytes(dtype, n, k) != Some(w.len()) || x.len() != m * k {
+                return Err(format!("CPU matmul: {m}x{k} by {dtype} [{n}, {k}] ({} weight bytes, {} x values) does not fit the kernels", w.len(), x.len()));
+            }
+            fns.push(if m < 4 { gemv } else { gemm });
+            starts.push(total);
+            total += n;
         }
-        let mut y = vec![0f32; m * n];
-        if m == 0 {
+        let mut y = vec![0f32; m * total];
+        if m == 0 || total == 0 {
             return Ok(y);
         }
-        let f = if m < 4 { gemv } else { gemm };
         let out = Out(y.as_mut_ptr());
-        let run = |n0: usize, n1: usize| {
+        // columns c0..c1 of the concatenation: each part's share, written in place
+        let run = |c0: usize, c1: usize| {
             let mut scratch = if m < 4 { vec![0f32; m * k / 32] } else { vec![0f32; 4 * k] };
-            // SAFETY: x holds m*k floats, w the n*k weights as stored (checked above), y m*n
-            // floats of which this run writes columns n0..n1 only, scratch m*k/32 (gemv) or
-            // 4*k floats (gemm).
-            unsafe { f(x.as_ptr(), w.as_ptr(), out.ptr(), scratch.as_mut_ptr(), m as i64, k as i64, n0 as i64, n1 as i64, n as i64) };
+            for (p, &(_, w, n)) in parts.iter().enumerate() {
+                let (a, b) = (c0.max(starts[p]), c1.min(starts[p] + n));
+                if a >= b {
+                    continue;
+                }
+                // SAFETY: x holds m*k floats, w the part's n*k weights as the kernels read them
+                // (checked above), y m*total floats: the pointer at the part's first column,
+                // rows `total` apart, this run writing its columns a..b only; scratch m*k/32
+                // (gemv) or 4*k floats (gemm).
+                unsafe { fns[p](x.as_ptr(), w.as_ptr(), out.ptr().wrapping_add(starts[p]), scratch.as_mut_ptr(), m as i64, k as i64, (a - starts[p]) as i64, (b - starts[p]) as i64, total as i64) };
+            }
         };
-        let runs = if m * n * k < SERIAL_MACS { 1 } else { self.threads.min(n / 4) };
+        let runs = if m * total * k < SERIAL_MACS { 1 } else { self.threads.min(total / 4) };
         if runs <= 1 {
-            run(0, n);
+            run(0, total);
         } else {
-            // columns in `runs` runs of whole 4-column tiles
-            let tiles = n / 4;
+            // the concatenated columns in `runs` runs of whole 4-column tiles (every part's
+            // width is a multiple of 4, so a run never splits a tile)
+            let tiles = total / 4;
             self.pool.scope(|s| {
                 for r in 0..runs {
                     let (t0, t1) = (tiles * r / runs, tiles * (r + 1) / runs);
