@@ -246,13 +246,14 @@ fn deepseek_plan_serves_with_expert_failover_and_64_streams() {
     .unwrap();
     let plan_path = d.path().join("ds.plan");
     dsc(&["compile", toml.to_str().unwrap(), "-o", plan_path.to_str().unwrap()]);
-    // the expected continuations, from the CPU backend: unmasked, and with the expert disabled
-    // that changes this prompt's continuation
+    // the expected continuations, from the CPU backend the server runs (`--backend cpu`: the
+    // plan's compiled kernels where it has them): unmasked, and with the expert disabled that
+    // changes this prompt's continuation
     let prompt = "Story 3: the river and the cloud met by the engine and";
     let ids: Vec<u32> = prompt.split(' ').map(|w| vocab.iter().position(|v| v == w).unwrap() as u32).collect();
     let plan = dsc_runtime::plan::Plan::open(&plan_path).unwrap();
     let graph = plan.graph().unwrap();
-    let mut be = CpuBackend::new(&graph, &plan, 256).unwrap();
+    let mut be = CpuBackend::of_kind(&graph, &plan, 256, false).unwrap();
     let run = |be: &mut CpuBackend| {
         let opts = dsc_runtime::generate::GenerateOptions { max_tokens: 12, sampling: Default::default(), stop_ids: vec![] };
         dsc_runtime::generate::generate(be, &ids, &opts, |_| {}).unwrap().ids.iter().map(|&i| vocab[i as usize].clone()).collect::<Vec<_>>().join(" ")
