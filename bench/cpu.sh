@@ -9,7 +9,15 @@ threads="${1:-$(nproc)}"
 gguf=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 plan=.cache/plans/smollm2-135m.plan
 [ -f "$gguf" ] || ./scripts/fetch-model.sh
-python3 -c "import llama_cpp" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check llama-cpp-python
+# (built without GGML_NATIVE: a native build on a Sapphire Rapids VM dies with an illegal
+# instruction; AVX-512 where the CPU has it, else AVX2)
+if ! python3 -c "import llama_cpp" 2>/dev/null; then
+  avx512=OFF vnni=OFF
+  grep -q avx512f /proc/cpuinfo && avx512=ON
+  grep -q avx512_vnni /proc/cpuinfo && vnni=ON
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=$avx512 -DGGML_AVX512_VNNI=$vnni" \
+    python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir llama-cpp-python
+fi
 cargo build --release -p dsc-compiler
 mkdir -p .cache/plans bench/results
 ./target/release/dsc compile models/smollm2-135m.toml -o "$plan"
