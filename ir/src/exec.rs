@@ -229,9 +229,6 @@ impl<'g> Executor<'g> {
                 return Err(IrError::Weight { name: n.name.clone(), msg: format!("source has {dtype}{shape:?}, graph expects {}", n.ty) });
             }
             let numel = want.iter().product();
-            if dtype.bytes_for(numel) != Some(bytes.len()) {
-                return Err(IrError::Weight { name: n.name.clone(), msg: format!("{} bytes do not hold {numel} {dtype} elements", bytes.len()) });
-            }
             // (per use: operand positions the matmul kernels can take it at, and any other)
             let (mut kernel_uses, mut other_uses) = (false, false);
             for u in graph.users(id) {

@@ -11,13 +11,7 @@ pub mod matmul;
 
 use crate::CodegenError;
 use dsc_ir::DType;
-use inkwell::context::Context as LlvmContext;
-use inkwell::memory_buffer::MemoryBuffer;
-use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetTriple};
-use inkwell::OptimizationLevel;
-use melior::ir::operation::OperationLike;
-use melior::ir::Module;
-use melior::pass::PassManager;
+use inkwell::targets::{FileType, InitializationConfig, RelocMode, Target as LlvmTarget};
 use std::collections::BTreeMap;
 use std::sync::Once;
 
@@ -80,47 +74,17 @@ pub fn module_mlir(dtypes: &[DType]) -> String {
 /// MLIR text → the LLVM dialect → LLVM IR text.
 pub fn lower(mlir: &str) -> Result<String, CodegenError> {
     let ctx = crate::pipeline::mlir_context();
-    let mut module = Module::parse(&ctx, mlir).ok_or_else(|| CodegenError::Mlir { stage: "parse", msg: "the generated CPU MLIR does not parse".into(), mlir: mlir.to_string() })?;
-    if !module.as_operation().verify() {
-        return Err(CodegenError::Mlir { stage: "verify", msg: "the generated CPU MLIR does not verify".into(), mlir: mlir.to_string() });
-    }
-    let pm = PassManager::new(&ctx);
-    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), CPU_PASS_PIPELINE).map_err(|e| CodegenError::Mlir { stage: "pipeline", msg: e.to_string(), mlir: mlir.to_string() })?;
-    pm.run(&mut module).map_err(|e| CodegenError::Mlir { stage: "passes", msg: e.to_string(), mlir: mlir.to_string() })?;
-    let llvm = LlvmContext::create();
-    // SAFETY: both handles are live for the call; the returned LLVM module belongs to `llvm`,
-    // and we print it and dispose of it before `llvm` is dropped.
-    unsafe {
-        let m = mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm.raw() as *mut _);
-        if m.is_null() {
-            return Err(CodegenError::Mlir { stage: "translate", msg: "translation to LLVM IR failed".into(), mlir: module.as_operation().to_string() });
-        }
-        let m = m as inkwell::llvm_sys::prelude::LLVMModuleRef;
-        let s = inkwell::llvm_sys::core::LLVMPrintModuleToString(m);
-        let text = std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned();
-        inkwell::llvm_sys::core::LLVMDisposeMessage(s);
-        inkwell::llvm_sys::core::LLVMDisposeModule(m);
-        Ok(text)
-    }
+    let module = crate::pipeline::parse_and_lower(&ctx, mlir, CPU_PASS_PIPELINE)?;
+    crate::pipeline::translate(module.as_operation(), &module.as_operation().to_string())
 }
 
 /// LLVM IR text → an object file (or assembly, for reading) for `target` (O3, PIC).
 pub fn emit_object(ir: &str, target: CpuTarget, file: FileType) -> Result<Vec<u8>, CodegenError> {
     static INIT: Once = Once::new();
     INIT.call_once(|| LlvmTarget::initialize_x86(&InitializationConfig::default()));
-    let ctx = LlvmContext::create();
-    let buf = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "cpu_kernels");
-    let module = ctx.create_module_from_ir(buf).map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let triple = TargetTriple::create("x86_64-unknown-linux-gnu");
-    module.set_triple(&triple);
-    let t = LlvmTarget::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let tm = t
-        .create_target_machine(&triple, target.name(), target.features(), OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
-        .ok_or_else(|| CodegenError::Llvm(format!("no x86-64 target machine for {}", target.name())))?;
-    module.set_data_layout(&tm.get_target_data().get_data_layout());
-    module.run_passes("default<O3>", &tm, inkwell::passes::PassBuilderOptions::create()).map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let out = tm.write_to_memory_buffer(&module, file).map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(out.as_slice().to_vec())
+    crate::pipeline::with_optimized(ir, "x86_64-unknown-linux-gnu", target.name(), target.features(), RelocMode::PIC, |tm, module| {
+        Ok(tm.write_to_memory_buffer(module, file).map_err(|e| CodegenError::Llvm(e.to_string()))?.as_slice().to_vec())
+    })
 }
 
 /// Link an object into a shared library with the C compiler driver (`$CC`, else `cc`).
