@@ -51,11 +51,14 @@ pub struct CompileOptions {
     pub codegen: dsc_codegen::CodegenOptions,
     /// `--quant` / `--calibration` over model.toml's `[precision]`
     pub precision: dsc_models::PrecisionOverride,
+    /// the C compiler driver that links the CPU kernels into shared libraries (`dsc compile`:
+    /// `$CC`, else `cc`)
+    pub cc: String,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { tp: None, optimize: true, rules: vec![], codegen: Default::default(), precision: Default::default() }
+        CompileOptions { tp: None, optimize: true, rules: vec![], codegen: Default::default(), precision: Default::default(), cc: "cc".into() }
     }
 }
 
@@ -120,7 +123,7 @@ pub fn compile_full(model_toml: &Path, o: &CompileOptions) -> anyhow::Result<Com
             (None, Some(e.to_string()), None)
         }
     };
-    let (cpu, cpu_skipped) = match lower_cpu(&graph) {
+    let (cpu, cpu_skipped) = match lower_cpu(&graph, &o.cc) {
         Ok(Some(p)) => (Some(p), None),
         Ok(None) => (None, Some("no matmul weight the CPU kernels take".to_string())),
         Err(e) => {
@@ -156,14 +159,15 @@ pub fn cpu_matmul_dtypes(graph: &dsc_ir::Graph) -> Vec<dsc_ir::DType> {
     out
 }
 
-/// Build the CPU kernels the graph's matmuls use, for every x86-64 level (None: none apply).
-pub fn lower_cpu(graph: &dsc_ir::Graph) -> Result<Option<dsc_runtime::plan::CpuProgram>, dsc_codegen::CodegenError> {
+/// Build the CPU kernels the graph's matmuls use, for every x86-64 level, linked by the C
+/// compiler driver `cc` (None: none apply).
+pub fn lower_cpu(graph: &dsc_ir::Graph, cc: &str) -> Result<Option<dsc_runtime::plan::CpuProgram>, dsc_codegen::CodegenError> {
     use base64::Engine as _;
     let dtypes = cpu_matmul_dtypes(graph);
     if dtypes.is_empty() {
         return Ok(None);
     }
-    let m = dsc_codegen::cpu::compile_cpu(&dtypes)?;
+    let m = dsc_codegen::cpu::compile_cpu(&dtypes, cc)?;
     Ok(Some(dsc_runtime::plan::CpuProgram {
         matmul_dtypes: m.dtypes.iter().map(|d| d.name().to_string()).collect(),
         libraries: m.libraries.iter().map(|(t, so)| (t.name().to_string(), base64::engine::general_purpose::STANDARD.encode(so))).collect(),

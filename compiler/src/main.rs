@@ -253,7 +253,7 @@ fn do_compile(
 ) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let codegen = dsc_compiler::codegen_options_from_env()?;
-    let c = dsc_compiler::compile_full(model, &dsc_compiler::CompileOptions { tp, optimize, rules: rules.to_vec(), codegen, precision })?;
+    let c = dsc_compiler::compile_full(model, &dsc_compiler::CompileOptions { tp, optimize, rules: rules.to_vec(), codegen, precision, cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()) })?;
     if let Some(stage) = dump_ir {
         print!("{}", stage_text(&c, &stage, fmt)?);
         if output.is_none() && dump_dir.is_none() {

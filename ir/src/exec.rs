@@ -77,14 +77,7 @@ pub trait PackedMatMul: Send + Sync {
     /// default: one [`PackedMatMul::matmul`] each, interleaved.
     fn matmul_cat(&self, parts: &[(DType, &[u8], usize)], k: usize, x: &[f32], m: usize) -> std::result::Result<Vec<f32>, String> {
         let ys = parts.iter().map(|&(d, w, n)| self.matmul(d, w, n, k, x, m)).collect::<std::result::Result<Vec<_>, _>>()?;
-        let total: usize = parts.iter().map(|p| p.2).sum();
-        let mut y = Vec::with_capacity(m * total);
-        for r in 0..m {
-            for (p, yp) in parts.iter().zip(&ys) {
-                y.extend_from_slice(&yp[r * p.2..(r + 1) * p.2]);
-            }
-        }
-        Ok(y)
+        Ok(concat_columns(&parts.iter().zip(&ys).map(|(p, y)| (&y[..], p.2)).collect::<Vec<_>>(), m))
     }
     /// Run `step` (a whole [`Executor::run`]) where the kernels' workers are, so that the
     /// step's serial work and its matmuls share those threads rather than compete with them
@@ -92,6 +85,18 @@ pub trait PackedMatMul: Send + Sync {
     fn on_workers(&self, step: &mut (dyn FnMut() + Send)) {
         step()
     }
+}
+
+/// `rows` rows of several products side by side: part p holds rows of `p.1` values.
+fn concat_columns(parts: &[(&[f32], usize)], rows: usize) -> Vec<f32> {
+    let total: usize = parts.iter().map(|p| p.1).sum();
+    let mut data = Vec::with_capacity(rows * total);
+    for r in 0..rows {
+        for &(p, n) in parts {
+            data.extend_from_slice(&p[r * n..(r + 1) * n]);
+        }
+    }
+    data
 }
 
 /// A weight held as stored for [`PackedMatMul`].
@@ -528,17 +533,10 @@ impl Executor<'_> {
                 return Ok(Tensor::new(shape, y));
             }
             let parts: Vec<Tensor> = ops[1..].iter().map(|&w| product(w)).collect::<Result<_>>()?;
-            let total: usize = parts.iter().map(|p| *p.shape.last().expect("rank >= 1")).sum();
-            let mut data = Vec::with_capacity(m * total);
-            for r in 0..m {
-                for p in &parts {
-                    let n = *p.shape.last().expect("rank >= 1");
-                    data.extend_from_slice(&p.data[r * n..(r + 1) * n]);
-                }
-            }
+            let cols: Vec<(&[f32], usize)> = parts.iter().map(|p| (&p.data[..], *p.shape.last().expect("rank >= 1"))).collect();
             let mut shape = parts[0].shape.clone();
-            *shape.last_mut().expect("rank >= 1") = total;
-            return Ok(Tensor::new(shape, data));
+            *shape.last_mut().expect("rank >= 1") = cols.iter().map(|c| c.1).sum();
+            return Ok(Tensor::new(shape, concat_columns(&cols, m)));
         }
         // operands: x, W, [bias], [residual (MatMulAdd)]
         let (mm, resid) = match op {
@@ -669,18 +667,11 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
         }
         Op::MatMulCat => {
             let parts: Vec<Tensor> = a[1..].iter().map(|w| eval(&Op::MatMul { transpose_b: true }, &[a[0], w], dtype, declared)).collect::<Result<_, _>>()?;
-            let total: usize = parts.iter().map(|p| *p.shape.last().expect("rank >= 2")).sum();
             let rows = parts[0].numel() / parts[0].shape.last().copied().unwrap_or(1).max(1);
-            let mut data = Vec::with_capacity(rows * total);
-            for r in 0..rows {
-                for p in &parts {
-                    let n = *p.shape.last().expect("rank >= 2");
-                    data.extend_from_slice(&p.data[r * n..(r + 1) * n]);
-                }
-            }
+            let cols: Vec<(&[f32], usize)> = parts.iter().map(|p| (&p.data[..], *p.shape.last().expect("rank >= 2"))).collect();
             let mut shape = parts[0].shape.clone();
-            *shape.last_mut().expect("rank >= 2") = total;
-            Tensor::new(shape, data)
+            *shape.last_mut().expect("rank >= 2") = cols.iter().map(|c| c.1).sum();
+            Tensor::new(shape, concat_columns(&cols, rows))
         }
         Op::MatMulAct { transpose_b, act } => {
             let mut y = eval(&Op::MatMul { transpose_b: *transpose_b }, a, dtype, declared)?;

@@ -217,6 +217,16 @@ fn prologue(f: &mut F, dtype: DType) -> (String, String) {
     (nb, rowb)
 }
 
+/// Block `b` of the x row at `xr`: its elements 0..16 and 16..32.
+fn x_block(f: &mut F, xr: &str, b: &str) -> (String, String) {
+    let (c16, c32) = (f.c64(16), f.c64(32));
+    let e = f.mul(b, &c32);
+    let px = f.gep(xr, &e, "f32");
+    let xl = f.load(&px, V, 4);
+    let px2 = f.gep(&px, &c16, "f32");
+    (xl, f.load(&px2, V, 4))
+}
+
 fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
     let p = f.gep(base, at, "f32");
     f.line(format!("llvm.store {v}, {p} {{alignment = 4 : i64}} : f32, !llvm.ptr"));
@@ -233,8 +243,6 @@ fn emit_gemv(dtype: DType) -> String {
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
     let fzero = f.op("arith.constant 0.0 : f32");
-    let c16 = f.c64(16);
-    let c32 = f.c64(32);
     let split = dtype == DType::Q4_1;
     if split {
         // scratch[i * nb + b] = sum of x row i's block b
@@ -246,11 +254,7 @@ fn emit_gemv(dtype: DType) -> String {
         let sr = f.gep("%scratch", &soff, "f32");
         f.line(format!("scf.for %sb = {c0} to {nbi} step {c1} {{"));
         let b = f.i64("%sb");
-        let e = f.mul(&b, &c32);
-        let px = f.gep(&xr, &e, "f32");
-        let xl = f.load(&px, V, 4);
-        let px2 = f.gep(&px, &c16, "f32");
-        let xh = f.load(&px2, V, 4);
+        let (xl, xh) = x_block(&mut f, &xr, &b);
         let t = f.op(format!("arith.addf {xl}, {xh} : {V}"));
         let r = f.op(format!("vector.reduction <add>, {t} : {V} into f32"));
         store_f32(&mut f, &sr, &b, &r);
@@ -269,11 +273,7 @@ fn emit_gemv(dtype: DType) -> String {
     let sr = f.gep("%scratch", &soff, "f32");
     f.line(format!("%acc:3 = scf.for %b = {c0} to {nbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms = {fzero}) -> ({V}, {V}, f32) {{"));
     let b = f.i64("%b");
-    let e = f.mul(&b, &c32);
-    let px = f.gep(&xr, &e, "f32");
-    let xl = f.load(&px, V, 4);
-    let px2 = f.gep(&px, &c16, "f32");
-    let xh = f.load(&px2, V, 4);
+    let (xl, xh) = x_block(&mut f, &xr, &b);
     if split {
         let (lf, hf, d, mm) = q4_1_block(&mut f, &row, &nb, &b);
         let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));

@@ -87,13 +87,12 @@ pub fn emit_object(ir: &str, target: CpuTarget, file: FileType) -> Result<Vec<u8
     })
 }
 
-/// Link an object into a shared library with the C compiler driver (`$CC`, else `cc`).
-fn link_shared(object: &[u8], target: CpuTarget) -> Result<Vec<u8>, CodegenError> {
+/// Link an object into a shared library with the C compiler driver `cc`.
+fn link_shared(object: &[u8], target: CpuTarget, cc: &str) -> Result<Vec<u8>, CodegenError> {
     let dir = tempfile::tempdir().map_err(|e| CodegenError::Llvm(format!("linking the CPU kernels: a temporary directory: {e}")))?;
     let (obj, so) = (dir.path().join("kernels.o"), dir.path().join("kernels.so"));
     std::fs::write(&obj, object).map_err(|e| CodegenError::Llvm(format!("linking the CPU kernels: {}: {e}", obj.display())))?;
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = std::process::Command::new(&cc)
+    let out = std::process::Command::new(cc)
         .args(["-shared", "-nostdlib", "-Wl,-z,noexecstack", "-o"])
         .arg(&so)
         .arg(&obj)
@@ -106,8 +105,9 @@ fn link_shared(object: &[u8], target: CpuTarget) -> Result<Vec<u8>, CodegenError
 }
 
 /// Generate, lower, and build a shared library per [`CpuTarget`] for the matmul kernels of
-/// `dtypes` (those [`matmul::DTYPES`] holds; others are refused by name).
-pub fn compile_cpu(dtypes: &[DType]) -> Result<CpuModule, CodegenError> {
+/// `dtypes` (those [`matmul::DTYPES`] holds; others are refused by name), linked by the C
+/// compiler driver `cc`.
+pub fn compile_cpu(dtypes: &[DType], cc: &str) -> Result<CpuModule, CodegenError> {
     if let Some(d) = dtypes.iter().find(|d| !matmul::DTYPES.contains(d)) {
         return Err(CodegenError::Unsupported { kernel: matmul::symbol(*d), msg: format!("no CPU matmul reads {d} weights (it takes {:?})", matmul::DTYPES) });
     }
@@ -122,7 +122,7 @@ pub fn compile_cpu(dtypes: &[DType]) -> Result<CpuModule, CodegenError> {
     let mut libraries = BTreeMap::new();
     for t in CpuTarget::ALL {
         let obj = emit_object(&llvm, t, FileType::Object)?;
-        libraries.insert(t, link_shared(&obj, t)?);
+        libraries.insert(t, link_shared(&obj, t, cc)?);
     }
     Ok(CpuModule { dtypes: ds, mlir, llvm, libraries })
 }

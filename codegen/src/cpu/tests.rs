@@ -15,7 +15,7 @@ fn host_runs(t: CpuTarget) -> bool {
 
 #[test]
 fn matmul_kernels_match_the_widened_weights_for_every_type_and_target() {
-    let module = compile_cpu(&matmul::DTYPES).expect("the CPU kernels compile and link");
+    let module = compile_cpu(&matmul::DTYPES, "cc").expect("the CPU kernels compile and link");
     assert!(module.llvm.contains("dsc_cpu_matmul_q4_1_gemm"), "the LLVM IR has the kernels");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let (n, k) = (12usize, 96usize);
@@ -81,6 +81,6 @@ fn the_v4_library_keeps_512_bit_vectors() {
 
 #[test]
 fn other_weight_types_are_refused_by_name() {
-    let e = compile_cpu(&[DType::Q6_K]).unwrap_err().to_string();
+    let e = compile_cpu(&[DType::Q6_K], "cc").unwrap_err().to_string();
     assert!(e.contains("q6_k"), "{e}");
 }
