@@ -6,6 +6,7 @@ pub mod awq;
 mod builder;
 pub mod config;
 pub mod deepseek;
+pub mod deepseek_gguf;
 mod error;
 pub mod gguf;
 pub mod hf;
@@ -424,13 +425,11 @@ fn tokenizer_section(config: &ModelConfig, default_json: Option<&Path>, vocab: u
     Ok(tok)
 }
 
-/// The DeepSeek family: an HF checkpoint (safetensors + config.json beside them).
+/// The DeepSeek family: an HF checkpoint (safetensors + config.json beside them), or a GGUF
+/// file of llama.cpp's architecture `deepseek2` ([`deepseek_gguf`]).
 fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     let t = &config.toml;
     let cerr = |msg: String| ModelError::Config { path: config.path.clone(), msg };
-    if t.weights.format == WeightFormat::Gguf {
-        return Err(cerr("field `weights.format`: GGUF files of architecture deepseek2 are not supported yet (use the HF safetensors + config.json)".into()));
-    }
     if t.dims.is_some() {
         return Err(cerr("field `dims`: architecture \"deepseek\" takes its dims from config.json".into()));
     }
@@ -438,29 +437,31 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
         return Err(cerr("field `parallel.tp`: tensor parallelism is not supported for deepseek yet".into()));
     }
     let seeded = t.weights.format == WeightFormat::Seeded;
-    let (path, cfg_path) = if seeded {
-        let c = config.resolve(t.weights.config.as_ref().expect("checked by ModelConfig"));
-        (PathBuf::from("<seeded>"), c)
-    } else {
-        let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
-        let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
-        (path, dir.join("config.json"))
-    };
-    let dir = cfg_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let text = std::fs::read_to_string(&cfg_path).map_err(error::io(&cfg_path))?;
-    let ds = deepseek::config_from_json(&cfg_path, &text)?;
-    let mut weights = if seeded {
-        let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| cerr(e))?;
-        let mut ws = WeightSet::default();
-        for (name, shape) in deepseek::weight_shapes(&ds) {
-            let dtype = deepseek::derived_dtype(&name, dtype);
-            seeded_tensor(&mut ws, t.weights.seed.unwrap_or(0), dtype, name, shape)?;
+    let gguf_file = match t.weights.format {
+        WeightFormat::Gguf => {
+            let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+            if let Some(want) = &t.weights.sha256 {
+                let got = sha256_file(&path)?;
+                if &got != want {
+                    return Err(ModelError::Format { path: path.clone(), msg: format!("sha256 is {got}, model.toml expects {want}") });
+                }
+            }
+            Some(gguf::GgufFile::open(&path)?)
         }
-        ws
-    } else {
-        let mut ws = hf::load_safetensors(&hf::safetensors_files(&path)?)?;
-        deepseek::prepare(&mut ws, &ds, &path)?;
-        ws
+        _ => None,
+    };
+    let (ds, mut weights, path, dir, gguf_tok) = match &gguf_file {
+        Some(g) => {
+            let ds = deepseek_gguf::config_from_gguf(g)?;
+            let ws = deepseek_gguf::weights_from_gguf(g, &ds)?;
+            let tok = if g.get("tokenizer.ggml.model").is_some() { Some(tokenizer::from_gguf(g)?) } else { None };
+            let dir = g.path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            (ds, ws, g.path.clone(), dir, tok)
+        }
+        None => {
+            let (ds, ws, path, dir) = deepseek_checkpoint(&config, seeded)?;
+            (ds, ws, path, dir, None)
+        }
     };
     if config.policy.awq {
         return Err(cerr("field `precision.calibration`: awq is built for the llama family (deepseek: round-to-nearest only)".into()));
@@ -471,8 +472,19 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
         let counts = apply_policy(&mut weights, &config.policy, &stored, &path)?;
         precision = Some(precision_note(&config.policy, &counts, None));
     }
-    // ([tokenizer] path or gguf, else a tokenizer.json beside config.json)
-    let mut tokenizer = tokenizer_section(&config, Some(&dir.join("tokenizer.json")), ds.vocab)?;
+    // ([tokenizer] path or gguf, else the GGUF file's own, else a tokenizer.json beside
+    // config.json)
+    let mut tokenizer = match (tokenizer_section(&config, gguf_file.is_none().then(|| dir.join("tokenizer.json")).as_deref(), ds.vocab)?, gguf_tok) {
+        (Some(t), _) => Some(t),
+        (None, Some(t)) => {
+            let n = tokenizers::Tokenizer::from_str(&t.json).map(|x| x.get_vocab_size(true)).unwrap_or(0);
+            if n > ds.vocab {
+                return Err(ModelError::Format { path: path.clone(), msg: format!("the tokenizer has {n} tokens but the model's vocabulary is {}", ds.vocab) });
+            }
+            Some(t)
+        }
+        (None, None) => None,
+    };
     if let (Some(tok), Some(tpl)) = (tokenizer.as_mut(), t.tokenizer.as_ref().and_then(|s| s.chat_template.clone())) {
         tok.chat_template = Some(tpl);
     }
@@ -494,4 +506,36 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     }
     let dims = ds.common_dims();
     Ok(LoadedModel { config, dims, deepseek: Some(ds), graph, weights, tokenizer, weights_path: (!seeded).then_some(path), precision })
+}
+
+/// A DeepSeek HF checkpoint (safetensors + config.json beside them), or seeded weights of a
+/// config.json's shapes: (config, weights, weights path, the config's folder).
+fn deepseek_checkpoint(config: &ModelConfig, seeded: bool) -> Result<(deepseek::DeepseekConfig, WeightSet, PathBuf, PathBuf)> {
+    let t = &config.toml;
+    let cerr = |msg: String| ModelError::Config { path: config.path.clone(), msg };
+    let (path, cfg_path) = if seeded {
+        let c = config.resolve(t.weights.config.as_ref().expect("checked by ModelConfig"));
+        (PathBuf::from("<seeded>"), c)
+    } else {
+        let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+        let dir = if path.is_dir() { path.clone() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+        (path, dir.join("config.json"))
+    };
+    let dir = cfg_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let text = std::fs::read_to_string(&cfg_path).map_err(error::io(&cfg_path))?;
+    let ds = deepseek::config_from_json(&cfg_path, &text)?;
+    let weights = if seeded {
+        let dtype: DType = t.weights.dtype.as_deref().unwrap_or("bf16").parse().map_err(|e: String| cerr(e))?;
+        let mut ws = WeightSet::default();
+        for (name, shape) in deepseek::weight_shapes(&ds) {
+            let dtype = deepseek::derived_dtype(&name, dtype);
+            seeded_tensor(&mut ws, t.weights.seed.unwrap_or(0), dtype, name, shape)?;
+        }
+        ws
+    } else {
+        let mut ws = hf::load_safetensors(&hf::safetensors_files(&path)?)?;
+        deepseek::prepare(&mut ws, &ds, &path)?;
+        ws
+    };
+    Ok((ds, weights, path, dir))
 }

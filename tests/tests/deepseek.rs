@@ -105,6 +105,97 @@ fn greedy_continuations_match_hf() {
     }
 }
 
+/// The fixtures as llama.cpp's converter writes them (tests/fixtures/deepseek/make_gguf.py:
+/// gguf-py's writer, keys and tensor names; v2-lite-tiny with the earlier `attn_kv_b`, the
+/// others with `attn_k_b` / `attn_v_b`): the same config as config.json gives, and the same
+/// logits as the safetensors plan and HF.
+#[test]
+fn deepseek2_gguf_files_load_as_llama_cpp_writes_them() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let gguf = fixture(name).join("model.gguf");
+        let g = dsc_models::gguf::GgufFile::open(&gguf).unwrap();
+        let from_gguf = dsc_models::deepseek_gguf::config_from_gguf(&g).unwrap();
+        let cfg = fixture(name).join("config.json");
+        let mut from_json = dsc_models::deepseek::config_from_json(&cfg, &std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        // (GGUF carries mscale_all_dim as 0.1 x it, and assumes mscale equal to it; the HF
+        // config's max_position_embeddings is context_length)
+        if let (Some(a), Some(b)) = (from_gguf.yarn.as_ref(), from_json.yarn.as_mut()) {
+            assert!((a.mscale_all_dim - b.mscale_all_dim).abs() < 1e-6, "{name}: mscale_all_dim {a:?} vs {b:?}");
+            b.mscale_all_dim = a.mscale_all_dim;
+            b.mscale = a.mscale;
+        }
+        assert_eq!(from_gguf, from_json, "{name}: the config from the GGUF metadata");
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("model.toml");
+        std::fs::write(
+            &toml,
+            format!(
+                "[model]\nname = \"ds-gguf\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"gguf\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n",
+                gguf.display()
+            ),
+        )
+        .unwrap();
+        let c = dsc_compiler::compile(&toml).unwrap_or_else(|e| panic!("{name}: compile the GGUF: {e:#}"));
+        let path = dir.path().join("g.plan");
+        dsc_compiler::write(&c, &path).unwrap();
+        let gplan = Plan::open(&path).unwrap();
+        let ggraph = gplan.graph().unwrap();
+        let mut gb = CpuBackend::new(&ggraph, &gplan, 64).unwrap();
+        let got = Session::new(&mut gb).feed(&r.prompt, true).unwrap();
+        let (_d, plan) = plan(name);
+        let graph = plan.graph().unwrap();
+        let mut sb = CpuBackend::new(&graph, &plan, 64).unwrap();
+        let st = Session::new(&mut sb).feed(&r.prompt, true).unwrap();
+        let vs_st = worst_rel(&got, &st);
+        let vs_hf = worst_rel(&got, &r.logits);
+        assert!(vs_st < 1e-6, "{name}: the GGUF plan's logits differ from the safetensors plan's by {vs_st:e}");
+        assert!(vs_hf < 1e-4, "{name}: the GGUF plan's logits differ from HF's by {vs_hf:e}");
+        eprintln!("{name}: GGUF plan vs safetensors plan {vs_st:.1e}, vs HF f32 {vs_hf:.1e}");
+    }
+}
+
+/// A deepseek2 GGUF file with a tensor dsc does not read, or of another architecture, is an
+/// error naming the tensor or the key.
+#[test]
+fn a_deepseek2_gguf_that_is_not_one_names_the_tensor_or_key() {
+    use dsc_models::gguf::{write_gguf, GgufFile, Value};
+    let g = GgufFile::open(&fixture("v3-tiny").join("model.gguf")).unwrap();
+    let meta: Vec<(String, Value)> = g.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let tensors: Vec<(String, dsc_ir::DType, Vec<usize>, Vec<u8>)> = g.tensors.values().map(|t| (t.name.clone(), t.dtype, t.shape.clone(), g.bytes(t).to_vec())).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, meta: &[(String, Value)], tensors: &[(String, dsc_ir::DType, Vec<usize>, Vec<u8>)]| -> PathBuf {
+        let p = dir.path().join(name);
+        let m: Vec<(&str, Value)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let t: Vec<(&str, dsc_ir::DType, Vec<usize>, Vec<u8>)> = tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect();
+        write_gguf(&p, &m, &t).unwrap();
+        let toml = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&toml, format!("[model]\nname = \"x\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"gguf\"\npath = \"{}\"\n", p.display())).unwrap();
+        toml
+    };
+    let err = |toml: &Path| dsc_models::load(toml).err().map(|e| e.to_string()).expect("an error");
+    let mut extra = tensors.clone();
+    extra.push(("blk.1.attn_sinks.weight".into(), dsc_ir::DType::F32, vec![4], vec![0; 16]));
+    let e = err(&write("extra.gguf", &meta, &extra));
+    assert!(e.contains("blk.1.attn_sinks.weight") && e.contains("extra.gguf"), "{e}");
+    let mut m = meta.clone();
+    m.retain(|(k, _)| k != "deepseek2.attention.kv_lora_rank");
+    let e = err(&write("nokv.gguf", &m, &tensors));
+    assert!(e.contains("deepseek2.attention.kv_lora_rank"), "{e}");
+    let mut m = meta.clone();
+    for (k, v) in m.iter_mut() {
+        if k == "deepseek2.expert_gating_func" {
+            *v = Value::U32(7);
+        }
+    }
+    let e = err(&write("gating.gguf", &m, &tensors));
+    assert!(e.contains("deepseek2.expert_gating_func"), "{e}");
+    let mut missing = tensors.clone();
+    missing.retain(|(n, ..)| n != "blk.2.ffn_down_exps.weight");
+    let e = err(&write("missing.gguf", &meta, &missing));
+    assert!(e.contains("blk.2.ffn_down_exps.weight") && e.contains("missing.gguf"), "{e}");
+}
+
 #[test]
 fn the_plan_records_the_latent_cache_and_the_moe_config() {
     let (_d, plan) = plan("v3-tiny");
