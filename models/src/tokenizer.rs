@@ -51,9 +51,34 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
 pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
     let terr = |msg: String| ModelError::Tokenizer { path: g.path.clone(), msg };
     let model = g.str("tokenizer.ggml.model").map_err(|e| terr(e.to_string()))?;
-    if model != "gpt2" {
-        return Err(terr(format!("GGUF tokenizer model `{model}` is not supported (byte-level BPE `gpt2` is); set [tokenizer] path to the model's tokenizer.json")));
+    let tok = match model {
+        "gpt2" => gpt2_json(g)?,
+        "llama" => sentencepiece_json(g)?,
+        other => {
+            return Err(terr(format!("GGUF tokenizer model `{other}` is not supported (byte-level BPE `gpt2` and SentencePiece BPE `llama` are); set [tokenizer] path to the model's tokenizer.json")))
+        }
+    };
+    let json = serde_json::to_string(&tok).map_err(|e| terr(e.to_string()))?;
+    check_loads(&json, &g.path)?;
+    let id = |k: &str| g.get(k).and_then(|v| v.as_u64()).map(|v| v as u32);
+    let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+    if let Some(e) = id("tokenizer.ggml.eot_token_id") {
+        if !eos_ids.contains(&e) {
+            eos_ids.push(e);
+        }
     }
+    Ok(TokenizerInfo {
+        json,
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_ids,
+        add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        chat_template: g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(String::from),
+    })
+}
+
+/// A byte-level BPE tokenizer (`tokenizer.ggml.model` = `gpt2`) as a tokenizer.json value.
+fn gpt2_json(g: &GgufFile) -> Result<Value> {
+    let terr = |msg: String| ModelError::Tokenizer { path: g.path.clone(), msg };
     let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
     let pre_tok = pre_tokenizer(pre).ok_or_else(|| terr(format!("GGUF pre-tokenizer `{pre}` is not supported; set [tokenizer] path to the model's tokenizer.json")))?;
     let tokens = g.str_array("tokenizer.ggml.tokens").map_err(|e| terr(e.to_string()))?;
@@ -70,7 +95,7 @@ pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
             }
         }
     }
-    let tok = json!({
+    Ok(json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -84,22 +109,109 @@ pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
             "vocab": vocab, "merges": merges,
         }
-    });
-    let json = serde_json::to_string(&tok).map_err(|e| terr(e.to_string()))?;
-    check_loads(&json, &g.path)?;
-    let id = |k: &str| g.get(k).and_then(|v| v.as_u64()).map(|v| v as u32);
-    let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
-    if let Some(e) = id("tokenizer.ggml.eot_token_id") {
-        if !eos_ids.contains(&e) {
-            eos_ids.push(e);
+    }))
+}
+
+/// A SentencePiece BPE tokenizer (`tokenizer.ggml.model` = `llama`: Llama-2, Mistral,
+/// TinyLlama GGUFs) as a tokenizer.json value, built as transformers converts a SentencePiece
+/// model so that it encodes as `SentencePieceProcessor.encode` does: the merges of the normal
+/// pieces (token type 1) ranked by their scores (`tokenizer.ggml.scores`, ties by id), unknown
+/// text as `<0xNN>` byte pieces where the vocabulary has them (type 6), spaces escaped to `▁`
+/// and the dummy prefix (`tokenizer.ggml.add_space_prefix`, default true) before the text and
+/// every piece between control tokens; user-defined pieces (type 4) emitted whole. Control tokens
+/// (type 3: `<s>`, `</s>`) are special added tokens, as in HF's Llama tokenizers, so a chat
+/// template's `<s>` is the bos id. (GGUF does not carry SentencePiece's normalizer spec:
+/// identity normalization and no extra-whitespace removal are assumed, as llama.cpp does.)
+fn sentencepiece_json(g: &GgufFile) -> Result<Value> {
+    let terr = |msg: String| ModelError::Tokenizer { path: g.path.clone(), msg };
+    let tokens = g.str_array("tokenizer.ggml.tokens").map_err(|e| terr(e.to_string()))?;
+    let scores: Vec<f64> = match g.get("tokenizer.ggml.scores") {
+        Some(crate::gguf::Value::Array(v)) => v.iter().map(|x| x.as_f64().ok_or_else(|| terr("tokenizer.ggml.scores holds a non-number".into()))).collect::<Result<_>>()?,
+        _ => return Err(terr("metadata key `tokenizer.ggml.scores` is missing: a SentencePiece (`llama`) tokenizer ranks its merges by the piece scores".into())),
+    };
+    let types = g.u64_array("tokenizer.ggml.token_type").map_err(|e| terr(e.to_string()))?;
+    if scores.len() != tokens.len() || types.len() != tokens.len() {
+        return Err(terr(format!("{} tokens, {} scores and {} token types: they must agree", tokens.len(), scores.len(), types.len())));
+    }
+    let prefix = g.get("tokenizer.ggml.add_space_prefix").and_then(|v| v.as_bool()).unwrap_or(true);
+    let unk_id = g.get("tokenizer.ggml.unknown_token_id").and_then(|v| v.as_u64()).map(|v| v as usize).or_else(|| types.iter().position(|&t| t == 2));
+    let unk = unk_id.and_then(|i| tokens.get(i)).map(|s| s.to_string());
+    let mut vocab = serde_json::Map::new();
+    let mut normal: std::collections::HashMap<&str, (f64, usize)> = Default::default();
+    let mut added = vec![];
+    let mut user_defined = vec![];
+    for (i, (t, ty)) in tokens.iter().zip(&types).enumerate() {
+        vocab.insert(t.to_string(), json!(i));
+        match ty {
+            1 => {
+                normal.insert(t, (scores[i], i));
+            }
+            // (control tokens match before normalization, as HF's Llama tokenizers have them;
+            // user-defined ones are isolated after it, as SentencePiece does — no dummy prefix
+            // after them)
+            3 => added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})),
+            4 => user_defined.push(regex_escape(t)),
+            _ => {}
         }
     }
-    Ok(TokenizerInfo {
-        json,
-        bos_id: id("tokenizer.ggml.bos_token_id"),
-        eos_ids,
-        add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
-        chat_template: g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(String::from),
+    // the merges: every split of a normal piece into two normal pieces, best score first
+    let mut ranked: Vec<(f64, usize, &str, &str)> = vec![];
+    for (t, &(score, id)) in &normal {
+        for (at, _) in t.char_indices().skip(1) {
+            let (l, r) = t.split_at(at);
+            if normal.contains_key(l) && normal.contains_key(r) {
+                ranked.push((-score, id, l, r));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(b.2)));
+    let merges: Vec<Value> = ranked.iter().map(|(_, _, l, r)| json!([l, r])).collect();
+    let byte_fallback = types.contains(&6);
+    let mut normalizers = vec![json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"})];
+    let mut pre = vec![];
+    if prefix {
+        normalizers.push(json!({"type": "Replace", "pattern": {"Regex": "\\A▁"}, "content": "▁▁"}));
+        pre.push(json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": false}));
+    }
+    user_defined.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    if !user_defined.is_empty() {
+        pre.push(json!({"type": "Split", "pattern": {"Regex": user_defined.join("|")}, "behavior": "Isolated", "invert": false}));
+    }
+    let mut decoders = vec![json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "})];
+    if byte_fallback {
+        decoders.push(json!({"type": "ByteFallback"}));
+    }
+    if prefix {
+        decoders.push(json!({"type": "Fuse"}));
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    } else if byte_fallback {
+        decoders.push(json!({"type": "Fuse"}));
+    }
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": if pre.is_empty() { Value::Null } else { json!({"type": "Sequence", "pretokenizers": pre}) },
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": byte_fallback, "ignore_merges": !user_defined.is_empty(),
+            "vocab": vocab, "merges": merges,
+        }
+    }))
+}
+
+/// `s` with the regex metacharacters escaped (a user-defined piece as a literal pattern).
+fn regex_escape(s: &str) -> String {
+    s.chars().fold(String::new(), |mut o, c| {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            o.push('\\');
+        }
+        o.push(c);
+        o
     })
 }
 

@@ -161,3 +161,46 @@ fn prefill_decode_and_batching_agree() {
     let e = rel_err(&out.data[v..], &alone.data);
     assert!(e < 1e-5, "batched sequence 1 vs alone: relative error {e}");
 }
+
+/// A SentencePiece GGUF tokenizer (`tokenizer.ggml.model` = `llama`, tests/fixtures/spm/:
+/// written by gguf-py as llama.cpp's converter writes Llama-2/Mistral/TinyLlama vocabularies)
+/// encodes every test line to the ids `SentencePieceProcessor.encode` gives (which
+/// transformers' conversion of the same model matches), byte fallback, user-defined pieces,
+/// digits and leading spaces included, and decodes them back to SentencePiece's text; `<s>` in
+/// a template is the bos id, as in HF's Llama tokenizers.
+#[test]
+fn sentencepiece_gguf_tokenizers_encode_as_sentencepiece_does() {
+    #[derive(serde::Deserialize)]
+    struct Expected {
+        lines: Vec<String>,
+        ids: Vec<Vec<u32>>,
+        decoded: Vec<String>,
+    }
+    let dir = root().join("tests/fixtures/spm");
+    let e: Expected = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let g = dsc_models::gguf::GgufFile::open(&dir.join("tiny-llama.gguf")).unwrap();
+    let info = dsc_models::tokenizer::from_gguf(&g).unwrap();
+    assert_eq!((info.bos_id, info.eos_ids.clone(), info.add_bos), (Some(1), vec![2], true));
+    let plan_tok = dsc_runtime::plan::PlanTokenizer { json: info.json.clone(), bos_id: info.bos_id, eos_ids: info.eos_ids.clone(), add_bos: info.add_bos, chat_template: None };
+    let tk = dsc_runtime::tokenizer::Tokenizer::new(&plan_tok).unwrap();
+    let mut wrong = vec![];
+    for ((line, want), text) in e.lines.iter().zip(&e.ids).zip(&e.decoded) {
+        let got = tk.encode(line).unwrap();
+        assert_eq!(got.first(), Some(&1), "{line:?}: bos first");
+        if &got[1..] != want.as_slice() {
+            wrong.push(format!("{line:?}: {:?} vs SentencePiece {want:?}", &got[1..]));
+        }
+        assert_eq!(&tk.decode(want, true).unwrap(), text, "{line:?}: decoded");
+    }
+    assert!(wrong.is_empty(), "{} of {} lines differ:\n{}", wrong.len(), e.lines.len(), wrong.join("\n"));
+    let ids = tk.encode("<s>[INST] hi").unwrap();
+    assert_eq!(&ids[..2], &[1, 1], "the template's <s> is the bos id: {ids:?}");
+    // a vocabulary without scores cannot rank its merges: an error naming the key
+    let meta: Vec<(String, dsc_models::gguf::Value)> = g.metadata.iter().filter(|(k, _)| k.as_str() != "tokenizer.ggml.scores").map(|(k, v)| (k.clone(), v.clone())).collect();
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("noscores.gguf");
+    let m: Vec<(&str, dsc_models::gguf::Value)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    dsc_models::gguf::write_gguf(&p, &m, &[]).unwrap();
+    let err = dsc_models::tokenizer::from_gguf(&dsc_models::gguf::GgufFile::open(&p).unwrap()).err().expect("no scores").to_string();
+    assert!(err.contains("tokenizer.ggml.scores") && err.contains("noscores.gguf"), "{err}");
+}
