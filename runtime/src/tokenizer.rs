@@ -398,4 +398,25 @@ mod template_tests {
         // raise_exception stops the render with its message
         assert!(env.render_str("{{ raise_exception('no tools here') }}", ()).unwrap_err().to_string().contains("no tools here"));
     }
+
+    /// Official templates (Llama-3.2-Instruct's with its tool format, DeepSeek-R1's with the
+    /// tool-call tokens and the `</think>` split; tests/fixtures/chat/official/) render exactly
+    /// as HF transformers' own renderer renders them (expected.json, written by make.py there).
+    #[test]
+    fn official_chat_templates_render_as_transformers_renders_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat/official");
+        let expected: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        assert_eq!(expected.len(), 2);
+        for (name, rows) in &expected {
+            let tpl = std::fs::read_to_string(dir.join(name)).unwrap();
+            let mut env = chat_environment();
+            env.add_template("t", &tpl).unwrap();
+            let rows = rows.as_array().unwrap();
+            assert!(rows.len() >= 4, "{name}");
+            for r in rows {
+                let got = env.get_template("t").unwrap().render(minijinja::Value::from_serialize(&r["context"])).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                assert_eq!(got, r["rendered"].as_str().unwrap(), "{name}: messages {}", r["context"]["messages"]);
+            }
+        }
+    }
 }
