@@ -759,7 +759,9 @@ async fn handle(s: Arc<AppState>, headers: HeaderMap, body: Body, chat: bool) ->
     let st = s.clone();
     let prepared = tokio::task::spawn_blocking(move || {
         let mut c = prepare(&st.cfg, st.tok.as_deref(), &v, &headers, chat, seed)?;
-        c.constraint = match c.tools.as_ref().and_then(|t| t.grammar()) {
+        let token_id = |m: &str| st.tok.as_ref().and_then(|t| t.token_to_id(m));
+        let grammar = c.tools.as_ref().map(|t| t.grammar(&token_id)).transpose().map_err(|e| ApiError::bad(e, Some("tool_choice")))?.flatten();
+        c.constraint = match grammar {
             // (a required or named tool call: the call's grammar)
             Some(_) if crate::structured::format_of(&v).ok().flatten().is_some() => {
                 return Err(ApiError::bad("a required tool call and `response_format` / `guided_regex` cannot both hold", Some("tool_choice")))

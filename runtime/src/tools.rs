@@ -8,9 +8,9 @@
 //! The server turns them into `tool_calls`. The tools reach the model through the chat
 //! template's `tools` variable; past calls in the history are rendered back in the same format.
 //! `tool_choice` "required" or a named function constrains the output to such a call by a
-//! grammar (structured output), so the call parses whatever the model (hermes, llama3_json;
-//! DeepSeek's markers are special tokens the grammar's text cannot name: a 400); "auto" lets
-//! the model choose; "none" drops the tools.
+//! grammar (structured output), so the call parses whatever the model (DeepSeek's markers are
+//! tokens of their own: the grammar names them by id, `<[id]>`); "auto" lets the model choose;
+//! "none" drops the tools.
 
 use serde_json::{json, Value};
 
@@ -92,16 +92,15 @@ pub fn parse(v: &Value, parser: Parser) -> Result<Option<Tools>, (String, &'stat
             _ => Err(("`tool_choice` asks for a tool call and `tools` is empty".into(), "tool_choice")),
         };
     }
-    if parser == Parser::DeepseekV3 && choice != Choice::Auto {
-        return Err(("`tool_choice` required or named is not available with the deepseek_v3 tool-call format (its markers are special tokens a grammar cannot spell); use auto".into(), "tool_choice"));
-    }
     Ok(Some(Tools { list, choice, parser }))
 }
 
 impl Tools {
-    /// The grammar (Lark, for llguidance) a required or named call is held to: one
-    /// `<tool_call>` whose JSON names a tool and gives arguments valid under its parameters.
-    pub fn grammar(&self) -> Option<String> {
+    /// The grammar (Lark, for llguidance) a required or named call is held to: one call in the
+    /// parser's format whose JSON names a tool and gives arguments valid under its parameters.
+    /// `token_id` gives the id of a marker that is one token of the model's vocabulary (DeepSeek's
+    /// `<｜tool▁calls▁begin｜>` and the rest); Err names a marker the tokenizer does not have.
+    pub fn grammar(&self, token_id: &dyn Fn(&str) -> Option<u32>) -> Result<Option<String>, String> {
         let call = |t: &Value| {
             let f = &t["function"];
             let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
@@ -120,15 +119,30 @@ impl Tools {
             c
         };
         let schema = match &self.choice {
-            Choice::Auto => return None,
+            Choice::Auto => return Ok(None),
             Choice::Named(n) => call(self.list.iter().find(|t| t["function"]["name"] == json!(n)).expect("checked in parse")),
             Choice::Required => json!({"anyOf": self.list.iter().map(call).collect::<Vec<_>>()}),
         };
-        match self.parser {
-            Parser::Hermes => Some(format!("start: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n")),
-            Parser::Llama3Json => Some(format!("start: call\ncall: %json {schema}\n")),
-            Parser::DeepseekV3 => None,
-        }
+        Ok(Some(match self.parser {
+            Parser::Hermes => format!("start: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n"),
+            Parser::Llama3Json => format!("start: call\ncall: %json {schema}\n"),
+            Parser::DeepseekV3 => {
+                let id = |m: &str| token_id(m).map(|i| format!("<[{i}]>")).ok_or_else(|| format!("the model's tokenizer has no token {m}, which the deepseek_v3 tool-call format needs"));
+                let (begin, end, call, call_end, sep) = (id(DS_BEGIN)?, id(DS_END)?, id(DS_CALL)?, id(DS_CALL_END)?, id(DS_SEP)?);
+                // (one call per tool, its name fixed and its arguments under its parameters)
+                let tools: Vec<&Value> = match &self.choice {
+                    Choice::Named(n) => self.list.iter().filter(|t| t["function"]["name"] == json!(n)).collect(),
+                    _ => self.list.iter().collect(),
+                };
+                let mut g = format!("start: {begin} {call} \"function\" {sep} call {call_end} {end}\ncall: {}\n", (0..tools.len()).map(|i| format!("c{i}")).collect::<Vec<_>>().join(" | "));
+                for (i, t) in tools.iter().enumerate() {
+                    let f = &t["function"];
+                    let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
+                    g += &format!("c{i}: {} \"\\n```json\\n\" a{i} \"\\n```\"\na{i}: %json {params}\n", serde_json::to_string(&f["name"]).expect("a string"));
+                }
+                g
+            }
+        }))
     }
 }
 
@@ -334,9 +348,9 @@ mod tests {
         assert_eq!(parse_h(&json!({"tools": [{"type": "function"}]})).unwrap_err().1, "tools");
         assert_eq!(parse_h(&json!({"tool_choice": "required"})).unwrap_err().1, "tool_choice");
         assert_eq!(parse_h(&json!({})).unwrap(), None);
-        let g = parse_h(&body(json!("required"))).unwrap().unwrap().grammar().unwrap();
+        let g = parse_h(&body(json!("required"))).unwrap().unwrap().grammar(&|_| None).unwrap().unwrap();
         assert!(g.starts_with("start: \"<tool_call>\\n\" call") && g.contains("anyOf") && g.contains("\"const\":\"now\""), "{g}");
-        assert_eq!(parse_h(&body(json!("auto"))).unwrap().unwrap().grammar(), None);
+        assert_eq!(parse_h(&body(json!("auto"))).unwrap().unwrap().grammar(&|_| None).unwrap(), None);
     }
 
     #[test]
@@ -399,7 +413,7 @@ mod tests {
         assert_eq!(r, "{\"name\":\"now\",\"parameters\":{}}; {\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}");
         assert_eq!(extract(p, &r, "1").1.len(), 2);
         // required: the grammar is the bare call with "parameters"
-        let g = parse(&body(json!("required")), p).unwrap().unwrap().grammar().unwrap();
+        let g = parse(&body(json!("required")), p).unwrap().unwrap().grammar(&|_| None).unwrap().unwrap();
         assert!(g.starts_with("start: call\ncall: %json") && g.contains("\"parameters\"") && !g.contains("tool_call"), "{g}");
     }
 
@@ -418,10 +432,89 @@ mod tests {
         let r = render_calls(p, &past);
         assert_eq!(r, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
         assert_eq!(extract(p, &r, "1").1[0]["function"]["name"], json!("get_weather"));
-        // required / named need a grammar over special tokens: refused, naming tool_choice
-        assert_eq!(parse(&body(json!("required")), p).unwrap_err().1, "tool_choice");
+        // required / named: a grammar naming the markers by token id; a tokenizer without them
+        // is an error naming the marker
+        let ids = |m: &str| [DS_BEGIN, DS_END, DS_CALL, DS_CALL_END, DS_SEP].iter().position(|x| *x == m).map(|i| 900 + i as u32);
+        let g = parse(&body(json!("required")), p).unwrap().unwrap().grammar(&ids).unwrap().unwrap();
+        assert!(g.starts_with("start: <[900]> <[902]> \"function\" <[904]> call <[903]> <[901]>") && g.contains("%json"), "{g}");
+        let e = parse(&body(json!("required")), p).unwrap().unwrap().grammar(&|_| None).unwrap_err();
+        assert!(e.contains(DS_BEGIN), "{e}");
         assert!(parse(&body(json!("auto")), p).unwrap().is_some());
         assert_eq!(Parser::parse("deepseek_v3"), Some(p));
         assert_eq!(Parser::parse("mistral"), None);
+    }
+
+    /// The deepseek_v3 grammar compiles against a tokenizer that has the markers as tokens of
+    /// their own, allows only the opening marker first, and accepts a whole valid call token
+    /// by token (markers by id, the rest as text).
+    #[test]
+    fn deepseek_v3_required_call_is_held_to_the_grammar() {
+        use crate::plan::PlanTokenizer;
+        use crate::structured::{Format, Grammars};
+        // a byte-level BPE of single bytes (GPT-2's byte map), the markers and an eos as
+        // special added tokens
+        let mut map = vec![];
+        let mut next = 0u32;
+        for b in 0u32..256 {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+            let c = if printable {
+                b
+            } else {
+                next += 1;
+                255 + next
+            };
+            map.push(char::from_u32(c).unwrap().to_string());
+        }
+        let mut vocab: serde_json::Map<String, Value> = map.iter().enumerate().map(|(i, c)| (c.clone(), json!(i))).collect();
+        let markers = [DS_BEGIN, DS_END, DS_CALL, DS_CALL_END, DS_SEP, "<eos>"];
+        let added: Vec<Value> = markers
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                vocab.insert(m.to_string(), json!(256 + i));
+                json!({"id": 256 + i, "content": m, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+            })
+            .collect();
+        let tk = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}});
+        let info = PlanTokenizer { json: tk.to_string(), bos_id: None, eos_ids: vec![261], add_bos: false, chat_template: None };
+        let tok = std::sync::Arc::new(crate::tokenizer::Tokenizer::new(&info).unwrap());
+        let grammars = Grammars::new(tok.clone()).unwrap();
+        let tools = parse(&body(json!({"type": "function", "function": {"name": "get_weather"}})), Parser::DeepseekV3).unwrap().unwrap();
+        let g = tools.grammar(&|m| tok.token_to_id(m)).unwrap().unwrap();
+        let mut c = grammars.constraint(&Format::Lark(g.clone())).unwrap_or_else(|e| panic!("{e}\n{g}"));
+        // first: only the opening marker
+        let mut logits = vec![0f32; 262];
+        c.mask(&mut logits).unwrap();
+        let allowed: Vec<usize> = (0..262).filter(|&i| logits[i] == 0.0).collect();
+        assert_eq!(allowed, vec![256], "only {DS_BEGIN} may open the reply");
+        // a whole call, token by token
+        let text = |s: &str| tok.encode_text(s).unwrap();
+        let mut ids = vec![256, 258];
+        ids.extend(text("function"));
+        ids.push(260);
+        ids.extend(text("get_weather\n```json\n{\"city\": \"Oslo\"}\n```"));
+        ids.extend([259, 257]);
+        for t in ids {
+            c.consume(t).unwrap_or_else(|e| panic!("token {t}: {e}"));
+        }
+        assert!(
+            c.done() || {
+                let mut l = vec![0f32; 262];
+                c.mask(&mut l).unwrap();
+                l[261] == 0.0
+            },
+            "the call is complete"
+        );
+        // the named tool's name is fixed: another tool's name is refused
+        let mut c = grammars.constraint(&Format::Lark(g)).unwrap();
+        for t in [256, 258].into_iter().chain(text("function")).chain([260]).chain(text("no")) {
+            if c.consume(t).is_err() {
+                return;
+            }
+        }
+        panic!("a call of `now` passed the grammar of a call named get_weather");
     }
 }
