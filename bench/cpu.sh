@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # CPU inference benchmark (issue 38): dsc's compiled x86-64 kernels against llama.cpp
 # (llama-cpp-python) on the same GGUF, same token ids, same thread count, in one run; the
-# reference executor too. Writes bench/results/cpu-<host>-<date>.json with the commit.
-# usage: bench/cpu.sh [THREADS]   (default: every core)
+# reference executor too. dsc and llama.cpp run alternately REPS times (a shared VM's neighbours
+# move single runs by +-20%); the medians are compared, every run kept. Writes
+# bench/results/cpu-<cpu vendor>-<date>.json with the commit.
+# usage: bench/cpu.sh [THREADS] [REPS]   (defaults: every core, 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${1:-$(nproc)}"
+reps="${2:-5}"
 gguf=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 plan=.cache/plans/smollm2-135m.plan
 [ -f "$gguf" ] || ./scripts/fetch-model.sh
@@ -22,17 +25,32 @@ cargo build --release -p dsc-compiler
 mkdir -p .cache/plans bench/results
 ./target/release/dsc compile models/smollm2-135m.toml -o "$plan"
 tmp=$(mktemp -d)
-./target/release/dsc bench-cpu "$plan" --threads "$threads" --json "$tmp/dsc.json" > /dev/null
-python3 bench/cpu_peer.py "$gguf" --threads "$threads" > "$tmp/peer.json"
+for i in $(seq 1 "$reps"); do
+  ./target/release/dsc bench-cpu "$plan" --threads "$threads" --json "$tmp/dsc$i.json" > /dev/null
+  python3 bench/cpu_peer.py "$gguf" --threads "$threads" > "$tmp/peer$i.json"
+done
 ./target/release/dsc bench-cpu "$plan" --reference --decode 16 --prefill 64 --json "$tmp/ref.json" > /dev/null
-out="bench/results/cpu-$(hostname -s)-$(date -u +%F).json"
-python3 - "$tmp" "$out" "$threads" <<'PY'
-import json, subprocess, sys, datetime, platform
-tmp, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-d, p, r = (json.load(open(f"{tmp}/{n}.json")) for n in ("dsc", "peer", "ref"))
+vendor=$(awk -F': ' '/^vendor_id/ {print $2; exit}' /proc/cpuinfo | tr 'A-Z' 'a-z' | tr -cd 'a-z0-9')
+out="bench/results/cpu-${vendor:-$(hostname -s)}-$(date -u +%F).json"
+python3 - "$tmp" "$out" "$threads" "$reps" <<'PY'
+import json, statistics, subprocess, sys, datetime, platform
+tmp, out, threads, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+runs = {k: [json.load(open(f"{tmp}/{k}{i}.json")) for i in range(1, reps + 1)] for k in ("dsc", "peer")}
+r = json.load(open(f"{tmp}/ref.json"))
+
+
+def median(rs):
+    m = dict(rs[0])
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_ms_per_token"):
+        m[key] = statistics.median(x[key] for x in rs)
+        m[key.replace("_per_s", "_per_s_runs").replace("_per_token", "_per_token_runs")] = [x[key] for x in rs]
+    return m
+
+
+d, p = median(runs["dsc"]), median(runs["peer"])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 res = {
-    "command": f"bench/cpu.sh {threads}",
+    "command": f"bench/cpu.sh {threads} {reps}",
     "commit": subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip(),
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "machine": f"{cpu}, {threads} threads",
@@ -40,7 +58,7 @@ res = {
     "dsc_cpu": d, "llama_cpp": p, "dsc_reference": r,
 }
 json.dump(res, open(out, "w"), indent=2)
-print(f"{'':<22}{'prefill tok/s':>14}{'decode tok/s':>14}")
+print(f"{'':<22}{'prefill tok/s':>14}{'decode tok/s':>14}   (medians of {reps} alternating runs; decode runs: dsc {[round(x) for x in d['decode_tokens_per_s_runs']]}, llama.cpp {[round(x) for x in p['decode_tokens_per_s_runs']]})")
 for name, x in (("dsc --backend cpu", d), ("llama.cpp", p), ("dsc reference", r)):
     print(f"{name:<22}{x['prefill_tokens_per_s']:>14.1f}{x['decode_tokens_per_s']:>14.1f}")
 print(f"(prefill {d['prefill_tokens']} tokens; decode {d['decode_tokens']} after 16; reference: prefill {r['prefill_tokens']}, decode {r['decode_tokens']})")
