@@ -88,7 +88,13 @@ fn deepseek_kernels_pass_ptxas() {
                         assert!(body.contains(what), "{}: {what}", s.symbol());
                     }
                 }
-                KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } | KernelSpec::HeadMatMul { .. } => {
+                // (the down projection: a warp per chosen expert, their dots met in shared memory
+                // and summed in expert order; its weights' loads in flight before the FMAs)
+                KernelSpec::MoeDown { .. } => {
+                    assert!(body.contains("vote.sync.ballot") && body.matches("bar.sync").count() == 1 && body.contains("shfl.sync.bfly"), "{}: a warp per expert, one barrier", s.symbol());
+                    assert!(body.contains(".maxntid") && body.contains(".minnctapersm"), "{}: launch bounds", s.symbol());
+                }
+                KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::HeadMatMul { .. } => {
                     assert!(!body.contains("bar.sync") && !body.contains(".shared"), "{}: warp-level only", s.symbol());
                     assert!(body.contains("shfl.sync.bfly"), "{}: warp reductions", s.symbol());
                 }

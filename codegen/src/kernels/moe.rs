@@ -14,9 +14,10 @@
 //!   on that expert's rows — [`gate_up_gemv`]: a block per tile of hidden units, its warps
 //!   splitting D, x loaded once per block for all its rows —, else a warp per hidden unit)
 //!   into the step's scratch
-//!   `{node}@rows{top_k·I}`, then [`KernelSpec::MoeDown`] (a warp per (token, output n):
-//!   y[t, n] = Σ over the chosen experts, in expert order, of route[t, e] · (down_e[n] ·
-//!   h[t, slot])). The chosen experts are found from the dense routing row by warp ballots.
+//!   `{node}@rows{top_k·I}`, then [`KernelSpec::MoeDown`] (a block per (token, 2 outputs n), a
+//!   warp per chosen expert, so all of them stream at once: y[t, n] = Σ over the chosen
+//!   experts, in expert order, of route[t, e] · (down_e[n] · h[t, slot]), the sum in shared
+//!   memory). The chosen experts are found from the dense routing row by warp ballots.
 //!   From [`GROUPED_MIN_ROWS`] tokens (16-bit weights) both run expert-major on the tensor
 //!   cores instead ([`KernelSpec::MoeGateUpMma`], [`KernelSpec::MoeDownMma`]: a block per (16
 //!   weight rows, expert), the tokens that chose the expert gathered 32 at a time from the
@@ -65,7 +66,9 @@ pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MoeRoute { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         KernelSpec::MoeGateUp { d, inter, wdtype, .. } if gate_up_gemv(*d, *inter, *wdtype) => KernelSpec::SwiGluGemv { k: *d, f: *inter, wdtype: *wdtype }.launch(),
-        KernelSpec::MoeGateUp { .. } | KernelSpec::MoeDown { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
+        KernelSpec::MoeGateUp { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
+        // (a warp per chosen expert)
+        KernelSpec::MoeDown { top_k, .. } => Launch::OutputsPerBlock { outputs: MOE_DOWN_OUTPUTS as u32, rows: 1, warps: *top_k as u32 },
         // (grid y = E: `rows` 1)
         KernelSpec::MoeGateUpMma { .. } | KernelSpec::MoeDownMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
         KernelSpec::MoeCombine { .. } => Launch::BlockPerRow { warps: MOE_COMBINE_WARPS as u32 },
@@ -133,10 +136,45 @@ fn chosen_ballot(b: &mut Body, c: usize, lane: &str, rbase: &str, last: &str, ce
     (cc, nz, bal)
 }
 
+/// The `slot`-th (i32, warp-uniform) chosen expert of the routing row at `rbase`, in expert
+/// order: per 32-expert chunk a ballot of the nonzero routing weights, and the lane whose set
+/// bits below it number slot − (the chunks' count so far) holds it. Returns (whether the row
+/// chose more than `slot` experts, the expert — 0 where it did not). `lane` is the lane (i64).
+fn slot_expert(b: &mut Body, e: usize, lane: &str, rbase: &str, slot: &str) -> (String, String) {
+    let lane32 = b.op(&format!("arith.trunci {lane} : i64 to i32"));
+    let one = b.op("arith.constant 1 : i32");
+    let below = b.op(&format!("arith.shli {one}, {lane32} : i32"));
+    let below = b.op(&format!("arith.subi {below}, {one} : i32"));
+    let ce = b.ci64(e as i64);
+    let last = b.ci64(e as i64 - 1);
+    let zero = b.cf32(0.0);
+    let z32 = b.op("arith.constant 0 : i32");
+    let mut count = z32.clone();
+    let mut expert = b.ci64(0);
+    let mut found = b.op("arith.constant false");
+    for c in 0..e.div_ceil(32) {
+        let (cc, nz, bal) = chosen_ballot(b, c, lane, rbase, &last, &ce, &zero);
+        let under = b.op(&format!("arith.andi {bal}, {below} : i32"));
+        let under = b.popc(&under);
+        let under = b.op(&format!("arith.addi {under}, {count} : i32"));
+        let is = b.op(&format!("arith.cmpi eq, {under}, {slot} : i32"));
+        let is = b.op(&format!("arith.andi {is}, {nz} : i1"));
+        let hit = b.ballot(&is);
+        let here = b.op(&format!("arith.cmpi ne, {hit}, {z32} : i32"));
+        let (_, bit) = b.lowest_bit(&hit);
+        let ex = b.op(&format!("arith.addi {cc}, {bit} : i64"));
+        expert = b.op(&format!("arith.select {here}, {ex}, {expert} : i64"));
+        found = b.op(&format!("arith.ori {found}, {here} : i1"));
+        let pc = b.popc(&bal);
+        count = b.op(&format!("arith.addi {count}, {pc} : i32"));
+    }
+    (found, expert)
+}
+
 /// Whether the routed experts' gate/up ([`KernelSpec::MoeGateUp`]) runs as the decode SwiGLU
 /// GEMV (`emit_gemv`: a block per (token, slot, tile of hidden units), its warps splitting D,
 /// x loaded once per block for all its gate and up rows) on the slot's expert's rows; else a
-/// warp per (token, slot, hidden unit) (`emit_experts`: any D, f32 weights). The GEMV's
+/// warp per (token, slot, hidden unit) (`emit_gate_up`: any D, f32 or fp8 weights). The GEMV's
 /// launch is the dense SwiGLU GEMV's, whose tiling must agree for I and 2·I.
 pub(crate) fn gate_up_gemv(d: usize, inter: usize, wdtype: DType) -> bool {
     matches!(wdtype, DType::BF16 | DType::F16)
@@ -147,11 +185,8 @@ pub(crate) fn gate_up_gemv(d: usize, inter: usize, wdtype: DType) -> bool {
 
 /// [`KernelSpec::MoeGateUp`] as the SwiGLU GEMV: after `griddepcontrol.wait` (the routing row
 /// is the previous kernel's output), block row y = token · top_k + slot finds the slot-th
-/// chosen expert of its token (in expert order: per 32-expert chunk a ballot of the nonzero
-/// routing weights, and the lane whose set bits below it number slot − (the chunks' count so
-/// far) holds it; expert 0 where the row chose fewer — that slot's h row is never read), points
-/// `%w0` / `%w1` at its gate and up rows, and runs the dense SwiGLU GEMV with x row = y / top_k
-/// into h row y.
+/// chosen expert of its token ([`slot_expert`]), points `%w0` / `%w1` at its gate and up rows,
+/// and runs the dense SwiGLU GEMV with x row = y / top_k into h row y.
 fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
     if b.pdl {
         b.wait_for_previous();
@@ -166,34 +201,10 @@ fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usiz
     let tid = b.idx64(&tid);
     let c31 = b.ci64(31);
     let lane = b.op(&format!("arith.andi {tid}, {c31} : i64"));
-    let lane32 = b.op(&format!("arith.trunci {lane} : i64 to i32"));
-    let one = b.op("arith.constant 1 : i32");
-    let below = b.op(&format!("arith.shli {one}, {lane32} : i32"));
-    let below = b.op(&format!("arith.subi {below}, {one} : i32"));
     let ce = b.ci64(e as i64);
     let rbase = b.op(&format!("arith.muli {t}, {ce} : i64"));
-    let last = b.ci64(e as i64 - 1);
-    let zero = b.cf32(0.0);
-    let z32 = b.op("arith.constant 0 : i32");
-    let mut count = z32.clone();
-    let mut expert = b.ci64(0);
-    for c in 0..e.div_ceil(32) {
-        let (cc, nz, bal) = chosen_ballot(b, c, &lane, &rbase, &last, &ce, &zero);
-        // (this lane's expert is the slot's when the chosen ones below it, here and in the
-        // chunks before, number `slot`)
-        let under = b.op(&format!("arith.andi {bal}, {below} : i32"));
-        let under = b.popc(&under);
-        let under = b.op(&format!("arith.addi {under}, {count} : i32"));
-        let is = b.op(&format!("arith.cmpi eq, {under}, {slot} : i32"));
-        let is = b.op(&format!("arith.andi {is}, {nz} : i1"));
-        let hit = b.ballot(&is);
-        let found = b.op(&format!("arith.cmpi ne, {hit}, {z32} : i32"));
-        let (_, bit) = b.lowest_bit(&hit);
-        let ex = b.op(&format!("arith.addi {cc}, {bit} : i64"));
-        expert = b.op(&format!("arith.select {found}, {ex}, {expert} : i64"));
-        let pc = b.popc(&bal);
-        count = b.op(&format!("arith.addi {count}, {pc} : i32"));
-    }
+    // (expert 0 where the row chose fewer — that slot's h row is never read)
+    let (_, expert) = slot_expert(b, e, &lane, &rbase, &slot);
     let stride = b.ci64((inter * d * wdtype.block().1) as i64);
     let off = b.op(&format!("arith.muli {expert}, {stride} : i64"));
     b.line(&format!("%w0 = llvm.getelementptr %wg[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
@@ -227,7 +238,7 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => {
-            emit_experts(b, true, *d, *inter, *e, *top_k, *wdtype)?;
+            emit_gate_up(b, *d, *inter, *e, *top_k, *wdtype)?;
             Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %h: !llvm.ptr<1>, %n: i64".into())
         }
         KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } => {
@@ -243,7 +254,7 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             Ok("%p: !llvm.ptr<1>, %route: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
         }
         KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => {
-            emit_experts(b, false, *d, *inter, *e, *top_k, *wdtype)?;
+            emit_down(b, *d, *inter, *e, *top_k, *wdtype)?;
             Ok("%h: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wd: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
         }
         other => Err(format!("`{}` is not a moe kernel", other.symbol())),
@@ -484,96 +495,139 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
     b.line("}");
 }
 
-/// The routed experts' two kernels (see the file header): `gate_up` the first (params x,
-/// route, wg, wu, h, n = I), else the down projection (params h, route, wd, y, n = D).
-fn emit_experts(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
-    // (gate/up: block y = token · top_k + slot, each warp one chosen expert's two rows;
-    // down: block y = token)
+/// [`KernelSpec::MoeGateUp`] where it is not the SwiGLU GEMV (f32 or fp8 weights, any D): a
+/// warp per (token, slot, hidden unit): h[t, slot, o] = silu(gate_e[o] · x_t) · (up_e[o] · x_t)
+/// for the slot-th chosen expert e (block y = token · top_k + slot; params x, route, wg, wu, h,
+/// n = I).
+fn emit_gate_up(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
     let by = b.op("gpu.block_id y");
     let by = b.idx64(&by);
-    let (t, myslot) = if gate_up {
-        let ck = b.ci64(top_k as i64);
-        (b.op(&format!("arith.divui {by}, {ck} : i64")), Some(b.op(&format!("arith.remui {by}, {ck} : i64"))))
-    } else {
-        (by, None)
-    };
+    let ck = b.ci64(top_k as i64);
+    let t = b.op(&format!("arith.divui {by}, {ck} : i64"));
+    let slot = b.op(&format!("arith.remui {by}, {ck} : i64"));
     let (o, lane) = b.open_guarded_warp_output(MOE_WARPS);
     let ce = b.ci64(e as i64);
     let rbase = b.op(&format!("arith.muli {t}, {ce} : i64"));
-    let hrow = b.ci64((top_k * inter) as i64);
-    let hbase = b.op(&format!("arith.muli {t}, {hrow} : i64"));
+    let slot32 = b.op(&format!("arith.trunci {slot} : i64 to i32"));
+    let (found, ex) = slot_expert(b, e, &lane, &rbase, &slot32);
     let (cd, ci) = (b.ci64(d as i64), b.ci64(inter as i64));
     let xoff = b.op(&format!("arith.muli {t}, {cd} : i64"));
+    b.line(&format!("scf.if {found} {{"));
+    let row = b.op(&format!("arith.muli {ex}, {ci} : i64"));
+    let row = b.op(&format!("arith.addi {row}, {o} : i64"));
+    let woff = b.op(&format!("arith.muli {row}, {cd} : i64"));
+    let g = b.lane_dot("%wg", &woff, wdtype, "%x", &xoff, d, &lane)?;
+    let u = b.lane_dot("%wu", &woff, wdtype, "%x", &xoff, d, &lane)?;
+    let [g, u] = [g, u].map(|v| b.warp_sum(&v));
+    let sg = b.sigmoid(&g);
+    let sg = b.op(&format!("arith.mulf {g}, {sg} : f32"));
+    let hv = b.op(&format!("arith.mulf {sg}, {u} : f32"));
+    let c0 = b.ci64(0);
+    let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
+    b.line(&format!("scf.if {l0} {{"));
+    let hi = b.op(&format!("arith.muli {by}, {ci} : i64"));
+    let hi = b.op(&format!("arith.addi {hi}, {o} : i64"));
+    b.store(&hv, "%h", &hi);
+    b.line("}");
+    b.line("}");
+    b.line("}");
+    Ok(())
+}
+
+/// Outputs per block of [`KernelSpec::MoeDown`] (each of its `top_k` warps computes them all
+/// for one chosen expert).
+pub const MOE_DOWN_OUTPUTS: usize = 2;
+
+/// The blocks of [`KernelSpec::MoeDown`] a SM is compiled to hold (ptxas's register budget).
+pub const MOE_DOWN_BLOCKS_PER_SM: u32 = 3;
+
+/// [`KernelSpec::MoeDown`]: y[t, n] = Σ over the token's chosen experts, in expert order, of
+/// route[t, e] · (down_e[n] · h[t, slot]). A block per (token = block y, [`MOE_DOWN_OUTPUTS`]
+/// outputs), warp s the token's s-th chosen expert ([`slot_expert`]), so every chosen expert's
+/// rows stream at once; the route-weighted dots meet in shared memory and the first threads sum
+/// them in slot (= expert) order from 0, the CPU executor's order. Slots a row did not fill
+/// (disabled experts) add 0 and read nothing. Params h, route, wd, y, n = D.
+fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
+    let r = MOE_DOWN_OUTPUTS;
+    // (the registers MOE_DOWN_BLOCKS_PER_SM blocks leave: without the bound ptxas kept to 40
+    // and sank each round's loads behind the last round's FMAs)
+    b.launch_bounds = Some((32 * top_k as u32, MOE_DOWN_BLOCKS_PER_SM));
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", top_k * r);
+    b.workgroup = Some(format!("%red : {smt}"));
+    let t = b.op("gpu.block_id y");
+    let t = b.idx64(&t);
+    let bx = b.op("gpu.block_id x");
+    let bx = b.idx64(&bx);
+    let tid = b.op("gpu.thread_id x");
+    let (lane_i, warp_i) = b.lane_warp(&tid);
+    let lane = b.idx64(&lane_i);
+    let slot = b.idx64(&warp_i);
+    let slot32 = b.op(&format!("arith.trunci {slot} : i64 to i32"));
+    let ce = b.ci64(e as i64);
+    let rbase = b.op(&format!("arith.muli {t}, {ce} : i64"));
+    let (found, ex) = slot_expert(b, e, &lane, &rbase, &slot32);
+    let (cd, ci, cr) = (b.ci64(d as i64), b.ci64(inter as i64), b.ci64(r as i64));
+    let o0 = b.op(&format!("arith.muli {bx}, {cr} : i64"));
+    let ck = b.ci64(top_k as i64);
+    let hrow = b.op(&format!("arith.muli {t}, {ck} : i64"));
+    let hrow = b.op(&format!("arith.addi {hrow}, {slot} : i64"));
+    let hoff = b.op(&format!("arith.muli {hrow}, {ci} : i64"));
     let zero = b.cf32(0.0);
-    let z32 = b.op("arith.constant 0 : i32");
-    let c1 = b.ci64(1);
-    let mut slot = b.ci64(0);
+    let zi = b.op("arith.constant 0 : index");
+    let l0 = b.op(&format!("arith.cmpi eq, {lane_i}, {zi} : index"));
+    let ri = b.op(&format!("arith.constant {r} : index"));
+    let sbase = b.op(&format!("arith.muli {warp_i}, {ri} : index"));
+    let res = b.v();
+    b.line(&format!("{res}:{r} = scf.if {found} -> ({}) {{", vec!["f32"; r].join(", ")));
+    let at = b.op(&format!("arith.addi {rbase}, {ex} : i64"));
+    let w = b.load("%route", &at);
+    let last = b.ci64(d as i64 - 1);
+    let mut woffs = vec![];
+    for j in 0..r {
+        let cj = b.ci64(j as i64);
+        let o = b.op(&format!("arith.addi {o0}, {cj} : i64"));
+        let o = b.op(&format!("arith.minsi {o}, {last} : i64"));
+        let row = b.op(&format!("arith.muli {ex}, {cd} : i64"));
+        let row = b.op(&format!("arith.addi {row}, {o} : i64"));
+        woffs.push(b.op(&format!("arith.muli {row}, {ci} : i64")));
+    }
+    let dots = b.lane_dots("%wd", &woffs, wdtype, "%h", &hoff, inter, &lane)?;
+    let ps: Vec<String> = dots
+        .iter()
+        .map(|v| {
+            let s = b.warp_sum(v);
+            b.op(&format!("arith.mulf {s}, {w} : f32"))
+        })
+        .collect();
+    b.line(&format!("scf.yield {} : {}", ps.join(", "), vec!["f32"; r].join(", ")));
+    b.line("} else {");
+    b.line(&format!("scf.yield {} : {}", vec![zero.as_str(); r].join(", "), vec!["f32"; r].join(", ")));
+    b.line("}");
+    b.line(&format!("scf.if {l0} {{"));
+    for j in 0..r {
+        let cj = b.op(&format!("arith.constant {j} : index"));
+        let at = b.op(&format!("arith.addi {sbase}, {cj} : index"));
+        b.line(&format!("memref.store {res}#{j}, %red[{at}] : {smt}"));
+    }
+    b.line("}");
+    b.line("gpu.barrier");
+    // (thread j < r: output o0 + j, the slots' dots summed in order)
+    let tid64 = b.idx64(&tid);
+    let o = b.op(&format!("arith.addi {o0}, {tid64} : i64"));
+    let mine = b.op(&format!("arith.cmpi ult, {tid}, {ri} : index"));
+    let inside = b.op(&format!("arith.cmpi slt, {o}, {cd} : i64"));
+    let mine = b.op(&format!("arith.andi {mine}, {inside} : i1"));
+    b.line(&format!("scf.if {mine} {{"));
     let mut acc = zero.clone();
-    let last = b.ci64(e as i64 - 1);
-    for c in 0..e.div_ceil(32) {
-        let (cc, _, bal) = chosen_ballot(b, c, &lane, &rbase, &last, &ce, &zero);
-        // over the set bits, lowest first (expert order)
-        let (res, m_in, s_in, a_in) = (b.v(), b.v(), b.v(), b.v());
-        b.line(&format!("{res}:3 = scf.while ({m_in} = {bal}, {s_in} = {slot}, {a_in} = {acc}) : (i32, i64, f32) -> (i32, i64, f32) {{"));
-        let more = b.op(&format!("arith.cmpi ne, {m_in}, {z32} : i32"));
-        b.line(&format!("scf.condition({more}) {m_in}, {s_in}, {a_in} : i32, i64, f32"));
-        b.line("} do {");
-        let (m, s, a) = (b.v(), b.v(), b.v());
-        b.line(&format!("^bb0({m}: i32, {s}: i64, {a}: f32):"));
-        let (low, bit) = b.lowest_bit(&m);
-        let ex = b.op(&format!("arith.addi {cc}, {bit} : i64"));
-        let a_next = if let Some(ms) = &myslot {
-            // h[t, slot, o] = silu(gate_e[o] . x) * (up_e[o] . x), for this block's slot
-            let mine = b.op(&format!("arith.cmpi eq, {s}, {ms} : i64"));
-            b.line(&format!("scf.if {mine} {{"));
-            let row = b.op(&format!("arith.muli {ex}, {ci} : i64"));
-            let row = b.op(&format!("arith.addi {row}, {o} : i64"));
-            let woff = b.op(&format!("arith.muli {row}, {cd} : i64"));
-            let g = b.lane_dot("%wg", &woff, wdtype, "%x", &xoff, d, &lane)?;
-            let u = b.lane_dot("%wu", &woff, wdtype, "%x", &xoff, d, &lane)?;
-            let [g, u] = [g, u].map(|v| b.warp_sum(&v));
-            let sg = b.sigmoid(&g);
-            let sg = b.op(&format!("arith.mulf {g}, {sg} : f32"));
-            let hv = b.op(&format!("arith.mulf {sg}, {u} : f32"));
-            let c0 = b.ci64(0);
-            let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
-            b.line(&format!("scf.if {l0} {{"));
-            let so = b.op(&format!("arith.muli {s}, {ci} : i64"));
-            let hi = b.op(&format!("arith.addi {hbase}, {so} : i64"));
-            let hi = b.op(&format!("arith.addi {hi}, {o} : i64"));
-            b.store(&hv, "%h", &hi);
-            b.line("}");
-            b.line("}");
-            a.clone()
-        } else {
-            // y[t, o] += route[t, e] * (down_e[o] . h[t, slot])
-            let at = b.op(&format!("arith.addi {rbase}, {ex} : i64"));
-            let w = b.load("%route", &at);
-            let row = b.op(&format!("arith.muli {ex}, {cd} : i64"));
-            let row = b.op(&format!("arith.addi {row}, {o} : i64"));
-            let woff = b.op(&format!("arith.muli {row}, {ci} : i64"));
-            let so = b.op(&format!("arith.muli {s}, {ci} : i64"));
-            let hoff = b.op(&format!("arith.addi {hbase}, {so} : i64"));
-            let dv = b.lane_dot("%wd", &woff, wdtype, "%h", &hoff, inter, &lane)?;
-            let dv = b.warp_sum(&dv);
-            let p = b.op(&format!("arith.mulf {dv}, {w} : f32"));
-            b.op(&format!("arith.addf {a}, {p} : f32"))
-        };
-        let m2 = b.op(&format!("arith.xori {m}, {low} : i32"));
-        let s2 = b.op(&format!("arith.addi {s}, {c1} : i64"));
-        b.line(&format!("scf.yield {m2}, {s2}, {a_next} : i32, i64, f32"));
-        b.line("}");
-        slot = format!("{res}#1");
-        acc = format!("{res}#2");
+    for s in 0..top_k {
+        let cs = b.op(&format!("arith.constant {} : index", s * r));
+        let at = b.op(&format!("arith.addi {cs}, {tid} : index"));
+        let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
+        acc = b.op(&format!("arith.addf {acc}, {v} : f32"));
     }
-    if !gate_up {
-        let c0 = b.ci64(0);
-        let l0 = b.op(&format!("arith.cmpi eq, {lane}, {c0} : i64"));
-        b.line(&format!("scf.if {l0} {{"));
-        let yi = b.op(&format!("arith.addi {xoff}, {o} : i64"));
-        b.store(&acc, "%y", &yi);
-        b.line("}");
-    }
+    let yi = b.op(&format!("arith.muli {t}, {cd} : i64"));
+    let yi = b.op(&format!("arith.addi {yi}, {o} : i64"));
+    b.store(&acc, "%y", &yi);
     b.line("}");
     Ok(())
 }
