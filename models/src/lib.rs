@@ -454,7 +454,8 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
         Some(g) => {
             let ds = deepseek_gguf::config_from_gguf(g)?;
             let ws = deepseek_gguf::weights_from_gguf(g, &ds)?;
-            let tok = if g.get("tokenizer.ggml.model").is_some() { Some(tokenizer::from_gguf(g)?) } else { None };
+            // (model.toml's [tokenizer] wins; the file's own is read only without one)
+            let tok = if t.tokenizer.is_none() && g.get("tokenizer.ggml.model").is_some() { Some(tokenizer::from_gguf(g)?) } else { None };
             let dir = g.path.parent().unwrap_or(Path::new(".")).to_path_buf();
             (ds, ws, g.path.clone(), dir, tok)
         }
