@@ -7,7 +7,8 @@
 //! Two functions per weight type, same C signature
 //! `(x: *const f32, w: *const u8, y: *mut f32, scratch: *mut f32, m, k, n0, n1, ldy: i64)`:
 //! - `<sym>_gemv` (decode, m < 4): for each column, every block is widened in registers and
-//!   fused into the dot product with each x row (two accumulators per row); Q4_1 keeps its
+//!   fused into the dot product with each x row (blocks in pairs, each of a pair into
+//!   accumulators of its own, so no one FMA chain runs through every block); Q4_1 keeps its
 //!   min apart (`d·(q·x) + m·Σx`, the x block sums in `scratch`: m·k/32 floats).
 //! - `<sym>_gemm` (prefill, m ≥ 4): four weight rows are widened into `scratch` (4·k floats,
 //!   the caller's, per thread), then a 4×4 register tile — four x rows by four weight rows,
@@ -232,6 +233,45 @@ fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
     f.line(format!("llvm.store {v}, {p} {{alignment = 4 : i64}} : f32, !llvm.ptr"));
 }
 
+/// One block `b` of a gemv's dot product into its accumulators `acc` = [a, a', ms] (a, a'
+/// vector<16xf32>, ms f32): Q4_1 `a += d·(q·x)` and `ms += m·Σx` (x's block sum from the
+/// scratch row `sr`), Q8_0 `a += d·(q·x)`, the other types the block's halves into a and a'.
+/// Returns the new [a, a', ms].
+#[allow(clippy::too_many_arguments)]
+fn gemv_block(f: &mut F, dtype: DType, row: &str, nb: &str, xr: &str, sr: &str, b: &str, acc: [&str; 3]) -> (String, String, String) {
+    let [a, a2, ms] = acc;
+    let (xl, xh) = x_block(f, xr, b);
+    match dtype {
+        DType::Q4_1 => {
+            let (lf, hf, d, mm) = q4_1_block(f, row, nb, b);
+            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+            let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
+            let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
+            let a = f.op(format!("vector.fma {dv}, {t}, {a} : {V}"));
+            let ps = f.gep(sr, b, "f32");
+            let sx = f.load(&ps, "f32", 4);
+            let msx = f.op(format!("arith.mulf {mm}, {sx} : f32"));
+            let ms = f.op(format!("arith.addf {ms}, {msx} : f32"));
+            (a, a2.to_string(), ms)
+        }
+        DType::Q8_0 => {
+            // d · (q·x)
+            let (lf, hf, d) = q8_0_block(f, row, nb, b);
+            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+            let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
+            let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
+            let a = f.op(format!("vector.fma {dv}, {t}, {a} : {V}"));
+            (a, a2.to_string(), ms.to_string())
+        }
+        _ => {
+            let (wl, wh) = widen(f, dtype, row, nb, b);
+            let a = f.op(format!("vector.fma {wl}, {xl}, {a} : {V}"));
+            let a2 = f.op(format!("vector.fma {wh}, {xh}, {a2} : {V}"));
+            (a, a2, ms.to_string())
+        }
+    }
+}
+
 /// `<sym>_gemv`: columns outermost, each x row's dot product with the column's widened blocks.
 /// Q4_1 splits the block's d·q + m: `d · (q·x) + m · Σx`, the x block sums computed once per
 /// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first; Q8_0
@@ -271,38 +311,39 @@ fn emit_gemv(dtype: DType) -> String {
     let xr = f.gep("%x", &xoff, "f32");
     let soff = f.mul(&i, &nb);
     let sr = f.gep("%scratch", &soff, "f32");
-    f.line(format!("%acc:3 = scf.for %b = {c0} to {nbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms = {fzero}) -> ({V}, {V}, f32) {{"));
-    let b = f.i64("%b");
-    let (xl, xh) = x_block(&mut f, &xr, &b);
-    if split {
-        let (lf, hf, d, mm) = q4_1_block(&mut f, &row, &nb, &b);
-        let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
-        let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
-        let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
-        let a0 = f.op(format!("vector.fma {dv}, {t}, %a0 : {V}"));
-        let ps = f.gep(&sr, &b, "f32");
-        let sx = f.load(&ps, "f32", 4);
-        let msx = f.op(format!("arith.mulf {mm}, {sx} : f32"));
-        let ms = f.op(format!("arith.addf %ms, {msx} : f32"));
-        f.line(format!("scf.yield {a0}, %a1, {ms} : {V}, {V}, f32"));
-    } else if dtype == DType::Q8_0 {
-        // d · (q·x)
-        let (lf, hf, d) = q8_0_block(&mut f, &row, &nb, &b);
-        let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
-        let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
-        let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
-        let a0 = f.op(format!("vector.fma {dv}, {t}, %a0 : {V}"));
-        f.line(format!("scf.yield {a0}, %a1, %ms : {V}, {V}, f32"));
-    } else {
-        let (wl, wh) = widen(&mut f, dtype, &row, &nb, &b);
-        let a0 = f.op(format!("vector.fma {wl}, {xl}, %a0 : {V}"));
-        let a1 = f.op(format!("vector.fma {wh}, {xh}, %a1 : {V}"));
-        f.line(format!("scf.yield {a0}, {a1}, %ms : {V}, {V}, f32"));
-    }
+    // (blocks in pairs, each of a pair into accumulators of its own: one FMA chain a block
+    // was latency-bound, ~4 cycles a block; an odd last block after the loop)
+    let c2 = f.c64(2);
+    let pairs = f.op(format!("arith.divui {nb}, {c2} : i64"));
+    let pairsi = f.idx(&pairs);
+    let one = f.c64(1);
+    f.line(format!(
+        "%acc:6 = scf.for %p = {c0} to {pairsi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %a2 = {zero}, %a3 = {zero}, %ms0 = {fzero}, %ms1 = {fzero}) -> ({V}, {V}, {V}, {V}, f32, f32) {{"
+    ));
+    let p = f.i64("%p");
+    let b0 = f.mul(&p, &c2);
+    let b1 = f.add(&b0, &one);
+    let (e0, e1, em) = gemv_block(&mut f, dtype, &row, &nb, &xr, &sr, &b0, ["%a0", "%a1", "%ms0"]);
+    let (o0, o1, om) = gemv_block(&mut f, dtype, &row, &nb, &xr, &sr, &b1, ["%a2", "%a3", "%ms1"]);
+    f.line(format!("scf.yield {e0}, {e1}, {o0}, {o1}, {em}, {om} : {V}, {V}, {V}, {V}, f32, f32"));
     f.line("}");
-    let s = f.op(format!("arith.addf %acc#0, %acc#1 : {V}"));
+    let rem = f.op(format!("arith.remui {nb}, {c2} : i64"));
+    let z64 = f.c64(0);
+    let odd = f.op(format!("arith.cmpi ne, {rem}, {z64} : i64"));
+    let last = f.op(format!("arith.subi {nb}, {one} : i64"));
+    let t = f.v();
+    f.line(format!("{t}:3 = scf.if {odd} -> ({V}, {V}, f32) {{"));
+    let (t0, t1, tm) = gemv_block(&mut f, dtype, &row, &nb, &xr, &sr, &last, ["%acc#0", "%acc#1", "%acc#4"]);
+    f.line(format!("scf.yield {t0}, {t1}, {tm} : {V}, {V}, f32"));
+    f.line("} else {");
+    f.line(format!("scf.yield %acc#0, %acc#1, %acc#4 : {V}, {V}, f32"));
+    f.line("}");
+    let s0 = f.op(format!("arith.addf {t}#0, {t}#1 : {V}"));
+    let s1 = f.op(format!("arith.addf %acc#2, %acc#3 : {V}"));
+    let s = f.op(format!("arith.addf {s0}, {s1} : {V}"));
     let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
-    let r = f.op(format!("arith.addf {r}, %acc#2 : f32"));
+    let ms = f.op(format!("arith.addf {t}#2, %acc#5 : f32"));
+    let r = f.op(format!("arith.addf {r}, {ms} : f32"));
     let yo = f.mul(&i, "%ldy");
     let yo = f.add(&yo, &j);
     store_f32(&mut f, "%y", &yo, &r);
