@@ -138,6 +138,24 @@ fn format_utc(secs: u64, fmt: &str) -> std::result::Result<String, minijinja::Er
 /// bytes a rendered chat prompt may have
 pub const MAX_RENDERED_BYTES: usize = 16 << 20;
 
+/// GPT-2's bytes_to_unicode: the character byte-level BPE vocabularies write for each byte
+/// (index = byte): printable bytes stand for themselves, the rest for 256 + their rank.
+pub fn byte_level_chars() -> Vec<char> {
+    let mut next = 0u32;
+    (0u32..256)
+        .map(|b| {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+            let c = if printable {
+                b
+            } else {
+                next += 1;
+                255 + next
+            };
+            char::from_u32(c).expect("a valid char")
+        })
+        .collect()
+}
+
 pub struct Tokenizer {
     tk: tokenizers::Tokenizer,
     /// the same, with special tokens encoded as plain text (for message content)
@@ -217,20 +235,7 @@ impl Tokenizer {
     /// empty.
     pub fn token_bytes(&self) -> Vec<Vec<u8>> {
         let byte_level = self.info.json.contains("\"ByteLevel\"");
-        // GPT-2's bytes_to_unicode, inverted: printable bytes stand for themselves, the rest
-        // for 256 + their rank
-        let mut map = std::collections::HashMap::new();
-        let mut next = 0u32;
-        for b in 0u32..256 {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-            let c = if printable {
-                b
-            } else {
-                next += 1;
-                255 + next
-            };
-            map.insert(char::from_u32(c).expect("a valid char"), b as u8);
-        }
+        let map: std::collections::HashMap<char, u8> = byte_level_chars().into_iter().zip(0u8..=255).collect();
         let special: std::collections::HashMap<u32, &str> = self.specials.iter().map(|(t, id)| (*id, t.as_str())).collect();
         (0..self.vocab_size() as u32)
             .map(|id| {

@@ -453,19 +453,7 @@ mod tests {
         use crate::structured::{Format, Grammars};
         // a byte-level BPE of single bytes (GPT-2's byte map), the markers and an eos as
         // special added tokens
-        let mut map = vec![];
-        let mut next = 0u32;
-        for b in 0u32..256 {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-            let c = if printable {
-                b
-            } else {
-                next += 1;
-                255 + next
-            };
-            map.push(char::from_u32(c).unwrap().to_string());
-        }
-        let mut vocab: serde_json::Map<String, Value> = map.iter().enumerate().map(|(i, c)| (c.clone(), json!(i))).collect();
+        let mut vocab: serde_json::Map<String, Value> = crate::tokenizer::byte_level_chars().iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
         let markers = [DS_BEGIN, DS_END, DS_CALL, DS_CALL_END, DS_SEP, "<eos>"];
         let added: Vec<Value> = markers
             .iter()
