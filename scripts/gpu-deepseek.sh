@@ -7,7 +7,8 @@
 # There: carry [".gpu/ds"], run `bash scripts/gpu-deepseek.sh` ; results under $OUT.
 # (STAGES="check e2e decode bench serve" picks stages; BATCHES=1,32 the bench's batch sizes;
 # serve: the V2-Lite shape behind `dsc serve` under 64 concurrent clients, then an expert
-# disabled through POST /admin/experts and 8 more clients)
+# disabled through POST /admin/experts and 8 more clients; `timeline`, not in the default:
+# the V2-Lite b1 decode step kernel by kernel inside its CUDA graph, scripts/gpu-timeline.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 D=.gpu/ds
@@ -84,5 +85,14 @@ if [[ " $stages " == *" serve "* ]]; then
   curl -s localhost:$port/metrics | grep -E "^dsc_(kv_blocks|moe_disabled|preemptions|requests_total)" | head -12
   kill -TERM $pid; wait $pid || status=1
   tail -1 "$out/ds-serve.log"
+fi
+if [[ " $stages " == *" timeline "* ]]; then
+  # (a b1 step starts with the first layer's q/kv_a GEMV, the embedding gather folded in)
+  first=$(python3 -c "
+import json, struct
+f = open('$D/v2-lite.plan', 'rb'); pre = f.read(104); h = json.loads(f.read(struct.unpack_from('<Q', pre, 16)[0]))
+print(next(s['kernel'] for s in h['gpu']['steps'] if s['kernel'] and not s.get('min_rows')))")
+  mkdir -p "$out/tl"
+  OUT="$out/tl" bash scripts/gpu-timeline.sh $D/dsc-runtime $D/v2-lite.plan "$first" --batches 1 --prefill 8 --new-tokens 96 2>&1 | head -40
 fi
 exit $status
