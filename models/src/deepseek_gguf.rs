@@ -180,7 +180,7 @@ pub fn weights_from_gguf(g: &GgufFile, c: &DeepseekConfig) -> Result<WeightSet> 
     for info in g.tensors.values() {
         let terr = |msg: String| ModelError::Tensor { path: g.path.clone(), tensor: info.name.clone(), msg };
         let Some(name) = hf_name(&info.name) else {
-            // (llama.cpp's optional rope_freqs / MTP blocks past block_count: not read)
+            // (multi-token-prediction blocks past block_count: not read)
             if info.name.starts_with("blk.") && info.name[4..].split('.').next().and_then(|l| l.parse::<usize>().ok()).is_some_and(|l| l >= c.layers) {
                 continue;
             }

@@ -303,20 +303,8 @@ pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedMode
     }
     let (dims, mut weights, tokenizer, naming, weights_path) = match t.weights.format {
         WeightFormat::Gguf => {
-            let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
-            if !path.exists() {
-                return Err(ModelError::Io {
-                    path: path.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file not found (scripts/fetch-model.sh fetches the default model)"),
-                });
-            }
-            if let Some(want) = &t.weights.sha256 {
-                let got = sha256_file(&path)?;
-                if &got != want {
-                    return Err(ModelError::Format { path: path.clone(), msg: format!("sha256 is {got}, model.toml expects {want}") });
-                }
-            }
-            let g = gguf::GgufFile::open(&path)?;
+            let g = open_gguf_weights(&config)?;
+            let path = g.path.clone();
             let dims = dims_from_gguf(&g)?;
             let mut ws = WeightSet::default();
             let file = Arc::new(path.clone());
@@ -403,6 +391,11 @@ pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedMode
     Ok(LoadedModel { config, dims, deepseek: None, graph, weights, tokenizer, weights_path, precision })
 }
 
+/// Tokens in a tokenizer (0 when its JSON does not load).
+fn vocab_size(t: &TokenizerInfo) -> usize {
+    tokenizers::Tokenizer::from_str(&t.json).map(|x| x.get_vocab_size(true)).unwrap_or(0)
+}
+
 /// The tokenizer model.toml's `[tokenizer]` names (`path`: a tokenizer.json, `gguf`: a GGUF
 /// file's metadata), else `default_json` where that file exists; one with more tokens than
 /// the model's vocabulary (`vocab`) is an error naming model.toml.
@@ -417,12 +410,28 @@ fn tokenizer_section(config: &ModelConfig, default_json: Option<&Path>, vocab: u
         },
     };
     if let Some(tk) = &tok {
-        let n = tokenizers::Tokenizer::from_str(&tk.json).map(|x| x.get_vocab_size(true)).unwrap_or(0);
+        let n = vocab_size(tk);
         if n > vocab {
             return Err(ModelError::Config { path: config.path.clone(), msg: format!("the tokenizer has {n} tokens but the model's vocabulary is {vocab}") });
         }
     }
     Ok(tok)
+}
+
+/// model.toml's GGUF weight file, opened: it must exist and match `weights.sha256` when given.
+fn open_gguf_weights(config: &ModelConfig) -> Result<gguf::GgufFile> {
+    let t = &config.toml;
+    let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
+    if !path.exists() {
+        return Err(ModelError::Io { path, source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file not found (scripts/fetch-model.sh fetches the default model)") });
+    }
+    if let Some(want) = &t.weights.sha256 {
+        let got = sha256_file(&path)?;
+        if &got != want {
+            return Err(ModelError::Format { path, msg: format!("sha256 is {got}, model.toml expects {want}") });
+        }
+    }
+    gguf::GgufFile::open(&path)
 }
 
 /// The DeepSeek family: an HF checkpoint (safetensors + config.json beside them), or a GGUF
@@ -438,16 +447,7 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     }
     let seeded = t.weights.format == WeightFormat::Seeded;
     let gguf_file = match t.weights.format {
-        WeightFormat::Gguf => {
-            let path = config.resolve(t.weights.path.as_ref().expect("checked by ModelConfig"));
-            if let Some(want) = &t.weights.sha256 {
-                let got = sha256_file(&path)?;
-                if &got != want {
-                    return Err(ModelError::Format { path: path.clone(), msg: format!("sha256 is {got}, model.toml expects {want}") });
-                }
-            }
-            Some(gguf::GgufFile::open(&path)?)
-        }
+        WeightFormat::Gguf => Some(open_gguf_weights(&config)?),
         _ => None,
     };
     let (ds, mut weights, path, dir, gguf_tok) = match &gguf_file {
@@ -478,7 +478,7 @@ fn load_deepseek(config: ModelConfig) -> Result<LoadedModel> {
     let mut tokenizer = match (tokenizer_section(&config, gguf_file.is_none().then(|| dir.join("tokenizer.json")).as_deref(), ds.vocab)?, gguf_tok) {
         (Some(t), _) => Some(t),
         (None, Some(t)) => {
-            let n = tokenizers::Tokenizer::from_str(&t.json).map(|x| x.get_vocab_size(true)).unwrap_or(0);
+            let n = vocab_size(&t);
             if n > ds.vocab {
                 return Err(ModelError::Format { path: path.clone(), msg: format!("the tokenizer has {n} tokens but the model's vocabulary is {}", ds.vocab) });
             }

@@ -82,6 +82,11 @@ pub fn from_gguf(g: &GgufFile) -> Result<TokenizerInfo> {
     })
 }
 
+/// A tokenizer.json `added_tokens` entry: token `id` matched whole before normalization.
+fn added_token(id: usize, content: &str, special: bool) -> Value {
+    json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": special})
+}
+
 /// A byte-level BPE tokenizer (`tokenizer.ggml.model` = `gpt2`) as a tokenizer.json value.
 fn gpt2_json(g: &GgufFile) -> Result<Value> {
     let terr = |msg: String| ModelError::Tokenizer { path: g.path.clone(), msg };
@@ -97,7 +102,7 @@ fn gpt2_json(g: &GgufFile) -> Result<Value> {
         // 3 = control, 4 = user-defined: matched as whole tokens before BPE
         if let Some(ty) = types.as_ref().and_then(|v| v.get(i)) {
             if *ty == 3 || *ty == 4 {
-                added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": *ty == 3}));
+                added.push(added_token(i, t, *ty == 3));
             }
         }
     }
@@ -155,7 +160,7 @@ fn sentencepiece_json(g: &GgufFile) -> Result<Value> {
             // (control tokens match before normalization, as HF's Llama tokenizers have them;
             // user-defined ones are isolated after it, as SentencePiece does — no dummy prefix
             // after them)
-            3 => added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})),
+            3 => added.push(added_token(i, t, true)),
             4 => user_defined.push(regex_escape(t)),
             _ => {}
         }

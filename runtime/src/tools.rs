@@ -101,47 +101,33 @@ impl Tools {
     /// `token_id` gives the id of a marker that is one token of the model's vocabulary (DeepSeek's
     /// `<｜tool▁calls▁begin｜>` and the rest); Err names a marker the tokenizer does not have.
     pub fn grammar(&self, token_id: &dyn Fn(&str) -> Option<u32>) -> Result<Option<String>, String> {
-        let call = |t: &Value| {
-            let f = &t["function"];
-            let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
-            json!({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false})
+        // (the tools a call may name: the named one, or any)
+        let tools: Vec<&Value> = match &self.choice {
+            Choice::Auto => return Ok(None),
+            Choice::Named(n) => self.list.iter().filter(|t| t["function"]["name"] == json!(n)).collect(),
+            Choice::Required => self.list.iter().collect(),
         };
+        let params = |t: &Value| t["function"].get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
+        if self.parser == Parser::DeepseekV3 {
+            let id = |m: &str| token_id(m).map(|i| format!("<[{i}]>")).ok_or_else(|| format!("the model's tokenizer has no token {m}, which the deepseek_v3 tool-call format needs"));
+            let (begin, end, call, call_end, sep) = (id(DS_BEGIN)?, id(DS_END)?, id(DS_CALL)?, id(DS_CALL_END)?, id(DS_SEP)?);
+            // (one call per tool, its name fixed and its arguments under its parameters)
+            let mut g = format!("start: {begin} {call} \"function\" {sep} call {call_end} {end}\ncall: {}\n", (0..tools.len()).map(|i| format!("c{i}")).collect::<Vec<_>>().join(" | "));
+            for (i, t) in tools.iter().enumerate() {
+                g += &format!("c{i}: {} \"\\n```json\\n\" a{i} \"\\n```\"\na{i}: %json {}\n", serde_json::to_string(&t["function"]["name"]).expect("a string"), params(t));
+            }
+            return Ok(Some(g));
+        }
         // (Llama-3 names the arguments "parameters")
         let key = if self.parser == Parser::Llama3Json { "parameters" } else { "arguments" };
-        let call = |t: &Value| {
-            let mut c = call(t);
-            if key != "arguments" {
-                let props = c["properties"].as_object_mut().expect("built above");
-                let a = props.remove("arguments").expect("built above");
-                props.insert(key.into(), a);
-                c["required"] = json!(["name", key]);
-            }
-            c
-        };
+        let call = |t: &&Value| json!({"type": "object", "properties": {"name": {"const": t["function"]["name"]}, key: params(t)}, "required": ["name", key], "additionalProperties": false});
         let schema = match &self.choice {
-            Choice::Auto => return Ok(None),
-            Choice::Named(n) => call(self.list.iter().find(|t| t["function"]["name"] == json!(n)).expect("checked in parse")),
-            Choice::Required => json!({"anyOf": self.list.iter().map(call).collect::<Vec<_>>()}),
+            Choice::Named(_) => call(&tools[0]),
+            _ => json!({"anyOf": tools.iter().map(call).collect::<Vec<_>>()}),
         };
         Ok(Some(match self.parser {
-            Parser::Hermes => format!("start: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n"),
             Parser::Llama3Json => format!("start: call\ncall: %json {schema}\n"),
-            Parser::DeepseekV3 => {
-                let id = |m: &str| token_id(m).map(|i| format!("<[{i}]>")).ok_or_else(|| format!("the model's tokenizer has no token {m}, which the deepseek_v3 tool-call format needs"));
-                let (begin, end, call, call_end, sep) = (id(DS_BEGIN)?, id(DS_END)?, id(DS_CALL)?, id(DS_CALL_END)?, id(DS_SEP)?);
-                // (one call per tool, its name fixed and its arguments under its parameters)
-                let tools: Vec<&Value> = match &self.choice {
-                    Choice::Named(n) => self.list.iter().filter(|t| t["function"]["name"] == json!(n)).collect(),
-                    _ => self.list.iter().collect(),
-                };
-                let mut g = format!("start: {begin} {call} \"function\" {sep} call {call_end} {end}\ncall: {}\n", (0..tools.len()).map(|i| format!("c{i}")).collect::<Vec<_>>().join(" | "));
-                for (i, t) in tools.iter().enumerate() {
-                    let f = &t["function"];
-                    let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
-                    g += &format!("c{i}: {} \"\\n```json\\n\" a{i} \"\\n```\"\na{i}: %json {params}\n", serde_json::to_string(&f["name"]).expect("a string"));
-                }
-                g
-            }
+            _ => format!("start: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n"),
         }))
     }
 }

@@ -38,9 +38,14 @@ fn reference(name: &str) -> Reference {
 }
 
 fn model_toml(dir: &Path, weights: &Path, extra: &str) -> PathBuf {
+    model_toml_of(dir, "safetensors", weights, extra)
+}
+
+/// dir/model.toml for the tiny fixtures' limits, weights of `format` at `weights`.
+fn model_toml_of(dir: &Path, format: &str, weights: &Path, extra: &str) -> PathBuf {
     let p = dir.join("model.toml");
     let text = format!(
-        "[model]\nname = \"ds-tiny\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"safetensors\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n{extra}",
+        "[model]\nname = \"ds-tiny\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"{format}\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n{extra}",
         weights.display()
     );
     std::fs::write(&p, text).unwrap();
@@ -51,11 +56,16 @@ fn model_toml(dir: &Path, weights: &Path, extra: &str) -> PathBuf {
 fn plan(name: &str) -> (tempfile::TempDir, Plan) {
     let dir = tempfile::tempdir().unwrap();
     let toml = model_toml(dir.path(), &fixture(name), "");
-    let c = dsc_compiler::compile(&toml).unwrap_or_else(|e| panic!("{name}: compile: {e:#}"));
-    let path = dir.path().join("ds.plan");
-    dsc_compiler::write(&c, &path).unwrap();
-    let plan = Plan::open(&path).unwrap();
+    let plan = compiled(&toml, name);
     (dir, plan)
+}
+
+/// Compile `toml` into a plan beside it and open it.
+fn compiled(toml: &Path, what: &str) -> Plan {
+    let c = dsc_compiler::compile(toml).unwrap_or_else(|e| panic!("{what}: compile: {e:#}"));
+    let path = toml.with_file_name("ds.plan");
+    dsc_compiler::write(&c, &path).unwrap();
+    Plan::open(&path).unwrap()
 }
 
 /// max |a - b| over max |b|, per row, worst row.
@@ -127,19 +137,7 @@ fn deepseek2_gguf_files_load_as_llama_cpp_writes_them() {
         }
         assert_eq!(from_gguf, from_json, "{name}: the config from the GGUF metadata");
         let dir = tempfile::tempdir().unwrap();
-        let toml = dir.path().join("model.toml");
-        std::fs::write(
-            &toml,
-            format!(
-                "[model]\nname = \"ds-gguf\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"gguf\"\npath = \"{}\"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n",
-                gguf.display()
-            ),
-        )
-        .unwrap();
-        let c = dsc_compiler::compile(&toml).unwrap_or_else(|e| panic!("{name}: compile the GGUF: {e:#}"));
-        let path = dir.path().join("g.plan");
-        dsc_compiler::write(&c, &path).unwrap();
-        let gplan = Plan::open(&path).unwrap();
+        let gplan = compiled(&model_toml_of(dir.path(), "gguf", &gguf, ""), &format!("{name} GGUF"));
         let ggraph = gplan.graph().unwrap();
         let mut gb = CpuBackend::new(&ggraph, &gplan, 64).unwrap();
         let got = Session::new(&mut gb).feed(&r.prompt, true).unwrap();
@@ -169,9 +167,7 @@ fn a_deepseek2_gguf_that_is_not_one_names_the_tensor_or_key() {
         let m: Vec<(&str, Value)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         let t: Vec<(&str, dsc_ir::DType, Vec<usize>, Vec<u8>)> = tensors.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect();
         write_gguf(&p, &m, &t).unwrap();
-        let toml = dir.path().join(format!("{name}.toml"));
-        std::fs::write(&toml, format!("[model]\nname = \"x\"\narchitecture = \"deepseek\"\n\n[weights]\nformat = \"gguf\"\npath = \"{}\"\n", p.display())).unwrap();
-        toml
+        model_toml_of(dir.path(), "gguf", &p, "")
     };
     let err = |toml: &Path| dsc_models::load(toml).err().map(|e| e.to_string()).expect("an error");
     let mut extra = tensors.clone();

@@ -47,6 +47,7 @@ use std::fmt::Write;
 mod argmax;
 pub mod attention;
 mod body;
+mod dot;
 mod elementwise;
 mod fp8;
 pub mod matmul;
