@@ -305,7 +305,7 @@ fn fits_answers_as_the_emitters_do() {
         base.push(KernelSpec::MoeGateUpMma { d, inter, e: 8, top_k: 2, wdtype });
         base.push(KernelSpec::MoeDownMma { d, inter, e: 8, top_k: 2, wdtype });
     }
-    base.push(KernelSpec::MoeCombine { d: 36, e: 10, top_k: 3 });
+    base.push(KernelSpec::MoeCombine { d: 36, e: 10, top_k: 3, residual: false });
     for (k, wdtype) in [(512, DType::BF16), (512, DType::F32), (20, DType::F16)] {
         base.push(KernelSpec::HeadMatMulMma { h: 4, k, n: 40, wdtype });
     }

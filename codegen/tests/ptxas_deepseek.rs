@@ -19,14 +19,15 @@ fn specs() -> Vec<KernelSpec> {
     ];
     for (d, inter, e, top_k, wdtype) in [(2048, 1408, 64, 6, DType::BF16), (7168, 2048, 256, 8, DType::BF16), (64, 32, 8, 3, DType::F32), (36, 20, 40, 3, DType::F16)] {
         v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype });
-        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype });
+        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false });
+        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true });
     }
     for (d, inter, e, top_k, wdtype) in [(2048, 1408, 64, 6, DType::BF16), (7168, 2048, 256, 8, DType::BF16), (128, 64, 10, 2, DType::F16)] {
         v.push(KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype });
         v.push(KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype });
     }
-    v.push(KernelSpec::MoeCombine { d: 2048, e: 64, top_k: 6 });
-    v.push(KernelSpec::MoeCombine { d: 36, e: 10, top_k: 3 });
+    v.push(KernelSpec::MoeCombine { d: 2048, e: 64, top_k: 6, residual: true });
+    v.push(KernelSpec::MoeCombine { d: 36, e: 10, top_k: 3, residual: false });
     for (h, c, l, bs, kv) in [(16, 576, 512, 16, DType::BF16), (128, 576, 512, 64, DType::BF16), (4, 40, 32, 4, DType::F32)] {
         v.push(KernelSpec::MlaAttention { h, c, l, bs, scale_bits: 0.1352f32.to_bits(), kv });
     }

@@ -134,7 +134,11 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
                     _ => e,
                 };
                 let active = e.min(tokens * k);
-                (format!("moe_experts {e}x(3x{i}x{d}) {} top-{k}", gate.ty.dtype), nbytes(gate.ty.dtype, active * 3 * i * d) + 2.0 * numel(ops[0]) as f64 * 4.0, 6.0 * (tokens * k * i * d) as f64)
+                (
+                    format!("moe_experts {e}x(3x{i}x{d}) {} top-{k}", gate.ty.dtype),
+                    nbytes(gate.ty.dtype, active * 3 * i * d) + (ops.len() - 3) as f64 * numel(ops[0]) as f64 * 4.0,
+                    6.0 * (tokens * k * i * d) as f64,
+                )
             }
             op => {
                 let inb: f64 = ops.iter().map(|&o| nbytes(g.node(o).ty.dtype, numel(o))).sum();

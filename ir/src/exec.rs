@@ -777,7 +777,7 @@ fn eval(op: &Op, a: &[&Tensor], dtype: DType, declared: Option<&[usize]>) -> Res
             Tensor::new(vec![t, h, n], out)
         }
         Op::MoeRoute(r) => moe_route(r, a[0], a[1], a.get(2).copied())?,
-        Op::MoeExperts => moe_experts(a[0], a[1], a[2], a[3], a[4], dtype)?,
+        Op::MoeExperts => moe_experts(a[0], a[1], a[2], a[3], a[4], a.get(5).copied(), dtype)?,
         Op::Softmax => {
             let x = a[0];
             let (_, d) = x.rows();
@@ -1023,7 +1023,7 @@ pub fn route_token(r: &MoeRouting, logits: &[f32], mask: &[f32], bias: Option<&[
 
 /// The routed experts: per expert, its tokens' SwiGLU MLP weighted by their routing weight,
 /// summed in expert order (HF's `index_add_`).
-fn moe_experts(x: &Tensor, route: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor, dtype: DType) -> Result<Tensor, String> {
+fn moe_experts(x: &Tensor, route: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor, residual: Option<&Tensor>, dtype: DType) -> Result<Tensor, String> {
     let (t, d) = (x.shape[0], x.shape[1]);
     let (e, inter) = (gate.shape[0], gate.shape[1]);
     let mut out = vec![0f32; t * d];
@@ -1044,6 +1044,12 @@ fn moe_experts(x: &Tensor, route: &Tensor, gate: &Tensor, up: &Tensor, down: &Te
             for (o, v) in out[ti * d..(ti + 1) * d].iter_mut().zip(&y.data[j * d..(j + 1) * d]) {
                 *o += v * w;
             }
+        }
+    }
+    // (the residual last, after the experts' sum: the kernels' order)
+    if let Some(r) = residual {
+        for (o, v) in out.iter_mut().zip(&r.data) {
+            *o += v;
         }
     }
     Ok(Tensor::new(x.shape.clone(), out))

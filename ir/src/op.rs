@@ -197,9 +197,10 @@ pub enum Op {
     /// next best), the groups keep their rank, a softmax gate renormalizes over the enabled
     /// experts; a token with every expert disabled routes nowhere (`exec::route_token`).
     MoeRoute(MoeRouting),
-    /// (x[T, D], route[T, E], gate[E, I, D], up[E, I, D], down[E, D, I]) -> [T, D]:
-    /// sum over the experts e with route[t, e] != 0 of route[t, e] * down_e(silu(gate_e x) *
-    /// up_e x). Weights stacked per expert, in the checkpoint's [out, in] layout.
+    /// (x[T, D], route[T, E], gate[E, I, D], up[E, I, D], down[E, D, I], residual?[T, D]) ->
+    /// [T, D]: sum over the experts e with route[t, e] != 0 of route[t, e] * down_e(silu(gate_e
+    /// x) * up_e x), in expert order, then + residual. Weights stacked per expert, in the
+    /// checkpoint's [out, in] layout.
     MoeExperts,
     /// (cache[NB, BS, KVH, D], x[T, KVH, D], slot[T]) -> cache with row slot[t] = x[t]
     /// (slot = block * BS + offset), stored in the cache's type (a bf16 pool rounds x to
@@ -609,7 +610,8 @@ impl Op {
             Op::Unary(_) | Op::Softmax | Op::TopK { .. } | Op::Slice { .. } | Op::Reshape | Op::Transpose { .. } | Op::Cast | Op::Argmax | Op::AllReduce | Op::ActQuant { .. } => (1, 1),
             Op::Gather | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } | Op::RopeYarn { .. } | Op::TakeAlong | Op::HeadMatMul { .. } => (2, 2),
             Op::MoeRoute(_) => (2, 3),
-            Op::MlaAttention { .. } | Op::MoeExperts => (5, 5),
+            Op::MlaAttention { .. } => (5, 5),
+            Op::MoeExperts => (5, 6),
             Op::MatMul { .. } | Op::MatMulAct { .. } => (2, 3),
             Op::MatMulAdd { .. } => (3, 4),
             Op::LayerNorm { .. } | Op::CacheWrite => (3, 3),
@@ -893,6 +895,12 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> Result<Ten
             dims_eq(&gate.shape[2], &x.shape[1], "expert input width")?;
             dims_eq(&down.shape[1], &x.shape[1], "expert output width")?;
             dims_eq(&down.shape[2], &gate.shape[1], "expert hidden width")?;
+            if let Some(r) = args.get(5) {
+                float_act(r, "moe residual")?;
+                if r.shape != x.shape {
+                    return Err(format!("moe residual {r} differs from the input {x}"));
+                }
+            }
             Ok(x.clone())
         }
         Op::TopK { k } => {

@@ -467,6 +467,17 @@ fn moe_experts_sum_the_routed_swiglu_mlps() {
             assert!((out["y"].data[ti * d + o] - want).abs() < 1e-5, "token {ti} dim {o}");
         }
     }
+    // with a residual operand: the experts' sum, then + the residual (a token routed nowhere
+    // gets the residual alone)
+    let with = src.replace("%y = moe_experts(%x, %r, %g, %u, %w)", "%res = input : f32[T, 8]\n  %y = moe_experts(%x, %r, %g, %u, %w, %res)");
+    let res = rand_vec(t * d, 5);
+    let out2 = run1(&with, vec![("x", Tensor::new(vec![t, d], x.clone())), ("r", Tensor::new(vec![t, e], route.clone())), ("res", Tensor::new(vec![t, d], res.clone()))], &ws, BTreeMap::new());
+    for j in 0..t * d {
+        assert_eq!(out2["y"].data[j], out["y"].data[j] + res[j], "element {j}");
+    }
+    let bad = src.replace("%y = moe_experts(%x, %r, %g, %u, %w)", "%res = input : f32[T, 4]\n  %y = moe_experts(%x, %r, %g, %u, %w, %res)");
+    let e = parse_err(&bad);
+    assert!(e.contains("moe residual"), "{e}");
 }
 
 #[test]

@@ -710,17 +710,21 @@ pub fn build(opts: &BuildOptions, c: &DeepseekConfig, weights: &WeightSet) -> Re
                 .into_iter()
                 .map(|(p, [o, i_])| b.weight(&stacked_name(i, p), &[e, o, i_], true))
                 .collect::<Result<_>>()?;
-            let routed = b.add(m("mlp.experts"), Op::MoeExperts, &[hn, route, ws[0], ws[1], ws[2]])?;
+            // the residual stream rides on the routed experts (x + their sum, in one write),
+            // the shared experts' down projection adding its part (the matmul-add fusion): no
+            // separate adds. (HF adds x + (routed + shared); the f32 sums differ in rounding.)
             if c.n_shared_experts > 0 {
+                let routed = b.add(m("mlp.experts"), Op::MoeExperts, &[hn, route, ws[0], ws[1], ws[2], x])?;
                 let shared = mlp(&mut b, &m("mlp.shared_experts"), hn, hid, c.moe_ffn * c.n_shared_experts)?;
-                b.add(m("mlp.combine"), Op::Binary(BinaryOp::Add), &[routed, shared])?
+                b.add(m("mlp.residual"), Op::Binary(BinaryOp::Add), &[routed, shared])?
             } else {
-                routed
+                b.add(m("mlp.residual"), Op::MoeExperts, &[hn, route, ws[0], ws[1], ws[2], x])?
             }
         } else {
-            mlp(&mut b, &m("mlp"), hn, hid, c.ffn)?
+            let out = mlp(&mut b, &m("mlp"), hn, hid, c.ffn)?;
+            b.add(m("mlp.residual"), Op::Binary(BinaryOp::Add), &[x, out])?
         };
-        x = b.add(format!("{}.residual", m("mlp")), Op::Binary(BinaryOp::Add), &[x, out])?;
+        x = out;
     }
     let last = b.add("logit_hidden", Op::Gather, &[x, inp.logit_rows])?;
     let fw = b.weight("model.norm.weight", &[hid], false)?;

@@ -461,6 +461,19 @@ fn deepseek_plans_lower_to_the_gpu() {
         let ups: Vec<_> = gpu.steps.iter().filter(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("moe_gate_up_"))).collect();
         assert!(ups.iter().all(|s| s.node.ends_with(&scratch) && s.args.last() == Some(&s.node)), "{name}: the gate/up kernels write the scratch");
         assert!(gpu.buffers.iter().any(|b| b.node.ends_with(&scratch)), "{name}: the scratch is in the memory plan");
+        // (a MoE layer's row of the expert mask is a view into the resident mask, no kernel;
+        // the residual stream rides on the routed experts — no separate add after the MoE)
+        assert_eq!(count("slice_"), 0, "{name}: {kernels:?}");
+        let masks: Vec<_> = gpu.steps.iter().filter(|s| s.node.ends_with("mlp.gate.mask")).collect();
+        assert_eq!(masks.len(), moe_layers, "{name}");
+        for (row, s) in masks.iter().enumerate() {
+            assert_eq!((s.kernel.as_deref(), s.alias_of.as_deref()), (None, Some("expert_mask")), "{name}");
+            let experts = cfg["n_routed_experts"].as_u64().unwrap() as i64;
+            assert_eq!(s.alias_offset, Some(dsc_runtime::plan::Scalar::Const(row as i64 * experts)), "{name}: {}", s.node);
+        }
+        let downs: Vec<_> = gpu.steps.iter().filter(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("moe_down_"))).collect();
+        assert!(downs.iter().all(|s| s.kernel.as_deref().is_some_and(|k| k.ends_with("_res"))), "{name}: the residual added by the down projection");
+        assert_eq!(count("binary_add"), 0, "{name}: {kernels:?}");
         // (the runtime reads every buffer role of the schedule)
         for s in &gpu.steps {
             for a in &s.args {

@@ -52,10 +52,10 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
             format!("moe_route_e{e}_k{top_k}_g{n_group}x{topk_group}_{sc}_{sel}{}_s{scaling_bits:08x}", if *normalize { "_norm" } else { "" })
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => format!("moe_gate_up_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
-        KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => format!("moe_down_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
+        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual } => format!("moe_down_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}{}", if *residual { "_res" } else { "" }),
         KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } => format!("moe_gate_up_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => format!("moe_down_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
-        KernelSpec::MoeCombine { d, e, top_k } => format!("moe_combine_e{e}_k{top_k}_d{d}"),
+        KernelSpec::MoeCombine { d, e, top_k, residual } => format!("moe_combine_e{e}_k{top_k}_d{d}{}", if *residual { "_res" } else { "" }),
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
     }
 }
@@ -91,7 +91,7 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => {
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype, .. } => {
             // (fp8 experts in f8g128 — DeepSeek-V3's FP8 release as imported — where D and I are
             // whole 512-value super-blocks: the warp-per-output kernel, eight values a load)
             let f8 = *wdtype == DType::F8G128 && d % 512 == 0 && inter % 512 == 0;
@@ -110,7 +110,7 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
-        KernelSpec::MoeCombine { d, e, top_k } => {
+        KernelSpec::MoeCombine { d, e, top_k, .. } => {
             if *d == 0 || *e == 0 || *top_k == 0 || top_k > e {
                 return Err(format!("empty routed-expert combine (D {d}, E {e}, top_k {top_k})"));
             }
@@ -249,13 +249,13 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             emit_moe_mma(b, false, *d, *inter, *e, *top_k, *wdtype)?;
             Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %w: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %m: i64".into())
         }
-        KernelSpec::MoeCombine { d, e, top_k } => {
-            emit_moe_combine(b, *d, *e, *top_k);
-            Ok("%p: !llvm.ptr<1>, %route: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
+        KernelSpec::MoeCombine { d, e, top_k, residual } => {
+            emit_moe_combine(b, *d, *e, *top_k, *residual);
+            Ok(format!("%p: !llvm.ptr<1>, %route: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" }))
         }
-        KernelSpec::MoeDown { d, inter, e, top_k, wdtype } => {
-            emit_down(b, *d, *inter, *e, *top_k, *wdtype)?;
-            Ok("%h: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wd: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
+        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual } => {
+            emit_down(b, *d, *inter, *e, *top_k, *wdtype, *residual)?;
+            Ok(format!("%h: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wd: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" }))
         }
         other => Err(format!("`{}` is not a moe kernel", other.symbol())),
     }
@@ -547,7 +547,7 @@ pub const MOE_DOWN_BLOCKS_PER_SM: u32 = 3;
 /// rows stream at once; the route-weighted dots meet in shared memory and the first threads sum
 /// them in slot (= expert) order from 0, the CPU executor's order. Slots a row did not fill
 /// (disabled experts) add 0 and read nothing. Params h, route, wd, y, n = D.
-fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
+fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool) -> Result<(), String> {
     let r = MOE_DOWN_OUTPUTS;
     // (the registers MOE_DOWN_BLOCKS_PER_SM blocks leave: without the bound ptxas kept to 40
     // and sank each round's loads behind the last round's FMAs)
@@ -627,6 +627,10 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     }
     let yi = b.op(&format!("arith.muli {t}, {cd} : i64"));
     let yi = b.op(&format!("arith.addi {yi}, {o} : i64"));
+    if residual {
+        let v = b.load("%res", &yi);
+        acc = b.op(&format!("arith.addf {acc}, {v} : f32"));
+    }
     b.store(&acc, "%y", &yi);
     b.line("}");
     Ok(())
@@ -948,7 +952,7 @@ fn emit_moe_mma(b: &mut Body, gate_up: bool, d: usize, inter: usize, e: usize, t
 /// partials p[s, t, n] over its chosen experts' slots s (in expert order; a row that chose
 /// fewer than `top_k` — disabled experts — leaves the last slots unwritten and unread). The
 /// count by ballots over the routing row.
-fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize) {
+fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize, residual: bool) {
     let row = b.op("gpu.block_id x");
     let row = b.idx64(&row);
     let t = b.op("gpu.thread_id x");
@@ -1007,6 +1011,19 @@ fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize) {
             }
         }
         let ye = b.op(&format!("arith.addi {yrow}, {el} : i64"));
+        if residual {
+            // (the residual last, after the slots' sum: the CPU executor's order)
+            let vs = if w == 4 {
+                let c4 = b.ci64(4);
+                let bo = b.op(&format!("arith.muli {ye}, {c4} : i64"));
+                b.load_vec("%res", &bo, 4, "f32", 16)
+            } else {
+                vec![b.load("%res", &ye)]
+            };
+            for (a, v) in acc.iter_mut().zip(&vs) {
+                *a = b.op(&format!("arith.addf {a}, {v} : f32"));
+            }
+        }
         if w == 4 {
             let v = b.vector(&acc, "f32");
             let c4 = b.ci64(4);
@@ -1065,8 +1082,15 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<Vec<Step>, 
             return Err(cx.err("the routed experts' weights must be graph weights"));
         }
     }
+    // (the residual, added after the experts' sum: the MoE block's output and the residual
+    // stream in one write)
+    let residual = match cx.ops.get(5) {
+        Some(r) if r.ty.dtype != DType::F32 => return Err(cx.err(format!("the routed experts' residual must be f32, not {}", r.ty))),
+        Some(_) => Some(cx.names[5].clone()),
+        None => None,
+    };
     let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
-    let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype };
+    let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: residual.is_some() };
     for s in [&up, &down] {
         moe_fits(s).map_err(|m| cx.err(m))?;
     }
@@ -1084,7 +1108,8 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<Vec<Step>, 
             Scalar::RowsTimes(n[0].clone(), top_k as i64),
         )
     };
-    let mut second = cx.step(down, vec![h.clone(), n[1].clone(), n[4].clone(), cx.name.to_string()], vec![Scalar::Const(d as i64)], Scalar::Const(d as i64), tokens);
+    let down_args = [h.clone(), n[1].clone(), n[4].clone()].into_iter().chain(residual.clone()).chain([cx.name.to_string()]).collect();
+    let mut second = cx.step(down, down_args, vec![Scalar::Const(d as i64)], Scalar::Const(d as i64), tokens);
     // (batches: expert-major on the tensor cores, each chosen expert's weights read once a
     // pass of up to 32 of its tokens)
     let (up_mma, down_mma) = (KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype }, KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype });
@@ -1107,7 +1132,13 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<Vec<Step>, 
     let node_rows = Scalar::Rows(cx.name.to_string());
     let combine = Step {
         min_rows: Some(GROUPED_MIN_ROWS),
-        ..cx.step(KernelSpec::MoeCombine { d, e, top_k }, vec![parts.clone(), n[1].clone(), cx.name.to_string()], vec![node_rows.clone()], node_rows, Scalar::Const(1))
+        ..cx.step(
+            KernelSpec::MoeCombine { d, e, top_k, residual: residual.is_some() },
+            [parts.clone(), n[1].clone()].into_iter().chain(residual).chain([cx.name.to_string()]).collect(),
+            vec![node_rows.clone()],
+            node_rows,
+            Scalar::Const(1),
+        )
     };
     Ok(vec![first, Step::new(&parts), second, combine])
 }

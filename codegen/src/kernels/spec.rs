@@ -453,15 +453,16 @@ pub enum KernelSpec {
     /// (16-bit), route, gate, up, h, I, T
     MoeGateUpMma { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
     /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
-    /// (down_e[n] · h[t, slot]); a warp per (token, n). params h, route, down [E, D, I], y, D
-    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// (down_e[n] · h[t, slot]) (+ res[t, n] with `residual`); a block per (token, 2 n), a
+    /// warp per chosen expert. params h, route, down [E, D, I], [res], y, D
+    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool },
     /// [`KernelSpec::MoeDown`] expert-major on the tensor cores (as `MoeGateUpMma`): the
     /// route-weighted partial p[slot, t, n] = route[t, e] · (down_e[n] · h[t, slot]) into the
     /// part-major `{node}@splitk{top_k}`. params h, route, down, p, D, T
     MoeDownMma { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
     /// The sum of `MoeDownMma`'s partials over each token's chosen slots (their count from its
-    /// routing row), a block per token. params p, route, y, T
-    MoeCombine { d: usize, e: usize, top_k: usize },
+    /// routing row; + res[t, n] with `residual`), a block per token. params p, route, [res], y, T
+    MoeCombine { d: usize, e: usize, top_k: usize, residual: bool },
     /// MLA's attention over the paged latent cache (`kernels::mla`): q [T, H, C], cache [NB,
     /// BS, 1, C] of `kv` -> [T, H, L] (keys the whole rows, values their first L elements);
     /// a block per (token, head). params q, cache, pos, seq, table, y, T, MB

@@ -283,6 +283,12 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
                 }
                 step(KernelSpec::LayerNorm { d, eps_bits: eps.to_bits(), half: None }, args, vec![Scalar::Rows(name.clone())], Scalar::Rows(name.clone()), one)
             }
+            Op::Slice { axis: 0, start, .. } if matches!(ops[0].op, Op::Input) && ops[0].ty.dtype == DType::F32 && ops[0].ty.shape[1..].iter().all(|d| d.as_const().is_some()) => {
+                // rows of a step input (a MoE layer's row of the expert mask): a view at
+                // start x (the row's elements), no kernel
+                let inner: usize = ops[0].ty.shape[1..].iter().filter_map(|d| d.as_const()).product();
+                Step { alias_offset: Some(Scalar::Const((start * inner) as i64)), ..alias(&names[0]) }
+            }
             Op::Slice { axis, start, len } => {
                 let x = &ops[0].ty;
                 let inner: Option<usize> = x.shape[axis + 1..].iter().map(|d| d.as_const()).product();

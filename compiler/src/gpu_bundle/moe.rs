@@ -144,9 +144,25 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             cx.cases.push(case(name, &down_mma, grid(&down_mma.launch(), d), e as u32, vec![ha.clone(), ra.clone(), da.clone()], vec![d as i64, t as i64], want, 1e-4));
             cx.specs.push(down_mma);
         }
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false };
         let expected = cx.data.push(&want);
-        cx.cases.push(case(format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &down, grid(&down.launch(), d), t as u32, vec![ha, ra, da], vec![d as i64], expected, 1e-4));
+        cx.cases.push(case(
+            format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
+            &down,
+            grid(&down.launch(), d),
+            t as u32,
+            vec![ha.clone(), ra.clone(), da.clone()],
+            vec![d as i64],
+            expected,
+            1e-4,
+        ));
+        cx.specs.push(down);
+        // (with the residual added after the experts' sum)
+        let res = cx.r.vec(t * d, -2.0, 2.0);
+        let with: Vec<f32> = want.iter().zip(&res).map(|(a, b)| a + b).collect();
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true };
+        let (resa, expected) = (cx.data.push(&res), cx.data.push(&with));
+        cx.cases.push(case(format!("moe_down_res T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &down, grid(&down.launch(), d), t as u32, vec![ha, ra, da, resa], vec![d as i64], expected, 1e-4));
         cx.specs.push(down);
     }
     // the partials' sum: token 2 chose one expert fewer (a disabled one), its last slot NaN
@@ -172,9 +188,15 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
                 (0..k).map(|s| p[(s * t + ti) * d + n]).sum()
             })
             .collect();
-        let spec = KernelSpec::MoeCombine { d, e, top_k };
+        let spec = KernelSpec::MoeCombine { d, e, top_k, residual: false };
         let (pa, ra, want) = (cx.data.push(&p), cx.data.push(&route), cx.data.push(&y));
-        cx.cases.push(case(format!("moe_combine T{t} D{d} E{e} top{top_k}"), &spec, grid(&spec.launch(), t), 1, vec![pa, ra], vec![t as i64], want, 1e-6));
+        cx.cases.push(case(format!("moe_combine T{t} D{d} E{e} top{top_k}"), &spec, grid(&spec.launch(), t), 1, vec![pa.clone(), ra.clone()], vec![t as i64], want, 1e-6));
+        cx.specs.push(spec);
+        let res = cx.r.vec(t * d, -2.0, 2.0);
+        let with: Vec<f32> = y.iter().zip(&res).map(|(a, b)| a + b).collect();
+        let spec = KernelSpec::MoeCombine { d, e, top_k, residual: true };
+        let (resa, want) = (cx.data.push(&res), cx.data.push(&with));
+        cx.cases.push(case(format!("moe_combine_res T{t} D{d} E{e} top{top_k}"), &spec, grid(&spec.launch(), t), 1, vec![pa, ra, resa], vec![t as i64], want, 1e-6));
         cx.specs.push(spec);
     }
     Ok(())

@@ -534,6 +534,9 @@ struct Bucket {
     arena: CudaSlice<u8>,
     /// node → (offset, bytes) in the arena
     placed: HashMap<String, (usize, usize)>,
+    /// views into resident buffers: node → (resident buffer, byte offset) (a MoE layer's row
+    /// of the expert mask)
+    views: HashMap<String, (String, usize)>,
     launches: Vec<Action>,
     logits: String,
     vocab: usize,
@@ -705,6 +708,7 @@ impl GpuBackend<'_> {
         let packed_span = (span0 + pad, end + pad);
         let multi_at = (multi_room > 0).then_some((end + pad, multi_room));
         let mut alias: HashMap<String, String> = HashMap::new();
+        let mut views: HashMap<String, (String, usize)> = HashMap::new();
         let mut launches = vec![];
         // (the step that writes the logits)
         let (_, out) = g.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| gerr("the graph has no `logits` output"))?;
@@ -713,13 +717,24 @@ impl GpuBackend<'_> {
             if let (Some(of), Some(off)) = (&s.alias_of, &s.alias_offset) {
                 // a view into its root's buffer (a part of a merged matmul's output)
                 let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
-                let &(o, n) = placed.get(&root).ok_or_else(|| gerr(format!("view {}: {root} is not an activation buffer", s.node)))?;
                 let at = eval(off)? as usize * 4;
                 let bytes = shape_of(&s.node)?.iter().product::<usize>() * 4;
+                let (o, n) = match (placed.get(&root), self.resident.get(&root)) {
+                    (Some(&(o, n)), _) => (Some(o), n),
+                    (None, Some(buf)) => (None, buf.len()),
+                    (None, None) => return Err(gerr(format!("view {}: {root} is neither an activation nor a resident buffer", s.node))),
+                };
                 if at + bytes > n {
                     return Err(gerr(format!("view {} ({bytes} bytes at {at}) lies outside {root} ({n} bytes)", s.node)));
                 }
-                placed.insert(s.node.clone(), (o + at, bytes));
+                match o {
+                    Some(o) => {
+                        placed.insert(s.node.clone(), (o + at, bytes));
+                    }
+                    None => {
+                        views.insert(s.node.clone(), (root, at));
+                    }
+                }
             } else if let Some(of) = &s.alias_of {
                 let root = alias.get(of).cloned().unwrap_or_else(|| of.clone());
                 alias.insert(s.node.clone(), root);
@@ -792,7 +807,7 @@ impl GpuBackend<'_> {
                 bufs.insert(a.clone(), map.map_err(|e| gerr(format!("step {}: tensor map {a}: {e}", s.node)))?);
             }
             for a in &args {
-                if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) {
+                if !bufs.contains_key(a) && !placed.contains_key(a) && !self.resident.contains_key(a) && !views.contains_key(a) {
                     return Err(gerr(format!("step {}: no buffer for {a}", s.node)));
                 }
             }
@@ -822,7 +837,7 @@ impl GpuBackend<'_> {
         // PDL for decode-sized steps only: measured +6-10% for SmolLM2 decode, ~0 for the 8B
         // shape, and one 8B prefill-512 run 5% slower with it (bench/results/pdl-*.json)
         let pdl = self.pdl && t <= self.cached_max_tokens.min(self.pdl_max_tokens);
-        Ok(Bucket { bufs, arena, placed, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span, multi: None, multi_at, fold: None })
+        Ok(Bucket { bufs, arena, placed, views, launches, logits, vocab, graph: None, runs: 0, ids: None, pdl, packed, packed_span, multi: None, multi_at, fold: None })
     }
 
     fn all_reduce(&self, arena: &mut CudaSlice<u8>, off: usize, n: usize) -> Result<()> {
@@ -916,7 +931,15 @@ impl GpuBackend<'_> {
                 continue;
             }
             let mut lb = self.stream.launch_builder(&self.funcs[&l.kernel]);
-            let views: Vec<_> = l.args.iter().filter_map(|a| bucket.placed.get(a).map(|&(o, n)| (a, bucket.arena.slice(o..o + n.max(1))))).collect();
+            let views: Vec<_> = l
+                .args
+                .iter()
+                .filter_map(|a| match (bucket.placed.get(a), bucket.views.get(a)) {
+                    (Some(&(o, n)), _) => Some((a, bucket.arena.slice(o..o + n.max(1)))),
+                    (None, Some((root, at))) => self.resident.get(root).map(|b| (a, b.slice(*at..))),
+                    (None, None) => None,
+                })
+                .collect();
             for a in &l.args {
                 match views.iter().find(|(n, _)| *n == a) {
                     Some((_, v)) => {
@@ -968,6 +991,12 @@ impl GpuBackend<'_> {
             let p = match bucket.placed.get(a) {
                 // an activation: its offset in the arena (in bounds: placed by the memory plan)
                 Some(&(o, _)) => arena + o as u64,
+                None if bucket.views.contains_key(a) => {
+                    let (root, at) = &bucket.views[a];
+                    let (p, g) = self.resident.get(root).ok_or_else(|| gerr(format!("launching {}: no resident buffer {root} under view {a}", l.kernel)))?.device_ptr(&self.stream);
+                    guards.push(g);
+                    p + *at as u64
+                }
                 None => {
                     let (p, g) = bucket.bufs.get(a).or_else(|| self.resident.get(a)).ok_or_else(|| gerr(format!("launching {}: no buffer {a}", l.kernel)))?.device_ptr(&self.stream);
                     guards.push(g);
