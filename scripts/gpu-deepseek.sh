@@ -33,6 +33,11 @@ r = json.load(open('tests/fixtures/deepseek/$name/reference.json'))
 n = len(r['prompt'])
 json.dump([{'name': '$name', 'prompt_ids': r['prompt'], 'greedy_ids': r['greedy'], 'greedy_margins': r['full_top2_margin'][n - 1:n - 1 + len(r['greedy'])]}], open('$D/$name-ref.json', 'w'))"
   done
+  # v3-tiny with bf16 weights: the one-token shared-expert slots (`fuse_moe_shared`) on a
+  # shape whose decode steps the CPU executor checks
+  printf '[model]\nname = "v3-tiny"\narchitecture = "deepseek"\n\n[weights]\nformat = "safetensors"\npath = "%s"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n\n[precision]\nweights = "bf16"\nactivations = "f32"\n' \
+    "$PWD/tests/fixtures/deepseek/v3-tiny" > .cache/ds-v3-tiny-bf16w.toml
+  ./target/release/dsc compile .cache/ds-v3-tiny-bf16w.toml -o $D/v3-tiny-bf16w.plan
   for m in v2-lite-2layer v2-lite v3-4layer; do
     ./target/release/dsc compile models/deepseek-$m-seeded.toml -o $D/$m.plan
   done
@@ -55,7 +60,7 @@ if [[ " $stages " == *" check "* ]]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [[ " $stages " == *" e2e "* ]]; then
-  for p in v2-lite-tiny-f32 v2-tiny-f32 v3-tiny-f32 v3-tiny-bf16; do
+  for p in ${E2E_PLANS:-v2-lite-tiny-f32 v2-tiny-f32 v3-tiny-f32 v3-tiny-bf16}; do
     echo "== $p"
     $D/dsc-runtime gpu-e2e $D/$p.plan $D/${p%-*}-ref.json --json "$out/ds-e2e-$p.json" 2>&1 | tail -4
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -63,6 +68,8 @@ if [[ " $stages " == *" e2e "* ]]; then
 fi
 if [[ " $stages " == *" decode "* ]]; then
   $D/dsc-runtime gpu-decode $D/v2-lite-2layer.plan --prompt-len 16 --steps 64 --cpu-check-steps 3 --json "$out/ds-decode-v2-lite-2layer.json" 2>&1 | tail -6
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  $D/dsc-runtime gpu-decode $D/v3-tiny-bf16w.plan --prompt-len 8 --steps 32 --cpu-check-steps 8 --json "$out/ds-decode-v3-tiny-bf16w.json" 2>&1 | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [[ " $stages " == *" bench "* ]]; then

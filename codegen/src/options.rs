@@ -172,6 +172,9 @@ pub struct ScheduleOptions {
     pub qkv_rope_fusion: bool,
     /// silu(gate) · up fused into one GEMV (`fuse_swiglu`; DSC_NO_SWIGLU_FUSION set: off)
     pub swiglu_fusion: bool,
+    /// one-token DeepSeekMoE steps run the shared experts as slots of the routed experts'
+    /// kernels (`fuse_moe_shared`; DSC_MOE_SHARED=0 off)
+    pub moe_shared: bool,
     /// one-token steps fold the o projection and its residual into the RoPE attention, one
     /// block per head (`fuse_attention_o`; off: slower than `attn_o_red`'s split blocks;
     /// DSC_ATTN_O=1 on)
@@ -276,6 +279,7 @@ impl Default for ScheduleOptions {
             rope_attention: true,
             qkv_rope_fusion: true,
             swiglu_fusion: true,
+            moe_shared: true,
             attn_o: false,
             swiglu_down: true,
             swiglu_down_fb: 16,
@@ -529,6 +533,7 @@ impl CodegenOptions {
             rope_attention: v.off_if_0("DSC_ROPE_ATTENTION", s0.rope_attention),
             qkv_rope_fusion: v.off_if_set("DSC_NO_QKV_ROPE_FUSION", s0.qkv_rope_fusion),
             swiglu_fusion: v.off_if_set("DSC_NO_SWIGLU_FUSION", s0.swiglu_fusion),
+            moe_shared: v.off_if_0("DSC_MOE_SHARED", s0.moe_shared),
             attn_o: v.on_if_1("DSC_ATTN_O", s0.attn_o),
             swiglu_down: v.off_if_0("DSC_SWIGLU_DOWN", s0.swiglu_down),
             swiglu_down_fb,

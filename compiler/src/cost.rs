@@ -149,7 +149,10 @@ pub fn step_cost(g: &Graph, gpu: Option<&dsc_runtime::plan::GpuProgram>, tokens:
         // (a matmul none of whose steps runs but whose weights a running kernel reads: its
         // work is fused into that kernel — the one-token MLP, the attention with the o
         // projection — and counts there, without a launch of its own)
-        let fused = matches!(n.op, Op::MatMul { .. } | Op::MatMulAdd { .. } | Op::MatMulCat) && ops[1..].iter().all(|&w| fused_weights.contains(g.node(w).name.as_str()));
+        // (the weights: a matmul_add's residual is an activation — the routed experts' output
+        // where the one-token MoE fusion computes the shared experts in their kernels)
+        let fused = matches!(n.op, Op::MatMul { .. } | Op::MatMulAdd { .. } | Op::MatMulCat)
+            && ops[1..].iter().filter(|&&w| matches!(g.node(w).op, Op::Weight)).all(|&w| fused_weights.contains(g.node(w).name.as_str()));
         if skipped.contains(n.name.as_str()) && !fused {
             // (its bytes were the cat's output and its own: neither is written now)
             continue;

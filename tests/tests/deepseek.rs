@@ -524,6 +524,60 @@ fn bf16_routed_experts_go_expert_major_on_the_tensor_cores_from_16_tokens() {
     assert!(f32c.gpu.as_ref().unwrap().steps.iter().all(|s| !kernel(s, "moe_combine_") && s.few.iter().all(|l| !l.kernel.contains("_mma_"))));
 }
 
+/// One-token steps run the shared experts as slots of the routed experts' kernels
+/// (`fuse_moe_shared`, 16-bit weights): the merged router + shared gate/up GEMV computes the
+/// router alone, the gate/up and down kernels take the shared weights (`_s{n}`) and the down
+/// projection writes the layer's output; the SwiGLU and the shared down projection run from 2
+/// rows, where the per-token kernels without the slots run as before.
+#[test]
+fn one_token_moe_steps_run_the_shared_experts_in_the_routed_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["v2-lite-tiny", "v3-tiny"] {
+        let c = dsc_compiler::compile(&model_toml(dir.path(), &fixture(name), "\n[precision]\nweights = \"bf16\"\n")).unwrap();
+        let gpu = c.gpu.as_ref().expect("a GPU program");
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
+        let n = |k: &str| cfg[k].as_u64().unwrap() as usize;
+        let (top_k, inter, shared, e) = (n("num_experts_per_tok"), n("moe_intermediate_size"), n("n_shared_experts"), n("n_routed_experts"));
+        let moe_layers = n("num_hidden_layers") - n("first_k_dense_replace");
+        fn kernel(s: &dsc_runtime::plan::GpuStep) -> &str {
+            s.kernel.as_deref().unwrap_or("")
+        }
+        let tag = format!("_k{top_k}_s{shared}_");
+        let ups: Vec<_> = gpu.steps.iter().filter(|s| kernel(s).starts_with("moe_gate_up_") && kernel(s).contains(&tag)).collect();
+        let downs: Vec<_> = gpu.steps.iter().filter(|s| kernel(s).starts_with("moe_down_") && kernel(s).contains(&tag)).collect();
+        assert_eq!((ups.len(), downs.len()), (moe_layers, moe_layers), "{name}");
+        for (up, down) in ups.iter().zip(&downs) {
+            let h2 = format!("{}@rows{}", down.node, (top_k + shared) * inter);
+            assert_eq!(up.args.last(), Some(&h2), "{name}: the wider scratch");
+            assert!(up.args.iter().any(|a| a.ends_with("shared_experts.gate_proj.weight")) && up.args.iter().any(|a| a.ends_with("shared_experts.up_proj.weight")), "{name}: {:?}", up.args);
+            assert_eq!(down.args[0], h2);
+            assert!(down.args[3].ends_with("shared_experts.down_proj.weight") && down.args.last().is_some_and(|a| a.ends_with("mlp.residual")), "{name}: {:?}", down.args);
+            // (2..15 rows: the kernels without the slots, reading and writing what they did)
+            for s in [up, down] {
+                let before = s.few.iter().find(|l| l.min_rows == 2 && l.max_rows == Some(15)).expect("the per-token kernel for 2..15 rows");
+                assert!(!before.kernel.contains(&tag), "{name}: {}", before.kernel);
+            }
+            assert_eq!(down.few.iter().find(|l| l.min_rows == 2).and_then(|l| l.args.as_ref()).and_then(|a| a.last()), Some(&down.node));
+        }
+        // the router GEMV alone at one row; the SwiGLU and the shared down from 2 rows
+        let cats: Vec<_> = gpu.steps.iter().filter(|s| s.node.ends_with("mlp.gate+shared_experts.gate_proj+shared_experts.up_proj")).collect();
+        assert_eq!(cats.len(), moe_layers, "{name}");
+        for c in cats {
+            assert!(kernel(c).contains(&format!("_n{e}_")) && !kernel(c).contains("parts"), "{name}: {}", kernel(c));
+        }
+        let later: Vec<_> = gpu
+            .steps
+            .iter()
+            .filter(|s| s.node.ends_with("shared_experts.up_proj.swiglu") || s.args.iter().any(|a| a.ends_with("shared_experts.down_proj.weight")) && !kernel(s).starts_with("moe_"))
+            .collect();
+        assert_eq!(later.len(), 2 * moe_layers, "{name}");
+        assert!(later.iter().all(|s| s.min_rows == Some(2)), "{name}");
+        // (f32 weights: no slots)
+        let f32c = dsc_compiler::compile(&model_toml(dir.path(), &fixture(name), "")).unwrap();
+        assert!(f32c.gpu.as_ref().unwrap().steps.iter().all(|s| !kernel(s).contains(&tag)), "{name}");
+    }
+}
+
 /// `[tokenizer]` works for the DeepSeek family as for the llama one: a seeded V2-Lite shape
 /// served with SmolLM2's GGUF tokenizer (scripts/gpu-deepseek.sh), and a tokenizer larger
 /// than the model's vocabulary is an error naming model.toml.

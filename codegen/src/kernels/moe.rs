@@ -51,12 +51,23 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
             };
             format!("moe_route_e{e}_k{top_k}_g{n_group}x{topk_group}_{sc}_{sel}{}_s{scaling_bits:08x}", if *normalize { "_norm" } else { "" })
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => format!("moe_gate_up_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
-        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual } => format!("moe_down_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}{}", if *residual { "_res" } else { "" }),
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } => format!("moe_gate_up_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}", shared_tag(*shared)),
+        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared } => {
+            format!("moe_down_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}{}", shared_tag(*shared), if *residual { "_res" } else { "" })
+        }
         KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } => format!("moe_gate_up_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => format!("moe_down_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         KernelSpec::MoeCombine { d, e, top_k, residual } => format!("moe_combine_e{e}_k{top_k}_d{d}{}", if *residual { "_res" } else { "" }),
         other => unreachable!("{other:?} is not a moe kernel (kernels::family)"),
+    }
+}
+
+/// `_s{n}` for `n` shared-expert slots after the routed ones (none for 0).
+fn shared_tag(n: usize) -> String {
+    if n > 0 {
+        format!("_s{n}")
+    } else {
+        String::new()
     }
 }
 
@@ -68,7 +79,7 @@ pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
         KernelSpec::MoeGateUp { d, inter, wdtype, .. } if gate_up_gemv(*d, *inter, *wdtype) => KernelSpec::SwiGluGemv { k: *d, f: *inter, wdtype: *wdtype }.launch(),
         KernelSpec::MoeGateUp { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
         // (a warp per chosen expert)
-        KernelSpec::MoeDown { top_k, .. } => Launch::OutputsPerBlock { outputs: MOE_DOWN_OUTPUTS as u32, rows: 1, warps: *top_k as u32 },
+        KernelSpec::MoeDown { top_k, shared, .. } => Launch::OutputsPerBlock { outputs: MOE_DOWN_OUTPUTS as u32, rows: 1, warps: (top_k + shared) as u32 },
         // (grid y = E: `rows` 1)
         KernelSpec::MoeGateUpMma { .. } | KernelSpec::MoeDownMma { .. } => Launch::OutputsPerBlock { outputs: 16, rows: 1, warps: MOE_MMA_WARPS as u32 },
         KernelSpec::MoeCombine { .. } => Launch::BlockPerRow { warps: MOE_COMBINE_WARPS as u32 },
@@ -91,7 +102,12 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype, .. } => {
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype, shared, .. } => {
+            // (the shared slots: 16-bit weights, the gate/up as the SwiGLU GEMV; at most 32
+            // warps a down-projection block)
+            if *shared > 0 && (!gate_up_gemv(*d, *inter, *wdtype) || top_k + shared > 32) {
+                return Err(format!("shared-expert slots take 16-bit weights the SwiGLU GEMV fits and top_k + shared <= 32 (D {d}, I {inter}, {wdtype}, top_k {top_k}, {shared} shared)"));
+            }
             // (fp8 experts in f8g128 — DeepSeek-V3's FP8 release as imported — where D and I are
             // whole 512-value super-blocks: the warp-per-output kernel, eight values a load)
             let f8 = *wdtype == DType::F8G128 && d % 512 == 0 && inter % 512 == 0;
@@ -104,7 +120,7 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             Ok(())
         }
         KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } | KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => {
-            moe_fits(&KernelSpec::MoeGateUp { d: *d, inter: *inter, e: *e, top_k: *top_k, wdtype: *wdtype })?;
+            moe_fits(&KernelSpec::MoeGateUp { d: *d, inter: *inter, e: *e, top_k: *top_k, wdtype: *wdtype, shared: 0 })?;
             if !matches!(wdtype, DType::BF16 | DType::F16) || d % 32 != 0 || inter % 32 != 0 {
                 return Err(format!("the grouped tensor-core experts take 16-bit weights and D, I multiples of 32 (D {d}, I {inter}, {wdtype})"));
             }
@@ -184,19 +200,21 @@ pub(crate) fn gate_up_gemv(d: usize, inter: usize, wdtype: DType) -> bool {
 }
 
 /// [`KernelSpec::MoeGateUp`] as the SwiGLU GEMV: after `griddepcontrol.wait` (the routing row
-/// is the previous kernel's output), block row y = token · top_k + slot finds the slot-th
-/// chosen expert of its token ([`slot_expert`]), points `%w0` / `%w1` at its gate and up rows,
-/// and runs the dense SwiGLU GEMV with x row = y / top_k into h row y.
-fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType) -> Result<(), String> {
+/// is the previous kernel's output), block row y = token · slots + slot (slots = top_k +
+/// shared) finds the slot-th chosen expert of its token ([`slot_expert`]), points `%w0` /
+/// `%w1` at its gate and up rows — a shared slot at its chunk of `%sg` / `%su` —, and runs the
+/// dense SwiGLU GEMV with x row = y / slots into h row y.
+fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, shared: usize) -> Result<(), String> {
     if b.pdl {
         b.wait_for_previous();
     }
+    let slots = top_k + shared;
     let by = b.op("gpu.block_id y");
     let by = b.idx64(&by);
-    let ck = b.ci64(top_k as i64);
+    let ck = b.ci64(slots as i64);
     let t = b.op(&format!("arith.divui {by}, {ck} : i64"));
-    let slot = b.op(&format!("arith.remui {by}, {ck} : i64"));
-    let slot = b.op(&format!("arith.trunci {slot} : i64 to i32"));
+    let slot64 = b.op(&format!("arith.remui {by}, {ck} : i64"));
+    let slot = b.op(&format!("arith.trunci {slot64} : i64 to i32"));
     let tid = b.op("gpu.thread_id x");
     let tid = b.idx64(&tid);
     let c31 = b.ci64(31);
@@ -207,9 +225,22 @@ fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usiz
     let (_, expert) = slot_expert(b, e, &lane, &rbase, &slot);
     let stride = b.ci64((inter * d * wdtype.block().1) as i64);
     let off = b.op(&format!("arith.muli {expert}, {stride} : i64"));
-    b.line(&format!("%w0 = llvm.getelementptr %wg[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-    b.line(&format!("%w1 = llvm.getelementptr %wu[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-    b.x_row_div = Some(top_k);
+    if shared == 0 {
+        b.line(&format!("%w0 = llvm.getelementptr %wg[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        b.line(&format!("%w1 = llvm.getelementptr %wu[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    } else {
+        // (slot >= top_k: shared chunk slot - top_k, I rows of [shared · I, D])
+        let ck = b.ci64(top_k as i64);
+        let is_shared = b.op(&format!("arith.cmpi uge, {slot64}, {ck} : i64"));
+        let chunk = b.op(&format!("arith.subi {slot64}, {ck} : i64"));
+        let chunk = b.op(&format!("arith.select {is_shared}, {chunk}, {expert} : i64"));
+        let off = b.op(&format!("arith.muli {chunk}, {stride} : i64"));
+        let g = b.op(&format!("llvm.select {is_shared}, %sg, %wg : i1, !llvm.ptr<1>"));
+        let u = b.op(&format!("llvm.select {is_shared}, %su, %wu : i1, !llvm.ptr<1>"));
+        b.line(&format!("%w0 = llvm.getelementptr {g}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        b.line(&format!("%w1 = llvm.getelementptr {u}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    }
+    b.x_row_div = Some(slots);
     b.swiglu = true;
     emit_gemv(b, d, inter, wdtype, false, false, 1)
 }
@@ -233,11 +264,14 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                 "%logits: !llvm.ptr<1>, %mask: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
             })
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } if gate_up_gemv(*d, *inter, *wdtype) => {
-            emit_gate_up_gemv(b, *d, *inter, *e, *top_k, *wdtype)?;
-            Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into())
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } if gate_up_gemv(*d, *inter, *wdtype) => {
+            emit_gate_up_gemv(b, *d, *inter, *e, *top_k, *wdtype, *shared)?;
+            Ok(format!(
+                "%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64",
+                if *shared > 0 { "%sg: !llvm.ptr<1>, %su: !llvm.ptr<1>, " } else { "" }
+            ))
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype } => {
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, .. } => {
             emit_gate_up(b, *d, *inter, *e, *top_k, *wdtype)?;
             Ok("%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, %h: !llvm.ptr<1>, %n: i64".into())
         }
@@ -253,9 +287,13 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             emit_moe_combine(b, *d, *e, *top_k, *residual);
             Ok(format!("%p: !llvm.ptr<1>, %route: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" }))
         }
-        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual } => {
-            emit_down(b, *d, *inter, *e, *top_k, *wdtype, *residual)?;
-            Ok(format!("%h: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wd: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" }))
+        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared } => {
+            emit_down(b, *d, *inter, *e, *top_k, *wdtype, *residual, *shared)?;
+            Ok(format!(
+                "%h: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wd: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %n: i64",
+                if *shared > 0 { "%sd: !llvm.ptr<1>, " } else { "" },
+                if *residual { "%res: !llvm.ptr<1>, " } else { "" }
+            ))
         }
         other => Err(format!("`{}` is not a moe kernel", other.symbol())),
     }
@@ -547,12 +585,14 @@ pub const MOE_DOWN_BLOCKS_PER_SM: u32 = 3;
 /// rows stream at once; the route-weighted dots meet in shared memory and the first threads sum
 /// them in slot (= expert) order from 0, the CPU executor's order. Slots a row did not fill
 /// (disabled experts) add 0 and read nothing. Params h, route, wd, y, n = D.
-fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool) -> Result<(), String> {
+#[allow(clippy::too_many_arguments)]
+fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool, shared: usize) -> Result<(), String> {
     let r = MOE_DOWN_OUTPUTS;
+    let slots = top_k + shared;
     // (the registers MOE_DOWN_BLOCKS_PER_SM blocks leave: without the bound ptxas kept to 40
     // and sank each round's loads behind the last round's FMAs)
-    b.launch_bounds = Some((32 * top_k as u32, MOE_DOWN_BLOCKS_PER_SM));
-    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", top_k * r);
+    b.launch_bounds = Some((32 * slots as u32, MOE_DOWN_BLOCKS_PER_SM));
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", slots * r);
     b.workgroup = Some(format!("%red : {smt}"));
     let t = b.op("gpu.block_id y");
     let t = b.idx64(&t);
@@ -568,7 +608,12 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     let (found, ex) = slot_expert(b, e, &lane, &rbase, &slot32);
     let (cd, ci, cr) = (b.ci64(d as i64), b.ci64(inter as i64), b.ci64(r as i64));
     let o0 = b.op(&format!("arith.muli {bx}, {cr} : i64"));
+    // (a shared slot, warp >= top_k: always there, weight 1, its I-wide chunk of the
+    // [D, shared · I] rows)
     let ck = b.ci64(top_k as i64);
+    let is_shared = b.op(&format!("arith.cmpi uge, {slot}, {ck} : i64"));
+    let found = if shared > 0 { b.op(&format!("arith.ori {found}, {is_shared} : i1")) } else { found };
+    let ck = b.ci64(slots as i64);
     let hrow = b.op(&format!("arith.muli {t}, {ck} : i64"));
     let hrow = b.op(&format!("arith.addi {hrow}, {slot} : i64"));
     let hoff = b.op(&format!("arith.muli {hrow}, {ci} : i64"));
@@ -581,6 +626,12 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     b.line(&format!("{res}:{r} = scf.if {found} -> ({}) {{", vec!["f32"; r].join(", ")));
     let at = b.op(&format!("arith.addi {rbase}, {ex} : i64"));
     let w = b.load("%route", &at);
+    let w = if shared > 0 {
+        let one = b.cf32(1.0);
+        b.op(&format!("arith.select {is_shared}, {one}, {w} : f32"))
+    } else {
+        w
+    };
     let last = b.ci64(d as i64 - 1);
     let mut woffs = vec![];
     for j in 0..r {
@@ -589,9 +640,22 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
         let o = b.op(&format!("arith.minsi {o}, {last} : i64"));
         let row = b.op(&format!("arith.muli {ex}, {cd} : i64"));
         let row = b.op(&format!("arith.addi {row}, {o} : i64"));
-        woffs.push(b.op(&format!("arith.muli {row}, {ci} : i64")));
+        let routed = b.op(&format!("arith.muli {row}, {ci} : i64"));
+        woffs.push(if shared > 0 {
+            // (o · shared·I + (slot − top_k) · I)
+            let cs = b.ci64((shared * inter) as i64);
+            let ctk = b.ci64(top_k as i64);
+            let so = b.op(&format!("arith.muli {o}, {cs} : i64"));
+            let chunk = b.op(&format!("arith.subi {slot}, {ctk} : i64"));
+            let chunk = b.op(&format!("arith.muli {chunk}, {ci} : i64"));
+            let so = b.op(&format!("arith.addi {so}, {chunk} : i64"));
+            b.op(&format!("arith.select {is_shared}, {so}, {routed} : i64"))
+        } else {
+            routed
+        });
     }
-    let dots = b.lane_dots("%wd", &woffs, wdtype, "%h", &hoff, inter, &lane)?;
+    let wbase = if shared > 0 { b.op(&format!("llvm.select {is_shared}, %sd, %wd : i1, !llvm.ptr<1>")) } else { "%wd".to_string() };
+    let dots = b.lane_dots(&wbase, &woffs, wdtype, "%h", &hoff, inter, &lane)?;
     let ps: Vec<String> = dots
         .iter()
         .map(|v| {
@@ -619,7 +683,7 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     let mine = b.op(&format!("arith.andi {mine}, {inside} : i1"));
     b.line(&format!("scf.if {mine} {{"));
     let mut acc = zero.clone();
-    for s in 0..top_k {
+    for s in 0..slots {
         let cs = b.op(&format!("arith.constant {} : index", s * r));
         let at = b.op(&format!("arith.addi {cs}, {tid} : index"));
         let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
@@ -1089,8 +1153,8 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<Vec<Step>, 
         Some(_) => Some(cx.names[5].clone()),
         None => None,
     };
-    let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
-    let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: residual.is_some() };
+    let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0 };
+    let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: residual.is_some(), shared: 0 };
     for s in [&up, &down] {
         moe_fits(s).map_err(|m| cx.err(m))?;
     }

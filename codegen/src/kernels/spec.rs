@@ -446,7 +446,10 @@ pub enum KernelSpec {
     /// · (up_e[i] · x_t) for each token's chosen experts e (route != 0, the slot-th in expert
     /// order); a warp per (token, slot, i), grid y = T · top_k. params x, route, gate [E, I,
     /// D], up, h [T, top_k · I], I
-    MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType },
+    /// With `shared` > 0 (one-token steps: `schedule::fuse_moe_shared`) each token also has
+    /// `shared` slots after its `top_k`, the shared experts' I-wide chunks (params sg, su
+    /// [shared · I, D] after up; h [T, (top_k + shared) · I]).
+    MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, shared: usize },
     /// [`KernelSpec::MoeGateUp`] expert-major on the tensor cores for batches: a block per (16
     /// hidden units, expert), grid y = E; the tokens that chose the expert gathered 32 at a
     /// time as `mma.sync` B tiles, the expert's gate and up rows read once per pass. params x
@@ -455,7 +458,10 @@ pub enum KernelSpec {
     /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
     /// (down_e[n] · h[t, slot]) (+ res[t, n] with `residual`); a block per (token, 2 n), a
     /// warp per chosen expert. params h, route, down [E, D, I], [res], y, D
-    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool },
+    /// With `shared` > 0 the token's `shared` slots after its `top_k` are the shared experts'
+    /// I-wide chunks, weight 1, summed after the routed ones (param sd [D, shared · I] after
+    /// down; `shared` more warps).
+    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool, shared: usize },
     /// [`KernelSpec::MoeDown`] expert-major on the tensor cores (as `MoeGateUpMma`): the
     /// route-weighted partial p[slot, t, n] = route[t, e] · (down_e[n] · h[t, slot]) into the
     /// part-major `{node}@splitk{top_k}`. params h, route, down, p, D, T

@@ -58,6 +58,7 @@ mod fold;
 mod initial;
 mod matmul;
 mod mla;
+mod moe;
 #[cfg(test)]
 mod tests;
 
@@ -271,6 +272,14 @@ pub const REWRITES: &[Rewrite] = &[
     Rewrite { name: "swiglu-down", on: |o| o.swiglu_down, run: |g, s, o| fuse_swiglu_down(g, s, o.swiglu_down_fb, o.swiglu_down_fpw) },
     Rewrite { name: "attention-o-red", on: |o| o.swiglu_down && o.attn_o_red, run: |_, s, o| fuse_attention_o_red(s, o.attn_o_splits) },
     Rewrite { name: "qkv-attention", on: |o| o.swiglu_down && o.attn_o_red && o.qkv_attn, run: |_, s, _| fuse_qkv_attention(s) },
+    Rewrite {
+        name: "moe-shared",
+        on: |o| o.moe_shared,
+        run: |g, mut s, o| {
+            moe::fuse_moe_shared(g, &mut s, o);
+            s
+        },
+    },
     Rewrite { name: "row-gather-norm", on: |o| o.row_gather_norm, run: |g, s, _| fold_row_gather(g, s) },
     Rewrite { name: "wide-norm", on: |o| o.wide_norm, run: |g, s, _| fold_norm_into_wide(g, s) },
     Rewrite { name: "gather-gemv", on: |o| o.gather_gemv, run: |_, s, _| fold_embedding_gather(s) },

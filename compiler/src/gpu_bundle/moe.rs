@@ -109,7 +109,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let (xa, ra) = (cx.data.push(&x), cx.data.push(&route));
         let (ga, ua, da) = (cx.data.push_u8(&gb), cx.data.push_u8(&ub), cx.data.push_u8(&db));
         let ha = cx.data.push(&h);
-        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype };
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0 };
         let ins = vec![xa, ra.clone(), ga.clone(), ua.clone()];
         cx.cases.push(case(format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &up, grid(&up.launch(), inter), (t * top_k) as u32, ins, vec![inter as i64], ha.clone(), 1e-4));
         cx.specs.push(up);
@@ -144,7 +144,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             cx.cases.push(case(name, &down_mma, grid(&down_mma.launch(), d), e as u32, vec![ha.clone(), ra.clone(), da.clone()], vec![d as i64, t as i64], want, 1e-4));
             cx.specs.push(down_mma);
         }
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false, shared: 0 };
         let expected = cx.data.push(&want);
         cx.cases.push(case(
             format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
@@ -160,9 +160,87 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         // (with the residual added after the experts' sum)
         let res = cx.r.vec(t * d, -2.0, 2.0);
         let with: Vec<f32> = want.iter().zip(&res).map(|(a, b)| a + b).collect();
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: 0 };
         let (resa, expected) = (cx.data.push(&res), cx.data.push(&with));
         cx.cases.push(case(format!("moe_down_res T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &down, grid(&down.launch(), d), t as u32, vec![ha, ra, da, resa], vec![d as i64], expected, 1e-4));
+        cx.specs.push(down);
+    }
+    // the one-token fusion's shared-expert slots (`schedule::fuse_moe_shared`): `shared` I-wide
+    // chunks of the shared experts' [shared · I, D] gate/up and [D, shared · I] down after each
+    // token's top_k routed slots, weight 1, summed after the routed ones, then the residual
+    for (t, d, inter, e, top_k, shared, wdtype) in [(1usize, 256usize, 128usize, 16usize, 4usize, 2usize, DType::BF16), (3, 512, 256, 8, 3, 1, DType::F16)] {
+        let x = cx.r.vec(t * d, -1.0, 1.0);
+        let mut route = vec![0f32; t * e];
+        for ti in 0..t {
+            for j in 0..top_k {
+                route[ti * e + (j * 5 + 3 * ti) % e] = cx.r.vec(1, 0.1, 1.0)[0];
+            }
+        }
+        let enc = |v: &[f32]| dsc_ir::quant::encode(wdtype, v).context("encode");
+        let dec = |b: &[u8], n: usize| dsc_ir::quant::decode(wdtype, b, n).context("decode");
+        let (ne, ns) = (e * inter * d, shared * inter * d);
+        let bytes: Vec<Vec<u8>> = [ne, ne, ne, ns, ns, ns].iter().map(|&n| enc(&cx.r.vec(n, -0.1, 0.1))).collect::<anyhow::Result<_>>()?;
+        let w: Vec<Vec<f32>> = bytes.iter().zip([ne, ne, ne, ns, ns, ns]).map(|(b, n)| dec(b, n)).collect::<anyhow::Result<_>>()?;
+        let (slots, dot) = (top_k + shared, |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>());
+        let mut h = vec![0f32; t * slots * inter];
+        let mut y = vec![0f32; t * d];
+        let res = cx.r.vec(t * d, -2.0, 2.0);
+        for ti in 0..t {
+            let xr = &x[ti * d..(ti + 1) * d];
+            let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
+            // (slot s: routed expert chosen[s], or shared chunk s - top_k)
+            let rows = |s: usize| -> Option<(usize, bool)> {
+                if s < top_k {
+                    chosen.get(s).map(|&ei| (ei, false))
+                } else {
+                    Some((s - top_k, true))
+                }
+            };
+            for s in 0..slots {
+                let Some((ex, sh)) = rows(s) else { continue };
+                let (g, u) = if sh { (&w[3], &w[4]) } else { (&w[0], &w[1]) };
+                for i in 0..inter {
+                    let row = (ex * inter + i) * d;
+                    let (gv, uv) = (dot(&g[row..row + d], xr), dot(&u[row..row + d], xr));
+                    h[(ti * slots + s) * inter + i] = gv / (1.0 + (-gv).exp()) * uv;
+                }
+            }
+            for n in 0..d {
+                let mut acc = 0f32;
+                for s in 0..slots {
+                    let Some((ex, sh)) = rows(s) else { continue };
+                    let hr = &h[(ti * slots + s) * inter..(ti * slots + s + 1) * inter];
+                    acc += if sh {
+                        let row = n * shared * inter + ex * inter;
+                        dot(&w[5][row..row + inter], hr)
+                    } else {
+                        let row = (ex * d + n) * inter;
+                        route[ti * e + ex] * dot(&w[2][row..row + inter], hr)
+                    };
+                }
+                y[ti * d + n] = acc + res[ti * d + n];
+            }
+        }
+        let (xa, ra) = (cx.data.push(&x), cx.data.push(&route));
+        let wa: Vec<Array> = bytes.iter().map(|b| cx.data.push_u8(b)).collect();
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared };
+        let ha = cx.data.push(&h);
+        let ins = vec![xa, ra.clone(), wa[0].clone(), wa[1].clone(), wa[3].clone(), wa[4].clone()];
+        cx.cases.push(case(
+            format!("moe_gate_up_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared} {wdtype}"),
+            &up,
+            grid(&up.launch(), inter),
+            (t * slots) as u32,
+            ins,
+            vec![inter as i64],
+            ha.clone(),
+            1e-4,
+        ));
+        cx.specs.push(up);
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared };
+        let (resa, want) = (cx.data.push(&res), cx.data.push(&y));
+        let ins = vec![ha, ra, wa[2].clone(), wa[5].clone(), resa];
+        cx.cases.push(case(format!("moe_down_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared} {wdtype}"), &down, grid(&down.launch(), d), t as u32, ins, vec![d as i64], want, 1e-4));
         cx.specs.push(down);
     }
     // the partials' sum: token 2 chose one expert fewer (a disabled one), its last slot NaN
