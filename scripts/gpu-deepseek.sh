@@ -90,6 +90,17 @@ if [[ " $stages " == *" serve "* ]]; then
   curl -s -H "Authorization: Bearer k" -H "Content-Type: application/json" -d '{"layer": 1, "expert": 5, "enabled": false}' localhost:$port/admin/experts | head -c 300; echo
   python3 $D/load.py http://127.0.0.1:$port "$model" k --clients 8 --max-tokens 32 --allow-mismatch --json "$out/ds-load-failover-c8.json" 2>&1 | tail -1 || status=1
   curl -s localhost:$port/metrics | grep -E "^dsc_(kv_blocks|moe_disabled|preemptions|requests_total)" | head -12
+  # (the per-expert load the routers counted on the device: selections per layer, which is
+  # top_k x the tokens routed)
+  curl -s localhost:$port/metrics | python3 -c "
+import sys, collections
+per = collections.Counter()
+for l in sys.stdin:
+    if l.startswith('dsc_moe_expert_tokens'):
+        per[l.split('layer=\"')[1].split('\"')[0]] += float(l.split()[-1])
+print('routed selections per MoE layer (first 3):', sorted(per.items(), key=lambda kv: int(kv[0]))[:3], 'layers:', len(per))
+"
+  curl -s localhost:$port/metrics | grep -E "^dsc_moe_load_imbalance" | head -3
   kill -TERM $pid; wait $pid || status=1
   tail -1 "$out/ds-serve.log"
 fi

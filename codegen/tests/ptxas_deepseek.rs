@@ -9,8 +9,17 @@ use dsc_ir::{DType, MoeScoring, MoeSelect};
 mod common;
 
 fn specs() -> Vec<KernelSpec> {
-    let route =
-        |e, top_k, n_group, topk_group, scoring, select, normalize, scaling: f32| KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits: scaling.to_bits() };
+    let route = |e, top_k, n_group, topk_group, scoring, select, normalize, scaling: f32| KernelSpec::MoeRoute {
+        e,
+        top_k,
+        n_group,
+        topk_group,
+        scoring,
+        select,
+        normalize,
+        scaling_bits: scaling.to_bits(),
+        count: e == 256,
+    };
     let mut v = vec![
         route(64, 6, 1, 1, MoeScoring::Softmax, MoeSelect::Greedy, false, 1.0),
         route(160, 6, 8, 3, MoeScoring::Softmax, MoeSelect::GroupMax, false, 16.0),

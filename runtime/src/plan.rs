@@ -433,6 +433,10 @@ pub enum BufferRef<'a> {
     /// `{node}@rows{W}`: an f32 scratch of `width` values per row of the node, [rows, W] (the
     /// routed experts' hidden activations, `MoeGateUp` -> `MoeDown`)
     RowScratch { node: &'a str, width: usize },
+    /// `{x}@counts`: a u32 counter per element of the step input `x` (or of the view of one
+    /// that `x` names), resident and zeroed at load, that kernels add to (the routers'
+    /// selections per expert: `expert_mask@counts`, read back for the MoE metrics)
+    Counts { of: &'a str },
 }
 
 impl<'a> BufferRef<'a> {
@@ -443,6 +447,7 @@ impl<'a> BufferRef<'a> {
         let r = match tag {
             "bf16" | "f16" => Some(BufferRef::Half { node: base, f16: tag == "f16" }),
             "sync" => Some(BufferRef::Sync { node: base }),
+            "counts" => Some(BufferRef::Counts { of: base }),
             _ if tag.starts_with("splitk") => num("splitk").map(|s| BufferRef::SplitK { node: base, parts: s as usize }),
             _ if tag.starts_with("rows") => num("rows").filter(|&w| w > 0).map(|w| BufferRef::RowScratch { node: base, width: w as usize }),
             _ if tag.starts_with("split") => num("split").map(|s| BufferRef::SplitParts { node: base, parts: s as usize }),
@@ -453,7 +458,7 @@ impl<'a> BufferRef<'a> {
         };
         match r {
             Some(r) if !base.is_empty() => Ok(r),
-            _ => Err(format!("buffer `{name}`: unknown tag `@{tag}` (bf16, f16, sync, split<S>, splitk<S>, rows<W>, tmap<R>, xmap<R>, kvmap<R>)")),
+            _ => Err(format!("buffer `{name}`: unknown tag `@{tag}` (bf16, f16, sync, counts, split<S>, splitk<S>, rows<W>, tmap<R>, xmap<R>, kvmap<R>)")),
         }
     }
 
@@ -472,6 +477,7 @@ impl<'a> BufferRef<'a> {
             | BufferRef::SplitParts { node: n, .. }
             | BufferRef::SplitK { node: n, .. }
             | BufferRef::Sync { node: n }
+            | BufferRef::Counts { of: n }
             | BufferRef::RowScratch { node: n, .. } => n,
             BufferRef::WeightMap { weight, .. } => weight,
             BufferRef::PoolMap { pool, .. } => pool,
@@ -1175,6 +1181,7 @@ mod tests {
         assert_eq!(p("layers.0.attn@split16"), B::SplitParts { node: "layers.0.attn", parts: 16 });
         assert_eq!(p("layers.0.mlp.down_proj@splitk4"), B::SplitK { node: "layers.0.mlp.down_proj", parts: 4 });
         assert_eq!(p("model.layers.1.mlp.experts@rows8448"), B::RowScratch { node: "model.layers.1.mlp.experts", width: 8448 });
+        assert_eq!(p("model.layers.1.mlp.gate.mask.row@counts"), B::Counts { of: "model.layers.1.mlp.gate.mask.row" });
         assert_eq!(p("model.layers.0.mlp.down_proj.weight@tmap128"), B::WeightMap { weight: "model.layers.0.mlp.down_proj.weight", rows: 128 });
         assert_eq!(p("model.layers.0.attn.k_cache.write@kvmap16"), B::PoolMap { pool: "model.layers.0.attn.k_cache.write", rows: 16 });
         assert_eq!(p("layers.0.attn@sync"), B::Sync { node: "layers.0.attn" });

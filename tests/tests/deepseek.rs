@@ -474,6 +474,11 @@ fn deepseek_plans_lower_to_the_gpu() {
         let downs: Vec<_> = gpu.steps.iter().filter(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("moe_down_"))).collect();
         assert!(downs.iter().all(|s| s.kernel.as_deref().is_some_and(|k| k.ends_with("_res"))), "{name}: the residual added by the down projection");
         assert_eq!(count("binary_add"), 0, "{name}: {kernels:?}");
+        // (each router counts its selections beside the mask row: the GPU's per-expert load)
+        for s in gpu.steps.iter().filter(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("moe_route_"))) {
+            assert!(s.kernel.as_deref().is_some_and(|k| k.ends_with("_count")), "{name}: {:?}", s.kernel);
+            assert_eq!(s.args[s.args.len() - 2], format!("{}@counts", s.args[1]), "{name}: {:?}", s.args);
+        }
         // (the runtime reads every buffer role of the schedule)
         for s in &gpu.steps {
             for a in &s.args {

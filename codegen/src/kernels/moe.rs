@@ -39,7 +39,7 @@ pub const MOE_WARPS: u32 = 8;
 /// The readable symbol of a `moe` kernel (`KernelSpec::symbol`).
 pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
     match spec {
-        KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits } => {
+        KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits, count } => {
             let sc = match scoring {
                 MoeScoring::Softmax => "softmax",
                 MoeScoring::Sigmoid => "sigmoid",
@@ -49,7 +49,7 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
                 MoeSelect::GroupMax => "groupmax",
                 MoeSelect::NoauxTc => "noauxtc",
             };
-            format!("moe_route_e{e}_k{top_k}_g{n_group}x{topk_group}_{sc}_{sel}{}_s{scaling_bits:08x}", if *normalize { "_norm" } else { "" })
+            format!("moe_route_e{e}_k{top_k}_g{n_group}x{topk_group}_{sc}_{sel}{}_s{scaling_bits:08x}{}", if *normalize { "_norm" } else { "" }, if *count { "_count" } else { "" })
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } => format!("moe_gate_up_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}", shared_tag(*shared)),
         KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared } => {
@@ -256,13 +256,13 @@ pub const GROUPED_MIN_ROWS: i64 = 16;
 pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     moe_fits(spec)?;
     match spec {
-        KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits } => {
-            emit_route(b, *e, *top_k, *n_group, *topk_group, *scoring, *select, *normalize, f32::from_bits(*scaling_bits));
-            Ok(if *select == MoeSelect::NoauxTc {
-                "%logits: !llvm.ptr<1>, %mask: !llvm.ptr<1>, %bias: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
-            } else {
-                "%logits: !llvm.ptr<1>, %mask: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64".into()
-            })
+        KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits, count } => {
+            emit_route(b, *e, *top_k, *n_group, *topk_group, *scoring, *select, *normalize, f32::from_bits(*scaling_bits), *count);
+            Ok(format!(
+                "%logits: !llvm.ptr<1>, %mask: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %n: i64",
+                if *select == MoeSelect::NoauxTc { "%bias: !llvm.ptr<1>, " } else { "" },
+                if *count { "%counts: !llvm.ptr<1>, " } else { "" }
+            ))
         }
         KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } if gate_up_gemv(*d, *inter, *wdtype) => {
             emit_gate_up_gemv(b, *d, *inter, *e, *top_k, *wdtype, *shared)?;
@@ -301,7 +301,7 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
 
 /// The router (see the file header). `%n` = tokens.
 #[allow(clippy::too_many_arguments)]
-fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: MoeScoring, select: MoeSelect, normalize: bool, scaling: f32) {
+fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: MoeScoring, select: MoeSelect, normalize: bool, scaling: f32, count: bool) {
     let (row, lane) = b.open_guarded_warp_row();
     let per_lane = e.div_ceil(32);
     let ce = b.ci64(e as i64);
@@ -516,9 +516,11 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
     let ws: Vec<String> = ws.iter().map(|w| b.op(&format!("arith.mulf {w}, {scale} : f32"))).collect();
     for x in &xs {
         let mut y = zero.clone();
+        let mut any = b.op("arith.constant false");
         for ((idx, _), w) in picks.iter().zip(&ws) {
             let hit = b.op(&format!("arith.cmpi eq, {}, {idx} : i32", x.e32));
             y = b.op(&format!("arith.select {hit}, {w}, {y} : f32"));
+            any = b.op(&format!("arith.ori {any}, {hit} : i1"));
         }
         let at = b.op(&format!("arith.addi {base}, {} : i64", x.e));
         match &x.valid {
@@ -528,6 +530,14 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
                 b.line("}");
             }
             None => b.store(&y, "%y", &at),
+        }
+        if count {
+            // (a chosen expert — a pick is never -1 where it matches a lane's index, and an
+            // out-of-range lane's index matches none — adds this token to its counter)
+            b.line(&format!("scf.if {any} {{"));
+            let p = b.op(&format!("llvm.getelementptr %counts[{}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i32", x.e));
+            b.line(&format!("llvm.inline_asm has_side_effects \"red.global.add.u32 [$0], 1;\", \"l\" {p} : (!llvm.ptr<1>) -> ()"));
+            b.line("}");
         }
     }
     b.line("}");
@@ -1115,9 +1125,37 @@ pub(crate) fn lower_moe_route(cx: &NodeCx, args: Vec<String>, r: &MoeRouting) ->
             return Err(cx.err(format!("the router takes f32 logits, mask and bias; {} is {}", o.name, o.ty)));
         }
     }
-    let spec =
-        KernelSpec::MoeRoute { e, top_k: r.top_k, n_group: r.n_group, topk_group: r.topk_group, scoring: r.scoring, select: r.select, normalize: r.normalize, scaling_bits: r.scaling.to_bits() };
+    // (a mask that is a row of a step input — the runtime's failover mask — gets a counter per
+    // expert beside it, `{mask}@counts`: the router adds each token's selections there)
+    let mut count = false;
+    let g = cx.graph;
+    let mut m = g.by_name(&cx.names[1]);
+    while let Some(id) = m {
+        match g.node(id).op {
+            dsc_ir::Op::Input => {
+                count = true;
+                break;
+            }
+            dsc_ir::Op::Reshape | dsc_ir::Op::Slice { axis: 0, .. } => m = Some(g.operands(id)[0]),
+            _ => break,
+        }
+    }
+    let spec = KernelSpec::MoeRoute {
+        e,
+        top_k: r.top_k,
+        n_group: r.n_group,
+        topk_group: r.topk_group,
+        scoring: r.scoring,
+        select: r.select,
+        normalize: r.normalize,
+        scaling_bits: r.scaling.to_bits(),
+        count,
+    };
     moe_fits(&spec).map_err(|m| cx.err(m))?;
+    let mut args = args;
+    if count {
+        args.insert(args.len() - 1, format!("{}@counts", cx.names[1]));
+    }
     let rows = Scalar::Rows(cx.names[0].clone());
     Ok(cx.step(spec, args, vec![rows.clone()], rows, Scalar::Const(1)))
 }

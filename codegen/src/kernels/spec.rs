@@ -441,7 +441,9 @@ pub enum KernelSpec {
     /// DeepSeekMoE's router, a warp per token (`kernels::moe`): (logits [T, E], mask [E],
     /// [bias [E] with noaux_tc]) -> dense routing weights [T, E]; params logits, mask,
     /// [bias], y, rows
-    MoeRoute { e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: dsc_ir::MoeScoring, select: dsc_ir::MoeSelect, normalize: bool, scaling_bits: u32 },
+    /// With `count`, each token's selections are also added to a u32 counter per expert
+    /// (param counts [E] u32 before y: the per-expert load the runtime's metrics read).
+    MoeRoute { e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: dsc_ir::MoeScoring, select: dsc_ir::MoeSelect, normalize: bool, scaling_bits: u32, count: bool },
     /// The routed experts' first kernel (`kernels::moe`): h[t, slot, i] = silu(gate_e[i] · x_t)
     /// · (up_e[i] · x_t) for each token's chosen experts e (route != 0, the slot-th in expert
     /// order); a warp per (token, slot, i), grid y = T · top_k. params x, route, gate [E, I,

@@ -103,6 +103,8 @@ pub(crate) struct NodeCx<'a> {
     pub names: &'a [String],
     pub name: &'a str,
     pub opts: &'a ScheduleOptions,
+    /// the whole graph (a lowering that looks past its operands)
+    pub graph: &'a Graph,
 }
 
 impl NodeCx<'_> {
@@ -140,7 +142,7 @@ pub(crate) fn initial(g: &Graph, opts: ScheduleOptions) -> Result<Vec<Step>, Cod
         }
         let mut args = names.clone();
         args.push(name.clone());
-        let cx = NodeCx { node: n, ops: &ops, names: &names, name: &name, opts: &opts };
+        let cx = NodeCx { node: n, ops: &ops, names: &names, name: &name, opts: &opts, graph: g };
         let one = Scalar::Const(1);
         let step = |kernel, args, scalars, work, grid_y| Step { kernel: Some(kernel), args, scalars, work, grid_y, ..Step::new(&name) };
         let alias = |of: &str| Step { alias_of: Some(of.to_string()), ..Step::new(&name) };

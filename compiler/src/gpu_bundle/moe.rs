@@ -43,14 +43,23 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             ins.push(("b", Tensor::new(vec![e], bias.clone())));
         }
         let want = reference(&src, ins, &cx.none)?;
-        let spec = KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits: scaling.to_bits() };
+        // (the cases with disabled experts also count each expert's selections onto counters
+        // that start at 7: the runtime's per-expert load)
+        let count = !disabled.is_empty();
+        let spec = KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits: scaling.to_bits(), count };
         let mut inputs = vec![cx.data.push(&logits), cx.data.push(&mask)];
         if noaux {
             inputs.push(cx.data.push(&bias));
         }
+        let mut written = vec![];
+        if count {
+            let chosen: Vec<i32> = (0..e).map(|k| 7 + (0..t).filter(|&ti| want[ti * e + k] != 0.0).count() as i32).collect();
+            written.push((inputs.len(), cx.data.push_i32(&chosen)));
+            inputs.push(cx.data.push_i32(&vec![7; e]));
+        }
         let expected = cx.data.push(&want);
-        let name = format!("moe_route E{e} top{top_k} {sl} {sc}{}", if disabled.is_empty() { String::new() } else { format!(" {} disabled", disabled.len()) });
-        cx.cases.push(case(name, &spec, grid(&spec.launch(), t), 1, inputs, vec![t as i64], expected, 1e-5));
+        let name = format!("moe_route E{e} top{top_k} {sl} {sc}{}", if disabled.is_empty() { String::new() } else { format!(" {} disabled, counted", disabled.len()) });
+        cx.cases.push(Case { written_inputs: written, ..case(name, &spec, grid(&spec.launch(), t), 1, inputs, vec![t as i64], expected, 1e-5) });
         cx.specs.push(spec);
     }
     // the routed experts: (T, D, I, E, top_k, weights)

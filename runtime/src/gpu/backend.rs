@@ -165,7 +165,24 @@ impl Backend for GpuBackend<'_> {
     }
 
     fn moe_stats(&self) -> Option<crate::engine::MoeStats> {
-        self.moe.as_ref().map(crate::engine::MoeState::stats)
+        let mut s = self.moe.as_ref().map(crate::engine::MoeState::stats)?;
+        // the routers' selections from the device (`expert_mask@counts`), at most every
+        // MOE_COUNTS_EVERY; a failed read leaves the last counts (the metrics lag, nothing
+        // else depends on them)
+        let mut last = self.moe_counts.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = last.as_ref().is_none_or(|(at, _)| at.elapsed() >= super::MOE_COUNTS_EVERY);
+        if stale {
+            if let Some(buf) = self.resident.get("expert_mask@counts") {
+                match self.stream.clone_dtoh(buf) {
+                    Ok(bytes) => *last = Some((std::time::Instant::now(), bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64).collect())),
+                    Err(e) => tracing::warn!(target: "dsc::gpu", "reading the routed-token counters: {e:?}"),
+                }
+            }
+        }
+        if let Some((_, counts)) = last.as_ref().filter(|(_, c)| c.len() == s.tokens.len()) {
+            s.tokens.clone_from(counts);
+        }
+        Some(s)
     }
 
     fn reset(&mut self) {

@@ -153,9 +153,12 @@ pub struct GpuBackend<'p> {
     block_size: usize,
     pub target: String,
     /// a MoE plan's routing state: the failover mask lives on the device as the graph input
-    /// `expert_mask` (resident, updated in place by `set_expert`); the routed-token counts
-    /// are not read back from the GPU yet
+    /// `expert_mask` (resident, updated in place by `set_expert`), the routers' selections in
+    /// `expert_mask@counts` (u32, resident; read back by `moe_stats` at most every
+    /// [`MOE_COUNTS_EVERY`])
     moe: Option<crate::engine::MoeState>,
+    /// the counts last read back, and when
+    moe_counts: std::sync::Mutex<Option<(std::time::Instant, Vec<u64>)>>,
     buckets: HashMap<BucketKey, Bucket>,
     /// where the schedule changes with the context (`GpuProgram::context_bounds`)
     context_bounds: Vec<i64>,
@@ -399,6 +402,7 @@ impl<'p> GpuBackend<'p> {
         if let Some(m) = &moe {
             let bytes: Vec<u8> = m.mask().iter().flat_map(|v| v.to_le_bytes()).collect();
             resident.insert("expert_mask".to_string(), cu(stream.clone_htod(&bytes), "uploading the expert mask")?);
+            resident.insert("expert_mask@counts".to_string(), cu(stream.alloc_zeros::<u8>(bytes.len()), "allocating the routed-token counters")?);
         }
         // the one-token attention with the o projection folded in: a u32 counter per token
         // (`{node}@sync`), zeroed once here — each use leaves it at zero again
@@ -452,6 +456,7 @@ impl<'p> GpuBackend<'p> {
             graph,
             prog,
             moe,
+            moe_counts: std::sync::Mutex::new(None),
             ctx,
             stream,
             _module: module,
@@ -615,6 +620,10 @@ fn multi_ids_bytes(rows: usize) -> usize {
 /// Tokens a step's `{node}@sync` counters cover (the fused one-token attention uses the first).
 const SYNC_TOKENS: usize = 1024;
 
+/// How often `moe_stats` reads the routed-token counters back (a copy on the step stream: it
+/// waits for the step in flight).
+pub const MOE_COUNTS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Where a bucket's activation arena starts: a multiple of the GPU's 2 MiB large page
 /// (DSC_ARENA_ALIGN overrides; see `GpuBackend::prepare`)
 const ARENA_ALIGN: usize = 2 << 20;
@@ -732,6 +741,11 @@ impl GpuBackend<'_> {
                         placed.insert(s.node.clone(), (o + at, bytes));
                     }
                     None => {
+                        // (and its counters, `{view}@counts`, at the same place in the root's)
+                        let counts = format!("{root}@counts");
+                        if self.resident.contains_key(&counts) {
+                            views.insert(format!("{}@counts", s.node), (counts, at));
+                        }
                         views.insert(s.node.clone(), (root, at));
                     }
                 }
@@ -786,6 +800,8 @@ impl GpuBackend<'_> {
                 .map(|a| match BufferRef::of(a) {
                     // (a KV pool's tensor map: keyed by the pool state the alias resolves to)
                     BufferRef::PoolMap { pool: p, rows } => format!("{}@kvmap{rows}", alias.get(p).map_or(p, String::as_str)),
+                    // (the counters of a view: keyed by the view the alias resolves to)
+                    BufferRef::Counts { of } => format!("{}@counts", alias.get(of).map_or(of, String::as_str)),
                     _ => alias.get(a).cloned().unwrap_or_else(|| a.clone()),
                 })
                 .collect::<Vec<_>>();
