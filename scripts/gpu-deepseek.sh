@@ -3,7 +3,8 @@
 # executor, the three tiny HF fixtures end to end (GPU vs CPU executor, teacher-forced, and the
 # GPU's free greedy continuation against HF's), the V2-Lite-dims 2-layer plan decoding with
 # its first steps checked against the CPU executor, and the V2-Lite shape's decode speed.
-# Here:  bash scripts/gpu-deepseek.sh --prepare      (fills .gpu/ds: runtime, bundle, plans)
+# Here:  bash scripts/gpu-deepseek.sh --prepare      (fills .gpu/ds: runtime, bundle, plans;
+#        CHECK_ONLY=a,b picks the kernel checks, SLIM=1 the plans of one A/B call, below)
 # There: carry [".gpu/ds"], run `bash scripts/gpu-deepseek.sh` ; results under $OUT.
 # (STAGES="check e2e decode bench serve" picks stages; BATCHES=1,32 the bench's batch sizes;
 # serve: the V2-Lite shape behind `dsc serve` under 64 concurrent clients, then an expert
@@ -17,7 +18,7 @@ if [ "${1:-}" = "--prepare" ]; then
   cargo build --release -p dsc-compiler -p dsc-runtime
   rm -rf $D && mkdir -p $D
   xz -T2 -6 -c target/release/dsc-runtime > $D/dsc-runtime.xz
-  ./target/release/dsc gpu-bundle --dir $D/check --only moe_,mla_,head_matmul,rope_yarn
+  ./target/release/dsc gpu-bundle --dir $D/check --only ${CHECK_ONLY:-moe_,mla_,head_matmul,rope_yarn}
   rm -f $D/check/kernels.ll $D/check/kernels.mlir $D/check/kernels.sm_80.ptx
   xz -T2 -6 -f $D/check/data.bin
   # the tiny HF fixtures: f32 KV pools, and V3's with bf16 pools; their reference in
@@ -46,6 +47,13 @@ json.dump([{'name': '$name', 'prompt_ids': r['prompt'], 'greedy_ids': r['greedy'
   printf '\n[tokenizer]\ngguf = "%s"\n' "$PWD/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" >> .cache/ds-v2-lite-serve.toml
   ./target/release/dsc compile .cache/ds-v2-lite-serve.toml -o $D/v2-lite-serve.plan
   cp tests/serve/load.py $D/
+  if [ -n "${SLIM:-}" ]; then
+    # (one call's 64 MiB: the V2-Lite plan beside one without the one-token shared-expert
+    # slots, DSC_MOE_SHARED=0, for BENCH_MODELS="v2-lite-noshared v2-lite"; no V3 4-layer
+    # plan, of the tiny f32 plans only V3's — E2E_PLANS="v3-tiny-f32 v3-tiny-bf16")
+    DSC_MOE_SHARED=0 ./target/release/dsc compile models/deepseek-v2-lite-seeded.toml -o $D/v2-lite-noshared.plan
+    rm -f $D/v3-4layer.plan $D/v2-lite-tiny-f32.plan $D/v2-tiny-f32.plan
+  fi
   du -sh $D
   exit 0
 fi
