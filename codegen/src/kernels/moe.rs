@@ -1045,6 +1045,16 @@ fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize, residual: bo
     }
     let threads = 32 * MOE_COMBINE_WARPS;
     let w = if d % 4 == 0 { 4 } else { 1 };
+    // (w f32 values of `ptr` from element `at`: one 16-byte load where w is 4)
+    let load_w = |b: &mut Body, ptr: &str, at: &str| -> Vec<String> {
+        if w == 4 {
+            let c4 = b.ci64(4);
+            let bo = b.op(&format!("arith.muli {at}, {c4} : i64"));
+            b.load_vec(ptr, &bo, 4, "f32", 16)
+        } else {
+            vec![b.load(ptr, at)]
+        }
+    };
     let units = d / w;
     let cd = b.ci64(d as i64);
     let yrow = b.op(&format!("arith.muli {row}, {cd} : i64"));
@@ -1072,13 +1082,7 @@ fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize, residual: bo
             let pr = b.op(&format!("arith.addi {pr}, {row} : i64"));
             let pr = b.op(&format!("arith.muli {pr}, {cd} : i64"));
             let pe = b.op(&format!("arith.addi {pr}, {el} : i64"));
-            let vs = if w == 4 {
-                let c4 = b.ci64(4);
-                let bo = b.op(&format!("arith.muli {pe}, {c4} : i64"));
-                b.load_vec("%p", &bo, 4, "f32", 16)
-            } else {
-                vec![b.load("%p", &pe)]
-            };
+            let vs = load_w(b, "%p", &pe);
             for (a, v) in acc.iter_mut().zip(&vs) {
                 let v = b.op(&format!("arith.select {k}, {v}, {zero} : f32"));
                 *a = b.op(&format!("arith.addf {a}, {v} : f32"));
@@ -1087,13 +1091,7 @@ fn emit_moe_combine(b: &mut Body, d: usize, e: usize, top_k: usize, residual: bo
         let ye = b.op(&format!("arith.addi {yrow}, {el} : i64"));
         if residual {
             // (the residual last, after the slots' sum: the CPU executor's order)
-            let vs = if w == 4 {
-                let c4 = b.ci64(4);
-                let bo = b.op(&format!("arith.muli {ye}, {c4} : i64"));
-                b.load_vec("%res", &bo, 4, "f32", 16)
-            } else {
-                vec![b.load("%res", &ye)]
-            };
+            let vs = load_w(b, "%res", &ye);
             for (a, v) in acc.iter_mut().zip(&vs) {
                 *a = b.op(&format!("arith.addf {a}, {v} : f32"));
             }
