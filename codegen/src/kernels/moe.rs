@@ -619,10 +619,17 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     let (cd, ci, cr) = (b.ci64(d as i64), b.ci64(inter as i64), b.ci64(r as i64));
     let o0 = b.op(&format!("arith.muli {bx}, {cr} : i64"));
     // (a shared slot, warp >= top_k: always there, weight 1, its I-wide chunk of the
-    // [D, shared · I] rows)
-    let ck = b.ci64(top_k as i64);
-    let is_shared = b.op(&format!("arith.cmpi uge, {slot}, {ck} : i64"));
-    let found = if shared > 0 { b.op(&format!("arith.ori {found}, {is_shared} : i1")) } else { found };
+    // [D, shared · I] rows, (slot − top_k) · I in)
+    let shared_slot = (shared > 0).then(|| {
+        let ck = b.ci64(top_k as i64);
+        let is = b.op(&format!("arith.cmpi uge, {slot}, {ck} : i64"));
+        let chunk = b.op(&format!("arith.subi {slot}, {ck} : i64"));
+        (is, b.op(&format!("arith.muli {chunk}, {ci} : i64")))
+    });
+    let found = match &shared_slot {
+        Some((is, _)) => b.op(&format!("arith.ori {found}, {is} : i1")),
+        None => found,
+    };
     let ck = b.ci64(slots as i64);
     let hrow = b.op(&format!("arith.muli {t}, {ck} : i64"));
     let hrow = b.op(&format!("arith.addi {hrow}, {slot} : i64"));
@@ -636,11 +643,12 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     b.line(&format!("{res}:{r} = scf.if {found} -> ({}) {{", vec!["f32"; r].join(", ")));
     let at = b.op(&format!("arith.addi {rbase}, {ex} : i64"));
     let w = b.load("%route", &at);
-    let w = if shared > 0 {
-        let one = b.cf32(1.0);
-        b.op(&format!("arith.select {is_shared}, {one}, {w} : f32"))
-    } else {
-        w
+    let w = match &shared_slot {
+        Some((is, _)) => {
+            let one = b.cf32(1.0);
+            b.op(&format!("arith.select {is}, {one}, {w} : f32"))
+        }
+        None => w,
     };
     let last = b.ci64(d as i64 - 1);
     let mut woffs = vec![];
@@ -651,20 +659,21 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
         let row = b.op(&format!("arith.muli {ex}, {cd} : i64"));
         let row = b.op(&format!("arith.addi {row}, {o} : i64"));
         let routed = b.op(&format!("arith.muli {row}, {ci} : i64"));
-        woffs.push(if shared > 0 {
-            // (o · shared·I + (slot − top_k) · I)
-            let cs = b.ci64((shared * inter) as i64);
-            let ctk = b.ci64(top_k as i64);
-            let so = b.op(&format!("arith.muli {o}, {cs} : i64"));
-            let chunk = b.op(&format!("arith.subi {slot}, {ctk} : i64"));
-            let chunk = b.op(&format!("arith.muli {chunk}, {ci} : i64"));
-            let so = b.op(&format!("arith.addi {so}, {chunk} : i64"));
-            b.op(&format!("arith.select {is_shared}, {so}, {routed} : i64"))
-        } else {
-            routed
+        woffs.push(match &shared_slot {
+            // (o · shared·I + the slot's chunk)
+            Some((is, chunk)) => {
+                let cs = b.ci64((shared * inter) as i64);
+                let so = b.op(&format!("arith.muli {o}, {cs} : i64"));
+                let so = b.op(&format!("arith.addi {so}, {chunk} : i64"));
+                b.op(&format!("arith.select {is}, {so}, {routed} : i64"))
+            }
+            None => routed,
         });
     }
-    let wbase = if shared > 0 { b.op(&format!("llvm.select {is_shared}, %sd, %wd : i1, !llvm.ptr<1>")) } else { "%wd".to_string() };
+    let wbase = match &shared_slot {
+        Some((is, _)) => b.op(&format!("llvm.select {is}, %sd, %wd : i1, !llvm.ptr<1>")),
+        None => "%wd".to_string(),
+    };
     let dots = b.lane_dots(&wbase, &woffs, wdtype, "%h", &hoff, inter, &lane)?;
     let ps: Vec<String> = dots
         .iter()
