@@ -127,7 +127,8 @@ impl PackedMatMul for CpuKernels {
     }
 
     fn takes(&self, dtype: DType, n: usize, k: usize) -> bool {
-        self.fns.contains_key(&dtype) && k > 0 && k % 32 == 0 && n % 4 == 0 && n > 0
+        // (k whole units: 32-element blocks, K-quants' 256-element super-blocks)
+        self.fns.contains_key(&dtype) && k > 0 && k % dtype.block().0.max(32) == 0 && n % 4 == 0 && n > 0
     }
 
     fn prepare(&self, dtype: DType, n: usize, k: usize, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {

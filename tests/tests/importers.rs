@@ -2,7 +2,8 @@
 //! - the same weights as HF safetensors (rotate_half RoPE) and as GGUF (llama.cpp's permuted
 //!   Q/K, interleaved RoPE) give the same logits;
 //! - sharded safetensors (model.safetensors.index.json) load like one file;
-//! - GGUF K-quant weights (Q4_K, Q5_K, Q6_K) run as their dequantized values;
+//! - GGUF K-quant weights (Q4_K, Q5_K, Q6_K) run as their dequantized values, on the executor
+//!   and on the compiled CPU kernels;
 //! - prefill in one step == token by token == two sequences batched in one step.
 
 use dsc_ir::{DType, Executor};
@@ -33,7 +34,8 @@ fn safetensors_and_gguf_of_the_same_weights_agree() {
 /// A GGUF of K-quant matrices (hidden 256: K-quants take rows of whole 256-value super-blocks)
 /// gives the logits of the same file with those matrices stored dequantized as f32: the CPU
 /// executor reads the packed blocks as `quant::decode` does (equal to the `gguf` package's,
-/// ir/tests/kquants.rs). The GPU lowering refuses them by name.
+/// ir/tests/kquants.rs), and so do the plan's compiled x86-64 kernels, which read the
+/// super-blocks as stored. The GPU lowering refuses them by name.
 #[test]
 fn k_quant_ggufs_run_as_their_dequantized_weights() {
     let d = tempfile::tempdir().unwrap();
@@ -98,6 +100,30 @@ fn k_quant_ggufs_run_as_their_dequantized_weights() {
         // (the GPU program is not built for K-quant weights yet; the plan says why)
         let c = dsc_compiler::compile(&model_toml(&dir, "gguf", "m.gguf")).unwrap();
         assert!(c.gpu.is_none() && c.gpu_skipped.as_deref().is_some_and(|w| w.contains(dt.name())), "{dt}: {:?}", c.gpu_skipped);
+        // the plan's compiled CPU kernels read the super-blocks as stored: the prompt in one
+        // step (the gemm: a 4-row tile and 3 single rows) and token by token (the gemv) give
+        // the executor's logits
+        let cpu = c.cpu.as_ref().unwrap_or_else(|| panic!("{dt}: no CPU kernels: {:?}", c.cpu_skipped));
+        assert!(cpu.matmul_dtypes.iter().any(|n| n == dt.name()), "{dt}: the CPU kernels take {:?}", cpu.matmul_dtypes);
+        let plan_path = dir.join("m.plan");
+        dsc_compiler::write(&c, &plan_path).unwrap();
+        let plan = dsc_runtime::plan::Plan::open(&plan_path).unwrap();
+        let graph = plan.graph().unwrap();
+        let kernels = std::sync::Arc::new(dsc_runtime::cpu_kernels::CpuKernels::load(&plan, 2).expect("the CPU kernels load"));
+        let mut ex = Executor::with_kernels(&graph, &plan, BTreeMap::from([("NB".into(), 8)]), kernels.clone()).unwrap();
+        let n = PROMPT.len() as i32;
+        let pos: Vec<i32> = (0..n).collect();
+        let table = [0, 1];
+        let fast = ex.run(&inputs(&PROMPT, &pos, &vec![0; n as usize], &pos, (&table, 1, 2), &pos)).unwrap().remove("logits").unwrap();
+        let e = rel_err(&fast.data, &got.data);
+        assert!(e < 1e-5, "{dt}: prefill with the {} CPU kernels vs the executor: relative error {e}", kernels.target());
+        let mut ex = Executor::with_kernels(&graph, &plan, BTreeMap::from([("NB".into(), 8)]), kernels.clone()).unwrap();
+        let v = got.data.len() / PROMPT.len();
+        for (p, &tok) in PROMPT.iter().enumerate() {
+            let out = ex.run(&inputs(&[tok], &[p as i32], &[0], &[p as i32], (&table, 1, 2), &[0])).unwrap().remove("logits").unwrap();
+            let e = rel_err(&out.data, &got.data[p * v..(p + 1) * v]);
+            assert!(e < 1e-5, "{dt}: decode step {p} with the CPU kernels vs the executor's prefill: relative error {e}");
+        }
     }
 }
 

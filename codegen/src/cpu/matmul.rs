@@ -20,13 +20,24 @@
 use dsc_ir::DType;
 use std::fmt::Write;
 
-/// The weight types the family reads packed, with their block (elements, bytes).
-pub const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+/// The weight types the family reads packed.
+pub const DTYPES: [DType; 9] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+
+/// Elements of the unit a weight row is read in: a 32-element block, or a K-quant's
+/// 256-element super-block.
+pub fn unit_elements(dtype: DType) -> usize {
+    dtype.block().0.max(32)
+}
 
 /// Whether the kernels take weight `dtype` of shape [n, k]: a type above, k a whole number of
-/// 32-element blocks (the widening step), n a multiple of 4 (the gemm's column tile).
+/// units (32-element blocks, K-quants' 256-element super-blocks), n a multiple of 4 (the gemm's
+/// column tile).
 pub fn fits(dtype: DType, n: usize, k: usize) -> bool {
-    DTYPES.contains(&dtype) && k > 0 && k % 32 == 0 && n % 4 == 0 && n > 0
+    DTYPES.contains(&dtype) && k > 0 && k % unit_elements(dtype) == 0 && n % 4 == 0 && n > 0
+}
+
+fn is_k(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K)
 }
 
 /// The exported symbol stem of the kernels for `dtype` (`dsc_cpu_matmul_q4_1`).
@@ -34,8 +45,8 @@ pub fn symbol(dtype: DType) -> String {
     format!("dsc_cpu_matmul_{}", dtype.name())
 }
 
-/// Bytes of one 32-element block of a weight row as the kernels read it (Q4_1: 24, Q8_0: 36,
-/// the CPU layout of `dsc_ir::quant::cpu_layout`).
+/// Bytes of one unit ([`unit_elements`]) of a weight row as the kernels read it (Q4_1: 24,
+/// Q8_0: 36, the CPU layout of `dsc_ir::quant::cpu_layout`; K-quants' super-blocks as stored).
 fn block_bytes(dtype: DType) -> usize {
     match dtype {
         DType::F32 => 128,
@@ -207,12 +218,261 @@ fn widen(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> (String, Stri
     }
 }
 
-const SIG: &str = "%x: !llvm.ptr, %w: !llvm.ptr, %y: !llvm.ptr, %scratch: !llvm.ptr, %m: i64, %k: i64, %n0: i64, %n1: i64, %ldy: i64";
+/// One sub-block of a K-quant super-block as [`k_super`] decodes it: its quants as f32 vectors
+/// of 16 in element order, and its value = `scale · q − min` (Q6_K: no min, q already − 32).
+struct Sub {
+    q: Vec<String>,
+    scale: String,
+    min: Option<String>,
+}
 
-/// The prologue both functions share: block count and weight-row bytes.
-fn prologue(f: &mut F, dtype: DType) -> (String, String) {
+/// The byte at `p + off` as i32.
+fn byte_i32(f: &mut F, p: &str, off: i64, signed: bool) -> String {
+    let c = f.c64(off);
+    let pp = f.gep(p, &c, "i8");
+    let b = f.load(&pp, "i8", 1);
+    f.op(format!("arith.{} {b} : i8 to i32", if signed { "extsi" } else { "extui" }))
+}
+
+fn f16_at(f: &mut F, p: &str, off: i64) -> String {
+    let c = f.c64(off);
+    let pp = f.gep(p, &c, "i8");
+    let h = f.load(&pp, "f16", 1);
+    f.op(format!("arith.extf {h} : f16 to f32"))
+}
+
+/// 16 bytes at `p + off` widened to vector<16xi32>, loaded once per super-block (`memo`).
+fn bytes16(f: &mut F, memo: &mut std::collections::BTreeMap<i64, String>, p: &str, off: i64) -> String {
+    if let Some(v) = memo.get(&off) {
+        return v.clone();
+    }
+    let c = f.c64(off);
+    let pp = f.gep(p, &c, "i8");
+    let b = f.load(&pp, "vector<16xi8>", 1);
+    let v = f.op(format!("arith.extui {b} : vector<16xi8> to vector<16xi32>"));
+    memo.insert(off, v.clone());
+    v
+}
+
+/// `(v >> shift) & mask` on vector<16xi32> (no shift where it is 0).
+fn bits(f: &mut F, v: &str, shift: i64, mask: i64) -> String {
+    let v = if shift > 0 {
+        let s = f.op(format!("arith.constant dense<{shift}> : vector<16xi32>"));
+        f.op(format!("arith.shrui {v}, {s} : vector<16xi32>"))
+    } else {
+        v.to_string()
+    };
+    let m = f.op(format!("arith.constant dense<{mask}> : vector<16xi32>"));
+    f.op(format!("arith.andi {v}, {m} : vector<16xi32>"))
+}
+
+/// The K-quant super-block at `sb` decoded as `dsc_ir::quant::decode` reads it (llama.cpp's
+/// `dequantize_row_q*_K`): Q4_K / Q5_K 8 sub-blocks of 32 (`d·sc` and `dmin·m` from the 12
+/// packed six-bit bytes; the nibbles of 32 bytes per pair of sub-blocks, Q5_K's fifth bit from
+/// the 32 `qh` bytes), Q6_K 16 sub-blocks of 16 (`d·sc`, signed scales; 4 bits from `ql`,
+/// 2 from `qh`, minus 32).
+fn k_super(f: &mut F, dtype: DType, sb: &str) -> Vec<Sub> {
+    let mut memo = std::collections::BTreeMap::new();
+    let i32c = |f: &mut F, c: i64| f.op(format!("arith.constant {c} : i32"));
+    match dtype {
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let (d, dmin) = (f16_at(f, sb, 0), f16_at(f, sb, 2));
+            let b: Vec<String> = (0..12).map(|j| byte_i32(f, sb, 4 + j, false)).collect();
+            let (c63, c15, c48, c2, c4) = (i32c(f, 63), i32c(f, 15), i32c(f, 0x30), i32c(f, 2), i32c(f, 4));
+            let and = |f: &mut F, a: &str, m: &str| f.op(format!("arith.andi {a}, {m} : i32"));
+            let shr = |f: &mut F, a: &str, s: &str| f.op(format!("arith.shrui {a}, {s} : i32"));
+            let (mut sc, mut mn) = (vec![String::new(); 8], vec![String::new(); 8]);
+            for j in 0..4 {
+                sc[j] = and(f, &b[j], &c63);
+                mn[j] = and(f, &b[j + 4], &c63);
+                let lo = and(f, &b[j + 8], &c15);
+                let t = shr(f, &b[j], &c2);
+                let top = and(f, &t, &c48);
+                sc[j + 4] = f.op(format!("arith.ori {lo}, {top} : i32"));
+                let hi = shr(f, &b[j + 8], &c4);
+                let t = shr(f, &b[j + 4], &c2);
+                let top = and(f, &t, &c48);
+                mn[j + 4] = f.op(format!("arith.ori {hi}, {top} : i32"));
+            }
+            let qs = if five { 48 } else { 16 };
+            let mut subs: Vec<Sub> = (0..8)
+                .map(|j| {
+                    let s = f.op(format!("arith.uitofp {} : i32 to f32", sc[j]));
+                    let m = f.op(format!("arith.uitofp {} : i32 to f32", mn[j]));
+                    Sub { q: vec![], scale: f.op(format!("arith.mulf {d}, {s} : f32")), min: Some(f.op(format!("arith.mulf {dmin}, {m} : f32"))) }
+                })
+                .collect();
+            for c in 0..4 {
+                for half in 0..2 {
+                    let v = bytes16(f, &mut memo, sb, qs + 32 * c + 16 * half);
+                    for (j, shift) in [(2 * c, 0), (2 * c + 1, 4)] {
+                        let mut q = bits(f, &v, shift, 15);
+                        if five {
+                            let h = bytes16(f, &mut memo, sb, 16 + 16 * half);
+                            let bit = bits(f, &h, j, 1);
+                            let s4 = f.op("arith.constant dense<4> : vector<16xi32>");
+                            let hi = f.op(format!("arith.shli {bit}, {s4} : vector<16xi32>"));
+                            q = f.op(format!("arith.ori {q}, {hi} : vector<16xi32>"));
+                        }
+                        subs[j as usize].q.push(f.op(format!("arith.sitofp {q} : vector<16xi32> to {V}")));
+                    }
+                }
+            }
+            subs
+        }
+        DType::Q6_K => {
+            let d = f16_at(f, sb, 208);
+            (0..16i64)
+                .map(|g| {
+                    let (h, r0) = (g / 8, 16 * (g % 8));
+                    let ql = bytes16(f, &mut memo, sb, 64 * h + r0 % 64);
+                    let low = bits(f, &ql, 4 * (r0 / 64), 15);
+                    let qh = bytes16(f, &mut memo, sb, 128 + 32 * h + r0 % 32);
+                    let high = bits(f, &qh, 2 * (r0 / 32), 3);
+                    let s4 = f.op("arith.constant dense<4> : vector<16xi32>");
+                    let high = f.op(format!("arith.shli {high}, {s4} : vector<16xi32>"));
+                    let q = f.op(format!("arith.ori {low}, {high} : vector<16xi32>"));
+                    let c32 = f.op("arith.constant dense<32> : vector<16xi32>");
+                    let q = f.op(format!("arith.subi {q}, {c32} : vector<16xi32>"));
+                    let sc = byte_i32(f, sb, 192 + g, true);
+                    let scf = f.op(format!("arith.sitofp {sc} : i32 to f32"));
+                    Sub { q: vec![f.op(format!("arith.sitofp {q} : vector<16xi32> to {V}"))], scale: f.op(format!("arith.mulf {d}, {scf} : f32")), min: None }
+                })
+                .collect()
+        }
+        other => unreachable!("{other} is not a K-quant"),
+    }
+}
+
+/// Widen unit `b` of the weight row at `row` into vector<16xf32>s in element order: a block's
+/// two halves ([`widen`]), or a K-quant super-block's sixteen (`scale · q − min` by one FMA).
+fn widen_unit(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> Vec<String> {
+    if !is_k(dtype) {
+        let (lo, hi) = widen(f, dtype, row, nb, b);
+        return vec![lo, hi];
+    }
+    let bb = f.c64(block_bytes(dtype) as i64);
+    let off = f.mul(b, &bb);
+    let sb = f.gep(row, &off, "i8");
+    let mut out = vec![];
+    for sub in k_super(f, dtype, &sb) {
+        let sv = f.op(format!("vector.broadcast {} : f32 to {V}", sub.scale));
+        let nm = sub.min.as_ref().map(|m| {
+            let n = f.op(format!("arith.negf {m} : f32"));
+            f.op(format!("vector.broadcast {n} : f32 to {V}"))
+        });
+        for q in &sub.q {
+            out.push(match &nm {
+                Some(nm) => f.op(format!("vector.fma {sv}, {q}, {nm} : {V}")),
+                None => f.op(format!("arith.mulf {sv}, {q} : {V}")),
+            });
+        }
+    }
+    out
+}
+
+/// `scratch[i * k/32 + b]` = the sum of x row i's 32-element block b, for every row and block
+/// (the gemv's `m · Σx` terms of Q4_1 and Q4_K / Q5_K).
+fn x_block_sums(f: &mut F) {
+    let (c0, c1) = (f.cidx(0), f.cidx(1));
     let c32 = f.c64(32);
     let nb = f.op(format!("arith.divui %k, {c32} : i64"));
+    let (m, nbi) = (f.idx("%m"), f.idx(&nb));
+    f.line(format!("scf.for %si = {c0} to {m} step {c1} {{"));
+    let i = f.i64("%si");
+    let xoff = f.mul(&i, "%k");
+    let xr = f.gep("%x", &xoff, "f32");
+    let soff = f.mul(&i, &nb);
+    let sr = f.gep("%scratch", &soff, "f32");
+    f.line(format!("scf.for %sb = {c0} to {nbi} step {c1} {{"));
+    let b = f.i64("%sb");
+    let (xl, xh) = x_block(f, &xr, &b);
+    let t = f.op(format!("arith.addf {xl}, {xh} : {V}"));
+    let r = f.op(format!("vector.reduction <add>, {t} : {V} into f32"));
+    store_f32(f, &sr, &b, &r);
+    f.line("}");
+    f.line("}");
+}
+
+/// `<sym>_gemv` for the K-quants: per column and x row, the super-blocks in turn, each decoded
+/// once ([`k_super`]) and its sub-blocks fused into the dot product as `scale · (q·x)` (into
+/// two accumulators, alternate sub-blocks), Q4_K / Q5_K's mins apart as `− min · Σx` (the x
+/// block sums in scratch, m·k/32 floats).
+fn emit_gemv_k(dtype: DType) -> String {
+    let mut f = F { s: String::new(), n: 0 };
+    let (nsb, rowb) = prologue(&mut f, dtype);
+    let mins = dtype != DType::Q6_K;
+    if mins {
+        x_block_sums(&mut f);
+    }
+    let (n0, n1, m, nsbi) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"), f.idx(&nsb));
+    let (c0, c1) = (f.cidx(0), f.cidx(1));
+    let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
+    let fzero = f.op("arith.constant 0.0 : f32");
+    let c32 = f.c64(32);
+    let nb32 = f.op(format!("arith.divui %k, {c32} : i64"));
+    let (bb, c256, c8) = (f.c64(block_bytes(dtype) as i64), f.c64(256), f.c64(8));
+    f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
+    let j = f.i64("%j");
+    let roff = f.mul(&j, &rowb);
+    let row = f.gep("%w", &roff, "i8");
+    f.line(format!("scf.for %i = {c0} to {m} step {c1} {{"));
+    let i = f.i64("%i");
+    let xoff = f.mul(&i, "%k");
+    let xr = f.gep("%x", &xoff, "f32");
+    let soff = f.mul(&i, &nb32);
+    let sr = f.gep("%scratch", &soff, "f32");
+    f.line(format!("%acc:4 = scf.for %u = {c0} to {nsbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms0 = {fzero}, %ms1 = {fzero}) -> ({V}, {V}, f32, f32) {{"));
+    let u = f.i64("%u");
+    let off = f.mul(&u, &bb);
+    let sb = f.gep(&row, &off, "i8");
+    let xe = f.mul(&u, &c256);
+    let xu = f.gep(&xr, &xe, "f32");
+    let se = f.mul(&u, &c8);
+    let su = f.gep(&sr, &se, "f32");
+    let mut acc = ["%a0".to_string(), "%a1".to_string()];
+    let mut ms = ["%ms0".to_string(), "%ms1".to_string()];
+    let subs = k_super(&mut f, dtype, &sb);
+    let per = 256 / subs.len() as i64;
+    for (t, sub) in subs.iter().enumerate() {
+        let mut dot = String::new();
+        for (v, q) in sub.q.iter().enumerate() {
+            let c = f.c64(per * t as i64 + 16 * v as i64);
+            let px = f.gep(&xu, &c, "f32");
+            let x = f.load(&px, V, 4);
+            dot = if v == 0 { f.op(format!("arith.mulf {q}, {x} : {V}")) } else { f.op(format!("vector.fma {q}, {x}, {dot} : {V}")) };
+        }
+        let sv = f.op(format!("vector.broadcast {} : f32 to {V}", sub.scale));
+        acc[t % 2] = f.op(format!("vector.fma {sv}, {dot}, {} : {V}", acc[t % 2]));
+        if let Some(mn) = &sub.min {
+            let c = f.c64(t as i64);
+            let ps = f.gep(&su, &c, "f32");
+            let sx = f.load(&ps, "f32", 4);
+            let p = f.op(format!("arith.mulf {mn}, {sx} : f32"));
+            ms[t % 2] = f.op(format!("arith.subf {}, {p} : f32", ms[t % 2]));
+        }
+    }
+    f.line(format!("scf.yield {}, {}, {}, {} : {V}, {V}, f32, f32", acc[0], acc[1], ms[0], ms[1]));
+    f.line("}");
+    let s = f.op(format!("arith.addf %acc#0, %acc#1 : {V}"));
+    let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
+    let msum = f.op("arith.addf %acc#2, %acc#3 : f32");
+    let r = f.op(format!("arith.addf {r}, {msum} : f32"));
+    let yo = f.mul(&i, "%ldy");
+    let yo = f.add(&yo, &j);
+    store_f32(&mut f, "%y", &yo, &r);
+    f.line("}");
+    f.line("}");
+    format!("  func.func @{}_gemv({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+}
+
+const SIG: &str = "%x: !llvm.ptr, %w: !llvm.ptr, %y: !llvm.ptr, %scratch: !llvm.ptr, %m: i64, %k: i64, %n0: i64, %n1: i64, %ldy: i64";
+
+/// The prologue both functions share: unit count ([`unit_elements`]) and weight-row bytes.
+fn prologue(f: &mut F, dtype: DType) -> (String, String) {
+    let cu = f.c64(unit_elements(dtype) as i64);
+    let nb = f.op(format!("arith.divui %k, {cu} : i64"));
     let bb = f.c64(block_bytes(dtype) as i64);
     let rowb = f.mul(&nb, &bb);
     (nb, rowb)
@@ -277,29 +537,18 @@ fn gemv_block(f: &mut F, dtype: DType, row: &str, nb: &str, xr: &str, sr: &str, 
 /// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first; Q8_0
 /// likewise takes `d · (q·x)`.
 fn emit_gemv(dtype: DType) -> String {
+    if is_k(dtype) {
+        return emit_gemv_k(dtype);
+    }
     let mut f = F { s: String::new(), n: 0 };
     let (nb, rowb) = prologue(&mut f, dtype);
-    let (n0, n1, m, nbi) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"), f.idx(&nb));
+    let (n0, n1, m) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"));
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
     let fzero = f.op("arith.constant 0.0 : f32");
     let split = dtype == DType::Q4_1;
     if split {
-        // scratch[i * nb + b] = sum of x row i's block b
-        f.line(format!("scf.for %si = {c0} to {m} step {c1} {{"));
-        let i = f.i64("%si");
-        let xoff = f.mul(&i, "%k");
-        let xr = f.gep("%x", &xoff, "f32");
-        let soff = f.mul(&i, &nb);
-        let sr = f.gep("%scratch", &soff, "f32");
-        f.line(format!("scf.for %sb = {c0} to {nbi} step {c1} {{"));
-        let b = f.i64("%sb");
-        let (xl, xh) = x_block(&mut f, &xr, &b);
-        let t = f.op(format!("arith.addf {xl}, {xh} : {V}"));
-        let r = f.op(format!("vector.reduction <add>, {t} : {V} into f32"));
-        store_f32(&mut f, &sr, &b, &r);
-        f.line("}");
-        f.line("}");
+        x_block_sums(&mut f);
     }
     f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
     let j = f.i64("%j");
@@ -359,7 +608,7 @@ fn emit_gemm(dtype: DType) -> String {
     let (n0, n1, nbi) = (f.idx("%n0"), f.idx("%n1"), f.idx(&nb));
     let (c0, c1, c4) = (f.cidx(0), f.cidx(1), f.cidx(4));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
-    let (c16, c32) = (f.c64(16), f.c64(32));
+    let cu = f.c64(unit_elements(dtype) as i64);
     let mask = f.c64(-4);
     let m4 = f.op(format!("arith.andi %m, {mask} : i64"));
     let (m4i, mi, ki) = (f.idx(&m4), f.idx("%m"), f.idx("%k"));
@@ -376,12 +625,14 @@ fn emit_gemm(dtype: DType) -> String {
     let srow = f.gep("%scratch", &soff, "f32");
     f.line(format!("scf.for %b = {c0} to {nbi} step {c1} {{"));
     let b = f.i64("%b");
-    let (wl, wh) = widen(&mut f, dtype, &row, &nb, &b);
-    let e = f.mul(&b, &c32);
+    let ws = widen_unit(&mut f, dtype, &row, &nb, &b);
+    let e = f.mul(&b, &cu);
     let ps = f.gep(&srow, &e, "f32");
-    f.line(format!("llvm.store {wl}, {ps} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
-    let ps2 = f.gep(&ps, &c16, "f32");
-    f.line(format!("llvm.store {wh}, {ps2} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
+    for (v, w) in ws.iter().enumerate() {
+        let c = f.c64(16 * v as i64);
+        let p = f.gep(&ps, &c, "f32");
+        f.line(format!("llvm.store {w}, {p} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
+    }
     f.line("}");
     f.line("}");
     // the four scratch rows
