@@ -9,6 +9,8 @@ use crate::{quant, DType, Dim, Graph, IrError, NodeId, Op, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+mod attention;
+
 /// A dense f32 tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
@@ -439,7 +441,7 @@ impl<'g> Executor<'g> {
                     };
                     let t = |i: usize| tensor(&vals, ops[i], g, id);
                     let out = match n.op {
-                        Op::PagedAttention { scale } => paged_attention(t(0)?, st(ops[1])?, st(ops[2])?, t(3)?, t(4)?, t(5)?, scale),
+                        Op::PagedAttention { scale } => attention::paged_attention(t(0)?, st(ops[1])?, st(ops[2])?, t(3)?, t(4)?, t(5)?, scale),
                         Op::MlaAttention { scale, kv_lora_rank } => mla_attention(t(0)?, st(ops[1])?, t(2)?, t(3)?, t(4)?, scale, kv_lora_rank),
                         _ => unreachable!("matched above"),
                     }
@@ -1113,61 +1115,4 @@ fn context_rows(ti: usize, pos: &Tensor, seq: &Tensor, table: &Tensor, nb: usize
             }
         })
         .collect()
-}
-
-/// Σ a·b in eight interleaved partial sums (vectorized; numpy's dot sums in blocks too).
-fn dot8(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(p, q)| p * q).sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-fn paged_attention(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &Tensor, table: &Tensor, scale: f32) -> Result<Tensor, String> {
-    use rayon::prelude::*;
-    let (t, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
-    let (nb, bs, kvh) = (kc.shape[0], kc.shape[1], kc.shape[2]);
-    let (s, mb) = (table.shape[0], table.shape[1]);
-    let rep = h / kvh;
-    let mut out = vec![0f32; t * h * d];
-    // one (token, head): o = softmax(q·K) V over the token's context rows
-    let head = |ti: usize, hi: usize, rows: &[usize], o: &mut [f32]| {
-        let kh = hi / rep;
-        let qv = &q.data[(ti * h + hi) * d..(ti * h + hi + 1) * d];
-        let mut scores: Vec<f32> = rows.iter().map(|&r| dot8(qv, &kc.data[(r * kvh + kh) * d..(r * kvh + kh + 1) * d]) * scale).collect();
-        let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - m).exp();
-            sum += *sc;
-        }
-        for (&r, &w) in rows.iter().zip(scores.iter()) {
-            let vv = &vc.data[(r * kvh + kh) * d..(r * kvh + kh + 1) * d];
-            let ws = w / sum;
-            for (oi, vi) in o.iter_mut().zip(vv) {
-                *oi += ws * vi;
-            }
-        }
-    };
-    // (in parallel — on the CPU kernels' pool inside their step, else rayon's global one —
-    // over tokens, or over heads for a few tokens (decode); each head's sums keep their order,
-    // so the result does not depend on the threads)
-    if t >= 4 {
-        out.par_chunks_mut((h * d).max(1)).enumerate().try_for_each(|(ti, out_t)| -> Result<(), String> {
-            let rows = context_rows(ti, pos, seq, table, nb, bs, s, mb)?;
-            for (hi, o) in out_t.chunks_mut(d.max(1)).enumerate() {
-                head(ti, hi, &rows, o);
-            }
-            Ok(())
-        })?;
-    } else {
-        let rows = (0..t).map(|ti| context_rows(ti, pos, seq, table, nb, bs, s, mb)).collect::<Result<Vec<_>, _>>()?;
-        out.par_chunks_mut(d.max(1)).enumerate().for_each(|(th, o)| head(th / h, th % h, &rows[th / h], o));
-    }
-    Ok(Tensor::new(q.shape.clone(), out))
 }
