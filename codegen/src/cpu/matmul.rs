@@ -226,14 +226,6 @@ struct Sub {
     min: Option<String>,
 }
 
-/// The byte at `p + off` as i32.
-fn byte_i32(f: &mut F, p: &str, off: i64, signed: bool) -> String {
-    let c = f.c64(off);
-    let pp = f.gep(p, &c, "i8");
-    let b = f.load(&pp, "i8", 1);
-    f.op(format!("arith.{} {b} : i8 to i32", if signed { "extsi" } else { "extui" }))
-}
-
 fn f16_at(f: &mut F, p: &str, off: i64) -> String {
     let c = f.c64(off);
     let pp = f.gep(p, &c, "i8");
@@ -270,37 +262,47 @@ fn bits(f: &mut F, v: &str, shift: i64, mask: i64) -> String {
 /// `dequantize_row_q*_K`): Q4_K / Q5_K 8 sub-blocks of 32 (`d·sc` and `dmin·m` from the 12
 /// packed six-bit bytes; the nibbles of 32 bytes per pair of sub-blocks, Q5_K's fifth bit from
 /// the 32 `qh` bytes), Q6_K 16 sub-blocks of 16 (`d·sc`, signed scales; 4 bits from `ql`,
-/// 2 from `qh`, minus 32).
-fn k_super(f: &mut F, dtype: DType, sb: &str) -> Vec<Sub> {
+/// 2 from `qh`, minus 32). The scales (and mins) are decoded together in vectors; the mins also
+/// come back as one vector<8xf32> (the gemv's `min · Σx` terms in one multiply-add).
+fn k_super(f: &mut F, dtype: DType, sb: &str) -> (Vec<Sub>, Option<String>) {
     let mut memo = std::collections::BTreeMap::new();
-    let i32c = |f: &mut F, c: i64| f.op(format!("arith.constant {c} : i32"));
     match dtype {
         DType::Q4_K | DType::Q5_K => {
             let five = dtype == DType::Q5_K;
             let (d, dmin) = (f16_at(f, sb, 0), f16_at(f, sb, 2));
-            let b: Vec<String> = (0..12).map(|j| byte_i32(f, sb, 4 + j, false)).collect();
-            let (c63, c15, c48, c2, c4) = (i32c(f, 63), i32c(f, 15), i32c(f, 0x30), i32c(f, 2), i32c(f, 4));
-            let and = |f: &mut F, a: &str, m: &str| f.op(format!("arith.andi {a}, {m} : i32"));
-            let shr = |f: &mut F, a: &str, s: &str| f.op(format!("arith.shrui {a}, {s} : i32"));
-            let (mut sc, mut mn) = (vec![String::new(); 8], vec![String::new(); 8]);
-            for j in 0..4 {
-                sc[j] = and(f, &b[j], &c63);
-                mn[j] = and(f, &b[j + 4], &c63);
-                let lo = and(f, &b[j + 8], &c15);
-                let t = shr(f, &b[j], &c2);
-                let top = and(f, &t, &c48);
-                sc[j + 4] = f.op(format!("arith.ori {lo}, {top} : i32"));
-                let hi = shr(f, &b[j + 8], &c4);
-                let t = shr(f, &b[j + 4], &c2);
-                let top = and(f, &t, &c48);
-                mn[j + 4] = f.op(format!("arith.ori {hi}, {top} : i32"));
-            }
+            // the 12 scale bytes as one vector (16 loaded: the quants follow), the 8 scales and
+            // mins picked out by shuffles: sub-blocks 0-3 the low 6 bits of bytes 0-3 / 4-7,
+            // 4-7 bytes 8-11's nibbles with the top 2 bits of bytes 0-3 / 4-7 above them
+            let b = bytes16(f, &mut memo, sb, 4);
+            let v8 = "vector<8xi32>";
+            let shuf = |f: &mut F, idx: &str| f.op(format!("vector.shuffle {b}, {b} [{idx}] : vector<16xi32>, vector<16xi32>"));
+            let (a, top_s) = (shuf(f, "0, 1, 2, 3, 8, 9, 10, 11"), shuf(f, "0, 1, 2, 3, 0, 1, 2, 3"));
+            let (c, top_m) = (shuf(f, "4, 5, 6, 7, 8, 9, 10, 11"), shuf(f, "4, 5, 6, 7, 4, 5, 6, 7"));
+            let k = |f: &mut F, v: i64| f.op(format!("arith.constant dense<{v}> : {v8}"));
+            let (c63, c15, c48, c2, c4) = (k(f, 63), k(f, 15), k(f, 0x30), k(f, 2), k(f, 4));
+            let first4 = f.op("arith.constant dense<[true, true, true, true, false, false, false, false]> : vector<8xi1>");
+            let pick = |f: &mut F, lo6: &str, hi4: &str, top: &str| {
+                let lo = f.op(format!("arith.andi {lo6}, {c63} : {v8}"));
+                let t = f.op(format!("arith.shrui {top}, {c2} : {v8}"));
+                let t = f.op(format!("arith.andi {t}, {c48} : {v8}"));
+                let hi = f.op(format!("arith.ori {hi4}, {t} : {v8}"));
+                let v = f.op(format!("arith.select {first4}, {lo}, {hi} : vector<8xi1>, {v8}"));
+                f.op(format!("arith.uitofp {v} : {v8} to vector<8xf32>"))
+            };
+            let sc_hi = f.op(format!("arith.andi {a}, {c15} : {v8}"));
+            let scf = pick(f, &a, &sc_hi, &top_s);
+            let mn_hi = f.op(format!("arith.shrui {c}, {c4} : {v8}"));
+            let mnf = pick(f, &c, &mn_hi, &top_m);
+            let dv = f.op(format!("vector.broadcast {d} : f32 to vector<8xf32>"));
+            let dmv = f.op(format!("vector.broadcast {dmin} : f32 to vector<8xf32>"));
+            let scales = f.op(format!("arith.mulf {dv}, {scf} : vector<8xf32>"));
+            let mins = f.op(format!("arith.mulf {dmv}, {mnf} : vector<8xf32>"));
             let qs = if five { 48 } else { 16 };
             let mut subs: Vec<Sub> = (0..8)
-                .map(|j| {
-                    let s = f.op(format!("arith.uitofp {} : i32 to f32", sc[j]));
-                    let m = f.op(format!("arith.uitofp {} : i32 to f32", mn[j]));
-                    Sub { q: vec![], scale: f.op(format!("arith.mulf {d}, {s} : f32")), min: Some(f.op(format!("arith.mulf {dmin}, {m} : f32"))) }
+                .map(|j| Sub {
+                    q: vec![],
+                    scale: f.op(format!("vector.extract {scales}[{j}] : f32 from vector<8xf32>")),
+                    min: Some(f.op(format!("vector.extract {mins}[{j}] : f32 from vector<8xf32>"))),
                 })
                 .collect();
             for c in 0..4 {
@@ -319,11 +321,18 @@ fn k_super(f: &mut F, dtype: DType, sb: &str) -> Vec<Sub> {
                     }
                 }
             }
-            subs
+            (subs, Some(mins))
         }
         DType::Q6_K => {
             let d = f16_at(f, sb, 208);
-            (0..16i64)
+            // the 16 signed scales as one vector
+            let pp = f.c64(192);
+            let ps = f.gep(sb, &pp, "i8");
+            let sv = f.load(&ps, "vector<16xi8>", 1);
+            let sv = f.op(format!("arith.sitofp {sv} : vector<16xi8> to {V}"));
+            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+            let scales = f.op(format!("arith.mulf {dv}, {sv} : {V}"));
+            let subs = (0..16i64)
                 .map(|g| {
                     let (h, r0) = (g / 8, 16 * (g % 8));
                     let ql = bytes16(f, &mut memo, sb, 64 * h + r0 % 64);
@@ -335,11 +344,10 @@ fn k_super(f: &mut F, dtype: DType, sb: &str) -> Vec<Sub> {
                     let q = f.op(format!("arith.ori {low}, {high} : vector<16xi32>"));
                     let c32 = f.op("arith.constant dense<32> : vector<16xi32>");
                     let q = f.op(format!("arith.subi {q}, {c32} : vector<16xi32>"));
-                    let sc = byte_i32(f, sb, 192 + g, true);
-                    let scf = f.op(format!("arith.sitofp {sc} : i32 to f32"));
-                    Sub { q: vec![f.op(format!("arith.sitofp {q} : vector<16xi32> to {V}"))], scale: f.op(format!("arith.mulf {d}, {scf} : f32")), min: None }
+                    Sub { q: vec![f.op(format!("arith.sitofp {q} : vector<16xi32> to {V}"))], scale: f.op(format!("vector.extract {scales}[{g}] : f32 from {V}")), min: None }
                 })
-                .collect()
+                .collect();
+            (subs, None)
         }
         other => unreachable!("{other} is not a K-quant"),
     }
@@ -356,7 +364,7 @@ fn widen_unit(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> Vec<Stri
     let off = f.mul(b, &bb);
     let sb = f.gep(row, &off, "i8");
     let mut out = vec![];
-    for sub in k_super(f, dtype, &sb) {
+    for sub in k_super(f, dtype, &sb).0 {
         let sv = f.op(format!("vector.broadcast {} : f32 to {V}", sub.scale));
         let nm = sub.min.as_ref().map(|m| {
             let n = f.op(format!("arith.negf {m} : f32"));
@@ -397,8 +405,8 @@ fn x_block_sums(f: &mut F) {
 
 /// `<sym>_gemv` for the K-quants: per column and x row, the super-blocks in turn, each decoded
 /// once ([`k_super`]) and its sub-blocks fused into the dot product as `scale · (q·x)` (into
-/// two accumulators, alternate sub-blocks), Q4_K / Q5_K's mins apart as `− min · Σx` (the x
-/// block sums in scratch, m·k/32 floats).
+/// two accumulators, alternate sub-blocks), Q4_K / Q5_K's mins apart as `− min · Σx`, eight
+/// lanes a super-block (the x block sums in scratch, m·k/32 floats).
 fn emit_gemv_k(dtype: DType) -> String {
     let mut f = F { s: String::new(), n: 0 };
     let (nsb, rowb) = prologue(&mut f, dtype);
@@ -409,7 +417,6 @@ fn emit_gemv_k(dtype: DType) -> String {
     let (n0, n1, m, nsbi) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"), f.idx(&nsb));
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
-    let fzero = f.op("arith.constant 0.0 : f32");
     let c32 = f.c64(32);
     let nb32 = f.op(format!("arith.divui %k, {c32} : i64"));
     let (bb, c256, c8) = (f.c64(block_bytes(dtype) as i64), f.c64(256), f.c64(8));
@@ -423,17 +430,15 @@ fn emit_gemv_k(dtype: DType) -> String {
     let xr = f.gep("%x", &xoff, "f32");
     let soff = f.mul(&i, &nb32);
     let sr = f.gep("%scratch", &soff, "f32");
-    f.line(format!("%acc:4 = scf.for %u = {c0} to {nsbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms0 = {fzero}, %ms1 = {fzero}) -> ({V}, {V}, f32, f32) {{"));
+    let zero8 = f.op("arith.constant dense<0.0> : vector<8xf32>");
+    f.line(format!("%acc:3 = scf.for %u = {c0} to {nsbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms = {zero8}) -> ({V}, {V}, vector<8xf32>) {{"));
     let u = f.i64("%u");
     let off = f.mul(&u, &bb);
     let sb = f.gep(&row, &off, "i8");
     let xe = f.mul(&u, &c256);
     let xu = f.gep(&xr, &xe, "f32");
-    let se = f.mul(&u, &c8);
-    let su = f.gep(&sr, &se, "f32");
     let mut acc = ["%a0".to_string(), "%a1".to_string()];
-    let mut ms = ["%ms0".to_string(), "%ms1".to_string()];
-    let subs = k_super(&mut f, dtype, &sb);
+    let (subs, mins) = k_super(&mut f, dtype, &sb);
     let per = 256 / subs.len() as i64;
     for (t, sub) in subs.iter().enumerate() {
         let mut dot = String::new();
@@ -445,20 +450,27 @@ fn emit_gemv_k(dtype: DType) -> String {
         }
         let sv = f.op(format!("vector.broadcast {} : f32 to {V}", sub.scale));
         acc[t % 2] = f.op(format!("vector.fma {sv}, {dot}, {} : {V}", acc[t % 2]));
-        if let Some(mn) = &sub.min {
-            let c = f.c64(t as i64);
-            let ps = f.gep(&su, &c, "f32");
-            let sx = f.load(&ps, "f32", 4);
-            let p = f.op(format!("arith.mulf {mn}, {sx} : f32"));
-            ms[t % 2] = f.op(format!("arith.subf {}, {p} : f32", ms[t % 2]));
-        }
     }
-    f.line(format!("scf.yield {}, {}, {}, {} : {V}, {V}, f32, f32", acc[0], acc[1], ms[0], ms[1]));
+    // Σ min · Σx over the 8 sub-blocks in one multiply-add (subtracted at the end)
+    let ms = match &mins {
+        Some(mv) => {
+            let se = f.mul(&u, &c8);
+            let su = f.gep(&sr, &se, "f32");
+            let sx = f.load(&su, "vector<8xf32>", 4);
+            f.op(format!("vector.fma {mv}, {sx}, %ms : vector<8xf32>"))
+        }
+        None => "%ms".to_string(),
+    };
+    f.line(format!("scf.yield {}, {}, {ms} : {V}, {V}, vector<8xf32>", acc[0], acc[1]));
     f.line("}");
     let s = f.op(format!("arith.addf %acc#0, %acc#1 : {V}"));
     let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
-    let msum = f.op("arith.addf %acc#2, %acc#3 : f32");
-    let r = f.op(format!("arith.addf {r}, {msum} : f32"));
+    let r = if mins.is_some() {
+        let m = f.op("vector.reduction <add>, %acc#2 : vector<8xf32> into f32");
+        f.op(format!("arith.subf {r}, {m} : f32"))
+    } else {
+        r
+    };
     let yo = f.mul(&i, "%ldy");
     let yo = f.add(&yo, &j);
     store_f32(&mut f, "%y", &yo, &r);
