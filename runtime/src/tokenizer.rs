@@ -156,6 +156,25 @@ pub fn byte_level_chars() -> Vec<char> {
         .collect()
 }
 
+/// A chat turn as the template sees it (OpenAI's message fields, as HF's `apply_chat_template`
+/// passes them): `role`; `content`, none for an assistant turn of tool calls only; an
+/// assistant's past `tool_calls` (OpenAI's list); a tool result's `tool_call_id` and `name`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ChatTurn {
+    pub role: String,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+fn turns(messages: &[(String, String)]) -> Vec<ChatTurn> {
+    messages.iter().map(|(r, c)| ChatTurn { role: r.clone(), content: Some(c.clone()), ..Default::default() }).collect()
+}
+
 pub struct Tokenizer {
     tk: tokenizers::Tokenizer,
     /// the same, with special tokens encoded as plain text (for message content)
@@ -279,23 +298,36 @@ impl Tokenizer {
     /// [`Tokenizer::apply_chat_template`] with the request's `tools` (OpenAI's list) in the
     /// template's `tools` variable, as HF's `apply_chat_template(tools=...)` passes them.
     pub fn render_chat(&self, messages: &[(String, String)], tools: Option<&serde_json::Value>) -> Result<String> {
+        self.render_turns(&turns(messages), tools, None)
+    }
+
+    /// The chat template rendered over `turns` (their structured fields as HF passes them), with
+    /// `tools` and the request's `chat_template_kwargs` (`kwargs`: further template variables,
+    /// e.g. Llama's `date_string`; they may not replace the ones set here).
+    pub fn render_turns(&self, turns: &[ChatTurn], tools: Option<&serde_json::Value>, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<String> {
         let tpl = self.info.chat_template.as_deref().ok_or_else(|| RuntimeError::Template("the model has no chat template".into()))?;
         let mut env = chat_environment();
         env.add_template("chat", tpl).map_err(|e| RuntimeError::Template(e.to_string()))?;
-        let msgs: Vec<_> = messages.iter().map(|(r, c)| minijinja::context! { role => r, content => c }).collect();
         let tok = |id: Option<u32>| id.and_then(|i| self.tk.id_to_token(i)).unwrap_or_default();
-        env.get_template("chat")
-            .and_then(|t| {
-                t.render(minijinja::context! {
-                    messages => msgs,
-                    add_generation_prompt => true,
-                    bos_token => tok(self.info.bos_id),
-                    eos_token => tok(self.info.eos_ids.first().copied()),
-                    tools => tools.map(minijinja::Value::from_serialize),
-                })
-            })
-            .map_err(|e| RuntimeError::Template(e.to_string()))
-            .and_then(|t| if t.len() > MAX_RENDERED_BYTES { Err(RuntimeError::Template(format!("the rendered prompt is over {MAX_RENDERED_BYTES} bytes"))) } else { Ok(t) })
+        let mut ctx = serde_json::Map::new();
+        ctx.insert("messages".into(), serde_json::to_value(turns).map_err(|e| RuntimeError::Template(e.to_string()))?);
+        ctx.insert("add_generation_prompt".into(), true.into());
+        ctx.insert("bos_token".into(), tok(self.info.bos_id).into());
+        ctx.insert("eos_token".into(), tok(self.info.eos_ids.first().copied()).into());
+        ctx.insert("tools".into(), tools.cloned().unwrap_or(serde_json::Value::Null));
+        for (k, v) in kwargs.into_iter().flatten() {
+            if ctx.contains_key(k) {
+                return Err(RuntimeError::Template(format!("chat_template_kwargs may not set `{k}` (the server sets it)")));
+            }
+            ctx.insert(k.clone(), v.clone());
+        }
+        env.get_template("chat").and_then(|t| t.render(minijinja::Value::from_serialize(&ctx))).map_err(|e| RuntimeError::Template(e.to_string())).and_then(|t| {
+            if t.len() > MAX_RENDERED_BYTES {
+                Err(RuntimeError::Template(format!("the rendered prompt is over {MAX_RENDERED_BYTES} bytes")))
+            } else {
+                Ok(t)
+            }
+        })
     }
 
     /// Token ids of a chat: the template rendered over `messages`, where special tokens count
@@ -308,8 +340,18 @@ impl Tokenizer {
 
     /// [`Tokenizer::encode_chat`] with the request's `tools` ([`Tokenizer::render_chat`]).
     pub fn encode_chat_with(&self, messages: &[(String, String)], tools: Option<&serde_json::Value>) -> Result<Vec<u32>> {
-        let plain = self.render_chat(messages, tools)?;
-        if !messages.iter().any(|(_, c)| self.specials.iter().any(|(t, _)| c.contains(t.as_str()))) {
+        self.encode_turns(&turns(messages), tools, None)
+    }
+
+    /// [`Tokenizer::encode_chat`] of structured turns ([`Tokenizer::render_turns`]). A special
+    /// token's text in a turn's other fields (past tool calls, a tool call id) is refused.
+    pub fn encode_turns(&self, turns: &[ChatTurn], tools: Option<&serde_json::Value>, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<Vec<u32>> {
+        let plain = self.render_turns(turns, tools, kwargs)?;
+        let special_in = |c: &str| self.specials.iter().any(|(t, _)| c.contains(t.as_str()));
+        if turns.iter().any(|t| t.tool_calls.as_ref().is_some_and(|c| special_in(&c.to_string())) || [&t.tool_call_id, &t.name].iter().any(|f| f.as_deref().is_some_and(special_in))) {
+            return Err(RuntimeError::Template("a tool call, tool call id or name holds a special token's text: refused".into()));
+        }
+        if !turns.iter().any(|t| t.content.as_deref().is_some_and(special_in)) {
             return self.encode(&plain);
         }
         // render again with each message's text between two private-use marks to find where
@@ -322,11 +364,11 @@ impl Tokenizer {
                     .into(),
             )
         };
-        if messages.iter().any(|(_, c)| c.contains(OPEN) || c.contains(CLOSE)) {
+        if turns.iter().any(|t| t.content.as_deref().is_some_and(|c| c.contains(OPEN) || c.contains(CLOSE))) {
             return Err(refuse());
         }
-        let marked: Vec<(String, String)> = messages.iter().map(|(r, c)| (r.clone(), format!("{OPEN}{c}{CLOSE}"))).collect();
-        let marked = self.render_chat(&marked, tools)?;
+        let marked: Vec<ChatTurn> = turns.iter().map(|t| ChatTurn { content: t.content.as_ref().map(|c| format!("{OPEN}{c}{CLOSE}")), ..t.clone() }).collect();
+        let marked = self.render_turns(&marked, tools, kwargs)?;
         // the rendering without the marks, and whether each byte is message text
         let (mut text, mut inside, mut depth) = (String::with_capacity(plain.len()), Vec::with_capacity(plain.len()), 0usize);
         for ch in marked.chars() {
