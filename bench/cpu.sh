@@ -7,6 +7,8 @@
 # usage: bench/cpu.sh [THREADS] [REPS]   (defaults: every core, 5)
 #        MODEL=kquant bench/cpu.sh ...   the K-quant kernels instead: a Q4_K_M GGUF of SmolLM2's
 #        size made by llama.cpp (bench/make_kquant.py; results named cpu-kquant-<vendor>-<date>)
+#        MODEL=q4_k_m bench/cpu.sh ...   SmolLM2 itself as llama.cpp's Q4_K_M (mostly Q5_0
+#        fallbacks; bench/make_kquant.py --requantize; cpu-q4_k_m-<vendor>-<date>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${1:-$(nproc)}"
@@ -17,6 +19,9 @@ toml=models/smollm2-135m.toml plan=.cache/plans/smollm2-135m.plan model="SmolLM2
 if [ "${MODEL:-}" = kquant ]; then
   toml=models/llama-kquant-bench.toml plan=.cache/plans/llama-kquant-bench.plan tag=cpu-kquant
   model="llama-kquant-bench Q4_K_M GGUF (bench/make_kquant.py: SmolLM2's size and tokenizer, hidden 512, random weights, quantized by llama.cpp)"
+elif [ "${MODEL:-}" = q4_k_m ]; then
+  toml=models/smollm2-135m-q4_k_m.toml plan=.cache/plans/smollm2-135m-q4_k_m.plan tag=cpu-q4_k_m
+  model="SmolLM2-135M-Instruct Q4_K_M GGUF (llama.cpp's llama_model_quantize of the Q4_1 file: 166 Q5_0, 15 Q8_0, 16 Q4_K, 14 Q6_K tensors)"
 fi
 # (built without GGML_NATIVE: a native build on a Sapphire Rapids VM dies with an illegal
 # instruction; AVX-512 where the CPU has it, else AVX2)
@@ -30,6 +35,9 @@ fi
 if [ "${MODEL:-}" = kquant ]; then
   gguf=.cache/models/llama-kquant-bench.Q4_K_M.gguf
   [ -f "$gguf" ] || python3 bench/make_kquant.py .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
+elif [ "${MODEL:-}" = q4_k_m ]; then
+  gguf=.cache/models/SmolLM2-135M-Instruct.Q4_K_M.gguf
+  [ -f "$gguf" ] || python3 bench/make_kquant.py --requantize .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
 cargo build --release -p dsc-compiler
 mkdir -p .cache/plans bench/results

@@ -9,6 +9,9 @@ depend on the values), then has llama.cpp quantize it (`llama_model_quantize`) t
 Q4_K matrices with Q6_K where llama.cpp's mix puts them.
 
 usage: make_kquant.py SMOLLM2.gguf OUT.gguf   (needs gguf, numpy, llama-cpp-python)
+       make_kquant.py --requantize SMOLLM2.gguf OUT.gguf: SmolLM2 itself as llama.cpp makes a
+       Q4_K_M of it (from the Q4_1 file, the only one here: Q5_0 where rows are not whole
+       super-blocks, Q8_0 / Q4_K / Q6_K elsewhere) — what a llama.cpp user downloads
 """
 import ctypes, os, sys, tempfile
 
@@ -16,6 +19,23 @@ import numpy as np
 import gguf
 import llama_cpp
 
+
+def quantize(src, out, allow_requantize=False):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = os.cpu_count() or 2
+    params.allow_requantize = allow_requantize
+    if llama_cpp.llama_model_quantize(src.encode(), out.encode(), ctypes.byref(params)) != 0:
+        sys.exit("llama_model_quantize failed")
+    types = {}
+    for t in gguf.GGUFReader(out).tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    print(f"wrote {out}: {os.path.getsize(out) / 1e6:.1f} MB, tensor types {types}")
+
+
+if sys.argv[1] == "--requantize":
+    quantize(sys.argv[2], sys.argv[3], allow_requantize=True)
+    sys.exit(0)
 src, out = sys.argv[1], sys.argv[2]
 H, F, L, HEADS, KV, HD = 512, 1536, 30, 8, 4, 64
 reader = gguf.GGUFReader(src)
@@ -49,14 +69,5 @@ w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_tensors_to_file()
 w.close()
-params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-params.nthread = os.cpu_count() or 2
-rc = llama_cpp.llama_model_quantize(tmp.name.encode(), out.encode(), ctypes.byref(params))
+quantize(tmp.name, out)
 os.unlink(tmp.name)
-if rc != 0:
-    sys.exit(f"llama_model_quantize failed ({rc})")
-types = {}
-for t in gguf.GGUFReader(out).tensors:
-    types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-print(f"wrote {out}: {os.path.getsize(out) / 1e6:.1f} MB, tensor types {types}")

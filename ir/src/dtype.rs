@@ -25,6 +25,12 @@ pub enum DType {
     Q4_0,
     /// GGUF Q4_1: blocks of 32, f16 scale d, f16 min m + 16 bytes of nibbles; x = d * q + m.
     Q4_1,
+    /// GGUF Q5_0: blocks of 32 (22 bytes), f16 scale d, a u32 of fifth bits (bit j: element j),
+    /// 16 bytes of nibbles as Q4_0's; x = d · (q − 16). llama.cpp's fallback for Q4_K rows that
+    /// are not whole super-blocks (most of SmolLM2-135M's Q4_K_M).
+    Q5_0,
+    /// GGUF Q5_1: as Q5_0 with an f16 min m after d (24 bytes); x = d · q + m (Q5_K_M's fallback).
+    Q5_1,
     /// GGUF Q4_K: super-blocks of 256 (144 bytes): f16 d, f16 dmin, 12 bytes of 6-bit scales
     /// and mins for 8 sub-blocks of 32, 128 bytes of nibbles; x = (d · sc) · q − dmin · m.
     Q4_K,
@@ -65,7 +71,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 18] = [
+    pub const ALL: [DType; 20] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -77,6 +83,8 @@ impl DType {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
@@ -99,6 +107,8 @@ impl DType {
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
             DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
             DType::Q4_K => "q4_k",
             DType::Q5_K => "q5_k",
             DType::Q6_K => "q6_k",
@@ -120,6 +130,8 @@ impl DType {
             DType::Q8_0 => (32, 34),
             DType::Q4_0 => (32, 18),
             DType::Q4_1 => (32, 20),
+            DType::Q5_0 => (32, 22),
+            DType::Q5_1 => (32, 24),
             DType::Q4_K => (256, 144),
             DType::Q5_K => (256, 176),
             DType::Q6_K => (256, 210),

@@ -50,6 +50,26 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
                 out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
             }
         }
+        DType::Q5_0 | DType::Q5_1 => {
+            // (llama.cpp's dequantize_row_q5_0/1: the fifth bit of element j is bit j of qh)
+            let one = dtype == DType::Q5_1;
+            for blk in bytes.chunks_exact(dtype.block().1) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let (m, at) = if one { (f16::from_le_bytes([blk[2], blk[3]]).to_f32(), 4) } else { (0.0, 2) };
+                let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+                let qs = &blk[at + 4..at + 20];
+                for half in 0..2 {
+                    out.extend(qs.iter().enumerate().map(|(j, &q)| {
+                        let v = ((q >> (4 * half)) & 0xF) as u32 | (((qh >> (j + 16 * half)) & 1) << 4);
+                        if one {
+                            d * v as f32 + m
+                        } else {
+                            d * (v as i32 - 16) as f32
+                        }
+                    }));
+                }
+            }
+        }
         DType::I4G128 => {
             for sb in bytes.chunks_exact(272) {
                 for gi in 0..4 {
@@ -390,6 +410,32 @@ pub fn encode(dtype: DType, x: &[f32]) -> Option<Vec<u8>> {
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
         }
+        DType::Q5_0 | DType::Q5_1 => {
+            // (llama.cpp's quantize_row_q5_0_ref / q5_1_ref)
+            let one = dtype == DType::Q5_1;
+            for blk in x.chunks_exact(32) {
+                let (d, base, q): (f32, f32, Box<dyn Fn(f32) -> u32>) = if one {
+                    let min = blk.iter().copied().fold(f32::INFINITY, f32::min);
+                    let max = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let d = (max - min) / 31.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    (d, min, Box::new(move |v: f32| (((v - min) * id + 0.5) as u8 as u32).min(31)))
+                } else {
+                    let max = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                    let d = max / -16.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    (d, 0.0, Box::new(move |v: f32| ((v * id + 16.5) as i8 as i32).min(31) as u32))
+                };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                if one {
+                    out.extend(f16::from_f32(base).to_le_bytes());
+                }
+                let qv: Vec<u32> = blk.iter().map(|&v| q(v)).collect();
+                let qh = (0..32).fold(0u32, |h, j| h | ((qv[j] >> 4) & 1) << j);
+                out.extend(qh.to_le_bytes());
+                out.extend((0..16).map(|j| (qv[j] & 0xF) as u8 | (((qv[j + 16] & 0xF) as u8) << 4)));
+            }
+        }
         DType::I4G128 => {
             // (Q4_1's rounding, per group of 128)
             let groups = x.chunks_exact(128).map(|g| {
@@ -500,7 +546,7 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
         DType::I8 => x.round_ties_even().clamp(-128.0, 127.0),
         DType::I4 => x.round_ties_even().clamp(-8.0, 7.0),
         DType::I32 => x.round_ties_even(),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 | DType::F8G128 | DType::F8G32 | DType::Sp24Bf16 => x,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::I4G128 | DType::F8G128 | DType::F8G32 | DType::Sp24Bf16 => x,
     }
 }
 

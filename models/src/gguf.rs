@@ -89,6 +89,8 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
         1 => DType::F16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
         8 => DType::Q8_0,
         12 => DType::Q4_K,
         13 => DType::Q5_K,
@@ -98,8 +100,6 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
         30 => DType::BF16,
         other => {
             let name = match other {
-                6 => "Q5_0",
-                7 => "Q5_1",
                 9 => "Q8_1",
                 10 => "Q2_K",
                 11 => "Q3_K",
@@ -110,7 +110,7 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
                 28 => "F64",
                 _ => "unknown",
             };
-            return Err(format!("unsupported GGUF tensor type {other} ({name}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, I8, I32"));
+            return Err(format!("unsupported GGUF tensor type {other} ({name}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, I8, I32"));
         }
     })
 }
@@ -382,6 +382,8 @@ pub fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, DTy
         DType::F16 => 1,
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
         DType::Q8_0 => 8,
         DType::Q4_K => 12,
         DType::Q5_K => 13,

@@ -101,7 +101,7 @@ pub fn prune(config: &ModelConfig, spec: &SparsitySpec, graph: &Graph, ws: &mut 
         let t = &ws.tensors[name];
         let kind = LayerKind::of(name, tied).expect("chosen by kind");
         if config.policy.format_for(Some(kind)).quantized()
-            || !matches!(t.dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K)
+            || !matches!(t.dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K)
         {
             return Err(terr(name, format!("{} weights with {}:{} sparsity: a sparse layer keeps 16-bit values (its `precision.weights` must be stored, f32, bf16 or f16)", t.dtype, spec.n, spec.m)));
         }

@@ -2,8 +2,8 @@
 //! - the same weights as HF safetensors (rotate_half RoPE) and as GGUF (llama.cpp's permuted
 //!   Q/K, interleaved RoPE) give the same logits;
 //! - sharded safetensors (model.safetensors.index.json) load like one file;
-//! - GGUF K-quant weights (Q4_K, Q5_K, Q6_K) run as their dequantized values, on the executor
-//!   and on the compiled CPU kernels;
+//! - GGUF K-quant weights (Q4_K, Q5_K, Q6_K, and their fallbacks Q5_0, Q5_1) run as their
+//!   dequantized values, on the executor and on the compiled CPU kernels;
 //! - prefill in one step == token by token == two sequences batched in one step.
 
 use dsc_ir::{DType, Executor};
@@ -31,7 +31,8 @@ fn safetensors_and_gguf_of_the_same_weights_agree() {
     }
 }
 
-/// A GGUF of K-quant matrices (hidden 256: K-quants take rows of whole 256-value super-blocks)
+/// A GGUF of K-quant matrices (hidden 256: K-quants take rows of whole 256-value super-blocks;
+/// and of Q5_0 / Q5_1, llama.cpp's fallbacks for rows that are not)
 /// gives the logits of the same file with those matrices stored dequantized as f32: the CPU
 /// executor reads the packed blocks as `quant::decode` does (equal to the `gguf` package's,
 /// ir/tests/kquants.rs), and so do the plan's compiled x86-64 kernels, which read the
@@ -77,7 +78,7 @@ fn k_quant_ggufs_run_as_their_dequantized_weights() {
         ("blk.0.ffn_norm.weight".into(), DType::F32, vec![h], dsc_ir::quant::encode(DType::F32, &vec![1.0; h]).unwrap()),
         ("output_norm.weight".into(), DType::F32, vec![h], dsc_ir::quant::encode(DType::F32, &vec![1.0; h]).unwrap()),
     ];
-    for dt in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    for dt in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0, DType::Q5_1] {
         let (mut packed, mut widened) = (plain.clone(), plain.clone());
         for ((name, shape), x) in mats.iter().zip(&values) {
             let b = dsc_ir::quant::encode(dt, x).unwrap();

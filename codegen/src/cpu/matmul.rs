@@ -1,8 +1,10 @@
 //! The CPU matmul family: `y[i, j] = sum_k x[i, k] · W[j, k]` for output columns `n0..n1`,
-//! W read packed — GGUF Q4_0 blocks, f16, bf16 or f32 rows as stored; Q4_1 and Q8_0 in the CPU
-//! layout `dsc_ir::quant::cpu_layout` makes of them at load (a row's quants, then its f32
-//! scales, then (Q4_1) its f32 minima) — and widened to f32 in registers, 16 lanes at a time (one zmm
-//! on AVX-512; two ymm on AVX2, where LLVM splits the vectors).
+//! W read packed — GGUF Q4_0 / Q5_0 / Q5_1 blocks and the K-quants' super-blocks, f16, bf16 or
+//! f32 rows as stored; Q4_1 and Q8_0 in the CPU layout `dsc_ir::quant::cpu_layout` makes of
+//! them at load (a row's quants, then its f32 scales, then (Q4_1) its f32 minima) — and widened
+//! to f32 in registers, 16 lanes at a time (one zmm on AVX-512; two ymm on AVX2, where LLVM
+//! splits the vectors). The K-quants' gemv is its own (`emit_gemv_k`: a super-block decoded
+//! once, its scales in vectors).
 //!
 //! Two functions per weight type, same C signature
 //! `(x: *const f32, w: *const u8, y: *mut f32, scratch: *mut f32, m, k, n0, n1, ldy: i64)`:
@@ -21,7 +23,7 @@ use dsc_ir::DType;
 use std::fmt::Write;
 
 /// The weight types the family reads packed.
-pub const DTYPES: [DType; 9] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+pub const DTYPES: [DType; 11] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K];
 
 /// Elements of the unit a weight row is read in: a 32-element block, or a K-quant's
 /// 256-element super-block.
@@ -100,6 +102,45 @@ fn q4_1_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, Strin
     let pm = f.gep(&pd, nb, "f32");
     let m = f.load(&pm, "f32", 4);
     (lf, hf, d, m)
+}
+
+/// Block `b` of a GGUF Q5_0 / Q5_1 row as stored (22 / 24 bytes: f16 d, (Q5_1) f16 m, a u32 of
+/// fifth bits — bit j element j's —, 16 nibble bytes): (elements 0..16 and 16..32 as 5-bit
+/// values in f32, d, and the offset each value adds: Q5_0 −16·d, Q5_1 m), so that a value is
+/// d·q + offset. (The gemv widens them: taking the offset apart as Q4_1's `m · Σx` measured
+/// the same on SmolLM2's Q4_K_M, whose Q5_0 cost is the fifth bits.)
+fn q5_block(f: &mut F, dtype: DType, row: &str, b: &str) -> (String, String, String, String) {
+    let one = dtype == DType::Q5_1;
+    let bb = f.c64(block_bytes(dtype) as i64);
+    let off = f.mul(b, &bb);
+    let p = f.gep(row, &off, "i8");
+    let d = f16_at(f, &p, 0);
+    let m = if one {
+        f16_at(f, &p, 2)
+    } else {
+        let c = f.op("arith.constant -16.0 : f32");
+        f.op(format!("arith.mulf {c}, {d} : f32"))
+    };
+    let at = if one { 4 } else { 2 };
+    let (cq, cs) = (f.c64(at), f.c64(at + 4));
+    let (pqh, pq) = (f.gep(&p, &cq, "i8"), f.gep(&p, &cs, "i8"));
+    let qh = f.load(&pqh, "i32", 1);
+    let qhv = f.op(format!("vector.broadcast {qh} : i32 to vector<16xi32>"));
+    let (one1, four) = (f.op("arith.constant dense<1> : vector<16xi32>"), f.op("arith.constant dense<4> : vector<16xi32>"));
+    let qs = f.load(&pq, "vector<16xi8>", 1);
+    let q32 = f.op(format!("arith.extui {qs} : vector<16xi8> to vector<16xi32>"));
+    let mut halves = vec![];
+    for half in 0..2 {
+        let nib = bits(f, &q32, 4 * half, 15);
+        let lanes: Vec<String> = (0..16).map(|j| (j + 16 * half).to_string()).collect();
+        let sh = f.op(format!("arith.constant dense<[{}]> : vector<16xi32>", lanes.join(", ")));
+        let hb = f.op(format!("arith.shrui {qhv}, {sh} : vector<16xi32>"));
+        let hb = f.op(format!("arith.andi {hb}, {one1} : vector<16xi32>"));
+        let hb = f.op(format!("arith.shli {hb}, {four} : vector<16xi32>"));
+        let q = f.op(format!("arith.ori {nib}, {hb} : vector<16xi32>"));
+        halves.push(f.op(format!("arith.sitofp {q} : vector<16xi32> to {V}")));
+    }
+    (halves[0].clone(), halves[1].clone(), d, m)
 }
 
 /// SSA-name generator and text sink for one function.
@@ -203,6 +244,13 @@ fn widen(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> (String, Stri
             let (lf, hf, d) = q8_0_block(f, row, nb, b);
             let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
             (f.op(format!("arith.mulf {dv}, {lf} : {V}")), f.op(format!("arith.mulf {dv}, {hf} : {V}")))
+        }
+        DType::Q5_0 | DType::Q5_1 => {
+            // Q5_0 d·(q − 16), Q5_1 d·q + m
+            let (lf, hf, d, m) = q5_block(f, dtype, row, b);
+            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+            let mv = f.op(format!("vector.broadcast {m} : f32 to {V}"));
+            (f.op(format!("vector.fma {dv}, {lf}, {mv} : {V}")), f.op(format!("vector.fma {dv}, {hf}, {mv} : {V}")))
         }
         DType::Q4_0 => {
             // d·(q − 8)
