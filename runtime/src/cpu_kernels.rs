@@ -13,6 +13,7 @@ use crate::plan::Plan;
 use base64::Engine as _;
 use dsc_ir::{DType, PackedMatMul};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `(x, w, y, scratch, m, k, n0, n1, ldy)` — `dsc_codegen::cpu::matmul`'s signature.
 type Kernel = unsafe extern "C" fn(*const f32, *const u8, *mut f32, *mut f32, i64, i64, i64, i64, i64);
@@ -122,8 +123,28 @@ impl Out {
 
 impl PackedMatMul for CpuKernels {
     fn on_workers(&self, step: &mut (dyn FnMut() + Send)) {
-        // (the step runs on a worker; its matmuls' runs go to the others and this one)
-        self.pool.install(step)
+        // The step runs on a worker; its matmuls' runs go to the others and this one. The other
+        // workers spin through the step instead of sleeping between hand-offs (a decode step
+        // has ~5 a layer, and waking a parked worker costs microseconds each): each runs a job
+        // that takes whatever the pool has (`yield_now`) until the step ends. (A spinner that
+        // lands on the step's own worker, while it waits inside a hand-off, returns at once.)
+        let active = AtomicBool::new(true);
+        self.pool.install(|| {
+            let me = rayon::current_thread_index();
+            rayon::scope(|s| {
+                for _ in 1..self.threads {
+                    s.spawn(|_| {
+                        while active.load(Ordering::Acquire) && rayon::current_thread_index() != me {
+                            if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    });
+                }
+                step();
+                active.store(false, Ordering::Release);
+            })
+        })
     }
 
     fn takes(&self, dtype: DType, n: usize, k: usize) -> bool {
