@@ -39,6 +39,8 @@ json.dump([{'name': '$name', 'prompt_ids': r['prompt'], 'greedy_ids': r['greedy'
   printf '[model]\nname = "v3-tiny"\narchitecture = "deepseek"\n\n[weights]\nformat = "safetensors"\npath = "%s"\n\n[limits]\nmax_seq_len = 64\nkv_block_size = 4\nmax_batch = 4\n\n[precision]\nweights = "bf16"\nactivations = "f32"\n' \
     "$PWD/tests/fixtures/deepseek/v3-tiny" > .cache/ds-v3-tiny-bf16w.toml
   ./target/release/dsc compile .cache/ds-v3-tiny-bf16w.toml -o $D/v3-tiny-bf16w.plan
+  # (and without the shared-expert slots, to tell them apart from the rest of the bf16 path)
+  DSC_MOE_SHARED=0 ./target/release/dsc compile .cache/ds-v3-tiny-bf16w.toml -o $D/v3-tiny-bf16w-noshared.plan
   for m in v2-lite-2layer v2-lite v3-4layer; do
     ./target/release/dsc compile models/deepseek-$m-seeded.toml -o $D/$m.plan
   done
@@ -77,8 +79,10 @@ fi
 if [[ " $stages " == *" decode "* ]]; then
   $D/dsc-runtime gpu-decode $D/v2-lite-2layer.plan --prompt-len 16 --steps 64 --cpu-check-steps 3 --json "$out/ds-decode-v2-lite-2layer.json" 2>&1 | tail -6
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  $D/dsc-runtime gpu-decode $D/v3-tiny-bf16w.plan --prompt-len 8 --steps 32 --cpu-check-steps 8 --json "$out/ds-decode-v3-tiny-bf16w.json" 2>&1 | tail -4
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  for p in v3-tiny-bf16w v3-tiny-bf16w-noshared; do
+    $D/dsc-runtime gpu-decode $D/$p.plan --prompt-len 8 --steps 32 --cpu-check-steps 8 --json "$out/ds-decode-$p.json" 2>&1 | tail -4
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
 fi
 if [[ " $stages " == *" bench "* ]]; then
   for m in ${BENCH_MODELS:-v2-lite}; do

@@ -220,7 +220,8 @@ pub fn run(dir: &Path, target: &str) -> anyhow::Result<Vec<CaseResult>> {
             let buf = ins.get(*i).with_context(|| format!("{}: written input {i} out of range", c.name))?;
             let bytes = stream.clone_dtoh(buf)?;
             let got = decode(&bytes, &c.inputs[*i].dtype)?;
-            let r = rel_of(&got, &f32s(&data, a)?);
+            // (the expected values in their own dtype: a router's u32 counters are i32 arrays)
+            let r = rel_of(&got, &decode(bytes_of(&data, a)?, &a.dtype)?);
             rel = if r.is_nan() { r } else { rel.max(r) };
         }
         // timing: CUDA events around repeated launches after warm-up, median of 20

@@ -2,7 +2,6 @@
 //! experts' kernels.
 
 use super::*;
-use crate::kernels::GROUPED_MIN_ROWS;
 use dsc_ir::NodeId;
 
 /// One-token steps run the shared experts inside the routed experts' two kernels, as
@@ -22,8 +21,9 @@ use dsc_ir::NodeId;
 ///   slots (route-weighted, in expert order), then the shared ones, then the residual, into the
 ///   matmul_add's buffer — the layer's output.
 ///
-/// From 2 rows everything runs as before: the per-token kernels keep their own arguments as an
-/// alternative for 2 to [`GROUPED_MIN_ROWS`] − 1 rows.
+/// From 2 rows everything runs as before: the cat's kernels stay its own (the router GEMV is
+/// its one-row alternative), and the per-token expert kernels keep their own arguments as an
+/// alternative from 2 rows, after the grouped ones (from `kernels::GROUPED_MIN_ROWS` rows).
 pub(crate) fn fuse_moe_shared(g: &Graph, steps: &mut Vec<Step>, o: &ScheduleOptions) {
     let name = |id: NodeId| g.node(id).name.clone();
     for out in g.node_ids() {
@@ -53,10 +53,11 @@ pub(crate) fn fuse_moe_shared(g: &Graph, steps: &mut Vec<Step>, o: &ScheduleOpti
         let cat_ops = g.operands(f.cat);
         let Ok(router) = matmul_step(&name(f.cat), vec![name(cat_ops[0]), name(cat_ops[1]), name(f.cat)], d, f.router, wdtype, false, false, None, o) else { continue };
         let Some(rk) = router.kernel else { continue };
-        // the per-token kernels as they were, for 2..GROUPED_MIN_ROWS - 1 rows
+        // the per-token kernels as they were from 2 rows, after the step's own alternatives
+        // (the grouped kernels from GROUPED_MIN_ROWS rows come first where they fit)
         let before = |s: &Step| Large {
             min_rows: 2,
-            max_rows: Some(GROUPED_MIN_ROWS - 1),
+            max_rows: None,
             args: Some(s.args.clone()),
             kernel: s.kernel.clone().expect("a kernel"),
             scalars: s.scalars.clone(),
@@ -64,13 +65,11 @@ pub(crate) fn fuse_moe_shared(g: &Graph, steps: &mut Vec<Step>, o: &ScheduleOpti
             grid_y: s.grid_y.clone(),
         };
         let xo = g.operands(f.experts);
+        // the cat keeps its kernels for every row count but one: the router GEMV alone at one
+        // row, the first alternative (its SwiGLU and shared down do not run there)
         let s = &mut steps[ci];
         s.keep_alternative_args();
-        s.kernel = Some(rk);
-        s.args = router.args;
-        s.scalars = router.scalars;
-        s.work = router.work;
-        s.grid_y = router.grid_y;
+        s.few.insert(0, Large { min_rows: 1, max_rows: Some(1), args: Some(router.args), kernel: rk, scalars: router.scalars, work: router.work, grid_y: router.grid_y });
         steps[si].min_rows = Some(2);
         steps[oi].min_rows = Some(2);
         let s = &mut steps[ui];
