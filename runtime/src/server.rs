@@ -1248,26 +1248,12 @@ mod tests {
 #[cfg(test)]
 mod template_tests {
     use super::*;
-    use crate::plan::PlanTokenizer;
     use serde_json::json;
 
     /// A byte-level tokenizer whose special tokens are `specials` (bos first, eos second), with
     /// the chat template `tpl`.
     fn tokenizer_with(tpl: &str, specials: &[&str]) -> Tokenizer {
-        let mut vocab: serde_json::Map<String, Value> = crate::tokenizer::byte_level_chars().iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
-        let added: Vec<Value> = specials
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                vocab.insert(m.to_string(), json!(256 + i));
-                json!({"id": 256 + i, "content": m, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-            })
-            .collect();
-        let tk = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}});
-        Tokenizer::new(&PlanTokenizer { json: tk.to_string(), bos_id: Some(256), eos_ids: vec![257], add_bos: false, chat_template: Some(tpl.into()) }).unwrap()
+        crate::tokenizer::byte_level_for_tests(specials, Some(256), vec![257], Some(tpl.into()))
     }
 
     /// The official templates' cases (tests/fixtures/chat/official/expected.json, rendered by

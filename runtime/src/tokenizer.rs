@@ -417,6 +417,27 @@ impl Tokenizer {
     }
 }
 
+/// A byte-level BPE of single bytes (GPT-2's byte map) with `specials` as special added tokens
+/// (ids 256, 257, ...), for tests.
+#[cfg(test)]
+pub(crate) fn byte_level_for_tests(specials: &[&str], bos_id: Option<u32>, eos_ids: Vec<u32>, chat_template: Option<String>) -> Tokenizer {
+    use serde_json::{json, Value};
+    let mut vocab: serde_json::Map<String, Value> = byte_level_chars().iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            vocab.insert(m.to_string(), json!(256 + i));
+            json!({"id": 256 + i, "content": m, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tk = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}});
+    Tokenizer::new(&PlanTokenizer { json: tk.to_string(), bos_id, eos_ids, add_bos: false, chat_template }).unwrap()
+}
+
 #[cfg(test)]
 mod template_tests {
     use super::*;

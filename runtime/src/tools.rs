@@ -435,26 +435,10 @@ mod tests {
     /// by token (markers by id, the rest as text).
     #[test]
     fn deepseek_v3_required_call_is_held_to_the_grammar() {
-        use crate::plan::PlanTokenizer;
         use crate::structured::{Format, Grammars};
-        // a byte-level BPE of single bytes (GPT-2's byte map), the markers and an eos as
-        // special added tokens
-        let mut vocab: serde_json::Map<String, Value> = crate::tokenizer::byte_level_chars().iter().enumerate().map(|(i, c)| (c.to_string(), json!(i))).collect();
+        // a byte-level BPE of single bytes, the markers and an eos as special added tokens
         let markers = [DS_BEGIN, DS_END, DS_CALL, DS_CALL_END, DS_SEP, "<eos>"];
-        let added: Vec<Value> = markers
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                vocab.insert(m.to_string(), json!(256 + i));
-                json!({"id": 256 + i, "content": m, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-            })
-            .collect();
-        let tk = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}});
-        let info = PlanTokenizer { json: tk.to_string(), bos_id: None, eos_ids: vec![261], add_bos: false, chat_template: None };
-        let tok = std::sync::Arc::new(crate::tokenizer::Tokenizer::new(&info).unwrap());
+        let tok = std::sync::Arc::new(crate::tokenizer::byte_level_for_tests(&markers, None, vec![261], None));
         let grammars = Grammars::new(tok.clone()).unwrap();
         let tools = parse(&body(json!({"type": "function", "function": {"name": "get_weather"}})), Parser::DeepseekV3).unwrap().unwrap();
         let g = tools.grammar(&|m| tok.token_to_id(m)).unwrap().unwrap();

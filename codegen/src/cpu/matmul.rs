@@ -462,22 +462,13 @@ fn emit_gemv_k(dtype: DType) -> String {
     if mins {
         x_block_sums(&mut f);
     }
-    let (n0, n1, m, nsbi) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"), f.idx(&nsb));
+    let nsbi = f.idx(&nsb);
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
     let c32 = f.c64(32);
     let nb32 = f.op(format!("arith.divui %k, {c32} : i64"));
     let (bb, c256, c8) = (f.c64(block_bytes(dtype) as i64), f.c64(256), f.c64(8));
-    f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
-    let j = f.i64("%j");
-    let roff = f.mul(&j, &rowb);
-    let row = f.gep("%w", &roff, "i8");
-    f.line(format!("scf.for %i = {c0} to {m} step {c1} {{"));
-    let i = f.i64("%i");
-    let xoff = f.mul(&i, "%k");
-    let xr = f.gep("%x", &xoff, "f32");
-    let soff = f.mul(&i, &nb32);
-    let sr = f.gep("%scratch", &soff, "f32");
+    let (j, row, i, xr, sr) = gemv_loops(&mut f, &rowb, &nb32);
     let zero8 = f.op("arith.constant dense<0.0> : vector<8xf32>");
     f.line(format!("%acc:3 = scf.for %u = {c0} to {nsbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms = {zero8}) -> ({V}, {V}, vector<8xf32>) {{"));
     let u = f.i64("%u");
@@ -519,12 +510,36 @@ fn emit_gemv_k(dtype: DType) -> String {
     } else {
         r
     };
-    let yo = f.mul(&i, "%ldy");
-    let yo = f.add(&yo, &j);
-    store_f32(&mut f, "%y", &yo, &r);
-    f.line("}");
-    f.line("}");
+    gemv_store(&mut f, &i, &j, &r);
     format!("  func.func @{}_gemv({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+}
+
+/// The gemv's two loops opened over columns `%n0..%n1` (the weight row at `row`, `rowb` bytes
+/// a row) and x rows (`xr`, and its x block sums `sr` in scratch, `nb` a row): (j, row, i, xr,
+/// sr). [`gemv_store`] closes them.
+fn gemv_loops(f: &mut F, rowb: &str, nb: &str) -> (String, String, String, String, String) {
+    let (n0, n1, m) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"));
+    let (c0, c1) = (f.cidx(0), f.cidx(1));
+    f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
+    let j = f.i64("%j");
+    let roff = f.mul(&j, rowb);
+    let row = f.gep("%w", &roff, "i8");
+    f.line(format!("scf.for %i = {c0} to {m} step {c1} {{"));
+    let i = f.i64("%i");
+    let xoff = f.mul(&i, "%k");
+    let xr = f.gep("%x", &xoff, "f32");
+    let soff = f.mul(&i, nb);
+    let sr = f.gep("%scratch", &soff, "f32");
+    (j, row, i, xr, sr)
+}
+
+/// y[i, j] = r, and [`gemv_loops`]' loops closed.
+fn gemv_store(f: &mut F, i: &str, j: &str, r: &str) {
+    let yo = f.mul(i, "%ldy");
+    let yo = f.add(&yo, j);
+    store_f32(f, "%y", &yo, r);
+    f.line("}");
+    f.line("}");
 }
 
 const SIG: &str = "%x: !llvm.ptr, %w: !llvm.ptr, %y: !llvm.ptr, %scratch: !llvm.ptr, %m: i64, %k: i64, %n0: i64, %n1: i64, %ldy: i64";
@@ -602,7 +617,6 @@ fn emit_gemv(dtype: DType) -> String {
     }
     let mut f = F { s: String::new(), n: 0 };
     let (nb, rowb) = prologue(&mut f, dtype);
-    let (n0, n1, m) = (f.idx("%n0"), f.idx("%n1"), f.idx("%m"));
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
     let fzero = f.op("arith.constant 0.0 : f32");
@@ -610,16 +624,7 @@ fn emit_gemv(dtype: DType) -> String {
     if split {
         x_block_sums(&mut f);
     }
-    f.line(format!("scf.for %j = {n0} to {n1} step {c1} {{"));
-    let j = f.i64("%j");
-    let roff = f.mul(&j, &rowb);
-    let row = f.gep("%w", &roff, "i8");
-    f.line(format!("scf.for %i = {c0} to {m} step {c1} {{"));
-    let i = f.i64("%i");
-    let xoff = f.mul(&i, "%k");
-    let xr = f.gep("%x", &xoff, "f32");
-    let soff = f.mul(&i, &nb);
-    let sr = f.gep("%scratch", &soff, "f32");
+    let (j, row, i, xr, sr) = gemv_loops(&mut f, &rowb, &nb);
     // (blocks in pairs, each of a pair into accumulators of its own: one FMA chain a block
     // was latency-bound, ~4 cycles a block; an odd last block after the loop)
     let c2 = f.c64(2);
@@ -653,11 +658,7 @@ fn emit_gemv(dtype: DType) -> String {
     let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
     let ms = f.op(format!("arith.addf {t}#2, %acc#5 : f32"));
     let r = f.op(format!("arith.addf {r}, {ms} : f32"));
-    let yo = f.mul(&i, "%ldy");
-    let yo = f.add(&yo, &j);
-    store_f32(&mut f, "%y", &yo, &r);
-    f.line("}");
-    f.line("}");
+    gemv_store(&mut f, &i, &j, &r);
     format!("  func.func @{}_gemv({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
 }
 
