@@ -723,9 +723,7 @@ fn chat_turns(cfg: &ServerConfig, tk: &Tokenizer, v: &Value) -> Result<(Vec<Chat
         Some(Value::Object(m)) => Some(m.clone()),
         Some(_) => return Err(ApiError::bad("`chat_template_kwargs` must be an object", Some("chat_template_kwargs"))),
     };
-    let tpl = tk.info.chat_template.as_deref().unwrap_or_default();
-    let structured = tpl.contains("tool_calls");
-    let args_as_json = tpl.chars().filter(|c| !c.is_whitespace()).collect::<String>().contains("arguments|tojson");
+    let form = tk.template_tool_calls;
     let mut turns = vec![];
     for (i, m) in msgs.iter().enumerate() {
         let role = m.get("role").and_then(|r| r.as_str());
@@ -745,15 +743,13 @@ fn chat_turns(cfg: &ServerConfig, tk: &Tokenizer, v: &Value) -> Result<(Vec<Chat
         let calls = m.get("tool_calls").and_then(|c| c.as_array()).filter(|c| !c.is_empty());
         let mut turn = ChatTurn { role: role.unwrap_or_default().to_string(), content, tool_call_id: text("tool_call_id")?, name: text("name")?, tool_calls: None };
         match (role, calls) {
-            (Some("assistant"), Some(calls)) if structured => {
+            (Some("assistant"), Some(calls)) if form.structured => {
                 let calls: Vec<Value> = calls
                     .iter()
                     .map(|c| {
                         let mut c = c.clone();
-                        if let Some(Value::String(a)) = c.pointer("/function/arguments").filter(|_| args_as_json) {
-                            if let Ok(parsed) = serde_json::from_str::<Value>(a) {
-                                c["function"]["arguments"] = parsed;
-                            }
+                        if form.arguments_as_json && c.pointer("/function/arguments").is_some() {
+                            c["function"]["arguments"] = crate::tools::call_arguments(&c["function"]);
                         }
                         c
                     })

@@ -175,6 +175,22 @@ fn turns(messages: &[(String, String)]) -> Vec<ChatTurn> {
     messages.iter().map(|(r, c)| ChatTurn { role: r.clone(), content: Some(c.clone()), ..Default::default() }).collect()
 }
 
+/// How the chat template takes an assistant's past tool calls: whether it reads `tool_calls`,
+/// and whether it writes their `arguments` with `tojson` (so wants them as objects, as
+/// transformers' templates do). Read once from the template's text.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TemplateToolCalls {
+    pub structured: bool,
+    pub arguments_as_json: bool,
+}
+
+impl TemplateToolCalls {
+    fn of(template: &str) -> Self {
+        let squeezed: String = template.chars().filter(|c| !c.is_whitespace()).collect();
+        TemplateToolCalls { structured: template.contains("tool_calls"), arguments_as_json: squeezed.contains("arguments|tojson") }
+    }
+}
+
 pub struct Tokenizer {
     tk: tokenizers::Tokenizer,
     /// the same, with special tokens encoded as plain text (for message content)
@@ -182,6 +198,7 @@ pub struct Tokenizer {
     /// special tokens' texts, longest first
     specials: Vec<(String, u32)>,
     pub info: PlanTokenizer,
+    pub template_tool_calls: TemplateToolCalls,
 }
 
 impl Tokenizer {
@@ -211,7 +228,8 @@ impl Tokenizer {
         plain.set_encode_special_tokens(true);
         let mut specials: Vec<(String, u32)> = tk.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special && !t.content.is_empty()).map(|(id, t)| (t.content, id)).collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        Ok(Tokenizer { tk, plain, specials, info: info.clone() })
+        let template_tool_calls = info.chat_template.as_deref().map(TemplateToolCalls::of).unwrap_or_default();
+        Ok(Tokenizer { tk, plain, specials, info: info.clone(), template_tool_calls })
     }
 
     /// Token ids of `text` as-is (special tokens such as `<|im_start|>` recognized), with the
@@ -346,11 +364,11 @@ impl Tokenizer {
     /// [`Tokenizer::encode_chat`] of structured turns ([`Tokenizer::render_turns`]). A special
     /// token's text in a turn's other fields (past tool calls, a tool call id) is refused.
     pub fn encode_turns(&self, turns: &[ChatTurn], tools: Option<&serde_json::Value>, kwargs: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<Vec<u32>> {
-        let plain = self.render_turns(turns, tools, kwargs)?;
         let special_in = |c: &str| self.specials.iter().any(|(t, _)| c.contains(t.as_str()));
         if turns.iter().any(|t| t.tool_calls.as_ref().is_some_and(|c| special_in(&c.to_string())) || [&t.tool_call_id, &t.name].iter().any(|f| f.as_deref().is_some_and(special_in))) {
             return Err(RuntimeError::Template("a tool call, tool call id or name holds a special token's text: refused".into()));
         }
+        let plain = self.render_turns(turns, tools, kwargs)?;
         if !turns.iter().any(|t| t.content.as_deref().is_some_and(special_in)) {
             return self.encode(&plain);
         }

@@ -134,16 +134,21 @@ impl Tools {
 
 /// The text of past calls, as the model writes them (an assistant message's `tool_calls` in the
 /// history).
+/// A call's `arguments` as a JSON value: OpenAI sends them as a JSON string (one that does not
+/// parse stays a string); a client sending an object is taken as it is.
+pub fn call_arguments(function: &Value) -> Value {
+    match &function["arguments"] {
+        Value::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
+        other => other.clone(),
+    }
+}
+
 pub fn render_calls(parser: Parser, calls: &[Value]) -> String {
     let each: Vec<String> = calls
         .iter()
         .map(|c| {
             let f = &c["function"];
-            // (arguments come as a JSON string; a client sending an object is taken as it is)
-            let args = match &f["arguments"] {
-                Value::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
-                other => other.clone(),
-            };
+            let args = call_arguments(f);
             match parser {
                 Parser::Hermes => format!("{OPEN}\n{}\n{CLOSE}", json!({"name": f["name"], "arguments": args})),
                 Parser::Llama3Json => json!({"name": f["name"], "parameters": args}).to_string(),

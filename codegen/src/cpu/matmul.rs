@@ -206,10 +206,7 @@ fn widen(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> (String, Stri
     let off = f.mul(b, &bb);
     let p = f.gep(row, &off, "i8");
     let scale = |f: &mut F, at: i64| {
-        let q = f.c64(at);
-        let pp = f.gep(&p, &q, "i8");
-        let h = f.load(&pp, "f16", 1);
-        let s = f.op(format!("arith.extf {h} : f16 to f32"));
+        let s = f16_at(f, &p, at);
         f.op(format!("vector.broadcast {s} : f32 to {V}"))
     };
     match dtype {

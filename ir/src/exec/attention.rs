@@ -216,6 +216,7 @@ fn paged_attention_in(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &
     // token of it attends to a prefix of them)
     let mut last: Vec<(usize, usize)> = vec![]; // (sequence, its token with the highest position)
     let mut count = vec![0usize; s];
+    let mut index = Vec::with_capacity(t); // each token's entry of `last`
     for ti in 0..t {
         let sq = seq.data[ti];
         if sq < 0.0 || sq as usize >= s {
@@ -223,13 +224,17 @@ fn paged_attention_in(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &
         }
         let sq = sq as usize;
         count[sq] += 1;
-        match last.iter_mut().find(|(x, _)| *x == sq) {
+        match last.iter().position(|(x, _)| *x == sq) {
             Some(e) => {
-                if pos.data[ti] > pos.data[e.1] {
-                    e.1 = ti
+                if pos.data[ti] > pos.data[last[e].1] {
+                    last[e].1 = ti
                 }
+                index.push(e);
             }
-            None => last.push((sq, ti)),
+            None => {
+                index.push(last.len());
+                last.push((sq, ti));
+            }
         }
     }
     let seqs: Vec<Seq> = last
@@ -253,7 +258,6 @@ fn paged_attention_in(q: &Tensor, kc: &Tensor, vc: &Tensor, pos: &Tensor, seq: &
             Ok(Seq { offs, kt, rows: rows.len() })
         })
         .collect::<Result<_, _>>()?;
-    let index: Vec<usize> = (0..t).map(|ti| last.iter().position(|(x, _)| *x == seq.data[ti] as usize).unwrap()).collect();
     let tokens: Vec<Token> = (0..t)
         .map(|ti| {
             let sq = &seqs[index[ti]];
