@@ -8,7 +8,8 @@ embeddings), SmolLM2's metadata and tokenizer, seeded random f16 weights (speed 
 depend on the values), then has llama.cpp quantize it (`llama_model_quantize`) to Q4_K_M:
 Q4_K matrices with Q6_K where llama.cpp's mix puts them.
 
-usage: make_kquant.py SMOLLM2.gguf OUT.gguf   (needs gguf, numpy, llama-cpp-python)
+usage: make_kquant.py SMOLLM2.gguf OUT.gguf [LAYERS]   (needs gguf, numpy, llama-cpp-python;
+       LAYERS 30 by default — scripts/gpu-kquant.sh checks a 6-layer one on the GPU)
        make_kquant.py --requantize SMOLLM2.gguf OUT.gguf: SmolLM2 itself as llama.cpp makes a
        Q4_K_M of it (from the Q4_1 file, the only one here: Q5_0 where rows are not whole
        super-blocks, Q8_0 / Q4_K / Q6_K elsewhere) — what a llama.cpp user downloads
@@ -37,7 +38,7 @@ if sys.argv[1] == "--requantize":
     quantize(sys.argv[2], sys.argv[3], allow_requantize=True)
     sys.exit(0)
 src, out = sys.argv[1], sys.argv[2]
-H, F, L, HEADS, KV, HD = 512, 1536, 30, 8, 4, 64
+H, F, L, HEADS, KV, HD = 512, 1536, int(sys.argv[3]) if len(sys.argv) > 3 else 30, 8, 4, 64
 reader = gguf.GGUFReader(src)
 vocab = int(reader.fields["llama.vocab_size"].contents())
 override = {

@@ -560,6 +560,7 @@ impl Body {
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => gguf_block_elem(self, ptr, e, dtype),
             DType::I4G128 => i4g128_elem(self, ptr, e),
             DType::F8G128 => f8g128_elem(self, ptr, e),
+            d if kquant_dtype(d) => kquant_elem(self, ptr, e, d),
             other => return Err(weight_elem_fits(other).expect_err("not a weight type the kernels read")),
         })
     }

@@ -54,8 +54,8 @@ pub(crate) fn elementwise_fits(spec: &KernelSpec) -> Result<(), String> {
         KernelSpec::Transpose { perm } if perm.is_empty() || perm.len() > 4 => Err(format!("transpose of rank {} is not lowered (1..=4)", perm.len())),
         KernelSpec::Gather { d, dtype } => {
             weight_elem_fits(*dtype)?;
-            if dtype.is_packed() && d % 32 != 0 {
-                return Err(format!("gather from {dtype} needs D a multiple of 32, got {d}"));
+            if dtype.is_packed() && d % dtype.block().0 != 0 {
+                return Err(format!("gather from {dtype} needs D a multiple of {}, got {d}", dtype.block().0));
             }
             Ok(())
         }

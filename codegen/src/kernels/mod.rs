@@ -224,6 +224,7 @@ impl Body {
 pub(crate) fn weight_elem_fits(dtype: DType) -> Result<(), String> {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128 | DType::F8G128 => Ok(()),
+        d if kquant_dtype(d) => Ok(()),
         other => Err(format!("{other} weights are not lowered yet")),
     }
 }

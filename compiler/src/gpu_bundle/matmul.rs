@@ -951,3 +951,84 @@ pub(super) fn packed(cx: &mut Cx, wdtype: DType) -> anyhow::Result<()> {
     cx.specs.push(spec);
     Ok(())
 }
+
+/// GGUF's K-quants and 5-bit blocks (`kernels::matmul::kquant`): the one-row decode GEMV at 1
+/// and 3 rows, the tensor-core kernels staging them through `weight_elem` (mma.sync; wgmma 16
+/// and 64 columns), and the embedding gather — against the CPU executor's decoding (`quant::
+/// decode`, equal to the `gguf` package's). K = 512: two super-blocks a row, so Q6_K's
+/// 210-byte super-blocks sit at 2-byte aligned offsets in every other one.
+pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
+    let (k, n) = (512usize, 256usize);
+    for wdtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0, DType::Q5_1] {
+        let wf = cx.r.vec(n * k, -0.1, 0.1);
+        let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+        let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+        let warr = cx.data.push_u8(&wb);
+        let mut specs = vec![(KernelSpec::MatMul { k, n, wdtype, bias: false, residual: false }, vec![1usize, 3], 1e-4, "matmul")];
+        specs.push((KernelSpec::MatMulMma { k, n, wdtype, bias: false, residual: false }, vec![20], 1e-2, "mma"));
+        for (n_tile, m) in [(16usize, 5usize), (64, 70)] {
+            specs.push((KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, residual: false, n_tile }, vec![m], 1e-2, if n_tile == 16 { "wgmma16" } else { "wgmma64" }));
+        }
+        for (spec, ms, tol, what) in specs {
+            for m in ms {
+                let x = cx.r.vec(m * k, -1.0, 1.0);
+                let src =
+                    format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+                let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+                let (g, b) = grid(&spec.launch(), n);
+                let one_row = matches!(spec, KernelSpec::MatMul { .. });
+                cx.cases.push(Case {
+                    name: format!("{what} {m}x{k}x{n} {wdtype}"),
+                    kernel: spec.symbol(),
+                    grid: g,
+                    grid_y: if one_row { m as u32 } else { grid_rows(&spec.launch(), m) },
+                    block: b,
+                    inputs: vec![cx.data.push(&x), warr.clone()],
+                    scalars: if one_row { vec![n as i64] } else { vec![m as i64, n as i64] },
+                    expected: cx.data.push(&want),
+                    init: None,
+                    written_inputs: vec![],
+                    tmaps: vec![],
+                    tol,
+                    cluster: None,
+                });
+            }
+            cx.specs.push(spec);
+        }
+        // the embedding gather: rows 0, the last and random ones of the [n, k] table
+        let t = 11usize;
+        let idx: Vec<i32> = (0..t)
+            .map(|i| {
+                if i == 0 {
+                    0
+                } else if i == 1 {
+                    n as i32 - 1
+                } else {
+                    (cx.r.vec(1, 0.0, n as f32)[0] as i32).min(n as i32 - 1)
+                }
+            })
+            .collect();
+        let wst: Weights = HashMap::from([("table".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+        let src = format!("graph \"k\" {{\n  %idx = input : i32[{t}]\n  %table = weight : {wdtype}[{n}, {k}]\n  %y = gather(%table, %idx) : f32[{t}, {k}]\n  output y = %y\n}}\n");
+        let want = reference(&src, vec![("idx", Tensor::from_i32(vec![t], &idx))], &wst)?;
+        let spec = KernelSpec::Gather { d: k, dtype: wdtype };
+        let (g, b) = grid(&spec.launch(), t * k);
+        cx.cases.push(Case {
+            name: format!("gather {t}x{k} {wdtype}"),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: 1,
+            block: b,
+            inputs: vec![warr.clone(), cx.data.push_i32(&idx)],
+            scalars: vec![(t * k) as i64],
+            expected: cx.data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-6,
+            cluster: None,
+        });
+        cx.specs.push(spec);
+    }
+    Ok(())
+}

@@ -216,6 +216,7 @@ pub fn write_bundle_only(dir: &Path, seed: u64, only: &[String], opts: &dsc_code
     elementwise::seeded_f8g128(&mut cx)?;
     matmul::packed(&mut cx, DType::F8G128)?;
     fp8::cases(&mut cx)?;
+    matmul::kquant(&mut cx)?;
     let Cx { mut data, mut cases, mut specs, .. } = cx;
     if !only.is_empty() {
         let keep = |k: &str| only.iter().any(|o| k.contains(o.as_str()));

@@ -60,6 +60,7 @@ pub(crate) fn gemv_launch(spec: &KernelSpec) -> Launch {
             Launch::OutputsPerBlock { outputs: 16 * a as u32, rows: *rows as u32, warps: w as u32 }
         }
         KernelSpec::MatMulFew { k, n, rows, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, *n, *rows).0 as u32, rows: *rows as u32, warps: GEMV_WARPS as u32 },
+        KernelSpec::MatMul { wdtype, .. } if kquant_dtype(*wdtype) => kquant_launch(),
         KernelSpec::MatMul { .. } => Launch::WarpPerOutput { warps_per_block: 4 },
         // (half of a GEMV block's outputs: the other half are the up rows)
         KernelSpec::SwiGluGemv { k, f, .. } => Launch::OutputsPerBlock { outputs: gemv_tiling(*k, 2 * *f, 1).0 as u32 / 2, rows: 1, warps: GEMV_WARPS as u32 },
@@ -732,6 +733,7 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             fits_in(inner, Outer { norm: true, ..o })
         }
         KernelSpec::MatMul { k, n, wdtype, .. } if plain_float(wdtype) || *wdtype == DType::Q4_1 => gemv_body_fits(*k, *n, *wdtype, 1, o, false),
+        KernelSpec::MatMul { k, wdtype, .. } if kquant_dtype(*wdtype) => kquant_fits(*k, *wdtype),
         KernelSpec::MatMul { k, wdtype, .. } => {
             if k % 32 != 0 {
                 return Err(format!("matmul needs K a multiple of 32, got {k}"));
@@ -849,6 +851,10 @@ pub(crate) fn gemv_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Str
                 emit_gemv_mma(b, *k, *wdtype, *bias, *residual, false)?;
             }
             matmul_params(*bias, *residual, true)
+        }
+        KernelSpec::MatMul { k, wdtype, bias, residual, .. } if kquant_dtype(*wdtype) => {
+            emit_kquant_gemv(b, *k, *wdtype, *bias, *residual);
+            matmul_params(*bias, *residual, false)
         }
         KernelSpec::MatMul { k, n: _, wdtype, bias, residual } => {
             let nblk = k / 32;

@@ -76,7 +76,7 @@ pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
 /// Whether a tensor-core matmul generates ([`fits`]): K and the weight types each kernel
 /// takes, wgmma's column tiles of 16 or 64.
 pub(crate) fn mma_fits(spec: &KernelSpec) -> Result<(), String> {
-    let lowered = |w: &DType| matches!(w, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128 | DType::F8G128);
+    let lowered = |w: &DType| matches!(w, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::I4G128 | DType::F8G128) || kquant_dtype(*w);
     match spec {
         KernelSpec::MatMulFewX16 { k, wdtype, .. } => gemv_mma_fits(*k, *wdtype),
         KernelSpec::MatMulMma { k, wdtype, .. } => {

@@ -1,4 +1,5 @@
-//! The matmul kernel families: the decode GEMVs (`gemv`), the int4 GEMV on the tensor cores
+//! The matmul kernel families: the decode GEMVs (`gemv`; GGUF's K-quant and 5-bit blocks in
+//! `kquant`), the int4 GEMV on the tensor cores
 //! (`int4`, dsc's i4g128 weights), the tensor-core matmuls on mma.sync and wgmma (`mma`), the pipelined Hopper matmul with its TMA, warp-specialized,
 //! split-K and SwiGLU variants (`pipe`), and what they share (`common`).
 //!
@@ -18,12 +19,14 @@
 
 mod common;
 mod gemv;
+mod kquant;
 mod mma;
 mod packed;
 mod pipe;
 
 pub use common::*;
 pub use gemv::*;
+pub use kquant::*;
 pub use mma::*;
 pub use packed::*;
 pub use pipe::*;

@@ -1,0 +1,495 @@
+//! GGUF's K-quants (Q4_K, Q5_K, Q6_K: 256-value super-blocks) and 5-bit blocks (Q5_0, Q5_1:
+//! blocks of 32) on the GPU, read as stored — the formats of the GGUF files people download
+//! (a Q4_K_M is Q4_K and Q6_K, with Q5_0 where rows are not whole super-blocks).
+//!
+//! - [`kquant_elem`]: one value at a flat element index, as f32 — what the gathers (embedding
+//!   rows) and the tensor-core kernels' weight staging (`Body::weight_elem`) read.
+//! - [`kquant_unit`]: a 32-value unit's dot product with x for the warp-per-output decode GEMV
+//!   (`KernelSpec::MatMul`, a lane per unit): Q4_K / Q5_K unit j of a super-block is its
+//!   sub-block j (d·sc_j and dmin·m_j decoded once: d·sc_j·Σq·x − dmin·m_j·Σx), Q6_K's unit is
+//!   two 16-value sub-blocks with their signed scales, Q5_0 / Q5_1 a block.
+//!
+//! Values are ggml's (`dequantize_row_q*`; the CPU executor's `dsc_ir::quant::decode`, equal to
+//! the `gguf` package's bit for bit): Q4_K d·sc·q − dmin·m (q 4 bits, +16 from the fifth bit in
+//! Q5_K), Q6_K d·sc·(q − 32) (q 6 bits: 4 from `ql`, 2 from `qh`), Q5_0 d·(q − 16), Q5_1 d·q + m.
+//! Q6_K's 210-byte and Q5_0's 22-byte blocks are only 2-byte aligned: their words load with
+//! `alignment = 2` (LLVM splits them into 16-bit loads).
+
+use crate::kernels::*;
+
+/// Warps per block of the K-quant decode GEMV, and the output rows each warp computes (x's 32
+/// values of a unit loaded once for all of them).
+pub const KQ_WARPS: usize = 4;
+pub const KQ_OUTPUTS_PER_WARP: usize = 4;
+
+/// How the runtime launches the K-quant decode GEMV: 16 outputs a block, a block per x row.
+pub(crate) fn kquant_launch() -> Launch {
+    Launch::OutputsPerBlock { outputs: (KQ_WARPS * KQ_OUTPUTS_PER_WARP) as u32, rows: 1, warps: KQ_WARPS as u32 }
+}
+
+/// The decode GEMV over K-quant / 5-bit weights (`KernelSpec::MatMul`): y[row, n] = x[row] ·
+/// W[n] for the block's 16 outputs, a warp per 4 of them; lane l takes the 32-value units l,
+/// l + 32, ... of K, loads x's values there once (f32, and their sum) and dots them with the
+/// unit in each of its 4 rows ([`kquant_unit`]); warp sums, lane 0 stores.
+pub(crate) fn emit_kquant_gemv(b: &mut Body, k: usize, dtype: DType, bias: bool, residual: bool) {
+    let r = KQ_OUTPUTS_PER_WARP;
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, row, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&warp));
+    let c0 = bin64(b, "muli", &bx64, (KQ_WARPS * r) as i64);
+    let w0 = bin64(b, "muli", &warp64, r as i64);
+    let col0 = b.op(&format!("arith.addi {c0}, {w0} : i64"));
+    let nlast = bin64(b, "subi", "%n", 1);
+    // (rows past N read the last row, and are not stored)
+    let cols: Vec<String> = (0..r)
+        .map(|i| {
+            let c = addc(b, &col0, i as i64);
+            b.op(&format!("arith.minsi {c}, {nlast} : i64"))
+        })
+        .collect();
+    let units = k / 32;
+    let zero = b.cf32(0.0);
+    let (res, u, accs) = (b.v(), b.v(), (0..r).map(|_| b.v()).collect::<Vec<_>>());
+    let hi = b.op(&format!("arith.constant {units} : index"));
+    let st = b.op("arith.constant 32 : index");
+    let tys = vec!["f32"; r].join(", ");
+    b.line(&format!("{res}:{r} = scf.for {u} = {lane} to {hi} step {st} iter_args({}) -> ({tys}) {{", accs.iter().map(|a| format!("{a} = {zero}")).collect::<Vec<_>>().join(", ")));
+    let u64 = b.idx64(&u);
+    // x's 32 values of the unit (rows 128-byte aligned: K % 32 == 0), and their sum
+    let xe = bin64(b, "muli", &row, k as i64);
+    let ue = bin64(b, "muli", &u64, 32);
+    let xe = b.op(&format!("arith.addi {xe}, {ue} : i64"));
+    let xbyte = bin64(b, "muli", &xe, 4);
+    let xs = b.load_f32s("%x", &xbyte, 32);
+    let mut s4 = vec![zero.clone(); 4];
+    for (e, x) in xs.iter().enumerate() {
+        s4[e % 4] = b.op(&format!("arith.addf {}, {x} : f32", s4[e % 4]));
+    }
+    let sx = b.sum4(&s4);
+    let next: Vec<String> = (0..r)
+        .map(|i| {
+            let p = kquant_unit(b, dtype, k, &cols[i], &u64, &xs, &sx);
+            b.op(&format!("arith.addf {}, {p} : f32", accs[i]))
+        })
+        .collect();
+    b.line(&format!("scf.yield {} : {tys}", next.join(", ")));
+    b.line("}");
+    let lane32 = b.op(&format!("arith.index_cast {lane} : index to i32"));
+    let parts: Vec<String> = (0..r).map(|i| format!("{res}#{i}")).collect();
+    let totals = b.warp_sums(&parts, &lane32);
+    let z = b.op("arith.constant 0 : index");
+    let first = b.op(&format!("arith.cmpi eq, {lane}, {z} : index"));
+    b.line(&format!("scf.if {first} {{"));
+    for (i, tot) in totals.iter().enumerate() {
+        let c = addc(b, &col0, i as i64);
+        let ok = b.op(&format!("arith.cmpi slt, {c}, %n : i64"));
+        b.line(&format!("scf.if {ok} {{"));
+        b.matmul_store(tot, &row, &c, bias, residual);
+        b.line("}");
+    }
+    b.line("}");
+}
+
+/// The formats of this file.
+pub fn kquant_dtype(d: DType) -> bool {
+    matches!(d, DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q5_0 | DType::Q5_1)
+}
+
+/// What the K-quant decode GEMV takes: rows of whole blocks (super-blocks of 256 for the K-quants).
+pub(crate) fn kquant_fits(k: usize, wdtype: DType) -> Result<(), String> {
+    if !kquant_dtype(wdtype) {
+        return Err(format!("{wdtype} is not a K-quant or 5-bit GGUF format"));
+    }
+    let per = wdtype.block().0;
+    if k == 0 || k % per != 0 {
+        return Err(format!("{wdtype} rows are whole blocks of {per} values, got K = {k}"));
+    }
+    Ok(())
+}
+
+fn addc(b: &mut Body, a: &str, c: i64) -> String {
+    if c == 0 {
+        return a.to_string();
+    }
+    let c = b.ci64(c);
+    b.op(&format!("arith.addi {a}, {c} : i64"))
+}
+
+fn bin64(b: &mut Body, op: &str, a: &str, c: i64) -> String {
+    let c = b.ci64(c);
+    b.op(&format!("arith.{op} {a}, {c} : i64"))
+}
+
+fn bin32(b: &mut Body, op: &str, a: &str, c: i64) -> String {
+    let c = b.op(&format!("arith.constant {c} : i32"));
+    b.op(&format!("arith.{op} {a}, {c} : i32"))
+}
+
+/// `(v >> s) & mask` on i32, `s` an i32 value
+fn field(b: &mut Body, v: &str, s: &str, mask: i64) -> String {
+    let sh = b.op(&format!("arith.shrui {v}, {s} : i32"));
+    bin32(b, "andi", &sh, mask)
+}
+
+/// i64 index as the i32 shift amount
+fn shift32(b: &mut Body, v: &str) -> String {
+    b.op(&format!("arith.trunci {v} : i64 to i32"))
+}
+
+fn u2f(b: &mut Body, v: &str) -> String {
+    b.op(&format!("arith.uitofp {v} : i32 to f32"))
+}
+
+fn s2f(b: &mut Body, v: &str) -> String {
+    b.op(&format!("arith.sitofp {v} : i32 to f32"))
+}
+
+/// the signed byte (bits 0..8 of `v`, i32) as f32
+fn i8f(b: &mut Body, v: &str) -> String {
+    let t = b.op(&format!("arith.trunci {v} : i32 to i8"));
+    let w = b.op(&format!("arith.extsi {t} : i8 to i32"));
+    s2f(b, &w)
+}
+
+/// Q4_K / Q5_K sub-block `j`'s (scale, min) as 6-bit i32 from the 12 scale bytes' words
+/// `s = [s0..3, s4..7, s8..11]` (`dsc_ir::quant`'s `k_scale_min`): j < 4 the low 6 bits of bytes
+/// j and j + 4; else the nibbles of byte j + 4 with the top bits of bytes j − 4 and j.
+fn k_scale_min(b: &mut Body, s: &[String; 3], j: &str) -> (String, String) {
+    let j4 = bin64(b, "remui", j, 4);
+    let sh = bin64(b, "muli", &j4, 8);
+    let sh = shift32(b, &sh);
+    let a = field(b, &s[0], &sh, 0xFF);
+    let bb = field(b, &s[1], &sh, 0xFF);
+    let c = field(b, &s[2], &sh, 0xFF);
+    let lo_sc = bin32(b, "andi", &a, 63);
+    let lo_mn = bin32(b, "andi", &bb, 63);
+    let hi_sc = {
+        let n = bin32(b, "andi", &c, 0xF);
+        let t = bin32(b, "shrui", &a, 2);
+        let t = bin32(b, "andi", &t, 0x30);
+        b.op(&format!("arith.ori {n}, {t} : i32"))
+    };
+    let hi_mn = {
+        let n = bin32(b, "shrui", &c, 4);
+        let t = bin32(b, "shrui", &bb, 2);
+        let t = bin32(b, "andi", &t, 0x30);
+        b.op(&format!("arith.ori {n}, {t} : i32"))
+    };
+    let c4 = b.ci64(4);
+    let low = b.op(&format!("arith.cmpi ult, {j}, {c4} : i64"));
+    let sc = b.op(&format!("arith.select {low}, {lo_sc}, {hi_sc} : i32"));
+    let mn = b.op(&format!("arith.select {low}, {lo_mn}, {hi_mn} : i32"));
+    (sc, mn)
+}
+
+/// One value of a K-quant / 5-bit weight at flat element `e` (i64) of `ptr`, as f32.
+pub(crate) fn kquant_elem(b: &mut Body, ptr: &str, e: &str, dtype: DType) -> String {
+    let (per, bytes) = dtype.block();
+    let blk = bin64(b, "divui", e, per as i64);
+    let r = bin64(b, "remui", e, per as i64);
+    let base = bin64(b, "muli", &blk, bytes as i64);
+    let byte = |b: &mut Body, off: &str| b.u8_at_byte(ptr, off);
+    match dtype {
+        DType::Q5_0 | DType::Q5_1 => {
+            let one = dtype == DType::Q5_1;
+            let d = b.f16_at_byte(ptr, &base);
+            let at = if one { 4 } else { 2 };
+            // the fifth bit: bit r of qh (byte r / 8, bit r % 8)
+            let qhb = bin64(b, "divui", &r, 8);
+            let o = addc(b, &base, at);
+            let o = b.op(&format!("arith.addi {o}, {qhb} : i64"));
+            let hb = byte(b, &o);
+            let bit = bin64(b, "remui", &r, 8);
+            let bit = shift32(b, &bit);
+            let h = field(b, &hb, &bit, 1);
+            let h = bin32(b, "shli", &h, 4);
+            // the nibble: byte r % 16 of qs, high half for r >= 16
+            let jm = bin64(b, "remui", &r, 16);
+            let o = addc(b, &base, at + 4);
+            let o = b.op(&format!("arith.addi {o}, {jm} : i64"));
+            let qb = byte(b, &o);
+            let half = bin64(b, "divui", &r, 16);
+            let sh = bin64(b, "muli", &half, 4);
+            let sh = shift32(b, &sh);
+            let q = field(b, &qb, &sh, 0xF);
+            let q = b.op(&format!("arith.ori {q}, {h} : i32"));
+            let qf = u2f(b, &q);
+            if one {
+                let mo = addc(b, &base, 2);
+                let m = b.f16_at_byte(ptr, &mo);
+                b.op(&format!("llvm.intr.fma({d}, {qf}, {m}) : (f32, f32, f32) -> f32"))
+            } else {
+                let c16 = b.cf32(16.0);
+                let q16 = b.op(&format!("arith.subf {qf}, {c16} : f32"));
+                b.op(&format!("arith.mulf {d}, {q16} : f32"))
+            }
+        }
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let d = b.f16_at_byte(ptr, &base);
+            let o = addc(b, &base, 2);
+            let dmin = b.f16_at_byte(ptr, &o);
+            let j = bin64(b, "divui", &r, 32);
+            let i = bin64(b, "remui", &r, 32);
+            let o = addc(b, &base, 4);
+            let s = b.load_vec(ptr, &o, 3, "i32", 4);
+            let (sc, mn) = k_scale_min(b, &[s[0].clone(), s[1].clone(), s[2].clone()], &j);
+            // the nibble: byte 32 (j / 2) + i of qs, high half for odd j
+            let jh = bin64(b, "divui", &j, 2);
+            let jo = bin64(b, "muli", &jh, 32);
+            let o = addc(b, &base, if five { 48 } else { 16 });
+            let o = b.op(&format!("arith.addi {o}, {jo} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {i} : i64"));
+            let qb = byte(b, &o);
+            let odd = bin64(b, "remui", &j, 2);
+            let sh = bin64(b, "muli", &odd, 4);
+            let sh = shift32(b, &sh);
+            let mut q = field(b, &qb, &sh, 0xF);
+            if five {
+                // bit j of qh byte i
+                let o = addc(b, &base, 16);
+                let o = b.op(&format!("arith.addi {o}, {i} : i64"));
+                let hb = byte(b, &o);
+                let js = shift32(b, &j);
+                let h = field(b, &hb, &js, 1);
+                let h = bin32(b, "shli", &h, 4);
+                q = b.op(&format!("arith.ori {q}, {h} : i32"));
+            }
+            let (scf, mnf, qf) = (u2f(b, &sc), u2f(b, &mn), u2f(b, &q));
+            let dj = b.op(&format!("arith.mulf {d}, {scf} : f32"));
+            let mj = b.op(&format!("arith.mulf {dmin}, {mnf} : f32"));
+            let v = b.op(&format!("arith.mulf {dj}, {qf} : f32"));
+            b.op(&format!("arith.subf {v}, {mj} : f32"))
+        }
+        DType::Q6_K => {
+            // halves of 128: ql's 64 bytes low nibbles then high; qh's 32 bytes four 2-bit fields
+            let h = bin64(b, "divui", &r, 128);
+            let rr = bin64(b, "remui", &r, 128);
+            let r64 = bin64(b, "remui", &rr, 64);
+            let h64 = bin64(b, "muli", &h, 64);
+            let o = b.op(&format!("arith.addi {base}, {h64} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {r64} : i64"));
+            let lb = byte(b, &o);
+            let q4 = bin64(b, "divui", &rr, 64);
+            let sh = bin64(b, "muli", &q4, 4);
+            let sh = shift32(b, &sh);
+            let low = field(b, &lb, &sh, 0xF);
+            let r32 = bin64(b, "remui", &rr, 32);
+            let h32 = bin64(b, "muli", &h, 32);
+            let o = addc(b, &base, 128);
+            let o = b.op(&format!("arith.addi {o}, {h32} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {r32} : i64"));
+            let hb = byte(b, &o);
+            let q2 = bin64(b, "divui", &rr, 32);
+            let sh = bin64(b, "muli", &q2, 2);
+            let sh = shift32(b, &sh);
+            let high = field(b, &hb, &sh, 3);
+            let high = bin32(b, "shli", &high, 4);
+            let q = b.op(&format!("arith.ori {low}, {high} : i32"));
+            let q = bin32(b, "subi", &q, 32);
+            let qf = s2f(b, &q);
+            let si = bin64(b, "divui", &r, 16);
+            let o = addc(b, &base, 192);
+            let o = b.op(&format!("arith.addi {o}, {si} : i64"));
+            let sb = byte(b, &o);
+            let scf = i8f(b, &sb);
+            let o = addc(b, &base, 208);
+            let d = b.f16_at_byte(ptr, &o);
+            let ds = b.op(&format!("arith.mulf {d}, {scf} : f32"));
+            b.op(&format!("arith.mulf {ds}, {qf} : f32"))
+        }
+        other => unreachable!("{other} is not a K-quant (kquant_fits)"),
+    }
+}
+
+/// Σ_i q_i x_i over a unit's values (`q` i32, `xs` f32), as four partial sums
+fn dots(b: &mut Body, q: &[String], xs: &[String], signed: bool) -> Vec<String> {
+    let zero = b.cf32(0.0);
+    let mut sq = vec![zero; 4];
+    for (e, (qe, x)) in q.iter().zip(xs).enumerate() {
+        let qf = if signed { s2f(b, qe) } else { u2f(b, qe) };
+        sq[e % 4] = b.op(&format!("llvm.intr.fma({qf}, {x}, {}) : (f32, f32, f32) -> f32", sq[e % 4]));
+    }
+    sq
+}
+
+/// `n` little-endian words at byte offset `off` of `ptr`, `align` the alignment it has
+fn words(b: &mut Body, ptr: &str, off: &str, n: usize, align: usize) -> Vec<String> {
+    if align >= 16 && n % 4 == 0 {
+        let mut v = vec![];
+        for q in 0..n / 4 {
+            let o = addc(b, off, 16 * q as i64);
+            v.extend(b.load_vec(ptr, &o, 4, "i32", 16));
+        }
+        v
+    } else {
+        b.load_vec(ptr, off, n, "i32", align)
+    }
+}
+
+/// Byte `i` (0..4 · words) of little-endian `words` shifted right by `extra` (an i32 value or a
+/// constant), masked: the field of value i in the K-quant layouts.
+fn byte_field(b: &mut Body, words: &[String], i: usize, extra: Option<&str>, mask: i64) -> String {
+    let w = &words[i / 4];
+    let c = b.op(&format!("arith.constant {} : i32", 8 * (i % 4)));
+    let s = match extra {
+        Some(e) => b.op(&format!("arith.addi {c}, {e} : i32")),
+        None => c,
+    };
+    field(b, w, &s, mask)
+}
+
+/// The dot product of x's 32 values `xs` (their sum `sx`) with unit `unit` (i64, 0..K/32) of
+/// weight row `col` (i64) in `dtype` (a K-quant or Q5_0 / Q5_1) of `%w`, as f32.
+fn kquant_unit(b: &mut Body, dtype: DType, k: usize, col: &str, unit: &str, xs: &[String], sx: &str) -> String {
+    let (per, bytes) = dtype.block();
+    let row_bytes = (k / per * bytes) as i64;
+    let rbase = bin64(b, "muli", col, row_bytes);
+    match dtype {
+        DType::Q5_0 | DType::Q5_1 => {
+            let one = dtype == DType::Q5_1;
+            let o = bin64(b, "muli", unit, bytes as i64);
+            let base = b.op(&format!("arith.addi {rbase}, {o} : i64"));
+            // (Q5_1's 24-byte blocks are 4-byte aligned, Q5_0's 22-byte ones 2-byte)
+            let al = if one { 4 } else { 2 };
+            let hdr = words(b, "%w", &base, if one { 6 } else { 1 }, al);
+            let (d, m, qh, qs) = if one {
+                let [d, m] = b.f16_pair(&hdr[0]);
+                (d, Some(m), hdr[1].clone(), hdr[2..6].to_vec())
+            } else {
+                let d = b.f16_at_byte("%w", &base);
+                let o = addc(b, &base, 2);
+                let w = words(b, "%w", &o, 5, 2);
+                (d, None, w[0].clone(), w[1..5].to_vec())
+            };
+            let q: Vec<String> = (0..32)
+                .map(|j| {
+                    let nib = {
+                        let w = &qs[(j % 16) / 4];
+                        let s = b.op(&format!("arith.constant {} : i32", 8 * ((j % 16) % 4) + 4 * (j / 16)));
+                        field(b, w, &s, 0xF)
+                    };
+                    let s = b.op(&format!("arith.constant {j} : i32"));
+                    let h = field(b, &qh, &s, 1);
+                    let h = bin32(b, "shli", &h, 4);
+                    b.op(&format!("arith.ori {nib}, {h} : i32"))
+                })
+                .collect();
+            let sq = dots(b, &q, xs, false);
+            let sq = b.sum4(&sq);
+            let dq = b.op(&format!("arith.mulf {d}, {sq} : f32"));
+            match m {
+                // d Σqx + m Σx
+                Some(m) => b.op(&format!("llvm.intr.fma({m}, {sx}, {dq}) : (f32, f32, f32) -> f32")),
+                // d (Σqx − 16 Σx)
+                None => {
+                    let c = b.cf32(-16.0);
+                    let t = b.op(&format!("arith.mulf {sx}, {c} : f32"));
+                    let t = b.op(&format!("arith.mulf {d}, {t} : f32"));
+                    b.op(&format!("arith.addf {dq}, {t} : f32"))
+                }
+            }
+        }
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let sb = bin64(b, "divui", unit, 8);
+            let j = bin64(b, "remui", unit, 8);
+            let o = bin64(b, "muli", &sb, bytes as i64);
+            let base = b.op(&format!("arith.addi {rbase}, {o} : i64"));
+            // (144- and 176-byte super-blocks: 16-byte aligned) d, dmin, the 12 scale bytes
+            let hdr = words(b, "%w", &base, 4, 16);
+            let [d, dmin] = b.f16_pair(&hdr[0]);
+            let (sc, mn) = k_scale_min(b, &[hdr[1].clone(), hdr[2].clone(), hdr[3].clone()], &j);
+            let jh = bin64(b, "divui", &j, 2);
+            let jo = bin64(b, "muli", &jh, 32);
+            let o = addc(b, &base, if five { 48 } else { 16 });
+            let qo = b.op(&format!("arith.addi {o}, {jo} : i64"));
+            let qw = words(b, "%w", &qo, 8, 16);
+            let odd = bin64(b, "remui", &j, 2);
+            let sh = bin64(b, "muli", &odd, 4);
+            let sh = shift32(b, &sh);
+            let hw = if five {
+                let o = addc(b, &base, 16);
+                Some(words(b, "%w", &o, 8, 16))
+            } else {
+                None
+            };
+            let js = shift32(b, &j);
+            let q: Vec<String> = (0..32)
+                .map(|i| {
+                    let q = byte_field(b, &qw, i, Some(&sh), 0xF);
+                    match &hw {
+                        Some(hw) => {
+                            let h = byte_field(b, hw, i, Some(&js), 1);
+                            let h = bin32(b, "shli", &h, 4);
+                            b.op(&format!("arith.ori {q}, {h} : i32"))
+                        }
+                        None => q,
+                    }
+                })
+                .collect();
+            let sq = dots(b, &q, xs, false);
+            let sq = b.sum4(&sq);
+            // d·sc Σqx − dmin·m Σx
+            let (scf, mnf) = (u2f(b, &sc), u2f(b, &mn));
+            let dj = b.op(&format!("arith.mulf {d}, {scf} : f32"));
+            let mj = b.op(&format!("arith.mulf {dmin}, {mnf} : f32"));
+            let a = b.op(&format!("arith.mulf {dj}, {sq} : f32"));
+            let t = b.op(&format!("arith.mulf {mj}, {sx} : f32"));
+            b.op(&format!("arith.subf {a}, {t} : f32"))
+        }
+        DType::Q6_K => {
+            let sb = bin64(b, "divui", unit, 8);
+            let u = bin64(b, "remui", unit, 8);
+            let o = bin64(b, "muli", &sb, bytes as i64);
+            let base = b.op(&format!("arith.addi {rbase}, {o} : i64"));
+            // unit u: half h = u / 4; ql bytes 64h + 32 (u % 2) + i, nibble (u % 4) / 2; qh
+            // bytes 128 + 32h + i, field u % 4; scales 192 + 2u, + 1; d at 208
+            let h = bin64(b, "divui", &u, 4);
+            let h64 = bin64(b, "muli", &h, 64);
+            let u2 = bin64(b, "remui", &u, 2);
+            let u32o = bin64(b, "muli", &u2, 32);
+            let o = b.op(&format!("arith.addi {base}, {h64} : i64"));
+            let lo = b.op(&format!("arith.addi {o}, {u32o} : i64"));
+            let lw = words(b, "%w", &lo, 8, 2);
+            let h32 = bin64(b, "muli", &h, 32);
+            let o = addc(b, &base, 128);
+            let ho = b.op(&format!("arith.addi {o}, {h32} : i64"));
+            let hw = words(b, "%w", &ho, 8, 2);
+            let u4 = bin64(b, "remui", &u, 4);
+            let nh = bin64(b, "divui", &u4, 2);
+            let ls = bin64(b, "muli", &nh, 4);
+            let ls = shift32(b, &ls);
+            let hs = bin64(b, "muli", &u4, 2);
+            let hs = shift32(b, &hs);
+            let q: Vec<String> = (0..32)
+                .map(|i| {
+                    let l = byte_field(b, &lw, i, Some(&ls), 0xF);
+                    let hi = byte_field(b, &hw, i, Some(&hs), 3);
+                    let hi = bin32(b, "shli", &hi, 4);
+                    let q = b.op(&format!("arith.ori {l}, {hi} : i32"));
+                    bin32(b, "subi", &q, 32)
+                })
+                .collect();
+            let s0 = dots(b, &q[..16], &xs[..16], true);
+            let s1 = dots(b, &q[16..], &xs[16..], true);
+            let (s0, s1) = (b.sum4(&s0), b.sum4(&s1));
+            let two = bin64(b, "muli", &u, 2);
+            let o = addc(b, &base, 192);
+            let so = b.op(&format!("arith.addi {o}, {two} : i64"));
+            let sw = b.load_vec("%w", &so, 1, "i16", 2).remove(0);
+            let sw = b.op(&format!("arith.extui {sw} : i16 to i32"));
+            let sc0 = i8f(b, &sw);
+            let s8 = bin32(b, "shrui", &sw, 8);
+            let sc1 = i8f(b, &s8);
+            let o = addc(b, &base, 208);
+            let d = b.f16_at_byte("%w", &o);
+            let a = b.op(&format!("arith.mulf {sc0}, {s0} : f32"));
+            let a = b.op(&format!("llvm.intr.fma({sc1}, {s1}, {a}) : (f32, f32, f32) -> f32"));
+            b.op(&format!("arith.mulf {d}, {a} : f32"))
+        }
+        other => unreachable!("{other} is not a K-quant (kquant_fits)"),
+    }
+}

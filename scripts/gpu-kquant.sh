@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GGUF K-quants (Q4_K, Q5_K, Q6_K) and 5-bit blocks (Q5_0, Q5_1) on the GPU: their kernels
+# against the CPU executor (gpu-check), a llama.cpp-made Q4_K_M model (bench/make_kquant.py, 6
+# layers: Q4_K and Q6_K, the Q6_K embedding tied to the lm_head) decoding against the CPU
+# executor, its perplexity on the shipped text beside the CPU's, and its speed.
+# Here:  bash scripts/gpu-kquant.sh --prepare     (fills .gpu/kq: runtime, bundle, plan)
+# There: carry [".gpu/kq"], run `bash scripts/gpu-kquant.sh`; results under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+D=.gpu/kq
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  cargo build --release -p dsc-compiler -p dsc-runtime
+  rm -rf $D && mkdir -p $D
+  xz -T2 -6 -c target/release/dsc-runtime > $D/dsc-runtime.xz
+  ./target/release/dsc gpu-bundle --dir $D/check --only q4_k,q5_k,q6_k,q5_0,q5_1
+  rm -f $D/check/kernels.ll $D/check/kernels.mlir $D/check/kernels.sm_80.ptx
+  xz -T2 -6 -f $D/check/data.bin
+  g=.cache/models/llama-kquant-6l.Q4_K_M.gguf
+  [ -f $g ] || python3 bench/make_kquant.py .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf $g 6
+  sed "s#\"../.cache/models/llama-kquant-bench.Q4_K_M.gguf\"#\"$PWD/$g\"#; s#name = \"llama-kquant-bench\"#name = \"llama-kquant-6l\"#" models/llama-kquant-bench.toml > .cache/kq6.toml
+  ./target/release/dsc compile .cache/kq6.toml -o $D/kq6.plan
+  # the CPU's perplexity, for the GPU's beside it
+  ./target/release/dsc-runtime ppl $D/kq6.plan data/coriolanus-act1.txt | tee $D/kq6-ppl-cpu.txt
+  cp data/coriolanus-act1.txt $D/
+  du -sh $D
+  exit 0
+fi
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+status=0
+python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/dsc-runtime.xz'), open('$D/dsc-runtime', 'wb'))" && chmod +x $D/dsc-runtime
+stages=${STAGES:-check decode ppl bench}
+if [[ " $stages " == *" check "* ]]; then
+  python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/check/data.bin.xz'), open('$D/check/data.bin', 'wb'))"
+  $D/dsc-runtime gpu-check $D/check --target sm_90a --json "$out/kq-kernels.json" 2>&1 | tail -35
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ " $stages " == *" decode "* ]]; then
+  $D/dsc-runtime gpu-decode $D/kq6.plan --prompt-len 16 --steps 64 --cpu-check-steps 4 --json "$out/kq-decode.json" 2>&1 | tail -6
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ " $stages " == *" ppl "* ]]; then
+  $D/dsc-runtime ppl $D/kq6.plan $D/coriolanus-act1.txt --backend gpu 2>&1 | tail -2
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "CPU: $(cat $D/kq6-ppl-cpu.txt)"
+fi
+if [[ " $stages " == *" bench "* ]]; then
+  $D/dsc-runtime bench $D/kq6.plan --batches ${BATCHES:-1,8,32} --prefill ${PREFILL:-512} --prompt-len 32 --new-tokens 64 --json "$out/kq-bench.json" 2>&1 | tail -8
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+exit $status
