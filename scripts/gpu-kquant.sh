@@ -2,7 +2,8 @@
 # GGUF K-quants (Q4_K, Q5_K, Q6_K) and 5-bit blocks (Q5_0, Q5_1) on the GPU: their kernels
 # against the CPU executor (gpu-check), a llama.cpp-made Q4_K_M model (bench/make_kquant.py, 6
 # layers: Q4_K and Q6_K, the Q6_K embedding tied to the lm_head) decoding against the CPU
-# executor, its perplexity on the shipped text beside the CPU's, and its speed.
+# executor, its perplexity on the shipped text beside the CPU's, its speed, and each weight
+# shape's kernel alone (bench-gemm).
 # Here:  bash scripts/gpu-kquant.sh --prepare     (fills .gpu/kq: runtime, bundle, plan)
 # There: carry [".gpu/kq"], run `bash scripts/gpu-kquant.sh`; results under $OUT.
 set -uo pipefail
@@ -30,7 +31,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 status=0
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/dsc-runtime.xz'), open('$D/dsc-runtime', 'wb'))" && chmod +x $D/dsc-runtime
-stages=${STAGES:-check decode ppl bench}
+stages=${STAGES:-check decode ppl bench gemm}
 if [[ " $stages " == *" check "* ]]; then
   python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/check/data.bin.xz'), open('$D/check/data.bin', 'wb'))"
   $D/dsc-runtime gpu-check $D/check --target sm_90a --json "$out/kq-kernels.json" 2>&1 | tail -35
@@ -47,6 +48,11 @@ if [[ " $stages " == *" ppl "* ]]; then
 fi
 if [[ " $stages " == *" bench "* ]]; then
   $D/dsc-runtime bench $D/kq6.plan --batches ${BATCHES:-1,8,32} --prefill ${PREFILL:-512} --prompt-len 32 --new-tokens 64 --json "$out/kq-bench.json" 2>&1 | tail -8
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ " $stages " == *" gemm "* ]]; then
+  # each weight shape's kernel alone at 1, 8, 32 and 512 rows (weights: host-encoded blocks)
+  $D/dsc-runtime bench-gemm $D/kq6.plan --m 1,8,32,512 --json "$out/kq-gemm.json" 2>&1 | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit $status

@@ -266,12 +266,24 @@ impl DeviceBench {
         Ok(DeviceBench { module, stream: ctx.default_stream(), target })
     }
 
-    /// `numel` elements of `dtype` filled on the device (seeded_init_<dtype>, values ±0.05)
+    /// `numel` elements of `dtype` filled on the device (seeded_init_<dtype>, values ±0.05); for
+    /// a format the plan has no device generator for (GGUF's K-quants), values from a host LCG
+    /// encoded on the host and uploaded
     fn random(&self, dtype: &str, numel: usize, seed: i64) -> anyhow::Result<cudarc::driver::CudaSlice<u8>> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
         let d: dsc_ir::DType = dtype.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        let Ok(f) = self.module.load_function(&format!("seeded_init_{dtype}")) else {
+            let mut s = seed as u64 | 1;
+            let vals: Vec<f32> = (0..numel)
+                .map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+                })
+                .collect();
+            let bytes = dsc_ir::quant::encode(d, &vals).with_context(|| format!("{numel} values do not encode as {d}"))?;
+            return self.stream.clone_htod(&bytes).map_err(derr("uploading"));
+        };
         let buf = self.stream.alloc_zeros::<u8>(d.bytes_for(numel).context("size")?).map_err(derr("allocating"))?;
-        let f = self.module.load_function(&format!("seeded_init_{dtype}")).map_err(derr("seeded_init"))?;
         let (n, scale, ones, len, stride, col0) = (numel as i64, 0.05f32.to_bits() as i64, 0i64, numel as i64, 0i64, 0i64);
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&buf).arg(&n).arg(&seed).arg(&scale).arg(&ones).arg(&len).arg(&stride).arg(&col0);

@@ -953,8 +953,8 @@ pub(super) fn packed(cx: &mut Cx, wdtype: DType) -> anyhow::Result<()> {
 }
 
 /// GGUF's K-quants and 5-bit blocks (`kernels::matmul::kquant`): the one-row decode GEMV at 1
-/// and 3 rows, the tensor-core kernels staging them through `weight_elem` (mma.sync; wgmma 16
-/// and 64 columns), and the embedding gather — against the CPU executor's decoding (`quant::
+/// and 3 rows, the batched-decode GEMV (f32 and f16 x), the tensor-core kernels staging them
+/// through `weight_elem` (mma.sync; wgmma 16 and 64 columns), and the embedding gather — against the CPU executor's decoding (`quant::
 /// decode`, equal to the `gguf` package's). K = 512: two super-blocks a row, so Q6_K's
 /// 210-byte super-blocks sit at 2-byte aligned offsets in every other one.
 pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
@@ -966,6 +966,10 @@ pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
         let warr = cx.data.push_u8(&wb);
         let mut specs = vec![(KernelSpec::MatMul { k, n, wdtype, bias: false, residual: false }, vec![1usize, 3], 1e-4, "matmul")];
         specs.push((KernelSpec::MatMulMma { k, n, wdtype, bias: false, residual: false }, vec![20], 1e-2, "mma"));
+        // (the batched-decode GEMV on the tensor cores, values dequantized to f16 in registers)
+        let rows = dsc_codegen::kernels::few_rows(wdtype);
+        specs.push((KernelSpec::MatMulFew { k, n, wdtype, bias: false, residual: false, rows }, vec![2, 13, 37], 1e-2, "gemv_few"));
+        specs.push((KernelSpec::MatMulFewX16 { k, n, wdtype, bias: false, residual: false }, vec![21], 1e-2, "few_x16"));
         for (n_tile, m) in [(16usize, 5usize), (64, 70)] {
             specs.push((KernelSpec::MatMulWgmma { k, n, wdtype, bias: false, residual: false, n_tile }, vec![m], 1e-2, if n_tile == 16 { "wgmma16" } else { "wgmma64" }));
         }
@@ -977,13 +981,15 @@ pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
                 let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
                 let (g, b) = grid(&spec.launch(), n);
                 let one_row = matches!(spec, KernelSpec::MatMul { .. });
+                // (the x16 kernel reads x's f16 copy)
+                let xa = if matches!(spec, KernelSpec::MatMulFewX16 { .. }) { cx.data.push_u8(&dsc_ir::quant::encode(DType::F16, &x).context("encode")?) } else { cx.data.push(&x) };
                 cx.cases.push(Case {
                     name: format!("{what} {m}x{k}x{n} {wdtype}"),
                     kernel: spec.symbol(),
                     grid: g,
                     grid_y: if one_row { m as u32 } else { grid_rows(&spec.launch(), m) },
                     block: b,
-                    inputs: vec![cx.data.push(&x), warr.clone()],
+                    inputs: vec![xa, warr.clone()],
                     scalars: if one_row { vec![n as i64] } else { vec![m as i64, n as i64] },
                     expected: cx.data.push(&want),
                     init: None,

@@ -493,3 +493,172 @@ fn kquant_unit(b: &mut Body, dtype: DType, k: usize, col: &str, unit: &str, xs: 
         other => unreachable!("{other} is not a K-quant (kquant_fits)"),
     }
 }
+
+/// The batched GEMV's weights (`MmaTiles`, a K step = 32 values = a Q4_K / Q5_K sub-block or a
+/// Q6_K unit): the raw words of this lane's 8 values 8t..8t+7 of step `s` in the row whose
+/// super-block row starts at byte `rowb` (i64; `lane_off` = 8t past it), as
+/// [`kquant_step_values`] reads them: [quant words (2), (Q5_K: qh words (2)), header words..,
+/// s % 8 as i32].
+pub(crate) fn kquant_step_words(b: &mut Body, ptr: &str, dtype: DType, rowb: &str, lane_off: &str, s: &str) -> Vec<String> {
+    let bytes = dtype.block().1 as i64;
+    if matches!(dtype, DType::Q5_0 | DType::Q5_1) {
+        // a block a step: lane t's values 8t..8t+7 are bytes 8 (t % 2).. of qs, nibble t / 2,
+        // and byte t of qh; [qs words (2), qh, d (| m << 16), t as i32]
+        let one = dtype == DType::Q5_1;
+        let so = bin64(b, "muli", s, bytes);
+        let base = b.op(&format!("arith.addi {rowb}, {so} : i64"));
+        let t = bin64(b, "divui", lane_off, 8);
+        let t2 = bin64(b, "remui", &t, 2);
+        let qo = bin64(b, "muli", &t2, 8);
+        let o = addc(b, &base, if one { 8 } else { 6 });
+        let o = b.op(&format!("arith.addi {o}, {qo} : i64"));
+        let mut w = b.load_vec(ptr, &o, 2, "i32", if one { 8 } else { 2 });
+        let o = addc(b, &base, if one { 4 } else { 2 });
+        w.extend(b.load_vec(ptr, &o, 1, "i32", if one { 4 } else { 2 }));
+        if one {
+            w.extend(b.load_vec(ptr, &base, 1, "i32", 4));
+        } else {
+            let d = b.load_vec(ptr, &base, 1, "i16", 2).remove(0);
+            w.push(b.op(&format!("arith.extui {d} : i16 to i32")));
+        }
+        w.push(b.op(&format!("arith.trunci {t} : i64 to i32")));
+        return w;
+    }
+    let sb = bin64(b, "divui", s, 8);
+    let j = bin64(b, "remui", s, 8);
+    let so = bin64(b, "muli", &sb, bytes);
+    let base = b.op(&format!("arith.addi {rowb}, {so} : i64"));
+    let lane = b.op(&format!("arith.addi {base}, {lane_off} : i64"));
+    let mut w = vec![];
+    match dtype {
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let jh = bin64(b, "divui", &j, 2);
+            let jo = bin64(b, "muli", &jh, 32);
+            let o = addc(b, &lane, if five { 48 } else { 16 });
+            let o = b.op(&format!("arith.addi {o}, {jo} : i64"));
+            w.extend(b.load_vec(ptr, &o, 2, "i32", 8));
+            if five {
+                let o = addc(b, &lane, 16);
+                w.extend(b.load_vec(ptr, &o, 2, "i32", 8));
+            }
+            w.extend(words(b, ptr, &base, 4, 16));
+        }
+        DType::Q6_K => {
+            // (210-byte super-blocks: 2-byte aligned) ql 64 (u / 4) + 32 (u % 2), qh 128 + 32 (u / 4)
+            let h = bin64(b, "divui", &j, 4);
+            let h64 = bin64(b, "muli", &h, 64);
+            let u2 = bin64(b, "remui", &j, 2);
+            let u32o = bin64(b, "muli", &u2, 32);
+            let o = b.op(&format!("arith.addi {lane}, {h64} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {u32o} : i64"));
+            w.extend(b.load_vec(ptr, &o, 2, "i32", 2));
+            let h32 = bin64(b, "muli", &h, 32);
+            let o = addc(b, &lane, 128);
+            let o = b.op(&format!("arith.addi {o}, {h32} : i64"));
+            w.extend(b.load_vec(ptr, &o, 2, "i32", 2));
+            // the lane's scale: byte 192 + 2u + t / 2 (8t / 16), and d
+            let t2 = bin64(b, "divui", lane_off, 16);
+            let ju = bin64(b, "muli", &j, 2);
+            let o = addc(b, &base, 192);
+            let o = b.op(&format!("arith.addi {o}, {ju} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {t2} : i64"));
+            w.push(b.u8_at_byte(ptr, &o));
+            let o = addc(b, &base, 208);
+            let d = b.load_vec(ptr, &o, 1, "i16", 2).remove(0);
+            w.push(b.op(&format!("arith.extui {d} : i16 to i32")));
+        }
+        other => unreachable!("{other}: the batched GEMV reads the K-quants' super-blocks here"),
+    }
+    w.push(b.op(&format!("arith.trunci {j} : i64 to i32")));
+    w
+}
+
+/// The 8 values of [`kquant_step_words`]' words as f16 pairs (8t, 8t+1) .. (8t+6, 8t+7), each
+/// value computed in f32 (d·sc·q − dmin·m; Q6_K d·sc·(q − 32)) and rounded once.
+pub(crate) fn kquant_step_values(b: &mut Body, dtype: DType, raw: &[String]) -> [String; 4] {
+    let j = raw[raw.len() - 1].clone();
+    let vals: Vec<String> = match dtype {
+        DType::Q5_0 | DType::Q5_1 => {
+            // (`j` is the lane's t here)
+            let [d, m] = b.f16_pair(&raw[3]);
+            let half = bin32(b, "shrui", &j, 1);
+            let sh = bin32(b, "shli", &half, 2);
+            let t8 = bin32(b, "shli", &j, 3);
+            let off = if dtype == DType::Q5_1 {
+                m
+            } else {
+                let c = b.cf32(-16.0);
+                b.op(&format!("arith.mulf {d}, {c} : f32"))
+            };
+            (0..8)
+                .map(|i| {
+                    let nib = byte_field(b, &raw[..2], i, Some(&sh), 0xF);
+                    let c = b.op(&format!("arith.constant {i} : i32"));
+                    let hs = b.op(&format!("arith.addi {t8}, {c} : i32"));
+                    let h = field(b, &raw[2], &hs, 1);
+                    let h = bin32(b, "shli", &h, 4);
+                    let q = b.op(&format!("arith.ori {nib}, {h} : i32"));
+                    let qf = u2f(b, &q);
+                    b.op(&format!("llvm.intr.fma({d}, {qf}, {off}) : (f32, f32, f32) -> f32"))
+                })
+                .collect()
+        }
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let hdr = &raw[if five { 4 } else { 2 }..raw.len() - 1];
+            let [d, dmin] = b.f16_pair(&hdr[0]);
+            let j64 = b.op(&format!("arith.extui {j} : i32 to i64"));
+            let (sc, mn) = k_scale_min(b, &[hdr[1].clone(), hdr[2].clone(), hdr[3].clone()], &j64);
+            let (scf, mnf) = (u2f(b, &sc), u2f(b, &mn));
+            let dj = b.op(&format!("arith.mulf {d}, {scf} : f32"));
+            let mj = b.op(&format!("arith.mulf {dmin}, {mnf} : f32"));
+            let nmj = b.op(&format!("arith.negf {mj} : f32"));
+            let odd = bin32(b, "andi", &j, 1);
+            let sh = bin32(b, "shli", &odd, 2);
+            (0..8)
+                .map(|i| {
+                    let mut q = byte_field(b, &raw[..2], i, Some(&sh), 0xF);
+                    if five {
+                        let h = byte_field(b, &raw[2..4], i, Some(&j), 1);
+                        let h = bin32(b, "shli", &h, 4);
+                        q = b.op(&format!("arith.ori {q}, {h} : i32"));
+                    }
+                    let qf = u2f(b, &q);
+                    b.op(&format!("llvm.intr.fma({dj}, {qf}, {nmj}) : (f32, f32, f32) -> f32"))
+                })
+                .collect()
+        }
+        DType::Q6_K => {
+            let ls = {
+                let u4 = bin32(b, "andi", &j, 3);
+                let nh = bin32(b, "shrui", &u4, 1);
+                bin32(b, "shli", &nh, 2)
+            };
+            let hs = {
+                let u4 = bin32(b, "andi", &j, 3);
+                bin32(b, "shli", &u4, 1)
+            };
+            let sc = i8f(b, &raw[4]);
+            let d = {
+                let h = b.op(&format!("arith.trunci {} : i32 to i16", raw[5]));
+                let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
+                b.op(&format!("arith.extf {f} : f16 to f32"))
+            };
+            let ds = b.op(&format!("arith.mulf {d}, {sc} : f32"));
+            (0..8)
+                .map(|i| {
+                    let l = byte_field(b, &raw[..2], i, Some(&ls), 0xF);
+                    let hi = byte_field(b, &raw[2..4], i, Some(&hs), 3);
+                    let hi = bin32(b, "shli", &hi, 4);
+                    let q = b.op(&format!("arith.ori {l}, {hi} : i32"));
+                    let q = bin32(b, "subi", &q, 32);
+                    let qf = s2f(b, &q);
+                    b.op(&format!("arith.mulf {ds}, {qf} : f32"))
+                })
+                .collect()
+        }
+        other => unreachable!("{other}: the batched GEMV reads the K-quants' super-blocks here"),
+    };
+    [0, 1, 2, 3].map(|p| b.pack2(&vals[2 * p], &vals[2 * p + 1], true))
+}

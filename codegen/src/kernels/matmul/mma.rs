@@ -51,9 +51,9 @@ pub fn gemv_mma_tiling3() -> (usize, usize, usize) {
 pub const GEMV_MMA_ROWS: usize = 32;
 
 /// The weights the tensor-core batched GEMV ([`emit_gemv_mma`]) reads: bf16/f16, or the GGUF
-/// blocks Q8_0/Q4_0/Q4_1 dequantized in registers ([`MmaTiles`]).
+/// blocks Q8_0/Q4_0/Q4_1 and the K-quants' super-blocks dequantized in registers ([`MmaTiles`]).
 pub fn gemv_mma_weights(wdtype: DType) -> bool {
-    matches!(wdtype, DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+    matches!(wdtype, DType::BF16 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1) || kquant_dtype(wdtype)
 }
 
 /// What [`emit_gemv_mma`] takes: [`gemv_mma_weights`], K a multiple of 32, a reduction within
@@ -63,7 +63,10 @@ pub(crate) fn gemv_mma_fits(k: usize, wdtype: DType) -> Result<(), String> {
         return Err(format!("matmul needs K a multiple of 32, got {k}"));
     }
     if !gemv_mma_weights(wdtype) {
-        return Err(format!("the tensor-core batched GEMV takes bf16/f16/q8_0/q4_0/q4_1 weights, not {wdtype}"));
+        return Err(format!("the tensor-core batched GEMV takes bf16/f16/q8_0/q4_0/q4_1 weights or a K-quant / 5-bit GGUF format, not {wdtype}"));
+    }
+    if kquant_dtype(wdtype) {
+        kquant_fits(k, wdtype)?;
     }
     let (nw, _, na) = gemv_mma_tiling3();
     let per = 4 * (GEMV_MMA_ROWS / 8) * na;
@@ -152,9 +155,14 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
     // its weights' byte offset inside a step: 16t, or 4 + 4t inside the Q4_1 block
     let c8 = b.ci64(if nibbles { 4 } else { 8 });
     let e0 = b.op(&format!("arith.muli {tq}, {c8} : i64"));
-    let wrowbytes = b.ci64(if packed { (k / 32 * wdtype.block().1) as i64 } else { (k * 2) as i64 });
-    // (a block's quants start past its f16 d, and for Q4_1 its f16 min)
-    let chdr = b.ci64(if wdtype == DType::Q4_1 { 4 } else { 2 });
+    let wrowbytes = b.ci64(if packed { (k / wdtype.block().0 * wdtype.block().1) as i64 } else { (k * 2) as i64 });
+    // (a block's quants start past its f16 d, and for Q4_1 its f16 min; K-quants: the lane's
+    // 8 values' offset 8t, from which `kquant_step_words` finds them)
+    let chdr = b.ci64(match wdtype {
+        DType::Q4_1 => 4,
+        d if kquant_dtype(d) => 0,
+        _ => 2,
+    });
     let qoff = packed.then(|| b.op(&format!("arith.addi {e0}, {chdr} : i64")));
     // A tile a's rows g and g + 8: wbase[2 a], wbase[2 a + 1]
     let wbase: Vec<String> = (0..na)
@@ -310,6 +318,22 @@ impl MmaTiles {
     /// The weights of the 32-wide K step `s` (i64 step index): [A tile][row g, row g + 8][4 words]
     /// (GGUF blocks: [quant words.., header] per row, dequantized by [`MmaTiles::a_words`].)
     pub(crate) fn load_w(&self, b: &mut Body, s: &str) -> Vec<Vec<Vec<String>>> {
+        if let Some((d, lane_off)) = self.packed.as_ref().filter(|(d, _)| kquant_dtype(*d)) {
+            // (super-blocks of 8 steps: the row's start is this lane's offset less its 8t)
+            return self
+                .w
+                .iter()
+                .map(|(ptr, g0, g8)| {
+                    [g0, g8]
+                        .iter()
+                        .map(|base| {
+                            let rowb = b.op(&format!("arith.subi {base}, {lane_off} : i64"));
+                            kquant_step_words(b, ptr, *d, &rowb, lane_off, s)
+                        })
+                        .collect()
+                })
+                .collect();
+        }
         let cb = b.ci64(self.packed.as_ref().map_or(64, |(d, _)| d.block().1 as i64));
         let so = b.op(&format!("arith.muli {s}, {cb} : i64"));
         self.w
@@ -344,6 +368,7 @@ impl MmaTiles {
     /// MMAs take (half h: words 2h and 2h + 1).
     fn a_words(&self, b: &mut Body, raw: &[String]) -> Vec<String> {
         match &self.packed {
+            Some((d, _)) if kquant_dtype(*d) => kquant_step_values(b, *d, raw).to_vec(),
             Some((d, _)) => b.gguf_f16_words(*d, raw).to_vec(),
             None => raw.to_vec(),
         }
