@@ -3,7 +3,7 @@
 # against the CPU executor (gpu-check), a llama.cpp-made Q4_K_M model (bench/make_kquant.py, 6
 # layers: Q4_K and Q6_K, the Q6_K embedding tied to the lm_head) decoding against the CPU
 # executor, its perplexity on the shipped text beside the CPU's, its speed, and each weight
-# shape's kernel alone (bench-gemm).
+# shape's kernel alone (bench-gemm); the Llama-3-8B shape with seeded Q4_K weights beside bf16.
 # Here:  bash scripts/gpu-kquant.sh --prepare     (fills .gpu/kq: runtime, bundle, plan)
 # There: carry [".gpu/kq"], run `bash scripts/gpu-kquant.sh`; results under $OUT.
 set -uo pipefail
@@ -21,6 +21,9 @@ if [ "${1:-}" = "--prepare" ]; then
   [ -f $g ] || python3 bench/make_kquant.py .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf $g 6
   sed "s#\"../.cache/models/llama-kquant-bench.Q4_K_M.gguf\"#\"$PWD/$g\"#; s#name = \"llama-kquant-bench\"#name = \"llama-kquant-6l\"#" models/llama-kquant-bench.toml > .cache/kq6.toml
   ./target/release/dsc compile .cache/kq6.toml -o $D/kq6.plan
+  # the Llama-3-8B shape with seeded Q4_K weights (generated on the device) and bf16 beside it
+  # (xz: their PTX, beside the 6-layer model's weights, within one call's 64 MiB)
+  for m in llama3-8b-q4_k-seeded llama3-8b-seeded; do ./target/release/dsc compile models/$m.toml -o $D/$m.plan && xz -T2 -6 -f $D/$m.plan; done
   # the CPU's perplexity, for the GPU's beside it
   ./target/release/dsc-runtime ppl $D/kq6.plan data/coriolanus-act1.txt | tee $D/kq6-ppl-cpu.txt
   cp data/coriolanus-act1.txt $D/
@@ -31,7 +34,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 status=0
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/dsc-runtime.xz'), open('$D/dsc-runtime', 'wb'))" && chmod +x $D/dsc-runtime
-stages=${STAGES:-check decode ppl bench gemm}
+stages=${STAGES:-check decode ppl bench gemm bench8b}
 if [[ " $stages " == *" check "* ]]; then
   python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/check/data.bin.xz'), open('$D/check/data.bin', 'wb'))"
   $D/dsc-runtime gpu-check $D/check --target sm_90a --json "$out/kq-kernels.json" 2>&1 | tail -35
@@ -53,6 +56,17 @@ fi
 if [[ " $stages " == *" gemm "* ]]; then
   # each weight shape's kernel alone at 1, 8, 32 and 512 rows (weights: host-encoded blocks)
   $D/dsc-runtime bench-gemm $D/kq6.plan --m 1,8,32,512 --json "$out/kq-gemm.json" 2>&1 | tail -30
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ " $stages " == *" bench8b "* ]]; then
+  # the 8B shape: Q4_K (4.52 GB of weights a b1 token) beside bf16 (16.1 GB), same run; and
+  # the Q4_K plan's kernels alone
+  for m in llama3-8b-seeded llama3-8b-q4_k-seeded; do
+    python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/$m.plan.xz'), open('$D/$m.plan', 'wb'))"
+    $D/dsc-runtime bench $D/$m.plan --batches ${BATCHES8B:-1,8,32} --prefill 512 --prompt-len 32 --new-tokens 64 --json "$out/kq-bench-$m.json" 2>&1 | tail -5
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  $D/dsc-runtime bench-gemm $D/llama3-8b-q4_k-seeded.plan --m 1,8,32,512 --json "$out/kq-gemm-8b.json" 2>&1 | tail -14
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit $status

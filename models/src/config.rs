@@ -443,7 +443,7 @@ impl ModelConfig {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
-                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128, F8G128])?;
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, Q4_K, I4G128, F8G128])?;
                 }
             }
             WeightFormat::Seeded => {
@@ -457,7 +457,7 @@ impl ModelConfig {
                     return Err(cerr("field `weights.path` is not used with format = \"seeded\"".into()));
                 }
                 if let Some(d) = &toml.weights.dtype {
-                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, I4G128, F8G128])?;
+                    dt("weights.dtype", d, &[F32, BF16, F16, Q8_0, Q4_0, Q4_1, Q4_K, I4G128, F8G128])?;
                 }
             }
             _ => {

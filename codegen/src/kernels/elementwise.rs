@@ -44,11 +44,11 @@ pub(crate) fn elementwise_launch(spec: &KernelSpec) -> Launch {
 }
 
 /// Whether an elementwise or data-movement kernel generates ([`fits`]): seeded weights in
-/// f32/bf16/f16/q4_1/i4g128/f8g128, transposes of rank 1..=4, gathers from the weight types the kernels read
+/// f32/bf16/f16/q4_1/q4_k/i4g128/f8g128, transposes of rank 1..=4, gathers from the weight types the kernels read
 /// (packed blocks whole in a row).
 pub(crate) fn elementwise_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1 | DType::I4G128 | DType::F8G128) => {
+        KernelSpec::SeededInit { dtype } if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | DType::Q4_1 | DType::Q4_K | DType::I4G128 | DType::F8G128) => {
             Err(format!("seeded weights in {dtype} are not generated on the GPU"))
         }
         KernelSpec::Transpose { perm } if perm.is_empty() || perm.len() > 4 => Err(format!("transpose of rank {} is not lowered (1..=4)", perm.len())),
@@ -291,6 +291,7 @@ pub(crate) fn elementwise_kernel(b: &mut Body, spec: &KernelSpec) -> Result<Stri
                     }
                     b.line("}");
                 }
+                DType::Q4_K => seeded_q4_k(b, &v, &i),
                 DType::F8G128 => {
                     // a group of 128 is 4 warps (N a multiple of 512), numbers as
                     // `dsc_ir::quant::f8g128_group` makes them: |max| through shared memory,

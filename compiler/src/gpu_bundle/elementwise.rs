@@ -363,7 +363,7 @@ pub(super) fn index_ops(cx: &mut Cx) -> anyhow::Result<()> {
 
 /// A seeded weight in a block format generated on the GPU, its bytes compared with the host
 /// encoder's one by one, exactly (written over a 0xAB fill).
-fn seeded_bytes(cx: &mut Cx, dtype: DType, n: usize) -> anyhow::Result<()> {
+pub(super) fn seeded_bytes(cx: &mut Cx, dtype: DType, n: usize) -> anyhow::Result<()> {
     let (seed, name, scale) = (7u64, "blk.3.ffn_up.weight", 1.0f32 / 64.0);
     let host = dsc_ir::quant::encode(dtype, &dsc_ir::seeded::values(seed, name, n, scale, false)).context("encode")?;
     let spec = KernelSpec::SeededInit { dtype };

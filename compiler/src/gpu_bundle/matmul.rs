@@ -1036,5 +1036,7 @@ pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
         });
         cx.specs.push(spec);
     }
+    // seeded Q4_K weights generated on the device: the host encoder's bytes, exactly
+    super::elementwise::seeded_bytes(cx, DType::Q4_K, 256 * 37)?;
     Ok(())
 }

@@ -662,3 +662,158 @@ pub(crate) fn kquant_step_values(b: &mut Body, dtype: DType, raw: &[String]) -> 
     };
     [0, 1, 2, 3].map(|p| b.pack2(&vals[2 * p], &vals[2 * p + 1], true))
 }
+
+/// round(x) as Rust's `f32::round` for x ≥ 0 (ties away from zero), exactly: the integer part
+/// plus one where the (exact) fraction is at least one half; negative x give 0 or less, which the
+/// callers clamp to 0 as the host's clamp does.
+fn round_pos(b: &mut Body, x: &str) -> String {
+    let t = b.op(&format!("arith.fptosi {x} : f32 to i32"));
+    let tf = s2f(b, &t);
+    let frac = b.op(&format!("arith.subf {x}, {tf} : f32"));
+    let half = b.cf32(0.5);
+    let up = b.op(&format!("arith.cmpf oge, {frac}, {half} : f32"));
+    let one = b.op("arith.constant 1 : i32");
+    let t1 = b.op(&format!("arith.addi {t}, {one} : i32"));
+    b.op(&format!("arith.select {up}, {t1}, {t} : i32"))
+}
+
+/// clamp(round(x), 0, hi) as i32, or 0 where `unit` (the divisor that made x) is not positive
+fn quant(b: &mut Body, x: &str, unit: &str, hi: i64) -> String {
+    let r = round_pos(b, x);
+    let z = b.op("arith.constant 0 : i32");
+    let r = b.op(&format!("arith.maxsi {r}, {z} : i32"));
+    let r = bin32(b, "minsi", &r, hi);
+    let zf = b.cf32(0.0);
+    let pos = b.op(&format!("arith.cmpf ogt, {unit}, {zf} : f32"));
+    b.op(&format!("arith.select {pos}, {r}, {z} : i32"))
+}
+
+/// Seeded Q4_K weights (`seeded_init_q4_k`): the 256-thread block is a super-block, warp j its
+/// sub-block j, thread t's value `v` (f32) element t — the numbers `dsc_ir::quant::encode` makes
+/// (plain min/max scales, not llama.cpp's search), each f32 operation rounded on its own: per
+/// sub-block scale (max − min(min, 0)) / 15 and offset −min(min, 0); d = f16(max scale / 63),
+/// dmin = f16(max offset / 63); 6-bit sc = round(scale / d), m = round(offset / dmin); q =
+/// round((v + dmin·m) / (d·sc)) clamped to 0..15. `i` (i64) is the flat element index.
+pub(crate) fn seeded_q4_k(b: &mut Body, v: &str, i: &str) {
+    let smt = "memref<16xf32, #gpu.address_space<workgroup>>";
+    let qmt = "memref<272xi32, #gpu.address_space<workgroup>>";
+    b.workgroup = Some(format!("%red : {smt}, %qs : {qmt}"));
+    let t = b.op("gpu.thread_id x");
+    let (lane, warp) = b.lane_warp(&t);
+    let lo = b.xor_reduce(v, "arith.minimumf", &[16, 8, 4, 2, 1]);
+    let zf = b.cf32(0.0);
+    let lo = b.op(&format!("arith.minimumf {lo}, {zf} : f32"));
+    let hi = b.xor_reduce(v, "arith.maximumf", &[16, 8, 4, 2, 1]);
+    let span = rn_f32(b, "sub", &hi, &lo);
+    let c15 = b.cf32(15.0);
+    let scale = rn_f32(b, "div", &span, &c15);
+    let offset = b.op(&format!("arith.negf {lo} : f32"));
+    let c0x = b.op("arith.constant 0 : index");
+    let c8x = b.op("arith.constant 8 : index");
+    let first = b.op(&format!("arith.cmpi eq, {lane}, {c0x} : index"));
+    b.line(&format!("scf.if {first} {{"));
+    let w8 = b.op(&format!("arith.addi {warp}, {c8x} : index"));
+    b.line(&format!("memref.store {scale}, %red[{warp}] : {smt}"));
+    b.line(&format!("memref.store {offset}, %red[{w8}] : {smt}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    // (the host folds from 0 in sub-block order; max is order-free)
+    let (mut smax, mut mmax) = (zf.clone(), zf.clone());
+    for j in 0..8 {
+        let cj = b.op(&format!("arith.constant {j} : index"));
+        let cj8 = b.op(&format!("arith.constant {} : index", j + 8));
+        let s = b.op(&format!("memref.load %red[{cj}] : {smt}"));
+        let m = b.op(&format!("memref.load %red[{cj8}] : {smt}"));
+        smax = b.op(&format!("arith.maximumf {smax}, {s} : f32"));
+        mmax = b.op(&format!("arith.maximumf {mmax}, {m} : f32"));
+    }
+    let c63 = b.cf32(63.0);
+    let dq = rn_f32(b, "div", &smax, &c63);
+    let mq = rn_f32(b, "div", &mmax, &c63);
+    let d16 = b.op(&format!("arith.truncf {dq} : f32 to f16"));
+    let m16 = b.op(&format!("arith.truncf {mq} : f32 to f16"));
+    let df = b.op(&format!("arith.extf {d16} : f16 to f32"));
+    let mf = b.op(&format!("arith.extf {m16} : f16 to f32"));
+    let sq = rn_f32(b, "div", &scale, &df);
+    let sc = quant(b, &sq, &df, 63);
+    let mqq = rn_f32(b, "div", &offset, &mf);
+    let mn = quant(b, &mqq, &mf, 63);
+    let scf = s2f(b, &sc);
+    let mnf = s2f(b, &mn);
+    let dj = rn_f32(b, "mul", &df, &scf);
+    let mj = rn_f32(b, "mul", &mf, &mnf);
+    let num = rn_f32(b, "add", v, &mj);
+    let qx = rn_f32(b, "div", &num, &dj);
+    let q = quant(b, &qx, &dj, 15);
+    // q of every element, then sc and mn of every sub-block, through shared memory
+    b.line(&format!("memref.store {q}, %qs[{t}] : {qmt}"));
+    b.line(&format!("scf.if {first} {{"));
+    let c256 = b.op("arith.constant 256 : index");
+    let at = b.op(&format!("arith.addi {warp}, {c256} : index"));
+    b.line(&format!("memref.store {sc}, %qs[{at}] : {qmt}"));
+    let c264 = b.op("arith.constant 264 : index");
+    let at = b.op(&format!("arith.addi {warp}, {c264} : index"));
+    b.line(&format!("memref.store {mn}, %qs[{at}] : {qmt}"));
+    b.line("}");
+    b.line("gpu.barrier");
+    let sb = bin64(b, "divui", i, 256);
+    let base = bin64(b, "muli", &sb, 144);
+    let t64 = b.idx64(&t);
+    // threads 0..128: quant byte t = q[64c + l] | q[64c + 32 + l] << 4 (c = t / 32, l = t % 32)
+    let c128 = b.ci64(128);
+    let low = b.op(&format!("arith.cmpi ult, {t64}, {c128} : i64"));
+    b.line(&format!("scf.if {low} {{"));
+    let c = bin64(b, "divui", &t64, 32);
+    let l = bin64(b, "remui", &t64, 32);
+    let c64 = bin64(b, "muli", &c, 64);
+    let e0 = b.op(&format!("arith.addi {c64}, {l} : i64"));
+    let e1 = addc(b, &e0, 32);
+    let ix0 = b.op(&format!("arith.index_cast {e0} : i64 to index"));
+    let ix1 = b.op(&format!("arith.index_cast {e1} : i64 to index"));
+    let q0 = b.op(&format!("memref.load %qs[{ix0}] : {qmt}"));
+    let q1 = b.op(&format!("memref.load %qs[{ix1}] : {qmt}"));
+    let q1 = bin32(b, "shli", &q1, 4);
+    let byte = b.op(&format!("arith.ori {q0}, {q1} : i32"));
+    let byte = b.op(&format!("arith.trunci {byte} : i32 to i8"));
+    let o = addc(b, &base, 16);
+    let o = b.op(&format!("arith.addi {o}, {t64} : i64"));
+    let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    b.line(&format!("llvm.store {byte}, {p} : i8, !llvm.ptr<1>"));
+    b.line("}");
+    // thread 0: d, dmin and the 12 scale bytes (`k_pack_scale_min`)
+    let z64 = b.ci64(0);
+    let t0 = b.op(&format!("arith.cmpi eq, {t64}, {z64} : i64"));
+    b.line(&format!("scf.if {t0} {{"));
+    for (h, off) in [(&d16, 0i64), (&m16, 2)] {
+        let o = addc(b, &base, off);
+        let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        b.line(&format!("llvm.store {h}, {p} {{alignment = 2 : i64}} : f16, !llvm.ptr<1>"));
+    }
+    let at = |b: &mut Body, k: usize| {
+        let ck = b.op(&format!("arith.constant {k} : index"));
+        b.op(&format!("memref.load %qs[{ck}] : {qmt}"))
+    };
+    let scs: Vec<String> = (0..8).map(|j| at(b, 256 + j)).collect();
+    let mns: Vec<String> = (0..8).map(|j| at(b, 264 + j)).collect();
+    for j in 0..4 {
+        let top = |b: &mut Body, x: &str| {
+            let h = bin32(b, "andi", x, 0x30);
+            bin32(b, "shli", &h, 2)
+        };
+        let ts = top(b, &scs[j + 4]);
+        let s0 = b.op(&format!("arith.ori {}, {ts} : i32", scs[j]));
+        let tm = top(b, &mns[j + 4]);
+        let s1 = b.op(&format!("arith.ori {}, {tm} : i32", mns[j]));
+        let lo4 = bin32(b, "andi", &scs[j + 4], 0xF);
+        let hi4 = bin32(b, "andi", &mns[j + 4], 0xF);
+        let hi4 = bin32(b, "shli", &hi4, 4);
+        let s2 = b.op(&format!("arith.ori {lo4}, {hi4} : i32"));
+        for (val, k) in [(s0, j), (s1, j + 4), (s2, j + 8)] {
+            let byte = b.op(&format!("arith.trunci {val} : i32 to i8"));
+            let o = addc(b, &base, 4 + k as i64);
+            let p = b.op(&format!("llvm.getelementptr %y[{o}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+            b.line(&format!("llvm.store {byte}, {p} : i8, !llvm.ptr<1>"));
+        }
+    }
+    b.line("}");
+}
