@@ -104,6 +104,10 @@ fn k_quant_ggufs_run_as_their_dequantized_weights() {
         let gpu = c.gpu.as_ref().unwrap_or_else(|| panic!("{dt}: no GPU program: {:?}", c.gpu_skipped));
         let one_row = format!("_{}", dt.name());
         assert!(gpu.steps.iter().any(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("matmul_k") && k.contains(&one_row))), "{dt}: no decode GEMV over the blocks");
+        // ... and batched decode steps the tensor-core batched GEMV over them (not the
+        // per-element wgmma staging: 4x slower at 8 rows on an H100)
+        let few = |s: &dsc_runtime::plan::GpuStep| s.few.iter().any(|l| l.kernel.starts_with("matmul_few32_") && l.kernel.contains(&one_row));
+        assert!(gpu.steps.iter().any(few), "{dt}: no batched GEMV over the blocks");
         // the plan's compiled CPU kernels read the super-blocks as stored: the prompt in one
         // step (the gemm: a 4-row tile and 3 single rows) and token by token (the gemv) give
         // the executor's logits

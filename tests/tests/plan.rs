@@ -114,6 +114,33 @@ fn seeded_plans_store_no_weight_bytes_and_regenerate_them_identically() {
 }
 
 #[test]
+fn seeded_q4_k_plans_generate_their_super_blocks_on_both_sides() {
+    // (Q4_K seeded: the GPU program carries the device generator, `seeded_init_q4_k`, whose
+    // bytes scripts/gpu-kquant.sh's kernel check holds to the host encoder's; the CPU side
+    // encodes the same values)
+    let d = tempfile::tempdir().unwrap();
+    let toml = d.path().join("m.toml");
+    std::fs::write(
+        &toml,
+        "[model]\nname = \"s\"\narchitecture = \"llama\"\n[weights]\nformat = \"seeded\"\nseed = 3\ndtype = \"q4_k\"\n[dims]\nhidden = 256\nlayers = 1\nheads = 8\nkv_heads = 2\nhead_dim = 32\nffn = 512\nvocab = 64\nrope_theta = 10000.0\nnorm_eps = 1e-5\n[limits]\nkv_block_size = 4\n",
+    )
+    .unwrap();
+    let c = dsc_compiler::compile(&toml).unwrap();
+    let gpu = c.gpu.as_ref().unwrap_or_else(|| panic!("no GPU program: {:?}", c.gpu_skipped));
+    assert!(gpu.ptx.values().all(|p| p.contains(".entry seeded_init_q4_k(")), "the device generator is in every PTX module");
+    let out = d.path().join("s.plan");
+    dsc_compiler::write(&c, &out).unwrap();
+    let plan = Plan::open(&out).unwrap();
+    let q4k: Vec<_> = plan.header.weights.tensors.iter().filter(|e| e.dtype == "q4_k").collect();
+    assert!(!q4k.is_empty());
+    for e in q4k {
+        let bytes = plan.weight_bytes(e);
+        assert_eq!(bytes.len(), e.shape.iter().product::<usize>() / 256 * 144, "{}", e.name);
+        assert_eq!(bytes, c.model.weights.get(&e.name).unwrap().bytes.as_slice(), "{}", e.name);
+    }
+}
+
+#[test]
 fn models_without_a_gpu_lowering_still_compile_for_the_cpu() {
     // head_dim 16 is below the attention kernel's warp width: no GPU program, a clear reason
     let d = tempfile::tempdir().unwrap();
