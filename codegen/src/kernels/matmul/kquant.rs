@@ -184,6 +184,29 @@ fn k_scale_min(b: &mut Body, s: &[String; 3], j: &str) -> (String, String) {
     (sc, mn)
 }
 
+/// Byte offset of Q4_K / Q5_K sub-block `j`'s quants (i64) from `at` (a super-block's start, or a
+/// lane's place in it): chunk j / 2 of the 128 nibble bytes, past the header (and Q5_K's qh).
+fn k_quants_at(b: &mut Body, at: &str, j: &str, five: bool) -> String {
+    let jh = bin64(b, "divui", j, 2);
+    let jo = bin64(b, "muli", &jh, 32);
+    let o = addc(b, at, if five { 48 } else { 16 });
+    b.op(&format!("arith.addi {o}, {jo} : i64"))
+}
+
+/// Byte offsets of Q6_K unit `u`'s (32 values, i64) low nibbles and high bits from `at`: half
+/// h = u / 4 of the super-block, ql bytes 64h + 32 (u % 2), qh bytes 128 + 32h.
+fn q6_k_unit_at(b: &mut Body, at: &str, u: &str) -> (String, String) {
+    let h = bin64(b, "divui", u, 4);
+    let h64 = bin64(b, "muli", &h, 64);
+    let u2 = bin64(b, "remui", u, 2);
+    let u32o = bin64(b, "muli", &u2, 32);
+    let o = b.op(&format!("arith.addi {at}, {h64} : i64"));
+    let lo = b.op(&format!("arith.addi {o}, {u32o} : i64"));
+    let h32 = bin64(b, "muli", &h, 32);
+    let o = addc(b, at, 128);
+    (lo, b.op(&format!("arith.addi {o}, {h32} : i64")))
+}
+
 /// One value of a K-quant / 5-bit weight at flat element `e` (i64) of `ptr`, as f32.
 pub(crate) fn kquant_elem(b: &mut Body, ptr: &str, e: &str, dtype: DType) -> String {
     let (per, bytes) = dtype.block();
@@ -237,10 +260,7 @@ pub(crate) fn kquant_elem(b: &mut Body, ptr: &str, e: &str, dtype: DType) -> Str
             let s = b.load_vec(ptr, &o, 3, "i32", 4);
             let (sc, mn) = k_scale_min(b, &[s[0].clone(), s[1].clone(), s[2].clone()], &j);
             // the nibble: byte 32 (j / 2) + i of qs, high half for odd j
-            let jh = bin64(b, "divui", &j, 2);
-            let jo = bin64(b, "muli", &jh, 32);
-            let o = addc(b, &base, if five { 48 } else { 16 });
-            let o = b.op(&format!("arith.addi {o}, {jo} : i64"));
+            let o = k_quants_at(b, &base, &j, five);
             let o = b.op(&format!("arith.addi {o}, {i} : i64"));
             let qb = byte(b, &o);
             let odd = bin64(b, "remui", &j, 2);
@@ -402,10 +422,7 @@ fn kquant_unit(b: &mut Body, dtype: DType, k: usize, col: &str, unit: &str, xs: 
             let hdr = words(b, "%w", &base, 4, 16);
             let [d, dmin] = b.f16_pair(&hdr[0]);
             let (sc, mn) = k_scale_min(b, &[hdr[1].clone(), hdr[2].clone(), hdr[3].clone()], &j);
-            let jh = bin64(b, "divui", &j, 2);
-            let jo = bin64(b, "muli", &jh, 32);
-            let o = addc(b, &base, if five { 48 } else { 16 });
-            let qo = b.op(&format!("arith.addi {o}, {jo} : i64"));
+            let qo = k_quants_at(b, &base, &j, five);
             let qw = words(b, "%w", &qo, 8, 16);
             let odd = bin64(b, "remui", &j, 2);
             let sh = bin64(b, "muli", &odd, 4);
@@ -447,16 +464,8 @@ fn kquant_unit(b: &mut Body, dtype: DType, k: usize, col: &str, unit: &str, xs: 
             let base = b.op(&format!("arith.addi {rbase}, {o} : i64"));
             // unit u: half h = u / 4; ql bytes 64h + 32 (u % 2) + i, nibble (u % 4) / 2; qh
             // bytes 128 + 32h + i, field u % 4; scales 192 + 2u, + 1; d at 208
-            let h = bin64(b, "divui", &u, 4);
-            let h64 = bin64(b, "muli", &h, 64);
-            let u2 = bin64(b, "remui", &u, 2);
-            let u32o = bin64(b, "muli", &u2, 32);
-            let o = b.op(&format!("arith.addi {base}, {h64} : i64"));
-            let lo = b.op(&format!("arith.addi {o}, {u32o} : i64"));
+            let (lo, ho) = q6_k_unit_at(b, &base, &u);
             let lw = words(b, "%w", &lo, 8, 2);
-            let h32 = bin64(b, "muli", &h, 32);
-            let o = addc(b, &base, 128);
-            let ho = b.op(&format!("arith.addi {o}, {h32} : i64"));
             let hw = words(b, "%w", &ho, 8, 2);
             let u4 = bin64(b, "remui", &u, 4);
             let nh = bin64(b, "divui", &u4, 2);
@@ -533,10 +542,7 @@ pub(crate) fn kquant_step_words(b: &mut Body, ptr: &str, dtype: DType, rowb: &st
     match dtype {
         DType::Q4_K | DType::Q5_K => {
             let five = dtype == DType::Q5_K;
-            let jh = bin64(b, "divui", &j, 2);
-            let jo = bin64(b, "muli", &jh, 32);
-            let o = addc(b, &lane, if five { 48 } else { 16 });
-            let o = b.op(&format!("arith.addi {o}, {jo} : i64"));
+            let o = k_quants_at(b, &lane, &j, five);
             w.extend(b.load_vec(ptr, &o, 2, "i32", 8));
             if five {
                 let o = addc(b, &lane, 16);
@@ -546,17 +552,9 @@ pub(crate) fn kquant_step_words(b: &mut Body, ptr: &str, dtype: DType, rowb: &st
         }
         DType::Q6_K => {
             // (210-byte super-blocks: 2-byte aligned) ql 64 (u / 4) + 32 (u % 2), qh 128 + 32 (u / 4)
-            let h = bin64(b, "divui", &j, 4);
-            let h64 = bin64(b, "muli", &h, 64);
-            let u2 = bin64(b, "remui", &j, 2);
-            let u32o = bin64(b, "muli", &u2, 32);
-            let o = b.op(&format!("arith.addi {lane}, {h64} : i64"));
-            let o = b.op(&format!("arith.addi {o}, {u32o} : i64"));
-            w.extend(b.load_vec(ptr, &o, 2, "i32", 2));
-            let h32 = bin64(b, "muli", &h, 32);
-            let o = addc(b, &lane, 128);
-            let o = b.op(&format!("arith.addi {o}, {h32} : i64"));
-            w.extend(b.load_vec(ptr, &o, 2, "i32", 2));
+            let (lo, ho) = q6_k_unit_at(b, &lane, &j);
+            w.extend(b.load_vec(ptr, &lo, 2, "i32", 2));
+            w.extend(b.load_vec(ptr, &ho, 2, "i32", 2));
             // the lane's scale: byte 192 + 2u + t / 2 (8t / 16), and d
             let t2 = bin64(b, "divui", lane_off, 16);
             let ju = bin64(b, "muli", &j, 2);
