@@ -193,18 +193,12 @@ fn k_quants_at(b: &mut Body, at: &str, j: &str, five: bool) -> String {
     b.op(&format!("arith.addi {o}, {jo} : i64"))
 }
 
-/// Byte offsets of Q6_K unit `u`'s (32 values, i64) low nibbles and high bits from `at`: half
-/// h = u / 4 of the super-block, ql bytes 64h + 32 (u % 2), qh bytes 128 + 32h.
-fn q6_k_unit_at(b: &mut Body, at: &str, u: &str) -> (String, String) {
-    let h = bin64(b, "divui", u, 4);
-    let h64 = bin64(b, "muli", &h, 64);
-    let u2 = bin64(b, "remui", u, 2);
-    let u32o = bin64(b, "muli", &u2, 32);
-    let o = b.op(&format!("arith.addi {at}, {h64} : i64"));
-    let lo = b.op(&format!("arith.addi {o}, {u32o} : i64"));
-    let h32 = bin64(b, "muli", &h, 32);
+/// Byte offset of a Q6_K unit's high bits from `at` (a super-block's start, or a lane's place
+/// in it), `h` (i64) its half of the super-block: qh bytes 128 + 32h.
+fn q6_k_qh_at(b: &mut Body, at: &str, h: &str) -> String {
+    let h32 = bin64(b, "muli", h, 32);
     let o = addc(b, at, 128);
-    (lo, b.op(&format!("arith.addi {o}, {h32} : i64")))
+    b.op(&format!("arith.addi {o}, {h32} : i64"))
 }
 
 /// One value of a K-quant / 5-bit weight at flat element `e` (i64) of `ptr`, as f32.
@@ -464,8 +458,14 @@ fn kquant_unit(b: &mut Body, dtype: DType, k: usize, col: &str, unit: &str, xs: 
             let base = b.op(&format!("arith.addi {rbase}, {o} : i64"));
             // unit u: half h = u / 4; ql bytes 64h + 32 (u % 2) + i, nibble (u % 4) / 2; qh
             // bytes 128 + 32h + i, field u % 4; scales 192 + 2u, + 1; d at 208
-            let (lo, ho) = q6_k_unit_at(b, &base, &u);
+            let h = bin64(b, "divui", &u, 4);
+            let h64 = bin64(b, "muli", &h, 64);
+            let u2 = bin64(b, "remui", &u, 2);
+            let u32o = bin64(b, "muli", &u2, 32);
+            let o = b.op(&format!("arith.addi {base}, {h64} : i64"));
+            let lo = b.op(&format!("arith.addi {o}, {u32o} : i64"));
             let lw = words(b, "%w", &lo, 8, 2);
+            let ho = q6_k_qh_at(b, &base, &h);
             let hw = words(b, "%w", &ho, 8, 2);
             let u4 = bin64(b, "remui", &u, 4);
             let nh = bin64(b, "divui", &u4, 2);
@@ -552,8 +552,14 @@ pub(crate) fn kquant_step_words(b: &mut Body, ptr: &str, dtype: DType, rowb: &st
         }
         DType::Q6_K => {
             // (210-byte super-blocks: 2-byte aligned) ql 64 (u / 4) + 32 (u % 2), qh 128 + 32 (u / 4)
-            let (lo, ho) = q6_k_unit_at(b, &lane, &j);
-            w.extend(b.load_vec(ptr, &lo, 2, "i32", 2));
+            let h = bin64(b, "divui", &j, 4);
+            let h64 = bin64(b, "muli", &h, 64);
+            let u2 = bin64(b, "remui", &j, 2);
+            let u32o = bin64(b, "muli", &u2, 32);
+            let o = b.op(&format!("arith.addi {lane}, {h64} : i64"));
+            let o = b.op(&format!("arith.addi {o}, {u32o} : i64"));
+            w.extend(b.load_vec(ptr, &o, 2, "i32", 2));
+            let ho = q6_k_qh_at(b, &lane, &h);
             w.extend(b.load_vec(ptr, &ho, 2, "i32", 2));
             // the lane's scale: byte 192 + 2u + t / 2 (8t / 16), and d
             let t2 = bin64(b, "divui", lane_off, 16);
