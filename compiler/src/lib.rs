@@ -150,8 +150,10 @@ pub fn cpu_matmul_dtypes(graph: &dsc_ir::Graph) -> Vec<dsc_ir::DType> {
             let wn = graph.node(w);
             let dims: Option<Vec<usize>> = wn.ty.shape.iter().map(|d| d.as_const()).collect();
             if let (dsc_ir::Op::Weight, Some([r, c])) = (&wn.op, dims.as_deref()) {
-                if dsc_codegen::cpu::matmul::fits(wn.ty.dtype, *r, *c) && !out.contains(&wn.ty.dtype) {
-                    out.push(wn.ty.dtype);
+                // (i4g128 is laid out for Q4_1's kernels when the plan loads)
+                let kd = dsc_ir::quant::cpu_kernel_dtype(wn.ty.dtype);
+                if dsc_codegen::cpu::matmul::fits(kd, *r, *c) && !out.contains(&kd) {
+                    out.push(kd);
                 }
             }
         }

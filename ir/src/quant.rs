@@ -327,6 +327,9 @@ pub fn pack_i4g128(groups: impl IntoIterator<Item = (f16, f16, [u8; 128])>) -> V
 /// kernels broadcast scales straight from memory instead of converting f16 per block. None:
 /// the type is read as stored, or the bytes are not n rows of k.
 pub fn cpu_layout(dtype: DType, bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
+    if dtype == DType::I4G128 {
+        return i4g128_as_q4_1_layout(bytes, n, k);
+    }
     let (qb, mins) = match dtype {
         DType::Q4_1 => (16, true),
         DType::Q8_0 => (32, false),
@@ -353,10 +356,55 @@ pub fn cpu_layout(dtype: DType, bytes: &[u8], n: usize, k: usize) -> Option<Vec<
     Some(out)
 }
 
+/// [`DType::I4G128`] rows in Q4_1's CPU layout ([`cpu_layout`]): each 128-value group's f16
+/// d and m become four 32-value blocks' f32 scales and minima, its nibbles re-paired in Q4_1's
+/// order (byte i of a block: element i low, i + 16 high) — the same d·q + m for every value, so
+/// the Q4_1 kernels compute i4g128 matmuls ([`cpu_kernel_dtype`]).
+fn i4g128_as_q4_1_layout(bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
+    if k % 512 != 0 || bytes.len() != n.checked_mul(k / 512)?.checked_mul(272)? {
+        return None;
+    }
+    let nb = k / 32;
+    let row = nb * 24;
+    let mut out = vec![0u8; n * row];
+    for (src, dst) in bytes.chunks_exact(k / 512 * 272).zip(out.chunks_exact_mut(row)) {
+        let (qs, rest) = dst.split_at_mut(nb * 16);
+        let (ds, ms) = rest.split_at_mut(nb * 4);
+        for (s, sb) in src.chunks_exact(272).enumerate() {
+            for gi in 0..4 {
+                let d = f16::from_le_bytes([sb[4 * gi], sb[4 * gi + 1]]).to_f32().to_le_bytes();
+                let m = f16::from_le_bytes([sb[4 * gi + 2], sb[4 * gi + 3]]).to_f32().to_le_bytes();
+                let q = |p: usize| {
+                    let (byte, shift) = i4g128_nibble(p);
+                    (sb[16 + 64 * gi + byte] >> shift) & 0xF
+                };
+                for blk in 0..4 {
+                    let b = 16 * s + 4 * gi + blk;
+                    ds[4 * b..4 * b + 4].copy_from_slice(&d);
+                    ms[4 * b..4 * b + 4].copy_from_slice(&m);
+                    for i in 0..16 {
+                        qs[16 * b + i] = q(32 * blk + i) | (q(32 * blk + 16 + i) << 4);
+                    }
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The weight type whose CPU kernels read `dtype` once [`cpu_layout`] has laid it out: Q4_1's
+/// for [`DType::I4G128`], else its own.
+pub fn cpu_kernel_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::I4G128 => DType::Q4_1,
+        d => d,
+    }
+}
+
 /// Bytes of [n, k] weights of `dtype` as the CPU kernels read them ([`cpu_layout`] or stored).
 pub fn cpu_layout_bytes(dtype: DType, n: usize, k: usize) -> Option<usize> {
     match dtype {
-        DType::Q4_1 => n.checked_mul(k / 32)?.checked_mul(24),
+        DType::Q4_1 | DType::I4G128 => n.checked_mul(k / 32)?.checked_mul(24),
         DType::Q8_0 => n.checked_mul(k / 32)?.checked_mul(36),
         _ => dtype.bytes_for(n.checked_mul(k)?),
     }
@@ -721,6 +769,30 @@ mod tests {
         }
         assert!(decode(DType::Q4_1, &[0u8; 19], 32).is_none());
         assert!(encode(DType::Q8_0, &[0.0; 31]).is_none());
+    }
+
+    #[test]
+    fn i4g128_in_q4_1_cpu_layout_gives_every_value_exactly() {
+        let (n, k) = (3usize, 1024usize);
+        let x: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3).collect();
+        let b = encode(DType::I4G128, &x).unwrap();
+        let want = decode(DType::I4G128, &b, n * k).unwrap();
+        let l = cpu_layout(DType::I4G128, &b, n, k).unwrap();
+        assert_eq!(Some(l.len()), cpu_layout_bytes(DType::I4G128, n, k));
+        let nb = k / 32;
+        let f = |at: usize| f32::from_le_bytes([l[at], l[at + 1], l[at + 2], l[at + 3]]);
+        for r in 0..n {
+            let row = &l[r * nb * 24..];
+            for e in 0..k {
+                let (blk, i) = (e / 32, e % 32);
+                let byte = row[16 * blk + i % 16];
+                let q = if i < 16 { byte & 0xF } else { byte >> 4 };
+                let (d, m) = (f(r * nb * 24 + nb * 16 + 4 * blk), f(r * nb * 24 + nb * 20 + 4 * blk));
+                assert_eq!(d * q as f32 + m, want[r * k + e], "row {r} element {e}");
+            }
+        }
+        assert_eq!(cpu_kernel_dtype(DType::I4G128), DType::Q4_1);
+        assert!(cpu_layout(DType::I4G128, &b[1..], n, k).is_none());
     }
 
     #[test]

@@ -149,13 +149,14 @@ impl PackedMatMul for CpuKernels {
 
     fn takes(&self, dtype: DType, n: usize, k: usize) -> bool {
         // (k whole units: 32-element blocks, K-quants' 256-element super-blocks)
-        self.fns.contains_key(&dtype) && k > 0 && k % dtype.block().0.max(32) == 0 && n % 4 == 0 && n > 0
+        self.fns.contains_key(&dsc_ir::quant::cpu_kernel_dtype(dtype)) && k > 0 && k % dtype.block().0.max(32) == 0 && n % 4 == 0 && n > 0
     }
 
     fn prepare(&self, dtype: DType, n: usize, k: usize, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
         match dtype {
-            // (Q4_1 and Q8_0 in the kernels' layout: f32 scales apart from the quants)
-            DType::Q4_1 | DType::Q8_0 => dsc_ir::quant::cpu_layout(dtype, stored, n, k).ok_or_else(|| format!("{} bytes are not {dtype} [{n}, {k}]", stored.len())),
+            // (Q4_1 and Q8_0 in the kernels' layout: f32 scales apart from the quants; i4g128
+            // in Q4_1's, for its kernels)
+            DType::Q4_1 | DType::Q8_0 | DType::I4G128 => dsc_ir::quant::cpu_layout(dtype, stored, n, k).ok_or_else(|| format!("{} bytes are not {dtype} [{n}, {k}]", stored.len())),
             _ => Ok(stored.to_vec()),
         }
     }
@@ -169,7 +170,7 @@ impl PackedMatMul for CpuKernels {
         let mut starts = Vec::with_capacity(parts.len());
         let mut total = 0usize;
         for &(dtype, w, n) in parts {
-            let &(gemv, gemm) = self.fns.get(&dtype).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
+            let &(gemv, gemm) = self.fns.get(&dsc_ir::quant::cpu_kernel_dtype(dtype)).ok_or_else(|| format!("no CPU kernel reads {dtype}"))?;
             if !self.takes(dtype, n, k) || dsc_ir::quant::cpu_layout_bytes(dtype, n, k) != Some(w.len()) || x.len() != m * k {
                 return Err(format!("CPU matmul: {m}x{k} by {dtype} [{n}, {k}] ({} weight bytes, {} x values) does not fit the kernels", w.len(), x.len()));
             }

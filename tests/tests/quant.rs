@@ -237,3 +237,51 @@ fn smollm2_int4_awq_stays_near_the_shipped_weights() {
     let plan = dsc_runtime::plan::Plan::open(&out).unwrap();
     assert_eq!(plan.header.weights.precision.as_deref(), Some(note.as_str()));
 }
+
+/// i4g128 matrices run on the Q4_1 CPU kernels, laid out for them when the plan loads
+/// (`dsc_ir::quant::cpu_layout`: the same d·q + m for every value): the prompt in one step (the
+/// gemm) and token by token (the gemv) give the executor's logits on the stored i4g128.
+#[test]
+fn int4_g128_plans_run_on_the_q4_1_cpu_kernels() {
+    use dsc_ir::Executor;
+    use std::collections::BTreeMap;
+    let d = tempfile::tempdir().unwrap();
+    let toml = d.path().join("m.toml");
+    std::fs::write(
+        &toml,
+        "[model]\nname = \"s\"\narchitecture = \"llama\"\n[weights]\nformat = \"seeded\"\nseed = 5\ndtype = \"i4g128\"\n[dims]\nhidden = 512\nlayers = 1\nheads = 8\nkv_heads = 2\nhead_dim = 64\nffn = 1024\nvocab = 128\nrope_theta = 10000.0\nnorm_eps = 1e-5\n[limits]\nkv_block_size = 4\n",
+    )
+    .unwrap();
+    let c = dsc_compiler::compile(&toml).unwrap();
+    assert_eq!(dtype(&c.model, "model.layers.0.mlp.down_proj.weight"), DType::I4G128);
+    let cpu = c.cpu.as_ref().unwrap_or_else(|| panic!("no CPU kernels: {:?}", c.cpu_skipped));
+    assert_eq!(cpu.matmul_dtypes, vec!["q4_1".to_string()], "i4g128 matmuls take the Q4_1 kernels");
+    let want = prefill_logits(&c.model, &PROMPT);
+    let out = d.path().join("m.plan");
+    dsc_compiler::write(&c, &out).unwrap();
+    let plan = dsc_runtime::plan::Plan::open(&out).unwrap();
+    let graph = plan.graph().unwrap();
+    let kernels = std::sync::Arc::new(dsc_runtime::cpu_kernels::CpuKernels::load(&plan, 2).expect("the CPU kernels load"));
+    {
+        // (the executor hands them the i4g128 matmuls: taken, in Q4_1's layout)
+        use dsc_ir::exec::PackedMatMul;
+        assert!(kernels.takes(DType::I4G128, 1024, 512));
+        let e = plan.header.weights.tensors.iter().find(|e| e.name == "model.layers.0.mlp.down_proj.weight").unwrap();
+        let laid = kernels.prepare(DType::I4G128, e.shape[0], e.shape[1], plan.weight_bytes(e)).unwrap();
+        assert_eq!(Some(laid.len()), dsc_ir::quant::cpu_layout_bytes(DType::Q4_1, e.shape[0], e.shape[1]));
+    }
+    let n = PROMPT.len() as i32;
+    let pos: Vec<i32> = (0..n).collect();
+    let table = [0, 1];
+    let mut ex = Executor::with_kernels(&graph, &plan, BTreeMap::from([("NB".into(), 8)]), kernels.clone()).unwrap();
+    let got = ex.run(&inputs(&PROMPT, &pos, &vec![0; n as usize], &pos, (&table, 1, 2), &pos)).unwrap().remove("logits").unwrap();
+    let e = rel_err(&got.data, &want.data);
+    assert!(e < 1e-5, "prefill on the Q4_1 CPU kernels vs the executor: relative error {e}");
+    let v = want.data.len() / PROMPT.len();
+    let mut ex = Executor::with_kernels(&graph, &plan, BTreeMap::from([("NB".into(), 8)]), kernels).unwrap();
+    for (p, &tok) in PROMPT.iter().enumerate() {
+        let out = ex.run(&inputs(&[tok], &[p as i32], &[0], &[p as i32], (&table, 1, 2), &[0])).unwrap().remove("logits").unwrap();
+        let e = rel_err(&out.data, &want.data[p * v..(p + 1) * v]);
+        assert!(e < 1e-5, "decode step {p} on the Q4_1 CPU kernels vs the executor's prefill: relative error {e}");
+    }
+}
