@@ -37,7 +37,7 @@ if [ "${1:-}" = "--prepare" ]; then
   cargo build --release -p dsc-compiler -p dsc-runtime
   rm -rf $D && mkdir -p $D
   xz -T2 -6 -c target/release/dsc-runtime > $D/dsc-runtime.xz
-  ./target/release/dsc gpu-bundle --dir $D/check --only q4_k,q5_k,q6_k,q5_0,q5_1
+  ./target/release/dsc gpu-bundle --dir $D/check --only q4_k,q5_k,q6_k,q5_0,q5_1,q4k
   rm -f $D/check/kernels.ll $D/check/kernels.mlir $D/check/kernels.sm_80.ptx
   xz -T2 -6 -f $D/check/data.bin
   g=.cache/models/llama-kquant-6l.Q4_K_M.gguf
@@ -95,7 +95,9 @@ fi
 if [[ " $stages " == *" bench8b "* ]]; then
   # the 8B shape: Q4_K (4.52 GB of weights a b1 token) beside bf16 (16.1 GB), same run; and
   # the Q4_K plan's kernels alone
-  for m in llama3-8b-seeded llama3-8b-q4_k-seeded; do
+  # (a plan of an earlier commit, copied here as $D/base-q4_k.plan.xz, runs beside them)
+  extra=""; [ -f $D/base-q4_k.plan.xz ] && extra=base-q4_k
+  for m in llama3-8b-seeded llama3-8b-q4_k-seeded $extra; do
     python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/$m.plan.xz'), open('$D/$m.plan', 'wb'))"
     $D/dsc-runtime bench $D/$m.plan --batches ${BATCHES8B:-1,8,32} --prefill 512 --prompt-len 32 --new-tokens 64 --json "$out/kq-bench-$m.json" 2>&1 | tail -5
     [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -10,7 +10,7 @@ set -uo pipefail
 re=$1; skip=$2; shift 2
 out=${OUT:-/tmp}
 rep=/tmp/ncu-hot
-timeout 300 ncu --set full --import-source no -k "regex:$re" --launch-skip "$skip" --launch-count 1 -o "$rep" -f "$@" > /tmp/ncu-hot.log 2>&1
+timeout 300 ncu --clock-control none --set full --import-source no -k "regex:$re" --launch-skip "$skip" --launch-count 1 -o "$rep" -f "$@" > /tmp/ncu-hot.log 2>&1
 echo "ncu rc=$? $(tail -1 /tmp/ncu-hot.log)"
 ncu --import "$rep.ncu-rep" --page raw --csv 2>/dev/null | python3 -c "
 import csv, sys

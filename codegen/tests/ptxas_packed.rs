@@ -2,7 +2,8 @@
 //! weights) at each of its tilings passes ptxas on both targets without spills, and is what it
 //! claims to be: the products on `mma.sync` (bf16 for int4, f16 for fp8), the weights turned
 //! into 16-bit pairs by `lop3` (no conversion instruction per weight), read in 16-byte loads;
-//! one row stages x in shared memory (with the RMSNorm folded in under `NormMatMul`).
+//! one row stages x in shared memory (with the RMSNorm folded in under `NormMatMul`). GGUF Q4_K
+//! through its one-row form likewise.
 
 use dsc_codegen::{compile_kernels, GpuTarget, KernelSpec};
 use dsc_ir::DType;
@@ -46,6 +47,32 @@ fn packed_gemv_passes_ptxas_without_spills(wdtype: DType) {
             let head = &ptx[ptx.find(&format!(".entry {}(", spec.symbol())).unwrap()..];
             let head = &head[..head.find('{').unwrap()];
             assert_eq!(head.contains(".maxntid 256, 1, 1") && head.contains(".minnctapersm 2"), staged, "launch bounds of {}: {head}", spec.symbol());
+        }
+    }
+}
+
+/// GGUF's Q4_K through the packed GEMV's one-row form: ptxas without spills on both targets
+/// (the 8B shape's down projection: K = 14,336, four pipelined rounds a warp; its q/k/v with
+/// the norm folded in), f16 MMAs on weights made f16 pairs by `lop3` / `fma.rn.f16x2` (no
+/// int-to-float conversion per weight), 16-byte loads, x staged in shared memory.
+#[test]
+fn q4_k_gemv_passes_ptxas_without_spills() {
+    let ptxas = common::ptxas();
+    let dir = tempfile::tempdir().unwrap();
+    let wdtype = DType::Q4_K;
+    let mut specs = vec![KernelSpec::MatMulPacked { wdtype, k: 14336, n: 4096, tiles: 0, bias: false, residual: true }, KernelSpec::MatMulPacked { wdtype, k: 4096, n: 128256, tiles: 0, bias: false, residual: false }];
+    let qkv = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k: 4096, n: 6144, tiles: 0, bias: false, residual: false }), parts: vec![4096, 1024, 1024] };
+    specs.push(KernelSpec::NormMatMul { inner: Box::new(qkv), eps_bits: 1e-5f32.to_bits() });
+    let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
+    common::assemble_without_spills(&ptxas, &m, dir.path());
+    for (t, ptx) in &m.ptx {
+        for spec in &specs {
+            let body = common::body(ptx, &spec.symbol());
+            assert!(body.contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), "no f16 mma in {} on {}", spec.symbol(), t.name());
+            assert!(body.contains("lop3.b32") && body.contains("0x64006400") && body.contains("fma.rn.f16x2"), "no lop3 / fma.rn.f16x2 unpacking in {}", spec.symbol());
+            assert!(body.contains("ld.global.v4.u32") || body.contains("ld.global.v4.b32"), "no 16-byte weight loads in {}", spec.symbol());
+            assert!(!body.contains("cvt.rn.f32.u32") && !body.contains("cvt.rn.f32.s32"), "an int-to-float conversion per weight in {}", spec.symbol());
+            assert!(body.contains("st.shared.v4"), "x not staged in shared memory: {}", spec.symbol());
         }
     }
 }

@@ -99,11 +99,13 @@ fn k_quant_ggufs_run_as_their_dequantized_weights() {
         let e = rel_err(&got.data, &want.data);
         assert!(e < 1e-6 && got.data.iter().all(|x| x.is_finite()), "{dt} GGUF vs its dequantized f32: relative error {e}");
         // the GPU program reads the blocks as stored too (codegen's kernels/matmul/kquant.rs:
-        // the one-row GEMV over them, checked on the GPU by scripts/gpu-kquant.sh)
+        // the one-row GEMV over them; Q4_K's on the tensor cores, kernels/matmul/packed.rs;
+        // checked on the GPU by scripts/gpu-kquant.sh)
         let c = dsc_compiler::compile(&model_toml(&dir, "gguf", "m.gguf")).unwrap();
         let gpu = c.gpu.as_ref().unwrap_or_else(|| panic!("{dt}: no GPU program: {:?}", c.gpu_skipped));
         let one_row = format!("_{}", dt.name());
-        assert!(gpu.steps.iter().any(|s| s.kernel.as_deref().is_some_and(|k| k.starts_with("matmul_k") && k.contains(&one_row))), "{dt}: no decode GEMV over the blocks");
+        let decode = |k: &str| if dt == DType::Q4_K { k.contains("matmul_q4k_t0_") } else { k.starts_with("matmul_k") && k.contains(&one_row) };
+        assert!(gpu.steps.iter().any(|s| s.kernel.as_deref().is_some_and(decode)), "{dt}: no decode GEMV over the blocks");
         // ... and batched decode steps the tensor-core batched GEMV over them (not the
         // per-element wgmma staging: 4x slower at 8 rows on an H100)
         let few = |s: &dsc_runtime::plan::GpuStep| s.few.iter().any(|l| l.kernel.starts_with("matmul_few32_") && l.kernel.contains(&one_row));

@@ -444,8 +444,11 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     // (int4 in dsc's i4g128, fp8 in its f8g128: the tensor-core packed GEMV for every decode
     // row count, taking the rows as a scalar)
     let packed = matches!(wdtype, DType::I4G128 | DType::F8G128);
+    // (GGUF's Q4_K: the packed kernel's one-row form where K allows — x staged in f16, the
+    // weights made f16 in registers; more rows take the K-quant batched GEMV below)
+    let q4k_one_row = wdtype == DType::Q4_K && k % 256 == 0 && k <= crate::kernels::PACKED_ONE_ROW_MAX_K;
     let i4 = |tiles: usize| KernelSpec::MatMulPacked { wdtype, k, n: nn, tiles, bias, residual };
-    let (one_row, one_scalars) = if packed {
+    let (one_row, one_scalars) = if packed || q4k_one_row {
         // (one row: x staged in shared memory where K allows)
         (i4(if k <= crate::kernels::PACKED_ONE_ROW_MAX_K { 0 } else { 1 }), vec![rows.clone(), Scalar::Const(nn as i64)])
     } else if wide {
@@ -576,6 +579,7 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
         let plain = |w: dsc_ir::NodeId| match g.node(w).ty.dtype {
             DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1 => true,
             DType::I4G128 | DType::F8G128 => d.is_some_and(|d| d <= crate::kernels::PACKED_ONE_ROW_MAX_K),
+            DType::Q4_K => d.is_some_and(|d| d % 256 == 0 && d <= crate::kernels::PACKED_ONE_ROW_MAX_K),
             _ => false,
         };
         // (only ahead of short GEMVs, as the L2 prefetch: those are latency-bound and gain
@@ -592,7 +596,7 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
         // (1,792) lost — so packed weights are bounded by rows, the same for fp8's twice the bytes)
         let rows = |w: dsc_ir::NodeId| g.node(w).ty.shape.first().and_then(|d| d.as_const()).unwrap_or(usize::MAX);
         let short = |ws: &[dsc_ir::NodeId]| {
-            if ws.iter().all(|&w| matches!(g.node(w).ty.dtype, DType::I4G128 | DType::F8G128)) {
+            if ws.iter().all(|&w| matches!(g.node(w).ty.dtype, DType::I4G128 | DType::F8G128 | DType::Q4_K)) {
                 ws.iter().map(|&w| rows(w)).fold(0usize, |a, b| a.saturating_add(b)) <= PACKED_NORM_FOLD_MAX_ROWS
             } else {
                 ws.iter().map(|&w| bytes(w)).fold(0usize, |a, b| a.saturating_add(b)) <= crate::kernels::GEMV_PREFETCH_MAX_BYTES

@@ -216,6 +216,32 @@ fn packed_decode_schedule(wdtype: DType) {
 }
 
 #[test]
+fn q4_k_decode_runs_the_packed_gemv_at_one_row_and_the_k_quant_gemv_above() {
+    // one row: the tensor-core packed GEMV (x staged in f16) where K is whole super-blocks up to
+    // the staging limit, past it the K-quant GEMV; 2..few_max rows the K-quant batched GEMV
+    for (k, packed) in [(4096usize, true), (crate::kernels::PACKED_ONE_ROW_MAX_K + 256, false)] {
+        let src = format!("graph \"t\" {{\n  %x = input : f32[T, {k}]\n  %w = weight : q4_k[128, {k}]\n  %a = matmul(%x, %w) {{transpose_b = true}} : f32[T, 128]\n  output a = %a\n}}\n");
+        let steps = lower_opts(&text::parse(&src).unwrap(), no_ws()).unwrap();
+        let s = steps.iter().find(|s| s.node == "a").unwrap();
+        let want = if packed {
+            KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k, n: 128, tiles: 0, bias: false, residual: false }
+        } else {
+            KernelSpec::MatMul { k, n: 128, wdtype: DType::Q4_K, bias: false, residual: false }
+        };
+        assert_eq!(s.kernel, Some(want));
+        assert!(crate::kernels::fits(s.kernel.as_ref().unwrap()).is_ok());
+        assert!(!s.few.is_empty() && s.few.iter().all(|f| matches!(f.kernel, KernelSpec::MatMulFew { wdtype: DType::Q4_K, .. } | KernelSpec::MatMulFewX16 { wdtype: DType::Q4_K, .. })), "{:?}", s.few);
+    }
+    // the norm folds into its staging of x, as for int4
+    let src = "graph \"t\" {\n  %x = input : f32[T, 1024]\n  %g = weight : f32[1024]\n  %n = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 1024]\n  %w = weight : q4_k[128, 1024]\n  %a = matmul(%n, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
+    let steps = lower_opts(&text::parse(src).unwrap(), ScheduleOptions { norm_fusion: true, ..no_ws() }).unwrap();
+    let a = steps.iter().find(|s| s.node == "a").unwrap();
+    assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulPacked { wdtype: DType::Q4_K, tiles: 0, .. })), "{:?}", a.kernel);
+    // the packed form is one row only
+    assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k: 1024, n: 128, tiles: 1, bias: false, residual: false }).is_err());
+}
+
+#[test]
 fn q4_1_batched_decode_runs_the_tensor_core_gemv_up_to_few_max_rows_on_an_f16_copy() {
     let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : q4_1[128, 64]\n  %a = matmul(%x, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
     let g = text::parse(src).unwrap();

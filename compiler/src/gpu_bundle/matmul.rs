@@ -1038,5 +1038,60 @@ pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
     }
     // seeded Q4_K weights generated on the device: the host encoder's bytes, exactly
     super::elementwise::seeded_bytes(cx, DType::Q4_K, 256 * 37)?;
+    kquant_packed(cx)
+}
+
+/// Q4_K's one-row GEMV on the tensor cores (`MatMulPacked` tiles 0): one and a few rows (a
+/// block each), a partial block of outputs, bias and residual, K of 2 super-blocks (most warps
+/// idle), 6, 32 (two rounds) and 35 (a clamped last round); the RMSNorm folded into its staging.
+fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
+    let wdtype = DType::Q4_K;
+    for (k, n, m, extra, norm) in [(512usize, 256usize, 1usize, false, false), (1536, 100, 3, true, false), (8192, 40, 1, false, false), (8960, 24, 2, true, false), (1536, 100, 2, false, true)] {
+        let wf = cx.r.vec(n * k, -0.1, 0.1);
+        let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+        let mut ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+        let x = cx.r.vec(m * k, -2.0, 2.0);
+        let mut inputs = vec![cx.data.push(&x)];
+        let (src, spec) = if norm {
+            let gw = cx.r.vec(k, 0.5, 1.5);
+            ws.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
+            inputs.push(cx.data.push(&gw));
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%xn, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+            (src, KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() })
+        } else {
+            let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
+            (src, KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, bias: extra, residual: extra })
+        };
+        let mut want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+        inputs.push(cx.data.push_u8(&wb));
+        if extra {
+            let bias = cx.r.vec(n, -1.0, 1.0);
+            let res = cx.r.vec(m * n, -1.0, 1.0);
+            for (i, w) in want.iter_mut().enumerate() {
+                *w += bias[i % n] + res[i];
+            }
+            inputs.push(cx.data.push(&bias));
+            inputs.push(cx.data.push(&res));
+        }
+        let (g, b) = grid(&spec.launch(), n);
+        cx.cases.push(Case {
+            name: format!("{}matmul_q4k t0 {m}x{k}x{n}{}", if norm { "rms_norm+" } else { "" }, if extra { " bias res" } else { "" }),
+            kernel: spec.symbol(),
+            grid: g,
+            grid_y: grid_rows(&spec.launch(), m),
+            block: b,
+            inputs,
+            scalars: vec![m as i64, n as i64],
+            expected: cx.data.push(&want),
+            init: None,
+            written_inputs: vec![],
+            tmaps: vec![],
+            tol: 1e-2,
+            cluster: None,
+        });
+        if !cx.specs.contains(&spec) {
+            cx.specs.push(spec);
+        }
+    }
     Ok(())
 }

@@ -52,7 +52,11 @@ pub const PACKED_WARPS: usize = 8;
 pub(crate) fn packed_symbol(spec: &KernelSpec) -> String {
     match spec {
         KernelSpec::MatMulPacked { wdtype, k, n, tiles, bias, residual } => {
-            let f = if *wdtype == DType::F8G128 { "f8" } else { "i4" };
+            let f = match wdtype {
+                DType::F8G128 => "f8",
+                DType::Q4_K => "q4k",
+                _ => "i4",
+            };
             format!("matmul_{f}_t{tiles}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
         }
         other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
@@ -86,6 +90,15 @@ pub const PACKED_ONE_ROW_MAX_K: usize = 20480;
 /// [`PACKED_ONE_ROW_MAX_K`]).
 pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
+        KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k, tiles, .. } => {
+            if *tiles != 0 {
+                return Err(format!("the packed GEMV reads Q4_K for one row (tiles 0), not {tiles} tiles"));
+            }
+            if *k == 0 || k % 256 != 0 || *k > PACKED_ONE_ROW_MAX_K {
+                return Err(format!("the packed Q4_K GEMV needs K whole 256-value super-blocks up to {PACKED_ONE_ROW_MAX_K}, got {k}"));
+            }
+            Ok(())
+        }
         KernelSpec::MatMulPacked { wdtype, k, tiles, .. } => {
             if !matches!(wdtype, DType::I4G128 | DType::F8G128) {
                 return Err(format!("the packed GEMV reads i4g128 or f8g128 weights, not {wdtype}"));
@@ -109,7 +122,7 @@ pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
 pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     packed_fits(spec)?;
     let KernelSpec::MatMulPacked { wdtype, k, tiles, bias, residual, .. } = spec else { unreachable!("checked") };
-    emit_gemv_packed(b, *wdtype == DType::F8G128, *k, *tiles, *bias, *residual);
+    emit_gemv_packed(b, *wdtype, *k, *tiles, *bias, *residual);
     Ok(matmul_params(*bias, *residual, true))
 }
 
@@ -117,24 +130,37 @@ pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, S
 /// the (d, m) word; fp8: 8 e4m3 words, the f32 scale's bits).
 type GroupW = Vec<Vec<String>>;
 
-fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, residual: bool) {
+fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: bool, residual: bool) {
     let nw = PACKED_WARPS;
-    let groups = k / 128;
+    // (Q4_K: one row only, a group is a 256-value super-block, f16 MMAs, x staged as fp8's)
+    let q4k = wdtype == DType::Q4_K;
+    let f8 = wdtype == DType::F8G128;
+    let groups = if q4k { k / 256 } else { k / 128 };
     // (one row: x from shared memory, 128 bytes of weights a lane in flight: 4 int4 groups
     // or 2 fp8 groups)
     let staged = tiles == 0;
     let tiles = tiles.max(1);
     let unroll = match (staged, tiles, f8) {
+        _ if q4k => Q4K_UNROLL,
         (true, _, false) => 4,
         (true, _, true) | (false, 1, false) => 2,
         _ => 1,
     };
     // words a row's group takes in registers (the scale word last)
-    let wl = if f8 { 9 } else { 5 };
+    let wl = if q4k {
+        12
+    } else if f8 {
+        9
+    } else {
+        5
+    };
     if staged {
         // (256 threads, two blocks an SM: up to 128 registers, so ptxas keeps the next round's
         // loads at the top of the loop — left to itself it kept to ~80 and sank them to the
         // loop's end, behind the math, a DRAM round trip exposed per round)
+        // (Q4_K too: three blocks an SM where a warp takes one round — 80 registers, small
+        // spills in the norm and residual forms — measured 2.27 vs 2.17 ms a step on the 8B
+        // shape, H100)
         b.launch_bounds = Some(((32 * nw) as u32, 2));
     }
     let (jloop, rounds) = split_k_schedule(groups, 1, nw, unroll);
@@ -161,7 +187,7 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
     let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
     let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
     // weight rows g and g + 8 (clamped), and this lane's 16 bytes within a group's 64
-    let rowbytes = b.ci64((k / 512 * if f8 { 528 } else { 272 }) as i64);
+    let rowbytes = b.ci64(if q4k { k / 256 * 144 } else { k / 512 * if f8 { 528 } else { 272 } } as i64);
     let lane_b = b.op(&format!("arith.muli {tq}, {c16} : i64"));
     let wrow: Vec<String> = (0..na as i64)
         .flat_map(|a| [16 * a, 16 * a + 8])
@@ -192,6 +218,9 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
     // int4 group gi: nibbles at 16 + 16 (gi / 4) + 64 gi (+ 16 t), (d, m) at 256 (gi / 4) + 4 gi;
     // fp8: e4m3 at 528 (gi / 4) + 16 + 128 (gi % 4) (+ 16 t, + 64), the scale at 528 (gi / 4) + 4 (gi % 4)
     let load_w = |b: &mut Body, gi: &str| -> GroupW {
+        if q4k {
+            return q4k_load(b, gi, &wrow, &lane_b);
+        }
         let c2 = b.ci64(2);
         let sb = b.op(&format!("arith.shrui {gi}, {c2} : i64"));
         let c16 = b.ci64(16);
@@ -235,13 +264,33 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
             })
             .collect()
     };
-    // (staged: the shared address of this lane's x pairs in group 0: 8 t bytes into %xs)
+    // (staged: the shared address of this lane's x pairs in group 0: 8 t bytes into %xs;
+    // Q4_K: its sub-block 2 (t / 2)'s values 16 (t % 2).., 128 (t / 2) + 32 (t % 2) bytes)
     let xsm = staged.then(|| {
         let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
         let base = b.idx64(&base);
-        let c = b.ci64(if f8 { 32 } else { 8 });
-        let lo = b.op(&format!("arith.muli {tq}, {c} : i64"));
+        let lo = if q4k {
+            let c2 = b.ci64(2);
+            let (tp, tm) = (b.op(&format!("arith.divui {tq}, {c2} : i64")), b.op(&format!("arith.remui {tq}, {c2} : i64")));
+            let (c128, c32) = (b.ci64(128), b.ci64(32));
+            let a = b.op(&format!("arith.muli {tp}, {c128} : i64"));
+            let m = b.op(&format!("arith.muli {tm}, {c32} : i64"));
+            b.op(&format!("arith.addi {a}, {m} : i64"))
+        } else {
+            let c = b.ci64(if f8 { 32 } else { 8 });
+            b.op(&format!("arith.muli {tq}, {c} : i64"))
+        };
         b.op(&format!("arith.addi {base}, {lo} : i64"))
+    });
+    // (Q4_K: the `prmt` selector of this lane's two scale bytes 2 (t / 2), + 1 in a scale word)
+    let q4k_sel = q4k.then(|| {
+        let c2 = b.ci64(2);
+        let tp = b.op(&format!("arith.divui {tq}, {c2} : i64"));
+        let tp = b.op(&format!("arith.trunci {tp} : i64 to i32"));
+        let c = b.op("arith.constant 514 : i32");
+        let s = b.op(&format!("arith.muli {tp}, {c} : i32"));
+        let base = b.op(&format!("arith.constant {} : i32", 0x4140));
+        b.op(&format!("arith.addi {s}, {base} : i32"))
     });
     let xbase = staged.then(|| {
         let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
@@ -253,6 +302,9 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
     let zero = b.cf32(0.0);
     // one group's math into `acc`; `valid` false: a clamped group past K, adding nothing
     let math = |b: &mut Body, gi: &str, valid: Option<&str>, w: &GroupW, acc: &[String]| -> Vec<String> {
+        if let (Some(xb), Some(sel)) = (&xsm, &q4k_sel) {
+            return q4k_math(b, gi, valid, w, acc, xb, sel);
+        }
         let mut out = acc.to_vec();
         // x: per B tile the lane's 32 values of the group as 16 16-bit pairs, in the order the
         // MMAs take them (K step u: pairs 2u and 2u + 1)
@@ -393,7 +445,7 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
         if b.pdl && !b.waited {
             b.wait_for_previous();
         }
-        stage_x(b, f8, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
+        stage_x(b, f8 || q4k, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
         let zero = b.cf32(0.0);
         let mut acc: Vec<String> = vec![zero; per];
         if nr > 1 {
@@ -464,6 +516,122 @@ fn emit_gemv_packed(b: &mut Body, f8: bool, k: usize, tiles: usize, bias: bool, 
         MmaTiles::store_swap_ab(b, &total, a, tiles, (&col0, &g), (&row0, &t2), bias, residual);
     }
     b.line("}");
+}
+
+/// Q4_K super-blocks a warp's round of the one-row GEMV loads (the next round's loaded before
+/// this round's math): 64 bytes of quants a lane a super-block, 128 in flight.
+pub const Q4K_UNROLL: usize = 2;
+
+/// Q4_K super-block `gi` (i64) of each of this lane's weight rows (`wrow`: their byte offsets;
+/// 144 bytes: f16 d, dmin, 12 scale bytes, 128 quant bytes): the 16 quant bytes 16 t.. of each
+/// 64-byte half h — values 16 (t % 2).. of sub-blocks A = 4h + 2 (t / 2) (low nibbles) and
+/// A + 1 (high) — then the 16-byte header. `lane_b` = 16 t.
+fn q4k_load(b: &mut Body, gi: &str, wrow: &[String], lane_b: &str) -> GroupW {
+    let c144 = b.ci64(144);
+    let base = b.op(&format!("arith.muli {gi}, {c144} : i64"));
+    let c16 = b.ci64(16);
+    let q = b.op(&format!("arith.addi {base}, {c16} : i64"));
+    let q = b.op(&format!("arith.addi {q}, {lane_b} : i64"));
+    let c64 = b.ci64(64);
+    wrow.iter()
+        .map(|r| {
+            let o = b.op(&format!("arith.addi {r}, {q} : i64"));
+            let mut w = b.load_vec("%w", &o, 4, "i32", 16);
+            let o2 = b.op(&format!("arith.addi {o}, {c64} : i64"));
+            w.extend(b.load_vec("%w", &o2, 4, "i32", 16));
+            let h = b.op(&format!("arith.addi {r}, {base} : i64"));
+            w.extend(b.load_vec("%w", &h, 4, "i32", 16));
+            w
+        })
+        .collect()
+}
+
+/// One Q4_K super-block's MMAs for the one-row GEMV: x from shared memory at `xb` (this lane's
+/// place in super-block 0, f16 pairs (x0, x2), (x1, x3) a quad as [`stage_x`] writes them),
+/// each row's weights d·sc·q − dmin·m made f16 pairs in registers ([`q4k_scales`],
+/// [`q4k_f16_words`]) — a word's quad i of sub-block A and of A + 1 two K steps — into the
+/// accumulators. `valid` false (a clamped super-block past K): every weight 0.
+fn q4k_math(b: &mut Body, gi: &str, valid: Option<&str>, w: &GroupW, acc: &[String], xb: &str, sel: &str) -> Vec<String> {
+    let c512 = b.ci64(512);
+    let go = b.op(&format!("arith.muli {gi}, {c512} : i64"));
+    let base = b.op(&format!("arith.addi {xb}, {go} : i64"));
+    // [half h, sub-block A or A + 1]: the lane's 16 values, quad i as pairs 2i, 2i + 1
+    let xs: Vec<Vec<String>> = [(0usize, 0usize), (0, 1), (1, 0), (1, 1)]
+        .iter()
+        .map(|(h, s)| {
+            let mut v = vec![];
+            for q in 0..2 {
+                let c = b.ci64((256 * h + 64 * s + 16 * q) as i64);
+                let o = b.op(&format!("arith.addi {base}, {c} : i64"));
+                let p = b.op(&format!("llvm.inttoptr {o} : i64 to !llvm.ptr<3>"));
+                let r = b.op(&format!("llvm.load {p} {{alignment = 16 : i64}} : !llvm.ptr<3> -> vector<4xi32>"));
+                v.extend(b.elements(&r, 4, "i32"));
+            }
+            v
+        })
+        .collect();
+    let sc: Vec<Vec<[String; 4]>> = w.iter().map(|row| (0..2).map(|h| q4k_scales(b, &row[8..12], sel, h == 1, valid)).collect()).collect();
+    let mut c: Vec<String> = acc.to_vec();
+    for h in 0..2 {
+        for i in 0..4 {
+            let p: Vec<[String; 4]> = w.iter().enumerate().map(|(r, row)| q4k_f16_words(b, &row[4 * h + i], &sc[r][h])).collect();
+            for (s, (i0, i1)) in [(0usize, (0usize, 1usize)), (1, (2, 3))] {
+                let x = &xs[2 * h + s];
+                c = b.mma_m16n8k16("f16", [&p[0][i0], &p[1][i0], &p[0][i1], &p[1][i1]], &x[2 * i], &x[2 * i + 1], [&c[0], &c[1], &c[2], &c[3]]);
+            }
+        }
+    }
+    c
+}
+
+/// A Q4_K row's scales for this lane's sub-blocks A = 4h + 2 (t / 2) and A + 1 (`hdr`: the
+/// header's words — (d, dmin), scale bytes 0..3, 4..7, 8..11; `sel`: the `prmt` selector of
+/// bytes 2 (t / 2), + 1; `second`: h = 1) as f16 pairs (d·sc_A, d·sc_A), (−dmin·m_A, ..),
+/// (d·sc_B, ..), (−dmin·m_B, ..). The 6-bit sc and m (ggml's `get_scale_min_k4`: sub-blocks
+/// 0..3 the low 6 bits of bytes j and j + 4; 4..7 the nibbles of byte j + 4 and the top 2 bits
+/// of bytes j − 4 and j) are or-ed into f16 1024's bits and 1024 taken off (exact), then
+/// multiplied by d and dmin (each rounded once to f16, as the products of the f32 reference).
+fn q4k_scales(b: &mut Body, hdr: &[String], sel: &str, second: bool, valid: Option<&str>) -> [String; 4] {
+    let st = "!llvm.struct<(i32, i32, i32, i32)>";
+    let mut asm = String::from("{ .reg .b32 z, k, u, v, t, s, a, c, d2, m2; mov.b32 z, 0; mov.b32 k, 0x64006400; ");
+    if second {
+        asm.push_str("prmt.b32 c, $7, z, $8; ");
+        asm.push_str("prmt.b32 a, $5, z, $8; shr.b32 t, a, 2; lop3.b32 t, t, 0x00300030, 0x64006400, 0xEA; lop3.b32 u, c, 0x000F000F, t, 0xEA; sub.f16x2 u, u, k; ");
+        asm.push_str("prmt.b32 a, $6, z, $8; shr.b32 t, a, 2; lop3.b32 t, t, 0x00300030, 0x64006400, 0xEA; shr.b32 s, c, 4; lop3.b32 v, s, 0x000F000F, t, 0xEA; sub.f16x2 v, v, k; ");
+    } else {
+        asm.push_str("prmt.b32 u, $5, z, $8; lop3.b32 u, u, 0x003F003F, 0x64006400, 0xEA; sub.f16x2 u, u, k; ");
+        asm.push_str("prmt.b32 v, $6, z, $8; lop3.b32 v, v, 0x003F003F, 0x64006400, 0xEA; sub.f16x2 v, v, k; ");
+    }
+    asm.push_str("prmt.b32 d2, $4, $4, 0x1010; prmt.b32 m2, $4, $4, 0x3232; mul.rn.f16x2 u, u, d2; mul.rn.f16x2 v, v, m2; xor.b32 v, v, 0x80008000; ");
+    asm.push_str("prmt.b32 $0, u, u, 0x1010; prmt.b32 $1, v, v, 0x1010; prmt.b32 $2, u, u, 0x3232; prmt.b32 $3, v, v, 0x3232; }");
+    let r = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r,r,r,r,r\" {}, {}, {}, {}, {sel} : (i32, i32, i32, i32, i32) -> {st}", hdr[0], hdr[1], hdr[2], hdr[3]));
+    let z = b.op("arith.constant 0 : i32");
+    [0, 1, 2, 3].map(|i| {
+        let v = b.op(&format!("llvm.extractvalue {r}[{i}] : {st}"));
+        match valid {
+            Some(ok) => b.op(&format!("arith.select {ok}, {v}, {z} : i32")),
+            None => v,
+        }
+    })
+}
+
+/// A Q4_K quant word (bytes 4i..4i + 3 of a sub-block pair: low nibbles values 4i.. of
+/// sub-block A, high nibbles of A + 1) as the f16 pairs (A_0, A_2), (A_1, A_3), (B_0, B_2),
+/// (B_1, B_3) of the weights d·sc·q − dmin·m (`sc`: [`q4k_scales`]'s four): each nibble pair
+/// or-ed into an f16's bits (low nibbles 1024 + q, high nibbles in place 64 + q), the offset
+/// taken off (exact), one `fma.rn.f16x2`.
+fn q4k_f16_words(b: &mut Body, w: &str, sc: &[String; 4]) -> [String; 4] {
+    let st = "!llvm.struct<(i32, i32, i32, i32)>";
+    // (low nibbles under 1024's bits: 1024 + q; high ones, 16 q, under 64's: 64 + q — no
+    // shift for them)
+    let mut asm = String::from("{ .reg .b32 k, h, t, u; mov.b32 k, 0x64006400; mov.b32 h, 0x54005400; shr.u32 u, $4, 8; ");
+    for (o, (src, mask, magic, off)) in [("$4", "0x000F000F", "0x64006400", "k"), ("u", "0x000F000F", "0x64006400", "k"), ("$4", "0x00F000F0", "0x54005400", "h"), ("u", "0x00F000F0", "0x54005400", "h")].iter().enumerate() {
+        let (d, m) = if o < 2 { (5, 6) } else { (7, 8) };
+        asm.push_str(&format!("lop3.b32 t, {src}, {mask}, {magic}, 0xEA; sub.f16x2 t, t, {off}; fma.rn.f16x2 ${o}, t, ${d}, ${m}; "));
+    }
+    asm.push('}');
+    let r = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,=r,=r,r,r,r,r,r\" {w}, {}, {}, {}, {} : (i32, i32, i32, i32, i32) -> {st}", sc[0], sc[1], sc[2], sc[3]));
+    [0, 1, 2, 3].map(|i| b.op(&format!("llvm.extractvalue {r}[{i}] : {st}")))
 }
 
 /// An e4m3 word (bytes v0..v3, v0 lowest) as the f16 pairs (v0, v2) and (v1, v3), each value
