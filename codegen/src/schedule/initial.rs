@@ -446,7 +446,7 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     let packed = matches!(wdtype, DType::I4G128 | DType::F8G128);
     // (GGUF's Q4_K: the packed kernel's one-row form where K allows — x staged in f16, the
     // weights made f16 in registers; more rows take the K-quant batched GEMV below)
-    let q4k_one_row = wdtype == DType::Q4_K && k % 256 == 0 && k <= crate::kernels::PACKED_ONE_ROW_MAX_K;
+    let q4k_one_row = wdtype == DType::Q4_K && crate::kernels::q4k_one_row_fits(k).is_ok();
     let i4 = |tiles: usize| KernelSpec::MatMulPacked { wdtype, k, n: nn, tiles, bias, residual };
     let (one_row, one_scalars) = if packed || q4k_one_row {
         // (one row: x staged in shared memory where K allows)
@@ -579,7 +579,7 @@ pub(crate) fn fusable_norms(g: &Graph) -> std::collections::HashSet<dsc_ir::Node
         let plain = |w: dsc_ir::NodeId| match g.node(w).ty.dtype {
             DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1 => true,
             DType::I4G128 | DType::F8G128 => d.is_some_and(|d| d <= crate::kernels::PACKED_ONE_ROW_MAX_K),
-            DType::Q4_K => d.is_some_and(|d| d % 256 == 0 && d <= crate::kernels::PACKED_ONE_ROW_MAX_K),
+            DType::Q4_K => d.is_some_and(|d| crate::kernels::q4k_one_row_fits(d).is_ok()),
             _ => false,
         };
         // (only ahead of short GEMVs, as the L2 prefetch: those are latency-bound and gain

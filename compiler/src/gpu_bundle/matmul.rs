@@ -1073,22 +1073,9 @@ fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
             inputs.push(cx.data.push(&bias));
             inputs.push(cx.data.push(&res));
         }
-        let (g, b) = grid(&spec.launch(), n);
-        cx.cases.push(Case {
-            name: format!("{}matmul_q4k t0 {m}x{k}x{n}{}", if norm { "rms_norm+" } else { "" }, if extra { " bias res" } else { "" }),
-            kernel: spec.symbol(),
-            grid: g,
-            grid_y: grid_rows(&spec.launch(), m),
-            block: b,
-            inputs,
-            scalars: vec![m as i64, n as i64],
-            expected: cx.data.push(&want),
-            init: None,
-            written_inputs: vec![],
-            tmaps: vec![],
-            tol: 1e-2,
-            cluster: None,
-        });
+        let name = format!("{}matmul_q4k t0 {m}x{k}x{n}{}", if norm { "rms_norm+" } else { "" }, if extra { " bias res" } else { "" });
+        let expected = cx.data.push(&want);
+        cx.cases.push(case(name, &spec, grid(&spec.launch(), n), grid_rows(&spec.launch(), m), inputs, vec![m as i64, n as i64], expected, 1e-2));
         if !cx.specs.contains(&spec) {
             cx.specs.push(spec);
         }

@@ -94,10 +94,7 @@ pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
             if *tiles != 0 {
                 return Err(format!("the packed GEMV reads Q4_K for one row (tiles 0), not {tiles} tiles"));
             }
-            if *k == 0 || k % 256 != 0 || *k > PACKED_ONE_ROW_MAX_K {
-                return Err(format!("the packed Q4_K GEMV needs K whole 256-value super-blocks up to {PACKED_ONE_ROW_MAX_K}, got {k}"));
-            }
-            Ok(())
+            q4k_one_row_fits(*k)
         }
         KernelSpec::MatMulPacked { wdtype, k, tiles, .. } => {
             if !matches!(wdtype, DType::I4G128 | DType::F8G128) {
@@ -116,6 +113,15 @@ pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
         }
         other => Err(format!("`{}` is not the packed GEMV", other.symbol())),
     }
+}
+
+/// Which Q4_K rows the packed GEMV's one-row form takes (the schedule and the norm fold ask
+/// the same): whole 256-value super-blocks, x's f16 copy within the staging limit.
+pub(crate) fn q4k_one_row_fits(k: usize) -> Result<(), String> {
+    if k == 0 || k % 256 != 0 || k > PACKED_ONE_ROW_MAX_K {
+        return Err(format!("the packed Q4_K GEMV needs K whole 256-value super-blocks up to {PACKED_ONE_ROW_MAX_K}, got {k}"));
+    }
+    Ok(())
 }
 
 /// The packed GEMV's body; returns its parameter list (x, w, [bias], [res], y, M, N).
@@ -158,9 +164,9 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
         // (256 threads, two blocks an SM: up to 128 registers, so ptxas keeps the next round's
         // loads at the top of the loop — left to itself it kept to ~80 and sank them to the
         // loop's end, behind the math, a DRAM round trip exposed per round)
-        // (Q4_K too: three blocks an SM where a warp takes one round — 80 registers, small
-        // spills in the norm and residual forms — measured 2.27 vs 2.17 ms a step on the 8B
-        // shape, H100)
+        // (Q4_K was measured with three blocks an SM where a warp takes one round: 80
+        // registers, small spills in the norm and residual forms, 2.27 vs 2.17 ms a step on
+        // the 8B shape, H100)
         b.launch_bounds = Some(((32 * nw) as u32, 2));
     }
     let (jloop, rounds) = split_k_schedule(groups, 1, nw, unroll);
