@@ -303,6 +303,8 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         | KernelSpec::QkvRopeCache { .. }
         | KernelSpec::CacheWrite { .. } => Family::Rope,
         KernelSpec::ArgmaxFold { .. } | KernelSpec::Argmax { .. } | KernelSpec::ArgmaxCluster { .. } | KernelSpec::ArgmaxSplit { .. } => Family::Argmax,
+        // (Q4_K's SwiGLU GEMV: the packed one-row form with the epilogue)
+        KernelSpec::SwiGluGemv { wdtype: DType::Q4_K, .. } => Family::Packed,
         KernelSpec::MatMulParts { .. }
         | KernelSpec::NormMatMul { .. }
         | KernelSpec::MatMul { .. }

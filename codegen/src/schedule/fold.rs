@@ -265,18 +265,20 @@ pub(crate) fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
         let (Some((cat, s0, f)), Some((cat1, s1, f1))) = (part(ops[0]), part(ops[1])) else { continue };
         let ws = &g.operands(cat)[1..];
         let wdt = g.node(ws[0]).ty.dtype;
-        if cat != cat1 || f != f1 || ws.len() != 2 || s0 == s1 || s0 % f != 0 || s1 % f != 0 || !matches!(wdt, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1) {
+        if cat != cat1 || f != f1 || ws.len() != 2 || s0 == s1 || s0 % f != 0 || s1 % f != 0 || !matches!(wdt, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_1 | DType::Q4_K) {
             continue;
         }
         let Some(k) = g.node(ws[0]).ty.shape.get(1).and_then(|d| d.as_const()) else { continue };
-        if crate::kernels::swiglu_fits(k, f, wdt).is_err() {
+        let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
+        // (Q4_K: the packed one-row GEMV's form, kernels/matmul/packed.rs)
+        let q4k = wdt == DType::Q4_K;
+        if (!q4k && crate::kernels::swiglu_fits(k, f, wdt).is_err()) || (q4k && crate::kernels::fits(&spec).is_err()) {
             continue;
         }
-        let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
         let (Some(&ci), Some(&si)) = (at.get(&g.node(cat).name), at.get(&n.name)) else { continue };
         // (over the plain merged GEMV, or the one with the RMSNorm prologue: then x is the
         // norm's input and g its weight, and the SwiGLU GEMV keeps the prologue)
-        let merged = |k: &KernelSpec| matches!(k, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMul { .. }));
+        let merged = |k: &KernelSpec| matches!(k, KernelSpec::MatMulParts { inner, .. } if matches!(inner.as_ref(), KernelSpec::MatMul { .. } | KernelSpec::MatMulPacked { tiles: 0, .. }));
         let (spec, head) = match &steps[ci].kernel {
             Some(k) if merged(k) => (spec, vec![g.node(g.operands(cat)[0]).name.clone()]),
             Some(KernelSpec::NormMatMul { inner, eps_bits }) if merged(inner) => (KernelSpec::NormMatMul { inner: Box::new(spec), eps_bits: *eps_bits }, steps[ci].args[..2].to_vec()),
@@ -287,7 +289,8 @@ pub(crate) fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
         st.keep_alternative_args();
         st.kernel = Some(spec);
         st.args = head.into_iter().chain([wg, wu, n.name.clone()]).collect();
-        st.scalars = vec![Scalar::Const(f as i64)];
+        // (the packed form takes the rows first, as its one-row matmul did)
+        st.scalars = if q4k { vec![st.scalars[0].clone(), Scalar::Const(f as i64)] } else { vec![Scalar::Const(f as i64)] };
         st.work = Scalar::Const(f as i64);
         steps[si].min_rows = Some(2);
     }

@@ -239,6 +239,16 @@ fn q4_k_decode_runs_the_packed_gemv_at_one_row_and_the_k_quant_gemv_above() {
     assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulPacked { wdtype: DType::Q4_K, tiles: 0, .. })), "{:?}", a.kernel);
     // the packed form is one row only
     assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k: 1024, n: 128, tiles: 1, bias: false, residual: false }).is_err());
+    // a merged gate/up's SiLU·mul moves into its one-row kernel (the packed SwiGLU form, rows
+    // and f its scalars); the silu_mul step runs from two rows
+    let src = "graph \"t\" {\n  %x = input : f32[T, 1024]\n  %wg = weight : q4_k[512, 1024]\n  %wu = weight : q4_k[512, 1024]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 1024]\n  %g = slice(%gu) {axis = 1, start = 0, len = 512} : f32[T, 512]\n  %u = slice(%gu) {axis = 1, start = 512, len = 512} : f32[T, 512]\n  %h = silu_mul(%g, %u) : f32[T, 512]\n  output h = %h\n}\n";
+    let steps = lower_opts(&text::parse(src).unwrap(), no_ws()).unwrap();
+    let cat = steps.iter().find(|s| s.node == "gu").unwrap();
+    assert_eq!(cat.kernel, Some(KernelSpec::SwiGluGemv { k: 1024, f: 512, wdtype: DType::Q4_K }));
+    assert_eq!(crate::kernels::family(cat.kernel.as_ref().unwrap()), crate::kernels::Family::Packed);
+    assert_eq!(cat.kernel.as_ref().unwrap().launch(), crate::kernels::Launch::OutputsPerBlock { outputs: 8, rows: 1, warps: 8 });
+    assert_eq!(cat.scalars.len(), 2, "rows and f");
+    assert_eq!(steps.iter().find(|s| s.node == "h").unwrap().min_rows, Some(2));
 }
 
 #[test]

@@ -1080,5 +1080,35 @@ fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
             cx.specs.push(spec);
         }
     }
+    // the SwiGLU form (a merged gate/up's one-row kernel: gate rows and up rows in one A tile,
+    // silu(gate) · up stored), 8 outputs a block: a partial last block at f = 100; with the
+    // RMSNorm folded in
+    for (k, f, m, norm) in [(1536usize, 100usize, 1usize, false), (4096, 64, 2, false), (1536, 40, 1, true)] {
+        let (wg, wu) = (cx.r.vec(f * k, -0.1, 0.1), cx.r.vec(f * k, -0.1, 0.1));
+        let (bg, bu) = (dsc_ir::quant::encode(wdtype, &wg).context("encode")?, dsc_ir::quant::encode(wdtype, &wu).context("encode")?);
+        let mut ws: Weights = HashMap::from([("wg".to_string(), (wdtype, vec![f, k], bg.clone())), ("wu".to_string(), (wdtype, vec![f, k], bu.clone()))]);
+        let x = cx.r.vec(m * k, -2.0, 2.0);
+        let mut inputs = vec![cx.data.push(&x)];
+        let (head, xin) = if norm {
+            let gw = cx.r.vec(k, 0.5, 1.5);
+            ws.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
+            inputs.push(cx.data.push(&gw));
+            (format!("  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n"), "%xn")
+        } else {
+            (String::new(), "%x")
+        };
+        let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{head}  %wg = weight : {wdtype}[{f}, {k}]\n  %wu = weight : {wdtype}[{f}, {k}]\n  %a = matmul({xin}, %wg) {{transpose_b = true}} : f32[{m}, {f}]\n  %b = matmul({xin}, %wu) {{transpose_b = true}} : f32[{m}, {f}]\n  %h = silu_mul(%a, %b) : f32[{m}, {f}]\n  output h = %h\n}}\n");
+        let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+        inputs.push(cx.data.push_u8(&bg));
+        inputs.push(cx.data.push_u8(&bu));
+        let inner = KernelSpec::SwiGluGemv { k, f, wdtype };
+        let spec = if norm { KernelSpec::NormMatMul { inner: Box::new(inner), eps_bits: 1e-5f32.to_bits() } } else { inner };
+        let name = format!("{}swiglu_q4k {m}x{k}x{f}", if norm { "rms_norm+" } else { "" });
+        let expected = cx.data.push(&want);
+        cx.cases.push(case(name, &spec, grid(&spec.launch(), f), grid_rows(&spec.launch(), m), inputs, vec![m as i64, f as i64], expected, 1e-2));
+        if !cx.specs.contains(&spec) {
+            cx.specs.push(spec);
+        }
+    }
     Ok(())
 }

@@ -578,10 +578,18 @@ pub(crate) fn kquant_step_words(b: &mut Body, ptr: &str, dtype: DType, rowb: &st
     w
 }
 
-/// The 8 values of [`kquant_step_words`]' words as f16 pairs (8t, 8t+1) .. (8t+6, 8t+7), each
-/// value computed in f32 (d·sc·q − dmin·m; Q6_K d·sc·(q − 32)) and rounded once.
+/// The 8 values of [`kquant_step_words`]' words as f16 pairs (8t, 8t+1) .. (8t+6, 8t+7).
+/// Q5_0 / Q5_1: each value computed in f32 and rounded once. The K-quants in f16 pairs, no
+/// int-to-float conversion per value (the batched GEMV was bound by them): the lane's scale
+/// (and min) or-ed into f16 1024's bits, the offset taken off (exact), times d (dmin) — rounded
+/// once, as the f32 reference's products — then per pair of values the quants `prmt`-ed into
+/// the two halves, or-ed into 1024's bits, the offset taken off, one `fma.rn.f16x2` (Q4_K /
+/// Q5_K: d·sc·q − dmin·m; Q6_K `mul.rn.f16x2` d·sc·(q − 32)).
 pub(crate) fn kquant_step_values(b: &mut Body, dtype: DType, raw: &[String]) -> [String; 4] {
     let j = raw[raw.len() - 1].clone();
+    let st = "!llvm.struct<(i32, i32)>";
+    // pair p of the lane's 8 values: bytes 2 (p % 2), + 1 of quant word p / 2
+    let sel = |p: usize| if p % 2 == 0 { "0x4140" } else { "0x4342" };
     let vals: Vec<String> = match dtype {
         DType::Q5_0 | DType::Q5_1 => {
             // (`j` is the lane's t here)
@@ -611,56 +619,44 @@ pub(crate) fn kquant_step_values(b: &mut Body, dtype: DType, raw: &[String]) -> 
         DType::Q4_K | DType::Q5_K => {
             let five = dtype == DType::Q5_K;
             let hdr = &raw[if five { 4 } else { 2 }..raw.len() - 1];
-            let [d, dmin] = b.f16_pair(&hdr[0]);
             let j64 = b.op(&format!("arith.extui {j} : i32 to i64"));
             let (sc, mn) = k_scale_min(b, &[hdr[1].clone(), hdr[2].clone(), hdr[3].clone()], &j64);
-            let (scf, mnf) = (u2f(b, &sc), u2f(b, &mn));
-            let dj = b.op(&format!("arith.mulf {d}, {scf} : f32"));
-            let mj = b.op(&format!("arith.mulf {dmin}, {mnf} : f32"));
-            let nmj = b.op(&format!("arith.negf {mj} : f32"));
+            // (d·sc, d·sc) and (−dmin·m, −dmin·m)
+            let asm = "{ .reg .b32 p, k; mov.b32 k, 0x64006400; shl.b32 p, $3, 16; or.b32 p, p, $2; or.b32 p, p, 0x64006400; sub.f16x2 p, p, k; mul.rn.f16x2 p, p, $4; xor.b32 p, p, 0x80000000; prmt.b32 $0, p, p, 0x1010; prmt.b32 $1, p, p, 0x3232; }";
+            let r = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,=r,r,r,r\" {sc}, {mn}, {} : (i32, i32, i32) -> {st}", hdr[0]));
+            let (ds, ndm) = (b.op(&format!("llvm.extractvalue {r}[0] : {st}")), b.op(&format!("llvm.extractvalue {r}[1] : {st}")));
+            // (the sub-block's nibble: high for odd j; Q5_K's fifth bit: bit j of the qh bytes)
             let odd = bin32(b, "andi", &j, 1);
             let sh = bin32(b, "shli", &odd, 2);
-            (0..8)
-                .map(|i| {
-                    let mut q = byte_field(b, &raw[..2], i, Some(&sh), 0xF);
-                    if five {
-                        let h = byte_field(b, &raw[2..4], i, Some(&j), 1);
-                        let h = bin32(b, "shli", &h, 4);
-                        q = b.op(&format!("arith.ori {q}, {h} : i32"));
-                    }
-                    let qf = u2f(b, &q);
-                    b.op(&format!("llvm.intr.fma({dj}, {qf}, {nmj}) : (f32, f32, f32) -> f32"))
-                })
-                .collect()
+            return [0, 1, 2, 3].map(|p| {
+                let w = &raw[p / 2];
+                let s = sel(p);
+                let pre = "{ .reg .b32 u, t, x, z, k; mov.b32 z, 0; mov.b32 k, 0x64006400; shr.b32 u, $1, $2; prmt.b32 t, u, z, SEL; ".replace("SEL", s);
+                if five {
+                    let asm = format!("{pre}shr.b32 u, $5, $6; prmt.b32 x, u, z, {s}; shl.b32 x, x, 4; lop3.b32 x, x, 0x00100010, 0x64006400, 0xEA; lop3.b32 t, t, 0x000F000F, x, 0xEA; sub.f16x2 t, t, k; fma.rn.f16x2 $0, t, $3, $4; }}");
+                    b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,r,r,r,r,r,r\" {w}, {sh}, {ds}, {ndm}, {}, {j} : (i32, i32, i32, i32, i32, i32) -> i32", raw[2 + p / 2]))
+                } else {
+                    let asm = format!("{pre}lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 t, t, k; fma.rn.f16x2 $0, t, $3, $4; }}");
+                    b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,r,r,r,r\" {w}, {sh}, {ds}, {ndm} : (i32, i32, i32, i32) -> i32"))
+                }
+            });
         }
         DType::Q6_K => {
+            // (ql's nibble (j % 4) / 2, qh's 2-bit field j % 4)
+            let u4 = bin32(b, "andi", &j, 3);
             let ls = {
-                let u4 = bin32(b, "andi", &j, 3);
                 let nh = bin32(b, "shrui", &u4, 1);
                 bin32(b, "shli", &nh, 2)
             };
-            let hs = {
-                let u4 = bin32(b, "andi", &j, 3);
-                bin32(b, "shli", &u4, 1)
-            };
-            let sc = i8f(b, &raw[4]);
-            let d = {
-                let h = b.op(&format!("arith.trunci {} : i32 to i16", raw[5]));
-                let f = b.op(&format!("arith.bitcast {h} : i16 to f16"));
-                b.op(&format!("arith.extf {f} : f16 to f32"))
-            };
-            let ds = b.op(&format!("arith.mulf {d}, {sc} : f32"));
-            (0..8)
-                .map(|i| {
-                    let l = byte_field(b, &raw[..2], i, Some(&ls), 0xF);
-                    let hi = byte_field(b, &raw[2..4], i, Some(&hs), 3);
-                    let hi = bin32(b, "shli", &hi, 4);
-                    let q = b.op(&format!("arith.ori {l}, {hi} : i32"));
-                    let q = bin32(b, "subi", &q, 32);
-                    let qf = s2f(b, &q);
-                    b.op(&format!("arith.mulf {ds}, {qf} : f32"))
-                })
-                .collect()
+            let hs = bin32(b, "shli", &u4, 1);
+            // (d·sc, d·sc): the int8 scale + 128 under f16 1024's bits, 1152 off
+            let asm = "{ .reg .b32 p, k, d2; mov.b32 k, 0x64806480; xor.b32 p, $1, 0x80; prmt.b32 p, p, p, 0x1010; or.b32 p, p, 0x64006400; sub.f16x2 p, p, k; prmt.b32 d2, $2, $2, 0x1010; mul.rn.f16x2 $0, p, d2; }";
+            let ds = b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,r,r\" {}, {} : (i32, i32) -> i32", raw[4], raw[5]));
+            return [0, 1, 2, 3].map(|p| {
+                let s = sel(p);
+                let asm = format!("{{ .reg .b32 u, t, x, z, k; mov.b32 z, 0; mov.b32 k, 0x64206420; shr.b32 u, $1, $3; prmt.b32 t, u, z, {s}; shr.b32 u, $2, $4; prmt.b32 x, u, z, {s}; shl.b32 x, x, 4; lop3.b32 x, x, 0x00300030, 0x64006400, 0xEA; lop3.b32 t, t, 0x000F000F, x, 0xEA; sub.f16x2 t, t, k; mul.rn.f16x2 $0, t, $5; }}");
+                b.op(&format!("llvm.inline_asm \"{asm}\", \"=r,r,r,r,r,r\" {}, {}, {ls}, {hs}, {ds} : (i32, i32, i32, i32, i32) -> i32", raw[p / 2], raw[2 + p / 2]))
+            });
         }
         other => unreachable!("{other}: the batched GEMV reads the K-quants' super-blocks here"),
     };

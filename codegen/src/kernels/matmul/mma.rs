@@ -657,6 +657,17 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                         // eight 16-bit weights in one 16-byte load, already in pairs
                         let bo = b.op(&format!("arith.muli {e0}, {c2} : i64"));
                         b.load_vec("%w", &bo, 4, "i32", 16)
+                    } else if is_b && kquant_dtype(*wdtype) {
+                        // (K-quants: the eight values of a 32-value step as the batched GEMV
+                        // reads them — its lane t is kg % 32 / 8 — made f16 pairs in registers)
+                        let (per, bytes) = wdtype.block();
+                        let crb = b.ci64((k / per * bytes) as i64);
+                        let rowb = b.op(&format!("arith.muli {grs}, {crb} : i64"));
+                        let c32 = b.ci64(32);
+                        let step = b.op(&format!("arith.divui {kg}, {c32} : i64"));
+                        let lane_off = b.op(&format!("arith.remui {kg}, {c32} : i64"));
+                        let raw = kquant_step_words(b, "%w", *wdtype, &rowb, &lane_off, &step);
+                        kquant_step_values(b, *wdtype, &raw).to_vec()
                     } else {
                         let vals: Vec<String> = if is_b && *wdtype == DType::I4G128 {
                             // (eight values from two words and one scale)

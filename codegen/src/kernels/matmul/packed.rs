@@ -59,6 +59,7 @@ pub(crate) fn packed_symbol(spec: &KernelSpec) -> String {
             };
             format!("matmul_{f}_t{tiles}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
         }
+        KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
         other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
     }
 }
@@ -67,6 +68,8 @@ pub(crate) fn packed_symbol(spec: &KernelSpec) -> String {
 pub(crate) fn packed_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MatMulPacked { tiles, .. } => Launch::OutputsPerBlock { outputs: 16 * packed_a_tiles(*tiles) as u32, rows: (8 * *tiles).max(1) as u32, warps: PACKED_WARPS as u32 },
+        // (the A tile's rows 8.. are the up rows of its rows 0..8: 8 outputs a block)
+        KernelSpec::SwiGluGemv { .. } => Launch::OutputsPerBlock { outputs: 8, rows: 1, warps: PACKED_WARPS as u32 },
         other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
     }
 }
@@ -96,6 +99,7 @@ pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             q4k_one_row_fits(*k)
         }
+        KernelSpec::SwiGluGemv { k, wdtype: DType::Q4_K, .. } => q4k_one_row_fits(*k),
         KernelSpec::MatMulPacked { wdtype, k, tiles, .. } => {
             if !matches!(wdtype, DType::I4G128 | DType::F8G128) {
                 return Err(format!("the packed GEMV reads i4g128 or f8g128 weights, not {wdtype}"));
@@ -127,8 +131,12 @@ pub(crate) fn q4k_one_row_fits(k: usize) -> Result<(), String> {
 /// The packed GEMV's body; returns its parameter list (x, w, [bias], [res], y, M, N).
 pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     packed_fits(spec)?;
+    if let KernelSpec::SwiGluGemv { k, wdtype, .. } = spec {
+        emit_gemv_packed(b, *wdtype, *k, 0, false, false, true)?;
+        return Ok("%x: !llvm.ptr<1>, %w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into());
+    }
     let KernelSpec::MatMulPacked { wdtype, k, tiles, bias, residual, .. } = spec else { unreachable!("checked") };
-    emit_gemv_packed(b, *wdtype, *k, *tiles, *bias, *residual);
+    emit_gemv_packed(b, *wdtype, *k, *tiles, *bias, *residual, false)?;
     Ok(matmul_params(*bias, *residual, true))
 }
 
@@ -136,7 +144,9 @@ pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, S
 /// the (d, m) word; fp8: 8 e4m3 words, the f32 scale's bits).
 type GroupW = Vec<Vec<String>>;
 
-fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: bool, residual: bool) {
+/// `swiglu` (Q4_K, one row: `KernelSpec::SwiGluGemv`): the A tile's rows g are gate rows
+/// col0 + g of `%w0`, its rows g + 8 the up rows of `%w1`, and y[col0 + g] = silu(gate) · up.
+fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: bool, residual: bool, swiglu: bool) -> Result<(), String> {
     let nw = PACKED_WARPS;
     // (Q4_K: one row only, a group is a 256-value super-block, f16 MMAs, x staged as fp8's)
     let q4k = wdtype == DType::Q4_K;
@@ -185,7 +195,7 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
     let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
     let c16 = b.ci64(16);
-    let cout = b.ci64(16 * na as i64);
+    let cout = b.ci64(if swiglu { 8 } else { 16 * na as i64 });
     let col0 = b.op(&format!("arith.muli {bx64}, {cout} : i64"));
     let crows = b.ci64(8 * tiles as i64);
     let row0 = b.op(&format!("arith.muli {by64}, {crows} : i64"));
@@ -198,7 +208,7 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     let wrow: Vec<String> = (0..na as i64)
         .flat_map(|a| [16 * a, 16 * a + 8])
         .map(|d| {
-            let cd = b.ci64(d);
+            let cd = b.ci64(if swiglu { 0 } else { d });
             let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
             let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
             let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
@@ -225,7 +235,8 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     // fp8: e4m3 at 528 (gi / 4) + 16 + 128 (gi % 4) (+ 16 t, + 64), the scale at 528 (gi / 4) + 4 (gi % 4)
     let load_w = |b: &mut Body, gi: &str| -> GroupW {
         if q4k {
-            return q4k_load(b, gi, &wrow, &lane_b);
+            let ptrs: &[&str] = if swiglu { &["%w0", "%w1"] } else { &["%w", "%w"] };
+            return q4k_load(b, gi, &wrow, ptrs, &lane_b);
         }
         let c2 = b.ci64(2);
         let sb = b.op(&format!("arith.shrui {gi}, {c2} : i64"));
@@ -498,6 +509,19 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     MmaTiles::meet_in_shared(b, &acc, &warp, &lane, per, &smt);
     let c2 = b.ci64(2);
     let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
+    if swiglu {
+        // (lane t = 0 of row g: silu(gate row col0 + g) · up row col0 + g)
+        let gate = MmaTiles::warps_total(b, &acc[0], 0, nw, per, &lane, &smt);
+        let up = MmaTiles::warps_total(b, &acc[2], 2, nw, per, &lane, &smt);
+        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
+        if_lane0_inside(b, &col, &tq);
+        let s = unary_expr(b, UnaryOp::Silu, &gate)?;
+        let y = b.op(&format!("arith.mulf {s}, {up} : f32"));
+        b.matmul_store(&y, &by64, &col, false, false);
+        b.line("}");
+        b.line("}");
+        return Ok(());
+    }
     for (a, part) in acc.iter().enumerate() {
         let i = a % 4;
         if staged {
@@ -509,11 +533,7 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
             let co = b.ci64(if i >= 2 { 8 } else { 0 });
             let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
             let col = b.op(&format!("arith.addi {col}, {co} : i64"));
-            let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
-            let z = b.ci64(0);
-            let t0 = b.op(&format!("arith.cmpi eq, {tq}, {z} : i64"));
-            let ok = b.op(&format!("arith.andi {okc}, {t0} : i1"));
-            b.line(&format!("scf.if {ok} {{"));
+            if_lane0_inside(b, &col, &tq);
             b.matmul_store(&total, &by64, &col, bias, residual);
             b.line("}");
             continue;
@@ -522,6 +542,17 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
         MmaTiles::store_swap_ab(b, &total, a, tiles, (&col0, &g), (&row0, &t2), bias, residual);
     }
     b.line("}");
+    Ok(())
+}
+
+/// Opens `scf.if` output column `col` (i64) is inside N and this lane is its row's t = 0
+/// (`tq`): where the one-row forms store (every column of their D fragment is the one row).
+fn if_lane0_inside(b: &mut Body, col: &str, tq: &str) {
+    let okc = b.op(&format!("arith.cmpi slt, {col}, %n : i64"));
+    let z = b.ci64(0);
+    let t0 = b.op(&format!("arith.cmpi eq, {tq}, {z} : i64"));
+    let ok = b.op(&format!("arith.andi {okc}, {t0} : i1"));
+    b.line(&format!("scf.if {ok} {{"));
 }
 
 /// Q4_K super-blocks a warp's round of the one-row GEMV loads (the next round's loaded before
@@ -532,7 +563,7 @@ pub const Q4K_UNROLL: usize = 2;
 /// 144 bytes: f16 d, dmin, 12 scale bytes, 128 quant bytes): the 16 quant bytes 16 t.. of each
 /// 64-byte half h — values 16 (t % 2).. of sub-blocks A = 4h + 2 (t / 2) (low nibbles) and
 /// A + 1 (high) — then the 16-byte header. `lane_b` = 16 t.
-fn q4k_load(b: &mut Body, gi: &str, wrow: &[String], lane_b: &str) -> GroupW {
+fn q4k_load(b: &mut Body, gi: &str, wrow: &[String], ptrs: &[&str], lane_b: &str) -> GroupW {
     let c144 = b.ci64(144);
     let base = b.op(&format!("arith.muli {gi}, {c144} : i64"));
     let c16 = b.ci64(16);
@@ -540,13 +571,14 @@ fn q4k_load(b: &mut Body, gi: &str, wrow: &[String], lane_b: &str) -> GroupW {
     let q = b.op(&format!("arith.addi {q}, {lane_b} : i64"));
     let c64 = b.ci64(64);
     wrow.iter()
-        .map(|r| {
+        .zip(ptrs)
+        .map(|(r, p)| {
             let o = b.op(&format!("arith.addi {r}, {q} : i64"));
-            let mut w = b.load_vec("%w", &o, 4, "i32", 16);
+            let mut w = b.load_vec(p, &o, 4, "i32", 16);
             let o2 = b.op(&format!("arith.addi {o}, {c64} : i64"));
-            w.extend(b.load_vec("%w", &o2, 4, "i32", 16));
+            w.extend(b.load_vec(p, &o2, 4, "i32", 16));
             let h = b.op(&format!("arith.addi {r}, {base} : i64"));
-            w.extend(b.load_vec("%w", &h, 4, "i32", 16));
+            w.extend(b.load_vec(p, &h, 4, "i32", 16));
             w
         })
         .collect()
