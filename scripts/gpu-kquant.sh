@@ -95,8 +95,8 @@ fi
 if [[ " $stages " == *" bench8b "* ]]; then
   # the 8B shape: Q4_K (4.52 GB of weights a b1 token) beside bf16 (16.1 GB), same run; and
   # the Q4_K plan's kernels alone
-  # (a plan of an earlier commit, copied here as $D/base-q4_k.plan.xz, runs beside them)
-  extra=""; [ -f $D/base-q4_k.plan.xz ] && extra=base-q4_k
+  # (plans of an earlier commit or a variant, copied here as $D/base-*.plan.xz, run beside them)
+  extra=$(cd $D && ls base-*.plan.xz 2>/dev/null | sed 's/\.plan\.xz$//')
   for m in llama3-8b-seeded llama3-8b-q4_k-seeded $extra; do
     python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/$m.plan.xz'), open('$D/$m.plan', 'wb'))"
     $D/dsc-runtime bench $D/$m.plan --batches ${BATCHES8B:-1,8,32} --prefill 512 --prompt-len 32 --new-tokens 64 --json "$out/kq-bench-$m.json" 2>&1 | tail -5

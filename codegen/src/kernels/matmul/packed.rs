@@ -556,8 +556,10 @@ fn if_lane0_inside(b: &mut Body, col: &str, tq: &str) {
 }
 
 /// Q4_K super-blocks a warp's round of the one-row GEMV loads (the next round's loaded before
-/// this round's math): 64 bytes of quants a lane a super-block, 128 in flight.
-pub const Q4K_UNROLL: usize = 2;
+/// this round's math): 64 bytes of quants a lane a super-block. One: at K = 4,096 a warp then
+/// takes two rounds, the second's loads in flight during the first's math (H200, 8B shape b1:
+/// 1.93 ms a step vs 1.98 with two a round, bench/results/kquant-batched-gpu-h200-2026-12-07.json).
+pub const Q4K_UNROLL: usize = 1;
 
 /// Q4_K super-block `gi` (i64) of each of this lane's weight rows (`wrow`: their byte offsets;
 /// 144 bytes: f16 d, dmin, 12 scale bytes, 128 quant bytes): the 16 quant bytes 16 t.. of each
