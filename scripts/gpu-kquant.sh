@@ -37,7 +37,7 @@ if [ "${1:-}" = "--prepare" ]; then
   cargo build --release -p dsc-compiler -p dsc-runtime
   rm -rf $D && mkdir -p $D
   xz -T2 -6 -c target/release/dsc-runtime > $D/dsc-runtime.xz
-  ./target/release/dsc gpu-bundle --dir $D/check --only q4_k,q5_k,q6_k,q5_0,q5_1,q4k
+  ./target/release/dsc gpu-bundle --dir $D/check --only q4_k,q5_k,q6_k,q5_0,q5_1,q4k,pipe128s6o_a16_k1024
   rm -f $D/check/kernels.ll $D/check/kernels.mlir $D/check/kernels.sm_80.ptx
   xz -T2 -6 -f $D/check/data.bin
   g=.cache/models/llama-kquant-6l.Q4_K_M.gguf
@@ -49,6 +49,8 @@ if [ "${1:-}" = "--prepare" ]; then
   for m in llama3-8b-q4_k-seeded llama3-8b-seeded; do ./target/release/dsc compile models/$m.toml -o $D/$m.plan && xz -T2 -6 -f $D/$m.plan; done
   # the CPU's perplexity, for the GPU's beside it
   ./target/release/dsc-runtime ppl $D/kq6.plan data/coriolanus-act1.txt | tee $D/kq6-ppl-cpu.txt
+  # (xz: the 6-layer model beside the kernel checks and the 8B plans, within one call's 64 MiB)
+  xz -T2 -6 -f $D/kq6.plan
   cp data/coriolanus-act1.txt $D/
   du -sh $D
   exit 0
@@ -69,6 +71,7 @@ if [ "${STAGES:-}" = "real" ]; then
 fi
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/dsc-runtime.xz'), open('$D/dsc-runtime', 'wb'))" && chmod +x $D/dsc-runtime
 stages=${STAGES:-check decode ppl bench gemm bench8b}
+[ -f $D/kq6.plan.xz ] && python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/kq6.plan.xz'), open('$D/kq6.plan', 'wb'))"
 if [[ " $stages " == *" check "* ]]; then
   python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('$D/check/data.bin.xz'), open('$D/check/data.bin', 'wb'))"
   $D/dsc-runtime gpu-check $D/check --target sm_90a --json "$out/kq-kernels.json" 2>&1 | tail -35

@@ -60,6 +60,19 @@ pub(crate) fn pipe_min_rows(o: &ScheduleOptions, n: usize, bn: usize) -> i64 {
     }
 }
 
+/// Stages of the dequantizing pipelined matmul (128 x 128 tiles: 32 KB a stage).
+pub const DEQ_PIPE_STAGES: usize = 6;
+
+/// The rows from which a matmul's tiled tensor-core kernel (the pipelined one, or the wgmma
+/// one) takes over: 128, and for quantized weights past the batched GEMV's `gemv_few_max`.
+fn quant_large_min_rows(o: &ScheduleOptions, wdtype: DType) -> i64 {
+    if wdtype.is_packed() {
+        (o.gemv_few_max + 1).max(128)
+    } else {
+        128
+    }
+}
+
 /// The rows (min, max) the pipelined matmul takes in 64-row tiles (`pipe64_tiling`) for N
 /// output columns, ahead of the batched GEMV; `ScheduleOptions::pipe64_rows` overrides.
 /// Measured on the H200 (bench/results/pipe64-2026-11-29.json, 8B shape): with N ≥ 6,144
@@ -502,9 +515,19 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
         let big = half
             .then(|| large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn, stages, overlap, a16, bm }, pipe_min_rows(o, nn, bn), None))
             .flatten()
+            // (quantized weights, warp-specialized: the same pipelined kernel, its producer
+            // warpgroup dequantizing W's tiles into the stages, 128 x 128 tiles)
+            .or_else(|| {
+                let t = crate::kernels::PipeTiling { bn: 128, stages: DEQ_PIPE_STAGES, overlap: true, a16: true, bm: crate::kernels::PIPE_BM };
+                (o.ws && crate::kernels::dequant_pipe_fits(wdtype, t).is_ok())
+                    .then(|| {
+                        large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16, bm: t.bm }, quant_large_min_rows(o, wdtype), None)
+                    })
+                    .flatten()
+            })
             // (GGUF blocks: the batched GEMV dequantizing in registers holds up to few_max rows
             // — Q4_1 at 128 rows: 5.6 ms a SmolLM2 step here, 1.6 there)
-            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, if wdtype.is_packed() { (o.gemv_few_max + 1).max(128) } else { 128 }, None));
+            .or_else(|| large(KernelSpec::MatMulWgmma { k, n: nn, wdtype, bias, residual, n_tile: 64 }, quant_large_min_rows(o, wdtype), None));
         // (long prefills: 256-column tiles where N's 128-column ones would be used, from the
         // rows where the wide tiles still give WIDE_MIN_TILES blocks: half the x traffic per
         // FLOP; DSC_GEMM_WIDE=0 at compile time off)

@@ -40,7 +40,9 @@ pub(crate) fn tma_wrap(mut steps: Vec<Step>, which: Tma, ws: bool, ws64: bool) -
                     let (weights, box_rows) = if swiglu { (2, wn / 2) } else { (parts.map_or(1, |p| p.len()), bn) };
                     let mut args = h.args.clone().unwrap_or_else(|| step_args.clone());
                     args[0] = format!("{}@xmap{bm}", args[0]);
-                    for w in &mut args[1..1 + weights] {
+                    // (quantized weights: the producer reads them as stored, no tensor map)
+                    let deq = !matches!(h.kernel.pipe_core(), KernelSpec::MatMulPipe { wdtype: DType::BF16 | DType::F16, .. });
+                    for w in args[1..1 + weights].iter_mut().filter(|_| !deq) {
                         *w = format!("{w}@tmap{box_rows}");
                     }
                     h.args = Some(args);

@@ -252,6 +252,40 @@ fn q4_k_decode_runs_the_packed_gemv_at_one_row_and_the_k_quant_gemv_above() {
 }
 
 #[test]
+fn quantized_prefill_runs_the_warp_specialized_pipe_with_a_dequantizing_producer() {
+    // warp-specialized (the production options): past the batched GEMV's rows, the pipelined
+    // matmul in 128 x 128 tiles on x's f16 copy (its tensor map), the weights as stored (no
+    // tensor map); the merged gate/up takes the SwiGLU epilogue; without warp specialization
+    // the wgmma matmul as before
+    let src = "graph \"t\" {\n  %x = input : f32[T, 1024]\n  %g = weight : f32[1024]\n  %n = rms_norm(%x, %g) {eps = 0.00001} : f32[T, 1024]\n  %wg = weight : q4_k[512, 1024]\n  %wu = weight : q4_k[512, 1024]\n  %gu = matmul_cat(%n, %wg, %wu) : f32[T, 1024]\n  %a = slice(%gu) {axis = 1, start = 0, len = 512} : f32[T, 512]\n  %b = slice(%gu) {axis = 1, start = 512, len = 512} : f32[T, 512]\n  %h = silu_mul(%a, %b) : f32[T, 512]\n  %wd = weight : q6_k[1024, 512]\n  %d = matmul(%h, %wd) {transpose_b = true} : f32[T, 1024]\n  output d = %d\n}\n";
+    let g = text::parse(src).unwrap();
+    let steps = lower_opts(&g, ScheduleOptions::default()).unwrap();
+    let min_rows = (ScheduleOptions::default().gemv_few_max + 1).max(128);
+    for (node, wdtype, swiglu) in [("gu", DType::Q4_K, true), ("d", DType::Q6_K, false)] {
+        let s = steps.iter().find(|s| s.node == node).unwrap();
+        let [h] = &s.hopper[..] else { panic!("{node}: {:?}", s.hopper) };
+        let KernelSpec::Ws { inner } = &h.kernel else { panic!("{node}: {:?}", h.kernel) };
+        assert_eq!(matches!(inner.as_ref(), KernelSpec::SwiGluPipe { .. }), swiglu, "{node}: {inner:?}");
+        assert!(matches!(inner.pipe_core(), KernelSpec::MatMulPipe { wdtype: w, bn: 128, bm: 128, a16: true, .. } if *w == wdtype), "{node}: {:?}", h.kernel);
+        assert_eq!(h.min_rows, min_rows);
+        let args = h.args.as_ref().unwrap();
+        assert!(args[0].ends_with("@f16@xmap128"), "{node}: {args:?}");
+        assert!(args[1..].iter().all(|a| !a.contains("@tmap")), "{node}: the weights as stored, {args:?}");
+        assert!(crate::kernels::fits(&h.kernel).is_ok(), "{node}: {:?}", crate::kernels::fits(&h.kernel));
+    }
+    // (the silu_mul step skips the rows the fused epilogue covers)
+    assert_eq!(steps.iter().find(|s| s.node == "h").unwrap().hopper_skip.as_ref().map(|r| r.0), Some(min_rows));
+    // the kernel exists only warp-specialized; unsupported tilings are refused
+    let pipe = KernelSpec::MatMulPipe { k: 1024, n: 512, wdtype: DType::Q4_K, bias: false, residual: false, bn: 128, stages: 6, overlap: true, a16: true, bm: 128 };
+    assert!(crate::kernels::fits(&pipe).is_err());
+    let wide = KernelSpec::MatMulPipe { k: 1024, n: 512, wdtype: DType::Q4_K, bias: false, residual: false, bn: 256, stages: 4, overlap: true, a16: true, bm: 128 };
+    assert!(crate::kernels::fits(&KernelSpec::Ws { inner: Box::new(wide) }).is_err());
+    let steps = lower_opts(&g, no_ws()).unwrap();
+    let d = steps.iter().find(|s| s.node == "d").unwrap();
+    assert!(matches!(d.hopper[..], [Large { kernel: KernelSpec::MatMulWgmma { n_tile: 64, .. }, .. }]), "{:?}", d.hopper);
+}
+
+#[test]
 fn q4_1_batched_decode_runs_the_tensor_core_gemv_up_to_few_max_rows_on_an_f16_copy() {
     let src = "graph \"t\" {\n  %x = input : f32[T, 64]\n  %w = weight : q4_1[128, 64]\n  %a = matmul(%x, %w) {transpose_b = true} : f32[T, 128]\n  output a = %a\n}\n";
     let g = text::parse(src).unwrap();

@@ -1038,7 +1038,96 @@ pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
     }
     // seeded Q4_K weights generated on the device: the host encoder's bytes, exactly
     super::elementwise::seeded_bytes(cx, DType::Q4_K, 256 * 37)?;
-    kquant_packed(cx)
+    kquant_packed(cx)?;
+    dequant_pipe(cx)
+}
+
+/// The warp-specialized pipelined matmul on quantized weights (its producer warpgroup
+/// dequantizing W's tiles into the stages): the formats it takes (of the GGUF blocks, one of
+/// each dequantizing helper), over a partial second row tile and a partial column tile, K of 16
+/// steps (2 rounds of the 6 stages and 4); Q4_K also with a
+/// residual, as a merged matmul and with the SwiGLU epilogue. x: its f16 copy's tensor map.
+fn dequant_pipe(cx: &mut Cx) -> anyhow::Result<()> {
+    use dsc_codegen::kernels::{PipeTiling, PIPE_BM};
+    let t = PipeTiling { bn: 128, stages: 6, overlap: true, a16: true, bm: PIPE_BM };
+    let k = 1024usize;
+    let pipe = |n: usize, wdtype: DType, residual: bool| KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16, bm: t.bm };
+    let x16 = |cx: &mut Cx, x: &[f32]| -> anyhow::Result<Array> { Ok(cx.data.push_u8(&dsc_ir::quant::encode(DType::F16, x).context("encode")?)) };
+    let ws_case = |spec: KernelSpec, name: String, m: usize, n_launch: usize, inputs: Vec<Array>, scalars: Vec<i64>, expected: Array, written: Vec<(usize, Array)>| -> (Case, KernelSpec) {
+        let ws = KernelSpec::Ws { inner: Box::new(spec) };
+        let (g, b) = grid(&ws.launch(), n_launch);
+        let case = Case {
+            name,
+            kernel: ws.symbol(),
+            grid: g,
+            grid_y: grid_rows(&ws.launch(), m),
+            block: b,
+            inputs,
+            scalars,
+            expected,
+            init: None,
+            written_inputs: written,
+            tmaps: vec![TmapInput { input: 0, n: m, k, rows: PIPE_BM as u32, f16: true, pool: None }],
+            tol: 1e-2,
+            cluster: None,
+        };
+        (case, ws)
+    };
+    let formats = [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::I4G128, DType::F8G128];
+    for (i, wdtype) in formats.into_iter().enumerate() {
+        let cases: &[(usize, usize, bool)] = if i == 0 { &[(130, 168, false), (131, 128, true)] } else { &[(130, 168, false)] };
+        for &(m, n, residual) in cases {
+            let wf = cx.r.vec(n * k, -0.1, 0.1);
+            let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
+            let ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
+            let x = cx.r.vec(m * k, -1.0, 1.0);
+            let r = cx.r.vec(m * n, -1.0, 1.0);
+            let want = matmul_reference(&x, residual.then_some(&r[..]), m, k, n, wdtype, &ws)?;
+            let mut inputs = vec![x16(cx, &x)?, cx.data.push_u8(&wb)];
+            if residual {
+                inputs.push(cx.data.push(&r));
+            }
+            let expected = cx.data.push(&want);
+            let (c, s) =
+                ws_case(pipe(n, wdtype, residual), format!("pipe128 dequant ws {m}x{k}x{n} {wdtype}{}", if residual { " +res" } else { "" }), m, n, inputs, vec![m as i64, n as i64], expected, vec![]);
+            cx.cases.push(c);
+            cx.specs.push(s);
+        }
+    }
+    // Q4_K merged (q/k/v-like parts) and gate/up with the SwiGLU epilogue
+    let wdtype = DType::Q4_K;
+    let parts = [128usize, 256, 128];
+    let total: usize = parts.iter().sum();
+    let (enc, ws, decl) = part_weights(&parts, k, wdtype, &mut cx.r)?;
+    let m = 129usize;
+    let x = cx.r.vec(m * k, -1.0, 1.0);
+    let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1, %w2) : f32[{m}, {total}]\n  output y = %y\n}}\n");
+    let want = part_major(&reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?, m, &parts);
+    let spec = KernelSpec::MatMulParts { inner: Box::new(pipe(total, wdtype, false)), parts: parts.to_vec() };
+    let mut inputs = vec![x16(cx, &x)?];
+    inputs.extend(enc.iter().map(|w| cx.data.push_u8(w)));
+    let expected = cx.data.push(&want);
+    let (c, s) = ws_case(spec, format!("matmul_cat pipe128 dequant ws {m}x{k}x(128+256+128) {wdtype}"), m, total, inputs, vec![m as i64, total as i64, m as i64], expected, vec![]);
+    cx.cases.push(c);
+    cx.specs.push(s);
+    let f = 192usize;
+    let (enc, ws, decl) = part_weights(&[f, f], k, wdtype, &mut cx.r)?;
+    let m = 130usize;
+    let x = cx.r.vec(m * k, -1.0, 1.0);
+    let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n{decl}  %y = matmul_cat(%x, %w0, %w1) : f32[{m}, {}]\n  output y = %y\n}}\n", 2 * f);
+    let gu = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
+    let h: Vec<f32> = (0..m * f).map(|i| (i / f, i % f)).map(|(r, c)| (gu[r * 2 * f + c], gu[r * 2 * f + f + c])).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+    let half = dsc_ir::quant::encode(DType::F16, &h).context("encode")?;
+    let spec = KernelSpec::SwiGluPipe { inner: Box::new(pipe(2 * f, wdtype, false)) };
+    let mut inputs = vec![x16(cx, &x)?];
+    inputs.extend(enc.iter().map(|w| cx.data.push_u8(w)));
+    inputs.push(cx.data.push(&vec![f32::NAN; m * f]));
+    let expected = cx.data.push(&le_words(&half));
+    let written = vec![(3, cx.data.push(&h))];
+    let (c, s) = ws_case(spec, format!("swiglu pipe128 dequant ws {m}x{k}x2x{f} {wdtype}"), m, 2 * f, inputs, vec![m as i64, f as i64], expected, written);
+    cx.cases.push(c);
+    cx.specs.push(s);
+    Ok(())
 }
 
 /// Q4_K's one-row GEMV on the tensor cores (`MatMulPacked` tiles 0): one and a few rows (a

@@ -608,7 +608,6 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             let kk = b.ci64(*k as i64);
             let zero = b.cf32(0.0);
             let c0 = b.ci64(0);
-            let c2 = b.ci64(2);
             let c4 = b.ci64(4);
             let c8 = b.ci64(8);
             // the tile's shared-memory address for the descriptors
@@ -653,51 +652,24 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                     let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
                     let rbase = b.op(&format!("arith.muli {grs}, {kk} : i64"));
                     let e0 = b.op(&format!("arith.addi {rbase}, {kg} : i64"));
-                    let packed: Vec<String> = if is_b && matches!(wdtype, DType::BF16 | DType::F16) {
-                        // eight 16-bit weights in one 16-byte load, already in pairs
-                        let bo = b.op(&format!("arith.muli {e0}, {c2} : i64"));
-                        b.load_vec("%w", &bo, 4, "i32", 16)
-                    } else if is_b && kquant_dtype(*wdtype) {
-                        // (K-quants: the eight values of a 32-value step as the batched GEMV
-                        // reads them — its lane t is kg % 32 / 8 — made f16 pairs in registers)
-                        let (per, bytes) = wdtype.block();
-                        let crb = b.ci64((k / per * bytes) as i64);
-                        let rowb = b.op(&format!("arith.muli {grs}, {crb} : i64"));
-                        let c32 = b.ci64(32);
-                        let step = b.op(&format!("arith.divui {kg}, {c32} : i64"));
-                        let lane_off = b.op(&format!("arith.remui {kg}, {c32} : i64"));
-                        let raw = kquant_step_words(b, "%w", *wdtype, &rowb, &lane_off, &step);
-                        kquant_step_values(b, *wdtype, &raw).to_vec()
+                    let packed: Vec<String> = if is_b {
+                        let raw = weight_eight_raw(b, "%w", *wdtype, *k, &grs, &kg)?;
+                        weight_eight_pairs(b, *wdtype, raw, f16)
                     } else {
-                        let vals: Vec<String> = if is_b && *wdtype == DType::I4G128 {
-                            // (eight values from two words and one scale)
-                            i4g128_eight(b, "%w", &e0)
-                        } else if is_b && *wdtype == DType::F8G128 {
-                            f8g128_eight(b, "%w", &e0)
-                        } else if is_b {
-                            let mut v = vec![];
-                            for j in 0..8 {
-                                let cj = b.ci64(j);
-                                let e = b.op(&format!("arith.addi {e0}, {cj} : i64"));
-                                v.push(b.weight_elem("%w", &e, *wdtype)?);
-                            }
-                            v
-                        } else {
-                            // rows past M are not loaded at all (batched decode has few rows)
-                            let bo = b.op(&format!("arith.muli {e0}, {c4} : i64"));
-                            let c16b = b.ci64(16);
-                            let bo2 = b.op(&format!("arith.addi {bo}, {c16b} : i64"));
-                            let r = b.v();
-                            let f8 = vec!["f32"; 8].join(", ");
-                            b.line(&format!("{r}:8 = scf.if {valid} -> ({f8}) {{"));
-                            let mut v = b.load_vec("%x", &bo, 4, "f32", 16);
-                            v.extend(b.load_vec("%x", &bo2, 4, "f32", 16));
-                            b.line(&format!("scf.yield {} : {f8}", v.join(", ")));
-                            b.line("} else {");
-                            b.line(&format!("scf.yield {} : {f8}", vec![zero.as_str(); 8].join(", ")));
-                            b.line("}");
-                            (0..8).map(|j| format!("{r}#{j}")).collect()
-                        };
+                        // rows past M are not loaded at all (batched decode has few rows)
+                        let bo = b.op(&format!("arith.muli {e0}, {c4} : i64"));
+                        let c16b = b.ci64(16);
+                        let bo2 = b.op(&format!("arith.addi {bo}, {c16b} : i64"));
+                        let r = b.v();
+                        let f8 = vec!["f32"; 8].join(", ");
+                        b.line(&format!("{r}:8 = scf.if {valid} -> ({f8}) {{"));
+                        let mut v = b.load_vec("%x", &bo, 4, "f32", 16);
+                        v.extend(b.load_vec("%x", &bo2, 4, "f32", 16));
+                        b.line(&format!("scf.yield {} : {f8}", v.join(", ")));
+                        b.line("} else {");
+                        b.line(&format!("scf.yield {} : {f8}", vec![zero.as_str(); 8].join(", ")));
+                        b.line("}");
+                        let vals: Vec<String> = (0..8).map(|j| format!("{r}#{j}")).collect();
                         (0..4).map(|j| b.pack2(&vals[2 * j], &vals[2 * j + 1], f16)).collect()
                     };
                     let zi32 = b.op("arith.constant 0 : i32");
@@ -763,4 +735,54 @@ pub(crate) fn mma_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
         }
         other => return Err(format!("`{}` is not one of the tensor-core (mma.sync, wgmma) matmul kernels", other.symbol())),
     })
+}
+
+/// The eight weights K = `kg`.. (i64, a multiple of 8) of row `row` (i64, inside N) of a
+/// K-column weight matrix, as the wgmma stagings write them (a 16-byte row chunk of the tile):
+/// first only their loads ([`weight_eight_pairs`] makes the pairs), so a caller can issue many
+/// units' loads before any of their math. 16-bit weights: the four pair words of one 16-byte
+/// load; K-quants: the raw words of a 32-value step as the batched GEMV reads them (its lane t
+/// is kg % 32 / 8); i4g128 / f8g128: eight values from their words and scales; the other
+/// blocks: eight values each dequantized.
+pub(crate) fn weight_eight_raw(b: &mut Body, ptr: &str, wdtype: DType, k: usize, row: &str, kg: &str) -> Result<Vec<String>, String> {
+    let kk = b.ci64(k as i64);
+    let rbase = b.op(&format!("arith.muli {row}, {kk} : i64"));
+    let e0 = b.op(&format!("arith.addi {rbase}, {kg} : i64"));
+    Ok(match wdtype {
+        DType::BF16 | DType::F16 => {
+            let c2 = b.ci64(2);
+            let bo = b.op(&format!("arith.muli {e0}, {c2} : i64"));
+            b.load_vec(ptr, &bo, 4, "i32", 16)
+        }
+        d if kquant_dtype(d) => {
+            let (per, bytes) = d.block();
+            let crb = b.ci64((k / per * bytes) as i64);
+            let rowb = b.op(&format!("arith.muli {row}, {crb} : i64"));
+            let c32 = b.ci64(32);
+            let step = b.op(&format!("arith.divui {kg}, {c32} : i64"));
+            let lane_off = b.op(&format!("arith.remui {kg}, {c32} : i64"));
+            kquant_step_words(b, ptr, d, &rowb, &lane_off, &step)
+        }
+        // (eight values from two words and one scale)
+        DType::I4G128 => i4g128_eight(b, ptr, &e0),
+        DType::F8G128 => f8g128_eight(b, ptr, &e0),
+        d => {
+            let mut v = vec![];
+            for j in 0..8 {
+                let cj = b.ci64(j);
+                let e = b.op(&format!("arith.addi {e0}, {cj} : i64"));
+                v.push(b.weight_elem(ptr, &e, d)?);
+            }
+            v
+        }
+    })
+}
+
+/// [`weight_eight_raw`]'s eight weights as four f16 (`f16`) or bf16 pair words.
+pub(crate) fn weight_eight_pairs(b: &mut Body, wdtype: DType, raw: Vec<String>, f16: bool) -> Vec<String> {
+    match wdtype {
+        DType::BF16 | DType::F16 => raw,
+        d if kquant_dtype(d) => kquant_step_values(b, d, &raw).to_vec(),
+        _ => (0..4).map(|j| b.pack2(&raw[2 * j], &raw[2 * j + 1], f16)).collect(),
+    }
 }

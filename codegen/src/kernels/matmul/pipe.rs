@@ -234,9 +234,10 @@ pub fn swiglu_pipe_fits(n: usize, bn: usize, bm: usize) -> bool {
 
 /// The pipelined Hopper matmul ([`KernelSpec::MatMulPipe`]).
 ///
-/// What [`emit_gemm_pipe`] takes: K a multiple of 64, bf16/f16 weights, a tiling whose stages
+/// What [`emit_gemm_pipe`] takes: K a multiple of 64, bf16/f16 weights (or, warp-specialized,
+/// the quantized formats of [`dequant_pipe_fits`]), a tiling whose stages
 /// fit shared memory (3+ when overlapped).
-fn pipe_gemm_fits(k: usize, wdtype: DType, tiling: PipeTiling) -> Result<(), String> {
+fn pipe_gemm_fits(k: usize, wdtype: DType, tiling: PipeTiling, ws: bool) -> Result<(), String> {
     let PipeTiling { bn, stages, overlap, .. } = tiling;
     if overlap && stages < 3 {
         return Err("the overlapped pipelined matmul needs 3 or more stages".into());
@@ -248,8 +249,235 @@ fn pipe_gemm_fits(k: usize, wdtype: DType, tiling: PipeTiling) -> Result<(), Str
         return Err(format!("pipelined wgmma matmul: bn {bn} with {stages} stages does not fit"));
     }
     if !matches!(wdtype, DType::BF16 | DType::F16) {
-        return Err(format!("the pipelined wgmma matmul takes bf16/f16 weights, not {wdtype}"));
+        // (quantized weights: warp-specialized, the producer dequantizing)
+        dequant_pipe_fits(wdtype, tiling).map_err(|e| format!("the pipelined wgmma matmul takes bf16/f16 weights, or {e}"))?;
+        if !ws {
+            return Err(format!("the pipelined wgmma matmul takes {wdtype} weights only warp-specialized (its producer dequantizes them)"));
+        }
     }
+    Ok(())
+}
+
+/// Registers of the dequantizing producer warpgroup (`setmaxnreg.dec`) and of the consumers:
+/// 128 · 120 + 256 · 192 = 64,512 of the 65,536 (the kernel starts at 168 a thread: 384
+/// threads).
+pub const DEQ_PRODUCER_REGS: usize = 120;
+pub const DEQ_CONSUMER_REGS: usize = 192;
+/// Arrivals completing a full stage of the dequantizing pipe: the lead producer thread's (x's
+/// bytes expected) and one from each producer thread after its W units.
+const DEQ_FULL_ARRIVALS: usize = 129;
+/// K steps of 64 ahead of the producer's loads that it prefetches W's rows into L2 (its loads
+/// then wait on L2, not DRAM).
+pub const DEQ_PREFETCH_STEPS: i64 = 4;
+
+/// Whether the warp-specialized pipelined matmul takes `wdtype` weights dequantized by its
+/// producer warpgroup: the GGUF blocks and dsc's i4g128 / f8g128 (eight values at a time as the
+/// wgmma staging reads them), 128 x 128 tiles (the producer's 8 units a thread a K step).
+pub fn dequant_pipe_fits(wdtype: DType, tiling: PipeTiling) -> Result<(), String> {
+    let ok = matches!(wdtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::I4G128 | DType::F8G128) || kquant_dtype(wdtype);
+    if !ok {
+        return Err(format!("{wdtype} weights are not dequantized by the pipelined matmul's producer"));
+    }
+    if tiling.bm != PIPE_BM || tiling.bn != 128 || !tiling.a16 {
+        return Err(format!("{wdtype} weights in the pipelined matmul: 128 x 128 tiles with x in 16 bits, not {} x {}", tiling.bm, tiling.bn));
+    }
+    Ok(())
+}
+
+/// What [`dequant_producer`] needs of the pipelined matmul around it.
+pub(crate) struct DequantProducer<'a> {
+    pub t: &'a str,
+    pub wdtype: DType,
+    pub k: usize,
+    pub bn: usize,
+    pub wn: usize,
+    /// SwiGLU: the block's first feature (W rows are gate rows then up rows per warpgroup)
+    pub f0: Option<&'a str>,
+    pub n0: &'a str,
+    /// split-K: this part's first K step
+    pub k0: Option<&'a str>,
+    pub nk: i64,
+    pub stages: usize,
+    pub a_bytes: i64,
+    pub f16: bool,
+}
+
+/// The producer warpgroup of the warp-specialized pipelined matmul for quantized weights
+/// (threads 256..383, inside their `scf.if`): it hands registers to the consumers
+/// (`setmaxnreg.dec`), then for each K step kt: loads the raw words of its 8 units (a unit: 8
+/// values of one W tile row, a 16-byte chunk of the tile; 8 consecutive threads a row, so a
+/// warp reads 4 rows' 64 values), prefetches its row of step kt + `DEQ_PREFETCH_STEPS` into L2,
+/// waits for the consumers to release the stage, (thread 256) arms the stage's full barrier
+/// with x's bytes and issues x's TMA copy, makes the units f16 pairs and stores them where the
+/// 128-byte swizzle puts them (chunk c of row r at c ^ (r % 8); rows past N zeros), and arrives
+/// on the full barrier after `fence.proxy.async` (its stores then visible to the wgmmas).
+pub(crate) fn dequant_producer(
+    b: &mut Body,
+    d: &DequantProducer,
+    stage_of: &dyn Fn(&mut Body, &str) -> (String, String),
+    mbar: &dyn Fn(&mut Body, &str) -> String,
+    x_copy: &dyn Fn(&mut Body, &str),
+) -> Result<(), String> {
+    let DequantProducer { t, wdtype, k, bn, wn, f0, n0, k0, nk, stages, a_bytes, f16 } = *d;
+    b.line(&format!("llvm.inline_asm has_side_effects \"setmaxnreg.dec.sync.aligned.u32 {DEQ_PRODUCER_REGS};\", \"\" : () -> ()"));
+    let c256 = b.ci64(256);
+    let p = b.op(&format!("arith.subi {t}, {c256} : i64"));
+    let c0 = b.ci64(0);
+    let lead = b.op(&format!("arith.cmpi eq, {p}, {c0} : i64"));
+    if b.pdl && !b.waited {
+        // (x, which the TMA copies read, is the previous kernel's: the lead waits for it)
+        b.line(&format!("scf.if {lead} {{"));
+        b.line("llvm.inline_asm has_side_effects \"griddepcontrol.wait;\", \"~{memory}\" : () -> ()");
+        b.line("}");
+    }
+    // tile row r's weight row (clamped inside N), whether it is inside N, its weight pointer
+    let row_of = |b: &mut Body, r: &str| -> (String, String, String) {
+        let (gr, ptr) = match f0 {
+            Some(f0) => {
+                // (SwiGLU: row r of warpgroup r / wn is gate feature f0 + (r / wn)·wn/2 + r %
+                // (wn/2) in its first half, that feature's up row in the second)
+                let cwn = b.ci64(wn as i64);
+                let cq = b.ci64(wn as i64 / 2);
+                let wgi = b.op(&format!("arith.divui {r}, {cwn} : i64"));
+                let rr = b.op(&format!("arith.remui {r}, {cwn} : i64"));
+                let up = b.op(&format!("arith.cmpi uge, {rr}, {cq} : i64"));
+                let rq = b.op(&format!("arith.remui {rr}, {cq} : i64"));
+                let fb = b.op(&format!("arith.muli {wgi}, {cq} : i64"));
+                let fb = b.op(&format!("arith.addi {fb}, {rq} : i64"));
+                let ptr = b.op(&format!("llvm.select {up}, %w1, %w0 : i1, !llvm.ptr<1>"));
+                (b.op(&format!("arith.addi {f0}, {fb} : i64")), ptr)
+            }
+            None => (b.op(&format!("arith.addi {n0}, {r} : i64")), "%w".to_string()),
+        };
+        let valid = b.op(&format!("arith.cmpi slt, {gr}, %n : i64"));
+        let c0 = b.ci64(0);
+        let grs = b.op(&format!("arith.select {valid}, {gr}, {c0} : i64"));
+        (grs, valid, ptr)
+    };
+    // this thread's units: (row, valid, pointer, K offset in the step, byte offset in the W tile)
+    let c8 = b.ci64(8);
+    let c7 = b.ci64(7);
+    let c16 = b.ci64(16);
+    let c128 = b.ci64(128);
+    let mut units = vec![];
+    for i in 0..bn * 8 / 128 {
+        let ci = b.ci64(128 * i as i64);
+        let u = b.op(&format!("arith.addi {p}, {ci} : i64"));
+        let r = b.op(&format!("arith.divui {u}, {c8} : i64"));
+        let ch = b.op(&format!("arith.remui {u}, {c8} : i64"));
+        let (grs, valid, ptr) = row_of(b, &r);
+        let kc = b.op(&format!("arith.muli {ch}, {c8} : i64"));
+        let r8 = b.op(&format!("arith.andi {r}, {c7} : i64"));
+        let pc = b.op(&format!("arith.xori {ch}, {r8} : i64"));
+        let pcb = b.op(&format!("arith.muli {pc}, {c16} : i64"));
+        let ro = b.op(&format!("arith.muli {r}, {c128} : i64"));
+        let so = b.op(&format!("arith.addi {ro}, {pcb} : i64"));
+        let ca = b.ci64(a_bytes);
+        let so = b.op(&format!("arith.addi {so}, {ca} : i64"));
+        units.push((grs, valid, ptr, kc, so));
+    }
+    // the rows this thread prefetches (tile rows p, p + 128, ..): their first element
+    let (per, bytes) = wdtype.block();
+    let kk = b.ci64(k as i64);
+    let mut pref = vec![];
+    for i in 0..bn.div_ceil(128) {
+        let ci = b.ci64(128 * i as i64);
+        let r = b.op(&format!("arith.addi {p}, {ci} : i64"));
+        let (grs, valid, ptr) = row_of(b, &r);
+        let e = b.op(&format!("arith.muli {grs}, {kk} : i64"));
+        let pi = b.op(&format!("llvm.ptrtoint {ptr} : !llvm.ptr<1> to i64"));
+        pref.push((e, valid, pi));
+    }
+    let kstep = |b: &mut Body, kt: &str| match k0 {
+        Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
+        None => kt.to_string(),
+    };
+    // L2 prefetch of K step `kt`'s bytes of the prefetch rows: the lines of its first and last
+    // block and the one between (a block's values 64 at a time: at most 3 lines)
+    let prefetch = |b: &mut Body, kt: &str| {
+        let ks = kstep(b, kt);
+        let c64 = b.ci64(64);
+        let kg = b.op(&format!("arith.muli {ks}, {c64} : i64"));
+        let cper = b.ci64(per as i64);
+        let cby = b.ci64(bytes as i64);
+        for (e, valid, pi) in &pref {
+            b.line(&format!("scf.if {valid} {{"));
+            let e0 = b.op(&format!("arith.addi {e}, {kg} : i64"));
+            let c63 = b.ci64(63);
+            let e1 = b.op(&format!("arith.addi {e0}, {c63} : i64"));
+            let b0 = b.op(&format!("arith.divui {e0}, {cper} : i64"));
+            let b0 = b.op(&format!("arith.muli {b0}, {cby} : i64"));
+            let b1 = b.op(&format!("arith.divui {e1}, {cper} : i64"));
+            let b1 = b.op(&format!("arith.muli {b1}, {cby} : i64"));
+            let cl = b.ci64(bytes as i64 - 1);
+            let b1 = b.op(&format!("arith.addi {b1}, {cl} : i64"));
+            let c128 = b.ci64(128);
+            let bm = b.op(&format!("arith.addi {b0}, {c128} : i64"));
+            let bm = b.op(&format!("arith.minui {bm}, {b1} : i64"));
+            for o in [&b0, &bm, &b1] {
+                let a = b.op(&format!("arith.addi {pi}, {o} : i64"));
+                b.line(&format!("llvm.inline_asm has_side_effects \"prefetch.global.L2 [$0];\", \"l\" {a} : (i64) -> ()"));
+            }
+            b.line("}");
+        }
+    };
+    for s in 1..DEQ_PREFETCH_STEPS.min(nk) {
+        let ks = b.ci64(s);
+        prefetch(b, &ks);
+    }
+    let zi = b.op("arith.constant 0 : index");
+    let ni = b.op(&format!("arith.constant {nk} : index"));
+    let oi = b.op("arith.constant 1 : index");
+    let kv = b.v();
+    b.line(&format!("scf.for {kv} = {zi} to {ni} step {oi} {{"));
+    let kt = b.idx64(&kv);
+    // the units' loads first, then the prefetch and the wait for the stage
+    let ks = kstep(b, &kt);
+    let c64 = b.ci64(64);
+    let kg = b.op(&format!("arith.muli {ks}, {c64} : i64"));
+    let mut raws = vec![];
+    for (grs, _, ptr, kc, _) in &units {
+        let kgu = b.op(&format!("arith.addi {kg}, {kc} : i64"));
+        raws.push(crate::kernels::matmul::mma::weight_eight_raw(b, ptr, wdtype, k, grs, &kgu)?);
+    }
+    let cpd = b.ci64(DEQ_PREFETCH_STEPS);
+    let kp = b.op(&format!("arith.addi {kt}, {cpd} : i64"));
+    let cnk = b.ci64(nk);
+    let more = b.op(&format!("arith.cmpi slt, {kp}, {cnk} : i64"));
+    b.line(&format!("scf.if {more} {{"));
+    prefetch(b, &kp);
+    b.line("}");
+    let (st, sb) = stage_of(b, &kt);
+    let cs = b.ci64(stages as i64);
+    let u = b.op(&format!("arith.divui {kt}, {cs} : i64"));
+    let c1 = b.ci64(1);
+    let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
+    let par = b.op(&format!("arith.xori {par}, {c1} : i64"));
+    let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
+    let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
+    let eb = mbar(b, &se);
+    b.mbar_spin(&eb, &par);
+    b.line(&format!("scf.if {lead} {{"));
+    x_copy(b, &kt);
+    b.line("}");
+    let zi32 = b.op("arith.constant 0 : i32");
+    for (raw, (_, valid, _, _, so)) in raws.into_iter().zip(&units) {
+        let pairs = crate::kernels::matmul::mma::weight_eight_pairs(b, wdtype, raw, f16);
+        let mut v = b.op("llvm.mlir.undef : vector<4xi32>");
+        for (j, pj) in pairs.iter().enumerate() {
+            let pj = b.op(&format!("arith.select {valid}, {pj}, {zi32} : i32"));
+            let cj = b.op(&format!("arith.constant {j} : i32"));
+            v = b.op(&format!("llvm.insertelement {pj}, {v}[{cj} : i32] : vector<4xi32>"));
+        }
+        let sa = b.op(&format!("arith.addi {sb}, {so} : i64"));
+        let sp = b.op(&format!("llvm.inttoptr {sa} : i64 to !llvm.ptr<3>"));
+        b.line(&format!("llvm.store {v}, {sp} {{alignment = 16 : i64}} : vector<4xi32>, !llvm.ptr<3>"));
+    }
+    // (generic-proxy stores, read by the wgmmas through the async proxy)
+    b.line("llvm.inline_asm has_side_effects \"fence.proxy.async.shared::cta;\", \"\"  : () -> ()");
+    let fb = mbar(b, &st);
+    b.line(&format!("llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }}\", \"r\" {fb} : (i32) -> ()"));
+    b.line("}");
     Ok(())
 }
 
@@ -303,7 +531,7 @@ pub(crate) fn pipe_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             }
             fits_in(inner, o)
         }
-        KernelSpec::MatMulPipe { k, wdtype, bn, stages, overlap, a16, bm, .. } => pipe_gemm_fits(*k, *wdtype, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm }),
+        KernelSpec::MatMulPipe { k, wdtype, bn, stages, overlap, a16, bm, .. } => pipe_gemm_fits(*k, *wdtype, PipeTiling { bn: *bn, stages: *stages, overlap: *overlap, a16: *a16, bm: *bm }, o.ws),
         other => Err(format!("`{}` is not one of the pipelined Hopper matmul kernels", other.symbol())),
     }
 }
@@ -321,13 +549,15 @@ pub(crate) fn pipe_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
 /// whose B descriptor advances 32 bytes per k16 inside the swizzle atom.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, residual: bool, tiling: PipeTiling) -> Result<String, String> {
-    pipe_gemm_fits(k, wdtype, tiling)?;
+    pipe_gemm_fits(k, wdtype, tiling, b.ws)?;
     let PipeTiling { bn, stages, overlap, a16, .. } = tiling;
     // K steps the copies run ahead: with a wgmma group in flight, the stage of step kt - 1
     // may still be read while step kt computes
     let ahead = if overlap { stages as i64 - 2 } else { stages as i64 - 1 };
-    let f16 = wdtype == DType::F16;
+    let f16 = tensor_core_f16(wdtype);
     let ty = if f16 { "f16" } else { "bf16" };
+    // (quantized weights: the producer warpgroup dequantizes W's tiles into the stages)
+    let deq = !matches!(wdtype, DType::BF16 | DType::F16);
     let bm = tiling.bm;
     // (64-row tiles: each warpgroup takes half the columns, wgmma m64n{bn/2})
     let split_n = bm == 64;
@@ -533,7 +763,10 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
         for st in 0..stages {
             let cst = b.ci64(st as i64);
             let mb = mbar(b, &cst);
-            b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], 1;\", \"r\" {mb} : (i32) -> ()"));
+            // (dequantizing producer: the lead thread's arrive with x's bytes and one from
+            // each of its 128 threads once its W units are stored)
+            let arrivals = if deq { DEQ_FULL_ARRIVALS } else { 1 };
+            b.line(&format!("llvm.inline_asm has_side_effects \"mbarrier.init.shared::cta.b64 [$0], {arrivals};\", \"r\" {mb} : (i32) -> ()"));
             // (warp-specialized: stage st's empty mbarrier, past the full ones, completes
             // when all 256 consumer threads have released the stage)
             if wspec {
@@ -547,7 +780,44 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
         b.line("gpu.barrier");
     }
     let spin = |b: &mut Body, mb: &str, par: &str| b.mbar_spin(mb, par);
-    if wspec {
+    if wspec && deq {
+        let c256 = b.ci64(256);
+        let prod = b.op(&format!("arith.cmpi uge, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {prod} {{"));
+        let stage_of = |b: &mut Body, kt: &str| {
+            let cs = b.ci64(stages as i64);
+            let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
+            let csb = b.ci64(stage_bytes);
+            let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
+            (st.clone(), b.op(&format!("arith.addi {base}, {sb} : i64")))
+        };
+        let x_copy = |b: &mut Body, kt: &str| {
+            let (st, sb) = stage_of(b, kt);
+            let fb = mbar(b, &st);
+            let kstep = match &k0 {
+                Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
+                None => kt.to_string(),
+            };
+            let c64 = b.ci64(64);
+            let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
+            let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+            let dx = b.op(&format!("arith.trunci {sb} : i64 to i32"));
+            let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
+            let bytes = b.op(&format!("arith.constant {a_bytes} : i32"));
+            let xmap = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
+            b.line(&format!(
+                "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$2], [$3, {{$5, $4}}], [$0];\", \"r,r,r,l,r,r\" {fb}, {bytes}, {dx}, {xmap}, {mc}, {kc} : (i32, i32, i32, i64, i32, i32) -> ()"
+            ));
+        };
+        dequant_producer(b, &DequantProducer { t: &t, wdtype, k, bn, wn, f0: f0.as_deref(), n0: &n0, k0: k0.as_deref(), nk, stages, a_bytes, f16 }, &stage_of, &mbar, &x_copy)?;
+        b.line("}");
+        let cons = b.op(&format!("arith.cmpi ult, {t}, {c256} : i64"));
+        b.line(&format!("scf.if {cons} {{"));
+        b.line(&format!("llvm.inline_asm has_side_effects \"setmaxnreg.inc.sync.aligned.u32 {DEQ_CONSUMER_REGS};\", \"\" : () -> ()"));
+        if b.pdl && !b.waited {
+            b.wait_for_previous();
+        }
+    } else if wspec {
         // warp-specialized: warpgroup 2 hands its registers to the consumers and its first
         // thread runs the loads: for K step kt in stage kt % S, wait until the consumers
         // released the stage's previous round (the empty barrier's phase of parity
