@@ -35,14 +35,16 @@ fn compile_inspect_and_run() {
     assert!(out.contains("smollm2-135m-instruct") && out.contains("q4_1: 210 tensors") && out.contains("chat template yes"), "{out}");
     // which kernel runs at which row count (Q4_1 layers and the Q8_0 lm_head: the
     // tensor-core batched GEMV dequantizing in registers for 2..=128 rows, x in f32 below 16
-    // and its f16 copy from there, the wgmma matmul past them, no pipelined matmul; attention
+    // and its f16 copy from there, past them the warp-specialized pipelined matmul with its
+    // producers dequantizing (the wgmma matmul for the merged q/k/v, whose 576 + 192 + 192
+    // columns are not whole 128-column tiles); attention
     // steps of 129+ tokens (x 9 heads) run FlashAttention, and from 43 tokens (128 blocks of a
     // token and one of the 3 KV heads) up to there the grouped decode attention: the one-pass
     // attention has two steps per layer, short contexts and many rows at long ones; the
     // one-token fusions keep each fused GEMV's 2+-row kernels on its own step)
     assert!(
         out.contains(
-            "kernel alternatives by step rows: few (any target, after hopper): matmul_few32 (2..=15 rows) on 151 steps, matmul_few32x16 (16..=128 rows) on 151 steps, paged_attention (387..=1160 rows) on 60 steps; hopper (sm_90a): matmul_wgmma64 (>= 129 rows) on 151 steps"
+            "kernel alternatives by step rows: few (any target, after hopper): matmul_few32 (2..=15 rows) on 151 steps, matmul_few32x16 (16..=128 rows) on 151 steps, paged_attention (387..=1160 rows) on 60 steps; hopper (sm_90a): matmul_wgmma64 (>= 129 rows) on 30 steps, matmul_pipe128s6o_a16 (>= 129 rows) on 121 steps"
         ) && out.contains("flash_attention (>= 1161 rows) on 60 steps"),
         "{out}"
     );
