@@ -133,11 +133,7 @@ pub fn emit_named(spec: &KernelSpec, pdl: bool, name: &str, o: &KernelOptions) -
     // FLASH_WG_BLOCKS_PER_SM blocks of 128 threads leave — `flash_wg_blocks_per_sm`)
     let mincta = b.launch_bounds;
     let attrs = match (b.ws, mincta) {
-        // (384 threads, 512 with two dequantizing producer warpgroups: 128 registers a thread)
-        (true, _) => match spec.launch() {
-            Launch::Tile { threads, .. } => format!(" attributes {{known_block_size = array<i32: {threads}, 1, 1>}}"),
-            _ => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
-        },
+        (true, _) => " attributes {known_block_size = array<i32: 384, 1, 1>}".to_string(),
         // (the decode attention with the o projection: its block size, so ptxas keeps the
         // registers 512 threads may have)
         _ if b.attn_o.is_some() || spec.is_fused_mlp() => {

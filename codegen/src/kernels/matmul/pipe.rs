@@ -155,9 +155,8 @@ pub(crate) fn pipe_launch(spec: &KernelSpec) -> Launch {
                 Launch::Tile { outputs, rows, threads, smem, carveout } => Launch::Tile { outputs, rows, threads, smem: smem + TMA_MBAR_BYTES as u32, carveout },
                 other => other,
             },
-            // (the producer warpgroups: one, two where they dequantize W)
             KernelSpec::Ws { inner } => match inner.launch() {
-                Launch::Tile { outputs, rows, threads, smem, carveout } => Launch::Tile { outputs, rows, threads: threads + 128 * ws_producers(inner) as u32, smem: smem + TMA_MBAR_BYTES as u32, carveout },
+                Launch::Tile { outputs, rows, threads, smem, carveout } => Launch::Tile { outputs, rows, threads: threads + 128, smem: smem + TMA_MBAR_BYTES as u32, carveout },
                 other => other,
             },
             KernelSpec::SplitK { inner, splits } => match inner.launch() {
@@ -274,23 +273,11 @@ fn pipe_gemm_fits(k: usize, wdtype: DType, tiling: PipeTiling, ws: bool) -> Resu
     Ok(())
 }
 
-/// Producer warpgroups of a warp-specialized pipelined matmul (`KernelSpec::Ws` around
-/// `inner`): one issuing TMA copies, or [`DEQ_PRODUCERS`] dequantizing quantized weights.
-pub fn ws_producers(inner: &KernelSpec) -> usize {
-    match inner.pipe_core() {
-        KernelSpec::MatMulPipe { wdtype: DType::BF16 | DType::F16, .. } => 1,
-        _ => DEQ_PRODUCERS,
-    }
-}
-
-/// Dequantizing producer warpgroups: they take the K steps in turn (warpgroup w steps w, w +
-/// 2, ..), so two steps' loads are in flight where one warpgroup waited for each in turn.
-pub const DEQ_PRODUCERS: usize = 2;
-/// Registers of the dequantizing producers (`setmaxnreg.dec`) and of the consumers: 256 · 112 +
-/// 256 · 144 = 65,536 (the kernel starts at 128 a thread: 512 threads; the consumers of a
-/// 128-column tile hold 64 accumulators; Q6_K's eight units spilled at 96).
-pub const DEQ_PRODUCER_REGS: usize = 112;
-pub const DEQ_CONSUMER_REGS: usize = 144;
+/// Registers of the dequantizing producer warpgroup (`setmaxnreg.dec`) and of the consumers:
+/// 128 · 120 + 256 · 192 = 64,512 of the 65,536 (the kernel starts at 168 a thread: 384
+/// threads).
+pub const DEQ_PRODUCER_REGS: usize = 120;
+pub const DEQ_CONSUMER_REGS: usize = 192;
 /// Arrivals completing a full stage of the dequantizing pipe: the lead producer thread's (x's
 /// bytes expected) and one from each producer thread after its W units.
 const DEQ_FULL_ARRIVALS: usize = 129;
@@ -330,12 +317,12 @@ pub(crate) struct DequantProducer<'a> {
     pub f16: bool,
 }
 
-/// The producer warpgroups of the warp-specialized pipelined matmul for quantized weights
-/// (threads 256..511, inside their `scf.if`): they hand registers to the consumers
-/// (`setmaxnreg.dec`), then warpgroup pw for each K step kt = pw, pw + [`DEQ_PRODUCERS`], ..: loads the raw words of its 8 units (a unit: 8
+/// The producer warpgroup of the warp-specialized pipelined matmul for quantized weights
+/// (threads 256..383, inside their `scf.if`): it hands registers to the consumers
+/// (`setmaxnreg.dec`), then for each K step kt: loads the raw words of its 8 units (a unit: 8
 /// values of one W tile row, a 16-byte chunk of the tile; 8 consecutive threads a row, so a
 /// warp reads 4 rows' 64 values), prefetches its row of step kt + `DEQ_PREFETCH_STEPS` into L2,
-/// waits for the consumers to release the stage, (its thread 0) arms the stage's full barrier
+/// waits for the consumers to release the stage, (thread 256) arms the stage's full barrier
 /// with x's bytes and issues x's TMA copy, makes the units f16 pairs and stores them where the
 /// 128-byte swizzle puts them (chunk c of row r at c ^ (r % 8); rows past N zeros), and arrives
 /// on the full barrier after `fence.proxy.async` (its stores then visible to the wgmmas).
@@ -348,12 +335,8 @@ pub(crate) fn dequant_producer(
 ) -> Result<(), String> {
     let DequantProducer { t, wdtype, k, bn, wn, f0, n0, k0, nk, stages, a_bytes, f16 } = *d;
     b.line(&format!("llvm.inline_asm has_side_effects \"setmaxnreg.dec.sync.aligned.u32 {DEQ_PRODUCER_REGS};\", \"\" : () -> ()"));
-    // (producer warpgroup pw takes K steps pw, pw + DEQ_PRODUCERS, ..; p its thread)
     let c256 = b.ci64(256);
-    let pt = b.op(&format!("arith.subi {t}, {c256} : i64"));
-    let c128 = b.ci64(128);
-    let pw = b.op(&format!("arith.divui {pt}, {c128} : i64"));
-    let p = b.op(&format!("arith.remui {pt}, {c128} : i64"));
+    let p = b.op(&format!("arith.subi {t}, {c256} : i64"));
     let c0 = b.ci64(0);
     let lead = b.op(&format!("arith.cmpi eq, {p}, {c0} : i64"));
     if b.pdl && !b.waited {
@@ -390,6 +373,7 @@ pub(crate) fn dequant_producer(
     let c8 = b.ci64(8);
     let c7 = b.ci64(7);
     let c16 = b.ci64(16);
+    let c128 = b.ci64(128);
     let mut units = vec![];
     for i in 0..bn * 8 / 128 {
         let ci = b.ci64(128 * i as i64);
@@ -456,9 +440,9 @@ pub(crate) fn dequant_producer(
         let ks = b.ci64(s);
         prefetch(b, &ks);
     }
-    let zi = b.op(&format!("arith.index_cast {pw} : i64 to index"));
+    let zi = b.op("arith.constant 0 : index");
     let ni = b.op(&format!("arith.constant {nk} : index"));
-    let oi = b.op(&format!("arith.constant {DEQ_PRODUCERS} : index"));
+    let oi = b.op("arith.constant 1 : index");
     let kv = b.v();
     b.line(&format!("scf.for {kv} = {zi} to {ni} step {oi} {{"));
     let kt = b.idx64(&kv);
@@ -466,14 +450,10 @@ pub(crate) fn dequant_producer(
     let ks = kstep(b, &kt);
     let c64 = b.ci64(64);
     let kg = b.op(&format!("arith.muli {ks}, {c64} : i64"));
-    // (K-quants: raw words now, their math after the wait; the other formats' eight values
-    // come as f32, so they are made pairs at once — half the registers held across the wait)
-    let early = !kquant_dtype(wdtype);
     let mut raws = vec![];
     for (grs, _, ptr, kc, _) in &units {
         let kgu = b.op(&format!("arith.addi {kg}, {kc} : i64"));
-        let raw = crate::kernels::matmul::mma::weight_eight_raw(b, ptr, wdtype, k, grs, &kgu)?;
-        raws.push(if early { crate::kernels::matmul::mma::weight_eight_pairs(b, wdtype, raw, f16) } else { raw });
+        raws.push(crate::kernels::matmul::mma::weight_eight_raw(b, ptr, wdtype, k, grs, &kgu)?);
     }
     let cpd = b.ci64(DEQ_PREFETCH_STEPS);
     let kp = b.op(&format!("arith.addi {kt}, {cpd} : i64"));
@@ -497,7 +477,7 @@ pub(crate) fn dequant_producer(
     b.line("}");
     let zi32 = b.op("arith.constant 0 : i32");
     for (raw, (_, valid, _, _, so)) in raws.into_iter().zip(&units) {
-        let pairs = if early { raw } else { crate::kernels::matmul::mma::weight_eight_pairs(b, wdtype, raw, f16) };
+        let pairs = crate::kernels::matmul::mma::weight_eight_pairs(b, wdtype, raw, f16);
         let mut v = b.op("llvm.mlir.undef : vector<4xi32>");
         for (j, pj) in pairs.iter().enumerate() {
             let pj = b.op(&format!("arith.select {valid}, {pj}, {zi32} : i32"));
