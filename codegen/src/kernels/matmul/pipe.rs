@@ -67,18 +67,18 @@
 //! - Quantized weights (`MatMulPipe { wdtype }` a GGUF block, K-quant, i4g128 or f8g128:
 //!   `dequant_pipe_fits`; only warp-specialized, 128 x 128 tiles, 6 stages; `schedule::initial`
 //!   takes it past the batched GEMV's rows where `ScheduleOptions::ws` is on, x in f16 from its
-//!   copy): the producer is `DEQ_PRODUCERS` = 2 warpgroups taking the K steps in turn
-//!   (`dequant_producer`; 512 threads, `setmaxnreg` 112 / 144). Per step a thread loads the raw
-//!   words of 8 units (8 values of a W row: 8 threads a row, as the wgmma staging reads them,
-//!   `mma::weight_eight_raw`), prefetches its row of step + `DEQ_PREFETCH_STEPS` into L2, waits
-//!   for the stage's empty barrier, (its thread 0) arms the full barrier with x's bytes and
-//!   issues x's TMA copy, makes the units f16 pairs (`weight_eight_pairs`), stores them where
-//!   the 128-byte swizzle puts them (chunk c of row r at c ^ (r % 8), rows past N zeros), then
-//!   `fence.proxy.async` and one arrive (the full barrier counts 129). The consumers are the
-//!   bf16 kernel's, in f16. The weights take no tensor map (`schedule::tma_wrap`). One producer
-//!   warpgroup (384 threads) measured 213-272 TFLOP/s at 512 rows on an H100 (8B Q4_K prefill
-//!   4.5k -> 15.5k tok/s; bench/results/dequant-pipe-gpu-h100-2026-12-07.json): each step
-//!   waited on its own loads.
+//!   copy): the producer warpgroup (`dequant_producer`; `setmaxnreg` 120 / 192) takes each K
+//!   step in turn: a thread loads the raw words of its 8 units (8 values of a W row: 8 threads
+//!   a row, as the wgmma staging reads them, `mma::weight_eight_raw`), prefetches its row of
+//!   step + `DEQ_PREFETCH_STEPS` into L2, waits for the stage's empty barrier, (thread 256)
+//!   arms the full barrier with x's bytes and issues x's TMA copy, makes the units f16 pairs
+//!   (`weight_eight_pairs`), stores them where the 128-byte swizzle puts them (chunk c of row r
+//!   at c ^ (r % 8), rows past N zeros), then `fence.proxy.async` and one arrive (the full
+//!   barrier counts 129). The consumers are the bf16 kernel's, in f16. The weights take no
+//!   tensor map (`schedule::tma_wrap`). Measured 213-272 TFLOP/s at 512 rows on an H100 (8B
+//!   Q4_K prefill 4.5k -> 15.5k tok/s; bench/results/dequant-pipe-gpu-h100-2026-12-07.json):
+//!   the producer sets the pace, each step waiting on its own loads (L2 after the prefetch).
+//!   Two producer warpgroups taking the steps in turn are written on `wip/dequant-pipe-2p`.
 //! - Split-K (on: `schedule::split_k`, at most `SPLIT_K_PARTS` = 4 parts; `DSC_SPLIT_K=S` at compile
 //!   time, 0 off): a plain or merged matmul whose 64-row pipelined tiles number fewer than 64
 //!   (the 8B o/down projections: 32; q/k/v: 48) gets `KernelSpec::SplitK` first in its `hopper`
