@@ -10,6 +10,7 @@ pub mod deepseek_gguf;
 mod error;
 pub mod gguf;
 pub mod hf;
+pub mod int4_ckpt;
 pub mod llama;
 pub mod quantize;
 pub mod sparsity;
@@ -334,7 +335,15 @@ pub fn load_with(model_toml: &Path, ov: &PrecisionOverride) -> Result<LoadedMode
             } else {
                 t.dims.clone().ok_or_else(|| ModelError::Config { path: config.path.clone(), msg: format!("no config.json beside the weights ({}) and no [dims] table", cfg.display()) })?
             };
-            let ws = hf::load_safetensors(&files)?;
+            let mut ws = hf::load_safetensors(&files)?;
+            // (AWQ / GPTQ int4 checkpoints: their packed linears as i4g128 `.weight`s)
+            if cfg.exists() {
+                let text = std::fs::read_to_string(&cfg).map_err(error::io(&cfg))?;
+                if let Some(layout) = int4_ckpt::layout_from_config(&cfg, &text)? {
+                    let n = int4_ckpt::import(&mut ws, layout, &path)?;
+                    tracing::info!(target: "dsc::models", "{}: {n} {layout:?} int4 linears imported as i4g128", path.display());
+                }
+            }
             let tok_path = t.tokenizer.as_ref().and_then(|s| s.path.as_ref()).map(|p| config.resolve(p)).unwrap_or_else(|| dir.join("tokenizer.json"));
             let tok = if tok_path.exists() { Some(tokenizer::from_json_file(&tok_path)?) } else { None };
             (dims, ws, tok, llama::Naming::Hf, Some(path))

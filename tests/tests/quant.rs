@@ -285,3 +285,96 @@ fn int4_g128_plans_run_on_the_q4_1_cpu_kernels() {
         assert!(e < 1e-5, "decode step {p} on the Q4_1 CPU kernels vs the executor's prefill: relative error {e}");
     }
 }
+
+/// An int4 linear [out, inp] (random quants, zero points, f16 scales in groups of 128) as an
+/// AWQ or GPTQ checkpoint stores it — AutoAWQ's `pack` (column 8j + ORDER[i] into nibble i of
+/// word j, [in, out/8]) or AutoGPTQ's (input 8r + i into nibble i of row r, [in/8, out]; zeros
+/// [in/128, out/8] stored as z − 1) — and the f32 values it means, (q − z)·s.
+fn int4_linear(awq: bool, out: usize, inp: usize, seed: u64) -> (Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>, Vec<f32>) {
+    let mut s = seed;
+    let mut rnd = |m: u64| {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) % m
+    };
+    let q: Vec<u32> = (0..inp * out).map(|_| rnd(16) as u32).collect();
+    let z: Vec<u32> = (0..inp / 128 * out).map(|_| 1 + rnd(15) as u32).collect();
+    let sc: Vec<half::f16> = (0..inp / 128 * out).map(|_| half::f16::from_f32((rnd(100) as f32 + 1.0) * 4e-4)).collect();
+    let f: Vec<f32> = (0..out * inp).map(|k| (k / inp, k % inp)).map(|(c, i)| (q[i * out + c] as f32 - z[i / 128 * out + c] as f32) * sc[i / 128 * out + c].to_f32()).collect();
+    const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+    let le = |v: Vec<u32>| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+    let packed_cols = |rows: usize, v: &dyn Fn(usize, usize) -> u32, order: &[usize; 8]| -> Vec<u32> {
+        (0..rows * out / 8).map(|k| (k / (out / 8), k % (out / 8))).map(|(r, j)| (0..8).fold(0u32, |w, i| w | (v(r, 8 * j + order[i]) & 0xF) << (4 * i))).collect()
+    };
+    let seq = [0, 1, 2, 3, 4, 5, 6, 7];
+    let mut t = vec![];
+    if awq {
+        t.push(("qweight".to_string(), safetensors::Dtype::I32, vec![inp, out / 8], le(packed_cols(inp, &|r, c| q[r * out + c], &ORDER))));
+        t.push(("qzeros".to_string(), safetensors::Dtype::I32, vec![inp / 128, out / 8], le(packed_cols(inp / 128, &|r, c| z[r * out + c], &ORDER))));
+    } else {
+        let qw: Vec<u32> = (0..inp / 8 * out).map(|k| (k / out, k % out)).map(|(r, c)| (0..8).fold(0u32, |w, i| w | q[(8 * r + i) * out + c] << (4 * i))).collect();
+        t.push(("qweight".to_string(), safetensors::Dtype::I32, vec![inp / 8, out], le(qw)));
+        t.push(("qzeros".to_string(), safetensors::Dtype::I32, vec![inp / 128, out / 8], le(packed_cols(inp / 128, &|r, c| z[r * out + c] - 1, &seq))));
+        t.push(("g_idx".to_string(), safetensors::Dtype::I32, vec![inp], le((0..inp as u32).map(|i| i / 128).collect())));
+    }
+    t.push(("scales".to_string(), safetensors::Dtype::F16, vec![inp / 128, out], sc.iter().flat_map(|v| v.to_le_bytes()).collect()));
+    (t, f)
+}
+
+#[test]
+fn awq_and_gptq_int4_checkpoints_load_as_i4g128_and_compute_what_they_store() {
+    // a one-layer llama of hidden 512 (a whole i4g128 super-block a row) whose seven linears
+    // are int4 in AutoAWQ's / AutoGPTQ's layout beside the same model with them as the f32
+    // values they mean: the int4 one loads them as i4g128 and its logits follow the f32 one's
+    // (the only difference: each group's minimum −z·s rounded once to f16)
+    let (hid, ffn, vocab) = (512usize, 512usize, 80usize);
+    let config = |q: &str| {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": {hid}, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": {ffn}, "vocab_size": {vocab}, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "max_position_embeddings": 256{q}}}"#
+        )
+    };
+    for (awq, q) in [(true, r#", "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": true}"#), (false, r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "sym": false}"#)] {
+        let d = tempfile::tempdir().unwrap();
+        let mut plain: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = vec![];
+        let mut packed = vec![];
+        let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let other = |name: &str, shape: Vec<usize>, plain: &mut Vec<_>, packed: &mut Vec<_>| {
+            let n = shape.iter().product();
+            let norm = shape.len() == 1;
+            let mut v = dsc_models::weights::seeded_values(9, name, n, if norm { 0.2 } else { 0.05 }, false);
+            if norm {
+                v.iter_mut().for_each(|x| *x += 1.0);
+            }
+            plain.push((name.to_string(), safetensors::Dtype::F32, shape.clone(), f32b(&v)));
+            packed.push((name.to_string(), safetensors::Dtype::F32, shape, f32b(&v)));
+        };
+        other("model.embed_tokens.weight", vec![vocab, hid], &mut plain, &mut packed);
+        other("model.layers.0.input_layernorm.weight", vec![hid], &mut plain, &mut packed);
+        other("model.layers.0.post_attention_layernorm.weight", vec![hid], &mut plain, &mut packed);
+        other("model.norm.weight", vec![hid], &mut plain, &mut packed);
+        other("lm_head.weight", vec![vocab, hid], &mut plain, &mut packed);
+        for (i, (name, out, inp)) in [("self_attn.q_proj", 512, hid), ("self_attn.k_proj", 256, hid), ("self_attn.v_proj", 256, hid), ("self_attn.o_proj", hid, 512), ("mlp.gate_proj", ffn, hid), ("mlp.up_proj", ffn, hid), ("mlp.down_proj", hid, ffn)].into_iter().enumerate() {
+            let (t, f) = int4_linear(awq, out, inp, 100 + i as u64);
+            let p = format!("model.layers.0.{name}");
+            plain.push((format!("{p}.weight"), safetensors::Dtype::F32, vec![out, inp], f32b(&f)));
+            packed.extend(t.into_iter().map(|(s, dt, sh, b)| (format!("{p}.{s}"), dt, sh, b)));
+        }
+        let mut models = vec![];
+        for (sub, tensors, cfg) in [("f32", &plain, config("")), ("int4", &packed, config(q))] {
+            let dir = d.path().join(sub);
+            std::fs::create_dir_all(dir.join("hf")).unwrap();
+            std::fs::write(dir.join("hf/config.json"), cfg).unwrap();
+            let views: Vec<(String, safetensors::tensor::TensorView)> = tensors.iter().map(|(n, dt, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap())).collect();
+            safetensors::serialize_to_file(views, None, &dir.join("hf/model.safetensors")).unwrap();
+            models.push(load(&model_toml(&dir, "safetensors", "hf")).unwrap());
+        }
+        for name in ["self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"] {
+            let w = format!("model.layers.0.{name}.weight");
+            assert_eq!(dtype(&models[1], &w), DType::I4G128, "{w}");
+            assert_eq!(models[1].weights.get(&w).unwrap().shape, models[0].weights.get(&w).unwrap().shape, "{w}");
+        }
+        assert!(models[1].weights.tensors.keys().all(|n| !n.ends_with(".qweight") && !n.ends_with(".qzeros") && !n.ends_with(".scales")), "the packed tensors replaced");
+        let (a, b) = (prefill_logits(&models[1], &PROMPT), prefill_logits(&models[0], &PROMPT));
+        let e = rel_err(&a.data, &b.data);
+        assert!(e < 2e-3, "awq {awq}: int4 checkpoint's logits {e} from the f32 values it stores");
+    }
+}
