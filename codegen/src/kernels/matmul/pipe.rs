@@ -273,6 +273,15 @@ fn pipe_gemm_fits(k: usize, wdtype: DType, tiling: PipeTiling, ws: bool) -> Resu
     Ok(())
 }
 
+/// One thread's TMA copy of a 2D box (`k`, `row`: its first element's coordinates, i32) of the
+/// tensor map at `map` (i64) to shared memory at `dst` (i32), on the mbarrier at `mb` (i32),
+/// which it arrives on expecting `bytes` (i32) more transaction bytes.
+fn tma_arm_copy_2d(b: &mut Body, mb: &str, bytes: &str, dst: &str, map: &str, k: &str, row: &str) {
+    b.line(&format!(
+        "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$2], [$3, {{$4, $5}}], [$0];\", \"r,r,r,l,r,r\" {mb}, {bytes}, {dst}, {map}, {k}, {row} : (i32, i32, i32, i64, i32, i32) -> ()"
+    ));
+}
+
 /// Registers of the dequantizing producer warpgroup (`setmaxnreg.dec`) and of the consumers:
 /// 128 · 120 + 256 · 192 = 64,512 of the 65,536 (the kernel starts at 168 a thread: 384
 /// threads).
@@ -760,9 +769,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
         let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
         let bytes = b.op(&format!("arith.constant {} : i32", bn * 128));
         let map = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
-        b.line(&format!(
-            "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$2], [$3, {{$4, $5}}], [$0];\", \"r,r,r,l,r,r\" {mb}, {bytes}, {dst}, {map}, {kc}, {nc} : (i32, i32, i32, i64, i32, i32) -> ()"
-        ));
+        tma_arm_copy_2d(b, &mb, &bytes, &dst, &map, &kc, &nc);
         b.line("}");
     };
     let issue = |b: &mut Body, ks: &str, st: &str| {
@@ -820,9 +827,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
             let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
             let bytes = b.op(&format!("arith.constant {a_bytes} : i32"));
             let xmap = b.op("llvm.ptrtoint %x : !llvm.ptr<1> to i64");
-            b.line(&format!(
-                "llvm.inline_asm has_side_effects \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$2], [$3, {{$5, $4}}], [$0];\", \"r,r,r,l,r,r\" {fb}, {bytes}, {dx}, {xmap}, {mc}, {kc} : (i32, i32, i32, i64, i32, i32) -> ()"
-            ));
+            tma_arm_copy_2d(b, &fb, &bytes, &dx, &xmap, &kc, &mc);
         };
         dequant_producer(b, &DequantProducer { t: &t, wdtype, k, bn, wn, f0: f0.as_deref(), n0: &n0, k0: k0.as_deref(), nk, stages, a_bytes, f16 }, &stage_of, &mbar, &x_copy)?;
         b.line("}");
