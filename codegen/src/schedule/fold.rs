@@ -269,10 +269,10 @@ pub(crate) fn fuse_swiglu(g: &Graph, steps: &mut [Step]) {
             continue;
         }
         let Some(k) = g.node(ws[0]).ty.shape.get(1).and_then(|d| d.as_const()) else { continue };
+        // (Q4_K: the packed one-row GEMV's form, kernels/matmul/packed.rs; the others the GEMV's)
         let spec = KernelSpec::SwiGluGemv { k, f, wdtype: wdt };
-        // (Q4_K: the packed one-row GEMV's form, kernels/matmul/packed.rs)
         let q4k = wdt == DType::Q4_K;
-        if (!q4k && crate::kernels::swiglu_fits(k, f, wdt).is_err()) || (q4k && crate::kernels::fits(&spec).is_err()) {
+        if crate::kernels::fits(&spec).is_err() {
             continue;
         }
         let (Some(&ci), Some(&si)) = (at.get(&g.node(cat).name), at.get(&n.name)) else { continue };

@@ -60,9 +60,6 @@ pub(crate) fn pipe_min_rows(o: &ScheduleOptions, n: usize, bn: usize) -> i64 {
     }
 }
 
-/// Stages of the dequantizing pipelined matmul (128 x 128 tiles: 32 KB a stage).
-pub const DEQ_PIPE_STAGES: usize = 6;
-
 /// The rows from which a matmul's tiled tensor-core kernel (the pipelined one, or the wgmma
 /// one) takes over: 128, and for quantized weights past the batched GEMV's `gemv_few_max`.
 fn quant_large_min_rows(o: &ScheduleOptions, wdtype: DType) -> i64 {
@@ -518,7 +515,7 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
             // (quantized weights, warp-specialized: the same pipelined kernel, its producer
             // warpgroup dequantizing W's tiles into the stages, 128 x 128 tiles)
             .or_else(|| {
-                let t = crate::kernels::PipeTiling { bn: 128, stages: DEQ_PIPE_STAGES, overlap: true, a16: true, bm: crate::kernels::PIPE_BM };
+                let t = crate::kernels::dequant_pipe_tiling();
                 (o.ws && crate::kernels::dequant_pipe_fits(wdtype, t).is_ok())
                     .then(|| {
                         large(KernelSpec::MatMulPipe { k, n: nn, wdtype, bias, residual, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16, bm: t.bm }, quant_large_min_rows(o, wdtype), None)

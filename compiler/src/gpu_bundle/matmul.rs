@@ -1048,8 +1048,8 @@ pub(super) fn kquant(cx: &mut Cx) -> anyhow::Result<()> {
 /// steps (2 rounds of the 6 stages and 4); Q4_K also with a
 /// residual, as a merged matmul and with the SwiGLU epilogue. x: its f16 copy's tensor map.
 fn dequant_pipe(cx: &mut Cx) -> anyhow::Result<()> {
-    use dsc_codegen::kernels::{PipeTiling, PIPE_BM};
-    let t = PipeTiling { bn: 128, stages: 6, overlap: true, a16: true, bm: PIPE_BM };
+    use dsc_codegen::kernels::PIPE_BM;
+    let t = dsc_codegen::kernels::dequant_pipe_tiling();
     let k = 1024usize;
     let pipe = |n: usize, wdtype: DType, residual: bool| KernelSpec::MatMulPipe { k, n, wdtype, bias: false, residual, bn: t.bn, stages: t.stages, overlap: t.overlap, a16: t.a16, bm: t.bm };
     let x16 = |cx: &mut Cx, x: &[f32]| -> anyhow::Result<Array> { Ok(cx.data.push_u8(&dsc_ir::quant::encode(DType::F16, x).context("encode")?)) };

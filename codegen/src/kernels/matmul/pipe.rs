@@ -214,6 +214,12 @@ pub fn pipe_tiling(n: usize) -> PipeTiling {
     }
 }
 
+/// The tiling of the pipelined matmul on quantized weights ([`dequant_pipe_fits`]): 128 x 128
+/// tiles (the producer's 8 units a thread a K step), 6 stages of 32 KB, x in 16 bits, overlapped.
+pub fn dequant_pipe_tiling() -> PipeTiling {
+    PipeTiling { bn: 128, stages: 6, overlap: true, a16: true, bm: PIPE_BM }
+}
+
 /// Row tiles per raster group of the warp-specialized matmul (`KernelSpec::Ws`).
 pub const RASTER_ROWS: usize = 16;
 
@@ -308,6 +314,39 @@ pub fn dequant_pipe_fits(wdtype: DType, tiling: PipeTiling) -> Result<(), String
     Ok(())
 }
 
+/// The SwiGLU epilogue's W tile row `r` (i64, `wn` rows a warpgroup, the block's first feature
+/// `f0`): row r of warpgroup r / wn is gate feature f0 + (r / wn)·wn/2 + r % (wn/2) in its
+/// first half, that feature's up row in the second. Returns (feature, its weight: what
+/// `weight` makes of whether it is an up row, an i1).
+fn swiglu_tile_row(b: &mut Body, r: &str, wn: usize, f0: &str, weight: &dyn Fn(&mut Body, &str) -> String) -> (String, String) {
+    let cwn = b.ci64(wn as i64);
+    let cq = b.ci64(wn as i64 / 2);
+    let wgi = b.op(&format!("arith.divui {r}, {cwn} : i64"));
+    let rr = b.op(&format!("arith.remui {r}, {cwn} : i64"));
+    let up = b.op(&format!("arith.cmpi uge, {rr}, {cq} : i64"));
+    let rq = b.op(&format!("arith.remui {rr}, {cq} : i64"));
+    let fb = b.op(&format!("arith.muli {wgi}, {cq} : i64"));
+    let fb = b.op(&format!("arith.addi {fb}, {rq} : i64"));
+    let w = weight(b, &up);
+    (b.op(&format!("arith.addi {f0}, {fb} : i64")), w)
+}
+
+/// Waits until the consumers released the stage of K step `kt` (i64) of a `stages`-deep ring:
+/// its empty mbarrier (`mbar` of stage + `stages`, past the full ones) completes the phase of
+/// parity (kt / stages + 1) % 2 — a fresh barrier's "previous" phase counts as complete.
+fn wait_stage_empty(b: &mut Body, kt: &str, stages: usize, mbar: &dyn Fn(&mut Body, &str) -> String) {
+    let cs = b.ci64(stages as i64);
+    let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
+    let u = b.op(&format!("arith.divui {kt}, {cs} : i64"));
+    let c1 = b.ci64(1);
+    let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
+    let par = b.op(&format!("arith.xori {par}, {c1} : i64"));
+    let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
+    let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
+    let eb = mbar(b, &se);
+    b.mbar_spin(&eb, &par);
+}
+
 /// What [`dequant_producer`] needs of the pipelined matmul around it.
 pub(crate) struct DequantProducer<'a> {
     pub t: &'a str,
@@ -358,18 +397,7 @@ pub(crate) fn dequant_producer(
     let row_of = |b: &mut Body, r: &str| -> (String, String, String) {
         let (gr, ptr) = match f0 {
             Some(f0) => {
-                // (SwiGLU: row r of warpgroup r / wn is gate feature f0 + (r / wn)·wn/2 + r %
-                // (wn/2) in its first half, that feature's up row in the second)
-                let cwn = b.ci64(wn as i64);
-                let cq = b.ci64(wn as i64 / 2);
-                let wgi = b.op(&format!("arith.divui {r}, {cwn} : i64"));
-                let rr = b.op(&format!("arith.remui {r}, {cwn} : i64"));
-                let up = b.op(&format!("arith.cmpi uge, {rr}, {cq} : i64"));
-                let rq = b.op(&format!("arith.remui {rr}, {cq} : i64"));
-                let fb = b.op(&format!("arith.muli {wgi}, {cq} : i64"));
-                let fb = b.op(&format!("arith.addi {fb}, {rq} : i64"));
-                let ptr = b.op(&format!("llvm.select {up}, %w1, %w0 : i1, !llvm.ptr<1>"));
-                (b.op(&format!("arith.addi {f0}, {fb} : i64")), ptr)
+                swiglu_tile_row(b, r, wn, f0, &|b, up| b.op(&format!("llvm.select {up}, %w1, %w0 : i1, !llvm.ptr<1>")))
             }
             None => (b.op(&format!("arith.addi {n0}, {r} : i64")), "%w".to_string()),
         };
@@ -472,15 +500,7 @@ pub(crate) fn dequant_producer(
     prefetch(b, &kp);
     b.line("}");
     let (st, sb) = stage_of(b, &kt);
-    let cs = b.ci64(stages as i64);
-    let u = b.op(&format!("arith.divui {kt}, {cs} : i64"));
-    let c1 = b.ci64(1);
-    let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
-    let par = b.op(&format!("arith.xori {par}, {c1} : i64"));
-    let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
-    let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
-    let eb = mbar(b, &se);
-    b.mbar_spin(&eb, &par);
+    wait_stage_empty(b, &kt, stages, mbar);
     b.line(&format!("scf.if {lead} {{"));
     x_copy(b, &kt);
     b.line("}");
@@ -654,16 +674,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
             // in its first half, that feature's up row in the second)
             let (gr, ptr) = match (&wint1, &f0, is_w) {
                 (Some(w1), Some(f0), true) => {
-                    let cwn = c(b, wn as i64);
-                    let cq = c(b, wn as i64 / 2);
-                    let wgi = b.op(&format!("arith.divui {row}, {cwn} : i64"));
-                    let rr = b.op(&format!("arith.remui {row}, {cwn} : i64"));
-                    let up = b.op(&format!("arith.cmpi uge, {rr}, {cq} : i64"));
-                    let rq = b.op(&format!("arith.remui {rr}, {cq} : i64"));
-                    let fb = b.op(&format!("arith.muli {wgi}, {cq} : i64"));
-                    let fb = b.op(&format!("arith.addi {fb}, {rq} : i64"));
-                    let ptr = b.op(&format!("arith.select {up}, {w1}, {ptr} : i64"));
-                    (b.op(&format!("arith.addi {f0}, {fb} : i64")), ptr)
+                    swiglu_tile_row(b, &row, wn, f0, &|b, up| b.op(&format!("arith.select {up}, {w1}, {ptr} : i64")))
                 }
                 _ => (b.op(&format!("arith.addi {r0}, {row} : i64")), ptr.clone()),
             };
@@ -750,6 +761,17 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
     } else {
         String::new()
     };
+    // the first K element of K step `kt` (i64; split-K: of this part's steps) as a TMA
+    // coordinate (i32)
+    let k_coord = |b: &mut Body, kt: &str| -> String {
+        let kstep = match &k0 {
+            Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
+            None => kt.to_string(),
+        };
+        let c64 = b.ci64(64);
+        let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
+        b.op(&format!("arith.trunci {kc} : i64 to i32"))
+    };
     let tma_issue = |b: &mut Body, ks: &str, st: &str| {
         b.line(&format!("scf.if {first} {{"));
         let mb = mbar(b, st);
@@ -759,13 +781,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
         let cab = b.ci64(a_bytes);
         let dst = b.op(&format!("arith.addi {sb}, {cab} : i64"));
         let dst = b.op(&format!("arith.trunci {dst} : i64 to i32"));
-        let kstep = match &k0 {
-            Some(k0) => b.op(&format!("arith.addi {k0}, {ks} : i64")),
-            None => ks.to_string(),
-        };
-        let c64 = b.ci64(64);
-        let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
-        let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+        let kc = k_coord(b, ks);
         let nc = b.op(&format!("arith.trunci {n0} : i64 to i32"));
         let bytes = b.op(&format!("arith.constant {} : i32", bn * 128));
         let map = b.op("llvm.ptrtoint %w : !llvm.ptr<1> to i64");
@@ -816,13 +832,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
         let x_copy = |b: &mut Body, kt: &str| {
             let (st, sb) = stage_of(b, kt);
             let fb = mbar(b, &st);
-            let kstep = match &k0 {
-                Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
-                None => kt.to_string(),
-            };
-            let c64 = b.ci64(64);
-            let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
-            let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+            let kc = k_coord(b, kt);
             let dx = b.op(&format!("arith.trunci {sb} : i64 to i32"));
             let mc = b.op(&format!("arith.trunci {m0} : i64 to i32"));
             let bytes = b.op(&format!("arith.constant {a_bytes} : i32"));
@@ -884,13 +894,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
             let csb = b.ci64(stage_bytes);
             let sb = b.op(&format!("arith.muli {st}, {csb} : i64"));
             let sb = b.op(&format!("arith.addi {base}, {sb} : i64"));
-            let kstep = match &k0 {
-                Some(k0) => b.op(&format!("arith.addi {k0}, {kt} : i64")),
-                None => kt.to_string(),
-            };
-            let c64 = b.ci64(64);
-            let kc = b.op(&format!("arith.muli {kstep}, {c64} : i64"));
-            let kc = b.op(&format!("arith.trunci {kc} : i64 to i32"));
+            let kc = k_coord(b, kt);
             let mut asm = String::new();
             let mut cons: Vec<&str> = vec!["r"];
             let mut args: Vec<(String, &str)> = vec![(fb, "i32")];
@@ -947,16 +951,7 @@ pub(crate) fn emit_gemm_pipe(b: &mut Body, k: usize, wdtype: DType, bias: bool, 
         let kv = b.v();
         b.line(&format!("scf.for {kv} = {zi} to {ni} step {oi} {{"));
         let kt = b.idx64(&kv);
-        let cs = b.ci64(stages as i64);
-        let st = b.op(&format!("arith.remui {kt}, {cs} : i64"));
-        let u = b.op(&format!("arith.divui {kt}, {cs} : i64"));
-        let c1 = b.ci64(1);
-        let par = b.op(&format!("arith.andi {u}, {c1} : i64"));
-        let par = b.op(&format!("arith.xori {par}, {c1} : i64"));
-        let par = b.op(&format!("arith.trunci {par} : i64 to i32"));
-        let se = b.op(&format!("arith.addi {st}, {cs} : i64"));
-        let eb = mbar(b, &se);
-        spin(b, &eb, &par);
+        wait_stage_empty(b, &kt, stages, &mbar);
         tma_step(b, &kt, true, true, true);
         b.line("}");
         b.line("}");
