@@ -77,8 +77,9 @@
 //!   barrier counts 129). The consumers are the bf16 kernel's, in f16. The weights take no
 //!   tensor map (`schedule::tma_wrap`). Measured 213-272 TFLOP/s at 512 rows on an H100 (8B
 //!   Q4_K prefill 4.5k -> 15.5k tok/s; bench/results/dequant-pipe-gpu-h100-2026-12-07.json):
-//!   the producer sets the pace, each step waiting on its own loads (L2 after the prefetch).
-//!   Two producer warpgroups taking the steps in turn are written on `wip/dequant-pipe-2p`.
+//!   the producer sets the pace. Two producer warpgroups taking the steps in turn (two steps'
+//!   loads in flight) measured no gain at the model level (15,730 vs 15,821 tok/s,
+//!   bench/results/dequant-pipe-2p-gpu-h100-2026-12-07.json): not load latency.
 //! - Split-K (on: `schedule::split_k`, at most `SPLIT_K_PARTS` = 4 parts; `DSC_SPLIT_K=S` at compile
 //!   time, 0 off): a plain or merged matmul whose 64-row pipelined tiles number fewer than 64
 //!   (the 8B o/down projections: 32; q/k/v: 48) gets `KernelSpec::SplitK` first in its `hopper`
