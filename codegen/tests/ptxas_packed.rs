@@ -24,9 +24,9 @@ fn packed_gemv_passes_ptxas_without_spills(wdtype: DType) {
     let dir = tempfile::tempdir().unwrap();
     let f8 = wdtype == DType::F8G128;
     let mut specs: Vec<KernelSpec> =
-        [(0usize, false), (1, true), (2, false)].iter().map(|&(tiles, res)| KernelSpec::MatMulPacked { wdtype, k: 14336, n: 4096, tiles, bias: false, residual: res }).collect();
+        [(0usize, false), (1, true), (2, false)].iter().map(|&(tiles, res)| KernelSpec::MatMulPacked { wdtype, k: 14336, n: 4096, tiles, walk: 1, bias: false, residual: res }).collect();
     // (one row with the RMSNorm folded into x's staging, merged q/k/v parts)
-    let qkv = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k: 4096, n: 6144, tiles: 0, bias: false, residual: false }), parts: vec![4096, 1024, 1024] };
+    let qkv = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k: 4096, n: 6144, tiles: 0, walk: 1, bias: false, residual: false }), parts: vec![4096, 1024, 1024] };
     specs.push(KernelSpec::NormMatMul { inner: Box::new(qkv), eps_bits: 1e-5f32.to_bits() });
     let m = compile_kernels(&specs, &GpuTarget::ALL, &Default::default()).unwrap();
     common::assemble_without_spills(&ptxas, &m, dir.path());
@@ -52,16 +52,21 @@ fn packed_gemv_passes_ptxas_without_spills(wdtype: DType) {
 }
 
 /// GGUF's Q4_K through the packed GEMV's one-row form: ptxas without spills on both targets
-/// (the 8B shape's down projection: K = 14,336, four pipelined rounds a warp; its q/k/v with
-/// the norm folded in; its gate/up with the SwiGLU epilogue), f16 MMAs on weights made f16 pairs by `lop3` / `fma.rn.f16x2` (no
-/// int-to-float conversion per weight), 16-byte loads, x staged in shared memory.
+/// (the 8B shape's down projection: K = 14,336, seven steps a warp; its lm_head walking 31
+/// tiles a block; its q/k/v with the norm folded in, 2 tiles a block within the merged parts;
+/// its gate/up with the SwiGLU epilogue), f16 MMAs on weights made f16 pairs by `lop3` /
+/// `fma.rn.f16x2` (no int-to-float conversion per weight), 16-byte loads, x staged in shared
+/// memory.
 #[test]
 fn q4_k_gemv_passes_ptxas_without_spills() {
     let ptxas = common::ptxas();
     let dir = tempfile::tempdir().unwrap();
     let wdtype = DType::Q4_K;
-    let mut specs = vec![KernelSpec::MatMulPacked { wdtype, k: 14336, n: 4096, tiles: 0, bias: false, residual: true }, KernelSpec::MatMulPacked { wdtype, k: 4096, n: 128256, tiles: 0, bias: false, residual: false }];
-    let qkv = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k: 4096, n: 6144, tiles: 0, bias: false, residual: false }), parts: vec![4096, 1024, 1024] };
+    let mut specs = vec![
+        KernelSpec::MatMulPacked { wdtype, k: 14336, n: 4096, tiles: 0, walk: 1, bias: false, residual: true },
+        KernelSpec::MatMulPacked { wdtype, k: 4096, n: 128256, tiles: 0, walk: 31, bias: false, residual: false },
+    ];
+    let qkv = KernelSpec::MatMulParts { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k: 4096, n: 6144, tiles: 0, walk: 2, bias: false, residual: false }), parts: vec![4096, 1024, 1024] };
     specs.push(KernelSpec::NormMatMul { inner: Box::new(qkv), eps_bits: 1e-5f32.to_bits() });
     // (the merged gate/up with the SwiGLU epilogue)
     specs.push(KernelSpec::SwiGluGemv { k: 4096, f: 14336, wdtype });

@@ -233,9 +233,11 @@ pub enum KernelSpec {
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) (+ res) for [`DType::I4G128`] or
     /// [`DType::F8G128`] weights: the packed GEMV on `mma.sync` (`kernels/matmul/packed.rs`),
     /// 16 outputs and `tiles` B tiles of 8 rows per block (0: one row a block, x staged in
-    /// shared memory in 16 bits); every row count up to the batched-decode limit. params x, w,
-    /// [bias], [res], y, M, N
-    MatMulPacked { wdtype: DType, k: usize, n: usize, tiles: usize, bias: bool, residual: bool },
+    /// shared memory in 16 bits); every row count up to the batched-decode limit. `walk`:
+    /// output tiles a block takes one after another (Q4_K's one-row form: its weights streamed
+    /// through each warp's `cp.async` ring across them, x staged once; 1 elsewhere). params
+    /// x, w, [bias], [res], y, M, N
+    MatMulPacked { wdtype: DType, k: usize, n: usize, tiles: usize, walk: usize, bias: bool, residual: bool },
     /// 8-bit activations (`act_quant`, e4m3 in groups of `group` values of a row of `d`):
     /// y = the node in f32 (s · e4m3(x / s)) and q = its e4m3 copy `{y}@rows{W}` (per row d
     /// bytes, then d / group f32 scales) for the FP8 GEMM (`kernels/fp8.rs`); params x, y, q,

@@ -457,7 +457,7 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     // (GGUF's Q4_K: the packed kernel's one-row form where K allows — x staged in f16, the
     // weights made f16 in registers; more rows take the K-quant batched GEMV below)
     let q4k_one_row = wdtype == DType::Q4_K && crate::kernels::q4k_one_row_fits(k).is_ok();
-    let i4 = |tiles: usize| KernelSpec::MatMulPacked { wdtype, k, n: nn, tiles, bias, residual };
+    let i4 = |tiles: usize| KernelSpec::MatMulPacked { wdtype, k, n: nn, tiles, walk: 1, bias, residual };
     let (one_row, one_scalars) = if packed || q4k_one_row {
         // (one row: x staged in shared memory where K allows)
         (i4(if k <= crate::kernels::PACKED_ONE_ROW_MAX_K { 0 } else { 1 }), vec![rows.clone(), Scalar::Const(nn as i64)])
@@ -466,7 +466,16 @@ pub(crate) fn matmul_step(name: &str, args: Vec<String>, k: usize, nn: usize, wd
     } else {
         (KernelSpec::MatMul { k, n: nn, wdtype, bias, residual }, vec![Scalar::Const(nn as i64)])
     };
-    let (kernel, scalars) = wrap(one_row, one_scalars).ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
+    // (Q4_K's one-row form walks tiles: as many as put its blocks in one wave, fewer where a
+    // block would straddle merged parts)
+    let walked = match &one_row {
+        KernelSpec::MatMulPacked { wdtype: DType::Q4_K, .. } => {
+            let most = crate::kernels::q4k_walk(nn.div_ceil(16));
+            (1..=most).rev().find_map(|walk| wrap(KernelSpec::MatMulPacked { wdtype, k, n: nn, tiles: 0, walk, bias, residual }, one_scalars.clone()))
+        }
+        _ => wrap(one_row, one_scalars),
+    };
+    let (kernel, scalars) = walked.ok_or_else(|| err(name, format!("merged matmul parts {parts:?} do not fit the decode GEMV's blocks")))?;
     let mut st = Step { kernel: Some(kernel), args, scalars, work: Scalar::Const(nn as i64), grid_y: rows.clone(), ..Step::new(name) };
     // (the step's work in its kernel's units: `Launch::work_units`)
     let large = |spec: KernelSpec, min_rows: i64, max_rows: Option<i64>| {

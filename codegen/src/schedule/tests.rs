@@ -186,7 +186,7 @@ fn packed_decode_schedule(wdtype: DType) {
         let g = text::parse(&src).unwrap();
         let steps = lower_opts(&g, no_ws()).unwrap();
         let s = steps.iter().find(|s| s.node == "a").unwrap();
-        assert_eq!(s.kernel, Some(KernelSpec::MatMulPacked { wdtype, k, n: 128, tiles: one, bias: false, residual: false }));
+        assert_eq!(s.kernel, Some(KernelSpec::MatMulPacked { wdtype, k, n: 128, tiles: one, walk: 1, bias: false, residual: false }));
         assert_eq!(s.scalars.len(), 2, "rows and N");
         let [t1, t2] = &s.few[..] else { panic!("{:?}", s.few) };
         assert!(matches!(t1.kernel, KernelSpec::MatMulPacked { tiles: 1, .. }) && (t1.min_rows, t1.max_rows) == (2, Some(8)));
@@ -212,7 +212,7 @@ fn packed_decode_schedule(wdtype: DType) {
         assert_eq!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { .. })), folds, "{wdtype} {rows} rows: {:?}", a.kernel);
     }
     // rows not whole 512-value super-blocks have no packed GEMV
-    assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype, k: 576, n: 128, tiles: 1, bias: false, residual: false }).is_err());
+    assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype, k: 576, n: 128, tiles: 1, walk: 1, bias: false, residual: false }).is_err());
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn q4_k_decode_runs_the_packed_gemv_at_one_row_and_the_k_quant_gemv_above() {
         let steps = lower_opts(&text::parse(&src).unwrap(), no_ws()).unwrap();
         let s = steps.iter().find(|s| s.node == "a").unwrap();
         let want = if packed {
-            KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k, n: 128, tiles: 0, bias: false, residual: false }
+            KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k, n: 128, tiles: 0, walk: 1, bias: false, residual: false }
         } else {
             KernelSpec::MatMul { k, n: 128, wdtype: DType::Q4_K, bias: false, residual: false }
         };
@@ -238,7 +238,29 @@ fn q4_k_decode_runs_the_packed_gemv_at_one_row_and_the_k_quant_gemv_above() {
     let a = steps.iter().find(|s| s.node == "a").unwrap();
     assert!(matches!(&a.kernel, Some(KernelSpec::NormMatMul { inner, .. }) if matches!(inner.as_ref(), KernelSpec::MatMulPacked { wdtype: DType::Q4_K, tiles: 0, .. })), "{:?}", a.kernel);
     // the packed form is one row only
-    assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k: 1024, n: 128, tiles: 1, bias: false, residual: false }).is_err());
+    assert!(crate::kernels::fits(&KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k: 1024, n: 128, tiles: 1, walk: 1, bias: false, residual: false }).is_err());
+    // wide rows walk tiles so the blocks fit one wave of two an SM (an 8B lm_head: 8,016
+    // tiles, 31 a block); merged parts take as many as keep a block inside one part
+    let walk_of = |src: &str, node: &str| {
+        let steps = lower_opts(&text::parse(src).unwrap(), no_ws()).unwrap();
+        match steps.iter().find(|s| s.node == node).unwrap().kernel.clone() {
+            Some(KernelSpec::MatMulPacked { walk, .. }) => walk,
+            Some(KernelSpec::MatMulParts { inner, .. }) => match *inner {
+                KernelSpec::MatMulPacked { walk, .. } => walk,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(walk_of("graph \"t\" {\n  %x = input : f32[T, 256]\n  %w = weight : q4_k[128256, 256]\n  %a = matmul(%x, %w) {transpose_b = true} : f32[T, 128256]\n  output a = %a\n}\n", "a"), 31);
+    // (q/k/v 4,096 + 1,024 + 1,024 wide: 384 tiles, 2 a block; parts 9,008 + 112 + 96: 576
+    // tiles would take 3, but 9,008 columns are 563 tiles and 112 are 7: so 1)
+    let cat = |parts: [usize; 3]| {
+        let n: usize = parts.iter().sum();
+        format!("graph \"t\" {{\n  %x = input : f32[T, 256]\n  %a = weight : q4_k[{}, 256]\n  %b = weight : q4_k[{}, 256]\n  %c = weight : q4_k[{}, 256]\n  %y = matmul_cat(%x, %a, %b, %c) : f32[T, {n}]\n  output y = %y\n}}\n", parts[0], parts[1], parts[2])
+    };
+    assert_eq!(walk_of(&cat([4096, 1024, 1024]), "y"), 2);
+    assert_eq!(walk_of(&cat([9008, 112, 96]), "y"), 1);
     // a merged gate/up's SiLU·mul moves into its one-row kernel (the packed SwiGLU form, rows
     // and f its scalars); the silu_mul step runs from two rows
     let src = "graph \"t\" {\n  %x = input : f32[T, 1024]\n  %wg = weight : q4_k[512, 1024]\n  %wu = weight : q4_k[512, 1024]\n  %gu = matmul_cat(%x, %wg, %wu) : f32[T, 1024]\n  %g = slice(%gu) {axis = 1, start = 0, len = 512} : f32[T, 512]\n  %u = slice(%gu) {axis = 1, start = 512, len = 512} : f32[T, 512]\n  %h = silu_mul(%g, %u) : f32[T, 512]\n  output h = %h\n}\n";

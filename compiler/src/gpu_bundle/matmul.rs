@@ -842,7 +842,7 @@ pub(super) fn packed(cx: &mut Cx, wdtype: DType) -> anyhow::Result<()> {
         let x = cx.r.vec(m * k, -1.0, 1.0);
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let mut want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
-        let spec = KernelSpec::MatMulPacked { wdtype, k, n, tiles, bias: extra, residual: extra };
+        let spec = KernelSpec::MatMulPacked { wdtype, k, n, tiles, walk: 1, bias: extra, residual: extra };
         let mut inputs = vec![cx.data.push(&x), warr.clone()];
         if extra {
             let res = cx.r.vec(m * n, -1.0, 1.0);
@@ -904,7 +904,7 @@ pub(super) fn packed(cx: &mut Cx, wdtype: DType) -> anyhow::Result<()> {
         wsn.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
         let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%xn, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
         let want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &wsn)?;
-        let spec = KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() };
+        let spec = KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, walk: 1, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() };
         let (g, b) = grid(&spec.launch(), n);
         cx.cases.push(Case {
             name: format!("rms_norm+matmul_{f} t0 {m}x{k}x{n}"),
@@ -1132,10 +1132,21 @@ fn dequant_pipe(cx: &mut Cx) -> anyhow::Result<()> {
 
 /// Q4_K's one-row GEMV on the tensor cores (`MatMulPacked` tiles 0): one and a few rows (a
 /// block each), a partial block of outputs, bias and residual, K of 2 super-blocks (most warps
-/// idle), 6, 32 (two rounds) and 35 (a clamped last round); the RMSNorm folded into its staging.
+/// idle), 6, 32 (four steps a warp) and 35 (a clamped last step); the RMSNorm folded into its
+/// staging; blocks walking 4 and 5 tiles (the weight loads running on across tiles, a partial
+/// last tile and tiles past N in the last block).
 fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
     let wdtype = DType::Q4_K;
-    for (k, n, m, extra, norm) in [(512usize, 256usize, 1usize, false, false), (1536, 100, 3, true, false), (8192, 40, 1, false, false), (8960, 24, 2, true, false), (1536, 100, 2, false, true)] {
+    let cases = [
+        (512usize, 256usize, 1usize, false, false, 1usize),
+        (1536, 100, 3, true, false, 1),
+        (8192, 40, 1, false, false, 1),
+        (8960, 24, 2, true, false, 1),
+        (1536, 100, 2, false, true, 1),
+        (2048, 1000, 2, true, false, 4),
+        (512, 600, 1, false, true, 5),
+    ];
+    for (k, n, m, extra, norm, walk) in cases {
         let wf = cx.r.vec(n * k, -0.1, 0.1);
         let wb = dsc_ir::quant::encode(wdtype, &wf).context("encode")?;
         let mut ws: Weights = HashMap::from([("w".to_string(), (wdtype, vec![n, k], wb.clone()))]);
@@ -1146,10 +1157,10 @@ fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
             ws.insert("g".into(), (DType::F32, vec![k], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?));
             inputs.push(cx.data.push(&gw));
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %g = weight : f32[{k}]\n  %xn = rms_norm(%x, %g) {{eps = 0.00001}} : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%xn, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
-            (src, KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() })
+            (src, KernelSpec::NormMatMul { inner: Box::new(KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, walk, bias: false, residual: false }), eps_bits: 1e-5f32.to_bits() })
         } else {
             let src = format!("graph \"k\" {{\n  %x = input : f32[{m}, {k}]\n  %w = weight : {wdtype}[{n}, {k}]\n  %y = matmul(%x, %w) {{transpose_b = true}} : f32[{m}, {n}]\n  output y = %y\n}}\n");
-            (src, KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, bias: extra, residual: extra })
+            (src, KernelSpec::MatMulPacked { wdtype, k, n, tiles: 0, walk, bias: extra, residual: extra })
         };
         let mut want = reference(&src, vec![("x", Tensor::new(vec![m, k], x.clone()))], &ws)?;
         inputs.push(cx.data.push_u8(&wb));
@@ -1162,7 +1173,8 @@ fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
             inputs.push(cx.data.push(&bias));
             inputs.push(cx.data.push(&res));
         }
-        let name = format!("{}matmul_q4k t0 {m}x{k}x{n}{}", if norm { "rms_norm+" } else { "" }, if extra { " bias res" } else { "" });
+        let w = if walk > 1 { format!(" walk {walk}") } else { String::new() };
+        let name = format!("{}matmul_q4k t0 {m}x{k}x{n}{w}{}", if norm { "rms_norm+" } else { "" }, if extra { " bias res" } else { "" });
         let expected = cx.data.push(&want);
         cx.cases.push(case(name, &spec, grid(&spec.launch(), n), grid_rows(&spec.launch(), m), inputs, vec![m as i64, n as i64], expected, 1e-2));
         if !cx.specs.contains(&spec) {
@@ -1170,9 +1182,9 @@ fn kquant_packed(cx: &mut Cx) -> anyhow::Result<()> {
         }
     }
     // the SwiGLU form (a merged gate/up's one-row kernel: gate rows and up rows in one A tile,
-    // silu(gate) · up stored), 8 outputs a block: a partial last block at f = 100; with the
-    // RMSNorm folded in
-    for (k, f, m, norm) in [(1536usize, 100usize, 1usize, false), (4096, 64, 2, false), (1536, 40, 1, true)] {
+    // silu(gate) · up stored), 8 outputs a tile: a partial last tile at f = 100; with the
+    // RMSNorm folded in; f = 2,200: 275 tiles, two a block (the last block's second past f)
+    for (k, f, m, norm) in [(1536usize, 100usize, 1usize, false), (4096, 64, 2, false), (1536, 40, 1, true), (256, 2200, 1, false)] {
         let (wg, wu) = (cx.r.vec(f * k, -0.1, 0.1), cx.r.vec(f * k, -0.1, 0.1));
         let (bg, bu) = (dsc_ir::quant::encode(wdtype, &wg).context("encode")?, dsc_ir::quant::encode(wdtype, &wu).context("encode")?);
         let mut ws: Weights = HashMap::from([("wg".to_string(), (wdtype, vec![f, k], bg.clone())), ("wu".to_string(), (wdtype, vec![f, k], bu.clone()))]);

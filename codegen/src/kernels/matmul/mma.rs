@@ -136,14 +136,7 @@ pub(crate) fn emit_gemv_mma(b: &mut Body, k: usize, wdtype: DType, bias: bool, r
     let per = 4 * nt * na;
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
     b.workgroup = Some(format!("%red : {smt}"));
-    let t = b.op("gpu.thread_id x");
-    let bx = b.op("gpu.block_id x");
-    let by = b.op("gpu.block_id y");
-    let (lane, warp) = b.lane_warp(&t);
-    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
-    let c4 = b.ci64(4);
-    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
-    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let MmaLane { lane, warp, bx64, by64, warp64, g, tq, .. } = mma_lane(b);
     let cout = b.ci64(16 * na as i64);
     let col0 = b.op(&format!("arith.muli {bx64}, {cout} : i64"));
     let cmt = b.ci64(GEMV_MMA_ROWS as i64);
@@ -241,6 +234,32 @@ pub(crate) struct MmaTiles {
     pub f16: bool,
     pub split: bool,
     pub packed: Option<(DType, String)>,
+}
+
+/// A swap-AB MMA GEMV block's indices (the packed and batched GEMVs): the thread, its lane
+/// and warp (index), block x and y, the warp as i64, and the lane's fragment row
+/// g = lane / 4 and column pair t = lane % 4 (i64).
+pub(crate) struct MmaLane {
+    pub t: String,
+    pub lane: String,
+    pub warp: String,
+    pub bx64: String,
+    pub by64: String,
+    pub warp64: String,
+    pub g: String,
+    pub tq: String,
+}
+
+pub(crate) fn mma_lane(b: &mut Body) -> MmaLane {
+    let t = b.op("gpu.thread_id x");
+    let bx = b.op("gpu.block_id x");
+    let by = b.op("gpu.block_id y");
+    let (lane, warp) = b.lane_warp(&t);
+    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
+    let c4 = b.ci64(4);
+    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
+    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    MmaLane { t, lane, warp, bx64, by64, warp64, g, tq }
 }
 
 impl MmaTiles {

@@ -38,6 +38,17 @@
 //!   int4 shape). Measured and removed: 2 A tiles in the one-row kernel for wide N; the gate/up
 //!   norm fold (docs/perf.md).
 //!
+//! GGUF's Q4_K at one row ([`emit_q4k_walk`]; `MatMulPacked { wdtype: Q4_K, tiles: 0, walk }`
+//! and the merged gate/up's `SwiGluGemv`): a block walks `walk` tiles of 16 outputs ([`q4k_walk`]:
+//! enough that the blocks are one wave of two an SM — the 8B gate/up 7, lm_head 31, q/k/v 2),
+//! x staged once, each warp's weights loaded two steps ahead into registers across the tiles.
+//! Measured on an H100 against one tile a block (bench/results/q4k-walk-gpu-h100-2026-12-07.json):
+//! 8B b1 2.107 -> 2.009 ms a step (gate/up 28.1 -> 24.2 us, lm_head 112.5 -> 102.3; q/k/v and o
+//! 0.6-0.8 us slower, down equal). Tried and dropped: the weights through per-warp `cp.async`
+//! rings in shared memory (2.29 ms: shared-memory traffic and MIO throttling on top of x's
+//! reads), two steps a loop trip to save the carried words' moves (spills at 128 registers), the
+//! second step's loads after x's staging (2.093 vs 2.069 ms).
+//!
 //! Activations are f32 here (the plans' activations), rounded to bf16 (int4) or f16 (fp8:
 //! e4m3's range needs f16's mantissa to keep W8A16 at bf16-plan accuracy; saturating at
 //! ±65,504) for the MMAs, f32 sums.
@@ -51,25 +62,29 @@ pub const PACKED_WARPS: usize = 8;
 /// i4g128, `matmul_f8_...` for f8g128.
 pub(crate) fn packed_symbol(spec: &KernelSpec) -> String {
     match spec {
-        KernelSpec::MatMulPacked { wdtype, k, n, tiles, bias, residual } => {
+        KernelSpec::MatMulPacked { wdtype, k, n, tiles, walk, bias, residual } => {
             let f = match wdtype {
                 DType::F8G128 => "f8",
                 DType::Q4_K => "q4k",
                 _ => "i4",
             };
-            format!("matmul_{f}_t{tiles}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
+            let w = if *walk > 1 { format!("_w{walk}") } else { String::new() };
+            format!("matmul_{f}_t{tiles}{w}_k{k}_n{n}{}{}", if *bias { "_bias" } else { "" }, if *residual { "_res" } else { "" })
         }
         KernelSpec::SwiGluGemv { k, f, wdtype } => format!("matmul_swiglu_k{k}_f{f}_{wdtype}"),
         other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
     }
 }
 
-/// How the runtime launches a packed-weight GEMV: 16 outputs and 8 · `tiles` rows per block.
+/// How the runtime launches a packed-weight GEMV: 16 outputs and 8 · `tiles` rows per block;
+/// Q4_K's one-row form `walk` tiles of 16 outputs (SwiGLU: 8) a block.
 pub(crate) fn packed_launch(spec: &KernelSpec) -> Launch {
+    let walked = |outputs: usize| Launch::OutputsPerBlock { outputs: outputs as u32, rows: 1, warps: PACKED_WARPS as u32 };
     match spec {
+        KernelSpec::MatMulPacked { wdtype: DType::Q4_K, walk, .. } => walked(16 * walk),
         KernelSpec::MatMulPacked { tiles, .. } => Launch::OutputsPerBlock { outputs: 16 * packed_a_tiles(*tiles) as u32, rows: (8 * *tiles).max(1) as u32, warps: PACKED_WARPS as u32 },
-        // (the A tile's rows 8.. are the up rows of its rows 0..8: 8 outputs a block)
-        KernelSpec::SwiGluGemv { .. } => Launch::OutputsPerBlock { outputs: 8, rows: 1, warps: PACKED_WARPS as u32 },
+        // (the A tile's rows 8.. are the up rows of its rows 0..8: 8 outputs a tile)
+        KernelSpec::SwiGluGemv { f, .. } => walked(8 * q4k_walk(f.div_ceil(8))),
         other => unreachable!("{other:?} is not a packed-weight GEMV (kernels::family)"),
     }
 }
@@ -93,13 +108,17 @@ pub const PACKED_ONE_ROW_MAX_K: usize = 20480;
 /// [`PACKED_ONE_ROW_MAX_K`]).
 pub(crate) fn packed_fits(spec: &KernelSpec) -> Result<(), String> {
     match spec {
-        KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k, tiles, .. } => {
+        KernelSpec::MatMulPacked { wdtype: DType::Q4_K, k, tiles, walk, .. } => {
             if *tiles != 0 {
                 return Err(format!("the packed GEMV reads Q4_K for one row (tiles 0), not {tiles} tiles"));
+            }
+            if *walk == 0 {
+                return Err("the one-row Q4_K GEMV walks one or more tiles a block, not 0".into());
             }
             q4k_one_row_fits(*k)
         }
         KernelSpec::SwiGluGemv { k, wdtype: DType::Q4_K, .. } => q4k_one_row_fits(*k),
+        KernelSpec::MatMulPacked { walk, .. } if *walk != 1 => Err(format!("only Q4_K's one-row GEMV walks tiles (walk {walk})")),
         KernelSpec::MatMulPacked { wdtype, k, tiles, .. } => {
             if !matches!(wdtype, DType::I4G128 | DType::F8G128) {
                 return Err(format!("the packed GEMV reads i4g128 or f8g128 weights, not {wdtype}"));
@@ -131,12 +150,16 @@ pub(crate) fn q4k_one_row_fits(k: usize) -> Result<(), String> {
 /// The packed GEMV's body; returns its parameter list (x, w, [bias], [res], y, M, N).
 pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, String> {
     packed_fits(spec)?;
-    if let KernelSpec::SwiGluGemv { k, wdtype, .. } = spec {
-        emit_gemv_packed(b, *wdtype, *k, 0, false, false, true)?;
+    if let KernelSpec::SwiGluGemv { k, f, .. } = spec {
+        emit_q4k_walk(b, *k, q4k_walk(f.div_ceil(8)), false, false, true)?;
         return Ok("%x: !llvm.ptr<1>, %w0: !llvm.ptr<1>, %w1: !llvm.ptr<1>, %y: !llvm.ptr<1>, %m: i64, %n: i64".into());
     }
-    let KernelSpec::MatMulPacked { wdtype, k, tiles, bias, residual, .. } = spec else { unreachable!("checked") };
-    emit_gemv_packed(b, *wdtype, *k, *tiles, *bias, *residual, false)?;
+    let KernelSpec::MatMulPacked { wdtype, k, tiles, walk, bias, residual, .. } = spec else { unreachable!("checked") };
+    if *wdtype == DType::Q4_K {
+        emit_q4k_walk(b, *k, *walk, *bias, *residual, false)?;
+    } else {
+        emit_gemv_packed(b, *wdtype, *k, *tiles, *bias, *residual)?;
+    }
     Ok(matmul_params(*bias, *residual, true))
 }
 
@@ -144,39 +167,26 @@ pub(crate) fn packed_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, S
 /// the (d, m) word; fp8: 8 e4m3 words, the f32 scale's bits).
 type GroupW = Vec<Vec<String>>;
 
-/// `swiglu` (Q4_K, one row: `KernelSpec::SwiGluGemv`): the A tile's rows g are gate rows
-/// col0 + g of `%w0`, its rows g + 8 the up rows of `%w1`, and y[col0 + g] = silu(gate) · up.
-fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: bool, residual: bool, swiglu: bool) -> Result<(), String> {
+/// i4g128 and f8g128 (Q4_K's one-row form: [`emit_q4k_walk`]).
+fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: bool, residual: bool) -> Result<(), String> {
     let nw = PACKED_WARPS;
-    // (Q4_K: one row only, a group is a 256-value super-block, f16 MMAs, x staged as fp8's)
-    let q4k = wdtype == DType::Q4_K;
     let f8 = wdtype == DType::F8G128;
-    let groups = if q4k { k / 256 } else { k / 128 };
+    let groups = k / 128;
     // (one row: x from shared memory, 128 bytes of weights a lane in flight: 4 int4 groups
     // or 2 fp8 groups)
     let staged = tiles == 0;
     let tiles = tiles.max(1);
     let unroll = match (staged, tiles, f8) {
-        _ if q4k => Q4K_UNROLL,
         (true, _, false) => 4,
         (true, _, true) | (false, 1, false) => 2,
         _ => 1,
     };
     // words a row's group takes in registers (the scale word last)
-    let wl = if q4k {
-        12
-    } else if f8 {
-        9
-    } else {
-        5
-    };
+    let wl = if f8 { 9 } else { 5 };
     if staged {
         // (256 threads, two blocks an SM: up to 128 registers, so ptxas keeps the next round's
         // loads at the top of the loop — left to itself it kept to ~80 and sank them to the
         // loop's end, behind the math, a DRAM round trip exposed per round)
-        // (Q4_K was measured with three blocks an SM where a warp takes one round: 80
-        // registers, small spills in the norm and residual forms, 2.27 vs 2.17 ms a step on
-        // the 8B shape, H100)
         b.launch_bounds = Some(((32 * nw) as u32, 2));
     }
     let (jloop, rounds) = split_k_schedule(groups, 1, nw, unroll);
@@ -186,16 +196,9 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
     let xst = format!("memref<{}xi32, #gpu.address_space<workgroup>>", k / 2);
     b.workgroup = Some(if staged { format!("%red : {smt}, %xs : {xst}") } else { format!("%red : {smt}") });
-    let t = b.op("gpu.thread_id x");
-    let bx = b.op("gpu.block_id x");
-    let by = b.op("gpu.block_id y");
-    let (lane, warp) = b.lane_warp(&t);
-    let (bx64, by64, lane64, warp64) = (b.idx64(&bx), b.idx64(&by), b.idx64(&lane), b.idx64(&warp));
-    let c4 = b.ci64(4);
-    let g = b.op(&format!("arith.divui {lane64}, {c4} : i64"));
-    let tq = b.op(&format!("arith.remui {lane64}, {c4} : i64"));
+    let MmaLane { t, lane, warp, bx64, by64, warp64, g, tq } = mma_lane(b);
     let c16 = b.ci64(16);
-    let cout = b.ci64(if swiglu { 8 } else { 16 * na as i64 });
+    let cout = b.ci64(16 * na as i64);
     let col0 = b.op(&format!("arith.muli {bx64}, {cout} : i64"));
     let crows = b.ci64(8 * tiles as i64);
     let row0 = b.op(&format!("arith.muli {by64}, {crows} : i64"));
@@ -203,12 +206,12 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
     let mlast = b.op(&format!("arith.subi %m, {one} : i64"));
     // weight rows g and g + 8 (clamped), and this lane's 16 bytes within a group's 64
-    let rowbytes = b.ci64(if q4k { k / 256 * 144 } else { k / 512 * if f8 { 528 } else { 272 } } as i64);
+    let rowbytes = b.ci64((k / 512 * if f8 { 528 } else { 272 }) as i64);
     let lane_b = b.op(&format!("arith.muli {tq}, {c16} : i64"));
     let wrow: Vec<String> = (0..na as i64)
         .flat_map(|a| [16 * a, 16 * a + 8])
         .map(|d| {
-            let cd = b.ci64(if swiglu { 0 } else { d });
+            let cd = b.ci64(d);
             let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
             let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
             let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
@@ -234,10 +237,6 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     // int4 group gi: nibbles at 16 + 16 (gi / 4) + 64 gi (+ 16 t), (d, m) at 256 (gi / 4) + 4 gi;
     // fp8: e4m3 at 528 (gi / 4) + 16 + 128 (gi % 4) (+ 16 t, + 64), the scale at 528 (gi / 4) + 4 (gi % 4)
     let load_w = |b: &mut Body, gi: &str| -> GroupW {
-        if q4k {
-            let ptrs: &[&str] = if swiglu { &["%w0", "%w1"] } else { &["%w", "%w"] };
-            return q4k_load(b, gi, &wrow, ptrs, &lane_b);
-        }
         let c2 = b.ci64(2);
         let sb = b.op(&format!("arith.shrui {gi}, {c2} : i64"));
         let c16 = b.ci64(16);
@@ -281,33 +280,13 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
             })
             .collect()
     };
-    // (staged: the shared address of this lane's x pairs in group 0: 8 t bytes into %xs;
-    // Q4_K: its sub-block 2 (t / 2)'s values 16 (t % 2).., 128 (t / 2) + 32 (t % 2) bytes)
+    // (staged: the shared address of this lane's x pairs in group 0: 8 t bytes into %xs)
     let xsm = staged.then(|| {
         let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
         let base = b.idx64(&base);
-        let lo = if q4k {
-            let c2 = b.ci64(2);
-            let (tp, tm) = (b.op(&format!("arith.divui {tq}, {c2} : i64")), b.op(&format!("arith.remui {tq}, {c2} : i64")));
-            let (c128, c32) = (b.ci64(128), b.ci64(32));
-            let a = b.op(&format!("arith.muli {tp}, {c128} : i64"));
-            let m = b.op(&format!("arith.muli {tm}, {c32} : i64"));
-            b.op(&format!("arith.addi {a}, {m} : i64"))
-        } else {
-            let c = b.ci64(if f8 { 32 } else { 8 });
-            b.op(&format!("arith.muli {tq}, {c} : i64"))
-        };
+        let c = b.ci64(if f8 { 32 } else { 8 });
+        let lo = b.op(&format!("arith.muli {tq}, {c} : i64"));
         b.op(&format!("arith.addi {base}, {lo} : i64"))
-    });
-    // (Q4_K: the `prmt` selector of this lane's two scale bytes 2 (t / 2), + 1 in a scale word)
-    let q4k_sel = q4k.then(|| {
-        let c2 = b.ci64(2);
-        let tp = b.op(&format!("arith.divui {tq}, {c2} : i64"));
-        let tp = b.op(&format!("arith.trunci {tp} : i64 to i32"));
-        let c = b.op("arith.constant 514 : i32");
-        let s = b.op(&format!("arith.muli {tp}, {c} : i32"));
-        let base = b.op(&format!("arith.constant {} : i32", 0x4140));
-        b.op(&format!("arith.addi {s}, {base} : i32"))
     });
     let xbase = staged.then(|| {
         let base = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
@@ -319,9 +298,6 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     let zero = b.cf32(0.0);
     // one group's math into `acc`; `valid` false: a clamped group past K, adding nothing
     let math = |b: &mut Body, gi: &str, valid: Option<&str>, w: &GroupW, acc: &[String]| -> Vec<String> {
-        if let (Some(xb), Some(sel)) = (&xsm, &q4k_sel) {
-            return q4k_math(b, gi, valid, w, acc, xb, sel);
-        }
         let mut out = acc.to_vec();
         // x: per B tile the lane's 32 values of the group as 16 16-bit pairs, in the order the
         // MMAs take them (K step u: pairs 2u and 2u + 1)
@@ -462,7 +438,7 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
         if b.pdl && !b.waited {
             b.wait_for_previous();
         }
-        stage_x(b, f8 || q4k, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
+        stage_x(b, f8, k, &by64, &t, xbase.as_ref().expect("staged"), &smt);
         let zero = b.cf32(0.0);
         let mut acc: Vec<String> = vec![zero; per];
         if nr > 1 {
@@ -509,35 +485,12 @@ fn emit_gemv_packed(b: &mut Body, wdtype: DType, k: usize, tiles: usize, bias: b
     MmaTiles::meet_in_shared(b, &acc, &warp, &lane, per, &smt);
     let c2 = b.ci64(2);
     let t2 = b.op(&format!("arith.muli {tq}, {c2} : i64"));
-    if swiglu {
-        // (lane t = 0 of row g: silu(gate row col0 + g) · up row col0 + g)
-        let gate = MmaTiles::warps_total(b, &acc[0], 0, nw, per, &lane, &smt);
-        let up = MmaTiles::warps_total(b, &acc[2], 2, nw, per, &lane, &smt);
-        let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
-        if_lane0_inside(b, &col, &tq);
-        let s = unary_expr(b, UnaryOp::Silu, &gate)?;
-        let y = b.op(&format!("arith.mulf {s}, {up} : f32"));
-        b.matmul_store(&y, &by64, &col, false, false);
-        b.line("}");
+    if staged {
+        one_row_store(b, &acc, OneRow { lane: &lane, smt: &smt, col0: &col0, g: &g, tq: &tq, row: &by64, bias, residual, swiglu: false })?;
         b.line("}");
         return Ok(());
     }
     for (a, part) in acc.iter().enumerate() {
-        let i = a % 4;
-        if staged {
-            // (one row: every column of the D fragment is it; lanes t = 0 store columns 0)
-            if i % 2 == 1 {
-                continue;
-            }
-            let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
-            let co = b.ci64(if i >= 2 { 8 } else { 0 });
-            let col = b.op(&format!("arith.addi {col0}, {g} : i64"));
-            let col = b.op(&format!("arith.addi {col}, {co} : i64"));
-            if_lane0_inside(b, &col, &tq);
-            b.matmul_store(&total, &by64, &col, bias, residual);
-            b.line("}");
-            continue;
-        }
         let total = MmaTiles::warps_total(b, part, a, nw, per, &lane, &smt);
         MmaTiles::store_swap_ab(b, &total, a, tiles, (&col0, &g), (&row0, &t2), bias, residual);
     }
@@ -555,32 +508,217 @@ fn if_lane0_inside(b: &mut Body, col: &str, tq: &str) {
     b.line(&format!("scf.if {ok} {{"));
 }
 
-/// Q4_K super-blocks a warp's round of the one-row GEMV loads (the next round's loaded before
-/// this round's math): 64 bytes of quants a lane a super-block. One: at K = 4,096 a warp then
-/// takes two rounds, the second's loads in flight during the first's math (H200, 8B shape b1:
-/// 1.93 ms a step vs 1.98 with two a round, bench/results/kquant-batched-gpu-h200-2026-12-07.json).
-pub const Q4K_UNROLL: usize = 1;
+/// Where and what a one-row form stores once its warps' sums meet (`MmaTiles::meet_in_shared`
+/// has opened warp 0's `scf.if`): lane t = 0 of row g stores output columns col0 + g and
+/// col0 + g + 8 of activation row `row`; `swiglu`: silu(gate) · up of column col0 + g (the A
+/// tile's rows g are gate rows, rows g + 8 the same up rows).
+struct OneRow<'a> {
+    lane: &'a str,
+    smt: &'a str,
+    col0: &'a str,
+    g: &'a str,
+    tq: &'a str,
+    row: &'a str,
+    bias: bool,
+    residual: bool,
+    swiglu: bool,
+}
 
-/// Q4_K super-block `gi` (i64) of each of this lane's weight rows (`wrow`: their byte offsets;
-/// 144 bytes: f16 d, dmin, 12 scale bytes, 128 quant bytes): the 16 quant bytes 16 t.. of each
-/// 64-byte half h — values 16 (t % 2).. of sub-blocks A = 4h + 2 (t / 2) (low nibbles) and
-/// A + 1 (high) — then the 16-byte header. `lane_b` = 16 t.
-fn q4k_load(b: &mut Body, gi: &str, wrow: &[String], ptrs: &[&str], lane_b: &str) -> GroupW {
-    let c144 = b.ci64(144);
-    let base = b.op(&format!("arith.muli {gi}, {c144} : i64"));
+fn one_row_store(b: &mut Body, acc: &[String], o: OneRow) -> Result<(), String> {
+    let (nw, per) = (PACKED_WARPS, acc.len());
+    if o.swiglu {
+        let gate = MmaTiles::warps_total(b, &acc[0], 0, nw, per, o.lane, o.smt);
+        let up = MmaTiles::warps_total(b, &acc[2], 2, nw, per, o.lane, o.smt);
+        let col = b.op(&format!("arith.addi {}, {} : i64", o.col0, o.g));
+        if_lane0_inside(b, &col, o.tq);
+        let s = unary_expr(b, UnaryOp::Silu, &gate)?;
+        let y = b.op(&format!("arith.mulf {s}, {up} : f32"));
+        b.matmul_store(&y, o.row, &col, false, false);
+        b.line("}");
+        return Ok(());
+    }
+    // (every column of the D fragment is the one row: values 0 and 2, rows g and g + 8)
+    for a in [0usize, 2] {
+        let total = MmaTiles::warps_total(b, &acc[a], a, nw, per, o.lane, o.smt);
+        let co = b.ci64(if a >= 2 { 8 } else { 0 });
+        let col = b.op(&format!("arith.addi {}, {} : i64", o.col0, o.g));
+        let col = b.op(&format!("arith.addi {col}, {co} : i64"));
+        if_lane0_inside(b, &col, o.tq);
+        b.matmul_store(&total, o.row, &col, o.bias, o.residual);
+        b.line("}");
+    }
+    Ok(())
+}
+
+/// Output tiles a block of the one-row Q4_K GEMV takes for `tiles` tiles in all (16 outputs a
+/// tile; SwiGLU 8): as many as put every block in one wave of two a multiprocessor, so x is
+/// staged once a block and each warp's weight stream runs on across its tiles.
+pub fn q4k_walk(tiles: usize) -> usize {
+    tiles.div_ceil(2 * TARGET_SMS).max(1)
+}
+
+/// The one-row Q4_K GEMV (`MatMulPacked { wdtype: Q4_K, tiles: 0 }`, with the RMSNorm folded
+/// under `NormMatMul`, merged parts; `swiglu`: `SwiGluGemv`, gate rows from `%w0`, up rows
+/// from `%w1`). A block takes `walk` tiles of 16 outputs (SwiGLU 8) one after another; its 8
+/// warps split each tile's K by super-blocks (warp w: w, w + 8, ...: a step, `nr` a tile), so
+/// a warp's steps are the same K range in every tile. x is staged once a block (f16,
+/// [`stage_x`]). One loop runs over the block's steps, carrying the accumulators and the
+/// lane's 96 bytes of the next steps ([`q4k_load_rows`]): a step's loads are issued two steps
+/// before its math (`Q4K_AHEAD` = 1 step in flight beyond the one computed, the first two
+/// before the PDL wait), across tile boundaries; none past the block's last step. Each step
+/// is made f16 MMA operands by [`q4k_math`]; at a tile's last step the warps' sums meet in
+/// shared memory, warp 0 stores and the accumulators start again.
+fn emit_q4k_walk(b: &mut Body, k: usize, walk: usize, bias: bool, residual: bool, swiglu: bool) -> Result<(), String> {
+    let nw = PACKED_WARPS;
+    let groups = k / 256;
+    let nr = groups.div_ceil(nw);
+    let steps = walk * nr;
+    // (two blocks an SM: up to 128 registers, the two steps' words in them)
+    b.launch_bounds = Some(((32 * nw) as u32, 2));
+    let per = 4;
+    let smt = format!("memref<{}xf32, #gpu.address_space<workgroup>>", nw * per * 32);
+    let xst = format!("memref<{}xi32, #gpu.address_space<workgroup>>", k / 2);
+    b.workgroup = Some(format!("%red : {smt}, %xs : {xst}"));
+    let MmaLane { t, lane, warp, bx64, by64, warp64, g, tq } = mma_lane(b);
+    let one = b.ci64(1);
+    let nlast = b.op(&format!("arith.subi %n, {one} : i64"));
+    let rowbytes = b.ci64((groups * 144) as i64);
     let c16 = b.ci64(16);
-    let q = b.op(&format!("arith.addi {base}, {c16} : i64"));
-    let q = b.op(&format!("arith.addi {q}, {lane_b} : i64"));
-    let c64 = b.ci64(64);
-    wrow.iter()
-        .zip(ptrs)
-        .map(|(r, p)| {
-            let o = b.op(&format!("arith.addi {r}, {q} : i64"));
-            let mut w = b.load_vec(p, &o, 4, "i32", 16);
-            let o2 = b.op(&format!("arith.addi {o}, {c64} : i64"));
-            w.extend(b.load_vec(p, &o2, 4, "i32", 16));
-            let h = b.op(&format!("arith.addi {r}, {base} : i64"));
-            w.extend(b.load_vec(p, &h, 4, "i32", 16));
+    let lane_b = b.op(&format!("arith.muli {tq}, {c16} : i64"));
+    let cout = b.ci64(if swiglu { 8 } else { 16 });
+    let cwalk = b.ci64(walk as i64);
+    let tile0 = b.op(&format!("arith.muli {bx64}, {cwalk} : i64"));
+    // step s (i64) of this block: its tile's first output, the warp's super-block (clamped to
+    // the last) and whether it is inside K
+    let step_at = |b: &mut Body, s: &str| -> (String, String, String) {
+        let cnr = b.ci64(nr as i64);
+        let i = b.op(&format!("arith.divui {s}, {cnr} : i64"));
+        let r = b.op(&format!("arith.remui {s}, {cnr} : i64"));
+        let tile = b.op(&format!("arith.addi {tile0}, {i} : i64"));
+        let col0 = b.op(&format!("arith.muli {tile}, {cout} : i64"));
+        let cnw = b.ci64(nw as i64);
+        let u = b.op(&format!("arith.muli {r}, {cnw} : i64"));
+        let u = b.op(&format!("arith.addi {u}, {warp64} : i64"));
+        let cg = b.ci64(groups as i64);
+        let valid = b.op(&format!("arith.cmpi slt, {u}, {cg} : i64"));
+        let cl = b.ci64(groups as i64 - 1);
+        (col0, b.op(&format!("arith.minsi {u}, {cl} : i64")), valid)
+    };
+    let load = |b: &mut Body, s: &str| -> GroupW {
+        let (col0, gi, _) = step_at(b, s);
+        q4k_load_rows(b, &col0, &gi, &g, &nlast, &rowbytes, &lane_b, swiglu)
+    };
+    // (the first steps before the wait: weights never depend on the previous kernel)
+    let pre: Vec<GroupW> = (0..=Q4K_AHEAD)
+        .map(|s| {
+            let cs = b.ci64(s.min(steps - 1) as i64);
+            load(b, &cs)
+        })
+        .collect();
+    if b.pdl && !b.waited {
+        b.wait_for_previous();
+    }
+    let xs = b.op(&format!("memref.extract_aligned_pointer_as_index %xs : {xst} -> index"));
+    let xs = b.idx64(&xs);
+    stage_x(b, true, k, &by64, &t, &xs, &smt);
+    // (this lane's x pairs in super-block 0: sub-block 2 (t / 2)'s values 16 (t % 2)..; the
+    // `prmt` selector of its two scale bytes 2 (t / 2), + 1)
+    let c2 = b.ci64(2);
+    let (tp, tm) = (b.op(&format!("arith.divui {tq}, {c2} : i64")), b.op(&format!("arith.remui {tq}, {c2} : i64")));
+    let (c128, c32) = (b.ci64(128), b.ci64(32));
+    let xa = b.op(&format!("arith.muli {tp}, {c128} : i64"));
+    let xm = b.op(&format!("arith.muli {tm}, {c32} : i64"));
+    let xb = b.op(&format!("arith.addi {xs}, {xa} : i64"));
+    let xb = b.op(&format!("arith.addi {xb}, {xm} : i64"));
+    let tp32 = b.op(&format!("arith.trunci {tp} : i64 to i32"));
+    let c514 = b.op("arith.constant 514 : i32");
+    let sel = b.op(&format!("arith.muli {tp32}, {c514} : i32"));
+    let sbase = b.op(&format!("arith.constant {} : i32", 0x4140));
+    let sel = b.op(&format!("arith.addi {sel}, {sbase} : i32"));
+    let zero = b.cf32(0.0);
+    // the loop over the block's steps: accumulators, then the words of steps s .. s + AHEAD
+    let wl = 24;
+    let flat: Vec<String> = pre.iter().flatten().flatten().cloned().collect();
+    let (res, sv) = (b.v(), b.v());
+    let args: Vec<String> = (0..per + flat.len()).map(|_| b.v()).collect();
+    let inits: Vec<String> = args.iter().zip(std::iter::repeat_n(zero.clone(), per).chain(flat.iter().cloned())).map(|(a, z)| format!("{a} = {z}")).collect();
+    let f4 = "f32, f32, f32, f32";
+    let w24 = vec!["i32"; wl].join(", ");
+    let tys = vec!["f32"; per].into_iter().chain(vec!["i32"; flat.len()]).collect::<Vec<_>>().join(", ");
+    let lo = b.op("arith.constant 0 : index");
+    let hi = b.op(&format!("arith.constant {steps} : index"));
+    let st = b.op("arith.constant 1 : index");
+    b.line(&format!("{res}:{} = scf.for {sv} = {lo} to {hi} step {st} iter_args({}) -> ({tys}) {{", args.len(), inits.join(", ")));
+    let s = b.idx64(&sv);
+    // step s + AHEAD + 1's loads, where the block has it (else the words stay as they are)
+    let ca = b.ci64(Q4K_AHEAD as i64 + 1);
+    let nx = b.op(&format!("arith.addi {s}, {ca} : i64"));
+    let csteps = b.ci64(steps as i64);
+    let has = b.op(&format!("arith.cmpi slt, {nx}, {csteps} : i64"));
+    let next = b.v();
+    b.line(&format!("{next}:{wl} = scf.if {has} -> ({w24}) {{"));
+    let words: Vec<String> = load(b, &nx).into_iter().flatten().collect();
+    b.line(&format!("scf.yield {} : {w24}", words.join(", ")));
+    b.line("} else {");
+    b.line(&format!("scf.yield {} : {w24}", args[per..per + wl].join(", ")));
+    b.line("}");
+    let cur: GroupW = args[per..per + wl].chunks(12).map(|c| c.to_vec()).collect();
+    let (_, gi, valid) = step_at(b, &s);
+    let out = q4k_math(b, &gi, Some(&valid), &cur, &args[..per], &xb, &sel);
+    // a tile's last step: the warps' sums meet, warp 0 stores, the accumulators start again
+    // (a barrier after: the reduction's shared memory is free for the next tile)
+    let cnr = b.ci64(nr as i64);
+    let r = b.op(&format!("arith.remui {s}, {cnr} : i64"));
+    let clast = b.ci64(nr as i64 - 1);
+    let end = b.op(&format!("arith.cmpi eq, {r}, {clast} : i64"));
+    let acc = b.v();
+    b.line(&format!("{acc}:{per} = scf.if {end} -> ({f4}) {{"));
+    let i = b.op(&format!("arith.divui {s}, {cnr} : i64"));
+    let tile = b.op(&format!("arith.addi {tile0}, {i} : i64"));
+    let col0 = b.op(&format!("arith.muli {tile}, {cout} : i64"));
+    MmaTiles::meet_in_shared(b, &out, &warp, &lane, per, &smt);
+    one_row_store(b, &out, OneRow { lane: &lane, smt: &smt, col0: &col0, g: &g, tq: &tq, row: &by64, bias, residual, swiglu })?;
+    b.line("}");
+    b.line("gpu.barrier");
+    b.line(&format!("scf.yield {zero}, {zero}, {zero}, {zero} : {f4}"));
+    b.line("} else {");
+    b.line(&format!("scf.yield {} : {f4}", out.join(", ")));
+    b.line("}");
+    let ys: Vec<String> = (0..per).map(|a| format!("{acc}#{a}")).chain(args[per + wl..].iter().cloned()).chain((0..wl).map(|i| format!("{next}#{i}"))).collect();
+    b.line(&format!("scf.yield {} : {tys}", ys.join(", ")));
+    b.line("}");
+    Ok(())
+}
+
+/// Steps a warp of the one-row Q4_K GEMV has in flight beyond the one it computes (its loads
+/// issued two steps ahead: 48 of its registers).
+pub const Q4K_AHEAD: usize = 1;
+
+/// Super-block `gi` of this lane's two rows of the tile starting at output `col0` (rows g and
+/// g + 8, clamped; SwiGLU: gate row g of `%w0` and up row g of `%w1`): per row the 16-byte
+/// quant chunks 16 t.. of both 64-byte halves — values 16 (t % 2).. of sub-blocks
+/// A = 4h + 2 (t / 2) (low nibbles) and A + 1 (high) — then the 16-byte header (12 words).
+#[allow(clippy::too_many_arguments)]
+fn q4k_load_rows(b: &mut Body, col0: &str, gi: &str, g: &str, nlast: &str, rowbytes: &str, lane_b: &str, swiglu: bool) -> GroupW {
+    let c144 = b.ci64(144);
+    let sb = b.op(&format!("arith.muli {gi}, {c144} : i64"));
+    let rows: [(&str, i64); 2] = if swiglu { [("%w0", 0), ("%w1", 0)] } else { [("%w", 0), ("%w", 8)] };
+    rows.iter()
+        .map(|(p, d)| {
+            let cd = b.ci64(*d);
+            let r = b.op(&format!("arith.addi {col0}, {g} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {cd} : i64"));
+            let r = b.op(&format!("arith.minsi {r}, {nlast} : i64"));
+            let r = b.op(&format!("arith.muli {r}, {rowbytes} : i64"));
+            let r = b.op(&format!("arith.addi {r}, {sb} : i64"));
+            let mut w = vec![];
+            for off in [16i64, 80] {
+                let co = b.ci64(off);
+                let a = b.op(&format!("arith.addi {r}, {co} : i64"));
+                let a = b.op(&format!("arith.addi {a}, {lane_b} : i64"));
+                w.extend(b.load_vec(p, &a, 4, "i32", 16));
+            }
+            w.extend(b.load_vec(p, &r, 4, "i32", 16));
             w
         })
         .collect()
@@ -665,7 +803,9 @@ fn q4k_f16_words(b: &mut Body, w: &str, sc: &[String; 4]) -> [String; 4] {
     // (low nibbles under 1024's bits: 1024 + q; high ones, 16 q, under 64's: 64 + q — no
     // shift for them)
     let mut asm = String::from("{ .reg .b32 k, h, t, u; mov.b32 k, 0x64006400; mov.b32 h, 0x54005400; shr.u32 u, $4, 8; ");
-    for (o, (src, mask, magic, off)) in [("$4", "0x000F000F", "0x64006400", "k"), ("u", "0x000F000F", "0x64006400", "k"), ("$4", "0x00F000F0", "0x54005400", "h"), ("u", "0x00F000F0", "0x54005400", "h")].iter().enumerate() {
+    for (o, (src, mask, magic, off)) in
+        [("$4", "0x000F000F", "0x64006400", "k"), ("u", "0x000F000F", "0x64006400", "k"), ("$4", "0x00F000F0", "0x54005400", "h"), ("u", "0x00F000F0", "0x54005400", "h")].iter().enumerate()
+    {
         let (d, m) = if o < 2 { (5, 6) } else { (7, 8) };
         asm.push_str(&format!("lop3.b32 t, {src}, {mask}, {magic}, 0xEA; sub.f16x2 t, t, {off}; fma.rn.f16x2 ${o}, t, ${d}, ${m}; "));
     }
