@@ -231,12 +231,12 @@ pub enum KernelSpec {
     /// params as `MatMulFew`
     MatMulFewX16 { k: usize, n: usize, wdtype: DType, bias: bool, residual: bool },
     /// y[M, N] = x[M, K] (f32) @ W[N, K]^T (+ bias) (+ res) for [`DType::I4G128`] or
-    /// [`DType::F8G128`] weights: the packed GEMV on `mma.sync` (`kernels/matmul/packed.rs`),
-    /// 16 outputs and `tiles` B tiles of 8 rows per block (0: one row a block, x staged in
-    /// shared memory in 16 bits); every row count up to the batched-decode limit. `walk`:
-    /// output tiles a block takes one after another (Q4_K's one-row form: its weights streamed
-    /// through each warp's `cp.async` ring across them, x staged once; 1 elsewhere). params
-    /// x, w, [bias], [res], y, M, N
+    /// [`DType::F8G128`] weights (and [`DType::Q4_K`] at one row): the packed GEMV on
+    /// `mma.sync` (`kernels/matmul/packed.rs`), 16 outputs and `tiles` B tiles of 8 rows per
+    /// block (0: one row a block, x staged in shared memory in 16 bits); every row count up to
+    /// the batched-decode limit. `walk`: output tiles a block takes one after another (Q4_K's
+    /// one-row form: x staged once, each warp's weights loaded two steps ahead across them; 1
+    /// elsewhere). params x, w, [bias], [res], y, M, N
     MatMulPacked { wdtype: DType, k: usize, n: usize, tiles: usize, walk: usize, bias: bool, residual: bool },
     /// 8-bit activations (`act_quant`, e4m3 in groups of `group` values of a row of `d`):
     /// y = the node in f32 (s · e4m3(x / s)) and q = its e4m3 copy `{y}@rows{W}` (per row d

@@ -637,7 +637,8 @@ fn emit_q4k_walk(b: &mut Body, k: usize, walk: usize, bias: bool, residual: bool
     let sel = b.op(&format!("arith.addi {sel}, {sbase} : i32"));
     let zero = b.cf32(0.0);
     // the loop over the block's steps: accumulators, then the words of steps s .. s + AHEAD
-    let wl = 24;
+    // (a step's words: [`q4k_load_rows`]'s 12 for each of the two rows)
+    let wl = pre[0].iter().map(Vec::len).sum::<usize>();
     let flat: Vec<String> = pre.iter().flatten().flatten().cloned().collect();
     let (res, sv) = (b.v(), b.v());
     let args: Vec<String> = (0..per + flat.len()).map(|_| b.v()).collect();
@@ -662,7 +663,7 @@ fn emit_q4k_walk(b: &mut Body, k: usize, walk: usize, bias: bool, residual: bool
     b.line("} else {");
     b.line(&format!("scf.yield {} : {w24}", args[per..per + wl].join(", ")));
     b.line("}");
-    let cur: GroupW = args[per..per + wl].chunks(12).map(|c| c.to_vec()).collect();
+    let cur: GroupW = args[per..per + wl].chunks(wl / 2).map(|c| c.to_vec()).collect();
     let (_, gi, valid) = step_at(b, &s);
     let out = q4k_math(b, &gi, Some(&valid), &cur, &args[..per], &xb, &sel);
     // a tile's last step: the warps' sums meet, warp 0 stores, the accumulators start again
@@ -673,6 +674,7 @@ fn emit_q4k_walk(b: &mut Body, k: usize, walk: usize, bias: bool, residual: bool
     let end = b.op(&format!("arith.cmpi eq, {r}, {clast} : i64"));
     let acc = b.v();
     b.line(&format!("{acc}:{per} = scf.if {end} -> ({f4}) {{"));
+    // (the tile's first output computed here, off the loop's every-step path)
     let i = b.op(&format!("arith.divui {s}, {cnr} : i64"));
     let tile = b.op(&format!("arith.addi {tile0}, {i} : i64"));
     let col0 = b.op(&format!("arith.muli {tile}, {cout} : i64"));
