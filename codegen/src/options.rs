@@ -175,6 +175,17 @@ pub struct ScheduleOptions {
     /// one-token DeepSeekMoE steps run the shared experts as slots of the routed experts'
     /// kernels (`fuse_moe_shared`; DSC_MOE_SHARED=0 off)
     pub moe_shared: bool,
+    /// ... and prefetch the shared experts' gate and up weights into L2 from the attention's
+    /// query and value kernels, the shared slots first (`prefetch_shared_experts`; written,
+    /// checked on the CPU, not yet run on a GPU: off, DSC_MOE_PREFETCH=1 on)
+    pub moe_prefetch: bool,
+    /// ... and route the token in the router GEMV's last block, the MoE layer's RMSNorm folded
+    /// into it and the gate/up (`fuse_moe_router`, `fold_moe_norm`; not yet run on a GPU: off,
+    /// DSC_MOE_ROUTER=1 on)
+    pub moe_router: bool,
+    /// one-token MLA steps write the latent cache row inside the attention
+    /// (`fuse_mla_cache_attention`; not yet run on a GPU: off, DSC_MLA_CACHE_ATTN=1 on)
+    pub mla_cache_attention: bool,
     /// one-token steps fold the o projection and its residual into the RoPE attention, one
     /// block per head (`fuse_attention_o`; off: slower than `attn_o_red`'s split blocks;
     /// DSC_ATTN_O=1 on)
@@ -280,6 +291,9 @@ impl Default for ScheduleOptions {
             qkv_rope_fusion: true,
             swiglu_fusion: true,
             moe_shared: true,
+            moe_prefetch: false,
+            moe_router: false,
+            mla_cache_attention: false,
             attn_o: false,
             swiglu_down: true,
             swiglu_down_fb: 16,
@@ -534,6 +548,9 @@ impl CodegenOptions {
             qkv_rope_fusion: v.off_if_set("DSC_NO_QKV_ROPE_FUSION", s0.qkv_rope_fusion),
             swiglu_fusion: v.off_if_set("DSC_NO_SWIGLU_FUSION", s0.swiglu_fusion),
             moe_shared: v.off_if_0("DSC_MOE_SHARED", s0.moe_shared),
+            moe_prefetch: v.on_if_1("DSC_MOE_PREFETCH", s0.moe_prefetch),
+            moe_router: v.on_if_1("DSC_MOE_ROUTER", s0.moe_router),
+            mla_cache_attention: v.on_if_1("DSC_MLA_CACHE_ATTN", s0.mla_cache_attention),
             attn_o: v.on_if_1("DSC_ATTN_O", s0.attn_o),
             swiglu_down: v.off_if_0("DSC_SWIGLU_DOWN", s0.swiglu_down),
             swiglu_down_fb,

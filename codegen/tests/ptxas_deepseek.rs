@@ -27,14 +27,16 @@ fn specs() -> Vec<KernelSpec> {
         route(8, 3, 4, 2, MoeScoring::Sigmoid, MoeSelect::NoauxTc, true, 2.5),
     ];
     for (d, inter, e, top_k, wdtype) in [(2048, 1408, 64, 6, DType::BF16), (7168, 2048, 256, 8, DType::BF16), (64, 32, 8, 3, DType::F32), (36, 20, 40, 3, DType::F16)] {
-        v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0 });
-        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false, shared: 0 });
-        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: 0 });
+        v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0, shared_first: false });
+        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false, shared: 0, shared_first: false });
+        v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: 0, shared_first: false });
         // (the one-token shared-expert slots, V2-Lite's two and V3's one)
         if wdtype == DType::BF16 {
             let shared = if e == 64 { 2 } else { 1 };
-            v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared });
-            v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared });
+            for shared_first in [false, true] {
+                v.push(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared, shared_first });
+                v.push(KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared, shared_first });
+            }
         }
     }
     for (d, inter, e, top_k, wdtype) in [(2048, 1408, 64, 6, DType::BF16), (7168, 2048, 256, 8, DType::BF16), (128, 64, 10, 2, DType::F16)] {

@@ -41,6 +41,7 @@ pub const HEAD_MATMUL_WARPS: u32 = 8;
 pub(crate) fn mla_symbol(spec: &KernelSpec) -> String {
     match spec {
         KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv } => format!("mla_attention_h{h}_c{c}_l{l}_bs{bs}_s{scale_bits:08x}{}", kv_suffix(*kv)),
+        KernelSpec::MlaCacheAttention { attn, write } => format!("{}_w{}", attn.symbol(), write.symbol().trim_start_matches("mla_latent_cache")),
         KernelSpec::HeadMatMul { h, k, n, wdtype } => format!("head_matmul_h{h}_k{k}_n{n}_{wdtype}"),
         KernelSpec::HeadMatMulMma { h, k, n, wdtype } => format!("head_matmul_mma_h{h}_k{k}_n{n}_{wdtype}"),
         KernelSpec::MlaLatentCache { l, r, eps_bits, theta_bits, interleaved, yarn, kv } => format!(
@@ -65,7 +66,7 @@ pub(crate) fn mla_symbol(spec: &KernelSpec) -> String {
 /// (token, head) — grid x = tokens, y = heads —, the per-head matmul a warp per output.
 pub(crate) fn mla_launch(spec: &KernelSpec) -> Launch {
     match spec {
-        KernelSpec::MlaAttention { .. } => Launch::BlockPerRow { warps: MLA_WARPS as u32 },
+        KernelSpec::MlaAttention { .. } | KernelSpec::MlaCacheAttention { .. } => Launch::BlockPerRow { warps: MLA_WARPS as u32 },
         KernelSpec::HeadMatMul { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
         KernelSpec::MlaLatentCache { .. } => Launch::WarpPerRow { rows_per_block: 4 },
         KernelSpec::MlaQuery { .. } => Launch::WarpPerOutput { warps_per_block: HEAD_MATMUL_WARPS },
@@ -90,6 +91,14 @@ pub(crate) fn mla_fits(spec: &KernelSpec) -> Result<(), String> {
                 return Err(format!("the latent attention keeps a row of up to 768 values in a warp's registers, not {c}"));
             }
             Ok(())
+        }
+        KernelSpec::MlaCacheAttention { attn, write } => {
+            mla_fits(attn)?;
+            mla_fits(write)?;
+            match (attn.as_ref(), write.as_ref()) {
+                (KernelSpec::MlaAttention { c, l, kv, .. }, KernelSpec::MlaLatentCache { l: wl, r, kv: wkv, .. }) if wl == l && wl + r == *c && wkv == kv => Ok(()),
+                _ => Err(format!("the cache-writing attention needs the latent row it attends over ({} with {})", attn.symbol(), write.symbol())),
+            }
         }
         KernelSpec::HeadMatMul { h, k, n, wdtype } => {
             if !matches!(wdtype, DType::F32 | DType::BF16 | DType::F16) {
@@ -141,8 +150,17 @@ pub(crate) fn mla_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
     mla_fits(spec)?;
     match spec {
         KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv } => {
-            emit_mla_attention(b, *h, *c, *l, *bs, f32::from_bits(*scale_bits), *kv)?;
+            emit_mla_attention(b, *h, *c, *l, *bs, f32::from_bits(*scale_bits), *kv, None)?;
             Ok("%q: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %mb: i64".into())
+        }
+        KernelSpec::MlaCacheAttention { attn, write } => {
+            let (KernelSpec::MlaAttention { h, c, l, bs, scale_bits, kv }, KernelSpec::MlaLatentCache { r, eps_bits, theta_bits, interleaved, yarn, .. }) = (attn.as_ref(), write.as_ref()) else {
+                return Err("the cache-writing attention wraps an MlaAttention and an MlaLatentCache".into());
+            };
+            b.yarn = yarn.map(|y| y.map(f32::from_bits));
+            emit_mla_attention(b, *h, *c, *l, *bs, f32::from_bits(*scale_bits), *kv, Some((*r, f32::from_bits(*eps_bits), *theta_bits, *interleaved)))?;
+            b.yarn = None;
+            Ok("%x: !llvm.ptr<1>, %g: !llvm.ptr<1>, %slots: !llvm.ptr<1>, %q: !llvm.ptr<1>, %cache: !llvm.ptr<1>, %pos: !llvm.ptr<1>, %seq: !llvm.ptr<1>, %table: !llvm.ptr<1>, %y: !llvm.ptr<1>, %n: i64, %mb: i64".into())
         }
         KernelSpec::HeadMatMul { h, k, n, wdtype } => {
             emit_head_matmul(b, *h, *k, *n, *wdtype)?;
@@ -272,7 +290,17 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
     let base = b.idx64(&base);
     let cc = b.ci64(c as i64);
     let t = b.op(&format!("arith.divui {base}, {cc} : i64"));
-    let slot = b.load_i32_as_i64("%slots", &t);
+    latent_row(b, &lane, &t, &base, l, r, eps, theta_bits, interleaved, kv)?;
+    b.line("}");
+    Ok(())
+}
+
+/// One warp's part of [`emit_latent_cache`]: token `t`'s row (x from element `base`) normed,
+/// rotated and stored into pool row slot[t] (`lane`, `t`, `base` i64).
+#[allow(clippy::too_many_arguments)]
+fn latent_row(b: &mut Body, lane: &str, t: &str, base: &str, l: usize, r: usize, eps: f32, theta_bits: u32, interleaved: bool, kv: DType) -> Result<(), String> {
+    let cc = b.ci64((l + r) as i64);
+    let slot = b.load_i32_as_i64("%slots", t);
     let dst = b.op(&format!("arith.muli {slot}, {cc} : i64"));
     let zero = b.cf32(0.0);
     let last = b.ci64(l as i64 - 1);
@@ -296,7 +324,7 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
     let ss = b.warp_sum(&ss);
     let inv = b.inv_rms(&ss, l, eps);
     // the rotation pairs of the last R values (their loads ahead of the normed stores too)
-    let (co, sn, i0, i1) = open_lane_pair(b, &lane, &t, r, theta_bits, interleaved);
+    let (co, sn, i0, i1) = open_lane_pair(b, lane, t, r, theta_bits, interleaved);
     let (i0, i1) = (b.op(&format!("arith.addi {i0}, {cl} : i64")), b.op(&format!("arith.addi {i1}, {cl} : i64")));
     let x0 = b.op(&format!("arith.addi {base}, {i0} : i64"));
     let x0 = b.load("%x", &x0);
@@ -316,12 +344,19 @@ fn emit_latent_cache(b: &mut Body, l: usize, r: usize, eps: f32, theta_bits: u32
         b.store_kv(&y, "%cache", &at, kv)?;
         b.line("}");
     }
-    b.line("}");
     Ok(())
 }
 
-/// [`KernelSpec::MlaAttention`] (see the file header). `%n` = tokens.
-fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, scale: f32, kv: DType) -> Result<(), String> {
+/// What [`KernelSpec::MlaCacheAttention`] adds to the attention: its token's latent cache row
+/// (R, eps, theta, interleaved), written by warp 0 of every head's block before the keys.
+type LatentWrite = (usize, f32, u32, bool);
+
+/// [`KernelSpec::MlaAttention`] (see the file header). `%n` = tokens. With `write`
+/// ([`KernelSpec::MlaCacheAttention`], one token a sequence), warp 0 of the block first writes
+/// its token's latent row into the pool as `MlaLatentCache` does — every head's block writing
+/// the same values — and the block's barrier orders that before its warps read the row.
+#[allow(clippy::too_many_arguments)]
+fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, scale: f32, kv: DType, write: Option<LatentWrite>) -> Result<(), String> {
     let w = MLA_WARPS;
     // (8-element chunks where both widths allow, else single elements)
     let u = if c % 8 == 0 && l % 8 == 0 { 8 } else { 1 };
@@ -339,6 +374,17 @@ fn emit_mla_attention(b: &mut Body, h: usize, c: usize, l: usize, bs: usize, sca
     let tid = b.op("gpu.thread_id x");
     let (lane_i, warp_i) = b.lane_warp(&tid);
     let lane = b.idx64(&lane_i);
+    if let Some((r, eps, theta_bits, interleaved)) = write {
+        // (grid x = T: every block's token is in range)
+        let zi = b.op("arith.constant 0 : index");
+        let w0 = b.op(&format!("arith.cmpi eq, {warp_i}, {zi} : index"));
+        b.line(&format!("scf.if {w0} {{"));
+        let cc = b.ci64(c as i64);
+        let base = b.op(&format!("arith.muli {t}, {cc} : i64"));
+        latent_row(b, &lane, &t, &base, l, r, eps, theta_bits, interleaved, kv)?;
+        b.line("}");
+        b.line("gpu.barrier");
+    }
     let ok = b.op(&format!("arith.cmpi slt, {t}, %n : i64"));
     b.line(&format!("scf.if {ok} {{"));
     let zero = b.cf32(0.0);

@@ -325,10 +325,15 @@ pub(crate) fn family(spec: &KernelSpec) -> Family {
         KernelSpec::FlashWgmma { .. } | KernelSpec::FlashAttention { .. } => Family::Flash,
         KernelSpec::PagedAttention { .. } | KernelSpec::PagedAttentionSplit { .. } | KernelSpec::AttentionCombine { .. } => Family::Paged,
         KernelSpec::AttentionO { .. } | KernelSpec::QkvAttentionO { .. } | KernelSpec::RopeAttention { .. } => Family::Qkv,
-        KernelSpec::MoeRoute { .. } | KernelSpec::MoeGateUp { .. } | KernelSpec::MoeGateUpMma { .. } | KernelSpec::MoeDown { .. } | KernelSpec::MoeDownMma { .. } | KernelSpec::MoeCombine { .. } => {
-            Family::Moe
-        }
+        KernelSpec::MoeRoute { .. }
+        | KernelSpec::MoeRouteGemv { .. }
+        | KernelSpec::MoeGateUp { .. }
+        | KernelSpec::MoeGateUpMma { .. }
+        | KernelSpec::MoeDown { .. }
+        | KernelSpec::MoeDownMma { .. }
+        | KernelSpec::MoeCombine { .. } => Family::Moe,
         KernelSpec::MlaAttention { .. }
+        | KernelSpec::MlaCacheAttention { .. }
         | KernelSpec::HeadMatMul { .. }
         | KernelSpec::HeadMatMulMma { .. }
         | KernelSpec::MlaLatentCache { .. }

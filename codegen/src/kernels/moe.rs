@@ -51,9 +51,10 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
             };
             format!("moe_route_e{e}_k{top_k}_g{n_group}x{topk_group}_{sc}_{sel}{}_s{scaling_bits:08x}{}", if *normalize { "_norm" } else { "" }, if *count { "_count" } else { "" })
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } => format!("moe_gate_up_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}", shared_tag(*shared)),
-        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared } => {
-            format!("moe_down_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}{}", shared_tag(*shared), if *residual { "_res" } else { "" })
+        KernelSpec::MoeRouteGemv { gemv, route } => format!("{}_{}", gemv.symbol(), route.symbol()),
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared, shared_first } => format!("moe_gate_up_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}", shared_tag(*shared, *shared_first)),
+        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared, shared_first } => {
+            format!("moe_down_e{e}_k{top_k}{}_d{d}_i{inter}_{wdtype}{}", shared_tag(*shared, *shared_first), if *residual { "_res" } else { "" })
         }
         KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } => format!("moe_gate_up_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
         KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => format!("moe_down_mma_e{e}_k{top_k}_d{d}_i{inter}_{wdtype}"),
@@ -62,10 +63,10 @@ pub(crate) fn moe_symbol(spec: &KernelSpec) -> String {
     }
 }
 
-/// `_s{n}` for `n` shared-expert slots after the routed ones (none for 0).
-fn shared_tag(n: usize) -> String {
+/// `_s{n}` for `n` shared-expert slots after the routed ones, `_s{n}f` before them (none for 0).
+fn shared_tag(n: usize, first: bool) -> String {
     if n > 0 {
-        format!("_s{n}")
+        format!("_s{n}{}", if first { "f" } else { "" })
     } else {
         String::new()
     }
@@ -76,6 +77,7 @@ fn shared_tag(n: usize) -> String {
 pub(crate) fn moe_launch(spec: &KernelSpec) -> Launch {
     match spec {
         KernelSpec::MoeRoute { .. } => Launch::WarpPerRow { rows_per_block: 4 },
+        KernelSpec::MoeRouteGemv { gemv, .. } => gemv.launch(),
         KernelSpec::MoeGateUp { d, inter, wdtype, .. } if gate_up_gemv(*d, *inter, *wdtype) => KernelSpec::SwiGluGemv { k: *d, f: *inter, wdtype: *wdtype }.launch(),
         KernelSpec::MoeGateUp { .. } => Launch::WarpPerOutput { warps_per_block: MOE_WARPS },
         // (a warp per chosen expert)
@@ -102,7 +104,20 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             }
             Ok(())
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype, shared, .. } => {
+        KernelSpec::MoeRouteGemv { gemv, route } => {
+            moe_fits(route)?;
+            crate::kernels::fits_in(gemv, Outer::default())?;
+            // (the GEMV, or it with the norm prologue)
+            let core = match gemv.as_ref() {
+                KernelSpec::NormMatMul { inner, .. } => inner.as_ref(),
+                other => other,
+            };
+            match (core, route.as_ref()) {
+                (KernelSpec::MatMul { n, wdtype: DType::BF16 | DType::F16 | DType::F32, bias: false, residual: false, .. }, KernelSpec::MoeRoute { e, .. }) if n == e => Ok(()),
+                _ => Err(format!("the folded router is a bias-less 16/32-bit GEMV of E outputs and the router ({} with {})", gemv.symbol(), route.symbol())),
+            }
+        }
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared, .. } | KernelSpec::MoeDown { d, inter, e, top_k, wdtype, shared, .. } => {
             // (the shared slots: 16-bit weights, the gate/up as the SwiGLU GEMV; at most 32
             // warps a down-projection block)
             if *shared > 0 && (!gate_up_gemv(*d, *inter, *wdtype) || top_k + shared > 32) {
@@ -120,7 +135,7 @@ pub fn moe_fits(spec: &KernelSpec) -> Result<(), String> {
             Ok(())
         }
         KernelSpec::MoeGateUpMma { d, inter, e, top_k, wdtype } | KernelSpec::MoeDownMma { d, inter, e, top_k, wdtype } => {
-            moe_fits(&KernelSpec::MoeGateUp { d: *d, inter: *inter, e: *e, top_k: *top_k, wdtype: *wdtype, shared: 0 })?;
+            moe_fits(&KernelSpec::MoeGateUp { d: *d, inter: *inter, e: *e, top_k: *top_k, wdtype: *wdtype, shared: 0, shared_first: false })?;
             if !matches!(wdtype, DType::BF16 | DType::F16) || d % 32 != 0 || inter % 32 != 0 {
                 return Err(format!("the grouped tensor-core experts take 16-bit weights and D, I multiples of 32 (D {d}, I {inter}, {wdtype})"));
             }
@@ -187,6 +202,24 @@ fn slot_expert(b: &mut Body, e: usize, lane: &str, rbase: &str, slot: &str) -> (
     (found, expert)
 }
 
+/// A token's slots with `shared` > 0 and `shared_first` (`schedule::fuse_moe_shared` under
+/// `prefetch_shared_experts`): the shared experts' chunks first (slots 0..shared), then its
+/// chosen experts in expert order — so the blocks that read the shared weights, which the
+/// attention before prefetched into L2, are the first of the grid to run. Returns (slot <
+/// shared; the routed slot number: slot − shared, clamped at 0) for an i64 slot; without
+/// `shared_first` (the shared slots after the routed ones) (None, slot).
+fn shared_first(b: &mut Body, slot: &str, shared: usize, first: bool) -> (Option<String>, String) {
+    if shared == 0 || !first {
+        return (None, slot.to_string());
+    }
+    let cs = b.ci64(shared as i64);
+    let is = b.op(&format!("arith.cmpi ult, {slot}, {cs} : i64"));
+    let r = b.op(&format!("arith.subi {slot}, {cs} : i64"));
+    let z = b.ci64(0);
+    let r = b.op(&format!("arith.select {is}, {z}, {r} : i64"));
+    (Some(is), r)
+}
+
 /// Whether the routed experts' gate/up ([`KernelSpec::MoeGateUp`]) runs as the decode SwiGLU
 /// GEMV (`emit_gemv`: a block per (token, slot, tile of hidden units), its warps splitting D,
 /// x loaded once per block for all its gate and up rows) on the slot's expert's rows; else a
@@ -204,7 +237,8 @@ pub(crate) fn gate_up_gemv(d: usize, inter: usize, wdtype: DType) -> bool {
 /// shared) finds the slot-th chosen expert of its token ([`slot_expert`]), points `%w0` /
 /// `%w1` at its gate and up rows — a shared slot at its chunk of `%sg` / `%su` —, and runs the
 /// dense SwiGLU GEMV with x row = y / slots into h row y.
-fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, shared: usize) -> Result<(), String> {
+#[allow(clippy::too_many_arguments)]
+fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, shared: usize, first: bool) -> Result<(), String> {
     if b.pdl {
         b.wait_for_previous();
     }
@@ -214,7 +248,9 @@ fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usiz
     let ck = b.ci64(slots as i64);
     let t = b.op(&format!("arith.divui {by}, {ck} : i64"));
     let slot64 = b.op(&format!("arith.remui {by}, {ck} : i64"));
-    let slot = b.op(&format!("arith.trunci {slot64} : i64 to i32"));
+    // (with the shared slots first, [`shared_first`], slot − shared is the routed one)
+    let (first_is, routed) = shared_first(b, &slot64, shared, first);
+    let slot = b.op(&format!("arith.trunci {routed} : i64 to i32"));
     let tid = b.op("gpu.thread_id x");
     let tid = b.idx64(&tid);
     let c31 = b.ci64(31);
@@ -225,20 +261,25 @@ fn emit_gate_up_gemv(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usiz
     let (_, expert) = slot_expert(b, e, &lane, &rbase, &slot);
     let stride = b.ci64((inter * d * wdtype.block().1) as i64);
     let off = b.op(&format!("arith.muli {expert}, {stride} : i64"));
-    if shared == 0 {
-        b.line(&format!("%w0 = llvm.getelementptr %wg[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-        b.line(&format!("%w1 = llvm.getelementptr %wu[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
-    } else {
-        // (slot >= top_k: shared chunk slot - top_k, I rows of [shared · I, D])
-        let ck = b.ci64(top_k as i64);
-        let is_shared = b.op(&format!("arith.cmpi uge, {slot64}, {ck} : i64"));
-        let chunk = b.op(&format!("arith.subi {slot64}, {ck} : i64"));
+    if shared > 0 {
+        // (a shared slot: chunk slot (shared first) or slot - top_k, I rows of [shared · I, D])
+        let (is_shared, chunk) = match first_is {
+            Some(is) => (is, slot64.clone()),
+            None => {
+                let ck = b.ci64(top_k as i64);
+                let is = b.op(&format!("arith.cmpi uge, {slot64}, {ck} : i64"));
+                (is, b.op(&format!("arith.subi {slot64}, {ck} : i64")))
+            }
+        };
         let chunk = b.op(&format!("arith.select {is_shared}, {chunk}, {expert} : i64"));
         let off = b.op(&format!("arith.muli {chunk}, {stride} : i64"));
         let g = b.op(&format!("llvm.select {is_shared}, %sg, %wg : i1, !llvm.ptr<1>"));
         let u = b.op(&format!("llvm.select {is_shared}, %su, %wu : i1, !llvm.ptr<1>"));
         b.line(&format!("%w0 = llvm.getelementptr {g}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
         b.line(&format!("%w1 = llvm.getelementptr {u}[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    } else {
+        b.line(&format!("%w0 = llvm.getelementptr %wg[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+        b.line(&format!("%w1 = llvm.getelementptr %wu[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
     }
     b.x_row_div = Some(slots);
     b.swiglu = true;
@@ -264,8 +305,23 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
                 if *count { "%counts: !llvm.ptr<1>, " } else { "" }
             ))
         }
-        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared } if gate_up_gemv(*d, *inter, *wdtype) => {
-            emit_gate_up_gemv(b, *d, *inter, *e, *top_k, *wdtype, *shared)?;
+        KernelSpec::MoeRouteGemv { gemv, route } => {
+            let KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits, count } = route.as_ref() else {
+                return Err("the folded router wraps a MoeRoute".into());
+            };
+            let gp = crate::kernels::emit_into(b, gemv)?;
+            last_block_routes(b, *e, *top_k, *n_group, *topk_group, *scoring, *select, *normalize, f32::from_bits(*scaling_bits), *count);
+            // (the route's pointers after the GEMV's, before its scalars)
+            let ptrs = format!(
+                "%mask: !llvm.ptr<1>, {}{}%sync: !llvm.ptr<1>, %ry: !llvm.ptr<1>",
+                if *select == MoeSelect::NoauxTc { "%bias: !llvm.ptr<1>, " } else { "" },
+                if *count { "%counts: !llvm.ptr<1>, " } else { "" }
+            );
+            let at = gp.find(": i64").and_then(|i| gp[..i].rfind(", ")).ok_or("the router GEMV has scalar params")?;
+            Ok(format!("{}, {ptrs}{}", &gp[..at], &gp[at..]))
+        }
+        KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared, shared_first } if gate_up_gemv(*d, *inter, *wdtype) => {
+            emit_gate_up_gemv(b, *d, *inter, *e, *top_k, *wdtype, *shared, *shared_first)?;
             Ok(format!(
                 "%x: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wg: !llvm.ptr<1>, %wu: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64",
                 if *shared > 0 { "%sg: !llvm.ptr<1>, %su: !llvm.ptr<1>, " } else { "" }
@@ -287,8 +343,8 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
             emit_moe_combine(b, *d, *e, *top_k, *residual);
             Ok(format!("%p: !llvm.ptr<1>, %route: !llvm.ptr<1>, {}%y: !llvm.ptr<1>, %n: i64", if *residual { "%res: !llvm.ptr<1>, " } else { "" }))
         }
-        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared } => {
-            emit_down(b, *d, *inter, *e, *top_k, *wdtype, *residual, *shared)?;
+        KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual, shared, shared_first } => {
+            emit_down(b, *d, *inter, *e, *top_k, *wdtype, *residual, *shared, *shared_first)?;
             Ok(format!(
                 "%h: !llvm.ptr<1>, %route: !llvm.ptr<1>, %wd: !llvm.ptr<1>, {}{}%y: !llvm.ptr<1>, %n: i64",
                 if *shared > 0 { "%sd: !llvm.ptr<1>, " } else { "" },
@@ -303,6 +359,76 @@ pub(crate) fn moe_kernel(b: &mut Body, spec: &KernelSpec) -> Result<String, Stri
 #[allow(clippy::too_many_arguments)]
 fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: MoeScoring, select: MoeSelect, normalize: bool, scaling: f32, count: bool) {
     let (row, lane) = b.open_guarded_warp_row();
+    route_row(b, &row, &lane, "%logits", "%y", e, top_k, n_group, topk_group, scoring, select, normalize, scaling, count);
+    b.line("}");
+}
+
+/// [`KernelSpec::MoeRouteGemv`]'s epilogue, after the GEMV wrote its logits: each block fences
+/// its stores and counts itself on token (block y)'s `%sync` counter; in the block that counts
+/// last (the grid's x blocks of the row), warp 0 fences again, routes the token from the
+/// logits row `%y` into `%ry` and zeroes the counter for the next step.
+#[allow(clippy::too_many_arguments)]
+fn last_block_routes(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: MoeScoring, select: MoeSelect, normalize: bool, scaling: f32, count: bool) {
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"~{memory}\" : () -> ()");
+    b.line("gpu.barrier");
+    let t = b.op("gpu.block_id y");
+    let t = b.idx64(&t);
+    let tid = b.op("gpu.thread_id x");
+    let (lane_i, warp_i) = b.lane_warp(&tid);
+    let lane = b.idx64(&lane_i);
+    let zi = b.op("arith.constant 0 : index");
+    let w0 = b.op(&format!("arith.cmpi eq, {warp_i}, {zi} : index"));
+    b.line(&format!("scf.if {w0} {{"));
+    let l0 = b.op(&format!("arith.cmpi eq, {lane_i}, {zi} : index"));
+    let c4 = b.ci64(4);
+    let off = b.op(&format!("arith.muli {t}, {c4} : i64"));
+    let ctr = b.op(&format!("llvm.getelementptr %sync[{off}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8"));
+    let old = b.v();
+    b.line(&format!("{old} = scf.if {l0} -> (i32) {{"));
+    let got = b.op(&format!("llvm.inline_asm has_side_effects \"atom.global.add.u32 $0, [$1], 1;\", \"=r,l,~{{memory}}\" {ctr} : (!llvm.ptr<1>) -> i32"));
+    b.line(&format!("scf.yield {got} : i32"));
+    b.line("} else {");
+    let z = b.op("arith.constant 0 : i32");
+    b.line(&format!("scf.yield {z} : i32"));
+    b.line("}");
+    let (c0, w32) = (b.op("arith.constant 0 : i32"), b.op("arith.constant 32 : i32"));
+    let (all, ok) = (b.v(), b.v());
+    b.line(&format!("{all}, {ok} = gpu.shuffle idx {old}, {c0}, {w32} : i32"));
+    let gx = b.op("gpu.grid_dim x");
+    let gx = b.op(&format!("arith.index_cast {gx} : index to i32"));
+    let one = b.op("arith.constant 1 : i32");
+    let lastn = b.op(&format!("arith.subi {gx}, {one} : i32"));
+    let last = b.op(&format!("arith.cmpi eq, {all}, {lastn} : i32"));
+    b.line(&format!("scf.if {last} {{"));
+    b.line("llvm.inline_asm has_side_effects \"fence.acq_rel.gpu;\", \"~{memory}\" : () -> ()");
+    route_row(b, &t, &lane, "%y", "%ry", e, top_k, n_group, topk_group, scoring, select, normalize, scaling, count);
+    b.line(&format!("scf.if {l0} {{"));
+    let z = b.op("arith.constant 0 : i32");
+    b.line(&format!("llvm.store {z}, {ctr} : i32, !llvm.ptr<1>"));
+    b.line("}");
+    b.line("}");
+    b.line("}");
+}
+
+/// One warp's routing of token `row` (`row`, `lane` i64): [`emit_route`]'s body, the logits
+/// read from `logits`, the dense routing row written to `out`.
+#[allow(clippy::too_many_arguments)]
+fn route_row(
+    b: &mut Body,
+    row: &str,
+    lane: &str,
+    logits: &str,
+    out: &str,
+    e: usize,
+    top_k: usize,
+    n_group: usize,
+    topk_group: usize,
+    scoring: MoeScoring,
+    select: MoeSelect,
+    normalize: bool,
+    scaling: f32,
+    count: bool,
+) {
     let per_lane = e.div_ceil(32);
     let ce = b.ci64(e as i64);
     let base = b.op(&format!("arith.muli {row}, {ce} : i64"));
@@ -325,7 +451,7 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
         let valid = (32 * (i + 1) > e).then(|| b.op(&format!("arith.cmpi slt, {ei}, {ce} : i64")));
         let ec = if valid.is_some() { b.op(&format!("arith.minsi {ei}, {last} : i64")) } else { ei.clone() };
         let at = b.op(&format!("arith.addi {base}, {ec} : i64"));
-        let logit = b.load("%logits", &at);
+        let logit = b.load(logits, &at);
         let m = b.load("%mask", &ec);
         let on = b.op(&format!("arith.cmpf une, {m}, {zero} : f32"));
         let on = match &valid {
@@ -526,10 +652,10 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
         match &x.valid {
             Some(v) => {
                 b.line(&format!("scf.if {v} {{"));
-                b.store(&y, "%y", &at);
+                b.store(&y, out, &at);
                 b.line("}");
             }
-            None => b.store(&y, "%y", &at),
+            None => b.store(&y, out, &at),
         }
         if count {
             // (a chosen expert — a pick is never -1 where it matches a lane's index, and an
@@ -540,7 +666,6 @@ fn emit_route(b: &mut Body, e: usize, top_k: usize, n_group: usize, topk_group: 
             b.line("}");
         }
     }
-    b.line("}");
 }
 
 /// [`KernelSpec::MoeGateUp`] where it is not the SwiGLU GEMV (f32 or fp8 weights, any D): a
@@ -596,7 +721,7 @@ pub const MOE_DOWN_BLOCKS_PER_SM: u32 = 3;
 /// them in slot (= expert) order from 0, the CPU executor's order. Slots a row did not fill
 /// (disabled experts) add 0 and read nothing. Params h, route, wd, y, n = D.
 #[allow(clippy::too_many_arguments)]
-fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool, shared: usize) -> Result<(), String> {
+fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool, shared: usize, first: bool) -> Result<(), String> {
     let r = MOE_DOWN_OUTPUTS;
     let slots = top_k + shared;
     // (the registers MOE_DOWN_BLOCKS_PER_SM blocks leave: without the bound ptxas kept to 40
@@ -612,19 +737,24 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     let (lane_i, warp_i) = b.lane_warp(&tid);
     let lane = b.idx64(&lane_i);
     let slot = b.idx64(&warp_i);
-    let slot32 = b.op(&format!("arith.trunci {slot} : i64 to i32"));
+    // (the shared slots first where `first`: [`shared_first`])
+    let (first_is, routed) = shared_first(b, &slot, shared, first);
+    let slot32 = b.op(&format!("arith.trunci {routed} : i64 to i32"));
     let ce = b.ci64(e as i64);
     let rbase = b.op(&format!("arith.muli {t}, {ce} : i64"));
     let (found, ex) = slot_expert(b, e, &lane, &rbase, &slot32);
     let (cd, ci, cr) = (b.ci64(d as i64), b.ci64(inter as i64), b.ci64(r as i64));
     let o0 = b.op(&format!("arith.muli {bx}, {cr} : i64"));
-    // (a shared slot, warp >= top_k: always there, weight 1, its I-wide chunk of the
-    // [D, shared · I] rows, (slot − top_k) · I in)
-    let shared_slot = (shared > 0).then(|| {
-        let ck = b.ci64(top_k as i64);
-        let is = b.op(&format!("arith.cmpi uge, {slot}, {ck} : i64"));
-        let chunk = b.op(&format!("arith.subi {slot}, {ck} : i64"));
-        (is, b.op(&format!("arith.muli {chunk}, {ci} : i64")))
+    // (a shared slot — warp < shared where `first`, else warp >= top_k —: always there,
+    // weight 1, its I-wide chunk of the [D, shared · I] rows, chunk · I in)
+    let shared_slot = (shared > 0).then(|| match first_is {
+        Some(is) => (is, b.op(&format!("arith.muli {slot}, {ci} : i64"))),
+        None => {
+            let ck = b.ci64(top_k as i64);
+            let is = b.op(&format!("arith.cmpi uge, {slot}, {ck} : i64"));
+            let chunk = b.op(&format!("arith.subi {slot}, {ck} : i64"));
+            (is, b.op(&format!("arith.muli {chunk}, {ci} : i64")))
+        }
     });
     let found = match &shared_slot {
         Some((is, _)) => b.op(&format!("arith.ori {found}, {is} : i1")),
@@ -702,7 +832,9 @@ fn emit_down(b: &mut Body, d: usize, inter: usize, e: usize, top_k: usize, wdtyp
     let mine = b.op(&format!("arith.andi {mine}, {inside} : i1"));
     b.line(&format!("scf.if {mine} {{"));
     let mut acc = zero.clone();
-    for s in 0..slots {
+    // (the routed slots in expert order, then the shared ones)
+    let order: Vec<usize> = if first { (shared..slots).chain(0..shared).collect() } else { (0..slots).collect() };
+    for s in order {
         let cs = b.op(&format!("arith.constant {} : index", s * r));
         let at = b.op(&format!("arith.addi {cs}, {tid} : index"));
         let v = b.op(&format!("memref.load %red[{at}] : {smt}"));
@@ -1198,8 +1330,8 @@ pub(crate) fn lower_moe_experts(cx: &NodeCx, top_k: usize) -> Result<Vec<Step>, 
         Some(_) => Some(cx.names[5].clone()),
         None => None,
     };
-    let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0 };
-    let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: residual.is_some(), shared: 0 };
+    let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0, shared_first: false };
+    let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: residual.is_some(), shared: 0, shared_first: false };
     for s in [&up, &down] {
         moe_fits(s).map_err(|m| cx.err(m))?;
     }

@@ -446,14 +446,22 @@ pub enum KernelSpec {
     /// With `count`, each token's selections are also added to a u32 counter per expert
     /// (param counts [E] u32 before y: the per-expert load the runtime's metrics read).
     MoeRoute { e: usize, top_k: usize, n_group: usize, topk_group: usize, scoring: dsc_ir::MoeScoring, select: dsc_ir::MoeSelect, normalize: bool, scaling_bits: u32, count: bool },
+    /// `gemv` (the router's one-row GEMV, [`KernelSpec::MatMul`] with N = E, writing the logits
+    /// y) whose last block of each token routes it as `route` does (`kernels::moe`): every
+    /// block counts itself on the token's `{y}@sync` counter after its logits are out, and the
+    /// block that counts last reads the row, writes the dense routing row (ry) and zeroes the
+    /// counter — the router in one launch (`schedule::fuse_moe_router`). params the GEMV's
+    /// pointers, mask, [bias], [counts], sync, ry, then its scalars
+    MoeRouteGemv { gemv: Box<KernelSpec>, route: Box<KernelSpec> },
     /// The routed experts' first kernel (`kernels::moe`): h[t, slot, i] = silu(gate_e[i] · x_t)
     /// · (up_e[i] · x_t) for each token's chosen experts e (route != 0, the slot-th in expert
     /// order); a warp per (token, slot, i), grid y = T · top_k. params x, route, gate [E, I,
     /// D], up, h [T, top_k · I], I
     /// With `shared` > 0 (one-token steps: `schedule::fuse_moe_shared`) each token also has
     /// `shared` slots after its `top_k`, the shared experts' I-wide chunks (params sg, su
-    /// [shared · I, D] after up; h [T, (top_k + shared) · I]).
-    MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, shared: usize },
+    /// [shared · I, D] after up; h [T, (top_k + shared) · I]); with `shared_first` before
+    /// them, so that their blocks run first (where the attention prefetched their weights).
+    MoeGateUp { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, shared: usize, shared_first: bool },
     /// [`KernelSpec::MoeGateUp`] expert-major on the tensor cores for batches: a block per (16
     /// hidden units, expert), grid y = E; the tokens that chose the expert gathered 32 at a
     /// time as `mma.sync` B tiles, the expert's gate and up rows read once per pass. params x
@@ -462,10 +470,10 @@ pub enum KernelSpec {
     /// The routed experts' second kernel: y[t, n] = Σ over the chosen experts of route[t, e] ·
     /// (down_e[n] · h[t, slot]) (+ res[t, n] with `residual`); a block per (token, 2 n), a
     /// warp per chosen expert. params h, route, down [E, D, I], [res], y, D
-    /// With `shared` > 0 the token's `shared` slots after its `top_k` are the shared experts'
-    /// I-wide chunks, weight 1, summed after the routed ones (param sd [D, shared · I] after
-    /// down; `shared` more warps).
-    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool, shared: usize },
+    /// With `shared` > 0 the token's `shared` slots after its `top_k` (before, `shared_first`:
+    /// the gate/up's layout) are the shared experts' I-wide chunks, weight 1, summed after the
+    /// routed ones (param sd [D, shared · I] after down; `shared` more warps).
+    MoeDown { d: usize, inter: usize, e: usize, top_k: usize, wdtype: DType, residual: bool, shared: usize, shared_first: bool },
     /// [`KernelSpec::MoeDown`] expert-major on the tensor cores (as `MoeGateUpMma`): the
     /// route-weighted partial p[slot, t, n] = route[t, e] · (down_e[n] · h[t, slot]) into the
     /// part-major `{node}@splitk{top_k}`. params h, route, down, p, D, T
@@ -477,6 +485,11 @@ pub enum KernelSpec {
     /// BS, 1, C] of `kv` -> [T, H, L] (keys the whole rows, values their first L elements);
     /// a block per (token, head). params q, cache, pos, seq, table, y, T, MB
     MlaAttention { h: usize, c: usize, l: usize, bs: usize, scale_bits: u32, kv: DType },
+    /// `attn` (an [`KernelSpec::MlaAttention`]) whose blocks first write their token's latent
+    /// cache row as `write` (an [`KernelSpec::MlaLatentCache`] of the same row) does — one
+    /// launch instead of two for one-token steps (`schedule::fuse_mla_cache_attention`).
+    /// params x, g, slots (the write's), then the attention's
+    MlaCacheAttention { attn: Box<KernelSpec>, write: Box<KernelSpec> },
     /// y[t, h] = x[t, h] @ W[h]ᵀ, one [N, K] matrix per head (`kernels::mla`); a warp per
     /// output. params x, w, y, H · N
     HeadMatMul { h: usize, k: usize, n: usize, wdtype: DType },

@@ -26,9 +26,9 @@ fn fp8_routed_experts_take_whole_super_blocks() {
     // DeepSeek-V3's experts (D 7,168, I 2,048) in f8g128 take the warp-per-output kernels;
     // V2-Lite's I 1,408 is not whole 512-value super-blocks; the grouped tensor-core ones
     // stay 16-bit
-    let up = |d, inter, wdtype| KernelSpec::MoeGateUp { d, inter, e: 256, top_k: 8, wdtype, shared: 0 };
+    let up = |d, inter, wdtype| KernelSpec::MoeGateUp { d, inter, e: 256, top_k: 8, wdtype, shared: 0, shared_first: false };
     assert!(fits(&up(7168, 2048, DType::F8G128)).is_ok());
-    assert!(fits(&KernelSpec::MoeDown { d: 7168, inter: 2048, e: 256, top_k: 8, wdtype: DType::F8G128, residual: true, shared: 0 }).is_ok());
+    assert!(fits(&KernelSpec::MoeDown { d: 7168, inter: 2048, e: 256, top_k: 8, wdtype: DType::F8G128, residual: true, shared: 0, shared_first: false }).is_ok());
     assert!(fits(&up(2048, 1408, DType::F8G128)).unwrap_err().contains("multiples of 512"));
     assert!(fits(&KernelSpec::MoeGateUpMma { d: 7168, inter: 2048, e: 256, top_k: 8, wdtype: DType::F8G128 }).is_err());
     let text = emit(&up(1024, 512, DType::F8G128)).unwrap();

@@ -164,3 +164,35 @@ pub(crate) fn fuse_mla_latent_cache(g: &Graph, steps: &mut [Step]) {
         s.grid_y = Scalar::Const(1);
     }
 }
+
+/// One-token steps write the latent cache row inside the attention
+/// ([`KernelSpec::MlaCacheAttention`]): where a [`KernelSpec::MlaLatentCache`] step writes the
+/// pool an [`KernelSpec::MlaAttention`] step reads, the attention gets a one-row alternative
+/// whose blocks first write their token's row (every head's block the same values), and the
+/// cache step runs from 2 rows — one launch fewer per layer where a decode step's layers are
+/// a chain of small latency-bound kernels. One row only: with more, a token of a prefill may
+/// read a row another token's blocks write in the same launch.
+pub(crate) fn fuse_mla_cache_attention(steps: &mut [Step]) {
+    for a in 0..steps.len() {
+        let Some(attn @ KernelSpec::MlaAttention { .. }) = steps[a].kernel.clone() else { continue };
+        let Some(w) = steps[..a].iter().position(|s| s.node == steps[a].args[1]) else { continue };
+        let Some(write @ KernelSpec::MlaLatentCache { .. }) = steps[w].kernel.clone() else { continue };
+        if !plain(steps, &[w]) || steps[a].min_rows.is_some() || steps[a].max_rows.is_some() || steps[w].args.len() != 5 {
+            continue;
+        }
+        let fused = KernelSpec::MlaCacheAttention { attn: Box::new(attn), write: Box::new(write) };
+        if crate::kernels::fits(&fused).is_err() {
+            continue;
+        }
+        // (x, g, slots; the attention's own args, the cache as the pool the write names)
+        let wa = steps[w].args.clone();
+        let mut args = vec![wa[0].clone(), wa[1].clone(), wa[3].clone()];
+        args.extend(steps[a].args.iter().cloned());
+        args[4] = wa[4].clone();
+        steps[w].min_rows = Some(2);
+        let s = &mut steps[a];
+        s.keep_alternative_args();
+        let one = super::Large { min_rows: 1, max_rows: Some(1), args: Some(args), kernel: fused, scalars: s.scalars.clone(), work: s.work.clone(), grid_y: s.grid_y.clone() };
+        s.few.insert(0, one);
+    }
+}

@@ -249,6 +249,14 @@ pub const REWRITES: &[Rewrite] = &[
         },
     },
     Rewrite {
+        name: "mla-cache-attention",
+        on: |o| o.mla_cache_attention,
+        run: |_, mut s, _| {
+            mla::fuse_mla_cache_attention(&mut s);
+            s
+        },
+    },
+    Rewrite {
         name: "swiglu-gemv",
         on: |o| o.swiglu_fusion,
         run: |g, mut s, _| {
@@ -280,6 +288,16 @@ pub const REWRITES: &[Rewrite] = &[
             s
         },
     },
+    Rewrite {
+        name: "moe-router",
+        on: |o| o.moe_shared && o.moe_router,
+        run: |_, mut s, _| {
+            moe::fuse_moe_router(&mut s);
+            moe::fold_moe_norm(&mut s);
+            s
+        },
+    },
+    Rewrite { name: "moe-shared-prefetch", on: |o| o.moe_shared && o.moe_prefetch, run: |g, s, _| moe::prefetch_shared_experts(s, g) },
     Rewrite { name: "row-gather-norm", on: |o| o.row_gather_norm, run: |g, s, _| fold_row_gather(g, s) },
     Rewrite { name: "wide-norm", on: |o| o.wide_norm, run: |g, s, _| fold_norm_into_wide(g, s) },
     Rewrite { name: "gather-gemv", on: |o| o.gather_gemv, run: |_, s, _| fold_embedding_gather(s) },

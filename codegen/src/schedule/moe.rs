@@ -5,7 +5,7 @@ use super::*;
 use dsc_ir::NodeId;
 
 /// One-token steps run the shared experts inside the routed experts' two kernels, as
-/// `shared` more slots of I hidden units each after every token's `top_k` (SGLang's shared
+/// `shared` more slots of I hidden units each beside every token's `top_k` (SGLang's shared
 /// experts fusion, done at lowering: the graph and the CPU executor keep the ops).
 ///
 /// Where `matmul_add(silu_mul(cat[gate part], cat[up part]), W_down, moe_experts(x, route,
@@ -17,7 +17,8 @@ use dsc_ir::NodeId;
 ///   experts' gate/up instead),
 /// - the SwiGLU step and the shared down projection do not run,
 /// - `MoeGateUp { shared: F / I }` writes the routed and the shared slots' h into
-///   `{experts}@rows{(top_k + F/I)·I}`, and `MoeDown { shared, residual }` sums the routed
+///   `{experts}@rows{(top_k + F/I)·I}` (the shared slots first where the attention
+///   prefetches their weights, `shared_first`), and `MoeDown { shared, residual }` sums the routed
 ///   slots (route-weighted, in expert order), then the shared ones, then the residual, into the
 ///   matmul_add's buffer — the layer's output.
 ///
@@ -44,8 +45,10 @@ pub(crate) fn fuse_moe_shared(g: &Graph, steps: &mut Vec<Step>, o: &ScheduleOpti
             continue;
         }
         let (Some(KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, .. }), Some(KernelSpec::MoeDown { .. })) = (steps[ui].kernel.clone(), steps[di].kernel.clone()) else { continue };
-        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: f.shared };
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: f.shared };
+        // (the shared slots first where their weights are prefetched: `prefetch_shared_experts`)
+        let first = o.moe_prefetch;
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: f.shared, shared_first: first };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: f.shared, shared_first: first };
         if crate::kernels::fits(&up).is_err() || crate::kernels::fits(&down).is_err() {
             continue;
         }
@@ -143,4 +146,135 @@ fn shared_pattern(g: &Graph, out: NodeId) -> Option<SharedExperts> {
         return None;
     }
     Some(SharedExperts { experts, cat, silu: hs, gate_w, up_w, down_w, router, inter, shared: f / inter, top_k })
+}
+
+/// The shared experts' gate and up weights stream into L2 while the attention before them runs
+/// (`KernelSpec::PrefetchL2`): the absorbed query (`MlaQuery`, a thousand blocks at one token)
+/// prefetches the gate weight, the value projection (`HeadMatMul`) the up weight, each before
+/// its wait. A one-token MoE layer's attention is a chain of small latency-bound kernels that
+/// leave DRAM mostly idle; the shared slots, first in the experts' gate/up grid
+/// (`kernels::moe` `shared_first`), then read them from L2 instead of streaming them beside
+/// the routed experts.
+pub(crate) fn prefetch_shared_experts(mut steps: Vec<Step>, g: &Graph) -> Vec<Step> {
+    let wrap = |s: &mut Step, w: &str, bytes: usize| {
+        s.keep_alternative_args();
+        s.kernel = s.kernel.take().map(|k| KernelSpec::PrefetchL2 { inner: Box::new(k) });
+        s.args.insert(0, w.to_string());
+        s.scalars.push(Scalar::Const(bytes as i64 / 16 * 16));
+    };
+    for i in 0..steps.len() {
+        // (also with the norm folded in, `fold_moe_norm`)
+        let shared = match &steps[i].kernel {
+            Some(KernelSpec::MoeGateUp { shared, shared_first: true, .. }) => *shared,
+            Some(KernelSpec::NormMatMul { inner, .. }) => match inner.as_ref() {
+                KernelSpec::MoeGateUp { shared, shared_first: true, .. } => *shared,
+                _ => continue,
+            },
+            _ => continue,
+        };
+        // (args: x, [norm weight], route, gate, up, shared gate, shared up, h)
+        let a = &steps[i].args;
+        if shared == 0 || a.len() < 7 {
+            continue;
+        }
+        let (sg, su) = (a[a.len() - 3].clone(), a[a.len() - 2].clone());
+        let (Some(gb), Some(ub)) = (plain_weight_bytes(g, &sg), plain_weight_bytes(g, &su)) else { continue };
+        // this layer's attention: the steps back to the previous MoE layer's experts
+        let from = steps[..i].iter().rposition(|s| matches!(s.kernel, Some(KernelSpec::MoeDown { .. } | KernelSpec::MoeGateUp { .. }))).map_or(0, |p| p + 1);
+        let find = |steps: &[Step], want: fn(&KernelSpec) -> bool| (from..i).rev().find(|&j| steps[j].kernel.as_ref().is_some_and(want));
+        let (Some(q), Some(v)) = (find(&steps, |k| matches!(k, KernelSpec::MlaQuery { .. })), find(&steps, |k| matches!(k, KernelSpec::HeadMatMul { .. }))) else { continue };
+        wrap(&mut steps[q], &sg, gb);
+        wrap(&mut steps[v], &su, ub);
+    }
+    steps
+}
+
+/// One-token steps route inside the router's GEMV ([`KernelSpec::MoeRouteGemv`]): where a
+/// [`KernelSpec::MoeRoute`] step reads logits that are the first columns of a step whose
+/// one-row alternative is the router GEMV alone (`fuse_moe_shared`'s), that alternative's
+/// last block of each token routes it, and the router step runs from 2 rows — one launch
+/// fewer per MoE layer at one token.
+pub(crate) fn fuse_moe_router(steps: &mut [Step]) {
+    for r in 0..steps.len() {
+        let Some(route @ KernelSpec::MoeRoute { e, .. }) = steps[r].kernel.clone() else { continue };
+        if steps[r].alternatives().next().is_some() || steps[r].min_rows.is_some() || steps[r].max_rows.is_some() {
+            continue;
+        }
+        let logits = steps[r].args[0].clone();
+        // (the logits: a view at offset 0 of the merged router + shared gate/up output)
+        let Some(cat) = steps[..r].iter().find(|s| s.node == logits && matches!(s.alias_offset, Some(Scalar::RowsTimes(_, 0) | Scalar::Const(0)))).and_then(|s| s.alias_of.clone()) else { continue };
+        let Some(c) = steps[..r].iter().position(|s| s.node == cat) else { continue };
+        let Some(l) = steps[c].few.iter().position(|l| l.min_rows == 1 && l.max_rows == Some(1) && matches!(l.kernel, KernelSpec::MatMul { n, .. } if n == e)) else { continue };
+        let fused = KernelSpec::MoeRouteGemv { gemv: Box::new(steps[c].few[l].kernel.clone()), route: Box::new(route) };
+        let Some(mut args) = steps[c].few[l].args.clone() else { continue };
+        if crate::kernels::fits(&fused).is_err() {
+            continue;
+        }
+        // (mask, [bias], [counts], the counter, the routing row)
+        let ra = &steps[r].args;
+        args.extend(ra[1..ra.len() - 1].iter().cloned());
+        args.push(format!("{}@sync", steps[r].node));
+        args.push(ra[ra.len() - 1].clone());
+        let alt = &mut steps[c].few[l];
+        alt.kernel = fused;
+        alt.args = Some(args);
+        steps[r].min_rows = Some(2);
+    }
+}
+
+/// One-token steps fold the MoE layer's RMSNorm into both kernels that read it
+/// ([`KernelSpec::NormMatMul`]): the routing GEMV ([`fuse_moe_router`]'s) and the experts'
+/// gate/up with the shared slots ([`fuse_moe_shared`]'s) each take the residual stream and
+/// the norm weight and scale by 1/rms themselves (every block its own sum of squares of a
+/// 2,048-value row), and the norm step runs from 2 rows — where nothing else reads the norm at
+/// one row.
+pub(crate) fn fold_moe_norm(steps: &mut [Step]) {
+    for u in 0..steps.len() {
+        let Some(KernelSpec::MoeGateUp { shared, .. }) = steps[u].kernel else { continue };
+        if shared == 0 || steps[u].min_rows.is_some() {
+            continue;
+        }
+        let x = steps[u].args[0].clone();
+        let Some(n) = steps[..u].iter().position(|s| s.node == x) else { continue };
+        let (Some(KernelSpec::RmsNorm { eps_bits, .. } | KernelSpec::RmsNormHalf { eps_bits, .. }), None) = (steps[n].kernel.clone(), steps[n].min_rows) else { continue };
+        let (src, g) = (steps[n].args[0].clone(), steps[n].args[1].clone());
+        // the router: a one-row alternative reading x that routes (`fuse_moe_router`)
+        let Some((c, l)) = (n + 1..u)
+            .find_map(|i| steps[i].few.iter().position(|l| l.max_rows == Some(1) && matches!(l.kernel, KernelSpec::MoeRouteGemv { .. }) && l.args.as_ref().is_some_and(|a| a[0] == x)).map(|l| (i, l)))
+        else {
+            continue;
+        };
+        // (nothing else launched at one row names x)
+        let one_row = |s: &Step| -> Option<Vec<String>> {
+            if s.min_rows.is_some_and(|m| m > 1) {
+                return None;
+            }
+            match s.alternatives().find(|l| l.min_rows <= 1 && l.max_rows.is_none_or(|m| m >= 1)) {
+                Some(l) => Some(l.args.clone().unwrap_or_else(|| s.args.clone())),
+                None => s.kernel.as_ref().map(|_| s.args.clone()),
+            }
+        };
+        if steps.iter().enumerate().any(|(i, s)| i != n && i != c && i != u && one_row(s).is_some_and(|a| a.contains(&x))) {
+            continue;
+        }
+        let wrap = |k: KernelSpec| KernelSpec::NormMatMul { inner: Box::new(k), eps_bits };
+        let KernelSpec::MoeRouteGemv { gemv, route } = steps[c].few[l].kernel.clone() else { continue };
+        let router = KernelSpec::MoeRouteGemv { gemv: Box::new(wrap(*gemv)), route };
+        let up = wrap(steps[u].kernel.clone().expect("checked"));
+        if crate::kernels::fits(&router).is_err() || crate::kernels::fits(&up).is_err() {
+            continue;
+        }
+        let alt = &mut steps[c].few[l];
+        alt.kernel = router;
+        if let Some(a) = alt.args.as_mut() {
+            a[0] = src.clone();
+            a.insert(1, g.clone());
+        }
+        let s = &mut steps[u];
+        s.keep_alternative_args();
+        s.kernel = Some(up);
+        s.args[0] = src;
+        s.args.insert(1, g);
+        steps[n].min_rows = Some(2);
+    }
 }

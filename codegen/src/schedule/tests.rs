@@ -916,7 +916,7 @@ fn the_embedding_gather_can_fold_into_the_first_gemv() {
 /// followed by a verified schedule; the trace names them.
 #[test]
 fn every_rewrite_runs_in_order_and_each_result_verifies() {
-    let all = ScheduleOptions { attn_o: true, attn_prefetch: true, lm_head_prefetch_mb: Some(1), ..Default::default() };
+    let all = ScheduleOptions { attn_o: true, attn_prefetch: true, lm_head_prefetch_mb: Some(1), moe_router: true, moe_prefetch: true, mla_cache_attention: true, ..Default::default() };
     let mut ran = vec![];
     let steps = lower_traced(&graph(true, "bf16"), &all, &mut |name, s| {
         ran.push(name.to_string());

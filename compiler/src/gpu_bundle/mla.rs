@@ -98,6 +98,69 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         });
         cx.specs.push(spec);
     }
+    // the latent row written inside the attention (`MlaCacheAttention`, one-token steps:
+    // the schedule's `mla-cache-attention`): V2-Lite's dims with YaRN into a bf16 pool, three
+    // sequences of one token each (contexts 1, 201 and 1,024), the rows of earlier positions
+    // random — checked against the six cache ops and the attention after them, the pool as a
+    // written input
+    {
+        let (h, l, r, bs, kv) = (16usize, 512usize, 64usize, 16usize, DType::BF16);
+        let c = l + r;
+        let seqs = vec![(0usize, 1usize), (200, 201), (1023, 1024)];
+        let nb = seqs.iter().map(|s| s.1.div_ceil(bs)).sum::<usize>() + 2;
+        let Paged { mb, table, pos, seq } = paged(&seqs, bs, nb)?;
+        let t = pos.len();
+        let slots: Vec<i32> = (0..t).map(|i| table[seq[i] as usize * mb + pos[i] as usize / bs] * bs as i32 + pos[i] % bs as i32).collect();
+        let x = cx.r.vec(t * c, -2.0, 2.0);
+        let gw = cx.r.vec(l, 0.5, 1.5);
+        let q = cx.r.vec(t * h * c, -1.0, 1.0);
+        let init = kv_round(&cx.r.vec(nb * bs * c, -1.0, 1.0), kv);
+        let (theta, eps, scale, factor, orig) = (10000.0f32, 1e-6f32, 0.1352f32, 40.0f32, 4096usize);
+        let ns = seqs.len();
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[{t}, {c}]\n  %g = weight : f32[{l}]\n  %p = input : i32[{t}]\n  %s = input : i32[{t}]\n  %q = input : f32[{t}, {h}, {c}]\n  %sq = input : i32[{t}]\n  %tb = input : i32[{ns}, {mb}]\n  %lc = state : {kv}[{nb}, {bs}, 1, {c}]\n  %a = slice(%x) {{axis = 1, start = 0, len = {l}}} : f32[{t}, {l}]\n  %pe = slice(%x) {{axis = 1, start = {l}, len = {r}}} : f32[{t}, {r}]\n  %n = rms_norm(%a, %g) {{eps = {eps:?}}} : f32[{t}, {l}]\n  %nr = reshape(%n) : f32[{t}, 1, {l}]\n  %pr = reshape(%pe) : f32[{t}, 1, {r}]\n  %rr = rope_yarn(%pr, %p) {{theta = {theta:?}, style = interleaved, rotary_dim = {r}, factor = {factor:?}, original_max_position = {orig}, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0}} : f32[{t}, 1, {r}]\n  %lat = concat(%nr, %rr) {{axis = 2}} : f32[{t}, 1, {c}]\n  %w = cache_write(%lc, %lat, %s) : {kv}[{nb}, {bs}, 1, {c}]\n  %o = mla_attention(%q, %w, %p, %sq, %tb) {{scale = {scale:?}, kv_lora_rank = {l}}} : f32[{t}, {h}, {l}]\n  output o = %o\n  output c = %w\n}}\n"
+        );
+        let g = text::parse(&src)?;
+        let ws: Weights = [("g".to_string(), (DType::F32, vec![l], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?))].into_iter().collect();
+        let mut ex = Executor::new(&g, &ws, BTreeMap::new())?;
+        ex.state_mut("lc").context("lc")?.data.copy_from_slice(&init);
+        let mut out = ex.run(&BTreeMap::from([
+            ("x".to_string(), Tensor::new(vec![t, c], x.clone())),
+            ("p".to_string(), Tensor::from_i32(vec![t], &pos)),
+            ("s".to_string(), Tensor::from_i32(vec![t], &slots)),
+            ("q".to_string(), Tensor::new(vec![t, h, c], q.clone())),
+            ("sq".to_string(), Tensor::from_i32(vec![t], &seq)),
+            ("tb".to_string(), Tensor::from_i32(vec![ns, mb], &table)),
+        ]))?;
+        let (want_o, want_c) = (out.remove("o").context("o")?.data, out.remove("c").context("c")?.data);
+        let y = dsc_ir::Yarn { factor, original_max_position: orig, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0 };
+        let yarn = match dsc_codegen::kernels::rope_yarn_spec(1, r, theta, true, &y) {
+            KernelSpec::RopeYarn { factor_bits, low_bits, high_bits, mscale_bits, .. } => Some([factor_bits, low_bits, high_bits, mscale_bits]),
+            other => unreachable!("{other:?}"),
+        };
+        let write = KernelSpec::MlaLatentCache { l, r, eps_bits: eps.to_bits(), theta_bits: theta.to_bits(), interleaved: true, yarn, kv };
+        let attn = KernelSpec::MlaAttention { h, c, l, bs, scale_bits: scale.to_bits(), kv };
+        let spec = KernelSpec::MlaCacheAttention { attn: Box::new(attn), write: Box::new(write) };
+        let inputs =
+            vec![cx.data.push(&x), cx.data.push(&gw), cx.data.push_i32(&slots), cx.data.push(&q), cx.data.push_kv(&init, kv), cx.data.push_i32(&pos), cx.data.push_i32(&seq), cx.data.push_i32(&table)];
+        let (gr, b) = grid(&spec.launch(), t);
+        cx.cases.push(Case {
+            name: format!("mla_cache_attention T{t} H{h} C{c} L{l} BS{bs} yarn{}", kv_label(kv)),
+            kernel: spec.symbol(),
+            grid: gr,
+            grid_y: grid_rows(&spec.launch(), h),
+            block: b,
+            inputs,
+            scalars: vec![t as i64, mb as i64],
+            expected: cx.data.push(&want_o),
+            init: None,
+            written_inputs: vec![(4, cx.data.push(&want_c))],
+            tmaps: vec![],
+            tol: kv_tol(kv, 1e-4),
+            cluster: None,
+        });
+        cx.specs.push(spec);
+    }
     // the absorbed query in one launch (`MlaQuery`, the schedule's `mla-fusions`): V2-Lite's
     // 16 heads of 128 + 64 onto 512 with YaRN, a tiny f32 one with plain RoPE and K no
     // multiple of 8 — checked against the five ops it replaces

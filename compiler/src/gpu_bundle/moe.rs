@@ -62,6 +62,60 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         cx.cases.push(Case { written_inputs: written, ..case(name, &spec, grid(&spec.launch(), t), 1, inputs, vec![t as i64], expected, 1e-5) });
         cx.specs.push(spec);
     }
+    // the router folded into its GEMV (`MoeRouteGemv`, one-token steps: the schedule's
+    // `moe-router`): the logits of 3 tokens from bf16 weights, each token's last block routing
+    // it — V2-Lite's greedy softmax with disabled experts counted, V3's noaux_tc; the logits,
+    // the counters and the per-token sync counters (zero again after) as written inputs
+    // (V2-Lite's also with the MoE layer's RMSNorm folded in, `NormMatMul`: x the norm of xr)
+    for (fold, (e, top_k, n_group, topk_group, scoring, select, normalize, scaling, disabled)) in [(false, routers[1]), (true, routers[1]), (false, routers[4])] {
+        let (t, k) = (3usize, 512usize);
+        let (xr, gw) = (cx.r.vec(t * k, -2.0, 2.0), cx.r.vec(k, 0.5, 1.5));
+        let x = if fold { rms_rows(&xr, &gw, k, 1e-6) } else { xr.clone() };
+        let wb = dsc_ir::quant::encode(DType::BF16, &cx.r.vec(e * k, -0.2, 0.2)).context("encode")?;
+        let ws: Weights = HashMap::from([("w".to_string(), (DType::BF16, vec![e, k], wb.clone()))]);
+        let mask: Vec<f32> = (0..e).map(|i| if disabled.contains(&i) { 0.0 } else { 1.0 }).collect();
+        let bias = cx.r.vec(e, -0.5, 0.5);
+        let noaux = select == MoeSelect::NoauxTc;
+        let (sc, sl) = (if scoring == MoeScoring::Softmax { "softmax" } else { "sigmoid" }, if noaux { "noaux_tc" } else { "greedy" });
+        let src = format!(
+            "graph \"k\" {{\n  %x = input : f32[{t}, {k}]\n  %w = weight : bf16[{e}, {k}]\n  %m = input : f32[{e}]\n{}  %l = matmul(%x, %w) {{transpose_b = true}} : f32[{t}, {e}]\n  %y = moe_route(%l, %m{}) {{top_k = {top_k}, n_group = {n_group}, topk_group = {topk_group}, scoring = {sc}, select = {sl}, normalize = {normalize}, scaling = {scaling:?}}} : f32[{t}, {e}]\n  output y = %y\n  output l = %l\n}}\n",
+            if noaux { format!("  %b = input : f32[{e}]\n") } else { String::new() },
+            if noaux { ", %b" } else { "" }
+        );
+        let g = text::parse(&src)?;
+        let mut ex = Executor::new(&g, &ws, BTreeMap::new())?;
+        let mut ins = BTreeMap::from([("x".to_string(), Tensor::new(vec![t, k], x.clone())), ("m".to_string(), Tensor::new(vec![e], mask.clone()))]);
+        if noaux {
+            ins.insert("b".to_string(), Tensor::new(vec![e], bias.clone()));
+        }
+        let mut out = ex.run(&ins)?;
+        let (want, logits) = (out.remove("y").context("y")?.data, out.remove("l").context("l")?.data);
+        let gemv = KernelSpec::MatMul { k, n: e, wdtype: DType::BF16, bias: false, residual: false };
+        let route = KernelSpec::MoeRoute { e, top_k, n_group, topk_group, scoring, select, normalize, scaling_bits: scaling.to_bits(), count: true };
+        let gemv = if fold { KernelSpec::NormMatMul { inner: Box::new(gemv), eps_bits: 1e-6f32.to_bits() } } else { gemv };
+        let spec = KernelSpec::MoeRouteGemv { gemv: Box::new(gemv), route: Box::new(route) };
+        let mut inputs = vec![cx.data.push(&xr), cx.data.push_u8(&wb), cx.data.push(&vec![f32::NAN; t * e]), cx.data.push(&mask)];
+        if fold {
+            inputs.insert(1, cx.data.push(&gw));
+        }
+        let mut written = vec![(inputs.len() - 2, cx.data.push(&logits))];
+        if noaux {
+            inputs.push(cx.data.push(&bias));
+        }
+        let chosen: Vec<i32> = (0..e).map(|j| 7 + (0..t).filter(|&ti| want[ti * e + j] != 0.0).count() as i32).collect();
+        written.push((inputs.len(), cx.data.push_i32(&chosen)));
+        inputs.push(cx.data.push_i32(&vec![7; e]));
+        written.push((inputs.len(), cx.data.push_i32(&vec![0; t])));
+        inputs.push(cx.data.push_i32(&vec![0; t]));
+        let expected = cx.data.push(&want);
+        let name = format!(
+            "{}moe_route_gemv T{t} K{k} E{e} top{top_k} {sl} {sc}{}",
+            if fold { "rms " } else { "" },
+            if disabled.is_empty() { String::new() } else { format!(" {} disabled", disabled.len()) }
+        );
+        cx.cases.push(Case { written_inputs: written, ..case(name, &spec, grid(&spec.launch(), e), t as u32, inputs, vec![e as i64], expected, 1e-4) });
+        cx.specs.push(spec);
+    }
     // the routed experts: (T, D, I, E, top_k, weights)
     // (those with 16-bit weights and D, I multiples of 32 also expert-major on the tensor
     // cores, `MoeGateUpMma` / `MoeDownMma`: 40 tokens take two ballots of the routing column,
@@ -118,7 +172,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let (xa, ra) = (cx.data.push(&x), cx.data.push(&route));
         let (ga, ua, da) = (cx.data.push_u8(&gb), cx.data.push_u8(&ub), cx.data.push_u8(&db));
         let ha = cx.data.push(&h);
-        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0 };
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared: 0, shared_first: false };
         let ins = vec![xa, ra.clone(), ga.clone(), ua.clone()];
         cx.cases.push(case(format!("moe_gate_up T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &up, grid(&up.launch(), inter), (t * top_k) as u32, ins, vec![inter as i64], ha.clone(), 1e-4));
         cx.specs.push(up);
@@ -153,7 +207,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             cx.cases.push(case(name, &down_mma, grid(&down_mma.launch(), d), e as u32, vec![ha.clone(), ra.clone(), da.clone()], vec![d as i64, t as i64], want, 1e-4));
             cx.specs.push(down_mma);
         }
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false, shared: 0 };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: false, shared: 0, shared_first: false };
         let expected = cx.data.push(&want);
         cx.cases.push(case(
             format!("moe_down T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"),
@@ -169,7 +223,7 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         // (with the residual added after the experts' sum)
         let res = cx.r.vec(t * d, -2.0, 2.0);
         let with: Vec<f32> = want.iter().zip(&res).map(|(a, b)| a + b).collect();
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: 0 };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared: 0, shared_first: false };
         let (resa, expected) = (cx.data.push(&res), cx.data.push(&with));
         cx.cases.push(case(format!("moe_down_res T{t} D{d} I{inter} E{e} top{top_k} {wdtype}"), &down, grid(&down.launch(), d), t as u32, vec![ha, ra, da, resa], vec![d as i64], expected, 1e-4));
         cx.specs.push(down);
@@ -177,8 +231,16 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
     // the one-token fusion's shared-expert slots (`schedule::fuse_moe_shared`): `shared` I-wide
     // chunks of the shared experts' [shared · I, D] gate/up and [D, shared · I] down after each
     // token's top_k routed slots, weight 1, summed after the routed ones, then the residual
-    for (t, d, inter, e, top_k, shared, wdtype) in [(1usize, 256usize, 128usize, 16usize, 4usize, 2usize, DType::BF16), (3, 512, 256, 8, 3, 1, DType::F16)] {
-        let x = cx.r.vec(t * d, -1.0, 1.0);
+    // (x is the RMSNorm of a row `xr` with weight `gw`, eps 1e-6: the gate/up once more with
+    // the norm folded in, `NormMatMul`, reading xr and gw — the schedule's `moe-router` at one
+    // row)
+    // (and in both slot orders: the shared slots after the routed ones, or first — where the
+    // attention prefetches their weights, `shared_first`)
+    for (t, d, inter, e, top_k, shared, wdtype, first) in
+        [(1usize, 256usize, 128usize, 16usize, 4usize, 2usize, DType::BF16, false), (1, 256, 128, 16, 4, 2, DType::BF16, true), (3, 512, 256, 8, 3, 1, DType::F16, false)]
+    {
+        let (xr, gw) = (cx.r.vec(t * d, -2.0, 2.0), cx.r.vec(d, 0.5, 1.5));
+        let x = rms_rows(&xr, &gw, d, 1e-6);
         let mut route = vec![0f32; t * e];
         for ti in 0..t {
             for j in 0..top_k {
@@ -197,12 +259,14 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         for ti in 0..t {
             let xr = &x[ti * d..(ti + 1) * d];
             let chosen: Vec<usize> = (0..e).filter(|&ei| route[ti * e + ei] != 0.0).collect();
-            // (slot s: routed expert chosen[s], or shared chunk s - top_k)
+            // (slot s: routed expert chosen[s] or shared chunk s - top_k; first: shared chunk s
+            // or routed expert chosen[s - shared])
             let rows = |s: usize| -> Option<(usize, bool)> {
-                if s < top_k {
-                    chosen.get(s).map(|&ei| (ei, false))
-                } else {
-                    Some((s - top_k, true))
+                match (first, s < shared, s < top_k) {
+                    (true, true, _) => Some((s, true)),
+                    (true, false, _) => chosen.get(s - shared).map(|&ei| (ei, false)),
+                    (false, _, true) => chosen.get(s).map(|&ei| (ei, false)),
+                    (false, _, false) => Some((s - top_k, true)),
                 }
             };
             for s in 0..slots {
@@ -216,7 +280,9 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             }
             for n in 0..d {
                 let mut acc = 0f32;
-                for s in 0..slots {
+                // (the routed slots in expert order, then the shared ones)
+                let order: Vec<usize> = if first { (shared..slots).chain(0..shared).collect() } else { (0..slots).collect() };
+                for s in order {
                     let Some((ex, sh)) = rows(s) else { continue };
                     let hr = &h[(ti * slots + s) * inter..(ti * slots + s + 1) * inter];
                     acc += if sh {
@@ -232,24 +298,40 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         }
         let (xa, ra) = (cx.data.push(&x), cx.data.push(&route));
         let wa: Vec<Array> = bytes.iter().map(|b| cx.data.push_u8(b)).collect();
-        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared };
+        let up = KernelSpec::MoeGateUp { d, inter, e, top_k, wdtype, shared, shared_first: first };
         let ha = cx.data.push(&h);
         let ins = vec![xa, ra.clone(), wa[0].clone(), wa[1].clone(), wa[3].clone(), wa[4].clone()];
         cx.cases.push(case(
-            format!("moe_gate_up_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared} {wdtype}"),
+            format!("moe_gate_up_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared}{} {wdtype}", if first { " first" } else { "" }),
             &up,
             grid(&up.launch(), inter),
             (t * slots) as u32,
-            ins,
+            ins.clone(),
             vec![inter as i64],
             ha.clone(),
             1e-4,
         ));
+        let normed = KernelSpec::NormMatMul { inner: Box::new(up.clone()), eps_bits: 1e-6f32.to_bits() };
+        let mut nins = ins;
+        nins[0] = cx.data.push(&xr);
+        nins.insert(1, cx.data.push(&gw));
+        let name = format!("rms moe_gate_up_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared}{} {wdtype}", if first { " first" } else { "" });
+        cx.cases.push(case(name, &normed, grid(&normed.launch(), inter), (t * slots) as u32, nins, vec![inter as i64], ha.clone(), 1e-4));
+        cx.specs.push(normed);
         cx.specs.push(up);
-        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared };
+        let down = KernelSpec::MoeDown { d, inter, e, top_k, wdtype, residual: true, shared, shared_first: first };
         let (resa, want) = (cx.data.push(&res), cx.data.push(&y));
         let ins = vec![ha, ra, wa[2].clone(), wa[5].clone(), resa];
-        cx.cases.push(case(format!("moe_down_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared} {wdtype}"), &down, grid(&down.launch(), d), t as u32, ins, vec![d as i64], want, 1e-4));
+        cx.cases.push(case(
+            format!("moe_down_shared T{t} D{d} I{inter} E{e} top{top_k}+{shared}{} {wdtype}", if first { " first" } else { "" }),
+            &down,
+            grid(&down.launch(), d),
+            t as u32,
+            ins,
+            vec![d as i64],
+            want,
+            1e-4,
+        ));
         cx.specs.push(down);
     }
     // the partials' sum: token 2 chose one expert fewer (a disabled one), its last slot NaN
@@ -287,4 +369,15 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         cx.specs.push(spec);
     }
     Ok(())
+}
+
+/// Each `d`-value row of `x` RMS-normalized with weight `g` (the CPU executor's rms_norm: x ·
+/// (1 / sqrt(mean(x²) + eps)) · g).
+fn rms_rows(x: &[f32], g: &[f32], d: usize, eps: f32) -> Vec<f32> {
+    x.chunks(d)
+        .flat_map(|r| {
+            let inv = 1.0 / (r.iter().map(|v| v * v).sum::<f32>() / d as f32 + eps).sqrt();
+            r.iter().zip(g).map(move |(v, w)| v * inv * w)
+        })
+        .collect()
 }

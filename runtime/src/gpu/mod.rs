@@ -407,9 +407,16 @@ impl<'p> GpuBackend<'p> {
             resident.insert("expert_mask".to_string(), cu(stream.clone_htod(&bytes), "uploading the expert mask")?);
             resident.insert("expert_mask@counts".to_string(), cu(stream.alloc_zeros::<u8>(bytes.len()), "allocating the routed-token counters")?);
         }
-        // the one-token attention with the o projection folded in: a u32 counter per token
-        // (`{node}@sync`), zeroed once here — each use leaves it at zero again
-        let syncs: std::collections::BTreeSet<&str> = prog.steps.iter().flat_map(|s| s.args.iter()).map(String::as_str).filter(|a| matches!(BufferRef::of(a), BufferRef::Sync { .. })).collect();
+        // the one-token attention with the o projection folded in, the router GEMV whose last
+        // block routes: a u32 counter per token (`{node}@sync`), zeroed once here — each use
+        // leaves it at zero again (in a step's args or an alternative's)
+        let syncs: std::collections::BTreeSet<&str> = prog
+            .steps
+            .iter()
+            .flat_map(|s| s.args.iter().chain(s.large.iter().chain(&s.hopper).chain(&s.hopper_small).chain(&s.few).filter_map(|l| l.args.as_ref()).flatten()))
+            .map(String::as_str)
+            .filter(|a| matches!(BufferRef::of(a), BufferRef::Sync { .. }))
+            .collect();
         for name in syncs {
             resident.insert(name.to_string(), cu(stream.alloc_zeros::<u8>(4 * SYNC_TOKENS), &format!("allocating {name}"))?);
         }

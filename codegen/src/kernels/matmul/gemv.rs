@@ -724,6 +724,8 @@ pub(crate) fn gemv_fits(spec: &KernelSpec, o: Outer) -> Result<(), String> {
             let ok = match inner.as_ref() {
                 KernelSpec::MatMulParts { inner: i, .. } => plain(i),
                 KernelSpec::SwiGluGemv { .. } => true,
+                // (the routed experts' gate/up as the SwiGLU GEMV: its x row is the token's)
+                KernelSpec::MoeGateUp { d, inter, wdtype, .. } => crate::kernels::gate_up_gemv(*d, *inter, *wdtype),
                 KernelSpec::MatMulWide { bias: false, .. } => true,
                 other => plain(other),
             };
