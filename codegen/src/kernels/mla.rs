@@ -17,6 +17,10 @@
 //!   norm, k's rope, concat, cache write: a warp per token) and the absorbed query's five
 //!   (slices, W_uk, q's rope, concat: a warp per output, then a warp per head's rotation pairs)
 //!   — launches cost ~2-3 us each at decode whatever their work.
+//! - [`KernelSpec::MlaCacheAttention`]: one-token steps (`mla-cache-attention`, off until a
+//!   GPU run measures it): warp 0 of every head's attention block writes its token's latent
+//!   row as `MlaLatentCache` does (`latent_row`, the same values from every head), a barrier,
+//!   then the attention — one launch fewer a layer.
 //!
 //! What is still to come for the H200's targets: every head of a token in one block sharing
 //! each row's load (FlashMLA's layout, on the tensor cores at 128 heads), a split over the

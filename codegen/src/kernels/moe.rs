@@ -27,6 +27,11 @@
 //!   than a separate launch), the down projection into route-weighted partials per slot
 //!   (`{node}@splitk{top_k}`, part-major) that [`KernelSpec::MoeCombine`] sums per token in
 //!   expert order.
+//! - One-token fusions, off until a GPU run measures them (`scripts/gpu-deepseek-b1.sh`):
+//!   [`KernelSpec::MoeRouteGemv`] (the router GEMV whose last block per token routes it —
+//!   blocks fence their logits and count on `{route}@sync`; `moe-router`, with the layer's
+//!   RMSNorm folded in as `NormMatMul` there and over `MoeGateUp`), and the shared slots first
+//!   (`shared_first`, [`shared_first`]) where the attention prefetches their weights into L2.
 
 use crate::kernels::*;
 use crate::schedule::{NodeCx, Scalar, Step};
