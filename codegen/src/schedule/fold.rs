@@ -158,12 +158,18 @@ pub(crate) fn prefetch_lm_head(mut steps: Vec<Step>, g: &Graph, bytes: usize) ->
     else {
         return steps;
     };
-    let s = &mut steps[p];
+    prefetch_before(&mut steps[p], w, bytes.min(wb));
+    steps
+}
+
+/// Step `s`'s kernel as [`KernelSpec::PrefetchL2`] of the first `bytes` (rounded down to 16)
+/// of weight `w`: the weight its first arg, the bytes its last scalar; the alternatives keep
+/// their own args.
+pub(crate) fn prefetch_before(s: &mut Step, w: String, bytes: usize) {
     s.keep_alternative_args();
     s.kernel = s.kernel.take().map(|k| KernelSpec::PrefetchL2 { inner: Box::new(k) });
     s.args.insert(0, w);
-    s.scalars.push(Scalar::Const(bytes.min(wb) as i64 / 16 * 16));
-    steps
+    s.scalars.push(Scalar::Const(bytes as i64 / 16 * 16));
 }
 
 /// The one-token MLP as one kernel (`KernelSpec::SwiGluDown`): where the SwiGLU GEMV with the

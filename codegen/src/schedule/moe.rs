@@ -156,12 +156,6 @@ fn shared_pattern(g: &Graph, out: NodeId) -> Option<SharedExperts> {
 /// (`kernels::moe` `shared_first`), then read them from L2 instead of streaming them beside
 /// the routed experts.
 pub(crate) fn prefetch_shared_experts(mut steps: Vec<Step>, g: &Graph) -> Vec<Step> {
-    let wrap = |s: &mut Step, w: &str, bytes: usize| {
-        s.keep_alternative_args();
-        s.kernel = s.kernel.take().map(|k| KernelSpec::PrefetchL2 { inner: Box::new(k) });
-        s.args.insert(0, w.to_string());
-        s.scalars.push(Scalar::Const(bytes as i64 / 16 * 16));
-    };
     for i in 0..steps.len() {
         // (also with the norm folded in, `fold_moe_norm`)
         let shared = match &steps[i].kernel {
@@ -183,8 +177,8 @@ pub(crate) fn prefetch_shared_experts(mut steps: Vec<Step>, g: &Graph) -> Vec<St
         let from = steps[..i].iter().rposition(|s| matches!(s.kernel, Some(KernelSpec::MoeDown { .. } | KernelSpec::MoeGateUp { .. }))).map_or(0, |p| p + 1);
         let find = |steps: &[Step], want: fn(&KernelSpec) -> bool| (from..i).rev().find(|&j| steps[j].kernel.as_ref().is_some_and(want));
         let (Some(q), Some(v)) = (find(&steps, |k| matches!(k, KernelSpec::MlaQuery { .. })), find(&steps, |k| matches!(k, KernelSpec::HeadMatMul { .. }))) else { continue };
-        wrap(&mut steps[q], &sg, gb);
-        wrap(&mut steps[v], &su, ub);
+        prefetch_before(&mut steps[q], sg, gb);
+        prefetch_before(&mut steps[v], su, ub);
     }
     steps
 }
