@@ -173,6 +173,7 @@ pub fn lower_cpu(graph: &dsc_ir::Graph, cc: &str) -> Result<Option<dsc_runtime::
     Ok(Some(dsc_runtime::plan::CpuProgram {
         matmul_dtypes: m.dtypes.iter().map(|d| d.name().to_string()).collect(),
         libraries: m.libraries.iter().map(|(t, so)| (t.name().to_string(), base64::engine::general_purpose::STANDARD.encode(so))).collect(),
+        layout: dsc_ir::quant::CPU_LAYOUT,
     }))
 }
 

@@ -321,11 +321,28 @@ pub fn pack_i4g128(groups: impl IntoIterator<Item = (f16, f16, [u8; 128])>) -> V
     out
 }
 
+/// The version of [`cpu_layout`] the CPU kernels read, recorded in a plan's CPU program: a plan
+/// whose kernels read another is refused (2: f16 scales and minima; 1, before: f32).
+pub const CPU_LAYOUT: u32 = 2;
+
+/// Floats of scratch one call of the CPU matmul kernels (`dsc_codegen::cpu::matmul`) needs for
+/// m x rows of k: the gemv (m < 4) the x rows' block sums and a weight row's scales as f32
+/// ((m + 1)·k/32, 16 more for its vector tail), the gemm four widened weight rows (4·k).
+pub fn cpu_matmul_scratch(m: usize, k: usize) -> usize {
+    if m < 4 {
+        (m + 1) * (k / 32) + 16
+    } else {
+        4 * k
+    }
+}
+
 /// Weights [n, k] of `dtype` in the CPU kernels' layout (`dsc_codegen::cpu::matmul`), for the
 /// block formats that have one: per row, the k/32 blocks' quants back to back (Q4_1: 16 nibble
-/// bytes, Q8_0: 32 bytes), then their scales d as f32, then (Q4_1) their minima m as f32 — the
-/// kernels broadcast scales straight from memory instead of converting f16 per block. None:
-/// the type is read as stored, or the bytes are not n rows of k.
+/// bytes, Q8_0: 32 bytes), then their scales d as f16, then (Q4_1) their minima m as f16 — as
+/// few bytes as GGUF's blocks (decode is bound by the weight stream where the cores are fast;
+/// f32 scales read 20% more), each row's pieces contiguous for the kernels' vector loads.
+/// [`CPU_LAYOUT`] names this layout in the plan. None: the type is read as stored, or the bytes
+/// are not n rows of k.
 pub fn cpu_layout(dtype: DType, bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
     if dtype == DType::I4G128 {
         return i4g128_as_q4_1_layout(bytes, n, k);
@@ -340,16 +357,16 @@ pub fn cpu_layout(dtype: DType, bytes: &[u8], n: usize, k: usize) -> Option<Vec<
         return None;
     }
     let nb = k / 32;
-    let row = nb * (qb + 4 + 4 * mins as usize);
+    let row = nb * (qb + 2 + 2 * mins as usize);
     let mut out = vec![0u8; n * row];
     for (src, dst) in bytes.chunks_exact(nb * stored).zip(out.chunks_exact_mut(row)) {
         let (qs, rest) = dst.split_at_mut(nb * qb);
-        let (ds, ms) = rest.split_at_mut(nb * 4);
+        let (ds, ms) = rest.split_at_mut(nb * 2);
         for (b, blk) in src.chunks_exact(stored).enumerate() {
             qs[b * qb..(b + 1) * qb].copy_from_slice(&blk[stored - qb..]);
-            ds[b * 4..b * 4 + 4].copy_from_slice(&f16::from_le_bytes([blk[0], blk[1]]).to_f32().to_le_bytes());
+            ds[b * 2..b * 2 + 2].copy_from_slice(&blk[0..2]);
             if mins {
-                ms[b * 4..b * 4 + 4].copy_from_slice(&f16::from_le_bytes([blk[2], blk[3]]).to_f32().to_le_bytes());
+                ms[b * 2..b * 2 + 2].copy_from_slice(&blk[2..4]);
             }
         }
     }
@@ -357,7 +374,7 @@ pub fn cpu_layout(dtype: DType, bytes: &[u8], n: usize, k: usize) -> Option<Vec<
 }
 
 /// [`DType::I4G128`] rows in Q4_1's CPU layout ([`cpu_layout`]): each 128-value group's f16
-/// d and m become four 32-value blocks' f32 scales and minima, its nibbles re-paired in Q4_1's
+/// d and m become four 32-value blocks' scales and minima, its nibbles re-paired in Q4_1's
 /// order (byte i of a block: element i low, i + 16 high) — the same d·q + m for every value, so
 /// the Q4_1 kernels compute i4g128 matmuls ([`cpu_kernel_dtype`]).
 fn i4g128_as_q4_1_layout(bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
@@ -365,23 +382,22 @@ fn i4g128_as_q4_1_layout(bytes: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
         return None;
     }
     let nb = k / 32;
-    let row = nb * 24;
+    let row = nb * 20;
     let mut out = vec![0u8; n * row];
     for (src, dst) in bytes.chunks_exact(k / 512 * 272).zip(out.chunks_exact_mut(row)) {
         let (qs, rest) = dst.split_at_mut(nb * 16);
-        let (ds, ms) = rest.split_at_mut(nb * 4);
+        let (ds, ms) = rest.split_at_mut(nb * 2);
         for (s, sb) in src.chunks_exact(272).enumerate() {
             for gi in 0..4 {
-                let d = f16::from_le_bytes([sb[4 * gi], sb[4 * gi + 1]]).to_f32().to_le_bytes();
-                let m = f16::from_le_bytes([sb[4 * gi + 2], sb[4 * gi + 3]]).to_f32().to_le_bytes();
+                let (d, m) = ([sb[4 * gi], sb[4 * gi + 1]], [sb[4 * gi + 2], sb[4 * gi + 3]]);
                 let q = |p: usize| {
                     let (byte, shift) = i4g128_nibble(p);
                     (sb[16 + 64 * gi + byte] >> shift) & 0xF
                 };
                 for blk in 0..4 {
                     let b = 16 * s + 4 * gi + blk;
-                    ds[4 * b..4 * b + 4].copy_from_slice(&d);
-                    ms[4 * b..4 * b + 4].copy_from_slice(&m);
+                    ds[2 * b..2 * b + 2].copy_from_slice(&d);
+                    ms[2 * b..2 * b + 2].copy_from_slice(&m);
                     for i in 0..16 {
                         qs[16 * b + i] = q(32 * blk + i) | (q(32 * blk + 16 + i) << 4);
                     }
@@ -404,8 +420,8 @@ pub fn cpu_kernel_dtype(dtype: DType) -> DType {
 /// Bytes of [n, k] weights of `dtype` as the CPU kernels read them ([`cpu_layout`] or stored).
 pub fn cpu_layout_bytes(dtype: DType, n: usize, k: usize) -> Option<usize> {
     match dtype {
-        DType::Q4_1 | DType::I4G128 => n.checked_mul(k / 32)?.checked_mul(24),
-        DType::Q8_0 => n.checked_mul(k / 32)?.checked_mul(36),
+        DType::Q4_1 | DType::I4G128 => n.checked_mul(k / 32)?.checked_mul(20),
+        DType::Q8_0 => n.checked_mul(k / 32)?.checked_mul(34),
         _ => dtype.bytes_for(n.checked_mul(k)?),
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! Launch: the whole step runs on a worker of a rayon pool (one thread per core: the executor's
 //! own work does not compete with idle workers for the cores); each product's output columns
-//! are split over the pool in runs of a multiple of 4 (the gemm's column tile); `_gemv` (with an m·k/32 scratch) for
+//! are split over the pool in runs of a multiple of 4 (the gemm's column tile); `_gemv` (with an (m+1)·k/32 + 16 scratch) for
 //! fewer than 4 rows, `_gemm` (with a 4·k scratch per run) otherwise. Products too small to pay
 //! a hand-off run on the calling thread.
 
@@ -66,6 +66,13 @@ impl CpuKernels {
     pub fn load_target(plan: &Plan, threads: usize, target: Option<&str>) -> Result<CpuKernels> {
         let err = |msg: String| RuntimeError::Plan { path: plan.path.clone(), msg };
         let prog = plan.header.cpu.as_ref().ok_or_else(|| err("the plan has no compiled CPU kernels (compiled before they existed, or without a C compiler); `--backend reference` runs it".into()))?;
+        if prog.layout != dsc_ir::quant::CPU_LAYOUT {
+            return Err(err(format!(
+                "the plan's CPU kernels read weight layout {}, this runtime lays weights out as {} (recompile the plan with this dsc); `--backend reference` runs it",
+                prog.layout,
+                dsc_ir::quant::CPU_LAYOUT
+            )));
+        }
         let target = crate::plan::CPU_TARGETS.iter().rev().find(|t| prog.libraries.contains_key(**t) && cpu_runs(t) && target.is_none_or(|w| w == **t)).ok_or_else(|| {
             err(format!(
                 "this CPU runs none of the plan's CPU libraries{} ({:?}; x86-64-v3 needs AVX2, FMA and F16C); `--backend reference` runs it",
@@ -185,7 +192,7 @@ impl PackedMatMul for CpuKernels {
         let out = Out(y.as_mut_ptr());
         // columns c0..c1 of the concatenation: each part's share, written in place
         let run = |c0: usize, c1: usize| {
-            let mut scratch = if m < 4 { vec![0f32; m * k / 32] } else { vec![0f32; 4 * k] };
+            let mut scratch = vec![0f32; dsc_ir::quant::cpu_matmul_scratch(m, k)];
             for (p, &(_, w, n)) in parts.iter().enumerate() {
                 let (a, b) = (c0.max(starts[p]), c1.min(starts[p] + n));
                 if a >= b {
@@ -193,8 +200,8 @@ impl PackedMatMul for CpuKernels {
                 }
                 // SAFETY: x holds m*k floats, w the part's n*k weights as the kernels read them
                 // (checked above), y m*total floats: the pointer at the part's first column,
-                // rows `total` apart, this run writing its columns a..b only; scratch m*k/32
-                // (gemv) or 4*k floats (gemm).
+                // rows `total` apart, this run writing its columns a..b only; scratch as the
+                // kernels need it (`cpu_matmul_scratch`).
                 unsafe { fns[p](x.as_ptr(), w.as_ptr(), out.ptr().wrapping_add(starts[p]), scratch.as_mut_ptr(), m as i64, k as i64, (a - starts[p]) as i64, (b - starts[p]) as i64, total as i64) };
             }
         };

@@ -140,6 +140,14 @@ pub struct CpuProgram {
     /// x86-64 level ("x86-64-v3", "x86-64-v4") → the shared library (ELF, base64), built
     /// from the same LLVM IR; the runtime loads the highest level the CPU has
     pub libraries: std::collections::BTreeMap<String, String>,
+    /// the weight layout the kernels read (`dsc_ir::quant::CPU_LAYOUT`; 1 in plans from before
+    /// it was recorded): the runtime lays weights out in its own and refuses other kernels
+    #[serde(default = "cpu_layout_1")]
+    pub layout: u32,
+}
+
+fn cpu_layout_1() -> u32 {
+    1
 }
 
 /// The x86-64 levels a plan's CPU libraries may be built for, lowest first.

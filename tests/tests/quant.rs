@@ -263,6 +263,13 @@ fn int4_g128_plans_run_on_the_q4_1_cpu_kernels() {
     let graph = plan.graph().unwrap();
     let kernels = std::sync::Arc::new(dsc_runtime::cpu_kernels::CpuKernels::load(&plan, 2).expect("the CPU kernels load"));
     {
+        // kernels built for another weight layout are refused, naming both
+        let mut old = dsc_runtime::plan::Plan::open(&out).unwrap();
+        old.header.cpu.as_mut().unwrap().layout = 1;
+        let e = dsc_runtime::cpu_kernels::CpuKernels::load(&old, 1).err().expect("layout 1 refused").to_string();
+        assert!(e.contains("weight layout 1") && e.contains(&format!("as {}", dsc_ir::quant::CPU_LAYOUT)), "{e}");
+    }
+    {
         // (the executor hands them the i4g128 matmuls: taken, in Q4_1's layout)
         use dsc_ir::exec::PackedMatMul;
         assert!(kernels.takes(DType::I4G128, 1024, 512));

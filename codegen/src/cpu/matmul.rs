@@ -1,7 +1,7 @@
 //! The CPU matmul family: `y[i, j] = sum_k x[i, k] · W[j, k]` for output columns `n0..n1`,
 //! W read packed — GGUF Q4_0 / Q5_0 / Q5_1 blocks and the K-quants' super-blocks, f16, bf16 or
 //! f32 rows as stored; Q4_1 and Q8_0 in the CPU layout `dsc_ir::quant::cpu_layout` makes of
-//! them at load (a row's quants, then its f32 scales, then (Q4_1) its f32 minima) — and widened
+//! them at load (a row's quants, then its f16 scales, then (Q4_1) its f16 minima) — and widened
 //! to f32 in registers, 16 lanes at a time (one zmm on AVX-512; two ymm on AVX2, where LLVM
 //! splits the vectors). The K-quants' gemv is its own (`emit_gemv_k`: a super-block decoded
 //! once, its scales in vectors).
@@ -10,14 +10,16 @@
 //! `(x: *const f32, w: *const u8, y: *mut f32, scratch: *mut f32, m, k, n0, n1, ldy: i64)`:
 //! - `<sym>_gemv` (decode, m < 4): for each column, every block is widened in registers and
 //!   fused into the dot product with each x row (blocks in pairs, each of a pair into
-//!   accumulators of its own, so no one FMA chain runs through every block); Q4_1 keeps its
-//!   min apart (`d·(q·x) + m·Σx`, the x block sums in `scratch`: m·k/32 floats).
-//! - `<sym>_gemm` (prefill, m ≥ 4): four weight rows are widened into `scratch` (4·k floats,
-//!   the caller's, per thread), then a 4×4 register tile — four x rows by four weight rows,
+//!   accumulators of its own, so no one FMA chain runs through every block), the weight bytes
+//!   [`PREFETCH_BYTES`] ahead prefetched; Q4_1 keeps its min apart (`d·(q·x) + m·Σx`, the x
+//!   block sums in `scratch`), Q4_1 / Q8_0 convert a row's f16 scales once into `scratch`.
+//! - `<sym>_gemm` (prefill, m ≥ 4): four weight rows are widened into `scratch` (the caller's,
+//!   per thread), then a 4×4 register tile — four x rows by four weight rows,
 //!   sixteen accumulators — walks k 16 at a time (8 loads for 16 FMAs); leftover x rows take a
 //!   1×4 tile. `n1 - n0` must be a multiple of 4 there.
 //!
-//! The caller splits columns over threads; `fits` says which shapes the kernels take.
+//! The caller splits columns over threads and gives each run `dsc_ir::quant::cpu_matmul_scratch`
+//! floats of scratch; `fits` says which shapes the kernels take.
 
 use dsc_ir::DType;
 use std::fmt::Write;
@@ -48,19 +50,20 @@ pub fn symbol(dtype: DType) -> String {
 }
 
 /// Bytes of one unit ([`unit_elements`]) of a weight row as the kernels read it (Q4_1: 24,
-/// Q8_0: 36, the CPU layout of `dsc_ir::quant::cpu_layout`; K-quants' super-blocks as stored).
+/// Q8_0: 34, the CPU layout of `dsc_ir::quant::cpu_layout`; K-quants' super-blocks as stored).
 fn block_bytes(dtype: DType) -> usize {
     match dtype {
         DType::F32 => 128,
         DType::F16 | DType::BF16 => 64,
-        DType::Q4_1 => 24,
-        DType::Q8_0 => 36,
+        DType::Q4_1 => 20,
+        DType::Q8_0 => 34,
         other => other.block().1,
     }
 }
 
 /// 16 bytes of nibbles at `p` → (low nibbles, high nibbles) as vector<16xf32>: the bytes
-/// widened once, the nibbles split in the 32-bit lanes (one widening per 16 bytes).
+/// widened once, the nibbles split in the 32-bit lanes (one widening per 16 bytes). (A
+/// 16-entry `vpermps` table lookup instead of the int → float conversions measured the same.)
 fn nibbles(f: &mut F, p: &str) -> (String, String) {
     let qs = f.load(p, "vector<16xi8>", 1);
     let q32 = f.op(format!("arith.extui {qs} : vector<16xi8> to vector<16xi32>"));
@@ -71,7 +74,7 @@ fn nibbles(f: &mut F, p: &str) -> (String, String) {
     (f.op(format!("arith.sitofp {lo} : vector<16xi32> to {V}")), f.op(format!("arith.sitofp {hi} : vector<16xi32> to {V}")))
 }
 
-/// Block `b` of a Q8_0 row in the CPU layout (`nb` blocks: 32-byte quants, then f32 d):
+/// Block `b` of a Q8_0 row in the CPU layout (`nb` blocks: 32-byte quants, then f16 d):
 /// (elements 0..16 and 16..32 as f32, d).
 fn q8_0_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, String) {
     let (c16, c32) = (f.c64(16), f.c64(32));
@@ -83,12 +86,13 @@ fn q8_0_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, Strin
     let hf = f.op(format!("arith.sitofp {h} : vector<16xi8> to {V}"));
     let qbytes = f.mul(nb, &c32);
     let pd0 = f.gep(row, &qbytes, "i8");
-    let pd = f.gep(&pd0, b, "f32");
-    let d = f.load(&pd, "f32", 4);
+    let pd = f.gep(&pd0, b, "f16");
+    let d = f.load(&pd, "f16", 2);
+    let d = f.op(format!("arith.extf {d} : f16 to f32"));
     (lf, hf, d)
 }
 
-/// Block `b` of a Q4_1 row in the CPU layout (`nb` blocks: nibbles, then f32 d, then f32 m):
+/// Block `b` of a Q4_1 row in the CPU layout (`nb` blocks: nibbles, then f16 d, then f16 m):
 /// (low nibbles, high nibbles as f32, d, m).
 fn q4_1_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, String, String) {
     let c16 = f.c64(16);
@@ -97,10 +101,12 @@ fn q4_1_block(f: &mut F, row: &str, nb: &str, b: &str) -> (String, String, Strin
     let (lf, hf) = nibbles(f, &pq);
     let qbytes = f.mul(nb, &c16);
     let pd0 = f.gep(row, &qbytes, "i8");
-    let pd = f.gep(&pd0, b, "f32");
-    let d = f.load(&pd, "f32", 4);
-    let pm = f.gep(&pd, nb, "f32");
-    let m = f.load(&pm, "f32", 4);
+    let pd = f.gep(&pd0, b, "f16");
+    let d = f.load(&pd, "f16", 2);
+    let d = f.op(format!("arith.extf {d} : f16 to f32"));
+    let pm = f.gep(&pd, nb, "f16");
+    let m = f.load(&pm, "f16", 2);
+    let m = f.op(format!("arith.extf {m} : f16 to f32"));
     (lf, hf, d, m)
 }
 
@@ -470,6 +476,7 @@ fn emit_gemv_k(dtype: DType) -> String {
     f.line(format!("%acc:3 = scf.for %u = {c0} to {nsbi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %ms = {zero8}) -> ({V}, {V}, vector<8xf32>) {{"));
     let u = f.i64("%u");
     let off = f.mul(&u, &bb);
+    prefetch_ahead(&mut f, &row, &off, block_bytes(dtype) as i64);
     let sb = f.gep(&row, &off, "i8");
     let xe = f.mul(&u, &c256);
     let xu = f.gep(&xr, &xe, "f32");
@@ -509,6 +516,24 @@ fn emit_gemv_k(dtype: DType) -> String {
     };
     gemv_store(&mut f, &i, &j, &r);
     format!("  func.func @{}_gemv({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+}
+
+/// How far ahead of the weight bytes it reads the gemv prefetches (into every cache level): the
+/// rows stream from memory once a token, and without it one core read ~6.5 GB/s of Q4_1 rows
+/// where a plain sum reads 17 (Sapphire Rapids VM: the hardware prefetcher alone keeps too few
+/// lines in flight); 4 KiB ahead: 9.5 GB/s, decode +40% at one thread. 1 and 2 KiB measured
+/// less, 8 and 16 KiB the same (docs/perf.md, "CPU backend").
+pub const PREFETCH_BYTES: i64 = 4096;
+
+/// Prefetch the `bytes` of the weight row at `row` + `at` (one a cache line), [`PREFETCH_BYTES`]
+/// ahead. (Past a thread's last row it touches the next rows, or nothing: prefetches do not fault.)
+fn prefetch_ahead(f: &mut F, row: &str, at: &str, bytes: i64) {
+    for line in 0..(bytes + 63) / 64 {
+        let c = f.c64(PREFETCH_BYTES + 64 * line);
+        let o = f.add(at, &c);
+        let p = f.gep(row, &o, "i8");
+        f.line(format!("\"llvm.intr.prefetch\"({p}) <{{cache = 1 : i32, hint = 3 : i32, rw = 0 : i32}}> : (!llvm.ptr) -> ()"));
+    }
 }
 
 /// The gemv's two loops opened over columns `%n0..%n1` (the weight row at `row`, `rowb` bytes
@@ -565,49 +590,121 @@ fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
     f.line(format!("llvm.store {v}, {p} {{alignment = 4 : i64}} : f32, !llvm.ptr"));
 }
 
-/// One block `b` of a gemv's dot product into its accumulators `acc` = [a, a', ms] (a, a'
-/// vector<16xf32>, ms f32): Q4_1 `a += d·(q·x)` and `ms += m·Σx` (x's block sum from the
-/// scratch row `sr`), Q8_0 `a += d·(q·x)`, the other types the block's halves into a and a'.
-/// Returns the new [a, a', ms].
+/// Where a Q4_1 / Q8_0 row's f16 scales (and Q4_1's minima) start: right after its quants.
+fn scales_at(f: &mut F, dtype: DType, row: &str, nb: &str) -> String {
+    let qb = f.c64(if dtype == DType::Q8_0 { 32 } else { 16 });
+    let qbytes = f.mul(nb, &qb);
+    f.gep(row, &qbytes, "i8")
+}
+
+/// The gemv's per-row prologue for Q4_1 / Q8_0: the row's `nb` f16 scales converted into the
+/// f32 scratch row `dr` (16 at a time, then the tail), so the block loop broadcasts each
+/// straight from memory (an FMA operand) instead of converting it there (four shuffle-port
+/// uops a block); Q4_1's `Σ m · Σx` over the row (its f16 minima after the scales, the x block
+/// sums at `sr`) in the same pass. Returns that sum (0 for Q8_0).
+fn row_scales(f: &mut F, dtype: DType, row: &str, nb: &str, sr: &str, dr: &str) -> String {
+    let mins = dtype == DType::Q4_1;
+    let ds = scales_at(f, dtype, row, nb);
+    let ms = mins.then(|| f.gep(&ds, nb, "f16"));
+    let (c0, c1, c16) = (f.cidx(0), f.cidx(1), f.c64(16));
+    let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
+    let fzero = f.op("arith.constant 0.0 : f32");
+    let full = f.op(format!("arith.divui {nb}, {c16} : i64"));
+    let fulli = f.idx(&full);
+    let va = f.v();
+    f.line(format!("{va} = scf.for %sc = {c0} to {fulli} step {c1} iter_args(%sa = {zero}) -> ({V}) {{"));
+    let c = f.i64("%sc");
+    let b0 = f.mul(&c, &c16);
+    let p = f.gep(&ds, &b0, "f16");
+    let h = f.load(&p, "vector<16xf16>", 2);
+    let dv = f.op(format!("arith.extf {h} : vector<16xf16> to {V}"));
+    let q = f.gep(dr, &b0, "f32");
+    f.line(format!("llvm.store {dv}, {q} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
+    let acc = match &ms {
+        Some(ms) => {
+            let p = f.gep(ms, &b0, "f16");
+            let h = f.load(&p, "vector<16xf16>", 2);
+            let mv = f.op(format!("arith.extf {h} : vector<16xf16> to {V}"));
+            let p = f.gep(sr, &b0, "f32");
+            let sx = f.load(&p, V, 4);
+            f.op(format!("vector.fma {mv}, {sx}, %sa : {V}"))
+        }
+        None => "%sa".to_string(),
+    };
+    f.line(format!("scf.yield {acc} : {V}"));
+    f.line("}");
+    let t0 = f.mul(&full, &c16);
+    let (t0i, nbi) = (f.idx(&t0), f.idx(nb));
+    let ta = f.v();
+    f.line(format!("{ta} = scf.for %st = {t0i} to {nbi} step {c1} iter_args(%ss = {fzero}) -> (f32) {{"));
+    let b = f.i64("%st");
+    let p = f.gep(&ds, &b, "f16");
+    let h = f.load(&p, "f16", 2);
+    let d = f.op(format!("arith.extf {h} : f16 to f32"));
+    store_f32(f, dr, &b, &d);
+    let acc = match &ms {
+        Some(ms) => {
+            let p = f.gep(ms, &b, "f16");
+            let h = f.load(&p, "f16", 2);
+            let m = f.op(format!("arith.extf {h} : f16 to f32"));
+            let p = f.gep(sr, &b, "f32");
+            let sx = f.load(&p, "f32", 4);
+            let t = f.op(format!("arith.mulf {m}, {sx} : f32"));
+            f.op(format!("arith.addf %ss, {t} : f32"))
+        }
+        None => "%ss".to_string(),
+    };
+    f.line(format!("scf.yield {acc} : f32"));
+    f.line("}");
+    let r = f.op(format!("vector.reduction <add>, {va} : {V} into f32"));
+    f.op(format!("arith.addf {r}, {ta} : f32"))
+}
+
+/// One block `b` of a gemv's dot product into its accumulators `acc` = [a, a']: Q4_1 / Q8_0
+/// `a += d·(q·x)` (d from the row's f32 scales `dr`, [`row_scales`]; Q4_1's minima are
+/// summed there), the other types the block's halves into a and a'. Returns the new [a, a'].
 #[allow(clippy::too_many_arguments)]
-fn gemv_block(f: &mut F, dtype: DType, row: &str, nb: &str, xr: &str, sr: &str, b: &str, acc: [&str; 3]) -> (String, String, String) {
-    let [a, a2, ms] = acc;
+fn gemv_block(f: &mut F, dtype: DType, row: &str, nb: &str, xr: &str, dr: &str, b: &str, acc: [&str; 2]) -> (String, String) {
+    let [a, a2] = acc;
     let (xl, xh) = x_block(f, xr, b);
-    match dtype {
+    let quants = |f: &mut F, qb: i64| {
+        let c = f.c64(qb);
+        let off = f.mul(b, &c);
+        f.gep(row, &off, "i8")
+    };
+    let (lf, hf) = match dtype {
         DType::Q4_1 => {
-            let (lf, hf, d, mm) = q4_1_block(f, row, nb, b);
-            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
-            let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
-            let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
-            let a = f.op(format!("vector.fma {dv}, {t}, {a} : {V}"));
-            let ps = f.gep(sr, b, "f32");
-            let sx = f.load(&ps, "f32", 4);
-            let msx = f.op(format!("arith.mulf {mm}, {sx} : f32"));
-            let ms = f.op(format!("arith.addf {ms}, {msx} : f32"));
-            (a, a2.to_string(), ms)
+            let pq = quants(f, 16);
+            nibbles(f, &pq)
         }
         DType::Q8_0 => {
-            // d · (q·x)
-            let (lf, hf, d) = q8_0_block(f, row, nb, b);
-            let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
-            let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
-            let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
-            let a = f.op(format!("vector.fma {dv}, {t}, {a} : {V}"));
-            (a, a2.to_string(), ms.to_string())
+            let pq = quants(f, 32);
+            let c16 = f.c64(16);
+            let pq2 = f.gep(&pq, &c16, "i8");
+            let (l, h) = (f.load(&pq, "vector<16xi8>", 1), f.load(&pq2, "vector<16xi8>", 1));
+            (f.op(format!("arith.sitofp {l} : vector<16xi8> to {V}")), f.op(format!("arith.sitofp {h} : vector<16xi8> to {V}")))
         }
         _ => {
             let (wl, wh) = widen(f, dtype, row, nb, b);
             let a = f.op(format!("vector.fma {wl}, {xl}, {a} : {V}"));
             let a2 = f.op(format!("vector.fma {wh}, {xh}, {a2} : {V}"));
-            (a, a2, ms.to_string())
+            return (a, a2);
         }
-    }
+    };
+    // d · (q·x)
+    let pd = f.gep(dr, b, "f32");
+    let d = f.load(&pd, "f32", 4);
+    let dv = f.op(format!("vector.broadcast {d} : f32 to {V}"));
+    let t = f.op(format!("arith.mulf {lf}, {xl} : {V}"));
+    let t = f.op(format!("vector.fma {hf}, {xh}, {t} : {V}"));
+    (f.op(format!("vector.fma {dv}, {t}, {a} : {V}")), a2.to_string())
 }
 
 /// `<sym>_gemv`: columns outermost, each x row's dot product with the column's widened blocks.
 /// Q4_1 splits the block's d·q + m: `d · (q·x) + m · Σx`, the x block sums computed once per
 /// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first; Q8_0
-/// likewise takes `d · (q·x)`.
+/// likewise takes `d · (q·x)`. Their scales are converted once a row ([`row_scales`], into
+/// scratch after the sums).
 fn emit_gemv(dtype: DType) -> String {
     if is_k(dtype) {
         return emit_gemv_k(dtype);
@@ -616,44 +713,53 @@ fn emit_gemv(dtype: DType) -> String {
     let (nb, rowb) = prologue(&mut f, dtype);
     let (c0, c1) = (f.cidx(0), f.cidx(1));
     let zero = f.op(format!("arith.constant dense<0.0> : {V}"));
-    let fzero = f.op("arith.constant 0.0 : f32");
-    let split = dtype == DType::Q4_1;
-    if split {
+    let scaled = matches!(dtype, DType::Q4_1 | DType::Q8_0);
+    if dtype == DType::Q4_1 {
         x_block_sums(&mut f);
     }
+    // (the row's f32 scales after the x block sums: m·nb + nb + 16 floats of the 4·k)
+    let soff = f.mul("%m", &nb);
+    let dr = f.gep("%scratch", &soff, "f32");
     let (j, row, i, xr, sr) = gemv_loops(&mut f, &rowb, &nb);
+    let ms = if scaled { row_scales(&mut f, dtype, &row, &nb, &sr, &dr) } else { f.op("arith.constant 0.0 : f32") };
     // (blocks in pairs, each of a pair into accumulators of its own: one FMA chain a block
     // was latency-bound, ~4 cycles a block; an odd last block after the loop)
     let c2 = f.c64(2);
     let pairs = f.op(format!("arith.divui {nb}, {c2} : i64"));
     let pairsi = f.idx(&pairs);
     let one = f.c64(1);
-    f.line(format!(
-        "%acc:6 = scf.for %p = {c0} to {pairsi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %a2 = {zero}, %a3 = {zero}, %ms0 = {fzero}, %ms1 = {fzero}) -> ({V}, {V}, {V}, {V}, f32, f32) {{"
-    ));
+    f.line(format!("%acc:4 = scf.for %p = {c0} to {pairsi} step {c1} iter_args(%a0 = {zero}, %a1 = {zero}, %a2 = {zero}, %a3 = {zero}) -> ({V}, {V}, {V}, {V}) {{"));
     let p = f.i64("%p");
     let b0 = f.mul(&p, &c2);
     let b1 = f.add(&b0, &one);
-    let (e0, e1, em) = gemv_block(&mut f, dtype, &row, &nb, &xr, &sr, &b0, ["%a0", "%a1", "%ms0"]);
-    let (o0, o1, om) = gemv_block(&mut f, dtype, &row, &nb, &xr, &sr, &b1, ["%a2", "%a3", "%ms1"]);
-    f.line(format!("scf.yield {e0}, {e1}, {o0}, {o1}, {em}, {om} : {V}, {V}, {V}, {V}, f32, f32"));
+    // (the weight bytes these two blocks start at: Q4_1 / Q8_0 rows' quants come first)
+    let qb = match dtype {
+        DType::Q4_1 => 16,
+        DType::Q8_0 => 32,
+        d => block_bytes(d) as i64,
+    };
+    let cq = f.c64(qb);
+    let at = f.mul(&b0, &cq);
+    prefetch_ahead(&mut f, &row, &at, 2 * qb);
+    let (e0, e1) = gemv_block(&mut f, dtype, &row, &nb, &xr, &dr, &b0, ["%a0", "%a1"]);
+    let (o0, o1) = gemv_block(&mut f, dtype, &row, &nb, &xr, &dr, &b1, ["%a2", "%a3"]);
+    f.line(format!("scf.yield {e0}, {e1}, {o0}, {o1} : {V}, {V}, {V}, {V}"));
     f.line("}");
     let rem = f.op(format!("arith.remui {nb}, {c2} : i64"));
     let z64 = f.c64(0);
     let odd = f.op(format!("arith.cmpi ne, {rem}, {z64} : i64"));
     let last = f.op(format!("arith.subi {nb}, {one} : i64"));
     let t = f.v();
-    f.line(format!("{t}:3 = scf.if {odd} -> ({V}, {V}, f32) {{"));
-    let (t0, t1, tm) = gemv_block(&mut f, dtype, &row, &nb, &xr, &sr, &last, ["%acc#0", "%acc#1", "%acc#4"]);
-    f.line(format!("scf.yield {t0}, {t1}, {tm} : {V}, {V}, f32"));
+    f.line(format!("{t}:2 = scf.if {odd} -> ({V}, {V}) {{"));
+    let (t0, t1) = gemv_block(&mut f, dtype, &row, &nb, &xr, &dr, &last, ["%acc#0", "%acc#1"]);
+    f.line(format!("scf.yield {t0}, {t1} : {V}, {V}"));
     f.line("} else {");
-    f.line(format!("scf.yield %acc#0, %acc#1, %acc#4 : {V}, {V}, f32"));
+    f.line(format!("scf.yield %acc#0, %acc#1 : {V}, {V}"));
     f.line("}");
     let s0 = f.op(format!("arith.addf {t}#0, {t}#1 : {V}"));
     let s1 = f.op(format!("arith.addf %acc#2, %acc#3 : {V}"));
     let s = f.op(format!("arith.addf {s0}, {s1} : {V}"));
     let r = f.op(format!("vector.reduction <add>, {s} : {V} into f32"));
-    let ms = f.op(format!("arith.addf {t}#2, %acc#5 : f32"));
     let r = f.op(format!("arith.addf {r}, {ms} : f32"));
     gemv_store(&mut f, &i, &j, &r);
     format!("  func.func @{}_gemv({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)

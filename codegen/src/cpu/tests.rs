@@ -31,40 +31,43 @@ fn matmul_kernels_match_the_widened_weights_for_every_type_and_target() {
         // SAFETY: the library is ours, just built; it has no initializers.
         let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen");
         for &dt in &matmul::DTYPES {
-            // (three units: 32-element blocks, K-quants' 256-element super-blocks)
-            let k = 3 * matmul::unit_elements(dt);
-            let wf: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let stored = dsc_ir::quant::encode(dt, &wf).unwrap();
-            let w = dsc_ir::quant::decode(dt, &stored, n * k).unwrap();
-            // (as the runtime prepares it: the CPU layout where the type has one)
-            let packed = dsc_ir::quant::cpu_layout(dt, &stored, n, k).unwrap_or(stored);
-            for m in [1usize, 3, 4, 6] {
-                let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-                for (f, min_m) in [("gemv", 1), ("gemm", 4)] {
-                    if m < min_m {
-                        continue;
-                    }
-                    let name = format!("{}_{f}", matmul::symbol(dt));
-                    // SAFETY: the signature is the family's (matmul.rs); the buffers below
-                    // cover m*k, n*k (packed), m*n and 4*k floats.
-                    let kern: libloading::Symbol<Kernel> = unsafe { lib.get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"));
-                    let mut y = vec![f32::NAN; m * n];
-                    let mut scratch = vec![0f32; 4 * k];
-                    // columns 4..12 only: the kernel leaves 0..4 alone
-                    unsafe { kern(x.as_ptr(), packed.as_ptr(), y.as_mut_ptr(), scratch.as_mut_ptr(), m as i64, k as i64, 4, n as i64, n as i64) };
-                    for i in 0..m {
-                        for j in 0..n {
-                            let got = y[i * n + j];
-                            if j < 4 {
-                                assert!(got.is_nan(), "{name} m={m}: column {j} outside n0..n1 was written");
-                                continue;
-                            }
-                            let want: f64 = (0..k).map(|q| x[i * k + q] as f64 * w[j * k + q] as f64).sum();
-                            let scale: f64 = (0..k).map(|q| (x[i * k + q] as f64 * w[j * k + q] as f64).abs()).sum();
-                            assert!(((got as f64) - want).abs() <= 1e-5 * scale.max(1e-3), "{} {name} m={m} y[{i},{j}] = {got}, want {want}", t.name());
+            // (3 and 35 units: 32-element blocks, K-quants' 256-element super-blocks; 35 has
+            // whole 16-block chunks of scales and a tail)
+            for units in [3, 35] {
+                let k = units * matmul::unit_elements(dt);
+                let wf: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let stored = dsc_ir::quant::encode(dt, &wf).unwrap();
+                let w = dsc_ir::quant::decode(dt, &stored, n * k).unwrap();
+                // (as the runtime prepares it: the CPU layout where the type has one)
+                let packed = dsc_ir::quant::cpu_layout(dt, &stored, n, k).unwrap_or(stored);
+                for m in [1usize, 3, 4, 6] {
+                    let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                    for (f, min_m) in [("gemv", 1), ("gemm", 4)] {
+                        if m < min_m {
+                            continue;
                         }
+                        let name = format!("{}_{f}", matmul::symbol(dt));
+                        // SAFETY: the signature is the family's (matmul.rs); the buffers below
+                        // cover m*k, n*k (packed), m*n floats and the scratch the kernels need.
+                        let kern: libloading::Symbol<Kernel> = unsafe { lib.get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"));
+                        let mut y = vec![f32::NAN; m * n];
+                        let mut scratch = vec![0f32; dsc_ir::quant::cpu_matmul_scratch(m, k)];
+                        // columns 4..12 only: the kernel leaves 0..4 alone
+                        unsafe { kern(x.as_ptr(), packed.as_ptr(), y.as_mut_ptr(), scratch.as_mut_ptr(), m as i64, k as i64, 4, n as i64, n as i64) };
+                        for i in 0..m {
+                            for j in 0..n {
+                                let got = y[i * n + j];
+                                if j < 4 {
+                                    assert!(got.is_nan(), "{name} m={m}: column {j} outside n0..n1 was written");
+                                    continue;
+                                }
+                                let want: f64 = (0..k).map(|q| x[i * k + q] as f64 * w[j * k + q] as f64).sum();
+                                let scale: f64 = (0..k).map(|q| (x[i * k + q] as f64 * w[j * k + q] as f64).abs()).sum();
+                                assert!(((got as f64) - want).abs() <= 1e-5 * scale.max(1e-3), "{} {name} m={m} y[{i},{j}] = {got}, want {want}", t.name());
+                            }
+                        }
+                        ran += 1;
                     }
-                    ran += 1;
                 }
             }
         }
