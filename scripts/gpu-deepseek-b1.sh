@@ -57,9 +57,16 @@ b1() { echo "-- $1 round $2"; $RT bench $D/$1.plan --batches 1 --prefill 64 --pr
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   $RT gpu-decode $D/v3tall.plan --prompt-len 8 --steps 32 --cpu-check-steps 8 2>&1 | tail -2
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  # (variants a one-off compiler built beside the plans above, if any: l2<name>.plan checked
+  # against the CPU, <name>.plan timed)
+  extra=$(cd $D && ls | sed -n 's/^l2\(all_[a-z0-9]*\)\.plan$/\1/p')
+  for p in $extra; do
+    $RT gpu-decode $D/l2$p.plan --prompt-len 16 --steps 64 --cpu-check-steps 3 2>&1 | tail -1
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
   echo "== V2-Lite shape, decode b1"
-  for p in base all pf ca rt; do b1 $p 1; done
-  for p in base all; do b1 $p 2; done
+  for p in base all pf ca rt $extra; do b1 $p 1; done
+  for p in base all $extra; do b1 $p 2; done
 } 2>&1 | tee "$out/log.txt"
 first=$(python3 -c "
 import json, struct

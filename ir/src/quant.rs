@@ -796,14 +796,15 @@ mod tests {
         let l = cpu_layout(DType::I4G128, &b, n, k).unwrap();
         assert_eq!(Some(l.len()), cpu_layout_bytes(DType::I4G128, n, k));
         let nb = k / 32;
-        let f = |at: usize| f32::from_le_bytes([l[at], l[at + 1], l[at + 2], l[at + 3]]);
+        // (a row: nb·16 nibble bytes, nb f16 scales, nb f16 minima)
+        let f = |at: usize| f16::from_le_bytes([l[at], l[at + 1]]).to_f32();
         for r in 0..n {
-            let row = &l[r * nb * 24..];
+            let row = &l[r * nb * 20..];
             for e in 0..k {
                 let (blk, i) = (e / 32, e % 32);
                 let byte = row[16 * blk + i % 16];
                 let q = if i < 16 { byte & 0xF } else { byte >> 4 };
-                let (d, m) = (f(r * nb * 24 + nb * 16 + 4 * blk), f(r * nb * 24 + nb * 20 + 4 * blk));
+                let (d, m) = (f(r * nb * 20 + nb * 16 + 2 * blk), f(r * nb * 20 + nb * 18 + 2 * blk));
                 assert_eq!(d * q as f32 + m, want[r * k + e], "row {r} element {e}");
             }
         }

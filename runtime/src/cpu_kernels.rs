@@ -161,7 +161,7 @@ impl PackedMatMul for CpuKernels {
 
     fn prepare(&self, dtype: DType, n: usize, k: usize, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
         match dtype {
-            // (Q4_1 and Q8_0 in the kernels' layout: f32 scales apart from the quants; i4g128
+            // (Q4_1 and Q8_0 in the kernels' layout: f16 scales apart from the quants; i4g128
             // in Q4_1's, for its kernels)
             DType::Q4_1 | DType::Q8_0 | DType::I4G128 => dsc_ir::quant::cpu_layout(dtype, stored, n, k).ok_or_else(|| format!("{} bytes are not {dtype} [{n}, {k}]", stored.len())),
             _ => Ok(stored.to_vec()),
