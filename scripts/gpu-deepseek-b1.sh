@@ -8,7 +8,8 @@
 #   DSC_MOE_ROUTER=1     the router in its GEMV's last block, the MoE layer's RMSNorm folded into
 #                        it and the gate/up (`MoeRouteGemv`, `fold_moe_norm`)
 # Here:  bash scripts/gpu-deepseek-b1.sh --prepare    (fills .gpu/dsb1, ~45 MB)
-# There: carry [".gpu/dsb1"], run `bash scripts/gpu-deepseek-b1.sh` (~4 min): their kernel
+# There: carry [".gpu/dsb1"], run `bash scripts/gpu-deepseek-b1.sh [--short]` (~4 min; --short:
+# b1 of base, all and the variants only, no timeline): their kernel
 # checks (both slot orders, the norm-folded kernels, the cache-writing attention, the folded
 # router), the 2-layer V2-Lite plan and v3-tiny (bf16 weights) with all three on decoding
 # against the CPU executor, then b1 decode of the V2-Lite shape for each plan (two rounds of
@@ -65,9 +66,14 @@ b1() { echo "-- $1 round $2"; $RT bench $D/$1.plan --batches 1 --prefill 64 --pr
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
   echo "== V2-Lite shape, decode b1"
-  for p in base all pf ca rt $extra; do b1 $p 1; done
-  for p in base all $extra; do b1 $p 2; done
+  if [ "${1:-}" = "--short" ]; then
+    for p in base all $extra base all; do b1 $p 1; done
+  else
+    for p in base all pf ca rt $extra; do b1 $p 1; done
+    for p in base all $extra; do b1 $p 2; done
+  fi
 } 2>&1 | tee "$out/log.txt"
+[ "${1:-}" = "--short" ] && exit $status
 first=$(python3 -c "
 import json, struct
 f = open('$D/all.plan', 'rb'); pre = f.read(104); h = json.loads(f.read(struct.unpack_from('<Q', pre, 16)[0]))
