@@ -612,50 +612,40 @@ fn row_scales(f: &mut F, dtype: DType, row: &str, nb: &str, sr: &str, dr: &str) 
     let full = f.op(format!("arith.divui {nb}, {c16} : i64"));
     let fulli = f.idx(&full);
     let va = f.v();
+    // one step of the pass at block b, `w` scales (16, or 1 in the tail): the f16 scales to
+    // f32 in scratch, and (Q4_1) m·Σx into the accumulator `acc`
+    let step = |f: &mut F, b: &str, w: usize, acc: &str| {
+        let (h_ty, f_ty) = if w == 1 { ("f16".to_string(), "f32".to_string()) } else { (format!("vector<{w}xf16>"), V.to_string()) };
+        let p = f.gep(&ds, b, "f16");
+        let h = f.load(&p, &h_ty, 2);
+        let d = f.op(format!("arith.extf {h} : {h_ty} to {f_ty}"));
+        let q = f.gep(dr, b, "f32");
+        f.line(format!("llvm.store {d}, {q} {{alignment = 4 : i64}} : {f_ty}, !llvm.ptr"));
+        let acc = match &ms {
+            Some(ms) => {
+                let p = f.gep(ms, b, "f16");
+                let h = f.load(&p, &h_ty, 2);
+                let m = f.op(format!("arith.extf {h} : {h_ty} to {f_ty}"));
+                let p = f.gep(sr, b, "f32");
+                let sx = f.load(&p, &f_ty, 4);
+                let t = f.op(format!("arith.mulf {m}, {sx} : {f_ty}"));
+                f.op(format!("arith.addf {acc}, {t} : {f_ty}"))
+            }
+            None => acc.to_string(),
+        };
+        f.line(format!("scf.yield {acc} : {f_ty}"));
+        f.line("}");
+    };
     f.line(format!("{va} = scf.for %sc = {c0} to {fulli} step {c1} iter_args(%sa = {zero}) -> ({V}) {{"));
     let c = f.i64("%sc");
     let b0 = f.mul(&c, &c16);
-    let p = f.gep(&ds, &b0, "f16");
-    let h = f.load(&p, "vector<16xf16>", 2);
-    let dv = f.op(format!("arith.extf {h} : vector<16xf16> to {V}"));
-    let q = f.gep(dr, &b0, "f32");
-    f.line(format!("llvm.store {dv}, {q} {{alignment = 4 : i64}} : {V}, !llvm.ptr"));
-    let acc = match &ms {
-        Some(ms) => {
-            let p = f.gep(ms, &b0, "f16");
-            let h = f.load(&p, "vector<16xf16>", 2);
-            let mv = f.op(format!("arith.extf {h} : vector<16xf16> to {V}"));
-            let p = f.gep(sr, &b0, "f32");
-            let sx = f.load(&p, V, 4);
-            f.op(format!("vector.fma {mv}, {sx}, %sa : {V}"))
-        }
-        None => "%sa".to_string(),
-    };
-    f.line(format!("scf.yield {acc} : {V}"));
-    f.line("}");
+    step(f, &b0, 16, "%sa");
     let t0 = f.mul(&full, &c16);
     let (t0i, nbi) = (f.idx(&t0), f.idx(nb));
     let ta = f.v();
     f.line(format!("{ta} = scf.for %st = {t0i} to {nbi} step {c1} iter_args(%ss = {fzero}) -> (f32) {{"));
     let b = f.i64("%st");
-    let p = f.gep(&ds, &b, "f16");
-    let h = f.load(&p, "f16", 2);
-    let d = f.op(format!("arith.extf {h} : f16 to f32"));
-    store_f32(f, dr, &b, &d);
-    let acc = match &ms {
-        Some(ms) => {
-            let p = f.gep(ms, &b, "f16");
-            let h = f.load(&p, "f16", 2);
-            let m = f.op(format!("arith.extf {h} : f16 to f32"));
-            let p = f.gep(sr, &b, "f32");
-            let sx = f.load(&p, "f32", 4);
-            let t = f.op(format!("arith.mulf {m}, {sx} : f32"));
-            f.op(format!("arith.addf %ss, {t} : f32"))
-        }
-        None => "%ss".to_string(),
-    };
-    f.line(format!("scf.yield {acc} : f32"));
-    f.line("}");
+    step(f, &b, 1, "%ss");
     let r = f.op(format!("vector.reduction <add>, {va} : {V} into f32"));
     f.op(format!("arith.addf {r}, {ta} : f32"))
 }
