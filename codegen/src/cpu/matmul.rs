@@ -61,6 +61,16 @@ fn block_bytes(dtype: DType) -> usize {
     }
 }
 
+/// Bytes a block advances a row's leading run: Q4_1 / Q8_0's quants in the CPU layout (16 /
+/// 32; their scales follow the row's quants), the whole block as stored for the other types.
+fn quant_bytes(dtype: DType) -> i64 {
+    match dtype {
+        DType::Q4_1 => 16,
+        DType::Q8_0 => 32,
+        d => block_bytes(d) as i64,
+    }
+}
+
 /// 16 bytes of nibbles at `p` → (low nibbles, high nibbles) as vector<16xf32>: the bytes
 /// widened once, the nibbles split in the 32-bit lanes (one widening per 16 bytes). (A
 /// 16-entry `vpermps` table lookup instead of the int → float conversions measured the same.)
@@ -592,7 +602,7 @@ fn store_f32(f: &mut F, base: &str, at: &str, v: &str) {
 
 /// Where a Q4_1 / Q8_0 row's f16 scales (and Q4_1's minima) start: right after its quants.
 fn scales_at(f: &mut F, dtype: DType, row: &str, nb: &str) -> String {
-    let qb = f.c64(if dtype == DType::Q8_0 { 32 } else { 16 });
+    let qb = f.c64(quant_bytes(dtype));
     let qbytes = f.mul(nb, &qb);
     f.gep(row, &qbytes, "i8")
 }
@@ -657,18 +667,18 @@ fn row_scales(f: &mut F, dtype: DType, row: &str, nb: &str, sr: &str, dr: &str) 
 fn gemv_block(f: &mut F, dtype: DType, row: &str, nb: &str, xr: &str, dr: &str, b: &str, acc: [&str; 2]) -> (String, String) {
     let [a, a2] = acc;
     let (xl, xh) = x_block(f, xr, b);
-    let quants = |f: &mut F, qb: i64| {
-        let c = f.c64(qb);
+    let quants = |f: &mut F| {
+        let c = f.c64(quant_bytes(dtype));
         let off = f.mul(b, &c);
         f.gep(row, &off, "i8")
     };
     let (lf, hf) = match dtype {
         DType::Q4_1 => {
-            let pq = quants(f, 16);
+            let pq = quants(f);
             nibbles(f, &pq)
         }
         DType::Q8_0 => {
-            let pq = quants(f, 32);
+            let pq = quants(f);
             let c16 = f.c64(16);
             let pq2 = f.gep(&pq, &c16, "i8");
             let (l, h) = (f.load(&pq, "vector<16xi8>", 1), f.load(&pq2, "vector<16xi8>", 1));
@@ -722,12 +732,8 @@ fn emit_gemv(dtype: DType) -> String {
     let p = f.i64("%p");
     let b0 = f.mul(&p, &c2);
     let b1 = f.add(&b0, &one);
-    // (the weight bytes these two blocks start at: Q4_1 / Q8_0 rows' quants come first)
-    let qb = match dtype {
-        DType::Q4_1 => 16,
-        DType::Q8_0 => 32,
-        d => block_bytes(d) as i64,
-    };
+    // (the weight bytes these two blocks start at)
+    let qb = quant_bytes(dtype);
     let cq = f.c64(qb);
     let at = f.mul(&b0, &cq);
     prefetch_ahead(&mut f, &row, &at, 2 * qb);
