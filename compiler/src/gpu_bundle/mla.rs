@@ -59,18 +59,8 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
             Some((factor, orig)) => format!("rope_yarn(%pr, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {r}, factor = {factor:?}, original_max_position = {orig}, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0}}"),
             None => format!("rope(%pr, %p) {{theta = {theta:?}, style = {style}, rotary_dim = {r}}}"),
         };
-        let src = format!(
-            "graph \"k\" {{\n  %x = input : f32[{t}, {c}]\n  %g = weight : f32[{l}]\n  %p = input : i32[{t}]\n  %s = input : i32[{t}]\n  %lc = state : {kv}[{nb}, {bs}, 1, {c}]\n  %a = slice(%x) {{axis = 1, start = 0, len = {l}}} : f32[{t}, {l}]\n  %pe = slice(%x) {{axis = 1, start = {l}, len = {r}}} : f32[{t}, {r}]\n  %n = rms_norm(%a, %g) {{eps = {eps:?}}} : f32[{t}, {l}]\n  %nr = reshape(%n) : f32[{t}, 1, {l}]\n  %pr = reshape(%pe) : f32[{t}, 1, {r}]\n  %rr = {rope} : f32[{t}, 1, {r}]\n  %lat = concat(%nr, %rr) {{axis = 2}} : f32[{t}, 1, {c}]\n  %w = cache_write(%lc, %lat, %s) : {kv}[{nb}, {bs}, 1, {c}]\n  output c = %w\n}}\n"
-        );
-        let g = text::parse(&src)?;
-        let ws: Weights = [("g".to_string(), (DType::F32, vec![l], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?))].into_iter().collect();
-        let mut ex = Executor::new(&g, &ws, BTreeMap::new())?;
-        ex.state_mut("lc").context("lc")?.data.copy_from_slice(&init);
-        let want = ex
-            .run(&BTreeMap::from([("x".to_string(), Tensor::new(vec![t, c], x.clone())), ("p".to_string(), Tensor::from_i32(vec![t], &pos)), ("s".to_string(), Tensor::from_i32(vec![t], &slots))]))?
-            .remove("c")
-            .context("output")?
-            .data;
+        let src = format!("graph \"k\" {{\n{}  output c = %w\n}}\n", latent_ops(t, l, r, nb, bs, kv, eps, &rope));
+        let want = latent_run(&src, (&x, &pos, &slots), &gw, &init, vec![])?.remove("c").context("output")?.data;
         let yarn_bits = yarn.map(|(factor, orig)| {
             let y = dsc_ir::Yarn { factor, original_max_position: orig, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0 };
             match dsc_codegen::kernels::rope_yarn_spec(1, r, theta, interleaved, &y) {
@@ -117,21 +107,13 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         let init = kv_round(&cx.r.vec(nb * bs * c, -1.0, 1.0), kv);
         let (theta, eps, scale, factor, orig) = (10000.0f32, 1e-6f32, 0.1352f32, 40.0f32, 4096usize);
         let ns = seqs.len();
+        let rope = format!("rope_yarn(%pr, %p) {{theta = {theta:?}, style = interleaved, rotary_dim = {r}, factor = {factor:?}, original_max_position = {orig}, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0}}");
         let src = format!(
-            "graph \"k\" {{\n  %x = input : f32[{t}, {c}]\n  %g = weight : f32[{l}]\n  %p = input : i32[{t}]\n  %s = input : i32[{t}]\n  %q = input : f32[{t}, {h}, {c}]\n  %sq = input : i32[{t}]\n  %tb = input : i32[{ns}, {mb}]\n  %lc = state : {kv}[{nb}, {bs}, 1, {c}]\n  %a = slice(%x) {{axis = 1, start = 0, len = {l}}} : f32[{t}, {l}]\n  %pe = slice(%x) {{axis = 1, start = {l}, len = {r}}} : f32[{t}, {r}]\n  %n = rms_norm(%a, %g) {{eps = {eps:?}}} : f32[{t}, {l}]\n  %nr = reshape(%n) : f32[{t}, 1, {l}]\n  %pr = reshape(%pe) : f32[{t}, 1, {r}]\n  %rr = rope_yarn(%pr, %p) {{theta = {theta:?}, style = interleaved, rotary_dim = {r}, factor = {factor:?}, original_max_position = {orig}, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.0}} : f32[{t}, 1, {r}]\n  %lat = concat(%nr, %rr) {{axis = 2}} : f32[{t}, 1, {c}]\n  %w = cache_write(%lc, %lat, %s) : {kv}[{nb}, {bs}, 1, {c}]\n  %o = mla_attention(%q, %w, %p, %sq, %tb) {{scale = {scale:?}, kv_lora_rank = {l}}} : f32[{t}, {h}, {l}]\n  output o = %o\n  output c = %w\n}}\n"
+            "graph \"k\" {{\n{}  %q = input : f32[{t}, {h}, {c}]\n  %sq = input : i32[{t}]\n  %tb = input : i32[{ns}, {mb}]\n  %o = mla_attention(%q, %w, %p, %sq, %tb) {{scale = {scale:?}, kv_lora_rank = {l}}} : f32[{t}, {h}, {l}]\n  output o = %o\n  output c = %w\n}}\n",
+            latent_ops(t, l, r, nb, bs, kv, eps, &rope)
         );
-        let g = text::parse(&src)?;
-        let ws: Weights = [("g".to_string(), (DType::F32, vec![l], dsc_ir::quant::encode(DType::F32, &gw).context("encode")?))].into_iter().collect();
-        let mut ex = Executor::new(&g, &ws, BTreeMap::new())?;
-        ex.state_mut("lc").context("lc")?.data.copy_from_slice(&init);
-        let mut out = ex.run(&BTreeMap::from([
-            ("x".to_string(), Tensor::new(vec![t, c], x.clone())),
-            ("p".to_string(), Tensor::from_i32(vec![t], &pos)),
-            ("s".to_string(), Tensor::from_i32(vec![t], &slots)),
-            ("q".to_string(), Tensor::new(vec![t, h, c], q.clone())),
-            ("sq".to_string(), Tensor::from_i32(vec![t], &seq)),
-            ("tb".to_string(), Tensor::from_i32(vec![ns, mb], &table)),
-        ]))?;
+        let extra = vec![("q", Tensor::new(vec![t, h, c], q.clone())), ("sq", Tensor::from_i32(vec![t], &seq)), ("tb", Tensor::from_i32(vec![ns, mb], &table))];
+        let mut out = latent_run(&src, (&x, &pos, &slots), &gw, &init, extra)?;
         let (want_o, want_c) = (out.remove("o").context("o")?.data, out.remove("c").context("c")?.data);
         let y = dsc_ir::Yarn { factor, original_max_position: orig, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0 };
         let yarn = match dsc_codegen::kernels::rope_yarn_spec(1, r, theta, true, &y) {
@@ -242,4 +224,30 @@ pub(super) fn cases(cx: &mut Cx) -> anyhow::Result<()> {
         cx.specs.push(spec);
     }
     Ok(())
+}
+
+/// The six ops [`KernelSpec::MlaLatentCache`] replaces, as graph lines: the inputs %x [t, l + r],
+/// %g (the norm's weight), %p (positions), %s (slots) and the pool %lc, then %w, the pool with
+/// the t latent rows (the norm of the first l, `rope` of the last r) written.
+#[allow(clippy::too_many_arguments)]
+fn latent_ops(t: usize, l: usize, r: usize, nb: usize, bs: usize, kv: DType, eps: f32, rope: &str) -> String {
+    let c = l + r;
+    format!(
+        "  %x = input : f32[{t}, {c}]\n  %g = weight : f32[{l}]\n  %p = input : i32[{t}]\n  %s = input : i32[{t}]\n  %lc = state : {kv}[{nb}, {bs}, 1, {c}]\n  %a = slice(%x) {{axis = 1, start = 0, len = {l}}} : f32[{t}, {l}]\n  %pe = slice(%x) {{axis = 1, start = {l}, len = {r}}} : f32[{t}, {r}]\n  %n = rms_norm(%a, %g) {{eps = {eps:?}}} : f32[{t}, {l}]\n  %nr = reshape(%n) : f32[{t}, 1, {l}]\n  %pr = reshape(%pe) : f32[{t}, 1, {r}]\n  %rr = {rope} : f32[{t}, 1, {r}]\n  %lat = concat(%nr, %rr) {{axis = 2}} : f32[{t}, 1, {c}]\n  %w = cache_write(%lc, %lat, %s) : {kv}[{nb}, {bs}, 1, {c}]\n"
+    )
+}
+
+/// A graph built on [`latent_ops`] run by the CPU executor: `xps` its %x rows, positions and
+/// slots, `gw` the norm's weight, `init` the pool, `extra` the graph's other inputs.
+fn latent_run(src: &str, xps: (&[f32], &[i32], &[i32]), gw: &[f32], init: &[f32], extra: Vec<(&str, Tensor)>) -> anyhow::Result<BTreeMap<String, Tensor>> {
+    let (x, pos, slots) = xps;
+    let t = pos.len();
+    let g = text::parse(src)?;
+    let ws: Weights = [("g".to_string(), (DType::F32, vec![gw.len()], dsc_ir::quant::encode(DType::F32, gw).context("encode")?))].into_iter().collect();
+    let mut ex = Executor::new(&g, &ws, BTreeMap::new())?;
+    ex.state_mut("lc").context("lc")?.data.copy_from_slice(init);
+    let mut inputs =
+        BTreeMap::from([("x".to_string(), Tensor::new(vec![t, x.len() / t], x.to_vec())), ("p".to_string(), Tensor::from_i32(vec![t], pos)), ("s".to_string(), Tensor::from_i32(vec![t], slots))]);
+    inputs.extend(extra.into_iter().map(|(n, v)| (n.to_string(), v)));
+    Ok(ex.run(&inputs)?)
 }
