@@ -327,12 +327,41 @@ pub const CPU_LAYOUT: u32 = 2;
 
 /// Floats of scratch one call of the CPU matmul kernels (`dsc_codegen::cpu::matmul`) needs for
 /// m x rows of k: the gemv (m < 4) the x rows' block sums and a weight row's scales as f32
-/// ((m + 1)·k/32, 16 more for its vector tail), the gemm four widened weight rows (4·k).
+/// ((m + 1)·k/32, 16 more for its vector tail); the gemm the larger of the f32 gemm's four
+/// widened weight rows (4·k) and the AMX gemm's (`dsc_codegen::cpu::amx`) bf16 halves of the x
+/// rows padded to 16 (m16·k), two 16-column weight tiles of halves per 32-element block (32·k)
+/// and its 16 x 32 output buffer (512), from a 64-byte boundary (16).
 pub fn cpu_matmul_scratch(m: usize, k: usize) -> usize {
     if m < 4 {
         (m + 1) * (k / 32) + 16
     } else {
-        4 * k
+        m.div_ceil(16) * 16 * k + 32 * k + 512 + 16
+    }
+}
+
+/// Whether this CPU and OS run the `x86-64-v4-amx` CPU library's AMX tiles: CPUID's AMX-TILE
+/// and AMX-BF16 and AVX512-BF16, and Linux's permission to use the tile data
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked for the process once).
+pub fn amx_usable() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ASKED.get_or_init(|| {
+            let id = std::arch::x86_64::__cpuid_count(7, 0);
+            let (amx_bf16, amx_tile) = (id.edx >> 22 & 1 == 1, id.edx >> 24 & 1 == 1);
+            if !(amx_bf16 && amx_tile && std::arch::is_x86_feature_detected!("avx512bf16")) {
+                return false;
+            }
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: arch_prctl with these arguments only changes the process's permission
+            // to use the AMX tile state; it touches no memory of ours.
+            unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+        })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
     }
 }
 

@@ -635,7 +635,7 @@ pub struct BenchCpuArgs {
     /// time the reference executor (`--backend reference`) instead of the compiled kernels
     #[arg(long)]
     pub reference: bool,
-    /// the x86-64 level whose library runs (x86-64-v3, x86-64-v4; default: the highest this
+    /// the x86-64 level whose library runs (x86-64-v3, x86-64-v4, x86-64-v4-amx; default: the highest this
     /// CPU runs)
     #[arg(long)]
     pub target: Option<String>,

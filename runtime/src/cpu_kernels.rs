@@ -4,8 +4,9 @@
 //!
 //! Launch: the whole step runs on a worker of a rayon pool (one thread per core: the executor's
 //! own work does not compete with idle workers for the cores); each product's output columns
-//! are split over the pool in runs of a multiple of 4 (the gemm's column tile); `_gemv` (with an (m+1)·k/32 + 16 scratch) for
-//! fewer than 4 rows, `_gemm` (with a 4·k scratch per run) otherwise. Products too small to pay
+//! are split over the pool in runs of a multiple of 4 (the gemm's column tile); `_gemv` for
+//! fewer than 4 rows, `_gemm` otherwise, each with `dsc_ir::quant::cpu_matmul_scratch` floats of
+//! scratch (a thread's own, kept between calls). Products too small to pay
 //! a hand-off run on the calling thread.
 
 use crate::error::{Result, RuntimeError};
@@ -17,6 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `(x, w, y, scratch, m, k, n0, n1, ldy)` — `dsc_codegen::cpu::matmul`'s signature.
 type Kernel = unsafe extern "C" fn(*const f32, *const u8, *mut f32, *mut f32, i64, i64, i64, i64, i64);
+
+thread_local! {
+    /// The kernels' scratch on this thread (`dsc_ir::quant::cpu_matmul_scratch` floats).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Multiply-adds below which a product runs on one thread.
 const SERIAL_MACS: usize = 1 << 17;
@@ -45,6 +51,8 @@ pub fn cpu_runs(target: &str) -> bool {
                     && is_x86_feature_detected!("avx512dq")
                     && is_x86_feature_detected!("avx512cd")
             }
+            // (asks Linux for the tile state once: `amx_usable`)
+            "x86-64-v4-amx" => cpu_runs("x86-64-v4") && dsc_ir::quant::amx_usable(),
             _ => false,
         }
     }
@@ -192,18 +200,27 @@ impl PackedMatMul for CpuKernels {
         let out = Out(y.as_mut_ptr());
         // columns c0..c1 of the concatenation: each part's share, written in place
         let run = |c0: usize, c1: usize| {
-            let mut scratch = vec![0f32; dsc_ir::quant::cpu_matmul_scratch(m, k)];
-            for (p, &(_, w, n)) in parts.iter().enumerate() {
-                let (a, b) = (c0.max(starts[p]), c1.min(starts[p] + n));
-                if a >= b {
-                    continue;
+            SCRATCH.with_borrow_mut(|scratch| {
+                // (a thread's, kept between calls: the AMX gemm's is ~m·k floats, which a
+                // fresh allocation a call would fault in page by page)
+                let need = dsc_ir::quant::cpu_matmul_scratch(m, k);
+                if scratch.len() < need {
+                    scratch.resize(need, 0.0);
                 }
-                // SAFETY: x holds m*k floats, w the part's n*k weights as the kernels read them
-                // (checked above), y m*total floats: the pointer at the part's first column,
-                // rows `total` apart, this run writing its columns a..b only; scratch as the
-                // kernels need it (`cpu_matmul_scratch`).
-                unsafe { fns[p](x.as_ptr(), w.as_ptr(), out.ptr().wrapping_add(starts[p]), scratch.as_mut_ptr(), m as i64, k as i64, (a - starts[p]) as i64, (b - starts[p]) as i64, total as i64) };
-            }
+                for (p, &(_, w, n)) in parts.iter().enumerate() {
+                    let (a, b) = (c0.max(starts[p]), c1.min(starts[p] + n));
+                    if a >= b {
+                        continue;
+                    }
+                    // SAFETY: x holds m*k floats, w the part's n*k weights as the kernels read them
+                    // (checked above), y m*total floats: the pointer at the part's first column,
+                    // rows `total` apart, this run writing its columns a..b only; scratch as the
+                    // kernels need it (`cpu_matmul_scratch`).
+                    unsafe {
+                        fns[p](x.as_ptr(), w.as_ptr(), out.ptr().wrapping_add(starts[p]), scratch.as_mut_ptr(), m as i64, k as i64, (a - starts[p]) as i64, (b - starts[p]) as i64, total as i64)
+                    };
+                }
+            })
         };
         let runs = if m * total * k < SERIAL_MACS { 1 } else { self.threads.min(total / 4) };
         if runs <= 1 {

@@ -137,7 +137,7 @@ pub struct CpuProgram {
     /// weight types the matmul kernels read as stored ("q4_1", ...): every library exports
     /// `dsc_cpu_matmul_<type>_gemv` and `_gemm` for each
     pub matmul_dtypes: Vec<String>,
-    /// x86-64 level ("x86-64-v3", "x86-64-v4") → the shared library (ELF, base64), built
+    /// x86-64 level ("x86-64-v3", "x86-64-v4", "x86-64-v4-amx") → the shared library (ELF, base64), built
     /// from the same LLVM IR; the runtime loads the highest level the CPU has
     pub libraries: std::collections::BTreeMap<String, String>,
     /// the weight layout the kernels read (`dsc_ir::quant::CPU_LAYOUT`; 1 in plans from before
@@ -151,7 +151,7 @@ fn cpu_layout_1() -> u32 {
 }
 
 /// The x86-64 levels a plan's CPU libraries may be built for, lowest first.
-pub const CPU_TARGETS: [&str; 2] = ["x86-64-v3", "x86-64-v4"];
+pub const CPU_TARGETS: [&str; 3] = ["x86-64-v3", "x86-64-v4", "x86-64-v4-amx"];
 
 /// The split argmax of a plan ([`GpuProgram::argmax_split`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

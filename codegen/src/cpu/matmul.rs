@@ -16,7 +16,8 @@
 //! - `<sym>_gemm` (prefill, m ≥ 4): four weight rows are widened into `scratch` (the caller's,
 //!   per thread), then a 4×4 register tile — four x rows by four weight rows,
 //!   sixteen accumulators — walks k 16 at a time (8 loads for 16 FMAs); leftover x rows take a
-//!   1×4 tile. `n1 - n0` must be a multiple of 4 there.
+//!   1×4 tile. `n1 - n0` must be a multiple of 4 there. (The `x86-64-v4-amx` library's gemm
+//!   is [`amx`](super::amx)'s instead: AMX tiles, the same result.)
 //!
 //! The caller splits columns over threads and gives each run `dsc_ir::quant::cpu_matmul_scratch`
 //! floats of scratch; `fits` says which shapes the kernels take.
@@ -160,52 +161,52 @@ fn q5_block(f: &mut F, dtype: DType, row: &str, b: &str) -> (String, String, Str
 }
 
 /// SSA-name generator and text sink for one function.
-struct F {
-    s: String,
-    n: usize,
+pub(super) struct F {
+    pub(super) s: String,
+    pub(super) n: usize,
 }
 
 impl F {
-    fn v(&mut self) -> String {
+    pub(super) fn v(&mut self) -> String {
         self.n += 1;
         format!("%v{}", self.n)
     }
     /// emit `%new = <rhs>`; returns %new
-    fn op(&mut self, rhs: impl AsRef<str>) -> String {
+    pub(super) fn op(&mut self, rhs: impl AsRef<str>) -> String {
         let v = self.v();
         let _ = writeln!(self.s, "    {v} = {}", rhs.as_ref());
         v
     }
-    fn line(&mut self, l: impl AsRef<str>) {
+    pub(super) fn line(&mut self, l: impl AsRef<str>) {
         let _ = writeln!(self.s, "    {}", l.as_ref());
     }
-    fn c64(&mut self, c: i64) -> String {
+    pub(super) fn c64(&mut self, c: i64) -> String {
         self.op(format!("arith.constant {c} : i64"))
     }
-    fn cidx(&mut self, c: i64) -> String {
+    pub(super) fn cidx(&mut self, c: i64) -> String {
         self.op(format!("arith.constant {c} : index"))
     }
-    fn idx(&mut self, v: &str) -> String {
+    pub(super) fn idx(&mut self, v: &str) -> String {
         self.op(format!("arith.index_cast {v} : i64 to index"))
     }
-    fn i64(&mut self, v: &str) -> String {
+    pub(super) fn i64(&mut self, v: &str) -> String {
         self.op(format!("arith.index_cast {v} : index to i64"))
     }
-    fn gep(&mut self, base: &str, off: &str, elem: &str) -> String {
+    pub(super) fn gep(&mut self, base: &str, off: &str, elem: &str) -> String {
         self.op(format!("llvm.getelementptr {base}[{off}] : (!llvm.ptr, i64) -> !llvm.ptr, {elem}"))
     }
-    fn load(&mut self, p: &str, ty: &str, align: u32) -> String {
+    pub(super) fn load(&mut self, p: &str, ty: &str, align: u32) -> String {
         self.op(format!("llvm.load {p} {{alignment = {align} : i64}} : !llvm.ptr -> {ty}"))
     }
-    fn mul(&mut self, a: &str, b: &str) -> String {
+    pub(super) fn mul(&mut self, a: &str, b: &str) -> String {
         self.op(format!("arith.muli {a}, {b} : i64"))
     }
-    fn add(&mut self, a: &str, b: &str) -> String {
+    pub(super) fn add(&mut self, a: &str, b: &str) -> String {
         self.op(format!("arith.addi {a}, {b} : i64"))
     }
 }
 
-const V: &str = "vector<16xf32>";
+pub(super) const V: &str = "vector<16xf32>";
 
 /// Widen block `b` (i64 SSA value) of the weight row at `row` (ptr) into two vector<16xf32>:
 /// elements 0..16 and 16..32 of the block, exactly as `dsc_ir::quant::decode` widens them
@@ -416,7 +417,7 @@ fn k_super(f: &mut F, dtype: DType, sb: &str) -> (Vec<Sub>, Option<String>) {
 
 /// Widen unit `b` of the weight row at `row` into vector<16xf32>s in element order: a block's
 /// two halves ([`widen`]), or a K-quant super-block's sixteen (`scale · q − min` by one FMA).
-fn widen_unit(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> Vec<String> {
+pub(super) fn widen_unit(f: &mut F, dtype: DType, row: &str, nb: &str, b: &str) -> Vec<String> {
     if !is_k(dtype) {
         let (lo, hi) = widen(f, dtype, row, nb, b);
         return vec![lo, hi];
@@ -574,10 +575,10 @@ fn gemv_store(f: &mut F, i: &str, j: &str, r: &str) {
     f.line("}");
 }
 
-const SIG: &str = "%x: !llvm.ptr, %w: !llvm.ptr, %y: !llvm.ptr, %scratch: !llvm.ptr, %m: i64, %k: i64, %n0: i64, %n1: i64, %ldy: i64";
+pub(super) const SIG: &str = "%x: !llvm.ptr, %w: !llvm.ptr, %y: !llvm.ptr, %scratch: !llvm.ptr, %m: i64, %k: i64, %n0: i64, %n1: i64, %ldy: i64";
 
 /// The prologue both functions share: unit count ([`unit_elements`]) and weight-row bytes.
-fn prologue(f: &mut F, dtype: DType) -> (String, String) {
+pub(super) fn prologue(f: &mut F, dtype: DType) -> (String, String) {
     let cu = f.c64(unit_elements(dtype) as i64);
     let nb = f.op(format!("arith.divui %k, {cu} : i64"));
     let bb = f.c64(block_bytes(dtype) as i64);
@@ -705,7 +706,7 @@ fn gemv_block(f: &mut F, dtype: DType, row: &str, nb: &str, xr: &str, dr: &str, 
 /// call into scratch (m·k/32 floats): two vector ops a block fewer than widening first; Q8_0
 /// likewise takes `d · (q·x)`. Their scales are converted once a row ([`row_scales`], into
 /// scratch after the sums).
-fn emit_gemv(dtype: DType) -> String {
+pub(super) fn emit_gemv(dtype: DType) -> String {
     if is_k(dtype) {
         return emit_gemv_k(dtype);
     }

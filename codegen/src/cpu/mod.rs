@@ -7,6 +7,7 @@
 //! driver (`cc -shared`, at compile time only). The plan carries the libraries; the runtime
 //! loads the one the CPU can run (`dlopen`, no compiler there) and calls the functions by name.
 
+pub mod amx;
 pub mod matmul;
 
 use crate::CodegenError;
@@ -28,15 +29,30 @@ pub enum CpuTarget {
     X86_64V3,
     /// + AVX-512 F/BW/CD/DQ/VL (Skylake-SP and later; Zen 4), 512-bit vectors preferred
     X86_64V4,
+    /// v4 + AMX-TILE, AMX-BF16 and AVX512-BF16 (Sapphire Rapids and later): the prefill gemm
+    /// on AMX tiles ([`amx`]), the rest as v4's
+    X86_64V4Amx,
 }
 
 impl CpuTarget {
-    pub const ALL: [CpuTarget; 2] = [CpuTarget::X86_64V3, CpuTarget::X86_64V4];
+    pub const ALL: [CpuTarget; 3] = [CpuTarget::X86_64V3, CpuTarget::X86_64V4, CpuTarget::X86_64V4Amx];
     pub fn name(self) -> &'static str {
         match self {
             CpuTarget::X86_64V3 => "x86-64-v3",
             CpuTarget::X86_64V4 => "x86-64-v4",
+            CpuTarget::X86_64V4Amx => "x86-64-v4-amx",
         }
+    }
+    /// The CPU LLVM tunes for (the psABI level; AMX is features on top of v4).
+    fn llvm_cpu(self) -> &'static str {
+        match self {
+            CpuTarget::X86_64V4Amx => "x86-64-v4",
+            t => t.name(),
+        }
+    }
+    /// Whether the gemm runs on AMX tiles ([`amx`]) instead of f32 FMAs.
+    pub fn amx(self) -> bool {
+        self == CpuTarget::X86_64V4Amx
     }
     /// LLVM target features beyond the level's own: on v4 the kernels' 16-lane vectors stay
     /// whole zmm registers (the generic tuning would split them into two ymm).
@@ -44,28 +60,33 @@ impl CpuTarget {
         match self {
             CpuTarget::X86_64V3 => "",
             CpuTarget::X86_64V4 => "-prefer-256-bit",
+            CpuTarget::X86_64V4Amx => "-prefer-256-bit,+amx-tile,+amx-bf16,+avx512bf16",
         }
     }
 }
 
-/// The compiled CPU kernels: the functions' dtypes, every stage's text, a library per target.
+/// The compiled CPU kernels: the functions' dtypes, every stage's text (the f32 kernels', then
+/// the AMX gemms'), a library per target.
 #[derive(Clone, Debug)]
 pub struct CpuModule {
     pub dtypes: Vec<DType>,
     pub mlir: String,
     pub llvm: String,
+    pub amx_mlir: String,
+    pub amx_llvm: String,
     /// target → the shared library (ELF) exporting every function
     pub libraries: BTreeMap<CpuTarget, Vec<u8>>,
 }
 
-/// The MLIR module of the matmul kernels for `dtypes` (each once, in the given order).
-pub fn module_mlir(dtypes: &[DType]) -> String {
+/// The MLIR module of the matmul kernels for `dtypes` (each once, in the given order); with
+/// `amx`, the gemms on AMX tiles ([`amx::emit_gemm`]).
+pub fn module_mlir(dtypes: &[DType], amx: bool) -> String {
     let mut body = String::new();
     let mut seen = vec![];
     for &d in dtypes {
         if !seen.contains(&d) {
             seen.push(d);
-            body.push_str(&matmul::emit(d));
+            body.push_str(&if amx { format!("{}{}", matmul::emit_gemv(d), amx::emit_gemm(d)) } else { matmul::emit(d) });
         }
     }
     format!("module {{\n{body}}}\n")
@@ -82,7 +103,7 @@ pub fn lower(mlir: &str) -> Result<String, CodegenError> {
 pub fn emit_object(ir: &str, target: CpuTarget, file: FileType) -> Result<Vec<u8>, CodegenError> {
     static INIT: Once = Once::new();
     INIT.call_once(|| LlvmTarget::initialize_x86(&InitializationConfig::default()));
-    crate::pipeline::with_optimized(ir, "x86_64-unknown-linux-gnu", target.name(), target.features(), RelocMode::PIC, |tm, module| {
+    crate::pipeline::with_optimized(ir, "x86_64-unknown-linux-gnu", target.llvm_cpu(), target.features(), RelocMode::PIC, |tm, module| {
         Ok(tm.write_to_memory_buffer(module, file).map_err(|e| CodegenError::Llvm(e.to_string()))?.as_slice().to_vec())
     })
 }
@@ -117,14 +138,16 @@ pub fn compile_cpu(dtypes: &[DType], cc: &str) -> Result<CpuModule, CodegenError
             ds.push(d);
         }
     }
-    let mlir = module_mlir(&ds);
+    let mlir = module_mlir(&ds, false);
     let llvm = lower(&mlir)?;
+    let amx_mlir = module_mlir(&ds, true);
+    let amx_llvm = lower(&amx_mlir)?;
     let mut libraries = BTreeMap::new();
     for t in CpuTarget::ALL {
-        let obj = emit_object(&llvm, t, FileType::Object)?;
+        let obj = emit_object(if t.amx() { &amx_llvm } else { &llvm }, t, FileType::Object)?;
         libraries.insert(t, link_shared(&obj, t, cc)?);
     }
-    Ok(CpuModule { dtypes: ds, mlir, llvm, libraries })
+    Ok(CpuModule { dtypes: ds, mlir, llvm, amx_mlir, amx_llvm, libraries })
 }
 
 #[cfg(test)]
