@@ -63,6 +63,24 @@ pub fn cpu_runs(target: &str) -> bool {
     }
 }
 
+/// glibc's allocator, told to keep what the CPU backend frees: a step's activations (a 500-token
+/// prefill's are several MB each) would otherwise be `mmap`ed and unmapped every step (the
+/// dynamic threshold lets them move in and out of the heap) and faulted in page by page again,
+/// which cost 0.1-1.2 s of system time a 3 x 500-token prefill and moved prefill by ±20% run to
+/// run on the 2-core build machine (`GLIBC_TUNABLES` trials, docs/perf.md). Blocks under 32 MB
+/// come from the heap, and up to 256 MB freed at its top stays there.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only sets the allocator's thresholds (it takes its own lock).
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        });
+    }
+}
+
 impl CpuKernels {
     /// Load the plan's library for this CPU; `threads` workers (0: one per core).
     pub fn load(plan: &Plan, threads: usize) -> Result<CpuKernels> {
@@ -107,6 +125,7 @@ impl CpuKernels {
             };
             fns.insert(dtype, (get("gemv")?, get("gemm")?));
         }
+        keep_freed_memory();
         let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("dsc-cpu-{i}")).build().map_err(|e| err(format!("the CPU thread pool: {e}")))?;
         Ok(CpuKernels { fns, pool, threads, target: target.to_string(), _lib: lib })
