@@ -1,16 +1,17 @@
 //! The matmul family's `<sym>_gemm` (prefill, m ≥ 4) on AMX tiles, for the `x86-64-v4-amx`
 //! library (Sapphire Rapids and later): the same C signature and result as
-//! [`matmul`](super::matmul)'s f32 gemm, to about f32 accuracy, ~4x its rate.
+//! [`matmul`](super::matmul)'s f32 gemm, to about f32 accuracy, ~3x its rate (300 vs ~100
+//! GFLOP/s a core on a Sapphire Rapids VM).
 //!
 //! AMX multiplies bf16 (8-bit significands) into f32. A bf16 product alone moves a dot
 //! product by ~2e-3 of its size — far from the f32 executor the CPU backend is checked against
 //! — so every operand is split into two bf16 (`v = hi + lo`, `hi = bf16(v)`, `lo = bf16(v −
 //! hi)`: 16 significant bits) and the three products that matter are summed in f32:
 //! `x·w ≈ xh·wh + xl·wh + xh·wl` (the dropped `xl·wl` is ~2^-16 of the product), three
-//! `tdpbf16ps` where one would do, still ~4x the f32 FMA loop on one core
-//! (docs/perf.md, "CPU backend").
+//! `tdpbf16ps` where one would do (docs/perf.md, "CPU backend").
 //!
-//! Per call (the thread's columns `n0..n1`), in `scratch` (`dsc_ir::quant::cpu_matmul_scratch`):
+//! Per call (the thread's columns `n0..n1`), in `scratch` (`dsc_ir::quant::cpu_matmul_scratch`)
+//! from its first 64-byte boundary (a tile row across two cache lines costs two loads):
 //! - the x rows split into bf16 `Ah`, `Al` (rows padded with zeros to a multiple of 16), once;
 //! - per 32 output columns, their weight rows widened to f32 as the f32 gemm widens them
 //!   ([`matmul::widen_unit`](super::matmul)), split, and scattered into the tiles' pair layout
