@@ -1,4 +1,4 @@
-//! The matmul family's `<sym>_gemm` (prefill, m ≥ 4) on AMX tiles, for the `x86-64-v4-amx`
+//! The matmul family's `<sym>_gemm` (prefill, m ≥ [`AMX_FROM_ROWS`]) on AMX tiles, for the `x86-64-v4-amx`
 //! library (Sapphire Rapids and later): the same C signature and result as
 //! [`matmul`](super::matmul)'s f32 gemm, to about f32 accuracy, ~3x its rate (300 vs ~100
 //! GFLOP/s a core on a Sapphire Rapids VM).
@@ -55,8 +55,28 @@ fn split(f: &mut F, v: &str) -> (String, String) {
     (hi, lo)
 }
 
-/// `<sym>_gemm` on AMX tiles (the module doc).
+/// x rows from which `<sym>_gemm` takes the tiles: with fewer, widening and scattering the
+/// weights costs more than the tiles save (ctypes, Q4_1 k 576 n 3072, one core: the f32 gemm
+/// 0.26 / 0.38 / 0.74 / 1.08 ms at 4 / 8 / 16 / 32 rows, the tiles 0.93 / 0.94 / 0.95 / 1.09),
+/// so a batch of a few decoding sequences keeps the f32 gemm.
+pub const AMX_FROM_ROWS: i64 = 32;
+
+/// The AMX library's `<sym>_gemm`: fewer than [`AMX_FROM_ROWS`] x rows to the f32 gemm
+/// (`<sym>_gemm_fma`), more to the tiles (`<sym>_gemm_amx`, [`emit_tiles`]): helpers the
+/// runtime does not call.
 pub fn emit_gemm(dtype: DType) -> String {
+    let sym = symbol(dtype);
+    let args = "%x, %w, %y, %scratch, %m, %k, %n0, %n1, %ldy";
+    let tys = "(!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, i64, i64, i64, i64, i64) -> ()";
+    format!(
+        "{}{}  func.func @{sym}_gemm({SIG}) {{\n    %from = arith.constant {AMX_FROM_ROWS} : i64\n    %few = arith.cmpi slt, %m, %from : i64\n    scf.if %few {{\n      func.call @{sym}_gemm_fma({args}) : {tys}\n    }} else {{\n      func.call @{sym}_gemm_amx({args}) : {tys}\n    }}\n    return\n  }}\n",
+        super::matmul::emit_gemm(dtype, &format!("func.func private @{sym}_gemm_fma")),
+        emit_tiles(dtype)
+    )
+}
+
+/// `<sym>_gemm_amx`: the gemm on AMX tiles (the module doc).
+fn emit_tiles(dtype: DType) -> String {
     let mut f = F { s: String::new(), n: 0 };
     let (nu, rowb) = prologue(&mut f, dtype);
     let (c0, c1) = (f.cidx(0), f.cidx(1));
@@ -256,5 +276,5 @@ pub fn emit_gemm(dtype: DType) -> String {
     f.line("}");
     f.line("}");
     f.line("}");
-    format!("  func.func @{}_gemm({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+    format!("  func.func private @{}_gemm_amx({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
 }

@@ -763,7 +763,9 @@ pub(super) fn emit_gemv(dtype: DType) -> String {
 }
 
 /// `<sym>_gemm`: four weight rows widened into scratch, then 4×4 (and 1×4) register tiles.
-fn emit_gemm(dtype: DType) -> String {
+/// (`decl`: how the function is declared — `func.func @<sym>_gemm`, or the AMX library's
+/// private `_gemm_fma` for its few-row calls.)
+pub(super) fn emit_gemm(dtype: DType, decl: &str) -> String {
     let mut f = F { s: String::new(), n: 0 };
     let (nb, rowb) = prologue(&mut f, dtype);
     let (n0, n1, nbi) = (f.idx("%n0"), f.idx("%n1"), f.idx(&nb));
@@ -864,10 +866,10 @@ fn emit_gemm(dtype: DType) -> String {
     tile(&mut f, 1, "%i1");
     f.line("}");
     f.line("}");
-    format!("  func.func @{}_gemm({SIG}) {{\n{}    return\n  }}\n", symbol(dtype), f.s)
+    format!("  {decl}({SIG}) {{\n{}    return\n  }}\n", f.s)
 }
 
 /// Both functions for `dtype`, as MLIR `func.func`s (the module body).
 pub fn emit(dtype: DType) -> String {
-    format!("{}{}", emit_gemv(dtype), emit_gemm(dtype))
+    format!("{}{}", emit_gemv(dtype), emit_gemm(dtype, &format!("func.func @{}_gemm", symbol(dtype))))
 }

@@ -42,7 +42,9 @@ fn matmul_kernels_match_the_widened_weights_for_every_type_and_target() {
                 let w = dsc_ir::quant::decode(dt, &stored, n * k).unwrap();
                 // (as the runtime prepares it: the CPU layout where the type has one)
                 let packed = dsc_ir::quant::cpu_layout(dt, &stored, n, k).unwrap_or(stored);
-                for m in [1usize, 3, 4, 6, 21] {
+                // (gemv 1 and 3 rows; gemm 4, 6 and 21 — the AMX library's f32 gemm — and 37,
+                // its tiles: two 16-row tiles and a tail)
+                for m in [1usize, 3, 4, 6, 21, 37] {
                     let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
                     for (f, min_m) in [("gemv", 1), ("gemm", 4)] {
                         if m < min_m {
