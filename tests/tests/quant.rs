@@ -339,7 +339,10 @@ fn awq_and_gptq_int4_checkpoints_load_as_i4g128_and_compute_what_they_store() {
             r#"{{"model_type": "llama", "hidden_size": {hid}, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": {ffn}, "vocab_size": {vocab}, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "max_position_embeddings": 256{q}}}"#
         )
     };
-    for (awq, q) in [(true, r#", "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": true}"#), (false, r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "sym": false}"#)] {
+    for (awq, q) in [
+        (true, r#", "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": true}"#),
+        (false, r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "sym": false}"#),
+    ] {
         let d = tempfile::tempdir().unwrap();
         let mut plain: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = vec![];
         let mut packed = vec![];
@@ -359,7 +362,18 @@ fn awq_and_gptq_int4_checkpoints_load_as_i4g128_and_compute_what_they_store() {
         other("model.layers.0.post_attention_layernorm.weight", vec![hid], &mut plain, &mut packed);
         other("model.norm.weight", vec![hid], &mut plain, &mut packed);
         other("lm_head.weight", vec![vocab, hid], &mut plain, &mut packed);
-        for (i, (name, out, inp)) in [("self_attn.q_proj", 512, hid), ("self_attn.k_proj", 256, hid), ("self_attn.v_proj", 256, hid), ("self_attn.o_proj", hid, 512), ("mlp.gate_proj", ffn, hid), ("mlp.up_proj", ffn, hid), ("mlp.down_proj", hid, ffn)].into_iter().enumerate() {
+        for (i, (name, out, inp)) in [
+            ("self_attn.q_proj", 512, hid),
+            ("self_attn.k_proj", 256, hid),
+            ("self_attn.v_proj", 256, hid),
+            ("self_attn.o_proj", hid, 512),
+            ("mlp.gate_proj", ffn, hid),
+            ("mlp.up_proj", ffn, hid),
+            ("mlp.down_proj", hid, ffn),
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let (t, f) = int4_linear(awq, out, inp, 100 + i as u64);
             let p = format!("model.layers.0.{name}");
             plain.push((format!("{p}.weight"), safetensors::Dtype::F32, vec![out, inp], f32b(&f)));

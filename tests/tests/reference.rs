@@ -200,8 +200,8 @@ struct LongRef {
 
 /// The long case (tests/fixtures/reference/, made by scripts/long-reference.sh with the same
 /// numpy reference): ~1,600 tokens of data/coriolanus-act1.txt as one prompt, near the
-/// model's 2,048-token context, and its 32-token greedy continuation. The KV cache is sized
-/// from the case, not a fixed 512.
+/// model's 2,048-token context, and its 32-token greedy continuation, on the reference executor
+/// and the compiled CPU kernels. The KV cache is sized from the case, not a fixed 512.
 #[test]
 fn long_prompt_matches_numpy_reference() {
     let root = dsc_tests::root();
@@ -215,17 +215,27 @@ fn long_prompt_matches_numpy_reference() {
         assert_eq!(tok.encode(&text).unwrap(), r.prompt_ids, "`{}`: the tokenizer's ids for the text changed", r.name);
         let kv = r.prompt_ids.len() + r.greedy_ids.len();
         assert!(kv <= plan.header.model.max_seq_len);
-        let mut backend = CpuBackend::new(&graph, &plan, kv).unwrap();
-        let opts = GenerateOptions { max_tokens: r.greedy_ids.len(), sampling: SamplingParams::default(), stop_ids: tok.info.eos_ids.clone() };
-        let g = generate(&mut backend, &r.prompt_ids, &opts, |_| {}).unwrap();
-        for &(id, logit) in &r.top5_first {
-            let got = g.first_logits[id as usize];
-            assert!((got - logit).abs() <= 1e-2, "`{}`: logit of token {id} is {got}, reference {logit}", r.name);
+        // the reference executor, and the compiled CPU kernels (a 1,600-row prefill: the AMX
+        // gemm where the CPU has it)
+        for kernels in [false, true] {
+            let mut backend = if kernels {
+                let k = CpuKernels::load(&plan, 0).expect("the plan's CPU kernels load on this machine");
+                CpuBackend::with_kernels(&graph, &plan, kv, std::sync::Arc::new(k)).unwrap()
+            } else {
+                CpuBackend::new(&graph, &plan, kv).unwrap()
+            };
+            let on = if kernels { "the CPU kernels" } else { "the reference executor" };
+            let opts = GenerateOptions { max_tokens: r.greedy_ids.len(), sampling: SamplingParams::default(), stop_ids: tok.info.eos_ids.clone() };
+            let g = generate(&mut backend, &r.prompt_ids, &opts, |_| {}).unwrap();
+            for &(id, logit) in &r.top5_first {
+                let got = g.first_logits[id as usize];
+                assert!((got - logit).abs() <= 1e-2, "`{}` on {on}: logit of token {id} is {got}, reference {logit}", r.name);
+            }
+            // greedy identical up to the first step whose reference margin is below 1e-2 (a tie
+            // f32 summation order may break either way; none in today's case)
+            let sure = r.greedy_margins.iter().position(|&m| m < 1e-2).unwrap_or(r.greedy_ids.len());
+            assert_eq!(&g.ids[..sure.min(g.ids.len())], &r.greedy_ids[..sure], "`{}` on {on}: greedy continuation differs (margins {:?})", r.name, g.margins);
+            assert_eq!(g.ids.len(), r.greedy_ids.len(), "`{}` on {on}: continuation length", r.name);
         }
-        // greedy identical up to the first step whose reference margin is below 1e-2 (a tie
-        // f32 summation order may break either way; none in today's case)
-        let sure = r.greedy_margins.iter().position(|&m| m < 1e-2).unwrap_or(r.greedy_ids.len());
-        assert_eq!(&g.ids[..sure.min(g.ids.len())], &r.greedy_ids[..sure], "`{}`: greedy continuation differs (margins {:?})", r.name, g.margins);
-        assert_eq!(g.ids.len(), r.greedy_ids.len(), "`{}`: continuation length", r.name);
     }
 }
