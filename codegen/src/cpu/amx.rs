@@ -75,6 +75,18 @@ pub fn emit_gemm(dtype: DType) -> String {
     )
 }
 
+/// Which 1 KiB weight tile holds block `kb`'s hi (`hl` 0) or lo (1) words of 16-column tile `t`
+/// (0, 1) of the 32 columns: `(t·nb + kb)·2 + hl` (the layout both the scatter and the tile
+/// loads address).
+fn weight_tile(f: &mut F, t: &str, nb: &str, kb: &str, hl: i64) -> String {
+    let two = f.c64(2);
+    let o = f.mul(t, nb);
+    let o = f.add(&o, kb);
+    let o = f.mul(&o, &two);
+    let h = f.c64(hl);
+    f.add(&o, &h)
+}
+
 /// `<sym>_gemm_amx`: the gemm on AMX tiles (the module doc).
 fn emit_tiles(dtype: DType) -> String {
     let mut f = F { s: String::new(), n: 0 };
@@ -180,12 +192,8 @@ fn emit_tiles(dtype: DType) -> String {
             let lanes: Vec<String> = (0..32).map(|q| q.to_string()).collect();
             let cat = f.op(format!("vector.shuffle {a}, {b} [{}] : vector<16xbf16>, vector<16xbf16>", lanes.join(", ")));
             let words = f.op(format!("vector.bitcast {cat} : vector<32xbf16> to vector<16xi32>"));
-            // word offset of row 0: ((t·nb + kb)·2 + hl)·256 + cc
-            let o = f.mul(&t, &nb);
-            let o = f.add(&o, &kb);
-            let o = f.mul(&o, &i2);
-            let chl = f.c64(hl as i64);
-            let o = f.add(&o, &chl);
+            // word offset of row 0: the tile's 256 words in, + cc
+            let o = weight_tile(&mut f, &t, &nb, &kb, hl as i64);
             let c256 = f.c64(256);
             let o = f.mul(&o, &c256);
             let o = f.add(&o, &cc);
@@ -218,13 +226,8 @@ fn emit_tiles(dtype: DType) -> String {
     let mut wt = vec![];
     for tt in 0..2i64 {
         for hl in 0..2i64 {
-            // byte offset ((tt·nb + kb)·2 + hl)·1024
             let ct = f.c64(tt);
-            let o = f.mul(&ct, &nb);
-            let o = f.add(&o, &kb);
-            let o = f.mul(&o, &i2);
-            let ch = f.c64(hl);
-            let o = f.add(&o, &ch);
+            let o = weight_tile(&mut f, &ct, &nb, &kb, hl);
             let c1k = f.c64(1024);
             let o = f.mul(&o, &c1k);
             let p = f.gep(&bbase, &o, "i8");
